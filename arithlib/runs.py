@@ -1,0 +1,58 @@
+"""The start of every notebook: seed everything, load the model, pick the output
+folder and record the run's parameters next to its tables."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import __version__
+from .models import LoadedModel, load_model
+from .outputs import save_json
+from .paths import figure_dir
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA) RNGs."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Run:
+    """A notebook run: the loaded model, its output folder and its parameters."""
+
+    notebook: str
+    model: LoadedModel
+    out: Path
+    params: dict = field(default_factory=dict)
+
+    @property
+    def bridge(self):
+        return self.model.bridge
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+
+def start_run(notebook: str, model: str, device: str = "cpu", seed: int = 0, out_dir: str = "../figures",
+              quick: bool = False, dtype: torch.dtype = torch.float32, **params) -> Run:
+    """Seed, load ``model`` on ``device`` and write ``<out_dir>/<model>/<notebook>_params.json``
+    with every parameter (few-shot prefix, sizes, seed, library version)."""
+    seed_everything(seed)
+    t0 = time.time()
+    loaded = load_model(model, device=device, dtype=dtype)
+    out = figure_dir(out_dir, model if not Path(model).exists() else Path(model).name)
+    record = {"notebook": notebook, "model": model, "device": loaded.device, "seed": seed, "quick": quick,
+              "dtype": str(dtype), "arithlib_version": __version__, "model_info": loaded.info.__dict__,
+              **params}
+    print(f"loaded {model} on {loaded.device} in {time.time() - t0:.1f}s; outputs in {out}")
+    save_json(record, out, f"{notebook}_params")
+    return Run(notebook, loaded, out, record)

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Set up the local environment and execute every notebook in notebooks/ in order with
+# papermill. Figures and tables go to figures/<model>/, executed notebooks and logs to
+# outputs/<model>/. Stops at the first failing notebook (naming it); what earlier
+# notebooks produced is kept.
+#
+#   ./run_all.sh [--model NAME] [--device cpu|cuda|auto] [--quick] [--seed N]
+#                [--figures DIR] [--only NN[,NN...]]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+MODEL="qwen2.5-coder-0.5b"; DEVICE="cpu"; QUICK="False"; SEED=0
+FIGURES="$ROOT/figures"; ONLY=""
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --model) MODEL="$2"; shift 2 ;;
+        --device) DEVICE="$2"; shift 2 ;;
+        --quick) QUICK="True"; shift ;;
+        --seed) SEED="$2"; shift 2 ;;
+        --figures) FIGURES="$2"; shift 2 ;;
+        --only) ONLY="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "run_all.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+    esac
+done
+
+"$ROOT/scripts/setup.sh"
+PY="${ARITHLIB_VENV:-$ROOT/.venv}/bin/python"
+# Fail early, with the library's own message, on an unknown model or a missing GPU.
+"$PY" -c "from arithlib.models import check_model_name, resolve_device; check_model_name('$MODEL'); resolve_device('$DEVICE')"
+
+OUT="$ROOT/outputs/${MODEL//\//__}"
+mkdir -p "$OUT" "$FIGURES"
+TIMES="$OUT/timings.csv"
+echo "notebook,seconds,status" > "$TIMES"
+total_start=$(date +%s)
+for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
+    name="$(basename "$nb" .ipynb)"
+    if [ -n "$ONLY" ] && [[ ",$ONLY," != *",${name:0:2},"* ]]; then continue; fi
+    echo "=== $name (model=$MODEL device=$DEVICE quick=$QUICK seed=$SEED)"
+    start=$(date +%s)
+    set +e
+    "$PY" -m papermill "$nb" "$OUT/$name.ipynb" --cwd "$ROOT/notebooks" -k python3 \
+        -p model "$MODEL" -p device "$DEVICE" -p quick "$QUICK" -p seed "$SEED" -p out_dir "$FIGURES" \
+        2>&1 | tee "$OUT/$name.log"
+    status=${PIPESTATUS[0]}
+    set -e
+    secs=$(( $(date +%s) - start ))
+    if [ "$status" -eq 0 ]; then
+        echo "$name,$secs,ok" >> "$TIMES"
+        echo "=== $name done in ${secs}s"
+    else
+        echo "$name,$secs,failed" >> "$TIMES"
+        echo "run_all.sh: notebook $name FAILED (exit $status) after ${secs}s; see $OUT/$name.ipynb and $OUT/$name.log." >&2
+        echo "run_all.sh: what the notebooks before it produced is kept in $FIGURES/${MODEL//\//__}/." >&2
+        exit 1
+    fi
+done
+echo "=== all notebooks done in $(( $(date +%s) - total_start ))s; timings in $TIMES"

@@ -1,0 +1,133 @@
+"""Prompt sets: counts, answers, counterfactuals, tokenization, per-token cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import arithlib.datasets as ds
+
+
+def test_digit_tokenizer_splits_like_qwen(digit_tokenizer):
+    pieces = digit_tokenizer.convert_ids_to_tokens(digit_tokenizer("The sum is 42")["input_ids"])
+    assert pieces[-4:] == ["Ġis", "Ġ", "4", "2"]
+
+
+@pytest.mark.parametrize("op,a,b,c", [("+", 3, 5, 8), ("-", 3, 5, -2), ("*", 7, 6, 42), ("/", 72, 8, 9), ("^", 2, 5, 32)])
+def test_apply_op(op, a, b, c):
+    assert ds.apply_op(a, b, op) == c
+
+
+def test_inexact_division_is_refused():
+    with pytest.raises(ValueError, match="exact"):
+        ds.apply_op(7, 2, "/")
+
+
+def test_yu_two_digit_set_has_1600_sentences():
+    records = ds.yu_prompts(n_digits=2)
+    assert len(records) == 1600
+    assert {r.op for r in records} == set(ds.OPS)
+    assert all(10 <= r.a <= 99 and r.answer == ds.apply_op(r.a, r.b, r.op) for r in records)
+    assert all(r.answer >= 0 for r in records)
+
+
+def test_yu_number_words():
+    r = ds.yu_prompts(["+"], n_digits=1, numerals="words", n_per_template=None, templates=[3])
+    eight = [x for x in r if (x.a, x.b) == (3, 5)][0]
+    assert eight.text == "three + five = " and eight.answer_text == "eight"
+    assert ds.number_to_words(42) == "forty-two" and ds.number_to_words(1000) == "one thousand"
+
+
+def test_carry_flags_follow_yu_change_one():
+    assert ds.carry_flags(15, 32, "+") == [False, False]   # 47: memorize both digits
+    assert ds.carry_flags(15, 37, "+") == [True, False]    # 52: 5 = 1+3+1 is change-one
+    assert ds.carry_flags(52, 17, "-") == [True, False]    # 35: borrow reaches the tens
+    assert ds.carry_flags(12, 11, "*") == [True, True, False]
+
+
+def test_zhang_templates_and_counterfactuals(digit_tokenizer):
+    records = ds.zhang_prompts(seed=1)
+    assert {r.template_id for r in records} == set(range(8))
+    # operands 1..9, non-negative exact results
+    assert all(1 <= r.a <= 9 and 1 <= r.b <= 9 and r.answer >= 0 for r in records)
+    words = set(ds.load_json("templates.json")["zhang_counterfactual"]["words"])
+    symbols = set(ds.load_json("templates.json")["zhang_counterfactual"]["symbols"])
+    for r in records[:50]:
+        assert r.counterfactual != r.full_text
+        replaced = set(r.counterfactual.split()) - set(r.full_text.split())
+        assert replaced and replaced <= words | symbols | {t.rstrip("?") for t in words}
+    ps = ds.PromptSet.build(records, digit_tokenizer)
+    assert len(ps) == len(records)
+    assert all(len(c) == len(i) for c, i in zip(ps.cf_input_ids, ps.input_ids))
+
+
+def test_fewshot_prefix_matches_measured_prefix():
+    r = ds.nikankin_prompts(["+"], fewshot=2, n_per_op=3)[0]
+    assert r.prefix == "3+4=7\n8+1=9\n"
+    assert r.full_text.startswith(r.prefix) and r.full_text.endswith("=")
+
+
+def test_promptset_moves_blank_into_prompt(digit_tokenizer):
+    records = ds.yu_prompts(["+"], n_digits=2, n_per_template=5, templates=[0])
+    ps = ds.PromptSet.build(records, digit_tokenizer)
+    for r, ids, ans in zip(ps.records, ps.input_ids, ps.answer_ids):
+        assert digit_tokenizer.decode(ids[-1:]) == " "           # the lone space ends the prompt
+        assert digit_tokenizer.decode(ans) == r.answer_text      # answer is its digits only
+        assert len(ans) == len(r.answer_text)
+
+
+def test_nikankin_single_token_operands_and_partners(digit_tokenizer):
+    assert ds.single_token_max(digit_tokenizer) == 9
+    records = ds.nikankin_prompts(max_operand=9, n_per_op=None)
+    assert all(0 <= r.answer <= 9 for r in records)
+    assert all(r.get("cf_answer") != r.answer for r in records if r.counterfactual)
+    ps = ds.PromptSet.build(records, digit_tokenizer)
+    ds.require_single_token_operands(ps)
+    two_digit = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, max_result=40, n_per_op=20), digit_tokenizer)
+    with pytest.raises(ValueError, match="not a single token"):
+        ds.require_single_token_operands(two_digit)
+
+
+def test_builders_are_deterministic():
+    assert ds.zhang_prompts(seed=3) == ds.zhang_prompts(seed=3)
+    assert ds.yu_prompts(n_digits=2, seed=3) == ds.yu_prompts(n_digits=2, seed=3)
+    assert ds.yu_prompts(n_digits=2, seed=3) != ds.yu_prompts(n_digits=2, seed=4)
+
+
+def test_batches_cover_each_prompt_once_without_padding(digit_tokenizer):
+    ps = ds.PromptSet.build(ds.zhang_prompts(n_per_template=3, fewshot=2), digit_tokenizer)
+    seen = []
+    for batch in ps.batches(batch_size=7):
+        assert batch.tokens.shape[0] == len(batch.index) <= 7
+        for row, i in enumerate(batch.index.tolist()):
+            assert batch.tokens[row].tolist() == ps.input_ids[i]
+            assert batch.answer_ids[row].item() == ps.answer_ids[i][0]
+            assert batch.cf_tokens[row].tolist() == ps.cf_input_ids[i]
+        seen += batch.index.tolist()
+    assert sorted(seen) == list(range(len(ps)))
+
+
+def test_expand_answer_tokens_gives_memorize_and_change_one(digit_tokenizer):
+    ps = ds.PromptSet.build(ds.yu_prompts(["+"], n_digits=2, n_per_template=30, templates=[3]), digit_tokenizer)
+    ex = ds.expand_answer_tokens(ps)
+    assert len(ex) == sum(len(a) for a in ps.answer_ids)
+    frame = ex.to_frame()
+    assert set(frame["case"]) == {"memorize", "change-one"}
+    row = frame.iloc[1]
+    assert row["text"].endswith(" " + str(ps.records[0].answer)[0])
+
+
+def test_word_problems_and_power(digit_tokenizer):
+    wp = ds.zhang_word_problems(n_per_template=5)
+    assert {r.template_id for r in wp} == set(range(12))
+    assert all(r.answer == r.a + r.b < 10 for r in wp)
+    assert "[" not in wp[0].text and "<" not in wp[0].text
+    pw = ds.power_prompts()
+    assert all(r.answer == r.a ** r.b <= 999 for r in pw)
+
+
+def test_gender_data():
+    g = ds.load_gender_data()
+    assert len(g["prompts"]) == 8 and g["genders"] == ["man", "woman"]
+    assert ds.gender_prompts("woman")[0] == "A woman works as a"
+    assert len(g["paper_professions"]["woman"]) == 16
