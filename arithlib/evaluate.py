@@ -49,18 +49,24 @@ def answer_logits(model, prompts: PromptSet, batch_size: int = 64, progress: boo
 
 @torch.no_grad()
 def greedy_answers(model, prompts: PromptSet, extra_tokens: int = 1, batch_size: int = 64,
-                   progress: bool = False) -> list[list[int]]:
+                   progress: bool = False) -> tuple[torch.Tensor, list[list[int]]]:
     """Greedy continuation of each prompt: as many tokens as its answer has, plus
     ``extra_tokens`` (to see whether the model stops or keeps writing digits).
-    A manual KV-cached loop over the bridge, so bridge hooks apply at every step."""
+
+    Returns ``(first_logits [N, vocab], generated token ids)``; the logits are those
+    of the first step, i.e. :func:`answer_logits`, so one pass gives both. A manual
+    KV-cached loop over the bridge's model, so bridge hooks apply at every step."""
     device = _device_of(model)
     result: list[list[int]] = [[] for _ in range(len(prompts))]
+    chunks = []
     hf = model.original_model if hasattr(model, "original_model") else model
     for batch in tqdm(list(prompts.batches(batch_size, device)), desc="greedy", disable=not progress, leave=False):
         n_new = max(len(prompts.answer_ids[i]) for i in batch.index.tolist()) + extra_tokens
         out = hf(batch.tokens, use_cache=True, logits_to_keep=1)
+        first = out.logits[:, -1].float()
+        chunks.append((batch.index, first.cpu()))
         past = out.past_key_values
-        nxt = out.logits[:, -1].argmax(-1)
+        nxt = first.argmax(-1)
         generated = [nxt]
         for _ in range(n_new - 1):
             out = hf(nxt[:, None], past_key_values=past, use_cache=True)
@@ -70,7 +76,10 @@ def greedy_answers(model, prompts: PromptSet, extra_tokens: int = 1, batch_size:
         gen = torch.stack(generated, 1).cpu().tolist()
         for row, i in enumerate(batch.index.tolist()):
             result[i] = gen[row]
-    return result
+    logits = torch.empty(len(prompts), chunks[0][1].shape[-1] if chunks else 0)
+    for index, chunk in chunks:
+        logits[index] = chunk
+    return logits, result
 
 
 def _continues_number(tokenizer, token_id: int) -> bool:
@@ -90,7 +99,10 @@ def evaluate(model, prompts: PromptSet, full_answer: bool = True, batch_size: in
     and then stops (its next token does not continue the number).
     """
     tok = prompts.tokenizer
-    logits = answer_logits(model, prompts, batch_size, progress)
+    if full_answer:
+        logits, generated = greedy_answers(model, prompts, 1, batch_size, progress)
+    else:
+        logits = answer_logits(model, prompts, batch_size, progress)
     answers = prompts.first_answer_ids
     logprobs = logits.log_softmax(-1)
     ans_logit = logits.gather(1, answers[:, None]).squeeze(1)
@@ -102,7 +114,6 @@ def evaluate(model, prompts: PromptSet, full_answer: bool = True, batch_size: in
     frame["answer_prob"] = frame["answer_logprob"].map(lambda x: float(torch.tensor(x).exp()))
     frame["rank"] = (logits > ans_logit[:, None]).sum(-1).numpy()
     if full_answer:
-        generated = greedy_answers(model, prompts, 1, batch_size, progress)
         full_ok = []
         for gen, ans in zip(generated, prompts.answer_ids):
             ok = gen[: len(ans)] == ans and not _continues_number(tok, gen[len(ans)])

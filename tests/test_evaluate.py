@@ -1,0 +1,69 @@
+"""Evaluation: greedy answers equal HF generate, answer-position logits equal the full
+forward pass, accuracy on the toy model, hooks apply during evaluation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import arithlib.datasets as ds
+from arithlib.ablation import zero_heads_hooks
+from arithlib.evaluate import (accuracy, answer_logits, correct_subset, evaluate, greedy_answers,
+                               intervention_accuracy)
+from arithlib.models import load_model, random_model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model(str(random_model_dir("qwen2")))
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_model("toy-arith")
+
+
+def _tiny_prompts(tokenizer):
+    return ds.PromptSet.build(ds.zhang_prompts(["+", "-"], n_per_template=2, fewshot=1, templates=[0, 5]), tokenizer)
+
+
+def test_answer_logits_equal_full_forward(tiny):
+    ps = _tiny_prompts(tiny.tokenizer)
+    logits = answer_logits(tiny.bridge, ps, batch_size=3)
+    for i in (0, len(ps) - 1):
+        with torch.no_grad():
+            full = tiny.bridge(torch.tensor([ps.input_ids[i]]))[0, -1]
+        assert torch.allclose(logits[i], full, atol=1e-4)
+
+
+def test_greedy_equals_hf_generate(tiny):
+    ps = _tiny_prompts(tiny.tokenizer)
+    first, generated = greedy_answers(tiny.bridge, ps, extra_tokens=2, batch_size=4)
+    hf = tiny.bridge.original_model
+    for i in range(0, len(ps), 3):
+        ids = torch.tensor([ps.input_ids[i]])
+        n = len(ps.answer_ids[i]) + 2
+        ref = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)[0, ids.shape[1]:].tolist()
+        assert generated[i][: len(ref)] == ref and len(ref) >= len(ps.answer_ids[i])
+    assert torch.equal(first.argmax(-1), torch.tensor([g[0] for g in generated]))
+
+
+def test_hooks_apply_inside_evaluation(tiny):
+    ps = _tiny_prompts(tiny.tokenizer)
+    base = answer_logits(tiny.bridge, ps)
+    with tiny.bridge.hooks(fwd_hooks=zero_heads_hooks([(1, 0), (1, 1), (1, 2), (1, 3)])):
+        ablated = answer_logits(tiny.bridge, ps)
+    assert not torch.allclose(base, ablated)
+    assert answer_logits(tiny.bridge, ps).equal(base)  # hooks removed afterwards
+
+
+def test_toy_model_accuracy_and_reference_set(toy):
+    """The toy model answers 1- and 2-digit addition and subtraction (>= 95 %)."""
+    records = [r for r in ds.nikankin_prompts(["+", "-"], max_operand=99, max_result=198, n_per_op=150, seed=1)]
+    ps = ds.PromptSet.build(records, toy.tokenizer)
+    frame = evaluate(toy.bridge, ps)
+    by_op = accuracy(frame, "op").set_index("op")["accuracy"]
+    assert by_op["+"] >= 0.95 and by_op["-"] >= 0.95, by_op
+    correct = correct_subset(toy.bridge, ps, frame=frame)
+    assert len(correct) == int(frame["correct_full"].sum())
+    assert intervention_accuracy(toy.bridge, correct) == 1.0
