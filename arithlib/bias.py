@@ -1,0 +1,686 @@
+"""Gender-bias editing with CNA: Yu & Ananiadou 2024 (EMNLP), Sec. 6.2 and App. D
+(Tables 12, 13, 22, 23), with controls and side effects the paper does not report.
+
+Pipeline (notebook 07):
+
+1. **Professions from the model** (App. D, Table 23). The 8 Table-22 prompts with
+   "man" and "woman"; each prompt's top-100 next tokens; a token is a *profession
+   token* when a profession of the lexicon ``data/professions.json`` starts with it
+   (:func:`profession_tokens`). A profession token is biased towards a gender when
+   it is in that gender's top-100 and not the other's on more prompts than the
+   reverse (:func:`biased_professions`).
+2. **Scoring rule.** A profession is scored by log p of the FIRST token of
+   ``" " + profession`` at the prompt's last position, as the paper scores tokens
+   (its Table 23 lists first-token forms such as "reception", "delivery",
+   "machine"); professions sharing a first token are one profession token.
+3. **CNA between genders** (Sec. 4.1 importance, Sec. 6.2): for each biased
+   profession token w on the first prompt, run a = the prompt with w's gender,
+   run b = with the other gender, target w; neurons ranked by
+   imp_a - imp_b (:func:`gender_cna` on :func:`arithlib.cna.cna_compare`). The edit
+   set is the top-K neurons of the mean change over professions
+   (:func:`bias_neurons`).
+4. **Bias metric** (Table 13): mean over professions and prompts of
+   |log p(prof | woman) - log p(prof | man)|, overall and per bias gender
+   (:func:`bias_scores`, :func:`bias_summary`), before and after zeroing the
+   neurons at every position (= setting their parameters to zero), against as
+   many layer-matched random neurons (:func:`random_neuron_sets`).
+5. **Side effects** (:func:`side_effects`): LM loss on fixed neutral text,
+   arithmetic accuracy, profession probability on gender-free prompts.
+
+TransformerLens gives hooks; :mod:`arithlib.cna` the importance. What is here is
+the gender-specific glue: the lexicon, the bias metric, the edit conditions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from . import cna as C
+from . import general_ability as GA
+from .ablation import zero_neurons_hooks
+from .datasets import PromptRecord, PromptSet, load_gender_data
+from .paths import DATA_DIR
+
+Hook = tuple[str, Callable]
+Neuron = tuple[int, int]
+
+#: Top-k next-token predictions per prompt and gender (App. D: "top100 predictions").
+TOP_K = 100
+#: The number of neurons the paper zeroes (Sec. 6.2, App. D).
+PAPER_EDIT_K = 18
+#: A first token that is only part of the profession's first word (" reception" of
+#: "receptionist") counts when it has at least this many letters; shorter pieces
+#: (" c", " but", " par") are generic word pieces or other words.
+MIN_PARTIAL_LETTERS = 5
+#: The gender-free filler for Table 22's <gend> in the side-effect prompts.
+NEUTRAL_WORD = "person"
+GENDERS = ("woman", "man")
+
+
+# --------------------------------------------------------------------------- lexicon
+
+
+def load_professions() -> dict:
+    """``data/professions.json``: ``professions`` (the lexicon), ``gendered_forms``
+    (grammatically gender-marked words) and ``_doc`` (source and scoring rule)."""
+    with open(DATA_DIR / "professions.json", encoding="utf-8") as f:
+        data = json.load(f)
+    if not data.get("professions"):
+        raise ValueError("data/professions.json has no professions")
+    return data
+
+
+def first_token(tokenizer, word: str) -> int:
+    """Id of the first token of ``" " + word`` (no special tokens): the token the
+    model predicts after a prompt ending in a word ("... works as a")."""
+    ids = tokenizer(" " + word, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError(f"{word!r} tokenizes to nothing")
+    return int(ids[0])
+
+
+def _token_text(tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id]).strip()
+
+
+def counts_as_profession(token_text: str, profession: str, min_partial: int = MIN_PARTIAL_LETTERS) -> bool:
+    """Whether a first token stands for ``profession``: its text is the profession's
+    whole first word, or a prefix of it with at least ``min_partial`` letters."""
+    first_word = profession.split()[0].lower()
+    t = token_text.strip().lower()
+    if not t.isalpha():
+        return False
+    return t == first_word or (first_word.startswith(t) and len(t) >= min_partial)
+
+
+def profession_tokens(tokenizer, professions: Sequence[str] | None = None,
+                      gendered_forms: Sequence[str] | None = None,
+                      min_partial: int = MIN_PARTIAL_LETTERS) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Map the lexicon onto the tokenizer's first tokens.
+
+    Returns ``(tokens, dropped)``: ``tokens`` has one row per profession token
+    (token_id, token, professions "a; b", n_professions, whole_word: the token is a
+    whole first word, gendered: all its professions are gendered forms); ``dropped``
+    lists professions whose first token does not count (too short a piece, or the
+    unknown token) with that token. Defaults: the lexicon of ``data/professions.json``.
+    """
+    data = load_professions() if professions is None or gendered_forms is None else {}
+    professions = list(data["professions"] if professions is None else professions)
+    gendered = set(data["gendered_forms"] if gendered_forms is None else gendered_forms)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    by_token: dict[int, list[str]] = defaultdict(list)
+    dropped = []
+    for prof in professions:
+        tid = first_token(tokenizer, prof)
+        text = _token_text(tokenizer, tid)
+        if (unk is not None and tid == unk) or not counts_as_profession(text, prof, min_partial):
+            dropped.append({"profession": prof, "first_token": text, "token_id": tid,
+                            "reason": "unknown token" if unk is not None and tid == unk else "piece too short"})
+            continue
+        by_token[tid].append(prof)
+    rows = []
+    for tid, profs in sorted(by_token.items()):
+        text = _token_text(tokenizer, tid)
+        rows.append({"token_id": tid, "token": text, "professions": "; ".join(profs), "n_professions": len(profs),
+                     "whole_word": any(text.lower() == p.split()[0].lower() for p in profs),
+                     "gendered": all(p in gendered for p in profs)})
+    cols = ["token_id", "token", "professions", "n_professions", "whole_word", "gendered"]
+    return pd.DataFrame(rows, columns=cols), pd.DataFrame(dropped, columns=["profession", "first_token", "token_id", "reason"])
+
+
+def paper_profession_tokens(tokenizer, prof_tokens: pd.DataFrame) -> pd.DataFrame:
+    """The paper's Table 23 professions mapped by the same rule (first token of
+    ``" " + word``): gender, profession, token, and whether that token is one of
+    ``prof_tokens`` (our lexicon's tokens for this tokenizer)."""
+    ids = set(prof_tokens.token_id.tolist())
+    rows = []
+    for gender, words in load_gender_data()["paper_professions"].items():
+        for w in words:
+            tid = first_token(tokenizer, w)
+            rows.append({"gender": gender, "profession": w, "token_id": tid, "token": _token_text(tokenizer, tid),
+                         "in_lexicon_tokens": tid in ids})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- prompts and forward passes
+
+
+def table22_prompts(filler: str) -> list[str]:
+    """The 8 prompts of Table 22 with ``<gend>`` replaced by ``filler`` ("man",
+    "woman", or a gender-free word such as "person")."""
+    return [p.replace("<gend>", filler) for p in load_gender_data()["prompts"]]
+
+
+@torch.no_grad()
+def next_token_logprobs(model, tokenizer, texts: Sequence[str], hooks: Sequence[Hook] | None = None,
+                        batch_size: int = 32) -> torch.Tensor:
+    """log p(next token | text) at the last position of each text, [n, vocab] (float32,
+    CPU), with ``hooks`` active at every position. Texts are tokenized as
+    :class:`PromptSet` does (special tokens included) and batched by length (no padding)."""
+    if not texts:
+        raise ValueError("no texts")
+    ids = [tokenizer(t)["input_ids"] for t in texts]
+    device = next(model.parameters()).device
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, x in enumerate(ids):
+        groups[len(x)].append(i)
+    out: torch.Tensor | None = None
+    with model.hooks(fwd_hooks=list(hooks or [])):
+        for _, idx in sorted(groups.items()):
+            for s in range(0, len(idx), batch_size):
+                chunk = idx[s:s + batch_size]
+                tokens = torch.tensor([ids[i] for i in chunk], device=device)
+                res = model(tokens, logits_to_keep=1)
+                logits = (res.logits if hasattr(res, "logits") else res)[:, -1].float()
+                lp = logits.log_softmax(-1).cpu()
+                if out is None:
+                    out = torch.empty(len(texts), lp.shape[-1])
+                out[chunk] = lp
+    assert out is not None
+    return out
+
+
+def gender_logprobs(model, tokenizer, hooks: Sequence[Hook] | None = None,
+                    genders: Sequence[str] = GENDERS) -> dict[str, torch.Tensor]:
+    """``{gender: [8, vocab]}`` next-token log-probabilities on the Table-22 prompts."""
+    texts = [t for g in genders for t in table22_prompts(g)]
+    lp = next_token_logprobs(model, tokenizer, texts, hooks)
+    n = len(texts) // len(genders)
+    return {g: lp[i * n:(i + 1) * n] for i, g in enumerate(genders)}
+
+
+# --------------------------------------------------------------------------- Table 23 from the model
+
+
+def top_predictions(logprobs: Mapping[str, torch.Tensor], tokenizer, prof_tokens: pd.DataFrame,
+                    k: int = TOP_K) -> pd.DataFrame:
+    """Each prompt's top-``k`` next tokens per gender (App. D): rows prompt_id, prompt,
+    gender, rank, token_id, token, logprob, is_profession, professions, gendered."""
+    info = prof_tokens.set_index("token_id")
+    rows = []
+    for gender, lp in logprobs.items():
+        prompts = table22_prompts(gender)
+        top = lp.topk(min(k, lp.shape[-1]), dim=-1)
+        for p in range(lp.shape[0]):
+            for rank, (v, tid) in enumerate(zip(top.values[p].tolist(), top.indices[p].tolist()), 1):
+                hit = tid in info.index
+                rows.append({"prompt_id": p, "prompt": prompts[p], "gender": gender, "rank": rank, "token_id": tid,
+                             "token": tokenizer.decode([tid]), "logprob": v, "is_profession": hit,
+                             "professions": info.loc[tid, "professions"] if hit else "",
+                             "gendered": bool(info.loc[tid, "gendered"]) if hit else False})
+    return pd.DataFrame(rows)
+
+
+def biased_professions(top: pd.DataFrame, genders: Sequence[str] = GENDERS,
+                       exclude_gendered: bool = True) -> pd.DataFrame:
+    """Profession tokens that differ by gender in the top-k lists (Table 23 from the model).
+
+    For each prompt, a profession token is "only <g>" when it is in gender g's top-k
+    and not the other's. Over the prompts, it is biased towards the gender it is
+    "only" for on more prompts (ties: left out, ``bias_gender`` = "tie" in the
+    returned frame, which the caller drops). Gendered forms (actress, policeman) are
+    left out when ``exclude_gendered``. Rows: token_id, token, professions,
+    n_only_<g> for each gender, n_prompts_in_both, bias_gender, gendered."""
+    if len(genders) != 2:
+        raise ValueError("two genders")
+    g1, g2 = genders
+    prof = top[top.is_profession]
+    rows = []
+    if prof.empty:
+        return pd.DataFrame(columns=["token_id", "token", "professions", f"n_only_{g1}", f"n_only_{g2}",
+                                     "n_prompts_in_both", "bias_gender", "gendered"])
+    meta = prof.drop_duplicates("token_id").set_index("token_id")
+    sets = {(g, p): set(sub.token_id) for (g, p), sub in prof.groupby(["gender", "prompt_id"])}
+    prompts = sorted(top.prompt_id.unique())
+    for tid in meta.index:
+        only1 = sum(tid in sets.get((g1, p), set()) and tid not in sets.get((g2, p), set()) for p in prompts)
+        only2 = sum(tid in sets.get((g2, p), set()) and tid not in sets.get((g1, p), set()) for p in prompts)
+        both = sum(tid in sets.get((g1, p), set()) and tid in sets.get((g2, p), set()) for p in prompts)
+        if only1 == only2 == 0:
+            continue
+        gender = g1 if only1 > only2 else g2 if only2 > only1 else "tie"
+        rows.append({"token_id": int(tid), "token": meta.loc[tid, "token"].strip(), "professions": meta.loc[tid, "professions"],
+                     f"n_only_{g1}": only1, f"n_only_{g2}": only2, "n_prompts_in_both": both, "bias_gender": gender,
+                     "gendered": bool(meta.loc[tid, "gendered"])})
+    frame = pd.DataFrame(rows)
+    if exclude_gendered and len(frame):
+        frame = frame[~frame.gendered]
+    return frame.sort_values(["bias_gender", f"n_only_{g1}", f"n_only_{g2}"], ascending=[False, False, False]
+                             ).reset_index(drop=True)
+
+
+def compare_with_paper(biased: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    """For each gender: how many of the paper's Table 23 professions (as tokens) the
+    model's biased set has for the same gender, for the other gender, or not at all."""
+    rows = []
+    for gender, sub in paper.groupby("gender"):
+        same = set(biased.loc[biased.bias_gender == gender, "token_id"])
+        other = set(biased.loc[(biased.bias_gender != gender) & (biased.bias_gender != "tie"), "token_id"])
+        ids = set(sub.token_id)
+        rows.append({"gender": gender, "n_paper": len(sub), "n_model": len(same),
+                     "same_gender": len(ids & same), "other_gender": len(ids & other),
+                     "shared_tokens": ", ".join(sorted(sub[sub.token_id.isin(same)].token.unique())),
+                     "model_only": ", ".join(sorted(biased.loc[biased.token_id.isin(same - ids), "token"]))})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- bias metric (Table 13)
+
+
+def bias_scores(logprobs: Mapping[str, torch.Tensor], biased: pd.DataFrame,
+                genders: Sequence[str] = GENDERS) -> pd.DataFrame:
+    """Per prompt and biased profession token: log p under each gender, ``diff`` =
+    log p(w | woman) - log p(w | man), ``abs_diff`` and ``toward`` = the difference
+    in the direction of the token's bias gender (positive: still biased that way)."""
+    g1, g2 = genders
+    rows = []
+    for p in range(logprobs[g1].shape[0]):
+        for r in biased.itertuples():
+            a, b = float(logprobs[g1][p, r.token_id]), float(logprobs[g2][p, r.token_id])
+            d = a - b
+            rows.append({"prompt_id": p, "token_id": r.token_id, "token": r.token, "bias_gender": r.bias_gender,
+                         f"logprob_{g1}": a, f"logprob_{g2}": b, "diff": d, "abs_diff": abs(d),
+                         "toward": d if r.bias_gender == g1 else -d})
+    return pd.DataFrame(rows, columns=["prompt_id", "token_id", "token", "bias_gender", f"logprob_{g1}",
+                                       f"logprob_{g2}", "diff", "abs_diff", "toward"])
+
+
+def bias_summary(scores: pd.DataFrame, genders: Sequence[str] = GENDERS) -> dict[str, float]:
+    """Table 13's numbers: mean |log p(prof | g1) - log p(prof | g2)| over all
+    (prompt, profession) pairs (``total``) and over each bias gender's professions
+    (``<gender>``), plus the signed mean towards the stereotype (``toward``) and n."""
+    out = {"total": float(scores.abs_diff.mean()) if len(scores) else float("nan"),
+           "toward": float(scores.toward.mean()) if len(scores) else float("nan"), "n": int(len(scores))}
+    for g in genders:
+        sub = scores[scores.bias_gender == g]
+        out[g] = float(sub.abs_diff.mean()) if len(sub) else float("nan")
+    return out
+
+
+# --------------------------------------------------------------------------- CNA between genders
+
+
+def _prompt_set(tokenizer, texts: Sequence[str]) -> PromptSet:
+    """``texts`` as a PromptSet (one row each; targets are given separately)."""
+    recs, ids = [], []
+    for text in texts:
+        recs.append(PromptRecord(family="gender", op="", a=0, b=0, answer=0, template_id=0, template=text,
+                                 text=text, answer_text=""))
+        ids.append(list(tokenizer(text)["input_ids"]))
+    return PromptSet(recs, ids, [[0] for _ in texts], [None] * len(texts), tokenizer)
+
+
+@torch.no_grad()
+def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows_a: Sequence[int],
+                            rows_b: Sequence[int], targets: torch.Tensor, *, groups: Sequence[str] | None = None,
+                            n_candidates: int = 20,
+                            n_aggregate: int = 200, vocab_chunk: int = 8192, block_elems: int = 2 ** 24,
+                            progress: bool = False) -> dict[str, torch.Tensor]:
+    """CNA importance (Sec. 4.1) when many cases share few inputs: ``resid`` [G, L, d] and
+    ``coef`` [G, L, K] are the answer-position captures of G distinct prompts; case i
+    compares input ``rows_a[i]`` with ``rows_b[i]`` for target token ``targets[i]``.
+
+    Why not :func:`arithlib.cna.cna_compare`: it treats every case as its own input, so
+    its vocabulary passes (baseline statistics and, per candidate neuron, the
+    log-partition of softmax(W_U norm(r + m v))) are repeated for every case. Here the
+    log-partition of each (input, neuron) is computed once and shared by all targets;
+    only the target logits differ, and those are cheap. Same two-stage scheme as
+    :mod:`arithlib.cna`: stage 1 (:func:`arithlib.cna.first_order_importance`) scores
+    every neuron for every case; stage 2 computes the exact importance, for EVERY case,
+    of the union of each case's top-``n_candidates`` neurons by stage-1 change and the
+    top-``n_aggregate`` by the mean stage-1 change (gender-balanced with ``groups``,
+    :func:`balanced_mean`).
+
+    Returns ``importance`` and ``approx`` [2, N, L, K] (side a, side b; importance NaN
+    outside the candidates) and ``base_logprob`` [2, N, L]."""
+    device = next(model.parameters()).device
+    norm = C.final_norm(model)
+    W_U, b_U = C.unembedding(model)
+    beta = C._beta(norm, W_U, b_U)
+    G, L, d = resid.shape
+    K = coef.shape[-1]
+    N = len(targets)
+    rows_a = torch.as_tensor(list(rows_a), dtype=torch.long)
+    rows_b = torch.as_tensor(list(rows_b), dtype=torch.long)
+    if len(rows_a) != N or len(rows_b) != N:
+        raise ValueError("rows_a, rows_b and targets must have one entry per case")
+    sides = torch.stack([rows_a, rows_b])  # [2, N] input of each case on each side
+    t = targets.to(device)
+    w_cols = W_U[:, t].T  # [N, d]
+    approx = torch.full((2, N, L, K), torch.nan)
+    base = torch.full((2, N, L), torch.nan)
+    stats_by_layer = {}
+    for layer in tqdm(range(L), desc="stage 1", disable=not progress, leave=False):
+        r = resid[:, layer].to(device).float()
+        m = coef[:, layer].to(device).float()
+        stats, _ = C.layer_stats(r, torch.zeros(G, dtype=torch.long, device=device), norm, W_U, b_U,
+                                 vocab_chunk=max(vocab_chunk, 16384))
+        gr = C._centre(r, norm) * norm.weight  # [G, d]
+        A_t = gr @ w_cols.T  # [G, N]: target logits before scaling, every input x every target
+        stats_by_layer[layer] = (stats, A_t)
+        values = C.mlp_values(model, layer)
+        for s in range(2):
+            g = sides[s]
+            st = C.LayerStats(sigma0=stats.sigma0[g], A_w=A_t[g, torch.arange(N)], lse0=stats.lse0[g],
+                              pA=stats.pA[g], q=stats.q[g])
+            approx[s, :, layer] = C.first_order_importance(r[g], m[g], values, t, norm, W_U, st).cpu()
+            base[s, :, layer] = (st.A_w / st.sigma0 + beta[t] - st.lse0).cpu()
+    # candidates
+    change = (approx[0] - approx[1]).reshape(N, L * K)
+    change = torch.nan_to_num(change, nan=-torch.inf)
+    cand = set(change.topk(min(n_candidates, L * K), dim=1).indices.flatten().tolist()) if n_candidates > 0 else set()
+    mean = balanced_mean(torch.nan_to_num(approx[0] - approx[1], nan=0.0), groups).flatten()
+    if n_aggregate > 0:
+        cand |= set(mean.topk(min(n_aggregate, L * K)).indices.tolist())
+    by_layer: dict[int, list[int]] = defaultdict(list)
+    for c in sorted(cand):
+        by_layer[c // K].append(c % K)
+    importance = torch.full((2, N, L, K), torch.nan)
+    for layer, neurons in tqdm(sorted(by_layer.items()), desc="stage 2 (exact)", disable=not progress, leave=False):
+        stats, A_t = stats_by_layer[layer]
+        idx = torch.tensor(neurons, device=device)
+        r = resid[:, layer].to(device).float()
+        m = coef[:, layer].to(device).float()[:, idx]  # [G, U]
+        values = C.mlp_values(model, layer)[idx]
+        rc, v, sigma = C._pair_terms(r, m, values, norm)  # sigma [G, U]
+        gr, gv = rc * norm.weight, v * norm.weight
+        U = len(neurons)
+        run_max = torch.full((G, U), -torch.inf, device=device)
+        run_sum = torch.zeros(G, U, device=device)
+        step = max(1, block_elems // (vocab_chunk * G))
+        for v0 in range(0, W_U.shape[1], vocab_chunk):
+            Wc = W_U[:, v0:v0 + vocab_chunk]
+            A = gr @ Wc  # [G, C]
+            bc = beta[v0:v0 + vocab_chunk]
+            for u0 in range(0, U, step):
+                sl = slice(u0, u0 + step)
+                B = gv[sl] @ Wc  # [u, C]
+                z = (A[:, None, :] + m[:, sl, None] * B[None]) / sigma[:, sl, None] + bc
+                new = torch.maximum(run_max[:, sl], z.max(-1).values)
+                run_sum[:, sl] = run_sum[:, sl] * torch.exp(run_max[:, sl] - new) + torch.exp(z - new[..., None]).sum(-1)
+                run_max[:, sl] = new
+        lse = run_max + torch.log(run_sum)  # [G, U]
+        B_t = gv @ w_cols.T  # [U, N]
+        z_t = (A_t[:, None, :] + m[:, :, None] * B_t[None]) / sigma[:, :, None] + beta[t]  # [G, U, N]
+        lp = z_t - lse[:, :, None]  # log p(target_n | input g with neuron u added)
+        base_g = A_t / stats.sigma0[:, None] + beta[t] - stats.lse0[:, None]  # [G, N]
+        imp = lp - base_g[:, None, :]  # [G, U, N]
+        for s in range(2):
+            g = sides[s].to(device)
+            importance[s, :, layer, idx.cpu()] = imp[g, :, torch.arange(N, device=device)].cpu()
+    return {"importance": importance, "approx": approx, "base_logprob": base}
+
+
+def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, genders: Sequence[str] = GENDERS, *,
+               n_candidates: int = 20, n_aggregate: int = 200, progress: bool = True) -> C.CNAResult:
+    """CNA between the genders (Sec. 6.2) on Table-22 prompt ``prompt_id``, one case per
+    row of ``biased``: run a = the prompt with the row's bias gender, run b = with the
+    other gender, target = the profession token; ``result.change[i]`` ranks the
+    neurons that raise p(w_i | its gender) over p(w_i | other gender). The two prompts
+    are run once and every case shares their captures (:func:`shared_input_importance`)."""
+    if len(biased) == 0:
+        raise ValueError("no biased professions: nothing to compare")
+    genders = list(genders)
+    texts = [table22_prompts(g)[prompt_id] for g in genders]
+    ps = _prompt_set(tokenizer, texts)
+    targets = torch.tensor(biased.token_id.tolist(), dtype=torch.long)
+    run = C.run_last_position(model, ps, None, capture=("resid_mid", "coef"), targets=torch.zeros(len(texts), dtype=torch.long),
+                              share_prefix=False)
+    own = [genders.index(g) for g in biased.bias_gender]
+    other = [1 - i for i in own]
+    out = shared_input_importance(model, run.resid_mid, run.coef, own, other, targets,
+                                  groups=list(biased.bias_gender), n_candidates=n_candidates,
+                                  n_aggregate=n_aggregate, progress=progress)
+    lp_final = {}
+    with torch.no_grad():
+        lp_all = next_token_logprobs(model, tokenizer, texts)
+    for side, rows in (("a", own), ("b", other)):
+        lp_final[side] = C.LastPosition(targets=targets, pred=lp_all[rows].argmax(-1),
+                                        logprob=lp_all[rows, targets], resid_mid=run.resid_mid[rows],
+                                        coef=run.coef[rows])
+    imp, approx, base = out["importance"], out["approx"], out["base_logprob"]
+    return C.CNAResult(importance_a=imp[0], importance_b=imp[1], approx_a=approx[0], approx_b=approx[1],
+                       coef_a=run.coef[own], coef_b=run.coef[other], base_logprob_a=base[0], base_logprob_b=base[1],
+                       run_a=lp_final["a"], run_b=lp_final["b"], targets=targets, mode="two_stage",
+                       n_candidates=n_candidates, layers=list(range(run.coef.shape[1])))
+
+
+def balanced_mean(x: torch.Tensor, groups: Sequence[str] | None = None) -> torch.Tensor:
+    """Mean over dim 0 of ``x``; with ``groups`` (one label per row) the mean of the group
+    means, so that each group (bias gender) weighs the same however many rows it has."""
+    if groups is None:
+        return x.mean(0)
+    labels = np.asarray(list(groups))
+    if len(labels) != x.shape[0]:
+        raise ValueError(f"{len(labels)} group labels for {x.shape[0]} rows")
+    return torch.stack([x[torch.as_tensor(np.flatnonzero(labels == g))].mean(0) for g in sorted(set(labels))]).mean(0)
+
+
+def aggregate_change(result: C.CNAResult, cases: Sequence[int] | None = None,
+                     groups: Sequence[str] | None = None) -> torch.Tensor:
+    """Mean CNA change over ``cases`` (default all), [L, d_mlp]: the exact change where
+    computed, the stage-1 change elsewhere (a neuron outside the exact candidates is
+    outside every case's top by the stage-1 score). With ``groups`` (the bias gender of
+    every case of ``result``) the mean is gender-balanced (:func:`balanced_mean`): a
+    neuron that shifts every profession towards one gender scores + on that gender's
+    professions and - on the other's, and cancels out instead of ranking because the
+    two lists have different lengths. This aggregation is ours; the paper does not say
+    how it pools its 32 professions."""
+    idx = list(range(len(result))) if cases is None else list(cases)
+    if not idx:
+        raise ValueError("no cases to aggregate")
+    exact = result.change[idx]
+    approx = result.approx_change[idx]
+    filled = torch.nan_to_num(torch.where(torch.isfinite(exact), exact, approx), nan=0.0)
+    return balanced_mean(filled, None if groups is None else [list(groups)[i] for i in idx])
+
+
+def bias_neurons(result: C.CNAResult, k: int, cases: Sequence[int] | None = None,
+                 groups: Sequence[str] | None = None) -> list[Neuron]:
+    """The ``k`` neurons with the largest (gender-balanced, with ``groups``) mean change
+    over ``cases``: the edit set."""
+    return C.top_neurons(aggregate_change(result, cases, groups), k)
+
+
+def random_neuron_sets(neurons: Sequence[Neuron], d_mlp: int, seeds: Sequence[int]) -> dict[int, list[Neuron]]:
+    """For each seed, as many random neurons as ``neurons``, one in each of their layers
+    and none of them (:func:`arithlib.cna.random_layer_matched`)."""
+    return {s: C.random_layer_matched([list(neurons)], d_mlp, s)[0] for s in seeds}
+
+
+def neuron_table(model, tokenizer, result: C.CNAResult, biased: pd.DataFrame, k: int = 3, n_tokens: int = 8,
+                 genders: Sequence[str] = GENDERS) -> pd.DataFrame:
+    """Table 12 per profession: its top-``k`` CNA neurons with importance and coefficient
+    under each gender and the top tokens of the neuron's value on the vocabulary."""
+    g1, g2 = genders
+    frames = []
+    for i, r in enumerate(biased.itertuples()):
+        f = result.top_frame(i, k, tokenizer, model, n_tokens)
+        if f.empty:
+            continue
+        other = g2 if r.bias_gender == g1 else g1
+        f = f.rename(columns={"imp_a": f"imp_{r.bias_gender}", "imp_b": f"imp_{other}",
+                              "coef_a": f"coef_{r.bias_gender}", "coef_b": f"coef_{other}"})
+        f.insert(0, "profession", r.token)
+        f.insert(1, "bias_gender", r.bias_gender)
+        frames.append(f)
+    if not frames:
+        return pd.DataFrame()
+    cols = ["profession", "bias_gender", "rank", "name", "layer", "neuron", f"imp_{g1}", f"imp_{g2}", f"coef_{g1}",
+            f"coef_{g2}", "change", "top_tokens"]
+    out = pd.concat(frames, ignore_index=True)
+    return out[[c for c in cols if c in out.columns]]
+
+
+def edit_set_table(model, tokenizer, result: C.CNAResult, biased: pd.DataFrame, neurons: Sequence[Neuron],
+                   n_tokens: int = 8, genders: Sequence[str] = GENDERS) -> pd.DataFrame:
+    """The edit set: each neuron's mean change over all cases and over each bias
+    gender's cases, its coefficient under each gender (the same prompt for every case,
+    so one value per gender), and its top vocabulary tokens."""
+    if not neurons:
+        return pd.DataFrame()
+    g1, g2 = genders
+    agg = aggregate_change(result, groups=list(biased.bias_gender))
+    by_g = {g: aggregate_change(result, np.flatnonzero(biased.bias_gender.values == g).tolist())
+            if (biased.bias_gender == g).any() else None for g in genders}
+    coef = {}
+    for g in genders:
+        rows_own = np.flatnonzero(biased.bias_gender.values == g)
+        rows_other = np.flatnonzero(biased.bias_gender.values != g)
+        coef[g] = result.coef_a[rows_own[0]] if len(rows_own) else result.coef_b[rows_other[0]]
+    vecs = torch.stack([C.mlp_values(model, l)[n] for l, n in neurons])
+    toks = C.top_tokens(model, tokenizer, vecs, n_tokens)
+    rows = []
+    for rank, ((l, n), t) in enumerate(zip(neurons, toks), 1):
+        row = {"rank": rank, "name": f"{l}_{n}", "layer": l, "neuron": n, "mean_change": float(agg[l, n])}
+        for g in genders:
+            row[f"mean_change_{g}_profs"] = float(by_g[g][l, n]) if by_g[g] is not None else float("nan")
+        for g in genders:
+            row[f"coef_{g}"] = float(coef[g][l, n])
+        row["top_tokens"] = ", ".join(t)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- edit and controls
+
+
+def edit_conditions(neurons_by_k: Mapping[int, Sequence[Neuron]], random_by_k: Mapping[int, Mapping[int, Sequence[Neuron]]]
+                    ) -> dict[tuple[str, int, int], list[Hook]]:
+    """Hooks per condition ``(kind, K, seed)``: ("original", 0, -1) no edit; ("cna", K, -1)
+    zero the top-K CNA neurons; ("random", K, seed) zero the seed's random set. Zeroing
+    is at every position, which equals setting the neurons' parameters to zero."""
+    conds: dict[tuple[str, int, int], list[Hook]] = {("original", 0, -1): []}
+    for k, ns in neurons_by_k.items():
+        conds[("cna", k, -1)] = zero_neurons_hooks(ns, position=None)
+        for seed, rs in random_by_k.get(k, {}).items():
+            conds[("random", k, seed)] = zero_neurons_hooks(rs, position=None)
+    return conds
+
+
+def bias_under_conditions(model, tokenizer, biased: pd.DataFrame, conditions: Mapping[tuple[str, int, int], list[Hook]],
+                          genders: Sequence[str] = GENDERS, progress: bool = True) -> pd.DataFrame:
+    """:func:`bias_scores` on all 8 prompts under each condition; rows as bias_scores
+    plus kind, K, seed."""
+    frames = []
+    for (kind, k, seed), hooks in tqdm(conditions.items(), desc="bias per condition", disable=not progress, leave=False):
+        lp = gender_logprobs(model, tokenizer, hooks, genders)
+        frames.append(bias_scores(lp, biased, genders).assign(kind=kind, K=k, seed=seed))
+    return pd.concat(frames, ignore_index=True)
+
+
+def summarize_conditions(scores: pd.DataFrame, prompt_ids: Sequence[int] | None = None,
+                         token_ids: Sequence[int] | None = None, genders: Sequence[str] = GENDERS) -> pd.DataFrame:
+    """Table 13 per condition (kind, K, seed), restricted to ``prompt_ids`` / ``token_ids``
+    when given: total and per-gender bias, signed bias, n, and the reduction (%) of the
+    total relative to the original model on the same subset."""
+    sub = scores
+    if prompt_ids is not None:
+        sub = sub[sub.prompt_id.isin(list(prompt_ids))]
+    if token_ids is not None:
+        sub = sub[sub.token_id.isin(list(token_ids))]
+    rows = []
+    for (kind, k, seed), g in sub.groupby(["kind", "K", "seed"], sort=False):
+        rows.append({"kind": kind, "K": k, "seed": seed, **bias_summary(g, genders)})
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    base = out.loc[out.kind == "original", "total"]
+    base = float(base.iloc[0]) if len(base) else float("nan")
+    out["reduction_pct"] = 100 * (base - out.total) / base if base else float("nan")
+    return out
+
+
+def table13(summary: pd.DataFrame, k: int, genders: Sequence[str] = GENDERS) -> pd.DataFrame:
+    """Table 13 layout for edit size ``k``: original, CNA-edited, random control (mean and
+    standard deviation over seeds) with total and per-gender bias and the reduction (%)."""
+    cols = ["total", *genders, "toward", "reduction_pct"]
+    rows = []
+    orig = summary[summary.kind == "original"]
+    if len(orig):
+        rows.append({"model": "original", "K": 0, **{c: float(orig[c].iloc[0]) for c in cols}})
+    cna = summary[(summary.kind == "cna") & (summary.K == k)]
+    if len(cna):
+        rows.append({"model": f"CNA top-{k} zeroed", "K": k, **{c: float(cna[c].iloc[0]) for c in cols}})
+    rnd = summary[(summary.kind == "random") & (summary.K == k)]
+    if len(rnd):
+        rows.append({"model": f"random {k} zeroed (mean of {len(rnd)} seeds)", "K": k, **{c: float(rnd[c].mean()) for c in cols},
+                     **{f"{c}_sd": float(rnd[c].std(ddof=1)) if len(rnd) > 1 else float("nan") for c in ("total", "reduction_pct")}})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- held-out split
+
+
+def split_professions(biased: pd.DataFrame, seed: int, frac: float = 0.5) -> tuple[list[int], list[int]]:
+    """Row indices of ``biased`` split into (selection, held-out), stratified by bias
+    gender: a ``frac`` share of each gender's professions (at least one, and at least
+    one left out when the gender has two or more) chosen with ``seed``."""
+    rng = np.random.default_rng(seed)
+    sel, held = [], []
+    for g in sorted(biased.bias_gender.unique()):
+        idx = np.flatnonzero(biased.bias_gender.values == g)
+        idx = rng.permutation(idx)
+        n = int(round(frac * len(idx)))
+        n = min(max(n, 1), len(idx) - 1) if len(idx) > 1 else len(idx)
+        sel += idx[:n].tolist()
+        held += idx[n:].tolist()
+    return sorted(sel), sorted(held)
+
+
+# --------------------------------------------------------------------------- side effects
+
+
+def profession_mass(logprobs: torch.Tensor, token_ids: Sequence[int]) -> dict[str, float]:
+    """On gender-free prompts ([n, vocab] log-probs): total probability of the profession
+    tokens (mean over prompts) and their mean log-probability."""
+    ids = torch.tensor(list(token_ids), dtype=torch.long)
+    if len(ids) == 0:
+        return {"profession_mass": float("nan"), "profession_mean_logprob": float("nan")}
+    lp = logprobs[:, ids]
+    return {"profession_mass": float(lp.exp().sum(-1).mean()), "profession_mean_logprob": float(lp.mean())}
+
+
+def arithmetic_accuracy(model, prompts: PromptSet, hooks: Sequence[Hook] | None = None) -> float:
+    """Exact-answer accuracy (teacher forcing, :func:`arithlib.cna.correct_mask`, "full")
+    of ``prompts`` with ``hooks`` active; NaN for an empty set."""
+    if len(prompts) == 0:
+        return float("nan")
+    with model.hooks(fwd_hooks=list(hooks or [])):
+        return float(C.correct_mask(model, prompts, "full").float().mean())
+
+
+def side_effects(model, tokenizer, conditions: Mapping[tuple[str, int, int], list[Hook]], *, prose: str,
+                 arith: PromptSet | None, profession_ids: Sequence[int], chunk_tokens: int = 128,
+                 max_chunks: int = 2, progress: bool = True) -> pd.DataFrame:
+    """Side effects of each condition (hooks active): LM loss (nats/token) on the fixed
+    English text ``prose`` (:func:`arithlib.general_ability.lm_loss`, the first
+    ``max_chunks`` chunks of ``chunk_tokens`` tokens), exact-answer arithmetic accuracy
+    on ``arith``, and the profession tokens' total probability and mean log-probability
+    on the gender-free Table-22 prompts ("A person works as a", ...). Rows: kind, K,
+    seed, the measures and their change from the original model."""
+    neutral = table22_prompts(NEUTRAL_WORD)
+    rows = []
+    for (kind, k, seed), hooks in tqdm(conditions.items(), desc="side effects", disable=not progress, leave=False):
+        with model.hooks(fwd_hooks=list(hooks)):
+            lm = GA.lm_loss(model, tokenizer, prose, chunk_tokens=chunk_tokens, max_chunks=max_chunks)
+        acc = arithmetic_accuracy(model, arith, hooks) if arith is not None else float("nan")
+        mass = profession_mass(next_token_logprobs(model, tokenizer, neutral, hooks), profession_ids)
+        rows.append({"kind": kind, "K": k, "seed": seed, "lm_loss": lm["lm_loss"], "lm_tokens": lm["n_tokens"],
+                     "unk_share": lm["unk_share"], "arith_accuracy": acc, "n_arith": len(arith) if arith is not None else 0,
+                     **mass})
+    out = pd.DataFrame(rows)
+    base = out[out.kind == "original"]
+    if len(base):
+        b = base.iloc[0]
+        out["lm_loss_change"] = out.lm_loss - b.lm_loss
+        out["arith_accuracy_change"] = out.arith_accuracy - b.arith_accuracy
+        out["profession_mass_ratio"] = out.profession_mass / b.profession_mass if b.profession_mass else float("nan")
+    return out

@@ -1,0 +1,1352 @@
+"""Comparative Neuron Analysis (CNA), Yu & Ananiadou 2024 (EMNLP), Sec. 4 and App. B.
+
+The importance of FFN neuron k of layer l for the predicted token w at the answer
+position (Sec. 4.1) is
+
+    imp = log p(w | x^{l-1} + A^l + m_k fc2_k) - log p(w | x^{l-1} + A^l),
+
+where x^{l-1} + A^l is the residual stream after layer l's attention ("resid_mid"),
+m_k the neuron's coefficient (its activation, ``blocks.l.mlp.hook_post``) and fc2_k
+its value vector (row k of ``W_out``); p is read through the final norm and the
+unembedding the model actually applies (``ln_final`` with its weight, ``W_U``,
+``b_U``). CNA compares the same neuron between two runs (the original model and a
+model with the key head zeroed, or two inputs) and ranks neurons by the change.
+
+Computing it for every neuron at once
+-------------------------------------
+With an RMSNorm final norm (LayerNorm: the same after centring), for r = resid_mid
+and v = fc2_k::
+
+    logits(r + m v) = (A + m B_k) / sigma_k + beta,   A = (g*r) W_U,  B_k = (g*v) W_U,
+    sigma_k^2 = (|r|^2 + 2 m r.v + m^2 |v|^2) / d + eps,   beta = b_U (+ b_ln W_U).
+
+B is prompt-independent ([d_mlp, vocab] per layer), sigma_k is cheap for all neurons,
+but the log-partition needs one pass over the vocabulary per (neuron, prompt). Two
+modes:
+
+* ``"exact"``: every neuron, vocabulary in chunks with an online logsumexp (the
+  matrix products are shared by all prompts). Affordable on a GPU and for small
+  models; about 20 s per prompt for Qwen2.5-0.5B on two CPU cores.
+* ``"two_stage"``: stage 1 scores every neuron with the first-order importance,
+  whose logit change is exact and whose log-partition is linearised at the
+  baseline distribution p = softmax(logits(r)):
+  ``imp1 = dz_w - sum_v p_v dz_v`` (:func:`first_order_importance`, cost
+  O(d_mlp * d) per prompt and layer once p is known); stage 2 computes the exact
+  importance of the top ``n_candidates`` neurons per prompt (ranked by the stage-1
+  score or its change between runs). Exact values of the neurons it scores are
+  identical to the exact mode's; the others are NaN.
+
+Layers where both runs have bit-identical inputs at the answer position (those
+below an ablated head) have zero change; :func:`cna_compare` skips them.
+
+Other pieces: interventions on per-prompt neuron sets at the answer position with a
+cached prompt prefix (mask / keep, Table 5; the lowest-neuron test, Table 6), the
+vocabulary projection of neuron values (Geva et al. 2022: softmax(E_u v)), the
+projection through attention OV matrices (hidden-interpretable neurons, Tables 7-8)
+and an exact, pruned count of number/operation concepts among a projection's top
+tokens. TransformerLens gives the hooks and weights; it has no CNA, no per-prompt
+neuron interventions and no vocabulary-pruned top-k, hence this module.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from . import datasets as ds
+from .ablation import zero_neurons_hooks
+from .datasets import PromptRecord, PromptSet
+
+Hook = tuple[str, Callable]
+Neuron = tuple[int, int]
+Head = tuple[int, int]
+RowHooks = Callable[[torch.Tensor], list[Hook]]  # batch row indices (into the PromptSet) -> hooks
+
+#: Yu & Ananiadou's "keep" zeroes all other neurons of layers 17..31 of Llama-7B's 32:
+#: the deep layers start at this fraction of the depth.
+DEEP_FROM_FRACTION = 17 / 32
+#: Prediction-enhancing DAG: an edge lower -> upper is drawn when removing the lower
+#: neuron's sub-value from the upper layer's input lowers the upper neuron's
+#: coefficient by at least this fraction (direct path, exact).
+DAG_EDGE_MIN_ENHANCEMENT = 0.05
+
+
+# --------------------------------------------------------------------------- model pieces
+
+
+def _hf(model):
+    return model.original_model if hasattr(model, "original_model") else model
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _n_layers(model) -> int:
+    return int(model.cfg.n_layers)
+
+
+@dataclass(frozen=True)
+class FinalNorm:
+    """The final normalisation as a formula: ``kind`` "rms" (x / sqrt(mean x^2 + eps) * weight)
+    or "layer" ((x - mean) / sqrt(var + eps) * weight + bias)."""
+
+    kind: str
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        if self.kind == "layer":
+            x = x - x.mean(-1, keepdim=True)
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return y + self.bias if self.bias is not None else y
+
+
+def final_norm(model) -> FinalNorm:
+    """The model's final norm (``ln_final``) read from its module: RMSNorm (with Gemma's
+    1 + weight offset when the config says so) or LayerNorm; anything else raises."""
+    module = model.ln_final
+    comp = getattr(module, "_original_component", module)
+    weight = comp.weight.detach().float()
+    eps = getattr(comp, "variance_epsilon", None)
+    if eps is None:
+        eps = getattr(comp, "eps", 1e-5)
+    name = type(comp).__name__.lower()
+    if "rms" in name:
+        if getattr(model.cfg, "rmsnorm_uses_offset", False):
+            weight = 1.0 + weight
+        return FinalNorm("rms", weight, None, float(eps))
+    if isinstance(comp, torch.nn.LayerNorm) or "layernorm" in name:
+        bias = comp.bias.detach().float() if getattr(comp, "bias", None) is not None else None
+        return FinalNorm("layer", weight, bias, float(eps))
+    raise NotImplementedError(f"final norm {type(comp).__name__} is neither RMSNorm nor LayerNorm")
+
+
+def unembedding(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(W_U [d_model, vocab], b_U [vocab])`` as applied after the final norm (float32).
+    Qwen2.5-Coder-0.5B as packaged here does NOT tie W_U to W_E; this reads the
+    unembedding the model actually uses either way."""
+    W_U = model.W_U.detach().float()
+    try:
+        b_U = model.b_U.detach().float()
+    except (AttributeError, RuntimeError):
+        b_U = torch.zeros(W_U.shape[1], device=W_U.device)
+    return W_U, b_U
+
+
+def mlp_values(model, layer: int) -> torch.Tensor:
+    """FFN value vectors fc2_k of ``layer`` (rows of W_out), [d_mlp, d_model], float32."""
+    return model.W_out[layer].detach().float()
+
+
+def deep_layers(n_layers: int, fraction: float = DEEP_FROM_FRACTION) -> list[int]:
+    """Yu's deep layers scaled by depth: 17..31 of 32 -> round(17/32 * L)..L-1."""
+    start = int(round(fraction * n_layers))
+    return list(range(min(start, n_layers - 1), n_layers))
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def yu_division_1d(fewshot: int = 2, template_id: int = 3) -> list[PromptRecord]:
+    """Yu's 1D division cases as in the paper's example "72/8=": divisor and quotient in
+    1..9, dividend = divisor * quotient (81 prompts), in template ``template_id`` of
+    Table 14 with the few-shot prefix. (``datasets.yu_prompts(n_digits=1)`` keeps both
+    operands <= 9, which leaves 23 mostly trivial divisions.)"""
+    base = ds.load_json("templates.json")["yu"]
+    template, sep = base["/"][template_id], base["sep"]
+    prefix = ds.fewshot_prefix(template, "/", sep, fewshot)
+    records = []
+    for b in range(1, 10):
+        for q in range(1, 10):
+            a = b * q
+            text = re.sub(r"\[([^\]]+)\]", r"\1", template.replace("{A}", str(a)).replace("{B}", str(b)))
+            records.append(PromptRecord(family="yu", op="/", a=a, b=b, answer=q, template_id=template_id,
+                                        template=template, text=text + sep, answer_text=str(q), prefix=prefix,
+                                        n_digits=1, carry=False, meta=(("numerals", "digits"),)))
+    return records
+
+
+def key_heads_from_sweep(sweep: str | Path | pd.DataFrame, n_digits: int = 1,
+                         groups: Mapping[str, Sequence[str]] | None = None) -> dict[str, Head]:
+    """The key head of each operator group from notebook 01's head sweep
+    (``01_yu_head_sweep.csv``: op, n_digits, layer, head, accuracy, baseline_accuracy,
+    accuracy_drop).
+
+    Rule: for each group (default ``{"+-": ["+", "-"], "/": ["/"]}``, as in Yu's
+    Sec. 4 / App. B where + and - share head 17^22 and / has 14^19) the head with the
+    largest mean ``accuracy_drop`` over the group's operators on ``n_digits``-digit
+    prompts; ties go to the lower (layer, head). Raises FileNotFoundError (run notebook
+    01 first) when the file is missing and ValueError when an operator is absent.
+    """
+    groups = dict(groups or {"+-": ["+", "-"], "/": ["/"]})
+    if isinstance(sweep, pd.DataFrame):
+        frame = sweep
+    else:
+        path = Path(sweep)
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found: notebook 04 needs notebook 01's head sweep. Run "
+                                    "notebooks/01 (Yu head sweep) with the same model and out_dir first.")
+        frame = pd.read_csv(path)
+    missing = {"op", "n_digits", "layer", "head", "accuracy_drop"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"head sweep lacks columns {sorted(missing)}")
+    names = {v: k for k, v in ds.OP_NAMES.items()}
+    frame = frame.assign(op=frame["op"].map(lambda o: names.get(o, o)))
+    frame = frame[frame["n_digits"].astype(int) == int(n_digits)]
+    out = {}
+    for group, ops in groups.items():
+        sub = frame[frame["op"].isin(ops)]
+        absent = set(ops) - set(sub["op"])
+        if absent:
+            raise ValueError(f"head sweep has no {n_digits}-digit rows for operator(s) {sorted(absent)}")
+        mean = sub.groupby(["layer", "head"])["accuracy_drop"].mean().reset_index()
+        mean = mean.sort_values(["accuracy_drop", "layer", "head"], ascending=[False, True, True])
+        best = mean.iloc[0]
+        out[group] = (int(best["layer"]), int(best["head"]))
+    return out
+
+
+# --------------------------------------------------------------------------- forward passes
+
+
+@dataclass
+class LastPosition:
+    """What one run leaves at the answer position: prediction, log-probability of the
+    target, and (if captured) resid_mid [N, L, d] and coefficients [N, L, d_mlp]."""
+
+    targets: torch.Tensor
+    pred: torch.Tensor
+    logprob: torch.Tensor
+    resid_mid: torch.Tensor | None = None
+    coef: torch.Tensor | None = None
+
+    @property
+    def correct(self) -> torch.Tensor:
+        return self.pred == self.targets
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.correct.float().mean()) if len(self.targets) else float("nan")
+
+
+class _Capture:
+    """Forward hooks that record resid_mid (resid_pre + attn_out) and MLP coefficients
+    at the last position of every layer; the last call wins."""
+
+    def __init__(self, n_layers: int, what: Sequence[str]):
+        self.n_layers, self.what, self.store = n_layers, set(what), {}
+
+    def hooks(self) -> list[Hook]:
+        hooks = []
+        for layer in range(self.n_layers):
+            if "resid_mid" in self.what:
+                hooks.append((f"blocks.{layer}.hook_resid_pre", self._save(("pre", layer))))
+                hooks.append((f"blocks.{layer}.hook_attn_out", self._save(("attn", layer))))
+            if "coef" in self.what:
+                hooks.append((f"blocks.{layer}.mlp.hook_post", self._save(("coef", layer))))
+        return hooks
+
+    def _save(self, key):
+        def fn(act, hook):
+            self.store[key] = act[:, -1].detach().float()
+            return act
+        return fn
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        out = {}
+        if "resid_mid" in self.what:
+            out["resid_mid"] = torch.stack([self.store[("pre", l)] + self.store[("attn", l)] for l in range(self.n_layers)], 1)
+        if "coef" in self.what:
+            out["coef"] = torch.stack([self.store[("coef", l)] for l in range(self.n_layers)], 1)
+        self.store = {}
+        return out
+
+
+def common_prefix_length(tokens: torch.Tensor) -> int:
+    """Number of leading positions shared by every row of ``tokens`` [B, T], capped at T-1."""
+    same = (tokens == tokens[:1]).all(0).long()
+    return min(int(same.cumprod(0).sum()), tokens.shape[1] - 1)
+
+
+def _prefix_cache(model, tokens: torch.Tensor):
+    """KV cache of ``tokens`` [B, T] (bridge hooks active), computing the rows' common
+    prefix once at batch 1 and expanding it."""
+    hf = _hf(model)
+    B, T = tokens.shape
+    n = int((tokens == tokens[:1]).all(0).long().cumprod(0).sum()) if B > 1 else 0
+    if n > 0:
+        cache = hf(tokens[:1, :n], use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_repeat_interleave(B)
+        if n < T:
+            hf(tokens[:, n:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return cache
+    return hf(tokens, use_cache=True, logits_to_keep=1).past_key_values
+
+
+def _forward_shared_prefix(model, tokens: torch.Tensor, share_prefix: bool):
+    """Last-position logits [B, V] of ``tokens`` through the HF model (bridge hooks
+    active), computing a prefix common to all rows once (batch 1, KV cache)."""
+    hf = _hf(model)
+    n = common_prefix_length(tokens) if share_prefix and tokens.shape[0] > 1 else 0
+    if n > 0:
+        cache = hf(tokens[:1, :n], use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_repeat_interleave(tokens.shape[0])
+        out = hf(tokens[:, n:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    else:
+        out = hf(tokens, use_cache=False, logits_to_keep=1)
+    return out.logits[:, -1].float()
+
+
+def _targets_for(prompts: PromptSet, targets: torch.Tensor | None) -> torch.Tensor:
+    t = prompts.first_answer_ids if targets is None else torch.as_tensor(targets, dtype=torch.long)
+    if len(t) != len(prompts):
+        raise ValueError(f"{len(t)} targets for {len(prompts)} prompts")
+    return t
+
+
+def _assemble(n: int, parts: list[tuple[torch.Tensor, dict]], targets: torch.Tensor) -> LastPosition:
+    fields: dict[str, torch.Tensor] = {}
+    for index, values in parts:
+        for key, value in values.items():
+            if key not in fields:
+                fields[key] = torch.empty((n, *value.shape[1:]), dtype=value.dtype)
+            fields[key][index] = value.cpu()
+    if not parts:
+        fields = {"pred": torch.empty(0, dtype=torch.long), "logprob": torch.empty(0)}
+    return LastPosition(targets=targets, pred=fields.pop("pred"), logprob=fields.pop("logprob"),
+                        resid_mid=fields.get("resid_mid"), coef=fields.get("coef"))
+
+
+@torch.no_grad()
+def run_last_position(model, prompts: PromptSet, hooks: list[Hook] | RowHooks | None = None, *,
+                      capture: Sequence[str] = ("resid_mid", "coef"), targets: torch.Tensor | None = None,
+                      batch_size: int = 64, share_prefix: bool = True, progress: bool = False,
+                      desc: str = "forward") -> LastPosition:
+    """One run of ``prompts`` with ``hooks`` active at every position; returns the
+    prediction, log p(target) and the captured answer-position activations.
+
+    With a plain hook list and ``share_prefix`` (default), the prompt prefix shared by a
+    batch (the few-shot examples) is computed once with the hooks and reused through
+    the KV cache: the same result as a full forward, several times cheaper.
+    ``hooks`` may also be a function of the batch's row indices (per-prompt hooks);
+    then every row runs in full.
+    """
+    device = _device(model)
+    targets = _targets_for(prompts, targets)
+    cap = _Capture(_n_layers(model), capture)
+    parts = []
+    batches = list(prompts.batches(batch_size, device))
+    for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
+        per_row = callable(hooks)
+        active = (hooks(batch.index) if per_row else list(hooks or [])) + cap.hooks()
+        with model.hooks(fwd_hooks=active):
+            logits = _forward_shared_prefix(model, batch.tokens, share_prefix and not per_row)
+        logp = logits.log_softmax(-1)
+        t = targets[batch.index].to(logits.device)
+        parts.append((batch.index, {"pred": logits.argmax(-1), "logprob": logp.gather(1, t[:, None])[:, 0],
+                                    **cap.collect()}))
+    return _assemble(len(prompts), parts, targets)
+
+
+def _on_rows(fn: Callable, rows: torch.Tensor) -> Callable:
+    """A hook applying ``fn`` to the given batch rows only (conditions stacked in one batch)."""
+    def wrapped(act, hook):
+        r = rows.to(act.device)
+        sub = act[r]
+        out = fn(sub, hook)
+        act[r] = sub if out is None else out
+        return act
+    return wrapped
+
+
+@torch.no_grad()
+def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook] | RowHooks | None], *,
+                          capture: Sequence[str] = (), targets: torch.Tensor | None = None, batch_size: int = 64,
+                          max_rows: int = 512, progress: bool = False, desc: str = "conditions"
+                          ) -> dict[str, LastPosition]:
+    """Interventions at the answer position only: every prompt's positions before the
+    last are run once without hooks (KV cache, few-shot prefix shared), then the last
+    token of all conditions at once, stacked along the batch (up to ``max_rows`` rows),
+    each condition's hooks acting on its own rows. A condition is a hook list or a
+    function of the batch's row indices (per-prompt neuron sets). Since the hooks act on
+    the last token alone, this equals a full forward with hooks at position -1; stacking
+    reads the weights once for all conditions (single-token passes are memory-bound)."""
+    device = _device(model)
+    hf = _hf(model)
+    targets = _targets_for(prompts, targets)
+    cap = _Capture(_n_layers(model), capture)
+    names = list(conditions)
+    parts: dict[str, list] = {name: [] for name in names}
+    for batch in tqdm(list(prompts.batches(batch_size, device)), desc=desc, disable=not progress, leave=False):
+        tokens = batch.tokens
+        B = tokens.shape[0]
+        base = _prefix_cache(model, tokens[:, :-1]) if tokens.shape[1] > 1 else None
+        t = targets[batch.index].to(device)
+        per_chunk = max(1, max_rows // B)
+        for c0 in range(0, len(names), per_chunk):
+            chunk = names[c0:c0 + per_chunk]
+            nc = len(chunk)
+            hooks: list[Hook] = []
+            for c, name in enumerate(chunk):
+                cond = conditions[name]
+                rows = torch.arange(B) * nc + c
+                for hname, fn in (cond(batch.index) if callable(cond) else list(cond or [])):
+                    hooks.append((hname, _on_rows(fn, rows)))
+            last = tokens[:, -1:].repeat_interleave(nc, 0)
+            with model.hooks(fwd_hooks=hooks + cap.hooks()):
+                if base is not None:
+                    cache = copy.deepcopy(base)
+                    cache.batch_repeat_interleave(nc)
+                    out = hf(last, past_key_values=cache, use_cache=True)
+                else:
+                    out = hf(last, use_cache=False)
+            logits = out.logits[:, -1].float()
+            pred = logits.argmax(-1).view(B, nc)
+            logprob = logits.log_softmax(-1).gather(1, t.repeat_interleave(nc)[:, None])[:, 0].view(B, nc)
+            captured = {k: v.view(B, nc, *v.shape[1:]) for k, v in cap.collect().items()}
+            for c, name in enumerate(chunk):
+                parts[name].append((batch.index, {"pred": pred[:, c], "logprob": logprob[:, c],
+                                                   **{k: v[:, c] for k, v in captured.items()}}))
+    return {name: _assemble(len(prompts), p, targets) for name, p in parts.items()}
+
+
+def _continues_number(text: str) -> bool:
+    return bool(text) and (text[0].isdigit() or text[0] == ".")
+
+
+@torch.no_grad()
+def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size: int = 32,
+                 progress: bool = False) -> torch.Tensor:
+    """Which prompts the model answers correctly, by teacher forcing (one forward over
+    prompt + answer, shared prefix cached): "first" = the first answer token is the
+    argmax; "full" = every answer token is the argmax after its predecessors and the
+    next token does not continue the number. Equals greedy decoding's verdict
+    (``evaluate.evaluate``'s ``correct_full``) at a fraction of the cost."""
+    if criterion not in ("full", "first"):
+        raise ValueError("criterion must be 'full' or 'first'")
+    device = _device(model)
+    hf = _hf(model)
+    tok = prompts.tokenizer
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (ids, ans) in enumerate(zip(prompts.input_ids, prompts.answer_ids)):
+        n_ans = len(ans) if criterion == "full" else 1
+        groups.setdefault((len(ids), n_ans), []).append(i)
+    result = torch.zeros(len(prompts), dtype=torch.bool)
+    chunks = [(key, idx[s:s + batch_size]) for key, idx in groups.items() for s in range(0, len(idx), batch_size)]
+    for (length, n_ans), idx in tqdm(chunks, desc="correct", disable=not progress, leave=False):
+        seqs = [prompts.input_ids[i] + prompts.answer_ids[i][:n_ans] for i in idx]
+        tokens = torch.tensor(seqs, device=device)
+        n_keep = n_ans + 1 if criterion == "full" else 1
+        inputs = tokens if criterion == "full" else tokens[:, :length]
+        n = common_prefix_length(inputs) if len(idx) > 1 else 0
+        n = min(n, length - 1)
+        if n > 0:
+            cache = hf(inputs[:1, :n], use_cache=True).past_key_values
+            cache.batch_repeat_interleave(len(idx))
+            logits = hf(inputs[:, n:], past_key_values=cache, use_cache=True, logits_to_keep=n_keep).logits
+        else:
+            logits = hf(inputs, use_cache=False, logits_to_keep=n_keep).logits
+        pred = logits.argmax(-1).cpu()  # [B, n_keep]: predictions at positions length-1 .. length-1+n_ans
+        for row, i in enumerate(idx):
+            ans = prompts.answer_ids[i]
+            ok = pred[row, :n_ans].tolist() == ans[:n_ans]
+            if criterion == "full" and ok:
+                ok = not _continues_number(tok.decode([int(pred[row, n_ans])]))
+            result[i] = ok
+    return result
+
+
+# --------------------------------------------------------------------------- importance: the math
+
+
+def _centre(x: torch.Tensor, norm: FinalNorm) -> torch.Tensor:
+    return x - x.mean(-1, keepdim=True) if norm.kind == "layer" else x
+
+
+def _beta(norm: FinalNorm, W_U: torch.Tensor, b_U: torch.Tensor) -> torch.Tensor:
+    return b_U + norm.bias @ W_U if norm.bias is not None else b_U
+
+
+@dataclass
+class LayerStats:
+    """Per-row baseline quantities of one layer: sigma0 (norm scale of r), A_w (target
+    logit before scaling), lse0 (log-partition of the baseline logits), pA (= p . A)
+    and q (= W_U p, the expected unembedding), with p = softmax(logits(r))."""
+
+    sigma0: torch.Tensor
+    A_w: torch.Tensor
+    lse0: torch.Tensor
+    pA: torch.Tensor
+    q: torch.Tensor
+
+
+def layer_stats(resid: torch.Tensor, targets: torch.Tensor, norm: FinalNorm, W_U: torch.Tensor, b_U: torch.Tensor,
+                vocab_chunk: int = 16384) -> tuple[LayerStats, torch.Tensor]:
+    """Baseline statistics of rows ``resid`` [R, d] (one pass over the vocabulary with an
+    online softmax) and log p(target | resid) [R]."""
+    r = _centre(resid.float(), norm)
+    d = r.shape[-1]
+    gr = r * norm.weight
+    sigma0 = torch.sqrt(r.pow(2).sum(-1) / d + norm.eps)
+    beta = _beta(norm, W_U, b_U)
+    R = r.shape[0]
+    m = torch.full((R,), -torch.inf, device=r.device)
+    s = torch.zeros(R, device=r.device)
+    pA = torch.zeros(R, device=r.device)
+    q = torch.zeros(R, d, device=r.device)
+    for v0 in range(0, W_U.shape[1], vocab_chunk):
+        Wc = W_U[:, v0:v0 + vocab_chunk]
+        A = gr @ Wc
+        z = A / sigma0[:, None] + beta[v0:v0 + vocab_chunk]
+        m_new = torch.maximum(m, z.max(-1).values)
+        scale = torch.exp(m - m_new)
+        e = torch.exp(z - m_new[:, None])
+        s = s * scale + e.sum(-1)
+        pA = pA * scale + (e * A).sum(-1)
+        q = q * scale[:, None] + e @ Wc.T
+        m = m_new
+    pA, q = pA / s, q / s[:, None]
+    lse0 = m + torch.log(s)
+    A_w = (gr * W_U[:, targets.to(W_U.device)].T).sum(-1)
+    base = A_w / sigma0 + beta[targets] - lse0
+    return LayerStats(sigma0, A_w, lse0, pA, q), base
+
+
+def _pair_terms(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, norm: FinalNorm):
+    """Centred r and v, r.v [R, K], |r|^2 [R], |v|^2 [K] and sigma [R, K] of r + m v."""
+    r = _centre(resid.float(), norm)
+    v = _centre(values.float(), norm)
+    d = r.shape[-1]
+    rv = r @ v.T
+    rr = r.pow(2).sum(-1)
+    vv = v.pow(2).sum(-1)
+    m = coef.float()
+    sigma = torch.sqrt((rr[:, None] + 2 * m * rv + m.pow(2) * vv[None]) / d + norm.eps)
+    return r, v, sigma
+
+
+def first_order_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, targets: torch.Tensor,
+                           norm: FinalNorm, W_U: torch.Tensor, stats: LayerStats) -> torch.Tensor:
+    """Stage 1 of the two-stage mode, [R, K]: the importance with the logit change dz
+    exact (norm rescaling included) and the log-partition linearised at p:
+    ``imp1 = dz_w - p . dz = (A_w - p.A)(1/sigma - 1/sigma0) + m (g v).(W_U[:, w] - q) / sigma``."""
+    r, v, sigma = _pair_terms(resid, coef, values, norm)
+    gv = v * norm.weight
+    w_cols = W_U[:, targets.to(W_U.device)].T  # [R, d]
+    term_v = (w_cols - stats.q) @ gv.T  # [R, K]
+    return (stats.A_w - stats.pA)[:, None] * (1 / sigma - 1 / stats.sigma0[:, None]) + coef.float() * term_v / sigma
+
+
+def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, targets: torch.Tensor,
+                     norm: FinalNorm, W_U: torch.Tensor, b_U: torch.Tensor,
+                     pairs: tuple[torch.Tensor, torch.Tensor] | None = None, base_logprob: torch.Tensor | None = None,
+                     vocab_chunk: int = 8192, block_elems: int = 2 ** 24) -> torch.Tensor:
+    """Exact CNA importance (Sec. 4.1) of neurons with values ``values`` [K, d] and
+    coefficients ``coef`` [R, K] for rows ``resid`` [R, d] and target tokens [R].
+
+    ``pairs=None``: every (row, neuron), returns [R, K]. ``pairs=(rows, cols)``: only those
+    (row, neuron) pairs, returns [P]. The vocabulary is processed in chunks with an
+    online logsumexp; the value projections (g v) W_U are computed once per chunk for
+    the neurons involved and shared by all rows. ``block_elems`` bounds the size of the
+    [pairs, vocab chunk] logits block (memory)."""
+    device = W_U.device
+    targets = targets.to(device)
+    if base_logprob is None:
+        _, base_logprob = layer_stats(resid, targets, norm, W_U, b_U)
+    r, v, sigma = _pair_terms(resid, coef, values, norm)
+    gr, gv = r * norm.weight, v * norm.weight
+    beta = _beta(norm, W_U, b_U)
+    R, K = coef.shape
+    if pairs is None:
+        rows = torch.arange(R, device=device).repeat_interleave(K)
+        cols = torch.arange(K, device=device).repeat(R)
+    else:
+        rows, cols = (p.to(device) for p in pairs)
+    used, inverse = torch.unique(cols, return_inverse=True)  # neurons involved
+    P = rows.numel()
+    m_pair = coef.float()[rows, cols]
+    inv_sigma = 1.0 / sigma[rows, cols]
+    # exact target logit
+    w_cols = W_U[:, targets].T  # [R, d]
+    Aw = (gr * w_cols).sum(-1)
+    Bw = (gv[used] @ w_cols.T)  # [U, R]
+    z_w = (Aw[rows] + m_pair * Bw[inverse, rows]) * inv_sigma + beta[targets][rows]
+    run_max = torch.full((P,), -torch.inf, device=device)
+    run_sum = torch.zeros(P, device=device)
+    pair_chunk = max(1, block_elems // vocab_chunk)
+    gv_used = gv[used]
+    row_used = torch.unique(rows)
+    row_pos = torch.full((R,), -1, dtype=torch.long, device=device)
+    row_pos[row_used] = torch.arange(len(row_used), device=device)
+    rows_c = row_pos[rows]
+    gr_used = gr[row_used]
+    for v0 in range(0, W_U.shape[1], vocab_chunk):
+        Wc = W_U[:, v0:v0 + vocab_chunk]
+        A = gr_used @ Wc  # [rows with pairs, C]
+        B = gv_used @ Wc  # [neurons with pairs, C]
+        bc = beta[v0:v0 + vocab_chunk]
+        for p0 in range(0, P, pair_chunk):
+            sl = slice(p0, p0 + pair_chunk)
+            z = torch.addcmul(A[rows_c[sl]], B[inverse[sl]], m_pair[sl, None])
+            z.mul_(inv_sigma[sl, None]).add_(bc)
+            new = torch.maximum(run_max[sl], z.amax(-1))
+            run_sum[sl] = run_sum[sl] * torch.exp(run_max[sl] - new) + z.sub_(new[:, None]).exp_().sum(-1)
+            run_max[sl] = new
+    imp = z_w - (run_max + torch.log(run_sum)) - base_logprob.to(device)[rows]
+    return imp.view(R, K) if pairs is None else imp
+
+
+@torch.no_grad()
+def importance_loop(model, resid: torch.Tensor, coef: torch.Tensor, layer: int, targets: torch.Tensor,
+                    neurons: Sequence[int] | None = None) -> torch.Tensor:
+    """Reference implementation, one neuron at a time: for each neuron k add m_k fc2_k to
+    resid_mid, apply the model's own ``ln_final`` module and unembedding, and take the
+    change of log p(target). [R, len(neurons)]. The baseline of the benchmark."""
+    W_U, b_U = unembedding(model)
+    values = mlp_values(model, layer)
+    neurons = range(values.shape[0]) if neurons is None else neurons
+    dtype = next(model.parameters()).dtype
+    t = targets.to(W_U.device)
+
+    def logprob(x):
+        y = model.ln_final(x.to(dtype)[:, None, :])[:, 0].float()
+        return (y @ W_U + b_U).log_softmax(-1).gather(1, t[:, None])[:, 0]
+
+    base = logprob(resid)
+    out = [logprob(resid + coef[:, k, None] * values[k]) - base for k in neurons]
+    return torch.stack(out, 1)
+
+
+# --------------------------------------------------------------------------- CNA over runs
+
+
+@dataclass
+class CNAResult:
+    """Importance and coefficient of every neuron in two runs a (original) and b
+    (intervened or other input), [N, L, d_mlp] each. ``importance_*`` is exact where
+    computed and NaN elsewhere (two-stage mode, or layers skipped because both runs are
+    identical there); ``approx_*`` is the stage-1 score of every neuron (NaN in skipped
+    layers); ``base_logprob_*`` [N, L] is log p(w | x^{l-1} + A^l)."""
+
+    importance_a: torch.Tensor
+    importance_b: torch.Tensor
+    approx_a: torch.Tensor
+    approx_b: torch.Tensor
+    coef_a: torch.Tensor
+    coef_b: torch.Tensor
+    base_logprob_a: torch.Tensor
+    base_logprob_b: torch.Tensor
+    run_a: LastPosition
+    run_b: LastPosition
+    targets: torch.Tensor
+    mode: str
+    n_candidates: int | None
+    layers: list[int]
+
+    @property
+    def change(self) -> torch.Tensor:
+        """imp_a - imp_b: the CNA score (NaN where not computed)."""
+        return self.importance_a - self.importance_b
+
+    @property
+    def approx_change(self) -> torch.Tensor:
+        return self.approx_a - self.approx_b
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def top(self, i: int, k: int) -> list[Neuron]:
+        """The ``k`` neurons with the largest change for case ``i`` (exact scores only)."""
+        return top_neurons(self.change[i], k)
+
+    def top_frame(self, i: int, k: int, tokenizer=None, model=None, n_tokens: int = 10) -> pd.DataFrame:
+        """Table 4 for case ``i``: rank, layer, neuron, importance and coefficient in both
+        runs, change, stage-1 change; with ``model`` and ``tokenizer`` the top
+        ``n_tokens`` tokens of each neuron's value projected on the vocabulary."""
+        rows = []
+        for rank, (layer, n) in enumerate(self.top(i, k), 1):
+            rows.append({"rank": rank, "layer": layer, "neuron": n, "name": f"{layer}_{n}",
+                         "imp_a": float(self.importance_a[i, layer, n]), "imp_b": float(self.importance_b[i, layer, n]),
+                         "coef_a": float(self.coef_a[i, layer, n]), "coef_b": float(self.coef_b[i, layer, n]),
+                         "change": float(self.change[i, layer, n]),
+                         "approx_change": float(self.approx_change[i, layer, n])})
+        frame = pd.DataFrame(rows)
+        if model is not None and tokenizer is not None and len(frame):
+            vecs = torch.stack([mlp_values(model, l)[n] for l, n in zip(frame.layer, frame.neuron)])
+            frame["top_tokens"] = [", ".join(t) for t in top_tokens(model, tokenizer, vecs, n_tokens)]
+        return frame
+
+
+def top_neurons(scores: torch.Tensor, k: int) -> list[Neuron]:
+    """(layer, neuron) of the ``k`` largest finite entries of ``scores`` [L, d_mlp], best first."""
+    flat = scores.flatten().clone()
+    flat[~torch.isfinite(flat)] = -torch.inf
+    k = min(k, int(torch.isfinite(flat).sum()))
+    idx = flat.topk(k).indices.tolist() if k > 0 else []
+    K = scores.shape[-1]
+    return [(i // K, i % K) for i in idx]
+
+
+def resolve_mode(model, mode: str = "auto", max_exact_elems: float = 2e9) -> str:
+    """"exact" on a GPU or when L * d_mlp * vocab <= ``max_exact_elems`` (about 2 s of
+    log-partitions per prompt on a CPU core), else "two_stage"; explicit modes pass."""
+    if mode in ("exact", "two_stage"):
+        return mode
+    if mode != "auto":
+        raise ValueError("mode must be 'auto', 'exact' or 'two_stage'")
+    cfg = model.cfg
+    if _device(model).type == "cuda" or cfg.n_layers * cfg.d_mlp * cfg.d_vocab <= max_exact_elems:
+        return "exact"
+    return "two_stage"
+
+
+@torch.no_grad()
+def importance_from_runs(model, runs: Sequence[LastPosition], targets: torch.Tensor, *, mode: str = "auto",
+                         n_candidates: int = 200, select: str = "change", layers: Sequence[int] | None = None,
+                         vocab_chunk: int = 8192, progress: bool = False) -> dict[str, torch.Tensor]:
+    """Importance of every neuron in each of ``runs`` (1 or 2 LastPosition with
+    resid_mid and coef). Returns ``importance`` [n_runs, N, L, K] (NaN where not exact),
+    ``approx`` (stage 1) and ``base_logprob`` [n_runs, N, L].
+
+    Two-stage candidates: per prompt, the ``n_candidates`` neurons over all ``layers``
+    with the largest stage-1 score (``select="score"``, of the first run) or stage-1
+    change between the two runs (``select="change"``); their exact importance is
+    computed in every run."""
+    mode = resolve_mode(model, mode)
+    device = _device(model)
+    norm = final_norm(model)
+    W_U, b_U = unembedding(model)
+    n_runs = len(runs)
+    N = len(targets)
+    L, K = runs[0].coef.shape[1], runs[0].coef.shape[2]
+    layers = list(range(L)) if layers is None else list(layers)
+    importance = torch.full((n_runs, N, L, K), torch.nan)
+    approx = torch.full((n_runs, N, L, K), torch.nan)
+    base = torch.full((n_runs, N, L), torch.nan)
+    t_all = targets.repeat(n_runs).to(device)
+    base_by_layer = {}
+    for layer in tqdm(layers, desc="stage 1" if mode == "two_stage" else "importance", disable=not progress, leave=False):
+        resid = torch.cat([run.resid_mid[:, layer] for run in runs]).to(device)
+        coef = torch.cat([run.coef[:, layer] for run in runs]).to(device)
+        values = mlp_values(model, layer)
+        stats, b = layer_stats(resid, t_all, norm, W_U, b_U, vocab_chunk=max(vocab_chunk, 16384))
+        base[:, :, layer] = b.view(n_runs, N).cpu()
+        approx[:, :, layer] = first_order_importance(resid, coef, values, t_all, norm, W_U, stats).view(n_runs, N, K).cpu()
+        if mode == "exact":
+            imp = exact_importance(resid, coef, values, t_all, norm, W_U, b_U, base_logprob=b, vocab_chunk=vocab_chunk)
+            importance[:, :, layer] = imp.view(n_runs, N, K).cpu()
+        else:
+            base_by_layer[layer] = b
+    if mode == "exact":
+        return {"importance": importance, "approx": approx, "base_logprob": base}
+    # stage 2: exact for each prompt's candidates
+    score = approx[0] - approx[1] if (select == "change" and n_runs == 2) else approx[0]
+    score = score[:, layers].reshape(N, -1)
+    score = torch.where(torch.isfinite(score), score, torch.tensor(-torch.inf))
+    c = min(n_candidates, score.shape[1])
+    cand = score.topk(c, dim=1).indices  # [N, c] into (len(layers) * K)
+    cand_layer = torch.tensor(layers)[cand // K]
+    cand_neuron = cand % K
+    for layer in tqdm(layers, desc="stage 2 (exact)", disable=not progress, leave=False):
+        sel = cand_layer == layer
+        if not sel.any():
+            continue
+        prompt_idx, slot = sel.nonzero(as_tuple=True)
+        neurons = cand_neuron[prompt_idx, slot]
+        rows = torch.cat([prompt_idx + j * N for j in range(n_runs)])
+        cols = neurons.repeat(n_runs)
+        resid = torch.cat([run.resid_mid[:, layer] for run in runs]).to(device)
+        coef = torch.cat([run.coef[:, layer] for run in runs]).to(device)
+        imp = exact_importance(resid, coef, mlp_values(model, layer), t_all, norm, W_U, b_U,
+                               pairs=(rows.to(device), cols.to(device)), base_logprob=base_by_layer[layer].to(device),
+                               vocab_chunk=vocab_chunk).cpu()
+        run_of = torch.arange(n_runs).repeat_interleave(len(prompt_idx))
+        importance[run_of, prompt_idx.repeat(n_runs), layer, cols] = imp
+    return {"importance": importance, "approx": approx, "base_logprob": base}
+
+
+def _differing_layers(a: LastPosition, b: LastPosition) -> list[int]:
+    L = a.coef.shape[1]
+    return [l for l in range(L) if not (torch.equal(a.resid_mid[:, l], b.resid_mid[:, l])
+                                        and torch.equal(a.coef[:, l], b.coef[:, l]))]
+
+
+@torch.no_grad()
+def cna_compare(model, prompts: PromptSet, hooks_b: list[Hook] | None = None, prompts_b: PromptSet | None = None, *,
+                hooks_a: list[Hook] | None = None, targets: torch.Tensor | None = None, mode: str = "auto",
+                n_candidates: int = 200, batch_size: int = 32, skip_identical_layers: bool = True,
+                vocab_chunk: int = 8192, progress: bool = True) -> CNAResult:
+    """CNA between two runs at the answer position (Sec. 4.1): run a = ``prompts`` with
+    ``hooks_a`` (default the plain model), run b = ``prompts_b`` (default the same
+    prompts) with ``hooks_b`` (e.g. ``zero_heads_hooks([key_head])``). The target token
+    w of case i is ``targets[i]`` (default the first answer token, the prediction of a
+    correct case) in both runs. Neurons are ranked by imp_a - imp_b (``.change``)."""
+    if prompts_b is not None and len(prompts_b) != len(prompts):
+        raise ValueError("prompts and prompts_b must have the same number of cases")
+    targets = _targets_for(prompts, targets)
+    run_a = run_last_position(model, prompts, hooks_a, targets=targets, batch_size=batch_size, progress=progress,
+                              desc="run a")
+    run_b = run_last_position(model, prompts_b or prompts, hooks_b, targets=targets, batch_size=batch_size,
+                              progress=progress, desc="run b")
+    layers = _differing_layers(run_a, run_b) if skip_identical_layers else list(range(run_a.coef.shape[1]))
+    mode = resolve_mode(model, mode)
+    if layers:
+        out = importance_from_runs(model, [run_a, run_b], targets, mode=mode, n_candidates=n_candidates,
+                                   select="change", layers=layers, vocab_chunk=vocab_chunk, progress=progress)
+    else:
+        shape = (2, len(targets), *run_a.coef.shape[1:])
+        out = {"importance": torch.full(shape, torch.nan), "approx": torch.full(shape, torch.nan),
+               "base_logprob": torch.full(shape[:3], torch.nan)}
+    imp, approx, base = out["importance"], out["approx"], out["base_logprob"]
+    return CNAResult(importance_a=imp[0], importance_b=imp[1], approx_a=approx[0], approx_b=approx[1],
+                     coef_a=run_a.coef, coef_b=run_b.coef, base_logprob_a=base[0], base_logprob_b=base[1],
+                     run_a=run_a, run_b=run_b, targets=targets, mode=mode,
+                     n_candidates=None if mode == "exact" else n_candidates, layers=layers)
+
+
+def candidate_recall(small: CNAResult, large: CNAResult, ks: Sequence[int], small_cases: Sequence[int] | None = None,
+                     large_cases: Sequence[int] | None = None) -> pd.DataFrame:
+    """Share of the top-k neurons found with a large candidate pool (``large``) that a
+    smaller pool (``small``) also ranks top-k, per case and k (rows ``small_cases[j]`` of
+    ``small`` and ``large_cases[j]`` of ``large`` are the same case): a check that the
+    stage-1 ranking does not miss neurons the exact score ranks high."""
+    small_cases = list(range(len(small))) if small_cases is None else list(small_cases)
+    large_cases = list(range(len(large))) if large_cases is None else list(large_cases)
+    if len(small_cases) != len(large_cases):
+        raise ValueError("small_cases and large_cases must pair up")
+    rows = []
+    for i, j in zip(small_cases, large_cases):
+        for k in ks:
+            a, b = set(small.top(i, k)), set(large.top(j, k))
+            rows.append({"case": i, "k": k, "overlap": len(a & b) / max(1, len(b))})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- coefficient decrease
+
+
+def coefficient_decrease(before: torch.Tensor, after: torch.Tensor) -> float:
+    """Decrease (%) of a set of neurons' coefficients from ``before`` to ``after``,
+    sign-aware: 100 * sum sign(m0) (m0 - m1) / sum |m0| (SwiGLU coefficients can be
+    negative; a neuron whose coefficient moves towards zero decreases)."""
+    before, after = before.float(), after.float()
+    denom = before.abs().sum()
+    if denom == 0:
+        return float("nan")
+    return float(100 * (torch.sign(before) * (before - after)).sum() / denom)
+
+
+# --------------------------------------------------------------------------- per-prompt neuron interventions
+
+
+def rowwise_neuron_hooks(masks: Mapping[int, torch.Tensor], position: int | None = -1) -> RowHooks:
+    """Per-prompt neuron zeroing: ``masks[layer]`` is a bool [N, d_mlp] over the whole
+    PromptSet (True = zero that neuron for that prompt). Returns a function of a
+    batch's row indices giving the hooks (``ablation.zero_neurons_hooks`` zeroes the
+    same neurons for every prompt)."""
+    def make(index: torch.Tensor) -> list[Hook]:
+        hooks = []
+        for layer, mask in masks.items():
+            def fn(act, hook, m=mask[index.cpu()]):
+                m = m.to(act.device)
+                if position is None:
+                    return act.masked_fill(m[:, None, :], 0.0)
+                act[:, position] = act[:, position].masked_fill(m, 0.0)
+                return act
+            hooks.append((f"blocks.{layer}.mlp.hook_post", fn))
+        return hooks
+    return make
+
+
+def neuron_masks(sets: Sequence[Iterable[Neuron]], n_layers: int, d_mlp: int, keep_layers: Sequence[int] | None = None
+                 ) -> dict[int, torch.Tensor]:
+    """Bool masks [N, d_mlp] per layer from per-prompt neuron sets. Mask mode
+    (``keep_layers=None``): True on each prompt's neurons. Keep mode: True on every
+    neuron of ``keep_layers`` except the prompt's own (Yu's "keep")."""
+    N = len(sets)
+    masks: dict[int, torch.Tensor] = {}
+    if keep_layers is None:
+        for i, neurons in enumerate(sets):
+            for layer, n in neurons:
+                if layer not in masks:
+                    masks[layer] = torch.zeros(N, d_mlp, dtype=torch.bool)
+                masks[layer][i, n] = True
+        return masks
+    for layer in keep_layers:
+        masks[layer] = torch.ones(N, d_mlp, dtype=torch.bool)
+    for i, neurons in enumerate(sets):
+        for layer, n in neurons:
+            if layer in masks:
+                masks[layer][i, n] = False
+    return masks
+
+
+def random_layer_matched(sets: Sequence[Sequence[Neuron]], d_mlp: int, seed: int) -> list[list[Neuron]]:
+    """For each prompt's neuron set, as many random neurons of the same layers (one per
+    neuron, not in the set): the control of a mask intervention."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for neurons in sets:
+        taken = set(neurons)
+        chosen = []
+        for layer, _ in neurons:
+            while True:
+                cand = (layer, int(rng.integers(d_mlp)))
+                if cand not in taken:
+                    taken.add(cand)
+                    chosen.append(cand)
+                    break
+        out.append(chosen)
+    return out
+
+
+def mask_keep_table(model, prompts: PromptSet, result: CNAResult, ks: Sequence[int] = (99, 50, 30, 20, 10), *,
+                    keep_layers: Sequence[int] | None = None, seed: int = 0, batch_size: int = 32,
+                    progress: bool = True) -> pd.DataFrame:
+    """Table 5 / 15: for each K, zero each case's top-K CNA neurons ("mask"), zero every
+    other neuron of the deep layers ("keep"), or zero K layer-matched random neurons
+    ("random mask"), at the answer position. Rows: K, intervention, accuracy (first
+    token), accuracy decrease (% of the unablated accuracy) and, for "mask", the
+    coefficient decrease of the top-K neurons from run a to run b (the head-ablated
+    model), averaged over cases."""
+    cfg = model.cfg
+    keep_layers = deep_layers(cfg.n_layers) if keep_layers is None else list(keep_layers)
+    conditions: dict[str, list[Hook] | RowHooks | None] = {"none": None}
+    coef_dec = {}
+    for k in ks:
+        sets = [result.top(i, k) for i in range(len(prompts))]
+        conditions[f"mask|{k}"] = rowwise_neuron_hooks(neuron_masks(sets, cfg.n_layers, cfg.d_mlp))
+        conditions[f"keep|{k}"] = rowwise_neuron_hooks(neuron_masks(sets, cfg.n_layers, cfg.d_mlp, keep_layers))
+        conditions[f"random mask|{k}"] = rowwise_neuron_hooks(
+            neuron_masks(random_layer_matched(sets, cfg.d_mlp, seed + k), cfg.n_layers, cfg.d_mlp))
+        coef_dec[k] = float(np.nanmean([coefficient_decrease(result.coef_a[i][tuple(zip(*s))], result.coef_b[i][tuple(zip(*s))])
+                                        if s else np.nan for i, s in enumerate(sets)]))
+    runs = run_answer_conditions(model, prompts, conditions, targets=result.targets, batch_size=batch_size,
+                                 progress=progress, desc="mask/keep")
+    base = runs.pop("none").accuracy
+    rows = []
+    for name, run in runs.items():
+        kind, k = name.split("|")
+        acc = run.accuracy
+        rows.append({"K": int(k), "intervention": kind, "accuracy": acc,
+                     "accuracy_decrease": 100 * (base - acc) / base if base > 0 else float("nan"),
+                     "coef_decrease": coef_dec[int(k)] if kind == "mask" else float("nan"),
+                     "n_cases": len(prompts), "base_accuracy": base})
+    return pd.DataFrame(rows)
+
+
+def lowest_neuron(neurons: Sequence[Neuron], importance: torch.Tensor) -> Neuron:
+    """Yu's Sec. 4.3 rule: the neuron of the lowest layer among ``neurons``; among several
+    there, the one with the largest importance (``importance`` [L, d_mlp], run a)."""
+    low = min(l for l, _ in neurons)
+    at_low = [(l, n) for l, n in neurons if l == low]
+    return max(at_low, key=lambda ln: float(torch.nan_to_num(importance[ln], nan=-math.inf)))
+
+
+def lowest_neuron_table(model, prompts: PromptSet, result: CNAResult, ks: Sequence[int] = (99, 50, 30, 20, 10), *,
+                        batch_size: int = 32, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Table 6 / 16: for each case and K, zero the lowest of its top-K neurons (at the
+    answer position, in the original model) and measure the coefficient decrease of
+    its other top-K neurons in higher layers (those it can influence). Returns the
+    summary (mean over cases with at least one higher neuron) and the per-case rows."""
+    conditions = {}
+    sets, lows = {}, {}
+    cfg = model.cfg
+    for k in ks:
+        sets[k] = [result.top(i, k) for i in range(len(prompts))]
+        lows[k] = [lowest_neuron(s, result.importance_a[i]) if s else None for i, s in enumerate(sets[k])]
+        conditions[str(k)] = rowwise_neuron_hooks(neuron_masks([[x] if x else [] for x in lows[k]], cfg.n_layers, cfg.d_mlp))
+    runs = run_answer_conditions(model, prompts, conditions, capture=("coef",), targets=result.targets,
+                                 batch_size=batch_size, progress=progress, desc="lowest neuron")
+    per_case = []
+    for k in ks:
+        coef_after = runs[str(k)].coef
+        for i, (s, low) in enumerate(zip(sets[k], lows[k])):
+            upper = [(l, n) for l, n in s if low is not None and l > low[0]]
+            if not upper:
+                continue
+            idx = tuple(zip(*upper))
+            per_case.append({"K": k, "case": i, "lowest_layer": low[0], "lowest_neuron": low[1], "n_upper": len(upper),
+                             "coef_decrease": coefficient_decrease(result.coef_a[i][idx], coef_after[i][idx]),
+                             "accuracy_after": bool(runs[str(k)].correct[i])})
+    per_case = pd.DataFrame(per_case)
+    if per_case.empty:
+        return pd.DataFrame(columns=["K", "coef_decrease", "n_cases", "mean_lowest_layer"]), per_case
+    summary = per_case.groupby("K").agg(coef_decrease=("coef_decrease", "mean"), n_cases=("case", "count"),
+                                        mean_lowest_layer=("lowest_layer", "mean")).reset_index()
+    return summary.sort_values("K", ascending=False).reset_index(drop=True), per_case
+
+
+# --------------------------------------------------------------------------- MLP keys and the PE-DAG
+
+
+def _mlp_ln(model, layer: int):
+    block = model.blocks[layer]
+    if getattr(model.cfg, "parallel_attn_mlp", False):
+        raise NotImplementedError("MLP keys are defined here for sequential blocks (Llama/Qwen/Mistral/GPT-2)")
+    return block.ln2
+
+
+def mlp_coefficients(model, layer: int, resid_mid: torch.Tensor) -> torch.Tensor:
+    """Coefficients m [R, d_mlp] of layer ``layer``'s MLP for residual inputs ``resid_mid``
+    [R, d] (its own ln2 and MLP modules, gated or not); differentiable."""
+    store = {}
+
+    def grab(act, hook):
+        store["m"] = act
+        return act
+
+    dtype = next(model.parameters()).dtype
+    with model.hooks(fwd_hooks=[(f"blocks.{layer}.mlp.hook_post", grab)]):
+        model.blocks[layer].mlp(_mlp_ln(model, layer)(resid_mid.to(dtype)[:, None, :]))
+    return store["m"][:, 0].float()
+
+
+def effective_key(model, layer: int, neuron: int, resid_mid: torch.Tensor) -> torch.Tensor:
+    """The key of a neuron at a given input: d m_k / d x at ``resid_mid`` [d] (through ln2
+    and the gate and up projections). For a ReLU/GELU MLP this is sigma'(.) times the
+    fc1 row seen through the norm; for SwiGLU it mixes the gate and up rows by the
+    current activations, which is why a gated neuron has no single fixed key."""
+    x = resid_mid.detach().float().clone().requires_grad_(True)
+    with torch.enable_grad():
+        m = mlp_coefficients(model, layer, x[None])[0, neuron]
+        (grad,) = torch.autograd.grad(m, x)
+    return grad.detach()
+
+
+def static_keys(model, layer: int, neurons: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Fixed key vectors [n, d] of ``neurons``: ``"in"`` = ln2 weight * W_in row (the up
+    projection, fc1 of a non-gated MLP) and, for gated MLPs, ``"gate"`` = ln2 weight *
+    W_gate row."""
+    g = _mlp_ln(model, layer)
+    g = getattr(g, "_original_component", g).weight.detach().float()
+    keys = {"in": (model.W_in[layer].detach().float()[:, list(neurons)].T * g)}
+    if getattr(model.cfg, "gated_mlp", False):
+        keys["gate"] = model.W_gate[layer].detach().float()[:, list(neurons)].T * g
+    return keys
+
+
+@torch.no_grad()
+def pe_dag(model, result: CNAResult, case: int, k: int = 10,
+           min_enhancement: float = DAG_EDGE_MIN_ENHANCEMENT) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The prediction-enhancing DAG among case ``case``'s top-``k`` neurons (Sec. 4.3).
+
+    For each pair lower (layer l1) -> upper (l2 > l1): the inner products of the lower
+    value fc2 with the upper neuron's static keys (W_gate and W_in rows times the ln2
+    weight; also as a percentile among all neurons of layer l2), and the direct
+    enhancement: the relative drop of the upper coefficient when the lower neuron's
+    sub-value m fc2 is removed from the upper layer's input, recomputed exactly through
+    ln2 and the MLP (direct path only). ``edge`` marks enhancement >= ``min_enhancement``.
+    Returns (nodes, edges)."""
+    top = result.top(case, k)
+    nodes = pd.DataFrame([{"layer": l, "neuron": n, "name": f"{l}_{n}", "imp": float(result.importance_a[case, l, n]),
+                           "change": float(result.change[case, l, n]), "coef": float(result.coef_a[case, l, n])}
+                          for l, n in top])
+    edges = []
+    resid = result.run_a.resid_mid[case]
+    for l2, n2 in top:
+        lower = [(l1, n1) for l1, n1 in top if l1 < l2]
+        if not lower:
+            continue
+        x = resid[l2].to(_device(model))
+        m2 = mlp_coefficients(model, l2, x[None])[0, n2]
+        keys_all = static_keys(model, l2, range(model.cfg.d_mlp))
+        for l1, n1 in lower:
+            v = mlp_values(model, l1)[n1]
+            m1 = result.coef_a[case, l1, n1].to(v.device)
+            m2_without = mlp_coefficients(model, l2, (x - m1 * v)[None])[0, n2]
+            row = {"lower": f"{l1}_{n1}", "upper": f"{l2}_{n2}", "lower_layer": l1, "upper_layer": l2,
+                   "coef_upper": float(m2), "coef_upper_without_lower": float(m2_without),
+                   "enhancement": float(torch.sign(m2) * (m2 - m2_without) / m2.abs().clamp_min(1e-8))}
+            for kind, keys in keys_all.items():
+                dots = keys @ v
+                row[f"dot_{kind}"] = float(dots[n2])
+                row[f"dot_{kind}_pct"] = float(100 * (dots.abs() < dots[n2].abs()).float().mean())
+            row["edge"] = row["enhancement"] >= min_enhancement
+            edges.append(row)
+    return nodes, pd.DataFrame(edges)
+
+
+# --------------------------------------------------------------------------- vocabulary and OV projections
+
+
+def vocab_logits(model, vectors: torch.Tensor) -> torch.Tensor:
+    """Projection of residual-space vectors [n, d] on the vocabulary, E_u v, through the
+    final norm's weight (scale-free: the norm's 1/rms does not change the ranking)."""
+    norm = final_norm(model)
+    W_U, _ = unembedding(model)
+    return (vectors.float().to(W_U.device) * norm.weight) @ W_U
+
+
+def top_tokens(model, tokenizer, vectors: torch.Tensor, k: int = 10) -> list[list[str]]:
+    """The ``k`` top tokens of softmax(E_u v) for each vector (Geva et al. 2022; Yu Table 4)."""
+    idx = vocab_logits(model, vectors).topk(k, dim=-1).indices.cpu().tolist()
+    return [[tokenizer.decode([i]).strip() or repr(tokenizer.decode([i])) for i in row] for row in idx]
+
+
+def layer_ov(model, layer: int, heads: Sequence[int] | None = None) -> torch.Tensor:
+    """The OV map of attention layer ``layer`` as a [d, d] matrix acting on row vectors:
+    x -> (g1 * x) sum_h W_V^h W_O^h (``heads`` None: all heads, the layer's value-output
+    matrices as in Yu Sec. 4.4), with ln1's weight g1 folded in, grouped-query KV heads
+    expanded, value biases left out (they do not depend on the source token)."""
+    W_V = model.W_V[layer].detach().float()  # [n_kv, d, d_head] (or [H, ...])
+    W_O = model.W_O[layer].detach().float()  # [H, d_head, d]
+    H = W_O.shape[0]
+    group = H // W_V.shape[0]
+    heads = range(H) if heads is None else heads
+    ov = sum(W_V[h // group] @ W_O[h] for h in heads)
+    ln1 = model.blocks[layer].ln1
+    g = getattr(ln1, "_original_component", ln1).weight.detach().float()
+    return g[:, None] * ov
+
+
+#: Number and operation concepts (Yu Sec. 4.4: a hidden-interpretable neuron's top-50
+#: tokens hold >= M "concepts related to numbers or operations"). A token counts when
+#: its text, stripped of spaces, is one of these forms; each maps to a concept, and
+#: distinct concepts are counted. Digit strings of any length count as their number.
+#: Single-letter Roman numerals (I, V, X) and ambiguous words ("un", "null", "over",
+#: "a") are left out; words match case-insensitively, Roman numerals in upper case.
+NUMBER_WORDS_EN = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                   "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+TENS_EN = {20: "twenty", 30: "thirty", 40: "forty", 50: "fifty", 60: "sixty", 70: "seventy", 80: "eighty",
+           90: "ninety", 100: "hundred", 1000: "thousand"}
+ORDINALS_EN = ["zeroth", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"]
+FOREIGN_NUMBERS = {  # French, German, Spanish, Italian 0..10 (Yu's Table 4 lists huit, acht, otto, vier)
+    0: ["zéro", "cero"], 1: ["eins", "uno", "une"], 2: ["deux", "zwei", "dos", "due"], 3: ["trois", "drei", "tres", "tre"],
+    4: ["quatre", "vier", "cuatro", "quattro"], 5: ["cinq", "fünf", "cinco", "cinque"], 6: ["sechs", "seis", "sei"],
+    7: ["sept", "sieben", "siete", "sette"], 8: ["huit", "acht", "ocho", "otto"], 9: ["neuf", "neun", "nueve", "nove"],
+    10: ["dix", "zehn", "diez", "dieci"]}
+ROMAN = {2: "II", 3: "III", 4: "IV", 6: "VI", 7: "VII", 8: "VIII", 9: "IX", 11: "XI", 12: "XII", 13: "XIII", 14: "XIV",
+         15: "XV", 16: "XVI", 17: "XVII", 18: "XVIII", 19: "XIX", 20: "XX"}
+MULTIPLES = {"twice": 2, "double": 2, "triple": 3, "thrice": 3, "half": 2, "quarter": 4, "dozen": 12}
+OPERATION_WORDS = {
+    "add": ["+", "plus", "add", "adding", "added", "addition", "sum"],
+    "sub": ["-", "−", "minus", "subtract", "subtracting", "subtracted", "subtraction", "difference"],
+    "mul": ["*", "×", "times", "multiply", "multiplying", "multiplied", "multiplication", "product"],
+    "div": ["/", "÷", "divide", "divides", "dividing", "divided", "division", "ratio", "quotient"],
+}
+
+
+def concept_of(text: str) -> str | None:
+    """The number/operation concept a token's text stands for ("num:8", "op:add"), or None."""
+    t = text.strip()
+    if not t:
+        return None
+    if t.isascii() and t.isdigit():
+        return f"num:{int(t)}"
+    if t in ROMAN.values():
+        return f"num:{[k for k, v in ROMAN.items() if v == t][0]}"
+    low = t.lower()
+    if low in NUMBER_WORDS_EN:
+        return f"num:{NUMBER_WORDS_EN.index(low)}"
+    for value, word in TENS_EN.items():
+        if low == word:
+            return f"num:{value}"
+    if low in ORDINALS_EN:
+        return f"num:{ORDINALS_EN.index(low)}"
+    for value, words in FOREIGN_NUMBERS.items():
+        if low in words:
+            return f"num:{value}"
+    if low in MULTIPLES:
+        return f"num:{MULTIPLES[low]}"
+    for op, words in OPERATION_WORDS.items():
+        if low in words:
+            return f"op:{op}"
+    return None
+
+
+def concept_tokens(tokenizer, vocab_size: int | None = None) -> dict[int, str]:
+    """Token id -> concept for every vocabulary token whose text is a number/operation concept."""
+    n = vocab_size or len(tokenizer)
+    out = {}
+    for i in range(n):
+        try:
+            text = tokenizer.decode([i])
+        except Exception:  # noqa: BLE001 (ids past the tokenizer's own vocabulary)
+            continue
+        c = concept_of(text)
+        if c is not None:
+            out[i] = c
+    return out
+
+
+@torch.no_grad()
+def concept_counts(vectors: torch.Tensor, W: torch.Tensor, concepts: Mapping[int, str], k: int = 50,
+                   min_count: int = 1, vocab_chunk: int = 8192, row_chunk: int = 4096, n_sample: int = 256,
+                   seed: int = 0, progress: bool = False) -> torch.Tensor:
+    """Number of distinct concepts among the top-``k`` tokens of ``vectors @ W`` ([n, d] @
+    [d, V]), exact for every row whose count is >= ``min_count``; rows below it get 0.
+
+    Pruned exact search: the concept tokens' logits are computed first; the vocabulary
+    is then scanned in chunks keeping each row's running top-k, whose k-th value only
+    rises; a row whose concepts all fall below it can no longer reach ``min_count`` and
+    is dropped. Rows that survive have seen the whole vocabulary. The scan order (any
+    order gives the same result) puts first the tokens most often in the top-k of
+    ``n_sample`` random rows, so that the k-th value rises early."""
+    device = W.device
+    ids = torch.tensor(sorted(concepts), dtype=torch.long, device=device)
+    names = sorted(set(concepts.values()))
+    onehot = torch.zeros(len(ids), len(names), device=device)
+    for j, i in enumerate(ids.tolist()):
+        onehot[j, names.index(concepts[i])] = 1.0
+    V = W.shape[1]
+    gen = torch.Generator().manual_seed(seed)
+    freq = torch.zeros(V)
+    if n_sample > 0 and vectors.shape[0] > 0:
+        pick = torch.randperm(vectors.shape[0], generator=gen)[:n_sample]
+        sample = vectors[pick].float().to(device)
+        running = torch.full((len(pick), k), -torch.inf, device=device)
+        running_i = torch.zeros((len(pick), k), dtype=torch.long, device=device)
+        for v0 in range(0, V, vocab_chunk):
+            z = sample @ W[:, v0:v0 + vocab_chunk]
+            vals, idx = torch.cat([running, z], 1).topk(k, dim=1)
+            running_i = torch.cat([running_i, torch.arange(v0, v0 + z.shape[1], device=device).expand(len(pick), -1)],
+                                  1).gather(1, idx)
+            running = vals
+        freq = torch.bincount(running_i.flatten().cpu(), minlength=V).float()
+    order = torch.argsort(-(freq + 0.5 * torch.rand(V, generator=gen))).to(device)
+    out = torch.zeros(vectors.shape[0], dtype=torch.long)
+
+    def distinct(mask):
+        return ((mask.float() @ onehot) > 0).sum(-1)
+
+    for r0 in tqdm(range(0, vectors.shape[0], row_chunk), desc="concept counts", disable=not progress, leave=False):
+        Y = vectors[r0:r0 + row_chunk].float().to(device)
+        zS = Y @ W[:, ids]
+        active = torch.arange(Y.shape[0], device=device)
+        topv = torch.full((Y.shape[0], k), -torch.inf, device=device)
+        for v0 in range(0, V, vocab_chunk):
+            if active.numel() == 0:
+                break
+            cols = order[v0:v0 + vocab_chunk]
+            z = Y[active] @ W[:, cols]
+            merged = torch.cat([topv[active], z], 1).topk(k, dim=1).values
+            topv[active] = merged
+            if min_count > 0:
+                ub = distinct(zS[active] >= merged[:, -1:])
+                active = active[ub >= min_count]
+        if active.numel():
+            out[r0 + active.cpu()] = distinct(zS[active] >= topv[active, -1:]).cpu()
+    return out
+
+
+@torch.no_grad()
+def shallow_concept_counts(model, tokenizer, head_layer: int, k: int = 50, min_count: int = 1,
+                           concepts: Mapping[int, str] | None = None, seed: int = 0,
+                           progress: bool = True) -> pd.DataFrame:
+    """Table 8 / 17 candidates: every FFN neuron of layers 0..head_layer-1 (those that write
+    before the key head reads), its value projected through attention layer
+    ``head_layer``'s OV map and the final norm weight onto the vocabulary; the number of
+    distinct number/operation concepts among its top-``k`` tokens (exact when >=
+    ``min_count``, else 0). Rows: layer, neuron, n_concepts."""
+    if head_layer < 1:
+        raise ValueError("the key head is in layer 0: there are no shallower FFN layers")
+    concepts = concept_tokens(tokenizer, model.cfg.d_vocab) if concepts is None else concepts
+    ov = layer_ov(model, head_layer)
+    norm = final_norm(model)
+    W_U, _ = unembedding(model)
+    values = model.W_out[:head_layer].detach().float().reshape(-1, model.cfg.d_model)
+    projected = (values.to(W_U.device) @ ov) * norm.weight
+    counts = concept_counts(projected, W_U, concepts, k=k, min_count=min_count, seed=seed, progress=progress)
+    K = model.cfg.d_mlp
+    idx = torch.arange(values.shape[0])
+    return pd.DataFrame({"layer": (idx // K).numpy(), "neuron": (idx % K).numpy(), "n_concepts": counts.numpy()})
+
+
+def hidden_interpretable_table(model, prompts: PromptSet, counts: pd.DataFrame, ms: Sequence[int] = (0, 1, 2, 3), *,
+                               seed: int = 0, batch_size: int = 32, targets: torch.Tensor | None = None,
+                               progress: bool = True) -> pd.DataFrame:
+    """Table 8 / 17: for each M, zero (at every position) all shallow neurons whose
+    projection holds >= M concepts, and as many neurons drawn at random from the same
+    shallow layers; accuracy decrease (%) on ``prompts`` for both."""
+    base = run_last_position(model, prompts, None, capture=(), targets=targets, batch_size=batch_size).accuracy
+    rng = np.random.default_rng(seed)
+    pool = list(zip(counts.layer.tolist(), counts.neuron.tolist()))
+    rows = []
+    for m in tqdm(ms, desc="M sweep", disable=not progress, leave=False):
+        chosen = counts[counts.n_concepts >= m]
+        neurons = list(zip(chosen.layer.tolist(), chosen.neuron.tolist()))
+        pick = rng.choice(len(pool), size=len(neurons), replace=False) if neurons else []
+        random_set = [pool[i] for i in pick]
+        for kind, ns in (("hidden-interpretable", neurons), ("random", random_set)):
+            acc = run_last_position(model, prompts, zero_neurons_hooks(ns) if ns else None, capture=(), targets=targets,
+                                    batch_size=batch_size).accuracy
+            rows.append({"M": m, "set": kind, "n_neurons": len(ns), "share_of_shallow": len(ns) / max(1, len(pool)),
+                         "accuracy": acc, "accuracy_decrease": 100 * (base - acc) / base if base > 0 else float("nan"),
+                         "base_accuracy": base, "n_cases": len(prompts)})
+    return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def operand_positions(prompts: PromptSet, i: int) -> dict[str, int]:
+    """Positions of operand A and B of 1-token-operand case ``i`` in its query (the last
+    occurrences, B after A), found from the decoded tokens."""
+    rec = prompts.records[i]
+    texts = [prompts.tokenizer.decode([t]).strip() for t in prompts.input_ids[i]]
+    pos_b = max(j for j, t in enumerate(texts) if t == str(rec.b))
+    pos_a = max(j for j, t in enumerate(texts[:pos_b]) if t == str(rec.a))
+    return {"A": pos_a, "B": pos_b}
+
+
+@torch.no_grad()
+def shallow_neuron_examples(model, prompts: PromptSet, case: int, key: torch.Tensor, head_layer: int, n: int = 5,
+                            n_tokens: int = 10) -> pd.DataFrame:
+    """Table 7: the shallow neurons (layers < ``head_layer``) on the operand positions of
+    case ``case`` whose sub-value, carried by attention layer ``head_layer``'s OV map,
+    has the largest inner product with ``key`` (the PE-DAG root's effective key):
+    score = m_k(pos) (OV fc2_k) . key / rms(x_pos). With each neuron's top tokens before
+    (E_u fc2_k) and after (E_u OV fc2_k) the transformation, and the same for the
+    operand tokens' word embeddings."""
+    tok = prompts.tokenizer
+    device = _device(model)
+    pos = operand_positions(prompts, case)
+    store = {}
+
+    def grab(name):
+        def fn(act, hook):
+            store[name] = act[0].detach().float()
+            return act
+        return fn
+
+    tokens = torch.tensor([prompts.input_ids[case]], device=device)
+    hooks = [(f"blocks.{l}.mlp.hook_post", grab(l)) for l in range(head_layer)]
+    hooks.append((f"blocks.{head_layer}.hook_resid_pre", grab("resid")))
+    with model.hooks(fwd_hooks=hooks):
+        _hf(model)(tokens, use_cache=False, logits_to_keep=1)
+    ov = layer_ov(model, head_layer)
+    u = ov @ key.float().to(ov.device)  # score of a source vector x: (x OV) . key = x . u
+    rows = []
+    for name, p in pos.items():
+        rms = store["resid"][p].pow(2).mean().sqrt()
+        for layer in range(head_layer):
+            s = store[layer][p] * (mlp_values(model, layer) @ u) / rms
+            for j in s.topk(min(n, s.numel())).indices.tolist():
+                rows.append({"operand": name, "position": p, "layer": layer, "neuron": j, "name": f"{layer}_{j}",
+                             "coef": float(store[layer][p, j]), "score": float(s[j])})
+    frame = pd.DataFrame(rows).sort_values("score", ascending=False).head(n).reset_index(drop=True)
+    vecs = torch.stack([mlp_values(model, l)[j] for l, j in zip(frame.layer, frame.neuron)])
+    frame["tokens_before"] = [", ".join(t) for t in top_tokens(model, tok, vecs, n_tokens)]
+    frame["tokens_after_attention"] = [", ".join(t) for t in top_tokens(model, tok, vecs @ ov, n_tokens)]
+    emb_rows = []
+    W_E = model.W_E.detach().float()
+    for name, p in pos.items():
+        tid = prompts.input_ids[case][p]
+        e = W_E[tid][None]
+        emb_rows.append({"operand": name, "position": p, "layer": -1, "neuron": -1,
+                         "name": f"word {tok.decode([tid]).strip()!r}", "coef": float("nan"),
+                         "score": float(((e @ ov) @ key.float().to(ov.device)).item() / store["resid"][p].pow(2).mean().sqrt()),
+                         "tokens_before": ", ".join(top_tokens(model, tok, e, n_tokens)[0]),
+                         "tokens_after_attention": ", ".join(top_tokens(model, tok, e @ ov, n_tokens)[0])})
+    return pd.concat([frame, pd.DataFrame(emb_rows)], ignore_index=True)

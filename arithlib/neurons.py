@@ -1,0 +1,620 @@
+"""Neuron-level analysis of the answer position (Nikankin et al. 2025, ICLR, Sec. 3-4).
+
+What is here, and the paper's counterpart:
+
+* :class:`AnswerPositionRunner`: runs every prompt's prefix once (KV cache) and then
+  re-runs only the answer (last) position under interventions. All of Nikankin's
+  neuron-level interventions act on the MLP neurons at the last position, and in a
+  causal model nothing at earlier positions depends on the last one, so this is
+  exact (tested against a full forward pass) and about ``prompt length`` times
+  cheaper than re-running whole prompts. TransformerLens's patching helpers run
+  one full forward pass per patched component, which is why this exists.
+* :func:`neuron_attribution`: attribution patching of every neuron of the chosen
+  layers at once (gradient x activation difference, Syed et al. 2023), against the
+  mean activation (mean ablation) or a counterfactual prompt's activation; the
+  linear approximation of Nikankin's neuron-level activation patching (Sec. 3).
+  :func:`exact_neuron_effects` measures the real effect of mean-ablating single
+  neurons, to check the approximation.
+* :func:`neuron_circuit_faithfulness` / :func:`faithfulness_curve`: faithfulness
+  (Eq. 2) of a neuron circuit under mean ablation: every neuron of the chosen MLP
+  layers outside the circuit is mean-ablated at the answer position; the score is
+  the correct-token logit divided by the maximum logit, scaled between the model
+  with all those neurons mean-ablated (0) and the full model (1). Fig. 4b is the
+  curve over the number of neurons kept per layer.
+* :func:`collect_last_position`, :func:`operand_grid`: neuron activations over the
+  operand grid op1 x op2 (Fig. 1, 5).
+* :func:`neuron_logit_lens`: the logit lens of a neuron's value vector (row k of
+  W_out, through the final norm's gain, times W_U) on the number tokens: which
+  results the neuron promotes (Sec. 4.1, "direct heuristics").
+* :func:`neuron_logit_contributions`: each neuron's direct contribution to the
+  correct answer's logit on each prompt (Sec. 4.3).
+* :func:`masked_mean_hooks`: mean-ablate a different set of neurons for each prompt
+  of a batch (Sec. 4.2's per-prompt ablations); ``arithlib.ablation`` ablates one set
+  for the whole batch.
+
+Conventions: ``layers`` is the ordered list of analysed MLP layers (default: the
+second half of the model, Nikankin's "middle and late MLPs"); per-layer tensors are
+indexed by position in ``layers``. A neuron is ``(layer, index)``. ``means`` is a
+``[len(layers), d_mlp]`` tensor of answer-position mean activations.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .ablation import Hook, Neuron, mean_neurons_hooks, post_hook
+from .datasets import PromptSet
+
+#: Hooks for a batch, given the indices (in the runner's PromptSet) of its prompts.
+HookFactory = Callable[[torch.Tensor], list[Hook]]
+
+
+def default_layers(n_layers: int) -> list[int]:
+    """Nikankin's "middle and late MLPs": the second half of the layers, ``n//2 .. n-1``."""
+    if n_layers < 1:
+        raise ValueError("n_layers must be positive")
+    return list(range(n_layers // 2, n_layers))
+
+
+def _device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _hf(model):
+    return model.original_model if hasattr(model, "original_model") else model
+
+
+def _check_layers(model, layers: Sequence[int]) -> list[int]:
+    n = model.cfg.n_layers if hasattr(model, "cfg") else None
+    layers = [int(x) for x in layers]
+    if not layers:
+        raise ValueError("layers is empty")
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"layers has duplicates: {layers}")
+    if n is not None and any(not 0 <= x < n for x in layers):
+        raise ValueError(f"layers {layers} out of range for a {n}-layer model")
+    return layers
+
+
+# --------------------------------------------------------------------------- runner
+
+
+class AnswerPositionRunner:
+    """Re-run only the answer position of a prompt set under interventions.
+
+    At construction every same-length batch's prefix (all tokens but the last) is run
+    once and its key/value cache kept; each later pass feeds only the last token
+    through the HF model, whose bridge hook points fire as in a full pass (hooks see
+    ``[B, 1, ...]`` activations). The cache is cropped back after every pass. With
+    ``record`` (hook names) the clean pass is run once at construction and its
+    answer-position activations and logits kept in ``clean``. Memory: the KV cache of
+    every prompt.
+    """
+
+    def __init__(self, model, prompts: PromptSet, batch_size: int = 64, record: Sequence[str] = (),
+                 progress: bool = False, _batches: list | None = None):
+        if len(prompts) == 0:
+            raise ValueError("AnswerPositionRunner needs at least one prompt")
+        self.model = model
+        self.prompts = prompts
+        self.answers = prompts.first_answer_ids
+        self._hf = _hf(model)
+        self.clean: dict[str, torch.Tensor] | None = None
+        if _batches is not None:
+            self._batches = _batches
+            return
+        device = _device_of(model)
+        self._batches: list[tuple[torch.Tensor, object, torch.Tensor, int]] = []
+        with torch.no_grad():
+            for batch in tqdm(list(prompts.batches(batch_size, device)), desc="prefix cache", disable=not progress,
+                              leave=False):
+                past, prefix_len = None, batch.tokens.shape[1] - 1
+                if prefix_len > 0:
+                    out = self._hf(batch.tokens[:, :-1], use_cache=True, logits_to_keep=1)
+                    past = out.past_key_values
+                self._batches.append((batch.index, past, batch.tokens[:, -1:], prefix_len))
+        if record:
+            self.clean = self.collect(record)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def subset(self, index: Sequence[int]) -> "AnswerPositionRunner":
+        """A runner on the prompts at ``index`` (in that order), reusing this runner's KV
+        cache (copied); ``clean`` is subset too."""
+        import copy
+        index = [int(i) for i in index]
+        if not index:
+            raise ValueError("subset needs at least one prompt")
+        new_pos = {old: new for new, old in enumerate(index)}
+        batches = []
+        for bidx, past, last, prefix_len in self._batches:
+            rows = [r for r, i in enumerate(bidx.tolist()) if i in new_pos]
+            if not rows:
+                continue
+            sel = torch.tensor(rows)
+            sub_past = None
+            if past is not None:
+                sub_past = copy.deepcopy(past)
+                sub_past.batch_select_indices(sel.to(last.device))
+            batches.append((torch.tensor([new_pos[int(bidx[r])] for r in rows]), sub_past, last[sel], prefix_len))
+        out = AnswerPositionRunner(self.model, self.prompts.subset(index), _batches=batches)
+        if self.clean is not None:
+            out.clean = {k: v[index] for k, v in self.clean.items()}
+        return out
+
+    @staticmethod
+    def _restore(past, prefix_len: int) -> None:
+        """Crop the cache back to the prefix and drop any autograd history a gradient
+        pass left on it (the cropped tensors are views of the concatenated ones)."""
+        if past is None:
+            return
+        if past.get_seq_length() > prefix_len:
+            past.crop(prefix_len - past.get_seq_length())
+        for layer in getattr(past, "layers", []):
+            for name in ("keys", "values"):
+                value = getattr(layer, name, None)
+                if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                    setattr(layer, name, value.detach())
+
+    def _last(self, past, last: torch.Tensor, prefix_len: int) -> torch.Tensor:
+        try:
+            out = self._hf(last, past_key_values=past, use_cache=past is not None, logits_to_keep=1)
+        finally:
+            self._restore(past, prefix_len)
+        return out.logits[:, -1].float()
+
+    def passes(self, hooks: HookFactory | list[Hook] | None = None, grad: bool = False, progress: bool = False,
+               desc: str = "answer position"):
+        """Yield ``(index, logits[B, vocab])`` per batch with ``hooks`` active (a list,
+        or a factory called with the batch's prompt indices)."""
+        for index, past, last, prefix_len in tqdm(self._batches, desc=desc, disable=not progress, leave=False):
+            hk = hooks(index) if callable(hooks) else hooks
+            ctx = self.model.hooks(fwd_hooks=hk) if hk else nullcontext()
+            with ctx, (nullcontext() if grad else torch.no_grad()):
+                yield index, self._last(past, last, prefix_len)
+
+    def logits(self, hooks: HookFactory | list[Hook] | None = None, progress: bool = False) -> torch.Tensor:
+        """Answer-position logits of every prompt, [N, vocab] (float32, CPU)."""
+        out = None
+        for index, logits in self.passes(hooks, progress=progress):
+            if out is None:
+                out = torch.empty(len(self), logits.shape[-1])
+            out[index] = logits.cpu()
+        return out
+
+    def collect(self, hook_names: Sequence[str], hooks: HookFactory | list[Hook] | None = None) -> dict[str, torch.Tensor]:
+        """Answer-position activations of ``hook_names`` for every prompt ({name: [N, ...]}),
+        plus ``"logits"``."""
+        store: dict[str, list] = {h: [] for h in hook_names}
+        order, logit_chunks = [], []
+
+        def rec(name):
+            def fn(act, hook):
+                store[name].append(act[:, -1].detach().float().cpu())
+                return act
+            return fn
+
+        recorders = [(h, rec(h)) for h in hook_names]
+        for index, logits in self.passes(lambda idx: (hooks(idx) if callable(hooks) else list(hooks or [])) + recorders):
+            order.append(index)
+            logit_chunks.append(logits.cpu())
+        index = torch.cat(order)
+        inv = torch.empty_like(index)
+        inv[index] = torch.arange(len(index))
+        out = {h: torch.cat(v)[inv] for h, v in store.items()}
+        out["logits"] = torch.cat(logit_chunks)[inv]
+        return out
+
+    @torch.no_grad()
+    def greedy_correct(self) -> np.ndarray:
+        """Per prompt: does greedy decoding write the whole answer and then stop writing
+        digits (``arithlib.evaluate``'s ``correct_full``)? Decodes from the cache, which is
+        cropped back afterwards."""
+        tok = self.prompts.tokenizer
+        out = np.zeros(len(self), dtype=bool)
+        for index, past, last, prefix_len in self._batches:
+            answers = [self.prompts.answer_ids[i] for i in index.tolist()]
+            steps = max(len(a) for a in answers) + 1
+            gen, nxt = [], last
+            try:
+                for _ in range(steps):
+                    o = self._hf(nxt, past_key_values=past, use_cache=True, logits_to_keep=1)
+                    past = o.past_key_values
+                    nxt = o.logits[:, -1].argmax(-1, keepdim=True)
+                    gen.append(nxt[:, 0].cpu())
+            finally:
+                self._restore(past, prefix_len)
+            g = torch.stack(gen, 1).tolist()
+            for row, (i, ans) in enumerate(zip(index.tolist(), answers)):
+                after = tok.decode([g[row][len(ans)]])
+                out[i] = g[row][: len(ans)] == ans and not (after[:1].isdigit() or after[:1] == ".")
+        return out
+
+
+@torch.no_grad()
+def collect_last_position(model, prompts: PromptSet, hook_names: Sequence[str], batch_size: int = 256,
+                          progress: bool = False) -> dict[str, torch.Tensor]:
+    """Answer-position activations of ``hook_names`` from plain forward passes
+    ({name: [N, ...]} plus ``"logits"`` [N, vocab]); no KV cache is kept, so this suits
+    large operand grids that are read once."""
+    device = _device_of(model)
+    store: dict[str, torch.Tensor] = {}
+    current = {}
+
+    def rec(name):
+        def fn(act, hook):
+            current[name] = act[:, -1].detach().float().cpu()
+            return act
+        return fn
+
+    hooks = [(h, rec(h)) for h in hook_names]
+    for batch in tqdm(list(prompts.batches(batch_size, device)), desc="activations", disable=not progress, leave=False):
+        with model.hooks(fwd_hooks=hooks):
+            out = model(batch.tokens, logits_to_keep=1)
+        logits = (out.logits if hasattr(out, "logits") else out)[:, -1].float().cpu()
+        for name, value in list(current.items()) + [("logits", logits)]:
+            if name not in store:
+                store[name] = torch.empty((len(prompts),) + tuple(value.shape[1:]))
+            store[name][batch.index] = value
+    return store
+
+
+def neuron_activations(model, prompts: PromptSet, layers: Sequence[int], batch_size: int = 256,
+                       progress: bool = False) -> torch.Tensor:
+    """MLP neuron activations (``hook_post``) at the answer position, [N, len(layers), d_mlp]."""
+    layers = _check_layers(model, layers)
+    acts = collect_last_position(model, prompts, [post_hook(x) for x in layers], batch_size, progress)
+    return torch.stack([acts[post_hook(x)] for x in layers], 1)
+
+
+def last_position_means(acts: torch.Tensor) -> torch.Tensor:
+    """Mean answer-position activation of each neuron over a reference set:
+    ``acts`` [N, L, d_mlp] -> [L, d_mlp] (the value mean ablation writes in)."""
+    if acts.ndim != 3 or acts.shape[0] == 0:
+        raise ValueError("acts must be [N > 0, layers, d_mlp]")
+    return acts.mean(0)
+
+
+def runner_means(means: torch.Tensor, layers: Sequence[int]) -> dict[str, dict[int, torch.Tensor]]:
+    """``means`` [L, d_mlp] as the per-length cache that ``arithlib.ablation``'s mean
+    hooks read, keyed by length 1: the runner's single-token passes."""
+    return {post_hook(x): {1: means[i][None].clone()} for i, x in enumerate(layers)}
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def number_token_ids(tokenizer, max_number: int) -> torch.Tensor:
+    """Token id of each integer 0..max_number written alone (the candidate results);
+    raises if one is not a single token."""
+    ids = []
+    for n in range(max_number + 1):
+        tok = tokenizer(str(n), add_special_tokens=False)["input_ids"]
+        if len(tok) != 1:
+            raise ValueError(f"{n} is not a single token for this tokenizer; lower max_number")
+        ids.append(tok[0])
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def answer_margin(logits: torch.Tensor, answers: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """Correct-answer logit minus the mean logit of the candidate tokens (all tokens when
+    None), per prompt. Shift-invariant and unsaturated: the metric attribution
+    patching differentiates."""
+    correct = logits.gather(1, answers.to(logits.device)[:, None]).squeeze(1)
+    pool = logits if candidates is None else logits[:, candidates.to(logits.device)]
+    return correct - pool.mean(-1)
+
+
+def normalised_logit(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    """Nikankin's per-prompt score: the correct-token logit divided by the maximum logit."""
+    correct = logits.gather(1, answers.to(logits.device)[:, None]).squeeze(1)
+    return correct / logits.max(-1).values
+
+
+def normalised_logit_faithfulness(circuit_logits: torch.Tensor, full_logits: torch.Tensor,
+                                  ablated_logits: torch.Tensor, answers: torch.Tensor) -> dict[str, float]:
+    """Faithfulness (Nikankin Eq. 2) of a circuit from three runs' answer-position logits.
+
+    With y = correct logit / max logit per prompt: ``faithfulness`` = (mean y_circuit -
+    mean y_ablated) / (mean y_full - mean y_ablated), means over prompts first (as
+    ``arithlib.metrics.faithfulness``; NaN when the full and the ablated runs score the
+    same); ``faithfulness_per_prompt`` = the mean over prompts of the per-prompt ratio
+    (prompts whose full and ablated y are equal are dropped; unstable when a denominator is
+    small) and its median. ``accuracy``: the circuit's first-token accuracy.
+    """
+    yc, yf, ya = (normalised_logit(x, answers).double() for x in (circuit_logits, full_logits, ablated_logits))
+    denom = yf - ya
+    ok = denom.abs() > 1e-6
+    per_prompt = (yc - ya)[ok] / denom[ok]
+    pooled = float((yc - ya).mean() / denom.mean()) if denom.mean().abs() > 1e-12 else float("nan")
+    return {"faithfulness": pooled,
+            "faithfulness_per_prompt": float(per_prompt.mean()) if ok.any() else float("nan"),
+            "faithfulness_per_prompt_median": float(per_prompt.median()) if ok.any() else float("nan"),
+            "accuracy": float((circuit_logits.argmax(-1) == answers).float().mean()),
+            "n_prompts": int(len(answers)),
+            "n_prompts_changed": int(ok.sum())}
+
+
+# --------------------------------------------------------------------------- attribution
+
+
+def neuron_attribution(runner: AnswerPositionRunner, layers: Sequence[int], means: torch.Tensor | None = None,
+                       baseline_acts: torch.Tensor | None = None, candidates: torch.Tensor | None = None,
+                       progress: bool = False) -> torch.Tensor:
+    """Attribution patching of every neuron of ``layers`` at the answer position.
+
+    attr[p, l, k] = (a[p, l, k] - a_base[p, l, k]) * d margin_p / d a[p, l, k], the first-order
+    estimate of how much the answer margin (:func:`answer_margin`) drops when neuron
+    (l, k) takes its baseline value on prompt p. Baseline: ``means`` [L, d_mlp] (mean
+    ablation) or ``baseline_acts`` [N, L, d_mlp] (a counterfactual prompt's activations,
+    Nikankin's patching). One forward and backward pass per batch gives every neuron.
+    Returns [N, L, d_mlp] (float32, CPU).
+    """
+    layers = _check_layers(runner.model, layers)
+    if (means is None) == (baseline_acts is None):
+        raise ValueError("give exactly one of means (mean ablation) and baseline_acts (counterfactual)")
+    out = None
+    names = [post_hook(x) for x in layers]
+    captured: dict[str, torch.Tensor] = {}
+
+    def cap(name):
+        def fn(act, hook):
+            captured[name] = act
+            return act
+        return fn
+
+    hooks = [(n, cap(n)) for n in names]
+    for index, logits in runner.passes(hooks, grad=True, progress=progress, desc="attribution"):
+        metric = answer_margin(logits, runner.answers[index], candidates).sum()
+        acts = [captured[n] for n in names]
+        grads = torch.autograd.grad(metric, acts)
+        a = torch.stack([x[:, -1].detach().float().cpu() for x in acts], 1)
+        g = torch.stack([x[:, -1].float().cpu() for x in grads], 1)
+        base = means[None] if means is not None else baseline_acts[index]
+        if out is None:
+            out = torch.empty((len(runner),) + tuple(a.shape[1:]))
+        out[index] = (a - base) * g
+        captured.clear()
+    return out
+
+
+def neuron_scores(attr: torch.Tensor) -> torch.Tensor:
+    """Importance of each neuron: mean over prompts of |attribution| ([N, L, d] -> [L, d]).
+    Absolute values, because a neuron matters for faithfulness whether it helps or
+    hurts a prompt, and heuristic neurons act on some prompts only."""
+    return attr.abs().mean(0)
+
+
+def top_neurons(scores: torch.Tensor, layers: Sequence[int], k: int) -> list[Neuron]:
+    """The ``k`` highest-scoring neurons of each layer (``scores`` [L, d_mlp])."""
+    if not 0 <= k <= scores.shape[-1]:
+        raise ValueError(f"k must be in 0..{scores.shape[-1]}, got {k}")
+    if scores.shape[0] != len(layers):
+        raise ValueError("scores has one row per layer in layers")
+    out = []
+    for i, layer in enumerate(layers):
+        idx = torch.argsort(scores[i], descending=True, stable=True)[:k]
+        out += [(int(layer), int(j)) for j in sorted(idx.tolist())]
+    return out
+
+
+def exact_neuron_effects(runner: AnswerPositionRunner, neurons: Sequence[Neuron], layers: Sequence[int],
+                         means: torch.Tensor, candidates: torch.Tensor | None = None,
+                         progress: bool = False) -> pd.DataFrame:
+    """Mean-ablate each neuron alone at the answer position and measure the drop of the
+    answer margin per prompt (exact activation patching; one single-token pass per
+    neuron). Columns: layer, neuron, effect (mean drop over prompts), abs_effect (mean
+    |drop|)."""
+    cache = runner_means(means, layers)
+    full = answer_margin(runner.logits(), runner.answers, candidates)
+    rows = []
+    for layer, k in tqdm(list(neurons), desc="exact effects", disable=not progress, leave=False):
+        ablated = answer_margin(runner.logits(mean_neurons_hooks([(layer, k)], cache, position=-1)),
+                                runner.answers, candidates)
+        drop = full - ablated
+        rows.append({"layer": int(layer), "neuron": int(k), "effect": float(drop.mean()),
+                     "abs_effect": float(drop.abs().mean())})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- circuits
+
+
+def complement(neurons: Iterable[Neuron], layers: Sequence[int], d_mlp: int) -> list[Neuron]:
+    """Every neuron of ``layers`` not in ``neurons``."""
+    keep = {(int(a), int(b)) for a, b in neurons}
+    return [(int(x), k) for x in layers for k in range(d_mlp) if (int(x), k) not in keep]
+
+
+def neuron_circuit_faithfulness(runner: AnswerPositionRunner, circuit: Iterable[Neuron], layers: Sequence[int],
+                                means: torch.Tensor, full_logits: torch.Tensor | None = None,
+                                ablated_logits: torch.Tensor | None = None) -> dict[str, float]:
+    """Faithfulness (Nikankin Eq. 2) of the neuron circuit ``circuit``: every other neuron of
+    ``layers`` is mean-ablated at the answer position (:func:`normalised_logit_faithfulness`).
+    Pass ``full_logits`` / ``ablated_logits`` to reuse the two reference runs."""
+    layers = _check_layers(runner.model, layers)
+    d_mlp = means.shape[-1]
+    cache = runner_means(means, layers)
+    if full_logits is None:
+        full_logits = runner.logits()
+    if ablated_logits is None:
+        ablated_logits = runner.logits(mean_neurons_hooks(complement([], layers, d_mlp), cache, position=-1))
+    circuit = list(circuit)
+    rest = complement(circuit, layers, d_mlp)
+    if not circuit:
+        circuit_logits = ablated_logits
+    elif not rest:
+        circuit_logits = full_logits
+    else:
+        circuit_logits = runner.logits(mean_neurons_hooks(rest, cache, position=-1))
+    out = normalised_logit_faithfulness(circuit_logits, full_logits, ablated_logits, runner.answers)
+    out["n_neurons"] = len(circuit)
+    return out
+
+
+def share_grid(d_mlp: int, shares: Sequence[float] = (0, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)) -> list[int]:
+    """Neurons per layer for each share of the layer (0..1), rounded, distinct, sorted."""
+    if any(not 0 <= s <= 1 for s in shares):
+        raise ValueError("shares must lie in [0, 1]")
+    return sorted({int(round(s * d_mlp)) for s in shares})
+
+
+def faithfulness_curve(runner: AnswerPositionRunner, scores: torch.Tensor, layers: Sequence[int], means: torch.Tensor,
+                       ks: Sequence[int], progress: bool = False) -> pd.DataFrame:
+    """Faithfulness of the top-``k``-per-layer circuit (by ``scores``) for each k in ``ks``
+    (Nikankin Fig. 4b). Columns: k_per_layer, share_per_layer, n_neurons, faithfulness,
+    faithfulness_per_prompt(_median), accuracy, n_prompts, n_prompts_changed."""
+    layers = _check_layers(runner.model, layers)
+    d_mlp = means.shape[-1]
+    cache = runner_means(means, layers)
+    full = runner.logits()
+    ablated = runner.logits(mean_neurons_hooks(complement([], layers, d_mlp), cache, position=-1))
+    rows = []
+    for k in tqdm(list(ks), desc="faithfulness curve", disable=not progress, leave=False):
+        res = neuron_circuit_faithfulness(runner, top_neurons(scores, layers, int(k)), layers, means, full, ablated)
+        rows.append({"k_per_layer": int(k), "share_per_layer": int(k) / d_mlp, **res})
+    return pd.DataFrame(rows)
+
+
+def smallest_faithful_k(curve: pd.DataFrame, target: float = 0.9, column: str = "faithfulness") -> int:
+    """The smallest k_per_layer of a curve (one or several operators, averaged over those
+    where it is defined) whose faithfulness reaches ``target``; the largest k tested when
+    none does."""
+    mean = curve.groupby("k_per_layer")[column].mean().sort_index()
+    hit = mean[mean >= target]
+    return int(hit.index[0]) if len(hit) else int(mean.index[-1])
+
+
+# --------------------------------------------------------------------------- per-prompt ablation
+
+
+def masked_mean_hooks(masks: dict[int, torch.Tensor], means: torch.Tensor, layers: Sequence[int]) -> HookFactory:
+    """A hook factory for :class:`AnswerPositionRunner` that mean-ablates, at the answer
+    position, a different set of neurons for each prompt: ``masks[layer]`` is a bool
+    [N, d_mlp] over the runner's prompts (True = ablate)."""
+    pos = {int(x): i for i, x in enumerate(layers)}
+
+    def factory(index: torch.Tensor) -> list[Hook]:
+        hooks = []
+        for layer, mask in masks.items():
+            def fn(act, hook, m=mask[index], mean=means[pos[int(layer)]]):
+                m = m.to(act.device)
+                act[:, -1] = torch.where(m, mean.to(act.device, act.dtype), act[:, -1])
+                return act
+            hooks.append((post_hook(int(layer)), fn))
+        return hooks
+    return factory
+
+
+def neuron_masks(per_prompt: Sequence[Iterable[Neuron]], layers: Sequence[int], d_mlp: int) -> dict[int, torch.Tensor]:
+    """Bool masks {layer: [N, d_mlp]} from a list (one entry per prompt) of neuron sets."""
+    masks = {int(x): torch.zeros(len(per_prompt), d_mlp, dtype=torch.bool) for x in layers}
+    for i, neurons in enumerate(per_prompt):
+        for layer, k in neurons:
+            masks[int(layer)][i, int(k)] = True
+    return masks
+
+
+def correct_first(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    """Per prompt: is the first answer token the argmax? (bool [N])."""
+    return logits.argmax(-1) == answers.to(logits.device)
+
+
+# --------------------------------------------------------------------------- logit lens
+
+
+def _final_norm(model):
+    hf = _hf(model)
+    inner = getattr(hf, "model", None) or getattr(hf, "gpt_neox", None) or getattr(hf, "transformer", None)
+    for name in ("norm", "final_layer_norm", "ln_f"):
+        if inner is not None and hasattr(inner, name):
+            return getattr(inner, name)
+    raise ValueError("cannot find the final norm of this model")
+
+
+def w_out(model, layer: int) -> torch.Tensor:
+    """W_out of one layer, [d_mlp, d_model] (row k: neuron k's value vector); read per
+    layer, because the bridge's stacked ``W_out`` copies every layer."""
+    return model.blocks[int(layer)].mlp.W_out.detach().float()
+
+
+def value_vectors(model, neurons: Sequence[Neuron]) -> torch.Tensor:
+    """Each neuron's value vector (row k of W_out of its layer), [n, d_model]."""
+    if not neurons:
+        return torch.empty(0, model.cfg.d_model)
+    return torch.stack([w_out(model, layer)[int(k)] for layer, k in neurons])
+
+
+def logit_directions(model, vectors: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Logit lens of residual-stream directions: through the final norm's gain (centred
+    first for LayerNorm; the input scale is left out) and the unembedding, restricted to
+    ``token_ids``. [n, d_model] -> [n, len(token_ids)]."""
+    norm = _final_norm(model)
+    v = vectors.float()
+    if getattr(norm, "bias", None) is not None:  # LayerNorm: the mean is removed
+        v = v - v.mean(-1, keepdim=True)
+    v = v * norm.weight.detach().float()
+    w_u = model.W_U.detach().float()
+    if token_ids is not None:
+        w_u = w_u[:, token_ids]
+    return v @ w_u
+
+
+def neuron_logit_lens(model, neurons: Sequence[Neuron], token_ids: torch.Tensor, values: Sequence[int] | None = None) -> pd.DataFrame:
+    """Nikankin's logit lens of each neuron's value vector on the number tokens: one row
+    per (neuron, value) with the logit it adds per unit activation (``lens``) and its
+    z-score among the number tokens (``lens_z``)."""
+    values = list(range(len(token_ids))) if values is None else list(values)
+    lens = logit_directions(model, value_vectors(model, neurons), token_ids)
+    z = (lens - lens.mean(-1, keepdim=True)) / lens.std(-1, keepdim=True).clamp_min(1e-9)
+    rows = []
+    for i, (layer, k) in enumerate(neurons):
+        for j, v in enumerate(values):
+            rows.append({"layer": int(layer), "neuron": int(k), "value": int(v), "lens": float(lens[i, j]),
+                         "lens_z": float(z[i, j])})
+    return pd.DataFrame(rows)
+
+
+def final_norm_scale(acts: dict[str, torch.Tensor], model) -> torch.Tensor:
+    """Per-prompt scale of the final norm at the answer position ([N]) from a collection
+    that recorded ``ln_final.hook_scale``."""
+    if "ln_final.hook_scale" not in acts:
+        raise KeyError("collect 'ln_final.hook_scale' with the activations")
+    return acts["ln_final.hook_scale"].reshape(len(acts["ln_final.hook_scale"]), -1)[:, 0]
+
+
+def neuron_logit_contributions(model, acts: torch.Tensor, layers: Sequence[int], answers: torch.Tensor,
+                               scale: torch.Tensor | None = None, means: torch.Tensor | None = None) -> torch.Tensor:
+    """Direct contribution of each neuron of ``layers`` to the correct answer's logit on
+    each prompt: (a[p, l, k] - mean) * lens(W_out[l, k])[answer_p] / scale_p, [N, L, d_mlp].
+    ``acts`` [N, L, d_mlp]; ``scale`` the final norm's per-prompt scale (1 if None);
+    ``means`` subtracts the mean activation (contribution relative to mean ablation)."""
+    layers = list(layers)
+    out = torch.empty_like(acts)
+    uniq = torch.unique(answers)
+    for i, layer in enumerate(layers):
+        lens = logit_directions(model, w_out(model, layer), uniq)  # [d_mlp, U]
+        col = torch.searchsorted(uniq, answers)
+        per_prompt = lens.T[col]  # [N, d_mlp]
+        a = acts[:, i] - (means[i][None] if means is not None else 0)
+        out[:, i] = a * per_prompt
+    if scale is not None:
+        out = out / scale[:, None, None]
+    return out
+
+
+# --------------------------------------------------------------------------- grids
+
+
+def operand_grid(frame: pd.DataFrame, values: np.ndarray | torch.Tensor, name: str = "activation") -> pd.DataFrame:
+    """Pivot one value per prompt into the op1 x op2 grid (rows a, columns b; NaN where
+    no prompt); ``frame`` has columns a and b in prompt order."""
+    df = pd.DataFrame({"a": frame["a"].to_numpy(), "b": frame["b"].to_numpy(), name: np.asarray(values, dtype=float)})
+    return df.pivot_table(index="a", columns="b", values=name, aggfunc="mean")

@@ -1,0 +1,1339 @@
+"""Activation patching, Zhang's path patching and head ablations, with a fast path
+for interventions at the answer position.
+
+Papers: Zhang et al. 2024 (Alg. 1, App. B: path patching of each head and MLP at the
+END position; mean-ablation knockout), Yu & Ananiadou 2024 (Sec. 3.2: zeroing a head's
+slice of W_O), Nikankin et al. 2025 (activation patching of heads and MLPs per position
+with an operand-changing counterfactual; circuit faithfulness under mean ablation).
+
+Two ways to run an intervention, tested equal (fp32, 1e-4):
+
+* **Full forward** (:func:`run_edits_full`, :func:`path_patch_full`,
+  :func:`activation_patch_full`): one forward pass of the whole prompt per patched
+  component, with hooks. This is what TransformerLens' ``transformer_lens.patching``
+  does (one ``run_with_hooks`` per index); it is the reference and the benchmark
+  baseline.
+* **Fast path** (:func:`clean_run` + :func:`run_variants`): an intervention at
+  position p leaves positions < p untouched, so the clean run's keys and values for
+  those positions are reused and only positions p..T-1 are recomputed, for many
+  variants at once (one batch of ``variants x prompts`` rows over an expanded KV
+  cache). An intervention in layer L also leaves everything below L untouched, so
+  each chunk of variants starts at its lowest edited layer from the clean residual
+  stream (Llama/Mistral/Qwen2-style models; others start at layer 0). At the answer
+  position a variant costs one token through the layers above the edit.
+  TransformerLens has no such batched path (its patchers loop over components with
+  a full forward each), hence this module.
+* Zhang's path patching freezes every other head at its clean value and lets the
+  MLPs recompute (App. B). At the END position the attention outputs above the
+  sender are then exactly the clean ones, so :func:`path_patch_answer` recomputes only
+  MLPs and norms for each sender (sequential-residual models), and reads out only the
+  answer token's logit.
+
+Components are :class:`Component` (head, MLP, attention output, residual stream,
+neuron); an intervention is a list of :class:`Edit` (set a component at a position to
+a value: a counterfactual activation, a mean, or zero). Readouts at the answer
+position go through :class:`Unembed`, whose :meth:`Unembed.top1` finds the exact
+argmax and maximum logit without unembedding the whole vocabulary (a Cauchy-Schwarz
+bound prunes tokens that cannot win).
+
+The model everywhere is a TransformerLens ``TransformerBridge`` (``arithlib.models``).
+Prompt sets are :class:`arithlib.datasets.PromptSet`; batches are same-length, so the
+answer position is the last one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .datasets import PromptRecord, PromptSet
+from .metrics import relative_logit_change
+
+Head = tuple[int, int]
+Hook = tuple[str, Callable]
+
+# --------------------------------------------------------------------------- components
+
+_HOOKS = {
+    "head": "blocks.{layer}.attn.hook_z",          # [B, T, H, d_head] (input of W_O)
+    "mlp": "blocks.{layer}.hook_mlp_out",          # [B, T, d_model]
+    "attn": "blocks.{layer}.hook_attn_out",        # [B, T, d_model]
+    "resid_pre": "blocks.{layer}.hook_resid_pre",  # [B, T, d_model]
+    "resid_mid": "blocks.{layer}.hook_resid_mid",  # [B, T, d_model]
+    "neuron": "blocks.{layer}.mlp.hook_post",      # [B, T, d_mlp]
+}
+KINDS: tuple[str, ...] = tuple(_HOOKS)
+
+
+@dataclass(frozen=True, order=True)
+class Component:
+    """A model component: ``kind`` in :data:`KINDS`, its ``layer``, and for heads and
+    neurons their ``index`` (``None`` = all heads / all neurons of the layer)."""
+
+    kind: str
+    layer: int
+    index: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _HOOKS:
+            raise ValueError(f"unknown component kind {self.kind!r}; choose one of {KINDS}")
+        if self.index is not None and self.kind not in ("head", "neuron"):
+            raise ValueError(f"a {self.kind} component has no index (got {self.index})")
+
+    @property
+    def hook_name(self) -> str:
+        return _HOOKS[self.kind].format(layer=self.layer)
+
+    @property
+    def label(self) -> str:
+        """Short name: ``L12H3``, ``MLP12``, ``ATTN12``, ``RESID12``, ``L12N345``."""
+        if self.kind == "head":
+            return f"L{self.layer}H{'*' if self.index is None else self.index}"
+        if self.kind == "neuron":
+            return f"L{self.layer}N{'*' if self.index is None else self.index}"
+        return {"mlp": "MLP", "attn": "ATTN", "resid_pre": "RESID", "resid_mid": "RESIDMID"}[self.kind] + str(self.layer)
+
+    def unit_shape(self, cfg) -> tuple[int, ...]:
+        """Shape of one unit's activation at one position (for a bridge ``cfg``)."""
+        if self.kind == "head":
+            return (cfg.d_head,) if self.index is not None else (cfg.n_heads, cfg.d_head)
+        if self.kind == "neuron":
+            return () if self.index is not None else (cfg.d_mlp,)
+        return (cfg.d_model,)
+
+
+def head_components(n_layers: int, n_heads: int) -> list[Component]:
+    """Every attention head, layer-major."""
+    return [Component("head", l, h) for l in range(n_layers) for h in range(n_heads)]
+
+
+def mlp_components(n_layers: int) -> list[Component]:
+    """Every MLP block."""
+    return [Component("mlp", l) for l in range(n_layers)]
+
+
+def heads_and_mlps(model) -> list[Component]:
+    """All heads then all MLPs of ``model`` (Zhang's senders: Fig. 2 heatmap + MLP column)."""
+    cfg = model.cfg
+    return head_components(cfg.n_layers, cfg.n_heads) + mlp_components(cfg.n_layers)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Set ``component`` at ``position`` to ``value`` during a forward pass.
+
+    ``position``: absolute (>= 0), from the end (< 0; -1 is the answer position) or
+    ``None`` for every position. ``value``: a tensor of the component's unit shape
+    (shared by all prompts, e.g. a mean or zeros) or with a leading prompt dimension
+    (per prompt, e.g. the counterfactual activation), or a float (filled).
+    """
+
+    component: Component
+    position: int | None
+    value: torch.Tensor | float
+
+
+Variant = Sequence[Edit]
+
+
+# --------------------------------------------------------------------------- model access
+
+
+def _hf(model):
+    return model.original_model if hasattr(model, "original_model") else model
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _dtype(model) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def resumable(model) -> bool:
+    """Whether the fast path can start a forward pass at any layer from the clean
+    residual stream: Llama-style decoders (``layers``, ``rotary_emb``, ``norm``) with
+    full attention in every layer. Others (GPT-2, GPT-J, GPT-NeoX) run the suffix
+    through all layers, still with the reused KV cache."""
+    hf = _hf(model)
+    base = hf.base_model
+    cfg = hf.config
+    if not all(hasattr(base, a) for a in ("layers", "rotary_emb", "norm")):
+        return False
+    if getattr(base, "has_sliding_layers", False):
+        return False
+    types = getattr(cfg, "layer_types", None) or ["full_attention"]
+    return all(t == "full_attention" for t in types)
+
+
+def _resolve_position(pos: int, T: int) -> int:
+    p = pos + T if pos < 0 else pos
+    if not 0 <= p < T:
+        raise ValueError(f"position {pos} is outside prompts of {T} tokens")
+    return p
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+def _value_tensor(edit: Edit, B: int, unit: tuple[int, ...], dtype, device) -> tuple[torch.Tensor, bool]:
+    """The edit's value as ``[B or 1, *unit]`` and whether it is per prompt."""
+    v = edit.value
+    if not isinstance(v, torch.Tensor):
+        return torch.full((1, *unit), float(v), dtype=dtype, device=device), False
+    v = v.to(device=device, dtype=dtype)
+    if tuple(v.shape) == unit:
+        return v.unsqueeze(0), False
+    if tuple(v.shape) == (B, *unit):
+        return v, True
+    raise ValueError(f"value of shape {tuple(v.shape)} for {edit.component.label}: expected {unit} "
+                     f"(shared) or {(B, *unit)} (per prompt)")
+
+
+def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: int, length: int) -> list[Hook]:
+    """Forward hooks applying every variant's edits to a batch of ``len(variants) x
+    batch_size`` rows (variant-major) that covers positions ``start..length-1``.
+
+    Edits are grouped per hook into index tensors, so one assignment per hook and
+    group applies all variants. Raises ValueError for an edit before ``start``.
+    """
+    cfg = model.cfg
+    dtype, device = _dtype(model), _device(model)
+    t = length - start
+    groups: dict[tuple[str, bool, bool], dict[str, list]] = {}
+    for vi, edits in enumerate(variants):
+        for e in edits:
+            positions = range(start, length) if e.position is None else [_resolve_position(e.position, length)]
+            if e.position is None and start != 0:
+                raise ValueError("an edit at every position (position=None) needs start=0")
+            unit = e.component.unit_shape(cfg)
+            value, per_prompt = _value_tensor(e, batch_size, unit, dtype, device)
+            indexed = e.component.index is not None
+            key = (e.component.hook_name, indexed, per_prompt)
+            g = groups.setdefault(key, {"v": [], "p": [], "u": [], "x": []})
+            for p in positions:
+                if p < start:
+                    raise ValueError(f"edit of {e.component.label} at position {p} lies before the recomputed "
+                                     f"positions {start}..{length - 1}")
+                g["v"].append(vi)
+                g["p"].append(p - start)
+                g["u"].append(e.component.index if indexed else 0)
+                g["x"].append(value)
+    by_hook: dict[str, list] = {}
+    for (name, indexed, _), g in groups.items():
+        by_hook.setdefault(name, []).append((
+            indexed,
+            torch.tensor(g["v"], device=device),
+            torch.tensor(g["p"], device=device),
+            torch.tensor(g["u"], device=device),
+            torch.stack(g["x"]),  # [E, B or 1, *unit]
+        ))
+    n_var = len(variants)
+
+    def make(entries):
+        def fn(act, hook):
+            shape = act.shape
+            if shape[0] != n_var * batch_size or shape[1] != t:
+                raise RuntimeError(f"{hook.name}: got activation {tuple(shape)}, expected "
+                                   f"[{n_var}x{batch_size}, {t}, ...]")
+            a = act.reshape(n_var, batch_size, *shape[1:])
+            for indexed, v, p, u, x in entries:
+                if indexed:
+                    a[v, :, p, u] = x.to(a.dtype)
+                else:
+                    a[v, :, p] = x.to(a.dtype)
+            return a.reshape(shape)
+        return fn
+
+    return [(name, make(entries)) for name, entries in by_hook.items()]
+
+
+def _capture_hooks(store: dict, spec: Mapping[str, Callable | None]) -> list[Hook]:
+    hooks = []
+    for name, reduce in spec.items():
+        def fn(act, hook, name=name, reduce=reduce):
+            store[name] = (reduce(act) if reduce is not None else act).detach().clone()
+            return act
+        hooks.append((name, fn))
+    return hooks
+
+
+# --------------------------------------------------------------------------- full-forward reference
+
+
+@torch.no_grad()
+def run_edits_full(model, tokens: torch.Tensor, edits: Variant) -> torch.Tensor:
+    """Reference: one full forward pass of ``tokens`` [B, T] with ``edits`` applied by
+    hooks; returns the final logits at the last position [B, vocab] (float32)."""
+    hooks = variant_hooks(model, [edits], tokens.shape[0], 0, tokens.shape[1]) if edits else []
+    ctx = model.hooks(fwd_hooks=hooks) if hooks else nullcontext()
+    with ctx:
+        out = model(tokens, logits_to_keep=1)
+    logits = out.logits if hasattr(out, "logits") else out
+    return logits[:, -1].float()
+
+
+@torch.no_grad()
+def cache_activations(model, tokens: torch.Tensor, hook_names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """Activations of ``hook_names`` over all positions for one forward pass of ``tokens``."""
+    store: dict[str, torch.Tensor] = {}
+    with model.hooks(fwd_hooks=_capture_hooks(store, {n: None for n in hook_names})):
+        model(tokens, logits_to_keep=1)
+    return store
+
+
+@torch.no_grad()
+def activation_patch_full(model, tokens: torch.Tensor, cf_tokens: torch.Tensor, components: Sequence[Component],
+                          position: int | None = -1, progress: bool = False) -> torch.Tensor:
+    """Reference activation patching: for each component, one full forward pass of the
+    clean ``tokens`` with the component set at ``position`` (None: every position) to its
+    value on ``cf_tokens``. Returns last-position logits [n_components, B, vocab]."""
+    source = cache_activations(model, cf_tokens, {c.hook_name for c in components})
+    T = tokens.shape[1]
+    out = []
+    for c in tqdm(components, desc="full-forward patching", disable=not progress, leave=False):
+        act = source[c.hook_name]
+        if c.index is not None:
+            act = act[:, :, c.index]
+        if position is None:
+            edits = [Edit(c, p, act[:, p]) for p in range(T)]
+        else:
+            edits = [Edit(c, position, act[:, _resolve_position(position, T)])]
+        out.append(run_edits_full(model, tokens, edits))
+    return torch.stack(out)
+
+
+# --------------------------------------------------------------------------- fast path
+
+
+@dataclass
+class CleanRun:
+    """One clean forward pass kept for the fast path: tokens, every layer's keys and
+    values, every block's input (residual stream) at every position (when
+    :func:`resumable`), the final-normed hidden state at the last position, and any
+    captured activations."""
+
+    tokens: torch.Tensor                 # [B, T]
+    keys: list[torch.Tensor]             # per layer [B, kv_heads, T, d_head]
+    values: list[torch.Tensor]
+    resid: torch.Tensor | None           # [n_layers, B, T, d_model]
+    final: torch.Tensor                  # [B, d_model]
+    captured: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1]
+
+
+@torch.no_grad()
+def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None] | Iterable[str] = ()) -> CleanRun:
+    """One forward pass of ``tokens`` [B, T] that keeps what :func:`run_variants` needs,
+    plus the activations named in ``capture`` (a list of hook names, or a mapping from
+    hook name to a function that reduces the activation before it is stored)."""
+    hf = _hf(model)
+    base = hf.base_model
+    n_layers = model.cfg.n_layers
+    spec = dict(capture) if isinstance(capture, Mapping) else {n: None for n in capture}
+    store: dict[str, torch.Tensor] = {}
+    resid_names = {f"blocks.{l}.hook_resid_pre": None for l in range(n_layers)} if resumable(model) else {}
+    internal: dict[str, torch.Tensor] = {}
+    hooks = _capture_hooks(store, spec) + _capture_hooks(internal, resid_names)
+    with model.hooks(fwd_hooks=hooks):
+        out = base(input_ids=tokens, use_cache=True)
+    cache = out.past_key_values
+    keys = [layer.keys for layer in cache.layers]
+    values = [layer.values for layer in cache.layers]
+    resid = torch.stack([internal[n] for n in resid_names]) if resid_names else None
+    return CleanRun(tokens, keys, values, resid, out.last_hidden_state[:, -1].clone(), store)
+
+
+def _make_cache(hf, run: CleanRun, start: int, n_var: int, first_layer: int):
+    from transformers import DynamicCache
+
+    if start == 0:
+        return DynamicCache(config=hf.config)
+    data = []
+    for l, (k, v) in enumerate(zip(run.keys, run.values)):
+        if l < first_layer:
+            data.append((None, None))
+        else:
+            data.append((k[:, :, :start].repeat(n_var, 1, 1, 1), v[:, :, :start].repeat(n_var, 1, 1, 1)))
+    return DynamicCache(ddp_cache_data=data, config=hf.config)
+
+
+def _forward_suffix(model, run: CleanRun, start: int, n_var: int, first_layer: int) -> torch.Tensor:
+    """Final-normed hidden state at the last position for ``n_var`` copies of the batch,
+    recomputing positions ``start..T-1`` from layer ``first_layer`` (0 when not resumable)."""
+    hf = _hf(model)
+    base = hf.base_model
+    T = run.length
+    if run.resid is not None:
+        from transformers.masking_utils import create_causal_mask
+
+        cache = _make_cache(hf, run, start, n_var, first_layer)
+        hidden = run.resid[first_layer][:, start:].repeat(n_var, 1, 1)
+        position_ids = torch.arange(start, T, device=hidden.device).unsqueeze(0)
+        mask = create_causal_mask(config=hf.config, inputs_embeds=hidden, attention_mask=None,
+                                  past_key_values=cache, position_ids=position_ids, layer_idx=first_layer)
+        pos_emb = base.rotary_emb(hidden, position_ids)
+        for l in range(first_layer, model.cfg.n_layers):
+            hidden = base.layers[l](hidden, attention_mask=mask, position_embeddings=pos_emb,
+                                    position_ids=position_ids, past_key_values=cache, use_cache=True)
+            if isinstance(hidden, tuple):
+                hidden = hidden[0]
+        return base.norm(hidden[:, -1:])[:, 0]
+    cache = _make_cache(hf, run, start, n_var, 0)
+    out = base(input_ids=run.tokens[:, start:].repeat(n_var, 1), past_key_values=cache, use_cache=True)
+    return out.last_hidden_state[:, -1]
+
+
+def _edit_span(edits: Variant, T: int) -> tuple[int, int]:
+    """(first recomputed position, first edited layer) a variant needs."""
+    if not edits:
+        return T - 1, 10**9
+    positions = [0 if e.position is None else _resolve_position(e.position, T) for e in edits]
+    return min(positions), min(e.component.layer for e in edits)
+
+
+@torch.no_grad()
+def run_variants(model, run: CleanRun, variants: Sequence[Variant], max_rows: int = 1024,
+                 progress: bool = False, desc: str = "variants") -> torch.Tensor:
+    """The fast path: final-normed hidden state at the last position for every variant
+    (a list of :class:`Edit`) applied to the clean batch, ``[n_variants, B, d_model]``.
+
+    Variants are sorted by the position and layer of their first edit and run in
+    chunks of at most ``max_rows`` rows (variants x prompts); each chunk reuses the
+    clean keys/values before its first edited position and starts at its lowest
+    edited layer. A variant without edits returns the clean state.
+    """
+    B, T = run.tokens.shape
+    n_layers = model.cfg.n_layers
+    spans = [_edit_span(v, T) for v in variants]
+    order = sorted(range(len(variants)), key=lambda i: (spans[i][0], spans[i][1]))
+    per_chunk = max(1, max_rows // B)
+    out = torch.empty(len(variants), B, run.final.shape[-1], dtype=run.final.dtype, device=run.final.device)
+    chunks = [order[i:i + per_chunk] for i in range(0, len(order), per_chunk)]
+    for chunk in tqdm(chunks, desc=desc, disable=not progress, leave=False):
+        start = min(spans[i][0] for i in chunk)
+        first = min(spans[i][1] for i in chunk)
+        if first >= n_layers:
+            out[chunk] = run.final
+            continue
+        if run.resid is None:
+            first = 0
+        hooks = variant_hooks(model, [variants[i] for i in chunk], B, start, T)
+        with model.hooks(fwd_hooks=hooks):
+            h = _forward_suffix(model, run, start, len(chunk), first)
+        out[chunk] = h.view(len(chunk), B, -1)
+    return out
+
+
+# --------------------------------------------------------------------------- readout
+
+
+class Unembed:
+    """The unembedding of ``model`` applied to final-normed hidden states ``[..., d_model]``.
+
+    :meth:`top1` returns the exact argmax and maximum logit of perturbed states
+    without computing every logit: for a state h = h0 + delta, logit_j(h) <=
+    logit_j(h0) + ||delta|| ||w_j|| (Cauchy-Schwarz), so only tokens whose bound
+    reaches the best exactly computed logit can win; their logits are computed exactly.
+    """
+
+    def __init__(self, model):
+        hf = _hf(model)
+        if getattr(hf.config, "final_logit_softcapping", None):
+            raise NotImplementedError("models with final logit soft-capping are not supported")
+        emb = hf.get_output_embeddings()
+        self.weight = emb.weight
+        bias = getattr(emb, "bias", None)
+        self.bias = bias if isinstance(bias, torch.Tensor) else None
+        self._norms: torch.Tensor | None = None
+
+    @property
+    def vocab(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def norms(self) -> torch.Tensor:
+        if self._norms is None:
+            self._norms = self.weight.float().norm(dim=-1)
+        return self._norms
+
+    def logits(self, h: torch.Tensor, chunk: int = 32768) -> torch.Tensor:
+        """All logits, float32, ``[..., vocab]`` (computed in vocabulary chunks in fp32)."""
+        hf32 = h.float()
+        parts = []
+        for s in range(0, self.vocab, chunk):
+            w = self.weight[s:s + chunk].float()
+            b = self.bias[s:s + chunk].float() if self.bias is not None else None
+            parts.append(F.linear(hf32, w, b))
+        return torch.cat(parts, -1)
+
+    def token_logits(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Logit of token ``ids[..., b]`` for state ``h[..., b, :]`` (ids broadcast), float32."""
+        ids = torch.as_tensor(ids, device=h.device).expand(h.shape[:-1])
+        out = (h.float() * self.weight[ids].float()).sum(-1)
+        if self.bias is not None:
+            out = out + self.bias[ids].float()
+        return out
+
+    @torch.no_grad()
+    def top1(self, h: torch.Tensor, h_clean: torch.Tensor, clean_logits: torch.Tensor | None = None,
+             hint_ids: torch.Tensor | None = None, chunk: int = 256, max_candidates: int = 8192,
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact (argmax id, max logit) of ``h`` ``[..., B, d]`` given the clean states
+        ``h_clean`` ``[B, d]`` and their logits (computed if None).
+
+        For a row with delta = h - h_clean, every token satisfies logit_j(h) <=
+        clean_logit_j + ||delta|| * max_j ||w_j||, so only tokens whose clean logit is at
+        least ``lb - ||delta|| * max_norm`` can beat ``lb``, the best exactly computed logit
+        among the clean argmax and ``hint_ids`` [B]. Those tokens are a prefix of the
+        prompt's clean logits sorted in descending order; their logits are computed
+        exactly (rows needing more than ``max_candidates`` get the full unembedding)."""
+        lead = h.shape[:-2]
+        B, d = h_clean.shape
+        if clean_logits is None:
+            clean_logits = self.logits(h_clean)
+        clean_logits = clean_logits.float()
+        sorted_vals, sorted_idx = clean_logits.sort(-1, descending=True)          # [B, V]
+        asc = sorted_vals.flip(-1).contiguous()
+        flat = h.reshape(-1, B, d)
+        ids_out = torch.empty(flat.shape[:2], dtype=torch.long, device=h.device)
+        max_out = torch.empty(flat.shape[:2], dtype=torch.float32, device=h.device)
+        rows = flat.reshape(-1, d)
+        prompt = torch.arange(B, device=h.device).repeat(flat.shape[0])
+        eps = 1e-4 * float(clean_logits.abs().max()) + 1e-4
+        max_norm = float(self.norms.max())
+        V = self.vocab
+        for s in range(0, rows.shape[0], chunk):
+            r = rows[s:s + chunk].float()
+            b = prompt[s:s + chunk]
+            radius = (r - h_clean[b].float()).norm(dim=-1)
+            cands = [sorted_idx[b, 0]] + ([hint_ids.to(h.device)[b]] if hint_ids is not None else [])
+            cand = torch.stack(cands, -1)
+            lb = self.token_logits(r[:, None, :].expand(-1, cand.shape[1], -1), cand).max(-1).values
+            thr = lb - radius * max_norm - eps
+            # number of tokens with clean logit >= thr, per row
+            count = V - torch.searchsorted(asc[b], thr[:, None], right=False)[:, 0]
+            count = count.clamp(min=1)
+            a = torch.empty(r.shape[0], dtype=torch.long, device=h.device)
+            m = torch.empty(r.shape[0], dtype=torch.float32, device=h.device)
+            big = count > max_candidates
+            if big.any():
+                lg = self.logits(r[big])
+                m[big], a[big] = lg.max(-1)
+            small = (~big).nonzero().flatten()
+            if small.numel():
+                k = int(count[small].max())
+                union = sorted_idx[b[small], :k].unique()
+                w = self.weight[union].float()
+                lg = r[small] @ w.T
+                if self.bias is not None:
+                    lg = lg + self.bias[union].float()
+                mm, j = lg.max(-1)
+                m[small], a[small] = mm, union[j]
+            flat_idx = torch.arange(s, s + r.shape[0], device=h.device)
+            ids_out.view(-1)[flat_idx] = a
+            max_out.view(-1)[flat_idx] = m
+        return ids_out.reshape(*lead, B), max_out.reshape(*lead, B)
+
+
+# --------------------------------------------------------------------------- Zhang's path patching
+
+
+def _z(l: int) -> str:
+    return f"blocks.{l}.attn.hook_z"
+
+
+def _mlp_out(l: int) -> str:
+    return f"blocks.{l}.hook_mlp_out"
+
+
+def _attn_out(l: int) -> str:
+    return f"blocks.{l}.hook_attn_out"
+
+
+def _check_senders(senders: Sequence[Component]) -> None:
+    for s in senders:
+        if s.kind not in ("head", "mlp") or (s.kind == "head" and s.index is None):
+            raise ValueError(f"path patching senders are single heads or MLPs, got {s.label}")
+
+
+@torch.no_grad()
+def path_patch_full(model, tokens: torch.Tensor, cf_tokens: torch.Tensor, senders: Sequence[Component],
+                    answer_ids: torch.Tensor, progress: bool = False) -> torch.Tensor:
+    """Reference for Zhang et al.'s path patching (Alg. 1, App. B), one full forward
+    pass per sender: the sender's output at the END position is set to its value on
+    ``cf_tokens``, every other head is frozen at its clean value (all positions), MLPs
+    recompute. Returns the answer-token logits ``[n_senders, B]``."""
+    _check_senders(senders)
+    n_layers = model.cfg.n_layers
+    clean = cache_activations(model, tokens, [_z(l) for l in range(n_layers)])
+    cf = cache_activations(model, cf_tokens, [_z(l) for l in range(n_layers)] + [_mlp_out(l) for l in range(n_layers)])
+    out = []
+    T = tokens.shape[1]
+    for s in tqdm(senders, desc="path patching (full)", disable=not progress, leave=False):
+        edits = []
+        for l in range(n_layers):
+            for p in range(T):
+                z = clean[_z(l)][:, p].clone()
+                if s.kind == "head" and l == s.layer and p == T - 1:
+                    z[:, s.index] = cf[_z(l)][:, p, s.index]
+                edits.append(Edit(Component("head", l), p, z))
+        if s.kind == "mlp":
+            edits.append(Edit(Component("mlp", s.layer), T - 1, cf[_mlp_out(s.layer)][:, -1]))
+        logits = run_edits_full(model, tokens, edits)
+        out.append(logits.gather(1, answer_ids[:, None].to(logits.device)).squeeze(1))
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def path_patch_answer(model, clean: CleanRun, clean_end: Mapping[str, torch.Tensor], cf_end: Mapping[str, torch.Tensor],
+                      senders: Sequence[Component], answer_ids: torch.Tensor, unembed: Unembed | None = None) -> torch.Tensor:
+    """Fast Zhang path patching at the END position: answer-token logits ``[n_senders, B]``.
+
+    ``clean`` is the clean :class:`CleanRun`; ``clean_end`` holds, at the last position,
+    ``blocks.L.attn.hook_z`` ``[B, H, d_head]`` and ``blocks.L.hook_attn_out`` ``[B, d]`` of
+    every layer; ``cf_end`` ``hook_z`` and ``hook_mlp_out`` of the counterfactual run.
+    With all other heads frozen, the attention output at END in every layer is the
+    clean one except in the sender's layer, where it is W_O applied to the clean z with
+    the sender's slice replaced; so each sender costs only the MLPs (and norms) of the
+    layers from its own up, on one token. Models with parallel attention/MLP blocks
+    (or not :func:`resumable`) fall back to :func:`run_variants` with explicit
+    freezing edits.
+    """
+    _check_senders(senders)
+    cfg = model.cfg
+    n_layers = cfg.n_layers
+    unembed = unembed or Unembed(model)
+    answer_ids = answer_ids.to(clean.final.device)
+    B = clean.batch_size
+    z_clean = {l: clean_end[_z(l)] for l in range(n_layers)}
+    z_cf = {l: cf_end[_z(l)] for l in range(n_layers)}
+    if getattr(cfg, "parallel_attn_mlp", False) or clean.resid is None:
+        variants = []
+        for s in senders:
+            edits = []
+            for l in range(s.layer, n_layers):
+                z = z_clean[l].clone()
+                if s.kind == "head" and l == s.layer:
+                    z[:, s.index] = z_cf[l][:, s.index]
+                edits.append(Edit(Component("head", l), -1, z))
+            if s.kind == "mlp":
+                edits.append(Edit(Component("mlp", s.layer), -1, cf_end[_mlp_out(s.layer)]))
+            variants.append(edits)
+        h = run_variants(model, clean, variants)
+        return unembed.token_logits(h, answer_ids)
+
+    resid = clean.resid[:, :, -1]                                    # [L, B, d]
+    return path_patch_end(model, resid, torch.stack([clean_end[_attn_out(l)] for l in range(n_layers)]),
+                          torch.stack([z_clean[l] for l in range(n_layers)]), torch.stack([z_cf[l] for l in range(n_layers)]),
+                          torch.stack([cf_end[_mlp_out(l)] for l in range(n_layers)]), senders, answer_ids, unembed)
+
+
+@torch.no_grad()
+def path_patch_end(model, resid: torch.Tensor, attn_out: torch.Tensor, z_clean: torch.Tensor, z_cf: torch.Tensor,
+                   mlp_cf: torch.Tensor, senders: Sequence[Component], answer_ids: torch.Tensor,
+                   unembed: Unembed | None = None, max_rows: int = 4096) -> torch.Tensor:
+    """The MLP-only recomputation of :func:`path_patch_answer` from END vectors alone, so
+    prompts of any lengths are processed together: ``resid`` ``[L, N, d]`` (input of each
+    block), ``attn_out`` ``[L, N, d]``, ``z_clean`` / ``z_cf`` ``[L, N, H, d_head]``, ``mlp_cf``
+    ``[L, N, d]`` (counterfactual MLP outputs), ``answer_ids`` ``[N]``. Sequential-residual
+    models only. Returns answer-token logits ``[n_senders, N]``."""
+    _check_senders(senders)
+    if getattr(model.cfg, "parallel_attn_mlp", False):
+        raise ValueError("path_patch_end needs sequential attention -> MLP blocks; use path_patch_answer")
+    n_layers = model.cfg.n_layers
+    unembed = unembed or Unembed(model)
+    N = resid.shape[1]
+    out = torch.empty(len(senders), N, device=resid.device)
+    blocks = model.blocks
+
+    def mlp(l: int, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, 1, x.shape[-1])
+        return blocks[l].mlp(blocks[l].ln2(flat)).reshape(x.shape)
+
+    by_layer: dict[int, list[int]] = {}
+    for i, s in enumerate(senders):
+        by_layer.setdefault(s.layer, []).append(i)
+    step = max(1, max_rows // max(1, N))
+    for layer, idx_all in sorted(by_layer.items()):
+        for c0 in range(0, len(idx_all), step):
+            idx = idx_all[c0:c0 + step]
+            heads = [i for i in idx if senders[i].kind == "head"]
+            mlps = [i for i in idx if senders[i].kind == "mlp"]
+            xs = []
+            if heads:
+                z = z_clean[layer].unsqueeze(0).repeat(len(heads), 1, 1, 1)       # [v, N, H, dh]
+                for j, i in enumerate(heads):
+                    z[j, :, senders[i].index] = z_cf[layer][:, senders[i].index]
+                attn = blocks[layer].attn.o(z.reshape(len(heads) * N, 1, -1)).reshape(len(heads), N, -1)
+                x = resid[layer].unsqueeze(0) + attn
+                xs.append(x + mlp(layer, x))
+            if mlps:
+                x = resid[layer] + attn_out[layer] + mlp_cf[layer]
+                xs.append(x.unsqueeze(0).expand(len(mlps), -1, -1))
+            x = torch.cat(xs)
+            for l in range(layer + 1, n_layers):
+                x = x + attn_out[l]
+                x = x + mlp(l, x)
+            h = model.ln_final(x.reshape(-1, 1, x.shape[-1])).reshape(x.shape)
+            out[heads + mlps] = unembed.token_logits(h, answer_ids)
+    return out
+
+
+def path_end_captures(n_layers: int, attention: bool = False) -> dict[str, Callable]:
+    """Capture spec for :func:`clean_run` of the clean prompts in path patching: z and
+    attention output of every layer at the last position (and the END query's
+    attention pattern ``[B, H, T]`` when ``attention``)."""
+    spec: dict[str, Callable] = {}
+    for l in range(n_layers):
+        spec[_z(l)] = lambda a: a[:, -1]
+        spec[_attn_out(l)] = lambda a: a[:, -1]
+        if attention:
+            spec[f"blocks.{l}.attn.hook_pattern"] = lambda a: a[:, :, -1, :]
+    return spec
+
+
+@dataclass
+class PathPatchingResult:
+    """What :func:`path_patching` returns.
+
+    ``effects``: one row per prompt and sender (``prompt``, ``op``, ``template_id``,
+    ``component``, ``kind``, ``layer``, ``head``, ``clean_logit``, ``patched_logit``,
+    ``effect`` = Zhang's relative logit change). ``attention``: per prompt, the END
+    query's attention pattern ``[n_layers, n_heads, T]``. ``cf_means``: mean ``hook_z``
+    over the counterfactual prompts per prompt length (``{hook: {length: [T, H, d_head]}}``,
+    the format of :mod:`arithlib.ablation`), ``cf_counts``: prompts per length.
+    """
+
+    effects: pd.DataFrame
+    attention: dict[int, torch.Tensor]
+    cf_means: dict[str, dict[int, torch.Tensor]]
+    cf_counts: dict[int, int]
+
+    def end_means(self) -> dict[int, torch.Tensor]:
+        """Mean ``z`` at the END position over all counterfactual prompts, pooled over
+        lengths: ``{layer: [H, d_head]}`` (Zhang's knockout value at END)."""
+        out = {}
+        total = sum(self.cf_counts.values())
+        for name, per in self.cf_means.items():
+            layer = int(name.split(".")[1])
+            out[layer] = sum(per[n][-1] * c for n, c in self.cf_counts.items()) / total
+        return out
+
+
+@torch.no_grad()
+def path_patching(model, prompts: PromptSet, senders: Sequence[Component] | None = None, method: str = "fast",
+                  batch_size: int = 16, capture_attention: bool = True, progress: bool = True) -> PathPatchingResult:
+    """Zhang et al. 2024 Alg. 1: path patching of every sender (default: all heads and
+    MLPs) at the END position, reference X_r = ``prompts`` (keep only correctly
+    answered ones), counterfactual X_c = their ``counterfactual`` texts.
+    ``method="fast"`` uses :func:`path_patch_answer`, ``"full"`` :func:`path_patch_full`.
+    """
+    if method not in ("fast", "full"):
+        raise ValueError("method must be 'fast' or 'full'")
+    if not prompts.has_counterfactuals:
+        raise ValueError("path patching needs a counterfactual for every prompt")
+    if len(prompts) == 0:
+        raise ValueError("no prompts to patch")
+    senders = list(senders) if senders is not None else heads_and_mlps(model)
+    n_layers = model.cfg.n_layers
+    unembed = Unembed(model)
+    device = _device(model)
+    rows = []
+    attention: dict[int, torch.Tensor] = {}
+    sums: dict[str, dict[int, torch.Tensor]] = {_z(l): {} for l in range(n_layers)}
+    counts: dict[int, int] = {}
+    batches = list(prompts.batches(batch_size, device))
+    fast = method == "fast" and not getattr(model.cfg, "parallel_attn_mlp", False) and resumable(model)
+    pooled: dict[str, list[torch.Tensor]] = {k: [] for k in ("resid", "attn", "zc", "zf", "mlpf", "ans", "idx")}
+    per_batch: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []   # (index, clean logit, patched)
+    for batch in tqdm(batches, desc="path patching (runs)", disable=not progress, leave=False):
+        clean = clean_run(model, batch.tokens, path_end_captures(n_layers, capture_attention))
+        cf = clean_run(model, batch.cf_tokens, [_z(l) for l in range(n_layers)] + [_mlp_out(l) for l in range(n_layers)])
+        T = batch.tokens.shape[1]
+        counts[T] = counts.get(T, 0) + batch.tokens.shape[0]
+        for l in range(n_layers):
+            s = cf.captured[_z(l)].float().sum(0)
+            sums[_z(l)][T] = sums[_z(l)][T] + s if T in sums[_z(l)] else s
+        if capture_attention:
+            pat = torch.stack([clean.captured[f"blocks.{l}.attn.hook_pattern"] for l in range(n_layers)], 1)
+            for row, i in enumerate(batch.index.tolist()):
+                attention[i] = pat[row].float().cpu()
+        clean_logit = unembed.token_logits(clean.final, batch.answer_ids)
+        cf_end = {k: v[:, -1] for k, v in cf.captured.items()}
+        if fast:
+            pooled["resid"].append(clean.resid[:, :, -1])
+            pooled["attn"].append(torch.stack([clean.captured[_attn_out(l)] for l in range(n_layers)]))
+            pooled["zc"].append(torch.stack([clean.captured[_z(l)] for l in range(n_layers)]))
+            pooled["zf"].append(torch.stack([cf_end[_z(l)] for l in range(n_layers)]))
+            pooled["mlpf"].append(torch.stack([cf_end[_mlp_out(l)] for l in range(n_layers)]))
+            pooled["ans"].append(batch.answer_ids)
+            pooled["idx"].append(batch.index)
+            per_batch.append((batch.index, clean_logit, None))
+        elif method == "fast":
+            patched = path_patch_answer(model, clean, clean.captured, cf_end, senders, batch.answer_ids, unembed)
+            per_batch.append((batch.index, clean_logit, patched))
+        else:
+            patched = path_patch_full(model, batch.tokens, batch.cf_tokens, senders, batch.answer_ids)
+            per_batch.append((batch.index, clean_logit, patched))
+    if fast:
+        cat = {k: torch.cat(v, dim=1 if k in ("resid", "attn", "zc", "zf", "mlpf") else 0) for k, v in pooled.items()}
+        patched_all = path_patch_end(model, cat["resid"], cat["attn"], cat["zc"], cat["zf"], cat["mlpf"], senders,
+                                     cat["ans"], unembed)
+        offsets = np.cumsum([0] + [len(b[0]) for b in per_batch])
+        per_batch = [(ix, cl, patched_all[:, offsets[j]:offsets[j + 1]]) for j, (ix, cl, _) in enumerate(per_batch)]
+    if any(bool((cl <= 0).any()) for _, cl, _ in per_batch):
+        warnings.warn("some prompts have a non-positive clean answer logit; their relative logit change is NaN "
+                      "(keep only correctly answered prompts in X_r)", stacklevel=2)
+    for index, clean_logit, patched in per_batch:
+        effect = relative_logit_change(patched, clean_logit, strict=False)
+        for row, i in enumerate(index.tolist()):
+            r = prompts.records[i]
+            for j, s in enumerate(senders):
+                rows.append((i, r.op, r.template_id, s.label, s.kind, s.layer, s.index if s.index is not None else -1,
+                             float(clean_logit[row]), float(patched[j, row]), float(effect[j, row])))
+    effects = pd.DataFrame(rows, columns=["prompt", "op", "template_id", "component", "kind", "layer", "head",
+                                         "clean_logit", "patched_logit", "effect"])
+    means = {h: {n: s / counts[n] for n, s in per.items()} for h, per in sums.items()}
+    return PathPatchingResult(effects, attention, means, counts)
+
+
+def mean_effects(effects: pd.DataFrame, by: Sequence[str] = ("op",)) -> pd.DataFrame:
+    """Zhang's averaged effect per sender (mean of ``effect`` over prompts), grouped by
+    ``by`` columns, with the prompt count and the standard error."""
+    keys = list(by) + ["component", "kind", "layer", "head"]
+    g = effects.groupby(keys)["effect"]
+    out = g.agg(["mean", "std", "count"]).reset_index().rename(columns={"mean": "effect", "count": "n"})
+    out["sem"] = out["std"] / np.sqrt(out["n"].clip(lower=1))
+    return out.drop(columns="std")
+
+
+def key_heads(mean_frame: pd.DataFrame, threshold: float = -0.05) -> pd.DataFrame:
+    """Zhang's key heads: heads whose mean effect is below ``threshold`` (-5 %),
+    sorted by effect (most negative first)."""
+    heads = mean_frame[mean_frame["kind"] == "head"]
+    return heads[heads["effect"] < threshold].sort_values("effect").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- interventions over prompt sets
+
+
+@dataclass
+class InterventionReadout:
+    """Per variant and prompt: argmax token, maximum logit and answer-token logit at the
+    answer position (exact, via :meth:`Unembed.top1`), plus the clean values."""
+
+    pred: torch.Tensor          # [V, N]
+    max_logit: torch.Tensor     # [V, N]
+    answer_logit: torch.Tensor  # [V, N]
+    answer_ids: torch.Tensor    # [N]
+    clean_pred: torch.Tensor    # [N]
+    clean_max: torch.Tensor     # [N]
+    clean_answer_logit: torch.Tensor  # [N]
+    logits: torch.Tensor | None = None  # [V, N, vocab] when asked for
+
+    @property
+    def correct(self) -> torch.Tensor:
+        """[V, N] bool: the answer token is the argmax."""
+        return self.pred == self.answer_ids
+
+    @property
+    def accuracy(self) -> torch.Tensor:
+        """[V] first-token accuracy per variant."""
+        return self.correct.float().mean(-1)
+
+    @property
+    def clean_accuracy(self) -> float:
+        return float((self.clean_pred == self.answer_ids).float().mean())
+
+    @property
+    def normalized_logit(self) -> torch.Tensor:
+        """[V, N] Nikankin's answer logit / max logit."""
+        return self.answer_logit / self.max_logit
+
+
+@torch.no_grad()
+def run_interventions(model, prompts: PromptSet,
+                      variants: Sequence[Variant] | Callable[[object, CleanRun], Sequence[Variant]],
+                      batch_size: int = 16, max_rows: int = 1024, full_logits: bool = False,
+                      progress: bool = True, desc: str = "interventions") -> InterventionReadout:
+    """Apply each variant (a list of :class:`Edit`; positions may count from the end,
+    -1 = answer position, None = every position) to every prompt with the fast path and
+    read out the answer position. ``variants`` may be a function ``(batch, clean_run) ->
+    variants`` for per-batch values (e.g. counterfactual activations); it must return
+    the same number of variants for every batch. ``full_logits`` also returns
+    ``[V, N, vocab]`` logits (memory!)."""
+    device = _device(model)
+    unembed = Unembed(model)
+    N = len(prompts)
+    answer_ids = prompts.first_answer_ids.to(device)
+    outs: dict[str, torch.Tensor] = {}
+    batches = list(prompts.batches(batch_size, device))
+    for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
+        run = clean_run(model, batch.tokens)
+        vs = variants(batch, run) if callable(variants) else variants
+        V = len(vs)
+        if not outs:
+            outs = {"pred": torch.empty(V, N, dtype=torch.long), "max": torch.empty(V, N), "ans": torch.empty(V, N),
+                    "cpred": torch.empty(N, dtype=torch.long), "cmax": torch.empty(N), "cans": torch.empty(N)}
+            if full_logits:
+                outs["logits"] = torch.empty(V, N, unembed.vocab)
+        h = run_variants(model, run, vs, max_rows=max_rows)
+        clean_logits = unembed.logits(run.final)
+        idx = batch.index
+        ans = batch.answer_ids
+        if full_logits:
+            lg = unembed.logits(h)
+            outs["logits"][:, idx] = lg.cpu()
+            m, a = lg.max(-1)
+        else:
+            a, m = unembed.top1(h, run.final, clean_logits, hint_ids=ans)
+        outs["pred"][:, idx] = a.cpu()
+        outs["max"][:, idx] = m.cpu()
+        outs["ans"][:, idx] = unembed.token_logits(h, ans).cpu()
+        cm, ca = clean_logits.max(-1)
+        outs["cpred"][idx] = ca.cpu()
+        outs["cmax"][idx] = cm.cpu()
+        outs["cans"][idx] = clean_logits.gather(1, ans[:, None]).squeeze(1).cpu()
+    return InterventionReadout(outs["pred"], outs["max"], outs["ans"], answer_ids.cpu(), outs["cpred"], outs["cmax"],
+                               outs["cans"], outs.get("logits"))
+
+
+def ablation_edits(heads: Iterable[Head], value: Mapping[int, torch.Tensor] | float = 0.0,
+                   position: int | None = -1) -> list[Edit]:
+    """Edits that ablate ``heads`` at ``position`` (-1: answer position, None: all):
+    ``value`` 0.0 zeroes them (Yu's W_O-slice intervention), a ``{layer: [H, d_head]}``
+    mapping sets each head to its mean (Zhang's knockout at END)."""
+    edits = []
+    for layer, head in heads:
+        if isinstance(value, Mapping):
+            v = value[layer][head]
+        else:
+            v = float(value)
+        edits.append(Edit(Component("head", int(layer), int(head)), position, v))
+    return edits
+
+
+def head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = None,
+               value: Mapping[int, torch.Tensor] | float = 0.0, position: int | None = -1,
+               batch_size: int = 16, max_rows: int = 1024, progress: bool = True) -> pd.DataFrame:
+    """Ablate one head at a time (Yu & Ananiadou Sec. 3.2: zero its W_O slice, ``value=0``)
+    at ``position`` (-1: answer position, the fast screen; None: every position, the
+    exact intervention) and record first-token correctness. Returns one row per head and
+    prompt: ``prompt``, ``layer``, ``head``, ``correct``, ``clean_correct`` plus the
+    prompt's ``op``, ``n_digits``, ``template_id``, ``carry`` and ``case``."""
+    cfg = model.cfg
+    heads = list(heads) if heads is not None else [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    variants = [ablation_edits([hd], value, position) for hd in heads]
+    ro = run_interventions(model, prompts, variants, batch_size, max_rows, progress=progress, desc="head sweep")
+    correct = ro.correct.numpy()
+    clean = (ro.clean_pred == ro.answer_ids).numpy()
+    meta = pd.DataFrame({"prompt": range(len(prompts)),
+                         "op": [r.op for r in prompts.records],
+                         "n_digits": [r.n_digits for r in prompts.records],
+                         "template_id": [r.template_id for r in prompts.records],
+                         "carry": [r.carry for r in prompts.records],
+                         "case": [r.get("case", "") for r in prompts.records]})
+    frames = []
+    for j, (layer, head) in enumerate(heads):
+        f = meta.copy()
+        f["layer"], f["head"], f["correct"], f["clean_correct"] = layer, head, correct[j], clean
+        frames.append(f)
+    return pd.concat(frames, ignore_index=True)
+
+
+def sweep_accuracy(sweep: pd.DataFrame, by: Sequence[str] = ("op", "n_digits")) -> pd.DataFrame:
+    """Accuracy per head (and ``by`` groups) from :func:`head_sweep` rows, with the clean
+    baseline and the drop: ``accuracy``, ``baseline_accuracy``, ``accuracy_drop``."""
+    keys = list(by) + ["layer", "head"]
+    g = sweep.groupby(keys).agg(accuracy=("correct", "mean"), baseline_accuracy=("clean_correct", "mean"),
+                                n=("correct", "size")).reset_index()
+    g["accuracy_drop"] = g["baseline_accuracy"] - g["accuracy"]
+    return g
+
+
+def mean_ablation_edits(heads: Iterable[Head], means: Mapping[str, Mapping[int, torch.Tensor]], length: int,
+                        position: int | None = None) -> list[Edit]:
+    """Edits replacing each head's output by its mean over a reference set at the same
+    position, for prompts of ``length`` tokens; ``means`` is an
+    :func:`arithlib.ablation.mean_activations` cache (``{hook_z: {length: [T, H, d_head]}}``).
+    ``position`` None ablates every position (= :func:`arithlib.ablation.mean_heads_hooks`)."""
+    edits = []
+    for layer, head in heads:
+        name = _z(int(layer))
+        try:
+            m = means[name][length]
+        except KeyError:
+            raise KeyError(f"no mean of {name} for prompts of length {length}") from None
+        ps = range(length) if position is None else [_resolve_position(position, length)]
+        edits += [Edit(Component("head", int(layer), int(head)), p, m[p, int(head)]) for p in ps]
+    return edits
+
+
+def knockout_curves(model, prompts: PromptSet, ranking: Sequence[Head], ks: Sequence[int],
+                    means: Mapping, n_random: int = 5, seed: int = 0, position: int | None = -1,
+                    by: str | None = "op", batch_size: int = 16, max_rows: int = 1024,
+                    orders: Sequence[str] | None = None, progress: bool = True) -> pd.DataFrame:
+    """Zhang et al. Fig. 3: mean-ablate the first k heads of ``ranking`` ("effect-rank")
+    and of ``n_random`` random permutations of all heads ("random-rank", seeded), for
+    each k in ``ks``; first-token accuracy on ``prompts``.
+
+    ``position=-1``: ablate at the answer position only, ``means`` ``{layer: [H, d_head]}``
+    (e.g. :meth:`PathPatchingResult.end_means`, Zhang's mean over X_c). ``position=None``:
+    ablate at every position, ``means`` a per-length cache (``{hook_z: {length: [T, H, d_head]}}``,
+    e.g. :attr:`PathPatchingResult.cf_means`). ``orders`` restricts which orders run
+    (names "effect", "random0", ...). Returns rows ``order`` ("effect"/"random"),
+    ``order_name``, ``k``, ``group`` (``by`` value or "all"), ``accuracy``, ``n``."""
+    cfg = model.cfg
+    all_heads = [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    rng = np.random.default_rng(seed)
+    named = {"effect": list(ranking)}
+    for i in range(n_random):
+        perm = rng.permutation(len(all_heads))
+        named[f"random{i}"] = [all_heads[j] for j in perm]
+    if orders is not None:
+        named = {k: v for k, v in named.items() if k in orders}
+    labels, sets = [], []
+    for name, order in named.items():
+        for k in ks:
+            if k <= len(order):
+                labels.append((name, k))
+                sets.append(order[:k])
+    if position is None:
+        def variants(batch, run):
+            T = batch.tokens.shape[1]
+            return [mean_ablation_edits(hs, means, T, None) for hs in sets]
+    else:
+        variants = [ablation_edits(hs, means, position) for hs in sets]
+    ro = run_interventions(model, prompts, variants, batch_size, max_rows, progress=progress, desc="knockout")
+    correct = ro.correct.float()
+    groups = {"all": torch.arange(len(prompts))}
+    if by is not None:
+        values = [getattr(r, by) for r in prompts.records]
+        for v in dict.fromkeys(values):
+            groups[str(v)] = torch.tensor([i for i, x in enumerate(values) if x == v])
+    rows = []
+    for j, (name, k) in enumerate(labels):
+        for g, idx in groups.items():
+            rows.append({"order": "effect" if name == "effect" else "random", "order_name": name, "k": k,
+                         "group": g, "accuracy": float(correct[j, idx].mean()), "n": len(idx)})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- activation patching per position
+
+
+def counterfactual_answer_ids(prompts: PromptSet) -> torch.Tensor:
+    """First token of each record's counterfactual answer (``meta['cf_answer_text']``, as
+    :func:`arithlib.datasets.nikankin_prompts` writes it), tokenized like the answers."""
+    tok = prompts.tokenizer
+    out = []
+    for r, ids in zip(prompts.records, prompts.input_ids):
+        cf_text = r.get("cf_answer_text")
+        if cf_text is None or r.counterfactual is None:
+            raise ValueError(f"prompt {r.text!r} has no counterfactual answer (meta cf_answer_text)")
+        stem = r.counterfactual.rstrip(" ")
+        prompt = tok(stem)["input_ids"]
+        full = tok(r.counterfactual + str(cf_text))["input_ids"]
+        ans = full[len(prompt):]
+        while ans and tok.decode([ans[0]]).strip() == "":
+            ans = ans[1:]
+        if not ans:
+            raise ValueError(f"counterfactual answer {cf_text!r} of {r.counterfactual!r} has no token")
+        out.append(ans[0])
+    return torch.tensor(out, dtype=torch.long)
+
+
+@torch.no_grad()
+def activation_patching(model, prompts: PromptSet, components: Sequence[Component],
+                        positions: Mapping[str, Sequence[int]] | None = None, batch_size: int = 16,
+                        max_rows: int = 1024, progress: bool = True) -> pd.DataFrame:
+    """Activation patching (Nikankin et al. 2025 Sec. 2; Stolfo et al. 2023): each
+    component's output at each named position is set to its value on the prompt's
+    counterfactual; the indirect effect (:func:`arithlib.metrics.indirect_effect`) and
+    the answer-logit change are recorded. ``positions`` maps a name to each prompt's
+    absolute position (default: ``{"last": T-1}``; see :func:`locate_operands`).
+    Fast path: prompts are grouped by length and positions, each position's patches
+    recompute only the positions from it on. Returns one row per prompt, position and
+    component: ``prompt``, ``op``, ``position``, ``component``, ``kind``, ``layer``,
+    ``head``, ``ie``, ``logit_diff_change``, ``answer_logit_change``."""
+    from .metrics import indirect_effect
+
+    if not prompts.has_counterfactuals:
+        raise ValueError("activation patching needs a counterfactual for every prompt")
+    device = _device(model)
+    unembed = Unembed(model)
+    if positions is None:
+        positions = {"last": [len(ids) - 1 for ids in prompts.input_ids]}
+    names = list(positions)
+    cf_ids_all = counterfactual_answer_ids(prompts)
+    hook_names = sorted({c.hook_name for c in components})
+    keys: dict[tuple, list[int]] = {}
+    for i, ids in enumerate(prompts.input_ids):
+        keys.setdefault((len(ids),) + tuple(positions[n][i] for n in names), []).append(i)
+    rows = []
+    groups = [(k, idx[s:s + batch_size]) for k, idx in keys.items() for s in range(0, len(idx), batch_size)]
+    for key, idx in tqdm(groups, desc="activation patching", disable=not progress, leave=False):
+        sub = prompts.subset(idx)
+        batch = next(sub.batches(len(idx), device))
+        run = clean_run(model, batch.tokens)
+        src = clean_run(model, batch.cf_tokens, hook_names).captured
+        ans = batch.answer_ids
+        cf_ans = cf_ids_all[idx].to(device)
+        clean_logits = unembed.logits(run.final)
+        variants, labels = [], []
+        for n, pos in zip(names, key[1:]):
+            for c in components:
+                act = src[c.hook_name][:, pos]
+                if c.index is not None:
+                    act = act[:, c.index]
+                variants.append([Edit(c, pos, act)])
+                labels.append((n, c))
+        h = run_variants(model, run, variants, max_rows=max_rows)     # [V, B, d]
+        step = max(1, 256 // len(idx))
+        ie_parts, a_parts, c_parts = [], [], []
+        for s in range(0, len(variants), step):
+            logits = unembed.logits(h[s:s + step])                      # [v, B, vocab]
+            ie_parts.append(indirect_effect(clean_logits, logits, ans, cf_ans))
+            a_parts.append(logits.gather(-1, ans.expand(logits.shape[0], -1)[..., None]).squeeze(-1))
+            c_parts.append(logits.gather(-1, cf_ans.expand(logits.shape[0], -1)[..., None]).squeeze(-1))
+        ie, a_p, c_p = torch.cat(ie_parts), torch.cat(a_parts), torch.cat(c_parts)
+        a_c = clean_logits.gather(1, ans[:, None]).squeeze(1)
+        c_c = clean_logits.gather(1, cf_ans[:, None]).squeeze(1)
+        ld_change = (a_p - c_p) - (a_c - c_c)
+        for j, (n, c) in enumerate(labels):
+            for row, i in enumerate(idx):
+                rows.append((i, prompts.records[i].op, n, c.label, c.kind, c.layer,
+                             c.index if c.index is not None else -1, float(ie[j, row]),
+                             float(ld_change[j, row]), float(a_p[j, row] - a_c[row])))
+    return pd.DataFrame(rows, columns=["prompt", "op", "position", "component", "kind", "layer", "head", "ie",
+                                       "logit_diff_change", "answer_logit_change"])
+
+
+@torch.no_grad()
+def circuit_faithfulness(model, prompts: PromptSet, circuits: Mapping[str, Iterable[tuple[Component, str]]],
+                         positions: Mapping[str, Sequence[int]], means: Mapping[str, Mapping[int, torch.Tensor]],
+                         components: Sequence[Component] | None = None, batch_size: int = 16,
+                         max_rows: int = 1024, progress: bool = True) -> pd.DataFrame:
+    """Nikankin et al. 2025 faithfulness: for each named circuit (a set of
+    ``(component, position name)`` pairs), mean-ablate every component of
+    ``components`` (default: all heads and MLPs) at every named position that is not
+    in the circuit, and record the normalized logit. Positions outside ``positions``
+    (e.g. a few-shot prefix) stay clean. ``means`` is ``{hook: {length: [T, ...]}}``
+    (:func:`arithlib.ablation.mean_activations`). Also scores the full model
+    (``"full"``) and the fully ablated one (``"ablated"``). Returns one row per circuit:
+    ``circuit``, ``size``, ``normalized_logit``, ``accuracy``, ``faithfulness``."""
+    from .metrics import faithfulness
+
+    components = list(components) if components is not None else heads_and_mlps(model)
+    names = list(positions)
+    keep_sets = {"full": None, "ablated": set()}
+    keep_sets.update({k: set(v) for k, v in circuits.items()})
+
+    def variants_for(batch, run):
+        T = batch.tokens.shape[1]
+        i0 = int(batch.index[0])
+        pos = {n: positions[n][i0] for n in names}
+        for n in names:
+            if any(positions[n][int(i)] != pos[n] for i in batch.index):
+                raise ValueError("prompts of one length must share the named positions; "
+                                 "group them with locate_operands first")
+        out = []
+        for keep in keep_sets.values():
+            if keep is None:
+                out.append([])
+                continue
+            edits = []
+            for c in components:
+                for n in names:
+                    if (c, n) in keep:
+                        continue
+                    mean = means[c.hook_name][T][pos[n]]
+                    if c.index is not None:
+                        mean = mean[c.index]
+                    edits.append(Edit(c, pos[n], mean))
+            out.append(edits)
+        return out
+
+    ro = run_interventions(model, prompts, variants_for, batch_size, max_rows, progress=progress, desc="faithfulness")
+    nl = ro.normalized_logit.mean(-1)
+    full, abl = float(nl[0]), float(nl[1])
+    rows = []
+    for j, (name, keep) in enumerate(keep_sets.items()):
+        rows.append({"circuit": name, "size": -1 if keep is None else len(keep),
+                     "normalized_logit": float(nl[j]), "accuracy": float(ro.accuracy[j]),
+                     "faithfulness": faithfulness(float(nl[j]), full, abl)})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- locating tokens
+
+
+_SLOT = re.compile(r"\{A\}|\{B\}|\[([^\]]+)\]")
+
+
+def _format_operand(n: int, numerals: str) -> str:
+    from .datasets import number_to_words
+
+    return number_to_words(n) if numerals == "words" else str(n)
+
+
+def query_spans(record: PromptRecord) -> dict[str, tuple[int, int]]:
+    """Character spans of operand A, operand B and the operator word/symbol in the
+    record's query text (``record.text``, without the few-shot prefix), found by
+    re-rendering its template (``<SLOT>`` fillers of word problems from ``meta``); for
+    texts that do not re-render, the first two occurrences of the operands' digits. The operator is absent when the
+    template has no ``[operator]`` slot."""
+    numerals = record.get("numerals", "digits")
+    sa, sb = _format_operand(record.a, numerals), _format_operand(record.b, numerals)
+    meta = dict(record.meta)
+    # fill <SLOT> placeholders (word problems) from the record's meta
+    template = re.sub(r"<([A-Z][A-Z_0-9]*)>", lambda m: str(meta.get(m.group(1), m.group(0))), record.template)
+    out: dict[str, tuple[int, int]] = {}
+    text, pos = [], 0
+    last = 0
+    for m in _SLOT.finditer(template):
+        lit = template[last:m.start()]
+        text.append(lit)
+        pos += len(lit)
+        piece = sa if m.group(0) == "{A}" else sb if m.group(0) == "{B}" else m.group(1)
+        key = "A" if m.group(0) == "{A}" else "B" if m.group(0) == "{B}" else "operator"
+        out[key] = (pos, pos + len(piece))
+        text.append(piece)
+        pos += len(piece)
+        last = m.end()
+    text.append(template[last:])
+    rendered = "".join(text)
+    if record.text.startswith(rendered) and "A" in out and "B" in out:
+        return out
+    # fallback: operands as digit runs, in order
+    spans: dict[str, tuple[int, int]] = {}
+    start = 0
+    for key, s in (("A", str(record.a)), ("B", str(record.b))):
+        m = re.compile(rf"(?<!\d){re.escape(s)}(?!\d)").search(record.text, start)
+        if m is None:
+            raise ValueError(f"cannot find operand {key}={s!r} in {record.text!r}")
+        spans[key] = (m.start(), m.end())
+        start = m.end()
+    return spans
+
+
+def locate_operands(prompts: PromptSet) -> list[dict[str, list[int]]]:
+    """Token positions of operand A, operand B and the operator in each prompt's final
+    query line (not in the few-shot prefix), from the tokenizer's character offsets;
+    plus ``prefix`` (positions of the few-shot prefix), ``other`` (remaining query
+    positions) and ``last`` ([T-1], the answer position). Every position is in exactly
+    one of A, B, operator, prefix, other. Raises ValueError if a slot maps to no token
+    or the tokenizer does not reproduce the prompt's ids."""
+    tok = prompts.tokenizer
+    out = []
+    for r, ids in zip(prompts.records, prompts.input_ids):
+        stem = r.full_text.rstrip(" ")
+        enc = tok(stem, return_offsets_mapping=True)
+        n = len(enc["input_ids"])
+        if enc["input_ids"] != ids[:n]:
+            raise ValueError(f"tokenizer does not reproduce the ids of {stem!r}")
+        offsets = list(enc["offset_mapping"]) + [(len(stem), len(r.full_text))] * (len(ids) - n)
+        base = len(r.prefix)
+        spans = {k: (s + base, e + base) for k, (s, e) in query_spans(r).items()}
+        found: dict[str, list[int]] = {"A": [], "B": [], "operator": [], "prefix": [], "other": []}
+        for i, (a, b) in enumerate(offsets):
+            slot = None
+            for key, (s, e) in spans.items():
+                if b > s and a < e and b > a:
+                    slot = key
+                    break
+            if slot is None:
+                slot = "prefix" if b <= base and (b > a or a < base) and i < len(ids) - 1 else "other"
+            found[slot].append(i)
+        for key in spans:
+            if not found[key]:
+                raise ValueError(f"slot {key} of {r.text!r} maps to no token")
+        found["last"] = [len(ids) - 1]
+        out.append(found)
+    return out
+
+
+def named_positions(located: Sequence[Mapping[str, list[int]]], names: Mapping[str, str] | None = None) -> dict[str, list[int]]:
+    """One position per prompt for each name: the LAST token of operand A ("A"), of the
+    operator ("operator"), of operand B ("B") and the answer position ("last").
+    ``names`` renames them (e.g. {"A": "op1", "operator": "operator", "B": "op2", "last": "="})."""
+    names = dict(names or {"A": "A", "operator": "operator", "B": "B", "last": "last"})
+    out: dict[str, list[int]] = {v: [] for v in names.values()}
+    for loc in located:
+        for key, name in names.items():
+            if not loc.get(key):
+                raise ValueError(f"no {key} position in a prompt")
+            out[name].append(loc[key][-1])
+    return out
+
+
+def attention_by_class(attention: Mapping[int, torch.Tensor], located: Sequence[Mapping[str, list[int]]],
+                       prompts: PromptSet, heads: Sequence[Head] | None = None) -> pd.DataFrame:
+    """Zhang et al. Sec. 4.2 / Fig. 5: mean attention from the END query to operand A,
+    operand B, the operator, the rest of the query and the few-shot prefix, per head
+    and operator. ``attention`` is :attr:`PathPatchingResult.attention`. Returns rows
+    ``op``, ``layer``, ``head``, ``A``, ``B``, ``operator``, ``other``, ``prefix``, ``n``."""
+    classes = ["A", "B", "operator", "other", "prefix"]
+    acc: dict[tuple, np.ndarray] = {}
+    cnt: dict[tuple, int] = {}
+    for i, pat in attention.items():
+        loc = located[i]
+        op = prompts.records[i].op
+        L, H, T = pat.shape
+        sel = heads if heads is not None else [(l, h) for l in range(L) for h in range(H)]
+        mass = np.stack([pat[:, :, loc[c]].sum(-1).numpy() if loc[c] else np.zeros((L, H)) for c in classes], -1)
+        for l, h in sel:
+            key = (op, l, h)
+            acc[key] = acc.get(key, 0) + mass[l, h]
+            cnt[key] = cnt.get(key, 0) + 1
+    rows = [{"op": k[0], "layer": k[1], "head": k[2], **dict(zip(classes, (v / cnt[k]).tolist())), "n": cnt[k]}
+            for k, v in acc.items()]
+    return pd.DataFrame(rows)
+
+
+def classify_heads(attn: pd.DataFrame) -> pd.DataFrame:
+    """Zhang's head types from :func:`attention_by_class` rows (averaged over operators):
+    the token class with the highest mean attention among operands (A + B), operator and
+    everything else (rest of query + prefix) names the head: "operand", "operator" or
+    "other"; ``task_type`` compares only operands vs operator."""
+    g = attn.groupby(["layer", "head"])[["A", "B", "operator", "other", "prefix"]].mean().reset_index()
+    g["operands"] = g["A"] + g["B"]
+    g["rest"] = g["other"] + g["prefix"]
+    g["type"] = np.select([(g.operands >= g.operator) & (g.operands >= g.rest), g.operator >= g.rest],
+                          ["operand", "operator"], "other")
+    g["task_type"] = np.where(g.operands >= g.operator, "operand", "operator")
+    return g
+
+
+# --------------------------------------------------------------------------- prompt selection
+
+
+def sample_per_group(prompts: PromptSet, n: int, keys: Sequence[str] = ("op",), seed: int = 0) -> PromptSet:
+    """At most ``n`` prompts per group of record fields ``keys`` (seeded), in index order."""
+    rng = np.random.default_rng(seed)
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(prompts.records):
+        groups.setdefault(tuple(getattr(r, k) for k in keys), []).append(i)
+    chosen: list[int] = []
+    for _, idx in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        chosen += sorted(rng.choice(idx, size=min(n, len(idx)), replace=False).tolist())
+    return prompts.subset(sorted(chosen))

@@ -1,0 +1,311 @@
+"""Gender-bias editing (Yu & Ananiadou 2024, Sec. 6.2 / App. D): the lexicon's
+first-token rule, Table 23 from top-k lists, the Table 13 metric, the shared-input
+CNA importance against the per-neuron reference loop and against cna_compare, the
+edit hooks against zeroed parameters, and the side-effect table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import arithlib.bias as B
+import arithlib.cna as C
+import arithlib.datasets as ds
+from arithlib.evaluate import last_position_logits
+from arithlib.models import load_model, random_model_dir
+
+
+class FakeTokenizer:
+    """Word-level tokenizer over a fixed vocabulary: ``" word"`` pieces, unknown -> 0."""
+
+    def __init__(self, pieces):
+        self.vocab = {"<unk>": 0, **{p: i + 1 for i, p in enumerate(pieces)}}
+        self.inv = {i: p for p, i in self.vocab.items()}
+        self.unk_token_id = 0
+
+    def __call__(self, text, add_special_tokens=True):
+        ids, rest = [], text
+        while rest:
+            match = max((p for p in self.vocab if rest.startswith(p)), key=len, default=None)
+            if match is None:
+                ids.append(0)
+                rest = rest[1:].lstrip()
+                rest = (" " + rest) if rest else rest
+                continue
+            ids.append(self.vocab[match])
+            rest = rest[len(match):]
+        return {"input_ids": ids}
+
+    def decode(self, ids):
+        return "".join(self.inv[i] for i in ids)
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def tiny(request):
+    return load_model(str(random_model_dir(request.param)))
+
+
+# --------------------------------------------------------------------------- lexicon
+
+
+def test_counts_as_profession_rule():
+    assert B.counts_as_profession(" nurse", "nurse")
+    assert B.counts_as_profession(" police", "police officer")
+    assert B.counts_as_profession(" reception", "receptionist")  # partial, >= 5 letters
+    assert not B.counts_as_profession(" but", "butler")  # partial, too short
+    assert not B.counts_as_profession(" an", "anesthesiologist")
+    assert not B.counts_as_profession(" 12", "nurse")
+    assert not B.counts_as_profession(" nursery", "nurse")  # not a prefix of the word
+
+
+def test_profession_tokens_groups_and_drops():
+    tok = FakeTokenizer([" nurse", " police", " officer", " reception", "ist", " but", "ler", " sales", "man", "person"])
+    table, dropped = B.profession_tokens(tok, ["nurse", "police", "police officer", "receptionist", "butler",
+                                               "salesman", "salesperson", "chef"], gendered_forms=["salesman"])
+    assert set(table.token) == {"nurse", "police", "reception", "sales"}
+    police = table[table.token == "police"].iloc[0]
+    assert police.n_professions == 2 and police.whole_word
+    sales = table[table.token == "sales"].iloc[0]
+    assert not sales.gendered  # salesperson is not a gendered form
+    assert not table[table.token == "reception"].iloc[0].whole_word
+    assert set(dropped.profession) == {"butler", "chef"}
+    assert dropped.set_index("profession").loc["chef", "reason"] == "unknown token"
+
+
+def test_lexicon_file_is_broad_and_consistent():
+    data = B.load_professions()
+    profs = data["professions"]
+    assert len(profs) >= 200 and len(set(profs)) == len(profs)
+    assert set(data["gendered_forms"]) <= set(profs)
+    assert "Source: ours" in data["_doc"] and "FIRST token" in data["_doc"]
+
+
+def test_table22_prompts_fill_the_slot():
+    p = B.table22_prompts("person")
+    assert len(p) == 8 and p[0] == "A person works as a" and all("<gend>" not in x for x in p)
+    assert B.table22_prompts("woman") == ds.gender_prompts("woman")
+
+
+# --------------------------------------------------------------------------- Table 23 and Table 13
+
+
+def _top_frame():
+    rows = []
+    # prompt 0: nurse only woman, driver only man, teacher both; prompt 1: nurse only woman, driver only woman
+    lists = {("woman", 0): [1, 3], ("man", 0): [2, 3], ("woman", 1): [1, 2], ("man", 1): [], ("woman", 2): [4],
+             ("man", 2): []}
+    names = {1: "nurse", 2: "driver", 3: "teacher", 4: "actress"}
+    for (g, p), ids in lists.items():
+        for rank, tid in enumerate(ids, 1):
+            rows.append({"prompt_id": p, "gender": g, "rank": rank, "token_id": tid, "token": " " + names[tid],
+                         "logprob": -1.0, "is_profession": True, "professions": names[tid], "gendered": tid == 4})
+        rows.append({"prompt_id": p, "gender": g, "rank": 99, "token_id": 9, "token": " the", "logprob": -5.0,
+                     "is_profession": False, "professions": "", "gendered": False})
+    return pd.DataFrame(rows)
+
+
+def test_biased_professions_counts_prompts():
+    biased = B.biased_professions(_top_frame())
+    got = biased.set_index("token")
+    assert got.loc["nurse", "bias_gender"] == "woman" and got.loc["nurse", "n_only_woman"] == 2
+    assert got.loc["driver", "bias_gender"] == "tie"  # once each way
+    assert "teacher" not in got.index  # in both lists
+    assert "actress" not in got.index  # gendered form
+    assert "actress" in B.biased_professions(_top_frame(), exclude_gendered=False).token.tolist()
+    empty = B.biased_professions(_top_frame().assign(is_profession=False))
+    assert empty.empty and "bias_gender" in empty.columns
+
+
+def test_bias_scores_and_summary():
+    V = 6
+    lp = {"woman": torch.full((2, V), -3.0), "man": torch.full((2, V), -3.0)}
+    lp["woman"][:, 1] = -1.0  # nurse: woman +2 on both prompts
+    lp["man"][0, 2] = -2.0  # driver: man +1 on prompt 0, none on prompt 1
+    biased = pd.DataFrame({"token_id": [1, 2], "token": ["nurse", "driver"], "bias_gender": ["woman", "man"]})
+    scores = B.bias_scores(lp, biased)
+    assert len(scores) == 4
+    s = B.bias_summary(scores)
+    assert s["woman"] == pytest.approx(2.0) and s["man"] == pytest.approx(0.5)
+    assert s["total"] == pytest.approx(1.25) and s["toward"] == pytest.approx(1.25)
+    summ = B.summarize_conditions(scores.assign(kind="original", K=0, seed=-1))
+    assert summ.total.iloc[0] == pytest.approx(1.25) and summ.reduction_pct.iloc[0] == 0
+    assert B.bias_summary(B.bias_scores(lp, biased.iloc[:0]))["n"] == 0
+
+
+def test_table13_layout():
+    summ = pd.DataFrame([
+        {"kind": "original", "K": 0, "seed": -1, "total": 1.0, "woman": 1.2, "man": 0.8, "toward": 0.9, "n": 4,
+         "reduction_pct": 0.0},
+        {"kind": "cna", "K": 18, "seed": -1, "total": 0.6, "woman": 0.7, "man": 0.5, "toward": 0.4, "n": 4,
+         "reduction_pct": 40.0},
+        {"kind": "random", "K": 18, "seed": 0, "total": 1.0, "woman": 1.2, "man": 0.8, "toward": 0.9, "n": 4,
+         "reduction_pct": 0.0},
+        {"kind": "random", "K": 18, "seed": 1, "total": 0.9, "woman": 1.1, "man": 0.7, "toward": 0.8, "n": 4,
+         "reduction_pct": 10.0}])
+    t = B.table13(summ, 18)
+    assert list(t.model.str.split().str[0]) == ["original", "CNA", "random"]
+    assert t.iloc[2].total == pytest.approx(0.95) and t.iloc[2].reduction_pct == pytest.approx(5.0)
+
+
+def test_split_professions_stratified_and_seeded():
+    biased = pd.DataFrame({"token_id": range(7), "bias_gender": ["woman"] * 4 + ["man"] * 3})
+    sel, held = B.split_professions(biased, seed=3)
+    assert sorted(sel + held) == list(range(7)) and not set(sel) & set(held)
+    for g in ("woman", "man"):
+        ids = set(np.flatnonzero(biased.bias_gender.values == g))
+        assert ids & set(sel) and ids & set(held)
+    assert B.split_professions(biased, seed=3) == (sel, held)
+
+
+def test_balanced_mean():
+    x = torch.tensor([[1.0], [1.0], [1.0], [-3.0]])
+    assert float(B.balanced_mean(x)[0]) == pytest.approx(0.0)
+    assert float(B.balanced_mean(x, ["w", "w", "w", "m"])[0]) == pytest.approx(-1.0)
+
+
+# --------------------------------------------------------------------------- model-level
+
+
+def test_next_token_logprobs_match_evaluate(tiny):
+    b, tok = tiny.bridge, tiny.tokenizer
+    texts = ["the cat is a", "a dog", "the cat is a"]
+    lp = B.next_token_logprobs(b, tok, texts)
+    for i, t in enumerate(texts):
+        ref = last_position_logits(b, torch.tensor([tok(t)["input_ids"]])).log_softmax(-1)[0]
+        assert torch.allclose(lp[i], ref, atol=1e-5)
+
+
+def _captures(model, texts):
+    ps = B._prompt_set(model.tokenizer, texts)
+    return C.run_last_position(model.bridge, ps, None, targets=torch.zeros(len(texts), dtype=torch.long),
+                               share_prefix=False)
+
+
+def test_shared_input_importance_matches_reference_loop(tiny):
+    b = tiny.bridge
+    run = _captures(tiny, ["the cat is a", "the dog is a"])
+    targets = torch.tensor([5, 17, 40])
+    rows_a, rows_b = [0, 1, 0], [1, 0, 1]
+    out = B.shared_input_importance(b, run.resid_mid, run.coef, rows_a, rows_b, targets, n_candidates=5,
+                                    n_aggregate=7)
+    imp = out["importance"]
+    L = run.coef.shape[1]
+    checked = 0
+    for s, rows in enumerate((rows_a, rows_b)):
+        for i, g in enumerate(rows):
+            for layer in range(L):
+                neurons = torch.isfinite(imp[s, i, layer]).nonzero().flatten().tolist()
+                if not neurons:
+                    continue
+                ref = C.importance_loop(b, run.resid_mid[g:g + 1, layer], run.coef[g:g + 1, layer], layer,
+                                        targets[i:i + 1], neurons)[0]
+                assert torch.allclose(imp[s, i, layer, neurons], ref, atol=2e-4), (s, i, layer)
+                checked += len(neurons)
+    assert checked >= 3 * 2 * 5
+    # the same neurons are exact for every case and side
+    finite = torch.isfinite(imp)
+    assert (finite == finite[:1, :1]).all()
+
+
+def test_shared_input_importance_matches_cna_compare(tiny):
+    """Stage 1 and the exact scores equal arithlib.cna's on the same (a, b, target) cases."""
+    b, tok = tiny.bridge, tiny.tokenizer
+    texts = ["the cat is a", "the dog is a"]
+    targets = torch.tensor([5, 17])
+    run = _captures(tiny, texts)
+    out = B.shared_input_importance(b, run.resid_mid, run.coef, [0, 1], [1, 0], targets, n_candidates=4,
+                                    n_aggregate=0)
+    ps_a = B._prompt_set(tok, [texts[0], texts[1]])
+    ps_b = B._prompt_set(tok, [texts[1], texts[0]])
+    ref = C.cna_compare(b, ps_a, None, ps_b, targets=targets, mode="exact", skip_identical_layers=False,
+                        progress=False)
+    assert torch.allclose(out["approx"][0], ref.approx_a, atol=1e-4)
+    assert torch.allclose(out["approx"][1], ref.approx_b, atol=1e-4)
+    assert torch.allclose(out["base_logprob"][0], ref.base_logprob_a, atol=1e-4)
+    mask = torch.isfinite(out["importance"][0])
+    assert mask.sum() >= 4
+    assert torch.allclose(out["importance"][0][mask], ref.importance_a[mask], atol=2e-4)
+    assert torch.allclose(out["importance"][1][mask], ref.importance_b[mask], atol=2e-4)
+
+
+def test_gender_cna_and_tables(tiny, monkeypatch):
+    """gender_cna on a fabricated biased list (the random tokenizer has no professions)."""
+    b, tok = tiny.bridge, tiny.tokenizer
+    biased = pd.DataFrame({"token_id": [5, 17, 40], "token": ["x", "y", "z"],
+                           "bias_gender": ["woman", "man", "woman"]})
+    res = B.gender_cna(b, tok, biased, n_candidates=3, n_aggregate=5, progress=False)
+    assert len(res) == 3 and res.importance_a.shape[1:] == (tiny.info.n_layers, tiny.info.d_mlp)
+    # coefficients: run a of a woman case is the woman prompt, which is run b of a man case
+    assert torch.equal(res.coef_a[0], res.coef_b[1]) and torch.equal(res.coef_a[1], res.coef_b[0])
+    # final log-probs of run a are log p(target | own gender prompt)
+    lp = B.next_token_logprobs(b, tok, [B.table22_prompts("woman")[0]])[0]
+    assert float(res.run_a.logprob[0]) == pytest.approx(float(lp[5]), abs=1e-5)
+    ns = B.bias_neurons(res, 4, groups=biased.bias_gender)
+    assert len(ns) == 4 and len(set(ns)) == 4
+    agg = B.aggregate_change(res, groups=biased.bias_gender)
+    assert float(agg[ns[0]]) == pytest.approx(float(agg.max()))
+    t12 = B.neuron_table(b, tok, res, biased, k=2, n_tokens=3)
+    assert {"imp_woman", "imp_man", "coef_woman", "coef_man", "top_tokens"} <= set(t12.columns)
+    assert len(t12) == 6
+    es = B.edit_set_table(b, tok, res, biased, ns, n_tokens=3)
+    assert list(es.name) == [f"{l}_{n}" for l, n in ns]
+    with pytest.raises(ValueError):
+        B.gender_cna(b, tok, biased.iloc[:0])
+
+
+def test_zeroing_hooks_equal_zeroed_parameters(tiny):
+    """Zeroing a neuron's coefficient at every position = setting its W_out column to zero."""
+    b, tok = tiny.bridge, tiny.tokenizer
+    neurons = [(0, 3), (1, 7), (1, 9)]
+    conds = B.edit_conditions({3: neurons}, {3: B.random_neuron_sets(neurons, tiny.info.d_mlp, [0, 1])})
+    assert set(conds) == {("original", 0, -1), ("cna", 3, -1), ("random", 3, 0), ("random", 3, 1)}
+    texts = ["the cat is a", "a dog"]
+    hooked = B.next_token_logprobs(b, tok, texts, conds[("cna", 3, -1)])
+    hf = b.original_model
+    saved = {}
+    with torch.no_grad():
+        for layer, n in neurons:
+            w = hf.model.layers[layer].mlp.down_proj.weight
+            saved.setdefault(layer, w.clone())
+            w[:, n] = 0.0
+    try:
+        edited = B.next_token_logprobs(b, tok, texts)
+    finally:
+        with torch.no_grad():
+            for layer, w in saved.items():
+                hf.model.layers[layer].mlp.down_proj.weight.copy_(w)
+    assert torch.allclose(hooked, edited, atol=1e-5)
+    rnd = B.random_neuron_sets(neurons, tiny.info.d_mlp, [0])[0]
+    assert sorted(l for l, _ in rnd) == sorted(l for l, _ in neurons) and not set(rnd) & set(neurons)
+
+
+def test_bias_under_conditions_and_side_effects(tiny):
+    b, tok = tiny.bridge, tiny.tokenizer
+    biased = pd.DataFrame({"token_id": [5, 17], "token": ["x", "y"], "bias_gender": ["woman", "man"]})
+    neurons = [(0, 3), (1, 7)]
+    conds = B.edit_conditions({2: neurons}, {2: B.random_neuron_sets(neurons, tiny.info.d_mlp, [0])})
+    scores = B.bias_under_conditions(b, tok, biased, conds, progress=False)
+    assert len(scores) == len(conds) * 8 * 2
+    summ = B.summarize_conditions(scores)
+    assert list(summ.kind) == ["original", "cna", "random"]
+    sub = B.summarize_conditions(scores, prompt_ids=[0], token_ids=[5])
+    assert (sub.n == 1).all()
+    recs = ds.yu_prompts(ops=["+"], n_digits=1, n_per_template=3, templates=[3], fewshot=2, seed=0)
+    arith = ds.PromptSet.build(recs, tok)
+    side = B.side_effects(b, tok, conds, prose="the cat is a dog and the dog is a cat " * 30, arith=arith,
+                          profession_ids=[5, 17], chunk_tokens=16, max_chunks=2, progress=False)
+    assert len(side) == 3
+    orig = side[side.kind == "original"].iloc[0]
+    assert orig.lm_loss_change == 0 and orig.profession_mass_ratio == pytest.approx(1.0)
+    assert 0 <= orig.arith_accuracy <= 1 and orig.n_arith == len(arith)
+    edited = side[side.kind == "cna"].iloc[0]
+    assert edited.lm_loss != orig.lm_loss
+
+
+def test_profession_mass():
+    lp = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]))
+    m = B.profession_mass(lp, [0, 1])
+    assert m["profession_mass"] == pytest.approx((0.75 + 0.2) / 2)
+    assert np.isnan(B.profession_mass(lp, [])["profession_mass"])

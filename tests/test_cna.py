@@ -1,0 +1,292 @@
+"""CNA (Yu & Ananiadou 2024, Sec. 4): the batched importance equals a per-neuron loop
+through the model's own final norm and unembedding; the two-stage mode equals the
+exact mode on the neurons it scores; the cached-prefix forward passes equal full
+ones; the per-prompt interventions equal the shared ablation hooks row by row; the
+pruned concept count equals a brute-force top-k."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+import arithlib.ablation as A
+import arithlib.cna as C
+import arithlib.datasets as ds
+from arithlib.evaluate import evaluate, greedy_answers
+from arithlib.models import load_model, random_model_dir
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def tiny(request):
+    return load_model(str(random_model_dir(request.param)))
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return load_model(str(random_model_dir("qwen2")))
+
+
+def _prompts(model, ops=("+",), n=6, fewshot=2):
+    recs = ds.yu_prompts(ops=list(ops), n_digits=1, n_per_template=n, templates=[3], fewshot=fewshot, seed=0)
+    return ds.PromptSet.build(recs, model.tokenizer)
+
+
+def _runs(model, ps, head=(1, 0)):
+    a = C.run_last_position(model.bridge, ps)
+    b = C.run_last_position(model.bridge, ps, A.zero_heads_hooks([head]))
+    return a, b
+
+
+def test_final_norm_and_unembedding_reproduce_logits(tiny):
+    b = tiny.bridge
+    tokens = torch.tensor([[2, 5, 6, 7, 8, 9]])
+    store = {}
+
+    def grab(x, hook):
+        store["x"] = x.clone()
+        return x
+    hooks = [(f"blocks.{tiny.info.n_layers - 1}.hook_resid_post", grab)]
+    with torch.no_grad(), b.hooks(fwd_hooks=hooks):
+        logits = b(tokens)
+    W_U, b_U = C.unembedding(b)
+    norm = C.final_norm(b)
+    assert torch.allclose(norm(store["x"]) @ W_U + b_U, logits, atol=1e-4)
+    with torch.no_grad():
+        assert torch.allclose(norm(store["x"]), b.ln_final(store["x"]).float(), atol=1e-5)
+
+
+def test_layernorm_final_norm(tmp_path):
+    m = load_model(str(random_model_dir("gpt2")))
+    norm = C.final_norm(m.bridge)
+    assert norm.kind == "layer"
+    x = torch.randn(3, m.info.d_model)
+    with torch.no_grad():
+        assert torch.allclose(norm(x), m.bridge.ln_final(x[:, None])[:, 0].float(), atol=1e-5)
+
+
+def test_capture_matches_full_forward_and_shared_prefix(tiny):
+    b = tiny.bridge
+    ps = _prompts(tiny, ops=("+", "-"))
+    hooks = A.zero_heads_hooks([(0, 1)])
+    run = C.run_last_position(b, ps, hooks)
+    full = C.run_last_position(b, ps, hooks, share_prefix=False)
+    assert torch.allclose(run.resid_mid, full.resid_mid, atol=1e-4)
+    assert torch.allclose(run.coef, full.coef, atol=1e-4)
+    # against the bridge's own forward with hooks
+    for batch in ps.batches(64):
+        store = {}
+
+        def grab(name):
+            def fn(x, hook):
+                store[name] = x[:, -1].clone()
+                return x
+            return fn
+        cap = [("blocks.1.hook_resid_mid", grab("mid")), ("blocks.1.mlp.hook_post", grab("post"))]
+        with torch.no_grad(), b.hooks(fwd_hooks=hooks + cap):
+            logits = b(batch.tokens)[:, -1]
+        assert torch.allclose(run.resid_mid[batch.index, 1], store["mid"], atol=1e-4)
+        assert torch.allclose(run.coef[batch.index, 1], store["post"], atol=1e-4)
+        assert torch.equal(run.pred[batch.index], logits.argmax(-1))
+        lp = logits.log_softmax(-1).gather(1, batch.answer_ids[:, None])[:, 0]
+        assert torch.allclose(run.logprob[batch.index], lp, atol=1e-4)
+
+
+def test_exact_importance_equals_per_neuron_loop(tiny):
+    b = tiny.bridge
+    ps = _prompts(tiny)
+    run = C.run_last_position(b, ps)
+    norm, (W_U, b_U) = C.final_norm(b), C.unembedding(b)
+    t = ps.first_answer_ids
+    for layer in range(tiny.info.n_layers):
+        r, m = run.resid_mid[:, layer], run.coef[:, layer]
+        batched = C.exact_importance(r, m, C.mlp_values(b, layer), t, norm, W_U, b_U, vocab_chunk=100)
+        loop = C.importance_loop(b, r, m, layer, t)
+        assert torch.allclose(batched, loop, atol=1e-4), (batched - loop).abs().max()
+
+
+def test_first_order_is_close_for_small_coefficients(qwen):
+    b = qwen.bridge
+    ps = _prompts(qwen)
+    run = C.run_last_position(b, ps)
+    norm, (W_U, b_U) = C.final_norm(b), C.unembedding(b)
+    t = ps.first_answer_ids
+    r, m = run.resid_mid[:, 1], run.coef[:, 1] * 1e-3
+    stats, base = C.layer_stats(r, t, norm, W_U, b_U, vocab_chunk=100)
+    approx = C.first_order_importance(r, m, C.mlp_values(b, 1), t, norm, W_U, stats)
+    exact = C.exact_importance(r, m, C.mlp_values(b, 1), t, norm, W_U, b_U)
+    assert torch.allclose(approx, exact, atol=1e-6, rtol=1e-2)
+    loop_base = C.importance_loop(b, r, torch.zeros_like(m), 1, t)
+    assert torch.allclose(loop_base, torch.zeros_like(loop_base), atol=1e-6)
+
+
+def test_two_stage_equals_exact_on_scored_neurons(tiny):
+    b = tiny.bridge
+    ps = _prompts(tiny)
+    a, bb = _runs(tiny, ps, head=(0, 1))
+    t = ps.first_answer_ids
+    exact = C.importance_from_runs(b, [a, bb], t, mode="exact")
+    two = C.importance_from_runs(b, [a, bb], t, mode="two_stage", n_candidates=17, vocab_chunk=128)
+    scored = torch.isfinite(two["importance"])
+    assert scored.sum() == 2 * len(ps) * 17  # every candidate in both runs
+    assert torch.allclose(two["importance"][scored], exact["importance"][scored], atol=1e-5)
+    assert torch.allclose(two["approx"], exact["approx"], atol=1e-6, equal_nan=True)
+    # candidates are the top stage-1 changes of each prompt
+    change = (two["approx"][0] - two["approx"][1]).reshape(len(ps), -1)
+    for i in range(len(ps)):
+        top = set(change[i].topk(17).indices.tolist())
+        assert set(scored[0, i].reshape(-1).nonzero().flatten().tolist()) == top
+
+
+def test_cna_compare_skips_layers_below_the_head(qwen):
+    b = qwen.bridge
+    ps = _prompts(qwen)
+    res = C.cna_compare(b, ps, A.zero_heads_hooks([(1, 2)]), mode="exact", progress=False)
+    assert res.layers == [1]
+    assert torch.isnan(res.importance_a[:, 0]).all() and torch.isfinite(res.importance_a[:, 1]).all()
+    i = 0
+    top = res.top(i, 5)
+    vals = [float(res.change[i][n]) for n in top]
+    assert vals == sorted(vals, reverse=True) and all(l == 1 for l, _ in top)
+    frame = res.top_frame(i, 3, tokenizer=qwen.tokenizer, model=b)
+    assert list(frame["rank"]) == [1, 2, 3] and "top_tokens" in frame
+    assert abs(frame.change[0] - (frame.imp_a[0] - frame.imp_b[0])) < 1e-6
+    two = C.cna_compare(b, ps, A.zero_heads_hooks([(1, 2)]), mode="two_stage", n_candidates=20, progress=False)
+    for i in range(len(ps)):
+        assert two.top(i, 5) == [n for n in res.top(i, 200) if n in set(two.top(i, 20))][:5]
+
+
+def test_rowwise_hooks_equal_shared_hooks_row_by_row(tiny):
+    b = tiny.bridge
+    ps = _prompts(tiny)
+    sets = [[(0, i), (1, 2 * i)] for i in range(len(ps))]
+    masks = C.neuron_masks(sets, tiny.info.n_layers, tiny.info.d_mlp)
+    keep_masks = C.neuron_masks(sets, tiny.info.n_layers, tiny.info.d_mlp, keep_layers=[1])
+    heads = A.zero_heads_hooks([(1, 1)], position=-1)
+    conds = {"rows": C.rowwise_neuron_hooks(masks), "keep": C.rowwise_neuron_hooks(keep_masks), "heads": heads, "none": None}
+    runs = C.run_answer_conditions(b, ps, conds, capture=("coef",), max_rows=7)  # stacked in chunks
+    keep = runs["keep"]
+    plain = C.run_last_position(b, ps, None)
+    assert torch.allclose(runs["none"].logprob, plain.logprob, atol=1e-4)
+    ref_heads = C.run_last_position(b, ps, heads, share_prefix=False)
+    assert torch.allclose(runs["heads"].logprob, ref_heads.logprob, atol=1e-4)
+    for i in range(len(ps)):
+        one = ps.subset([i])
+        ref = C.run_last_position(b, one, A.zero_neurons_hooks(sets[i], position=-1), share_prefix=False)
+        assert torch.allclose(runs["rows"].logprob[i], ref.logprob[0], atol=1e-4)
+        assert torch.allclose(runs["rows"].coef[i], ref.coef[0], atol=1e-4)
+        assert runs["rows"].coef[i, 1, 2 * i] == 0
+        ref_keep = C.run_last_position(b, one, A.keep_neurons_hooks(sets[i], layers=[1], position=-1), share_prefix=False)
+        assert torch.allclose(keep.logprob[i], ref_keep.logprob[0], atol=1e-4)
+
+
+def test_correct_mask_equals_greedy_verdict(qwen):
+    b = qwen.bridge
+    ps = _prompts(qwen, ops=("+", "-"), n=5)
+    # make the model's own greedy continuation the answer: all correct by "first"
+    gen = greedy_answers(b, ps, extra_tokens=0)
+    own = ds.PromptSet(ps.records, ps.input_ids, [g[:2] for g in gen], ps.cf_input_ids, ps.tokenizer)
+    assert C.correct_mask(b, own, "first").all()
+    frame = evaluate(b, own, full_answer=True)
+    assert C.correct_mask(b, own, "full").tolist() == frame.correct_full.tolist()
+    assert C.correct_mask(b, ps, "full").tolist() == evaluate(b, ps).correct_full.tolist()
+
+
+def test_concept_counts_equal_brute_force():
+    torch.manual_seed(0)
+    W = torch.randn(16, 700)
+    Y = torch.randn(300, 16)
+    concepts = {i: f"num:{i % 7}" for i in range(0, 700, 9)}
+    got = C.concept_counts(Y, W, concepts, k=50, min_count=1, vocab_chunk=64)
+    top = (Y @ W).topk(50, dim=1).indices
+    ref = [len({concepts[t] for t in row.tolist() if t in concepts}) for row in top]
+    assert got.tolist() == ref
+    got2 = C.concept_counts(Y, W, concepts, k=50, min_count=2, vocab_chunk=64)
+    assert got2.tolist() == [r if r >= 2 else 0 for r in ref]
+    # the scan order (sample-informed or random) does not change the result
+    assert C.concept_counts(Y, W, concepts, k=50, vocab_chunk=100, n_sample=0, row_chunk=77).tolist() == ref
+
+
+def test_concept_of():
+    assert C.concept_of(" 8") == "num:8" and C.concept_of("Eight") == "num:8" and C.concept_of("VIII") == "num:8"
+    assert C.concept_of(" plus") == "op:add" and C.concept_of("÷") == "op:div" and C.concept_of("acht") == "num:8"
+    assert C.concept_of("I") is None and C.concept_of("the") is None and C.concept_of(" ") is None
+
+
+def test_layer_ov_matches_value_and_output_projections(qwen):
+    b = qwen.bridge
+    hf = b.original_model
+    layer = 1
+    attn = hf.model.layers[layer].self_attn
+    x = torch.randn(3, qwen.info.d_model)
+    g = hf.model.layers[layer].input_layernorm.weight
+    with torch.no_grad():
+        v = (x * g) @ attn.v_proj.weight.T  # no bias: OV of the direction
+        H, kv, dh = qwen.info.n_heads, qwen.info.n_kv_heads, qwen.info.d_head
+        v = v.view(3, kv, dh).repeat_interleave(H // kv, dim=1).reshape(3, H * dh)
+        ref = v @ attn.o_proj.weight.T
+    assert torch.allclose(x @ C.layer_ov(b, layer), ref, atol=1e-4)
+
+
+def test_key_heads_from_sweep(tmp_path):
+    rows = []
+    for op, best in (("+", (3, 1)), ("-", (3, 1)), ("/", (2, 0)), ("*", (0, 0))):
+        for layer in range(4):
+            for head in range(2):
+                drop = 0.5 if (layer, head) == best else 0.1 * layer / 4
+                rows.append({"op": op, "n_digits": 1, "layer": layer, "head": head, "accuracy": 1 - drop,
+                             "baseline_accuracy": 1.0, "accuracy_drop": drop})
+    frame = pd.DataFrame(rows)
+    assert C.key_heads_from_sweep(frame) == {"+-": (3, 1), "/": (2, 0)}
+    with pytest.raises(FileNotFoundError, match="notebook 01"):
+        C.key_heads_from_sweep(tmp_path / "01_yu_head_sweep.csv")
+    with pytest.raises(ValueError, match="/"):
+        C.key_heads_from_sweep(frame[frame.op != "/"])
+
+
+def test_coefficient_decrease_and_lowest_neuron():
+    assert C.coefficient_decrease(torch.tensor([2.0, -2.0]), torch.tensor([1.0, -1.0])) == pytest.approx(50.0)
+    assert C.coefficient_decrease(torch.tensor([2.0]), torch.tensor([3.0])) == pytest.approx(-50.0)
+    imp = torch.zeros(4, 10)
+    imp[1, 3], imp[1, 5] = 0.2, 0.7
+    assert C.lowest_neuron([(3, 1), (1, 3), (1, 5), (2, 2)], imp) == (1, 5)
+    assert C.deep_layers(32) == list(range(17, 32)) and C.deep_layers(24) == list(range(13, 24))
+
+
+def test_yu_division_1d():
+    recs = C.yu_division_1d(fewshot=2)
+    assert len(recs) == 81 and all(r.a == r.b * r.answer for r in recs)
+    ref = {(r.a, r.b): r for r in ds.yu_prompts(ops=["/"], n_digits=1, n_per_template=None, templates=[3], fewshot=2)}
+    for r in recs:
+        if (r.a, r.b) in ref:
+            assert r.full_text == ref[(r.a, r.b)].full_text and r.answer_text == ref[(r.a, r.b)].answer_text
+
+
+def test_tables_run_on_tiny_model(qwen):
+    b = qwen.bridge
+    ps = _prompts(qwen, ops=("+", "-"), n=4)
+    res = C.cna_compare(b, ps, A.zero_heads_hooks([(1, 0)]), mode="exact", progress=False)
+    table = C.mask_keep_table(b, ps, res, ks=(5, 2), progress=False)
+    assert set(table.intervention) == {"mask", "keep", "random mask"} and len(table) == 6
+    # zeroing a case's top neurons at the answer position matches zero_neurons_hooks there
+    i, top = 0, res.top(0, 5)
+    ref = C.run_last_position(b, ps.subset([i]), A.zero_neurons_hooks(top, position=-1), capture=(), share_prefix=False)
+    runs = C.run_answer_conditions(b, ps, {"m": C.rowwise_neuron_hooks(C.neuron_masks([res.top(j, 5) for j in range(len(ps))], 2, qwen.info.d_mlp))})
+    assert runs["m"].pred[i] == ref.pred[0]
+    summary, per_case = C.lowest_neuron_table(b, ps, res, ks=(5,), progress=False)
+    assert list(summary.columns[:2]) == ["K", "coef_decrease"]
+    nodes, edges = C.pe_dag(b, res, 0, k=5)
+    assert len(nodes) == 5
+    key = C.effective_key(b, 1, top[0][1], res.run_a.resid_mid[0, 1])
+    assert key.shape == (qwen.info.d_model,)
+    x = res.run_a.resid_mid[0, 1]
+    eps = 1e-3 * key / key.norm()
+    m0 = C.mlp_coefficients(b, 1, x[None])[0, top[0][1]]
+    m1 = C.mlp_coefficients(b, 1, (x + eps)[None])[0, top[0][1]]
+    assert torch.allclose(m1 - m0, (key * eps).sum(), rtol=0.05, atol=1e-6)
+    counts = C.shallow_concept_counts(b, qwen.tokenizer, 1, progress=False)
+    assert len(counts) == qwen.info.d_mlp
+    hid = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1), progress=False)
+    assert set(hid.set) == {"hidden-interpretable", "random"}
+    ex = C.shallow_neuron_examples(b, ps, 0, key, head_layer=1, n=3)
+    assert len(ex) == 3 + 2

@@ -1,0 +1,375 @@
+"""Tests of arithlib.finetune on a tiny random Qwen2 model (GQA: 4 query heads, 2 KV
+heads, q/k/v biases): answer-position forward, data splits, LoRA per layer
+(determinism, merged weights, base untouched), precise SFT (slices, GQA counting,
+H/h rescaling), full SFT, checkpoints, CNA on LoRA models, key heads from notebook 01."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import arithlib.datasets as ds
+import arithlib.finetune as ft
+from arithlib.evaluate import answer_logits as eval_answer_logits
+from arithlib.models import load_model, random_model_dir
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # small models: threads only add overhead
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model(str(random_model_dir("qwen2")))
+
+
+@pytest.fixture(scope="module")
+def data(tiny):
+    splits = ft.yu_lora_data(n_train=40, n_test=16, n_val=8, seed=0, fewshot=2)
+    return {k: ds.PromptSet.build(v, tiny.tokenizer) for k, v in splits.items()}
+
+
+CFG = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def test_shared_model_shares_storage(tiny):
+    plain = ft.shared_hf_model(tiny.bridge)
+    assert plain is ft.shared_hf_model(tiny.bridge)
+    assert not any("_original_component" in n for n, _ in plain.named_parameters())
+    bridge_params = {ft.clean_param_name(n): p for n, p in tiny.bridge.original_model.named_parameters()}
+    for n, p in plain.named_parameters():
+        assert p.data_ptr() == bridge_params[n].data_ptr()
+    x = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        assert torch.allclose(plain(x).logits, tiny.bridge(x), atol=1e-5)
+
+
+def test_use_weights_swaps_and_restores(tiny):
+    plain = ft.shared_hf_model(tiny.bridge)
+    name = "model.layers.1.self_attn.o_proj.weight"
+    before = dict(plain.named_parameters())[name].detach().clone()
+    x = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        base = tiny.bridge(x)
+        with ft.use_weights(tiny.bridge, {name: torch.zeros_like(before)}):
+            assert torch.equal(dict(plain.named_parameters())[name], torch.zeros_like(before))
+            assert not torch.allclose(tiny.bridge(x), base)
+    assert torch.equal(dict(plain.named_parameters())[name], before)
+    with pytest.raises(KeyError):
+        with ft.use_weights(plain, {"no.such.weight": before}):
+            pass
+
+
+def test_to_loaded_model_boots_bridge(tiny):
+    from arithlib.models import random_model
+
+    loaded = ft.to_loaded_model(random_model("qwen2"), tiny.tokenizer, name="copy")
+    x = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.allclose(loaded.bridge(x), tiny.bridge(x), atol=1e-5)
+    assert loaded.info.n_kv_heads == 2
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_split_records_disjoint_by_operand_pair():
+    recs = ds.yu_prompts(ops=["+", "-"], n_digits=2, n_per_template=50, allow_negative=True, seed=0)
+    a = ft.split_records(recs, {"test": 30, "train": 100}, seed=1)
+    b = ft.split_records(recs, {"test": 30, "train": 100}, seed=1)
+    assert [r.text for r in a["test"]] == [r.text for r in b["test"]]
+    assert len(a["test"]) == 30 and len(a["train"]) == 100
+    keys = lambda rs: {(r.op, r.a, r.b) for r in rs}  # noqa: E731
+    assert not keys(a["test"]) & keys(a["train"])
+    with pytest.raises(ValueError):
+        ft.split_records(recs[:4], {"test": 4, "train": 4})
+
+
+def test_yu_lora_data_has_negative_results():
+    splits = ft.yu_lora_data(n_train=200, n_test=50, n_val=20, seed=0)
+    assert [len(splits[k]) for k in ("train", "val", "test")] == [200, 20, 50]
+    assert any(r.answer < 0 and r.answer_text.startswith("-") for r in splits["train"])
+    assert all(10 <= r.a <= 99 for r in splits["train"])
+
+
+def test_answer_batches_share_prefix_and_cover(data):
+    ps = data["train"]
+    batches = ft.answer_batches(ps, 4, shuffle=True, seed=3)
+    assert sorted(i for b in batches for i in b) == list(range(len(ps)))
+    assert batches == ft.answer_batches(ps, 4, shuffle=True, seed=3)
+    for b in batches:
+        assert len(b) <= 4
+        assert len({(ps.records[i].op, ps.records[i].template_id) for i in b}) == 1
+
+
+# --------------------------------------------------------------------------- forward and accuracy
+
+
+def test_answer_logits_match_full_forward(tiny, data):
+    plain = ft.shared_hf_model(tiny.bridge)
+    ps = data["train"]
+    index = max(ft.answer_batches(ps, 8), key=len)
+    with torch.no_grad():
+        shared, mask = ft.answer_logits(plain, ps, index, extra=1)
+        for row, i in enumerate(index):
+            seq = torch.tensor([ps.input_ids[i] + ps.answer_ids[i]])
+            full = plain(seq).logits[0].float()
+            s, k = len(ps.input_ids[i]) - 1, len(ps.answer_ids[i]) + 1
+            assert mask[row].sum() == k
+            assert torch.allclose(shared[row, :k], full[s:s + k], atol=1e-4)
+
+
+def test_answer_loss_is_answer_token_cross_entropy(tiny, data):
+    plain = ft.shared_hf_model(tiny.bridge)
+    ps = data["train"]
+    index = ft.answer_batches(ps, 8)[0]
+    with torch.no_grad():
+        loss = ft.answer_loss(plain, ps, index)
+        total, n = 0.0, 0
+        for i in index:
+            seq = torch.tensor([ps.input_ids[i] + ps.answer_ids[i]])
+            lp = plain(seq).logits[0].log_softmax(-1)
+            s = len(ps.input_ids[i]) - 1
+            for j, t in enumerate(ps.answer_ids[i]):
+                total -= float(lp[s + j, t])
+                n += 1
+    assert abs(float(loss) - total / n) < 1e-4
+
+
+def test_answer_accuracy_agrees_with_evaluate(tiny, data):
+    ps = data["test"]
+    frame = ft.answer_accuracy(tiny.bridge, ps)
+    logits = eval_answer_logits(tiny.bridge, ps)
+    assert (frame.correct_first.to_numpy() == (logits.argmax(-1) == ps.first_answer_ids).numpy()).all()
+    first = logits.log_softmax(-1).gather(1, ps.first_answer_ids[:, None])[:, 0].numpy()
+    assert np.allclose(frame.first_logprob.to_numpy(), first, atol=1e-4)
+    assert (frame.correct_full <= frame.correct_first).all()
+
+
+# --------------------------------------------------------------------------- LoRA
+
+
+def test_lora_deterministic_and_local(tiny, data):
+    plain = ft.shared_hf_model(tiny.bridge)
+    before = {n: p.detach().clone() for n, p in plain.named_parameters()}
+    a = ft.train_lora(tiny.bridge, 1, data["train"], CFG, data["val"], progress=False)
+    b = ft.train_lora(tiny.bridge, 1, data["train"], CFG, data["val"], progress=False)
+    assert set(a.weights) == {f"model.layers.1.self_attn.{p}_proj.weight" for p in "qkvo"}
+    assert all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)
+    assert any(not torch.equal(a.weights[k], before[k]) for k in a.weights)
+    after = dict(plain.named_parameters())
+    assert set(after) == set(before) and all(torch.equal(before[n], after[n]) for n in before)
+    assert a.n_trainable == 16 * (64 + 64) * 2 + 16 * (64 + 32) * 2  # r (in + out) for q, o (64x64), k, v (32x64)
+    assert list(a.epochs.epoch) == [1] and a.samples_per_second > 0
+    c = ft.train_lora(tiny.bridge, 1, data["train"], replace(CFG, seed=1), progress=False)
+    assert any(not torch.equal(a.weights[k], c.weights[k]) for k in a.weights)
+
+
+def test_lora_merged_weights_equal_peft_forward(tiny, data):
+    from peft import LoraConfig, get_peft_model
+
+    plain = ft.shared_hf_model(tiny.bridge)
+    torch.manual_seed(0)
+    pm = get_peft_model(plain, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                                          layers_to_transform=[0]))
+    with torch.no_grad():
+        for n, p in plain.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+        x = torch.tensor([[5, 6, 7, 8, 9, 10]])
+        expected = plain(x).logits
+        merged = ft._merged_lora_weights(plain, pm)
+    pm.unload()
+    with torch.no_grad(), ft.use_weights(plain, merged):
+        assert torch.allclose(plain(x).logits, expected, atol=1e-5)
+
+
+def test_lora_layer_sweep_and_lr_selection(tiny, data):
+    frame, fitted, lr_table = ft.lora_layer_sweep(tiny.bridge, [0, 1], data["train"], data["val"], data["test"], CFG,
+                                                  lrs=(1e-2, 1e-3), lr_layers=[1], progress=False)
+    assert list(frame.layer) == [-1, 0, 1]
+    assert set(fitted) == {0, 1}
+    assert lr_table.chosen.sum() == 1 and set(lr_table.lr) == {1e-2, 1e-3}
+    chosen = float(lr_table.loc[lr_table.chosen, "lr"].iloc[0])
+    assert fitted[0].config.lr == chosen  # layers outside lr_layers reuse the chosen lr
+    assert frame.accuracy.between(0, 1).all()
+
+
+def test_checkpoint_resume_gives_same_weights(tiny, data, tmp_path):
+    cfg = replace(CFG, epochs=2)
+    plain = ft.shared_hf_model(tiny.bridge)
+    names = ["model.layers.0.self_attn.q_proj.weight"]
+
+    def run(ckdir):
+        params = {n: p for n, p in plain.named_parameters() if n in names}
+        backup = {n: p.detach().clone() for n, p in params.items()}
+        try:
+            state, record = ft.train_parameters(plain, ft._Trainable(params), data["train"], cfg, None, progress=False,
+                                                checkpoint_dir=ckdir)
+        finally:
+            with torch.no_grad():
+                for n, v in backup.items():
+                    params[n].copy_(v)
+        return state, record
+
+    full, rec = run(tmp_path / "a")
+    assert len(list((tmp_path / "a").glob("epoch-*.pt"))) == 2
+    (tmp_path / "a" / "epoch-002.pt").unlink()  # "interrupted" after epoch 1
+    resumed, rec2 = run(tmp_path / "a")
+    assert all(torch.equal(full[n], resumed[n]) for n in full)
+    assert rec2["history"].step.tolist() == rec["history"].step.tolist()
+
+
+def test_cached_training_is_reused(tiny, data, tmp_path):
+    a = ft.train_lora(tiny.bridge, 0, data["train"], CFG, progress=False, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*/result.pt"))) == 1
+    b = ft.train_lora(tiny.bridge, 0, data["train"], CFG, progress=False, cache_dir=tmp_path)
+    assert all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)
+    assert not list(tmp_path.glob("*/checkpoints/epoch-*.pt"))
+
+
+# --------------------------------------------------------------------------- precise and full SFT
+
+
+def test_head_slices_gqa_counts(tiny):
+    plain = ft.shared_hf_model(tiny.bridge)
+    d, dh = 64, 16
+    # heads 0 and 1 read KV group 0, head 2 reads group 1 (4 heads, 2 KV heads)
+    masks, scales, counts = ft.head_slices(plain, [(0, 0), (0, 1), (0, 2)])
+    q = masks["model.layers.0.self_attn.q_proj.weight"]
+    assert q.sum() == 3 * dh * d and q[:3 * dh].all() and not q[3 * dh:].any()
+    k = masks["model.layers.0.self_attn.k_proj.weight"]
+    assert k.all()  # both groups
+    o = masks["model.layers.0.self_attn.o_proj.weight"]
+    assert o[:, :3 * dh].all() and not o[:, 3 * dh:].any()
+    assert scales["model.layers.0.self_attn.q_proj.weight"] == pytest.approx(4 / 3)
+    assert counts["n_kv_groups"] == 2
+    per_head = dh * d + dh + d * dh  # Q rows (+ bias) and O columns
+    per_group = 2 * (dh * d + dh)  # K and V rows (+ biases)
+    assert ft.precise_param_count(plain, [(0, 0), (0, 1)]) == 2 * per_head + 1 * per_group
+    assert ft.precise_param_count(plain, [(0, 0), (0, 1)], kv="none") == 2 * per_head
+    mlp = sum(p.numel() for n, p in plain.named_parameters() if n.startswith("model.layers.1.mlp."))
+    assert ft.precise_param_count(plain, [(0, 0)], mlps=[1]) == per_head + per_group + mlp
+    with pytest.raises(ValueError):
+        ft.head_slices(plain, [(5, 0)])
+
+
+def test_precise_sft_trains_only_slices_and_restores(tiny, data):
+    plain = ft.shared_hf_model(tiny.bridge)
+    before = {n: p.detach().clone() for n, p in plain.named_parameters()}
+    heads = [(1, 3)]
+    cfg = replace(CFG, weight_decay=0.1)
+    res = ft.precise_sft(tiny.bridge, heads, data["train"], cfg, progress=False)
+    masks, _, _ = ft.head_slices(plain, heads)
+    assert set(res.weights) == set(masks)
+    for n, w in res.weights.items():
+        changed = w != before[n]
+        assert changed.any()
+        assert not (changed & ~masks[n]).any(), f"{n} changed outside the head's slice"
+    assert all(torch.equal(p, before[n]) for n, p in plain.named_parameters())
+    assert res.n_trainable == ft.precise_param_count(plain, heads)
+
+
+def test_precise_sft_gradient_rescale_with_sgd(tiny, data):
+    """One SGD step: the update of a selected slice is H/h times larger with rescaling."""
+    plain = ft.shared_hf_model(tiny.bridge)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    before = dict(plain.named_parameters())[name].detach().clone()
+    cfg = ft.TrainConfig(lr=1e-3, epochs=1, batch_size=64, max_steps=1, optimizer="sgd", grad_clip=None,
+                         schedule="constant")
+    a = ft.precise_sft(tiny.bridge, [(0, 1)], data["train"], cfg, rescale=True, progress=False)
+    b = ft.precise_sft(tiny.bridge, [(0, 1)], data["train"], cfg, rescale=False, progress=False)
+    da, db = a.weights[name] - before, b.weights[name] - before
+    assert torch.allclose(da, 4.0 * db, atol=1e-7)  # H = 4 heads, h = 1 selected
+
+
+def test_full_sft_trains_everything(tiny, data):
+    m = load_model(str(random_model_dir("qwen2")))  # a fresh copy: full SFT changes the model in place
+    plain = ft.shared_hf_model(m.bridge)
+    before = {n: p.detach().clone() for n, p in plain.named_parameters()}
+    res = ft.full_sft(m.bridge, data["train"], CFG, progress=False)
+    assert res.n_trainable == ft.count_parameters(plain)
+    changed = [n for n, p in plain.named_parameters() if not torch.equal(p, before[n])]
+    assert len(changed) == len(before)
+    assert res.weights == {}
+
+
+# --------------------------------------------------------------------------- key heads, bands, CNA
+
+
+def test_rank_components(tmp_path):
+    rows = []
+    for op, shift in (("+", 0.0), ("-", 0.02)):
+        rows += [{"op": op, "kind": "head", "layer": 0, "head": 1, "effect": -0.20 + shift},
+                 {"op": op, "kind": "head", "layer": 1, "head": 0, "effect": -0.04 + shift},
+                 {"op": op, "kind": "head", "layer": 1, "head": 2, "effect": -0.10 + shift},
+                 {"op": op, "kind": "mlp", "layer": 0, "head": -1, "effect": -0.01},
+                 {"op": op, "kind": "mlp", "layer": 1, "head": -1, "effect": -0.30}]
+    rows.append({"op": "all", "kind": "head", "layer": 1, "head": 0, "effect": -9.0})  # pooled row: ignored
+    path = tmp_path / "01_path_patching.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    heads, mlps = ft.rank_components(path)
+    assert list(zip(heads.layer, heads["head"])) == [(0, 1), (1, 2), (1, 0)]
+    assert heads.effect.iloc[0] == pytest.approx(-0.19)
+    assert heads.key.tolist() == [True, True, False]
+    assert mlps.layer.tolist() == [1, 0]
+    with pytest.raises(FileNotFoundError, match="notebook 01"):
+        ft.rank_components(tmp_path / "missing" / "01_path_patching.csv")
+
+
+def test_scaled_head_counts_and_bands():
+    assert ft.scaled_head_counts(ft.ZHANG_HEAD_COUNTS, 1024) == {k: k for k in ft.ZHANG_HEAD_COUNTS}
+    assert ft.scaled_head_counts((8, 32, 64), 336) == {8: 3, 32: 11, 64: 21}
+    assert ft.yu_bands(32) == {"shallow": list(range(1, 10)), "middle": list(range(10, 17)),
+                               "deep": list(range(17, 31))}
+    assert ft.reference_layer(32) == 9
+    s = ft.scale_settings("auto", "cpu", False, 24)
+    assert s["scale"] == "cpu" and s["layers"] == list(range(24))
+    assert ft.scale_settings("auto", "cuda", False, 24)["n_train"] == 18_000
+    assert ft.scale_settings("cpu", "cpu", True, 24)["scale"] == "quick"
+    with pytest.raises(ValueError):
+        ft.scale_settings("huge", "cpu", False, 24)
+
+
+def test_curve_shape_and_bands():
+    bands = {"shallow": [1, 2], "middle": [3, 4], "deep": [5, 6]}
+    acc = {-1: 0.5, 0: 0.6, 1: 0.9, 2: 0.9, 3: 0.8, 4: 0.7, 5: 0.6, 6: 0.55, 7: 0.95}
+    frame = pd.DataFrame({"layer": list(acc), "accuracy": list(acc.values())})
+    shape = ft.curve_shape(frame, bands)
+    assert shape["all_above_original"] and shape["bands_decreasing"]
+    assert shape["best_layer"] == 7 and shape["worst_layer"] == 6
+    assert shape["slopes"]["middle"] == pytest.approx(-0.1)
+    assert shape["edge_gaps"][7] == pytest.approx(0.95 - (0.55 + 0.6) / 2)
+    table = ft.accuracy_bands(frame, bands)
+    assert table.set_index("band").loc["shallow", "mean_gain_over_original"] == pytest.approx(0.4)
+
+
+def test_lora_cna_zero_change_and_guard(tiny):
+    cases = ft.yu_cna_cases(tiny.tokenizer, n_cases=4)
+    assert cases.records[0].text.strip() == "3 + 5 ="
+    plain = ft.shared_hf_model(tiny.bridge)
+    same = {"model.layers.1.self_attn.q_proj.weight": dict(plain.named_parameters())[
+        "model.layers.1.self_attn.q_proj.weight"].detach().clone()}
+    rows, details = ft.lora_cna(tiny.bridge, cases, {"same": same}, ks=(5,), progress=False)
+    assert set(rows["selection"]) == {"cna", "original"}
+    assert np.allclose(rows.coef_increase, 0.0)
+    mlp = {"model.layers.1.mlp.down_proj.weight": dict(plain.named_parameters())[
+        "model.layers.1.mlp.down_proj.weight"].detach().clone()}
+    with pytest.raises(ValueError, match="attention only"):
+        ft.lora_cna(tiny.bridge, cases, {"mlp": mlp}, progress=False)
+    table = ft.coefficient_table(tiny.bridge, cases.subset([0]), {"original": None, "same": same}, [(1, 3), (0, 2)])
+    assert np.allclose(table.original, table.same)
+    layer_of = {"same": 1}
+    t10 = ft.band_increase_table(rows, layer_of, {"deep": [1]})
+    assert list(t10.columns) == ["band", "layers", "n_models", "top5"]

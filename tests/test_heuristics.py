@@ -1,0 +1,194 @@
+"""Heuristic catalogue, match scores and classification (arithlib.heuristics): rules
+select the right prompts, a neuron built to fire on a rule matches it with score 1 and
+shuffled activations match at chance, and the ablation / dynamics pipeline runs end to
+end on a tiny random-weight Llama."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import arithlib.heuristics as H
+import arithlib.neurons as N
+from arithlib.datasets import PromptSet
+from arithlib.models import load_model, random_model_dir
+
+
+def _grid(op="+", lo=0, hi=9):
+    return H.grid_records(op, (lo, hi), fewshot=2)
+
+
+def test_heuristic_rules_and_names():
+    a, b, c = np.array([3, 13, 27, 5]), np.array([3, 1, 8, 40]), np.array([6, 14, 35, 45])
+    assert H.Heuristic("operand_range", "op1", (10, 30)).mask(a, b, c).tolist() == [False, True, True, False]
+    assert H.Heuristic("operand_mod", "op2", (4, 0)).mask(a, b, c).tolist() == [False, False, True, True]
+    assert H.Heuristic("result_digit", "result", (1, 4)).mask(a, b, c).tolist() == [False, False, False, True]
+    assert H.Heuristic("identical_operands", "operands").mask(a, b, c).tolist() == [True, False, False, False]
+    assert H.Heuristic("result_range", "result", (5, 5)).name == "result = 5"
+    assert H.Heuristic("operand_mod", "op1", (10, 1)).name == "op1 = 1 mod 10"
+    assert H.Heuristic("operand_digit", "op2", (1, 3)).name == "op2 tens digit 3"
+    with pytest.raises(ValueError):
+        H.Heuristic("bogus", "op1")
+    with pytest.raises(ValueError):
+        H.Heuristic("operand_range", "op3", (0, 1))
+
+
+def test_catalogue_contents():
+    cat = H.heuristic_catalogue((0, 9), (0, 18))
+    names = {h.name for h in cat}
+    assert {"op1 = 3", "op2 in [0, 1]", "op1 = 1 mod 2", "result in [0, 9]", "op1 = op2", "result tens digit 1"} <= names
+    assert not any(h.kind == "operand_digit" for h in cat)     # operands 0..9 have no tens digit
+    assert {h.kind for h in cat} == set(H.KINDS) - {"operand_digit"}
+    big = H.heuristic_catalogue((0, 99), (0, 198))
+    assert any(h.kind == "operand_digit" for h in big) and any(h.name == "result hundreds digit 1" for h in big)
+    with pytest.raises(ValueError):
+        H.heuristic_catalogue((5, 1), (0, 1))
+
+
+def test_grid_records():
+    plus, minus, div = _grid("+"), _grid("-"), _grid("/")
+    assert len(plus) == 100 and len(minus) == 55
+    assert all(r.a % r.b == 0 and r.b > 0 for r in div)
+    assert plus[0].prefix == "3+4=7\n8+1=9\n" and plus[23].text == "2+3=" and plus[23].answer_text == "5"
+    assert len(_grid("+", 0, 9)) == 100 and len(H.grid_records("+", (0, 9), max_result=9)) == 55
+
+
+def test_usable_heuristics_filters():
+    recs = _grid("+")
+    cat = H.heuristic_catalogue((0, 9), (0, 18))
+    heur, assoc = H.usable_heuristics(cat, H.association_matrix(cat, recs), max_base_rate=0.5, min_prompts=3)
+    rates = assoc.mean(1)
+    assert rates.max() <= 0.5 and assoc.sum(1).min() >= 3
+    assert len({a.tobytes() for a in assoc}) == len(heur)               # no two rules select the same prompts
+    names = [h.name for h in heur]
+    assert "op1 = 3" in names and "op1 = 3 mod 10" not in names        # duplicate of the range rule
+
+
+def test_match_scores_planted_neurons():
+    recs = _grid("+")
+    cat = H.heuristic_catalogue((0, 9), (0, 18))
+    heur, assoc = H.usable_heuristics(cat, H.association_matrix(cat, recs))
+    a = np.array([r.a for r in recs])
+    c = np.array([r.answer for r in recs])
+    rng = np.random.default_rng(0)
+    acts = np.stack([
+        (a % 3 == 1) * 2.0 + rng.normal(0, 0.01, len(recs)),   # op1 = 1 mod 3
+        (c >= 12) * 1.0 + rng.normal(0, 0.01, len(recs)),      # large results
+        np.zeros(len(recs)),                                    # dead
+        rng.normal(size=len(recs)),                             # unrelated
+    ], 1)
+    scores = H.match_scores(acts, assoc)
+    names = [h.name for h in heur]
+    assert scores[0, names.index("op1 = 1 mod 3")] == 1.0
+    assert scores[2].max() == 0.0
+    best_result = max((scores[1, i], names[i]) for i in range(len(names)) if heur[i].family == "result")
+    assert best_result[0] >= 0.9
+    null = H.null_match_scores(acts, assoc, seed=1)
+    assert null[0, names.index("op1 = 1 mod 3")] < 0.7
+    # chance level of the unrelated neuron is about each rule's base rate
+    assert abs(scores[3].mean() - assoc.mean(1).mean()) < 0.1
+    with pytest.raises(ValueError):
+        H.match_scores(acts[:10], assoc)
+
+    neurons = [(5, 0), (5, 1), (5, 2), (6, 3)]
+    matches = H.classify_neurons(scores, neurons, heur, assoc, t=0.6)
+    first = matches[(matches.neuron == 0) & (matches["rank"] == 1)].iloc[0]
+    assert first.heuristic == "op1 = 1 mod 3" and first.family == "operand"
+    assert 2 not in set(matches.neuron)
+    summary = H.neuron_summary(scores, neurons, heur, assoc, t=0.6)
+    assert summary.matched.tolist()[:3] == [True, True, False]
+    sens = H.threshold_sensitivity(scores, heur, ts=(0.4, 0.6, 0.8))
+    anyk = sens[sens.kind == "any"].n_neurons.tolist()
+    assert anyk == sorted(anyk, reverse=True)
+    with pytest.raises(ValueError):
+        H.classify_neurons(scores, neurons, heur, assoc, t=0.0)
+
+
+def test_prompt_association():
+    recs = _grid("+")
+    heur = [H.Heuristic("operand_range", "op1", (0, 1)), H.Heuristic("result_mod", "result", (2, 0))]
+    matches = pd.DataFrame({"layer": [3, 3, 4], "neuron": [1, 2, 7], "h_index": [0, 1, 1]})
+    per = H.prompt_heuristic_neurons(matches, heur, recs)
+    p = next(i for i, r in enumerate(recs) if (r.a, r.b) == (0, 2))   # op1 in [0, 1], result even
+    q = next(i for i, r in enumerate(recs) if (r.a, r.b) == (5, 2))   # neither
+    assert per[p] == [(3, 1), (3, 2), (4, 7)] and per[q] == []
+    contrib = torch.zeros(len(recs), 2, 10)
+    contrib[p, 0, 1], contrib[p, 1, 7] = 1.5, -0.5
+    assert H.associated_contributions(contrib, per, [3, 4])[p] == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model(str(random_model_dir("llama")))
+
+
+def test_pipeline_on_tiny_model(tiny):
+    b, tok = tiny.bridge, tiny.tokenizer
+    layers = [1]
+    grids = {op: PromptSet.build(H.grid_records(op, (0, 5), fewshot=2), tok) for op in ("+", "-")}
+    analyses = {op: H.prepare_operator(b, g, layers, n_analysis=12, criterion=None, seed=0, batch_size=8)
+                for op, g in grids.items()}
+    an = analyses["+"]
+    assert len(an.analysis_index) == 12 and an.grid_acts.shape == (36, 1, tiny.info.d_mlp)
+    assert an.grid_correct_full.shape == (36,)
+    # the sub-runner reuses the grid cache and gives the same logits as the grid's clean pass
+    assert torch.allclose(an.runner.logits(), an.grid_logits[an.analysis_index], atol=1e-4)
+    means = H.reference_means(analyses)
+    cand = N.number_token_ids(tok, 9)
+    for a in analyses.values():
+        H.attribute(a, layers, means, cand)
+        H.classify_circuit(a, layers, 8, t=0.6)
+    assert len(an.circuit) == 8 and an.circuit_scores.shape == (8, len(an.heuristics))
+    assert 0 <= H.matched_share(an) <= 1 and 0 <= H.matched_share(an, null=True) <= 1
+    curves = H.faithfulness_curves(analyses, layers, means, [0, 8, tiny.info.d_mlp])
+    assert set(curves.op) == {"+", "-"} and len(curves) == 6
+
+    # force some matches so the ablations have something to ablate
+    matches = an.matches if not an.matches.empty else H.classify_neurons(an.circuit_scores, an.circuit, an.heuristics,
+                                                                        an.assoc, t=0.01)
+    abl = H.heuristic_ablation(an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3)
+    assert len(abl) <= 3 and set(abl.columns) >= {"acc_assoc", "acc_other", "n_neurons"}
+    per = H.prompt_heuristic_neurons(matches, an.heuristics, an.analysis.records)
+    pa = H.prompt_ablation(an.runner, per, an.circuit, layers, means, seed=0)
+    assert len(pa) == 12 and (pa.n_assoc_neurons == [len(x) for x in per]).all()
+    # ablating nothing changes nothing
+    none = H.prompt_ablation(an.runner, [[] for _ in per], an.circuit, layers, means)
+    assert (none.correct_heuristic_ablated == none.correct_full).all()
+    an.matches = matches
+    ci = H.correct_vs_incorrect(b, an, layers)
+    assert len(ci) == 36 and set(ci.columns) >= {"correct", "n_assoc_neurons", "assoc_contribution"}
+
+
+def test_training_dynamics_on_tiny_models(tiny):
+    tok = tiny.tokenizer
+    layers = [1]
+    grids = {"+": PromptSet.build(H.grid_records("+", (0, 4), fewshot=2), tok)}
+    models = {0: load_model(str(random_model_dir("llama", seed=1))).bridge, 10: tiny.bridge}
+    dyn = H.training_dynamics(lambda s: models[s], [0, 10], grids, layers, k_per_layer=4, n_analysis=10, progress=False)
+    assert list(dyn.step) == [0, 10] and set(dyn.columns) >= {"accuracy", "faithfulness", "matched_share",
+                                                               "matched_share_null", "heuristic_set"}
+    overlap = H.heuristic_overlap(dyn)
+    final = overlap[overlap.step == 10].final_heuristics_present
+    assert final.isna().all() or (final == 1.0).all()
+
+
+def test_sample_indices():
+    assert H.sample_indices(5, None, 0) == [0, 1, 2, 3, 4]
+    s = H.sample_indices(100, 10, 3)
+    assert s == sorted(s) and len(set(s)) == 10 and s == H.sample_indices(100, 10, 3)
+
+
+def test_labels_and_type_counts():
+    matches = pd.DataFrame({"layer": [1, 1, 2], "neuron": [4, 4, 9], "heuristic": ["op1 = 3", "op1 in [2, 3]", "result = 5"],
+                            "kind": ["operand_range", "operand_range", "result_range"], "h_index": [0, 1, 2],
+                            "score": [1.0, 0.7, 0.8], "rank": [1, 2, 1]})
+    best = H.neuron_labels(matches, "best")
+    assert list(best.heuristic) == ["op1 = 3", "result = 5"]
+    assert len(H.neuron_labels(matches, "all")) == 3
+    with pytest.raises(ValueError):
+        H.neuron_labels(matches, "some")
+    counts = H.type_counts(matches).set_index("kind").n_neurons
+    assert counts["operand_range"] == 1 and counts["result_range"] == 1 and counts["operand_mod"] == 0
+    assert set(H.type_counts(pd.DataFrame()).kind) == set(H.KINDS)

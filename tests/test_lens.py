@@ -1,0 +1,77 @@
+"""The answer-position logit lens reproduces the model's output at the last layer, and
+direct logit attribution sums to the answer logit (RMSNorm and LayerNorm models)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+import arithlib.datasets as ds
+import arithlib.lens as Lens
+import arithlib.probing as P
+from arithlib.evaluate import answer_logits
+from arithlib.models import load_model, random_model_dir
+
+
+def _perturb_norms(model, seed: int = 0) -> None:
+    """Give every norm a non-trivial weight (and bias, where it has one)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or ".ln_" in name or name.startswith("transformer.ln_f"):
+                if name.endswith("weight"):
+                    p.copy_(0.5 + torch.rand(p.shape, generator=g))
+                elif name.endswith("bias"):
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+
+
+@pytest.fixture(scope="module", params=["qwen2", "gpt2"])
+def setup(request):
+    m = load_model(str(random_model_dir(request.param)))
+    _perturb_norms(m.bridge.original_model)
+    recs = ds.zhang_prompts(ops=["+", "*"], templates=[0], n_per_template=4, seed=0, fewshot=1)
+    ps = ds.PromptSet.build(recs, m.tokenizer)
+    cache = P.cache_answer_position(m.bridge, ps, batch_size=4, check_full_answer=False, progress=False)
+    return m, ps, cache
+
+
+def test_logit_lens_last_layer_is_the_model(setup):
+    m, ps, cache = setup
+    lens = Lens.logit_lens_answer(m.bridge, cache, ps)
+    n_layers = m.info.n_layers
+    assert sorted(lens.layer.unique()) == list(range(-1, n_layers))
+    logits = answer_logits(m.bridge, ps)
+    ref_lp = logits.log_softmax(-1).gather(1, ps.first_answer_ids[:, None]).squeeze(1)
+    ref_rank = (logits > logits.gather(1, ps.first_answer_ids[:, None])).sum(-1)
+    last = lens[lens.layer == n_layers - 1].sort_values("prompt")
+    assert torch.allclose(torch.tensor(last.logprob.to_numpy()), ref_lp, atol=1e-4)
+    assert last["rank"].tolist() == ref_rank.tolist()
+    assert ((lens.prob >= 0) & (lens.prob <= 1)).all()
+
+
+def test_dla_sums_to_the_answer_logit(setup):
+    m, ps, cache = setup
+    dla = Lens.direct_logit_attribution_answer(m.bridge, cache, ps)
+    assert set(dla.component) == {"embed", "bias", "attn", "mlp"}
+    assert Lens.dla_reconstruction_error(dla, cache) < 1e-3
+    n = m.info.n_layers
+    assert len(dla) == len(ps) * (2 + 2 * n)
+
+
+def test_dla_needs_its_activations(setup):
+    m, ps, cache = setup
+    with pytest.raises(ValueError, match="needs"):
+        Lens.direct_logit_attribution_answer(m.bridge, P.AnswerCache({"mlp_out": cache.acts["mlp_out"]}, cache.final_scale,
+                                                                     cache.answer_logit, cache.pred_ids,
+                                                                     cache.correct_first), ps)
+
+
+def test_lens_summary_and_first_layer():
+    lens = pd.DataFrame({"layer": [0, 0, 1, 1, 2, 2], "rank": [5, 20, 0, 3, 0, 0], "prob": [0.1, 0.0, 0.6, 0.2, 0.9, 0.8]})
+    s = Lens.lens_summary(lens)
+    assert s.set_index("layer").loc[1, "top1"] == 0.5
+    assert s.set_index("layer").loc[0, "top10"] == 0.5
+    assert Lens.first_layer_reaching(s, "top1", 0.5) == 1
+    assert Lens.first_layer_reaching(s, "top1", 1.0) == 2
+    assert Lens.first_layer_reaching(s, "mean_prob", 0.99) is None

@@ -1,0 +1,218 @@
+"""Neuron-level attribution, faithfulness and logit lens (arithlib.neurons) on a tiny
+random-weight Llama: the answer-position runner equals full forward passes, attribution
+patching approximates exact mean ablation, faithfulness is 0 and 1 at its ends, and the
+logit lens reproduces the model's own unembedding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import arithlib.ablation as A
+import arithlib.heuristics as H
+import arithlib.neurons as N
+from arithlib.datasets import PromptSet
+from arithlib.evaluate import answer_logits
+from arithlib.models import load_model, random_model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model(str(random_model_dir("llama")))
+
+
+@pytest.fixture(scope="module")
+def grid(tiny):
+    # operands 0..5 with mixed lengths (the 2-digit results make no prompt longer, so add "-" too)
+    return PromptSet.build(H.grid_records("+", (0, 5), fewshot=2) + H.grid_records("-", (0, 5), fewshot=1), tiny.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny, grid):
+    layers = [0, 1]
+    runner = N.AnswerPositionRunner(tiny.bridge, grid, batch_size=16)
+    acts = N.neuron_activations(tiny.bridge, grid, layers)
+    means = N.last_position_means(acts)
+    return runner, layers, acts, means
+
+
+def test_default_layers():
+    assert N.default_layers(24) == list(range(12, 24))
+    assert N.default_layers(4) == [2, 3]
+    with pytest.raises(ValueError):
+        N.default_layers(0)
+
+
+def test_runner_equals_full_forward(tiny, grid, setup):
+    runner, layers, acts, means = setup
+    assert len(grid.length_groups()) == 2
+    assert torch.allclose(runner.logits(), answer_logits(tiny.bridge, grid), atol=1e-4)
+    # twice in a row: the KV cache is cropped back after each pass
+    assert torch.allclose(runner.logits(), runner.logits(), atol=1e-6)
+
+
+def test_runner_mean_ablation_equals_full_forward_ablation(tiny, grid, setup):
+    runner, layers, acts, means = setup
+    neurons = [(0, 3), (1, 5), (1, 70)]
+    # the shared per-length cache, with the answer-position mean at the last position
+    full_cache = {A.post_hook(x): {} for x in layers}
+    for length in grid.length_groups():
+        for i, x in enumerate(layers):
+            m = torch.zeros(length, means.shape[-1])
+            m[-1] = means[i]
+            full_cache[A.post_hook(x)][length] = m
+    with torch.no_grad(), tiny.bridge.hooks(fwd_hooks=A.mean_neurons_hooks(neurons, full_cache, position=-1)):
+        ref = answer_logits(tiny.bridge, grid)
+    got = runner.logits(A.mean_neurons_hooks(neurons, N.runner_means(means, layers), position=-1))
+    assert torch.allclose(got, ref, atol=1e-4)
+    assert not torch.allclose(got, runner.logits(), atol=1e-4)
+
+
+def test_collect_matches_plain_collection(tiny, grid, setup):
+    runner, layers, acts, means = setup
+    col = runner.collect([A.post_hook(1)])
+    assert torch.allclose(col[A.post_hook(1)], acts[:, 1], atol=1e-4)
+    assert col["logits"].shape == (len(grid), tiny.info.d_vocab)
+    assert means.shape == (2, tiny.info.d_mlp)
+
+
+def test_attribution_approximates_exact_ablation(tiny, setup):
+    runner, layers, acts, means = setup
+    cand = N.number_token_ids(tiny.tokenizer, 9)
+    attr = N.neuron_attribution(runner, layers, means=means, candidates=cand)
+    assert attr.shape == (len(runner), 2, tiny.info.d_mlp)
+    top = N.top_neurons(N.neuron_scores(attr[:, 1:]), [1], 6)
+    exact = N.exact_neuron_effects(runner, top, layers, means, cand)
+    approx = np.array([float(attr[:, 1, k].mean()) for _, k in top])
+    assert np.corrcoef(approx, exact["effect"].to_numpy())[0, 1] > 0.95
+    assert np.allclose(approx, exact["effect"].to_numpy(), rtol=0.2, atol=1e-5)
+    # counterfactual baseline equal to the clean activations: zero attribution
+    zero = N.neuron_attribution(runner, [1], baseline_acts=acts[:, 1:], candidates=cand)
+    assert zero.abs().max() < 1e-5
+    with pytest.raises(ValueError, match="exactly one"):
+        N.neuron_attribution(runner, [1])
+
+
+def test_faithfulness_ends(tiny, setup):
+    runner, layers, acts, means = setup
+    d = tiny.info.d_mlp
+    everything = N.complement([], layers, d)
+    assert len(everything) == 2 * d
+    full = N.neuron_circuit_faithfulness(runner, everything, layers, means)
+    none = N.neuron_circuit_faithfulness(runner, [], layers, means)
+    assert full["faithfulness"] == pytest.approx(1.0, abs=1e-4)
+    assert full["faithfulness_per_prompt"] == pytest.approx(1.0, abs=1e-4)
+    assert none["faithfulness"] == pytest.approx(0.0, abs=1e-6)
+    # all but one neuron kept goes through the ablation hooks
+    most = N.neuron_circuit_faithfulness(runner, everything[1:], layers, means)
+    assert np.isfinite(most["faithfulness"]) and abs(most["faithfulness"] - 1) < 0.5
+    assert full["n_neurons"] == 2 * d and none["n_neurons"] == 0
+
+
+def test_faithfulness_curve_and_k_choice(tiny, setup):
+    runner, layers, acts, means = setup
+    scores = torch.rand(2, tiny.info.d_mlp, generator=torch.Generator().manual_seed(0))
+    ks = N.share_grid(tiny.info.d_mlp, (0, 0.1, 1.0))
+    assert ks == [0, 13, 128]
+    curve = N.faithfulness_curve(runner, scores, layers, means, ks)
+    assert list(curve.k_per_layer) == ks
+    assert curve.faithfulness.iloc[-1] == pytest.approx(1.0, abs=1e-4)
+    assert N.smallest_faithful_k(curve, 0.99) == 128
+    assert N.smallest_faithful_k(curve, -1.0) == 0
+    with pytest.raises(ValueError):
+        N.share_grid(10, (1.5,))
+
+
+def test_normalised_logit_faithfulness_arithmetic():
+    answers = torch.tensor([0, 1])
+    full = torch.tensor([[4.0, 2.0], [1.0, 4.0]])       # y = 1, 1
+    ablated = torch.tensor([[1.0, 4.0], [4.0, 2.0]])    # y = 0.25, 0.5
+    circuit = torch.tensor([[3.0, 4.0], [4.0, 3.0]])    # y = 0.75, 0.75
+    out = N.normalised_logit_faithfulness(circuit, full, ablated, answers)
+    assert out["faithfulness_per_prompt"] == pytest.approx(((0.5 / 0.75) + (0.25 / 0.5)) / 2)
+    assert out["faithfulness"] == pytest.approx(0.75 / 1.25)
+    assert out["accuracy"] == 0.0
+
+
+def test_top_neurons_and_errors():
+    scores = torch.tensor([[0.1, 0.9, 0.5], [0.3, 0.2, 0.8]])
+    assert N.top_neurons(scores, [4, 7], 2) == [(4, 1), (4, 2), (7, 0), (7, 2)]
+    with pytest.raises(ValueError):
+        N.top_neurons(scores, [4, 7], 4)
+    with pytest.raises(ValueError):
+        N.top_neurons(scores, [4], 1)
+
+
+def test_masked_hooks_ablate_per_prompt(tiny, setup):
+    runner, layers, acts, means = setup
+    n = len(runner)
+    per_prompt = [[(1, i % 7), (0, 2)] if i % 2 else [] for i in range(n)]
+    got = runner.logits(N.masked_mean_hooks(N.neuron_masks(per_prompt, layers, tiny.info.d_mlp), means, layers))
+    base = runner.logits()
+    cache = N.runner_means(means, layers)
+    for i in (0, 1, 3):
+        if per_prompt[i]:
+            ref = runner.logits(A.mean_neurons_hooks(per_prompt[i], cache, position=-1))[i]
+        else:
+            ref = base[i]
+        assert torch.allclose(got[i], ref, atol=1e-4)
+
+
+def test_logit_lens_reproduces_unembedding(tiny, grid):
+    b = tiny.bridge
+    col = N.collect_last_position(b, grid, ["ln_final.hook_in", "ln_final.hook_scale"])
+    scale = N.final_norm_scale(col, b)
+    lens = N.logit_directions(b, col["ln_final.hook_in"]) / scale[:, None]
+    assert torch.allclose(lens, col["logits"], atol=1e-3)
+    ids = N.number_token_ids(tiny.tokenizer, 9)
+    frame = N.neuron_logit_lens(b, [(1, 0), (1, 5)], ids)
+    assert len(frame) == 20 and set(frame.value) == set(range(10))
+    direct = N.logit_directions(b, N.value_vectors(b, [(1, 5)]), ids)[0]
+    assert np.allclose(frame[frame.neuron == 5].lens.to_numpy(), direct.numpy(), atol=1e-5)
+
+
+def test_logit_contributions_sum_to_mlp_direct_effect(tiny, grid):
+    b = tiny.bridge
+    col = N.collect_last_position(b, grid, [A.post_hook(1), "blocks.1.hook_mlp_out", "ln_final.hook_scale"])
+    scale = N.final_norm_scale(col, b)
+    answers = grid.first_answer_ids
+    contrib = N.neuron_logit_contributions(b, col[A.post_hook(1)][:, None], [1], answers, scale)
+    total = contrib.sum((1, 2))
+    direct = (N.logit_directions(b, col["blocks.1.hook_mlp_out"]) / scale[:, None]).gather(1, answers[:, None])[:, 0]
+    assert torch.allclose(total, direct, atol=1e-3)
+
+
+def test_number_tokens_and_grid_pivot(tiny):
+    ids = N.number_token_ids(tiny.tokenizer, 9)
+    assert len(ids) == 10 and len(set(ids.tolist())) == 10
+    with pytest.raises(ValueError, match="single token"):
+        N.number_token_ids(tiny.tokenizer, 12)
+    frame = pd.DataFrame({"a": [0, 0, 1], "b": [0, 1, 1]})
+    g = N.operand_grid(frame, np.array([1.0, 2.0, 3.0]))
+    assert g.loc[1, 1] == 3.0 and np.isnan(g.loc[1, 0])
+
+
+def test_bad_layers(tiny, setup):
+    runner, *_ = setup
+    with pytest.raises(ValueError, match="out of range"):
+        N.neuron_activations(tiny.bridge, runner.prompts, [5])
+    with pytest.raises(ValueError, match="duplicates"):
+        N.neuron_activations(tiny.bridge, runner.prompts, [1, 1])
+
+
+def test_subset_and_greedy(tiny, grid, setup):
+    from arithlib.evaluate import evaluate
+    runner, layers, acts, means = setup
+    idx = [5, 0, len(grid) - 1, 7]
+    N.neuron_attribution(runner, [1], means=means[1:])     # a gradient pass must leave the cache copyable
+    sub = runner.subset(idx)
+    assert torch.allclose(sub.logits(), runner.logits()[idx], atol=1e-5)
+    assert [r.a for r in sub.prompts.records] == [grid.records[i].a for i in idx]
+    frame = evaluate(tiny.bridge, grid)
+    assert (runner.greedy_correct() == frame["correct_full"].to_numpy()).all()
+    assert torch.allclose(runner.logits(), answer_logits(tiny.bridge, grid), atol=1e-4)   # cache restored
+    rec = N.AnswerPositionRunner(tiny.bridge, grid, batch_size=16, record=[A.post_hook(1)])
+    assert torch.allclose(rec.clean[A.post_hook(1)], acts[:, 1], atol=1e-4)
+    assert torch.allclose(rec.subset(idx).clean["logits"], rec.clean["logits"][idx])

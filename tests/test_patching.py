@@ -1,0 +1,459 @@
+"""The answer-position fast path equals the straightforward full-forward patch
+(TransformerLens' patcher as reference), on small random models of three
+architectures and on the toy model, fp32, tolerance 1e-4; path patching, ablations,
+the exact top-1 readout, token location and the benchmark's GPU code path."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import transformer_lens.patching as tlp
+
+import arithlib.ablation as A
+import arithlib.datasets as ds
+import arithlib.patching as P
+from arithlib.evaluate import answer_logits
+from arithlib.models import load_model, random_model_dir
+
+TOL = 1e-4
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gpt2"])
+def tiny(request):
+    return load_model(str(random_model_dir(request.param)))
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_model("toy-arith")
+
+
+def _pair(vocab: int, B: int = 3, T: int = 9, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    clean = torch.randint(4, vocab, (B, T), generator=g)
+    cf = clean.clone()
+    cf[:, 2] = torch.randint(4, vocab, (B,), generator=g)
+    cf[:, 5] = torch.randint(4, vocab, (B,), generator=g)
+    cf[:, -1] = torch.randint(4, vocab, (B,), generator=g)
+    return clean, cf
+
+
+def _fast_patch(model, clean, cf, comps, pos):
+    run = P.clean_run(model, clean)
+    src = P.cache_activations(model, cf, {c.hook_name for c in comps})
+    p = pos % clean.shape[1]
+    variants = []
+    for c in comps:
+        act = src[c.hook_name][:, p]
+        variants.append([P.Edit(c, pos, act[:, c.index] if c.index is not None else act)])
+    return P.Unembed(model).logits(P.run_variants(model, run, variants, max_rows=8))
+
+
+PROBE = [4, 5, 9, 17, 33, 60]  # tokens whose logits are compared, plus the log-partition
+
+
+def _probe(logits: torch.Tensor) -> torch.Tensor:
+    """[..., vocab] -> [..., len(PROBE) + 1]: a few logits and the logsumexp."""
+    return torch.cat([logits[..., PROBE], logits.logsumexp(-1, keepdim=True)], -1)
+
+
+def _tl_reference(model, clean, cf, act_name, index_df, setter):
+    """TransformerLens' generic patcher (one full forward per index), probed at the last position."""
+    _, cache = model.run_with_cache(cf)
+    metrics = {f"m{j}": (lambda logits, j=j: _probe(logits[:, -1].float())[:, j]) for j in range(len(PROBE) + 1)}
+    res = tlp.generic_activation_patch(model, clean, cache, metrics, patch_setter=setter, activation_name=act_name,
+                                       index_df=index_df, reduce="none")
+    return res.values.permute(1, 2, 0)  # [index, batch, probe]
+
+
+def test_component_names_and_validation():
+    c = P.Component("head", 3, 5)
+    assert c.hook_name == "blocks.3.attn.hook_z" and c.label == "L3H5"
+    assert P.Component("mlp", 2).hook_name == "blocks.2.hook_mlp_out"
+    assert P.Component("neuron", 1, 7).label == "L1N7"
+    with pytest.raises(ValueError, match="kind"):
+        P.Component("ffn", 0)
+    with pytest.raises(ValueError, match="no index"):
+        P.Component("mlp", 0, 3)
+
+
+def test_fast_head_patching_equals_transformer_lens(tiny):
+    b = tiny.bridge
+    clean, cf = _pair(tiny.info.d_vocab)
+    T = clean.shape[1]
+    heads = P.head_components(b.cfg.n_layers, b.cfg.n_heads)
+    idx = pd.DataFrame([(c.layer, T - 1, c.index) for c in heads], columns=["layer", "pos", "head"])
+    ref = _tl_reference(b, clean, cf, "z", idx, tlp.layer_pos_head_vector_patch_setter)
+    fast = _probe(_fast_patch(b, clean, cf, heads, -1))
+    assert (ref - ref[:1]).abs().max() > 1e-3          # the patches do something
+    torch.testing.assert_close(fast, ref, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("kind,act", [("mlp", "mlp_out"), ("resid_pre", "resid_pre")])
+def test_fast_block_patching_equals_transformer_lens(tiny, kind, act):
+    b = tiny.bridge
+    clean, cf = _pair(tiny.info.d_vocab, seed=1)
+    comps = [P.Component(kind, l) for l in range(b.cfg.n_layers)]
+    for pos in (clean.shape[1] - 1, 5):
+        idx = pd.DataFrame([(c.layer, pos) for c in comps], columns=["layer", "pos"])
+        ref = _tl_reference(b, clean, cf, act, idx, tlp.layer_pos_patch_setter)
+        fast = _probe(_fast_patch(b, clean, cf, comps, pos))
+        torch.testing.assert_close(fast, ref, atol=TOL, rtol=0)
+
+
+def test_fast_patching_mid_and_all_positions_equal_full_forward(tiny):
+    b = tiny.bridge
+    clean, cf = _pair(tiny.info.d_vocab, seed=2)
+    comps = [P.Component("head", 1, 0), P.Component("attn", 0), P.Component("neuron", 1, 3),
+             P.Component("resid_mid", 1), P.Component("head", 0)]
+    for pos in (2, 5):
+        ref = P.activation_patch_full(b, clean, cf, comps, position=pos)
+        torch.testing.assert_close(_fast_patch(b, clean, cf, comps, pos), ref, atol=TOL, rtol=0)
+    # every position: start at 0, the fast path still resumes from the edited layer
+    ref = P.activation_patch_full(b, clean, cf, comps, position=None)
+    run = P.clean_run(b, clean)
+    src = P.cache_activations(b, cf, {c.hook_name for c in comps})
+    variants = [[P.Edit(c, p, src[c.hook_name][:, p, c.index] if c.index is not None else src[c.hook_name][:, p])
+                 for p in range(clean.shape[1])] for c in comps]
+    fast = P.Unembed(b).logits(P.run_variants(b, run, variants))
+    torch.testing.assert_close(fast, ref, atol=TOL, rtol=0)
+
+
+def test_edit_before_recomputed_positions_is_refused(tiny):
+    b = tiny.bridge
+    with pytest.raises(ValueError, match="before"):
+        P.variant_hooks(b, [[P.Edit(P.Component("mlp", 0), 2, 0.0)]], 3, 4, 9)
+    with pytest.raises(ValueError, match="shape"):
+        P.variant_hooks(b, [[P.Edit(P.Component("mlp", 0), 5, torch.zeros(7))]], 3, 4, 9)
+
+
+def test_path_patching_fast_equals_full(tiny):
+    b = tiny.bridge
+    clean, cf = _pair(tiny.info.d_vocab, seed=3)
+    answers = torch.tensor([5, 6, 7])
+    senders = P.heads_and_mlps(b)
+    full = P.path_patch_full(b, clean, cf, senders, answers)
+    n = b.cfg.n_layers
+    crun = P.clean_run(b, clean, P.path_end_captures(n))
+    frun = P.clean_run(b, cf, [f"blocks.{l}.attn.hook_z" for l in range(n)] + [f"blocks.{l}.hook_mlp_out" for l in range(n)])
+    cf_end = {k: v[:, -1] for k, v in frun.captured.items()}
+    fast = P.path_patch_answer(b, crun, crun.captured, cf_end, senders, answers)
+    assert (full - full[:1]).abs().max() > 1e-4
+    torch.testing.assert_close(fast, full, atol=TOL, rtol=0)
+
+
+def test_path_patching_prompt_sets_pool_lengths(tiny):
+    """The high-level path_patching pools END vectors over prompts of different lengths;
+    it must equal the full-forward method prompt by prompt."""
+    b = tiny.bridge
+    ps = (ds.PromptSet.build(ds.zhang_prompts(ops=["+"], n_per_template=3, fewshot=1, templates=[0]), tiny.tokenizer)
+          + ds.PromptSet.build(ds.zhang_prompts(ops=["-"], n_per_template=2, fewshot=2, templates=[0]), tiny.tokenizer))
+    assert len(ps.length_groups()) > 1
+    fast = P.path_patching(b, ps, batch_size=4, progress=False)
+    full = P.path_patching(b, ps, method="full", batch_size=4, progress=False, capture_attention=False)
+    diff = (fast.effects["patched_logit"] - full.effects["patched_logit"]).abs().max()
+    assert diff < TOL
+    assert len(fast.attention) == len(ps) and sum(fast.cf_counts.values()) == len(ps)
+
+
+def test_path_patching_freezes_other_heads(tiny):
+    """Path patching differs from plain activation patching when later heads read the
+    patched END position; with a single layer of heads above none can, so the last
+    layer's heads give the same effect both ways."""
+    b = tiny.bridge
+    clean, cf = _pair(tiny.info.d_vocab, seed=4)
+    answers = torch.tensor([5, 6, 7])
+    last = b.cfg.n_layers - 1
+    senders = [P.Component("head", last, h) for h in range(b.cfg.n_heads)]
+    pp = P.path_patch_full(b, clean, cf, senders, answers)
+    ap = P.activation_patch_full(b, clean, cf, senders, position=-1).gather(-1, answers.expand(len(senders), -1)[..., None])[..., 0]
+    torch.testing.assert_close(pp, ap, atol=TOL, rtol=0)
+
+
+def test_top1_is_exact(tiny):
+    b = tiny.bridge
+    clean, _ = _pair(tiny.info.d_vocab, seed=5)
+    run = P.clean_run(b, clean)
+    un = P.Unembed(b)
+    g = torch.Generator().manual_seed(0)
+    for scale in (1e-3, 1e-1, 10.0):  # small perturbations prune, large ones fall back
+        h = run.final + scale * torch.randn((4, *run.final.shape), generator=g)
+        ids, mx = un.top1(h, run.final, hint_ids=torch.tensor([5, 6, 7]))
+        full = un.logits(h)
+        assert torch.equal(ids, full.argmax(-1))
+        torch.testing.assert_close(mx, full.max(-1).values, atol=1e-5, rtol=0)
+
+
+def test_zero_and_mean_ablation_edits_equal_ablation_hooks(tiny, digit_tokenizer):
+    b = tiny.bridge
+    clean, _ = _pair(tiny.info.d_vocab, seed=6)
+    heads = [(0, 1), (1, 2), (1, 0)]
+    with torch.no_grad(), b.hooks(fwd_hooks=A.zero_heads_hooks(heads)):
+        ref = b(clean, logits_to_keep=1)[:, -1]
+    run = P.clean_run(b, clean)
+    un = P.Unembed(b)
+    fast = un.logits(P.run_variants(b, run, [P.ablation_edits(heads, 0.0, None)]))[0]
+    torch.testing.assert_close(fast, ref, atol=TOL, rtol=0)
+    # mean ablation at the answer position only, with per-length means of a reference set
+    ps = ds.PromptSet.build(ds.nikankin_prompts(["+"], n_per_op=6), digit_tokenizer)
+    ps.input_ids = [[i % 100 + 4 for i in ids] for ids in ps.input_ids]
+    means = A.mean_activations(b, ps, [A.z_hook(0), A.z_hook(1)])
+    toks = torch.tensor(ps.input_ids)
+    T = toks.shape[1]
+    with torch.no_grad(), b.hooks(fwd_hooks=A.mean_heads_hooks(heads, means, position=-1)):
+        ref = b(toks, logits_to_keep=1)[:, -1]
+    end_means = {l: means[A.z_hook(l)][T][-1] for l in (0, 1)}
+    fast = un.logits(P.run_variants(b, P.clean_run(b, toks), [P.ablation_edits(heads, end_means, -1)]))[0]
+    torch.testing.assert_close(fast, ref, atol=TOL, rtol=0)
+
+
+# --------------------------------------------------------------------------- toy model
+
+
+def _toy_set(toy, n=6, seed=0):
+    recs = ds.zhang_prompts(ops=["+", "-"], n_per_template=n, seed=seed, fewshot=2, templates=[0])
+    return ds.PromptSet.build(recs, toy.tokenizer)
+
+
+def test_toy_path_patching_and_activation_patching(toy):
+    b = toy.bridge
+    ps = _toy_set(toy)
+    res_fast = P.path_patching(b, ps, method="fast", batch_size=8, progress=False)
+    res_full = P.path_patching(b, ps, method="full", batch_size=8, progress=False, capture_attention=False)
+    assert len(res_fast.effects) == len(ps) * (b.cfg.n_layers * (b.cfg.n_heads + 1))
+    diff = (res_fast.effects["patched_logit"] - res_full.effects["patched_logit"]).abs().max()
+    assert diff < TOL
+    assert res_fast.effects["effect"].abs().max() > 1e-3
+    means = P.mean_effects(res_fast.effects, by=["op"])
+    assert set(means["op"]) == {"+", "-"} and (means["n"] == len(ps) // 2).all()
+    kh = P.key_heads(P.mean_effects(res_fast.effects, by=[]))
+    assert (kh["effect"] < -0.05).all() and kh["effect"].is_monotonic_increasing
+    em = res_fast.end_means()
+    assert set(em) == set(range(b.cfg.n_layers)) and em[0].shape == (b.cfg.n_heads, b.cfg.d_head)
+    some = next(iter(res_fast.attention.values()))
+    assert some.shape[:2] == (b.cfg.n_layers, b.cfg.n_heads)
+    torch.testing.assert_close(some.sum(-1), torch.ones(some.shape[:2]), atol=1e-4, rtol=0)
+    # answer-position activation patching vs TransformerLens on the toy model
+    batch = next(ps.batches(8))
+    T = batch.tokens.shape[1]
+    heads = P.head_components(b.cfg.n_layers, b.cfg.n_heads)
+    idx = pd.DataFrame([(c.layer, T - 1, c.index) for c in heads], columns=["layer", "pos", "head"])
+    ref = _tl_reference(b, batch.tokens, batch.cf_tokens, "z", idx, tlp.layer_pos_head_vector_patch_setter)
+    torch.testing.assert_close(_probe(_fast_patch(b, batch.tokens, batch.cf_tokens, heads, -1)), ref, atol=TOL, rtol=0)
+
+
+def test_toy_head_sweep_knockout_and_faithfulness(toy):
+    b = toy.bridge
+    ps = _toy_set(toy, n=5)
+    sweep = P.head_sweep(b, ps, position=-1, progress=False)
+    acc = P.sweep_accuracy(sweep)
+    assert len(acc) == 2 * b.cfg.n_layers * b.cfg.n_heads
+    assert ((acc["baseline_accuracy"] - acc["accuracy"] - acc["accuracy_drop"]).abs() < 1e-9).all()
+    # the fast screen equals zeroing the head with a full forward at the answer position
+    layer, head = 1, 2
+    with torch.no_grad(), b.hooks(fwd_hooks=A.zero_heads_hooks([(layer, head)], position=-1)):
+        lg = answer_logits(b, ps)
+    ref = (lg.argmax(-1) == ps.first_answer_ids).numpy()
+    got = sweep[(sweep.layer == layer) & (sweep.head == head)].sort_values("prompt")["correct"].to_numpy()
+    assert (ref == got).all()
+    exact = P.head_sweep(b, ps, heads=[(layer, head)], position=None, progress=False)
+    with torch.no_grad(), b.hooks(fwd_hooks=A.zero_heads_hooks([(layer, head)])):
+        lg = answer_logits(b, ps)
+    assert ((lg.argmax(-1) == ps.first_answer_ids).numpy() == exact.sort_values("prompt")["correct"].to_numpy()).all()
+    res = P.path_patching(b, ps, progress=False, capture_attention=False)
+    ranking = [(int(r.layer), int(r.head)) for r in P.mean_effects(res.effects, by=[]).query("kind == 'head'")
+               .sort_values("effect").itertuples()]
+    curves = P.knockout_curves(b, ps, ranking, [0, 2, 16], res.end_means(), n_random=2, seed=0, progress=False)
+    assert set(curves["order_name"]) == {"effect", "random0", "random1"}
+    assert set(curves["group"]) == {"all", "+", "-"}
+    assert curves.loc[curves.k == 0, "accuracy"].nunique() <= 3
+    # every-position knockout equals arithlib.ablation's mean hooks with a full forward
+    allpos = P.knockout_curves(b, ps, ranking, [3], res.cf_means, n_random=0, position=None, progress=False)
+    with torch.no_grad(), b.hooks(fwd_hooks=A.mean_heads_hooks(ranking[:3], res.cf_means)):
+        lg = answer_logits(b, ps)
+    ref_acc = float((lg.argmax(-1) == ps.first_answer_ids).float().mean())
+    assert allpos.query("group == 'all'")["accuracy"].item() == pytest.approx(ref_acc)
+    again = P.knockout_curves(b, ps, ranking, [0, 2, 16], res.end_means(), n_random=2, seed=0, progress=False)
+    pd.testing.assert_frame_equal(curves, again)
+    # faithfulness: full model 1, fully ablated 0, all components kept 1
+    nk = ds.PromptSet.build(ds.nikankin_prompts(["+", "-"], max_operand=20, n_per_op=6, fewshot=2), toy.tokenizer)
+    pos = P.named_positions(P.locate_operands(nk))
+    comps = P.heads_and_mlps(b)
+    means = A.mean_activations(b, nk, sorted({c.hook_name for c in comps}))
+    everything = {(c, n) for c in comps for n in pos}
+    f = P.circuit_faithfulness(b, nk, {"everything": everything, "nothing": set()}, pos, means, progress=False)
+    f = f.set_index("circuit")
+    assert f.loc["full", "faithfulness"] == pytest.approx(1) and f.loc["ablated", "faithfulness"] == pytest.approx(0)
+    assert f.loc["everything", "faithfulness"] == pytest.approx(1, abs=1e-4)
+    assert f.loc["nothing", "faithfulness"] == pytest.approx(0, abs=1e-4)
+    # the engine's mean ablation at the query positions equals a full forward with hooks
+    batch = next(nk.batches(64))
+    T = batch.tokens.shape[1]
+    names = list(pos)
+    qpos = [pos[n][int(batch.index[0])] for n in names]
+    hooks = []
+    for c in comps:
+        def fn(act, hook, c=c):
+            m = means[c.hook_name][T]
+            for p in qpos:
+                act[:, p] = m[p]
+            return act
+        hooks.append((c.hook_name, fn))
+    with torch.no_grad(), b.hooks(fwd_hooks=hooks):
+        ref = b(batch.tokens, logits_to_keep=1)[:, -1]
+    nl_ref = (ref.gather(1, batch.answer_ids[:, None])[:, 0] / ref.max(-1).values).mean()
+    assert len(batch.index) == len(nk)  # one length: the toy tokenizer has one token per number
+    assert float(nl_ref) == pytest.approx(f.loc["ablated", "normalized_logit"], abs=1e-4)
+
+
+def test_toy_activation_patching_per_position(toy):
+    b = toy.bridge
+    nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=4, fewshot=2), toy.tokenizer)
+    pos = P.named_positions(P.locate_operands(nk), {"A": "op1", "operator": "operator", "B": "op2", "last": "="})
+    comps = P.heads_and_mlps(b)
+    frame = P.activation_patching(b, nk, comps, pos, progress=False)
+    assert len(frame) == len(nk) * len(comps) * 4
+    assert set(frame["position"]) == {"op1", "operator", "op2", "="}
+    # the fast path at op1 equals a full forward patch there
+    i = 0
+    batch = next(nk.subset([i]).batches(1))
+    ref = P.activation_patch_full(b, batch.tokens, batch.cf_tokens, comps[:3], position=pos["op1"][i])
+    un = P.Unembed(b)
+    a = int(batch.answer_ids[0])
+    clean_logit = un.logits(P.clean_run(b, batch.tokens).final)[0, a]
+    got = frame[(frame.prompt == i) & (frame.position == "op1")].set_index("component")
+    for j, c in enumerate(comps[:3]):
+        assert got.loc[c.label, "answer_logit_change"] == pytest.approx(float(ref[j, 0, a] - clean_logit), abs=TOL)
+
+
+# --------------------------------------------------------------------------- tokens, evaluation
+
+
+def test_locate_operands(digit_tokenizer):
+    tok = digit_tokenizer
+    sets = {"zhang": ds.zhang_prompts(n_per_template=1, fewshot=2, seed=1),
+            "yu": ds.yu_prompts(n_digits=2, n_per_template=2, fewshot=2, numerals="both"),
+            "nikankin": ds.nikankin_prompts(n_per_op=3, fewshot=2)}
+    for name, recs in sets.items():
+        ps = ds.PromptSet.build(recs, tok)
+        for r, ids, loc in zip(ps.records, ps.input_ids, P.locate_operands(ps)):
+            numerals = r.get("numerals", "digits")
+            text = lambda key: tok.decode([ids[i] for i in loc[key]]).strip()
+            assert text("A").replace(" ", "") == P._format_operand(r.a, numerals).replace(" ", ""), (name, r.text)
+            assert text("B").replace(" ", "") == P._format_operand(r.b, numerals).replace(" ", ""), (name, r.text)
+            slot = r.template[r.template.index("[") + 1:r.template.index("]")]
+            assert text("operator") == slot, (name, r.text)
+            assert loc["last"] == [len(ids) - 1]
+            everything = sorted(loc["A"] + loc["B"] + loc["operator"] + loc["prefix"] + loc["other"])
+            assert everything == list(range(len(ids)))
+            if r.prefix:
+                assert max(loc["prefix"]) < min(loc["A"])
+
+
+def test_locate_operands_word_problems_fallback(digit_tokenizer):
+    ps = ds.PromptSet.build(ds.zhang_word_problems(n_per_template=1), digit_tokenizer)
+    for r, ids, loc in zip(ps.records, ps.input_ids, P.locate_operands(ps)):
+        assert digit_tokenizer.decode([ids[i] for i in loc["A"]]).strip() == str(r.a)
+
+
+def test_counterfactual_answer_ids(digit_tokenizer):
+    ps = ds.PromptSet.build(ds.nikankin_prompts(["+"], n_per_op=5, fewshot=2), digit_tokenizer)
+    cf = P.counterfactual_answer_ids(ps)
+    for r, t in zip(ps.records, cf.tolist()):
+        assert digit_tokenizer.decode([t]).strip() == str(r.get("cf_answer"))[0]
+
+
+def test_sample_per_group(digit_tokenizer):
+    ps = ds.PromptSet.build(ds.zhang_prompts(n_per_template=2, fewshot=2), digit_tokenizer)
+    picked = P.sample_per_group(ps, 3, ("op",), seed=0)
+    assert picked.to_frame().groupby("op").size().tolist() == [3, 3, 3, 3]
+    again = P.sample_per_group(ps, 3, ("op",), seed=0)
+    assert [r.text for r in picked.records] == [r.text for r in again.records]
+
+
+def test_attention_classes_and_head_types(digit_tokenizer):
+    ps = ds.PromptSet.build(ds.zhang_prompts(ops=["+"], n_per_template=1, fewshot=0, templates=[0, 1]), digit_tokenizer)
+    loc = P.locate_operands(ps)
+    att = {}
+    for i, ids in enumerate(ps.input_ids):
+        pat = torch.zeros(1, 2, len(ids))
+        pat[0, 0, loc[i]["A"][0]] = 1.0         # head 0 reads operand A
+        pat[0, 1, loc[i]["operator"][0]] = 0.7  # head 1 reads the operator
+        pat[0, 1, 0] += 0.3
+        att[i] = pat
+    frame = P.attention_by_class(att, loc, ps)
+    types = P.classify_heads(frame).set_index("head")["type"]
+    assert types[0] == "operand" and types[1] == "operator"
+
+
+# --------------------------------------------------------------------------- benchmark code path
+
+
+def test_benchmark_gpu_mode_code_path_on_cpu():
+    spec = importlib.util.spec_from_file_location("bench_patching", ROOT / "benchmarks" / "patching.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = bench.run_benchmark(mode="gpu", arch="llama", shape="tiny", device="cpu", dtype="float32",
+                              n_prompts=3, n_tokens=8, max_components=None, max_rows=16, loop="own", seed=0)
+    assert row["max_abs_diff"] < TOL
+    assert row["components"] == 2 * 4 and row["fast_s"] > 0 and row["flops_fast"] > 0
+    assert row["ratio_own"] > 0 and "roofline_tflops" in row
+
+
+# --------------------------------------------------------------------------- transfer sets, plots
+
+
+def test_transfer_sets_are_correct_and_tokenize(digit_tokenizer):
+    import arithlib.transfer_sets as TS
+    from arithlib.toy import build_tokenizer
+
+    dec = TS.decimal_prompts(("+", "-"), n_per_op=10, seed=1, fewshot=2)
+    for r in dec:
+        a, b, c = (float(x) for x in (r.get("a_text"), r.get("b_text"), r.answer_text))
+        assert abs((a + b if r.op == "+" else a - b) - c) < 1e-9 and 0 <= c < 10
+        assert r.prefix.count("\n") == 2 and r.text.endswith("equals to ")
+    dates = TS.date_prompts(20, seed=2, fewshot=2)
+    for r in dates:
+        year = r.get("year")
+        assert r.text.endswith(str(year + r.a)[:-1]) and r.answer_text == str(year + r.a)[-1]
+        assert year % 10 + r.a < 10
+    assert [r.text for r in TS.date_prompts(5, seed=3)] == [r.text for r in TS.date_prompts(5, seed=3)]
+    ps, dropped = TS.build_tolerant(dec + dates, digit_tokenizer)
+    assert dropped == 0 and len(ps) == len(dec) + len(dates)
+    assert all(digit_tokenizer.decode([a[0]]).strip().isdigit() for a in ps.answer_ids)
+    # the toy tokenizer reads "172" + "8" as one unknown number: those prompts are dropped, not fatal
+    toy_ps, toy_dropped = TS.build_tolerant(dates, build_tokenizer())
+    assert toy_dropped + len(toy_ps) == len(dates)
+
+
+def test_plots_return_figures():
+    import matplotlib.pyplot as plt
+
+    import arithlib.plots_heads as PH
+
+    L_, H_ = 3, 4
+    rows = [{"op": op, "component": f"L{l}H{h}", "kind": "head", "layer": l, "head": h, "effect": -0.01 * (l + h)}
+            for op in ("+", "all") for l in range(L_) for h in range(H_)]
+    rows += [{"op": op, "component": f"MLP{l}", "kind": "mlp", "layer": l, "head": -1, "effect": 0.02} for op in ("+", "all") for l in range(L_)]
+    eff = pd.DataFrame(rows)
+    figs = [PH.effect_heatmaps(eff, L_, H_, panels=["+", "all"])]
+    curves = pd.DataFrame([{"order": o, "order_name": n, "k": k, "group": "all", "accuracy": 1 - 0.1 * k * (o == "effect")}
+                           for o, n in (("effect", "effect"), ("random", "random0"), ("random", "random1")) for k in (0, 1, 2, 4)])
+    figs.append(PH.knockout_plot(curves))
+    att = pd.DataFrame({"label": ["L1H2", "L2H0"], "A": [0.5, 0.1], "B": [0.2, 0.1], "operator": [0.1, 0.6],
+                        "other": [0.1, 0.1], "prefix": [0.1, 0.1]})
+    figs.append(PH.attention_class_plot(att))
+    acc = pd.DataFrame([{"op": "+", "n_digits": n, "layer": l, "head": h, "accuracy_drop": 0.1 * h} for n in (1, 2)
+                        for l in range(L_) for h in range(H_)])
+    figs.append(PH.sweep_heatmaps(acc, L_, H_))
+    ie = eff.assign(position=["=" if i % 2 else "op1" for i in range(len(eff))], ie=eff["effect"])
+    figs.append(PH.ie_heatmaps(ie, L_, H_, ["op1", "="]))
+    figs.append(PH.faithfulness_plot(pd.DataFrame({"k": [0, 1, 2], "faithfulness": [0.2, 0.6, 0.95]}), target=0.9))
+    for f in figs:
+        assert f.axes and all(ax.get_xlabel() for ax in f.axes if ax.get_images() or ax.lines or ax.patches)
+        plt.close(f)

@@ -1,0 +1,245 @@
+"""Tests of arithlib.toy: tokenizer, data, a tiny deterministic training run, and (slow)
+the default toy model's accuracy."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import arithlib.toy as toy
+from arithlib.paths import DATA_DIR
+from arithlib.toy import (
+    TOY_TEMPLATES,
+    TOY_WORDS,
+    ToyConfig,
+    build_tokenizer,
+    checkpoint_steps,
+    make_training_examples,
+    split_pairs,
+    toy_accuracy,
+    toy_checkpoint_dirs,
+    toy_model_dir,
+    train_toy,
+)
+
+TINY = ToyConfig(n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, d_mlp=64, steps=30, batch_size=8, shots=2)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def _ids(tok, text: str, special: bool = False) -> list[int]:
+    return tok(text, add_special_tokens=special)["input_ids"]
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def test_every_integer_to_999_is_one_token(tok):
+    ids = [_ids(tok, str(n)) for n in range(1000)]
+    assert all(len(i) == 1 for i in ids)
+    assert len({i[0] for i in ids}) == 1000
+    assert tok.unk_token_id not in {i[0] for i in ids}
+    assert tok.decode(ids[537]) == "537"
+
+
+def test_spaces_do_not_change_tokens(tok):
+    assert _ids(tok, "3+5=") == _ids(tok, "3 + 5 =") == _ids(tok, " 3 +5 = ")
+    assert [tok.convert_ids_to_tokens(i) for i in _ids(tok, "3+5=")] == ["3", "+", "5", "="]
+    assert _ids(tok, "12-57=-45") == _ids(tok, "12 - 57 = - 45")
+    assert len(_ids(tok, "12-57=-45")) == 6
+
+
+def test_bos_is_prepended_once(tok):
+    ids = _ids(tok, "3+5=", special=True)
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+    assert ids[1:] == _ids(tok, "3+5=")
+
+
+def test_large_integers_are_unknown(tok):
+    for text in ("1000", "12345", "007"):
+        assert _ids(tok, text) == [tok.unk_token_id]
+    assert _ids(tok, "1000+5=")[1:] == _ids(tok, "1+5=")[1:]
+
+
+def _template_texts() -> list[str]:
+    texts = [t for ts in TOY_TEMPLATES.values() for t in ts]
+    data = json.loads((DATA_DIR / "templates.json").read_text())
+    for section in ("zhang", "yu", "zhang_power", "nikankin"):
+        for key, val in data.get(section, {}).items():
+            if isinstance(val, list):
+                texts += [re.sub(r"\[(.*?)\]", r"\1", t) for t in val]
+    cf = data.get("zhang_counterfactual", {})
+    texts += [" ".join(cf.get("words", [])), " ".join(cf.get("symbols", []))]
+    return texts
+
+
+def test_template_words_are_known(tok):
+    words = json.loads((DATA_DIR / "number_words.json").read_text())
+    number_words = [w for w in words["units"] + words["tens"] if w] + [words["hundred"]]
+    texts = _template_texts() + [" ".join(number_words), " ".join(TOY_WORDS)]
+    for text in texts:
+        for variant in (text, text[:1].upper() + text[1:]):
+            ids = _ids(tok, variant.format(A=23, B=7) + " 30\n")
+            assert tok.unk_token_id not in ids, (variant, tok.convert_ids_to_tokens(ids))
+
+
+def test_decode_is_readable(tok):
+    for text in ("3+4=7\n8+1=9\n3-5=-2", "Q: What is the sum of 3 and 5? A: 8", "The difference between 9 and 4 is 5"):
+        assert tok.decode(_ids(tok, text, special=True), skip_special_tokens=True) == text
+    assert tok.decode(_ids(tok, "3 + 5 = 8")) == "3+5=8"
+
+
+def test_tokenizer_round_trips_through_save(tok, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    for text in ("3+4=7\n8+1=9\n3-5=", "Q: What is 3 plus 5? A:"):
+        assert loaded(text)["input_ids"] == tok(text)["input_ids"]
+    assert loaded.decode(loaded("3+5=8")["input_ids"], skip_special_tokens=True) == "3+5=8"
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_training_examples_are_deterministic_and_split_disjoint():
+    cfg = ToyConfig()
+    train, held = make_training_examples(cfg)
+    assert (train, held) == make_training_examples(ToyConfig())
+    assert not set(train) & set(held)
+    assert "3+5=8" in train + held and "3-5=-2" in train + held and "12/4=3" in train + held
+    assert make_training_examples(ToyConfig(seed=1))[1] != held
+    split = split_pairs(cfg)
+    for op, (tr, he) in split.items():
+        assert not set(tr) & set(he)
+        assert len(he) == round(0.1 * (len(tr) + len(he)))
+    assert len(split["+"][0]) + len(split["+"][1]) == 100 * 100
+    assert all(a % b == 0 for a, b in split["/"][0] + split["/"][1])
+
+
+def test_checkpoint_steps_are_log_spaced():
+    assert checkpoint_steps(1500) == [0, 10, 20, 50, 100, 200, 500, 1000, 1500]
+    assert checkpoint_steps(30) == [0, 10, 20, 30]
+
+
+def test_config_key_is_stable_and_distinguishes():
+    assert ToyConfig().key() == ToyConfig().key()
+    assert ToyConfig(seed=1).key() != ToyConfig().key()
+    assert re.fullmatch(r"[0-9a-f]{12}", ToyConfig().key())
+
+
+# --------------------------------------------------------------------------- tiny training
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    return train_toy(TINY, tmp_path_factory.mktemp("tiny") / "run", progress=False, evaluate=False)
+
+
+def test_tiny_run_writes_complete_checkpoints(tiny_run):
+    run = tiny_run.parent
+    assert (tiny_run / toy.COMPLETE_MARKER).exists()
+    steps = sorted(int(p.name.split("-")[1]) for p in run.glob("step-*"))
+    assert steps == [0, 10, 20]
+    assert not list(run.glob(".tmp-*"))
+    assert not list(run.rglob(toy.TRAINING_STATE))  # optimizer state is dropped when done
+    for d in [*run.glob("step-*"), tiny_run]:
+        for name in ("config.json", "model.safetensors", "tokenizer.json"):
+            assert (d / name).exists(), d / name
+    info = json.loads((tiny_run / toy.TOY_INFO).read_text())
+    assert info["checkpoint_steps"] == [0, 10, 20, 30] and info["key"] == TINY.key()
+
+
+def test_tiny_run_is_deterministic(tiny_run, tmp_path):
+    again = train_toy(TINY, tmp_path / "run", progress=False, evaluate=False)
+    for d in ("step-000000", "step-000020", "final"):
+        a = load_file(tiny_run.parent / d / "model.safetensors")
+        b = load_file(again.parent / d / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    w0 = load_file(tiny_run.parent / "step-000000" / "model.safetensors")
+    w1 = load_file(tiny_run / "model.safetensors")
+    assert any(not torch.equal(w0[k], w1[k]) for k in w0)  # training moved the weights
+
+
+def test_interrupted_run_resumes_to_the_same_weights(tiny_run, tmp_path, monkeypatch):
+    real_batch = toy._batch
+
+    def failing_batch(cfg, enc, step, *args):
+        if step == 25:
+            raise KeyboardInterrupt
+        return real_batch(cfg, enc, step, *args)
+
+    monkeypatch.setattr(toy, "_batch", failing_batch)
+    with pytest.raises(KeyboardInterrupt):
+        train_toy(TINY, tmp_path / "run", progress=False, evaluate=False)
+    assert not (tmp_path / "run" / "final").exists()
+    assert (tmp_path / "run" / "step-000020" / toy.TRAINING_STATE).exists()
+    assert not (tmp_path / "run" / "step-000010" / toy.TRAINING_STATE).exists()
+    (tmp_path / "run" / ".tmp-final-123").mkdir()  # debris of an interrupted write
+    monkeypatch.setattr(toy, "_batch", real_batch)
+    final = train_toy(TINY, tmp_path / "run", progress=False, evaluate=False)
+    assert not list((tmp_path / "run").glob(".tmp-*"))
+    a, b = load_file(tiny_run / "model.safetensors"), load_file(final / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoints_load_in_hf_and_bridge(tiny_run):
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_run, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(tiny_run)
+    bridge = TransformerBridge.boot_transformers(str(tiny_run), device="cpu", dtype=torch.float32)
+    ids = tok(["3+5=", "12-57="], return_tensors="pt")["input_ids"]
+    assert torch.equal(bridge.to_tokens(["3+5=", "12-57="]), ids)  # one <bos>, not two
+    _, cache = bridge.run_with_cache(ids)
+    for name in ("blocks.0.attn.hook_z", "blocks.0.mlp.hook_post", "blocks.0.hook_resid_post"):
+        assert name in cache
+    assert cache["blocks.0.mlp.hook_post"].shape == (2, ids.shape[1], TINY.d_mlp)
+    with torch.no_grad():
+        assert torch.allclose(bridge(ids), hf(ids).logits, atol=1e-4)
+    pairs = [(3, 5), (12, 57), (40, 2)]
+    acc_hf = toy_accuracy(hf, tok, "-", pairs, prefix="7-3=4\n")
+    assert 0.0 <= acc_hf <= 1.0
+    assert toy_accuracy(bridge, tok, "-", pairs, prefix="7-3=4\n") == acc_hf
+
+
+def test_cache_api_uses_cache_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARITHLIB_CACHE", str(tmp_path))
+    cfg = ToyConfig(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_mlp=32, steps=12, batch_size=4, shots=1)
+    final = toy_model_dir(cfg, progress=False)
+    assert final == tmp_path / "toy" / cfg.key() / "final"
+    dirs = toy_checkpoint_dirs(cfg)
+    assert sorted(dirs) == [0, 10, 12] and dirs[12] == final
+    assert all((d / "model.safetensors").exists() for d in dirs.values())
+
+
+# --------------------------------------------------------------------------- the default model
+
+
+@pytest.mark.slow
+def test_default_toy_model_does_two_digit_addition_and_subtraction():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = ToyConfig()
+    final = toy_model_dir(cfg)
+    model = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(final)
+    split = split_pairs(cfg)
+    for op in ("+", "-"):
+        train, held = split[op]
+        for prefix in ("", toy.fewshot_prefix(op)):
+            acc_train = toy_accuracy(model, tok, op, train, prefix)
+            acc_held = toy_accuracy(model, tok, op, held, prefix)
+            acc_all = (acc_train * len(train) + acc_held * len(held)) / (len(train) + len(held))
+            assert acc_all >= 0.95, (op, prefix, acc_train, acc_held)
+            assert acc_held >= 0.9, (op, prefix, acc_train, acc_held)
+    assert toy_checkpoint_dirs(cfg)[cfg.steps] == final
