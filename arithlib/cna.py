@@ -570,10 +570,9 @@ def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tens
     beta = _beta(norm, W_U, b_U)
     R, K = coef.shape
     if pairs is None:
-        rows = torch.arange(R, device=device).repeat_interleave(K)
-        cols = torch.arange(K, device=device).repeat(R)
-    else:
-        rows, cols = (p.to(device) for p in pairs)
+        return _exact_importance_all(gr, gv, coef.float(), sigma, targets, W_U, beta, base_logprob.to(device),
+                                     vocab_chunk, block_elems)
+    rows, cols = (p.to(device) for p in pairs)
     used, inverse = torch.unique(cols, return_inverse=True)  # neurons involved
     P = rows.numel()
     m_pair = coef.float()[rows, cols]
@@ -604,8 +603,36 @@ def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tens
             new = torch.maximum(run_max[sl], z.amax(-1))
             run_sum[sl] = run_sum[sl] * torch.exp(run_max[sl] - new) + z.sub_(new[:, None]).exp_().sum(-1)
             run_max[sl] = new
-    imp = z_w - (run_max + torch.log(run_sum)) - base_logprob.to(device)[rows]
-    return imp.view(R, K) if pairs is None else imp
+    return z_w - (run_max + torch.log(run_sum)) - base_logprob.to(device)[rows]
+
+
+def _exact_importance_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, sigma: torch.Tensor,
+                          targets: torch.Tensor, W_U: torch.Tensor, beta: torch.Tensor, base_logprob: torch.Tensor,
+                          vocab_chunk: int, block_elems: int) -> torch.Tensor:
+    """:func:`exact_importance` for every (row, neuron): logits blocks [rows, K, chunk] by
+    broadcasting (no gathers), online logsumexp over vocabulary chunks. [R, K]."""
+    R, K = m.shape
+    device = W_U.device
+    inv_sigma = 1.0 / sigma
+    w_cols = W_U[:, targets].T  # [R, d]
+    z_w = ((gr * w_cols).sum(-1)[:, None] + m * (w_cols @ gv.T)) * inv_sigma + beta[targets][:, None]
+    run_max = torch.full((R, K), -torch.inf, device=device)
+    run_sum = torch.zeros(R, K, device=device)
+    chunk = min(vocab_chunk, W_U.shape[1])
+    row_block = max(1, block_elems // (K * chunk))
+    for v0 in range(0, W_U.shape[1], chunk):
+        Wc = W_U[:, v0:v0 + chunk]
+        A = gr @ Wc  # [R, C]
+        B = gv @ Wc  # [K, C]
+        bc = beta[v0:v0 + chunk]
+        for r0 in range(0, R, row_block):
+            rs = slice(r0, r0 + row_block)
+            z = torch.addcmul(A[rs, None, :], m[rs, :, None], B[None])  # [r, K, C]
+            z.mul_(inv_sigma[rs, :, None]).add_(bc)
+            new = torch.maximum(run_max[rs], z.amax(-1))
+            run_sum[rs] = run_sum[rs] * torch.exp(run_max[rs] - new) + z.sub_(new[..., None]).exp_().sum(-1)
+            run_max[rs] = new
+    return z_w - (run_max + torch.log(run_sum)) - base_logprob[:, None]
 
 
 @torch.no_grad()

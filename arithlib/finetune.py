@@ -354,21 +354,25 @@ def _prefix_key(r: PromptRecord) -> tuple:
 
 
 def answer_batches(prompts: PromptSet, batch_size: int, shuffle: bool = False, seed: int = 0) -> list[list[int]]:
-    """Index batches of at most ``batch_size`` prompts, each from one few-shot prefix
-    group (family, operator, template), so a batch shares its prefix. With ``shuffle``:
-    prompts shuffled within groups and batches shuffled, from ``seed``."""
+    """Index batches of ``batch_size`` prompts (the last one may be smaller) that keep
+    few-shot prefix groups (family, operator, template) together: the prompts are
+    laid out group by group and cut into consecutive batches, so a batch holds one
+    group (and shares its prefix) unless groups are smaller than a batch, when it spans
+    a few of them. With ``shuffle``: prompts within groups, the order of groups and the
+    order of batches are shuffled, from ``seed``."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(prompts.records):
         groups.setdefault(_prefix_key(r), []).append(i)
     rng = random.Random(seed)
-    batches = []
-    for idx in groups.values():
-        idx = idx[:]
-        if shuffle:
+    order = list(groups.values())
+    if shuffle:
+        for idx in order:
             rng.shuffle(idx)
-        batches.extend(idx[s:s + batch_size] for s in range(0, len(idx), batch_size))
+        rng.shuffle(order)
+    flat = [i for idx in order for i in idx]
+    batches = [flat[s:s + batch_size] for s in range(0, len(flat), batch_size)]
     if shuffle:
         rng.shuffle(batches)
     return batches
@@ -1028,8 +1032,8 @@ def _last_position_run(bridge, prompts: PromptSet, weights, batch_size: int):
 
 
 def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.Tensor]], *,
-             ks: Sequence[int] = (50, 30, 20, 10), mode: str = "auto", n_candidates: int = 200,
-             batch_size: int = 16, progress: bool = True) -> tuple[pd.DataFrame, dict]:
+             ks: Sequence[int] = (50, 30, 20, 10), layers: Sequence[int] | None = None, mode: str = "auto",
+             n_candidates: int = 200, batch_size: int = 16, progress: bool = True) -> tuple[pd.DataFrame, dict]:
     """Yu & Ananiadou Sec. 5 (Tables 9-10): CNA between each fine-tuned model and the
     original on ``cases`` (target: each case's correct first answer token).
 
@@ -1039,7 +1043,10 @@ def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.T
     original's, which LoRA in attention leaves unchanged: checked). Top-k neurons per
     case by two rules: ``select="cna"``, the largest importance increase imp_M - imp_orig
     (Yu's CNA between the two models), and ``select="original"``, the most important
-    neurons of the original model (independent of M). For each, the coefficient increase
+    neurons of the original model (independent of M). Neurons are ranked within
+    ``layers`` (default ``cna.deep_layers``: Yu's important neurons, Tables 4 and 9, are
+    deep FFN neurons; shallow layers' importance through the final norm is large and
+    not what the paper compares). For each, the coefficient increase
     (%) of those neurons from the original to M, sign-aware:
     100 * sum sign(m0) (m1 - m0) / sum |m0| over cases and neurons (the negative of
     ``cna.coefficient_decrease``). Returns (rows: model, selection, k, coef_increase,
@@ -1053,14 +1060,16 @@ def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.T
             raise ValueError(f"{model_name} changes FFN/unembedding weights ({sorted(touched)[:3]}): lora_cna compares "
                              "models that differ in attention only")
     targets = cases.first_answer_ids
+    n_layers = int(bridge.cfg.n_layers)
+    layers = cna.deep_layers(n_layers) if layers is None else sorted(int(l) for l in layers)
     run_orig = _last_position_run(bridge, cases, None, batch_size)
     orig_imp = cna.importance_from_runs(bridge, [run_orig], targets, mode=mode, n_candidates=n_candidates,
-                                        select="score")["importance"][0]
-    rows, details = [], {"original": {"run": run_orig, "importance": orig_imp}}
+                                        select="score", layers=layers)["importance"][0]
+    rows, details = [], {"original": {"run": run_orig, "importance": orig_imp}, "layers": layers}
     for model_name, weights in tqdm(models.items(), desc="CNA per model", disable=not progress):
         run_m = _last_position_run(bridge, cases, weights, batch_size)
         out = cna.importance_from_runs(bridge, [run_m, run_orig], targets, mode=mode, n_candidates=n_candidates,
-                                       select="change")
+                                       select="change", layers=layers)
         imp_m, imp_o = out["importance"][0], out["importance"][1]
         change = imp_m - imp_o
         details[model_name] = {"run": run_m, "importance": imp_m, "importance_orig": imp_o}

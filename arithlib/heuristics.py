@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -272,6 +272,16 @@ def threshold_sensitivity(scores: np.ndarray, heuristics: Sequence[Heuristic],
             n = int(hit[:, cols].any(1).sum()) if cols.any() else 0
             rows.append({"t": t, "kind": kind, "n_neurons": n, "share": n / m if m else 0.0})
     return pd.DataFrame(rows)
+
+
+def type_counts_by_threshold(scores: np.ndarray, neurons: Sequence[Neuron], heuristics: Sequence[Heuristic],
+                             assoc: np.ndarray, ts: Sequence[float] = (0.4, 0.5, 0.6, 0.7, 0.8),
+                             labels: str = "best") -> pd.DataFrame:
+    """:func:`type_counts` of the circuit's labels (:func:`neuron_labels` mode ``labels``) at
+    each threshold in ``ts``: the sensitivity of the per-type counts to t."""
+    frames = [type_counts(neuron_labels(classify_neurons(scores, neurons, heuristics, assoc, t), labels)).assign(t=t)
+              for t in ts]
+    return pd.concat(frames, ignore_index=True)
 
 
 # --------------------------------------------------------------------------- prompts
@@ -582,8 +592,9 @@ def checkpoint_summary(model, grids: dict[str, PromptSet], layers: Sequence[int]
     grid, the circuit (top ``k_per_layer`` per layer by attribution on ``n_analysis``
     sampled grid prompts, correct or not, since early checkpoints answer few), its
     faithfulness on them, the share of its neurons that match a heuristic (and the chance
-    level), and the names of the heuristics its neurons are labelled with
-    (``heuristic_set``, :func:`neuron_labels` mode ``labels``)."""
+    level), the share whose best rule is a result rule (``result_label_share``), and the
+    names of the heuristics its neurons are labelled with (``heuristic_set``,
+    :func:`neuron_labels` mode ``labels``)."""
     analyses = {op: prepare_operator(model, g, layers, n_analysis, None, seed, batch_size) for op, g in grids.items()}
     means = reference_means(analyses)
     rows = []
@@ -593,10 +604,14 @@ def checkpoint_summary(model, grids: dict[str, PromptSet], layers: Sequence[int]
         faith = N.neuron_circuit_faithfulness(an.runner, an.circuit, layers, means)
         lab = neuron_labels(an.matches, labels)
         hset = sorted(set(lab["heuristic"])) if lab is not None and not lab.empty else []
+        best = neuron_labels(an.matches, "best")
+        n_result = int((best["family"] == "result").sum()) if best is not None and not best.empty else 0
         rows.append({"op": op, "accuracy": float(an.grid_correct_first.mean()), "n_circuit": len(an.circuit),
                      "faithfulness": faith["faithfulness"], "faithfulness_per_prompt": faith["faithfulness_per_prompt"],
                      "circuit_accuracy": faith["accuracy"], "matched_share": matched_share(an, t),
-                     "matched_share_null": matched_share(an, t, null=True), "n_heuristics_matched": len(hset),
+                     "matched_share_null": matched_share(an, t, null=True),
+                     "result_label_share": n_result / len(an.circuit) if an.circuit else float("nan"),
+                     "n_heuristics_matched": len(hset),
                      "heuristic_set": "|".join(hset)})
         an.runner = None  # free the KV cache
     return pd.DataFrame(rows)

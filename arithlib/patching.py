@@ -362,6 +362,39 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
     return CleanRun(tokens, keys, values, resid, out.last_hidden_state[:, -1].clone(), store)
 
 
+class RunCache:
+    """Clean runs kept per prompt (keyed by its token ids), so that later interventions
+    on the same prompts skip the clean forward pass: pass one to :func:`run_interventions`
+    (and the functions built on it) and :func:`path_patching`. Holds every layer's keys,
+    values and residual stream of each prompt (~4 MB per 36-token prompt for Qwen-0.5B)."""
+
+    def __init__(self) -> None:
+        self._store: dict[tuple[int, ...], tuple] = {}
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def add(self, run: CleanRun) -> None:
+        """Store every prompt of a batch run."""
+        for i, t in enumerate(run.tokens):
+            self._store[tuple(t.tolist())] = (
+                [k[i:i + 1] for k in run.keys], [v[i:i + 1] for v in run.values],
+                None if run.resid is None else run.resid[:, i:i + 1], run.final[i:i + 1])
+
+    def get(self, model, tokens: torch.Tensor) -> CleanRun:
+        """The clean run of a same-length batch, from the cache where possible."""
+        keys = [tuple(t.tolist()) for t in tokens]
+        missing = [i for i, k in enumerate(keys) if k not in self._store]
+        if missing:
+            self.add(clean_run(model, tokens[missing]))
+        parts = [self._store[k] for k in keys]
+        n_layers = len(parts[0][0])
+        ks = [torch.cat([p[0][l] for p in parts]) for l in range(n_layers)]
+        vs = [torch.cat([p[1][l] for p in parts]) for l in range(n_layers)]
+        resid = None if parts[0][2] is None else torch.cat([p[2] for p in parts], 1)
+        return CleanRun(tokens, ks, vs, resid, torch.cat([p[3] for p in parts]))
+
+
 def _make_cache(hf, run: CleanRun, start: int, n_var: int, first_layer: int):
     from transformers import DynamicCache
 
@@ -741,11 +774,13 @@ class PathPatchingResult:
 
 @torch.no_grad()
 def path_patching(model, prompts: PromptSet, senders: Sequence[Component] | None = None, method: str = "fast",
-                  batch_size: int = 16, capture_attention: bool = True, progress: bool = True) -> PathPatchingResult:
+                  batch_size: int = 16, capture_attention: bool = True, progress: bool = True,
+                  cache: RunCache | None = None) -> PathPatchingResult:
     """Zhang et al. 2024 Alg. 1: path patching of every sender (default: all heads and
     MLPs) at the END position, reference X_r = ``prompts`` (keep only correctly
     answered ones), counterfactual X_c = their ``counterfactual`` texts.
     ``method="fast"`` uses :func:`path_patch_answer`, ``"full"`` :func:`path_patch_full`.
+    The clean runs are added to ``cache`` when one is given.
     """
     if method not in ("fast", "full"):
         raise ValueError("method must be 'fast' or 'full'")
@@ -767,6 +802,8 @@ def path_patching(model, prompts: PromptSet, senders: Sequence[Component] | None
     per_batch: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []   # (index, clean logit, patched)
     for batch in tqdm(batches, desc="path patching (runs)", disable=not progress, leave=False):
         clean = clean_run(model, batch.tokens, path_end_captures(n_layers, capture_attention))
+        if cache is not None:
+            cache.add(clean)
         cf = clean_run(model, batch.cf_tokens, [_z(l) for l in range(n_layers)] + [_mlp_out(l) for l in range(n_layers)])
         T = batch.tokens.shape[1]
         counts[T] = counts.get(T, 0) + batch.tokens.shape[0]
@@ -874,13 +911,14 @@ class InterventionReadout:
 def run_interventions(model, prompts: PromptSet,
                       variants: Sequence[Variant] | Callable[[object, CleanRun], Sequence[Variant]],
                       batch_size: int = 16, max_rows: int = 1024, full_logits: bool = False,
-                      progress: bool = True, desc: str = "interventions") -> InterventionReadout:
+                      progress: bool = True, desc: str = "interventions", cache: RunCache | None = None,
+                      ) -> InterventionReadout:
     """Apply each variant (a list of :class:`Edit`; positions may count from the end,
     -1 = answer position, None = every position) to every prompt with the fast path and
     read out the answer position. ``variants`` may be a function ``(batch, clean_run) ->
     variants`` for per-batch values (e.g. counterfactual activations); it must return
     the same number of variants for every batch. ``full_logits`` also returns
-    ``[V, N, vocab]`` logits (memory!)."""
+    ``[V, N, vocab]`` logits (memory!). ``cache`` reuses (and fills) clean runs."""
     device = _device(model)
     unembed = Unembed(model)
     N = len(prompts)
@@ -888,7 +926,7 @@ def run_interventions(model, prompts: PromptSet,
     outs: dict[str, torch.Tensor] = {}
     batches = list(prompts.batches(batch_size, device))
     for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
-        run = clean_run(model, batch.tokens)
+        run = cache.get(model, batch.tokens) if cache is not None else clean_run(model, batch.tokens)
         vs = variants(batch, run) if callable(variants) else variants
         V = len(vs)
         if not outs:
@@ -934,7 +972,8 @@ def ablation_edits(heads: Iterable[Head], value: Mapping[int, torch.Tensor] | fl
 
 def head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = None,
                value: Mapping[int, torch.Tensor] | float = 0.0, position: int | None = -1,
-               batch_size: int = 16, max_rows: int = 1024, progress: bool = True) -> pd.DataFrame:
+               batch_size: int = 16, max_rows: int = 1024, progress: bool = True,
+               cache: RunCache | None = None) -> pd.DataFrame:
     """Ablate one head at a time (Yu & Ananiadou Sec. 3.2: zero its W_O slice, ``value=0``)
     at ``position`` (-1: answer position, the fast screen; None: every position, the
     exact intervention) and record first-token correctness. Returns one row per head and
@@ -943,7 +982,8 @@ def head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = None,
     cfg = model.cfg
     heads = list(heads) if heads is not None else [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     variants = [ablation_edits([hd], value, position) for hd in heads]
-    ro = run_interventions(model, prompts, variants, batch_size, max_rows, progress=progress, desc="head sweep")
+    ro = run_interventions(model, prompts, variants, batch_size, max_rows, progress=progress, desc="head sweep",
+                           cache=cache)
     correct = ro.correct.numpy()
     clean = (ro.clean_pred == ro.answer_ids).numpy()
     meta = pd.DataFrame({"prompt": range(len(prompts)),
@@ -991,7 +1031,8 @@ def mean_ablation_edits(heads: Iterable[Head], means: Mapping[str, Mapping[int, 
 def knockout_curves(model, prompts: PromptSet, ranking: Sequence[Head], ks: Sequence[int],
                     means: Mapping, n_random: int = 5, seed: int = 0, position: int | None = -1,
                     by: str | None = "op", batch_size: int = 16, max_rows: int = 1024,
-                    orders: Sequence[str] | None = None, progress: bool = True) -> pd.DataFrame:
+                    orders: Sequence[str] | None = None, progress: bool = True,
+                    cache: RunCache | None = None) -> pd.DataFrame:
     """Zhang et al. Fig. 3: mean-ablate the first k heads of ``ranking`` ("effect-rank")
     and of ``n_random`` random permutations of all heads ("random-rank", seeded), for
     each k in ``ks``; first-token accuracy on ``prompts``.
@@ -1023,7 +1064,8 @@ def knockout_curves(model, prompts: PromptSet, ranking: Sequence[Head], ks: Sequ
             return [mean_ablation_edits(hs, means, T, None) for hs in sets]
     else:
         variants = [ablation_edits(hs, means, position) for hs in sets]
-    ro = run_interventions(model, prompts, variants, batch_size, max_rows, progress=progress, desc="knockout")
+    ro = run_interventions(model, prompts, variants, batch_size, max_rows, progress=progress, desc="knockout",
+                           cache=cache)
     correct = ro.correct.float()
     groups = {"all": torch.arange(len(prompts))}
     if by is not None:
@@ -1065,7 +1107,7 @@ def counterfactual_answer_ids(prompts: PromptSet) -> torch.Tensor:
 @torch.no_grad()
 def activation_patching(model, prompts: PromptSet, components: Sequence[Component],
                         positions: Mapping[str, Sequence[int]] | None = None, batch_size: int = 16,
-                        max_rows: int = 1024, progress: bool = True) -> pd.DataFrame:
+                        max_rows: int = 1024, progress: bool = True, cache: RunCache | None = None) -> pd.DataFrame:
     """Activation patching (Nikankin et al. 2025 Sec. 2; Stolfo et al. 2023): each
     component's output at each named position is set to its value on the prompt's
     counterfactual; the indirect effect (:func:`arithlib.metrics.indirect_effect`) and
@@ -1094,8 +1136,8 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
     for key, idx in tqdm(groups, desc="activation patching", disable=not progress, leave=False):
         sub = prompts.subset(idx)
         batch = next(sub.batches(len(idx), device))
-        run = clean_run(model, batch.tokens)
-        src = clean_run(model, batch.cf_tokens, hook_names).captured
+        run = cache.get(model, batch.tokens) if cache is not None else clean_run(model, batch.tokens)
+        src = cache_activations(model, batch.cf_tokens, hook_names)
         ans = batch.answer_ids
         cf_ans = cf_ids_all[idx].to(device)
         clean_logits = unembed.logits(run.final)
@@ -1132,7 +1174,7 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
 def circuit_faithfulness(model, prompts: PromptSet, circuits: Mapping[str, Iterable[tuple[Component, str]]],
                          positions: Mapping[str, Sequence[int]], means: Mapping[str, Mapping[int, torch.Tensor]],
                          components: Sequence[Component] | None = None, batch_size: int = 16,
-                         max_rows: int = 1024, progress: bool = True) -> pd.DataFrame:
+                         max_rows: int = 1024, progress: bool = True, cache: RunCache | None = None) -> pd.DataFrame:
     """Nikankin et al. 2025 faithfulness: for each named circuit (a set of
     ``(component, position name)`` pairs), mean-ablate every component of
     ``components`` (default: all heads and MLPs) at every named position that is not
@@ -1173,7 +1215,8 @@ def circuit_faithfulness(model, prompts: PromptSet, circuits: Mapping[str, Itera
             out.append(edits)
         return out
 
-    ro = run_interventions(model, prompts, variants_for, batch_size, max_rows, progress=progress, desc="faithfulness")
+    ro = run_interventions(model, prompts, variants_for, batch_size, max_rows, progress=progress, desc="faithfulness",
+                           cache=cache)
     nl = ro.normalized_logit.mean(-1)
     full, abl = float(nl[0]), float(nl[1])
     rows = []

@@ -5,11 +5,15 @@ axes; the notebook saves them with :func:`arithlib.outputs.save_figure`."""
 from __future__ import annotations
 
 import textwrap
+import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+# token labels include scripts DejaVu Sans lacks (CJK): they render as boxes; do not warn for each glyph
+warnings.filterwarnings("ignore", message=r"Glyph .* missing from font")
 
 COLORS = {"a": "#1f77b4", "b": "#d62728", "mask": "#d62728", "keep": "#2ca02c", "random mask": "#7f7f7f",
           "hidden-interpretable": "#9467bd", "random": "#7f7f7f"}
@@ -24,11 +28,11 @@ def case_neurons(frame: pd.DataFrame, title: str, label_a: str = "original", lab
     """Table 4 as bars: importance and coefficient of a case's top CNA neurons in both runs."""
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(frame) + 4), 4.2))
     x = np.arange(len(frame))
-    labels = [f"{r.name}\n{_short(r.get('top_tokens', ''), 3, 18)}" for _, r in frame.iterrows()]
+    labels = [f"{r['name']}\n{_short(r.get('top_tokens', ''), 3, 22)}" for _, r in frame.iterrows()]
     for ax, (col, ylabel) in zip(axes, [("imp", "importance Δ log p(w) (nats)"), ("coef", "coefficient m_k (activation)")]):
         ax.bar(x - 0.2, frame[f"{col}_a"], 0.4, label=label_a, color=COLORS["a"])
         ax.bar(x + 0.2, frame[f"{col}_b"], 0.4, label=label_b, color=COLORS["b"])
-        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_xticks(x, labels, fontsize=7, rotation=30, ha="right")
         ax.set_xlabel("neuron (layer_index) and its top projected tokens")
         ax.set_ylabel(ylabel)
         ax.axhline(0, color="black", lw=0.5)

@@ -65,8 +65,8 @@ def neuron_gallery(grids: Sequence[pd.DataFrame], lenses: Sequence[pd.DataFrame]
         im = top.imshow(g.to_numpy(dtype=float), origin="lower", aspect="auto", cmap="viridis",
                         extent=(g.columns.min() - 0.5, g.columns.max() + 0.5, g.index.min() - 0.5, g.index.max() + 0.5))
         fig.colorbar(im, ax=top, fraction=0.046, pad=0.02, label="activation")
-        top.xaxis.set_major_locator(MaxNLocator(integer=True))
-        top.yaxis.set_major_locator(MaxNLocator(integer=True))
+        top.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+        top.yaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
         top.set_xlabel("op2")
         top.set_ylabel("op1")
         top.set_title(titles[i], fontsize=8)
@@ -74,9 +74,9 @@ def neuron_gallery(grids: Sequence[pd.DataFrame], lenses: Sequence[pd.DataFrame]
         lens = lenses[i]
         bottom.plot(lens["value"], lens["lens"], lw=1, marker="." if len(lens) <= 30 else None)
         bottom.axhline(0, color="grey", lw=0.6)
-        bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+        bottom.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
         bottom.set_xlabel("result token (number)")
-        bottom.set_ylabel("logit lens")
+        bottom.set_ylabel("logit lens\n(per unit act.)")
     if suptitle:
         fig.suptitle(suptitle)
     fig.tight_layout()
@@ -113,6 +113,24 @@ def threshold_plot(sens: pd.DataFrame, title: str = ""):
     ax.set_ylim(0, 100)
     ax.set_title(title)
     ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def type_threshold_plot(counts: pd.DataFrame, title: str = ""):
+    """Circuit neurons per heuristic type vs threshold t, one panel per operator."""
+    ops = list(counts.op.unique())
+    fig, axes = plt.subplots(1, len(ops), figsize=(3.6 * len(ops), 3.6), squeeze=False, sharey=True)
+    for ax, op in zip(axes[0], ops):
+        sub = counts[counts.op == op]
+        for kind, k in sub.groupby("kind", sort=False):
+            ax.plot(k.t, k.n_neurons, marker="o", label=kind)
+        ax.axvline(0.6, color="tab:red", lw=0.8, ls=":")
+        ax.set_title(f"operator {op}")
+        ax.set_xlabel("match threshold t")
+    axes[0, 0].set_ylabel("circuit neurons (count)")
+    axes[0, -1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.suptitle(title)
     fig.tight_layout()
     return fig
 
@@ -176,14 +194,16 @@ def correct_incorrect_plot(frame: pd.DataFrame, title: str = ""):
 
 def dynamics_plot(dyn: pd.DataFrame, overlap: pd.DataFrame | None = None, title: str = ""):
     """Sec. 5 / Fig. 10: accuracy, share of circuit neurons matching a heuristic (with the
-    shuffled-activation chance level), faithfulness and the share of the final model's
-    heuristics present, over training steps, per operator."""
+    shuffled-activation chance level), share labelled with a result rule, faithfulness and
+    the share of the final model's heuristics present, over training steps, per operator."""
     panels = [("accuracy", "grid accuracy (%)", 100), ("matched_share", "circuit neurons\nmatching a heuristic (%)", 100),
+              ("result_label_share", "circuit neurons whose best\nrule is a result rule (%)", 100),
               ("faithfulness", "faithfulness of the circuit", 1)]
     if overlap is not None:
         panels.append(("final_heuristics_present", "final model's heuristics\npresent (%)", 100))
         dyn = dyn.merge(overlap, on=["step", "op"], how="left")
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.5))
+    panels = [p for p in panels if p[0] in dyn.columns or p[0] == "final_heuristics_present"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.5))
     x = dyn.step.clip(lower=1)
     for ax, (col, label, scale) in zip(axes, panels):
         for op, sub in dyn.assign(x=x).groupby("op"):

@@ -20,9 +20,11 @@ sns.set_theme(context="notebook", style="whitegrid")
 PANELS: dict[str, list[str]] = {
     "(a) operands in MLP input/output": ["in_A", "in_B", "out_A", "out_B"],
     "(b) MLP_out - MLP_in vs answer and other numbers": ["delta_C", "delta_other", "out_C"],
+    "(c) excess over the other numbers' mean": ["in_A_x", "in_B_x", "delta_C_x", "out_C_x"],
 }
 _STYLE = {"in_A": ("C3", "-"), "in_B": ("C0", "-"), "out_A": ("C3", ":"), "out_B": ("C0", ":"),
-          "delta_C": ("C2", "-"), "delta_other": ("C7", "-"), "out_C": ("C2", ":"), "out_other": ("C7", ":")}
+          "delta_C": ("C2", "-"), "delta_other": ("C7", "-"), "out_C": ("C2", ":"), "out_other": ("C7", ":"),
+          "in_A_x": ("C3", "-"), "in_B_x": ("C0", "-"), "delta_C_x": ("C2", "-"), "out_C_x": ("C2", ":")}
 _POINT_MARKERS = {"start": "^", "inflection": "s", "peak": "o", "end": "v"}
 
 
@@ -71,7 +73,7 @@ def cosine_curves(summaries: Mapping[str, pd.DataFrame], key_layers: Mapping[str
                         ax.plot([layer], [y], marker=marker, color=color, ms=6, ls="none")
             ax.axhline(0, color="k", lw=0.5)
             ax.set_xlabel("layer")
-            ax.set_ylabel("cosine similarity")
+            ax.set_ylabel("cosine similarity" if c < 2 else "cosine difference")
             ax.set_title(f"{short_name(model)}: {title}", fontsize=9)
             ax.legend(fontsize=7, loc="best")
     fig.text(0.01, 0.005, f"bands: {level:.0%} CI of the mean over prompts; markers: start ^, inflection s, peak o, end v",
@@ -80,16 +82,17 @@ def cosine_curves(summaries: Mapping[str, pd.DataFrame], key_layers: Mapping[str
     return fig
 
 
-def number_heatmap(projection: pd.DataFrame, answer: int, title: str = "", top_k: int = 3):
-    """Zhang et al. Fig. 6c: cosine of MLP_out - MLP_in with each number's unembedding
-    direction (columns) at each layer (rows); the top ``top_k`` numbers of each layer
-    carry their rank, and the answer's column is outlined."""
+def number_heatmap(projection: pd.DataFrame, answer: int, title: str = "", top_k: int = 3,
+                   vector_label: str = "MLP_out - MLP_in"):
+    """Zhang et al. Fig. 6c: cosine of MLP_out - MLP_in (or ``vector_label``'s vector)
+    with each number's unembedding direction (columns) at each layer (rows); the top
+    ``top_k`` numbers of each layer carry their rank, and the answer's column is outlined."""
     table = projection.pivot(index="layer", columns="number", values="value")
     ranks = projection.pivot(index="layer", columns="number", values="rank")
     annot = ranks.map(lambda r: str(int(r)) if r <= top_k else "")
     fig, ax = plt.subplots(figsize=(max(5.5, 1.2 + 0.45 * table.shape[1]), 1.2 + 0.28 * table.shape[0]))
     sns.heatmap(table, annot=annot, fmt="", cmap="RdBu_r", center=0, ax=ax,
-                cbar_kws={"label": "cos(MLP_out - MLP_in, W_U[n])"}, annot_kws={"fontsize": 7})
+                cbar_kws={"label": f"cos({vector_label}, W_U[n])"}, annot_kws={"fontsize": 7})
     if answer in list(table.columns):
         col = list(table.columns).index(answer)
         ax.add_patch(plt.Rectangle((col, 0), 1, table.shape[0], fill=False, edgecolor="k", lw=2))

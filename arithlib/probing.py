@@ -310,6 +310,11 @@ COSINE_MEASURES: dict[str, tuple[str, str, str]] = {
     "delta_other": ("delta", "other", "cos(MLP_out - MLP_in, W_U[other])"),
     "out_C": ("mlp_out", "C", "cos(MLP_out, W_U[C])"),
     "out_other": ("mlp_out", "other", "cos(MLP_out, W_U[other])"),
+    # excess over the other numbers: cos(v, W_U[X]) - mean over numbers n != X of cos(v, W_U[n])
+    "in_A_x": ("mlp_in", "A-other", "cos(MLP_in, W_U[A]) - mean cos(MLP_in, W_U[n != A])"),
+    "in_B_x": ("mlp_in", "B-other", "cos(MLP_in, W_U[B]) - mean cos(MLP_in, W_U[n != B])"),
+    "delta_C_x": ("delta", "C-other", "cos(MLP_out - MLP_in, W_U[C]) - mean over n != C"),
+    "out_C_x": ("mlp_out", "C-other", "cos(MLP_out, W_U[C]) - mean over n != C"),
 }
 
 
@@ -324,7 +329,10 @@ def unembed_cosines(cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor,
     operand B, the answer C (its first token) and the other candidate numbers.
 
     ``W_U[other]`` is the mean cosine over the number tokens in ``numbers``
-    (:func:`number_token_ids`) other than C's first token. Returns a long frame:
+    (:func:`number_token_ids`) other than C's first token. The ``*_x`` measures are the
+    excess of a target's cosine over that mean for the numbers other than the target
+    (not in the paper: a control for the direction that all number tokens share, which
+    dominates raw cosines when the embeddings are tied, as in Qwen2.5). Returns a long frame:
     ``prompt, op, template_id, a, b, answer, layer, measure, value`` (measures:
     :data:`COSINE_MEASURES`).
     """
@@ -344,14 +352,22 @@ def unembed_cosines(cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor,
             "delta": _unit(cache.acts["mlp_out"] - cache.acts["mlp_in"])}
     dirs = {"A": WU[:, a_ids].T, "B": WU[:, b_ids].T, "C": WU[:, c_ids].T}  # [N, d]
     num_dirs = WU[:, num_ids]  # [d, K]
-    not_c = (num_ids[None, :] != c_ids[:, None]).float()  # [N, K]
+    ids = {"A": a_ids, "B": b_ids, "C": c_ids}
     n, n_layers = len(prompts), cache.n_layers
+    num_cos = {k: torch.einsum("nld,dk->nlk", v, num_dirs) for k, v in vecs.items()}  # [N, L, K]
+
+    def mean_other(vec: str, target: str) -> torch.Tensor:
+        keep = (num_ids[None, :] != ids[target][:, None]).float()  # [N, K]
+        return (num_cos[vec] * keep[:, None, :]).sum(-1) / keep.sum(-1).clamp_min(1)[:, None]
+
     frames = []
     for key, (vec, target, _) in COSINE_MEASURES.items():
         v = vecs[vec]  # [N, L, d]
         if target == "other":
-            cos = torch.einsum("nld,dk->nlk", v, num_dirs)
-            vals = (cos * not_c[:, None, :]).sum(-1) / not_c.sum(-1).clamp_min(1)[:, None]
+            vals = mean_other(vec, "C")
+        elif target.endswith("-other"):
+            t = target.split("-")[0]
+            vals = torch.einsum("nld,nd->nl", v, dirs[t]) - mean_other(vec, t)
         else:
             vals = torch.einsum("nld,nd->nl", v, dirs[target])
         frames.append(pd.DataFrame({"prompt": np.repeat(np.arange(n), n_layers),
@@ -448,7 +464,8 @@ def curve_points(y: Sequence[float], direction: str = "rise", frac: float = 0.1)
 #: Which way each measure's curve is expected to move (Zhang et al. Sec. 5.2): the
 #: operand and answer similarities rise, the similarity with other numbers falls.
 CURVE_DIRECTIONS: dict[str, str] = {"in_A": "rise", "in_B": "rise", "out_A": "rise", "out_B": "rise",
-                                    "delta_C": "rise", "delta_other": "fall", "out_C": "rise", "out_other": "fall"}
+                                    "delta_C": "rise", "delta_other": "fall", "out_C": "rise", "out_other": "fall",
+                                    "in_A_x": "rise", "in_B_x": "rise", "delta_C_x": "rise", "out_C_x": "rise"}
 
 
 def curve_point_table(summary: pd.DataFrame, directions: Mapping[str, str] = CURVE_DIRECTIONS,

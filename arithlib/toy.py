@@ -48,7 +48,7 @@ from .paths import cache_root
 
 #: Bump when the tokenizer, the data or the training recipe changes: it is part of
 #: every :meth:`ToyConfig.key`, so old caches are not reused.
-TOY_FORMAT_VERSION = 1
+TOY_FORMAT_VERSION = 2
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
@@ -135,7 +135,7 @@ class ToyConfig:
 
     seed: int = 0
     # architecture (LlamaConfig: SwiGLU MLP, RMSNorm, RoPE, grouped-query attention)
-    n_layers: int = 4
+    n_layers: int = 2
     d_model: int = 128
     n_heads: int = 4
     n_kv_heads: int = 2
@@ -146,16 +146,22 @@ class ToyConfig:
     max_operand: int = 99  # + and -: a, b in 0..max_operand
     max_mul_operand: int = 31  # *: a, b in 0..31; /: a = b*q with b in 1..31, q in 0..31
     heldout_frac: float = 0.1  # held-out (a, b) pairs per operator
-    op_weights: tuple[float, float, float, float] = (0.4, 0.4, 0.1, 0.1)  # + - * /
+    op_weights: tuple[float, float, float, float] = (0.42, 0.42, 0.08, 0.08)  # + - * /
     shots: int = 4  # solved examples per training sequence, joined by newlines
     template_frac: float = 0.0  # fraction of examples rendered with a word template
     # training
-    steps: int = 1500
-    batch_size: int = 128
-    lr: float = 3e-3
+    steps: int = 2000
+    batch_size: int = 64  # sequences per step (each holds `shots` examples)
+    lr: float = 1e-3
     weight_decay: float = 0.1
     warmup_steps: int = 50
     min_lr_frac: float = 0.05  # cosine decay from lr to lr*min_lr_frac
+
+    def __post_init__(self) -> None:
+        if 2 * self.max_operand > MAX_NUMBER_TOKEN or self.max_mul_operand**2 > MAX_NUMBER_TOKEN:
+            raise ValueError(f"operands too large: every result must be a single token (<= {MAX_NUMBER_TOKEN})")
+        if len(self.op_weights) != len(TOY_OPERATORS):
+            raise ValueError(f"op_weights needs one weight per operator {TOY_OPERATORS}")
 
     def key(self) -> str:
         """A short stable hash of every field (and TOY_FORMAT_VERSION): the cache folder name."""
@@ -406,16 +412,18 @@ def init_toy_model(cfg: ToyConfig, tokenizer: PreTrainedTokenizerFast) -> LlamaF
     """A freshly initialised toy model, deterministic from ``cfg.seed``.
 
     With ``number_init="fourier"`` the embedding and unembedding rows of the number
-    tokens 0..999 get, on top of the random init, the :func:`number_features` of the
-    number in a random (seeded) subspace, so that numbers start ordered and periodic
-    as in pretrained LLMs; it speeds training up several-fold. ``"random"``: plain init.
+    tokens 0..999 are set to the :func:`number_features` of the number, written into a
+    random (seeded) orthonormal subspace, so that numbers start ordered and periodic
+    as pretrained LLMs' number embeddings are (Zhou et al. 2024); it makes training
+    faster. ``"random"``: the plain Llama init (numbers start as unrelated vectors).
     """
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(toy_llama_config(cfg, tokenizer))
     if cfg.number_init == "fourier":
         gen = torch.Generator().manual_seed(cfg.seed + 7919)
         feats = number_features()
-        k = feats.shape[1]
+        k = min(feats.shape[1], cfg.d_model)
+        feats = feats[:, :k]
         basis, _ = torch.linalg.qr(torch.randn(cfg.d_model, k, generator=gen))  # orthonormal columns
         scale = 0.02 * math.sqrt(cfg.d_model) * 2 / math.sqrt(k / 2)
         ids = tokenizer.convert_tokens_to_ids([str(n) for n in range(MAX_NUMBER_TOKEN + 1)])
@@ -446,6 +454,13 @@ def _lr_factor(cfg: ToyConfig, step: int) -> float:
         return (step + 1) / cfg.warmup_steps
     t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def _loss(model: LlamaForCausalLM, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the tokens where ``mask`` is set (unembedding only there)."""
+    hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
+    target = mask[:, 1:]
+    return F.cross_entropy(model.lm_head(hidden[target]), ids[:, 1:][target])
 
 
 def _make_optimizer(cfg: ToyConfig, model: torch.nn.Module) -> torch.optim.AdamW:
@@ -636,9 +651,7 @@ def _train(cfg: ToyConfig, out_dir: Path, progress: bool, evaluate: bool) -> Non
     pad_id, bos_id = tokenizer.pad_token_id, tokenizer.bos_token_id
     for step in bar:
         ids, mask = _batch(cfg, enc, step, pad_id, bos_id)
-        logits = model(input_ids=ids).logits[:, :-1]
-        target_mask = mask[:, 1:]
-        loss = F.cross_entropy(logits[target_mask], ids[:, 1:][target_mask])
+        loss = _loss(model, ids, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

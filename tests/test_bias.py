@@ -29,10 +29,10 @@ class FakeTokenizer:
         ids, rest = [], text
         while rest:
             match = max((p for p in self.vocab if rest.startswith(p)), key=len, default=None)
-            if match is None:
+            if match is None:  # unknown word: one <unk>, skip to the next space
                 ids.append(0)
-                rest = rest[1:].lstrip()
-                rest = (" " + rest) if rest else rest
+                nxt = rest.find(" ", 1)
+                rest = rest[nxt:] if nxt > 0 else ""
                 continue
             ids.append(self.vocab[match])
             rest = rest[len(match):]

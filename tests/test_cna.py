@@ -103,6 +103,12 @@ def test_exact_importance_equals_per_neuron_loop(tiny):
         batched = C.exact_importance(r, m, C.mlp_values(b, layer), t, norm, W_U, b_U, vocab_chunk=100)
         loop = C.importance_loop(b, r, m, layer, t)
         assert torch.allclose(batched, loop, atol=1e-4), (batched - loop).abs().max()
+        blocked = C.exact_importance(r, m, C.mlp_values(b, layer), t, norm, W_U, b_U, vocab_chunk=64,
+                                     block_elems=64 * 128 * 2)  # two rows per block
+        assert torch.allclose(blocked, loop, atol=1e-4)
+        rows, cols = torch.tensor([0, 2, 2, 1]), torch.tensor([5, 5, 7, 0])
+        pairs = C.exact_importance(r, m, C.mlp_values(b, layer), t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=77)
+        assert torch.allclose(pairs, loop[rows, cols], atol=1e-4)
 
 
 def test_first_order_is_close_for_small_coefficients(qwen):

@@ -103,14 +103,17 @@ def test_yu_lora_data_has_negative_results():
     assert all(10 <= r.a <= 99 for r in splits["train"])
 
 
-def test_answer_batches_share_prefix_and_cover(data):
+def test_answer_batches_keep_groups_together(data):
     ps = data["train"]
     batches = ft.answer_batches(ps, 4, shuffle=True, seed=3)
     assert sorted(i for b in batches for i in b) == list(range(len(ps)))
     assert batches == ft.answer_batches(ps, 4, shuffle=True, seed=3)
-    for b in batches:
-        assert len(b) <= 4
-        assert len({(ps.records[i].op, ps.records[i].template_id) for i in b}) == 1
+    assert batches != ft.answer_batches(ps, 4, shuffle=True, seed=4)
+    assert sorted(len(b) for b in batches)[1:] == [4] * (len(batches) - 1)
+    groups = lambda b: [(ps.records[i].op, ps.records[i].template_id) for i in b]  # noqa: E731
+    for b in batches:  # a group's members are contiguous within a batch
+        g = groups(b)
+        assert all(g.index(x) == i or g[i - 1] == x for i, x in enumerate(g))
 
 
 # --------------------------------------------------------------------------- forward and accuracy

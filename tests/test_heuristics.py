@@ -192,3 +192,16 @@ def test_labels_and_type_counts():
     counts = H.type_counts(matches).set_index("kind").n_neurons
     assert counts["operand_range"] == 1 and counts["result_range"] == 1 and counts["operand_mod"] == 0
     assert set(H.type_counts(pd.DataFrame()).kind) == set(H.KINDS)
+
+
+def test_type_counts_by_threshold():
+    recs = _grid("+")
+    cat = H.heuristic_catalogue((0, 9), (0, 18))
+    heur, assoc = H.usable_heuristics(cat, H.association_matrix(cat, recs))
+    a = np.array([r.a for r in recs], dtype=float)
+    acts = np.stack([a, -a, (a % 2 == 0) + 0.01 * a], 1)
+    scores = H.match_scores(acts, assoc)
+    out = H.type_counts_by_threshold(scores, [(0, 0), (0, 1), (0, 2)], heur, assoc, (0.6, 0.9))
+    assert set(out.t) == {0.6, 0.9} and len(out) == 2 * len(H.KINDS)
+    total = out.groupby("t").n_neurons.sum()
+    assert total[0.6] == 3 and total[0.9] <= 3      # best labels: each matched neuron counted once

@@ -175,6 +175,23 @@ def test_path_patching_freezes_other_heads(tiny):
     torch.testing.assert_close(pp, ap, atol=TOL, rtol=0)
 
 
+def test_run_cache_reassembles_clean_runs(tiny):
+    b = tiny.bridge
+    clean, _ = _pair(tiny.info.d_vocab, B=4, seed=7)
+    cache = P.RunCache()
+    cache.add(P.clean_run(b, clean[[2, 0]]))
+    got = cache.get(b, clean)          # two cached, two computed
+    ref = P.clean_run(b, clean)
+    assert len(cache) == 4
+    torch.testing.assert_close(got.final, ref.final, atol=TOL, rtol=0)
+    for k1, k2 in zip(got.keys, ref.keys):
+        torch.testing.assert_close(k1, k2, atol=TOL, rtol=0)
+    if ref.resid is not None:
+        torch.testing.assert_close(got.resid, ref.resid, atol=TOL, rtol=0)
+    variants = [P.ablation_edits([(1, 0)], 0.0, -1)]
+    torch.testing.assert_close(P.run_variants(b, got, variants), P.run_variants(b, ref, variants), atol=TOL, rtol=0)
+
+
 def test_top1_is_exact(tiny):
     b = tiny.bridge
     clean, _ = _pair(tiny.info.d_vocab, seed=5)

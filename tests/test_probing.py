@@ -109,6 +109,15 @@ def test_unembed_cosines_on_known_vectors(digit_tokenizer):
     assert mean["in_A"] == pytest.approx(1.0)
     assert mean["delta_C"] == pytest.approx(1.0)
     assert mean["delta_other"] == pytest.approx(0.0)
+    assert mean["in_A_x"] == pytest.approx(1.0)  # the other numbers are orthogonal here
+    assert mean["delta_C_x"] == pytest.approx(1.0)
+    # a direction shared by every number raises the raw cosines but not the excess
+    shared = torch.zeros(d)
+    shared[list(nums.values())] = 1.0
+    common = shared.expand(n, 2, d).clone()
+    frame2 = P.unembed_cosines(_fake_cache(n, 2, d, common, common * 2), ps, W_U, nums)
+    m2 = frame2.groupby("measure")["value"].mean()
+    assert m2["in_A"] > 0.3 and m2["in_A_x"] == pytest.approx(0.0, abs=1e-6)
     assert set(frame.columns) >= {"prompt", "op", "layer", "measure", "value"}
     assert len(frame) == n * 2 * len(P.COSINE_MEASURES)
 

@@ -125,7 +125,25 @@ def test_training_examples_are_deterministic_and_split_disjoint():
     assert all(a % b == 0 for a, b in split["/"][0] + split["/"][1])
 
 
+def test_training_batches_are_packed_few_shot_sequences(tok):
+    cfg = ToyConfig(batch_size=4, shots=3, template_frac=0.5)
+    enc = toy._encode_examples(cfg, tok)
+    ids, mask = toy._batch(cfg, enc, 7, tok.pad_token_id, tok.bos_token_id)
+    assert torch.equal(ids, toy._batch(cfg, enc, 7, tok.pad_token_id, tok.bos_token_id)[0])
+    assert (ids[:, 0] == tok.bos_token_id).all() and tok.unk_token_id not in ids
+    newline = tok.convert_tokens_to_ids("\n")
+    for row, m in zip(ids, mask):
+        text = tok.decode(row, skip_special_tokens=True)
+        lines = text.split("\n")
+        assert len(lines) == 4 and lines[-1] == ""  # three examples, each ending in a newline
+        assert m.sum() >= 2 * 3 and all(row[m][-1:] == newline)
+        answers = tok.decode(row[m], skip_special_tokens=True).split("\n")[:-1]
+        assert len(answers) == 3 and all(re.fullmatch(r"-?\d+", a) for a in answers)
+    assert any(w in tok.decode(ids.flatten()) for w in ("plus", "minus", "times", "over", "sum", "ratio", "divides"))
+
+
 def test_checkpoint_steps_are_log_spaced():
+    assert checkpoint_steps(2000) == [0, 10, 20, 50, 100, 200, 500, 1000, 2000]
     assert checkpoint_steps(1500) == [0, 10, 20, 50, 100, 200, 500, 1000, 1500]
     assert checkpoint_steps(30) == [0, 10, 20, 30]
 
@@ -214,6 +232,7 @@ def test_checkpoints_load_in_hf_and_bridge(tiny_run):
 
 def test_cache_api_uses_cache_root(tmp_path, monkeypatch):
     monkeypatch.setenv("ARITHLIB_CACHE", str(tmp_path))
+    monkeypatch.setattr(toy, "toy_accuracy_table", lambda *args: {})  # the full evaluation is slow
     cfg = ToyConfig(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_mlp=32, steps=12, batch_size=4, shots=1)
     final = toy_model_dir(cfg, progress=False)
     assert final == tmp_path / "toy" / cfg.key() / "final"
