@@ -57,6 +57,7 @@ def test_hooks_apply_inside_evaluation(tiny):
     assert answer_logits(tiny.bridge, ps).equal(base)  # hooks removed afterwards
 
 
+@pytest.mark.toy_model
 def test_toy_model_accuracy_and_reference_set(toy):
     """The toy model answers 1- and 2-digit addition and subtraction (>= 95 %)."""
     records = [r for r in ds.nikankin_prompts(["+", "-"], max_operand=99, max_result=198, n_per_op=150, seed=1)]

@@ -18,6 +18,7 @@ def figures(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("figures")
 
 
+@pytest.mark.toy_model
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_on_toy_model(notebook: Path, figures: Path, tmp_path: Path):
     out = tmp_path / notebook.name

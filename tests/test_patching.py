@@ -237,6 +237,7 @@ def _toy_set(toy, n=6, seed=0):
     return ds.PromptSet.build(recs, toy.tokenizer)
 
 
+@pytest.mark.toy_model
 def test_toy_path_patching_and_activation_patching(toy):
     b = toy.bridge
     ps = _toy_set(toy)
@@ -264,6 +265,7 @@ def test_toy_path_patching_and_activation_patching(toy):
     torch.testing.assert_close(_probe(_fast_patch(b, batch.tokens, batch.cf_tokens, heads, -1)), ref, atol=TOL, rtol=0)
 
 
+@pytest.mark.toy_model
 def test_toy_head_sweep_knockout_and_faithfulness(toy):
     b = toy.bridge
     ps = _toy_set(toy, n=5)
@@ -328,6 +330,7 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
     assert float(nl_ref) == pytest.approx(f.loc["ablated", "normalized_logit"], abs=1e-4)
 
 
+@pytest.mark.toy_model
 def test_toy_activation_patching_per_position(toy):
     b = toy.bridge
     nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=4, fewshot=2), toy.tokenizer)
