@@ -778,7 +778,7 @@ def _cached(cache_dir: str | Path | None, key: dict, build: Callable[[Path | Non
 
 def _base_key(model, method: str, train_set: PromptSet, val_set: PromptSet | None, config: TrainConfig) -> dict:
     return {"method": method, "model": model_fingerprint(model), "train": data_fingerprint(train_set),
-            "val": data_fingerprint(val_set), "config": asdict(config), "format": 1}
+            "val": data_fingerprint(val_set), "config": asdict(config), "format": 2}
 
 
 # --------------------------------------------------------------------------- LoRA
@@ -1307,14 +1307,48 @@ def precise_param_count(model, heads: Sequence[Head], mlps: Sequence[int] = (), 
     return int(sum(int(m.sum()) for m in masks.values())) + sum(params[n].numel() for n in mlp_parameters(hf, mlps))
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (``MemAvailable``), or None if unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # pragma: no cover
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+def full_sft_memory(model, optimizer: str = "adamw") -> int:
+    """Extra bytes full SFT allocates on top of the model: gradients plus, for AdamW, its
+    two moment estimates (one copy of every weight each), plus 10 % slack."""
+    hf = _hf(model)
+    nbytes = sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in hf.parameters()}.values())
+    copies = 3 if optimizer == "adamw" else 1
+    return int(1.1 * copies * nbytes)
+
+
 def full_sft(model, train_set: PromptSet, config: TrainConfig, val_set: PromptSet | None = None, *,
-             progress: bool = True) -> FineTuned:
+             progress: bool = True, check_memory: bool = True) -> FineTuned:
     """Full SFT, Zhang's comparison: every parameter trained with the same loop.
     Trains the model IN PLACE (through :func:`shared_hf_model`, so a bridge on it sees
     the result) and keeps the last epoch's weights there (Zhang trains a fixed 2
     epochs); ``weights`` of the result is empty (the model itself is the fine-tuned
-    one). Memory: gradients and AdamW's two moments add three copies of every weight."""
+    one). Memory: gradients and AdamW's two moments add three copies of every weight;
+    with ``check_memory`` a MemoryError says so before training when the machine has
+    less available (a process killed for memory half-way through says nothing)."""
     hf = shared_hf_model(model)
+    if check_memory:
+        need, have = full_sft_memory(hf, config.optimizer), available_memory()
+        if have is not None and need > have:
+            raise MemoryError(
+                f"full SFT needs about {need / 2**30:.1f} GiB more memory (gradients"
+                f"{' and AdamW moments' if config.optimizer == 'adamw' else ''}) but {have / 2**30:.1f} GiB are "
+                "available; free memory, use a larger machine or a GPU, or pass check_memory=False to try anyway.")
     params = {n: p for n, p in _params_by_clean_name(hf).items()}
     trainable = _Trainable(params)
     _, record = train_parameters(hf, trainable, train_set, config, val_set, progress=progress, desc="full SFT",

@@ -514,8 +514,8 @@ def _save_checkpoint(
     _write_atomically(path, write)
 
 
-def _latest_resumable(run_dir: Path, cfg: ToyConfig) -> tuple[int, Path] | None:
-    """The newest checkpoint folder that has a training state for this config, if any."""
+def _latest_resumable(run_dir: Path) -> tuple[int, Path] | None:
+    """The newest checkpoint folder that still has a training state, if any."""
     best: tuple[int, Path] | None = None
     for d in run_dir.glob("step-*"):
         state = d / TRAINING_STATE
@@ -615,7 +615,7 @@ def _train(cfg: ToyConfig, out_dir: Path, progress: bool, evaluate: bool) -> Non
     opt = _make_optimizer(cfg, model)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(cfg, s))
     start, elapsed = 0, 0.0
-    resume = _latest_resumable(out_dir, cfg)
+    resume = _latest_resumable(out_dir)
     if resume is not None:
         state = torch.load(resume[1] / TRAINING_STATE, weights_only=True)
         if state.get("key") == cfg.key():
@@ -645,6 +645,7 @@ def _train(cfg: ToyConfig, out_dir: Path, progress: bool, evaluate: bool) -> Non
         prev_state = _step_dir(out_dir, step) / TRAINING_STATE
 
     t0 = time.perf_counter() - elapsed
+    cpu0 = time.process_time()
     if start == 0 and 0 in save_at:
         save(0, 0.0)
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="toy")
@@ -668,6 +669,7 @@ def _train(cfg: ToyConfig, out_dir: Path, progress: bool, evaluate: bool) -> Non
         "key": cfg.key(),
         "n_params": sum(p.numel() for p in model.parameters()),
         "train_seconds": round(train_s, 1),
+        "train_cpu_seconds": round(time.process_time() - cpu0, 1),  # this process only, not resumed parts
         "torch_threads": torch.get_num_threads(),
         "checkpoint_steps": checkpoint_steps(cfg.steps),
     }

@@ -11,6 +11,7 @@ notebook 01 they are only evaluated before and after knocking out the key heads.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import warnings
 

@@ -190,7 +190,7 @@ def test_correct_mask_equals_greedy_verdict(qwen):
     b = qwen.bridge
     ps = _prompts(qwen, ops=("+", "-"), n=5)
     # make the model's own greedy continuation the answer: all correct by "first"
-    gen = greedy_answers(b, ps, extra_tokens=0)
+    _, gen = greedy_answers(b, ps, extra_tokens=0)
     own = ds.PromptSet(ps.records, ps.input_ids, [g[:2] for g in gen], ps.cf_input_ids, ps.tokenizer)
     assert C.correct_mask(b, own, "first").all()
     frame = evaluate(b, own, full_answer=True)

@@ -376,3 +376,10 @@ def test_lora_cna_zero_change_and_guard(tiny):
     layer_of = {"same": 1}
     t10 = ft.band_increase_table(rows, layer_of, {"deep": [1]})
     assert list(t10.columns) == ["band", "layers", "n_models", "top5"]
+
+
+def test_full_sft_memory_guard(tiny, data, monkeypatch):
+    monkeypatch.setattr(ft, "available_memory", lambda: 1024)
+    with pytest.raises(MemoryError, match="GiB"):
+        ft.full_sft(tiny.bridge, data["train"], CFG, progress=False)
+    assert ft.full_sft_memory(tiny.bridge, "adamw") == pytest.approx(3 * ft.full_sft_memory(tiny.bridge, "sgd"), rel=0.01)
