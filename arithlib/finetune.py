@@ -1375,11 +1375,11 @@ SCALES: dict[str, dict] = {
                   sft_lr=2e-5, sft_batch=128, sft_epochs=2, sft_warmup=0.02, sft_weight_decay=0.1,
                   head_counts=ZHANG_HEAD_COUNTS, mlp_counts=ZHANG_MLP_COUNTS, prose_chunks=32),
     "cpu": dict(n_train=192, n_val=48, n_test=144, layers="all", lr_search="reference", lora_epochs=1,
-                lora_batch=16, cna_cases=12, n_candidates=50, word_train=48, word_test=48,
+                lora_batch=16, cna_cases=12, n_candidates=100, word_train=48, word_test=48,
                 sft_lr=1e-4, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
                 head_counts=ZHANG_HEAD_COUNTS, mlp_counts=(1, 3), prose_chunks=4),
     "quick": dict(n_train=48, n_val=0, n_test=48, layers="bands", lr_search="none", lora_epochs=1,
-                  lora_batch=16, cna_cases=6, n_candidates=30, word_train=16, word_test=24,
+                  lora_batch=16, cna_cases=6, n_candidates=50, word_train=16, word_test=24,
                   sft_lr=1e-4, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
                   head_counts=(32,), mlp_counts=(), prose_chunks=2),
 }

@@ -508,6 +508,7 @@ class Unembed:
             self._norms = self.weight.float().norm(dim=-1)
         return self._norms
 
+    @torch.no_grad()
     def logits(self, h: torch.Tensor, chunk: int = 32768) -> torch.Tensor:
         """All logits, float32, ``[..., vocab]`` (computed in vocabulary chunks in fp32)."""
         hf32 = h.float()
@@ -518,6 +519,7 @@ class Unembed:
             parts.append(F.linear(hf32, w, b))
         return torch.cat(parts, -1)
 
+    @torch.no_grad()
     def token_logits(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Logit of token ``ids[..., b]`` for state ``h[..., b, :]`` (ids broadcast), float32."""
         ids = torch.as_tensor(ids, device=h.device).expand(h.shape[:-1])

@@ -213,6 +213,9 @@ def dynamics_plot(dyn: pd.DataFrame, overlap: pd.DataFrame | None = None, title:
         ax.set_xscale("log")
         ax.set_xlabel("training step (log; step 0 shown at 1)")
         ax.set_ylabel(label)
+        if col == "faithfulness":  # undefined-ish (tiny denominators) before the model answers anything
+            ax.set_ylim(-0.5, 1.2)
+            ax.set_ylabel(label + "\n(axis clipped to -0.5..1.2)")
     axes[0].legend(title="operator", fontsize=8)
     axes[1].text(0.02, 0.02, "dotted: shuffled activations", transform=axes[1].transAxes, fontsize=7)
     fig.suptitle(title)

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm.auto import tqdm
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from .paths import cache_root
 
@@ -748,20 +748,35 @@ def toy_accuracy(
 ) -> float:
     """Greedy exact-match accuracy on ``prefix + "{a}{op}{b}="`` (or ``template``).
 
-    A prompt counts as right when the greedy continuation is exactly the answer's
-    tokens followed by a newline or EOS. ``template`` has ``{A}``/``{B}`` slots,
-    e.g. ``"Q: What is {A} plus {B}? A:"``. Works on HF models and TransformerBridge.
+    A prompt counts as right when greedy decoding gives exactly the answer's tokens
+    followed by a newline. Computed in one teacher-forced pass per prompt: greedy
+    decoding yields the answer iff the argmax at every answer position (and at the
+    newline) is the next answer token. ``template`` has ``{A}``/``{B}`` slots, e.g.
+    ``"Q: What is {A} plus {B}? A:"``. Works on HF models and on TransformerBridge.
     """
     if not pairs:
         return float("nan")
     template = template or f"{{A}}{op}{{B}}="
-    prompts = [prefix + template.format(A=a, B=b) for a, b in pairs]
-    answers = tokenizer([format_answer(toy_answer(op, a, b)) for a, b in pairs], add_special_tokens=False)[
-        "input_ids"
-    ]
-    max_new = max(map(len, answers)) + 1
-    got = toy_generate_answers(model, tokenizer, prompts, max_new, batch_size)
-    return sum(g == a for g, a in zip(got, answers)) / len(pairs)
+    newline = tokenizer.convert_tokens_to_ids(NEWLINE)
+    prompts = tokenizer([prefix + template.format(A=a, B=b) for a, b in pairs], add_special_tokens=True)
+    answers = tokenizer([format_answer(toy_answer(op, a, b)) for a, b in pairs], add_special_tokens=False)
+    seqs = [p + a + [newline] for p, a in zip(prompts["input_ids"], answers["input_ids"])]
+    n_prompt = [len(p) for p in prompts["input_ids"]]
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (seq, n) in enumerate(zip(seqs, n_prompt)):
+        groups.setdefault((len(seq), n), []).append(i)
+    device = next(model.parameters()).device
+    correct = 0
+    with torch.no_grad():
+        for (length, n), idx in groups.items():
+            for c in range(0, len(idx), batch_size):
+                ids = torch.tensor([seqs[i] for i in idx[c : c + batch_size]], device=device)
+                keep = {"logits_to_keep": length - n} if isinstance(model, PreTrainedModel) else {}
+                out = model(ids[:, :-1], **keep)
+                logits = out.logits if hasattr(out, "logits") else out
+                pred = logits[:, -(length - n) :].argmax(-1)
+                correct += int((pred == ids[:, n:]).all(dim=1).sum())
+    return correct / len(pairs)
 
 
 def toy_accuracy_table(

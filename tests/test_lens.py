@@ -75,3 +75,26 @@ def test_lens_summary_and_first_layer():
     assert Lens.first_layer_reaching(s, "top1", 0.5) == 1
     assert Lens.first_layer_reaching(s, "top1", 1.0) == 2
     assert Lens.first_layer_reaching(s, "mean_prob", 0.99) is None
+
+
+def test_matches_transformer_lens_logit_lens(setup):
+    """TransformerLens's own logit_lens (full run_with_cache) gives the same numbers."""
+    from transformer_lens.tools.analysis import logit_lens
+
+    m, ps, cache = setup
+    ours = Lens.logit_lens_answer(m.bridge, cache, ps)
+    for i in (0, len(ps) - 1):
+        tokens = torch.tensor([ps.input_ids[i]])
+        theirs = logit_lens(m.bridge, tokens, targets=ps.first_answer_ids[i:i + 1], return_type="log_probs")
+        ref = theirs.values.reshape(-1)  # [embed, after block 0, ..., after the last block]
+        mine = torch.tensor(ours[ours.prompt == i].sort_values("layer").logprob.to_numpy())
+        assert torch.allclose(mine, ref.float(), atol=1e-4)
+
+
+def test_transformer_lens_dla_refuses_this_bridge(setup):
+    """Why DLA is written here: TransformerLens's needs compatibility mode."""
+    from transformer_lens.tools.analysis import direct_logit_attribution
+
+    m, ps, _ = setup
+    with pytest.raises(ValueError, match="compatibility mode"):
+        direct_logit_attribution(m.bridge, torch.tensor([ps.input_ids[0]]), answer_tokens=int(ps.first_answer_ids[0]))

@@ -278,7 +278,7 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
     with torch.no_grad(), b.hooks(fwd_hooks=A.zero_heads_hooks([(layer, head)], position=-1)):
         lg = answer_logits(b, ps)
     ref = (lg.argmax(-1) == ps.first_answer_ids).numpy()
-    got = sweep[(sweep.layer == layer) & (sweep.head == head)].sort_values("prompt")["correct"].to_numpy()
+    got = sweep[(sweep["layer"] == layer) & (sweep["head"] == head)].sort_values("prompt")["correct"].to_numpy()
     assert (ref == got).all()
     exact = P.head_sweep(b, ps, heads=[(layer, head)], position=None, progress=False)
     with torch.no_grad(), b.hooks(fwd_hooks=A.zero_heads_hooks([(layer, head)])):

@@ -27,7 +27,10 @@ from arithlib.toy import (
     train_toy,
 )
 
-TINY = ToyConfig(n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, d_mlp=64, steps=30, batch_size=8, shots=2)
+TINY = ToyConfig(
+    n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, d_mlp=64, max_operand=19, max_mul_operand=9,
+    steps=30, batch_size=8, shots=2,
+)
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +129,7 @@ def test_training_examples_are_deterministic_and_split_disjoint():
 
 
 def test_training_batches_are_packed_few_shot_sequences(tok):
-    cfg = ToyConfig(batch_size=4, shots=3, template_frac=0.5)
+    cfg = ToyConfig(max_operand=19, max_mul_operand=9, batch_size=4, shots=3, template_frac=0.5)
     enc = toy._encode_examples(cfg, tok)
     ids, mask = toy._batch(cfg, enc, 7, tok.pad_token_id, tok.bos_token_id)
     assert torch.equal(ids, toy._batch(cfg, enc, 7, tok.pad_token_id, tok.bos_token_id)[0])
@@ -233,7 +236,10 @@ def test_checkpoints_load_in_hf_and_bridge(tiny_run):
 def test_cache_api_uses_cache_root(tmp_path, monkeypatch):
     monkeypatch.setenv("ARITHLIB_CACHE", str(tmp_path))
     monkeypatch.setattr(toy, "toy_accuracy_table", lambda *args: {})  # the full evaluation is slow
-    cfg = ToyConfig(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_mlp=32, steps=12, batch_size=4, shots=1)
+    cfg = ToyConfig(
+        n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_mlp=32, max_operand=9, max_mul_operand=4,
+        steps=12, batch_size=4, shots=1,
+    )
     final = toy_model_dir(cfg, progress=False)
     assert final == tmp_path / "toy" / cfg.key() / "final"
     dirs = toy_checkpoint_dirs(cfg)
