@@ -235,7 +235,7 @@ def biased_professions(top: pd.DataFrame, genders: Sequence[str] = GENDERS,
     rows = []
     if prof.empty:
         return pd.DataFrame(columns=["token_id", "token", "professions", f"n_only_{g1}", f"n_only_{g2}",
-                                     "n_prompts_in_both", "bias_gender", "gendered"])
+                                     "n_prompts_in_both", "bias_gender", "gendered"]).astype({"gendered": bool})
     meta = prof.drop_duplicates("token_id").set_index("token_id")
     sets = {(g, p): set(sub.token_id) for (g, p), sub in prof.groupby(["gender", "prompt_id"])}
     prompts = sorted(top.prompt_id.unique())
@@ -249,7 +249,8 @@ def biased_professions(top: pd.DataFrame, genders: Sequence[str] = GENDERS,
         rows.append({"token_id": int(tid), "token": meta.loc[tid, "token"].strip(), "professions": meta.loc[tid, "professions"],
                      f"n_only_{g1}": only1, f"n_only_{g2}": only2, "n_prompts_in_both": both, "bias_gender": gender,
                      "gendered": bool(meta.loc[tid, "gendered"])})
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(rows, columns=["token_id", "token", "professions", f"n_only_{g1}", f"n_only_{g2}",
+                                        "n_prompts_in_both", "bias_gender", "gendered"]).astype({"gendered": bool})
     if exclude_gendered and len(frame):
         frame = frame[~frame.gendered]
     return frame.sort_values(["bias_gender", f"n_only_{g1}", f"n_only_{g2}"], ascending=[False, False, False]

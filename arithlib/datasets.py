@@ -408,11 +408,16 @@ class PromptSet:
     tokenizer: object = field(repr=False)
 
     @classmethod
-    def build(cls, records: Sequence[PromptRecord], tokenizer, drop_misaligned: bool = True) -> "PromptSet":
+    def build(cls, records: Sequence[PromptRecord], tokenizer, drop_misaligned: bool = True,
+              drop_unsplittable: bool = False) -> "PromptSet":
         """Tokenize ``records``. Records whose counterfactual length differs from the
-        prompt's are dropped (``drop_misaligned``) or raise a ValueError."""
+        prompt's are dropped (``drop_misaligned``) or raise a ValueError. A prompt that
+        does not tokenize as a prefix of prompt + answer (``"... to the year 197"`` + ``"8"``
+        under a tokenizer with whole-number tokens) raises a ValueError, or is dropped
+        with a warning when ``drop_unsplittable`` (for sets whose format a tokenizer
+        cannot express, such as dates under the toy model's number tokens)."""
         keep, inputs, answers, cfs = [], [], [], []
-        dropped = 0
+        dropped = unsplittable = 0
         for r in records:
             # Tokenize the prompt without its trailing separator: tokenizers differ in
             # whether " 8" is one token (Llama-3) or a blank then "8" (Qwen, Llama-2).
@@ -420,6 +425,9 @@ class PromptSet:
             prompt = tokenizer(stem)["input_ids"]
             full = tokenizer(r.full_text + r.answer_text)["input_ids"]
             if full[: len(prompt)] != prompt:
+                if drop_unsplittable:
+                    unsplittable += 1
+                    continue
                 raise ValueError(f"prompt {r.full_text!r} does not tokenize as a prefix of prompt + answer "
                                  f"{r.answer_text!r}; end the template at a token boundary")
             answer = full[len(prompt):]
@@ -446,6 +454,9 @@ class PromptSet:
         if dropped:
             warnings.warn(f"PromptSet.build dropped {dropped} of {len(records)} prompts whose counterfactual "
                           "has a different token count than the prompt", stacklevel=2)
+        if unsplittable:
+            warnings.warn(f"PromptSet.build dropped {unsplittable} of {len(records)} prompts that do not tokenize "
+                          "apart from their answer under this tokenizer", stacklevel=2)
         return cls(keep, inputs, answers, cfs, tokenizer)
 
     def __len__(self) -> int:
