@@ -5,12 +5,16 @@
 # notebooks produced is kept.
 #
 #   ./run_all.sh [--model NAME] [--device cpu|cuda|auto] [--quick] [--seed N]
-#                [--figures DIR] [--only NN[,NN...]]
+#                [--figures DIR] [--only NN[,NN...]] [--force]
+#
+# A notebook whose code, data, parameters and predecessors are unchanged since its
+# last successful run is skipped (key in outputs/<model>/<notebook>.key); --force
+# reruns everything.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 MODEL="qwen2.5-coder-0.5b"; DEVICE="cpu"; QUICK="False"; SEED=0
-FIGURES="$ROOT/figures"; ONLY=""
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+FIGURES="$ROOT/figures"; ONLY=""; FORCE=0
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --model) MODEL="$2"; shift 2 ;;
@@ -19,6 +23,7 @@ while [ "$#" -gt 0 ]; do
         --seed) SEED="$2"; shift 2 ;;
         --figures) FIGURES="$2"; shift 2 ;;
         --only) ONLY="$2"; shift 2 ;;
+        --force) FORCE=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "run_all.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
     esac
@@ -34,10 +39,18 @@ mkdir -p "$OUT" "$FIGURES"
 TIMES="$OUT/timings.csv"
 echo "notebook,seconds,status" > "$TIMES"
 total_start=$(date +%s)
+KEY=""
 for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
     name="$(basename "$nb" .ipynb)"
+    KEY="$("$PY" "$ROOT/scripts/run_key.py" "$nb" "$KEY" "$MODEL" "$DEVICE" "$QUICK" "$SEED" "$FIGURES")"
     if [ -n "$ONLY" ] && [[ ",$ONLY," != *",${name:0:2},"* ]]; then continue; fi
+    if [ "$FORCE" -eq 0 ] && [ -f "$OUT/$name.key" ] && [ "$(cat "$OUT/$name.key")" = "$KEY" ]; then
+        echo "=== $name is up to date (key $KEY); skipped (--force reruns it)"
+        echo "$name,$(cat "$OUT/$name.seconds" 2>/dev/null || echo NA),cached" >> "$TIMES"
+        continue
+    fi
     echo "=== $name (model=$MODEL device=$DEVICE quick=$QUICK seed=$SEED)"
+    rm -f "$OUT/$name.key"
     start=$(date +%s)
     set +e
     "$PY" -m papermill "$nb" "$OUT/$name.ipynb" --cwd "$ROOT/notebooks" -k python3 \
@@ -47,6 +60,8 @@ for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
     set -e
     secs=$(( $(date +%s) - start ))
     if [ "$status" -eq 0 ]; then
+        echo "$KEY" > "$OUT/$name.key.tmp" && mv "$OUT/$name.key.tmp" "$OUT/$name.key"
+        echo "$secs" > "$OUT/$name.seconds"
         echo "$name,$secs,ok" >> "$TIMES"
         echo "=== $name done in ${secs}s"
     else

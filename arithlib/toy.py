@@ -42,6 +42,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
+from .datasets import apply_op, load_json
 from .paths import cache_root
 
 # --------------------------------------------------------------------------- constants
@@ -84,34 +85,17 @@ TOY_WORDS: tuple[str, ...] = (
     "answer", "question", "number", "numbers", "calculate", "compute", "are", "it", "in", "an",
 )
 
-#: Word templates (Zhang et al. Fig. 8, Yu & Ananiadou Table 14) per operator; ``{A}``
-#: and ``{B}`` are the operands, the answer follows after a space. Used for the
-#: optional template training (``ToyConfig.template_frac``) and in the tests.
+#: Word templates per operator: Zhang et al.'s (Fig. 8) and Yu & Ananiadou's (Table 14)
+#: from data/templates.json, without the operator-word brackets and without the
+#: symbolic ones ("{A} + {B} ="). ``{A}`` and ``{B}`` are the operands; the answer
+#: follows after a space. Used for the optional template training
+#: (``ToyConfig.template_frac``) and in the tests.
 TOY_TEMPLATES: dict[str, tuple[str, ...]] = {
-    "+": (
-        "{A} plus {B} equals to", "The addition of {A} and {B} is",
-        "Q: How much is {A} plus {B}? A:", "Q: What is the result of {A} plus {B}? A:",
-        "Q: What is the sum of {A} and {B}? A:", "The sum of {A} and {B} is",
-        "Q: What is {A} plus {B}? A:", "{A} plus {B} is",
-    ),
-    "-": (
-        "{A} minus {B} equals to", "The difference of {A} and {B} is",
-        "Q: How much is {A} minus {B}? A:", "Q: What is the result of {A} minus {B}? A:",
-        "Q: What is the difference of {A} and {B}? A:", "The difference between {A} and {B} is",
-        "Q: What is {A} minus {B}? A:", "{A} minus {B} is",
-    ),
-    "*": (
-        "{A} times {B} equals to", "The product of {A} and {B} is",
-        "Q: How much is {A} times {B}? A:", "Q: What is the result of {A} times {B}? A:",
-        "Q: What is the product of {A} and {B}? A:", "Q: What is {A} times {B}? A:",
-        "{A} times {B} is",
-    ),
-    "/": (
-        "{A} over {B} equals to", "The ratio of {A} and {B} is",
-        "Q: How much is {A} over {B}? A:", "Q: What is the result of {A} over {B}? A:",
-        "Q: What is the ratio of {A} and {B}? A:", "{A} divides {B} is",
-        "Q: What is {A} divides {B}? A:",
-    ),
+    op: tuple(dict.fromkeys(
+        t.replace("[", "").replace("]", "")
+        for family in ("zhang", "yu") for t in load_json("templates.json")[family][op] if not t.endswith("=")
+    ))
+    for op in TOY_OPERATORS
 }
 
 #: Name of the marker file in a finished ``final/`` folder.
@@ -237,19 +221,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 def toy_answer(op: str, a: int, b: int) -> int:
     """The integer result of ``a op b``; ``/`` must divide exactly."""
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
-        if b == 0 or a % b:
-            raise ValueError(f"{a}/{b} is not an exact division")
-        return a // b
-    if op == "^":
-        return a**b
-    raise ValueError(f"unknown operator {op!r}")
+    return apply_op(a, b, op)
 
 
 def format_answer(c: int) -> str:
@@ -690,8 +662,8 @@ def fewshot_prefix(op: str) -> str:
 
     Operands as in data/templates.json (``fewshot_operands``).
     """
-    operands = {"+": [(3, 4), (8, 1)], "-": [(7, 3), (9, 5)], "*": [(2, 3), (4, 2)], "/": [(8, 4), (9, 3)]}
-    return "".join(format_example(op, a, b) + NEWLINE for a, b in operands[op])
+    operands = load_json("templates.json")["fewshot_operands"][op]
+    return "".join(format_example(op, a, b) + NEWLINE for a, b in operands)
 
 
 def _logits(model: Any, ids: torch.Tensor) -> torch.Tensor:

@@ -250,7 +250,7 @@ def test_cache_api_uses_cache_root(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- the default model
 
 
-@pytest.mark.slow
+@pytest.mark.toy_model
 def test_default_toy_model_does_two_digit_addition_and_subtraction():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
