@@ -68,3 +68,14 @@ def test_toy_model_accuracy_and_reference_set(toy):
     correct = correct_subset(toy.bridge, ps, frame=frame)
     assert len(correct) == int(frame["correct_full"].sum())
     assert intervention_accuracy(toy.bridge, correct) == 1.0
+
+
+@pytest.mark.real_model
+def test_qwen_few_shot_one_digit_addition():
+    """Qwen2.5-Coder-0.5B with the 2-shot prefix answers 1-digit addition (a fixed
+    sample of 30 prompts, seed 0) at least 90 % right; measured 100 %."""
+    lm = load_model("qwen2.5-coder-0.5b")
+    records = ds.nikankin_prompts(["+"], max_operand=9, max_result=18, n_per_op=30, seed=0, fewshot=2)
+    frame = evaluate(lm.bridge, ds.PromptSet.build(records, lm.tokenizer))
+    assert len(frame) == 30
+    assert frame["correct_full"].mean() >= 0.9, frame[["text", "generated", "correct_full"]]
