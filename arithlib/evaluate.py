@@ -1,7 +1,8 @@
 """Batched evaluation at the answer position: logits, accuracy, the correct subset.
 
-Every prompt set is run in same-length batches (:meth:`PromptSet.batches`), so no
-padding is needed and the answer position is the last token. Only the last
+Every prompt set is run in same-length batches of prompts that share a few-shot
+prefix (:func:`prefix_batches`), so no padding is needed and the answer position is
+the last token; the shared prefix is computed once per group when no hook is attached. Only the last
 position is unembedded (``logits_to_keep=1``): on the CPU the unembedding of every
 position is a large part of a forward pass for these vocabularies.
 
@@ -17,6 +18,8 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
+from transformer_lens.hook_points import HookPoint
+from transformers import DynamicCache
 
 from .datasets import PromptSet
 
@@ -32,19 +35,111 @@ def last_position_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     return logits[:, -1, :].float()
 
 
+def _hf_model(model):
+    """The Hugging Face module under a TransformerBridge (the model itself otherwise)."""
+    return model.original_model if hasattr(model, "original_model") else model
+
+
+def hooks_attached(model) -> bool:
+    """Whether an intervention hook is attached: a hook on one of the bridge's HookPoints
+    (the bridge's own capture hooks on the HF modules do not count), or for a plain
+    torch model any forward (pre-)hook."""
+    points = [m for m in model.modules() if isinstance(m, HookPoint)]
+    mods = points if points else list(model.modules())
+    return any(m._forward_hooks or m._forward_pre_hooks for m in mods)
+
+
+#: Shared prefixes shorter than this are recomputed with each batch (not worth a cache).
+MIN_SHARED_PREFIX = 4
+
+
+def _common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
+    first, n = rows[0], min(map(len, rows))
+    for j in range(n):
+        if any(r[j] != first[j] for r in rows):
+            return j
+    return n
+
+
+def prefix_batches(prompts: PromptSet, batch_size: int = 64, share: bool = True) -> list[tuple[int, list[int]]]:
+    """Batches ``(p, indices)`` covering every prompt once, all rows of a batch of one
+    token length (no padding). Within the prompts that have the same few-shot prefix
+    (``record.prefix``), the first ``p`` tokens are common to all; a batch's rows have
+    the same ``p`` (0 when ``share`` is False or fewer than :data:`MIN_SHARED_PREFIX`
+    tokens are common), though not necessarily the same prefix. At least one token
+    of each prompt is left after the prefix."""
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(prompts.records):
+        groups.setdefault(r.prefix, []).append(i)
+    keyed: dict[tuple[int, int], list[int]] = {}
+    for idx in groups.values():
+        rows = [prompts.input_ids[i] for i in idx]
+        p = min(_common_prefix_len(rows), min(map(len, rows)) - 1) if share else 0
+        p = p if p >= MIN_SHARED_PREFIX else 0
+        for i in idx:
+            keyed.setdefault((p, len(prompts.input_ids[i])), []).append(i)
+    return [(p, same[k:k + batch_size]) for (p, _), same in sorted(keyed.items())
+            for k in range(0, len(same), batch_size)]
+
+
+class _PrefixRunner:
+    """Runs batches of one PromptSet through the HF model, computing each shared few-shot
+    prefix once and reusing its keys and values for every prompt that starts with it.
+
+    Why not TransformerLens: its generation utilities recompute the whole prompt for
+    every row. The prefix is shared only when no hook is attached to the model (a hook
+    that edits "the last position" would otherwise see the prefix's last token); with
+    hooks every batch runs in full. Equal to the full forward pass up to float rounding
+    (tested)."""
+
+    def __init__(self, model, prompts: PromptSet, batch_size: int):
+        self.hf = _hf_model(model)
+        self.device = _device_of(model)
+        self.prompts = prompts
+        self.batch_size = batch_size
+        self.plan = prefix_batches(prompts, batch_size, share=not hooks_attached(model))
+        self._kv: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def _prefix_kv(self, prefixes: list[tuple[int, ...]]) -> None:
+        """Compute (and keep) per-layer keys and values of the prefixes not seen yet."""
+        todo = list(dict.fromkeys(q for q in prefixes if q not in self._kv))
+        for k in range(0, len(todo), self.batch_size):
+            chunk = todo[k:k + self.batch_size]
+            ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
+            cache = self.hf(ids, use_cache=True, logits_to_keep=1).past_key_values
+            for row, q in enumerate(chunk):
+                self._kv[q] = [(layer.keys[row], layer.values[row]) for layer in cache.layers]
+
+    def first_step(self, p: int, index: list[int]):
+        """Run the batch's prompts; returns ``(last-position logits [B, vocab] float32, past)``."""
+        tokens = torch.tensor([self.prompts.input_ids[i] for i in index], dtype=torch.long, device=self.device)
+        past = None
+        if p:
+            prefixes = [tuple(self.prompts.input_ids[i][:p]) for i in index]
+            self._prefix_kv(prefixes)
+            past = DynamicCache(config=self.hf.config)
+            for layer in range(len(self._kv[prefixes[0]])):
+                past.update(torch.stack([self._kv[q][layer][0] for q in prefixes]),
+                            torch.stack([self._kv[q][layer][1] for q in prefixes]), layer)
+            tokens = tokens[:, p:]
+        out = self.hf(tokens, past_key_values=past, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float(), out.past_key_values
+
+
 @torch.no_grad()
 def answer_logits(model, prompts: PromptSet, batch_size: int = 64, progress: bool = False,
                   desc: str = "answer logits") -> torch.Tensor:
-    """Logits at the answer position for every prompt, [N, vocab] (float32, CPU)."""
-    device = _device_of(model)
-    chunks = []
-    for batch in tqdm(list(prompts.batches(batch_size, device)), desc=desc, disable=not progress, leave=False):
-        chunks.append((batch.index, last_position_logits(model, batch.tokens).cpu()))
-    vocab = chunks[0][1].shape[-1] if chunks else 0
-    out = torch.empty(len(prompts), vocab)
-    for index, logits in chunks:
-        out[index] = logits
-    return out
+    """Logits at the answer position for every prompt, [N, vocab] (float32, CPU).
+    Hooks attached to ``model`` apply; shared few-shot prefixes are computed once
+    when there are none (:class:`_PrefixRunner`)."""
+    runner = _PrefixRunner(model, prompts, batch_size)
+    out = None
+    for p, index in tqdm(runner.plan, desc=desc, disable=not progress, leave=False):
+        logits, _ = runner.first_step(p, index)
+        if out is None:
+            out = torch.empty(len(prompts), logits.shape[-1])
+        out[index] = logits.cpu()
+    return out if out is not None else torch.empty(0, 0)
 
 
 @torch.no_grad()
@@ -55,31 +150,26 @@ def greedy_answers(model, prompts: PromptSet, extra_tokens: int = 1, batch_size:
 
     Returns ``(first_logits [N, vocab], generated token ids)``; the logits are those
     of the first step, i.e. :func:`answer_logits`, so one pass gives both. A manual
-    KV-cached loop over the bridge's model, so bridge hooks apply at every step."""
-    device = _device_of(model)
+    KV-cached loop over the bridge's HF model, so bridge hooks apply at every step."""
+    runner = _PrefixRunner(model, prompts, batch_size)
     result: list[list[int]] = [[] for _ in range(len(prompts))]
-    chunks = []
-    hf = model.original_model if hasattr(model, "original_model") else model
-    for batch in tqdm(list(prompts.batches(batch_size, device)), desc="greedy", disable=not progress, leave=False):
-        n_new = max(len(prompts.answer_ids[i]) for i in batch.index.tolist()) + extra_tokens
-        out = hf(batch.tokens, use_cache=True, logits_to_keep=1)
-        first = out.logits[:, -1].float()
-        chunks.append((batch.index, first.cpu()))
-        past = out.past_key_values
+    logits = None
+    for p, index in tqdm(runner.plan, desc="greedy", disable=not progress, leave=False):
+        n_new = max(len(prompts.answer_ids[i]) for i in index) + extra_tokens
+        first, past = runner.first_step(p, index)
+        if logits is None:
+            logits = torch.empty(len(prompts), first.shape[-1])
+        logits[index] = first.cpu()
         nxt = first.argmax(-1)
         generated = [nxt]
         for _ in range(n_new - 1):
-            out = hf(nxt[:, None], past_key_values=past, use_cache=True)
+            out = runner.hf(nxt[:, None], past_key_values=past, use_cache=True)
             past = out.past_key_values
             nxt = out.logits[:, -1].argmax(-1)
             generated.append(nxt)
-        gen = torch.stack(generated, 1).cpu().tolist()
-        for row, i in enumerate(batch.index.tolist()):
-            result[i] = gen[row]
-    logits = torch.empty(len(prompts), chunks[0][1].shape[-1] if chunks else 0)
-    for index, chunk in chunks:
-        logits[index] = chunk
-    return logits, result
+        for row, gen in zip(index, torch.stack(generated, 1).cpu().tolist()):
+            result[row] = gen
+    return (logits if logits is not None else torch.empty(0, 0)), result
 
 
 def _continues_number(tokenizer, token_id: int) -> bool:

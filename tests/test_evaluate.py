@@ -79,3 +79,32 @@ def test_qwen_few_shot_one_digit_addition():
     frame = evaluate(lm.bridge, ds.PromptSet.build(records, lm.tokenizer))
     assert len(frame) == 30
     assert frame["correct_full"].mean() >= 0.9, frame[["text", "generated", "correct_full"]]
+
+
+def test_shared_prefix_equals_full_forward(tiny):
+    """Few-shot prompts share their prefix's keys and values; logits and greedy answers
+    equal the per-prompt full forward pass, and with a hook attached nothing is shared."""
+    from arithlib.evaluate import hooks_attached, prefix_batches
+
+    ps = _tiny_prompts(tiny.tokenizer)
+    plan = prefix_batches(ps, batch_size=3)
+    assert sorted(i for _, idx in plan for i in idx) == list(range(len(ps)))
+    assert any(p > 0 for p, _ in plan)
+    for p, idx in plan:
+        assert len({tuple(ps.input_ids[i][:p]) for i in idx}) == 1
+    logits = answer_logits(tiny.bridge, ps, batch_size=3)
+    with torch.no_grad():
+        for i in range(len(ps)):
+            ref = tiny.bridge(torch.tensor([ps.input_ids[i]]))[0, -1]
+            assert torch.allclose(logits[i], ref.float(), atol=1e-4)
+    first, gen = greedy_answers(tiny.bridge, ps, batch_size=3)
+    assert torch.allclose(first, logits, atol=1e-4)
+    ref_first, ref_gen = greedy_answers(tiny.bridge, ps, batch_size=1)
+    assert gen == ref_gen
+    assert not hooks_attached(tiny.bridge)
+    with tiny.bridge.hooks(fwd_hooks=zero_heads_hooks([(0, 0)], position=-1)):
+        assert hooks_attached(tiny.bridge)
+        ablated = answer_logits(tiny.bridge, ps, batch_size=3)
+    with torch.no_grad(), tiny.bridge.hooks(fwd_hooks=zero_heads_hooks([(0, 0)], position=-1)):
+        ref = tiny.bridge(torch.tensor([ps.input_ids[0]]))[0, -1]
+    assert torch.allclose(ablated[0], ref.float(), atol=1e-4)
