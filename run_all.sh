@@ -72,3 +72,4 @@ for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
     fi
 done
 echo "=== all notebooks done in $(( $(date +%s) - total_start ))s; timings in $TIMES"
+"$PY" -m arithlib.report "$FIGURES/${MODEL//\//__}"  # REPORT.md / REPORT.html from the tables above

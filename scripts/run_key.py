@@ -13,11 +13,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Library modules no notebook imports (the report runs after the notebooks).
+NOT_USED_BY_NOTEBOOKS = {"report.py"}
 
 
 def run_key(notebook: Path, previous: str, params: list[str]) -> str:
     h = hashlib.sha256()
-    files = sorted((ROOT / "arithlib").rglob("*.py")) + sorted((ROOT / "data").rglob("*")) + [notebook]
+    code = [p for p in sorted((ROOT / "arithlib").rglob("*.py")) if p.name not in NOT_USED_BY_NOTEBOOKS]
+    files = code + sorted((ROOT / "data").rglob("*")) + [notebook]
     for path in files:
         if path.is_file():
             h.update(str(path.relative_to(ROOT)).encode())

@@ -1,0 +1,819 @@
+"""The run's report: each headline finding of the three papers, the paper's number, ours
+(computed from the CSV tables the notebooks wrote into a figures folder) and a verdict
+by a rule stated in words and applied in code.
+
+A finding is a small declarative :class:`Finding`: where the claim is in the paper, the
+paper's number (quoted from ``/work/shared/papers``; where the paper gives none, the
+qualitative claim), the tables it needs, a function computing our numbers and the
+verdict rule. Rules are fixed from the papers' claims, with three shared constants:
+
+* a quantitative claim is *reproduced* when our effect is at least half the paper's
+  (:data:`HALF`);
+* "much more" claims without a number need a gap of at least :data:`CLEAR_GAP`
+  (10 points) to be reproduced;
+* a gap of at least :data:`NOISE_GAP` (5 points) in the paper's direction is *partly*.
+
+A finding whose tables are missing (notebook not run, or a study skipped for this
+model) gets the verdict "not run", never an error.
+
+Usage: ``python -m arithlib.report figures/<model> [figures/<model2> ...]`` writes
+``REPORT.md`` and ``REPORT.html`` into each folder and, for two or more folders,
+``CROSS_MODEL.md`` / ``CROSS_MODEL.csv`` next to them (layer positions as
+layer / n_layers, so models of different depth compare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_RUN = "reproduced", "partly", "not reproduced", "not run"
+VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_RUN)
+#: Share of the paper's effect that counts as reproducing it.
+HALF = 0.5
+#: Gap (fraction of prompts, i.e. 10 points) for qualitative "much more" claims.
+CLEAR_GAP = 0.10
+#: Gap (5 points) in the paper's direction that counts as "partly".
+NOISE_GAP = 0.05
+
+NOTEBOOKS: dict[str, str] = {
+    "00": "Model accuracy",
+    "01": "Key heads and MLPs (Zhang; Yu's head sweep; Nikankin's circuit)",
+    "02": "MLP probing (Zhang Sec. 5.2)",
+    "03": "Neuron heuristics (Nikankin)",
+    "04": "Comparative neuron analysis (Yu Sec. 4)",
+    "05": "LoRA mechanism and precise SFT (Yu Sec. 5; Zhang Sec. 5.3)",
+    "06": "Pruning (Yu Sec. 6.1)",
+    "07": "Gender-bias editing (Yu Sec. 6.2)",
+}
+PAPERS = {"zhang": "Zhang et al. 2024 (ICML)", "yu": "Yu & Ananiadou 2024 (EMNLP)",
+          "nikankin": "Nikankin et al. 2025 (ICLR)"}
+ZHANG_TXT = "papers/zhang2024_interpreting_improving_arithmetic.txt"
+YU_TXT = "papers/yu2024_comparative_neuron_analysis.txt"
+NIKANKIN_TXT = "papers/nikankin2025_bag_of_heuristics_reviews.txt"
+
+
+# --------------------------------------------------------------------------- reading a figures folder
+
+
+class NotRun(Exception):
+    """A finding cannot be computed from this folder (the reason is the message)."""
+
+
+class MissingTable(NotRun):
+    """A table the finding needs is not in the folder."""
+
+
+class Tables:
+    """Read-only access to one figures folder: its CSV tables and the model info that
+    every notebook's ``*_params.json`` carries."""
+
+    def __init__(self, fig_dir: str | os.PathLike):
+        self.dir = Path(fig_dir)
+        self._cache: dict[str, pd.DataFrame] = {}
+
+    def has(self, name: str) -> bool:
+        return (self.dir / f"{name}.csv").exists()
+
+    def csv(self, name: str) -> pd.DataFrame:
+        """``<dir>/<name>.csv``; raises :class:`MissingTable` when absent."""
+        if name not in self._cache:
+            path = self.dir / f"{name}.csv"
+            if not path.exists():
+                raise MissingTable(f"{name}.csv missing")
+            try:
+                self._cache[name] = pd.read_csv(path, keep_default_na=True)
+            except pd.errors.EmptyDataError:
+                self._cache[name] = pd.DataFrame()
+        return self._cache[name].copy()
+
+    def params(self) -> dict[str, dict]:
+        """Notebook number -> its ``NN_*_params.json`` (empty when none)."""
+        out = {}
+        for path in sorted(self.dir.glob("[0-9][0-9]_*_params.json")):
+            try:
+                out[path.name[:2]] = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def info(self) -> dict:
+        """The model info (n_layers, n_heads, d_mlp, ...) of the first params file."""
+        for p in self.params().values():
+            if isinstance(p.get("model_info"), dict):
+                return p["model_info"]
+        return {}
+
+    def model(self) -> str:
+        for p in self.params().values():
+            if p.get("model"):
+                return str(p["model"])
+        return self.dir.name
+
+    def n_layers(self, fallback: pd.Series | None = None) -> int:
+        """Number of layers from the params, else 1 + the largest layer in ``fallback``."""
+        n = self.info().get("n_layers")
+        if n:
+            return int(n)
+        if fallback is not None and len(fallback):
+            return int(pd.to_numeric(fallback).max()) + 1
+        raise NotRun("number of layers unknown (no params json)")
+
+
+# --------------------------------------------------------------------------- findings
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Our side of a finding: a one-line summary, the verdict and named numbers (the
+    first is the headline; layer positions are layer / n_layers)."""
+
+    ours: str
+    verdict: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One headline claim of a paper and how this run is judged against it."""
+
+    id: str
+    paper: str            # key of PAPERS
+    where: str            # section / table / figure of the paper
+    claim: str            # the claim in one line
+    paper_number: str     # the paper's number (or "no number: ..." with the qualitative claim)
+    source: str           # where that number is in the paper texts
+    rule: str             # the verdict rule in words (applied by ``compute``)
+    notebook: str         # "01"...
+    compute: Callable[[Tables], Outcome]
+
+
+def _grade(full: bool, partial: bool) -> str:
+    return REPRODUCED if full else PARTLY if partial else NOT_REPRODUCED
+
+
+def _gap_verdict(gap: float, full_gap: float) -> str:
+    """Reproduced if ``gap`` >= ``full_gap``; partly if >= NOISE_GAP; else not."""
+    return _grade(gap >= full_gap, gap >= NOISE_GAP)
+
+
+def _pct(x: float, digits: int = 1) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{100 * x + 0.0:.{digits}f} %"  # + 0.0: no "-0 %"
+
+
+def _paper_depth(layer_of_32: float, n_layers: int) -> int:
+    """A layer index of the papers' 32-layer models scaled to ``n_layers`` (as
+    ``cna.deep_layers``: floor(layer / 32 * L + 0.5))."""
+    return int(math.floor(layer_of_32 / 32 * n_layers + 0.5))
+
+
+def _pooled(t: Tables, kind: str) -> pd.DataFrame:
+    pp = t.csv("01_path_patching")
+    rows = pp[(pp["op"].astype(str) == "all") & (pp["kind"] == kind)]
+    if rows.empty:
+        raise NotRun(f"no pooled {kind} effects in 01_path_patching.csv (no correct Zhang prompts)")
+    return rows
+
+
+KEY_THRESHOLD = -0.05  # Zhang Sec. 5.1: key heads lower the answer logit by more than 5 %
+
+
+def _zhang_key_heads(t: Tables) -> Outcome:
+    heads = _pooled(t, "head")
+    key = heads[heads["effect"] < KEY_THRESHOLD]
+    share = len(key) / len(heads)
+    L = t.n_layers(heads["layer"])
+    depth = float((key["layer"] / L).mean()) if len(key) else float("nan")
+    layers = sorted(set(key["layer"].astype(int)))
+    return Outcome(f"{len(key)} of {len(heads)} heads = {_pct(share)} (layers {layers or 'none'})",
+                   _grade(0 < share < 0.05, 0 < share < 0.10),
+                   {"key-head share": share, "key heads": float(len(key)),
+                    "mean key-head layer / n_layers": depth})
+
+
+def _zhang_knockout(t: Tables) -> Outcome:
+    ko = t.csv("01_knockout")
+    ko = ko[ko["group"].astype(str) == "all"]
+    n_key = int((_pooled(t, "head")["effect"] < KEY_THRESHOLD).sum())
+    base = float(ko.loc[ko["k"] == 0, "accuracy"].mean())
+    ks = sorted(int(k) for k in ko["k"].unique() if k > 0)
+    if not ks or not base > 0:
+        raise NotRun("knockout curve has no k > 0 or zero accuracy before knockout")
+    k = min(ks, key=lambda x: (abs(x - max(n_key, 1)), x))
+    eff = float(ko.loc[(ko["order"] == "effect") & (ko["k"] == k), "accuracy"].mean())
+    rnd = float(ko.loc[(ko["order"] == "random") & (ko["k"] == k), "accuracy"].mean())
+    drop_e, drop_r = 1 - eff / base, 1 - rnd / base
+    gap = drop_e - drop_r
+    return Outcome(f"k = {k} heads knocked out: effect-rank {_pct(-drop_e, 0)}, random-rank {_pct(-drop_r, 0)} "
+                   f"(accuracy {base:.0%} before)",
+                   _gap_verdict(gap, HALF * (0.70 - 0.02)),
+                   {"effect-rank minus random-rank accuracy drop": gap, "effect-rank drop": drop_e,
+                    "random-rank drop": drop_r, "k knocked out": float(k)})
+
+
+def _zhang_late_mlps(t: Tables) -> Outcome:
+    mlps = _pooled(t, "mlp")
+    L = t.n_layers(mlps["layer"])
+    cut = _paper_depth(17, L)
+    early = mlps[mlps["layer"] < cut]["effect"].abs()
+    late = mlps[mlps["layer"] >= cut]["effect"].abs()
+    if early.empty or late.empty:
+        raise NotRun(f"no MLPs on one side of layer {cut} (17/32 of {L})")
+    e, l_ = float(early.mean()), float(late.mean())
+    top = mlps.loc[mlps["effect"].abs().idxmax()]
+    return Outcome(f"mean |effect| of MLPs 0-{cut - 1}: {_pct(e)}; of MLPs {cut}-{L - 1}: {_pct(l_)}",
+                   _grade(l_ >= HALF * 0.10 and l_ >= 2 * e, l_ > e),
+                   {"late / early MLP mean |effect|": l_ / e if e > 0 else float("inf"),
+                    "late MLP mean |effect|": l_, "early MLP mean |effect|": e,
+                    "strongest MLP layer / n_layers": float(top["layer"]) / L})
+
+
+def _zhang_mlp_answer(t: Tables) -> Outcome:
+    pts = t.csv("02_mlp_cosine_points").set_index("measure")
+    if "delta_C" not in pts.index:
+        raise NotRun("no delta_C curve (no correct prompts)")
+    r = pts.loc["delta_C"]
+    L = t.n_layers()
+    infl = float(r["inflection"]) / L
+    rises = float(r.get("rise", 1.0)) > 0
+    return Outcome(f"cos(MLP_out - MLP_in, W_U[C]): start {int(r['start'])}, inflection {int(r['inflection'])}, "
+                   f"peak {int(r['peak'])} of {L} layers (inflection at depth {infl:.2f}; paper 18/32 = 0.56)",
+                   _grade(rises and infl >= 17 / 32, rises and infl >= 13 / 32),
+                   {"answer-writing inflection layer / n_layers": infl,
+                    "answer-writing start layer / n_layers": float(r["start"]) / L,
+                    "answer-writing peak layer / n_layers": float(r["peak"]) / L})
+
+
+def _zhang_transfer(t: Tables) -> Outcome:
+    tr = t.csv("01_transfer")
+    if "accuracy_before" not in tr:
+        raise NotRun("no transfer format could be tokenized")
+    tr = tr[tr["accuracy_before"] > 0]
+    if tr.empty:
+        raise NotRun("the model answers none of the transfer formats before knockout")
+    drop = 1 - tr["accuracy_after"] / tr["accuracy_before"]
+    parts = ", ".join(f"{f} {_pct(-d, 0)}" for f, d in zip(tr["format"], drop))
+    mean = float(drop.mean())
+    return Outcome(f"relative accuracy change after knocking out the key heads: {parts}",
+                   _gap_verdict(mean, HALF * 0.66),
+                   {"mean relative accuracy drop on transfer formats": mean, "formats": float(len(tr))})
+
+
+def _yu_op(op: str) -> str:
+    return {"add": "+", "sub": "-", "mul": "*", "div": "/"}.get(str(op), str(op))
+
+
+def _yu_single_head(t: Tables) -> Outcome:
+    sw = t.csv("01_yu_head_sweep")
+    sw["op"] = sw["op"].map(_yu_op)
+    one = sw[(sw["n_digits"] == 1) & sw["op"].isin(["+", "-", "/"]) & (sw["baseline_accuracy"] > 0)]
+    if one.empty:
+        raise NotRun("no 1-digit +, -, / setting the model answers")
+    top = one.groupby("op")["accuracy_drop"].max()
+    mean = float(top.mean())
+    return Outcome("largest 1D accuracy drop from one head: " + ", ".join(f"{o} {_pct(v, 0)}" for o, v in top.items()),
+                   _gap_verdict(mean, HALF * (46.5 + 62.2 + 54.9) / 300),
+                   {"mean top-head 1D accuracy drop (+ - /)": mean})
+
+
+def _faith_by_share(t: Tables) -> pd.Series:
+    curve = t.csv("03_faithfulness_curve")
+    by = curve.groupby("share_per_layer")["faithfulness"].mean().sort_index()
+    if by.empty:
+        raise NotRun("empty faithfulness curve")
+    return by
+
+
+def _nearest(index: pd.Index, x: float) -> float:
+    positive = [s for s in index if s > 0]
+    return min(positive, key=lambda s: abs(s - x))
+
+
+def _nikankin_faithfulness(t: Tables) -> Outcome:
+    by = _faith_by_share(t)
+    s1, s5 = _nearest(by.index, 0.01), _nearest(by.index, 0.05)
+    f1 = float(by.loc[s1])
+    reach = by[by >= 0.9]
+    smallest = float(reach.index.min()) if len(reach) else float("nan")
+    return Outcome(f"faithfulness {f1:.2f} with {_pct(s1, 2)} of each layer; 0.9 first reached at "
+                   + (f"{_pct(smallest, 2)} per layer" if len(reach) else "no share of the grid"),
+                   _grade(f1 >= 0.9, len(reach) > 0 and smallest <= s5),
+                   {"faithfulness at ~1 % neurons per layer": f1, "smallest share per layer reaching 0.9": smallest})
+
+
+def _nikankin_heuristic_ablation(t: Tables) -> Outcome:
+    abl = t.csv("03_heuristic_ablation")
+    if abl.empty:
+        raise NotRun("no heuristic had neurons and enough associated prompts to ablate")
+    gap = float((abl["acc_other"] - abl["acc_assoc"]).mean())
+    return Outcome(f"{len(abl)} heuristics: accuracy on associated prompts {_pct(abl['acc_assoc'].mean(), 0)} vs "
+                   f"others {_pct(abl['acc_other'].mean(), 0)}",
+                   _gap_verdict(gap, CLEAR_GAP),
+                   {"other minus associated accuracy": gap})
+
+
+def _nikankin_prompt_ablation(t: Tables) -> Outcome:
+    pa = t.csv("03_prompt_ablation")
+    if pa.empty:
+        raise NotRun("no analysed prompts")
+    h, r = float(pa["correct_heuristic_ablated"].mean()), float(pa["correct_random_ablated"].mean())
+    return Outcome(f"{len(pa)} prompts: accuracy with their heuristic neurons ablated {_pct(h, 0)} vs as many random "
+                   f"circuit neurons {_pct(r, 0)}",
+                   _gap_verdict(r - h, CLEAR_GAP),
+                   {"random minus heuristic-ablated accuracy": r - h})
+
+
+def _yu_mask_keep(t: Tables) -> Outcome:
+    mk = t.csv("04_mask_keep")
+    mk = mk[mk["group"].astype(str) == "+-"]
+    if mk.empty:
+        raise NotRun("no correct 1D + / - cases")
+    K = 99 if (mk["K"] == 99).any() else int(mk["K"].max())
+
+    def val(kind: str) -> float:
+        v = mk.loc[(mk["intervention"] == kind) & (mk["K"] == K), "accuracy_decrease"]
+        return float(v.iloc[0]) if len(v) else float("nan")
+
+    mask, keep, rnd = val("mask"), val("keep"), val("random mask")
+    mask_ok = mask >= 50 and mask > 2 * max(rnd if np.isfinite(rnd) else 0.0, 1.0)
+    keep_ok = keep <= 50
+    return Outcome(f"top-{K}: mask {mask:.1f} %, keep {keep:.1f} %, random mask {rnd:.1f} % accuracy decrease",
+                   _grade(mask_ok and keep_ok, mask_ok or keep_ok),
+                   {"mask accuracy decrease (%)": mask, "keep accuracy decrease (%)": keep,
+                    "random-mask accuracy decrease (%)": rnd, "K": float(K)})
+
+
+def _yu_shallow(t: Tables) -> Outcome:
+    if not t.has("04_hidden_m_sweep") and t.has("04_cases"):
+        raise NotRun("notebook 04 wrote no M sweep (key head in layer 0: no shallow FFN layer below it)")
+    m = t.csv("04_hidden_m_sweep")
+    m = m[(m["group"].astype(str) == "+-") & (m["M"] == 2)]
+    hid, rnd = m[m["set"] == "hidden-interpretable"], m[m["set"] == "random"]
+    if hid.empty or rnd.empty:
+        raise NotRun("no M = 2 sweep for + / -")
+    h, r = hid.iloc[0], float(rnd["accuracy_decrease"].mean())
+    gap = float(h["accuracy_decrease"]) - r
+    share = float(h["share_of_shallow"]) if "share_of_shallow" in h else float("nan")
+    return Outcome(f"M = 2: {int(h['n_neurons'])} neurons ({_pct(share)} of shallow) -> {h['accuracy_decrease']:.1f} % "
+                   f"decrease vs random {r:.1f} %",
+                   _gap_verdict(gap / 100, HALF * (53.9 - 2.6) / 100),
+                   {"hidden minus random accuracy decrease (points)": gap,
+                    "hidden-interpretable share of shallow neurons": share})
+
+
+def _yu_lora_layers(t: Tables) -> Outcome:
+    acc = t.csv("05_lora_accuracy_by_layer")
+    base_rows = acc[acc["layer"] == -1]
+    lora = acc[acc["layer"] >= 0]
+    if base_rows.empty or lora.empty:
+        raise NotRun("no original row or no LoRA model")
+    base = float(base_rows["accuracy"].iloc[0])
+    above = float((lora["accuracy"] > base).mean())
+    bands = t.csv("05_lora_accuracy_bands").set_index("band")["mean_accuracy"] if t.has("05_lora_accuracy_bands") \
+        else pd.Series(dtype=float)
+    falls = {"shallow", "deep"} <= set(bands.index) and bands["shallow"] > bands["deep"]
+    L = t.n_layers(acc["layer"])
+    best = lora.loc[lora["accuracy"].idxmax()]
+    band_txt = ", ".join(f"{b} {_pct(v, 0)}" for b, v in bands.items())
+    return Outcome(f"original {_pct(base, 0)}; {_pct(above, 0)} of {len(lora)} LoRA layers beat it; best layer "
+                   f"{int(best['layer'])} ({_pct(best['accuracy'], 0)})" + (f"; bands: {band_txt}" if band_txt else ""),
+                   _grade(above == 1.0 and bool(falls), above >= 0.5),
+                   {"share of LoRA layers beating the original": above,
+                    "best LoRA layer / n_layers": float(best["layer"]) / L,
+                    "shallow minus deep band accuracy": float(bands["shallow"] - bands["deep"])
+                    if {"shallow", "deep"} <= set(bands.index) else float("nan")})
+
+
+def _yu_lora_coef(t: Tables) -> Outcome:
+    tab = t.csv("05_cna_coef_increase_by_band")
+    if "selection" in tab:
+        tab = tab[tab["selection"] == "cna"]
+    cols = [c for c in tab.columns if str(c).startswith("top")]
+    if tab.empty or not cols:
+        raise NotRun("no LoRA layer in a band")
+    means = tab.set_index("band")[cols].mean(axis=1)
+    full = bool((means > 0).all()) and {"shallow", "deep"} <= set(means.index) and means["shallow"] > means["deep"]
+    return Outcome("mean coefficient increase of the top neurons: " + ", ".join(f"{b} {v:+.0f} %" for b, v in means.items()),
+                   _grade(full, float(means.mean()) > 0),
+                   {"mean coefficient increase over bands (%)": float(means.mean())})
+
+
+def _yu_pruning(t: Tables) -> Outcome:
+    tab = t.csv("06_table11")
+    acc = tab.groupby("model")["accuracy"].mean()
+    needed = {"original", "LoRA on CNA-pruned", "LoRA on random-pruned"}
+    if not needed <= set(acc.index):
+        raise NotRun("Table 11 rows missing")
+    orig, cna, rnd = acc["original"], acc["LoRA on CNA-pruned"], acc["LoRA on random-pruned"]
+    lora = acc.get("LoRA", float("nan"))
+    gap = float(cna - rnd)
+    return Outcome(f"original {_pct(orig)}, LoRA {_pct(lora)}, LoRA on CNA-pruned {_pct(cna)}, "
+                   f"on random-pruned {_pct(rnd)}",
+                   _grade(gap >= HALF * (82.3 - 17.1) / 100 and cna > orig, gap >= NOISE_GAP),
+                   {"CNA-pruned minus random-pruned accuracy": gap, "CNA-pruned minus original accuracy": float(cna - orig)})
+
+
+def _yu_gender(t: Tables) -> Outcome:
+    if not t.has("07_table13"):
+        if t.has("07_top_predictions"):
+            raise NotRun("no profession token differs by gender in the top-100 lists")
+        raise MissingTable("07_table13.csv missing")
+    t13 = t.csv("07_table13")
+    cna = t13[t13["model"].astype(str).str.startswith("CNA")]
+    rnd = t13[t13["model"].astype(str).str.startswith("random")]
+    orig = t13[t13["model"].astype(str).str.startswith("orig")]
+    if cna.empty or rnd.empty or orig.empty:
+        raise NotRun("Table 13 rows missing")
+    c, r = float(cna["reduction_pct"].iloc[0]), float(rnd["reduction_pct"].mean())
+    return Outcome(f"bias {orig['total'].iloc[0]:.2f} -> {cna['total'].iloc[0]:.2f} nats ({c:.1f} % reduction); "
+                   f"random neurons {r:.1f} %",
+                   _grade(c >= HALF * 35.7 and c - r >= 100 * NOISE_GAP, c - r >= 100 * NOISE_GAP),
+                   {"CNA bias reduction (%)": c, "random bias reduction (%)": r})
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding("zhang_key_heads", "zhang", "Abstract; Sec. 5.1 'Location of key heads', Fig. 2",
+            "Fewer than 5 % of the attention heads carry arithmetic (path-patching effect below -5 %).",
+            "< 5 % of heads (LLaMA2-7B; key heads in layers 12-17 of 32)",
+            f"{ZHANG_TXT}: Abstract; Sec. 1; Sec. 5.1 'Location of key heads'",
+            "reproduced if 0 < our key-head share < 5 %; partly if < 10 %; not reproduced if >= 10 % or no key head",
+            "01", _zhang_key_heads),
+    Finding("zhang_knockout", "zhang", "Sec. 1; Sec. 5.1 'Validation of key components', Fig. 3",
+            "Knocking out heads in effect order breaks arithmetic; in random order it barely matters.",
+            "about -70 % accuracy (effect-rank); random-rank within 2 %",
+            f"{ZHANG_TXT}: Sec. 1 ('a decrease of around 70% in accuracy'); Sec. 5.1 ('within 2%')",
+            "at k = the number of key heads (nearest k of the curve, >= 1): gap = effect-rank relative accuracy drop "
+            "minus random-rank drop; reproduced if gap >= 34 points (half of 70 - 2); partly if >= 5 points",
+            "01", _zhang_knockout),
+    Finding("zhang_late_mlps", "zhang", "Sec. 5.1 'Location of key MLPs', Fig. 2 (last column)",
+            "MLPs before the key heads have no effect on the answer; MLPs from layer 17 of 32 on do.",
+            "MLPs 0-16: about +-0.0 %; from layer 17: about +-10.0 % logit effect",
+            f"{ZHANG_TXT}: Sec. 5.1 'Location of key MLPs'",
+            "split at layer round(17/32 x L); reproduced if the late MLPs' mean |effect| >= 5 % (half of 10 %) and "
+            ">= 2x the early ones'; partly if late > early",
+            "01", _zhang_late_mlps),
+    Finding("zhang_mlp_answer", "zhang", "Sec. 5.2 'Key MLPs behavior', Fig. 6b, 14",
+            "cos(MLP_out - MLP_in, W_U[C]) rises from layer 17 of 32 on: late MLPs write the answer.",
+            "start-inflection-end (13-18-28) of 32 layers (LLaMA2-7B)",
+            f"{ZHANG_TXT}: Sec. 5.2; App. C (Fig. 13, 14)",
+            "with the curve rising: reproduced if its inflection is at depth >= 17/32; partly if >= 13/32 "
+            "(the paper's start); else not reproduced",
+            "02", _zhang_mlp_answer),
+    Finding("zhang_transfer", "zhang", "Sec. 5.1, Fig. 4; App. D, E",
+            "Knocking out the key heads also breaks other formats (SVAMP, multi-digit, decimals...).",
+            "SVAMP: -66.0 % relative (34.7 % -> 11.8 %)",
+            f"{ZHANG_TXT}: Sec. 5.1 ('-22.9% / 34.7% = -66.0%')",
+            "mean relative accuracy drop over the formats the model answers; reproduced if >= 33 % (half of 66 %); "
+            "partly if >= 5 %",
+            "01", _zhang_transfer),
+    Finding("yu_single_head", "yu", "Sec. 3.4, Table 2",
+            "Zeroing one head destroys 1-digit +, -, / (not *).",
+            "1D accuracy decrease from the top head: + 46.5, - 62.2, / 54.9 (* 6.8) %",
+            f"{YU_TXT}: Table 2",
+            "mean over +, -, / of the largest 1D accuracy drop from one head; reproduced if >= 27 points (half of "
+            "the paper's mean 54.5); partly if >= 5 points",
+            "01", _yu_single_head),
+    Finding("nikankin_faithfulness", "nikankin", "Sec. 2-3, Fig. 4b",
+            "A sparse neuron circuit (about 1 % of each middle/late MLP) reproduces the model's arithmetic.",
+            "about 96 % faithfulness; about 200 neurons per layer of Llama3-8B (about 1 %)",
+            f"{NIKANKIN_TXT}: authors' answer ('roughly 96%, see lines 173 and 244'); notes/methods.md (circuit size)",
+            "mean pooled faithfulness over operators; reproduced if >= 0.9 at the grid share nearest 1 % per layer; "
+            "partly if 0.9 is reached at a share <= the grid share nearest 5 %; else not reproduced",
+            "03", _nikankin_faithfulness),
+    Finding("nikankin_heuristic_ablation", "nikankin", "Sec. 4.2, Fig. 7",
+            "Ablating one heuristic's neurons hurts the prompts it covers more than other prompts.",
+            "no number in the available text: associated prompts drop much more (baseline about 0.95)",
+            f"{NIKANKIN_TXT}: authors' answers on Fig. 7",
+            "gap = mean accuracy on other prompts minus on associated prompts; reproduced if >= 10 points; "
+            "partly if >= 5 points",
+            "03", _nikankin_heuristic_ablation),
+    Finding("nikankin_prompt_ablation", "nikankin", "Sec. 4.2, Fig. 8",
+            "Ablating a prompt's heuristic neurons hurts it much more than ablating as many random neurons.",
+            "no number in the available text: random neurons affect prompts 'much less'",
+            f"{NIKANKIN_TXT}: authors' answer on Fig. 8",
+            "gap = accuracy with random neurons ablated minus with the heuristic neurons ablated; reproduced if "
+            ">= 10 points; partly if >= 5 points",
+            "03", _nikankin_prompt_ablation),
+    Finding("yu_mask_keep", "yu", "Sec. 4.2, Table 5",
+            "The top CNA neurons hold the answer: masking them breaks 1D +/-, keeping only them preserves it.",
+            "top99: mask -100.0 %, keep -3.9 % accuracy (top10: 68.4 / 38.2)",
+            f"{YU_TXT}: Table 5",
+            "at K = 99 (else the largest K): mask OK if decrease >= 50 % and > 2x the random mask; keep OK if "
+            "decrease <= 50 %; reproduced if both, partly if one",
+            "04", _yu_mask_keep),
+    Finding("yu_shallow_neurons", "yu", "Sec. 4.4, Table 8",
+            "Zeroing the hidden-interpretable shallow neurons (M = 2) hurts far more than random ones.",
+            "M = 2: 1,953 neurons, -53.9 % accuracy vs -2.6 % for random",
+            f"{YU_TXT}: Table 8 and the text below it",
+            "gap = hidden minus random accuracy decrease at M = 2; reproduced if >= 25.7 points (half of 51.3); "
+            "partly if >= 5 points",
+            "04", _yu_shallow),
+    Finding("yu_lora_layers", "yu", "Sec. 5, Fig. 2",
+            "LoRA in any single attention layer beats the original; shallow layers most.",
+            "all 32 LoRA models > original 62.96 %; layers 1-9 about 90 %, falling from layer 10",
+            f"{YU_TXT}: Sec. 5 (text under Fig. 2)",
+            "reproduced if every LoRA layer beats the original and the shallow band's mean > the deep band's; "
+            "partly if at least half beat the original",
+            "05", _yu_lora_layers),
+    Finding("yu_lora_coef", "yu", "Sec. 5, Table 10",
+            "LoRA amplifies the answer neurons' coefficients, more for shallow LoRA layers.",
+            "+42-59 % (layers 1-9), +29-53 % (10-16), +2-28 % (17-30)",
+            f"{YU_TXT}: Table 10",
+            "reproduced if every band's mean increase > 0 and shallow > deep; partly if the mean over bands > 0",
+            "05", _yu_lora_coef),
+    Finding("yu_pruning", "yu", "Sec. 6.1, Table 11",
+            "LoRA on a model keeping only the CNA neurons of the deep FFN (5 %) works; on a random one it fails.",
+            "original 62.9, LoRA9 89.3, LoRA9-p 82.3, LoRA9-r 17.1 %",
+            f"{YU_TXT}: Table 11",
+            "gap = CNA-pruned minus random-pruned accuracy after LoRA; reproduced if >= 32.6 points (half of 65.2) "
+            "and CNA-pruned > original; partly if gap >= 5 points",
+            "06", _yu_pruning),
+    Finding("yu_gender_bias", "yu", "Sec. 6.2, Table 13",
+            "Zeroing 18 CNA neurons reduces the gender bias of profession predictions.",
+            "1.26 -> 0.81 nats (-35.7 %)",
+            f"{YU_TXT}: Sec. 6.2, Table 13",
+            "reproduced if our reduction >= 17.9 % (half of 35.7) and >= 5 points above random neurons; partly if "
+            ">= 5 points above random; else not reproduced",
+            "07", _yu_gender),
+)
+
+
+def evaluate(finding: Finding, tables: Tables) -> Outcome:
+    """Apply one finding to a folder; a missing table or a skipped study is 'not run'."""
+    try:
+        return finding.compute(tables)
+    except NotRun as err:
+        return Outcome(str(err), NOT_RUN)
+    except Exception as err:  # a malformed table must not stop the report: shown, not hidden
+        print(f"arithlib.report: {finding.id}: {type(err).__name__}: {err}", file=sys.stderr)
+        return Outcome(f"could not compute ({type(err).__name__}: {err})", NOT_RUN)
+
+
+def findings_table(fig_dir: str | os.PathLike) -> pd.DataFrame:
+    """One row per finding: paper, where, claim, paper number, ours, verdict, rule, source,
+    the headline number (``value``) and all metrics (``metrics``, a dict)."""
+    tables = Tables(fig_dir)
+    rows = []
+    for f in FINDINGS:
+        out = evaluate(f, tables)
+        value = next(iter(out.metrics.values()), float("nan"))
+        rows.append({"id": f.id, "paper": PAPERS[f.paper], "where": f.where, "notebook": f.notebook, "claim": f.claim,
+                     "paper_number": f.paper_number, "ours": out.ours, "verdict": out.verdict, "rule": f.rule,
+                     "source": f.source, "value": value, "metrics": dict(out.metrics)})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _write_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to a temporary file in ``path``'s folder, then rename it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the report from other readers
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def _md_cell(x) -> str:
+    if isinstance(x, float):
+        x = "" if not np.isfinite(x) else f"{x:.3g}"
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A GitHub-style Markdown table (no extra dependency)."""
+    cols = [str(c) for c in frame.columns]
+    lines = ["| " + " | ".join(_md_cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _summary_counts(table: pd.DataFrame) -> str:
+    counts = table["verdict"].value_counts()
+    return ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
+
+
+def _notebook_lines(tables: Tables, nb: str) -> list[str]:
+    path = next(iter(sorted(tables.dir.glob(f"{nb}_findings.json"))), None)
+    if path is None:
+        return []
+    try:
+        return [str(x) for x in json.loads(path.read_text()).get("lines", [])]
+    except (OSError, ValueError):
+        return []
+
+
+def _header(tables: Tables) -> tuple[str, list[str]]:
+    info, params = tables.info(), tables.params()
+    model = tables.model()
+    quick = sorted(nb for nb, p in params.items() if p.get("quick"))
+    facts = [f"notebooks run: {', '.join(sorted(params)) or 'none'}"]
+    if info:
+        facts.append(f"{info.get('n_layers')} layers x {info.get('n_heads')} heads, d_mlp {info.get('d_mlp')}")
+    if quick:
+        facts.append(f"QUICK mode in notebooks {', '.join(quick)}: smoke-test sizes, not evidence")
+    return model, facts
+
+
+RULES_TEXT = ("Verdicts are computed, never typed in: each finding's rule is fixed from the paper's claim. "
+              f"A quantitative claim is reproduced when our effect is at least {HALF:.0%} of the paper's; a "
+              f"qualitative 'much more' claim needs a gap of {100 * CLEAR_GAP:.0f} points; a gap of "
+              f"{100 * NOISE_GAP:.0f} points in the paper's direction is 'partly'. Missing tables give 'not run'.")
+
+
+def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -> str:
+    """REPORT.md's text: the findings table, the rules, and a section per notebook."""
+    tables = Tables(fig_dir)
+    table = findings_table(fig_dir) if table is None else table
+    model, facts = _header(tables)
+    out = [f"# Reproduction report: `{model}`", "", "; ".join(facts) + ".", "",
+           f"**Verdicts:** {_summary_counts(table)}.", "", RULES_TEXT, "", "## Findings", "",
+           markdown_table(table[["id", "paper", "where", "paper_number", "ours", "verdict"]]), "",
+           "### Claims, rules and sources", ""]
+    for r in table.itertuples():
+        out.append(f"- **{r.id}** ({r.paper}, {r.where}): {r.claim} *Rule:* {r.rule}. *Paper number from:* {r.source}.")
+    for nb, title in NOTEBOOKS.items():
+        pngs = sorted(tables.dir.glob(f"{nb}_*.png"))
+        sub = table[table.notebook == nb]
+        lines = _notebook_lines(tables, nb)
+        out += ["", f"## {nb} · {title}", ""]
+        if not pngs and not lines:
+            out.append("Not run for this model.")
+            continue
+        for r in sub.itertuples():
+            out.append(f"- {r.id}: **{r.verdict}** — {r.ours}")
+        if len(sub):
+            out.append("")
+        if lines:
+            out += ["", "What the notebook found:", ""] + lines + [""]
+        if pngs:
+            out.append("Figures: " + ", ".join(f"[{p.stem}]({p.name})" for p in pngs))
+    return "\n".join(out) + "\n"
+
+
+_CSS = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+        "table{border-collapse:collapse;font-size:0.9em}td,th{border:1px solid #ccc;padding:4px 6px;"
+        "vertical-align:top}th{background:#eee}img{max-width:100%;margin:0.5em 0}"
+        ".reproduced{background:#d4f4d4}.partly{background:#fff3c4}.not-reproduced{background:#f8d0d0}"
+        ".not-run{background:#e8e8e8}")
+
+
+def _html_findings(table: pd.DataFrame) -> str:
+    cols = ["id", "paper", "where", "paper_number", "ours", "verdict", "rule"]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = []
+    for r in table[cols].itertuples(index=False):
+        cls = str(r.verdict).replace(" ", "-")
+        body.append("<tr>" + "".join(f'<td class="{cls}">{html.escape(str(v))}</td>' if c == "verdict"
+                                     else f"<td>{html.escape(str(v))}</td>" for c, v in zip(cols, r)) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return (f'<figure><img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
+
+
+def report_html(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -> str:
+    """REPORT.html's text: self-contained (every PNG inline as base64)."""
+    tables = Tables(fig_dir)
+    table = findings_table(fig_dir) if table is None else table
+    model, facts = _header(tables)
+    e = html.escape
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Report: {e(model)}</title>"
+             f"<style>{_CSS}</style></head><body>", f"<h1>Reproduction report: {e(model)}</h1>",
+             f"<p>{e('; '.join(facts))}.</p>", f"<p><b>Verdicts:</b> {e(_summary_counts(table))}.</p>",
+             f"<p>{e(RULES_TEXT)}</p>", "<h2>Findings</h2>", _html_findings(table)]
+    for nb, title in NOTEBOOKS.items():
+        pngs = sorted(tables.dir.glob(f"{nb}_*.png"))
+        sub = table[table.notebook == nb]
+        lines = _notebook_lines(tables, nb)
+        parts.append(f"<h2>{e(nb)} · {e(title)}</h2>")
+        if not pngs and not lines:
+            parts.append("<p>Not run for this model.</p>")
+            continue
+        if len(sub):
+            parts.append("<ul>" + "".join(f"<li>{e(r.id)}: <b>{e(r.verdict)}</b> — {e(r.ours)}</li>"
+                                          for r in sub.itertuples()) + "</ul>")
+        if lines:
+            parts.append("<p>What the notebook found:</p><ul>"
+                         + "".join(f"<li>{e(x.lstrip('- '))}</li>" for x in lines) + "</ul>")
+        parts += [_img(p) for p in pngs]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(fig_dir: str | os.PathLike) -> tuple[Path, Path]:
+    """Write ``REPORT.md`` and ``REPORT.html`` into ``fig_dir`` (atomically); return both paths."""
+    fig_dir = Path(fig_dir)
+    if not fig_dir.is_dir():
+        raise FileNotFoundError(f"{fig_dir} is not a folder of notebook outputs")
+    table = findings_table(fig_dir)
+    md = _write_atomic(fig_dir / "REPORT.md", report_markdown(fig_dir, table))
+    page = _write_atomic(fig_dir / "REPORT.html", report_html(fig_dir, table))
+    return md, page
+
+
+# --------------------------------------------------------------------------- across models
+
+
+def cross_model_table(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
+    """Findings side by side for N models: columns finding, quantity, paper (the paper's
+    number, on the "ours" row) and one per model (its folder name); rows: the model's
+    size, then per finding its verdict, our one-line summary and every metric (layer
+    positions as layer / n_layers, so models of different depth compare)."""
+    names, columns = [], []
+    for d in fig_dirs:
+        tables = Tables(d)
+        info = tables.info()
+        col: dict[tuple[str, str], object] = {
+            ("model", "n_layers"): info.get("n_layers", ""), ("model", "n_heads"): info.get("n_heads", ""),
+            ("model", "d_mlp"): info.get("d_mlp", ""),
+            ("model", "quick notebooks"): ",".join(sorted(nb for nb, p in tables.params().items() if p.get("quick")))}
+        for f, row in zip(FINDINGS, findings_table(d).itertuples()):
+            col[(f.id, "verdict")] = row.verdict
+            col[(f.id, "ours")] = row.ours
+            for k, v in row.metrics.items():
+                col[(f.id, k)] = v
+        names.append(Path(d).name)
+        columns.append(col)
+    keys: list[tuple[str, str]] = []
+    for col in columns:  # rows in first-seen order: a metric only one model has still gets its row
+        keys += [k for k in col if k not in keys]
+    order = {f.id: i for i, f in enumerate(FINDINGS)}
+    rank = {"verdict": 0, "ours": 1}
+    keys.sort(key=lambda k: (-1 if k[0] == "model" else order.get(k[0], len(order)), rank.get(k[1], 2)))
+    paper = {f.id: f.paper_number for f in FINDINGS}
+    frame = pd.DataFrame({"finding": [k[0] for k in keys], "quantity": [k[1] for k in keys],
+                          "paper": [paper[k[0]] if k[1] == "ours" else "" for k in keys]})
+    for name, col in zip(_unique(names), columns):
+        frame[name] = [col.get(k, "") for k in keys]
+    return frame
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n} ({seen[n]})")
+    return out
+
+
+def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike | None = None
+                      ) -> tuple[Path, Path]:
+    """Write ``CROSS_MODEL.md`` and ``CROSS_MODEL.csv`` into ``out_dir`` (default: the
+    folder holding the first model folder); return both paths."""
+    out = Path(out_dir) if out_dir is not None else Path(fig_dirs[0]).resolve().parent
+    frame = cross_model_table(fig_dirs)
+    papers = {f.id: f"{PAPERS[f.paper]}, {f.where}: {f.paper_number}" for f in FINDINGS}
+    md = ["# Findings across models", "", RULES_TEXT, "",
+          "Layer positions are given as layer / n_layers. Paper numbers:", ""]
+    md += [f"- **{k}**: {v}" for k, v in papers.items()]
+    md += ["", markdown_table(frame), ""]
+    md_path = _write_atomic(out / "CROSS_MODEL.md", "\n".join(md))
+    csv_path = _write_atomic(out / "CROSS_MODEL.csv", frame.to_csv(index=False, float_format="%.6g"))
+    return md_path, csv_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m arithlib.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("fig_dirs", nargs="+", help="figures/<model> folders written by the notebooks")
+    parser.add_argument("--cross-out", default=None, help="folder for CROSS_MODEL.md/.csv (default: the first "
+                                                          "folder's parent)")
+    args = parser.parse_args(argv)
+    for d in args.fig_dirs:
+        md, page = write_report(d)
+        table = findings_table(d)
+        print(f"{md} and {page.name} written ({_summary_counts(table)})")
+    if len(args.fig_dirs) >= 2:
+        md, csv = write_cross_model(args.fig_dirs, args.cross_out)
+        print(f"{md} and {csv.name} written")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,295 @@
+"""The report (arithlib.report): verdict rules at their thresholds on small synthetic
+tables, "not run" for missing tables, the files it writes (Markdown, self-contained HTML,
+cross-model table) and, on real toy-model outputs when present, that it runs end to end."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import arithlib.report as R
+
+ROOT = Path(__file__).resolve().parent.parent
+PNG = b"\x89PNG\r\n\x1a\n" + b"not really an image, only bytes to inline"
+
+
+def _params(d: Path, nb: str = "01", n_layers: int = 4, n_heads: int = 4, quick: bool = False) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    info = {"n_layers": n_layers, "n_heads": n_heads, "d_mlp": 64, "name": d.name}
+    (d / f"{nb}_x_params.json").write_text(json.dumps({"model": d.name, "quick": quick, "model_info": info}))
+
+
+def _csv(d: Path, name: str, rows: list[dict]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(d / f"{name}.csv", index=False)
+
+
+def _path_patching(d: Path, head_effects: list[float], mlp_effects: list[float], n_heads: int = 4) -> None:
+    rows = [{"op": "all", "component": f"L{i // n_heads}H{i % n_heads}", "kind": "head", "layer": i // n_heads,
+             "head": i % n_heads, "effect": e} for i, e in enumerate(head_effects)]
+    rows += [{"op": "all", "component": f"MLP{l}", "kind": "mlp", "layer": l, "head": -1, "effect": e}
+             for l, e in enumerate(mlp_effects)]
+    rows += [{"op": "+", "component": "L0H0", "kind": "head", "layer": 0, "head": 0, "effect": -0.9}]  # per-op row: ignored
+    _csv(d, "01_path_patching", rows)
+
+
+def _outcome(finding_id: str, d: Path) -> R.Outcome:
+    finding = next(f for f in R.FINDINGS if f.id == finding_id)
+    return R.evaluate(finding, R.Tables(d))
+
+
+# --------------------------------------------------------------------------- rules at their thresholds
+
+
+@pytest.mark.parametrize("n_key, verdict", [(0, R.NOT_REPRODUCED), (4, R.REPRODUCED), (5, R.PARTLY), (9, R.PARTLY),
+                                            (10, R.NOT_REPRODUCED)])
+def test_key_head_share_thresholds(tmp_path: Path, n_key: int, verdict: str):
+    # 100 heads (10 layers x 10); key heads have effect below -5 %, one head sits exactly at -5 % (not key)
+    effects = [-0.2] * n_key + [-0.05] + [0.0] * (99 - n_key)
+    _params(tmp_path, n_layers=10, n_heads=10)
+    _path_patching(tmp_path, effects, [0.0] * 10, n_heads=10)
+    out = _outcome("zhang_key_heads", tmp_path)
+    assert out.verdict == verdict
+    assert out.metrics["key-head share"] == pytest.approx(n_key / 100)
+
+
+@pytest.mark.parametrize("eff_acc, rnd_acc, verdict", [(0.30, 0.98, R.REPRODUCED),   # gap 0.68
+                                                       (0.635, 0.98, R.REPRODUCED),  # gap 0.345 (rule: 0.34)
+                                                       (0.645, 0.98, R.PARTLY),      # gap 0.335
+                                                       (0.925, 0.98, R.PARTLY),      # gap 0.055 (rule: 0.05)
+                                                       (0.935, 0.98, R.NOT_REPRODUCED)])
+def test_knockout_gap_rule(tmp_path: Path, eff_acc: float, rnd_acc: float, verdict: str):
+    _params(tmp_path, n_layers=2, n_heads=4)
+    _path_patching(tmp_path, [-0.3, -0.2] + [0.0] * 6, [0.0, 0.0])  # 2 key heads -> k = 2
+    rows = [{"order": o, "order_name": o, "k": 0, "group": "all", "accuracy": 1.0, "n": 10} for o in ("effect", "random")]
+    for k, (e, r) in {1: (0.0, 0.0), 2: (eff_acc, rnd_acc), 4: (0.0, 0.0)}.items():
+        rows += [{"order": "effect", "order_name": "effect", "k": k, "group": "all", "accuracy": e, "n": 10},
+                 {"order": "random", "order_name": "random0", "k": k, "group": "all", "accuracy": r, "n": 10},
+                 {"order": "random", "order_name": "random1", "k": k, "group": "all", "accuracy": r, "n": 10}]
+    _csv(tmp_path, "01_knockout", rows)
+    out = _outcome("zhang_knockout", tmp_path)
+    assert out.metrics["k knocked out"] == 2
+    assert out.verdict == verdict
+
+
+@pytest.mark.parametrize("early, late, verdict", [(0.01, 0.10, R.REPRODUCED), (0.01, 0.051, R.REPRODUCED),
+                                                  (0.03, 0.051, R.PARTLY), (0.001, 0.049, R.PARTLY),
+                                                  (0.05, 0.04, R.NOT_REPRODUCED)])
+def test_late_mlp_rule(tmp_path: Path, early: float, late: float, verdict: str):
+    # 32 layers: MLPs 0-16 early, 17-31 late (the paper's split); signs must not matter
+    _params(tmp_path, n_layers=32, n_heads=1)
+    _path_patching(tmp_path, [0.0] * 32, [early] * 17 + [-late] * 15, n_heads=1)
+    assert _outcome("zhang_late_mlps", tmp_path).verdict == verdict
+
+
+def test_late_mlp_split_scales_with_depth(tmp_path: Path):
+    _params(tmp_path, n_layers=24, n_heads=1)  # round(17/32 * 24) = 13
+    _path_patching(tmp_path, [0.0] * 24, [0.0] * 13 + [0.1] + [0.0] * 10, n_heads=1)
+    out = _outcome("zhang_late_mlps", tmp_path)
+    assert out.metrics["early MLP mean |effect|"] == 0.0
+    assert out.metrics["strongest MLP layer / n_layers"] == pytest.approx(13 / 24)
+
+
+@pytest.mark.parametrize("mask, keep, rnd, verdict", [(100, 3.9, 2, R.REPRODUCED), (50, 50, 10, R.REPRODUCED),
+                                                      (49, 10, 2, R.PARTLY), (90, 60, 2, R.PARTLY),
+                                                      (60, 10, 40, R.PARTLY), (10, 80, 2, R.NOT_REPRODUCED)])
+def test_mask_keep_rule(tmp_path: Path, mask: float, keep: float, rnd: float, verdict: str):
+    rows = []
+    for K, scale in ((99, 1.0), (10, 0.5)):
+        for kind, v in (("mask", mask), ("keep", keep), ("random mask", rnd)):
+            rows.append({"group": "+-", "intervention": kind, "K": K, "accuracy_decrease": v * scale, "coef_decrease": 0})
+    rows.append({"group": "/", "intervention": "mask", "K": 99, "accuracy_decrease": 0.0, "coef_decrease": 0})
+    _csv(tmp_path, "04_mask_keep", rows)
+    assert _outcome("yu_mask_keep", tmp_path).verdict == verdict
+
+
+@pytest.mark.parametrize("hidden, random, verdict", [(53.9, 2.6, R.REPRODUCED), (30.0, 4.0, R.REPRODUCED),
+                                                     (30.0, 5.0, R.PARTLY), (10.5, 5.0, R.PARTLY),
+                                                     (9.5, 5.0, R.NOT_REPRODUCED)])
+def test_shallow_neuron_rule(tmp_path: Path, hidden: float, random: float, verdict: str):
+    rows = []
+    for M in (0, 1, 2, 3):
+        rows += [{"group": "+-", "set": "hidden-interpretable", "M": M, "n_neurons": 10, "share_of_shallow": 0.01,
+                  "accuracy_decrease": hidden if M == 2 else 99.0},
+                 {"group": "+-", "set": "random", "M": M, "n_neurons": 10, "share_of_shallow": 0.01,
+                  "accuracy_decrease": random if M == 2 else 0.0}]
+    _csv(tmp_path, "04_hidden_m_sweep", rows)
+    assert _outcome("yu_shallow_neurons", tmp_path).verdict == verdict
+
+
+@pytest.mark.parametrize("shares_f, verdict", [({0.01: 0.95, 0.05: 0.99}, R.REPRODUCED),
+                                               ({0.01: 0.91, 0.05: 0.99}, R.REPRODUCED),
+                                               ({0.01: 0.5, 0.05: 0.91}, R.PARTLY),
+                                               ({0.01: 0.89, 0.05: 0.89, 0.25: 0.95}, R.NOT_REPRODUCED),
+                                               ({0.01: 0.5, 0.05: 0.8, 0.25: 0.95}, R.NOT_REPRODUCED)])
+def test_faithfulness_rule(tmp_path: Path, shares_f: dict, verdict: str):
+    rows = [{"op": op, "k_per_layer": 0, "share_per_layer": 0.0, "faithfulness": 0.0} for op in "+-"]
+    for s, f in shares_f.items():
+        rows += [{"op": "+", "k_per_layer": 1, "share_per_layer": s, "faithfulness": f - 0.02},
+                 {"op": "-", "k_per_layer": 1, "share_per_layer": s, "faithfulness": f + 0.02}]
+    _csv(tmp_path, "03_faithfulness_curve", rows)
+    assert _outcome("nikankin_faithfulness", tmp_path).verdict == verdict
+
+
+@pytest.mark.parametrize("heur, rnd, verdict", [(10, 18, R.REPRODUCED), (15, 18, R.REPRODUCED),   # of 20 prompts
+                                                (16, 18, R.PARTLY), (18, 18, R.NOT_REPRODUCED),
+                                                (19, 18, R.NOT_REPRODUCED)])
+def test_prompt_ablation_rule(tmp_path: Path, heur: int, rnd: int, verdict: str):
+    rows = [{"op": "+", "a": i, "b": 1, "correct_full": 1.0, "correct_heuristic_ablated": float(i < heur),
+             "correct_random_ablated": float(i < rnd), "n_assoc_neurons": 2} for i in range(20)]
+    _csv(tmp_path, "03_prompt_ablation", rows)
+    assert _outcome("nikankin_prompt_ablation", tmp_path).verdict == verdict
+
+
+@pytest.mark.parametrize("cna, rnd, verdict", [(35.7, 0.0, R.REPRODUCED), (20.0, 10.0, R.REPRODUCED),
+                                               (20.0, 16.0, R.NOT_REPRODUCED), (10.0, 4.0, R.PARTLY),
+                                               (10.0, 8.0, R.NOT_REPRODUCED)])
+def test_gender_bias_rule(tmp_path: Path, cna: float, rnd: float, verdict: str):
+    _csv(tmp_path, "07_table13", [
+        {"model": "original", "total": 1.0, "reduction_pct": 0.0},
+        {"model": "CNA top-18", "total": 1 - cna / 100, "reduction_pct": cna},
+        {"model": "random 18", "total": 1 - rnd / 100, "reduction_pct": rnd}])
+    assert _outcome("yu_gender_bias", tmp_path).verdict == verdict
+
+
+def test_gender_bias_without_biased_professions_is_not_run(tmp_path: Path):
+    _csv(tmp_path, "07_top_predictions", [{"prompt_id": 0, "token": " nurse", "is_profession": True}])
+    out = _outcome("yu_gender_bias", tmp_path)
+    assert out.verdict == R.NOT_RUN and "no profession" in out.ours
+
+
+@pytest.mark.parametrize("orig, accs, bands, verdict", [
+    (0.6, [0.9, 0.8, 0.7], {"shallow": 0.9, "deep": 0.7}, R.REPRODUCED),
+    (0.6, [0.9, 0.8, 0.7], {"shallow": 0.7, "deep": 0.9}, R.PARTLY),
+    (0.6, [0.9, 0.6, 0.7], {"shallow": 0.9, "deep": 0.7}, R.PARTLY),     # one layer only ties the original
+    (0.6, [0.5, 0.5, 0.7], {"shallow": 0.5, "deep": 0.7}, R.NOT_REPRODUCED)])
+def test_lora_layer_rule(tmp_path: Path, orig: float, accs: list, bands: dict, verdict: str):
+    _csv(tmp_path, "05_lora_accuracy_by_layer", [{"model": "original", "layer": -1, "accuracy": orig}]
+         + [{"model": f"LoRA L{i}", "layer": i, "accuracy": a} for i, a in enumerate(accs)])
+    _csv(tmp_path, "05_lora_accuracy_bands", [{"band": b, "mean_accuracy": v} for b, v in bands.items()])
+    _params(tmp_path, n_layers=3)
+    assert _outcome("yu_lora_layers", tmp_path).verdict == verdict
+
+
+@pytest.mark.parametrize("cna, rnd, verdict", [(0.823, 0.171, R.REPRODUCED), (0.70, 0.30, R.REPRODUCED),
+                                               (0.50, 0.10, R.PARTLY),    # gap large but below the original
+                                               (0.70, 0.40, R.PARTLY), (0.70, 0.66, R.NOT_REPRODUCED)])
+def test_pruning_rule(tmp_path: Path, cna: float, rnd: float, verdict: str):
+    _csv(tmp_path, "06_table11", [{"model": "original", "accuracy": 0.629}, {"model": "LoRA", "accuracy": 0.893},
+                                  {"model": "LoRA on CNA-pruned", "accuracy": cna},
+                                  {"model": "LoRA on CNA-masked", "accuracy": cna},
+                                  {"model": "LoRA on random-pruned", "accuracy": rnd - 0.01},
+                                  {"model": "LoRA on random-pruned", "accuracy": rnd + 0.01}])
+    assert _outcome("yu_pruning", tmp_path).verdict == verdict
+
+
+# --------------------------------------------------------------------------- missing or broken tables
+
+
+def test_empty_folder_gives_not_run_for_every_finding(tmp_path: Path):
+    table = R.findings_table(tmp_path)
+    assert list(table.id) == [f.id for f in R.FINDINGS]
+    assert (table.verdict == R.NOT_RUN).all()
+    assert table.ours.str.contains("missing").all()
+
+
+def test_malformed_table_is_not_run_not_an_error(tmp_path: Path, capsys):
+    _csv(tmp_path, "04_mask_keep", [{"something": 1}])
+    assert _outcome("yu_mask_keep", tmp_path).verdict == R.NOT_RUN
+    assert "yu_mask_keep" in capsys.readouterr().err
+
+
+def test_findings_are_declared_completely():
+    ids = [f.id for f in R.FINDINGS]
+    assert len(ids) == len(set(ids))
+    for f in R.FINDINGS:
+        assert f.paper in R.PAPERS and f.notebook in R.NOTEBOOKS
+        assert f.claim and f.paper_number and f.source and f.rule and f.where
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _small_model_dir(d: Path, n_layers: int) -> Path:
+    _params(d, "01", n_layers=n_layers, n_heads=2, quick=True)
+    _path_patching(d, [-0.2] + [0.0] * (2 * n_layers - 1), [0.0] * (n_layers - 1) + [0.3], n_heads=2)
+    (d / "01_path_patching.png").write_bytes(PNG)
+    (d / "01_findings.json").write_text(json.dumps({"lines": ["- a line <with> markup"]}))
+    return d
+
+
+def test_write_report_files(tmp_path: Path):
+    d = _small_model_dir(tmp_path / "m", 4)
+    md, page = R.write_report(d)
+    text, doc = md.read_text(), page.read_text()
+    assert "| zhang_key_heads |" in text and "(01_path_patching.png)" in text
+    assert "QUICK mode" in text and "a line <with> markup" in text
+    assert "data:image/png;base64," + base64.b64encode(PNG).decode() in doc
+    assert "a line &lt;with&gt; markup" in doc and "<img" in doc
+    assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
+    assert "Not run for this model." in text  # notebooks 02-07
+
+
+def test_cross_model_table_normalises_depth(tmp_path: Path):
+    a = _small_model_dir(tmp_path / "small", 4)
+    b = _small_model_dir(tmp_path / "big", 8)
+    frame = R.cross_model_table([a, b])
+    assert list(frame.columns) == ["finding", "quantity", "paper", "small", "big"]
+    ours = frame[(frame.finding == "yu_pruning") & (frame.quantity == "ours")]
+    assert ours["paper"].item().startswith("original 62.9") and "missing" in ours["small"].item()
+    row = frame[(frame.finding == "zhang_late_mlps") & (frame.quantity == "strongest MLP layer / n_layers")]
+    assert row["small"].item() == pytest.approx(3 / 4) and row["big"].item() == pytest.approx(7 / 8)
+    n_layers = frame[frame.quantity == "n_layers"]
+    assert (n_layers["small"].item(), n_layers["big"].item()) == (4, 8)
+    verdicts = frame[frame.quantity == "verdict"]
+    assert len(verdicts) == len(R.FINDINGS) and set(verdicts["small"]) <= set(R.VERDICTS)
+
+
+def test_cli_writes_reports_and_cross_model(tmp_path: Path):
+    dirs = [_small_model_dir(tmp_path / name, n) for name, n in (("m1", 4), ("m2", 6), ("m3", 8))]
+    assert R.main([str(d) for d in dirs]) == 0
+    for d in dirs:
+        assert (d / "REPORT.md").exists() and (d / "REPORT.html").exists()
+    csv = pd.read_csv(tmp_path / "CROSS_MODEL.csv")
+    assert list(csv.columns) == ["finding", "quantity", "paper", "m1", "m2", "m3"]
+    assert "| finding | quantity | paper | m1 | m2 | m3 |" in (tmp_path / "CROSS_MODEL.md").read_text()
+
+
+# --------------------------------------------------------------------------- real toy-model outputs
+
+
+def _toy_figures() -> Path:
+    return Path(os.environ.get("ARITHLIB_TOY_FIGURES", ROOT / "figures" / "toy-arith"))
+
+
+@pytest.mark.toy_model
+def test_report_on_toy_model_outputs(tmp_path: Path):
+    """On the tables of `./run_all.sh --model toy-arith --quick` (folder: $ARITHLIB_TOY_FIGURES,
+    default figures/toy-arith), copied so that nothing is written there."""
+    src = _toy_figures()
+    if not (src / "01_path_patching.csv").exists():
+        pytest.skip(f"no toy-model outputs in {src}: run ./run_all.sh --model toy-arith --quick "
+                    "(--figures DIR, then set ARITHLIB_TOY_FIGURES=DIR/toy-arith)")
+    d = tmp_path / "toy-arith"
+    d.mkdir()
+    for p in src.iterdir():
+        if p.suffix in (".csv", ".json", ".png"):
+            shutil.copy2(p, d / p.name)
+    table = R.findings_table(d)
+    assert set(table.verdict) <= set(R.VERDICTS)
+    for f, row in zip(R.FINDINGS, table.itertuples()):  # a notebook that ran gives a verdict, not an error
+        assert "could not compute" not in row.ours, (f.id, row.ours)
+    assert (table.set_index("id").loc[["zhang_key_heads", "zhang_knockout"], "verdict"] != R.NOT_RUN).all()
+    md, page = R.write_report(d)
+    n_png = len(list(d.glob("*.png")))
+    assert page.read_text().count("data:image/png;base64,") == n_png > 0
+    twin = shutil.copytree(d, tmp_path / "toy-copy")
+    frame = R.cross_model_table([d, twin])
+    verdicts = frame[frame.quantity == "verdict"]
+    assert (verdicts["toy-arith"] == verdicts["toy-copy"]).all()
