@@ -7,9 +7,9 @@
 #   ./run_all.sh [--model NAME] [--device cpu|cuda|auto] [--quick] [--seed N]
 #                [--figures DIR] [--only NN[,NN...]] [--force]
 #
-# A notebook whose code, data, parameters and predecessors are unchanged since its
-# last successful run is skipped (key in outputs/<model>/<notebook>.key); --force
-# reruns everything.
+# A notebook whose code (its notebook and the arithlib modules it uses), data,
+# parameters and input tables (from earlier notebooks) are unchanged since its last
+# successful run is skipped (key in outputs/<model>/<notebook>.key); --force reruns it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 MODEL="qwen2.5-coder-0.5b"; DEVICE="cpu"; QUICK="False"; SEED=0
@@ -39,10 +39,9 @@ mkdir -p "$OUT" "$FIGURES"
 TIMES="$OUT/timings.csv"
 echo "notebook,seconds,status" > "$TIMES"
 total_start=$(date +%s)
-KEY=""
 for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
     name="$(basename "$nb" .ipynb)"
-    KEY="$("$PY" "$ROOT/scripts/run_key.py" "$nb" "$KEY" "$MODEL" "$DEVICE" "$QUICK" "$SEED" "$FIGURES")"
+    KEY="$("$PY" "$ROOT/scripts/run_key.py" "$nb" "$OUT" "$MODEL" "$DEVICE" "$QUICK" "$SEED" "$FIGURES")"
     if [ -n "$ONLY" ] && [[ ",$ONLY," != *",${name:0:2},"* ]]; then continue; fi
     if [ "$FORCE" -eq 0 ] && [ -f "$OUT/$name.key" ] && [ "$(cat "$OUT/$name.key")" = "$KEY" ]; then
         echo "=== $name is up to date (key $KEY); skipped (--force reruns it)"

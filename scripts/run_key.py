@@ -1,35 +1,84 @@
 """Print the cache key of one notebook run for run_all.sh.
 
-The key hashes the library code (arithlib/), the data files (data/), the notebook
-itself, the run's parameters and the key of the notebook before it, so editing a
-notebook reruns it and the notebooks after it (which may read its tables), and editing
-the library reruns everything. Usage: run_key.py NOTEBOOK PREVIOUS_KEY PARAM=VALUE...
+The key hashes the library modules the notebook imports (directly or through other
+arithlib modules), the data files (data/), the notebook itself, the run's parameters
+and the last successful keys of the notebooks whose tables it reads (a name such as
+"01_path_patching" in its code). So editing a notebook reruns it and the notebooks
+that read its tables, and editing a library module reruns the notebooks that use it.
+Usage: run_key.py NOTEBOOK OUTPUT_DIR PARAM...   (OUTPUT_DIR holds the NN_*.key files)
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Library modules no notebook imports (the report runs after the notebooks).
-NOT_USED_BY_NOTEBOOKS = {"report.py"}
+PACKAGE = ROOT / "arithlib"
+_NOTEBOOK_IMPORT = re.compile(r"(?:from|import)[ \t]+arithlib(?:\.(\w+))?(?:[ \t]+import[ \t]+([\w \t,(]+))?")
+_ABSOLUTE = re.compile(r"arithlib\.(\w+)")
+_RELATIVE_IMPORT = re.compile(r"from[ \t]+\.(\w*)[ \t]+import[ \t]+([\w \t,(]+)")
 
 
-def run_key(notebook: Path, previous: str, params: list[str]) -> str:
+def _modules(names: set[str]) -> set[str]:
+    """``names`` and every arithlib module they import, transitively (plus __init__)."""
+    seen: set[str] = {"__init__"}
+    todo = [n for n in names if (PACKAGE / f"{n}.py").is_file()]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        text = (PACKAGE / f"{name}.py").read_text()
+        for mod, imported in _RELATIVE_IMPORT.findall(text):
+            candidates = [mod] if mod else [n.strip() for n in imported.replace("(", "").replace(")", "").split(",")]
+            todo += [c for c in candidates if (PACKAGE / f"{c}.py").is_file()]
+        # absolute imports and lazy ones (importlib.import_module("arithlib.toy"))
+        todo += [m for m in _ABSOLUTE.findall(text) if (PACKAGE / f"{m}.py").is_file()]
+    return seen
+
+
+def notebook_modules(notebook: Path) -> set[str]:
+    """The arithlib modules a notebook uses."""
+    code = notebook_code(notebook)
+    names: set[str] = set()
+    for mod, imported in _NOTEBOOK_IMPORT.findall(code):
+        if mod:
+            names.add(mod)
+        elif imported:
+            names |= {n.strip() for n in imported.replace("(", "").replace(")", "").split(",")}
+    return _modules(names)
+
+
+def notebook_code(notebook: Path) -> str:
+    cells = json.loads(notebook.read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def upstream(notebook: Path) -> list[Path]:
+    """The other notebooks whose tables ``notebook`` reads ("NN_..." names in its code)."""
+    own = notebook.name[:2]
+    numbers = sorted(set(re.findall(r"[\"'](\d\d)_\w+", notebook_code(notebook))) - {own})
+    return [p for n in numbers for p in sorted(notebook.parent.glob(f"{n}_*.ipynb"))]
+
+
+def run_key(notebook: Path, out_dir: Path, params: list[str]) -> str:
     h = hashlib.sha256()
-    code = [p for p in sorted((ROOT / "arithlib").rglob("*.py")) if p.name not in NOT_USED_BY_NOTEBOOKS]
-    files = code + sorted((ROOT / "data").rglob("*")) + [notebook]
-    for path in files:
+    code = [PACKAGE / f"{m}.py" for m in sorted(notebook_modules(notebook))]
+    for path in code + sorted((ROOT / "data").rglob("*")) + [notebook]:
         if path.is_file():
             h.update(str(path.relative_to(ROOT)).encode())
             h.update(path.read_bytes())
-    h.update(previous.encode())
+    for dep in upstream(notebook):
+        key = out_dir / f"{dep.stem}.key"
+        h.update(f"{dep.stem}={key.read_text().strip() if key.is_file() else 'missing'}".encode())
     for p in params:
         h.update(p.encode())
     return h.hexdigest()[:16]
 
 
 if __name__ == "__main__":
-    print(run_key(Path(sys.argv[1]).resolve(), sys.argv[2], sys.argv[3:]))
+    print(run_key(Path(sys.argv[1]).resolve(), Path(sys.argv[2]), sys.argv[3:]))

@@ -1,0 +1,30 @@
+"""run_all.sh's rerun cache: which library modules and upstream tables a notebook's key covers."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("run_key", ROOT / "scripts" / "run_key.py")
+run_key = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run_key)
+NB = ROOT / "notebooks"
+
+
+def test_notebook_modules_follow_imports():
+    mods = run_key.notebook_modules(NB / "00_model_accuracy.ipynb")
+    assert {"datasets", "evaluate", "runs", "models", "toy"} <= mods  # toy: imported lazily by models
+    assert "cna" not in mods and "report" not in mods
+    assert "cna" in run_key.notebook_modules(NB / "04_cna.ipynb")
+
+
+def test_upstream_tables_and_key_changes(tmp_path):
+    assert [p.name for p in run_key.upstream(NB / "06_pruning.ipynb")] == ["05_lora_mechanism.ipynb"]
+    assert run_key.upstream(NB / "00_model_accuracy.ipynb") == []
+    nb = NB / "05_lora_mechanism.ipynb"
+    k1 = run_key.run_key(nb, tmp_path, ["qwen", "cpu"])
+    assert k1 == run_key.run_key(nb, tmp_path, ["qwen", "cpu"])
+    assert k1 != run_key.run_key(nb, tmp_path, ["qwen", "cuda"])
+    (tmp_path / "01_identify_heads.key").write_text("abc\n")  # the upstream notebook ran again
+    assert k1 != run_key.run_key(nb, tmp_path, ["qwen", "cpu"])
