@@ -337,7 +337,8 @@ def test_scaled_head_counts_and_bands():
     assert ft.yu_bands(32) == {"shallow": list(range(1, 10)), "middle": list(range(10, 17)),
                                "deep": list(range(17, 31))}
     assert ft.reference_layer(32) == 9
-    s = ft.scale_settings("auto", "cpu", False, 24)
+    assert ft.scale_settings("auto", "cpu", False, 24)["scale"] == "quick"
+    s = ft.scale_settings("cpu", "cpu", False, 24)
     assert s["scale"] == "cpu" and s["layers"] == list(range(24))
     assert ft.scale_settings("auto", "cuda", False, 24)["n_train"] == 18_000
     assert ft.scale_settings("cpu", "cpu", True, 24)["scale"] == "quick"
