@@ -25,7 +25,11 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
         pip_q "torch>=2.4"
     else
         echo "[setup] no GPU: installing a CPU build of PyTorch"
-        if ! pip_q --no-index "torch>=2.4" 2>/dev/null; then
+        # A local CPU wheel (pip's find-links) first, without its dependencies, which
+        # then come from the normal index; else the PyTorch CPU index.
+        if pip_q --no-index --no-deps "torch>=2.4" 2>/dev/null; then
+            pip_q "torch>=2.4"
+        else
             if ! pip_q --retries 1 --timeout 30 "torch>=2.4" --index-url https://download.pytorch.org/whl/cpu; then
                 echo "[setup] ERROR: could not install a CPU build of PyTorch (no local wheel, and" >&2
                 echo "        https://download.pytorch.org/whl/cpu is unreachable). Install one by hand," >&2
