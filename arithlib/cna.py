@@ -53,6 +53,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
@@ -187,7 +188,10 @@ def key_heads_from_sweep(sweep: str | Path | pd.DataFrame, n_digits: int = 1,
     Rule: for each group (default ``{"+-": ["+", "-"], "/": ["/"]}``, as in Yu's
     Sec. 4 / App. B where + and - share head 17^22 and / has 14^19) the head with the
     largest mean ``accuracy_drop`` over the group's operators on ``n_digits``-digit
-    prompts; ties go to the lower (layer, head). Raises FileNotFoundError (run notebook
+    prompts; ties go to the lower (layer, head). When no head lowers that accuracy
+    at all (every drop <= 0, as for Qwen2.5-0.5B on 1-digit prompts), the mean drop
+    over every digit count in the sweep decides instead, with a warning, rather than
+    an arbitrary tie (layer 0, head 0). Raises FileNotFoundError (run notebook
     01 first) when the file is missing and ValueError when an operator is absent.
     """
     groups = dict(groups or {"+-": ["+", "-"], "/": ["/"]})
@@ -204,16 +208,24 @@ def key_heads_from_sweep(sweep: str | Path | pd.DataFrame, n_digits: int = 1,
         raise ValueError(f"head sweep lacks columns {sorted(missing)}")
     names = {v: k for k, v in ds.OP_NAMES.items()}
     frame = frame.assign(op=frame["op"].map(lambda o: names.get(o, o)))
+    every = frame
     frame = frame[frame["n_digits"].astype(int) == int(n_digits)]
     out = {}
+
+    def strongest(rows: pd.DataFrame) -> pd.Series:
+        mean = rows.groupby(["layer", "head"])["accuracy_drop"].mean().reset_index()
+        return mean.sort_values(["accuracy_drop", "layer", "head"], ascending=[False, True, True]).iloc[0]
+
     for group, ops in groups.items():
         sub = frame[frame["op"].isin(ops)]
         absent = set(ops) - set(sub["op"])
         if absent:
             raise ValueError(f"head sweep has no {n_digits}-digit rows for operator(s) {sorted(absent)}")
-        mean = sub.groupby(["layer", "head"])["accuracy_drop"].mean().reset_index()
-        mean = mean.sort_values(["accuracy_drop", "layer", "head"], ascending=[False, True, True])
-        best = mean.iloc[0]
+        best = strongest(sub)
+        if best["accuracy_drop"] <= 0:
+            best = strongest(every[every["op"].isin(ops)])
+            warnings.warn(f"no head lowers {n_digits}-digit accuracy for {group}; key head chosen by the mean drop "
+                          f"over all digit counts: L{int(best['layer'])}H{int(best['head'])}", stacklevel=2)
         out[group] = (int(best["layer"]), int(best["head"]))
     return out
 

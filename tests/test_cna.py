@@ -296,3 +296,12 @@ def test_tables_run_on_tiny_model(qwen):
     assert set(hid.set) == {"hidden-interpretable", "random"}
     ex = C.shallow_neuron_examples(b, ps, 0, key, head_layer=1, n=3)
     assert len(ex) == 3 + 2
+
+
+def test_key_head_falls_back_to_all_digit_counts_when_1d_is_flat():
+    rows = [{"op": op, "n_digits": n, "layer": l, "head": h, "accuracy_drop": drop}
+            for op in ("+", "-", "/") for l, h in ((0, 0), (3, 1), (5, 2))
+            for n, drop in ((1, 0.0), (2, 40.0 if (l, h) == (3, 1) else 5.0), (3, 10.0 if (l, h) == (5, 2) else 0.0))]
+    with pytest.warns(UserWarning, match="all digit counts"):
+        heads = C.key_heads_from_sweep(pd.DataFrame(rows))
+    assert heads == {"+-": (3, 1), "/": (3, 1)}
