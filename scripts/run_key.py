@@ -23,6 +23,11 @@ _ABSOLUTE = re.compile(r"arithlib\.(\w+)")
 _RELATIVE_IMPORT = re.compile(r"from[ \t]+\.(\w*)[ \t]+import[ \t]+([\w \t,(]+)")
 
 
+def _names(imported: str) -> list[str]:
+    """The names of ``from X import a, (b, c)``."""
+    return [n.strip() for n in imported.replace("(", "").replace(")", "").split(",")]
+
+
 def _modules(names: set[str]) -> set[str]:
     """``names`` and every arithlib module they import, transitively (plus __init__)."""
     seen: set[str] = {"__init__"}
@@ -34,7 +39,7 @@ def _modules(names: set[str]) -> set[str]:
         seen.add(name)
         text = (PACKAGE / f"{name}.py").read_text()
         for mod, imported in _RELATIVE_IMPORT.findall(text):
-            candidates = [mod] if mod else [n.strip() for n in imported.replace("(", "").replace(")", "").split(",")]
+            candidates = [mod] if mod else _names(imported)
             todo += [c for c in candidates if (PACKAGE / f"{c}.py").is_file()]
         # absolute imports and lazy ones (importlib.import_module("arithlib.toy"))
         todo += [m for m in _ABSOLUTE.findall(text) if (PACKAGE / f"{m}.py").is_file()]
@@ -49,7 +54,7 @@ def notebook_modules(notebook: Path) -> set[str]:
         if mod:
             names.add(mod)
         elif imported:
-            names |= {n.strip() for n in imported.replace("(", "").replace(")", "").split(",")}
+            names |= set(_names(imported))
     return _modules(names)
 
 
