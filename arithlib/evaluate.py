@@ -141,6 +141,27 @@ class PrefixRunner:
             generated.append(nxt)
         return torch.stack(generated, 1).cpu().tolist()
 
+    def forced_continuation(self, first: torch.Tensor, past, index: list[int]) -> list[list[int]]:
+        """Greedy decoding's tokens up to its first wrong token, from one forward pass.
+
+        Until greedy decoding leaves the answer it feeds the answer's own tokens, so
+        feeding the whole answer at once (teacher forcing; rows right-padded, which a
+        causal model never sees) gives the same argmax at every step: per row the
+        answer's tokens as far as the model predicts them, then the first wrong token,
+        or, when all are right, the token after the answer (does it stop?). One call
+        instead of one per answer token: on the CPU each call reads every weight once.
+        Only for hooks that do not act on the continuation (none, or recording off)."""
+        answers = [self.prompts.answer_ids[i] for i in index]
+        width = max(map(len, answers))
+        chunk = torch.tensor([a + [a[-1]] * (width - len(a)) for a in answers], dtype=torch.long, device=self.device)
+        logits = self.hf(chunk, past_key_values=past, use_cache=True, logits_to_keep=width).logits
+        pred = torch.cat([first.argmax(-1)[:, None], logits.argmax(-1)], 1).cpu().tolist()
+        out = []
+        for row, a in zip(pred, answers):
+            wrong = next((j for j, t in enumerate(a) if row[j] != t), len(a))
+            out.append(row[: wrong + 1])
+        return out
+
     def n_new(self, index: list[int], extra_tokens: int = 1) -> int:
         """Greedy steps that spell the longest answer of the batch, plus ``extra_tokens``."""
         return max(len(self.prompts.answer_ids[i]) for i in index) + extra_tokens
@@ -184,6 +205,30 @@ def greedy_answers(model, prompts: PromptSet, extra_tokens: int = 1, batch_size:
     return (logits if logits is not None else torch.empty(0, 0)), result
 
 
+@torch.no_grad()
+def checked_answers(model, prompts: PromptSet, batch_size: int = 64,
+                    progress: bool = False) -> tuple[torch.Tensor, list[list[int]]]:
+    """Like :func:`greedy_answers` with one extra token, from two forward passes per batch
+    (:meth:`PrefixRunner.forced_continuation`): ``(first_logits [N, vocab], tokens)``
+    where the tokens are greedy decoding's up to its first wrong token (the answer and
+    the next token when the answer is right). Whole-answer correctness is the same as
+    from :func:`greedy_answers`. Raises when a hook is attached (it would act on the
+    teacher-forced answer, not on greedy decoding)."""
+    if hooks_attached(model):
+        raise RuntimeError("checked_answers runs without hooks; with an intervention use greedy_answers")
+    runner = PrefixRunner(model, prompts, batch_size)
+    result: list[list[int]] = [[] for _ in range(len(prompts))]
+    logits = None
+    for p, index in tqdm(runner.plan, desc="answers", disable=not progress, leave=False):
+        first, past = runner.first_step(p, index)
+        if logits is None:
+            logits = torch.empty(len(prompts), first.shape[-1])
+        logits[index] = first.cpu()
+        for row, gen in zip(index, runner.forced_continuation(first, past, index)):
+            result[row] = gen
+    return (logits if logits is not None else torch.empty(0, 0)), result
+
+
 def continues_number(tokenizer, token_id: int) -> bool:
     """Whether ``token_id`` would continue a number (starts with a digit or '.')."""
     text = tokenizer.decode([token_id])
@@ -199,11 +244,17 @@ def evaluate(model, prompts: PromptSet, full_answer: bool = True, batch_size: in
     (first answer token is the argmax), ``answer_logit``, ``answer_prob``,
     ``answer_logprob``, ``rank`` of the answer token, and with ``full_answer`` also
     ``generated`` and ``correct_full``: the greedy continuation spells the whole answer
-    and then stops (its next token does not continue the number).
+    and then stops (its next token does not continue the number). Without hooks the
+    continuation is checked in one teacher-forced pass (:func:`checked_answers`) and
+    ``generated`` ends at greedy decoding's first wrong token; with hooks it is decoded
+    step by step (:func:`greedy_answers`, the answer's length plus one token).
     """
     tok = prompts.tokenizer
     if full_answer:
-        logits, generated = greedy_answers(model, prompts, 1, batch_size, progress)
+        if hooks_attached(model):  # the intervention acts at every decoding step, as in free generation
+            logits, generated = greedy_answers(model, prompts, 1, batch_size, progress)
+        else:
+            logits, generated = checked_answers(model, prompts, batch_size, progress)
     else:
         logits = answer_logits(model, prompts, batch_size, progress)
     answers = prompts.first_answer_ids

@@ -129,9 +129,10 @@ def cache_answer_position(
     ``share_prefix`` each few-shot prefix runs once and the rest of every prompt on top
     of its key/value cache (the recording hooks are off during the prefix, so the last
     position's activations are those of a full forward pass, tested to float
-    tolerance). With ``check_full_answer`` the same key/value cache continues greedily
-    for the answer's length plus one token to set ``correct_full`` (hooks record
-    nothing during that continuation), as :func:`arithlib.evaluate.evaluate` does.
+    tolerance). With ``check_full_answer`` the same key/value cache checks greedy
+    decoding of the whole answer in one teacher-forced pass
+    (:meth:`~arithlib.evaluate.PrefixRunner.forced_continuation`; hooks record nothing
+    then) to set ``correct_full``, as :func:`arithlib.evaluate.evaluate` does.
     """
     kinds = list(kinds)
     unknown = [k for k in kinds if k not in ACT_HOOKS]
@@ -182,7 +183,7 @@ def cache_answer_position(
             answer_logit[index] = logits.gather(1, answers[:, None]).squeeze(1).cpu()
             pred_ids[index] = logits.argmax(-1).cpu()
             if check_full_answer:
-                for i, gen in zip(index, runner.continue_greedy(logits, past, runner.n_new(index))):
+                for i, gen in zip(index, runner.forced_continuation(logits, past, index)):
                     generated[i] = gen
 
     first = torch.tensor([a[0] for a in prompts.answer_ids])

@@ -912,8 +912,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("fig_dirs", nargs="+", help="figures/<model> folders written by the notebooks")
     parser.add_argument("--cross-out", default=None, help="folder for CROSS_MODEL.md/.csv (default: the first "
                                                           "folder's parent)")
+    parser.add_argument("--cross-only", action="store_true", help="write only the cross-model files (the folders' "
+                                                                    "own reports are left as they are)")
     args = parser.parse_args(argv)
-    for d in args.fig_dirs:
+    for d in [] if args.cross_only else args.fig_dirs:
         md, page = write_report(d)
         table = findings_table(d)
         print(f"{md} and {page.name} written ({_summary_counts(table)})")
