@@ -71,4 +71,19 @@ for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
     fi
 done
 echo "=== all notebooks done in $(( $(date +%s) - total_start ))s; timings in $TIMES"
-"$PY" -m arithlib.report "$FIGURES/${MODEL//\//__}"  # REPORT.md / REPORT.html from the tables above
+FIG="$FIGURES/${MODEL//\//__}"
+# Wall time of each notebook's last successful run (this run's or the cached one's), beside its figures.
+{ echo "notebook,seconds,this_run"
+  for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
+      name="$(basename "$nb" .ipynb)"
+      [ -f "$OUT/$name.seconds" ] || continue
+      echo "$name,$(cat "$OUT/$name.seconds"),$(grep -q "^$name,.*,ok$" "$TIMES" && echo ran || echo cached)"
+  done; } > "$FIG/timings.csv.tmp" && mv "$FIG/timings.csv.tmp" "$FIG/timings.csv"
+"$PY" -m arithlib.report "$FIG"  # REPORT.md / REPORT.html from the tables above
+# Findings across every model run into $FIGURES so far (not the toy model): CROSS_MODEL.md/.csv/.png there.
+others=()
+for d in "$FIGURES"/*/; do
+    d="${d%/}"
+    if [ "$(basename "$d")" != "toy-arith" ] && compgen -G "$d/[0-9][0-9]_*_params.json" > /dev/null; then others+=("$d"); fi
+done
+if [ "${#others[@]}" -ge 2 ]; then "$PY" -m arithlib.report --cross-only "${others[@]}"; fi

@@ -66,6 +66,7 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .ablation import zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet
+from .evaluate import continues_number
 
 Hook = tuple[str, Callable]
 Neuron = tuple[int, int]
@@ -434,10 +435,6 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
     return {name: _assemble(len(prompts), p, targets) for name, p in parts.items()}
 
 
-def _continues_number(text: str) -> bool:
-    return bool(text) and (text[0].isdigit() or text[0] == ".")
-
-
 @torch.no_grad()
 def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size: int = 32,
                  progress: bool = False) -> torch.Tensor:
@@ -475,7 +472,7 @@ def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size:
             ans = prompts.answer_ids[i]
             ok = pred[row, :n_ans].tolist() == ans[:n_ans]
             if criterion == "full" and ok:
-                ok = not _continues_number(tok.decode([int(pred[row, n_ans])]))
+                ok = not continues_number(tok, int(pred[row, n_ans]))
             result[i] = ok
     return result
 

@@ -13,7 +13,7 @@ every function here, so an intervention is evaluated by wrapping the call.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import pandas as pd
 import torch
@@ -82,22 +82,24 @@ def prefix_batches(prompts: PromptSet, batch_size: int = 64, share: bool = True)
             for k in range(0, len(same), batch_size)]
 
 
-class _PrefixRunner:
+class PrefixRunner:
     """Runs batches of one PromptSet through the HF model, computing each shared few-shot
     prefix once and reusing its keys and values for every prompt that starts with it.
 
     Why not TransformerLens: its generation utilities recompute the whole prompt for
-    every row. The prefix is shared only when no hook is attached to the model (a hook
-    that edits "the last position" would otherwise see the prefix's last token); with
-    hooks every batch runs in full. Equal to the full forward pass up to float rounding
-    (tested)."""
+    every row. ``share`` (default: only when no hook is attached to the model) decides
+    whether prefixes are shared: a hook that edits "the last position" would otherwise
+    see the prefix's last token, so with intervention hooks every batch runs in full.
+    A caller whose hooks only *record* the suffix's last position may share anyway and
+    switch its hooks on through ``suffix_context`` (:func:`arithlib.probing.cache_answer_position`).
+    Equal to the full forward pass up to float rounding (tested)."""
 
-    def __init__(self, model, prompts: PromptSet, batch_size: int):
+    def __init__(self, model, prompts: PromptSet, batch_size: int, share: bool | None = None):
         self.hf = _hf_model(model)
         self.device = _device_of(model)
         self.prompts = prompts
         self.batch_size = batch_size
-        self.plan = prefix_batches(prompts, batch_size, share=not hooks_attached(model))
+        self.plan = prefix_batches(prompts, batch_size, share=not hooks_attached(model) if share is None else share)
         self._kv: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def _prefix_kv(self, prefixes: list[tuple[int, ...]]) -> None:
@@ -110,8 +112,9 @@ class _PrefixRunner:
             for row, q in enumerate(chunk):
                 self._kv[q] = [(layer.keys[row], layer.values[row]) for layer in cache.layers]
 
-    def first_step(self, p: int, index: list[int]):
-        """Run the batch's prompts; returns ``(last-position logits [B, vocab] float32, past)``."""
+    def first_step(self, p: int, index: list[int], suffix_context: Callable[[], ContextManager] = nullcontext):
+        """Run the batch's prompts (the part after the shared ``p`` tokens inside
+        ``suffix_context()``); returns ``(last-position logits [B, vocab] float32, past)``."""
         tokens = torch.tensor([self.prompts.input_ids[i] for i in index], dtype=torch.long, device=self.device)
         past = None
         if p:
@@ -122,8 +125,46 @@ class _PrefixRunner:
                 past.update(torch.stack([self._kv[q][layer][0] for q in prefixes]),
                             torch.stack([self._kv[q][layer][1] for q in prefixes]), layer)
             tokens = tokens[:, p:]
-        out = self.hf(tokens, past_key_values=past, use_cache=True, logits_to_keep=1)
+        with suffix_context():
+            out = self.hf(tokens, past_key_values=past, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].float(), out.past_key_values
+
+    def continue_greedy(self, first: torch.Tensor, past, n_new: int) -> list[list[int]]:
+        """Greedy tokens from the first step's logits ``first`` on: ``n_new`` per row,
+        the first being ``first.argmax(-1)`` (a KV-cached loop; bridge hooks apply)."""
+        nxt = first.argmax(-1)
+        generated = [nxt]
+        for _ in range(n_new - 1):
+            out = self.hf(nxt[:, None], past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            nxt = out.logits[:, -1].argmax(-1)
+            generated.append(nxt)
+        return torch.stack(generated, 1).cpu().tolist()
+
+    def forced_continuation(self, first: torch.Tensor, past, index: list[int]) -> list[list[int]]:
+        """Greedy decoding's tokens up to its first wrong token, from one forward pass.
+
+        Until greedy decoding leaves the answer it feeds the answer's own tokens, so
+        feeding the whole answer at once (teacher forcing; rows right-padded, which a
+        causal model never sees) gives the same argmax at every step: per row the
+        answer's tokens as far as the model predicts them, then the first wrong token,
+        or, when all are right, the token after the answer (does it stop?). One call
+        instead of one per answer token: on the CPU each call reads every weight once.
+        Only for hooks that do not act on the continuation (none, or recording off)."""
+        answers = [self.prompts.answer_ids[i] for i in index]
+        width = max(map(len, answers))
+        chunk = torch.tensor([a + [a[-1]] * (width - len(a)) for a in answers], dtype=torch.long, device=self.device)
+        logits = self.hf(chunk, past_key_values=past, use_cache=True, logits_to_keep=width).logits
+        pred = torch.cat([first.argmax(-1)[:, None], logits.argmax(-1)], 1).cpu().tolist()
+        out = []
+        for row, a in zip(pred, answers):
+            wrong = next((j for j, t in enumerate(a) if row[j] != t), len(a))
+            out.append(row[: wrong + 1])
+        return out
+
+    def n_new(self, index: list[int], extra_tokens: int = 1) -> int:
+        """Greedy steps that spell the longest answer of the batch, plus ``extra_tokens``."""
+        return max(len(self.prompts.answer_ids[i]) for i in index) + extra_tokens
 
 
 @torch.no_grad()
@@ -131,8 +172,8 @@ def answer_logits(model, prompts: PromptSet, batch_size: int = 64, progress: boo
                   desc: str = "answer logits") -> torch.Tensor:
     """Logits at the answer position for every prompt, [N, vocab] (float32, CPU).
     Hooks attached to ``model`` apply; shared few-shot prefixes are computed once
-    when there are none (:class:`_PrefixRunner`)."""
-    runner = _PrefixRunner(model, prompts, batch_size)
+    when there are none (:class:`PrefixRunner`)."""
+    runner = PrefixRunner(model, prompts, batch_size)
     out = None
     for p, index in tqdm(runner.plan, desc=desc, disable=not progress, leave=False):
         logits, _ = runner.first_step(p, index)
@@ -151,28 +192,45 @@ def greedy_answers(model, prompts: PromptSet, extra_tokens: int = 1, batch_size:
     Returns ``(first_logits [N, vocab], generated token ids)``; the logits are those
     of the first step, i.e. :func:`answer_logits`, so one pass gives both. A manual
     KV-cached loop over the bridge's HF model, so bridge hooks apply at every step."""
-    runner = _PrefixRunner(model, prompts, batch_size)
+    runner = PrefixRunner(model, prompts, batch_size)
     result: list[list[int]] = [[] for _ in range(len(prompts))]
     logits = None
     for p, index in tqdm(runner.plan, desc="greedy", disable=not progress, leave=False):
-        n_new = max(len(prompts.answer_ids[i]) for i in index) + extra_tokens
         first, past = runner.first_step(p, index)
         if logits is None:
             logits = torch.empty(len(prompts), first.shape[-1])
         logits[index] = first.cpu()
-        nxt = first.argmax(-1)
-        generated = [nxt]
-        for _ in range(n_new - 1):
-            out = runner.hf(nxt[:, None], past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            nxt = out.logits[:, -1].argmax(-1)
-            generated.append(nxt)
-        for row, gen in zip(index, torch.stack(generated, 1).cpu().tolist()):
+        for row, gen in zip(index, runner.continue_greedy(first, past, runner.n_new(index, extra_tokens))):
             result[row] = gen
     return (logits if logits is not None else torch.empty(0, 0)), result
 
 
-def _continues_number(tokenizer, token_id: int) -> bool:
+@torch.no_grad()
+def checked_answers(model, prompts: PromptSet, batch_size: int = 64,
+                    progress: bool = False) -> tuple[torch.Tensor, list[list[int]]]:
+    """Like :func:`greedy_answers` with one extra token, from two forward passes per batch
+    (:meth:`PrefixRunner.forced_continuation`): ``(first_logits [N, vocab], tokens)``
+    where the tokens are greedy decoding's up to its first wrong token (the answer and
+    the next token when the answer is right). Whole-answer correctness is the same as
+    from :func:`greedy_answers`. Raises when a hook is attached (it would act on the
+    teacher-forced answer, not on greedy decoding)."""
+    if hooks_attached(model):
+        raise RuntimeError("checked_answers runs without hooks; with an intervention use greedy_answers")
+    runner = PrefixRunner(model, prompts, batch_size)
+    result: list[list[int]] = [[] for _ in range(len(prompts))]
+    logits = None
+    for p, index in tqdm(runner.plan, desc="answers", disable=not progress, leave=False):
+        first, past = runner.first_step(p, index)
+        if logits is None:
+            logits = torch.empty(len(prompts), first.shape[-1])
+        logits[index] = first.cpu()
+        for row, gen in zip(index, runner.forced_continuation(first, past, index)):
+            result[row] = gen
+    return (logits if logits is not None else torch.empty(0, 0)), result
+
+
+def continues_number(tokenizer, token_id: int) -> bool:
+    """Whether ``token_id`` would continue a number (starts with a digit or '.')."""
     text = tokenizer.decode([token_id])
     return bool(text) and (text[0].isdigit() or text[0] == ".")
 
@@ -186,11 +244,17 @@ def evaluate(model, prompts: PromptSet, full_answer: bool = True, batch_size: in
     (first answer token is the argmax), ``answer_logit``, ``answer_prob``,
     ``answer_logprob``, ``rank`` of the answer token, and with ``full_answer`` also
     ``generated`` and ``correct_full``: the greedy continuation spells the whole answer
-    and then stops (its next token does not continue the number).
+    and then stops (its next token does not continue the number). Without hooks the
+    continuation is checked in one teacher-forced pass (:func:`checked_answers`) and
+    ``generated`` ends at greedy decoding's first wrong token; with hooks it is decoded
+    step by step (:func:`greedy_answers`, the answer's length plus one token).
     """
     tok = prompts.tokenizer
     if full_answer:
-        logits, generated = greedy_answers(model, prompts, 1, batch_size, progress)
+        if hooks_attached(model):  # the intervention acts at every decoding step, as in free generation
+            logits, generated = greedy_answers(model, prompts, 1, batch_size, progress)
+        else:
+            logits, generated = checked_answers(model, prompts, batch_size, progress)
     else:
         logits = answer_logits(model, prompts, batch_size, progress)
     answers = prompts.first_answer_ids
@@ -206,7 +270,7 @@ def evaluate(model, prompts: PromptSet, full_answer: bool = True, batch_size: in
     if full_answer:
         full_ok = []
         for gen, ans in zip(generated, prompts.answer_ids):
-            ok = gen[: len(ans)] == ans and not _continues_number(tok, gen[len(ans)])
+            ok = gen[: len(ans)] == ans and not continues_number(tok, gen[len(ans)])
             full_ok.append(ok)
         frame["generated"] = [tok.decode(g) for g in generated]
         frame["correct_full"] = full_ok

@@ -77,6 +77,7 @@ from tqdm.auto import tqdm
 
 from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
+from .evaluate import continues_number
 
 Head = tuple[int, int]
 Neuron = tuple[int, int]
@@ -454,11 +455,6 @@ def answer_loss(model, prompts: PromptSet, index: Sequence[int], share_prefix: b
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
 
 
-def _continues_number(tokenizer, token_id: int) -> bool:
-    text = tokenizer.decode([token_id])
-    return bool(text) and (text[0].isdigit() or text[0] == ".")
-
-
 @torch.no_grad()
 def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: bool = False,
                     desc: str = "accuracy") -> pd.DataFrame:
@@ -485,7 +481,7 @@ def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: b
             k = len(ans)
             ok = pred[row, :k].tolist() == ans
             first[i] = pred[row, 0].item() == ans[0]
-            full[i] = ok and not _continues_number(tok, int(pred[row, k]))
+            full[i] = ok and not continues_number(tok, int(pred[row, k]))
             tok_lp = lp[row, torch.arange(k), torch.tensor(ans, device=lp.device)]
             logprob[i] = float(tok_lp.sum())
             first_lp[i] = float(tok_lp[0])

@@ -16,11 +16,16 @@ import pandas as pd
 
 
 def _atomic_write(path: Path, write) -> Path:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place
+    with the permissions a plain ``open`` would give (mkstemp's are 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -39,6 +44,11 @@ def save_figure(fig, out: str | os.PathLike, name: str, dpi: int = 150) -> Path:
     png = _atomic_write(Path(out) / f"{name}.png", lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png"))
     _atomic_write(Path(out) / f"{name}.pdf", lambda tmp: fig.savefig(tmp, bbox_inches="tight", format="pdf"))
     return png
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; return the path."""
+    return _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def save_json(data: dict, out: str | os.PathLike, name: str) -> Path:

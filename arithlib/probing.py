@@ -34,6 +34,7 @@ its first token "1"; the toy model has one token per integer 0..999).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -43,6 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .datasets import PromptSet
+from .evaluate import PrefixRunner, continues_number
 
 #: Activation kinds cached at the answer position and the bridge hook of each
 #: (``{L}`` is the layer).
@@ -108,59 +110,6 @@ class AnswerCache:
         )
 
 
-def _model_parts(bridge) -> tuple[torch.nn.Module, int, torch.device]:
-    """The HF model under the bridge (bridge hooks fire inside it), n_layers, device."""
-    hf = bridge.original_model if hasattr(bridge, "original_model") else bridge
-    return hf, int(bridge.cfg.n_layers), next(bridge.parameters()).device
-
-
-def _prefix_batches(prompts: PromptSet, batch_size: int, share_prefix: bool,
-                    min_group: int = 4) -> list[tuple[list[int], int]]:
-    """Batches of prompt indices and the number of leading tokens all of them share.
-
-    Prompts with the same few-shot prefix and template form a group; its members share
-    their common leading tokens (prefix and template head) and are batched by the
-    length of what follows, so one key/value cache of the shared part serves the whole
-    batch. Groups smaller than ``min_group`` (where an extra forward call costs more
-    than it saves) and, without ``share_prefix``, all prompts are pooled into
-    same-length batches with nothing shared.
-    """
-    groups: dict = {}
-    for i, r in enumerate(prompts.records):
-        groups.setdefault((r.prefix, r.template, r.family), []).append(i)
-    out: list[tuple[list[int], int]] = []
-    pooled: list[int] = []
-
-    def by_length(idx: list[int]) -> list[list[int]]:
-        lengths: dict[int, list[int]] = {}
-        for i in idx:
-            lengths.setdefault(len(prompts.input_ids[i]), []).append(i)
-        return [same[s:s + batch_size] for _, same in sorted(lengths.items())
-                for s in range(0, len(same), batch_size)]
-
-    for idx in groups.values():
-        if not share_prefix or len(idx) < min_group:
-            pooled += idx
-            continue
-        rows = [prompts.input_ids[i] for i in idx]
-        lcp = min(len(r) for r in rows) - 1
-        for r in rows[1:]:
-            k = 0
-            while k < lcp and r[k] == rows[0][k]:
-                k += 1
-            lcp = k
-        out += [(chunk, lcp if lcp >= 2 else 0) for chunk in by_length(idx)]
-    out += [(chunk, 0) for chunk in by_length(sorted(pooled))]
-    return out
-
-
-def _continues_number(tokenizer, token_id: int) -> bool:
-    from .evaluate import _continues_number as continues  # one definition of "the answer stops"
-
-    return continues(tokenizer, token_id)
-
-
-@torch.no_grad()
 def cache_answer_position(
     bridge,
     prompts: PromptSet,
@@ -176,13 +125,14 @@ def cache_answer_position(
     unembeds every position; here hooks copy only the last position and the model
     is asked for the last position's logits only (``logits_to_keep=1``).
 
-    With ``share_prefix`` the prompts of a batch (sorted so that prompts with the same
-    few-shot prefix are neighbours) run their common leading tokens once, and the rest
-    on top of that key/value cache: the last position's activations are those of a
-    full forward pass (tested to float tolerance) at a fraction of the cost, since the
-    2-shot prefix is most of each prompt. With ``check_full_answer`` the same key/value
-    cache continues greedily for the answer's length plus one token to set
-    ``correct_full`` (hooks record nothing during that continuation).
+    The batches are those of :class:`arithlib.evaluate.PrefixRunner`: with
+    ``share_prefix`` each few-shot prefix runs once and the rest of every prompt on top
+    of its key/value cache (the recording hooks are off during the prefix, so the last
+    position's activations are those of a full forward pass, tested to float
+    tolerance). With ``check_full_answer`` the same key/value cache checks greedy
+    decoding of the whole answer in one teacher-forced pass
+    (:meth:`~arithlib.evaluate.PrefixRunner.forced_continuation`; hooks record nothing
+    then) to set ``correct_full``, as :func:`arithlib.evaluate.evaluate` does.
     """
     kinds = list(kinds)
     unknown = [k for k in kinds if k not in ACT_HOOKS]
@@ -192,9 +142,7 @@ def cache_answer_position(
         raise ValueError("cache_answer_position got an empty prompt set")
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    hf, n_layers, device = _model_parts(bridge)
-    d_model = int(bridge.cfg.d_model)
-    n = len(prompts)
+    n_layers, d_model, n = int(bridge.cfg.n_layers), int(bridge.cfg.d_model), len(prompts)
     acts = {k: torch.zeros(n, n_layers, d_model) for k in kinds}
     final_scale = torch.zeros(n)
     answer_logit = torch.zeros(n)
@@ -202,6 +150,14 @@ def cache_answer_position(
     generated: list[list[int]] = [[] for _ in range(n)]
 
     state: dict = {"on": False, "rows": None}
+
+    @contextmanager
+    def recording():
+        state["on"] = True
+        try:
+            yield
+        finally:
+            state["on"] = False
 
     def make_hook(kind: str, layer: int):
         def hook(x, hook=None):
@@ -217,51 +173,25 @@ def cache_answer_position(
 
     fwd_hooks = [(ACT_HOOKS[k].format(L=layer), make_hook(k, layer)) for k in kinds for layer in range(n_layers)]
     fwd_hooks.append((FINAL_SCALE_HOOK, scale_hook))
+    runner = PrefixRunner(bridge, prompts, batch_size, share=share_prefix)
 
     with bridge.hooks(fwd_hooks=fwd_hooks):
-        for chunk, shared in tqdm(_prefix_batches(prompts, batch_size, share_prefix), desc="answer-position cache",
-                                  disable=not progress, leave=False):
-            rows = torch.tensor(chunk)
-            tokens = torch.tensor([prompts.input_ids[i] for i in chunk], dtype=torch.long, device=device)
-            b = tokens.shape[0]
-            lcp = shared if b > 1 else 0
-            state["rows"] = rows
-            if lcp >= 2:
-                state["on"] = False
-                past = hf(tokens[:1, :lcp], use_cache=True, logits_to_keep=1).past_key_values
-                past.batch_repeat_interleave(b)
-                state["on"] = True
-                out = hf(tokens[:, lcp:], past_key_values=past, use_cache=True, logits_to_keep=1)
-            else:
-                state["on"] = True
-                out = hf(tokens, use_cache=True, logits_to_keep=1)
-            state["on"] = False
-            logits = out.logits[:, -1].float()
-            answers = torch.tensor([prompts.answer_ids[i][0] for i in chunk], device=logits.device)
-            answer_logit[rows] = logits.gather(1, answers[:, None]).squeeze(1).cpu()
-            nxt = logits.argmax(-1)
-            pred_ids[rows] = nxt.cpu()
+        for p, index in tqdm(runner.plan, desc="answer-position cache", disable=not progress, leave=False):
+            state["rows"] = torch.tensor(index)
+            logits, past = runner.first_step(p, index, suffix_context=recording)
+            answers = torch.tensor([prompts.answer_ids[i][0] for i in index], device=logits.device)
+            answer_logit[index] = logits.gather(1, answers[:, None]).squeeze(1).cpu()
+            pred_ids[index] = logits.argmax(-1).cpu()
             if check_full_answer:
-                past = out.past_key_values
-                steps = max(len(prompts.answer_ids[i]) for i in chunk) + 1
-                gen = [nxt]
-                for _ in range(steps - 1):
-                    o = hf(nxt[:, None], past_key_values=past, use_cache=True)
-                    past = o.past_key_values
-                    nxt = o.logits[:, -1].argmax(-1)
-                    gen.append(nxt)
-                gen_rows = torch.stack(gen, 1).cpu().tolist()
-                for r, i in enumerate(chunk):
-                    generated[i] = gen_rows[r]
+                for i, gen in zip(index, runner.forced_continuation(logits, past, index)):
+                    generated[i] = gen
 
     first = torch.tensor([a[0] for a in prompts.answer_ids])
     correct_full = None
     if check_full_answer:
         tok = prompts.tokenizer
-        correct_full = torch.tensor([
-            g[: len(a)] == a and not _continues_number(tok, g[len(a)])
-            for g, a in zip(generated, prompts.answer_ids)
-        ], dtype=torch.bool)
+        correct_full = torch.tensor([g[: len(a)] == a and not continues_number(tok, g[len(a)])
+                                     for g, a in zip(generated, prompts.answer_ids)], dtype=torch.bool)
     return AnswerCache(acts, final_scale, answer_logit, pred_ids, pred_ids == first, correct_full,
                        generated if check_full_answer else None)
 

@@ -31,13 +31,14 @@ import json
 import math
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+
+from .outputs import write_text
 
 REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_RUN = "reproduced", "partly", "not reproduced", "not run"
 VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_RUN)
@@ -578,23 +579,6 @@ def findings_table(fig_dir: str | os.PathLike) -> pd.DataFrame:
 # --------------------------------------------------------------------------- writing
 
 
-def _write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to a temporary file in ``path``'s folder, then rename it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the report from other readers
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
-
-
 def _md_cell(x) -> str:
     if isinstance(x, float):
         x = "" if not np.isfinite(x) else f"{x:.3g}"
@@ -732,8 +716,8 @@ def write_report(fig_dir: str | os.PathLike) -> tuple[Path, Path]:
     if not fig_dir.is_dir():
         raise FileNotFoundError(f"{fig_dir} is not a folder of notebook outputs")
     table = findings_table(fig_dir)
-    md = _write_atomic(fig_dir / "REPORT.md", report_markdown(fig_dir, table))
-    page = _write_atomic(fig_dir / "REPORT.html", report_html(fig_dir, table))
+    md = write_text(fig_dir / "REPORT.md", report_markdown(fig_dir, table))
+    page = write_text(fig_dir / "REPORT.html", report_html(fig_dir, table))
     return md, page
 
 
@@ -774,6 +758,116 @@ def cross_model_table(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
     return frame
 
 
+def n_params(info: dict) -> float:
+    """Parameter count from a model's shapes (``model_info`` of the params files):
+    attention (Q, O: d_model x n_heads d_head; K, V: d_model x n_kv_heads d_head),
+    MLP (3 or 2 matrices of d_model x d_mlp) per layer, plus one embedding matrix;
+    norms and biases are left out (< 0.1 %). NaN when a shape is missing."""
+    try:
+        L, d, h, kv = (int(info[k]) for k in ("n_layers", "d_model", "n_heads", "n_kv_heads"))
+        dh, dm, V = int(info["d_head"]), int(info["d_mlp"]), int(info["d_vocab"])
+    except (KeyError, TypeError, ValueError):
+        return float("nan")
+    attn = 2 * d * h * dh + 2 * d * kv * dh
+    mlp = (3 if info.get("gated_mlp", True) else 2) * d * dm
+    return float(L * (attn + mlp) + V * d)
+
+
+def _heuristic_share(t: Tables, _outcomes: dict[str, Outcome]) -> dict[str, float]:
+    ms = t.csv("03_matched_share")
+    return {"circuit neurons matching a heuristic": float(ms["matched_share"].mean()),
+            "shuffled-activation null": float(ms["matched_share_null"].mean())}
+
+
+def _metric(finding_id: str, **series: str) -> Callable[[Tables, dict[str, Outcome]], dict[str, float]]:
+    """Panel values from one finding's metrics: ``series label=metric key``."""
+    def values(_t: Tables, outcomes: dict[str, Outcome]) -> dict[str, float]:
+        m = outcomes[finding_id].metrics
+        return {label: float(m.get(key, float("nan"))) for label, key in series.items()}
+    return values
+
+
+#: The quantities compared across model sizes (issue: a size axis), one panel each:
+#: (panel title, y-axis label, values from a folder's tables and finding outcomes).
+CROSS_METRICS: tuple[tuple[str, str, Callable[[Tables, dict[str, Outcome]], dict[str, float]]], ...] = (
+    ("Key heads (Zhang Sec. 5.1)", "share of heads",
+     _metric("zhang_key_heads", **{"key-head share": "key-head share"})),
+    ("Knockout gap (Zhang Fig. 3)", "accuracy drop",
+     _metric("zhang_knockout", **{"effect order": "effect-rank drop", "random order": "random-rank drop"})),
+    ("Answer direction rises (Zhang Fig. 6b)", "layer / n_layers",
+     _metric("zhang_mlp_answer", start="answer-writing start layer / n_layers",
+             inflection="answer-writing inflection layer / n_layers", peak="answer-writing peak layer / n_layers")),
+    ("Neuron circuit size (Nikankin Fig. 4b)", "share of neurons per layer",
+     _metric("nikankin_faithfulness", **{"smallest share reaching faithfulness 0.9":
+                                         "smallest share per layer reaching 0.9"})),
+    ("Heuristic neurons (Nikankin Sec. 4)", "share of circuit neurons", _heuristic_share),
+    ("CNA mask / keep, top 99 (Yu Table 5)", "accuracy decrease (%)",
+     _metric("yu_mask_keep", mask="mask accuracy decrease (%)", keep="keep accuracy decrease (%)",
+             **{"random mask": "random-mask accuracy decrease (%)"})),
+    ("Gender-bias edit (Yu Table 13)", "bias reduction (%)",
+     _metric("yu_gender_bias", **{"CNA neurons": "CNA bias reduction (%)", "random neurons": "random bias reduction (%)"})),
+)
+
+#: Per-layer curves compared across sizes on normalised depth (layer / n_layers):
+#: title -> (table, filter column, filter value, y column, y label).
+CROSS_CURVES: dict[str, tuple[str, str | None, str | None, str, str]] = {
+    "LoRA in one attention layer (Yu Fig. 2)": ("05_lora_accuracy_by_layer", None, None, "accuracy",
+                                                "test accuracy"),
+    "cos(MLP_out - MLP_in, W_U[C]) (Zhang Fig. 6b)": ("02_mlp_cosines", "measure", "delta_C", "mean",
+                                                       "mean cosine"),
+    "Logit lens: answer probability (Zhang Sec. 5.2)": ("02_logit_lens", None, None, "mean_prob", "mean p(answer)"),
+}
+
+
+def _folder_outcomes(tables: Tables) -> dict[str, Outcome]:
+    return {f.id: evaluate(f, tables) for f in FINDINGS}
+
+
+def cross_model_metrics(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
+    """Long table of :data:`CROSS_METRICS` for N model folders: model, n_params
+    (:func:`n_params`), panel, ylabel, series, value (NaN where a study did not run)."""
+    rows = []
+    for name, d in zip(_unique([Path(d).name for d in fig_dirs]), fig_dirs):
+        tables = Tables(d)
+        outcomes = _folder_outcomes(tables)
+        size = n_params(tables.info())
+        for panel, ylabel, values in CROSS_METRICS:
+            try:
+                got = values(tables, outcomes)
+            except (NotRun, KeyError, ValueError):
+                got = {}
+            for series, v in (got or {"": float("nan")}).items():
+                rows.append({"model": name, "n_params": size, "panel": panel, "ylabel": ylabel, "series": series,
+                             "value": v})
+    return pd.DataFrame(rows)
+
+
+def cross_model_curves(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
+    """Long table of :data:`CROSS_CURVES`: model, n_params, curve, ylabel, layer,
+    depth (= layer / n_layers) and value; layers < 0 (the "original" row) are dropped."""
+    frames = []
+    for name, d in zip(_unique([Path(d).name for d in fig_dirs]), fig_dirs):
+        tables = Tables(d)
+        for title, (table, col, val, y, ylabel) in CROSS_CURVES.items():
+            if not tables.has(table):
+                continue
+            tab = tables.csv(table)
+            if col is not None:
+                tab = tab[tab[col].astype(str) == val]
+            if "op" in tab.columns:  # per-operator rows: the pooled row if present, else the mean over operators
+                tab = tab[tab["op"].astype(str) == "all"] if (tab["op"].astype(str) == "all").any() else tab
+            tab = tab[pd.to_numeric(tab["layer"], errors="coerce") >= 0]
+            if tab.empty or y not in tab:
+                continue
+            curve = tab.groupby("layer")[y].mean().reset_index()
+            L = tables.n_layers(curve["layer"])
+            frames.append(pd.DataFrame({"model": name, "n_params": n_params(tables.info()), "curve": title,
+                                        "ylabel": ylabel, "layer": curve["layer"].astype(int),
+                                        "depth": curve["layer"] / L, "value": curve[y]}))
+    cols = ["model", "n_params", "curve", "ylabel", "layer", "depth", "value"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+
+
 def _unique(names: list[str]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
@@ -785,17 +879,31 @@ def _unique(names: list[str]) -> list[str]:
 
 def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike | None = None
                       ) -> tuple[Path, Path]:
-    """Write ``CROSS_MODEL.md`` and ``CROSS_MODEL.csv`` into ``out_dir`` (default: the
-    folder holding the first model folder); return both paths."""
+    """Write ``CROSS_MODEL.md`` and ``CROSS_MODEL.csv`` (the findings side by side),
+    ``CROSS_MODEL_metrics.csv`` / ``CROSS_MODEL_curves.csv`` (the size-axis quantities)
+    and the figure ``CROSS_MODEL.png`` / ``.pdf`` (one panel per quantity, models
+    ordered by size) into ``out_dir`` (default: the folder holding the first model
+    folder); return the paths of the Markdown and the CSV."""
+    from .outputs import save_figure, save_table
+    from .plots_report import cross_model_figure
+
     out = Path(out_dir) if out_dir is not None else Path(fig_dirs[0]).resolve().parent
     frame = cross_model_table(fig_dirs)
+    metrics, curves = cross_model_metrics(fig_dirs), cross_model_curves(fig_dirs)
+    save_table(metrics, out, "CROSS_MODEL_metrics")
+    save_table(curves, out, "CROSS_MODEL_curves")
+    save_figure(cross_model_figure(metrics, curves), out, "CROSS_MODEL")
+    sizes = metrics.drop_duplicates("model").set_index("model")["n_params"]
     papers = {f.id: f"{PAPERS[f.paper]}, {f.where}: {f.paper_number}" for f in FINDINGS}
     md = ["# Findings across models", "", RULES_TEXT, "",
+          "Models (parameters from their shapes): "
+          + ", ".join(f"{m} ({v / 1e6:.0f} M)" if np.isfinite(v) else m for m, v in sizes.items()) + ".", "",
+          "![The size-axis quantities, one panel each](CROSS_MODEL.png)", "",
           "Layer positions are given as layer / n_layers. Paper numbers:", ""]
     md += [f"- **{k}**: {v}" for k, v in papers.items()]
     md += ["", markdown_table(frame), ""]
-    md_path = _write_atomic(out / "CROSS_MODEL.md", "\n".join(md))
-    csv_path = _write_atomic(out / "CROSS_MODEL.csv", frame.to_csv(index=False, float_format="%.6g"))
+    md_path = write_text(out / "CROSS_MODEL.md", "\n".join(md))
+    csv_path = write_text(out / "CROSS_MODEL.csv", frame.to_csv(index=False, float_format="%.6g"))
     return md_path, csv_path
 
 
@@ -804,8 +912,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("fig_dirs", nargs="+", help="figures/<model> folders written by the notebooks")
     parser.add_argument("--cross-out", default=None, help="folder for CROSS_MODEL.md/.csv (default: the first "
                                                           "folder's parent)")
+    parser.add_argument("--cross-only", action="store_true", help="write only the cross-model files (the folders' "
+                                                                    "own reports are left as they are)")
     args = parser.parse_args(argv)
-    for d in args.fig_dirs:
+    for d in [] if args.cross_only else args.fig_dirs:
         md, page = write_report(d)
         table = findings_table(d)
         print(f"{md} and {page.name} written ({_summary_counts(table)})")

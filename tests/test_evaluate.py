@@ -81,6 +81,37 @@ def test_qwen_few_shot_one_digit_addition():
     assert frame["correct_full"].mean() >= 0.9, frame[["text", "generated", "correct_full"]]
 
 
+def test_checked_answers_equal_greedy_up_to_the_first_wrong_token(tiny):
+    """The one-pass check gives greedy decoding's tokens up to its first wrong one, and
+    the same whole-answer correctness; answers set to the model's own greedy tokens
+    (some fully right, some right then wrong) exercise both branches."""
+    from dataclasses import replace
+
+    from arithlib.evaluate import checked_answers
+
+    ps = _tiny_prompts(tiny.tokenizer)
+    _, greedy = greedy_answers(tiny.bridge, ps, extra_tokens=3, batch_size=4)
+    answers = []
+    for i, g in enumerate(greedy):  # right for 1-3 tokens, then (every other row) a wrong token
+        k = 1 + i % 3
+        answers.append(g[:k] if i % 2 == 0 else g[:k - 1] + [(g[k - 1] + 1) % tiny.bridge.cfg.d_vocab])
+    ps2 = replace(ps, answer_ids=answers)
+    first, checked = checked_answers(tiny.bridge, ps2, batch_size=3)
+    ref_first, ref = greedy_answers(tiny.bridge, ps2, extra_tokens=1, batch_size=3)
+    assert torch.allclose(first, ref_first, atol=1e-4)
+    for i, (c, g, a) in enumerate(zip(checked, ref, answers)):
+        assert c == g[: len(c)], i
+        assert (c[: len(a)] == a) == (g[: len(a)] == a), i
+        assert len(c) == (len(a) + 1 if c[: len(a)] == a else next(j for j, t in enumerate(a) if g[j] != t) + 1)
+    assert sum(c[: len(a)] == a for c, a in zip(checked, answers)) == (len(ps) + 1) // 2
+    frame = evaluate(tiny.bridge, ps2)
+    with tiny.bridge.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: x)]):  # step-by-step decoding
+        slow = evaluate(tiny.bridge, ps2)
+    assert frame["correct_full"].tolist() == slow["correct_full"].tolist()
+    with tiny.bridge.hooks(fwd_hooks=zero_heads_hooks([(0, 0)], position=-1)), pytest.raises(RuntimeError):
+        checked_answers(tiny.bridge, ps2)
+
+
 def test_shared_prefix_equals_full_forward(tiny):
     """Few-shot prompts share their prefix's keys and values; logits and greedy answers
     equal the per-prompt full forward pass, and with a hook attached nothing is shared."""

@@ -257,28 +257,6 @@ def test_curve_point_table_and_stratified_indices(digit_tokenizer):
     assert idx == P.stratified_indices(ps, 10, seed=3)
 
 
-def test_prefix_batches_share_the_fewshot_prefix(digit_tokenizer):
-    ps = ds.PromptSet.build(ds.zhang_prompts(ops=["+", "-"], templates=[0, 1], n_per_template=6, fewshot=2),
-                            digit_tokenizer)
-    batches = P._prefix_batches(ps, 4, True)
-    seen = sorted(i for chunk, _ in batches for i in chunk)
-    assert seen == list(range(len(ps)))
-    for chunk, lcp in batches:
-        rows = [ps.input_ids[i] for i in chunk]
-        assert len({len(r) for r in rows}) == 1
-        assert all(r[:lcp] == rows[0][:lcp] for r in rows) and lcp < len(rows[0])
-        prefix_len = len(digit_tokenizer(ps.records[chunk[0]].prefix)["input_ids"])
-        assert lcp >= prefix_len - 1  # at least the few-shot prefix is shared
-
-
-def test_prefix_batches_pool_small_groups(digit_tokenizer):
-    ps = ds.PromptSet.build(ds.zhang_prompts(ops=["+", "-"], templates=[0, 1], n_per_template=2, fewshot=2),
-                            digit_tokenizer)
-    batches = P._prefix_batches(ps, 64, True)
-    assert all(lcp == 0 for _, lcp in batches)
-    assert len(batches) == len(ps.length_groups())
-
-
 def test_figures_draw_from_the_tables():
     import matplotlib
 

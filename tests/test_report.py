@@ -10,6 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -259,6 +260,34 @@ def test_cli_writes_reports_and_cross_model(tmp_path: Path):
     csv = pd.read_csv(tmp_path / "CROSS_MODEL.csv")
     assert list(csv.columns) == ["finding", "quantity", "paper", "m1", "m2", "m3"]
     assert "| finding | quantity | paper | m1 | m2 | m3 |" in (tmp_path / "CROSS_MODEL.md").read_text()
+    assert (tmp_path / "CROSS_MODEL.png").exists() and (tmp_path / "CROSS_MODEL.pdf").exists()
+    metrics = pd.read_csv(tmp_path / "CROSS_MODEL_metrics.csv")
+    assert set(metrics["model"]) == {"m1", "m2", "m3"}
+    assert set(metrics["panel"]) == {p for p, _, _ in R.CROSS_METRICS}
+    key = metrics[metrics["panel"].str.startswith("Key heads")].set_index("model")["value"]
+    share = {d.name: _outcome("zhang_key_heads", d).metrics["key-head share"] for d in dirs}
+    assert key.to_dict() == pytest.approx(share, nan_ok=True)
+
+
+def test_n_params_from_shapes():
+    # Qwen2.5-0.5B's shapes give its published 494 M parameters (norms and biases left out)
+    info = {"n_layers": 24, "d_model": 896, "n_heads": 14, "n_kv_heads": 2, "d_head": 64, "d_mlp": 4864,
+            "d_vocab": 151936, "gated_mlp": True}
+    assert R.n_params(info) == pytest.approx(494e6, rel=0.01)
+    assert np.isnan(R.n_params({"n_layers": 2}))
+
+
+def test_cross_model_curves_on_normalised_depth(tmp_path: Path):
+    for name, L in (("a", 4), ("b", 8)):
+        d = tmp_path / name
+        _params(d, "05", n_layers=L)
+        _csv(d, "05_lora_accuracy_by_layer", [{"layer": -1, "accuracy": 0.5}]
+             + [{"layer": l, "accuracy": 0.6 + 0.01 * l} for l in range(0, L, 2)])
+    curves = R.cross_model_curves([tmp_path / "a", tmp_path / "b"])
+    assert set(curves["curve"]) == {"LoRA in one attention layer (Yu Fig. 2)"}
+    b = curves[curves["model"] == "b"]
+    assert b["layer"].tolist() == [0, 2, 4, 6] and b["depth"].tolist() == [0, 0.25, 0.5, 0.75]
+    assert (curves["layer"] >= 0).all()
 
 
 # --------------------------------------------------------------------------- real toy-model outputs
