@@ -269,6 +269,17 @@ def test_cli_writes_reports_and_cross_model(tmp_path: Path):
     assert key.to_dict() == pytest.approx(share, nan_ok=True)
 
 
+@pytest.mark.parametrize("shallow, middle, deep, verdict", [(30.0, 20.0, 5.0, R.REPRODUCED),
+                                                            (15.0, 10.0, 5.0, R.PARTLY),
+                                                            (0.3, 0.2, 0.1, R.NOT_REPRODUCED)])
+def test_lora_coefficient_rule(tmp_path: Path, shallow: float, middle: float, deep: float, verdict: str):
+    _params(tmp_path, "05")
+    _csv(tmp_path, "05_cna_coef_increase_by_band",
+         [{"band": b, "layers": "", "n_models": 1, "top50": v, "top10": v, "selection": "cna"}
+          for b, v in (("shallow", shallow), ("middle", middle), ("deep", deep))])
+    assert _outcome("yu_lora_coef", tmp_path).verdict == verdict
+
+
 def test_n_params_from_shapes():
     # Qwen2.5-0.5B's shapes give its published 494 M parameters (norms and biases left out)
     info = {"n_layers": 24, "d_model": 896, "n_heads": 14, "n_kv_heads": 2, "d_head": 64, "d_mlp": 4864,
