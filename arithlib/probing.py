@@ -110,6 +110,7 @@ class AnswerCache:
         )
 
 
+@torch.no_grad()
 def cache_answer_position(
     bridge,
     prompts: PromptSet,
