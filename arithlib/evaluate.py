@@ -167,20 +167,35 @@ class PrefixRunner:
         return max(len(self.prompts.answer_ids[i]) for i in index) + extra_tokens
 
 
+#: A continuation after the first step: ``(runner, first_logits, past, index) -> tokens per row``.
+Continuation = Callable[["PrefixRunner", torch.Tensor, object, list[int]], list[list[int]]]
+
+
+def _run_plan(model, prompts: PromptSet, batch_size: int, progress: bool, desc: str,
+              continuation: Continuation | None = None) -> tuple[torch.Tensor, list[list[int]]]:
+    """Every batch of :class:`PrefixRunner`'s plan: the answer-position logits [N, vocab]
+    (float32, CPU) and, with ``continuation``, its tokens per prompt (else empty lists)."""
+    runner = PrefixRunner(model, prompts, batch_size)
+    result: list[list[int]] = [[] for _ in range(len(prompts))]
+    logits = None
+    for p, index in tqdm(runner.plan, desc=desc, disable=not progress, leave=False):
+        first, past = runner.first_step(p, index)
+        if logits is None:
+            logits = torch.empty(len(prompts), first.shape[-1])
+        logits[index] = first.cpu()
+        if continuation is not None:
+            for row, gen in zip(index, continuation(runner, first, past, index)):
+                result[row] = gen
+    return (logits if logits is not None else torch.empty(0, 0)), result
+
+
 @torch.no_grad()
 def answer_logits(model, prompts: PromptSet, batch_size: int = 64, progress: bool = False,
                   desc: str = "answer logits") -> torch.Tensor:
     """Logits at the answer position for every prompt, [N, vocab] (float32, CPU).
     Hooks attached to ``model`` apply; shared few-shot prefixes are computed once
     when there are none (:class:`PrefixRunner`)."""
-    runner = PrefixRunner(model, prompts, batch_size)
-    out = None
-    for p, index in tqdm(runner.plan, desc=desc, disable=not progress, leave=False):
-        logits, _ = runner.first_step(p, index)
-        if out is None:
-            out = torch.empty(len(prompts), logits.shape[-1])
-        out[index] = logits.cpu()
-    return out if out is not None else torch.empty(0, 0)
+    return _run_plan(model, prompts, batch_size, progress, desc)[0]
 
 
 @torch.no_grad()
@@ -192,17 +207,8 @@ def greedy_answers(model, prompts: PromptSet, extra_tokens: int = 1, batch_size:
     Returns ``(first_logits [N, vocab], generated token ids)``; the logits are those
     of the first step, i.e. :func:`answer_logits`, so one pass gives both. A manual
     KV-cached loop over the bridge's HF model, so bridge hooks apply at every step."""
-    runner = PrefixRunner(model, prompts, batch_size)
-    result: list[list[int]] = [[] for _ in range(len(prompts))]
-    logits = None
-    for p, index in tqdm(runner.plan, desc="greedy", disable=not progress, leave=False):
-        first, past = runner.first_step(p, index)
-        if logits is None:
-            logits = torch.empty(len(prompts), first.shape[-1])
-        logits[index] = first.cpu()
-        for row, gen in zip(index, runner.continue_greedy(first, past, runner.n_new(index, extra_tokens))):
-            result[row] = gen
-    return (logits if logits is not None else torch.empty(0, 0)), result
+    return _run_plan(model, prompts, batch_size, progress, "greedy",
+                     lambda run, first, past, index: run.continue_greedy(first, past, run.n_new(index, extra_tokens)))
 
 
 @torch.no_grad()
@@ -216,17 +222,8 @@ def checked_answers(model, prompts: PromptSet, batch_size: int = 64,
     teacher-forced answer, not on greedy decoding)."""
     if hooks_attached(model):
         raise RuntimeError("checked_answers runs without hooks; with an intervention use greedy_answers")
-    runner = PrefixRunner(model, prompts, batch_size)
-    result: list[list[int]] = [[] for _ in range(len(prompts))]
-    logits = None
-    for p, index in tqdm(runner.plan, desc="answers", disable=not progress, leave=False):
-        first, past = runner.first_step(p, index)
-        if logits is None:
-            logits = torch.empty(len(prompts), first.shape[-1])
-        logits[index] = first.cpu()
-        for row, gen in zip(index, runner.forced_continuation(first, past, index)):
-            result[row] = gen
-    return (logits if logits is not None else torch.empty(0, 0)), result
+    return _run_plan(model, prompts, batch_size, progress, "answers",
+                     lambda run, first, past, index: run.forced_continuation(first, past, index))
 
 
 def continues_number(tokenizer, token_id: int) -> bool:

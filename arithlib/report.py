@@ -775,23 +775,23 @@ def n_params(info: dict) -> float:
     return float(L * (attn + mlp) + V * d)
 
 
-def _heuristic_share(t: Tables, _outcomes: dict[str, Outcome]) -> dict[str, float]:
+def _heuristic_share(t: Tables, _metrics: dict[str, dict]) -> dict[str, float]:
     ms = t.csv("03_matched_share")
     return {"circuit neurons matching a heuristic": float(ms["matched_share"].mean()),
             "shuffled-activation null": float(ms["matched_share_null"].mean())}
 
 
-def _metric(finding_id: str, **series: str) -> Callable[[Tables, dict[str, Outcome]], dict[str, float]]:
+def _metric(finding_id: str, **series: str) -> Callable[[Tables, dict[str, dict]], dict[str, float]]:
     """Panel values from one finding's metrics: ``series label=metric key``."""
-    def values(_t: Tables, outcomes: dict[str, Outcome]) -> dict[str, float]:
-        m = outcomes[finding_id].metrics
+    def values(_t: Tables, metrics: dict[str, dict]) -> dict[str, float]:
+        m = metrics[finding_id]
         return {label: float(m.get(key, float("nan"))) for label, key in series.items()}
     return values
 
 
 #: The quantities compared across model sizes (issue: a size axis), one panel each:
-#: (panel title, y-axis label, values from a folder's tables and finding outcomes).
-CROSS_METRICS: tuple[tuple[str, str, Callable[[Tables, dict[str, Outcome]], dict[str, float]]], ...] = (
+#: (panel title, y-axis label, values from a folder's tables and its findings' metrics).
+CROSS_METRICS: tuple[tuple[str, str, Callable[[Tables, dict[str, dict]], dict[str, float]]], ...] = (
     ("Key heads (Zhang Sec. 5.1)", "share of heads",
      _metric("zhang_key_heads", **{"key-head share": "key-head share"})),
     ("Knockout gap (Zhang Fig. 3)", "accuracy drop",
@@ -821,21 +821,17 @@ CROSS_CURVES: dict[str, tuple[str, str | None, str | None, str, str]] = {
 }
 
 
-def _folder_outcomes(tables: Tables) -> dict[str, Outcome]:
-    return {f.id: evaluate(f, tables) for f in FINDINGS}
-
-
 def cross_model_metrics(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
     """Long table of :data:`CROSS_METRICS` for N model folders: model, n_params
     (:func:`n_params`), panel, ylabel, series, value (NaN where a study did not run)."""
     rows = []
     for name, d in zip(_unique([Path(d).name for d in fig_dirs]), fig_dirs):
         tables = Tables(d)
-        outcomes = _folder_outcomes(tables)
+        metrics = findings_table(d).set_index("id")["metrics"].to_dict()
         size = n_params(tables.info())
         for panel, ylabel, values in CROSS_METRICS:
             try:
-                got = values(tables, outcomes)
+                got = values(tables, metrics)
             except (NotRun, KeyError, ValueError):
                 got = {}
             for series, v in (got or {"": float("nan")}).items():
