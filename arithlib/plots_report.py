@@ -43,9 +43,11 @@ def cross_model_figure(metrics: pd.DataFrame, curves: pd.DataFrame, ncols: int =
             for container in ax.containers:
                 ax.bar_label(container, fmt="%.2g", fontsize=6)
             ax.legend(fontsize=6, title=None, loc="best")
+            if (part["value"] >= 0).all():
+                ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1e-3))  # all-zero bars sit on the axis
         if missing:
-            ax.text(0.5, 0.95, "not run: " + ", ".join(missing), transform=ax.transAxes, ha="center", va="top",
-                    fontsize=6, color="grey")
+            ax.text(0.5, -0.32, "not run: " + ", ".join(missing), transform=ax.transAxes, ha="center", va="top",
+                    fontsize=6, color="grey")  # below the axis labels, clear of the legend
         ax.set_xlabel("model (parameters)", fontsize=8)
         ax.tick_params(axis="x", labelsize=6)
     for ax, title in zip(list(axes.flat)[len(panels):], curve_titles):

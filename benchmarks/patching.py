@@ -19,7 +19,9 @@ Modes:
 * ``--mode cpu`` (default): a registry model (default qwen2.5-coder-0.5b) on the CPU.
 * ``--mode gpu``: a random-weight Llama-3-8B-shaped model in bf16 (1,024 heads, 100
   prompts of 16 tokens by default) on ``cuda``; reports time, achieved TFLOP/s and the
-  roofline bound from analytic FLOP and byte counts. ``--shape tiny --device cpu
+  roofline bound from analytic FLOP and byte counts (peaks from the GPU's datasheet;
+  on a CPU, the matmul and copy rates measured in the same run, :func:`measure_peak`).
+  ``--shape tiny --device cpu
   --dtype float32`` runs the same code path on a tiny model (tested in the suite).
 
 The loop may be timed on ``--loop-components`` evenly spaced heads and extrapolated
@@ -96,6 +98,40 @@ def fast_cost(cfg, B: int, T: int, layers: list[int], max_rows: int, bytes_per: 
         kv_bytes = rows * (T - 1) * 2 * kv * cfg.d_head * bytes_per
         bytes_ += n * (layer_param_count(cfg) * bytes_per + 3 * kv_bytes)
     return flops, bytes_
+
+
+# --------------------------------------------------------------------------- measured CPU roofline
+
+
+def measure_peak(cfg, device: str, dtype: torch.dtype, rows: tuple[int, ...] = (256, 1024, 4096),
+                 reps: int = 5, copy_mb: int = 64) -> tuple[float, float]:
+    """(TFLOP/s, TB/s) this machine reaches, measured in this run: the best matmul rate
+    over the model's own MLP shape ([rows, d_model] @ [d_model, d_mlp]) and the rate of
+    a ``copy_mb`` MB tensor copy (read + write). A CPU has no datasheet number that
+    torch can look up, so its roofline is what its BLAS achieves on these shapes."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    w = torch.randn(cfg.d_mlp, cfg.d_model, generator=g).to(device=device, dtype=dtype)
+    best = 0.0
+    for m in rows:
+        x = torch.randn(m, cfg.d_model, generator=g).to(device=device, dtype=dtype)
+        torch.nn.functional.linear(x, w)
+        _sync(device)
+        t = time.perf_counter()
+        for _ in range(reps):
+            torch.nn.functional.linear(x, w)
+        _sync(device)
+        best = max(best, 2 * m * cfg.d_model * cfg.d_mlp * reps / (time.perf_counter() - t))
+    n = copy_mb * 2**20 // 4
+    src = torch.ones(n, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    _sync(device)
+    bandwidth = 2 * n * 4 * reps / (time.perf_counter() - t)
+    return best / 1e12, bandwidth / 1e12
 
 
 # --------------------------------------------------------------------------- timing
@@ -201,11 +237,18 @@ def run_benchmark(mode: str = "cpu", model: str = "qwen2.5-coder-0.5b", arch: st
     row["flops_fast"] = var_flops + base_flops
     row["flops_loop_own"] = len(heads) * full_forward_flops(cfg, n_prompts, T, 1)
     row["achieved_tflops"] = row["flops_fast"] / fast_s / 1e12
+    row["peak_source"] = "given" if peak_tflops and bandwidth_tbs else None
     if peak_tflops is None and device.startswith("cuda"):
         gpu = torch.cuda.get_device_name()
         for key, (pk, bw) in GPU_PEAKS.items():
             if key in gpu:
                 peak_tflops, bandwidth_tbs = peak_tflops or pk, bandwidth_tbs or bw
+                row["peak_source"] = f"{key} datasheet"
+    if (peak_tflops is None or bandwidth_tbs is None) and not device.startswith("cuda"):
+        pk, bw = measure_peak(cfg, device, torch_dtype)
+        peak_tflops, bandwidth_tbs = peak_tflops or pk, bandwidth_tbs or bw
+        row["peak_source"] = "measured"
+    row["peak_tflops"], row["bandwidth_tbs"] = peak_tflops, bandwidth_tbs
     if peak_tflops and bandwidth_tbs:
         weights = cfg.n_layers * layer_param_count(cfg) * bytes_per
         t_lower = (max(var_flops / (peak_tflops * 1e12), var_bytes / (bandwidth_tbs * 1e12))
@@ -215,7 +258,7 @@ def run_benchmark(mode: str = "cpu", model: str = "qwen2.5-coder-0.5b", arch: st
         row["fraction_of_roofline"] = t_lower / fast_s
         row["intensity_flop_per_byte"] = var_flops / var_bytes
     else:
-        row["roofline_tflops"] = float("nan")
+        row["roofline_tflops"] = row["fraction_of_roofline"] = float("nan")
     return row
 
 
@@ -223,17 +266,19 @@ def markdown_row(row: dict, command: str) -> str:
     def f(key, fmt="{:.2f}"):
         v = row.get(key)
         return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+    peak = f" ({row['peak_source']})" if row.get("peak_source") else ""
     loop_note = "" if row["loop_components"] == row["components"] else f" (loop timed on {row['loop_components']}, extrapolated)"
     return (f"| {row['mode']} | {row['model']} | {row['device']} {row['dtype']} | {row['prompts']}x{row['tokens']} | "
             f"{row['components']}{loop_note} | {f('fast_s')} | {f('loop_own_s')} | {f('loop_tl_s')} | "
             f"{f('ratio_own', '{:.1f}x')} | {f('ratio_tl', '{:.1f}x')} | {f('ratio_own_cpu', '{:.1f}x')} | "
-            f"{f('achieved_tflops', '{:.3f}')} | {f('roofline_tflops', '{:.1f}')} | {f('max_abs_diff', '{:.1e}')} | "
+            f"{f('achieved_tflops', '{:.3f}')} | {f('roofline_tflops', '{:.3f}')}{peak} | {f('fraction_of_roofline', '{:.0%}')} | "
+            f"{f('max_abs_diff', '{:.1e}')} | "
             f"`{command}` |")
 
 
 HEADER = ("| mode | model | device | prompts x tokens | heads | fast (s) | loop own (s) | loop TL (s) | "
           "speed-up vs own | speed-up vs TL | speed-up vs own (CPU time) | achieved TFLOP/s | roofline TFLOP/s | "
-          "max abs diff | command |\n|" + "---|" * 15)
+          "achieved / roofline | max abs diff | command |\n|" + "---|" * 16)
 
 
 def main(argv: list[str] | None = None) -> dict:

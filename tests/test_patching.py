@@ -422,7 +422,10 @@ def test_benchmark_gpu_mode_code_path_on_cpu():
                               n_prompts=3, n_tokens=8, max_components=None, max_rows=16, loop="own", seed=0)
     assert row["max_abs_diff"] < TOL
     assert row["components"] == 2 * 4 and row["fast_s"] > 0 and row["flops_fast"] > 0
-    assert row["ratio_own"] > 0 and "roofline_tflops" in row
+    assert row["ratio_own"] > 0 and row["peak_source"] == "measured"
+    assert row["peak_tflops"] > 0 and row["bandwidth_tbs"] > 0 and row["fraction_of_roofline"] > 0
+    line = bench.markdown_row(row, "cmd")
+    assert line.count("|") == bench.HEADER.splitlines()[0].count("|")  # one cell per column
 
 
 # --------------------------------------------------------------------------- transfer sets, plots
