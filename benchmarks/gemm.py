@@ -1,0 +1,75 @@
+#!/usr/bin/env python
+"""Benchmark: how fast this machine multiplies a model's MLP matrices, by batch rows.
+
+Every notebook's CPU time is mostly ``Linear.forward`` (py-spy profiles of the
+notebooks; see RESULTS.md), so its speed is set by the rate of ``[M, d_model] @
+[d_model, d_mlp]`` matrix products, which depends on M, the number of token rows per
+call: few rows read every weight for little arithmetic. This prints that rate for the
+MLP shapes of the given registry models (no weights are loaded: the shapes come from
+the registry) at M = 1 .. 4096, and appends the table to benchmarks/RESULTS.md.
+
+    python benchmarks/gemm.py --models qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+#: (d_model, d_mlp) of the MLP up-projection, by model (the registry's shapes).
+SHAPES = {"smollm2-135m": (576, 1536), "qwen2.5-coder-0.5b": (896, 4864), "qwen2.5-coder-1.5b": (1536, 8960)}
+
+
+def gemm_rate(m: int, k: int, n: int, seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
+    """GFLOP/s of ``F.linear([m, k], [n, k])``, repeated for about ``seconds``."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(m, k, generator=g, dtype=dtype), torch.randn(n, k, generator=g, dtype=dtype)
+    torch.nn.functional.linear(x, w)
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.nn.functional.linear(x, w)
+        reps += 1
+    return 2 * m * k * n * reps / (time.perf_counter() - t0) / 1e9
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["qwen2.5-coder-0.5b"], choices=sorted(SHAPES))
+    ap.add_argument("--rows", nargs="+", type=int, default=[1, 8, 32, 64, 256, 1024, 4096])
+    ap.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
+    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    a = ap.parse_args(argv)
+    rows = []
+    for model in a.models:
+        k, n = SHAPES[model]
+        rates = {m: gemm_rate(m, k, n, a.seconds) for m in a.rows}
+        best = max(rates.values())
+        rows.append({"model": model, "shape": f"{k} x {n}", "rates": rates, "best": best})
+    cols = " | ".join(f"M = {m}" for m in a.rows)
+    header = f"| model | MLP matrix | {cols} |\n|---|---|" + "---|" * len(a.rows)
+    lines = [f"| {r['model']} | {r['shape']} | " + " | ".join(f"{v:.0f} ({v / r['best']:.0%})" for v in r["rates"].values())
+             + " |" for r in rows]
+    command = "python benchmarks/gemm.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+    text = "\n".join([header, *lines])
+    print(text)
+    if not a.no_write:
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        cpu = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+        with RESULTS.open("a") as f:
+            f.write(f"\n## fp32 matrix product rate by rows per call ({stamp}, {cpu})\n\n`{command.strip()}`\n\n"
+                    "GFLOP/s of `[M, d_model] @ [d_model, d_mlp]` (share of the best M in parentheses).\n\n"
+                    + text + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""The small benchmark helpers: py-spy profile shares and the matmul rate."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_profile_shares_counts_innermost_frames(tmp_path):
+    ps = _load("profile_shares")
+    raw = tmp_path / "p.txt"
+    raw.write_text(
+        "<module> (a.py:1);run (arithlib/patching.py:10);forward (torch/nn/linear.py:5);Linear.forward (x.py:3) 6\n"
+        "<module> (a.py:1);run (arithlib/patching.py:10);topk (arithlib/cna.py:7) 3\n"
+        "<module> (a.py:1);idle (b.py:2) 1\n")
+    s = ps.shares(raw)
+    assert s["total"] == 10
+    assert dict(s["leaf"])["Linear.forward"] == 6
+    ours = dict(s["arithlib"])
+    assert ours["run (arithlib/patching.py:10)"] == 6 and ours["topk (arithlib/cna.py:7)"] == 3
+    assert ours["(outside arithlib)"] == 1
+
+
+def test_gemm_rate_is_positive_and_table_has_a_cell_per_row_count():
+    gm = _load("gemm")
+    assert gm.gemm_rate(4, 8, 16, seconds=0.01) > 0
+    rows = gm.main(["--models", "smollm2-135m", "--rows", "1", "2", "--seconds", "0.01", "--no-write"])
+    assert set(rows[0]["rates"]) == {1, 2} and rows[0]["best"] == max(rows[0]["rates"].values())
