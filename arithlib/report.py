@@ -875,9 +875,16 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
+def _size_key(tables: "Tables") -> tuple[bool, float]:
+    """Sort key: parameter count, models of unknown size last."""
+    size = n_params(tables.info())
+    return (not np.isfinite(size), size if np.isfinite(size) else 0.0)
+
+
 def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike | None = None
                       ) -> tuple[Path, Path]:
-    """Write ``CROSS_MODEL.md`` and ``CROSS_MODEL.csv`` (the findings side by side),
+    """Write ``CROSS_MODEL.md`` and ``CROSS_MODEL.csv`` (the findings side by side, one
+    column per model from the smallest up),
     ``CROSS_MODEL_metrics.csv`` / ``CROSS_MODEL_curves.csv`` (the size-axis quantities)
     and the figure ``CROSS_MODEL.png`` / ``.pdf`` (one panel per quantity, models
     ordered by size) into ``out_dir`` (default: the folder holding the first model
@@ -886,6 +893,7 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
     from .plots_report import cross_model_figure
 
     out = Path(out_dir) if out_dir is not None else Path(fig_dirs[0]).resolve().parent
+    fig_dirs = sorted(fig_dirs, key=lambda d: _size_key(Tables(d)))  # columns from the smallest model up
     frame = cross_model_table(fig_dirs)
     metrics, curves = cross_model_metrics(fig_dirs), cross_model_curves(fig_dirs)
     save_table(metrics, out, "CROSS_MODEL_metrics")
