@@ -37,7 +37,7 @@ PY="${ARITHLIB_VENV:-$ROOT/.venv}/bin/python"
 OUT="$ROOT/outputs/${MODEL//\//__}"
 mkdir -p "$OUT" "$FIGURES"
 TIMES="$OUT/timings.csv"
-echo "notebook,seconds,status" > "$TIMES"
+echo "notebook,seconds,status,peak_rss_mib" > "$TIMES"
 total_start=$(date +%s)
 for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
     name="$(basename "$nb" .ipynb)"
@@ -45,14 +45,14 @@ for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
     if [ -n "$ONLY" ] && [[ ",$ONLY," != *",${name:0:2},"* ]]; then continue; fi
     if [ "$FORCE" -eq 0 ] && [ -f "$OUT/$name.key" ] && [ "$(cat "$OUT/$name.key")" = "$KEY" ]; then
         echo "=== $name is up to date (key $KEY); skipped (--force reruns it)"
-        echo "$name,$(cat "$OUT/$name.seconds" 2>/dev/null || echo NA),cached" >> "$TIMES"
+        echo "$name,$(cat "$OUT/$name.seconds" 2>/dev/null || echo NA),cached,$(cat "$OUT/$name.peak_mib" 2>/dev/null || echo NA)" >> "$TIMES"
         continue
     fi
     echo "=== $name (model=$MODEL device=$DEVICE quick=$QUICK seed=$SEED)"
     rm -f "$OUT/$name.key"
     start=$(date +%s)
     set +e
-    "$PY" -m papermill "$nb" "$OUT/$name.ipynb" --cwd "$ROOT/notebooks" -k python3 \
+    "$PY" "$ROOT/scripts/peak_memory.py" "$OUT/$name.peak_mib.tmp" "$PY" -m papermill "$nb" "$OUT/$name.ipynb" --cwd "$ROOT/notebooks" -k python3 \
         -p model "$MODEL" -p device "$DEVICE" -p quick "$QUICK" -p seed "$SEED" -p out_dir "$FIGURES" \
         2>&1 | tee "$OUT/$name.log"
     status=${PIPESTATUS[0]}
@@ -61,10 +61,11 @@ for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
     if [ "$status" -eq 0 ]; then
         echo "$KEY" > "$OUT/$name.key.tmp" && mv "$OUT/$name.key.tmp" "$OUT/$name.key"
         echo "$secs" > "$OUT/$name.seconds"
-        echo "$name,$secs,ok" >> "$TIMES"
+        mv "$OUT/$name.peak_mib.tmp" "$OUT/$name.peak_mib" 2>/dev/null || echo NA > "$OUT/$name.peak_mib"
+        echo "$name,$secs,ok,$(cat "$OUT/$name.peak_mib")" >> "$TIMES"
         echo "=== $name done in ${secs}s"
     else
-        echo "$name,$secs,failed" >> "$TIMES"
+        echo "$name,$secs,failed,$(cat "$OUT/$name.peak_mib.tmp" 2>/dev/null || echo NA)" >> "$TIMES"
         echo "run_all.sh: notebook $name FAILED (exit $status) after ${secs}s; see $OUT/$name.ipynb and $OUT/$name.log." >&2
         echo "run_all.sh: what the notebooks before it produced is kept in $FIGURES/${MODEL//\//__}/." >&2
         exit 1
@@ -72,12 +73,13 @@ for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
 done
 echo "=== all notebooks done in $(( $(date +%s) - total_start ))s; timings in $TIMES"
 FIG="$FIGURES/${MODEL//\//__}"
-# Wall time of each notebook's last successful run (this run's or the cached one's), beside its figures.
-{ echo "notebook,seconds,this_run"
+# Wall time and peak memory (resident MiB of the notebook's kernel) of each notebook's last
+# successful run (this run's or the cached one's), beside its figures.
+{ echo "notebook,seconds,this_run,peak_rss_mib"
   for nb in "$ROOT"/notebooks/[0-9][0-9]_*.ipynb; do
       name="$(basename "$nb" .ipynb)"
       [ -f "$OUT/$name.seconds" ] || continue
-      echo "$name,$(cat "$OUT/$name.seconds"),$(grep -q "^$name,.*,ok$" "$TIMES" && echo ran || echo cached)"
+      echo "$name,$(cat "$OUT/$name.seconds"),$(grep -q "^$name,[^,]*,ok," "$TIMES" && echo ran || echo cached),$(cat "$OUT/$name.peak_mib" 2>/dev/null || echo NA)"
   done; } > "$FIG/timings.csv.tmp" && mv "$FIG/timings.csv.tmp" "$FIG/timings.csv"
 "$PY" -m arithlib.report "$FIG"  # REPORT.md / REPORT.html from the tables above
 # Findings across every model run into $FIGURES so far (not the toy model): CROSS_MODEL.md/.csv/.png there.
