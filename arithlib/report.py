@@ -866,6 +866,46 @@ def cross_model_curves(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
 
 
+#: A step between two models counts as a change when it exceeds this share of the
+#: quantity's largest absolute value over the models (smaller steps are "flat").
+TREND_TOLERANCE = 0.01
+
+
+def size_trend(values: Sequence[float], tolerance: float = TREND_TOLERANCE) -> str:
+    """How a quantity moves from the smallest model to the largest, ``values`` ordered by
+    size (NaN = not run, skipped): "rises with size" / "falls with size" when every step
+    between consecutive models goes that way by more than ``tolerance`` x max |value|,
+    "flat" when no step does, "mixed" otherwise; "fewer than 3 models" when fewer
+    than three have a value (two points always look monotone)."""
+    v = np.asarray([x for x in values if np.isfinite(x)], dtype=float)
+    if len(v) < 3:
+        return "fewer than 3 models"
+    tol = tolerance * float(np.abs(v).max())
+    steps = np.diff(v)
+    up, down = steps > tol, steps < -tol
+    if up.all():
+        return "rises with size"
+    if down.all():
+        return "falls with size"
+    if not (up | down).any():
+        return "flat"
+    return "mixed"
+
+
+def size_trends(metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per panel and series of :func:`cross_model_metrics`: the value of each
+    model (columns from the smallest model up) and :func:`size_trend` over them."""
+    sizes = metrics.drop_duplicates("model").set_index("model")["n_params"]
+    order = sorted(sizes.index, key=lambda m: (not np.isfinite(sizes[m]), sizes[m] if np.isfinite(sizes[m]) else 0.0))
+    part = metrics[metrics["series"] != ""]
+    rows = []
+    for (panel, series), g in part.groupby(["panel", "series"], sort=False):
+        by_model = g.set_index("model")["value"]
+        vals = [float(by_model.get(m, float("nan"))) for m in order]
+        rows.append({"panel": panel, "series": series, **dict(zip(order, vals)), "trend": size_trend(vals)})
+    return pd.DataFrame(rows, columns=["panel", "series", *order, "trend"])
+
+
 def _unique(names: list[str]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
@@ -885,7 +925,8 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
                       ) -> tuple[Path, Path]:
     """Write ``CROSS_MODEL.md`` and ``CROSS_MODEL.csv`` (the findings side by side, one
     column per model from the smallest up),
-    ``CROSS_MODEL_metrics.csv`` / ``CROSS_MODEL_curves.csv`` (the size-axis quantities)
+    ``CROSS_MODEL_metrics.csv`` / ``CROSS_MODEL_curves.csv`` (the size-axis quantities),
+    ``CROSS_MODEL_trends.csv`` (each quantity's trend with size, :func:`size_trends`)
     and the figure ``CROSS_MODEL.png`` / ``.pdf`` (one panel per quantity, models
     ordered by size) into ``out_dir`` (default: the folder holding the first model
     folder); return the paths of the Markdown and the CSV."""
@@ -907,7 +948,21 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
           "![The size-axis quantities, one panel each](CROSS_MODEL.png)", "",
           "Layer positions are given as layer / n_layers. Paper numbers:", ""]
     md += [f"- **{k}**: {v}" for k, v in papers.items()]
-    md += ["", markdown_table(frame), ""]
+    trends = size_trends(metrics)
+    if len(trends):
+        save_table(trends, out, "CROSS_MODEL_trends")
+        shown = trends.copy()
+        for m in sizes.index:
+            if m in shown:
+                shown[m] = shown[m].map(lambda x: "not run" if not np.isfinite(x) else f"{x:.3g}")
+        md += ["", "## Across sizes", "",
+               "Each size-axis quantity by model, smallest first, and its trend by a fixed rule: "
+               "'rises' / 'falls with size' when every step between consecutive models goes that way by more than "
+               f"{TREND_TOLERANCE:.0%} of the quantity's largest absolute value, 'flat' when no step does, 'mixed' "
+               "otherwise (some steps flat or opposite). With three models this describes these models; it is not "
+               "a scaling law.",
+               "", markdown_table(shown)]
+    md += ["", "## All findings", "", markdown_table(frame), ""]
     md_path = write_text(out / "CROSS_MODEL.md", "\n".join(md))
     csv_path = write_text(out / "CROSS_MODEL.csv", frame.to_csv(index=False, float_format="%.6g"))
     return md_path, csv_path

@@ -301,6 +301,31 @@ def test_cross_model_curves_on_normalised_depth(tmp_path: Path):
     assert (curves["layer"] >= 0).all()
 
 
+@pytest.mark.parametrize("values, trend", [
+    ([0.1, 0.2, 0.4], "rises with size"),
+    ([0.4, 0.2, 0.1], "falls with size"),
+    ([0.0, 0.0, 0.0], "flat"),
+    ([1.0, 1.005, 0.998], "flat"),              # steps under 1 % of the largest value
+    ([0.1, 0.4, 0.2], "mixed"),
+    ([0.1, 0.1, 0.4], "mixed"),          # one flat step, one rise
+    ([0.1, float("nan"), 0.4], "fewer than 3 models"),
+    ([0.1, 0.2, float("nan"), 0.3], "rises with size"),  # a model that did not run is skipped
+])
+def test_size_trend_rule(values: list, trend: str):
+    assert R.size_trend(values) == trend
+
+
+def test_size_trends_orders_models_by_size():
+    rows = []
+    for model, size, v in (("big", 3e9, 0.3), ("small", 1e8, 0.1), ("mid", 5e8, 0.2)):
+        rows.append({"model": model, "n_params": size, "panel": "P", "ylabel": "y", "series": "s", "value": v})
+    rows.append({"model": "mid", "n_params": 5e8, "panel": "Q", "ylabel": "y", "series": "", "value": float("nan")})
+    trends = R.size_trends(pd.DataFrame(rows))
+    assert list(trends.columns) == ["panel", "series", "small", "mid", "big", "trend"]
+    assert trends.iloc[0][["small", "mid", "big"]].tolist() == [0.1, 0.2, 0.3]
+    assert trends["trend"].tolist() == ["rises with size"]  # a panel that ran nowhere has no row
+
+
 # --------------------------------------------------------------------------- real toy-model outputs
 
 
