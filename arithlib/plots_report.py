@@ -42,9 +42,9 @@ def cross_model_figure(metrics: pd.DataFrame, curves: pd.DataFrame, ncols: int =
                         errorbar=None, palette="Set2")
             for container in ax.containers:
                 ax.bar_label(container, fmt="%.2g", fontsize=6)
-            ax.legend(fontsize=6, title=None, loc="best")
-            if (part["value"] >= 0).all():
-                ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1e-3))  # all-zero bars sit on the axis
+            if (part["value"] >= 0).all():  # all-zero bars sit on the axis; headroom above the bars for the legend
+                ax.set_ylim(bottom=0, top=max(1.35 * float(part["value"].max()), 1e-3))
+            ax.legend(fontsize=6, title=None, loc="upper right")
         if missing:
             ax.text(0.5, -0.32, "not run: " + ", ".join(missing), transform=ax.transAxes, ha="center", va="top",
                     fontsize=6, color="grey")  # below the axis labels, clear of the legend
