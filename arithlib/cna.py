@@ -700,24 +700,29 @@ class CNAResult:
     def approx_change(self) -> torch.Tensor:
         return self.approx_a - self.approx_b
 
+    def change_of(self, i: int) -> torch.Tensor:
+        """Row ``i`` of :attr:`change`, [L, d_mlp], without computing the other rows (the
+        per-case loops of the tables call it once per case and K)."""
+        return self.importance_a[i] - self.importance_b[i]
+
     def __len__(self) -> int:
         return len(self.targets)
 
     def top(self, i: int, k: int) -> list[Neuron]:
         """The ``k`` neurons with the largest change for case ``i`` (exact scores only)."""
-        return top_neurons(self.change[i], k)
+        return top_neurons(self.change_of(i), k)
 
     def top_frame(self, i: int, k: int, tokenizer=None, model=None, n_tokens: int = 10) -> pd.DataFrame:
         """Table 4 for case ``i``: rank, layer, neuron, importance and coefficient in both
         runs, change, stage-1 change; with ``model`` and ``tokenizer`` the top
         ``n_tokens`` tokens of each neuron's value projected on the vocabulary."""
         rows = []
+        change, approx_change = self.change_of(i), self.approx_a[i] - self.approx_b[i]
         for rank, (layer, n) in enumerate(self.top(i, k), 1):
             rows.append({"rank": rank, "layer": layer, "neuron": n, "name": f"{layer}_{n}",
                          "imp_a": float(self.importance_a[i, layer, n]), "imp_b": float(self.importance_b[i, layer, n]),
                          "coef_a": float(self.coef_a[i, layer, n]), "coef_b": float(self.coef_b[i, layer, n]),
-                         "change": float(self.change[i, layer, n]),
-                         "approx_change": float(self.approx_change[i, layer, n])})
+                         "change": float(change[layer, n]), "approx_change": float(approx_change[layer, n])})
         frame = pd.DataFrame(rows)
         if model is not None and tokenizer is not None and len(frame):
             vecs = torch.stack([mlp_values(model, l)[n] for l, n in zip(frame.layer, frame.neuron)])
@@ -1087,8 +1092,9 @@ def pe_dag(model, result: CNAResult, case: int, k: int = 10,
     ln2 and the MLP (direct path only). ``edge`` marks enhancement >= ``min_enhancement``.
     Returns (nodes, edges)."""
     top = result.top(case, k)
+    change = result.change_of(case)
     nodes = pd.DataFrame([{"layer": l, "neuron": n, "name": f"{l}_{n}", "imp": float(result.importance_a[case, l, n]),
-                           "change": float(result.change[case, l, n]), "coef": float(result.coef_a[case, l, n])}
+                           "change": float(change[l, n]), "coef": float(result.coef_a[case, l, n])}
                           for l, n in top])
     edges = []
     resid = result.run_a.resid_mid[case]

@@ -157,6 +157,10 @@ def test_cna_compare_skips_layers_below_the_head(qwen):
     frame = res.top_frame(i, 3, tokenizer=qwen.tokenizer, model=b)
     assert list(frame["rank"]) == [1, 2, 3] and "top_tokens" in frame
     assert abs(frame.change[0] - (frame.imp_a[0] - frame.imp_b[0])) < 1e-6
+    for j in range(len(ps)):  # one row, bit for bit the row of the whole change tensor
+        assert torch.allclose(res.change_of(j), res.change[j], rtol=0, atol=0, equal_nan=True)
+    nodes, _ = C.pe_dag(b, res, i, k=3)
+    assert nodes["change"].tolist() == [float(res.change[i][l, n]) for l, n in zip(nodes.layer, nodes.neuron)]
     two = C.cna_compare(b, ps, A.zero_heads_hooks([(1, 2)]), mode="two_stage", n_candidates=20, progress=False)
     for i in range(len(ps)):
         assert two.top(i, 5) == [n for n in res.top(i, 200) if n in set(two.top(i, 20))][:5]
