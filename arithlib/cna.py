@@ -67,6 +67,7 @@ from . import datasets as ds
 from .ablation import zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet
 from .evaluate import continues_number
+from .neurons import w_out
 
 Hook = tuple[str, Callable]
 Neuron = tuple[int, int]
@@ -148,8 +149,10 @@ def unembedding(model) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def mlp_values(model, layer: int) -> torch.Tensor:
-    """FFN value vectors fc2_k of ``layer`` (rows of W_out), [d_mlp, d_model], float32."""
-    return model.W_out[layer].detach().float()
+    """FFN value vectors fc2_k of ``layer`` (rows of W_out), [d_mlp, d_model], float32:
+    :func:`arithlib.neurons.w_out`, one layer's weight (the bridge's ``W_out[layer]``
+    stacks every layer first)."""
+    return w_out(model, layer)
 
 
 def deep_layers(n_layers: int, fraction: float = DEEP_FROM_FRACTION) -> list[int]:
@@ -1073,9 +1076,10 @@ def static_keys(model, layer: int, neurons: Sequence[int]) -> dict[str, torch.Te
     W_gate row."""
     g = _mlp_ln(model, layer)
     g = getattr(g, "_original_component", g).weight.detach().float()
-    keys = {"in": (model.W_in[layer].detach().float()[:, list(neurons)].T * g)}
+    mlp = model.blocks[layer].mlp  # one layer's weights (the bridge's W_in / W_gate stack every layer)
+    keys = {"in": (mlp.W_in.detach().float()[:, list(neurons)].T * g)}
     if getattr(model.cfg, "gated_mlp", False):
-        keys["gate"] = model.W_gate[layer].detach().float()[:, list(neurons)].T * g
+        keys["gate"] = mlp.W_gate.detach().float()[:, list(neurons)].T * g
     return keys
 
 
@@ -1143,8 +1147,9 @@ def layer_ov(model, layer: int, heads: Sequence[int] | None = None) -> torch.Ten
     x -> (g1 * x) sum_h W_V^h W_O^h (``heads`` None: all heads, the layer's value-output
     matrices as in Yu Sec. 4.4), with ln1's weight g1 folded in, grouped-query KV heads
     expanded, value biases left out (they do not depend on the source token)."""
-    W_V = model.W_V[layer].detach().float()  # [n_kv, d, d_head] (or [H, ...])
-    W_O = model.W_O[layer].detach().float()  # [H, d_head, d]
+    attn = model.blocks[layer].attn  # one layer's weights (the bridge's W_V / W_O stack every layer)
+    W_V = attn.W_V.detach().float()  # [n_kv, d, d_head] (or [H, ...])
+    W_O = attn.W_O.detach().float()  # [H, d_head, d]
     H = W_O.shape[0]
     group = H // W_V.shape[0]
     heads = range(H) if heads is None else heads
@@ -1299,7 +1304,7 @@ def shallow_concept_counts(model, tokenizer, head_layer: int, k: int = 50, min_c
     ov = layer_ov(model, head_layer)
     norm = final_norm(model)
     W_U, _ = unembedding(model)
-    values = model.W_out[:head_layer].detach().float().reshape(-1, model.cfg.d_model)
+    values = torch.cat([w_out(model, layer) for layer in range(head_layer)])
     projected = (values.to(W_U.device) @ ov) * norm.weight
     counts = concept_counts(projected, W_U, concepts, k=k, min_count=min_count, seed=seed, progress=progress)
     K = model.cfg.d_mlp

@@ -33,3 +33,9 @@ def test_gemm_rate_is_positive_and_table_has_a_cell_per_row_count():
     assert gm.gemm_rate(4, 8, 16, seconds=0.01) > 0
     rows = gm.main(["--models", "smollm2-135m", "--rows", "1", "2", "--seconds", "0.01", "--no-write"])
     assert set(rows[0]["rates"]) == {1, 2} and rows[0]["best"] == max(rows[0]["rates"].values())
+
+
+def test_layer_weights_benchmark_on_a_random_model():
+    lw = _load("layer_weights")
+    row = lw.main(["--model", "random-llama", "--repeats", "1", "--no-append"])
+    assert row["same"] and row["layers"] == 2 and row["stacked"] > 0 and row["per_layer"] > 0
