@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from .report import size_order
+
 sns.set_theme(context="notebook", style="whitegrid")
 
 
@@ -23,7 +25,7 @@ def cross_model_figure(metrics: pd.DataFrame, curves: pd.DataFrame, ncols: int =
     series) for ``metrics``, and per-layer lines on normalised depth (layer / n_layers)
     for ``curves``. A model whose study did not run has no bar (the panel says so)."""
     sizes = metrics.drop_duplicates("model").set_index("model")["n_params"]
-    order = sorted(sizes.index, key=lambda m: (not np.isfinite(sizes[m]), sizes[m]))
+    order = size_order(metrics)
     labels = {m: _label(m, sizes[m]) for m in order}
     panels = list(dict.fromkeys(metrics["panel"]))
     curve_titles = list(dict.fromkeys(curves["curve"])) if len(curves) else []

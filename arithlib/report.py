@@ -892,11 +892,17 @@ def size_trend(values: Sequence[float], tolerance: float = TREND_TOLERANCE) -> s
     return "mixed"
 
 
+def size_order(metrics: pd.DataFrame) -> list[str]:
+    """The models of a :func:`cross_model_metrics` table by parameter count, smallest
+    first, models of unknown size last (the column order of the report and its figure)."""
+    sizes = metrics.drop_duplicates("model").set_index("model")["n_params"]
+    return sorted(sizes.index, key=lambda m: (not np.isfinite(sizes[m]), sizes[m] if np.isfinite(sizes[m]) else 0.0))
+
+
 def size_trends(metrics: pd.DataFrame) -> pd.DataFrame:
     """One row per panel and series of :func:`cross_model_metrics`: the value of each
     model (columns from the smallest model up) and :func:`size_trend` over them."""
-    sizes = metrics.drop_duplicates("model").set_index("model")["n_params"]
-    order = sorted(sizes.index, key=lambda m: (not np.isfinite(sizes[m]), sizes[m] if np.isfinite(sizes[m]) else 0.0))
+    order = size_order(metrics)
     part = metrics[metrics["series"] != ""]
     rows = []
     for (panel, series), g in part.groupby(["panel", "series"], sort=False):
