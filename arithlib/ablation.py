@@ -120,7 +120,7 @@ def mean_activations(model, prompts: PromptSet, hook_names: Sequence[str], batch
 
 def _mean_for(means: MeanCache, name: str, act: torch.Tensor) -> torch.Tensor:
     try:
-        return means[name][act.shape[1]].to(act.dtype)
+        return means[name][act.shape[1]].to(device=act.device, dtype=act.dtype)
     except KeyError:
         raise KeyError(f"no mean activation of {name} for prompts of length {act.shape[1]}; "
                        "compute the means on a reference set with prompts of the same lengths") from None
@@ -136,7 +136,7 @@ def mean_heads_hooks(heads: Iterable[Head], means: MeanCache, position: int | No
         def fn(z, hook, idx=torch.tensor(idx), name=name):
             mean = _mean_for(means, name, z)
             i = idx.to(z.device)
-            z[:, pos, i] = mean[pos][..., i, :].to(z.device)
+            z[:, pos, i] = mean[pos][..., i, :]
             return z
         hooks.append((name, fn))
     return hooks
@@ -152,7 +152,7 @@ def mean_neurons_hooks(neurons: Iterable[Neuron], means: MeanCache, position: in
         def fn(act, hook, idx=torch.tensor(idx), name=name):
             mean = _mean_for(means, name, act)
             i = idx.to(act.device)
-            act[:, pos, i] = mean[pos][..., i].to(act.device)
+            act[:, pos, i] = mean[pos][..., i]
             return act
         hooks.append((name, fn))
     return hooks

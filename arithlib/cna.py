@@ -1052,9 +1052,9 @@ def mlp_coefficients(model, layer: int, resid_mid: torch.Tensor) -> torch.Tensor
         store["m"] = act
         return act
 
-    dtype = next(model.parameters()).dtype
+    p = next(model.parameters())
     with model.hooks(fwd_hooks=[(f"blocks.{layer}.mlp.hook_post", grab)]):
-        model.blocks[layer].mlp(_mlp_ln(model, layer)(resid_mid.to(dtype)[:, None, :]))
+        model.blocks[layer].mlp(_mlp_ln(model, layer)(resid_mid.to(device=p.device, dtype=p.dtype)[:, None, :]))
     return store["m"][:, 0].float()
 
 

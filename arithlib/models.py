@@ -705,6 +705,13 @@ FULL_SHAPES: dict[tuple[str, str], dict[str, Any]] = {
     ("gptj", "gptj-6b"): dict(
         vocab_size=50400, n_embd=4096, n_layer=28, n_head=16, n_positions=2048, rotary_dim=64,
     ),
+    # Qwen2.5-Coder-1.5B as the registry's dequantized checkpoint configures it (the
+    # real weights travel as a 1 GB GGUF; this shape checks the same code path on a GPU).
+    ("qwen2", "qwen2.5-coder-1.5b"): dict(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    ),
     ("gpt_neox", "pythia-6.9b"): dict(
         vocab_size=50432, hidden_size=4096, intermediate_size=16384, num_hidden_layers=32,
         num_attention_heads=32, max_position_embeddings=2048, rotary_pct=0.25,

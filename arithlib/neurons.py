@@ -602,7 +602,7 @@ def neuron_logit_contributions(model, acts: torch.Tensor, layers: Sequence[int],
     for i, layer in enumerate(layers):
         lens = logit_directions(model, w_out(model, layer), uniq)  # [d_mlp, U]
         col = torch.searchsorted(uniq, answers)
-        per_prompt = lens.T[col]  # [N, d_mlp]
+        per_prompt = lens.T[col].to(acts.device)  # [N, d_mlp], where the activations are
         a = acts[:, i] - (means[i][None] if means is not None else 0)
         out[:, i] = a * per_prompt
     if scale is not None:

@@ -25,7 +25,6 @@ layer / n_layers, so models of different depth compare).
 from __future__ import annotations
 
 import argparse
-import base64
 import html
 import json
 import math
@@ -678,13 +677,19 @@ def _html_findings(table: pd.DataFrame) -> str:
 
 
 def _img(path: Path) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return (f'<figure><img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+    """A figure that links the PNG beside REPORT.html (relative path).
+
+    Linked, not base64-embedded: the page lies in the same folder as its PNGs, and an
+    embedded page (6 MB per model) would add its whole size to the repository's history
+    on every committed rerun.
+    """
+    name = html.escape(path.name, quote=True)
+    return (f'<figure><img alt="{html.escape(path.stem)}" src="{name}">'
             f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
 
 
 def report_html(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -> str:
-    """REPORT.html's text: self-contained (every PNG inline as base64)."""
+    """REPORT.html's text: the findings table and each notebook's figures, shown inline (linked PNGs beside it)."""
     tables = Tables(fig_dir)
     table = findings_table(fig_dir) if table is None else table
     model, facts = _header(tables)

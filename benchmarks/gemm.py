@@ -5,10 +5,12 @@ Every notebook's CPU time is mostly ``Linear.forward`` (py-spy profiles of the
 notebooks; see RESULTS.md), so its speed is set by the rate of ``[M, d_model] @
 [d_model, d_mlp]`` matrix products, which depends on M, the number of token rows per
 call: few rows read every weight for little arithmetic. This prints that rate for the
-MLP shapes of the given registry models (no weights are loaded: the shapes come from
-the registry) at M = 1 .. 4096, and appends the table to benchmarks/RESULTS.md.
+MLP shapes of the given models (no weights are loaded: the shapes come from the
+registry, and Llama-3-8B's from its config) at M = 1 .. 4096, on any device and dtype,
+and appends the table to benchmarks/RESULTS.md.
 
     python benchmarks/gemm.py --models qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+    python benchmarks/gemm.py --models qwen2.5-coder-1.5b llama3-8b --device cuda --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -26,18 +28,27 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 #: (d_model, d_mlp) of the MLP up-projection, by model (the registry's shapes).
-SHAPES = {"smollm2-135m": (576, 1536), "qwen2.5-coder-0.5b": (896, 4864), "qwen2.5-coder-1.5b": (1536, 8960)}
+SHAPES = {"smollm2-135m": (576, 1536), "qwen2.5-coder-0.5b": (896, 4864), "qwen2.5-coder-1.5b": (1536, 8960),
+          "llama3-8b": (4096, 14336)}
 
 
-def gemm_rate(m: int, k: int, n: int, seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
-    """GFLOP/s of ``F.linear([m, k], [n, k])``, repeated for about ``seconds``."""
+def gemm_rate(m: int, k: int, n: int, seconds: float = 1.0, dtype: torch.dtype = torch.float32,
+              device: str = "cpu") -> float:
+    """GFLOP/s of ``F.linear([m, k], [n, k])`` on ``device``, repeated for about ``seconds``
+    (on a GPU, in rounds of 10 launches between synchronisations)."""
     g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(m, k, generator=g, dtype=dtype), torch.randn(n, k, generator=g, dtype=dtype)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    w = torch.randn(n, k, generator=g).to(device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    per_round = 10 if torch.device(device).type == "cuda" else 1
     torch.nn.functional.linear(x, w)
+    sync()
     reps, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        torch.nn.functional.linear(x, w)
-        reps += 1
+        for _ in range(per_round):
+            torch.nn.functional.linear(x, w)
+        sync()
+        reps += per_round
     return 2 * m * k * n * reps / (time.perf_counter() - t0) / 1e9
 
 
@@ -46,12 +57,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--models", nargs="+", default=["qwen2.5-coder-0.5b"], choices=sorted(SHAPES))
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 8, 32, 64, 256, 1024, 4096])
     ap.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/RESULTS.md")
     a = ap.parse_args(argv)
+    dtype = getattr(torch, a.dtype)
     rows = []
     for model in a.models:
         k, n = SHAPES[model]
-        rates = {m: gemm_rate(m, k, n, a.seconds) for m in a.rows}
+        rates = {m: gemm_rate(m, k, n, a.seconds, dtype, a.device) for m in a.rows}
         best = max(rates.values())
         rows.append({"model": model, "shape": f"{k} x {n}", "rates": rates, "best": best})
     cols = " | ".join(f"M = {m}" for m in a.rows)
@@ -63,9 +77,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(text)
     if not a.no_write:
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        cpu = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+        if torch.device(a.device).type == "cuda":
+            where = f"{torch.cuda.get_device_name(a.device)}, torch {torch.__version__}"
+        else:
+            where = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
         with RESULTS.open("a") as f:
-            f.write(f"\n## fp32 matrix product rate by rows per call ({stamp}, {cpu})\n\n`{command.strip()}`\n\n"
+            f.write(f"\n## {a.dtype} matrix product rate by rows per call ({stamp}, {where})\n\n`{command.strip()}`\n\n"
                     "GFLOP/s of `[M, d_model] @ [d_model, d_mlp]` (share of the best M in parentheses).\n\n"
                     + text + "\n")
     return rows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -131,3 +133,35 @@ def test_gender_data():
     assert len(g["prompts"]) == 8 and g["genders"] == ["man", "woman"]
     assert ds.gender_prompts("woman")[0] == "A woman works as a"
     assert len(g["paper_professions"]["woman"]) == 16
+
+
+def _pair_naive(records, rng):
+    """The quadratic reference: rng.choice over the filtered list."""
+    out = []
+    for r in records:
+        pool = [o for o in records if o.op == r.op and o.template_id == r.template_id and o.answer != r.answer]
+        if not pool:
+            out.append(r)
+            continue
+        partner = rng.choice(pool)
+        out.append(dataclasses.replace(r, counterfactual=partner.full_text, meta=r.meta + (
+            ("cf_answer", partner.answer), ("cf_answer_text", partner.answer_text))))
+    return out
+
+
+@pytest.mark.parametrize("max_operand", [3, 9, 40])
+def test_operand_counterfactual_pairing_draws_as_the_filtered_list(max_operand):
+    import random
+
+    records = ds.nikankin_prompts(max_operand=max_operand, n_per_op=None, seed=0)
+    plain = [dataclasses.replace(r, counterfactual=None, meta=tuple(m for m in r.meta if not m[0].startswith("cf_")))
+             for r in records]
+    fast = ds._pair_operand_counterfactuals(plain, random.Random(7))
+    assert fast == _pair_naive(plain, random.Random(7))
+    assert all(dict(r.meta)["cf_answer"] != r.answer for r in fast if r.counterfactual)
+
+
+def test_excluding_view_indexes_the_kept_items():
+    group, skip = list("abcdefgh"), [0, 3, 4, 7]
+    view = ds._Excluding(group, skip)
+    assert len(view) == 4 and [view[k] for k in range(len(view))] == ["b", "c", "f", "g"]

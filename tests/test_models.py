@@ -328,3 +328,18 @@ def test_check_model_name_without_loading(tmp_path):
         check_model_name("gpt-17")
     with pytest.raises(ValueError, match="config.json"):
         check_model_name(str(tmp_path))
+
+
+def test_random_qwen_1_5b_shape_matches_the_registry_model(random_cache: Path) -> None:
+    """The GPU check of issue 11 runs this shape: it must be Qwen2.5-Coder-1.5B's."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(random_model_dir("qwen2", shape="qwen2.5-coder-1.5b")))
+    info = model_info(cfg, name="x", source="local")
+    assert (info.n_layers, info.d_model, info.n_heads, info.n_kv_heads, info.d_mlp, info.d_vocab) == (
+        28, 1536, 12, 2, 8960, 151936,
+    )
+    meta = models._build_random(cfg, 0, "meta", torch.float16)
+    n_params = sum(p.numel() for p in meta.parameters())
+    assert n_params == 28 * (3 * 1536 * 8960 + 2 * 1536 * 1536 + 2 * 1536 * 256 + 2 * 1536 + 1536 + 2 * 256) \
+        + 2 * 151936 * 1536 + 1536

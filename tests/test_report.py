@@ -4,9 +4,9 @@ cross-model table) and, on real toy-model outputs when present, that it runs end
 
 from __future__ import annotations
 
-import base64
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -231,7 +231,7 @@ def test_write_report_files(tmp_path: Path):
     text, doc = md.read_text(), page.read_text()
     assert "| zhang_key_heads |" in text and "(01_path_patching.png)" in text
     assert "QUICK mode" in text and "a line <with> markup" in text
-    assert "data:image/png;base64," + base64.b64encode(PNG).decode() in doc
+    assert '<img alt="01_path_patching" src="01_path_patching.png">' in doc
     assert "a line &lt;with&gt; markup" in doc and "<img" in doc
     assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
     assert "Not run for this model." in text  # notebooks 02-07
@@ -353,8 +353,18 @@ def test_report_on_toy_model_outputs(tmp_path: Path):
     assert (table.set_index("id").loc[["zhang_key_heads", "zhang_knockout"], "verdict"] != R.NOT_RUN).all()
     md, page = R.write_report(d)
     n_png = len(list(d.glob("*.png")))
-    assert page.read_text().count("data:image/png;base64,") == n_png > 0
+    assert page.read_text().count("<img ") == n_png > 0
     twin = shutil.copytree(d, tmp_path / "toy-copy")
     frame = R.cross_model_table([d, twin])
     verdicts = frame[frame.quantity == "verdict"]
     assert (verdicts["toy-arith"] == verdicts["toy-copy"]).all()
+
+
+def test_report_html_links_every_figure_beside_it(tmp_path: Path):
+    d = _small_model_dir(tmp_path / "m", 4)
+    for name in ("01_key_heads.png", "04_cna_mask.png"):
+        (d / name).write_bytes(PNG)
+    page = R.report_html(d)
+    srcs = re.findall(r'<img [^>]*src="([^"]+)"', page)
+    assert sorted(srcs) == sorted(p.name for p in d.glob("[0-9][0-9]_*.png"))
+    assert all((d / s).is_file() for s in srcs) and "base64" not in page
