@@ -322,9 +322,19 @@ def main(argv: list[str] | None = None) -> dict:
                                "fast path vs one full forward per head (`benchmarks/patching.py`). "
                                "Times in seconds (wall clock); loops timed on a subset are extrapolated linearly.\n\n"
                                + HEADER + "\n")
-        with RESULTS.open("a") as f:
-            f.write(line.replace("| `python", f"| ({stamp}) `python", 1) + "\n")
+        insert_row(RESULTS, line.replace("| `python", f"| ({stamp}) `python", 1))
     return row
+
+
+def insert_row(path: Path, line: str) -> None:
+    """Add ``line`` after the last row of the file's first table (the patching table),
+    which later sections (other benchmarks) follow."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("|"))
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    path.write_text("\n".join(lines[:end] + [line] + lines[end:]) + "\n")
 
 
 if __name__ == "__main__":

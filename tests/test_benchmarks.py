@@ -39,3 +39,11 @@ def test_layer_weights_benchmark_on_a_random_model():
     lw = _load("layer_weights")
     row = lw.main(["--model", "random-llama", "--repeats", "1", "--no-append"])
     assert row["same"] and row["layers"] == 2 and row["stacked"] > 0 and row["per_layer"] > 0
+
+
+def test_patching_rows_go_into_the_first_table(tmp_path):
+    bp = _load("patching")
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# R\n\n| a |\n|---|\n| cpu |\n\nnote\n\n## other\n\n| b |\n|---|\n| x |\n")
+    bp.insert_row(path, "| gpu |")
+    assert path.read_text() == "# R\n\n| a |\n|---|\n| cpu |\n| gpu |\n\nnote\n\n## other\n\n| b |\n|---|\n| x |\n"
