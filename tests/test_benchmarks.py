@@ -47,3 +47,18 @@ def test_patching_rows_go_into_the_first_table(tmp_path):
     path.write_text("# R\n\n| a |\n|---|\n| cpu |\n\nnote\n\n## other\n\n| b |\n|---|\n| x |\n")
     bp.insert_row(path, "| gpu |")
     assert path.read_text() == "# R\n\n| a |\n|---|\n| cpu |\n| gpu |\n\nnote\n\n## other\n\n| b |\n|---|\n| x |\n"
+
+
+def test_threads_benchmark_times_both_phases_and_restores_threads():
+    import torch
+
+    import arithlib.heuristics as H
+    from arithlib.datasets import PromptSet
+    from arithlib.models import load_model, random_model_dir
+
+    bt = _load("threads")
+    tiny = load_model(str(random_model_dir("llama")))
+    grid = PromptSet.build(H.grid_records("+", (0, 3), fewshot=1), tiny.tokenizer)
+    before = torch.get_num_threads()
+    prefix_s, passes_s = bt.time_runner(tiny.bridge, grid, threads=1, passes=2)
+    assert prefix_s > 0 and passes_s > 0 and torch.get_num_threads() == before
