@@ -39,8 +39,9 @@ def gemm_rate(m: int, k: int, n: int, seconds: float = 1.0, dtype: torch.dtype =
     g = torch.Generator().manual_seed(0)
     x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
     w = torch.randn(n, k, generator=g).to(device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    per_round = 10 if torch.device(device).type == "cuda" else 1
+    on_gpu = torch.device(device).type == "cuda"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    per_round = 10 if on_gpu else 1
     torch.nn.functional.linear(x, w)
     sync()
     reps, t0 = 0, time.perf_counter()

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Benchmark: one vs two torch CPU threads for notebook 03's answer-position passes.
 
-Notebook 03 pins ``threads = 1`` (chosen on a machine whose cores other jobs shared).
-This times :class:`arithlib.neurons.AnswerPositionRunner` (its prefix cache, then five
+Notebook 03 used to pin ``threads = 1`` (chosen on a machine whose cores other jobs
+shared); this measurement made its default torch's own (a thread per core). It times :class:`arithlib.neurons.AnswerPositionRunner` (its prefix cache, then five
 answer-position passes) on the first ``--n-prompts`` Nikankin prompts (2-shot) with each
 thread count in turn, twice, and prints the times; the ratio is the result.
 
