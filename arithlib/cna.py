@@ -353,9 +353,10 @@ def run_last_position(model, prompts: PromptSet, hooks: list[Hook] | RowHooks | 
     """One run of ``prompts`` with ``hooks`` active at every position; returns the
     prediction, log p(target) and the captured answer-position activations.
 
-    With a plain hook list and ``share_prefix`` (default), the prompt prefix shared by a
-    batch (the few-shot examples) is computed once with the hooks and reused through
-    the KV cache: the same result as a full forward, several times cheaper.
+    With a plain hook list and ``share_prefix`` (default), batches hold one few-shot
+    prefix each and the prompt prefix shared by a batch is computed once with the hooks
+    and reused through the KV cache: the same result as a full forward, several times
+    cheaper.
     ``hooks`` may also be a function of the batch's row indices (per-prompt hooks);
     then every row runs in full.
     """
@@ -363,7 +364,7 @@ def run_last_position(model, prompts: PromptSet, hooks: list[Hook] | RowHooks | 
     targets = _targets_for(prompts, targets)
     cap = _Capture(_n_layers(model), capture)
     parts = []
-    batches = list(prompts.batches(batch_size, device))
+    batches = list(prompts.batches(batch_size, device, by_prefix=share_prefix))
     for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
         per_row = callable(hooks)
         active = (hooks(batch.index) if per_row else list(hooks or [])) + cap.hooks()
@@ -405,7 +406,8 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
     cap = _Capture(_n_layers(model), capture)
     names = list(conditions)
     parts: dict[str, list] = {name: [] for name in names}
-    for batch in tqdm(list(prompts.batches(batch_size, device)), desc=desc, disable=not progress, leave=False):
+    for batch in tqdm(list(prompts.batches(batch_size, device, by_prefix=True)), desc=desc, disable=not progress,
+                      leave=False):
         tokens = batch.tokens
         B = tokens.shape[0]
         base = _prefix_cache(model, tokens[:, :-1]) if tokens.shape[1] > 1 else None
@@ -1264,6 +1266,9 @@ def concept_counts(vectors: torch.Tensor, W: torch.Tensor, concepts: Mapping[int
             running = vals
         freq = torch.bincount(running_i.flatten().cpu(), minlength=V).float()
     order = torch.argsort(-(freq + 0.5 * torch.rand(V, generator=gen))).to(device)
+    # the scan's vocabulary chunks and the concept columns, gathered once for all row chunks
+    W_chunks = [W[:, order[v0:v0 + vocab_chunk]] for v0 in range(0, V, vocab_chunk)]
+    W_concepts = W[:, ids]
     out = torch.zeros(vectors.shape[0], dtype=torch.long)
 
     def distinct(mask):
@@ -1271,14 +1276,13 @@ def concept_counts(vectors: torch.Tensor, W: torch.Tensor, concepts: Mapping[int
 
     for r0 in tqdm(range(0, vectors.shape[0], row_chunk), desc="concept counts", disable=not progress, leave=False):
         Y = vectors[r0:r0 + row_chunk].float().to(device)
-        zS = Y @ W[:, ids]
+        zS = Y @ W_concepts
         active = torch.arange(Y.shape[0], device=device)
         topv = torch.full((Y.shape[0], k), -torch.inf, device=device)
-        for v0 in range(0, V, vocab_chunk):
+        for Wc in W_chunks:
             if active.numel() == 0:
                 break
-            cols = order[v0:v0 + vocab_chunk]
-            z = Y[active] @ W[:, cols]
+            z = Y[active] @ Wc
             merged = torch.cat([topv[active], z], 1).topk(k, dim=1).values
             topv[active] = merged
             if min_count > 0:
@@ -1317,19 +1321,24 @@ def hidden_interpretable_table(model, prompts: PromptSet, counts: pd.DataFrame, 
                                progress: bool = True) -> pd.DataFrame:
     """Table 8 / 17: for each M, zero (at every position) all shallow neurons whose
     projection holds >= M concepts, and as many neurons drawn at random from the same
-    shallow layers; accuracy decrease (%) on ``prompts`` for both."""
+    shallow layers; accuracy decrease (%) on ``prompts`` for both. A neuron set equal to
+    one already run (e.g. at M = 0 both sets are every shallow neuron) is not run again."""
     base = run_last_position(model, prompts, None, capture=(), targets=targets, batch_size=batch_size).accuracy
     rng = np.random.default_rng(seed)
     pool = list(zip(counts.layer.tolist(), counts.neuron.tolist()))
     rows = []
+    accuracy_of: dict[frozenset[Neuron], float] = {frozenset(): base}
     for m in tqdm(ms, desc="M sweep", disable=not progress, leave=False):
         chosen = counts[counts.n_concepts >= m]
         neurons = list(zip(chosen.layer.tolist(), chosen.neuron.tolist()))
         pick = rng.choice(len(pool), size=len(neurons), replace=False) if neurons else []
         random_set = [pool[i] for i in pick]
         for kind, ns in (("hidden-interpretable", neurons), ("random", random_set)):
-            acc = run_last_position(model, prompts, zero_neurons_hooks(ns) if ns else None, capture=(), targets=targets,
-                                    batch_size=batch_size).accuracy
+            key = frozenset(ns)
+            if key not in accuracy_of:
+                accuracy_of[key] = run_last_position(model, prompts, zero_neurons_hooks(ns), capture=(),
+                                                     targets=targets, batch_size=batch_size).accuracy
+            acc = accuracy_of[key]
             rows.append({"M": m, "set": kind, "n_neurons": len(ns), "share_of_shallow": len(ns) / max(1, len(pool)),
                          "accuracy": acc, "accuracy_decrease": 100 * (base - acc) / base if base > 0 else float("nan"),
                          "base_accuracy": base, "n_cases": len(prompts)})

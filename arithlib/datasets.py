@@ -544,9 +544,16 @@ class PromptSet:
             groups.setdefault(len(ids), []).append(i)
         return dict(sorted(groups.items()))
 
-    def batches(self, batch_size: int = 64, device: str | torch.device = "cpu") -> Iterator[Batch]:
-        """Same-length batches (no padding), covering every prompt once."""
-        for _, idx in self.length_groups().items():
+    def batches(self, batch_size: int = 64, device: str | torch.device = "cpu", by_prefix: bool = False
+                ) -> Iterator[Batch]:
+        """Same-length batches (no padding), covering every prompt once. With
+        ``by_prefix`` a batch also holds one few-shot prefix (``record.prefix``) only, so
+        that a runner sharing the batch's common prefix shares the whole of it."""
+        groups = list(self.length_groups().values())
+        if by_prefix:
+            groups = [[i for i in idx if self.records[i].prefix == q]
+                      for idx in groups for q in dict.fromkeys(self.records[i].prefix for i in idx)]
+        for idx in groups:
             for start in range(0, len(idx), batch_size):
                 chunk = idx[start:start + batch_size]
                 tokens = torch.tensor([self.input_ids[i] for i in chunk], dtype=torch.long, device=device)

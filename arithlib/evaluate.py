@@ -115,19 +115,48 @@ class PrefixRunner:
     def first_step(self, p: int, index: list[int], suffix_context: Callable[[], ContextManager] = nullcontext):
         """Run the batch's prompts (the part after the shared ``p`` tokens inside
         ``suffix_context()``); returns ``(last-position logits [B, vocab] float32, past)``."""
-        tokens = torch.tensor([self.prompts.input_ids[i] for i in index], dtype=torch.long, device=self.device)
-        past = None
-        if p:
-            prefixes = [tuple(self.prompts.input_ids[i][:p]) for i in index]
-            self._prefix_kv(prefixes)
-            past = DynamicCache(config=self.hf.config)
-            for layer in range(len(self._kv[prefixes[0]])):
-                past.update(torch.stack([self._kv[q][layer][0] for q in prefixes]),
-                            torch.stack([self._kv[q][layer][1] for q in prefixes]), layer)
-            tokens = tokens[:, p:]
+        tokens, past = self._suffix_and_past(p, index)
         with suffix_context():
             out = self.hf(tokens, past_key_values=past, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].float(), out.past_key_values
+
+    def _suffix_and_past(self, p: int, index: list[int]) -> tuple[torch.Tensor, DynamicCache | None]:
+        """The batch's tokens after the shared ``p`` and the prefixes' keys and values
+        stacked over its rows (None when ``p`` is 0)."""
+        tokens = torch.tensor([self.prompts.input_ids[i] for i in index], dtype=torch.long, device=self.device)
+        if not p:
+            return tokens, None
+        prefixes = [tuple(self.prompts.input_ids[i][:p]) for i in index]
+        self._prefix_kv(prefixes)
+        past = DynamicCache(config=self.hf.config)
+        for layer in range(len(self._kv[prefixes[0]])):
+            past.update(torch.stack([self._kv[q][layer][0] for q in prefixes]),
+                        torch.stack([self._kv[q][layer][1] for q in prefixes]), layer)
+        return tokens[:, p:], past
+
+    def checked_step(self, p: int, index: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
+        """:meth:`first_step` and :meth:`forced_continuation` in one forward pass: the
+        prompt's rest and its answer (right-padded) together, logits kept at the last
+        prompt position and the answer's. Returns ``(last-prompt-position logits
+        [B, vocab] float32, greedy decoding's tokens up to its first wrong one)``. One
+        call with more rows per matrix product instead of two (no hooks act here)."""
+        tokens, past = self._suffix_and_past(p, index)
+        answers = [self.prompts.answer_ids[i] for i in index]
+        width = max(map(len, answers))
+        chunk = torch.tensor([a + [a[-1]] * (width - len(a)) for a in answers], dtype=torch.long, device=self.device)
+        logits = self.hf(torch.cat([tokens, chunk], 1), past_key_values=past, use_cache=past is not None,
+                         logits_to_keep=width + 1).logits
+        return logits[:, 0].float(), self._until_wrong(logits.argmax(-1).cpu().tolist(), answers)
+
+    @staticmethod
+    def _until_wrong(pred: list[list[int]], answers: list[list[int]]) -> list[list[int]]:
+        """Per row, the predicted tokens up to and including the first one that differs
+        from the answer (all of them and the next one when none does)."""
+        out = []
+        for row, a in zip(pred, answers):
+            wrong = next((j for j, t in enumerate(a) if row[j] != t), len(a))
+            out.append(row[: wrong + 1])
+        return out
 
     def continue_greedy(self, first: torch.Tensor, past, n_new: int) -> list[list[int]]:
         """Greedy tokens from the first step's logits ``first`` on: ``n_new`` per row,
@@ -156,37 +185,43 @@ class PrefixRunner:
         chunk = torch.tensor([a + [a[-1]] * (width - len(a)) for a in answers], dtype=torch.long, device=self.device)
         logits = self.hf(chunk, past_key_values=past, use_cache=True, logits_to_keep=width).logits
         pred = torch.cat([first.argmax(-1)[:, None], logits.argmax(-1)], 1).cpu().tolist()
-        out = []
-        for row, a in zip(pred, answers):
-            wrong = next((j for j, t in enumerate(a) if row[j] != t), len(a))
-            out.append(row[: wrong + 1])
-        return out
+        return self._until_wrong(pred, answers)
 
     def n_new(self, index: list[int], extra_tokens: int = 1) -> int:
         """Greedy steps that spell the longest answer of the batch, plus ``extra_tokens``."""
         return max(len(self.prompts.answer_ids[i]) for i in index) + extra_tokens
 
 
-#: A continuation after the first step: ``(runner, first_logits, past, index) -> tokens per row``.
-Continuation = Callable[["PrefixRunner", torch.Tensor, object, list[int]], list[list[int]]]
+#: One batch of a plan: ``(runner, p, index) -> (answer-position logits [B, vocab], tokens per row)``.
+Step = Callable[["PrefixRunner", int, list[int]], tuple[torch.Tensor, list[list[int]]]]
+
+
+def _first_only(run: PrefixRunner, p: int, index: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
+    return run.first_step(p, index)[0], [[] for _ in index]
 
 
 def _run_plan(model, prompts: PromptSet, batch_size: int, progress: bool, desc: str,
-              continuation: Continuation | None = None) -> tuple[torch.Tensor, list[list[int]]]:
-    """Every batch of :class:`PrefixRunner`'s plan: the answer-position logits [N, vocab]
-    (float32, CPU) and, with ``continuation``, its tokens per prompt (else empty lists)."""
+              step: Step = _first_only) -> tuple[torch.Tensor, list[list[int]]]:
+    """Every batch of :class:`PrefixRunner`'s plan through ``step``: the answer-position
+    logits [N, vocab] (float32, CPU) and the step's tokens per prompt."""
     runner = PrefixRunner(model, prompts, batch_size)
     result: list[list[int]] = [[] for _ in range(len(prompts))]
     logits = None
     for p, index in tqdm(runner.plan, desc=desc, disable=not progress, leave=False):
-        first, past = runner.first_step(p, index)
+        first, tokens = step(runner, p, index)
         if logits is None:
             logits = torch.empty(len(prompts), first.shape[-1])
         logits[index] = first.cpu()
-        if continuation is not None:
-            for row, gen in zip(index, continuation(runner, first, past, index)):
-                result[row] = gen
+        for row, gen in zip(index, tokens):
+            result[row] = gen
     return (logits if logits is not None else torch.empty(0, 0)), result
+
+
+def _greedy_step(extra_tokens: int) -> Step:
+    def step(run: PrefixRunner, p: int, index: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
+        first, past = run.first_step(p, index)
+        return first, run.continue_greedy(first, past, run.n_new(index, extra_tokens))
+    return step
 
 
 @torch.no_grad()
@@ -207,23 +242,21 @@ def greedy_answers(model, prompts: PromptSet, extra_tokens: int = 1, batch_size:
     Returns ``(first_logits [N, vocab], generated token ids)``; the logits are those
     of the first step, i.e. :func:`answer_logits`, so one pass gives both. A manual
     KV-cached loop over the bridge's HF model, so bridge hooks apply at every step."""
-    return _run_plan(model, prompts, batch_size, progress, "greedy",
-                     lambda run, first, past, index: run.continue_greedy(first, past, run.n_new(index, extra_tokens)))
+    return _run_plan(model, prompts, batch_size, progress, "greedy", _greedy_step(extra_tokens))
 
 
 @torch.no_grad()
 def checked_answers(model, prompts: PromptSet, batch_size: int = 64,
                     progress: bool = False) -> tuple[torch.Tensor, list[list[int]]]:
-    """Like :func:`greedy_answers` with one extra token, from two forward passes per batch
-    (:meth:`PrefixRunner.forced_continuation`): ``(first_logits [N, vocab], tokens)``
+    """Like :func:`greedy_answers` with one extra token, from one forward pass per batch
+    (:meth:`PrefixRunner.checked_step`): ``(first_logits [N, vocab], tokens)``
     where the tokens are greedy decoding's up to its first wrong token (the answer and
     the next token when the answer is right). Whole-answer correctness is the same as
     from :func:`greedy_answers`. Raises when a hook is attached (it would act on the
     teacher-forced answer, not on greedy decoding)."""
     if hooks_attached(model):
         raise RuntimeError("checked_answers runs without hooks; with an intervention use greedy_answers")
-    return _run_plan(model, prompts, batch_size, progress, "answers",
-                     lambda run, first, past, index: run.forced_continuation(first, past, index))
+    return _run_plan(model, prompts, batch_size, progress, "answers", PrefixRunner.checked_step)
 
 
 def continues_number(tokenizer, token_id: int) -> bool:

@@ -21,12 +21,13 @@ Design
   wraps a trained HF model as a :class:`arithlib.models.LoadedModel` when a separate
   bridge is wanted.
 * **Loss on the answer tokens only**, teacher-forced ("3-5=" -> "-2": every answer token
-  given its predecessors). Batches are drawn from one few-shot prefix group (same
-  operator and template), so the prefix shared by a batch is run once and its keys and
-  values are expanded over the batch (:func:`answer_logits`; gradients flow through
-  them); the suffixes are right-padded (causal attention: real tokens never see the
-  padding, positions stay those of the unpadded text); logits are computed only at the
-  answer positions. Tested equal to a plain full forward.
+  given its predecessors). Batches keep few-shot prefix groups (same operator and
+  template) together; each group's shared prefix is run once per batch and its keys and
+  values are gathered for its rows (:func:`answer_logits`; gradients flow through
+  them), so a batch spanning several small groups still computes each prefix once; the
+  rest of every row is right-padded (padding masked out, positions those of the
+  unpadded text); logits are computed only at the answer positions. Tested equal to a
+  plain full forward.
 * **Accuracy** is the teacher-forced version of greedy decoding: every answer token is
   the argmax after its predecessors and the next token does not continue the number
   (the same verdict as ``evaluate.evaluate``'s ``correct_full``).
@@ -74,6 +75,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+from transformers import DynamicCache
 
 from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
@@ -394,6 +396,34 @@ def common_prefix(rows: Sequence[Sequence[int]]) -> int:
 # --------------------------------------------------------------------------- answer-position forward
 
 
+def _row_prefix_lengths(prompts: PromptSet, index: Sequence[int], seqs: Sequence[Sequence[int]],
+                        starts: Sequence[int]) -> list[int]:
+    """Tokens of each row run in the prefix pass of :func:`answer_logits`: rows of one
+    few-shot prefix group (:func:`_prefix_key`) share the tokens common to all of them;
+    a row alone in its group runs its whole prompt but the last token there. Never past
+    a row's ``start`` (the position predicting its first answer token)."""
+    groups: dict[tuple, list[int]] = {}
+    for row, i in enumerate(index):
+        groups.setdefault(_prefix_key(prompts.records[i]), []).append(row)
+    lengths = [0] * len(index)
+    for rows in groups.values():
+        p = min(common_prefix([seqs[r] for r in rows]), min(starts[r] for r in rows))
+        for r in rows:
+            lengths[r] = p
+    return lengths
+
+
+def _padded(rows: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded token ids [len(rows), longest] and their validity mask (1 = token)."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for k, r in enumerate(rows):
+        ids[k, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[k, : len(r)] = 1
+    return ids.to(device), mask.to(device)
+
+
 def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 0, share_prefix: bool = True
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced logits at the answer positions of prompts ``index``: row i reads
@@ -401,42 +431,47 @@ def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 
     ``extra=1``, the token after the answer). Returns ``(logits [B, A, vocab] float32,
     mask [B, A] bool)``, A = longest answer + extra. Differentiable.
 
-    The prefix shared by all rows (the few-shot examples) is run once with batch 1 and
-    its key/value cache expanded over the batch; suffixes are right-padded. Only the
-    answer positions are unembedded (``logits_to_keep`` with their indices)."""
+    With ``share_prefix`` the rows run in two passes: first the distinct prefixes
+    (:func:`_row_prefix_lengths`: a few-shot group's common tokens, once per group),
+    right-padded into one batch; then every row's remaining tokens on top of its
+    prefix's keys and values (gathered per row; padded keys masked out, positions
+    those of the unpadded text). A batch that spans several groups thus computes each
+    group's prefix once instead of every row's whole prompt. Only the answer positions
+    are unembedded. Equal to one plain forward per row up to float rounding (tested)."""
     hf = _hf(model)
     device = _device(hf)
+    decoder, unembed = hf.get_decoder(), hf.get_output_embeddings()
     seqs = [prompts.input_ids[i] + prompts.answer_ids[i] for i in index]
     starts = [len(prompts.input_ids[i]) - 1 for i in index]  # position predicting answer token 0
     n_keep = [len(prompts.answer_ids[i]) + extra for i in index]  # the token after the answer is
     B = len(seqs)                                                   # predicted at the last answer token
-    n = common_prefix(seqs) if share_prefix and B > 1 else 0
-    n = min(n, min(starts))
-    lo = min(starts) - n
-    hi = max(s + k for s, k in zip(starts, n_keep)) - n
-    S = max(len(s) for s in seqs) - n
-    pad = 0
-    suffix = torch.full((B, S), pad, dtype=torch.long)
-    for row, s in enumerate(seqs):
-        suffix[row, : len(s) - n] = torch.tensor(s[n:], dtype=torch.long)
-    suffix = suffix.to(device)
-    keep = torch.arange(lo, hi, device=device)
-    if n > 0:
-        prefix = torch.tensor([seqs[0][:n]], dtype=torch.long, device=device)
-        cache = hf(prefix, use_cache=True, logits_to_keep=1).past_key_values
-        cache.batch_repeat_interleave(B)
-        out = hf(suffix, past_key_values=cache, use_cache=True, logits_to_keep=keep)
-    else:
-        out = hf(suffix, use_cache=False, logits_to_keep=keep)
-    logits = out.logits.float()  # [B, hi - lo, V]
+    plen = _row_prefix_lengths(prompts, index, seqs, starts) if share_prefix else [0] * B
+    suffix, suffix_mask = _padded([s[p:] for s, p in zip(seqs, plen)], device)
+    if any(plen):
+        distinct = list(dict.fromkeys(tuple(s[:p]) for s, p in zip(seqs, plen) if p))
+        which = {q: k for k, q in enumerate(distinct)}
+        prefix, prefix_mask = _padded(distinct, device)
+        cache = decoder(input_ids=prefix, attention_mask=prefix_mask, use_cache=True).past_key_values
+        rows = torch.tensor([which.get(tuple(s[:p]), 0) for s, p in zip(seqs, plen)], device=device)
+        past = DynamicCache(config=hf.config)
+        for layer, kv in enumerate(cache.layers):
+            past.update(kv.keys.index_select(0, rows), kv.values.index_select(0, rows), layer)
+        row_prefix_mask = prefix_mask.index_select(0, rows) * torch.tensor(
+            [p > 0 for p in plen], dtype=torch.long, device=device)[:, None]
+        positions = torch.tensor(plen, device=device)[:, None] + torch.arange(suffix.shape[1], device=device)
+        hidden = decoder(input_ids=suffix, attention_mask=torch.cat([row_prefix_mask, suffix_mask], 1),
+                         position_ids=positions, past_key_values=past, use_cache=True).last_hidden_state
+    else:  # right padding needs no mask: a causal model's real tokens never see it
+        hidden = decoder(input_ids=suffix, use_cache=False).last_hidden_state
     A = max(n_keep)
-    gather = torch.zeros(B, A, dtype=torch.long, device=device)
-    mask = torch.zeros(B, A, dtype=torch.bool, device=device)
-    for row, (s, k) in enumerate(zip(starts, n_keep)):
-        gather[row, :k] = torch.arange(s - n - lo, s - n - lo + k, device=device)
+    gather = torch.zeros(B, A, dtype=torch.long)
+    mask = torch.zeros(B, A, dtype=torch.bool)
+    for row, (s, p, k) in enumerate(zip(starts, plen, n_keep)):
+        gather[row, :k] = torch.arange(s - p, s - p + k)
         mask[row, :k] = True
-    picked = logits.gather(1, gather[:, :, None].expand(B, A, logits.shape[-1]))
-    return picked, mask
+    gather, mask = gather.to(device), mask.to(device)
+    picked = hidden.gather(1, gather[:, :, None].expand(B, A, hidden.shape[-1]))
+    return unembed(picked).float(), mask
 
 
 def _answer_targets(prompts: PromptSet, index: Sequence[int], A: int, device) -> torch.Tensor:
@@ -457,12 +492,13 @@ def answer_loss(model, prompts: PromptSet, index: Sequence[int], share_prefix: b
 
 @torch.no_grad()
 def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: bool = False,
-                    desc: str = "accuracy") -> pd.DataFrame:
+                    desc: str = "accuracy", share_prefix: bool = True) -> pd.DataFrame:
     """Per-prompt teacher-forced evaluation: ``correct_first`` (first answer token is the
     argmax), ``correct_full`` (every answer token is the argmax after its predecessors
     and the next token does not continue the number: greedy decoding's verdict),
     ``answer_logprob`` (log p of the whole answer) and ``first_logprob``; with the
-    prompt's fields (``op``, ``template_id``, ``a``, ``b``, ``answer``, ``family``)."""
+    prompt's fields (``op``, ``template_id``, ``a``, ``b``, ``answer``, ``family``).
+    ``share_prefix``: as in :func:`answer_logits`."""
     hf = _hf(model)
     was_training = hf.training
     hf.eval()
@@ -473,7 +509,7 @@ def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: b
     logprob = np.zeros(n)
     first_lp = np.zeros(n)
     for index in tqdm(answer_batches(prompts, batch_size), desc=desc, disable=not progress, leave=False):
-        logits, mask = answer_logits(hf, prompts, index, extra=1)
+        logits, mask = answer_logits(hf, prompts, index, extra=1, share_prefix=share_prefix)
         lp = logits.log_softmax(-1)
         pred = logits.argmax(-1).cpu()
         for row, i in enumerate(index):

@@ -18,8 +18,8 @@ Two ways to run an intervention, tested equal (fp32, 1e-4):
   those positions are reused and only positions p..T-1 are recomputed, for many
   variants at once (one batch of ``variants x prompts`` rows over an expanded KV
   cache). An intervention in layer L also leaves everything below L untouched, so
-  each chunk of variants starts at its lowest edited layer from the clean residual
-  stream (Llama/Mistral/Qwen2-style models; others start at layer 0). At the answer
+  each variant joins its chunk's batch at its lowest edited layer from the clean
+  residual stream (Llama/Mistral/Qwen2-style models; others start at layer 0). At the answer
   position a variant costs one token through the layers above the edit.
   TransformerLens has no such batched path (its patchers loop over components with
   a full forward each), hence this module.
@@ -206,7 +206,9 @@ def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: in
     batch_size`` rows (variant-major) that covers positions ``start..length-1``.
 
     Edits are grouped per hook into index tensors, so one assignment per hook and
-    group applies all variants. Raises ValueError for an edit before ``start``.
+    group applies all variants. A layer's batch may hold only the first variants
+    (those that have joined by that layer, see :func:`run_variants`); a variant's
+    edits are in layers where it is present. Raises ValueError for an edit before ``start``.
     """
     cfg = model.cfg
     dtype, device = _dtype(model), _device(model)
@@ -244,10 +246,10 @@ def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: in
     def make(entries):
         def fn(act, hook):
             shape = act.shape
-            if shape[0] != n_var * batch_size or shape[1] != t:
+            if shape[0] % batch_size or not 0 < shape[0] <= n_var * batch_size or shape[1] != t:
                 raise RuntimeError(f"{hook.name}: got activation {tuple(shape)}, expected "
-                                   f"[{n_var}x{batch_size}, {t}, ...]")
-            a = act.reshape(n_var, batch_size, *shape[1:])
+                                   f"[at most {n_var}x{batch_size}, {t}, ...]")
+            a = act.reshape(-1, batch_size, *shape[1:])
             for indexed, v, p, u, x in entries:
                 if indexed:
                     a[v, :, p, u] = x.to(a.dtype)
@@ -395,42 +397,59 @@ class RunCache:
         return CleanRun(tokens, ks, vs, resid, torch.cat([p[3] for p in parts]))
 
 
-def _make_cache(hf, run: CleanRun, start: int, n_var: int, first_layer: int):
+def _make_cache(hf, run: CleanRun, start: int, copies: Sequence[int]):
+    """KV cache of the clean positions ``< start`` with ``copies[l]`` copies of the batch
+    in layer ``l`` (layers with 0 copies are left empty)."""
     from transformers import DynamicCache
 
     if start == 0:
         return DynamicCache(config=hf.config)
     data = []
-    for l, (k, v) in enumerate(zip(run.keys, run.values)):
-        if l < first_layer:
+    for n, k, v in zip(copies, run.keys, run.values):
+        if n == 0:
             data.append((None, None))
         else:
-            data.append((k[:, :, :start].repeat(n_var, 1, 1, 1), v[:, :, :start].repeat(n_var, 1, 1, 1)))
+            data.append((k[:, :, :start].repeat(n, 1, 1, 1), v[:, :, :start].repeat(n, 1, 1, 1)))
     return DynamicCache(ddp_cache_data=data, config=hf.config)
 
 
-def _forward_suffix(model, run: CleanRun, start: int, n_var: int, first_layer: int) -> torch.Tensor:
-    """Final-normed hidden state at the last position for ``n_var`` copies of the batch,
-    recomputing positions ``start..T-1`` from layer ``first_layer`` (0 when not resumable)."""
+def _forward_suffix(model, run: CleanRun, start: int, entry: Sequence[int]) -> torch.Tensor:
+    """Final-normed hidden state at the last position for ``len(entry)`` copies of the
+    batch (variant-major), recomputing positions ``start..T-1``. Copy ``j`` is recomputed
+    from layer ``entry[j]`` on (non-decreasing); until then it is the clean run, so its
+    rows join the batch at that layer from the clean residual stream. Not resumable
+    models recompute every copy from layer 0."""
     hf = _hf(model)
     base = hf.base_model
-    T = run.length
+    B, T = run.tokens.shape
+    n_layers = model.cfg.n_layers
+    n_var = len(entry)
     if run.resid is not None:
         from transformers.masking_utils import create_causal_mask
 
-        cache = _make_cache(hf, run, start, n_var, first_layer)
-        hidden = run.resid[first_layer][:, start:].repeat(n_var, 1, 1)
+        if any(a > b for a, b in zip(entry, entry[1:])) or entry[-1] >= n_layers:
+            raise ValueError(f"entry layers must be non-decreasing and below {n_layers}, got {list(entry)}")
+        first = entry[0]
+        present = [sum(e <= l for e in entry) for l in range(n_layers)]  # copies in the batch at layer l
+        cache = _make_cache(hf, run, start, present)
+        hidden = run.resid[first][:, start:].repeat(present[first], 1, 1)
         position_ids = torch.arange(start, T, device=hidden.device).unsqueeze(0)
-        mask = create_causal_mask(config=hf.config, inputs_embeds=hidden, attention_mask=None,
-                                  past_key_values=cache, position_ids=position_ids, layer_idx=first_layer)
         pos_emb = base.rotary_emb(hidden, position_ids)
-        for l in range(first_layer, model.cfg.n_layers):
+        mask, mask_rows = None, -1
+        for l in range(first, n_layers):
+            joining = present[l] - hidden.shape[0] // B
+            if joining:
+                hidden = torch.cat([hidden, run.resid[l][:, start:].repeat(joining, 1, 1)])
+            if hidden.shape[0] != mask_rows:
+                mask = create_causal_mask(config=hf.config, inputs_embeds=hidden, attention_mask=None,
+                                          past_key_values=cache, position_ids=position_ids, layer_idx=l)
+                mask_rows = hidden.shape[0]
             hidden = base.layers[l](hidden, attention_mask=mask, position_embeddings=pos_emb,
                                     position_ids=position_ids, past_key_values=cache, use_cache=True)
             if isinstance(hidden, tuple):
                 hidden = hidden[0]
         return base.norm(hidden[:, -1:])[:, 0]
-    cache = _make_cache(hf, run, start, n_var, 0)
+    cache = _make_cache(hf, run, start, [n_var] * n_layers)
     out = base(input_ids=run.tokens[:, start:].repeat(n_var, 1), past_key_values=cache, use_cache=True)
     return out.last_hidden_state[:, -1]
 
@@ -451,8 +470,10 @@ def run_variants(model, run: CleanRun, variants: Sequence[Variant], max_rows: in
 
     Variants are sorted by the position and layer of their first edit and run in
     chunks of at most ``max_rows`` rows (variants x prompts); each chunk reuses the
-    clean keys/values before its first edited position and starts at its lowest
-    edited layer. A variant without edits returns the clean state.
+    clean keys/values before its first edited position, and each variant of a chunk
+    joins the batch at its own lowest edited layer from the clean residual stream
+    (:func:`resumable` models; others recompute every layer). A variant without edits
+    returns the clean state.
     """
     B, T = run.tokens.shape
     n_layers = model.cfg.n_layers
@@ -462,16 +483,17 @@ def run_variants(model, run: CleanRun, variants: Sequence[Variant], max_rows: in
     out = torch.empty(len(variants), B, run.final.shape[-1], dtype=run.final.dtype, device=run.final.device)
     chunks = [order[i:i + per_chunk] for i in range(0, len(order), per_chunk)]
     for chunk in tqdm(chunks, desc=desc, disable=not progress, leave=False):
-        start = min(spans[i][0] for i in chunk)
-        first = min(spans[i][1] for i in chunk)
-        if first >= n_layers:
-            out[chunk] = run.final
+        clean = [i for i in chunk if spans[i][1] >= n_layers]
+        if clean:
+            out[clean] = run.final
+        chunk = sorted((i for i in chunk if spans[i][1] < n_layers), key=lambda i: spans[i][1])
+        if not chunk:
             continue
-        if run.resid is None:
-            first = 0
+        start = min(spans[i][0] for i in chunk)
+        entry = [spans[i][1] if run.resid is not None else 0 for i in chunk]
         hooks = variant_hooks(model, [variants[i] for i in chunk], B, start, T)
         with model.hooks(fwd_hooks=hooks):
-            h = _forward_suffix(model, run, start, len(chunk), first)
+            h = _forward_suffix(model, run, start, entry)
         out[chunk] = h.view(len(chunk), B, -1)
     return out
 

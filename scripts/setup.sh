@@ -43,7 +43,10 @@ fi
 extras=""
 if [ "$#" -gt 0 ]; then extras="[$(IFS=,; echo "$*")]"; fi
 stamp="$VENV/.arithlib-installed$extras"
-if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
+# Reinstall when the venv's arithlib is another checkout's (an editable install made elsewhere):
+# the notebooks would otherwise run that copy's code.
+where="$(cd / && "$VPY" -c 'import arithlib, os; print(os.path.dirname(os.path.dirname(os.path.realpath(arithlib.__file__))))' 2>/dev/null || true)"
+if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ] || [ "$where" != "$(cd "$ROOT" && pwd -P)" ]; then
     echo "[setup] installing arithlib$extras and its dependencies"
     pip_q -e "$ROOT$extras"
     touch "$stamp"

@@ -1,4 +1,5 @@
-"""The small benchmark helpers: py-spy profile shares and the matmul rate."""
+"""The small benchmark helpers: py-spy profile shares, the matmul rate, and the benchmark
+scripts run on tiny random models."""
 
 import importlib.util
 from pathlib import Path
@@ -62,3 +63,20 @@ def test_threads_benchmark_times_both_phases_and_restores_threads():
     before = torch.get_num_threads()
     prefix_s, passes_s = bt.time_runner(tiny.bridge, grid, threads=1, passes=2)
     assert prefix_s > 0 and passes_s > 0 and torch.get_num_threads() == before
+
+
+def test_answer_logits_benchmark_times_both_passes_with_equal_results():
+    import arithlib.datasets as ds
+    import arithlib.finetune as FT
+    from arithlib.models import load_model, random_model_dir
+
+    bal = _load("answer_logits")
+    tiny = load_model(str(random_model_dir("qwen2")))
+    splits = FT.yu_lora_data(n_train=12, n_test=12, n_val=0, seed=0, fewshot=2)
+    train, test = (ds.PromptSet.build(splits[k], tiny.tokenizer) for k in ("train", "test"))
+    before = [p.requires_grad for p in FT.shared_hf_model(tiny.bridge).parameters()]
+    r = bal.time_both(tiny.bridge, train, test, batch_size=8, train_batch=6, repeats=1)
+    assert r[True]["accuracy"] == r[False]["accuracy"]
+    assert abs(r[True]["loss"] - r[False]["loss"]) < 1e-4 and abs(r[True]["logprob"] - r[False]["logprob"]) < 1e-3
+    assert all(r[s][k] > 0 for s in (True, False) for k in ("eval_s", "step_s"))
+    assert [p.requires_grad for p in FT.shared_hf_model(tiny.bridge).parameters()] == before

@@ -309,3 +309,27 @@ def test_key_head_falls_back_to_all_digit_counts_when_1d_is_flat():
     with pytest.warns(UserWarning, match="all digit counts"):
         heads = C.key_heads_from_sweep(pd.DataFrame(rows))
     assert heads == {"+-": (3, 1), "/": (3, 1)}
+
+
+def test_hidden_interpretable_table_runs_each_neuron_set_once(qwen, monkeypatch):
+    b = qwen.bridge
+    ps = _prompts(qwen, ops=("+", "-"), n=3)
+    K = qwen.info.d_mlp
+    counts = pd.DataFrame({"layer": [0] * K, "neuron": list(range(K)), "n_concepts": [j % 3 for j in range(K)]})
+    calls = []
+    real = C.run_last_position
+
+    def counted(*args, **kwargs):
+        calls.append(args[2] if len(args) > 2 else kwargs.get("hooks"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(C, "run_last_position", counted)
+    hid = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1, 2, 5), progress=False)
+    # base + M=0 (both sets = every neuron, run once) + M=1, M=2 (two sets each); M=5 selects nothing (= base)
+    assert len(calls) == 1 + 1 + 2 + 2
+    monkeypatch.setattr(C, "run_last_position", real)
+    every = real(b, ps, A.zero_neurons_hooks([(0, j) for j in range(K)]), capture=()).accuracy
+    base = real(b, ps, None, capture=()).accuracy
+    m0 = hid[hid.M == 0].set_index("set").accuracy
+    assert m0["hidden-interpretable"] == m0["random"] == every
+    assert (hid[hid.M == 5].accuracy == base).all() and (hid[hid.M == 5].n_neurons == 0).all()

@@ -109,6 +109,14 @@ def test_batches_cover_each_prompt_once_without_padding(digit_tokenizer):
     assert sorted(seen) == list(range(len(ps)))
 
 
+def test_batches_by_prefix_hold_one_fewshot_prefix(digit_tokenizer):
+    ps = ds.PromptSet.build(ds.zhang_prompts(n_per_template=3, fewshot=2), digit_tokenizer)
+    batches = list(ps.batches(batch_size=7, by_prefix=True))
+    assert sorted(i for b in batches for i in b.index.tolist()) == list(range(len(ps)))
+    assert all(len({ps.records[i].prefix for i in b.index.tolist()}) == 1 for b in batches)
+    assert any(len({ps.records[i].prefix for i in b.index.tolist()}) > 1 for b in ps.batches(batch_size=7))
+
+
 def test_expand_answer_tokens_gives_memorize_and_change_one(digit_tokenizer):
     ps = ds.PromptSet.build(ds.yu_prompts(["+"], n_digits=2, n_per_template=30, templates=[3]), digit_tokenizer)
     ex = ds.expand_answer_tokens(ps)

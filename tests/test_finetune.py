@@ -133,6 +133,44 @@ def test_answer_logits_match_full_forward(tiny, data):
             assert torch.allclose(shared[row, :k], full[s:s + k], atol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "mistral", "gptj", "gpt_neox", "gpt2"])
+def test_answer_logits_across_prefix_groups(arch):
+    """A batch spanning several few-shot groups (one of them a single prompt): each
+    group's prefix runs once, the rows' rest on top of it, and every row's logits and
+    gradients equal its own plain forward pass."""
+    model = load_model(str(random_model_dir(arch)))
+    plain = ft.shared_hf_model(model.bridge)
+    splits = ft.yu_lora_data(n_train=40, n_test=0, n_val=0, seed=0, fewshot=2)
+    ps = ds.PromptSet.build(splits["train"], model.tokenizer)
+    groups: dict = {}
+    for i, r in enumerate(ps.records):
+        groups.setdefault(ft._prefix_key(r), []).append(i)
+    big = [g for g in groups.values() if len(g) >= 2][:3]
+    index = [i for g in big for i in g[:3]] + [next(g for g in groups.values() if g not in big)[0]]
+    seqs = [ps.input_ids[i] + ps.answer_ids[i] for i in index]
+    starts = [len(ps.input_ids[i]) - 1 for i in index]
+    plen = ft._row_prefix_lengths(ps, index, seqs, starts)
+    assert len({tuple(s[:p]) for s, p in zip(seqs, plen)}) == len(big) + 1  # one prefix per group
+    assert plen[-1] == starts[-1] and all(0 < p <= s for p, s in zip(plen, starts))
+    weight = next(ft.decoder_layers(plain)[0].parameters())  # gradients through the prefix's keys and values
+    weight.requires_grad_(True)
+    try:
+        shared, mask = ft.answer_logits(plain, ps, index, extra=1)
+        grad_shared, = torch.autograd.grad(shared[mask].sum(), weight)
+        ref, ref_mask = ft.answer_logits(plain, ps, index, extra=1, share_prefix=False)
+        grad_ref, = torch.autograd.grad(ref[ref_mask].sum(), weight)
+    finally:
+        weight.requires_grad_(False)
+    assert mask.equal(ref_mask)
+    assert torch.allclose(shared[mask], ref[mask], atol=1e-4)
+    assert torch.allclose(grad_shared, grad_ref, atol=1e-3)
+    with torch.no_grad():
+        for row, i in enumerate(index):
+            full = plain(torch.tensor([seqs[row]])).logits[0].float()
+            k = int(mask[row].sum())
+            assert torch.allclose(shared[row, :k].detach(), full[starts[row]:starts[row] + k], atol=1e-4)
+
+
 def test_answer_loss_is_answer_token_cross_entropy(tiny, data):
     plain = ft.shared_hf_model(tiny.bridge)
     ps = data["train"]

@@ -480,3 +480,21 @@ def test_plots_return_figures():
     for f in figs:
         assert f.axes and all(ax.get_xlabel() for ax in f.axes if ax.get_images() or ax.lines or ax.patches)
         plt.close(f)
+
+
+def test_run_variants_joins_each_variant_at_its_own_layer(tiny):
+    """A chunk mixing variants edited in different layers (and one without edits) gives
+    each variant what it gets alone in its own chunk, where it starts at its layer."""
+    b = tiny.bridge
+    cfg = b.cfg
+    clean, _ = _pair(cfg.d_vocab, B=2, T=7)
+    run = P.clean_run(b, clean)
+    variants = [[], P.ablation_edits([(cfg.n_layers - 1, 0)], 0.0, -1), P.ablation_edits([(0, 1)], 0.0, -2),
+                P.ablation_edits([(1, 0)], 0.0, None), [P.Edit(P.Component("mlp", 1), -1, 0.0)],
+                P.ablation_edits([(0, 0), (cfg.n_layers - 1, 1)], 0.0, -1)]
+    together = P.run_variants(b, run, variants, max_rows=64)
+    alone = torch.stack([P.run_variants(b, run, [v], max_rows=64)[0] for v in variants])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
+    assert torch.equal(together[0], run.final)
+    # every variant changes the state (so a misplaced edit would show)
+    assert all((together[j] - run.final).abs().max() > 1e-4 for j in range(1, len(variants)))
