@@ -563,6 +563,24 @@ def first_order_importance(resid: torch.Tensor, coef: torch.Tensor, values: torc
     return (stats.A_w - stats.pA)[:, None] * (1 / sigma - 1 / stats.sigma0[:, None]) + coef.float() * term_v / sigma
 
 
+class _Scratch:
+    """Reusable blocks for the logits chunks of :func:`exact_importance`: one flat buffer
+    per slot, grown when needed, viewed at each chunk's shape. Allocating a fresh block
+    per chunk (tens of MB, each mapped and zeroed anew by the OS) took several times
+    longer than the arithmetic on it; the values are the same."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = device
+        self.flat: dict[int, torch.Tensor] = {}
+
+    def get(self, slot: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape)
+        buf = self.flat.get(slot)
+        if buf is None or buf.numel() < n or buf.dtype != dtype:
+            buf = self.flat[slot] = torch.empty(n, device=self.device, dtype=dtype)
+        return buf[:n].view(shape)
+
+
 def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, targets: torch.Tensor,
                      norm: FinalNorm, W_U: torch.Tensor, b_U: torch.Tensor,
                      pairs: tuple[torch.Tensor, torch.Tensor] | None = None, base_logprob: torch.Tensor | None = None,
@@ -605,6 +623,7 @@ def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tens
     row_pos[row_used] = torch.arange(len(row_used), device=device)
     rows_c = row_pos[rows]
     gr_used = gr[row_used]
+    scratch = _Scratch(device)
     for v0 in range(0, W_U.shape[1], vocab_chunk):
         Wc = W_U[:, v0:v0 + vocab_chunk]
         A = gr_used @ Wc  # [rows with pairs, C]
@@ -612,7 +631,11 @@ def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tens
         bc = beta[v0:v0 + vocab_chunk]
         for p0 in range(0, P, pair_chunk):
             sl = slice(p0, p0 + pair_chunk)
-            z = torch.addcmul(A[rows_c[sl]], B[inverse[sl]], m_pair[sl, None])
+            n = min(pair_chunk, P - p0)
+            z, other = scratch.get(0, (n, Wc.shape[1]), A.dtype), scratch.get(1, (n, Wc.shape[1]), B.dtype)
+            torch.index_select(A, 0, rows_c[sl], out=z)
+            torch.index_select(B, 0, inverse[sl], out=other)
+            z.addcmul_(other, m_pair[sl, None])
             z.mul_(inv_sigma[sl, None]).add_(bc)
             new = torch.maximum(run_max[sl], z.amax(-1))
             run_sum[sl] = run_sum[sl] * torch.exp(run_max[sl] - new) + z.sub_(new[:, None]).exp_().sum(-1)
@@ -634,14 +657,17 @@ def _exact_importance_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, s
     run_sum = torch.zeros(R, K, device=device)
     chunk = min(vocab_chunk, W_U.shape[1])
     row_block = max(1, block_elems // (K * chunk))
+    scratch = _Scratch(device)
     for v0 in range(0, W_U.shape[1], chunk):
         Wc = W_U[:, v0:v0 + chunk]
         A = gr @ Wc  # [R, C]
         B = gv @ Wc  # [K, C]
         bc = beta[v0:v0 + chunk]
+        dtype = torch.promote_types(torch.promote_types(A.dtype, m.dtype), B.dtype)
         for r0 in range(0, R, row_block):
             rs = slice(r0, r0 + row_block)
-            z = torch.addcmul(A[rs, None, :], m[rs, :, None], B[None])  # [r, K, C]
+            z = torch.addcmul(A[rs, None, :], m[rs, :, None], B[None],
+                              out=scratch.get(0, (min(row_block, R - r0), K, Wc.shape[1]), dtype))  # [r, K, C]
             z.mul_(inv_sigma[rs, :, None]).add_(bc)
             new = torch.maximum(run_max[rs], z.amax(-1))
             run_sum[rs] = run_sum[rs] * torch.exp(run_max[rs] - new) + z.sub_(new[..., None]).exp_().sum(-1)
