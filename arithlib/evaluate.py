@@ -13,7 +13,7 @@ every function here, so an intervention is evaluated by wrapping the call.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable, ContextManager, Sequence
+from typing import Callable, ContextManager, Iterable, Sequence
 
 import pandas as pd
 import torch
@@ -53,12 +53,23 @@ def hooks_attached(model) -> bool:
 MIN_SHARED_PREFIX = 4
 
 
-def _common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
+def common_prefix(rows: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix shared by every row (0 for no rows)."""
+    if not rows:
+        return 0
     first, n = rows[0], min(map(len, rows))
     for j in range(n):
-        if any(r[j] != first[j] for r in rows):
+        if any(r[j] != first[j] for r in rows[1:]):
             return j
     return n
+
+
+def kv_cache(config, layers: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A key/value cache holding the given keys and values of each layer, in order."""
+    past = DynamicCache(config=config)
+    for layer, (keys, values) in enumerate(layers):
+        past.update(keys, values, layer)
+    return past
 
 
 def prefix_batches(prompts: PromptSet, batch_size: int = 64, share: bool = True) -> list[tuple[int, list[int]]]:
@@ -74,7 +85,7 @@ def prefix_batches(prompts: PromptSet, batch_size: int = 64, share: bool = True)
     keyed: dict[tuple[int, int], list[int]] = {}
     for idx in groups.values():
         rows = [prompts.input_ids[i] for i in idx]
-        p = min(_common_prefix_len(rows), min(map(len, rows)) - 1) if share else 0
+        p = min(common_prefix(rows), min(map(len, rows)) - 1) if share else 0
         p = p if p >= MIN_SHARED_PREFIX else 0
         for i in idx:
             keyed.setdefault((p, len(prompts.input_ids[i])), []).append(i)
@@ -128,10 +139,9 @@ class PrefixRunner:
             return tokens, None
         prefixes = [tuple(self.prompts.input_ids[i][:p]) for i in index]
         self._prefix_kv(prefixes)
-        past = DynamicCache(config=self.hf.config)
-        for layer in range(len(self._kv[prefixes[0]])):
-            past.update(torch.stack([self._kv[q][layer][0] for q in prefixes]),
-                        torch.stack([self._kv[q][layer][1] for q in prefixes]), layer)
+        past = kv_cache(self.hf.config, ((torch.stack([self._kv[q][layer][0] for q in prefixes]),
+                                          torch.stack([self._kv[q][layer][1] for q in prefixes]))
+                                         for layer in range(len(self._kv[prefixes[0]]))))
         return tokens[:, p:], past
 
     def checked_step(self, p: int, index: list[int]) -> tuple[torch.Tensor, list[list[int]]]:

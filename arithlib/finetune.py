@@ -75,11 +75,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from transformers import DynamicCache
 
 from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
-from .evaluate import continues_number
+from .evaluate import common_prefix, continues_number, kv_cache
 
 Head = tuple[int, int]
 Neuron = tuple[int, int]
@@ -381,18 +380,6 @@ def answer_batches(prompts: PromptSet, batch_size: int, shuffle: bool = False, s
     return batches
 
 
-def common_prefix(rows: Sequence[Sequence[int]]) -> int:
-    """Length of the token prefix shared by every row."""
-    if not rows:
-        return 0
-    n = min(len(r) for r in rows)
-    first = rows[0]
-    for j in range(n):
-        if any(r[j] != first[j] for r in rows[1:]):
-            return j
-    return n
-
-
 # --------------------------------------------------------------------------- answer-position forward
 
 
@@ -448,14 +435,14 @@ def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 
     plen = _row_prefix_lengths(prompts, index, seqs, starts) if share_prefix else [0] * B
     suffix, suffix_mask = _padded([s[p:] for s, p in zip(seqs, plen)], device)
     if any(plen):
-        distinct = list(dict.fromkeys(tuple(s[:p]) for s, p in zip(seqs, plen) if p))
+        keys = [tuple(s[:p]) for s, p in zip(seqs, plen)]
+        distinct = list(dict.fromkeys(q for q in keys if q))
         which = {q: k for k, q in enumerate(distinct)}
         prefix, prefix_mask = _padded(distinct, device)
         cache = decoder(input_ids=prefix, attention_mask=prefix_mask, use_cache=True).past_key_values
-        rows = torch.tensor([which.get(tuple(s[:p]), 0) for s, p in zip(seqs, plen)], device=device)
-        past = DynamicCache(config=hf.config)
-        for layer, kv in enumerate(cache.layers):
-            past.update(kv.keys.index_select(0, rows), kv.values.index_select(0, rows), layer)
+        rows = torch.tensor([which.get(q, 0) for q in keys], device=device)  # rows without a prefix: masked below
+        past = kv_cache(hf.config, ((kv.keys.index_select(0, rows), kv.values.index_select(0, rows))
+                                    for kv in cache.layers))
         row_prefix_mask = prefix_mask.index_select(0, rows) * torch.tensor(
             [p > 0 for p in plen], dtype=torch.long, device=device)[:, None]
         positions = torch.tensor(plen, device=device)[:, None] + torch.arange(suffix.shape[1], device=device)
