@@ -50,7 +50,6 @@ neuron interventions and no vocabulary-pruned top-k, hence this module.
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 import warnings
@@ -64,9 +63,9 @@ import torch
 from tqdm.auto import tqdm
 
 from . import datasets as ds
-from .ablation import zero_neurons_hooks
+from .ablation import stacked_hooks, zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet
-from .evaluate import continues_number
+from .evaluate import continues_number, tiled_cache
 from .neurons import w_out
 
 Hook = tuple[str, Callable]
@@ -311,20 +310,6 @@ def _prefix_cache(model, tokens: torch.Tensor):
     return hf(tokens, use_cache=True, logits_to_keep=1).past_key_values
 
 
-def _forward_shared_prefix(model, tokens: torch.Tensor, share_prefix: bool):
-    """Last-position logits [B, V] of ``tokens`` through the HF model (bridge hooks
-    active), computing a prefix common to all rows once (batch 1, KV cache)."""
-    hf = _hf(model)
-    n = common_prefix_length(tokens) if share_prefix and tokens.shape[0] > 1 else 0
-    if n > 0:
-        cache = hf(tokens[:1, :n], use_cache=True, logits_to_keep=1).past_key_values
-        cache.batch_repeat_interleave(tokens.shape[0])
-        out = hf(tokens[:, n:], past_key_values=cache, use_cache=True, logits_to_keep=1)
-    else:
-        out = hf(tokens, use_cache=False, logits_to_keep=1)
-    return out.logits[:, -1].float()
-
-
 def _targets_for(prompts: PromptSet, targets: torch.Tensor | None) -> torch.Tensor:
     t = prompts.first_answer_ids if targets is None else torch.as_tensor(targets, dtype=torch.long)
     if len(t) != len(prompts):
@@ -346,46 +331,67 @@ def _assemble(n: int, parts: list[tuple[torch.Tensor, dict]], targets: torch.Ten
 
 
 @torch.no_grad()
+def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook] | RowHooks | None], *,
+                   capture: Sequence[str] = ("resid_mid", "coef"), targets: torch.Tensor | None = None,
+                   batch_size: int = 64, max_rows: int = 256, share_prefix: bool = True, progress: bool = False,
+                   desc: str = "forward") -> dict[str, LastPosition]:
+    """One run of ``prompts`` per condition (a hook list active at every position, a
+    function of the batch's row indices giving per-prompt hooks, or None); returns per
+    condition the prediction, log p(target) and the captured answer-position activations.
+
+    Batches hold one few-shot prefix each; with ``share_prefix`` and plain hook lists the
+    prefix the batch's rows share is computed once per condition (with its hooks) and
+    reused through the KV cache: the same result as a full forward, several times
+    cheaper. Per-prompt hooks run every row in full. Conditions are stacked along the
+    batch (condition-major, up to ``max_rows`` prompt rows per pass, each condition's
+    hooks on its own rows): fewer, larger matrix products.
+    """
+    device = _device(model)
+    hf = _hf(model)
+    targets = _targets_for(prompts, targets)
+    cap = _Capture(_n_layers(model), capture)
+    names = list(conditions)
+    parts: dict[str, list] = {name: [] for name in names}
+    for batch in tqdm(list(prompts.batches(batch_size, device, by_prefix=share_prefix)), desc=desc,
+                      disable=not progress, leave=False):
+        tokens = batch.tokens
+        B = tokens.shape[0]
+        t = targets[batch.index].to(device)
+        per_chunk = max(1, max_rows // B)
+        for c0 in range(0, len(names), per_chunk):
+            chunk = names[c0:c0 + per_chunk]
+            nc = len(chunk)
+            conds = [conditions[name] for name in chunk]
+            per = [(c(batch.index) if callable(c) else list(c or [])) for c in conds]
+            shared = share_prefix and B > 1 and not any(callable(c) for c in conds)
+            n = common_prefix_length(tokens) if shared else 0
+            if n > 0:
+                with model.hooks(fwd_hooks=stacked_hooks(per, 1)):
+                    cache = hf(tokens[:1, :n].repeat(nc, 1), use_cache=True, logits_to_keep=1).past_key_values
+                cache.batch_repeat_interleave(B)   # condition-major: B copies of each condition's prefix
+                with model.hooks(fwd_hooks=stacked_hooks(per, B) + cap.hooks()):
+                    out = hf(tokens[:, n:].repeat(nc, 1), past_key_values=cache, use_cache=True, logits_to_keep=1)
+            else:
+                with model.hooks(fwd_hooks=stacked_hooks(per, B) + cap.hooks()):
+                    out = hf(tokens.repeat(nc, 1), use_cache=False, logits_to_keep=1)
+            logits = out.logits[:, -1].float()
+            pred = logits.argmax(-1).view(nc, B)
+            logprob = logits.log_softmax(-1).gather(1, t.repeat(nc)[:, None])[:, 0].view(nc, B)
+            captured = {k: v.view(nc, B, *v.shape[1:]) for k, v in cap.collect().items()}
+            for c, name in enumerate(chunk):
+                parts[name].append((batch.index, {"pred": pred[c], "logprob": logprob[c],
+                                                   **{k: v[c] for k, v in captured.items()}}))
+    return {name: _assemble(len(prompts), p, targets) for name, p in parts.items()}
+
+
 def run_last_position(model, prompts: PromptSet, hooks: list[Hook] | RowHooks | None = None, *,
                       capture: Sequence[str] = ("resid_mid", "coef"), targets: torch.Tensor | None = None,
                       batch_size: int = 64, share_prefix: bool = True, progress: bool = False,
                       desc: str = "forward") -> LastPosition:
-    """One run of ``prompts`` with ``hooks`` active at every position; returns the
-    prediction, log p(target) and the captured answer-position activations.
-
-    With a plain hook list and ``share_prefix`` (default), batches hold one few-shot
-    prefix each and the prompt prefix shared by a batch is computed once with the hooks
-    and reused through the KV cache: the same result as a full forward, several times
-    cheaper.
-    ``hooks`` may also be a function of the batch's row indices (per-prompt hooks);
-    then every row runs in full.
-    """
-    device = _device(model)
-    targets = _targets_for(prompts, targets)
-    cap = _Capture(_n_layers(model), capture)
-    parts = []
-    batches = list(prompts.batches(batch_size, device, by_prefix=share_prefix))
-    for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
-        per_row = callable(hooks)
-        active = (hooks(batch.index) if per_row else list(hooks or [])) + cap.hooks()
-        with model.hooks(fwd_hooks=active):
-            logits = _forward_shared_prefix(model, batch.tokens, share_prefix and not per_row)
-        logp = logits.log_softmax(-1)
-        t = targets[batch.index].to(logits.device)
-        parts.append((batch.index, {"pred": logits.argmax(-1), "logprob": logp.gather(1, t[:, None])[:, 0],
-                                    **cap.collect()}))
-    return _assemble(len(prompts), parts, targets)
-
-
-def _on_rows(fn: Callable, rows: torch.Tensor) -> Callable:
-    """A hook applying ``fn`` to the given batch rows only (conditions stacked in one batch)."""
-    def wrapped(act, hook):
-        r = rows.to(act.device)
-        sub = act[r]
-        out = fn(sub, hook)
-        act[r] = sub if out is None else out
-        return act
-    return wrapped
+    """:func:`run_conditions` with one condition: ``prompts`` with ``hooks`` active at
+    every position."""
+    return run_conditions(model, prompts, {"run": hooks}, capture=capture, targets=targets, batch_size=batch_size,
+                          share_prefix=share_prefix, progress=progress, desc=desc)["run"]
 
 
 @torch.no_grad()
@@ -416,27 +422,21 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
         for c0 in range(0, len(names), per_chunk):
             chunk = names[c0:c0 + per_chunk]
             nc = len(chunk)
-            hooks: list[Hook] = []
-            for c, name in enumerate(chunk):
-                cond = conditions[name]
-                rows = torch.arange(B) * nc + c
-                for hname, fn in (cond(batch.index) if callable(cond) else list(cond or [])):
-                    hooks.append((hname, _on_rows(fn, rows)))
-            last = tokens[:, -1:].repeat_interleave(nc, 0)
+            hooks = stacked_hooks([(cond(batch.index) if callable(cond) else list(cond or []))
+                                   for cond in (conditions[name] for name in chunk)], B)
+            last = tokens[:, -1:].repeat(nc, 1)
             with model.hooks(fwd_hooks=hooks + cap.hooks()):
                 if base is not None:
-                    cache = copy.deepcopy(base)
-                    cache.batch_repeat_interleave(nc)
-                    out = hf(last, past_key_values=cache, use_cache=True)
+                    out = hf(last, past_key_values=tiled_cache(hf.config, base, nc), use_cache=True)
                 else:
                     out = hf(last, use_cache=False)
             logits = out.logits[:, -1].float()
-            pred = logits.argmax(-1).view(B, nc)
-            logprob = logits.log_softmax(-1).gather(1, t.repeat_interleave(nc)[:, None])[:, 0].view(B, nc)
-            captured = {k: v.view(B, nc, *v.shape[1:]) for k, v in cap.collect().items()}
+            pred = logits.argmax(-1).view(nc, B)
+            logprob = logits.log_softmax(-1).gather(1, t.repeat(nc)[:, None])[:, 0].view(nc, B)
+            captured = {k: v.view(nc, B, *v.shape[1:]) for k, v in cap.collect().items()}
             for c, name in enumerate(chunk):
-                parts[name].append((batch.index, {"pred": pred[:, c], "logprob": logprob[:, c],
-                                                   **{k: v[:, c] for k, v in captured.items()}}))
+                parts[name].append((batch.index, {"pred": pred[c], "logprob": logprob[c],
+                                                   **{k: v[c] for k, v in captured.items()}}))
     return {name: _assemble(len(prompts), p, targets) for name, p in parts.items()}
 
 
@@ -868,10 +868,15 @@ def cna_compare(model, prompts: PromptSet, hooks_b: list[Hook] | None = None, pr
     if prompts_b is not None and len(prompts_b) != len(prompts):
         raise ValueError("prompts and prompts_b must have the same number of cases")
     targets = _targets_for(prompts, targets)
-    run_a = run_last_position(model, prompts, hooks_a, targets=targets, batch_size=batch_size, progress=progress,
-                              desc="run a")
-    run_b = run_last_position(model, prompts_b or prompts, hooks_b, targets=targets, batch_size=batch_size,
-                              progress=progress, desc="run b")
+    if prompts_b is None:
+        runs = run_conditions(model, prompts, {"a": hooks_a, "b": hooks_b}, targets=targets, batch_size=batch_size,
+                              progress=progress, desc="runs a and b")
+        run_a, run_b = runs["a"], runs["b"]
+    else:
+        run_a = run_last_position(model, prompts, hooks_a, targets=targets, batch_size=batch_size, progress=progress,
+                                  desc="run a")
+        run_b = run_last_position(model, prompts_b, hooks_b, targets=targets, batch_size=batch_size,
+                                  progress=progress, desc="run b")
     layers = _differing_layers(run_a, run_b) if skip_identical_layers else list(range(run_a.coef.shape[1]))
     mode = resolve_mode(model, mode)
     if layers:
@@ -1348,26 +1353,28 @@ def hidden_interpretable_table(model, prompts: PromptSet, counts: pd.DataFrame, 
     """Table 8 / 17: for each M, zero (at every position) all shallow neurons whose
     projection holds >= M concepts, and as many neurons drawn at random from the same
     shallow layers; accuracy decrease (%) on ``prompts`` for both. A neuron set equal to
-    one already run (e.g. at M = 0 both sets are every shallow neuron) is not run again."""
-    base = run_last_position(model, prompts, None, capture=(), targets=targets, batch_size=batch_size).accuracy
+    one already run (e.g. at M = 0 both sets are every shallow neuron) is not run again;
+    the runs share passes (:func:`run_conditions`)."""
     rng = np.random.default_rng(seed)
     pool = list(zip(counts.layer.tolist(), counts.neuron.tolist()))
-    rows = []
-    accuracy_of: dict[frozenset[Neuron], float] = {frozenset(): base}
-    for m in tqdm(ms, desc="M sweep", disable=not progress, leave=False):
+    plan = []   # (M, kind, neuron set), in the order the random sets are drawn
+    for m in ms:
         chosen = counts[counts.n_concepts >= m]
         neurons = list(zip(chosen.layer.tolist(), chosen.neuron.tolist()))
         pick = rng.choice(len(pool), size=len(neurons), replace=False) if neurons else []
-        random_set = [pool[i] for i in pick]
-        for kind, ns in (("hidden-interpretable", neurons), ("random", random_set)):
-            key = frozenset(ns)
-            if key not in accuracy_of:
-                accuracy_of[key] = run_last_position(model, prompts, zero_neurons_hooks(ns), capture=(),
-                                                     targets=targets, batch_size=batch_size).accuracy
-            acc = accuracy_of[key]
-            rows.append({"M": m, "set": kind, "n_neurons": len(ns), "share_of_shallow": len(ns) / max(1, len(pool)),
-                         "accuracy": acc, "accuracy_decrease": 100 * (base - acc) / base if base > 0 else float("nan"),
-                         "base_accuracy": base, "n_cases": len(prompts)})
+        plan += [(m, "hidden-interpretable", neurons), (m, "random", [pool[i] for i in pick])]
+    distinct = list(dict.fromkeys(frozenset(ns) for _, _, ns in plan if ns))
+    runs = run_conditions(model, prompts, {"base": None, **{str(j): zero_neurons_hooks(sorted(key))
+                                                            for j, key in enumerate(distinct)}},
+                          capture=(), targets=targets, batch_size=batch_size, progress=progress, desc="M sweep")
+    base = runs["base"].accuracy
+    accuracy_of = {frozenset(): base, **{key: runs[str(j)].accuracy for j, key in enumerate(distinct)}}
+    rows = []
+    for m, kind, ns in plan:
+        acc = accuracy_of[frozenset(ns)]
+        rows.append({"M": m, "set": kind, "n_neurons": len(ns), "share_of_shallow": len(ns) / max(1, len(pool)),
+                     "accuracy": acc, "accuracy_decrease": 100 * (base - acc) / base if base > 0 else float("nan"),
+                     "base_accuracy": base, "n_cases": len(prompts)})
     return pd.DataFrame(rows)
 
 

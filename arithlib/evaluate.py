@@ -72,6 +72,13 @@ def kv_cache(config, layers: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Dyn
     return past
 
 
+def tiled_cache(config, cache: DynamicCache, n: int) -> DynamicCache:
+    """A new cache holding ``n`` copies of ``cache``'s rows, copy-major (rows
+    ``c*B .. (c+1)*B - 1`` are copy ``c``); ``cache`` is left as it was."""
+    return kv_cache(config, ((layer.keys.repeat(n, 1, 1, 1), layer.values.repeat(n, 1, 1, 1))
+                             for layer in cache.layers))
+
+
 def prefix_batches(prompts: PromptSet, batch_size: int = 64, share: bool = True) -> list[tuple[int, list[int]]]:
     """Batches ``(p, indices)`` covering every prompt once, all rows of a batch of one
     token length (no padding). Within the prompts that have the same few-shot prefix

@@ -371,7 +371,6 @@ def heuristic_ablation(runner: N.AnswerPositionRunner, matches: pd.DataFrame, he
     base_acc_assoc, base_acc_other."""
     records = runner.prompts.records
     cache = N.runner_means(means, layers)
-    base_ok = N.correct_first(runner.logits(), runner.answers).numpy()
     assoc = association_matrix(heuristics, records)
     rows = []
     groups = []
@@ -383,10 +382,13 @@ def heuristic_ablation(runner: N.AnswerPositionRunner, matches: pd.DataFrame, he
     groups.sort(key=lambda g: (-len(g[1]), -g[1]["score"].mean(), heuristics[int(g[0])].name))
     if max_heuristics is not None:
         groups = groups[:max_heuristics]
-    for h, sub in tqdm(groups, desc="heuristic ablations", disable=not progress, leave=False):
+    neuron_sets = [sorted({(int(a), int(b)) for a, b in zip(sub["layer"], sub["neuron"])}) for _, sub in groups]
+    base, *ablated = runner.logits_many([None] + [mean_neurons_hooks(ns, cache, position=-1) for ns in neuron_sets],
+                                        progress=progress)
+    base_ok = N.correct_first(base, runner.answers).numpy()
+    for (h, sub), neurons, logits in zip(groups, neuron_sets, ablated):
         inside = assoc[int(h)]
-        neurons = sorted({(int(a), int(b)) for a, b in zip(sub["layer"], sub["neuron"])})
-        ok = N.correct_first(runner.logits(mean_neurons_hooks(neurons, cache, position=-1)), runner.answers).numpy()
+        ok = N.correct_first(logits, runner.answers).numpy()
         rows.append({"heuristic": heuristics[int(h)].name, "kind": heuristics[int(h)].kind, "n_neurons": len(neurons),
                      "n_assoc": int(inside.sum()), "n_other": int((~inside).sum()),
                      "acc_assoc": float(ok[inside].mean()), "acc_other": float(ok[~inside].mean()),
@@ -400,7 +402,7 @@ def prompt_ablation(runner: N.AnswerPositionRunner, per_prompt: Sequence[Sequenc
                     layers: Sequence[int], means: torch.Tensor, seed: int = 0) -> pd.DataFrame:
     """Nikankin Fig. 8: for each prompt, mean-ablate its associated heuristic neurons, and,
     separately, as many random circuit neurons not associated with it (seeded; from the
-    whole circuit when too few remain). One batched pass each. Columns: n_assoc_neurons,
+    whole circuit when too few remain). The three runs share single-token passes. Columns: n_assoc_neurons,
     correct_full, correct_heuristic_ablated, correct_random_ablated (first answer token)."""
     if len(per_prompt) != len(runner):
         raise ValueError("per_prompt needs one neuron list per prompt of the runner")
@@ -414,11 +416,8 @@ def prompt_ablation(runner: N.AnswerPositionRunner, per_prompt: Sequence[Sequenc
             pool = circuit
         randoms.append(rng.sample(pool, min(len(own), len(pool))))
     d_mlp = means.shape[-1]
-    full = N.correct_first(runner.logits(), runner.answers)
-    heur = N.correct_first(runner.logits(N.masked_mean_hooks(N.neuron_masks(per_prompt, layers, d_mlp), means, layers)),
-                           runner.answers)
-    rand = N.correct_first(runner.logits(N.masked_mean_hooks(N.neuron_masks(randoms, layers, d_mlp), means, layers)),
-                           runner.answers)
+    full, heur, rand = (N.correct_first(x, runner.answers) for x in runner.logits_many(
+        [None] + [N.masked_mean_hooks(N.neuron_masks(sets, layers, d_mlp), means, layers) for sets in (per_prompt, randoms)]))
     frame = runner.prompts.to_frame()[["op", "a", "b", "answer"]]
     return frame.assign(n_assoc_neurons=[len(x) for x in per_prompt], correct_full=full.numpy(),
                         correct_heuristic_ablated=heur.numpy(), correct_random_ablated=rand.numpy())

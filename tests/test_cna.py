@@ -65,6 +65,23 @@ def test_layernorm_final_norm(tmp_path):
         assert torch.allclose(norm(x), m.bridge.ln_final(x[:, None])[:, 0].float(), atol=1e-5)
 
 
+def test_run_conditions_stacked_equal_separate_full_runs(tiny):
+    b = tiny.bridge
+    ps = _prompts(tiny, ops=("+", "-"))
+    masks = C.neuron_masks([[(0, i % 5), (1, 2)] for i in range(len(ps))], 2, tiny.info.d_mlp)
+    conds = {"plain": None, "head": A.zero_heads_hooks([(0, 1)]), "neurons": A.zero_neurons_hooks([(1, 3), (0, 7)]),
+             "per-prompt": C.rowwise_neuron_hooks(masks, position=None)}
+    for max_rows in (1, 1000):   # one condition per pass, all in one pass
+        runs = C.run_conditions(b, ps, conds, max_rows=max_rows)
+        for name, hooks in conds.items():
+            ref = C.run_last_position(b, ps, hooks, share_prefix=False)
+            assert torch.equal(runs[name].pred, ref.pred)
+            assert torch.allclose(runs[name].logprob, ref.logprob, atol=1e-4)
+            assert torch.allclose(runs[name].resid_mid, ref.resid_mid, atol=1e-4)
+            assert torch.allclose(runs[name].coef, ref.coef, atol=1e-4)
+    assert not torch.allclose(runs["head"].coef, runs["plain"].coef, atol=1e-4)
+
+
 def test_capture_matches_full_forward_and_shared_prefix(tiny):
     b = tiny.bridge
     ps = _prompts(tiny, ops=("+", "-"))
@@ -317,19 +334,19 @@ def test_hidden_interpretable_table_runs_each_neuron_set_once(qwen, monkeypatch)
     K = qwen.info.d_mlp
     counts = pd.DataFrame({"layer": [0] * K, "neuron": list(range(K)), "n_concepts": [j % 3 for j in range(K)]})
     calls = []
-    real = C.run_last_position
+    real = C.run_conditions
 
     def counted(*args, **kwargs):
-        calls.append(args[2] if len(args) > 2 else kwargs.get("hooks"))
+        calls.append(list(args[2]))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(C, "run_last_position", counted)
+    monkeypatch.setattr(C, "run_conditions", counted)
     hid = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1, 2, 5), progress=False)
     # base + M=0 (both sets = every neuron, run once) + M=1, M=2 (two sets each); M=5 selects nothing (= base)
-    assert len(calls) == 1 + 1 + 2 + 2
-    monkeypatch.setattr(C, "run_last_position", real)
-    every = real(b, ps, A.zero_neurons_hooks([(0, j) for j in range(K)]), capture=()).accuracy
-    base = real(b, ps, None, capture=()).accuracy
+    assert len(calls) == 1 and len(calls[0]) == 1 + 1 + 2 + 2
+    monkeypatch.setattr(C, "run_conditions", real)
+    every = C.run_last_position(b, ps, A.zero_neurons_hooks([(0, j) for j in range(K)]), capture=()).accuracy
+    base = C.run_last_position(b, ps, None, capture=()).accuracy
     m0 = hid[hid.M == 0].set_index("set").accuracy
     assert m0["hidden-interpretable"] == m0["random"] == every
     assert (hid[hid.M == 5].accuracy == base).all() and (hid[hid.M == 5].n_neurons == 0).all()

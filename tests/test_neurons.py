@@ -160,6 +160,23 @@ def test_masked_hooks_ablate_per_prompt(tiny, setup):
         assert torch.allclose(got[i], ref, atol=1e-4)
 
 
+def test_logits_many_equals_separate_passes(tiny, setup):
+    runner, layers, acts, means = setup
+    cache = N.runner_means(means, layers)
+    per_prompt = [[(1, i % 7)] if i % 3 else [(0, 2), (1, 9)] for i in range(len(runner))]
+    conditions = [None, A.mean_neurons_hooks([(0, 3), (1, 5)], cache, position=-1), [],
+                  N.masked_mean_hooks(N.neuron_masks(per_prompt, layers, tiny.info.d_mlp), means, layers),
+                  A.mean_neurons_hooks(N.complement([], layers, tiny.info.d_mlp), cache, position=-1)]
+    separate = [runner.logits(c) for c in conditions]
+    for max_rows in (16, 10_000):   # one condition per pass (batches of up to 16 prompts), all in one pass
+        together = runner.logits_many(conditions, max_rows=max_rows)
+        assert len(together) == len(conditions)
+        for got, ref in zip(together, separate):
+            assert torch.allclose(got, ref, atol=1e-4)
+    assert not torch.allclose(separate[1], separate[0], atol=1e-4)
+    assert torch.allclose(runner.logits(), separate[0], atol=1e-6)   # the runner's cache is left as it was
+
+
 def test_logit_lens_reproduces_unembedding(tiny, grid):
     b = tiny.bridge
     col = N.collect_last_position(b, grid, ["ln_final.hook_in", "ln_final.hook_scale"])
