@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .datasets import PromptRecord, PromptSet
+from .evaluate import MIN_SHARED_PREFIX, common_prefix
 from .metrics import relative_logit_change
 
 Head = tuple[int, int]
@@ -342,25 +343,55 @@ class CleanRun:
         return self.tokens.shape[1]
 
 
+def _is_attention_map(hook_name: str) -> bool:
+    """Hooks whose activations are [B, heads, query, key] rather than [B, pos, ...]."""
+    return hook_name.endswith(("hook_pattern", "hook_attn_scores"))
+
+
 @torch.no_grad()
-def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None] | Iterable[str] = ()) -> CleanRun:
+def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None] | Iterable[str] = (),
+              share_prefix: bool = True) -> CleanRun:
     """One forward pass of ``tokens`` [B, T] that keeps what :func:`run_variants` needs,
     plus the activations named in ``capture`` (a list of hook names, or a mapping from
-    hook name to a function that reduces the activation before it is stored)."""
+    hook name to a function that reduces the activation before it is stored).
+
+    With ``share_prefix`` the leading tokens common to every row (a few-shot prefix,
+    when the batch holds one: ``PromptSet.batches(by_prefix=True)``) run once at batch
+    1 and the rest on top of their keys and values; per-position activations are the
+    prefix's (expanded) followed by the rest's, so everything kept equals one full pass
+    up to float rounding. An attention map (``hook_pattern``) is then only seen for the
+    rest's queries: its reducer must read those (e.g. the last query), and without one
+    the prefix is not shared."""
     hf = _hf(model)
     base = hf.base_model
     n_layers = model.cfg.n_layers
     spec = dict(capture) if isinstance(capture, Mapping) else {n: None for n in capture}
-    store: dict[str, torch.Tensor] = {}
     resid_names = {f"blocks.{l}.hook_resid_pre": None for l in range(n_layers)} if resumable(model) else {}
-    internal: dict[str, torch.Tensor] = {}
-    hooks = _capture_hooks(store, spec) + _capture_hooks(internal, resid_names)
-    with model.hooks(fwd_hooks=hooks):
-        out = base(input_ids=tokens, use_cache=True)
+    B, T = tokens.shape
+    n = min(common_prefix(tokens.tolist()), T - 1) if share_prefix and B > 1 else 0
+    if n < MIN_SHARED_PREFIX or any(_is_attention_map(k) and r is None for k, r in spec.items()):
+        store: dict[str, torch.Tensor] = {}
+        internal: dict[str, torch.Tensor] = {}
+        with model.hooks(fwd_hooks=_capture_hooks(store, spec) + _capture_hooks(internal, resid_names)):
+            out = base(input_ids=tokens, use_cache=True)
+        resid = torch.stack([internal[x] for x in resid_names]) if resid_names else None
+    else:
+        raw = {k: None for k in spec if not _is_attention_map(k)} | resid_names
+        first: dict[str, torch.Tensor] = {}
+        with model.hooks(fwd_hooks=_capture_hooks(first, raw)):
+            prefix = base(input_ids=tokens[:1, :n], use_cache=True).past_key_values
+        prefix.batch_repeat_interleave(B)
+        rest: dict[str, torch.Tensor] = {}
+        maps = {k: r for k, r in spec.items() if _is_attention_map(k)}
+        with model.hooks(fwd_hooks=_capture_hooks(rest, raw) + _capture_hooks(rest, maps)):
+            out = base(input_ids=tokens[:, n:], past_key_values=prefix, use_cache=True)
+        whole = {k: torch.cat([first[k].expand(B, *first[k].shape[1:]), rest[k]], 1) for k in raw}
+        store = {k: rest[k] if k in maps else (whole[k] if r is None else r(whole[k]).detach().clone())
+                 for k, r in spec.items()}
+        resid = torch.stack([whole[x] for x in resid_names]) if resid_names else None
     cache = out.past_key_values
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
-    resid = torch.stack([internal[n] for n in resid_names]) if resid_names else None
     return CleanRun(tokens, keys, values, resid, out.last_hidden_state[:, -1].clone(), store)
 
 
@@ -820,7 +851,7 @@ def path_patching(model, prompts: PromptSet, senders: Sequence[Component] | None
     attention: dict[int, torch.Tensor] = {}
     sums: dict[str, dict[int, torch.Tensor]] = {_z(l): {} for l in range(n_layers)}
     counts: dict[int, int] = {}
-    batches = list(prompts.batches(batch_size, device))
+    batches = list(prompts.batches(batch_size, device, by_prefix=True))
     fast = method == "fast" and not getattr(model.cfg, "parallel_attn_mlp", False) and resumable(model)
     pooled: dict[str, list[torch.Tensor]] = {k: [] for k in ("resid", "attn", "zc", "zf", "mlpf", "ans", "idx")}
     per_batch: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []   # (index, clean logit, patched)
@@ -948,7 +979,7 @@ def run_interventions(model, prompts: PromptSet,
     N = len(prompts)
     answer_ids = prompts.first_answer_ids.to(device)
     outs: dict[str, torch.Tensor] = {}
-    batches = list(prompts.batches(batch_size, device))
+    batches = list(prompts.batches(batch_size, device, by_prefix=True))
     for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
         run = cache.get(model, batch.tokens) if cache is not None else clean_run(model, batch.tokens)
         vs = variants(batch, run) if callable(variants) else variants
@@ -1153,8 +1184,8 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
     cf_ids_all = counterfactual_answer_ids(prompts)
     hook_names = sorted({c.hook_name for c in components})
     keys: dict[tuple, list[int]] = {}
-    for i, ids in enumerate(prompts.input_ids):
-        keys.setdefault((len(ids),) + tuple(positions[n][i] for n in names), []).append(i)
+    for i, ids in enumerate(prompts.input_ids):   # one length, few-shot prefix and set of positions per group
+        keys.setdefault((len(ids), prompts.records[i].prefix) + tuple(positions[n][i] for n in names), []).append(i)
     rows = []
     groups = [(k, idx[s:s + batch_size]) for k, idx in keys.items() for s in range(0, len(idx), batch_size)]
     for key, idx in tqdm(groups, desc="activation patching", disable=not progress, leave=False):
@@ -1166,7 +1197,7 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
         cf_ans = cf_ids_all[idx].to(device)
         clean_logits = unembed.logits(run.final)
         variants, labels = [], []
-        for n, pos in zip(names, key[1:]):
+        for n, pos in zip(names, key[2:]):
             for c in components:
                 act = src[c.hook_name][:, pos]
                 if c.index is not None:

@@ -43,6 +43,28 @@ def _pair(vocab: int, B: int = 3, T: int = 9, seed: int = 0):
     return clean, cf
 
 
+def test_clean_run_sharing_a_prefix_equals_one_pass(tiny):
+    b = tiny.bridge
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(4, b.cfg.d_vocab, (3, 11), generator=g)
+    tokens[:, :7] = tokens[0, :7]                       # a 7-token prefix common to all rows
+    spec = {"blocks.0.attn.hook_z": None, "blocks.1.hook_attn_out": lambda a: a[:, -1],
+            "blocks.1.attn.hook_pattern": lambda a: a[:, :, -1, :]}
+    shared, plain = P.clean_run(b, tokens, spec), P.clean_run(b, tokens, spec, share_prefix=False)
+    for x, y in zip(shared.keys + shared.values, plain.keys + plain.values):
+        assert x.shape == y.shape and torch.allclose(x, y, atol=TOL)
+    assert (shared.resid is None) == (plain.resid is None)
+    if shared.resid is not None:
+        assert torch.allclose(shared.resid, plain.resid, atol=TOL)
+    assert torch.allclose(shared.final, plain.final, atol=TOL)
+    for k in spec:
+        assert shared.captured[k].shape == plain.captured[k].shape and torch.allclose(shared.captured[k], plain.captured[k], atol=TOL)
+    variants = [P.ablation_edits([(1, 0)], 0.0, -1), P.ablation_edits([(0, 1)], 0.0, None)]
+    assert torch.allclose(P.run_variants(b, shared, variants), P.run_variants(b, plain, variants), atol=TOL)
+    full_map = P.clean_run(b, tokens, {"blocks.1.attn.hook_pattern": None})   # a whole map: no sharing
+    assert full_map.captured["blocks.1.attn.hook_pattern"].shape[-2:] == (11, 11)
+
+
 def _fast_patch(model, clean, cf, comps, pos):
     run = P.clean_run(model, clean)
     src = P.cache_activations(model, cf, {c.hook_name for c in comps})
