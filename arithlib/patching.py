@@ -1192,7 +1192,7 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
         sub = prompts.subset(idx)
         batch = next(sub.batches(len(idx), device))
         run = cache.get(model, batch.tokens) if cache is not None else clean_run(model, batch.tokens)
-        src = cache_activations(model, batch.cf_tokens, hook_names)
+        src = clean_run(model, batch.cf_tokens, hook_names).captured   # the prefix shared, as for the clean run
         ans = batch.answer_ids
         cf_ans = cf_ids_all[idx].to(device)
         clean_logits = unembed.logits(run.final)
