@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from . import cna as C
 from . import general_ability as GA
-from .ablation import zero_neurons_hooks
+from .ablation import stacked_hooks, zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet, load_gender_data
 from .paths import DATA_DIR
 
@@ -164,36 +164,57 @@ def next_token_logprobs(model, tokenizer, texts: Sequence[str], hooks: Sequence[
     """log p(next token | text) at the last position of each text, [n, vocab] (float32,
     CPU), with ``hooks`` active at every position. Texts are tokenized as
     :class:`PromptSet` does (special tokens included) and batched by length (no padding)."""
+    return next_token_logprobs_many(model, tokenizer, texts, [hooks], batch_size)[0]
+
+
+@torch.no_grad()
+def next_token_logprobs_many(model, tokenizer, texts: Sequence[str], conditions: Sequence[Sequence[Hook] | None],
+                             batch_size: int = 32, max_rows: int = 512, progress: bool = False) -> list[torch.Tensor]:
+    """:func:`next_token_logprobs` under each condition (hooks active at every position),
+    one [n, vocab] tensor per condition. The conditions share forward passes: a batch is
+    repeated once per condition (condition-major, at most ``max_rows`` rows) and each
+    condition's hooks act on its own rows (:func:`arithlib.ablation.stacked_hooks`); a few
+    short prompts per pass would otherwise read every weight for a handful of rows."""
     if not texts:
         raise ValueError("no texts")
+    conditions = [list(c or []) for c in conditions]
     ids = [tokenizer(t)["input_ids"] for t in texts]
     device = next(model.parameters()).device
     groups: dict[int, list[int]] = defaultdict(list)
     for i, x in enumerate(ids):
         groups[len(x)].append(i)
-    out: torch.Tensor | None = None
-    with model.hooks(fwd_hooks=list(hooks or [])):
-        for _, idx in sorted(groups.items()):
-            for s in range(0, len(idx), batch_size):
-                chunk = idx[s:s + batch_size]
-                tokens = torch.tensor([ids[i] for i in chunk], device=device)
-                res = model(tokens, logits_to_keep=1)
+    out: list[torch.Tensor | None] = [None] * len(conditions)
+    for _, idx in tqdm(sorted(groups.items()), desc="lengths", disable=not progress, leave=False):
+        for s in range(0, len(idx), batch_size):
+            chunk = idx[s:s + batch_size]
+            tokens = torch.tensor([ids[i] for i in chunk], device=device)
+            step = max(1, max_rows // len(chunk))
+            for c0 in range(0, len(conditions), step):
+                conds = conditions[c0:c0 + step]
+                with model.hooks(fwd_hooks=stacked_hooks(conds, len(chunk))):
+                    res = model(tokens.repeat(len(conds), 1), logits_to_keep=1)
                 logits = (res.logits if hasattr(res, "logits") else res)[:, -1].float()
-                lp = logits.log_softmax(-1).cpu()
-                if out is None:
-                    out = torch.empty(len(texts), lp.shape[-1])
-                out[chunk] = lp
-    assert out is not None
+                lp = logits.log_softmax(-1).cpu().view(len(conds), len(chunk), -1)
+                for j in range(len(conds)):
+                    if out[c0 + j] is None:
+                        out[c0 + j] = torch.empty(len(texts), lp.shape[-1])
+                    out[c0 + j][chunk] = lp[j]
     return out
 
 
 def gender_logprobs(model, tokenizer, hooks: Sequence[Hook] | None = None,
                     genders: Sequence[str] = GENDERS) -> dict[str, torch.Tensor]:
     """``{gender: [8, vocab]}`` next-token log-probabilities on the Table-22 prompts."""
+    return gender_logprobs_many(model, tokenizer, [hooks], genders)[0]
+
+
+def gender_logprobs_many(model, tokenizer, conditions: Sequence[Sequence[Hook] | None],
+                         genders: Sequence[str] = GENDERS, progress: bool = False) -> list[dict[str, torch.Tensor]]:
+    """:func:`gender_logprobs` under each condition, the conditions sharing passes."""
     texts = [t for g in genders for t in table22_prompts(g)]
-    lp = next_token_logprobs(model, tokenizer, texts, hooks)
     n = len(texts) // len(genders)
-    return {g: lp[i * n:(i + 1) * n] for i, g in enumerate(genders)}
+    return [{g: lp[i * n:(i + 1) * n] for i, g in enumerate(genders)}
+            for lp in next_token_logprobs_many(model, tokenizer, texts, conditions, progress=progress)]
 
 
 # --------------------------------------------------------------------------- Table 23 from the model
@@ -568,11 +589,11 @@ def edit_conditions(neurons_by_k: Mapping[int, Sequence[Neuron]], random_by_k: M
 
 def bias_under_conditions(model, tokenizer, biased: pd.DataFrame, conditions: Mapping[tuple[str, int, int], list[Hook]],
                           genders: Sequence[str] = GENDERS, progress: bool = True) -> pd.DataFrame:
-    """:func:`bias_scores` on all 8 prompts under each condition; rows as bias_scores
-    plus kind, K, seed."""
+    """:func:`bias_scores` on all 8 prompts under each condition (the conditions sharing
+    forward passes); rows as bias_scores plus kind, K, seed."""
     frames = []
-    for (kind, k, seed), hooks in tqdm(conditions.items(), desc="bias per condition", disable=not progress, leave=False):
-        lp = gender_logprobs(model, tokenizer, hooks, genders)
+    for (kind, k, seed), lp in zip(conditions, gender_logprobs_many(model, tokenizer, list(conditions.values()), genders,
+                                                                          progress)):
         frames.append(bias_scores(lp, biased, genders).assign(kind=kind, K=k, seed=seed))
     return pd.concat(frames, ignore_index=True)
 

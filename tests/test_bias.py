@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+import arithlib.ablation as A
 import arithlib.bias as B
 import arithlib.cna as C
 import arithlib.datasets as ds
@@ -279,6 +280,21 @@ def test_zeroing_hooks_equal_zeroed_parameters(tiny):
     assert torch.allclose(hooked, edited, atol=1e-5)
     rnd = B.random_neuron_sets(neurons, tiny.info.d_mlp, [0])[0]
     assert sorted(l for l, _ in rnd) == sorted(l for l, _ in neurons) and not set(rnd) & set(neurons)
+
+
+def test_logprobs_of_stacked_conditions_equal_separate_runs(tiny):
+    b, tok = tiny.bridge, tiny.tokenizer
+    conds = [None, A.zero_neurons_hooks([(0, 3), (1, 7)]), [], A.zero_neurons_hooks([(1, 2)], position=-1)]
+    texts = ["the cat is a", "a dog", "one two three four", "the cat is b"]
+    separate = []
+    for c in conds:   # reference: one plain forward per text and condition
+        with torch.no_grad(), b.hooks(fwd_hooks=list(c or [])):
+            separate.append(torch.cat([last_position_logits(b, torch.tensor([tok(t)["input_ids"]])).log_softmax(-1)
+                                       for t in texts]))
+    for max_rows in (2, 512):   # one condition per pass, all in one
+        for got, ref in zip(B.next_token_logprobs_many(b, tok, texts, conds, max_rows=max_rows), separate):
+            assert torch.allclose(got, ref, atol=1e-5)
+    assert not torch.allclose(separate[1], separate[0], atol=1e-4)
 
 
 def test_bias_under_conditions_and_side_effects(tiny):
