@@ -356,12 +356,12 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
     hook name to a function that reduces the activation before it is stored).
 
     With ``share_prefix`` the leading tokens common to every row (a few-shot prefix,
-    when the batch holds one: ``PromptSet.batches(by_prefix=True)``) run once at batch
+    when the batch holds one) run once at batch
     1 and the rest on top of their keys and values; per-position activations are the
     prefix's (expanded) followed by the rest's, so everything kept equals one full pass
     up to float rounding. An attention map (``hook_pattern``) is then only seen for the
     rest's queries: its reducer must read those (e.g. the last query), and without one
-    the prefix is not shared."""
+    the prefix is not shared. A batch of several prefixes: :func:`grouped_clean_run`."""
     hf = _hf(model)
     base = hf.base_model
     n_layers = model.cfg.n_layers
@@ -395,6 +395,43 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
     return CleanRun(tokens, keys, values, resid, out.last_hidden_state[:, -1].clone(), store)
 
 
+def prefix_groups(prompts: PromptSet, index: Sequence[int]) -> list[list[int]]:
+    """Rows of a batch (positions in ``index``) grouped by few-shot prefix
+    (``record.prefix``), for :func:`grouped_clean_run`; rows whose prefix no other row
+    shares form one group together."""
+    by: dict[str, list[int]] = {}
+    for row, i in enumerate(int(x) for x in index):
+        by.setdefault(prompts.records[i].prefix, []).append(row)
+    shared = [g for g in by.values() if len(g) > 1]
+    alone = sorted(r for g in by.values() if len(g) == 1 for r in g)
+    return shared + ([alone] if alone else [])
+
+
+def _rows(run: CleanRun, rows: torch.Tensor) -> CleanRun:
+    return CleanRun(run.tokens[rows], [k[rows] for k in run.keys], [v[rows] for v in run.values],
+                    None if run.resid is None else run.resid[:, rows], run.final[rows],
+                    {k: v[rows] for k, v in run.captured.items()})
+
+
+def grouped_clean_run(model, tokens: torch.Tensor, groups: Sequence[Sequence[int]] | None,
+                      capture: Mapping[str, Callable | None] | Iterable[str] = ()) -> CleanRun:
+    """:func:`clean_run` of a same-length batch whose rows hold several few-shot prefixes:
+    one run per group of rows (``groups``, e.g. :func:`prefix_groups`), each sharing its
+    own prefix, joined back in row order. Batches stay as large as the prompt lengths
+    allow (the interventions that follow run on all of them at once) while each prefix
+    runs once. ``groups`` None: one group."""
+    if groups is None or len(groups) <= 1:
+        return clean_run(model, tokens, capture)
+    runs = [clean_run(model, tokens[list(g)], capture) for g in groups]
+    order = torch.tensor([r for g in groups for r in g])
+    joined = CleanRun(torch.cat([r.tokens for r in runs]),
+                      [torch.cat([r.keys[l] for r in runs]) for l in range(len(runs[0].keys))],
+                      [torch.cat([r.values[l] for r in runs]) for l in range(len(runs[0].values))],
+                      None if runs[0].resid is None else torch.cat([r.resid for r in runs], 1),
+                      torch.cat([r.final for r in runs]), {k: torch.cat([r.captured[k] for r in runs]) for k in runs[0].captured})
+    return _rows(joined, torch.argsort(order).to(joined.final.device))
+
+
 class RunCache:
     """Clean runs kept per prompt (keyed by its token ids), so that later interventions
     on the same prompts skip the clean forward pass: pass one to :func:`run_interventions`
@@ -414,12 +451,15 @@ class RunCache:
                 [k[i:i + 1] for k in run.keys], [v[i:i + 1] for v in run.values],
                 None if run.resid is None else run.resid[:, i:i + 1], run.final[i:i + 1])
 
-    def get(self, model, tokens: torch.Tensor) -> CleanRun:
-        """The clean run of a same-length batch, from the cache where possible."""
+    def get(self, model, tokens: torch.Tensor, groups: Sequence[Sequence[int]] | None = None) -> CleanRun:
+        """The clean run of a same-length batch, from the cache where possible; rows not
+        cached yet run by ``groups`` (:func:`grouped_clean_run`)."""
         keys = [tuple(t.tolist()) for t in tokens]
         missing = [i for i, k in enumerate(keys) if k not in self._store]
         if missing:
-            self.add(clean_run(model, tokens[missing]))
+            pos = {r: j for j, r in enumerate(missing)}
+            todo = None if groups is None else [[pos[r] for r in g if r in pos] for g in groups]
+            self.add(grouped_clean_run(model, tokens[missing], [g for g in todo if g] if todo else None))
         parts = [self._store[k] for k in keys]
         n_layers = len(parts[0][0])
         ks = [torch.cat([p[0][l] for p in parts]) for l in range(n_layers)]
@@ -851,15 +891,17 @@ def path_patching(model, prompts: PromptSet, senders: Sequence[Component] | None
     attention: dict[int, torch.Tensor] = {}
     sums: dict[str, dict[int, torch.Tensor]] = {_z(l): {} for l in range(n_layers)}
     counts: dict[int, int] = {}
-    batches = list(prompts.batches(batch_size, device, by_prefix=True))
+    batches = list(prompts.batches(batch_size, device))
     fast = method == "fast" and not getattr(model.cfg, "parallel_attn_mlp", False) and resumable(model)
     pooled: dict[str, list[torch.Tensor]] = {k: [] for k in ("resid", "attn", "zc", "zf", "mlpf", "ans", "idx")}
     per_batch: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []   # (index, clean logit, patched)
     for batch in tqdm(batches, desc="path patching (runs)", disable=not progress, leave=False):
-        clean = clean_run(model, batch.tokens, path_end_captures(n_layers, capture_attention))
+        groups = prefix_groups(prompts, batch.index)
+        clean = grouped_clean_run(model, batch.tokens, groups, path_end_captures(n_layers, capture_attention))
         if cache is not None:
             cache.add(clean)
-        cf = clean_run(model, batch.cf_tokens, [_z(l) for l in range(n_layers)] + [_mlp_out(l) for l in range(n_layers)])
+        cf = grouped_clean_run(model, batch.cf_tokens, groups,
+                               [_z(l) for l in range(n_layers)] + [_mlp_out(l) for l in range(n_layers)])
         T = batch.tokens.shape[1]
         counts[T] = counts.get(T, 0) + batch.tokens.shape[0]
         for l in range(n_layers):
@@ -979,9 +1021,11 @@ def run_interventions(model, prompts: PromptSet,
     N = len(prompts)
     answer_ids = prompts.first_answer_ids.to(device)
     outs: dict[str, torch.Tensor] = {}
-    batches = list(prompts.batches(batch_size, device, by_prefix=True))
+    batches = list(prompts.batches(batch_size, device))
     for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
-        run = cache.get(model, batch.tokens) if cache is not None else clean_run(model, batch.tokens)
+        groups = prefix_groups(prompts, batch.index)
+        run = (cache.get(model, batch.tokens, groups) if cache is not None
+               else grouped_clean_run(model, batch.tokens, groups))
         vs = variants(batch, run) if callable(variants) else variants
         V = len(vs)
         if not outs:
@@ -1184,20 +1228,21 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
     cf_ids_all = counterfactual_answer_ids(prompts)
     hook_names = sorted({c.hook_name for c in components})
     keys: dict[tuple, list[int]] = {}
-    for i, ids in enumerate(prompts.input_ids):   # one length, few-shot prefix and set of positions per group
-        keys.setdefault((len(ids), prompts.records[i].prefix) + tuple(positions[n][i] for n in names), []).append(i)
+    for i, ids in enumerate(prompts.input_ids):
+        keys.setdefault((len(ids),) + tuple(positions[n][i] for n in names), []).append(i)
     rows = []
     groups = [(k, idx[s:s + batch_size]) for k, idx in keys.items() for s in range(0, len(idx), batch_size)]
     for key, idx in tqdm(groups, desc="activation patching", disable=not progress, leave=False):
         sub = prompts.subset(idx)
         batch = next(sub.batches(len(idx), device))
-        run = cache.get(model, batch.tokens) if cache is not None else clean_run(model, batch.tokens)
-        src = clean_run(model, batch.cf_tokens, hook_names).captured   # the prefix shared, as for the clean run
+        groups = prefix_groups(sub, batch.index)
+        run = cache.get(model, batch.tokens, groups) if cache is not None else grouped_clean_run(model, batch.tokens, groups)
+        src = grouped_clean_run(model, batch.cf_tokens, groups, hook_names).captured
         ans = batch.answer_ids
         cf_ans = cf_ids_all[idx].to(device)
         clean_logits = unembed.logits(run.final)
         variants, labels = [], []
-        for n, pos in zip(names, key[2:]):
+        for n, pos in zip(names, key[1:]):
             for c in components:
                 act = src[c.hook_name][:, pos]
                 if c.index is not None:

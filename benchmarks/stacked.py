@@ -9,9 +9,9 @@ once, against the one-at-a-time baseline in the same run.
 * ``cna.run_conditions`` (notebook 04's runs a/b and M sweep): the same number of
   neuron sets zeroed at every position of Yu's 1-digit prompts, against one
   ``run_last_position`` per set.
-* ``patching.clean_run`` (notebook 01's path patching, sweeps and knockouts): a batch
-  of 2-shot Zhang prompts of one template and operator with the shared prefix run
-  once, against the whole batch.
+* ``patching.grouped_clean_run`` (notebook 01's path patching, sweeps and knockouts):
+  a same-length batch of 2-shot Zhang prompts (several templates and operators) with
+  each few-shot prefix run once, against the whole batch.
 
 Checks that each pair gives the same values within float rounding; prints a markdown
 table and appends it, with the command, to ``benchmarks/RESULTS.md``.
@@ -100,16 +100,17 @@ def main() -> None:
     rows.append(("04 every position: `run_conditions` vs one `run_last_position` per condition",
                  f"{len(zs)} conditions x {len(yu)} prompts", t_one, t_many, same[-1]))
 
-    zh = ds.PromptSet.build(ds.zhang_prompts(ops=["+"], n_per_template=16, seed=0, fewshot=2), tok)
-    zh = zh.subset([i for i, r in enumerate(zh.records) if r.template_id == zh.records[0].template_id])
-    batch = max(zh.batches(16, by_prefix=True), key=lambda x: len(x.index))
+    zh = ds.PromptSet.build(ds.zhang_prompts(ops=["+", "-"], n_per_template=4, seed=0, fewshot=2), tok)
+    batch = max(zh.batches(16), key=lambda x: len(x.index))
+    groups = P.prefix_groups(zh, batch.index)
     spec = P.path_end_captures(info.n_layers, attention=True)
     t_one, one = best_of(lambda: P.clean_run(b, batch.tokens, spec, share_prefix=False), args.repeats)
-    t_many, many = best_of(lambda: P.clean_run(b, batch.tokens, spec), args.repeats)
+    t_many, many = best_of(lambda: P.grouped_clean_run(b, batch.tokens, groups, spec), args.repeats)
     same.append(torch.allclose(one.final, many.final, atol=1e-3) and
                 (one.resid is None or torch.allclose(one.resid, many.resid, atol=1e-3)))
-    rows.append(("01 clean run: prefix once vs whole rows", f"{len(batch.index)} prompts x {batch.tokens.shape[1]} tokens",
-                 t_one, t_many, same[-1]))
+    rows.append(("01 clean run: each few-shot prefix once (`grouped_clean_run`) vs whole rows",
+                 f"{len(batch.index)} prompts x {batch.tokens.shape[1]} tokens, {sum(len(g) > 1 for g in groups)} "
+                 f"shared prefixes", t_one, t_many, same[-1]))
 
     device = f"{args.device} ({torch.get_num_threads()} threads)" if args.device == "cpu" else args.device
     table = ["| model | device | what | size | baseline (s) | new (s) | speedup | same values |",

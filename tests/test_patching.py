@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -63,6 +64,35 @@ def test_clean_run_sharing_a_prefix_equals_one_pass(tiny):
     assert torch.allclose(P.run_variants(b, shared, variants), P.run_variants(b, plain, variants), atol=TOL)
     full_map = P.clean_run(b, tokens, {"blocks.1.attn.hook_pattern": None})   # a whole map: no sharing
     assert full_map.captured["blocks.1.attn.hook_pattern"].shape[-2:] == (11, 11)
+
+
+def test_grouped_clean_run_equals_one_pass(tiny):
+    b = tiny.bridge
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(4, b.cfg.d_vocab, (5, 12), generator=g)
+    tokens[[0, 2, 3], :6] = tokens[0, :6]               # rows 0, 2, 3 share a 6-token prefix
+    tokens[[1, 4], :5] = tokens[1, :5]                   # rows 1, 4 another of 5
+    spec = {"blocks.1.attn.hook_z": None, "blocks.0.attn.hook_pattern": lambda a: a[:, :, -1, :]}
+    plain = P.clean_run(b, tokens, spec, share_prefix=False)
+    for groups in ([[0, 2, 3], [1, 4]], [[1, 4], [0], [2, 3]], None):
+        run = P.grouped_clean_run(b, tokens, groups, spec)
+        assert torch.equal(run.tokens, tokens)
+        for x, y in zip(run.keys + run.values, plain.keys + plain.values):
+            assert torch.allclose(x, y, atol=TOL)
+        assert torch.allclose(run.final, plain.final, atol=TOL)
+        if plain.resid is not None:
+            assert torch.allclose(run.resid, plain.resid, atol=TOL)
+        for k in spec:
+            assert torch.allclose(run.captured[k], plain.captured[k], atol=TOL)
+    cache = P.RunCache()
+    cache.add(P.clean_run(b, tokens[[2]]))
+    got = cache.get(b, tokens, [[0, 2, 3], [1, 4]])       # row 2 from the cache, the others grouped
+    assert torch.allclose(got.final, plain.final, atol=TOL) and len(cache) == 5
+
+
+def test_prefix_groups():
+    ps = SimpleNamespace(records=[SimpleNamespace(prefix="p" if i in (0, 2, 3) else f"q{i}") for i in range(5)])
+    assert P.prefix_groups(ps, [4, 3, 2, 1, 0]) == [[1, 2, 4], [0, 3]]
 
 
 def _fast_patch(model, clean, cf, comps, pos):
