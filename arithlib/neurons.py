@@ -476,12 +476,14 @@ def neuron_circuit_faithfulness(runner: AnswerPositionRunner, circuit: Iterable[
     cache = runner_means(means, layers)
     circuit = list(circuit)
     rest = complement(circuit, layers, d_mlp)
-    wanted = {"full": [] if full_logits is None else None,
-              "ablated": mean_neurons_hooks(complement([], layers, d_mlp), cache, position=-1)
-              if ablated_logits is None else None,
-              "circuit": mean_neurons_hooks(rest, cache, position=-1) if circuit and rest else None}
-    names = [k for k, v in wanted.items() if v is not None]
-    got = dict(zip(names, runner.logits_many([wanted[k] for k in names]))) if names else {}
+    todo: dict[str, list[Hook]] = {}   # the runs not given, one pass for all
+    if full_logits is None:
+        todo["full"] = []
+    if ablated_logits is None:
+        todo["ablated"] = mean_neurons_hooks(complement([], layers, d_mlp), cache, position=-1)
+    if circuit and rest:
+        todo["circuit"] = mean_neurons_hooks(rest, cache, position=-1)
+    got = dict(zip(todo, runner.logits_many(list(todo.values())))) if todo else {}
     full_logits = got.get("full", full_logits)
     ablated_logits = got.get("ablated", ablated_logits)
     circuit_logits = got["circuit"] if "circuit" in got else (ablated_logits if not circuit else full_logits)
