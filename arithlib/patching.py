@@ -356,8 +356,8 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
     hook name to a function that reduces the activation before it is stored).
 
     With ``share_prefix`` the leading tokens common to every row (a few-shot prefix,
-    when the batch holds one) run once at batch
-    1 and the rest on top of their keys and values; per-position activations are the
+    when the batch holds one) run once at batch 1 and the rest on top of their keys and
+    values; per-position activations are the
     prefix's (expanded) followed by the rest's, so everything kept equals one full pass
     up to float rounding. An attention map (``hook_pattern``) is then only seen for the
     rest's queries: its reducer must read those (e.g. the last query), and without one
@@ -395,16 +395,29 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
     return CleanRun(tokens, keys, values, resid, out.last_hidden_state[:, -1].clone(), store)
 
 
+#: A prefix group of a batch runs on its own (:func:`prefix_groups`) when the positions it
+#: saves, (rows - 1) x prefix length, reach this: a group adds two passes (its prefix and
+#: its rest), and on a CPU a pass with few rows costs about what 32 token positions do
+#: (reading every weight once), so smaller savings would make the run slower.
+MIN_SAVED_POSITIONS = 64
+
+
 def prefix_groups(prompts: PromptSet, index: Sequence[int]) -> list[list[int]]:
     """Rows of a batch (positions in ``index``) grouped by few-shot prefix
-    (``record.prefix``), for :func:`grouped_clean_run`; rows whose prefix no other row
-    shares form one group together."""
+    (``record.prefix``), for :func:`grouped_clean_run`: a group of its own for each prefix
+    whose sharing saves at least :data:`MIN_SAVED_POSITIONS` token positions, the other
+    rows together in one group."""
+    index = [int(x) for x in index]
     by: dict[str, list[int]] = {}
-    for row, i in enumerate(int(x) for x in index):
+    for row, i in enumerate(index):
         by.setdefault(prompts.records[i].prefix, []).append(row)
-    shared = [g for g in by.values() if len(g) > 1]
-    alone = sorted(r for g in by.values() if len(g) == 1 for r in g)
-    return shared + ([alone] if alone else [])
+
+    def saved(rows: list[int]) -> int:
+        return (len(rows) - 1) * common_prefix([prompts.input_ids[index[r]] for r in rows])
+
+    shared = [g for g in by.values() if saved(g) >= MIN_SAVED_POSITIONS]
+    rest = sorted(r for g in by.values() if saved(g) < MIN_SAVED_POSITIONS for r in g)
+    return shared + ([rest] if rest else [])
 
 
 def _rows(run: CleanRun, rows: torch.Tensor) -> CleanRun:
@@ -428,7 +441,8 @@ def grouped_clean_run(model, tokens: torch.Tensor, groups: Sequence[Sequence[int
                       [torch.cat([r.keys[l] for r in runs]) for l in range(len(runs[0].keys))],
                       [torch.cat([r.values[l] for r in runs]) for l in range(len(runs[0].values))],
                       None if runs[0].resid is None else torch.cat([r.resid for r in runs], 1),
-                      torch.cat([r.final for r in runs]), {k: torch.cat([r.captured[k] for r in runs]) for k in runs[0].captured})
+                      torch.cat([r.final for r in runs]),
+                      {k: torch.cat([r.captured[k] for r in runs]) for k in runs[0].captured})
     return _rows(joined, torch.argsort(order).to(joined.final.device))
 
 
@@ -1235,9 +1249,10 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
     for key, idx in tqdm(groups, desc="activation patching", disable=not progress, leave=False):
         sub = prompts.subset(idx)
         batch = next(sub.batches(len(idx), device))
-        groups = prefix_groups(sub, batch.index)
-        run = cache.get(model, batch.tokens, groups) if cache is not None else grouped_clean_run(model, batch.tokens, groups)
-        src = grouped_clean_run(model, batch.cf_tokens, groups, hook_names).captured
+        by_prefix = prefix_groups(sub, batch.index)
+        run = (cache.get(model, batch.tokens, by_prefix) if cache is not None
+               else grouped_clean_run(model, batch.tokens, by_prefix))
+        src = grouped_clean_run(model, batch.cf_tokens, by_prefix, hook_names).captured
         ans = batch.answer_ids
         cf_ans = cf_ids_all[idx].to(device)
         clean_logits = unembed.logits(run.final)

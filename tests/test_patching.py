@@ -91,8 +91,12 @@ def test_grouped_clean_run_equals_one_pass(tiny):
 
 
 def test_prefix_groups():
-    ps = SimpleNamespace(records=[SimpleNamespace(prefix="p" if i in (0, 2, 3) else f"q{i}") for i in range(5)])
-    assert P.prefix_groups(ps, [4, 3, 2, 1, 0]) == [[1, 2, 4], [0, 3]]
+    long, short = list(range(40)), list(range(100, 110))      # 40- and 10-token prefixes
+    prefixes = ["p", "q1", "p", "p", "q4", "r", "r"]
+    ids = [(long if p == "p" else short if p == "r" else [200 + i]) + [7, i] for i, p in enumerate(prefixes)]
+    ps = SimpleNamespace(records=[SimpleNamespace(prefix=p) for p in prefixes], input_ids=ids)
+    # "p": 3 rows x 40 tokens save 80 positions (a group of its own); "r": 2 x 10 save 10; singletons save 0
+    assert P.prefix_groups(ps, [4, 3, 2, 1, 0, 5, 6]) == [[1, 2, 4], [0, 3, 5, 6]]
 
 
 def _fast_patch(model, clean, cf, comps, pos):
