@@ -9,6 +9,8 @@ What is here, and the paper's counterpart:
   exact (tested against a full forward pass) and about ``prompt length`` times
   cheaper than re-running whole prompts. TransformerLens's patching helpers run
   one full forward pass per patched component, which is why this exists.
+  :meth:`AnswerPositionRunner.logits_many` runs several interventions in one pass
+  (one block of rows each), as every ablation table of notebook 03 does.
 * :func:`neuron_attribution`: attribution patching of every neuron of the chosen
   layers at once (gradient x activation difference, Syed et al. 2023), against the
   mean activation (mean ablation) or a counterfactual prompt's activation; the
