@@ -330,6 +330,18 @@ def _assemble(n: int, parts: list[tuple[torch.Tensor, dict]], targets: torch.Ten
                         resid_mid=fields.get("resid_mid"), coef=fields.get("coef"))
 
 
+def _split_conditions(logits: torch.Tensor, captured: dict[str, torch.Tensor], targets: torch.Tensor,
+                      index: torch.Tensor, names: Sequence[str], parts: dict[str, list]) -> None:
+    """Per condition of a condition-major pass (``len(names)`` blocks of the batch's rows):
+    prediction, log p(target) and captured activations, appended to ``parts[name]``."""
+    nc, B = len(names), len(index)
+    pred = logits.argmax(-1).view(nc, B)
+    logprob = logits.log_softmax(-1).gather(1, targets.repeat(nc)[:, None])[:, 0].view(nc, B)
+    captured = {k: v.view(nc, B, *v.shape[1:]) for k, v in captured.items()}
+    for c, name in enumerate(names):
+        parts[name].append((index, {"pred": pred[c], "logprob": logprob[c], **{k: v[c] for k, v in captured.items()}}))
+
+
 @torch.no_grad()
 def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook] | RowHooks | None], *,
                    capture: Sequence[str] = ("resid_mid", "coef"), targets: torch.Tensor | None = None,
@@ -374,13 +386,7 @@ def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook
             else:
                 with model.hooks(fwd_hooks=stacked_hooks(per, B) + cap.hooks()):
                     out = hf(tokens.repeat(nc, 1), use_cache=False, logits_to_keep=1)
-            logits = out.logits[:, -1].float()
-            pred = logits.argmax(-1).view(nc, B)
-            logprob = logits.log_softmax(-1).gather(1, t.repeat(nc)[:, None])[:, 0].view(nc, B)
-            captured = {k: v.view(nc, B, *v.shape[1:]) for k, v in cap.collect().items()}
-            for c, name in enumerate(chunk):
-                parts[name].append((batch.index, {"pred": pred[c], "logprob": logprob[c],
-                                                   **{k: v[c] for k, v in captured.items()}}))
+            _split_conditions(out.logits[:, -1].float(), cap.collect(), t, batch.index, chunk, parts)
     return {name: _assemble(len(prompts), p, targets) for name, p in parts.items()}
 
 
@@ -430,13 +436,7 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
                     out = hf(last, past_key_values=tiled_cache(hf.config, base, nc), use_cache=True)
                 else:
                     out = hf(last, use_cache=False)
-            logits = out.logits[:, -1].float()
-            pred = logits.argmax(-1).view(nc, B)
-            logprob = logits.log_softmax(-1).gather(1, t.repeat(nc)[:, None])[:, 0].view(nc, B)
-            captured = {k: v.view(nc, B, *v.shape[1:]) for k, v in cap.collect().items()}
-            for c, name in enumerate(chunk):
-                parts[name].append((batch.index, {"pred": pred[c], "logprob": logprob[c],
-                                                   **{k: v[c] for k, v in captured.items()}}))
+            _split_conditions(out.logits[:, -1].float(), cap.collect(), t, batch.index, chunk, parts)
     return {name: _assemble(len(prompts), p, targets) for name, p in parts.items()}
 
 
