@@ -16,21 +16,20 @@ command, to ``benchmarks/RESULTS.md``.
 from __future__ import annotations
 
 import argparse
-import platform
-import shlex
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import arithlib.datasets as ds  # noqa: E402
 import arithlib.finetune as FT  # noqa: E402
 from arithlib.models import load_model  # noqa: E402
+import results  # noqa: E402
 
 
 def time_both(model, train: ds.PromptSet, test: ds.PromptSet, batch_size: int, train_batch: int,
@@ -82,26 +81,21 @@ def main() -> None:
     r = time_both(loaded.bridge, train, test, args.batch_size, args.train_batch)
     whole, shared = r[False], r[True]
     device = f"{args.device} ({torch.get_num_threads()} threads)" if args.device == "cpu" else args.device
-    cmd = "python benchmarks/answer_logits.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     same = whole["accuracy"] == shared["accuracy"] and abs(whole["loss"] - shared["loss"]) < 1e-4 * abs(whole["loss"])
-    table = "\n".join([
-        f"## Teacher-forced answer pass (notebooks 05, 06): one prefix per few-shot group vs whole rows "
-        f"({stamp}, {platform.machine()})", "", f"`{cmd}`", "",
+    table = results.section("Teacher-forced answer pass (notebooks 05, 06): one prefix per few-shot group vs whole rows", [
         "| model | device | pass | whole rows (s) | prefix per group (s) | speedup | same accuracy and loss |",
         "|---|---|---|---|---|---|---|",
         f"| {args.model} | {device} | evaluate {len(test)} prompts, batch {args.batch_size} | {whole['eval_s']:.2f} | "
         f"{shared['eval_s']:.2f} | {whole['eval_s'] / shared['eval_s']:.1f}x | {same} |",
         f"| {args.model} | {device} | one training step, batch {args.train_batch} | {whole['step_s']:.2f} | "
-        f"{shared['step_s']:.2f} | {whole['step_s'] / shared['step_s']:.1f}x | {same} |", ""])
+        f"{shared['step_s']:.2f} | {whole['step_s'] / shared['step_s']:.1f}x | {same} |"])
     print(table)
     print(f"accuracy {whole['accuracy']:.4f} / {shared['accuracy']:.4f}; summed answer log p {whole['logprob']:.5f} / "
           f"{shared['logprob']:.5f}; loss {whole['loss']:.6f} / {shared['loss']:.6f}")
     if not same:
         raise SystemExit("the two passes disagree: not appended")
     if not args.no_append:
-        with open(ROOT / "benchmarks" / "RESULTS.md", "a", encoding="utf-8") as fh:
-            fh.write("\n" + table)
+        results.append(table)
 
 
 if __name__ == "__main__":

@@ -12,21 +12,20 @@ with the command, to ``benchmarks/RESULTS.md``.
 from __future__ import annotations
 
 import argparse
-import platform
-import shlex
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import arithlib.datasets as ds  # noqa: E402
 from arithlib.evaluate import checked_answers, continues_number, greedy_answers  # noqa: E402
 from arithlib.models import load_model  # noqa: E402
+import results  # noqa: E402
 
 
 def _correct(prompts: ds.PromptSet, generated: list[list[int]]) -> list[bool]:
@@ -60,21 +59,16 @@ def main() -> None:
     same = sum(a == b for a, b in zip(ok_g, ok_c))
     answer_tokens = sum(map(len, ps.answer_ids)) / len(ps)
     device = f"{args.device} ({torch.get_num_threads()} threads)" if args.device == "cpu" else args.device
-    cmd = "python benchmarks/evaluate.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    table = "\n".join([
-        f"## Whole-answer evaluation: step-by-step greedy vs one teacher-forced pass ({stamp}, {platform.machine()})",
-        "", f"`{cmd}`", "",
+    table = results.section("Whole-answer evaluation: step-by-step greedy vs one teacher-forced pass", [
         "| model | device | prompts | mean answer tokens | greedy (s) | teacher-forced (s) | speedup | accuracy | same verdict |",
         "|---|---|---|---|---|---|---|---|---|",
         f"| {args.model} | {device} | {len(ps)} (Yu {args.digits}-digit, 2-shot) | {answer_tokens:.1f} | {t_greedy:.1f} | "
-        f"{t_checked:.1f} | {t_greedy / t_checked:.1f}x | {sum(ok_c) / len(ps):.0%} | {same} of {len(ps)} |", ""])
+        f"{t_checked:.1f} | {t_greedy / t_checked:.1f}x | {sum(ok_c) / len(ps):.0%} | {same} of {len(ps)} |"])
     print(table)
     if same != len(ps):
         raise SystemExit("the two methods disagree on some prompt: not appended")
     if not args.no_append:
-        with open(ROOT / "benchmarks" / "RESULTS.md", "a", encoding="utf-8") as fh:
-            fh.write("\n" + table)
+        results.append(table)
 
 
 if __name__ == "__main__":
