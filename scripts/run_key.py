@@ -75,7 +75,7 @@ def run_key(notebook: Path, out_dir: Path, params: list[str]) -> str:
     code = [PACKAGE / f"{m}.py" for m in sorted(notebook_modules(notebook))]
     for path in code + sorted((ROOT / "data").rglob("*")) + [notebook]:
         if path.is_file():
-            h.update(str(path.relative_to(ROOT)).encode())
+            h.update(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name).encode())
             h.update(path.read_bytes())
     for dep in upstream(notebook):
         key = out_dir / f"{dep.stem}.key"

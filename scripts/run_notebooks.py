@@ -1,0 +1,329 @@
+"""Execute the numbered notebooks with papermill, several at once, for run_all.sh.
+
+    run_notebooks.py --out OUT --figures FIG --model M --device D --quick Q --seed S
+                     [--only NN,NN] [--force] [--jobs N] [--threads T] [--notebooks DIR]
+
+Why several at once: on a CPU a notebook's kernel keeps its cores busy only while it
+runs large matrix products; tokenising, Python loops, small passes and each kernel's
+start (about 15 s of imports and model loading) leave one core of two idle. Two
+notebooks of one thread each fill both cores (measured on the 2-core build machine:
+notebooks 03 and 07 take 248 s one after the other with two threads each and 202 s
+side by side with one thread each). ``--jobs 1`` runs them one after the other.
+
+Determinism: every notebook runs with the same number of torch threads (``--threads``,
+default: the cores divided by ``--jobs``), whatever runs beside it, and that number is
+part of the notebook's cache key, since the rounding of float sums depends on it. So
+the same command on the same machine gives the same tables, and ``--only 03`` gives the
+tables that notebook gets in the full run.
+
+Order: a notebook starts once the notebooks whose tables it reads (``run_key.upstream``)
+have finished; among those ready, the one heading the longest remaining chain of
+expected times goes first (the times and peak memory of the last run, from
+``FIG/<model>/timings.csv``), and a notebook starts beside others only if the sum of
+their peak memories fits in 90 % of RAM (one whose peak is unknown runs alone). The
+order changes when notebooks finish, never what they compute.
+
+A notebook whose cache key (``run_key.py``) is unchanged since its last successful run
+is skipped (``--force`` reruns it). After a failure no new notebook starts; the ones
+running finish, and the script exits 1 naming the failed notebook and its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_key import run_key, upstream  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MEMORY_SHARE = 0.9  # of physical RAM that notebooks running side by side may take together
+
+
+@dataclass
+class Notebook:
+    """One notebook to run: its upstream notebooks (names) and its last run's cost."""
+
+    path: Path
+    deps: list[str] = field(default_factory=list)
+    expected_s: float = 1.0
+    expected_mib: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+def remaining_chain(notebooks: dict[str, Notebook]) -> dict[str, float]:
+    """Expected seconds from each notebook's start to the end of the longest chain of
+    notebooks that wait on it (its own time included): the scheduling priority."""
+    downstream: dict[str, list[str]] = {n: [] for n in notebooks}
+    for nb in notebooks.values():
+        for d in nb.deps:
+            if d in downstream:
+                downstream[d].append(nb.name)
+    memo: dict[str, float] = {}
+
+    def chain(name: str) -> float:
+        if name not in memo:
+            memo[name] = notebooks[name].expected_s + max((chain(c) for c in downstream[name]), default=0.0)
+        return memo[name]
+
+    return {n: chain(n) for n in notebooks}
+
+
+def pick(ready: list[str], running: list[str], notebooks: dict[str, Notebook], jobs: int,
+         budget_mib: float | None) -> str | None:
+    """The ready notebook to start now, or None: the one with the longest remaining
+    chain (ties: the lower number) if fewer than ``jobs`` run and its expected peak
+    memory fits beside theirs in ``budget_mib`` (None: no limit)."""
+    if not ready or len(running) >= jobs:
+        return None
+    priority = remaining_chain(notebooks)
+    for name in sorted(ready, key=lambda n: (-priority[n], n)):
+        if not running or budget_mib is None:
+            return name
+        if sum(notebooks[n].expected_mib or 0.0 for n in running + [name]) <= budget_mib:
+            return name
+    return None
+
+
+def last_costs(timings_csv: Path) -> dict[str, tuple[float, float | None]]:
+    """(seconds, peak MiB) of each notebook in a previous run's ``timings.csv``."""
+    costs: dict[str, tuple[float, float | None]] = {}
+    if timings_csv.is_file():
+        with timings_csv.open() as f:
+            for row in csv.DictReader(f):
+                try:
+                    seconds = float(row["seconds"])
+                except (KeyError, ValueError):
+                    continue
+                try:
+                    peak = float(row.get("peak_rss_mib") or "")
+                except ValueError:
+                    peak = None
+                costs[row["notebook"]] = (seconds, peak)
+    return costs
+
+
+def physical_memory_mib() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+class Runner:
+    """Starts notebooks in the order above and records their keys, times and peaks."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.fig = Path(args.figures) / args.model.replace("/", "__")
+        self.fig.mkdir(parents=True, exist_ok=True)
+        self.params = [args.model, args.device, args.quick, str(args.seed), str(args.figures)]
+        if args.threads != 0:  # keys of runs before threads were recorded stay valid for torch's default
+            self.params.append(f"threads={args.threads}")
+        paths = sorted(Path(args.notebooks).glob("[0-9][0-9]_*.ipynb"))
+        only = {s.strip() for s in args.only.split(",") if s.strip()} if args.only else None
+        costs = last_costs(self.fig / "timings.csv")
+        known = [peak for _, peak in costs.values() if peak is not None]
+        unknown_peak = max(known, default=None)  # a notebook not measured yet: the model's largest peak
+        self.notebooks: dict[str, Notebook] = {}
+        for p in paths:
+            if only is not None and p.name[:2] not in only:
+                continue
+            seconds, peak = costs.get(p.stem, (1.0, None))
+            self.notebooks[p.stem] = Notebook(p, [d.stem for d in upstream(p)], seconds,
+                                              peak if peak is not None else unknown_peak)
+        self.pending = list(self.notebooks)
+        self.running: dict[str, tuple[subprocess.Popen, float, threading.Thread, str]] = {}
+        self.rows: list[dict] = []
+        self.failed: str | None = None
+        self.t0 = time.time()
+        self.budget = physical_memory_mib()
+        self.budget = self.budget * MEMORY_SHARE if self.budget else None
+
+    def log(self, msg: str) -> None:
+        print(f"=== [{time.time() - self.t0:5.0f}s] {msg}", flush=True)
+
+    def _ready(self) -> list[str]:
+        """Pending notebooks whose selected upstream notebooks have all finished."""
+        waiting = set(self.pending) | set(self.running)
+        return [n for n in self.pending if not any(d in waiting for d in self.notebooks[n].deps)]
+
+    def _start(self, name: str, key: str) -> None:
+        a, nb = self.args, self.notebooks[name]
+        (self.out / f"{name}.key").unlink(missing_ok=True)
+        cmd = [sys.executable, str(ROOT / "scripts" / "peak_memory.py"), str(self.out / f"{name}.peak_mib.tmp"),
+               sys.executable, "-m", "papermill", str(nb.path), str(self.out / f"{name}.ipynb"),
+               "--cwd", str(nb.path.parent), "-k", "python3", "-p", "model", a.model, "-p", "device", a.device,
+               "-p", "quick", a.quick, "-p", "seed", str(a.seed), "-p", "out_dir", str(a.figures)]
+        env = dict(os.environ)
+        if a.threads:
+            env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        echo = a.jobs == 1
+        log_path = self.out / f"{name}.log"
+
+        def copy() -> None:  # the notebook's output to its log (and the console when alone)
+            with log_path.open("wb") as log:
+                for line in iter(proc.stdout.readline, b""):
+                    log.write(line)
+                    log.flush()
+                    if echo:
+                        sys.stdout.buffer.write(line)
+                        sys.stdout.flush()
+
+        reader = threading.Thread(target=copy, daemon=True)
+        reader.start()
+        self.running[name] = (proc, time.time(), reader, key)
+        self.log(f"{name} started (model={a.model} device={a.device} quick={a.quick} seed={a.seed} "
+                 f"threads={a.threads or 'default'}; log {log_path})")
+
+    def _finish(self, name: str, status: int) -> None:
+        proc, start, reader, key = self.running.pop(name)
+        reader.join()
+        end = time.time()
+        secs = round(end - start)
+        tmp_peak = self.out / f"{name}.peak_mib.tmp"
+        row = {"notebook": name, "seconds": secs, "start_s": round(start - self.t0), "end_s": round(end - self.t0)}
+        if status == 0:
+            _write_atomic(self.out / f"{name}.key", key + "\n")
+            (self.out / f"{name}.seconds").write_text(f"{secs}\n")
+            peak = tmp_peak.read_text().strip() if tmp_peak.is_file() else "NA"
+            (self.out / f"{name}.peak_mib").write_text(peak + "\n")
+            tmp_peak.unlink(missing_ok=True)
+            self.rows.append({**row, "status": "ok", "peak_rss_mib": peak})
+            self.log(f"{name} done in {secs}s")
+        else:
+            peak = tmp_peak.read_text().strip() if tmp_peak.is_file() else "NA"
+            self.rows.append({**row, "status": "failed", "peak_rss_mib": peak})
+            self.failed = self.failed or name
+            print(f"run_all.sh: notebook {name} FAILED (exit {status}) after {secs}s; see {self.out / name}.ipynb and "
+                  f"{self.out / name}.log.", file=sys.stderr, flush=True)
+
+    def _skip_unchanged(self) -> bool:
+        """Mark the ready notebooks whose cache key is unchanged as done (not with
+        ``--force``); whether any was."""
+        skipped = False
+        for name in self._ready():
+            key = run_key(self.notebooks[name].path, self.out, self.params)
+            kfile, sfile = self.out / f"{name}.key", self.out / f"{name}.seconds"
+            if not self.args.force and kfile.is_file() and kfile.read_text().strip() == key:
+                self.pending.remove(name)
+                self.rows.append({"notebook": name, "status": "cached",
+                                  "seconds": sfile.read_text().strip() if sfile.is_file() else "NA"})
+                self.log(f"{name} is up to date (key {key}); skipped (--force reruns it)")
+                skipped = True
+        return skipped
+
+    def run(self) -> int:
+        try:
+            while self.pending or self.running:
+                for name in list(self.running):
+                    status = self.running[name][0].poll()
+                    if status is not None:
+                        self._finish(name, status)
+                if self.failed:
+                    self.pending = []
+                while self._skip_unchanged():
+                    pass
+                name = pick(self._ready(), list(self.running), self.notebooks, self.args.jobs, self.budget)
+                if name is not None:
+                    self.pending.remove(name)
+                    self._start(name, run_key(self.notebooks[name].path, self.out, self.params))
+                    continue
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            for proc, *_ in self.running.values():
+                os.killpg(proc.pid, signal.SIGTERM)
+            print("run_all.sh: interrupted; the running notebooks were stopped and keep no key", file=sys.stderr)
+            return 130
+        self._write_timings()
+        if self.failed:
+            print(f"run_all.sh: what the other notebooks produced is kept in {self.fig}/.", file=sys.stderr)
+            return 1
+        self.log(f"all notebooks done in {time.time() - self.t0:.0f}s (jobs={self.args.jobs}, "
+                 f"threads={self.args.threads or 'default'}); timings in {self.out / 'timings.csv'}")
+        return 0
+
+    def _write_timings(self) -> None:
+        """This run's rows (``OUT/timings.csv``) and, beside the figures, every notebook's
+        last successful run (wall seconds, whether it ran now, peak MiB, start and end
+        seconds from the start of this run)."""
+        cols = ["notebook", "seconds", "status", "peak_rss_mib", "start_s", "end_s"]
+        lines = [",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in self.rows]
+        _write_atomic(self.out / "timings.csv", "\n".join(lines) + "\n")
+        ran = {r["notebook"]: r for r in self.rows if r["status"] == "ok"}
+        out = ["notebook,seconds,this_run,peak_rss_mib,threads,start_s,end_s"]
+        previous = {}
+        if (self.fig / "timings.csv").is_file():
+            with (self.fig / "timings.csv").open() as f:
+                previous = {r["notebook"]: r for r in csv.DictReader(f)}
+        for p in sorted(Path(self.args.notebooks).glob("[0-9][0-9]_*.ipynb")):
+            name = p.stem
+            if name in ran:
+                r = ran[name]
+                out.append(f"{name},{r['seconds']},ran,{r['peak_rss_mib']},{self.args.threads or 'default'},"
+                           f"{r['start_s']},{r['end_s']}")
+            elif (self.out / f"{name}.seconds").is_file():
+                old = previous.get(name, {})
+                out.append(f"{name},{(self.out / f'{name}.seconds').read_text().strip()},cached,"
+                           f"{(self.out / f'{name}.peak_mib').read_text().strip() if (self.out / f'{name}.peak_mib').is_file() else 'NA'},"
+                           f"{old.get('threads') or 'NA'},,")
+        _write_atomic(self.fig / "timings.csv", "\n".join(out) + "\n")
+
+
+def default_jobs(device: str, cores: int) -> int:
+    """Two notebooks at once on a CPU with at least two cores; one at a time on a GPU
+    (two models in one GPU's memory would cap the model size)."""
+    return 2 if device == "cpu" and cores >= 2 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--figures", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--device", required=True, help="the notebooks' device parameter (cpu, cuda, auto, ...)")
+    ap.add_argument("--resolved-device", default=None, help="what --device resolves to here (picks the default --jobs)")
+    ap.add_argument("--quick", default="False")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--jobs", type=int, default=None, help="notebooks at once (default: 2 on a CPU, 1 on a GPU)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads per notebook (default: cores // jobs; 0: torch's default)")
+    ap.add_argument("--notebooks", default=str(ROOT / "notebooks"))
+    args = ap.parse_args(argv)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if args.jobs is None:
+        args.jobs = default_jobs(args.resolved_device or args.device, cores)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
+    if args.threads is None:
+        args.threads = max(1, cores // args.jobs) if args.jobs > 1 else 0
+    if args.threads < 0:
+        ap.error("--threads must be 0 (torch's default) or more")
+    return Runner(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

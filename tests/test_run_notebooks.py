@@ -1,0 +1,93 @@
+"""run_all.sh's scheduler: order by dependencies and remaining chain, memory limit, keys,
+threads, and a failing notebook stopping the run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
+rn = importlib.util.module_from_spec(spec)
+sys.modules["run_notebooks"] = rn  # its dataclass looks its module up
+spec.loader.exec_module(rn)
+
+
+def _nbs(**spec) -> dict:
+    return {name: rn.Notebook(Path(f"{name}.ipynb"), deps, s, mib) for name, (deps, s, mib) in spec.items()}
+
+
+def test_remaining_chain_and_pick_follow_the_longest_chain():
+    nbs = _nbs(**{"00_a": ([], 300, 3000), "01_b": ([], 500, 5000), "02_c": (["01_b"], 100, 3000),
+                  "05_e": (["01_b"], 400, 15000), "06_f": (["05_e"], 350, 4000)})
+    chain = rn.remaining_chain(nbs)
+    assert chain["01_b"] == 500 + 400 + 350 and chain["05_e"] == 750 and chain["00_a"] == 300
+    assert rn.pick(["00_a", "01_b"], [], nbs, 2, None) == "01_b"  # heads the longest chain
+    assert rn.pick(["00_a"], ["01_b"], nbs, 2, None) == "00_a"
+    assert rn.pick(["00_a"], ["01_b", "02_c"], nbs, 2, None) is None  # both lanes busy
+    # memory: 05 (15 GB) fits beside 00 (3 GB) in 20 GB, not beside 01 (5 GB) in 19 GB
+    assert rn.pick(["05_e"], ["00_a"], nbs, 2, 20000) == "05_e"
+    assert rn.pick(["05_e"], ["01_b"], nbs, 2, 19000) is None
+    assert rn.pick(["05_e", "02_c"], ["01_b"], nbs, 2, 19000) == "02_c"  # the next one that fits
+    assert rn.pick(["05_e"], [], nbs, 2, 1000) == "05_e"  # alone it always starts
+
+
+def test_last_costs_reads_timings(tmp_path):
+    (tmp_path / "timings.csv").write_text("notebook,seconds,this_run,peak_rss_mib\n00_a,280,ran,3604\n01_b,535,cached,NA\n")
+    assert rn.last_costs(tmp_path / "timings.csv") == {"00_a": (280.0, 3604.0), "01_b": (535.0, None)}
+    assert rn.last_costs(tmp_path / "missing.csv") == {}
+
+
+def test_default_jobs():
+    assert rn.default_jobs("cpu", 2) == 2 and rn.default_jobs("cpu", 1) == 1
+    assert rn.default_jobs("cuda", 16) == 1 and rn.default_jobs("cuda:1", 16) == 1
+
+
+def _notebook(path: Path, code: str) -> None:
+    cells = [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "execution_count": None, "outputs": [],
+              "source": 'model = "x"\ndevice = "cpu"\nquick = False\nseed = 0\nout_dir = "."\n'},
+             {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": code}]
+    nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(nb))
+
+
+def test_runs_notebooks_two_at_a_time_with_fixed_threads(tmp_path, capsys):
+    nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
+    nb_dir.mkdir()
+    record = ("import os, time, torch\nfrom pathlib import Path\n"
+              "d = Path(out_dir) / model\nd.mkdir(parents=True, exist_ok=True)\n"
+              "(d / (NAME + '.txt')).write_text(f\"{os.environ.get('OMP_NUM_THREADS')} {torch.get_num_threads()} "
+              "{time.time()}\")\n")
+    _notebook(nb_dir / "01_a.ipynb", "NAME = '01_a'\n" + record + "time.sleep(2)\n")
+    _notebook(nb_dir / "02_b.ipynb", "NAME = '02_b'\n" + record
+              + "assert (Path(out_dir) / model / '01_a.txt').exists()  # reads 01_a's table\n")
+    _notebook(nb_dir / "03_c.ipynb", "NAME = '03_c'\n" + record)
+    args = ["--out", str(out), "--figures", str(fig), "--model", "m", "--device", "cpu", "--notebooks", str(nb_dir),
+            "--jobs", "2", "--threads", "1"]
+    assert rn.main(args) == 0
+    got = {p.stem: p.read_text().split() for p in (fig / "m").glob("*.txt")}
+    assert set(got) == {"01_a", "02_b", "03_c"}
+    assert all(v[:2] == ["1", "1"] for v in got.values())  # every notebook ran with one torch thread
+    assert float(got["02_b"][2]) > float(got["01_a"][2])  # after the notebook whose tables it reads
+    rows = (fig / "m" / "timings.csv").read_text().splitlines()
+    assert rows[0].startswith("notebook,seconds,this_run,peak_rss_mib,threads") and len(rows) == 4
+    starts = {r.split(",")[0]: int(r.split(",")[5]) for r in rows[1:]}
+    ends = {r.split(",")[0]: int(r.split(",")[6]) for r in rows[1:]}
+    assert starts["03_c"] < ends["01_a"]  # side by side
+    assert all((out / f"{n}.key").is_file() for n in got)
+
+    capsys.readouterr()
+    assert rn.main(args) == 0  # nothing changed: every notebook is skipped
+    assert capsys.readouterr().out.count("is up to date") == 3
+    assert rn.main(args[:-1] + ["2"]) == 0  # another thread count is another key: all rerun
+    assert capsys.readouterr().out.count("started") == 3
+
+    _notebook(nb_dir / "01_a.ipynb", "raise RuntimeError('boom')\n")
+    assert rn.main(args) == 1
+    err = capsys.readouterr().err
+    assert "01_a FAILED" in err and "01_a.log" in err
+    assert not (out / "01_a.key").exists()
