@@ -22,12 +22,13 @@ def table11(table: pd.DataFrame, title: str = ""):
     """Yu Table 11 with costs, three panels: test accuracy (%) per model (random-pruned:
     mean over seeds, seeds as dots; Yu's Llama-7B values as open diamonds), parameters
     (M; deep-FFN part hatched) and forward time (ms). ``table``: model, accuracy, paper,
-    n_params, n_deep_ffn_params, forward_s (NaN where not timed)."""
+    n_params, n_deep_ffn_params, forward_min_s (the fastest timed pass; NaN where not
+    timed)."""
     order = [m for m in _COLOURS if m in set(table.model)]
     agg = table.groupby("model", sort=False).agg(accuracy=("accuracy", "mean"), paper=("paper", "first"),
                                                  n_params=("n_params", "first"),
                                                  n_deep=("n_deep_ffn_params", "first"),
-                                                 forward_s=("forward_s", "median")).reindex(order)
+                                                 forward_s=("forward_min_s", "median")).reindex(order)
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.4, 1, 1]})
     x = np.arange(len(order))
     colours = [_COLOURS[m] for m in order]
@@ -60,7 +61,7 @@ def table11(table: pd.DataFrame, title: str = ""):
         ax.text(i, (0 if np.isnan(v) else v) * 1.01, "n/a" if np.isnan(v) else f"{v:.0f}" if v >= 10 else f"{v:.1f}",
                 ha="center", va="bottom", fontsize=8)
     ax.set_xticks(x, [m.replace("LoRA on ", "") for m in order], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("forward pass (ms, median)")
+    ax.set_ylabel("forward pass (ms, fastest of the repeats)")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

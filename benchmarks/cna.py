@@ -12,19 +12,18 @@ to ``benchmarks/RESULTS.md``.
 from __future__ import annotations
 
 import argparse
-import platform
-import shlex
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import arithlib.cna as C  # noqa: E402
+import results  # noqa: E402
 import arithlib.datasets as ds  # noqa: E402
 from arithlib.models import load_model, random_model_dir  # noqa: E402
 
@@ -83,14 +82,9 @@ def main() -> None:
     print(header)
     print(row)
     if not args.no_append:
-        path = ROOT / "benchmarks" / "RESULTS.md"
-        cmd = ".venv/bin/python benchmarks/cna.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        block = (f"\n## CNA importance, all neurons x prompts: batched vs per-neuron loop ({stamp}, "
-                 f"{platform.machine()})\n\n`{cmd.strip()}`\n\n{header}\n{row}\n")
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(block)
-        print(f"appended to {path}")
+        results.append(results.section("CNA importance, all neurons x prompts: batched vs per-neuron loop",
+                                       [*header.split("\n"), row]))
+        print(f"appended to {results.RESULTS}")
 
 
 if __name__ == "__main__":

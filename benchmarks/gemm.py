@@ -18,15 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shlex
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results  # noqa: E402
 #: (d_model, d_mlp) of the MLP up-projection, by model (the registry's shapes).
 SHAPES = {"smollm2-135m": (576, 1536), "qwen2.5-coder-0.5b": (896, 4864), "qwen2.5-coder-1.5b": (1536, 8960),
           "llama3-8b": (4096, 14336)}
@@ -73,19 +72,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header = f"| model | MLP matrix | {cols} |\n|---|---|" + "---|" * len(a.rows)
     lines = [f"| {r['model']} | {r['shape']} | " + " | ".join(f"{v:.0f} ({v / r['best']:.0%})" for v in r["rates"].values())
              + " |" for r in rows]
-    command = "python benchmarks/gemm.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     text = "\n".join([header, *lines])
     print(text)
     if not a.no_write:
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         if torch.device(a.device).type == "cuda":
             where = f"{torch.cuda.get_device_name(a.device)}, torch {torch.__version__}"
         else:
             where = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
-        with RESULTS.open("a") as f:
-            f.write(f"\n## {a.dtype} matrix product rate by rows per call ({stamp}, {where})\n\n`{command.strip()}`\n\n"
-                    "GFLOP/s of `[M, d_model] @ [d_model, d_mlp]` (share of the best M in parentheses).\n\n"
-                    + text + "\n")
+        results.append(results.section(f"{a.dtype} matrix product rate by rows per call", text.split("\n"), where=where,
+                                       argv=argv, note="GFLOP/s of `[M, d_model] @ [d_model, d_mlp]` (share of the best "
+                                       "M in parentheses)."))
     return rows
 
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import platform
-import shlex
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -26,7 +24,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import results  # noqa: E402
 from arithlib.cna import mlp_values  # noqa: E402
 from arithlib.models import load_model, load_random_model  # noqa: E402
 
@@ -70,11 +70,9 @@ def main(argv: list[str] | None = None) -> dict:
              f"| {a.model} | {L} | {t_stacked:.3f} | {t_layer:.4f} | {row['speedup']:.0f}x | {same} |")
     print(table)
     if not a.no_append:
-        cmd = "python benchmarks/layer_weights.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with RESULTS.open("a") as f:
-            f.write(f"\n## One layer's MLP weights from the bridge: stacked property vs the block's own "
-                    f"({stamp}, {platform.machine()}, {torch.get_num_threads()} threads)\n\n`{cmd}`\n\n{table}\n")
+        results.append(results.section("One layer's MLP weights from the bridge: stacked property vs the block's own",
+                                       table.split("\n"), where=f"{platform.machine()}, {torch.get_num_threads()} threads",
+                                       argv=argv))
     return row
 
 

@@ -12,15 +12,20 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
-def command() -> str:
-    """The command line that is running, as a user would type it."""
-    return "python " + " ".join(shlex.quote(a) for a in [f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+def command(argv: list[str] | None = None) -> str:
+    """The command line that is running (``argv``: its arguments, default the
+    process's own), as a user would type it."""
+    args = sys.argv[1:] if argv is None else argv
+    return "python " + " ".join(shlex.quote(a) for a in [f"benchmarks/{Path(sys.argv[0]).name}", *args])
 
 
-def section(title: str, table: list[str]) -> str:
-    """``## title (time, machine)``, the command, and the table's lines."""
+def section(title: str, table: list[str], *, where: str | None = None, argv: list[str] | None = None,
+            note: str | None = None) -> str:
+    """``## title (time, where)`` (``where`` defaults to the machine type), the
+    command, an optional note, and the table's lines."""
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return "\n".join([f"## {title} ({stamp}, {platform.machine()})", "", f"`{command()}`", "", *table, ""])
+    head = [f"## {title} ({stamp}, {where or platform.machine()})", "", f"`{command(argv)}`", ""]
+    return "\n".join(head + ([note, ""] if note else []) + [*table, ""])
 
 
 def append(text: str) -> None:

@@ -80,3 +80,12 @@ def test_answer_logits_benchmark_times_both_passes_with_equal_results():
     assert abs(r[True]["loss"] - r[False]["loss"]) < 1e-4 and abs(r[True]["logprob"] - r[False]["logprob"]) < 1e-3
     assert all(r[s][k] > 0 for s in (True, False) for k in ("eval_s", "step_s"))
     assert [p.requires_grad for p in FT.shared_hf_model(tiny.bridge).parameters()] == before
+
+
+def test_results_section_names_the_command_and_machine():
+    r = _load("results")
+    text = r.section("T", ["| a |", "|---|", "| 1 |"], where="box", argv=["--x", "a b"], note="n")
+    lines = text.split("\n")
+    assert lines[0].startswith("## T (") and lines[0].endswith(", box)")
+    assert lines[2].startswith("`python benchmarks/") and lines[2].endswith(" --x 'a b'`")
+    assert lines[4] == "n" and lines[6:9] == ["| a |", "|---|", "| 1 |"]
