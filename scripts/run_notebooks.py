@@ -151,6 +151,9 @@ class Runner:
             seconds, peak = costs.get(p.stem, (1.0, None))
             self.notebooks[p.stem] = Notebook(p, [d.stem for d in upstream(p)], seconds,
                                               peak if peak is not None else unknown_peak)
+        if only is not None and not self.notebooks:
+            raise SystemExit(f"run_all.sh: --only {args.only} matches no notebook in {args.notebooks} "
+                             "(give two-digit numbers, e.g. --only 00,03)")
         self.pending = list(self.notebooks)
         self.running: dict[str, tuple[subprocess.Popen, float, threading.Thread, str]] = {}
         self.rows: list[dict] = []
@@ -235,6 +238,10 @@ class Runner:
         return skipped
 
     def run(self) -> int:
+        def stop(signum, frame):  # a kill of run_all.sh stops the notebooks too (they run in sessions of their own)
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, stop)
         try:
             while self.pending or self.running:
                 for name in list(self.running):

@@ -41,6 +41,17 @@ def test_last_costs_reads_timings(tmp_path):
     assert rn.last_costs(tmp_path / "missing.csv") == {}
 
 
+def test_only_that_matches_nothing_is_an_error(tmp_path):
+    args = ["--out", str(tmp_path / "o"), "--figures", str(tmp_path / "f"), "--model", "m", "--device", "cpu",
+            "--only", "99"]
+    try:
+        rn.main(args)
+    except SystemExit as err:
+        assert "--only 99 matches no notebook" in str(err)
+    else:
+        raise AssertionError("no error for --only 99")
+
+
 def test_default_jobs():
     assert rn.default_jobs("cpu", 2) == 2 and rn.default_jobs("cpu", 1) == 1
     assert rn.default_jobs("cuda", 16) == 1 and rn.default_jobs("cuda:1", 16) == 1
