@@ -28,7 +28,7 @@ def table11(table: pd.DataFrame, title: str = ""):
     agg = table.groupby("model", sort=False).agg(accuracy=("accuracy", "mean"), paper=("paper", "first"),
                                                  n_params=("n_params", "first"),
                                                  n_deep=("n_deep_ffn_params", "first"),
-                                                 forward_s=("forward_min_s", "median")).reindex(order)
+                                                 forward_min_s=("forward_min_s", "median")).reindex(order)
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.4, 1, 1]})
     x = np.arange(len(order))
     colours = [_COLOURS[m] for m in order]
@@ -55,7 +55,7 @@ def table11(table: pd.DataFrame, title: str = ""):
     ax.set_ylabel("parameters (M)")
     ax.legend(fontsize=7)
     ax = axes[2]
-    ms = 1000 * agg.forward_s.to_numpy(dtype=float)
+    ms = 1000 * agg.forward_min_s.to_numpy(dtype=float)
     ax.bar(x, np.nan_to_num(ms), color=colours)
     for i, v in enumerate(ms):
         ax.text(i, (0 if np.isnan(v) else v) * 1.01, "n/a" if np.isnan(v) else f"{v:.0f}" if v >= 10 else f"{v:.1f}",

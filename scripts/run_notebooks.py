@@ -96,21 +96,27 @@ def pick(ready: list[str], running: list[str], notebooks: dict[str, Notebook], j
     return None
 
 
-def last_costs(timings_csv: Path) -> dict[str, tuple[float, float | None]]:
-    """(seconds, peak MiB) of each notebook in a previous run's ``timings.csv``."""
+def read_timings(timings_csv: Path) -> dict[str, dict[str, str]]:
+    """The rows of a previous run's ``timings.csv`` by notebook (empty if there is none)."""
+    if not timings_csv.is_file():
+        return {}
+    with timings_csv.open() as f:
+        return {row["notebook"]: row for row in csv.DictReader(f)}
+
+
+def last_costs(rows: dict[str, dict[str, str]]) -> dict[str, tuple[float, float | None]]:
+    """(seconds, peak MiB) of each notebook in :func:`read_timings`'s rows."""
     costs: dict[str, tuple[float, float | None]] = {}
-    if timings_csv.is_file():
-        with timings_csv.open() as f:
-            for row in csv.DictReader(f):
-                try:
-                    seconds = float(row["seconds"])
-                except (KeyError, ValueError):
-                    continue
-                try:
-                    peak = float(row.get("peak_rss_mib") or "")
-                except ValueError:
-                    peak = None
-                costs[row["notebook"]] = (seconds, peak)
+    for name, row in rows.items():
+        try:
+            seconds = float(row["seconds"])
+        except (KeyError, ValueError):
+            continue
+        try:
+            peak = float(row.get("peak_rss_mib") or "")
+        except ValueError:
+            peak = None
+        costs[name] = (seconds, peak)
     return costs
 
 
@@ -141,7 +147,8 @@ class Runner:
             self.params.append(f"threads={args.threads}")
         paths = sorted(Path(args.notebooks).glob("[0-9][0-9]_*.ipynb"))
         only = {s.strip() for s in args.only.split(",") if s.strip()} if args.only else None
-        costs = last_costs(self.fig / "timings.csv")
+        self.previous = read_timings(self.fig / "timings.csv")
+        costs = last_costs(self.previous)
         known = [peak for _, peak in costs.values() if peak is not None]
         unknown_peak = max(known, default=None)  # a notebook not measured yet: the model's largest peak
         self.notebooks: dict[str, Notebook] = {}
@@ -155,7 +162,8 @@ class Runner:
             raise SystemExit(f"run_all.sh: --only {args.only} matches no notebook in {args.notebooks} "
                              "(give two-digit numbers, e.g. --only 00,03)")
         self.pending = list(self.notebooks)
-        self.running: dict[str, tuple[subprocess.Popen, float, threading.Thread, str]] = {}
+        self.keys: dict[str, str] = {}  # computed once a notebook is ready: its inputs are final then
+        self.running: dict[str, tuple[subprocess.Popen, float, threading.Thread]] = {}
         self.rows: list[dict] = []
         self.failed: str | None = None
         self.t0 = time.time()
@@ -170,7 +178,7 @@ class Runner:
         waiting = set(self.pending) | set(self.running)
         return [n for n in self.pending if not any(d in waiting for d in self.notebooks[n].deps)]
 
-    def _start(self, name: str, key: str) -> None:
+    def _start(self, name: str) -> None:
         a, nb = self.args, self.notebooks[name]
         (self.out / f"{name}.key").unlink(missing_ok=True)
         cmd = [sys.executable, str(ROOT / "scripts" / "peak_memory.py"), str(self.out / f"{name}.peak_mib.tmp"),
@@ -196,38 +204,39 @@ class Runner:
 
         reader = threading.Thread(target=copy, daemon=True)
         reader.start()
-        self.running[name] = (proc, time.time(), reader, key)
+        self.running[name] = (proc, time.time(), reader)
         self.log(f"{name} started (model={a.model} device={a.device} quick={a.quick} seed={a.seed} "
                  f"threads={a.threads or 'default'}; log {log_path})")
 
     def _finish(self, name: str, status: int) -> None:
-        proc, start, reader, key = self.running.pop(name)
+        proc, start, reader = self.running.pop(name)
         reader.join()
         end = time.time()
         secs = round(end - start)
         tmp_peak = self.out / f"{name}.peak_mib.tmp"
+        peak = tmp_peak.read_text().strip() if tmp_peak.is_file() else "NA"
         row = {"notebook": name, "seconds": secs, "start_s": round(start - self.t0), "end_s": round(end - self.t0)}
         if status == 0:
-            _write_atomic(self.out / f"{name}.key", key + "\n")
+            _write_atomic(self.out / f"{name}.key", self.keys[name] + "\n")
             (self.out / f"{name}.seconds").write_text(f"{secs}\n")
-            peak = tmp_peak.read_text().strip() if tmp_peak.is_file() else "NA"
             (self.out / f"{name}.peak_mib").write_text(peak + "\n")
             tmp_peak.unlink(missing_ok=True)
             self.rows.append({**row, "status": "ok", "peak_rss_mib": peak})
             self.log(f"{name} done in {secs}s")
         else:
-            peak = tmp_peak.read_text().strip() if tmp_peak.is_file() else "NA"
             self.rows.append({**row, "status": "failed", "peak_rss_mib": peak})
             self.failed = self.failed or name
             print(f"run_all.sh: notebook {name} FAILED (exit {status}) after {secs}s; see {self.out / name}.ipynb and "
                   f"{self.out / name}.log.", file=sys.stderr, flush=True)
 
     def _skip_unchanged(self) -> bool:
-        """Mark the ready notebooks whose cache key is unchanged as done (not with
-        ``--force``); whether any was."""
+        """Compute the cache key of each newly ready notebook and mark it done if the key
+        is unchanged since its last successful run (not with ``--force``); whether any was."""
         skipped = False
         for name in self._ready():
-            key = run_key(self.notebooks[name].path, self.out, self.params)
+            if name in self.keys:
+                continue
+            key = self.keys[name] = run_key(self.notebooks[name].path, self.out, self.params)
             kfile, sfile = self.out / f"{name}.key", self.out / f"{name}.seconds"
             if not self.args.force and kfile.is_file() and kfile.read_text().strip() == key:
                 self.pending.remove(name)
@@ -255,7 +264,7 @@ class Runner:
                 name = pick(self._ready(), list(self.running), self.notebooks, self.args.jobs, self.budget)
                 if name is not None:
                     self.pending.remove(name)
-                    self._start(name, run_key(self.notebooks[name].path, self.out, self.params))
+                    self._start(name)
                     continue
                 time.sleep(0.5)
         except KeyboardInterrupt:
@@ -280,10 +289,6 @@ class Runner:
         _write_atomic(self.out / "timings.csv", "\n".join(lines) + "\n")
         ran = {r["notebook"]: r for r in self.rows if r["status"] == "ok"}
         out = ["notebook,seconds,this_run,peak_rss_mib,threads,start_s,end_s"]
-        previous = {}
-        if (self.fig / "timings.csv").is_file():
-            with (self.fig / "timings.csv").open() as f:
-                previous = {r["notebook"]: r for r in csv.DictReader(f)}
         for p in sorted(Path(self.args.notebooks).glob("[0-9][0-9]_*.ipynb")):
             name = p.stem
             if name in ran:
@@ -291,7 +296,7 @@ class Runner:
                 out.append(f"{name},{r['seconds']},ran,{r['peak_rss_mib']},{self.args.threads or 'default'},"
                            f"{r['start_s']},{r['end_s']}")
             elif (self.out / f"{name}.seconds").is_file():
-                old = previous.get(name, {})
+                old = self.previous.get(name, {})
                 out.append(f"{name},{(self.out / f'{name}.seconds').read_text().strip()},cached,"
                            f"{(self.out / f'{name}.peak_mib').read_text().strip() if (self.out / f'{name}.peak_mib').is_file() else 'NA'},"
                            f"{old.get('threads') or 'NA'},,")

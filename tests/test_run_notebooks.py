@@ -37,8 +37,9 @@ def test_remaining_chain_and_pick_follow_the_longest_chain():
 
 def test_last_costs_reads_timings(tmp_path):
     (tmp_path / "timings.csv").write_text("notebook,seconds,this_run,peak_rss_mib\n00_a,280,ran,3604\n01_b,535,cached,NA\n")
-    assert rn.last_costs(tmp_path / "timings.csv") == {"00_a": (280.0, 3604.0), "01_b": (535.0, None)}
-    assert rn.last_costs(tmp_path / "missing.csv") == {}
+    rows = rn.read_timings(tmp_path / "timings.csv")
+    assert rn.last_costs(rows) == {"00_a": (280.0, 3604.0), "01_b": (535.0, None)}
+    assert rn.read_timings(tmp_path / "missing.csv") == {}
 
 
 def test_only_that_matches_nothing_is_an_error(tmp_path):
