@@ -42,6 +42,13 @@ def test_layer_weights_benchmark_on_a_random_model():
     assert row["same"] and row["layers"] == 2 and row["stacked"] > 0 and row["per_layer"] > 0
 
 
+def test_optimizer_benchmark_on_a_random_model():
+    bo = _load("optimizer")
+    row = bo.main(["--model", "random-llama", "--steps", "2", "--no-append"])
+    assert row["params"] > 0 and row["later_loop"] > 0 and row["later_fused"] > 0
+    assert row["max_diff"] < 1e-5  # the same update up to float rounding
+
+
 def test_patching_rows_go_into_the_first_table(tmp_path):
     bp = _load("patching")
     path = tmp_path / "RESULTS.md"
