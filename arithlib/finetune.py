@@ -78,7 +78,8 @@ from tqdm.auto import tqdm
 
 from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
-from .evaluate import common_prefix, continues_number, kv_cache
+from .evaluate import common_prefix, continues_number
+from .layer_inputs import LayerInputs, can_start_late, gather_rows, run_decoder
 
 Head = tuple[int, int]
 Neuron = tuple[int, int]
@@ -411,8 +412,8 @@ def _padded(rows: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.
     return ids.to(device), mask.to(device)
 
 
-def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 0, share_prefix: bool = True
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 0, share_prefix: bool = True,
+                  inputs: LayerInputs | None = None, same_below: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced logits at the answer positions of prompts ``index``: row i reads
     prompt + answer and gives the logits predicting each answer token (and, with
     ``extra=1``, the token after the answer). Returns ``(logits [B, A, vocab] float32,
@@ -424,32 +425,50 @@ def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 
     prefix's keys and values (gathered per row; padded keys masked out, positions
     those of the unpadded text). A batch that spans several groups thus computes each
     group's prefix once instead of every row's whole prompt. Only the answer positions
-    are unembedded. Equal to one plain forward per row up to float rounding (tested)."""
+    are unembedded. Equal to one plain forward per row up to float rounding (tested).
+
+    ``inputs`` (:class:`arithlib.layer_inputs.LayerInputs` of this prompt set) with
+    ``same_below`` = L, the first block in which ``model`` differs from the reference
+    model of ``inputs``: both passes start at the highest layer <= L recorded for this
+    batch, and record the layers of ``inputs`` up to L they compute (bit-identical to
+    the full pass; Llama-style decoders only, others run in full)."""
     hf = _hf(model)
     device = _device(hf)
-    decoder, unembed = hf.get_decoder(), hf.get_output_embeddings()
+    unembed = hf.get_output_embeddings()
     seqs = [prompts.input_ids[i] + prompts.answer_ids[i] for i in index]
     starts = [len(prompts.input_ids[i]) - 1 for i in index]  # position predicting answer token 0
     n_keep = [len(prompts.answer_ids[i]) + extra for i in index]  # the token after the answer is
     B = len(seqs)                                                   # predicted at the last answer token
     plen = _row_prefix_lengths(prompts, index, seqs, starts) if share_prefix else [0] * B
     suffix, suffix_mask = _padded([s[p:] for s, p in zip(seqs, plen)], device)
+    key = (tuple(index), extra, share_prefix)
+    late = inputs is not None and can_start_late(hf)
+    start = inputs.start(key, same_below) if late else 0
+    record = inputs.wanted(key, start, same_below) if late else []
+    recorded: dict[tuple[str, int], torch.Tensor] = {}
+
+    def run(part: str, **kw):
+        h0 = inputs.get(key, start, part) if start else None
+        hidden, past, rec = run_decoder(hf, start=start, hidden=h0, record=record, **kw)
+        recorded.update({(part, l): h for l, h in rec.items()})
+        return hidden, past
+
     if any(plen):
         keys = [tuple(s[:p]) for s, p in zip(seqs, plen)]
         distinct = list(dict.fromkeys(q for q in keys if q))
         which = {q: k for k, q in enumerate(distinct)}
         prefix, prefix_mask = _padded(distinct, device)
-        cache = decoder(input_ids=prefix, attention_mask=prefix_mask, use_cache=True).past_key_values
+        _, cache = run("prefix", input_ids=prefix, attention_mask=prefix_mask, use_cache=True)
         rows = torch.tensor([which.get(q, 0) for q in keys], device=device)  # rows without a prefix: masked below
-        past = kv_cache(hf.config, ((kv.keys.index_select(0, rows), kv.values.index_select(0, rows))
-                                    for kv in cache.layers))
         row_prefix_mask = prefix_mask.index_select(0, rows) * torch.tensor(
             [p > 0 for p in plen], dtype=torch.long, device=device)[:, None]
         positions = torch.tensor(plen, device=device)[:, None] + torch.arange(suffix.shape[1], device=device)
-        hidden = decoder(input_ids=suffix, attention_mask=torch.cat([row_prefix_mask, suffix_mask], 1),
-                         position_ids=positions, past_key_values=past, use_cache=True).last_hidden_state
+        hidden, _ = run("rows", input_ids=suffix, attention_mask=torch.cat([row_prefix_mask, suffix_mask], 1),
+                        position_ids=positions, past=gather_rows(hf.config, cache, rows), use_cache=True)
     else:  # right padding needs no mask: a causal model's real tokens never see it
-        hidden = decoder(input_ids=suffix, use_cache=False).last_hidden_state
+        hidden, _ = run("rows", input_ids=suffix)
+    for (part, layer), h in recorded.items():
+        inputs.put(key, layer, part, h)
     A = max(n_keep)
     gather = torch.zeros(B, A, dtype=torch.long)
     mask = torch.zeros(B, A, dtype=torch.bool)
@@ -469,23 +488,27 @@ def _answer_targets(prompts: PromptSet, index: Sequence[int], A: int, device) ->
     return t.to(device)
 
 
-def answer_loss(model, prompts: PromptSet, index: Sequence[int], share_prefix: bool = True) -> torch.Tensor:
+def answer_loss(model, prompts: PromptSet, index: Sequence[int], share_prefix: bool = True,
+                inputs: LayerInputs | None = None, same_below: int = 0) -> torch.Tensor:
     """Mean cross-entropy over the answer tokens of prompts ``index`` (teacher forcing;
-    prompt tokens carry no loss)."""
-    logits, _ = answer_logits(model, prompts, index, extra=0, share_prefix=share_prefix)
+    prompt tokens carry no loss). ``inputs``, ``same_below``: as in :func:`answer_logits`
+    (the blocks below ``same_below`` must have no trainable parameter)."""
+    logits, _ = answer_logits(model, prompts, index, extra=0, share_prefix=share_prefix, inputs=inputs,
+                              same_below=same_below)
     targets = _answer_targets(prompts, index, logits.shape[1], logits.device)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
 
 
 @torch.no_grad()
 def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: bool = False,
-                    desc: str = "accuracy", share_prefix: bool = True) -> pd.DataFrame:
+                    desc: str = "accuracy", share_prefix: bool = True, inputs: LayerInputs | None = None,
+                    same_below: int = 0) -> pd.DataFrame:
     """Per-prompt teacher-forced evaluation: ``correct_first`` (first answer token is the
     argmax), ``correct_full`` (every answer token is the argmax after its predecessors
     and the next token does not continue the number: greedy decoding's verdict),
     ``answer_logprob`` (log p of the whole answer) and ``first_logprob``; with the
     prompt's fields (``op``, ``template_id``, ``a``, ``b``, ``answer``, ``family``).
-    ``share_prefix``: as in :func:`answer_logits`."""
+    ``share_prefix``, ``inputs`` and ``same_below``: as in :func:`answer_logits`."""
     hf = _hf(model)
     was_training = hf.training
     hf.eval()
@@ -496,7 +519,8 @@ def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: b
     logprob = np.zeros(n)
     first_lp = np.zeros(n)
     for index in tqdm(answer_batches(prompts, batch_size), desc=desc, disable=not progress, leave=False):
-        logits, mask = answer_logits(hf, prompts, index, extra=1, share_prefix=share_prefix)
+        logits, mask = answer_logits(hf, prompts, index, extra=1, share_prefix=share_prefix, inputs=inputs,
+                                     same_below=same_below)
         lp = logits.log_softmax(-1)
         pred = logits.argmax(-1).cpu()
         for row, i in enumerate(index):
@@ -629,23 +653,30 @@ def _save(path: Path, obj) -> None:
     tmp.replace(path)
 
 
-def make_optimizer(params: Sequence[torch.nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
-    """The optimizer of :func:`train_parameters` (weight decay is applied there, per
-    masked entry). AdamW uses torch's fused kernel on a CPU or a CUDA device: one pass
-    over each parameter and its two moments per step instead of a pass per
-    elementwise operation, which makes full SFT's optimizer step about 8x faster on a
-    CPU (`benchmarks/optimizer.py`); the same update up to float rounding. Elsewhere
-    the single-tensor loop (the fused kernel has no other backends)."""
+def make_optimizer(params: Sequence[torch.nn.Parameter], config: TrainConfig,
+                   decayed: Sequence[torch.nn.Parameter] = ()) -> torch.optim.Optimizer:
+    """The optimizer of :func:`train_parameters`. AdamW: decoupled weight decay
+    (``config.weight_decay``) on the ``decayed`` parameters (the others', masked, is
+    applied per entry by the caller), and torch's fused kernel on a CPU or a CUDA
+    device: one pass over each parameter and its two moments per step instead of a
+    pass per elementwise operation, which makes full SFT's optimizer step about 8x
+    faster on a CPU (`benchmarks/optimizer.py`); the same update up to float rounding.
+    Elsewhere the single-tensor loop (the fused kernel has no other backends). SGD:
+    no decay here (the caller's)."""
     if config.optimizer == "sgd":
         return torch.optim.SGD(params, lr=config.lr)
+    ids = {id(p) for p in decayed}
+    groups = [{"params": [p for p in params if id(p) in ids], "weight_decay": config.weight_decay},
+              {"params": [p for p in params if id(p) not in ids], "weight_decay": 0.0}]
     fused = all(p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, **({"fused": True} if fused else {"foreach": False}))
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr,
+                             **({"fused": True} if fused else {"foreach": False}))
 
 
 def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config: TrainConfig,
                      val_set: PromptSet | None = None, *, progress: bool = True, desc: str = "train",
-                     checkpoint_dir: str | Path | None = None, keep_state: bool = True
-                     ) -> tuple[dict[str, torch.Tensor], dict]:
+                     checkpoint_dir: str | Path | None = None, keep_state: bool = True,
+                     inputs: LayerInputs | None = None, same_below: int = 0) -> tuple[dict[str, torch.Tensor], dict]:
     """The training loop shared by LoRA, precise and full SFT: AdamW (or SGD) on
     ``trainable``'s parameters of the HF ``model``, loss on answer tokens, batches from
     :func:`answer_batches` (order from ``config.seed`` and the epoch), gradient masks
@@ -656,7 +687,10 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
     (the best validation epoch when ``keep_best``, else the last) and a record with
     history, epochs, best_epoch, samples_per_second, train_seconds, n_samples. With
     ``keep_state=False`` no copies are made: the model keeps the last epoch's weights
-    and the returned dict is empty (full SFT of a large model)."""
+    and the returned dict is empty (full SFT of a large model). ``inputs`` (of
+    ``train_set``) and ``same_below`` (no trainable parameter below that block): the
+    forward passes start at a block whose input is recorded there, as in
+    :func:`answer_logits`; the same steps and weights bit for bit."""
     if len(train_set) == 0:
         raise ValueError("empty training set")
     hf = _hf(model)
@@ -677,7 +711,9 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
         if mult is not None:
             grad_mult[n] = mult
     unique = list({p.data_ptr(): p for p in params.values()}.values())
-    opt = make_optimizer(unique, config)
+    # decay of unmasked parameters inside AdamW's step; masked ones (and SGD's) below, per entry
+    by_hand = {n for n in params if n in masks or config.optimizer != "adamw"} if config.weight_decay else set()
+    opt = make_optimizer(unique, config, [p for n, p in params.items() if n not in by_hand])
     steps_per_epoch = len(answer_batches(train_set, config.batch_size))
     total = steps_per_epoch * config.epochs
     if config.max_steps is not None:
@@ -710,7 +746,7 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
             if step >= total:
                 break
             t0 = time.perf_counter()
-            loss = answer_loss(hf, train_set, index)
+            loss = answer_loss(hf, train_set, index, inputs=inputs, same_below=same_below)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             with torch.no_grad():
@@ -721,10 +757,9 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
                 if config.grad_clip is not None:
                     torch.nn.utils.clip_grad_norm_(unique, config.grad_clip)
                 lr_now = opt.param_groups[0]["lr"]
-                if config.weight_decay:
-                    for n, p in params.items():
-                        m = masks.get(n)
-                        p.mul_(1 - lr_now * config.weight_decay * (m if m is not None else 1.0))
+                for n in by_hand:
+                    m = masks.get(n)
+                    params[n].mul_(1 - lr_now * config.weight_decay * (m if m is not None else 1.0))
             opt.step()
             sched.step()
             busy += time.perf_counter() - t0
@@ -833,12 +868,16 @@ class LoraSpec:
 
 
 def train_lora(model, layer: int, train_set: PromptSet, config: TrainConfig, val_set: PromptSet | None = None,
-               lora: LoraSpec = LoraSpec(), *, progress: bool = True, cache_dir: str | Path | None = None
-               ) -> FineTuned:
+               lora: LoraSpec = LoraSpec(), *, progress: bool = True, cache_dir: str | Path | None = None,
+               inputs: LayerInputs | None = None, unchanged_below: int | None = None) -> FineTuned:
     """Yu & Ananiadou Sec. 5: LoRA (peft) on the attention projections of block ``layer``
     only (``layers_to_transform=[layer]``), trained on ``train_set``. ``model`` is an HF
     model or a bridge (trained through :func:`shared_hf_model`; base weights untouched).
-    Returns the merged weights of the layer's projections (W + scaling * B A)."""
+    Returns the merged weights of the layer's projections (W + scaling * B A).
+    ``inputs``: a :class:`~arithlib.layer_inputs.LayerInputs` of ``train_set`` shared by
+    the LoRA runs on one reference model, which ``model`` equals below block
+    ``unchanged_below`` (None: everywhere); the passes start at the highest recorded
+    block up to ``layer`` (training batches depend on the config's seed only)."""
     from peft import LoraConfig, get_peft_model
 
     hf = shared_hf_model(model)
@@ -864,7 +903,9 @@ def train_lora(model, layer: int, train_set: PromptSet, config: TrainConfig, val
                 raise RuntimeError(f"peft added no LoRA weights to layer {layer} for targets {leaf}")
             trainable = _Trainable(lora_params)
             state, record = train_parameters(hf, trainable, train_set, config, val_set, progress=progress,
-                                             desc=f"LoRA L{layer}", checkpoint_dir=ckdir)
+                                             desc=f"LoRA L{layer}", checkpoint_dir=ckdir, inputs=inputs,
+                                             same_below=min(layer, n_layers if unchanged_below is None
+                                                            else unchanged_below))
             with torch.no_grad():
                 for n, v in state.items():
                     lora_params[n].copy_(v.to(lora_params[n].device))
@@ -917,16 +958,37 @@ def select_lr(fit: Callable[[float], FineTuned], lrs: Sequence[float], val_set: 
 
 
 def evaluate_weights(model, weights: Mapping[str, torch.Tensor] | None, sets: Mapping[str, PromptSet],
-                     batch_size: int = 32, progress: bool = False) -> pd.DataFrame:
+                     batch_size: int = 32, progress: bool = False, inputs: Mapping[str, LayerInputs] | None = None,
+                     unchanged_below: int | None = None) -> pd.DataFrame:
     """:func:`answer_accuracy` of the model with ``weights`` swapped in, on each named
-    prompt set, concatenated with a ``set`` column."""
+    prompt set, concatenated with a ``set`` column. ``inputs``: a
+    :class:`~arithlib.layer_inputs.LayerInputs` per set name, recorded from the
+    reference model; ``model`` itself equals the reference below block
+    ``unchanged_below`` (None: everywhere), and ``weights`` from their first block on
+    (:func:`first_changed_layer`), so the passes skip the blocks below the smaller."""
     hf = shared_hf_model(model)
+    n_layers = len(decoder_layers(hf))
+    same_below = min(n_layers if unchanged_below is None else unchanged_below, first_changed_layer(hf, weights))
     frames = []
     with use_weights(hf, weights):
         for name, ps in sets.items():
             if len(ps):
-                frames.append(answer_accuracy(hf, ps, batch_size, progress=progress, desc=name).assign(set=name))
+                frames.append(answer_accuracy(hf, ps, batch_size, progress=progress, desc=name,
+                                              inputs=(inputs or {}).get(name), same_below=same_below).assign(set=name))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def first_changed_layer(model, weights: Mapping[str, torch.Tensor] | None) -> int:
+    """The lowest block holding a parameter named in ``weights`` (clean HF names); the
+    number of blocks for no weights, 0 for a parameter outside the blocks (embeddings,
+    final norm, unembedding: no block is certain to see the same stream)."""
+    n_layers = len(decoder_layers(model))
+    prefixes = [_layer_prefix(model, layer) for layer in range(n_layers)]
+    first = n_layers
+    for name in weights or {}:
+        layer = next((l for l, pre in enumerate(prefixes) if name.startswith(pre)), 0)
+        first = min(first, layer)
+    return first
 
 
 def lora_layer_sweep(model, layers: Sequence[int], train_set: PromptSet, val_set: PromptSet | None,
@@ -947,9 +1009,11 @@ def lora_layer_sweep(model, layers: Sequence[int], train_set: PromptSet, val_set
     lr_rows = []
     fitted: dict[int, FineTuned] = {}
 
+    train_inputs = LayerInputs(layers)  # the original's stream entering the LoRA layers, per training batch
+
     def fit_at(layer: int, lr: float) -> FineTuned:
         return train_lora(model, layer, train_set, replace(config, lr=lr), val_set, lora, progress=progress,
-                          cache_dir=cache_dir)
+                          cache_dir=cache_dir, inputs=train_inputs)
 
     def val_acc(ft: FineTuned, ps: PromptSet) -> float:
         return float(evaluate_weights(model, ft.weights, {"val": ps}, config.eval_batch_size)["correct_full"].mean())
@@ -962,15 +1026,17 @@ def lora_layer_sweep(model, layers: Sequence[int], train_set: PromptSet, val_set
             fitted[layer] = ft
     chosen_lrs = pd.concat(lr_rows)[lambda t: t.chosen]["lr"] if lr_rows else pd.Series([lrs[0]])
     default_lr = float(chosen_lrs.mode().iloc[0]) if len(chosen_lrs) else float(lrs[0])
-    for layer in tqdm(layers, desc="LoRA per layer", disable=not progress):
+    # deepest first: each run records the stream entering the shallower LoRA layers for the next
+    for layer in tqdm(sorted(layers, reverse=True), desc="LoRA per layer", disable=not progress):
         if layer not in fitted:
             fitted[layer] = fit_at(layer, default_lr)
-    base = evaluate_weights(model, None, {"test": test_set}, config.eval_batch_size)
+    inputs = {"test": LayerInputs(layers)}  # the original's stream entering each LoRA layer
+    base = evaluate_weights(model, None, {"test": test_set}, config.eval_batch_size, inputs=inputs)
     rows = [_accuracy_row(base, layer=-1, lr=float("nan"), n_trainable=0, samples_per_second=float("nan"),
                           best_epoch=0, model="original")]
     for layer in layers:
         ft = fitted[layer]
-        frame = evaluate_weights(model, ft.weights, {"test": test_set}, config.eval_batch_size)
+        frame = evaluate_weights(model, ft.weights, {"test": test_set}, config.eval_batch_size, inputs=inputs)
         rows.append(_accuracy_row(frame, layer=layer, lr=ft.config.lr, n_trainable=ft.n_trainable,
                                   samples_per_second=ft.samples_per_second, best_epoch=ft.best_epoch,
                                   model=f"LoRA L{layer}"))

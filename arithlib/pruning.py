@@ -60,6 +60,7 @@ from tqdm.auto import tqdm
 from . import cna as C
 from . import finetune as FT
 from .datasets import PromptSet
+from .layer_inputs import LayerInputs
 
 Keep = Mapping[int, Sequence[int] | torch.Tensor]  # pruned layer -> indices of the neurons kept
 
@@ -503,13 +504,17 @@ def kept_by_layer(keeps: Mapping[str, Keep], widths: Mapping[int, int]) -> pd.Da
 
 
 def evaluate_row(model, weights: Mapping[str, torch.Tensor] | None, test_set: PromptSet, layers: Sequence[int], *,
-                 tokens: torch.Tensor | None = None, repeats: int = 3, batch_size: int = 32) -> dict:
+                 tokens: torch.Tensor | None = None, repeats: int = 3, batch_size: int = 32,
+                 inputs: LayerInputs | None = None, unchanged_below: int | None = None) -> dict:
     """One row of Table 11 for ``model`` (a bridge or an HF model, pruned or not) with
     ``weights`` swapped in (None: as it is): accuracy on ``test_set`` (whole answer,
     ``finetune.answer_accuracy``'s ``correct_full``; also first token, negative /
-    non-negative results), parameter counts, and, with ``tokens``, the forward time."""
+    non-negative results), parameter counts, and, with ``tokens``, the forward time.
+    ``inputs`` / ``unchanged_below``: the original's recorded stream on ``test_set`` and
+    the first block in which ``model`` differs from it (``finetune.evaluate_weights``)."""
     hf = FT.shared_hf_model(model)
-    frame = FT.evaluate_weights(hf, weights, {"test": test_set}, batch_size)
+    frame = FT.evaluate_weights(hf, weights, {"test": test_set}, batch_size,
+                                inputs={"test": inputs} if inputs is not None else None, unchanged_below=unchanged_below)
     row = FT._accuracy_row(frame)
     row.update(parameter_counts(hf, layers))
     if tokens is not None:
@@ -520,14 +525,16 @@ def evaluate_row(model, weights: Mapping[str, torch.Tensor] | None, test_set: Pr
 
 def lora_on(model, layer: int, train_set: PromptSet, config: FT.TrainConfig, *, val_set: PromptSet | None = None,
             lrs: Sequence[float] = (), lora: FT.LoraSpec = FT.LoraSpec(), cache_dir: str | Path | None = None,
-            progress: bool = False) -> FT.FineTuned:
+            progress: bool = False, inputs: LayerInputs | None = None, unchanged_below: int | None = None
+            ) -> FT.FineTuned:
     """Yu Sec. 6.1's last step: LoRA on attention layer ``layer`` of ``model`` (a pruned
     HF model or the original), trained on ``train_set`` with ``config`` (its lr), or
     with the lr of ``lrs`` that scores best on ``val_set`` (Yu's grid) when more than
-    one is given. ``finetune.train_lora``; cached under ``cache_dir``."""
+    one is given. ``finetune.train_lora``; cached under ``cache_dir``; ``inputs`` and
+    ``unchanged_below`` as there."""
     def fit(lr: float) -> FT.FineTuned:
         return FT.train_lora(model, layer, train_set, replace(config, lr=lr), val_set, lora, progress=progress,
-                             cache_dir=cache_dir)
+                             cache_dir=cache_dir, inputs=inputs, unchanged_below=unchanged_below)
 
     if len(lrs) > 1 and val_set is not None and len(val_set):
         def val_acc(ft: FT.FineTuned, ps: PromptSet) -> float:
@@ -541,9 +548,12 @@ def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test
                        config: FT.TrainConfig, *, fine_tune: bool = True, val_set: PromptSet | None = None,
                        lrs: Sequence[float] = (), lora: FT.LoraSpec = FT.LoraSpec(),
                        cache_dir: str | Path | None = None, tokens: torch.Tensor | None = None, repeats: int = 3,
-                       batch_size: int = 32, progress: bool = False, return_model: bool = False):
+                       batch_size: int = 32, progress: bool = False, return_model: bool = False,
+                       inputs: Mapping[str, LayerInputs] | None = None):
     """Prune ``model``'s FFN to ``keep`` (:func:`prune_ffn`), evaluate it before
     fine-tuning, add LoRA on ``layer`` and train it (``fine_tune``), evaluate again.
+    ``inputs``: ``model``'s recorded streams on ``"train"`` and ``"test"`` (see
+    :func:`table11`); the pruned model equals ``model`` below its first pruned layer.
     Returns one row: n_kept, accuracy_pruned (before LoRA), accuracy / accuracy_first /
     ... after LoRA (NaN without fine-tuning), parameter counts of the pruned model,
     n_lora (trainable LoRA entries), lr, train_seconds, forward time (with ``tokens``);
@@ -551,7 +561,9 @@ def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test
     fine-tuning): ``(row, pruned, fine_tuned)``."""
     layers = sorted(int(l) for l in keep)
     pruned = prune_ffn(model, keep)
-    before = FT._accuracy_row(FT.evaluate_weights(pruned, None, {"test": test_set}, batch_size))
+    inputs = inputs or {}
+    same = dict(inputs={"test": inputs["test"]} if "test" in inputs else None, unchanged_below=min(layers, default=None))
+    before = FT._accuracy_row(FT.evaluate_weights(pruned, None, {"test": test_set}, batch_size, **same))
     row = {"n_kept": sum(int(torch.as_tensor(v).numel()) for v in keep.values()), "keep_digest": keep_digest(keep),
            "accuracy_pruned": before["accuracy"], "accuracy_first_pruned": before["accuracy_first"]}
     row.update(parameter_counts(pruned, layers))
@@ -560,8 +572,8 @@ def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test
     ft = None
     if fine_tune:
         ft = lora_on(pruned, layer, train_set, config, val_set=val_set, lrs=lrs, lora=lora, cache_dir=cache_dir,
-                     progress=progress)
-        after = FT._accuracy_row(FT.evaluate_weights(pruned, ft.weights, {"test": test_set}, batch_size))
+                     progress=progress, inputs=inputs.get("train"), unchanged_below=same["unchanged_below"])
+        after = FT._accuracy_row(FT.evaluate_weights(pruned, ft.weights, {"test": test_set}, batch_size, **same))
         row.update(after)
         row.update(n_lora=ft.n_trainable, lr=ft.config.lr, train_seconds=ft.train_seconds)
     else:
@@ -573,12 +585,20 @@ def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test
     return row
 
 
+def recorded_streams(lora_layer: int, layers: Sequence[int]) -> dict[str, LayerInputs]:
+    """Empty :class:`~arithlib.layer_inputs.LayerInputs` for the training and test sets
+    of :func:`table11` / :func:`share_sweep`: the stream entering the LoRA layer (both)
+    and the first pruned layer (test: the pruned models before LoRA)."""
+    return {"train": LayerInputs([lora_layer]), "test": LayerInputs([lora_layer, min(layers)])}
+
+
 def table11(model, ranking: pd.DataFrame, share: float, layers: Sequence[int], lora_layer: int,
             lora_weights: Mapping[str, torch.Tensor], train_set: PromptSet, test_set: PromptSet,
             config: FT.TrainConfig, *, random_seeds: Sequence[int] = (0, 1, 2), lrs: Sequence[float] = (),
             val_set: PromptSet | None = None, lora: FT.LoraSpec = FT.LoraSpec(), cache_dir: str | Path | None = None,
             tokens: torch.Tensor | None = None, repeats: int = 3, batch_size: int = 32, n_lora_reference: int = 0,
-            progress: bool = True) -> tuple[pd.DataFrame, dict[str, dict[int, torch.Tensor]]]:
+            progress: bool = True, inputs: Mapping[str, LayerInputs] | None = None
+            ) -> tuple[pd.DataFrame, dict[str, dict[int, torch.Tensor]]]:
     """Yu Table 11 with costs: rows "original", "LoRA" (``lora_weights`` on the unpruned
     model), "LoRA on CNA-pruned" (the first ``share`` of the deep neurons in
     ``ranking``'s union order kept, really pruned, LoRA added on ``lora_layer`` and
@@ -589,19 +609,28 @@ def table11(model, ranking: pd.DataFrame, share: float, layers: Sequence[int], l
     accuracy (whole answer), accuracy_first, accuracy_pruned (the pruned model before
     LoRA), parameter counts, n_lora, forward_s / forward_min_s (timed for all but the
     random seeds after the first: same shapes), speedup (the original's fastest pass over
-    the model's), paper (Yu's %). Also returns the keep sets by name."""
+    the model's), paper (Yu's %). Also returns the keep sets by name.
+
+    Every model here equals ``model`` below ``lora_layer`` or below the first pruned
+    layer, so each evaluation and training pass starts at one of those blocks from the
+    stream recorded by the first pass that computes it (``inputs``: a
+    :class:`~arithlib.layer_inputs.LayerInputs` for ``"train"`` and ``"test"``, made
+    here when None); the numbers are those of full passes."""
     widths = {int(l): ffn_width(model, l) for l in layers}
     pool = sum(widths.values())
     n = n_for_share(share, pool)
     k = k_of_prefix(ranking, n)
-    common = dict(val_set=val_set, lrs=lrs, lora=lora, cache_dir=cache_dir, repeats=repeats, batch_size=batch_size)
+    inputs = inputs if inputs is not None else recorded_streams(lora_layer, layers)
+    common = dict(val_set=val_set, lrs=lrs, lora=lora, cache_dir=cache_dir, repeats=repeats, batch_size=batch_size,
+                  inputs=inputs)
     rows = []
     jobs = ["original", "LoRA", "cna", *[("random", int(s)) for s in random_seeds]]
     keeps: dict[str, dict[int, torch.Tensor]] = {}
     for job in tqdm(jobs, desc="Table 11", disable=not progress):
         if job in ("original", "LoRA"):
             w = None if job == "original" else lora_weights
-            row = evaluate_row(model, w, test_set, layers, tokens=tokens, repeats=repeats, batch_size=batch_size)
+            row = evaluate_row(model, w, test_set, layers, tokens=tokens, repeats=repeats, batch_size=batch_size,
+                               inputs=inputs["test"])
             rows.append({"model": job, "selection": "none", "seed": -1, "share": 1.0, "n_kept": pool, "k": np.nan,
                          "accuracy_pruned": np.nan, "n_lora": n_lora_reference if w else 0, **row,
                          "paper": YU_TABLE11[job]})
@@ -613,7 +642,8 @@ def table11(model, ranking: pd.DataFrame, share: float, layers: Sequence[int], l
             rows.append({"model": "LoRA on CNA-pruned", "selection": "cna", "seed": -1, "share": share, "k": k, **row,
                          "paper": YU_TABLE11["LoRA on CNA-pruned"]})
             masked = {**mask_weights(model, keep), **ft.weights}
-            mrow = evaluate_row(model, masked, test_set, layers, tokens=tokens, repeats=repeats, batch_size=batch_size)
+            mrow = evaluate_row(model, masked, test_set, layers, tokens=tokens, repeats=repeats, batch_size=batch_size,
+                                inputs=inputs["test"])
             mrow["n_deep_neurons"] = row["n_deep_neurons"]  # zeroed neurons are not neurons any more
             rows.append({"model": "LoRA on CNA-masked", "selection": "cna (masked)", "seed": -1, "share": share,
                          "n_kept": row["n_kept"], "k": k, "accuracy_pruned": row["accuracy_pruned"],
@@ -642,7 +672,8 @@ def share_sweep(model, ranking: pd.DataFrame, shares: Sequence[float], layers: S
                 train_set: PromptSet, test_set: PromptSet, config: FT.TrainConfig, *, random_seeds: Sequence[int] = (0,),
                 fine_tune: bool | Sequence[float] = True, lrs: Sequence[float] = (), val_set: PromptSet | None = None,
                 lora: FT.LoraSpec = FT.LoraSpec(), cache_dir: str | Path | None = None, batch_size: int = 32,
-                progress: bool = True) -> tuple[pd.DataFrame, dict[tuple, dict[int, torch.Tensor]]]:
+                progress: bool = True, inputs: Mapping[str, LayerInputs] | None = None
+                ) -> tuple[pd.DataFrame, dict[tuple, dict[int, torch.Tensor]]]:
     """Table 11 and its sweep: for each share of the deep neurons kept, the CNA union
     prefix of that size (:func:`keep_from_ranking`) and, for each of ``random_seeds``,
     as many neurons drawn uniformly from the same layers (:func:`random_keep`); each
@@ -650,8 +681,9 @@ def share_sweep(model, ranking: pd.DataFrame, shares: Sequence[float], layers: S
     (``fine_tune`` True / False, or the shares at which to tune). Rows: selection
     ("cna" / "random"), seed, share, n_kept, k (CNA: the per-case top-K the prefix
     reaches) and :func:`prune_and_finetune`'s columns. Also returns the keep sets by
-    (selection, share, seed)."""
+    (selection, share, seed). ``inputs``: as in :func:`table11`."""
     widths = {l: ffn_width(model, l) for l in layers}
+    inputs = inputs if inputs is not None else recorded_streams(lora_layer, layers)
     pool = sum(widths.values())
     rows, keeps = [], {}
     jobs = []
@@ -664,7 +696,8 @@ def share_sweep(model, ranking: pd.DataFrame, shares: Sequence[float], layers: S
     for selection, share, seed, keep, k in tqdm(jobs, desc="prune + LoRA", disable=not progress):
         keeps[(selection, share, seed)] = keep
         row = prune_and_finetune(model, keep, lora_layer, train_set, test_set, config, fine_tune=share in tune_at,
-                                 val_set=val_set, lrs=lrs, lora=lora, cache_dir=cache_dir, batch_size=batch_size)
+                                 val_set=val_set, lrs=lrs, lora=lora, cache_dir=cache_dir, batch_size=batch_size,
+                                 inputs=inputs)
         rows.append({"selection": selection, "seed": seed, "share": share, "k": k, **row})
     return pd.DataFrame(rows), keeps
 

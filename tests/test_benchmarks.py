@@ -49,6 +49,12 @@ def test_optimizer_benchmark_on_a_random_model():
     assert row["max_diff"] < 1e-5  # the same update up to float rounding
 
 
+def test_layer_inputs_benchmark_on_a_random_model():
+    bl = _load("layer_inputs")
+    rows = bl.main(["--model", "random-llama", "--n", "8", "--batch-size", "4", "--repeats", "1", "--no-append"])
+    assert [r["layer"] for r in rows] == [1] and all(r["same"] and r["full"] > 0 for r in rows)
+
+
 def test_patching_rows_go_into_the_first_table(tmp_path):
     bp = _load("patching")
     path = tmp_path / "RESULTS.md"

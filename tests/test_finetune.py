@@ -422,3 +422,13 @@ def test_full_sft_memory_guard(tiny, data, monkeypatch):
     with pytest.raises(MemoryError, match="GiB"):
         ft.full_sft(tiny.bridge, data["train"], CFG, progress=False)
     assert ft.full_sft_memory(tiny.bridge, "adamw") == pytest.approx(3 * ft.full_sft_memory(tiny.bridge, "sgd"), rel=0.01)
+
+
+def test_make_optimizer_decays_only_the_decayed_parameters():
+    a, b = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(4))
+    for p in (a, b):
+        p.grad = torch.zeros(4)  # no gradient: the step is the decay alone
+    opt = ft.make_optimizer([a, b], ft.TrainConfig(lr=0.1, weight_decay=0.5), decayed=[a])
+    opt.step()
+    assert torch.allclose(a.detach(), torch.full((4,), 1 - 0.1 * 0.5)) and torch.equal(b.detach(), torch.ones(4))
+    assert isinstance(ft.make_optimizer([a], ft.TrainConfig(optimizer="sgd")), torch.optim.SGD)

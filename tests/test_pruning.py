@@ -192,6 +192,24 @@ def test_lora_on_pruned_model(qwen):
     assert len(P.summarize_sweep(sweep)) == 4
 
 
+def test_sweep_evaluations_start_at_the_first_pruned_layer(qwen):
+    """The pruned models differ from the original from layer 1 on: their evaluations start
+    there from the recorded stream, and give the full passes' numbers."""
+    from arithlib.layer_inputs import LayerInputs
+
+    splits = FT.yu_lora_data(n_train=16, n_test=8, seed=0, fewshot=1)
+    train, test = (ds.PromptSet.build(splits[k], qwen.tokenizer) for k in ("train", "test"))
+    cfg = FT.TrainConfig(lr=1e-2, epochs=1, batch_size=8, max_steps=2, seed=0)
+    cols = ["accuracy_pruned", "accuracy_first_pruned", "accuracy", "mean_answer_logprob"]
+    runs = {}
+    for name, inputs in (("late", P.recorded_streams(0, [1])), ("full", {"train": LayerInputs([]), "test": LayerInputs([])})):
+        sweep, _ = P.share_sweep(qwen.bridge, _ranking_for(qwen), [0.1, 0.5], [1], 0, train, test, cfg,
+                                 random_seeds=[0], fine_tune=[0.5], progress=False, inputs=inputs)
+        runs[name] = (sweep[cols], len(inputs["test"]))
+    assert runs["late"][1] > 0 and runs["full"][1] == 0
+    assert runs["late"][0].equals(runs["full"][0])
+
+
 def _ranking_for(model):
     K = model.info.d_mlp
     change = torch.randn(2, 1, K, generator=torch.Generator().manual_seed(0))

@@ -1,0 +1,132 @@
+"""Tests of arithlib.layer_inputs: a pass that starts at a layer from the recorded
+stream equals the full pass bit for bit (with and without shared prefixes), records
+only what the model shares with the reference, and other architectures run in full."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import arithlib.datasets as ds
+import arithlib.finetune as ft
+from arithlib.layer_inputs import LayerInputs
+from arithlib.models import load_model, random_model_dir
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model(str(random_model_dir("qwen2")))
+
+
+@pytest.fixture(scope="module")
+def test_set(tiny):
+    return ds.PromptSet.build(ft.yu_lora_data(n_train=0, n_test=24, seed=0, fewshot=2)["test"], tiny.tokenizer)
+
+
+def changed(hf, layer: int) -> dict[str, torch.Tensor]:
+    """A weight of block ``layer`` perturbed (as a LoRA adapter on that layer would be)."""
+    name = f"model.layers.{layer}.self_attn.o_proj.weight"
+    w = dict(hf.named_parameters())[name].detach()
+    return {name: w + 0.05 * torch.randn(w.shape, generator=torch.Generator().manual_seed(layer))}
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_late_start_equals_full_pass(tiny, test_set, share_prefix):
+    hf = ft.shared_hf_model(tiny.bridge)
+    inputs = LayerInputs([1])
+    with torch.no_grad():
+        batches = ft.answer_batches(test_set, 8)
+        for index in batches:  # the reference run records the stream entering block 1
+            ft.answer_logits(hf, test_set, index, extra=1, share_prefix=share_prefix, inputs=inputs, same_below=2)
+        assert len(inputs) == len(batches)
+        with ft.use_weights(hf, changed(hf, 1)):
+            for index in batches:
+                full, mask = ft.answer_logits(hf, test_set, index, extra=1, share_prefix=share_prefix)
+                late, late_mask = ft.answer_logits(hf, test_set, index, extra=1, share_prefix=share_prefix,
+                                                   inputs=inputs, same_below=1)
+                assert torch.equal(mask, late_mask) and torch.equal(full, late)
+
+
+def test_evaluate_weights_uses_the_first_changed_layer(tiny, test_set, monkeypatch):
+    hf = ft.shared_hf_model(tiny.bridge)
+    assert ft.first_changed_layer(hf, None) == 2
+    assert ft.first_changed_layer(hf, changed(hf, 1)) == 1
+    assert ft.first_changed_layer(hf, {"model.embed_tokens.weight": None}) == 0
+    inputs = {"test": LayerInputs([1])}
+    base = ft.evaluate_weights(hf, None, {"test": test_set}, 8, inputs=inputs)
+    recorded = len(inputs["test"])
+    assert recorded > 0
+    starts = []
+    real = ft.run_decoder
+
+    def spy(*a, **kw):
+        starts.append(kw.get("start", 0))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ft, "run_decoder", spy)
+    late = ft.evaluate_weights(hf, changed(hf, 1), {"test": test_set}, 8, inputs=inputs)
+    full = ft.evaluate_weights(hf, changed(hf, 1), {"test": test_set}, 8)
+    assert set(starts[: len(starts) // 2]) == {1} and set(starts[len(starts) // 2:]) == {0}
+    assert late.equals(full) and not late.answer_logprob.equals(base.answer_logprob)
+    # a model that differs from block 0 on neither uses nor adds to the recording
+    starts.clear()
+    ft.evaluate_weights(hf, changed(hf, 0), {"test": test_set}, 8, inputs=inputs)
+    assert set(starts) == {0} and len(inputs["test"]) == recorded
+
+
+def test_changed_model_records_only_below_its_change(tiny, test_set):
+    hf = ft.shared_hf_model(tiny.bridge)
+    inputs = {"test": LayerInputs([1])}
+    ft.evaluate_weights(hf, changed(hf, 0), {"test": test_set}, 8, inputs=inputs, unchanged_below=2)
+    assert len(inputs["test"]) == 0  # block 0 differs: the stream entering block 1 is not the reference's
+    ft.evaluate_weights(hf, changed(hf, 1), {"test": test_set}, 8, inputs=inputs)
+    assert len(inputs["test"]) > 0  # below block 1 it is
+
+
+def test_other_architectures_run_in_full(test_set):
+    model = load_model(str(random_model_dir("gpt2")))
+    hf = ft.shared_hf_model(model.bridge)
+    ps = ds.PromptSet.build(test_set.records, model.tokenizer)
+    inputs = {"test": LayerInputs([1])}
+    a = ft.evaluate_weights(hf, None, {"test": ps}, 8, inputs=inputs)
+    assert len(inputs["test"]) == 0
+    assert a.equals(ft.evaluate_weights(hf, None, {"test": ps}, 8))
+
+
+def test_lora_training_from_recorded_stream_gives_the_same_weights(tiny):
+    """LoRA on block 1: its training batches start at block 1 from the stream recorded by
+    an earlier run (the deeper-first order of lora_layer_sweep), with the same weights
+    and losses bit for bit."""
+    hf = ft.shared_hf_model(tiny.bridge)
+    train = ds.PromptSet.build(ft.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], tiny.tokenizer)
+    cfg = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
+    inputs = LayerInputs([1])
+    ft.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)  # records
+    assert len(inputs) == len(ft.answer_batches(train, 8))
+    late = ft.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
+    full = ft.train_lora(hf, 1, train, cfg, progress=False)
+    assert late.history["loss"].equals(full.history["loss"])
+    assert all(torch.equal(late.weights[n], full.weights[n]) for n in full.weights)
+
+
+def test_dropout_in_training_runs_in_full(tiny):
+    from arithlib.layer_inputs import can_start_late
+
+    hf = ft.shared_hf_model(tiny.bridge)
+    assert can_start_late(hf)
+    hf.train()
+    try:
+        assert can_start_late(hf)
+        hf.config.attention_dropout = 0.1
+        assert not can_start_late(hf)
+    finally:
+        hf.config.attention_dropout = 0.0
+        hf.eval()
