@@ -676,7 +676,8 @@ def make_optimizer(params: Sequence[torch.nn.Parameter], config: TrainConfig,
 def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config: TrainConfig,
                      val_set: PromptSet | None = None, *, progress: bool = True, desc: str = "train",
                      checkpoint_dir: str | Path | None = None, keep_state: bool = True,
-                     inputs: LayerInputs | None = None, same_below: int = 0) -> tuple[dict[str, torch.Tensor], dict]:
+                     inputs: LayerInputs | None = None, unchanged_below: int | None = None
+                     ) -> tuple[dict[str, torch.Tensor], dict]:
     """The training loop shared by LoRA, precise and full SFT: AdamW (or SGD) on
     ``trainable``'s parameters of the HF ``model``, loss on answer tokens, batches from
     :func:`answer_batches` (order from ``config.seed`` and the epoch), gradient masks
@@ -687,15 +688,20 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
     (the best validation epoch when ``keep_best``, else the last) and a record with
     history, epochs, best_epoch, samples_per_second, train_seconds, n_samples. With
     ``keep_state=False`` no copies are made: the model keeps the last epoch's weights
-    and the returned dict is empty (full SFT of a large model). ``inputs`` (of
-    ``train_set``) and ``same_below`` (no trainable parameter below that block): the
-    forward passes start at a block whose input is recorded there, as in
-    :func:`answer_logits`; the same steps and weights bit for bit."""
+    and the returned dict is empty (full SFT of a large model). ``inputs``: a
+    :class:`~arithlib.layer_inputs.LayerInputs` of ``train_set`` shared by the runs on
+    one reference model, which ``model`` equals below block ``unchanged_below`` (None:
+    everywhere) apart from the trained parameters; the forward passes start at the
+    highest block recorded there below both (:func:`first_changed_layer` of the
+    trained parameters), as in :func:`answer_logits`: the same steps and weights bit
+    for bit (training batches depend on the config's seed only)."""
     if len(train_set) == 0:
         raise ValueError("empty training set")
     hf = _hf(model)
     device = _device(hf)
     params = trainable.params
+    n_layers = len(decoder_layers(hf))
+    same_below = min(n_layers if unchanged_below is None else unchanged_below, first_changed_layer(hf, params))
     for p in hf.parameters():
         p.requires_grad_(False)
     for p in params.values():
@@ -874,10 +880,7 @@ def train_lora(model, layer: int, train_set: PromptSet, config: TrainConfig, val
     only (``layers_to_transform=[layer]``), trained on ``train_set``. ``model`` is an HF
     model or a bridge (trained through :func:`shared_hf_model`; base weights untouched).
     Returns the merged weights of the layer's projections (W + scaling * B A).
-    ``inputs``: a :class:`~arithlib.layer_inputs.LayerInputs` of ``train_set`` shared by
-    the LoRA runs on one reference model, which ``model`` equals below block
-    ``unchanged_below`` (None: everywhere); the passes start at the highest recorded
-    block up to ``layer`` (training batches depend on the config's seed only)."""
+    ``inputs``, ``unchanged_below``: as in :func:`train_parameters`."""
     from peft import LoraConfig, get_peft_model
 
     hf = shared_hf_model(model)
@@ -904,8 +907,7 @@ def train_lora(model, layer: int, train_set: PromptSet, config: TrainConfig, val
             trainable = _Trainable(lora_params)
             state, record = train_parameters(hf, trainable, train_set, config, val_set, progress=progress,
                                              desc=f"LoRA L{layer}", checkpoint_dir=ckdir, inputs=inputs,
-                                             same_below=min(layer, n_layers if unchanged_below is None
-                                                            else unchanged_below))
+                                             unchanged_below=unchanged_below)
             with torch.no_grad():
                 for n, v in state.items():
                     lora_params[n].copy_(v.to(lora_params[n].device))
@@ -1362,11 +1364,13 @@ def mlp_parameters(model, layers: Sequence[int]) -> list[str]:
 
 def precise_sft(model, heads: Sequence[Head], train_set: PromptSet, config: TrainConfig,
                 val_set: PromptSet | None = None, mlps: Sequence[int] = (), kv: str = "group",
-                rescale: bool = True, *, progress: bool = True, cache_dir: str | Path | None = None) -> FineTuned:
+                rescale: bool = True, *, progress: bool = True, cache_dir: str | Path | None = None,
+                inputs: LayerInputs | None = None) -> FineTuned:
     """Zhang et al. Alg. 2: train only the Q/K/V/O slices of ``heads`` (see
     :func:`head_slices` for GQA), their gradients multiplied by H/h per layer
     (``rescale``), plus every parameter of the MLPs of layers ``mlps``. The model's
-    weights are restored afterwards; the trained ones are returned."""
+    weights are restored afterwards; the trained ones are returned. ``inputs``: as in
+    :func:`train_parameters`."""
     hf = shared_hf_model(model)
     masks, scales, counts = head_slices(hf, heads, kv)
     if not rescale:
@@ -1384,7 +1388,8 @@ def precise_sft(model, heads: Sequence[Head], train_set: PromptSet, config: Trai
         trainable = _Trainable(chosen, masks=masks, scales=scales)
         try:
             state, record = train_parameters(hf, trainable, train_set, config, val_set, progress=progress,
-                                             desc=f"precise SFT {len(heads)}h+{len(mlps)}mlp", checkpoint_dir=ckdir)
+                                             desc=f"precise SFT {len(heads)}h+{len(mlps)}mlp", checkpoint_dir=ckdir,
+                                             inputs=inputs)
         finally:
             with torch.no_grad():
                 for n, v in backup.items():
@@ -1515,19 +1520,25 @@ def scale_settings(scale: str, device: str, quick: bool, n_layers: int) -> dict:
 
 def evaluate_method(model, tokenizer, weights: Mapping[str, torch.Tensor] | None, math_sets: Mapping[str, PromptSet],
                     prose=None, facts=None, *, chunk_tokens: int = 128, max_chunks: int | None = 4,
-                    benchmarks: Mapping[str, str | Path | None] | None = None, batch_size: int = 32) -> dict:
+                    benchmarks: Mapping[str, str | Path | None] | None = None, batch_size: int = 32,
+                    inputs: Mapping[str, LayerInputs] | None = None) -> dict:
     """One row of Zhang's Table 1/2 for a model (``weights`` swapped into ``model``;
     None = as it is): ``correct_full`` accuracy on each of ``math_sets`` (column =
     set name) and the general-ability numbers of
     :func:`arithlib.general_ability.general_ability` (LM loss on the prose sample,
-    factual recall, and GSM8K/SVAMP/MMLU when ``benchmarks`` gives their paths)."""
+    factual recall, and GSM8K/SVAMP/MMLU when ``benchmarks`` gives their paths).
+    ``inputs``: a :class:`~arithlib.layer_inputs.LayerInputs` per math set, recorded
+    from ``model`` as it is (pass none once ``model`` itself has changed, e.g. after
+    :func:`full_sft`): the math sets' passes start at the first block ``weights``
+    change (:func:`evaluate_weights`)."""
     from . import general_ability as ga
 
     hf = shared_hf_model(model)
     row: dict = {}
+    frame = evaluate_weights(hf, weights, math_sets, batch_size, inputs=inputs)
+    for name, ps in math_sets.items():
+        row[name] = float(frame.loc[frame.set == name, "correct_full"].mean()) if len(ps) else float("nan")
     with use_weights(hf, weights):
-        for name, ps in math_sets.items():
-            row[name] = float(answer_accuracy(hf, ps, batch_size)["correct_full"].mean()) if len(ps) else float("nan")
         bench = dict(benchmarks or {})
         row.update(ga.general_ability(hf, tokenizer, prose, facts, chunk_tokens=chunk_tokens, max_chunks=max_chunks,
                                       gsm8k=bench.get("gsm8k"), svamp=bench.get("svamp"), mmlu=bench.get("mmlu")))

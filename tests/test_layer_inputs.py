@@ -130,3 +130,20 @@ def test_dropout_in_training_runs_in_full(tiny):
     finally:
         hf.config.attention_dropout = 0.0
         hf.eval()
+
+
+def test_precise_sft_and_its_row_from_recorded_streams(tiny, test_set):
+    """Precise SFT of heads in block 1 trains from block 1 on; its evaluation row (math
+    sets) starts there too; both equal the full passes."""
+    hf = ft.shared_hf_model(tiny.bridge)
+    train = ds.PromptSet.build(ft.yu_lora_data(n_train=16, n_test=0, seed=1, fewshot=2)["train"], tiny.tokenizer)
+    cfg = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
+    train_inputs, eval_inputs = LayerInputs([1]), {"test": LayerInputs([1])}
+    ft.evaluate_method(hf, tiny.tokenizer, None, {"test": test_set}, inputs=eval_inputs)  # the original records
+    ft.train_lora(hf, 1, train, cfg, progress=False, inputs=train_inputs)               # so does this run
+    late = ft.precise_sft(hf, [(1, 0)], train, cfg, progress=False, inputs=train_inputs)
+    full = ft.precise_sft(hf, [(1, 0)], train, cfg, progress=False)
+    assert all(torch.equal(late.weights[n], full.weights[n]) for n in full.weights)
+    row_late = ft.evaluate_method(hf, tiny.tokenizer, late.weights, {"test": test_set}, inputs=eval_inputs)
+    row_full = ft.evaluate_method(hf, tiny.tokenizer, late.weights, {"test": test_set})
+    assert row_late == row_full
