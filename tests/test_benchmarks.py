@@ -55,6 +55,14 @@ def test_layer_inputs_benchmark_on_a_random_model():
     assert [r["layer"] for r in rows] == [1] and all(r["same"] and r["full"] > 0 for r in rows)
 
 
+def test_malloc_benchmark_runs_both_settings():
+    bm = _load("malloc")
+    rows = bm.main(["--script", "optimizer.py", "--no-append", "--script-args", "--model", "random-llama",
+                    "--steps", "2"])
+    assert [r["setting"] for r in rows] == ["glibc default", "run_all.sh's MALLOC_ENV"]
+    assert all(r["wall"] > 0 and r["faults"] > 0 for r in rows)
+
+
 def test_patching_rows_go_into_the_first_table(tmp_path):
     bp = _load("patching")
     path = tmp_path / "RESULTS.md"

@@ -11,19 +11,7 @@ import arithlib.datasets as ds
 import arithlib.finetune as ft
 from arithlib.layer_inputs import LayerInputs
 from arithlib.models import load_model, random_model_dir
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model(str(random_model_dir("qwen2")))
+from test_finetune import one_thread, tiny  # noqa: F401 (the same fixtures: one thread, a tiny Qwen2)
 
 
 @pytest.fixture(scope="module")

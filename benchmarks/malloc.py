@@ -1,0 +1,71 @@
+#!/usr/bin/env python
+"""Benchmark: glibc's default malloc against the settings ``run_all.sh`` gives each
+notebook (``scripts/run_notebooks.py``'s ``MALLOC_ENV``: freed memory kept for reuse).
+
+Runs a benchmark script twice in a fresh process, once per setting, and reports wall
+time, system (kernel) time, minor page faults and peak memory of each run; appends the
+table to ``benchmarks/RESULTS.md``. The default workload is ``benchmarks/layer_inputs.py``
+(notebook 06's evaluations, one thread).
+
+    python benchmarks/malloc.py
+    python benchmarks/malloc.py --script optimizer.py --script-args --model random-llama
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import results  # noqa: E402
+from run_notebooks import MALLOC_ENV  # noqa: E402
+
+
+def run_once(cmd: list[str], env: dict[str, str]) -> dict:
+    """Wall and kernel seconds, minor faults and peak RSS (MiB) of one child run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"wall": wall, "sys": after.ru_stime - before.ru_stime, "faults": after.ru_minflt - before.ru_minflt,
+            "peak_mib": after.ru_maxrss / 1024}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--script", default="layer_inputs.py", help="a script in benchmarks/")
+    ap.add_argument("--script-args", nargs=argparse.REMAINDER, default=[], help="its arguments (--no-append is added)")
+    ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the runs (run_all.sh: 1 per notebook)")
+    ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
+    a = ap.parse_args(argv)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / a.script), *a.script_args, "--no-append"]
+    base = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV}
+    base.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+    rows = []
+    for name, env in (("glibc default", base), ("run_all.sh's MALLOC_ENV", {**base, **MALLOC_ENV})):
+        rows.append({"setting": name, **run_once(cmd, env)})
+    lines = ["| workload | malloc | wall (s) | kernel time (s) | minor page faults | peak memory (MiB) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| `{a.script} {' '.join(a.script_args)}`".rstrip() + f" | {r['setting']} | {r['wall']:.1f} | "
+              f"{r['sys']:.1f} | {r['faults']:,} | {r['peak_mib']:,.0f} |" for r in rows]
+    print("\n".join(lines))
+    if not a.no_append:
+        note = ("`MALLOC_ENV` = " + ", ".join(f"`{k}={v}`" for k, v in MALLOC_ENV.items())
+                + f"; {a.threads} thread(s). Wall time includes loading the model.")
+        results.append(results.section("Keeping freed memory in the process (glibc malloc settings)", lines,
+                                       where=platform.machine(), argv=argv, note=note))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
