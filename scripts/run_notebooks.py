@@ -49,8 +49,9 @@ MEMORY_SHARE = 0.9  # of physical RAM that notebooks running side by side may ta
 #: glibc malloc settings for the notebooks: keep freed memory for reuse (no mmap for large
 #: blocks, no trimming) instead of handing it back to the kernel, which must fault and zero
 #: every page again when the next tensor takes it (about 10 us per 4 KB page on the 2-core
-#: VM; full SFT in 05 spends half its time there). Speed only: no value changes.
-#: benchmarks/RESULTS.md, "Keeping freed memory in the process".
+#: VM; full SFT in 05 spends half its time in the kernel). Speed only: no value changes.
+#: On trial: benchmarks/RESULTS.md, "Keeping freed memory in the process", found fewer faults
+#: but an evaluation workload 8-9 % slower; the default run (1,632 s) had it.
 MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(64 * 2**30), "MALLOC_TOP_PAD_": str(2**30)}
 
 
