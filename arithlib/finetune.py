@@ -467,8 +467,8 @@ def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 
                         position_ids=positions, past=gather_rows(hf.config, cache, rows), use_cache=True)
     else:  # right padding needs no mask: a causal model's real tokens never see it
         hidden, _ = run("rows", input_ids=suffix)
-    for (part, layer), h in recorded.items():
-        inputs.put(key, layer, part, h)
+    for layer in {layer for _, layer in recorded}:
+        inputs.put(key, layer, {part: h for (part, l), h in recorded.items() if l == layer})
     A = max(n_keep)
     gather = torch.zeros(B, A, dtype=torch.long)
     mask = torch.zeros(B, A, dtype=torch.bool)

@@ -30,10 +30,14 @@ class LayerInputs:
     """The residual stream entering ``layers`` (block inputs, [rows, positions, d_model])
     per batch key, filled by the runs that use it. Valid for one prompt set, batching and
     reference model: the caller states for each run how far its model equals the
-    reference (``same_below``)."""
+    reference (``same_below``). At most ``max_bytes`` are kept (on the model's device);
+    batches beyond run in full, with the same results (a paper-scale training set over
+    several epochs would otherwise hold gigabytes per layer)."""
 
-    def __init__(self, layers: Iterable[int]):
+    def __init__(self, layers: Iterable[int], max_bytes: int = 2**30):
         self.layers = sorted({int(layer) for layer in layers if int(layer) > 0})
+        self.max_bytes = max_bytes
+        self.nbytes = 0
         self._store: dict[tuple[Hashable, int], dict[str, torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -52,8 +56,13 @@ class LayerInputs:
         """The stream entering ``layer`` in pass ``part`` of batch ``key``."""
         return self._store[(key, layer)][part]
 
-    def put(self, key: Hashable, layer: int, part: str, hidden: torch.Tensor) -> None:
-        self._store.setdefault((key, layer), {})[part] = hidden
+    def put(self, key: Hashable, layer: int, parts: dict[str, torch.Tensor]) -> None:
+        """Keep the streams entering ``layer`` in each pass of batch ``key`` (all of them,
+        or none when they would pass ``max_bytes``)."""
+        size = sum(h.numel() * h.element_size() for h in parts.values())
+        if self.nbytes + size <= self.max_bytes:
+            self._store[(key, layer)] = dict(parts)
+            self.nbytes += size
 
 
 def can_start_late(hf) -> bool:

@@ -135,3 +135,13 @@ def test_precise_sft_and_its_row_from_recorded_streams(tiny, test_set):
     row_late = ft.evaluate_method(hf, tiny.tokenizer, late.weights, {"test": test_set}, inputs=eval_inputs)
     row_full = ft.evaluate_method(hf, tiny.tokenizer, late.weights, {"test": test_set})
     assert row_late == row_full
+
+
+def test_memory_cap_keeps_results(tiny, test_set):
+    """Past ``max_bytes`` nothing more is recorded and those batches run in full."""
+    hf = ft.shared_hf_model(tiny.bridge)
+    capped = {"test": LayerInputs([1], max_bytes=1)}
+    ft.evaluate_weights(hf, None, {"test": test_set}, 8, inputs=capped)
+    assert len(capped["test"]) == 0 and capped["test"].nbytes == 0
+    late = ft.evaluate_weights(hf, changed(hf, 1), {"test": test_set}, 8, inputs=capped)
+    assert late.equals(ft.evaluate_weights(hf, changed(hf, 1), {"test": test_set}, 8))
