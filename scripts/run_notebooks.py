@@ -50,8 +50,8 @@ MEMORY_SHARE = 0.9  # of physical RAM that notebooks running side by side may ta
 #: blocks, no trimming) instead of handing it back to the kernel, which must fault and zero
 #: every page again when the next tensor takes it (about 10 us per 4 KB page on the 2-core
 #: VM; full SFT in 05 spends half its time in the kernel). Speed only: no value changes.
-#: On trial: benchmarks/RESULTS.md, "Keeping freed memory in the process", found fewer faults
-#: but an evaluation workload 8-9 % slower; the default run (1,632 s) had it.
+#: On trial: benchmarks/RESULTS.md, "Keeping freed memory in the process", found fewer faults,
+#: a micro-benchmark 8-9 % slower and notebook 06 8 % faster; the default run (1,632 s) had it.
 MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(64 * 2**30), "MALLOC_TOP_PAD_": str(2**30)}
 
 
