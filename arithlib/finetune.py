@@ -445,12 +445,13 @@ def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 
     late = inputs is not None and can_start_late(hf)
     start = inputs.start(key, same_below) if late else 0
     record = inputs.wanted(key, start, same_below) if late else []
-    recorded: dict[tuple[str, int], torch.Tensor] = {}
+    recorded: dict[int, dict[str, torch.Tensor]] = {}  # layer -> pass -> stream entering it
 
     def run(part: str, **kw):
         h0 = inputs.get(key, start, part) if start else None
         hidden, past, rec = run_decoder(hf, start=start, hidden=h0, record=record, **kw)
-        recorded.update({(part, l): h for l, h in rec.items()})
+        for layer, h in rec.items():
+            recorded.setdefault(layer, {})[part] = h
         return hidden, past
 
     if any(plen):
@@ -467,8 +468,8 @@ def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 
                         position_ids=positions, past=gather_rows(hf.config, cache, rows), use_cache=True)
     else:  # right padding needs no mask: a causal model's real tokens never see it
         hidden, _ = run("rows", input_ids=suffix)
-    for layer in {layer for _, layer in recorded}:
-        inputs.put(key, layer, {part: h for (part, l), h in recorded.items() if l == layer})
+    for layer, parts in recorded.items():
+        inputs.put(key, layer, parts)
     A = max(n_keep)
     gather = torch.zeros(B, A, dtype=torch.long)
     mask = torch.zeros(B, A, dtype=torch.bool)
@@ -984,13 +985,13 @@ def first_changed_layer(model, weights: Mapping[str, torch.Tensor] | None) -> in
     """The lowest block holding a parameter named in ``weights`` (clean HF names); the
     number of blocks for no weights, 0 for a parameter outside the blocks (embeddings,
     final norm, unembedding: no block is certain to see the same stream)."""
-    n_layers = len(decoder_layers(model))
-    prefixes = [_layer_prefix(model, layer) for layer in range(n_layers)]
-    first = n_layers
-    for name in weights or {}:
-        layer = next((l for l, pre in enumerate(prefixes) if name.startswith(pre)), 0)
-        first = min(first, layer)
-    return first
+    blocks = decoder_layers(model)
+    if not weights:
+        return len(blocks)
+    index = {id(b): l for l, b in enumerate(blocks)}
+    prefixes = [(clean_param_name(name) + ".", index[id(m)]) for name, m in _hf(model).named_modules()
+                if id(m) in index]  # one pass over the modules (not one per block, as _layer_prefix)
+    return min(next((l for pre, l in prefixes if name.startswith(pre)), 0) for name in weights)
 
 
 def lora_layer_sweep(model, layers: Sequence[int], train_set: PromptSet, val_set: PromptSet | None,

@@ -505,16 +505,17 @@ def kept_by_layer(keeps: Mapping[str, Keep], widths: Mapping[int, int]) -> pd.Da
 
 def evaluate_row(model, weights: Mapping[str, torch.Tensor] | None, test_set: PromptSet, layers: Sequence[int], *,
                  tokens: torch.Tensor | None = None, repeats: int = 3, batch_size: int = 32,
-                 inputs: LayerInputs | None = None, unchanged_below: int | None = None) -> dict:
+                 inputs: Mapping[str, LayerInputs] | None = None, unchanged_below: int | None = None) -> dict:
     """One row of Table 11 for ``model`` (a bridge or an HF model, pruned or not) with
     ``weights`` swapped in (None: as it is): accuracy on ``test_set`` (whole answer,
     ``finetune.answer_accuracy``'s ``correct_full``; also first token, negative /
     non-negative results), parameter counts, and, with ``tokens``, the forward time.
-    ``inputs`` / ``unchanged_below``: the original's recorded stream on ``test_set`` and
-    the first block in which ``model`` differs from it (``finetune.evaluate_weights``)."""
+    ``inputs`` / ``unchanged_below``: the original's recorded streams (``"test"``: on
+    ``test_set``) and the first block in which ``model`` differs from it
+    (``finetune.evaluate_weights``)."""
     hf = FT.shared_hf_model(model)
-    frame = FT.evaluate_weights(hf, weights, {"test": test_set}, batch_size,
-                                inputs={"test": inputs} if inputs is not None else None, unchanged_below=unchanged_below)
+    frame = FT.evaluate_weights(hf, weights, {"test": test_set}, batch_size, inputs=inputs,
+                                unchanged_below=unchanged_below)
     row = FT._accuracy_row(frame)
     row.update(parameter_counts(hf, layers))
     if tokens is not None:
@@ -561,8 +562,7 @@ def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test
     fine-tuning): ``(row, pruned, fine_tuned)``."""
     layers = sorted(int(l) for l in keep)
     pruned = prune_ffn(model, keep)
-    inputs = inputs or {}
-    same = dict(inputs={"test": inputs["test"]} if "test" in inputs else None, unchanged_below=min(layers, default=None))
+    same = dict(inputs=inputs, unchanged_below=min(layers, default=None))  # evaluate_weights reads "test"
     before = FT._accuracy_row(FT.evaluate_weights(pruned, None, {"test": test_set}, batch_size, **same))
     row = {"n_kept": sum(int(torch.as_tensor(v).numel()) for v in keep.values()), "keep_digest": keep_digest(keep),
            "accuracy_pruned": before["accuracy"], "accuracy_first_pruned": before["accuracy_first"]}
@@ -572,7 +572,7 @@ def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test
     ft = None
     if fine_tune:
         ft = lora_on(pruned, layer, train_set, config, val_set=val_set, lrs=lrs, lora=lora, cache_dir=cache_dir,
-                     progress=progress, inputs=inputs.get("train"), unchanged_below=same["unchanged_below"])
+                     progress=progress, inputs=(inputs or {}).get("train"), unchanged_below=same["unchanged_below"])
         after = FT._accuracy_row(FT.evaluate_weights(pruned, ft.weights, {"test": test_set}, batch_size, **same))
         row.update(after)
         row.update(n_lora=ft.n_trainable, lr=ft.config.lr, train_seconds=ft.train_seconds)
@@ -630,7 +630,7 @@ def table11(model, ranking: pd.DataFrame, share: float, layers: Sequence[int], l
         if job in ("original", "LoRA"):
             w = None if job == "original" else lora_weights
             row = evaluate_row(model, w, test_set, layers, tokens=tokens, repeats=repeats, batch_size=batch_size,
-                               inputs=inputs["test"])
+                               inputs=inputs)
             rows.append({"model": job, "selection": "none", "seed": -1, "share": 1.0, "n_kept": pool, "k": np.nan,
                          "accuracy_pruned": np.nan, "n_lora": n_lora_reference if w else 0, **row,
                          "paper": YU_TABLE11[job]})
@@ -643,7 +643,7 @@ def table11(model, ranking: pd.DataFrame, share: float, layers: Sequence[int], l
                          "paper": YU_TABLE11["LoRA on CNA-pruned"]})
             masked = {**mask_weights(model, keep), **ft.weights}
             mrow = evaluate_row(model, masked, test_set, layers, tokens=tokens, repeats=repeats, batch_size=batch_size,
-                                inputs=inputs["test"])
+                                inputs=inputs)
             mrow["n_deep_neurons"] = row["n_deep_neurons"]  # zeroed neurons are not neurons any more
             rows.append({"model": "LoRA on CNA-masked", "selection": "cna (masked)", "seed": -1, "share": share,
                          "n_kept": row["n_kept"], "k": k, "accuracy_pruned": row["accuracy_pruned"],
