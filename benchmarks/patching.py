@@ -20,7 +20,7 @@ Modes:
 * ``--mode gpu``: a random-weight Llama-3-8B-shaped model in bf16 (1,024 heads, 100
   prompts of 16 tokens by default) on ``cuda``; reports time, achieved TFLOP/s and the
   roofline bound from analytic FLOP and byte counts (peaks from the GPU's datasheet;
-  on a CPU, the matmul and copy rates measured in the same run, :func:`measure_peak`).
+  on a CPU, the matmul and copy rates measured in the same run, ``roofline.measure_peak``).
   ``--shape tiny --device cpu
   --dtype float32`` runs the same code path on a tiny model (tested in the suite).
 
@@ -53,9 +53,10 @@ if str(ROOT) not in sys.path:
 import arithlib.patching as P  # noqa: E402
 from arithlib.models import load_model, load_random_model  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from roofline import gpu_datasheet, measure_peak, sync  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
-#: Dense bf16 tensor-core peak (TFLOP/s) and HBM bandwidth (TB/s) by GPU name fragment.
-GPU_PEAKS = {"H200": (989.0, 4.8), "H100": (989.0, 3.35), "A100": (312.0, 2.0)}
 
 
 # --------------------------------------------------------------------------- FLOPs and bytes
@@ -100,53 +101,11 @@ def fast_cost(cfg, B: int, T: int, layers: list[int], max_rows: int, bytes_per: 
     return flops, bytes_
 
 
-# --------------------------------------------------------------------------- measured CPU roofline
-
-
-def measure_peak(cfg, device: str, dtype: torch.dtype, rows: tuple[int, ...] = (256, 1024, 4096),
-                 reps: int = 5, copy_mb: int = 64) -> tuple[float, float]:
-    """(TFLOP/s, TB/s) this machine reaches, measured in this run: the best matmul rate
-    over the model's own MLP shape ([rows, d_model] @ [d_model, d_mlp]) and the rate of
-    a ``copy_mb`` MB tensor copy (read + write). A CPU has no datasheet number that
-    torch can look up, so its roofline is what its BLAS achieves on these shapes."""
-    g = torch.Generator(device="cpu").manual_seed(0)
-    w = torch.randn(cfg.d_mlp, cfg.d_model, generator=g).to(device=device, dtype=dtype)
-    best = 0.0
-    for m in rows:
-        x = torch.randn(m, cfg.d_model, generator=g).to(device=device, dtype=dtype)
-        torch.nn.functional.linear(x, w)
-        _sync(device)
-        t = time.perf_counter()
-        for _ in range(reps):
-            torch.nn.functional.linear(x, w)
-        _sync(device)
-        best = max(best, 2 * m * cfg.d_model * cfg.d_mlp * reps / (time.perf_counter() - t))
-    n = copy_mb * 2**20 // 4
-    src = torch.ones(n, device=device, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    _sync(device)
-    t = time.perf_counter()
-    for _ in range(reps):
-        dst.copy_(src)
-    _sync(device)
-    bandwidth = 2 * n * 4 * reps / (time.perf_counter() - t)
-    return best / 1e12, bandwidth / 1e12
-
-
-# --------------------------------------------------------------------------- timing
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _timed(fn, device: str):
-    _sync(device)
+    sync(device)
     w0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    _sync(device)
+    sync(device)
     return out, time.perf_counter() - w0, time.process_time() - c0
 
 
@@ -238,14 +197,12 @@ def run_benchmark(mode: str = "cpu", model: str = "qwen2.5-coder-0.5b", arch: st
     row["flops_loop_own"] = len(heads) * full_forward_flops(cfg, n_prompts, T, 1)
     row["achieved_tflops"] = row["flops_fast"] / fast_s / 1e12
     row["peak_source"] = "given" if peak_tflops and bandwidth_tbs else None
-    if peak_tflops is None and device.startswith("cuda"):
-        gpu = torch.cuda.get_device_name()
-        for key, (pk, bw) in GPU_PEAKS.items():
-            if key in gpu:
-                peak_tflops, bandwidth_tbs = peak_tflops or pk, bandwidth_tbs or bw
-                row["peak_source"] = f"{key} datasheet"
+    sheet = gpu_datasheet(device)
+    if peak_tflops is None and sheet is not None and dtype in sheet[1]:
+        peak_tflops, bandwidth_tbs = sheet[1][dtype], bandwidth_tbs or sheet[1]["bandwidth"]
+        row["peak_source"] = f"{sheet[0]} datasheet"
     if (peak_tflops is None or bandwidth_tbs is None) and not device.startswith("cuda"):
-        pk, bw = measure_peak(cfg, device, torch_dtype)
+        pk, bw = measure_peak(cfg.d_model, cfg.d_mlp, device, torch_dtype)
         peak_tflops, bandwidth_tbs = peak_tflops or pk, bandwidth_tbs or bw
         row["peak_source"] = "measured"
     row["peak_tflops"], row["bandwidth_tbs"] = peak_tflops, bandwidth_tbs

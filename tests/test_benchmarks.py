@@ -2,7 +2,10 @@
 scripts run on tiny random models."""
 
 import importlib.util
+import os
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,13 +49,72 @@ def test_optimizer_benchmark_on_a_random_model():
     bo = _load("optimizer")
     row = bo.main(["--model", "random-llama", "--steps", "2", "--no-append"])
     assert row["params"] > 0 and row["later_loop"] > 0 and row["later_fused"] > 0
-    assert row["max_diff"] < 1e-5  # the same update up to float rounding
+    assert row["max_diff"] < 1e-5 and row["ok"]  # the same update up to float rounding
+    # AdamW reads param, grad and two moments and writes three of them: 7 float32 passes
+    assert row["bytes_per_step"] == 7 * 4 * row["params"]
+    assert row["gbs_fused"] > 0 and 0 < row["frac_fused"] < float("inf") and row["peak_source"] == "measured copy"
+    one = bo.main(["--model", "random-llama", "--steps", "2", "--blocks", "1", "--dtype", "bfloat16", "--no-append"])
+    assert 0 < one["params"] < row["params"] / 2 and one["stepped"] == "blocks 0-0 of 2"
+    assert one["bytes_per_step"] == 7 * 2 * one["params"] and one["ok"]
 
 
 def test_layer_inputs_benchmark_on_a_random_model():
     bl = _load("layer_inputs")
     rows = bl.main(["--model", "random-llama", "--n", "8", "--batch-size", "4", "--repeats", "1", "--no-append"])
-    assert [r["layer"] for r in rows] == [1] and all(r["same"] and r["full"] > 0 for r in rows)
+    assert [r["layer"] for r in rows] == [1] and all(r["same"] and r["ok"] and r["full"] > 0 for r in rows)
+    # the late start skips block 0 of 2: fewer counted FLOPs, both at a positive share of the peak
+    assert all(0 < r["flops_late"] < r["flops_full"] and r["tflops_full"] > 0 and 0 < r["frac_late"] < float("inf")
+               for r in rows)
+
+
+def test_layer_inputs_perturbation_keeps_the_parameters_device_and_dtype():
+    import torch
+
+    import arithlib.finetune as FT
+    from arithlib.models import load_random_model
+
+    bl = _load("layer_inputs")
+    hf = FT.shared_hf_model(load_random_model("llama", "tiny", dtype=torch.bfloat16).bridge)
+    w = bl.perturbed(hf, 1)
+    params = FT._params_by_clean_name(hf)
+    assert w and all(n.startswith("model.layers.1.") for n in w)
+    assert all(v.dtype == params[n].dtype == torch.bfloat16 and v.device == params[n].device for n, v in w.items())
+
+
+def test_cna_benchmark_on_a_random_model_reports_flops_and_rates():
+    import math
+
+    bc = _load("cna")
+    row = bc.main(["--model", "random-llama", "--n-prompts", "4", "--repeats", "1", "--loop-neurons", "8",
+                   "--no-append"])
+    assert row["loop_neurons"] == 8 < row["d_mlp"] and row["neurons"] == row["layers"] * row["d_mlp"]
+    assert row["flops_batched"] > 0 and row["flops_loop"] > 0
+    assert row["tflops_batched"] > 0 and row["tflops_loop"] > 0
+    assert all(math.isfinite(row[k]) and row[k] > 0 for k in ("frac_batched", "frac_loop", "peak_tflops"))
+    assert row["peak_source"] == "measured" and row["close"] and row["max_abs_diff"] <= row["tolerance"]
+    assert bc.loop_neurons(128, 8) == [0, 18, 36, 54, 73, 91, 109, 127] and bc.loop_neurons(128, None) is None
+
+
+def test_bench_model_parse_names_tiny_and_full_shapes():
+    import pytest
+
+    bm = _load("bench_model")  # the shared modules load as the scripts do
+    assert bm.parse("random-llama") == ("llama", "tiny")
+    assert bm.parse("random-llama:llama3-8b") == ("llama", "llama3-8b")
+    assert bm.parse("qwen2.5-coder-0.5b") is None
+    with pytest.raises(ValueError, match="unknown random model 'random-llama:llama9-1t'.*random-llama:llama3-8b"):
+        bm.parse("random-llama:llama9-1t")
+
+
+def test_roofline_counts_a_linear_layer_and_rates():
+    import torch
+
+    rl = _load("roofline")
+    m, k, n = 3, 5, 7
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    assert rl.counted_flops(lambda: torch.nn.functional.linear(x, w)) == 2 * m * k * n
+    achieved, fraction = rl.rate(4e12, 2.0, 8.0)
+    assert achieved == 2.0 and fraction == 0.25
 
 
 def test_malloc_benchmark_runs_both_settings():
@@ -101,6 +163,40 @@ def test_answer_logits_benchmark_times_both_passes_with_equal_results():
     assert abs(r[True]["loss"] - r[False]["loss"]) < 1e-4 and abs(r[True]["logprob"] - r[False]["logprob"]) < 1e-3
     assert all(r[s][k] > 0 for s in (True, False) for k in ("eval_s", "step_s"))
     assert [p.requires_grad for p in FT.shared_hf_model(tiny.bridge).parameters()] == before
+    assert all(r[s][k] > 0 for s in (True, False) for k in ("eval_flops", "step_flops"))
+
+
+def _rates_ok(row, variants):
+    """Counted FLOPs, achieved TFLOP/s and the fraction of the peak of each variant."""
+    import math
+
+    return all(row[f"{v}_flops"] > 0 and row[f"{v}_tflops"] > 0 and math.isfinite(row[f"{v}_fraction"])
+               and row[f"{v}_fraction"] > 0 for v in variants) and row["peak_tflops"] > 0
+
+
+def test_stacked_benchmark_on_a_random_model_reports_flops_and_rates():
+    import torch
+
+    bs = _load("stacked")
+    rows = bs.main(["--model", "random-llama", "--n", "4", "--conditions", "2", "--repeats", "1", "--no-append"])
+    assert [r["what"][:2] for r in rows] == ["03", "04", "01"]
+    assert all(r["same"] and r["dtype"] == "float32" and _rates_ok(r, ("baseline", "new")) for r in rows)
+    assert torch.is_grad_enabled()  # main() must not switch gradients off for the rest of the process
+
+
+def test_answer_logits_main_on_a_random_model_reports_flops_and_rates():
+    bal = _load("answer_logits")
+    rows = bal.main(["--model", "random-llama", "--n", "12", "--batch-size", "8", "--train-batch", "6",
+                     "--repeats", "1", "--no-append"])
+    assert [r["pass"].split()[0] for r in rows] == ["evaluate", "one"]
+    assert all(r["same"] and r["accuracy"] >= 0 and _rates_ok(r, ("whole", "shared")) for r in rows)
+
+
+def test_evaluate_benchmark_on_a_random_model_reports_flops_and_rates():
+    be = _load("evaluate")
+    row = be.main(["--model", "random-llama", "--digits", "1", "--n-per-template", "1", "--no-append"])
+    assert row["prompts"] > 0 and row["same"] and row["same_verdicts"] == row["prompts"]
+    assert 0 <= row["accuracy"] <= 1 and _rates_ok(row, ("greedy", "checked"))
 
 
 def test_results_section_names_the_command_and_machine():
@@ -110,3 +206,17 @@ def test_results_section_names_the_command_and_machine():
     assert lines[0].startswith("## T (") and lines[0].endswith(", box)")
     assert lines[2].startswith("`python benchmarks/") and lines[2].endswith(" --x 'a b'`")
     assert lines[4] == "n" and lines[6:9] == ["| a |", "|---|", "| 1 |"]
+
+
+@pytest.mark.slow
+def test_gpu_suite_commands_run_on_a_tiny_model():
+    """benchmarks/gpu.sh --check: every command of the GPU suite, with its flags, on a tiny
+    random model on the CPU (a wrong flag would otherwise surface only on a GPU)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run([str(ROOT / "benchmarks" / "gpu.sh"), "--check"], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count(" ok in ") == 8
