@@ -33,7 +33,7 @@ fi
 declare -A CMD=(
     [gemm]="benchmarks/gemm.py $GEMM"
     [patching]="benchmarks/patching.py --mode gpu --loop-components 64 $PATCH"
-    [cna]="benchmarks/cna.py ${M[*]} --loop-neurons 64 ${CNA_N[*]} $NO"
+    [cna]="benchmarks/cna.py ${M[*]} --loop-neurons 64 --repeats 1 ${CNA_N[*]} $NO"
     [stacked]="benchmarks/stacked.py ${M[*]} ${SMALL[*]} $NO"
     [layer_inputs]="benchmarks/layer_inputs.py ${M[*]} ${SMALL[*]} $NO"
     [answer_logits]="benchmarks/answer_logits.py ${M[*]} ${SMALL[*]} $NO"

@@ -46,13 +46,6 @@ from run_key import run_key, upstream  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY_SHARE = 0.9  # of physical RAM that notebooks running side by side may take together
-#: glibc malloc settings for the notebooks: keep freed memory for reuse (no mmap for large
-#: blocks, no trimming) instead of handing it back to the kernel, which must fault and zero
-#: every page again when the next tensor takes it (about 10 us per 4 KB page on the 2-core
-#: VM; full SFT in 05 spends half its time in the kernel). Speed only: no value changes.
-#: On trial: benchmarks/RESULTS.md, "Keeping freed memory in the process", found fewer faults,
-#: a micro-benchmark 8-9 % slower and notebook 06 8 % faster; the default run (1,632 s) had it.
-MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(64 * 2**30), "MALLOC_TOP_PAD_": str(2**30)}
 
 
 @dataclass
@@ -192,7 +185,7 @@ class Runner:
                sys.executable, "-m", "papermill", str(nb.path), str(self.out / f"{name}.ipynb"),
                "--cwd", str(nb.path.parent), "-k", "python3", "-p", "model", a.model, "-p", "device", a.device,
                "-p", "quick", a.quick, "-p", "seed", str(a.seed), "-p", "out_dir", str(a.figures)]
-        env = {**MALLOC_ENV, **os.environ}  # a user's own settings win
+        env = dict(os.environ)
         if a.threads:
             env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,

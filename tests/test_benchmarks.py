@@ -121,7 +121,7 @@ def test_malloc_benchmark_runs_both_settings():
     bm = _load("malloc")
     rows = bm.main(["--script", "optimizer.py", "--no-append", "--script-args", "--model", "random-llama",
                     "--steps", "2"])
-    assert [r["setting"] for r in rows] == ["glibc default", "run_all.sh's MALLOC_ENV"]
+    assert [r["setting"] for r in rows] == ["glibc default", "MALLOC_ENV (kept memory)"]
     assert all(r["wall"] > 0 and r["faults"] > 0 for r in rows)
 
 
