@@ -94,14 +94,12 @@ def compare(whole: dict, shared: dict, n_test: int, dtype: torch.dtype) -> tuple
     differ by near-tied argmaxes, at most max(1, 2 %) of the prompts), loss and summed
     answer log p within :func:`tolerance` of their magnitude."""
     rel = tolerance(dtype)
-    flips = 0 if dtype == torch.float32 else max(1, int(0.02 * n_test))
+    flips = bench_model.allowed_flips(n_test, dtype)
     acc_ok = abs(whole["accuracy"] - shared["accuracy"]) * n_test <= flips + 1e-6
     loss_ok = abs(whole["loss"] - shared["loss"]) <= rel * max(abs(whole["loss"]), 1e-6)
     lp_ok = abs(whole["logprob"] - shared["logprob"]) <= rel * max(abs(whole["logprob"]), 1e-6)
     what = f"accuracy (±{flips} prompts), loss and sum of answer log p (rel. {rel:.2g})"
     return acc_ok and loss_ok and lp_ok, what
-
-
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -122,7 +120,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     whole, shared = r[False], r[True]
     same, compared = compare(whole, shared, len(test), dtype)
     peak, source = roofline.flop_peak(device, dtype, cfg.d_model, cfg.d_mlp)
-    label, dname = roofline.device_label(device), str(dtype).removeprefix("torch.")
+    label, dname = roofline.device_label(device), roofline.dtype_name(dtype)
     rows = []
     for key, what in (("eval", f"evaluate {len(test)} prompts, batch {args.batch_size}"),
                       ("step", f"one training step, batch {args.train_batch}")):

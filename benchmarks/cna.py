@@ -97,11 +97,9 @@ def main(argv: list[str] | None = None) -> dict:
                             for l in range(info.n_layers)], 1)
 
     with torch.no_grad():
-        # the counting calls come first and double as the warm-up of the timed ones
-        flops_b = roofline.counted_flops(batched)
-        flops_l = roofline.counted_flops(loop) * scale
-        t_batched, imp_b = roofline.best_time(batched, args.repeats, dev)
-        t_sub, imp_l = roofline.best_time(loop, max(1, args.repeats // 3), dev)
+        flops_b, t_batched, imp_b = roofline.measure(batched, args.repeats, dev)
+        flops_sub, t_sub, imp_l = roofline.measure(loop, max(1, args.repeats // 3), dev)
+        flops_l = flops_sub * scale
         # the logit spread the tolerance is scaled by: largest std over the vocabulary
         # of the baseline logits norm(resid) W_U + b_U, over prompts and layers
         spread = max(float((norm(resid[:, l]) @ W_U + b_U).std(-1).max()) for l in range(info.n_layers))

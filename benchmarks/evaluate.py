@@ -7,7 +7,7 @@ the whole answer in one call). Both share the few-shot prefix. Each is timed wit
 by ``roofline.counted_flops`` (one extra, untimed call); the table gives GFLOP,
 achieved TFLOP/s and the fraction of the FLOP peak (``roofline.flop_peak``). The script
 checks that both give the same whole-answer verdict per prompt (in float32 every
-prompt; in lower precision near-tied argmaxes may flip a few, :func:`allowed_flips`),
+prompt; in lower precision near-tied argmaxes may flip a few, ``bench_model.allowed_flips``),
 prints a markdown table and appends it, with the command, to
 ``benchmarks/RESULTS.md``. ``main(argv)`` returns the row as a dict.
 
@@ -45,15 +45,6 @@ def _correct(prompts: ds.PromptSet, generated: list[list[int]]) -> list[bool]:
             for g, a in zip(generated, prompts.answer_ids)]
 
 
-def allowed_flips(n: int, dtype: torch.dtype) -> int:
-    """Prompts whose verdict may differ between the two methods: none in float32; in
-    bfloat16 / float16 max(1, 2 %) of ``n``, since a step-by-step decode and a
-    teacher-forced pass round differently and can swap the argmax of near-tied logits."""
-    return 0 if dtype == torch.float32 else max(1, int(0.02 * n))
-
-
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     bench_model.add_arguments(ap, "qwen2.5-coder-0.5b")
@@ -78,20 +69,16 @@ def main(argv: list[str] | None = None) -> dict:
         return checked_answers(b, ps, args.batch_size)[1]
 
     with torch.no_grad():
-        checked_answers(b, ps.subset(range(min(4, len(ps)))), args.batch_size)  # warm-up
-        flops_greedy = roofline.counted_flops(greedy)
-        flops_checked = roofline.counted_flops(checked)
-        t_greedy, gen_greedy = roofline.best_time(greedy, args.repeats, device)
-        t_checked, gen_checked = roofline.best_time(checked, args.repeats, device)
-    t_greedy, t_checked = max(t_greedy, 1e-9), max(t_checked, 1e-9)
+        flops_greedy, t_greedy, gen_greedy = roofline.measure(greedy, args.repeats, device)
+        flops_checked, t_checked, gen_checked = roofline.measure(checked, args.repeats, device)
     ok_g, ok_c = _correct(ps, gen_greedy), _correct(ps, gen_checked)
     same = sum(x == y for x, y in zip(ok_g, ok_c))
-    flips = allowed_flips(len(ps), dtype)
+    flips = bench_model.allowed_flips(len(ps), dtype)
     answer_tokens = sum(map(len, ps.answer_ids)) / len(ps)
     peak, source = roofline.flop_peak(device, dtype, cfg.d_model, cfg.d_mlp)
     tf_g, frac_g = roofline.rate(flops_greedy, t_greedy, peak)
     tf_c, frac_c = roofline.rate(flops_checked, t_checked, peak)
-    row = {"model": args.model, "device": roofline.device_label(device), "dtype": str(dtype).removeprefix("torch."),
+    row = {"model": args.model, "device": roofline.device_label(device), "dtype": roofline.dtype_name(dtype),
            "prompts": len(ps), "answer_tokens": answer_tokens, "greedy_s": t_greedy, "checked_s": t_checked,
            "speedup": t_greedy / t_checked, "greedy_flops": flops_greedy, "checked_flops": flops_checked,
            "greedy_tflops": tf_g, "checked_tflops": tf_c, "greedy_fraction": frac_g, "checked_fraction": frac_c,

@@ -12,8 +12,8 @@ float32 the results must be equal bit for bit; in bfloat16/float16 the two passe
 still be (same kernels on the same inputs), and the check allows the answers'
 log-probabilities to differ by a few roundings (``TOLERANCE``) with no prompt's verdict
 changed. The FLOPs of each pass (counted by torch's ``FlopCounterMode`` over one extra,
-untimed call: ``roofline.counted_flops``), the achieved TFLOP/s and their fraction of
-the peak in the model's dtype (``roofline.flop_peak``: a GPU's datasheet, or measured on
+untimed call before the timed ones: ``roofline.measure``), the achieved TFLOP/s and
+their fraction of the peak in the model's dtype (``roofline.flop_peak``: a GPU's datasheet, or measured on
 the CPU) are in the table. Prints a markdown table and appends it, with the command, to
 ``benchmarks/RESULTS.md``.
 
@@ -101,9 +101,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         def late_pass():
             return FT.evaluate_weights(hf, w, {"test": test}, a.batch_size, inputs=inputs)
 
-        t_full, full = roofline.best_time(full_pass, a.repeats, dev)
-        t_late, late = roofline.best_time(late_pass, a.repeats, dev)
-        flops_full, flops_late = roofline.counted_flops(full_pass), roofline.counted_flops(late_pass)
+        flops_full, t_full, full = roofline.measure(full_pass, a.repeats, dev)
+        flops_late, t_late, late = roofline.measure(late_pass, a.repeats, dev)
         tf_full, frac_full = roofline.rate(flops_full, t_full, peak)
         tf_late, frac_late = roofline.rate(flops_late, t_late, peak)
         rows.append({"layer": layer, "full": t_full, "late": t_late, "speedup": t_full / t_late,

@@ -95,15 +95,6 @@ def run_steps(weights: list[torch.Tensor], grads: list[torch.Tensor], fused: boo
     return times[0], sum(times[1:]) / max(1, len(times) - 1), [p.detach() for p in params], nbytes
 
 
-def bandwidth_peak(device: torch.device, dtype: torch.dtype, d_model: int, d_mlp: int) -> tuple[float, str]:
-    """(memory bandwidth in TB/s, where it comes from): a known GPU's datasheet, else the
-    copy rate measured now (``roofline.measure_peak`` with a single-row product)."""
-    sheet = roofline.gpu_datasheet(device)
-    if sheet is not None:
-        return sheet[1]["bandwidth"], f"{sheet[0]} datasheet"
-    return roofline.measure_peak(d_model, d_mlp, device, dtype, rows=(1,))[1], "measured copy"
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bench_model.add_arguments(ap, "qwen2.5-coder-0.5b")
@@ -131,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     largest = max(float(x.float().abs().max()) for x in out_loop)
     tol = a.steps * torch.finfo(loaded.dtype).eps * (largest + 8 * LR)
     del out_loop, out_fused
-    peak, source = bandwidth_peak(dev, loaded.dtype, cfg.d_model, cfg.d_mlp)
+    peak, source = roofline.bandwidth_peak(dev, loaded.dtype, cfg.d_model, cfg.d_mlp)
     gbs_loop, gbs_fused = nbytes / later_loop / 1e9, nbytes / later_fused / 1e9
     which = "all" if a.blocks is None else f"blocks 0-{min(a.blocks, n_blocks) - 1} of {n_blocks}"
     row = {"model": a.model, "device": roofline.device_label(dev), "dtype": a.dtype, "blocks": a.blocks,

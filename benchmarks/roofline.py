@@ -59,6 +59,14 @@ def counted_flops(fn: Callable[[], Any]) -> float:
     return float(counter.get_total_flops())
 
 
+def measure(fn: Callable[[], Any], repeats: int, device: str | torch.device = "cpu") -> tuple[float, float, Any]:
+    """(FLOPs of one call, best seconds of ``repeats`` calls, the last call's result):
+    the FLOP-counting call comes first and doubles as the warm-up of the timed ones."""
+    flops = counted_flops(fn)
+    seconds, out = best_time(fn, repeats, device)
+    return flops, max(seconds, 1e-9), out
+
+
 def gpu_datasheet(device: str | torch.device) -> tuple[str, dict[str, float]] | None:
     """(name fragment, peaks) of a GPU in :data:`GPU_PEAKS`, else None."""
     if torch.device(device).type != "cuda":
@@ -90,16 +98,30 @@ def flop_peak(device: str | torch.device, dtype: torch.dtype, d_model: int, d_ml
     """(peak TFLOP/s, where it comes from): a known GPU's datasheet, else measured here
     on the model's MLP shape."""
     sheet = gpu_datasheet(device)
-    dname = str(dtype).removeprefix("torch.")
+    dname = dtype_name(dtype)
     if sheet is not None and dname in sheet[1]:
         return sheet[1][dname], f"{sheet[0]} datasheet"
     return measure_peak(d_model, d_mlp, device, dtype)[0], "measured"
+
+
+def bandwidth_peak(device: str | torch.device, dtype: torch.dtype, d_model: int, d_mlp: int) -> tuple[float, str]:
+    """(memory bandwidth in TB/s, where it comes from): a known GPU's datasheet, else the
+    copy rate measured now (:func:`measure_peak` with a single-row product)."""
+    sheet = gpu_datasheet(device)
+    if sheet is not None:
+        return sheet[1]["bandwidth"], f"{sheet[0]} datasheet"
+    return measure_peak(d_model, d_mlp, device, dtype, rows=(1,))[1], "measured copy"
 
 
 def rate(flops: float, seconds: float, peak_tflops: float) -> tuple[float, float]:
     """(achieved TFLOP/s, fraction of ``peak_tflops``) of ``flops`` done in ``seconds``."""
     achieved = flops / seconds / 1e12
     return achieved, achieved / peak_tflops
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``bfloat16``."""
+    return str(dtype).removeprefix("torch.")
 
 
 def device_label(device: str | torch.device) -> str:

@@ -77,14 +77,6 @@ def scale(tensors) -> float:
     return max([1.0] + [float(t.float().abs().max()) for t in tensors if t.numel()])
 
 
-def measure(fn, repeats: int, device: str) -> tuple[float, float, object]:
-    """(FLOPs of one call, best seconds of ``repeats`` calls, the last call's result);
-    the FLOP-counting call comes first and doubles as the warm-up."""
-    flops = roofline.counted_flops(fn)
-    seconds, out = roofline.best_time(fn, repeats, device)
-    return flops, max(seconds, 1e-9), out
-
-
 
 
 
@@ -122,8 +114,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cache = N.runner_means(means, layers)
         sets = neuron_sets(layers, cfg.d_mlp, args.conditions - 1, 200, seed=0)
         conds = [None] + [A.mean_neurons_hooks(s, cache, position=-1) for s in sets]
-        one = measure(lambda: [runner.logits(c) for c in conds], args.repeats, device)
-        many = measure(lambda: runner.logits_many(conds), args.repeats, device)
+        one = roofline.measure(lambda: [runner.logits(c) for c in conds], args.repeats, device)
+        many = roofline.measure(lambda: runner.logits_many(conds), args.repeats, device)
         atol = tol if not low else tol * scale(one[2])
         same = all(torch.allclose(x, y, atol=atol) for x, y in zip(one[2], many[2]))
         add("03 answer position: `logits_many` vs one `logits` per condition",
@@ -137,9 +129,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         shallow = list(range(cfg.n_layers // 2))
         zs = {str(i): A.zero_neurons_hooks(s) for i, s in
               enumerate([[]] + neuron_sets(shallow, cfg.d_mlp, args.conditions - 1, 2000, seed=1))}
-        one = measure(lambda: {k: C.run_last_position(b, yu, h, capture=()) for k, h in zs.items()},
+        one = roofline.measure(lambda: {k: C.run_last_position(b, yu, h, capture=()) for k, h in zs.items()},
                       args.repeats, device)
-        many = measure(lambda: C.run_conditions(b, yu, zs, capture=()), args.repeats, device)
+        many = roofline.measure(lambda: C.run_conditions(b, yu, zs, capture=()), args.repeats, device)
         lp_one, lp_many = [one[2][k].logprob for k in zs], [many[2][k].logprob for k in zs]
         atol = tol if not low else tol * scale(lp_one)
         lp_same = all(torch.allclose(x, y, atol=atol) for x, y in zip(lp_one, lp_many))
@@ -157,8 +149,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         batch = max(zh.batches(16, device), key=lambda x: len(x.index))
         groups = P.prefix_groups(zh, batch.index)
         spec = P.path_end_captures(cfg.n_layers, attention=True)
-        one = measure(lambda: P.clean_run(b, batch.tokens, spec, share_prefix=False), args.repeats, device)
-        many = measure(lambda: P.grouped_clean_run(b, batch.tokens, groups, spec), args.repeats, device)
+        one = roofline.measure(lambda: P.clean_run(b, batch.tokens, spec, share_prefix=False), args.repeats, device)
+        many = roofline.measure(lambda: P.grouped_clean_run(b, batch.tokens, groups, spec), args.repeats, device)
         pairs = [(one[2].final, many[2].final)] + ([] if one[2].resid is None else [(one[2].resid, many[2].resid)])
         atol = tol if not low else tol * scale([x for x, _ in pairs])
         same = all(torch.allclose(x, y, atol=atol) for x, y in pairs)
@@ -169,7 +161,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             max_diff(pairs))
 
     peak, source = roofline.flop_peak(device, dtype, cfg.d_model, cfg.d_mlp)
-    label, dname = roofline.device_label(device), str(dtype).removeprefix("torch.")
+    label, dname = roofline.device_label(device), roofline.dtype_name(dtype)
     for r in rows:
         r.update(model=args.model, device=label, dtype=dname, peak_tflops=peak, peak_source=source)
         for v in ("baseline", "new"):

@@ -96,7 +96,7 @@ def test_cna_benchmark_on_a_random_model_reports_flops_and_rates():
 
 
 def test_bench_model_parse_names_tiny_and_full_shapes():
-    import pytest
+    import torch
 
     bm = _load("bench_model")  # the shared modules load as the scripts do
     assert bm.parse("random-llama") == ("llama", "tiny")
@@ -104,6 +104,8 @@ def test_bench_model_parse_names_tiny_and_full_shapes():
     assert bm.parse("qwen2.5-coder-0.5b") is None
     with pytest.raises(ValueError, match="unknown random model 'random-llama:llama9-1t'.*random-llama:llama3-8b"):
         bm.parse("random-llama:llama9-1t")
+    assert bm.allowed_flips(100, torch.float32) == 0
+    assert bm.allowed_flips(100, torch.bfloat16) == 2 and bm.allowed_flips(10, torch.bfloat16) == 1
 
 
 def test_roofline_counts_a_linear_layer_and_rates():
@@ -115,6 +117,9 @@ def test_roofline_counts_a_linear_layer_and_rates():
     assert rl.counted_flops(lambda: torch.nn.functional.linear(x, w)) == 2 * m * k * n
     achieved, fraction = rl.rate(4e12, 2.0, 8.0)
     assert achieved == 2.0 and fraction == 0.25
+    flops, seconds, out = rl.measure(lambda: torch.nn.functional.linear(x, w), 2)
+    assert flops == 2 * m * k * n and seconds > 0 and out.shape == (m, n)
+    assert rl.dtype_name(torch.bfloat16) == "bfloat16"
 
 
 def test_malloc_benchmark_runs_both_settings():
