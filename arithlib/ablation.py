@@ -54,13 +54,28 @@ def _positions(position: int | None) -> slice | int:
     return slice(None) if position is None else position
 
 
+class _Index:
+    """The unit indices of one hook, copied to a device once and reused: a fresh
+    host-to-device copy on every hook call would make a GPU wait for the host
+    (one synchronisation per hook per forward pass)."""
+
+    def __init__(self, idx: Sequence[int]):
+        self.on_device: dict[torch.device, torch.Tensor] = {}
+        self.cpu = torch.tensor(list(idx), dtype=torch.long)
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        if device not in self.on_device:
+            self.on_device[device] = self.cpu.to(device)
+        return self.on_device[device]
+
+
 def zero_heads_hooks(heads: Iterable[Head], position: int | None = None) -> list[Hook]:
     """Hooks that zero the output (z, the input to W_O) of each head in ``heads``."""
     pos = _positions(position)
     hooks = []
     for layer, idx in _by_layer(heads).items():
-        def fn(z, hook, idx=torch.tensor(idx)):
-            z[:, pos, idx.to(z.device)] = 0.0
+        def fn(z, hook, idx=_Index(idx)):
+            z[:, pos, idx.on(z.device)] = 0.0
             return z
         hooks.append((z_hook(layer), fn))
     return hooks
@@ -71,8 +86,8 @@ def zero_neurons_hooks(neurons: Iterable[Neuron], position: int | None = None) -
     pos = _positions(position)
     hooks = []
     for layer, idx in _by_layer(neurons).items():
-        def fn(act, hook, idx=torch.tensor(idx)):
-            act[:, pos, idx.to(act.device)] = 0.0
+        def fn(act, hook, idx=_Index(idx)):
+            act[:, pos, idx.on(act.device)] = 0.0
             return act
         hooks.append((post_hook(layer), fn))
     return hooks
@@ -84,9 +99,9 @@ def keep_neurons_hooks(keep: Iterable[Neuron], layers: Sequence[int], position: 
     kept = _by_layer(keep)
     hooks = []
     for layer in layers:
-        def fn(act, hook, idx=torch.tensor(kept.get(layer, []), dtype=torch.long)):
+        def fn(act, hook, idx=_Index(kept.get(layer, []))):
             mask = torch.zeros(act.shape[-1], dtype=torch.bool, device=act.device)
-            mask[idx.to(act.device)] = True
+            mask[idx.on(act.device)] = True
             act[:, pos] = act[:, pos] * mask
             return act
         hooks.append((post_hook(layer), fn))
@@ -133,9 +148,9 @@ def mean_heads_hooks(heads: Iterable[Head], means: MeanCache, position: int | No
     for layer, idx in _by_layer(heads).items():
         name = z_hook(layer)
 
-        def fn(z, hook, idx=torch.tensor(idx), name=name):
+        def fn(z, hook, idx=_Index(idx), name=name):
             mean = _mean_for(means, name, z)
-            i = idx.to(z.device)
+            i = idx.on(z.device)
             z[:, pos, i] = mean[pos][..., i, :]
             return z
         hooks.append((name, fn))
@@ -149,9 +164,9 @@ def mean_neurons_hooks(neurons: Iterable[Neuron], means: MeanCache, position: in
     for layer, idx in _by_layer(neurons).items():
         name = post_hook(layer)
 
-        def fn(act, hook, idx=torch.tensor(idx), name=name):
+        def fn(act, hook, idx=_Index(idx), name=name):
             mean = _mean_for(means, name, act)
-            i = idx.to(act.device)
+            i = idx.on(act.device)
             act[:, pos, i] = mean[pos][..., i]
             return act
         hooks.append((name, fn))

@@ -522,17 +522,22 @@ def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: b
     for index in tqdm(answer_batches(prompts, batch_size), desc=desc, disable=not progress, leave=False):
         logits, mask = answer_logits(hf, prompts, index, extra=1, share_prefix=share_prefix, inputs=inputs,
                                      same_below=same_below)
-        lp = logits.log_softmax(-1)
+        answers = [prompts.answer_ids[i] for i in index]
+        target = torch.zeros(mask.shape, dtype=torch.long)  # answer ids, padded with 0 (masked out below)
+        is_answer = torch.zeros(mask.shape, dtype=torch.bool)
+        for row, ans in enumerate(answers):
+            target[row, :len(ans)] = torch.tensor(ans)
+            is_answer[row, :len(ans)] = True
+        # one gather and one device-to-host copy per batch (a GPU syncs once, not per row)
+        tok_lp = logits.log_softmax(-1).gather(-1, target.to(logits.device)[..., None])[..., 0].cpu()
         pred = logits.argmax(-1).cpu()
-        for row, i in enumerate(index):
-            ans = prompts.answer_ids[i]
+        hit = (pred == target) | ~is_answer
+        for row, (i, ans) in enumerate(zip(index, answers)):
             k = len(ans)
-            ok = pred[row, :k].tolist() == ans
-            first[i] = pred[row, 0].item() == ans[0]
-            full[i] = ok and not continues_number(tok, int(pred[row, k]))
-            tok_lp = lp[row, torch.arange(k), torch.tensor(ans, device=lp.device)]
-            logprob[i] = float(tok_lp.sum())
-            first_lp[i] = float(tok_lp[0])
+            first[i] = bool(hit[row, 0])
+            full[i] = bool(hit[row].all()) and not continues_number(tok, int(pred[row, k]))
+            logprob[i] = float(tok_lp[row, :k].sum())
+            first_lp[i] = float(tok_lp[row, 0])
     hf.train(was_training)
     recs = prompts.records
     return pd.DataFrame({

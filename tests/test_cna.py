@@ -6,6 +6,8 @@ pruned concept count equals a brute-force top-k."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 import torch
@@ -123,9 +125,31 @@ def test_exact_importance_equals_per_neuron_loop(tiny):
         blocked = C.exact_importance(r, m, C.mlp_values(b, layer), t, norm, W_U, b_U, vocab_chunk=64,
                                      block_elems=64 * 128 * 2)  # two rows per block
         assert torch.allclose(blocked, loop, atol=1e-4)
+        K = m.shape[1]
+        small = C.exact_importance(r, m, C.mlp_values(b, layer), t, norm, W_U, b_U, vocab_chunk=4096,
+                                   block_elems=K * 50)  # one row's [K, 4096] block is over the bound
+        assert torch.allclose(small, loop, atol=1e-4)
         rows, cols = torch.tensor([0, 2, 2, 1]), torch.tensor([5, 5, 7, 0])
         pairs = C.exact_importance(r, m, C.mlp_values(b, layer), t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=77)
         assert torch.allclose(pairs, loop[rows, cols], atol=1e-4)
+
+
+def test_exact_importance_blocks_stay_within_block_elems(tiny, monkeypatch):
+    """The logits block never exceeds ``block_elems``, also when one row's [K, vocab_chunk]
+    block alone would (the vocabulary chunk shrinks)."""
+    b = tiny.bridge
+    ps = _prompts(tiny)
+    run = C.run_last_position(b, ps)
+    norm, (W_U, b_U) = C.final_norm(b), C.unembedding(b)
+    r, m = run.resid_mid[:, 0], run.coef[:, 0]
+    sizes = []
+    get = C._Scratch.get
+    monkeypatch.setattr(C._Scratch, "get", lambda self, slot, shape, dtype: sizes.append(math.prod(shape))
+                        or get(self, slot, shape, dtype))
+    bound = m.shape[1] * 50
+    C.exact_importance(r, m, C.mlp_values(b, 0), ps.first_answer_ids, norm, W_U, b_U, vocab_chunk=4096,
+                       block_elems=bound)
+    assert sizes and max(sizes) <= bound
 
 
 def test_first_order_is_close_for_small_coefficients(qwen):
