@@ -87,6 +87,31 @@ def knockout_plot(curves: pd.DataFrame, title: str = ""):
     return fig
 
 
+def transfer_plot(transfer: pd.DataFrame, heads_label: str, title: str = ""):
+    """Zhang et al. Fig. 4 with its control: first-token accuracy per format before any
+    knockout, after knocking out ``heads_label``, and after knocking out as many random
+    heads (mean, error bar = sd over the random sets); ``transfer`` is the table of
+    :func:`arithlib.transfer_sets.transfer_knockout`."""
+    tr = transfer.dropna(subset=["accuracy_before"]).reset_index(drop=True)
+    bars = [("no knockout", "accuracy_before", None, "#4c72b0"), (heads_label, "accuracy_after", None, "#d62728"),
+            ("as many random heads", "accuracy_random", "accuracy_random_sd", "#9e9e9e")]
+    x = np.arange(len(tr))
+    width = 0.8 / len(bars)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(tr) + 2.5), 3.8))
+    for i, (label, col, sd, color) in enumerate(bars):
+        err = None if sd is None else tr[sd] * 100
+        rect = ax.bar(x + (i - 1) * width, tr[col] * 100, width, yerr=err, capsize=2, color=color, label=label)
+        ax.bar_label(rect, fmt="%.0f", fontsize=7, padding=2 if sd is None else 6)
+    ax.set_xticks(x, tr["format"], rotation=20, ha="right")
+    ax.set_xlabel("prompt format")
+    ax.set_ylabel("first-token accuracy (%)")
+    ax.set_ylim(0, 110)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    return fig
+
+
 def attention_class_plot(frame: pd.DataFrame, label: str = "label", title: str = ""):
     """Zhang et al. Fig. 5: stacked mean attention of the END query of each head (rows
     of ``frame`` with ``label`` and the class columns) over operand A, operand B,

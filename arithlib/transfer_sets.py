@@ -1,21 +1,31 @@
-"""Small prompt builders for Zhang et al. 2024's transfer formats (Fig. 4, App. D-E)
-that :mod:`arithlib.datasets` does not have: decimals ("4.2 plus 2.5 equals to" -> 6.7)
-and dates ("The war lasted 5 years from 1723 to 172" -> 8).
+"""Zhang et al. 2024's transfer test (Sec. 5.1, Fig. 4, App. D-E): knock out the heads
+found on one dataset and measure other formats.
 
-Both return :class:`arithlib.datasets.PromptRecord` lists (tokenizer-free), with a
-few-shot prefix in the query's own template like the other builders, so they go
-through :meth:`arithlib.datasets.PromptSet.build`. They have no counterfactuals: in
-notebook 01 they are only evaluated before and after knocking out the key heads.
+* Prompt builders for the formats :mod:`arithlib.datasets` does not have: decimals
+  ("4.2 plus 2.5 equals to" -> 6.7) and dates ("The war lasted 5 years from 1723 to
+  172" -> 8). Both return :class:`arithlib.datasets.PromptRecord` lists
+  (tokenizer-free), with a few-shot prefix in the query's own template like the other
+  builders, so they go through :meth:`arithlib.datasets.PromptSet.build`. They have no
+  counterfactuals: they are only evaluated before and after a knockout.
+* :func:`transfer_knockout`: each format's accuracy before and after knocking out the
+  heads, and after knocking out as many random other heads. Zhang's Fig. 4 shows the
+  knockout alone; the random heads are the control of Zhang's own Fig. 3 (random-rank),
+  applied here so a drop can be told apart from the cost of ablating any heads.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import replace
-
 import warnings
+from dataclasses import replace
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
 
 from .datasets import PromptRecord, PromptSet
+from .patching import Head, ablation_edits, run_interventions
 
 DECIMAL_TEMPLATES = {"+": "{A} plus {B} equals to", "-": "{A} minus {B} equals to"}
 #: Solved examples of the few-shot prefix (tenths), as for the integer templates.
@@ -119,3 +129,64 @@ def build_tolerant(records: list[PromptRecord], tokenizer, keep_counterfactuals:
     for ps in sets[1:]:
         out = out + ps
     return out, dropped
+
+
+def random_head_sets(n_layers: int, n_heads: int, k: int, n_sets: int, seed: int,
+                     exclude: Sequence[Head] = ()) -> list[list[Head]]:
+    """``n_sets`` seeded draws of ``k`` distinct heads among those not in ``exclude``
+    (the control of :func:`transfer_knockout`), each sorted by (layer, head)."""
+    pool = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in set(map(tuple, exclude))]
+    if k > len(pool):
+        raise ValueError(f"cannot draw {k} random heads from the {len(pool)} heads outside the knocked-out set")
+    rng = np.random.default_rng(seed)
+    return [sorted(pool[i] for i in rng.choice(len(pool), k, replace=False)) for _ in range(n_sets)]
+
+
+def transfer_knockout(model, tokenizer, formats: Mapping[str, list[PromptRecord]], heads: Sequence[Head],
+                      means: Mapping[int, torch.Tensor], *, n: int, n_random: int, seed: int,
+                      n_layers: int, n_heads: int, batch_size: int = 16, max_rows: int = 1024,
+                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Zhang Fig. 4 with a random control: for each format, up to ``n`` of its
+    tokenizable prompts (seeded sample; :func:`build_tolerant`), first-token accuracy
+    with nothing ablated, with ``heads`` set to their mean (``means``, {layer: [H,
+    d_head]}) at the answer position, and with each of ``n_random`` sets of as many
+    other heads (:func:`random_head_sets`) ablated the same way; one fast-path pass
+    per format for all variants.
+
+    Returns ``(table, examples)``. ``table``: one row per format with ``n``,
+    ``accuracy_before``, ``accuracy_after``, ``accuracy_random`` (mean over the random
+    sets) and ``accuracy_random_sd``, ``relative_drop`` = 1 - after / before and
+    ``relative_drop_random`` = 1 - random / before (NaN when nothing was correct
+    before), ``note``. ``examples``: the top-5 next tokens before and after the
+    knockout on the first prompt answered correctly (else the first prompt)."""
+    heads = [(int(l), int(h)) for l, h in heads]
+    random_sets = random_head_sets(n_layers, n_heads, len(heads), n_random, seed, exclude=heads)
+    variants = [[], ablation_edits(heads, means, -1)] + [ablation_edits(r, means, -1) for r in random_sets]
+    rows, examples = [], []
+    for name, records in formats.items():
+        ps, dropped = build_tolerant(records, tokenizer)
+        if len(ps) > n:
+            ps = ps.subset(sorted(np.random.default_rng(seed).choice(len(ps), n, replace=False).tolist()))
+        if len(ps) == 0:
+            rows.append({"format": name, "n": 0, "note": f"tokenizer cannot split {dropped} prompts"})
+            continue
+        ro = run_interventions(model, ps, variants, batch_size=batch_size, max_rows=max_rows, full_logits=True,
+                               progress=False)
+        acc = ro.accuracy.numpy()
+        rows.append({"format": name, "n": len(ps), "accuracy_before": float(acc[0]), "accuracy_after": float(acc[1]),
+                     "accuracy_random": float(acc[2:].mean()) if n_random else float("nan"),
+                     "accuracy_random_sd": float(acc[2:].std()) if n_random else float("nan"),
+                     "note": f"{dropped} untokenizable dropped" if dropped else ""})
+        i = next((i for i in range(len(ps)) if bool(ro.correct[0, i])), 0)
+        for label, j in (("before", 0), ("after", 1)):
+            top = ro.logits[j, i].softmax(-1).topk(5)
+            examples.append({"format": name, "prompt": ps.records[i].text, "answer": ps.records[i].answer_text,
+                             "knockout": label, "next_token": tokenizer.decode([int(top.indices[0])]),
+                             "top5": ", ".join(f"{tokenizer.decode([int(t)])!r} {float(p):.0%}"
+                                               for t, p in zip(top.indices, top.values))})
+    table = pd.DataFrame(rows)
+    if "accuracy_before" in table:
+        before = table["accuracy_before"].where(table["accuracy_before"] > 0)
+        table["relative_drop"] = 1 - table["accuracy_after"] / before
+        table["relative_drop_random"] = 1 - table["accuracy_random"] / before
+    return table, pd.DataFrame(examples)

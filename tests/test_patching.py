@@ -9,6 +9,7 @@ import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -510,6 +511,48 @@ def test_transfer_sets_are_correct_and_tokenize(digit_tokenizer):
     assert toy_dropped + len(toy_ps) == len(dates)
 
 
+def test_random_head_sets_are_seeded_distinct_and_exclude_the_knocked_out_heads():
+    import arithlib.transfer_sets as TS
+
+    knocked = [(0, 0), (2, 3)]
+    sets = TS.random_head_sets(3, 4, 5, n_sets=3, seed=1, exclude=knocked)
+    assert sets == TS.random_head_sets(3, 4, 5, n_sets=3, seed=1, exclude=knocked)
+    assert sets != TS.random_head_sets(3, 4, 5, n_sets=3, seed=2, exclude=knocked)
+    for s in sets:
+        assert len(set(s)) == 5 and not set(knocked) & set(s) and s == sorted(s)
+        assert all(0 <= l < 3 and 0 <= h < 4 for l, h in s)
+    with pytest.raises(ValueError, match="cannot draw 4 random heads"):
+        TS.random_head_sets(2, 2, 4, n_sets=1, seed=0, exclude=[(0, 0)])
+
+
+@pytest.mark.toy_model
+def test_transfer_knockout_equals_one_run_per_head_set(toy):
+    """Each column of the transfer table is the accuracy of its own head set knocked out
+    alone (the random column the mean over the sets), formats the tokenizer cannot split
+    give a row with a note, and the same seed gives the same table."""
+    import arithlib.transfer_sets as TS
+
+    b, tok = toy.bridge, toy.tokenizer
+    formats = {"sums": ds.yu_prompts(["+", "-"], n_digits=2, n_per_template=6, seed=0, fewshot=2, templates=[3]),
+               "dates": TS.date_prompts(4, seed=0)}
+    means = {l: torch.zeros(b.cfg.n_heads, b.cfg.d_head) for l in range(b.cfg.n_layers)}  # zero ablation
+    heads = [(b.cfg.n_layers - 1, 0), (b.cfg.n_layers - 1, 1)]
+    kw = dict(n=8, n_random=2, seed=3, n_layers=b.cfg.n_layers, n_heads=b.cfg.n_heads)
+    table, examples = TS.transfer_knockout(b, tok, formats, heads, means, **kw)
+    pd.testing.assert_frame_equal(table, TS.transfer_knockout(b, tok, formats, heads, means, **kw)[0])
+    sums = table.set_index("format").loc["sums"]
+    assert sums["n"] == 8 and table.set_index("format").loc["dates", "n"] == 0
+    assert "cannot split" in table.set_index("format").loc["dates", "note"]
+    ps, _ = TS.build_tolerant(formats["sums"], tok)
+    ps = ps.subset(sorted(np.random.default_rng(3).choice(len(ps), 8, replace=False).tolist()))
+    sets = [heads] + TS.random_head_sets(b.cfg.n_layers, b.cfg.n_heads, 2, 2, seed=3, exclude=heads)
+    acc = [float(P.run_interventions(b, ps, [P.ablation_edits(h, means, -1)], progress=False).accuracy[0]) for h in sets]
+    assert sums["accuracy_after"] == pytest.approx(acc[0])
+    assert sums["accuracy_random"] == pytest.approx(np.mean(acc[1:]))
+    assert sums["relative_drop"] == pytest.approx(1 - acc[0] / sums["accuracy_before"])
+    assert set(examples["knockout"]) == {"before", "after"} and set(examples["format"]) == {"sums"}
+
+
 def test_plots_return_figures():
     import matplotlib.pyplot as plt
 
@@ -533,6 +576,9 @@ def test_plots_return_figures():
     ie = eff.assign(position=["=" if i % 2 else "op1" for i in range(len(eff))], ie=eff["effect"])
     figs.append(PH.ie_heatmaps(ie, L_, H_, ["op1", "="]))
     figs.append(PH.faithfulness_plot(pd.DataFrame({"k": [0, 1, 2], "faithfulness": [0.2, 0.6, 0.95]}), target=0.9))
+    figs.append(PH.transfer_plot(pd.DataFrame({"format": ["a", "b"], "accuracy_before": [1.0, 0.5],
+                                               "accuracy_after": [0.2, 0.5], "accuracy_random": [0.9, 0.4],
+                                               "accuracy_random_sd": [0.05, 0.1]}), "2 heads"))
     for f in figs:
         assert f.axes and all(ax.get_xlabel() for ax in f.axes if ax.get_images() or ax.lines or ax.patches)
         plt.close(f)

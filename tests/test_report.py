@@ -79,6 +79,33 @@ def test_knockout_gap_rule(tmp_path: Path, eff_acc: float, rnd_acc: float, verdi
     assert out.verdict == verdict
 
 
+@pytest.mark.parametrize("after, rnd, verdict", [(0.30, 0.96, R.REPRODUCED),   # gap 0.66
+                                                 (0.62, 0.955, R.REPRODUCED),  # gap 0.335 (rule: 0.33)
+                                                 (0.62, 0.945, R.PARTLY),      # gap 0.325
+                                                 (0.30, 0.30, R.NOT_REPRODUCED)])  # random heads hurt as much
+def test_transfer_rule_subtracts_random_heads(tmp_path: Path, after: float, rnd: float, verdict: str):
+    _params(tmp_path, n_layers=2, n_heads=4)
+    _path_patching(tmp_path, [-0.01] * 8, [0.0, 0.0])  # no key heads: the top heads stood in
+    # two formats with the same drops, one the model never answers (left out), one untokenizable
+    _csv(tmp_path, "01_transfer", [
+        {"format": f, "n": 10, "accuracy_before": 1.0, "accuracy_after": after, "accuracy_random": rnd}
+        for f in ("a", "b")] + [{"format": "c", "n": 10, "accuracy_before": 0.0, "accuracy_after": 0.0,
+                                 "accuracy_random": 0.0}, {"format": "d", "n": 0}])
+    out = _outcome("zhang_transfer", tmp_path)
+    assert out.metrics["formats"] == 2
+    assert out.metrics["transfer: relative drop minus random-heads drop"] == pytest.approx(rnd - after)
+    assert "no key head" in out.ours
+    assert out.verdict == verdict
+
+
+def test_transfer_table_without_random_control_is_not_run(tmp_path: Path):
+    _params(tmp_path, n_layers=2, n_heads=4)
+    _path_patching(tmp_path, [-0.3] + [0.0] * 7, [0.0, 0.0])
+    _csv(tmp_path, "01_transfer", [{"format": "a", "n": 10, "accuracy_before": 1.0, "accuracy_after": 0.2}])
+    out = _outcome("zhang_transfer", tmp_path)
+    assert out.verdict == R.NOT_RUN and "rerun notebook 01" in out.ours
+
+
 @pytest.mark.parametrize("early, late, verdict", [(0.01, 0.10, R.REPRODUCED), (0.01, 0.051, R.REPRODUCED),
                                                   (0.03, 0.051, R.PARTLY), (0.001, 0.049, R.PARTLY),
                                                   (0.05, 0.04, R.NOT_REPRODUCED)])
