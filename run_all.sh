@@ -48,10 +48,9 @@ mkdir -p "$OUT" "$FIG"
     --device "$DEVICE" --resolved-device "$RESOLVED" --quick "$QUICK" --seed "$SEED" \
     --only "$ONLY" ${JOBS:+--jobs "$JOBS"} ${THREADS:+--threads "$THREADS"} $FORCE
 "$PY" -m arithlib.report "$FIG"  # REPORT.md / REPORT.html from the tables above
-# Findings across every model run into $FIGURES so far (not the toy model): CROSS_MODEL.md/.csv/.png there.
-others=()
-for d in "$FIGURES"/*/; do
-    d="${d%/}"
-    if [ "$(basename "$d")" != "toy-arith" ] && compgen -G "$d/[0-9][0-9]_*_params.json" > /dev/null; then others+=("$d"); fi
-done
-if [ "${#others[@]}" -ge 2 ]; then "$PY" -m arithlib.report --cross-only "${others[@]}"; fi
+# Findings across every model run into $FIGURES so far (not the toy model): CROSS_MODEL.md/.csv/.png
+# there; the README's verdict table shows the committed runs, so it is rewritten only for the
+# repository's own figures/.
+README_ARG=()
+if [ "$(cd "$FIGURES" && pwd)" = "$ROOT/figures" ]; then README_ARG=(--readme "$ROOT/README.md"); fi
+"$PY" -m arithlib.report --cross-in "$FIGURES" ${README_ARG[@]+"${README_ARG[@]}"}

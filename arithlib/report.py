@@ -19,7 +19,9 @@ model) gets the verdict "not run", never an error.
 Usage: ``python -m arithlib.report figures/<model> [figures/<model2> ...]`` writes
 ``REPORT.md`` and ``REPORT.html`` into each folder and, for two or more folders,
 ``CROSS_MODEL.md`` / ``CROSS_MODEL.csv`` next to them (layer positions as
-layer / n_layers, so models of different depth compare).
+layer / n_layers, so models of different depth compare). ``python -m arithlib.report
+--cross-in figures --readme README.md`` (what ``run_all.sh`` calls) writes the cross-model
+files over every model folder in ``figures`` and the verdict table into the README.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ NOTEBOOKS: dict[str, str] = {
 }
 PAPERS = {"zhang": "Zhang et al. 2024 (ICML)", "yu": "Yu & Ananiadou 2024 (EMNLP)",
           "nikankin": "Nikankin et al. 2025 (ICLR)"}
+PAPERS_SHORT = {"zhang": "Zhang 2024", "yu": "Yu 2024", "nikankin": "Nikankin 2025"}
 ZHANG_TXT = "papers/zhang2024_interpreting_improving_arithmetic.txt"
 YU_TXT = "papers/yu2024_comparative_neuron_analysis.txt"
 NIKANKIN_TXT = "papers/nikankin2025_bag_of_heuristics_reviews.txt"
@@ -774,6 +777,63 @@ def cross_model_table(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
     return frame
 
 
+def verdict_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The verdicts of :func:`cross_model_table`'s ``frame`` in one compact table: one row
+    per finding (its paper and section, the paper's number, each model's verdict) and a
+    last row counting each model's verdicts."""
+    models = [c for c in frame.columns if c not in ("finding", "quantity", "paper")]
+    verdicts = frame[frame["quantity"] == "verdict"].set_index("finding")
+    where = {f.id: (f"{PAPERS_SHORT[f.paper]}, {f.where}", f.paper_number) for f in FINDINGS}
+    rows = [{"finding": f, "paper": where[f][0], "paper's number": where[f][1],
+             **{m: verdicts.at[f, m] for m in models}} for f in verdicts.index]
+    counts = {m: ", ".join(f"{(verdicts[m] == v).sum()} {v}" for v in VERDICTS if (verdicts[m] == v).any())
+              for m in models}
+    rows.append({"finding": "**all**", "paper": "", "paper's number": "", **counts})
+    return pd.DataFrame(rows)
+
+
+README_START = ("<!-- verdicts: written by `python -m arithlib.report --cross-in figures --readme README.md`; "
+                "do not edit -->")
+README_END = "<!-- /verdicts -->"
+
+
+def replace_readme_block(text: str, block: str) -> str:
+    """``text`` with what lies between the lines :data:`README_START` and :data:`README_END`
+    replaced by ``block``; a clear error when the markers are missing or out of order."""
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        raise ValueError(f"the README has no verdict block: add the two lines\n{README_START}\n{README_END}\n"
+                         "where the table should go, then rerun")
+    head = text[:start + len(README_START)]
+    return head + "\n" + block.rstrip("\n") + "\n" + text[end:]
+
+
+TOY_FOLDER = "toy-arith"  # arithlib.models.TOY_MODEL (not imported: the report needs no torch)
+
+
+def model_folders(figures: str | os.PathLike) -> list[Path]:
+    """The folders of ``figures`` holding a real model's run (a notebook's
+    ``NN_*_params.json``; the toy model's folder left out): the models of the cross-model
+    report and of the README's verdict table."""
+    root = Path(figures)
+    return sorted(d for d in root.iterdir()
+                  if d.is_dir() and d.name != TOY_FOLDER and any(d.glob("[0-9][0-9]_*_params.json")))
+
+
+def verdict_markdown(fig_dirs: Sequence[str | os.PathLike]) -> str:
+    """:func:`verdict_table` of ``fig_dirs`` (models from the smallest up) as Markdown."""
+    fig_dirs = sorted(fig_dirs, key=lambda d: _size_key(Tables(d)))
+    return markdown_table(verdict_table(cross_model_table(fig_dirs)))
+
+
+def write_readme_verdicts(readme: str | os.PathLike, fig_dirs: Sequence[str | os.PathLike]) -> Path:
+    """Put :func:`verdict_markdown` of ``fig_dirs`` into the README's verdict block
+    (:func:`replace_readme_block`), so the README shows the committed runs' verdicts and
+    cannot drift from them (``tests/test_report.py`` checks it)."""
+    path = Path(readme)
+    return write_text(path, replace_readme_block(path.read_text(), verdict_markdown(fig_dirs)))
+
+
 def n_params(info: dict) -> float:
     """Parameter count from a model's shapes (``model_info`` of the params files):
     attention (Q, O: d_model x n_heads d_head; K, V: d_model x n_kv_heads d_head),
@@ -965,6 +1025,7 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
     md = ["# Findings across models", "", RULES_TEXT, "",
           "Models (parameters from their shapes): "
           + ", ".join(f"{m} ({v / 1e6:.0f} M)" if np.isfinite(v) else m for m, v in sizes.items()) + ".", "",
+          "## Verdicts", "", markdown_table(verdict_table(frame)), "",
           "![The size-axis quantities, one panel each](CROSS_MODEL.png)", "",
           "Layer positions are given as layer / n_layers. Paper numbers:", ""]
     md += [f"- **{k}**: {v}" for k, v in papers.items()]
@@ -990,12 +1051,22 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m arithlib.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("fig_dirs", nargs="+", help="figures/<model> folders written by the notebooks")
+    parser.add_argument("fig_dirs", nargs="*", help="figures/<model> folders written by the notebooks")
+    parser.add_argument("--cross-in", default=None, help="cross-model files over every model folder in this "
+                                                          "folder (model_folders; the toy model left out)")
     parser.add_argument("--cross-out", default=None, help="folder for CROSS_MODEL.md/.csv (default: the first "
                                                           "folder's parent)")
     parser.add_argument("--cross-only", action="store_true", help="write only the cross-model files (the folders' "
                                                                     "own reports are left as they are)")
+    parser.add_argument("--readme", default=None, help="also write the verdict table into this README's verdict "
+                                                        "block (between the lines README_START and README_END)")
     args = parser.parse_args(argv)
+    if args.cross_in:
+        if args.fig_dirs or args.cross_only:
+            parser.error("--cross-in takes no folders and implies --cross-only")
+        args.fig_dirs, args.cross_only = model_folders(args.cross_in), True
+    elif not args.fig_dirs:
+        parser.error("give figures/<model> folders or --cross-in figures")
     for d in [] if args.cross_only else args.fig_dirs:
         md, page = write_report(d)
         table = findings_table(d)
@@ -1003,6 +1074,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args.fig_dirs) >= 2:
         md, csv = write_cross_model(args.fig_dirs, args.cross_out)
         print(f"{md} and {csv.name} written")
+        if args.readme:
+            print(f"{write_readme_verdicts(args.readme, args.fig_dirs)}: verdict table written")
+    elif args.readme:
+        print(f"{args.readme} left as it is: the verdict table needs two or more model folders")
     return 0
 
 

@@ -296,6 +296,60 @@ def test_cli_writes_reports_and_cross_model(tmp_path: Path):
     assert key.to_dict() == pytest.approx(share, nan_ok=True)
 
 
+def test_verdict_table_one_row_per_finding_and_counts(tmp_path: Path):
+    a = _small_model_dir(tmp_path / "a", 4)
+    b = _small_model_dir(tmp_path / "b", 8)
+    frame = R.cross_model_table([a, b])
+    table = R.verdict_table(frame)
+    assert list(table.columns) == ["finding", "paper", "paper's number", "a", "b"]
+    assert table["finding"].tolist() == [f.id for f in R.FINDINGS] + ["**all**"]
+    for m in ("a", "b"):
+        verdicts = frame[frame.quantity == "verdict"][m]
+        counts = [part.split(" ", 1) for part in table[m].iloc[-1].split(", ")]
+        assert {v: int(n) for n, v in counts} == verdicts.value_counts().to_dict()
+
+
+def test_readme_block_is_replaced_and_missing_markers_are_an_error(tmp_path: Path):
+    text = f"# title\n\n{R.README_START}\nold table\n{R.README_END}\n\nafter\n"
+    new = R.replace_readme_block(text, "| a |\n|---|\n")
+    assert new == f"# title\n\n{R.README_START}\n| a |\n|---|\n{R.README_END}\n\nafter\n"
+    assert R.replace_readme_block(new, "| a |\n|---|\n") == new
+    with pytest.raises(ValueError, match="no verdict block"):
+        R.replace_readme_block("# no block\n", "| a |")
+
+
+def test_cli_cross_in_writes_readme_table_and_skips_the_toy_model(tmp_path: Path):
+    figs = tmp_path / "figures"
+    for name, n in (("m1", 4), ("m2", 6)):
+        _small_model_dir(figs / name, n)
+    _small_model_dir(figs / R.TOY_FOLDER, 2)
+    (figs / "empty").mkdir()
+    assert [d.name for d in R.model_folders(figs)] == ["m1", "m2"]
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{R.README_START}\n{R.README_END}\n")
+    assert R.main(["--cross-in", str(figs), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "| finding | paper | paper's number | m1 | m2 |" in text and R.TOY_FOLDER not in text
+    assert (figs / "CROSS_MODEL.md").exists() and not (figs / "m1" / "REPORT.md").exists()
+
+
+def test_toy_folder_is_the_toy_model():
+    from arithlib.models import TOY_MODEL
+    assert R.TOY_FOLDER == TOY_MODEL
+
+
+def test_readme_verdicts_match_the_committed_figures():
+    """The README's verdict table is the one the committed figures give (run_all.sh rewrites
+    it; after committing new figures without it, this fails)."""
+    folders = R.model_folders(ROOT / "figures")
+    if len(folders) < 2:
+        pytest.skip("fewer than two committed model folders")
+    text = (ROOT / "README.md").read_text()
+    assert R.replace_readme_block(text, R.verdict_markdown(folders)) == text, (
+        "README.md's verdict table differs from figures/: run python -m arithlib.report --cross-in figures "
+        "--readme README.md")
+
+
 @pytest.mark.parametrize("shallow, middle, deep, verdict", [(30.0, 20.0, 5.0, R.REPRODUCED),
                                                             (15.0, 10.0, 5.0, R.PARTLY),
                                                             (0.3, 0.2, 0.1, R.NOT_REPRODUCED)])
