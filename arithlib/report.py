@@ -172,8 +172,12 @@ def _gap_verdict(gap: float, full_gap: float) -> str:
     return _grade(gap >= full_gap, gap >= NOISE_GAP)
 
 
-def _pct(x: float, digits: int = 1) -> str:
-    return "n/a" if x is None or not np.isfinite(x) else f"{100 * x + 0.0:.{digits}f} %"  # + 0.0: no "-0 %"
+def _pct(x: float, digits: int = 1, signed: bool = False) -> str:
+    """``x`` as a percentage; ``signed``: a change, with its sign ("+25 %", "-40 %", "0 %")."""
+    if x is None or not np.isfinite(x):
+        return "n/a"
+    v = round(100 * x, digits) + 0.0  # + 0.0: no "-0 %"
+    return f"{v:+.{digits}f} %" if signed and v != 0 else f"{v:.{digits}f} %"
 
 
 def _paper_depth(layer_of_32: float, n_layers: int) -> int:
@@ -272,7 +276,8 @@ def _zhang_transfer(t: Tables) -> Outcome:
     drop_r = 1 - tr["accuracy_random"] / tr["accuracy_before"]
     n_key = int((_pooled(t, "head")["effect"] < KEY_THRESHOLD).sum())
     heads = f"the {n_key} key heads" if n_key else "the 10 heads of largest effect (no key head)"
-    parts = ", ".join(f"{f} {_pct(-d, 0)} ({_pct(-r, 0)})" for f, d, r in zip(tr["format"], drop, drop_r))
+    parts = ", ".join(f"{f} {_pct(-d, 0, signed=True)} ({_pct(-r, 0, signed=True)})"
+                      for f, d, r in zip(tr["format"], drop, drop_r))
     gap = float((drop - drop_r).mean())
     return Outcome(f"relative accuracy change after knocking out {heads} (as many random heads): {parts}; "
                    f"mean gap {_pct(gap, 0)}",

@@ -95,7 +95,15 @@ def test_transfer_rule_subtracts_random_heads(tmp_path: Path, after: float, rnd:
     assert out.metrics["formats"] == 2
     assert out.metrics["transfer: relative drop minus random-heads drop"] == pytest.approx(rnd - after)
     assert "no key head" in out.ours
+    assert f"a {R._pct(after - 1, 0, signed=True)} ({R._pct(rnd - 1, 0, signed=True)})" in out.ours
     assert out.verdict == verdict
+
+
+@pytest.mark.parametrize("x, signed, text", [(0.25, True, "+25 %"), (-0.4, True, "-40 %"), (0.0, True, "0 %"),
+                                             (-0.001, True, "0 %"), (0.25, False, "25 %"), (-0.0001, False, "0 %"),
+                                             (float("nan"), True, "n/a")])
+def test_percent_changes_carry_their_sign(x: float, signed: bool, text: str):
+    assert R._pct(x, 0, signed=signed) == text
 
 
 def test_transfer_table_without_random_control_is_not_run(tmp_path: Path):
