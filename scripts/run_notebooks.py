@@ -295,11 +295,14 @@ class Runner:
                 r = ran[name]
                 out.append(f"{name},{r['seconds']},ran,{r['peak_rss_mib']},{self.args.threads or 'default'},"
                            f"{r['start_s']},{r['end_s']}")
-            elif (self.out / f"{name}.seconds").is_file():
+            elif (self.out / f"{name}.seconds").is_file() or self.previous.get(name, {}).get("seconds"):
+                # not run now: its last run's row, from this machine's outputs or else (a fresh
+                # clone with committed figures) from the timings.csv this run replaces
                 old = self.previous.get(name, {})
-                out.append(f"{name},{(self.out / f'{name}.seconds').read_text().strip()},cached,"
-                           f"{(self.out / f'{name}.peak_mib').read_text().strip() if (self.out / f'{name}.peak_mib').is_file() else 'NA'},"
-                           f"{old.get('threads') or 'NA'},,")
+                sfile, pfile = self.out / f"{name}.seconds", self.out / f"{name}.peak_mib"
+                seconds = sfile.read_text().strip() if sfile.is_file() else old["seconds"]
+                peak = pfile.read_text().strip() if pfile.is_file() else old.get("peak_rss_mib") or "NA"
+                out.append(f"{name},{seconds},cached,{peak},{old.get('threads') or 'NA'},,")
         _write_atomic(self.fig / "timings.csv", "\n".join(out) + "\n")
 
 

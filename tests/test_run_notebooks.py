@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -91,6 +92,16 @@ def test_runs_notebooks_two_at_a_time_with_fixed_threads(tmp_path, capsys):
     ends = {r.split(",")[0]: int(r.split(",")[6]) for r in rows[1:]}
     assert starts["03_c"] < ends["01_a"]  # side by side
     assert all((out / f"{n}.key").is_file() for n in got)
+
+    # a fresh clone has the committed figures but no outputs: a run of one notebook keeps the others' rows
+    shutil.copytree(out, tmp_path / "out_kept")
+    shutil.rmtree(out)
+    assert rn.main(args + ["--only", "03"]) == 0
+    kept = {r.split(",")[0]: r.split(",") for r in (fig / "m" / "timings.csv").read_text().splitlines()[1:]}
+    assert set(kept) == {"01_a", "02_b", "03_c"} and kept["03_c"][2] == "ran"
+    assert kept["01_a"][1:5] == [rows[1].split(",")[1], "cached", rows[1].split(",")[3], "1"]
+    shutil.rmtree(out)
+    shutil.copytree(tmp_path / "out_kept", out)
 
     capsys.readouterr()
     assert rn.main(args) == 0  # nothing changed: every notebook is skipped
