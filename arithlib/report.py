@@ -276,8 +276,9 @@ def _zhang_transfer(t: Tables) -> Outcome:
     drop_r = 1 - tr["accuracy_random"] / tr["accuracy_before"]
     n_key = int((_pooled(t, "head")["effect"] < KEY_THRESHOLD).sum())
     heads = f"the {n_key} key heads" if n_key else "the 10 heads of largest effect (no key head)"
-    parts = ", ".join(f"{f} {_pct(-d, 0, signed=True)} ({_pct(-r, 0, signed=True)})"
-                      for f, d, r in zip(tr["format"], drop, drop_r))
+    correct = (tr["accuracy_before"] * tr["n"]).round().astype(int)  # the base of each relative change
+    parts = ", ".join(f"{f} [{c}/{n} correct] {_pct(-d, 0, signed=True)} ({_pct(-r, 0, signed=True)})"
+                      for f, c, n, d, r in zip(tr["format"], correct, tr["n"], drop, drop_r))
     gap = float((drop - drop_r).mean())
     return Outcome(f"relative accuracy change after knocking out {heads} (as many random heads): {parts}; "
                    f"mean gap {_pct(gap, 0)}",
@@ -825,10 +826,22 @@ def model_folders(figures: str | os.PathLike) -> list[Path]:
                   if d.is_dir() and d.name != TOY_FOLDER and any(d.glob("[0-9][0-9]_*_params.json")))
 
 
-def verdict_markdown(fig_dirs: Sequence[str | os.PathLike]) -> str:
-    """:func:`verdict_table` of ``fig_dirs`` (models from the smallest up) as Markdown."""
+def _linked_models(table: pd.DataFrame, fig_dirs: Sequence[str | os.PathLike], link_from: str | os.PathLike
+                   ) -> pd.DataFrame:
+    """``table`` with each model column named as a link to its ``REPORT.md``, relative to
+    the folder ``link_from`` of the Markdown file that shows it."""
+    links = {Path(d).name: Path(os.path.relpath(Path(d).resolve() / "REPORT.md", Path(link_from).resolve())).as_posix()
+             for d in fig_dirs}
+    return table.rename(columns={m: f"[{m}]({link})" for m, link in links.items()})
+
+
+def verdict_markdown(fig_dirs: Sequence[str | os.PathLike], link_from: str | os.PathLike | None = None) -> str:
+    """:func:`verdict_table` of ``fig_dirs`` (models from the smallest up) as Markdown;
+    with ``link_from`` (the folder of the file that shows it) the model names link to
+    their reports."""
     fig_dirs = sorted(fig_dirs, key=lambda d: _size_key(Tables(d)))
-    return markdown_table(verdict_table(cross_model_table(fig_dirs)))
+    table = verdict_table(cross_model_table(fig_dirs))
+    return markdown_table(table if link_from is None else _linked_models(table, fig_dirs, link_from))
 
 
 def write_readme_verdicts(readme: str | os.PathLike, fig_dirs: Sequence[str | os.PathLike]) -> Path:
@@ -836,7 +849,7 @@ def write_readme_verdicts(readme: str | os.PathLike, fig_dirs: Sequence[str | os
     (:func:`replace_readme_block`), so the README shows the committed runs' verdicts and
     cannot drift from them (``tests/test_report.py`` checks it)."""
     path = Path(readme)
-    return write_text(path, replace_readme_block(path.read_text(), verdict_markdown(fig_dirs)))
+    return write_text(path, replace_readme_block(path.read_text(), verdict_markdown(fig_dirs, path.parent)))
 
 
 def n_params(info: dict) -> float:
@@ -1030,7 +1043,7 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
     md = ["# Findings across models", "", RULES_TEXT, "",
           "Models (parameters from their shapes): "
           + ", ".join(f"{m} ({v / 1e6:.0f} M)" if np.isfinite(v) else m for m, v in sizes.items()) + ".", "",
-          "## Verdicts", "", markdown_table(verdict_table(frame)), "",
+          "## Verdicts", "", markdown_table(_linked_models(verdict_table(frame), fig_dirs, out)), "",
           "![The size-axis quantities, one panel each](CROSS_MODEL.png)", "",
           "Layer positions are given as layer / n_layers. Paper numbers:", ""]
     md += [f"- **{k}**: {v}" for k, v in papers.items()]

@@ -95,7 +95,7 @@ def test_transfer_rule_subtracts_random_heads(tmp_path: Path, after: float, rnd:
     assert out.metrics["formats"] == 2
     assert out.metrics["transfer: relative drop minus random-heads drop"] == pytest.approx(rnd - after)
     assert "no key head" in out.ours
-    assert f"a {R._pct(after - 1, 0, signed=True)} ({R._pct(rnd - 1, 0, signed=True)})" in out.ours
+    assert f"a [10/10 correct] {R._pct(after - 1, 0, signed=True)} ({R._pct(rnd - 1, 0, signed=True)})" in out.ours
     assert out.verdict == verdict
 
 
@@ -337,7 +337,9 @@ def test_cli_cross_in_writes_readme_table_and_skips_the_toy_model(tmp_path: Path
     readme.write_text(f"intro\n{R.README_START}\n{R.README_END}\n")
     assert R.main(["--cross-in", str(figs), "--readme", str(readme)]) == 0
     text = readme.read_text()
-    assert "| finding | paper | paper's number | m1 | m2 |" in text and R.TOY_FOLDER not in text
+    assert ("| finding | paper | paper's number | [m1](figures/m1/REPORT.md) | [m2](figures/m2/REPORT.md) |"
+            in text and R.TOY_FOLDER not in text)
+    assert "| [m1](m1/REPORT.md) | [m2](m2/REPORT.md) |" in (figs / "CROSS_MODEL.md").read_text()
     assert (figs / "CROSS_MODEL.md").exists() and not (figs / "m1" / "REPORT.md").exists()
 
 
@@ -353,7 +355,7 @@ def test_readme_verdicts_match_the_committed_figures():
     if len(folders) < 2:
         pytest.skip("fewer than two committed model folders")
     text = (ROOT / "README.md").read_text()
-    assert R.replace_readme_block(text, R.verdict_markdown(folders)) == text, (
+    assert R.replace_readme_block(text, R.verdict_markdown(folders, ROOT)) == text, (
         "README.md's verdict table differs from figures/: run python -m arithlib.report --cross-in figures "
         "--readme README.md")
 
