@@ -835,21 +835,19 @@ def _linked_models(table: pd.DataFrame, fig_dirs: Sequence[str | os.PathLike], l
     return table.rename(columns={m: f"[{m}]({link})" for m, link in links.items()})
 
 
-def verdict_markdown(fig_dirs: Sequence[str | os.PathLike], link_from: str | os.PathLike | None = None) -> str:
-    """:func:`verdict_table` of ``fig_dirs`` (models from the smallest up) as Markdown;
-    with ``link_from`` (the folder of the file that shows it) the model names link to
-    their reports."""
-    fig_dirs = sorted(fig_dirs, key=lambda d: _size_key(Tables(d)))
-    table = verdict_table(cross_model_table(fig_dirs))
+def _verdict_markdown(frame: pd.DataFrame, fig_dirs: Sequence[str | os.PathLike],
+                      link_from: str | os.PathLike | None) -> str:
+    table = verdict_table(frame)
     return markdown_table(table if link_from is None else _linked_models(table, fig_dirs, link_from))
 
 
-def write_readme_verdicts(readme: str | os.PathLike, fig_dirs: Sequence[str | os.PathLike]) -> Path:
-    """Put :func:`verdict_markdown` of ``fig_dirs`` into the README's verdict block
-    (:func:`replace_readme_block`), so the README shows the committed runs' verdicts and
-    cannot drift from them (``tests/test_report.py`` checks it)."""
-    path = Path(readme)
-    return write_text(path, replace_readme_block(path.read_text(), verdict_markdown(fig_dirs, path.parent)))
+def verdict_markdown(fig_dirs: Sequence[str | os.PathLike], link_from: str | os.PathLike | None = None) -> str:
+    """:func:`verdict_table` of ``fig_dirs`` (models from the smallest up) as Markdown;
+    with ``link_from`` (the folder of the file that shows it) the model names link to
+    their reports. The README's verdict block is this with ``link_from`` its folder
+    (``tests/test_report.py`` checks the committed one)."""
+    fig_dirs = sorted(fig_dirs, key=lambda d: _size_key(Tables(d)))
+    return _verdict_markdown(cross_model_table(fig_dirs), fig_dirs, link_from)
 
 
 def n_params(info: dict) -> float:
@@ -1019,15 +1017,16 @@ def _size_key(tables: "Tables") -> tuple[bool, float]:
     return (not np.isfinite(size), size if np.isfinite(size) else 0.0)
 
 
-def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike | None = None
-                      ) -> tuple[Path, Path]:
+def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike | None = None,
+                      readme: str | os.PathLike | None = None) -> tuple[Path, Path]:
     """Write ``CROSS_MODEL.md`` and ``CROSS_MODEL.csv`` (the findings side by side, one
     column per model from the smallest up),
     ``CROSS_MODEL_metrics.csv`` / ``CROSS_MODEL_curves.csv`` (the size-axis quantities),
     ``CROSS_MODEL_trends.csv`` (each quantity's trend with size, :func:`size_trends`)
     and the figure ``CROSS_MODEL.png`` / ``.pdf`` (one panel per quantity, models
     ordered by size) into ``out_dir`` (default: the folder holding the first model
-    folder); return the paths of the Markdown and the CSV."""
+    folder); with ``readme``, the same verdict table goes into that file's verdict block
+    (:func:`replace_readme_block`); return the paths of the Markdown and the CSV."""
     from .outputs import save_figure, save_table
     from .plots_report import cross_model_figure
 
@@ -1043,7 +1042,7 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
     md = ["# Findings across models", "", RULES_TEXT, "",
           "Models (parameters from their shapes): "
           + ", ".join(f"{m} ({v / 1e6:.0f} M)" if np.isfinite(v) else m for m, v in sizes.items()) + ".", "",
-          "## Verdicts", "", markdown_table(_linked_models(verdict_table(frame), fig_dirs, out)), "",
+          "## Verdicts", "", _verdict_markdown(frame, fig_dirs, out), "",
           "![The size-axis quantities, one panel each](CROSS_MODEL.png)", "",
           "Layer positions are given as layer / n_layers. Paper numbers:", ""]
     md += [f"- **{k}**: {v}" for k, v in papers.items()]
@@ -1062,6 +1061,9 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
                "a scaling law.",
                "", markdown_table(shown)]
     md += ["", "## All findings", "", markdown_table(frame), ""]
+    if readme is not None:
+        path = Path(readme)
+        write_text(path, replace_readme_block(path.read_text(), _verdict_markdown(frame, fig_dirs, path.parent)))
     md_path = write_text(out / "CROSS_MODEL.md", "\n".join(md))
     csv_path = write_text(out / "CROSS_MODEL.csv", frame.to_csv(index=False, float_format="%.6g"))
     return md_path, csv_path
@@ -1090,10 +1092,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = findings_table(d)
         print(f"{md} and {page.name} written ({_summary_counts(table)})")
     if len(args.fig_dirs) >= 2:
-        md, csv = write_cross_model(args.fig_dirs, args.cross_out)
-        print(f"{md} and {csv.name} written")
-        if args.readme:
-            print(f"{write_readme_verdicts(args.readme, args.fig_dirs)}: verdict table written")
+        md, csv = write_cross_model(args.fig_dirs, args.cross_out, args.readme)
+        print(f"{md} and {csv.name} written" + (f"; verdict table into {args.readme}" if args.readme else ""))
     elif args.readme:
         print(f"{args.readme} left as it is: the verdict table needs two or more model folders")
     return 0
