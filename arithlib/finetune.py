@@ -198,6 +198,27 @@ def use_weights(model, weights: Mapping[str, torch.Tensor] | None) -> Iterator[N
                 params[name].copy_(value)
 
 
+@contextlib.contextmanager
+def _training_state(model) -> Iterator[None]:
+    """Within the block the HF model behind ``model`` may change its parameters'
+    ``requires_grad`` and ``.grad`` and its modules' train/eval modes; on exit (an
+    exception included) every parameter and module present on entry gets them back.
+    Kept per object, not per name: a module added in between (peft's LoRA layers,
+    removed again by ``unload``) is not tracked, and the base weights it wrapped are the
+    same objects, restored like the rest."""
+    hf = _hf(model)
+    params = [(p, p.requires_grad, p.grad) for p in {id(p): p for p in hf.parameters()}.values()]
+    modes = [(m, m.training) for m in hf.modules()]
+    try:
+        yield
+    finally:
+        for p, flag, grad in params:
+            p.grad = grad
+            p.requires_grad_(flag)
+        for m, training in modes:
+            m.training = training
+
+
 def to_loaded_model(hf_model, tokenizer, name: str = "finetuned", device: str | None = None):
     """Boot a TransformerBridge on a trained HF model (e.g. ``merge_and_unload()``'s
     result) and return it as an :class:`arithlib.models.LoadedModel`, the way
@@ -700,7 +721,9 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
     everywhere) apart from the trained parameters; the forward passes start at the
     highest block recorded there below both (:func:`first_changed_layer` of the
     trained parameters), as in :func:`answer_logits`: the same steps and weights bit
-    for bit (training batches depend on the config's seed only)."""
+    for bit (training batches depend on the config's seed only). Every parameter's
+    ``requires_grad`` and ``.grad`` and every module's train/eval mode are as before
+    on return, and on an error (:func:`_training_state`)."""
     if len(train_set) == 0:
         raise ValueError("empty training set")
     hf = _hf(model)
@@ -708,97 +731,94 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
     params = trainable.params
     n_layers = len(decoder_layers(hf))
     same_below = min(n_layers if unchanged_below is None else unchanged_below, first_changed_layer(hf, params))
-    for p in hf.parameters():
-        p.requires_grad_(False)
-    for p in params.values():
-        p.requires_grad_(True)
-    masks = {n: m.to(device=device, dtype=params[n].dtype) for n, m in trainable.masks.items()}
-    grad_mult = {}
-    for n, p in params.items():
-        mult = masks.get(n)
-        scale = trainable.scales.get(n)
-        if scale is not None:
-            scale = torch.as_tensor(scale, device=device, dtype=p.dtype)
-            mult = scale if mult is None else mult * scale
-        if mult is not None:
-            grad_mult[n] = mult
-    unique = list({p.data_ptr(): p for p in params.values()}.values())
-    # decay of unmasked parameters inside AdamW's step; masked ones (and SGD's) below, per entry
-    by_hand = {n for n in params if n in masks or config.optimizer != "adamw"} if config.weight_decay else set()
-    opt = make_optimizer(unique, config, [p for n, p in params.items() if n not in by_hand])
-    steps_per_epoch = len(answer_batches(train_set, config.batch_size))
-    total = steps_per_epoch * config.epochs
-    if config.max_steps is not None:
-        total = min(total, config.max_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config, total))
-    ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    history: list[dict] = []
-    epochs: list[dict] = []
-    best = (-1.0, 0, None)  # (val acc, epoch, state)
-    step, start_epoch, busy, n_samples = 0, 0, 0.0, 0
-    if ckdir is not None:
-        done = sorted(ckdir.glob("epoch-*.pt"))
-        if done:
-            ck = torch.load(done[-1], weights_only=False)
-            with torch.no_grad():
-                for n, v in ck["params"].items():
-                    params[n].copy_(v.to(device))
-            opt.load_state_dict(ck["optimizer"])
-            sched.load_state_dict(ck["scheduler"])
-            step, start_epoch, busy, n_samples = ck["step"], ck["epoch"], ck["busy"], ck["n_samples"]
-            history, epochs = ck["history"], ck["epochs"]
-            best = (ck["best"][0], ck["best"][1], ck["best"][2])
-    hf.train()
-    for epoch in range(start_epoch, config.epochs):
-        if step >= total:
-            break
-        batches = answer_batches(train_set, config.batch_size, shuffle=True, seed=config.seed * 1000 + epoch)
-        bar = tqdm(batches, desc=f"{desc} epoch {epoch + 1}/{config.epochs}", disable=not progress, leave=False)
-        for index in bar:
+    with _training_state(hf):  # flags, grads and modes come back as they were, even on error
+        for p in hf.parameters():
+            p.requires_grad_(False)
+        for p in params.values():
+            p.requires_grad_(True)
+        masks = {n: m.to(device=device, dtype=params[n].dtype) for n, m in trainable.masks.items()}
+        grad_mult = {}
+        for n, p in params.items():
+            mult = masks.get(n)
+            scale = trainable.scales.get(n)
+            if scale is not None:
+                scale = torch.as_tensor(scale, device=device, dtype=p.dtype)
+                mult = scale if mult is None else mult * scale
+            if mult is not None:
+                grad_mult[n] = mult
+        unique = list({p.data_ptr(): p for p in params.values()}.values())
+        # decay of unmasked parameters inside AdamW's step; masked ones (and SGD's) below, per entry
+        by_hand = {n for n in params if n in masks or config.optimizer != "adamw"} if config.weight_decay else set()
+        opt = make_optimizer(unique, config, [p for n, p in params.items() if n not in by_hand])
+        steps_per_epoch = len(answer_batches(train_set, config.batch_size))
+        total = steps_per_epoch * config.epochs
+        if config.max_steps is not None:
+            total = min(total, config.max_steps)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config, total))
+        ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        history: list[dict] = []
+        epochs: list[dict] = []
+        best = (-1.0, 0, None)  # (val acc, epoch, state)
+        step, start_epoch, busy, n_samples = 0, 0, 0.0, 0
+        if ckdir is not None:
+            done = sorted(ckdir.glob("epoch-*.pt"))
+            if done:
+                ck = torch.load(done[-1], weights_only=False)
+                with torch.no_grad():
+                    for n, v in ck["params"].items():
+                        params[n].copy_(v.to(device))
+                opt.load_state_dict(ck["optimizer"])
+                sched.load_state_dict(ck["scheduler"])
+                step, start_epoch, busy, n_samples = ck["step"], ck["epoch"], ck["busy"], ck["n_samples"]
+                history, epochs = ck["history"], ck["epochs"]
+                best = (ck["best"][0], ck["best"][1], ck["best"][2])
+        hf.train()
+        for epoch in range(start_epoch, config.epochs):
             if step >= total:
                 break
-            t0 = time.perf_counter()
-            loss = answer_loss(hf, train_set, index, inputs=inputs, same_below=same_below)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            with torch.no_grad():
-                for n, mult in grad_mult.items():
-                    g = params[n].grad
-                    if g is not None:
-                        g.mul_(mult)
-                if config.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(unique, config.grad_clip)
-                lr_now = opt.param_groups[0]["lr"]
-                for n in by_hand:
-                    m = masks.get(n)
-                    params[n].mul_(1 - lr_now * config.weight_decay * (m if m is not None else 1.0))
-            opt.step()
-            sched.step()
-            busy += time.perf_counter() - t0
-            n_samples += len(index)
-            history.append({"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr_now})
-            bar.set_postfix(loss=f"{history[-1]['loss']:.3f}")
-            step += 1
-        hf.eval()
-        val_acc = float("nan")
-        if val_set is not None and len(val_set):
-            val_acc = float(answer_accuracy(hf, val_set, config.eval_batch_size)["correct_full"].mean())
-        hf.train()
-        epochs.append({"epoch": epoch + 1, "val_accuracy": val_acc, "step": step})
-        score = val_acc if not math.isnan(val_acc) else float(epoch)
-        if not keep_state:
-            best = (score, epoch + 1, None)
-        elif not config.keep_best or best[2] is None or score > best[0]:
-            best = (score, epoch + 1, _state_of(trainable))
-        if ckdir is not None:
-            _save(ckdir / f"epoch-{epoch + 1:03d}.pt",
-                  {"params": _state_of(trainable), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                   "step": step, "epoch": epoch + 1, "busy": busy, "n_samples": n_samples,
-                   "history": history, "epochs": epochs, "best": best})
-    hf.eval()
-    for p in params.values():
-        p.requires_grad_(False)
-        p.grad = None
+            batches = answer_batches(train_set, config.batch_size, shuffle=True, seed=config.seed * 1000 + epoch)
+            bar = tqdm(batches, desc=f"{desc} epoch {epoch + 1}/{config.epochs}", disable=not progress, leave=False)
+            for index in bar:
+                if step >= total:
+                    break
+                t0 = time.perf_counter()
+                loss = answer_loss(hf, train_set, index, inputs=inputs, same_below=same_below)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                with torch.no_grad():
+                    for n, mult in grad_mult.items():
+                        g = params[n].grad
+                        if g is not None:
+                            g.mul_(mult)
+                    if config.grad_clip is not None:
+                        torch.nn.utils.clip_grad_norm_(unique, config.grad_clip)
+                    lr_now = opt.param_groups[0]["lr"]
+                    for n in by_hand:
+                        m = masks.get(n)
+                        params[n].mul_(1 - lr_now * config.weight_decay * (m if m is not None else 1.0))
+                opt.step()
+                sched.step()
+                busy += time.perf_counter() - t0
+                n_samples += len(index)
+                history.append({"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr_now})
+                bar.set_postfix(loss=f"{history[-1]['loss']:.3f}")
+                step += 1
+            hf.eval()
+            val_acc = float("nan")
+            if val_set is not None and len(val_set):
+                val_acc = float(answer_accuracy(hf, val_set, config.eval_batch_size)["correct_full"].mean())
+            hf.train()
+            epochs.append({"epoch": epoch + 1, "val_accuracy": val_acc, "step": step})
+            score = val_acc if not math.isnan(val_acc) else float(epoch)
+            if not keep_state:
+                best = (score, epoch + 1, None)
+            elif not config.keep_best or best[2] is None or score > best[0]:
+                best = (score, epoch + 1, _state_of(trainable))
+            if ckdir is not None:
+                _save(ckdir / f"epoch-{epoch + 1:03d}.pt",
+                      {"params": _state_of(trainable), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                       "step": step, "epoch": epoch + 1, "busy": busy, "n_samples": n_samples,
+                       "history": history, "epochs": epochs, "best": best})
     record = {"history": pd.DataFrame(history, columns=["step", "epoch", "loss", "lr"]),
               "epochs": pd.DataFrame(epochs, columns=["epoch", "val_accuracy", "step"]),
               "best_epoch": best[1], "samples_per_second": n_samples / busy if busy > 0 else float("nan"),
@@ -901,6 +921,10 @@ def train_lora(model, layer: int, train_set: PromptSet, config: TrainConfig, val
     key = {**_base_key(hf, "lora", train_set, val_set, config), "layer": layer, "lora": asdict(lora)}
 
     def build(ckdir: Path | None) -> FineTuned:
+        with _training_state(hf):  # peft freezes the base weights, unload() does not undo it
+            return _train_lora(ckdir)
+
+    def _train_lora(ckdir: Path | None) -> FineTuned:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             peft_cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=leaf,
@@ -921,8 +945,6 @@ def train_lora(model, layer: int, train_set: PromptSet, config: TrainConfig, val
             n_trainable = trainable.n_trainable()
         finally:
             pm.unload()
-        for p in hf.parameters():
-            p.requires_grad_(False)
         return FineTuned(method=f"lora_L{layer}", weights=weights, history=record["history"], epochs=record["epochs"],
                          best_epoch=record["best_epoch"], n_trainable=n_trainable,
                          samples_per_second=record["samples_per_second"], train_seconds=record["train_seconds"],
@@ -1496,16 +1518,23 @@ SCALES: dict[str, dict] = {
 }
 
 
+def resolve_scale(scale: str, device: str, quick: bool) -> str:
+    """The scale a run uses: "quick" when ``quick``; for "auto", "paper" on a GPU and
+    "quick" on a CPU; else ``scale`` as given."""
+    if quick:
+        return "quick"
+    if scale == "auto":
+        return "paper" if str(device).startswith("cuda") else "quick"
+    return scale
+
+
 def scale_settings(scale: str, device: str, quick: bool, n_layers: int) -> dict:
     """The settings of ``scale`` ("auto": "paper" on a GPU, else "quick", since the
     "cpu" scale takes about an hour on two cores and is asked for by name; ``quick``
     forces "quick"), with ``layers`` resolved to a list for a model of ``n_layers``
     ("bands": layer 0, Yu's reference layer and the centre layer of each other band
     of :func:`yu_bands`; every layer when there are at most 4)."""
-    if quick:
-        scale = "quick"
-    elif scale == "auto":
-        scale = "paper" if str(device).startswith("cuda") else "quick"
+    scale = resolve_scale(scale, device, quick)
     if scale not in SCALES:
         raise ValueError(f"scale must be 'auto' or one of {sorted(SCALES)}, got {scale!r}")
     s = dict(SCALES[scale], scale=scale)

@@ -180,7 +180,7 @@ class AnswerPositionRunner:
         for index, past, last, prefix_len in tqdm(self._batches, desc=desc, disable=not progress, leave=False):
             hk = hooks(index) if callable(hooks) else hooks
             ctx = self.model.hooks(fwd_hooks=hk) if hk else nullcontext()
-            with ctx, (nullcontext() if grad else torch.no_grad()):
+            with ctx, (torch.enable_grad() if grad else torch.no_grad()):
                 yield index, self._last(past, last, prefix_len)
 
     def logits(self, hooks: HookFactory | list[Hook] | None = None, progress: bool = False) -> torch.Tensor:
@@ -387,8 +387,8 @@ def neuron_attribution(runner: AnswerPositionRunner, layers: Sequence[int], mean
     estimate of how much the answer margin (:func:`answer_margin`) drops when neuron
     (l, k) takes its baseline value on prompt p. Baseline: ``means`` [L, d_mlp] (mean
     ablation) or ``baseline_acts`` [N, L, d_mlp] (a counterfactual prompt's activations,
-    Nikankin's patching). One forward and backward pass per batch gives every neuron.
-    Returns [N, L, d_mlp] (float32, CPU).
+    Nikankin's patching). One forward and backward pass per batch gives every neuron,
+    whatever the parameters' ``requires_grad``. Returns [N, L, d_mlp] (float32, CPU).
     """
     layers = _check_layers(runner.model, layers)
     if (means is None) == (baseline_acts is None):
@@ -399,6 +399,8 @@ def neuron_attribution(runner: AnswerPositionRunner, layers: Sequence[int], mean
 
     def cap(name):
         def fn(act, hook):
+            if not act.requires_grad:  # frozen weights upstream: start the graph here (same gradient)
+                act = act.detach().requires_grad_(True)
             captured[name] = act
             return act
         return fn

@@ -210,7 +210,8 @@ def prune_ffn(model, keep: Keep, share_weights: bool = True) -> torch.nn.Module:
 
     ``share_weights`` (default): every unchanged tensor is the original's (the module
     tree is copied, the parameters are not), so a pruned copy of a 0.5B model costs
-    only its new MLP matrices; ``finetune.train_lora`` leaves base weights untouched.
+    only its new MLP matrices; ``finetune.train_lora`` leaves base weights untouched,
+    and the shared tensors keep their ``requires_grad`` (the copy's own are frozen).
     ``False``: a fully independent copy. The config records the widths and a digest
     of the keep set (``config.arithlib_pruned_ffn``), so ``finetune``'s cache keys
     tell pruned models apart."""
@@ -238,7 +239,8 @@ def prune_ffn(model, keep: Keep, share_weights: bool = True) -> torch.nn.Module:
     pruned.config.arithlib_pruned_ffn = {"widths": {str(l): w for l, w in sorted(widths.items())},
                                          "keep_digest": keep_digest(keep)}
     for p in pruned.parameters():
-        p.requires_grad_(False)
+        if id(p) not in memo:  # a shared tensor is the original's: its flag is the original model's to keep
+            p.requires_grad_(False)
     pruned.eval()
     return pruned
 

@@ -5,7 +5,9 @@ H/h rescaling), full SFT, checkpoints, CNA on LoRA models, key heads from notebo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -153,6 +155,7 @@ def test_answer_logits_across_prefix_groups(arch):
     assert len({tuple(s[:p]) for s, p in zip(seqs, plen)}) == len(big) + 1  # one prefix per group
     assert plen[-1] == starts[-1] and all(0 < p <= s for p, s in zip(plen, starts))
     weight = next(ft.decoder_layers(plain)[0].parameters())  # gradients through the prefix's keys and values
+    flag = weight.requires_grad
     weight.requires_grad_(True)
     try:
         shared, mask = ft.answer_logits(plain, ps, index, extra=1)
@@ -160,7 +163,7 @@ def test_answer_logits_across_prefix_groups(arch):
         ref, ref_mask = ft.answer_logits(plain, ps, index, extra=1, share_prefix=False)
         grad_ref, = torch.autograd.grad(ref[ref_mask].sum(), weight)
     finally:
-        weight.requires_grad_(False)
+        weight.requires_grad_(flag)
     assert mask.equal(ref_mask)
     assert torch.allclose(shared[mask], ref[mask], atol=1e-4)
     assert torch.allclose(grad_shared, grad_ref, atol=1e-3)
@@ -344,6 +347,94 @@ def test_full_sft_trains_everything(tiny, data):
     changed = [n for n, p in plain.named_parameters() if not torch.equal(p, before[n])]
     assert len(changed) == len(before)
     assert res.weights == {}
+
+
+# --------------------------------------------------------------------------- model state after training
+
+STEPS = replace(CFG, max_steps=2)
+
+
+def _state(module: torch.nn.Module) -> tuple[list, list]:
+    """Every parameter's name, ``requires_grad`` and ``.grad`` object; every module's mode."""
+    return ([(n, p.requires_grad, p.grad) for n, p in module.named_parameters()],
+            [(n, m.training) for n, m in module.named_modules()])
+
+
+def _assert_same_state(got: tuple[list, list], want: tuple[list, list]) -> None:
+    assert [(n, f) for n, f, _ in got[0]] == [(n, f) for n, f, _ in want[0]]
+    assert all(g is w for (_, _, g), (_, _, w) in zip(got[0], want[0])), "a .grad was replaced"
+    assert got[1] == want[1]
+
+
+@contextlib.contextmanager
+def _entry_point(method: str, tiny, data) -> Iterator[tuple[torch.nn.Module, Callable[[], object]]]:
+    """(the module a training entry point works on, the call) with that module in an
+    unusual state: mixed ``requires_grad``, train mode except block 0, a ``.grad`` on
+    the trained (or, for LoRA, wrapped) weight of block 1. Weights and state restored after."""
+    owner = load_model(str(random_model_dir("qwen2"))) if method == "full" else tiny  # full SFT: a fresh copy
+    target = owner.bridge if method == "bridge" else ft.shared_hf_model(owner.bridge)
+    name = "model.layers.1.self_attn.q_proj.weight"
+    weight = ft._params_by_clean_name(target)[name]
+    calls = {
+        "lora": lambda: ft.train_lora(tiny.bridge, 1, data["train"], STEPS, data["val"], progress=False),
+        "precise": lambda: ft.precise_sft(tiny.bridge, [(1, 0)], data["train"], STEPS, data["val"], mlps=[0],
+                                          progress=False),
+        "full": lambda: ft.full_sft(owner.bridge, data["train"], STEPS, data["val"], progress=False),
+        "bridge": lambda: ft.train_parameters(tiny.bridge, ft._Trainable({name: weight}), data["train"], STEPS,
+                                              data["val"], progress=False),
+    }
+    saved, backup = _state(target), weight.detach().clone()
+    try:
+        for i, p in enumerate(target.parameters()):
+            p.requires_grad_(i % 2 == 0)
+        target.train()
+        ft.decoder_layers(target)[0].eval()
+        weight.grad = torch.ones_like(weight)
+        yield target, calls[method]
+    finally:
+        with torch.no_grad():
+            weight.copy_(backup)
+        for (_, flag, grad), p in zip(saved[0], target.parameters()):
+            p.requires_grad_(flag)
+            p.grad = grad
+        for (_, training), m in zip(saved[1], target.modules()):
+            m.training = training
+
+
+@pytest.mark.parametrize("method", ["lora", "precise", "full", "bridge"])
+def test_training_restores_grad_flags_and_modes(tiny, data, method):
+    """LoRA, precise SFT, full SFT and the loop itself leave every parameter's
+    ``requires_grad`` and ``.grad`` and every module's train/eval mode as they found them
+    (the bridge's own parameters too: ``train_parameters`` on a bridge trains them)."""
+    with _entry_point(method, tiny, data) as (target, train):
+        before = _state(target)
+        res = train()
+        assert len(res[1]["history"] if method == "bridge" else res.history) == 2
+        _assert_same_state(_state(target), before)
+        assert not any("lora_" in n for n, _ in target.named_parameters())
+
+
+@pytest.mark.parametrize("method", ["lora", "precise", "full", "bridge"])
+def test_training_restores_state_on_error(tiny, data, method, monkeypatch):
+    """An exception in the middle of training (here: the second batch's loss) leaves
+    the flags, gradients and modes as they were, and LoRA's peft wrapping removed."""
+    real, calls = ft.answer_loss, []
+
+    def failing_loss(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ft, "answer_loss", failing_loss)
+    with _entry_point(method, tiny, data) as (target, train):
+        before = _state(target)
+        names = [n for n, _ in target.named_parameters()]
+        with pytest.raises(RuntimeError, match="boom"):
+            train()
+        assert len(calls) == 2
+        _assert_same_state(_state(target), before)
+        assert [n for n, _ in target.named_parameters()] == names
 
 
 # --------------------------------------------------------------------------- key heads, bands, CNA

@@ -95,6 +95,27 @@ def test_attribution_approximates_exact_ablation(tiny, setup):
         N.neuron_attribution(runner, [1])
 
 
+def test_attribution_with_frozen_weights(tiny, setup):
+    """Weights without ``requires_grad`` (or a caller under ``no_grad``): the same
+    attribution, bit for bit, and the flags untouched."""
+    runner, layers, acts, means = setup
+    cand = N.number_token_ids(tiny.tokenizer, 9)
+    ref = N.neuron_attribution(runner, layers, means=means, candidates=cand)
+    params = list(tiny.bridge.parameters())
+    flags = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        frozen = N.neuron_attribution(runner, layers, means=means, candidates=cand)
+        with torch.no_grad():
+            in_no_grad = N.neuron_attribution(runner, layers, means=means, candidates=cand)
+        assert not any(p.requires_grad for p in params)
+    finally:
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+    assert torch.equal(frozen, ref) and torch.equal(in_no_grad, ref)
+
+
 def test_faithfulness_ends(tiny, setup):
     runner, layers, acts, means = setup
     d = tiny.info.d_mlp

@@ -94,10 +94,13 @@ def test_pruned_equals_masked(tiny):
 def test_original_untouched_and_weights_shared(qwen):
     hf = FT.shared_hf_model(qwen.bridge)
     before = {n: p.detach().clone() for n, p in hf.named_parameters()}
+    flags = {n: p.requires_grad for n, p in hf.named_parameters()}
     base = _logits(qwen.bridge)
     pruned = P.prune_ffn(qwen.bridge, {1: [0, 5, 7]})
     for n, p in hf.named_parameters():
         assert torch.equal(p, before[n]), n
+        assert p.requires_grad == flags[n], n  # the shared tensors' flags are the original's
+    assert not any(p.requires_grad for n, p in pruned.named_parameters() if "layers.1.mlp" in n)
     assert torch.equal(_logits(qwen.bridge), base)
     shared = dict(pruned.named_parameters())
     assert shared["model.layers.1.self_attn.q_proj.weight"].data_ptr() == dict(hf.named_parameters())[
