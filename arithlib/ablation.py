@@ -54,6 +54,22 @@ def _positions(position: int | None) -> slice | int:
     return slice(None) if position is None else position
 
 
+def _tagged(fn: Callable, position: int | None) -> Callable:
+    """Mark ``fn`` as acting on every position alike (``position=None``): such a hook gives
+    the same result when a prompt runs in pieces (a shared prefix, then the rest through
+    the KV cache) as in one forward pass (see :func:`is_position_invariant`)."""
+    fn.position_invariant = position is None
+    return fn
+
+
+def is_position_invariant(fn: Callable) -> bool:
+    """Whether hook function ``fn`` was built here to act on every position alike (zeroing
+    or keeping units with ``position=None``). False for any other hook: one at
+    ``position=-1`` would also edit a shared prefix's last token, mean ablation looks its
+    means up by the sequence length, and a hook of unknown make may do either."""
+    return bool(getattr(fn, "position_invariant", False))
+
+
 class _Index:
     """The unit indices of one hook, copied to a device once and reused: a fresh
     host-to-device copy on every hook call would make a GPU wait for the host
@@ -77,7 +93,7 @@ def zero_heads_hooks(heads: Iterable[Head], position: int | None = None) -> list
         def fn(z, hook, idx=_Index(idx)):
             z[:, pos, idx.on(z.device)] = 0.0
             return z
-        hooks.append((z_hook(layer), fn))
+        hooks.append((z_hook(layer), _tagged(fn, position)))
     return hooks
 
 
@@ -89,7 +105,7 @@ def zero_neurons_hooks(neurons: Iterable[Neuron], position: int | None = None) -
         def fn(act, hook, idx=_Index(idx)):
             act[:, pos, idx.on(act.device)] = 0.0
             return act
-        hooks.append((post_hook(layer), fn))
+        hooks.append((post_hook(layer), _tagged(fn, position)))
     return hooks
 
 
@@ -104,7 +120,7 @@ def keep_neurons_hooks(keep: Iterable[Neuron], layers: Sequence[int], position: 
             mask[idx.on(act.device)] = True
             act[:, pos] = act[:, pos] * mask
             return act
-        hooks.append((post_hook(layer), fn))
+        hooks.append((post_hook(layer), _tagged(fn, position)))
     return hooks
 
 

@@ -63,7 +63,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import datasets as ds
-from .ablation import stacked_hooks, zero_neurons_hooks
+from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet
 from .evaluate import continues_number, tiled_cache
 from .neurons import w_out
@@ -80,6 +80,18 @@ DEEP_FROM_FRACTION = 17 / 32
 #: neuron's sub-value from the upper layer's input lowers the upper neuron's
 #: coefficient by at least this fraction (direct path, exact).
 DAG_EDGE_MIN_ENHANCEMENT = 0.05
+#: Yu & Ananiadou 2024's numbers on Llama-7B (%) that notebook 04 sets beside ours, by
+#: measure, operator group and top-K: mask / keep accuracy decrease (Tables 5, 15),
+#: coefficient decrease with the head zeroed (Tables 5, 15), the lowest-neuron test
+#: (Tables 6, 16); "M2": hidden-interpretable neurons at M = 2 (Table 8: neurons,
+#: accuracy decrease, random-neuron decrease).
+YU_CNA_TABLES: dict[str, dict] = {
+    "mask": {"+-": {99: 100.0, 10: 68.4}, "/": {99: 84.6, 10: 51.3}},
+    "keep": {"+-": {99: 3.9, 10: 38.2}, "/": {99: 48.7, 10: 64.2}},
+    "coef": {"+-": {99: 49.1, 10: 77.1}, "/": {99: 50.0, 10: 73.0}},
+    "lowest": {"+-": {99: 15.8, 10: 4.4}, "/": {99: 1.3, 10: 7.0}},
+    "M2": {"+-": (1953, 53.9, 2.6)},
+}
 
 
 # --------------------------------------------------------------------------- model pieces
@@ -117,13 +129,17 @@ class FinalNorm:
 
 def final_norm(model) -> FinalNorm:
     """The model's final norm (``ln_final``) read from its module: RMSNorm (with Gemma's
-    1 + weight offset when the config says so) or LayerNorm; anything else raises."""
+    1 + weight offset when the config says so) or LayerNorm; anything else raises. The
+    epsilon is the module's own (``variance_epsilon``: Qwen2, Llama, Mistral RMSNorm;
+    ``eps``: Gemma RMSNorm, torch LayerNorm of GPT-2, GPT-J, Pythia); a module with
+    neither raises rather than assume one."""
     module = model.ln_final
     comp = getattr(module, "_original_component", module)
     weight = comp.weight.detach().float()
-    eps = getattr(comp, "variance_epsilon", None)
+    eps = next((getattr(comp, a) for a in ("variance_epsilon", "eps") if getattr(comp, a, None) is not None), None)
     if eps is None:
-        eps = getattr(comp, "eps", 1e-5)
+        raise NotImplementedError(f"final norm {type(comp).__name__} has no epsilon attribute (variance_epsilon or "
+                                  "eps): add the name of its epsilon attribute to arithlib.cna.final_norm")
     name = type(comp).__name__.lower()
     if "rms" in name:
         if getattr(model.cfg, "rmsnorm_uses_offset", False):
@@ -351,10 +367,12 @@ def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook
     function of the batch's row indices giving per-prompt hooks, or None); returns per
     condition the prediction, log p(target) and the captured answer-position activations.
 
-    Batches hold one few-shot prefix each; with ``share_prefix`` and plain hook lists the
-    prefix the batch's rows share is computed once per condition (with its hooks) and
-    reused through the KV cache: the same result as a full forward, several times
-    cheaper. Per-prompt hooks run every row in full. Conditions are stacked along the
+    Batches hold one few-shot prefix each; with ``share_prefix`` and hook lists whose
+    hooks are all position-invariant (:func:`arithlib.ablation.is_position_invariant`: zeroing at every position) the prefix the
+    batch's rows share is computed once per condition (with its hooks) and reused
+    through the KV cache: the same result as a full forward, several times cheaper.
+    Per-prompt hooks and any other hook (``position=-1``, mean ablation) run every row
+    in full: the same numbers, without the saving. Conditions are stacked along the
     batch (condition-major, up to ``max_rows`` prompt rows per pass, each condition's
     hooks on its own rows): fewer, larger matrix products.
     """
@@ -375,7 +393,8 @@ def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook
             nc = len(chunk)
             conds = [conditions[name] for name in chunk]
             per = [(c(batch.index) if callable(c) else list(c or [])) for c in conds]
-            shared = share_prefix and B > 1 and not any(callable(c) for c in conds)
+            shared = (share_prefix and B > 1 and not any(callable(c) for c in conds)
+                      and all(is_position_invariant(fn) for hooks in per for _, fn in hooks))
             n = common_prefix_length(tokens) if shared else 0
             if n > 0:
                 with model.hooks(fwd_hooks=stacked_hooks(per, 1)):
@@ -992,6 +1011,23 @@ def random_layer_matched(sets: Sequence[Sequence[Neuron]], d_mlp: int, seed: int
     return out
 
 
+def top_k_sets(result: CNAResult, n_cases: int, k: int) -> list[list[Neuron]]:
+    """Each case's top-``k`` CNA neurons, for a table row labelled K = ``k``: a ValueError
+    when a case has fewer than ``k`` finite scores (two-stage mode scores only
+    ``n_candidates`` neurons per case), since the row would act on fewer neurons than its
+    label says."""
+    sets = [result.top(i, k) for i in range(n_cases)]
+    short = [i for i, s in enumerate(sets) if len(s) < k]
+    if short:
+        i = short[0]
+        fix = (f"raise n_candidates to at least {k} or use mode='exact'" if result.mode == "two_stage" else
+               f"use K <= {len(sets[i])}, the neurons of the scored layers {result.layers} (the others have "
+               "identical runs a and b)")
+        raise ValueError(f"K={k}: {len(short)} of {n_cases} cases have fewer than {k} finite CNA scores (case {i}: "
+                         f"{len(sets[i])}; mode {result.mode!r}, n_candidates={result.n_candidates}); {fix}")
+    return sets
+
+
 def mask_keep_table(model, prompts: PromptSet, result: CNAResult, ks: Sequence[int] = (99, 50, 30, 20, 10), *,
                     keep_layers: Sequence[int] | None = None, seed: int = 0, batch_size: int = 32,
                     progress: bool = True) -> pd.DataFrame:
@@ -1000,13 +1036,13 @@ def mask_keep_table(model, prompts: PromptSet, result: CNAResult, ks: Sequence[i
     ("random mask"), at the answer position. Rows: K, intervention, accuracy (first
     token), accuracy decrease (% of the unablated accuracy) and, for "mask", the
     coefficient decrease of the top-K neurons from run a to run b (the head-ablated
-    model), averaged over cases."""
+    model), averaged over cases. Every case needs K scored neurons (:func:`top_k_sets`)."""
     cfg = model.cfg
     keep_layers = deep_layers(cfg.n_layers) if keep_layers is None else list(keep_layers)
     conditions: dict[str, list[Hook] | RowHooks | None] = {"none": None}
     coef_dec = {}
     for k in ks:
-        sets = [result.top(i, k) for i in range(len(prompts))]
+        sets = top_k_sets(result, len(prompts), k)
         conditions[f"mask|{k}"] = rowwise_neuron_hooks(neuron_masks(sets, cfg.n_layers, cfg.d_mlp))
         conditions[f"keep|{k}"] = rowwise_neuron_hooks(neuron_masks(sets, cfg.n_layers, cfg.d_mlp, keep_layers))
         conditions[f"random mask|{k}"] = rowwise_neuron_hooks(
@@ -1040,12 +1076,13 @@ def lowest_neuron_table(model, prompts: PromptSet, result: CNAResult, ks: Sequen
     """Table 6 / 16: for each case and K, zero the lowest of its top-K neurons (at the
     answer position, in the original model) and measure the coefficient decrease of
     its other top-K neurons in higher layers (those it can influence). Returns the
-    summary (mean over cases with at least one higher neuron) and the per-case rows."""
+    summary (mean over cases with at least one higher neuron) and the per-case rows.
+    Every case needs K scored neurons (:func:`top_k_sets`)."""
     conditions = {}
     sets, lows = {}, {}
     cfg = model.cfg
     for k in ks:
-        sets[k] = [result.top(i, k) for i in range(len(prompts))]
+        sets[k] = top_k_sets(result, len(prompts), k)
         lows[k] = [lowest_neuron(s, result.importance_a[i]) if s else None for i, s in enumerate(sets[k])]
         conditions[str(k)] = rowwise_neuron_hooks(neuron_masks([[x] if x else [] for x in lows[k]], cfg.n_layers, cfg.d_mlp))
     runs = run_answer_conditions(model, prompts, conditions, capture=("coef",), targets=result.targets,
@@ -1251,13 +1288,21 @@ def concept_of(text: str) -> str | None:
 
 
 def concept_tokens(tokenizer, vocab_size: int | None = None) -> dict[int, str]:
-    """Token id -> concept for every vocabulary token whose text is a number/operation concept."""
+    """Token id -> concept for every vocabulary token whose text is a number/operation concept.
+
+    ``vocab_size`` (the model's, default the tokenizer's) may exceed the tokenizer's
+    length (embedding rows padded past its vocabulary): fast tokenizers decode those ids
+    to "", sentencepiece ones raise an IndexError, and either way they are no concept.
+    Any other failure, or an IndexError on an id the tokenizer has, propagates."""
     n = vocab_size or len(tokenizer)
+    known = len(tokenizer)
     out = {}
     for i in range(n):
         try:
             text = tokenizer.decode([i])
-        except Exception:  # noqa: BLE001 (ids past the tokenizer's own vocabulary)
+        except IndexError:
+            if i < known:
+                raise
             continue
         c = concept_of(text)
         if c is not None:
@@ -1384,12 +1429,25 @@ def hidden_interpretable_table(model, prompts: PromptSet, counts: pd.DataFrame, 
 @torch.no_grad()
 def operand_positions(prompts: PromptSet, i: int) -> dict[str, int]:
     """Positions of operand A and B of 1-token-operand case ``i`` in its query (the last
-    occurrences, B after A), found from the decoded tokens."""
+    occurrences, B after A), found from the decoded tokens. An operand that is not one
+    token (a 2-digit operand under a per-digit tokenizer such as Qwen's:
+    :func:`datasets.require_single_token_operands`) or not a token of its own in the
+    prompt (number words) raises a ValueError naming the prompt."""
     rec = prompts.records[i]
     texts = [prompts.tokenizer.decode([t]).strip() for t in prompts.input_ids[i]]
-    pos_b = max(j for j, t in enumerate(texts) if t == str(rec.b))
-    pos_a = max(j for j, t in enumerate(texts[:pos_b]) if t == str(rec.a))
-    return {"A": pos_a, "B": pos_b}
+
+    def last(name: str, value: int, end: int) -> int:
+        hits = [j for j, t in enumerate(texts[:end]) if t == str(value)]
+        if not hits:
+            ds.require_single_token_operands(prompts.subset([i]))
+            raise ValueError(f"operand {name} = {value} of case {i} ({rec.text!r}) is not a token of its own in the "
+                             f"prompt{' before operand B' if end < len(texts) else ''} (tokens {texts[-12:]} at the "
+                             "end): operand_positions needs operands written in digits, one token each; use "
+                             "1-digit prompts (e.g. yu_prompts(n_digits=1, numerals='digits'))")
+        return hits[-1]
+
+    pos_b = last("B", rec.b, len(texts))
+    return {"A": last("A", rec.a, pos_b), "B": pos_b}
 
 
 @torch.no_grad()

@@ -127,7 +127,16 @@ def _render(template: str, a: str, b: str, op_word: str | None = None) -> str:
     return re.sub(r"\[([^\]]+)\]", lambda m: op_word if op_word is not None else m.group(1), text)
 
 
+#: How numbers are written: Arabic digits ("42") or English words ("forty-two").
+NUMERALS: tuple[str, ...] = ("digits", "words")
+#: Operand range of Yu's prompts per ``n_digits``.
+YU_OPERAND_RANGES: dict[int, tuple[int, int]] = {1: (0, 9), 2: (10, 99), 3: (100, 999)}
+
+
 def _format_number(n: int, numerals: str) -> str:
+    """``n`` as ``numerals`` says (one of :data:`NUMERALS`); anything else raises a ValueError."""
+    if numerals not in NUMERALS:
+        raise ValueError(f"numerals must be one of {NUMERALS} (yu_prompts also takes 'both'), got {numerals!r}")
     return number_to_words(n) if numerals == "words" else str(n)
 
 
@@ -304,12 +313,18 @@ def yu_prompts(ops: Sequence[str] = OPS, n_digits: int = 1, numerals: str = "dig
     defaults the 2-digit set has 4 ops x 4 templates x 100 pairs = 1,600 sentences, as
     in the paper. ``numerals="words"`` writes operands and answers as number words
     ("both" gives the union). ``templates`` selects template indices (the paper's
-    App. E sweep uses the last one, index 3).
+    App. E sweep uses the last one, index 3). Any other ``n_digits`` or ``numerals``
+    raises a ValueError listing the allowed values.
     """
+    if numerals not in (*NUMERALS, "both"):
+        raise ValueError(f"numerals must be one of {(*NUMERALS, 'both')}, got {numerals!r}")
+    if n_digits not in YU_OPERAND_RANGES:
+        raise ValueError(f"n_digits must be one of {sorted(YU_OPERAND_RANGES)} (operands "
+                         f"{', '.join(f'{lo}..{hi}' for lo, hi in YU_OPERAND_RANGES.values())}), got {n_digits!r}")
     if numerals == "both":
         return (yu_prompts(ops, n_digits, "digits", n_per_template, allow_negative, seed, fewshot, templates)
                 + yu_prompts(ops, n_digits, "words", n_per_template, allow_negative, seed, fewshot, templates))
-    lo, hi = {1: (0, 9), 2: (10, 99), 3: (100, 999)}[n_digits]
+    lo, hi = YU_OPERAND_RANGES[n_digits]
     rng = random.Random(seed)
     base = load_json("templates.json")["yu"]
     chosen = {op: [base[op][i] for i in (templates if templates is not None else range(len(base[op])))] for op in ops}
@@ -417,6 +432,34 @@ def _is_blank(tokenizer, token_id: int) -> bool:
     return tokenizer.decode([token_id]).strip() == ""
 
 
+class UnsplittableError(ValueError):
+    """A prompt that does not tokenize as a prefix of prompt + answer."""
+
+
+def split_answer(tokenizer, text: str, answer_text: str) -> tuple[list[int], list[int]]:
+    """Token ids of the prompt ``text`` and of its answer, as one tokenization of
+    ``text + answer_text`` splits them. The prompt is tokenized without its trailing
+    blanks, since tokenizers differ in whether " 8" is one token (Llama-3) or a blank then
+    "8" (Qwen, Llama-2); a blank token that starts the answer moves to the prompt's end,
+    and a final EOS is dropped. Raises :class:`UnsplittableError` when the prompt does
+    not tokenize as a prefix of prompt + answer (``"... to the year 197"`` + ``"8"`` under
+    whole-number tokens), ValueError when the answer has no non-blank token."""
+    prompt = tokenizer(text.rstrip(" "))["input_ids"]
+    full = tokenizer(text + answer_text)["input_ids"]
+    if full[: len(prompt)] != prompt:
+        raise UnsplittableError(f"prompt {text!r} does not tokenize as a prefix of prompt + answer "
+                                f"{answer_text!r}; end the template at a token boundary")
+    answer = full[len(prompt):]
+    eos = tokenizer.eos_token_id
+    if answer and eos is not None and answer[-1] == eos:
+        answer = answer[:-1]
+    while answer and _is_blank(tokenizer, answer[0]):
+        prompt = prompt + [answer.pop(0)]
+    if not answer:
+        raise ValueError(f"answer {answer_text!r} of {text!r} has no non-blank token")
+    return prompt, answer
+
+
 @dataclass
 class Batch:
     """Same-length prompts: ``tokens`` [B, T] (answer position is T-1), the index of
@@ -456,29 +499,17 @@ class PromptSet:
         keep, inputs, answers, cfs = [], [], [], []
         dropped = unsplittable = 0
         for r in records:
-            # Tokenize the prompt without its trailing separator: tokenizers differ in
-            # whether " 8" is one token (Llama-3) or a blank then "8" (Qwen, Llama-2).
-            stem = r.full_text.rstrip(" ")
-            prompt = tokenizer(stem)["input_ids"]
-            full = tokenizer(r.full_text + r.answer_text)["input_ids"]
-            if full[: len(prompt)] != prompt:
+            try:
+                prompt, answer = split_answer(tokenizer, r.full_text, r.answer_text)
+            except UnsplittableError:
                 if drop_unsplittable:
                     unsplittable += 1
                     continue
-                raise ValueError(f"prompt {r.full_text!r} does not tokenize as a prefix of prompt + answer "
-                                 f"{r.answer_text!r}; end the template at a token boundary")
-            answer = full[len(prompt):]
-            eos = tokenizer.eos_token_id
-            if answer and eos is not None and answer[-1] == eos:
-                answer = answer[:-1]
-            while answer and _is_blank(tokenizer, answer[0]):
-                prompt = prompt + [answer.pop(0)]
-            if not answer:
-                raise ValueError(f"answer {r.answer_text!r} of {r.full_text!r} has no non-blank token")
+                raise
             cf = None
             if r.counterfactual is not None:
                 cf = tokenizer(r.counterfactual.rstrip(" "))["input_ids"]
-                cf = cf + prompt[len(tokenizer(stem)["input_ids"]):]  # the same moved blank
+                cf = cf + prompt[len(tokenizer(r.full_text.rstrip(" "))["input_ids"]):]  # the same moved blank
                 if len(cf) != len(prompt):
                     if drop_misaligned:
                         dropped += 1
@@ -568,12 +599,13 @@ def require_single_token_operands(prompts: PromptSet) -> None:
     """Raise a ValueError naming the first prompt whose operands are not one token each
     (Nikankin's operand-grid analyses need that); says which range is safe."""
     tok = prompts.tokenizer
-    limit = single_token_max(tok)
     for r in prompts.records:
         for x in (r.a, r.b):
             if len(tok(str(x), add_special_tokens=False)["input_ids"]) != 1:
+                limit = single_token_max(tok)
+                how = f"nikankin_prompts(max_operand={limit})" + (", yu_prompts(n_digits=1)" if limit >= 9 else "")
                 raise ValueError(f"operand {x} of {r.text!r} is not a single token for this tokenizer; "
-                                 f"use operands 0..{limit} (max_operand={limit})")
+                                 f"use operands 0..{limit} ({how})")
 
 
 def expand_answer_tokens(prompts: PromptSet) -> PromptSet:

@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import MIN_SHARED_PREFIX, common_prefix
 from .metrics import relative_logit_change
@@ -1198,22 +1199,16 @@ def knockout_curves(model, prompts: PromptSet, ranking: Sequence[Head], ks: Sequ
 
 def counterfactual_answer_ids(prompts: PromptSet) -> torch.Tensor:
     """First token of each record's counterfactual answer (``meta['cf_answer_text']``, as
-    :func:`arithlib.datasets.nikankin_prompts` writes it), tokenized like the answers."""
-    tok = prompts.tokenizer
+    :func:`arithlib.datasets.nikankin_prompts` writes it), tokenized like the answers
+    (:func:`arithlib.datasets.split_answer`, which refuses a prompt that does not end at a
+    token boundary)."""
     out = []
-    for r, ids in zip(prompts.records, prompts.input_ids):
+    for r in prompts.records:
         cf_text = r.get("cf_answer_text")
         if cf_text is None or r.counterfactual is None:
             raise ValueError(f"prompt {r.text!r} has no counterfactual answer (meta cf_answer_text)")
-        stem = r.counterfactual.rstrip(" ")
-        prompt = tok(stem)["input_ids"]
-        full = tok(r.counterfactual + str(cf_text))["input_ids"]
-        ans = full[len(prompt):]
-        while ans and tok.decode([ans[0]]).strip() == "":
-            ans = ans[1:]
-        if not ans:
-            raise ValueError(f"counterfactual answer {cf_text!r} of {r.counterfactual!r} has no token")
-        out.append(ans[0])
+        _, answer = ds.split_answer(prompts.tokenizer, r.counterfactual, str(cf_text))
+        out.append(answer[0])
     return torch.tensor(out, dtype=torch.long)
 
 

@@ -7,6 +7,7 @@ pruned concept count equals a brute-force top-k."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -16,7 +17,7 @@ import arithlib.ablation as A
 import arithlib.cna as C
 import arithlib.datasets as ds
 from arithlib.evaluate import evaluate, greedy_answers
-from arithlib.models import load_model, random_model_dir
+from arithlib.models import RANDOM_ARCHS, load_model, random_model_dir
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
@@ -67,6 +68,29 @@ def test_layernorm_final_norm(tmp_path):
         assert torch.allclose(norm(x), m.bridge.ln_final(x[:, None])[:, 0].float(), atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", RANDOM_ARCHS)
+def test_final_norm_reads_each_architectures_epsilon(arch):
+    m = load_model(str(random_model_dir(arch)))
+    cfg = m.bridge.original_model.config
+    eps = next(getattr(cfg, a) for a in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon") if hasattr(cfg, a))
+    norm = C.final_norm(m.bridge)
+    assert norm.eps == eps
+    x = torch.randn(3, m.info.d_model)
+    with torch.no_grad():
+        assert torch.allclose(norm(x), m.bridge.ln_final(x[:, None])[:, 0].float(), atol=1e-5)
+
+
+def test_final_norm_without_an_epsilon_raises():
+    class OddRMSNorm(torch.nn.Module):  # an RMSNorm whose epsilon is under an unknown name
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(4))
+            self.epsilon = 1e-6
+
+    with pytest.raises(NotImplementedError, match="OddRMSNorm has no epsilon attribute"):
+        C.final_norm(SimpleNamespace(ln_final=OddRMSNorm(), cfg=SimpleNamespace()))
+
+
 def test_run_conditions_stacked_equal_separate_full_runs(tiny):
     b = tiny.bridge
     ps = _prompts(tiny, ops=("+", "-"))
@@ -82,6 +106,30 @@ def test_run_conditions_stacked_equal_separate_full_runs(tiny):
             assert torch.allclose(runs[name].resid_mid, ref.resid_mid, atol=1e-4)
             assert torch.allclose(runs[name].coef, ref.coef, atol=1e-4)
     assert not torch.allclose(runs["head"].coef, runs["plain"].coef, atol=1e-4)
+
+
+def test_shared_prefix_gives_full_forward_results_for_every_hook(tiny):
+    """Hooks at position -1 (which would also edit the shared prefix's last token) and
+    mean ablation (means looked up by length) run unshared: the same numbers as
+    ``share_prefix=False``. Zeroing at every position keeps the shared fast path."""
+    b = tiny.bridge
+    ps = _prompts(tiny, ops=("+", "-"))
+    d_mlp = tiny.info.d_mlp
+    conds = {"heads -1": A.zero_heads_hooks([(0, 0), (0, 1)], position=-1),
+             "neurons -1": A.zero_neurons_hooks([(0, j) for j in range(0, d_mlp, 2)], position=-1),
+             "keep -1": A.keep_neurons_hooks([(0, 1)], layers=[0], position=-1)}
+    means = A.mean_activations(b, ps, [A.post_hook(0)])
+    mean = {"mean": A.mean_neurons_hooks([(0, j) for j in range(0, d_mlp, 2)], means)}
+    for cs in (conds, mean):   # the prefix pass would look up a mean for the prefix's length
+        shared = C.run_conditions(b, ps, cs, share_prefix=True)
+        full = C.run_conditions(b, ps, cs, share_prefix=False)
+        for name in cs:
+            assert torch.allclose(shared[name].logprob, full[name].logprob, atol=1e-4), name
+            assert torch.allclose(shared[name].resid_mid, full[name].resid_mid, atol=1e-4), name
+            assert not any(A.is_position_invariant(fn) for _, fn in cs[name])
+    fast = A.zero_heads_hooks([(0, 1)]) + A.zero_neurons_hooks([(1, 3)]) + A.keep_neurons_hooks([(1, 2)], layers=[1])
+    assert all(A.is_position_invariant(fn) for _, fn in fast)
+    assert not A.is_position_invariant(lambda act, hook: act)
 
 
 def test_capture_matches_full_forward_and_shared_prefix(tiny):
@@ -341,6 +389,58 @@ def test_tables_run_on_tiny_model(qwen):
     assert set(hid.set) == {"hidden-interpretable", "random"}
     ex = C.shallow_neuron_examples(b, ps, 0, key, head_layer=1, n=3)
     assert len(ex) == 3 + 2
+
+
+def test_tables_refuse_fewer_scored_neurons_than_k(qwen):
+    """Two-stage mode scores n_candidates neurons per case: a K above that would label
+    rows K while masking fewer neurons."""
+    b = qwen.bridge
+    ps = _prompts(qwen, ops=("+",), n=3)
+    res = C.cna_compare(b, ps, A.zero_heads_hooks([(1, 0)]), mode="two_stage", n_candidates=3, progress=False)
+    with pytest.raises(ValueError, match="fewer than 5 finite CNA scores.*raise n_candidates to at least 5"):
+        C.mask_keep_table(b, ps, res, ks=(5,), progress=False)
+    with pytest.raises(ValueError, match="raise n_candidates to at least 4"):
+        C.lowest_neuron_table(b, ps, res, ks=(4,), progress=False)
+    table = C.mask_keep_table(b, ps, res, ks=(3,), progress=False)
+    assert len(table) == 3
+    C.lowest_neuron_table(b, ps, res, ks=(3,), progress=False)
+
+
+def test_operand_positions_need_one_token_operands(qwen):
+    tok = qwen.tokenizer
+    ps = _prompts(qwen)
+    pos = C.operand_positions(ps, 0)
+    texts = [tok.decode([t]).strip() for t in ps.input_ids[0]]
+    assert texts[pos["A"]] == str(ps.records[0].a) and texts[pos["B"]] == str(ps.records[0].b) and pos["A"] < pos["B"]
+    two = ds.PromptSet.build(ds.yu_prompts(["+"], n_digits=2, n_per_template=2, templates=[3], fewshot=2), tok)
+    with pytest.raises(ValueError, match=r"operand \d+ of '\d+ \+ \d+ = ' is not a single token.*n_digits=1"):
+        C.operand_positions(two, 0)
+    words = ds.PromptSet.build(ds.yu_prompts(["+"], n_digits=1, numerals="words", n_per_template=2, templates=[3],
+                                             fewshot=2), tok)
+    with pytest.raises(ValueError, match="is not a token of its own.*numerals='digits'"):
+        C.operand_positions(words, 0)
+
+
+def test_concept_tokens_skip_only_ids_past_the_tokenizer():
+    class Tok:
+        """Three tokens; ids past them raise IndexError (as sentencepiece does)."""
+
+        def __init__(self, broken: int | None = None):
+            self.broken = broken
+
+        def __len__(self) -> int:
+            return 3
+
+        def decode(self, ids: list[int]) -> str:
+            if ids[0] >= 3:
+                raise IndexError("piece id is out of range")
+            if ids[0] == self.broken:
+                raise RuntimeError("broken tokenizer")
+            return ["8", "the", " plus"][ids[0]]
+
+    assert C.concept_tokens(Tok(), vocab_size=5) == {0: "num:8", 2: "op:add"}
+    with pytest.raises(RuntimeError, match="broken"):
+        C.concept_tokens(Tok(broken=1), vocab_size=5)
 
 
 def test_key_head_falls_back_to_all_digit_counts_when_1d_is_flat():

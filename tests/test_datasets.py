@@ -40,6 +40,16 @@ def test_yu_number_words():
     assert ds.number_to_words(42) == "forty-two" and ds.number_to_words(1000) == "one thousand"
 
 
+def test_yu_prompts_refuse_unknown_numerals_and_digit_counts():
+    with pytest.raises(ValueError, match=r"numerals must be one of \('digits', 'words', 'both'\), got 'word'"):
+        ds.yu_prompts(["+"], numerals="word")
+    with pytest.raises(ValueError, match=r"n_digits must be one of \[1, 2, 3\].*got 4"):
+        ds.yu_prompts(["+"], n_digits=4)
+    template = ds.load_json("templates.json")["yu"]["+"][3]
+    with pytest.raises(ValueError, match="numerals must be one of"):
+        ds.fewshot_prefix(template, "+", " ", 2, numerals="Words")
+
+
 def test_carry_flags_follow_yu_change_one():
     assert ds.carry_flags(15, 32, "+") == [False, False]   # 47: memorize both digits
     assert ds.carry_flags(15, 37, "+") == [True, False]    # 52: 5 = 1+3+1 is change-one
@@ -173,3 +183,32 @@ def test_excluding_view_indexes_the_kept_items():
     group, skip = list("abcdefgh"), [0, 3, 4, 7]
     view = ds._Excluding(group, skip)
     assert len(view) == 4 and [view[k] for k in range(len(view))] == ["b", "c", "f", "g"]
+
+
+class _MergingTokenizer:
+    """Greedy longest match over single characters and "1978": "year 197" is a prefix of
+    "year 1978" as text but not as tokens."""
+
+    eos_token_id = None
+    pieces = ["1978"]
+
+    def __call__(self, text: str) -> dict:
+        ids, i = [], 0
+        while i < len(text):
+            piece = next((p for p in self.pieces if text.startswith(p, i)), text[i])
+            ids.append(1000 if piece == "1978" else ord(piece))
+            i += len(piece)
+        return {"input_ids": ids}
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join("1978" if i == 1000 else chr(i) for i in ids)
+
+
+def test_split_answer_moves_the_blank_and_refuses_a_split_token():
+    tok = _MergingTokenizer()
+    prompt, answer = ds.split_answer(tok, "3+5= ", "8")
+    assert tok.decode(prompt) == "3+5= " and tok.decode(answer) == "8"
+    with pytest.raises(ds.UnsplittableError, match="token boundary"):
+        ds.split_answer(tok, "the year 197", "8")
+    with pytest.raises(ValueError, match="no non-blank token"):
+        ds.split_answer(tok, "3+5=", " ")
