@@ -342,20 +342,6 @@ def prompt_heuristic_neurons(matches: pd.DataFrame, heuristics: Sequence[Heurist
     return [[neurons[i] for i in np.nonzero(linked[:, p])[0]] for p in range(len(records))]
 
 
-def associated_contributions(contrib: torch.Tensor, per_prompt: Sequence[Sequence[Neuron]],
-                             layers: Sequence[int]) -> np.ndarray:
-    """Sum over each prompt's associated heuristic neurons of their direct logit
-    contribution to the correct answer (``contrib`` [N, L, d_mlp] from
-    :func:`arithlib.neurons.neuron_logit_contributions`)."""
-    if len(per_prompt) != contrib.shape[0]:
-        raise ValueError("one neuron list per prompt of contrib")
-    mask = torch.zeros(contrib.shape, dtype=torch.bool)
-    masks = N.neuron_masks(per_prompt, layers, contrib.shape[-1])
-    for i, layer in enumerate(layers):
-        mask[:, i] = masks[int(layer)]
-    return (contrib * mask).sum((1, 2)).numpy().astype(float)
-
-
 # --------------------------------------------------------------------------- ablations (Sec. 4.2, 4.3)
 
 
@@ -428,7 +414,14 @@ def associated_contributions(contrib: torch.Tensor, per_prompt: Sequence[Sequenc
     """Sum over each prompt's associated heuristic neurons of their direct logit
     contribution to the correct answer (``contrib`` [N, L, d_mlp] from
     :func:`arithlib.neurons.neuron_logit_contributions`)."""
+    if len(per_prompt) != contrib.shape[0]:
+        raise ValueError(f"one neuron list per prompt of contrib: got {len(per_prompt)} lists for "
+                         f"{contrib.shape[0]} prompts")
     pos = {int(x): i for i, x in enumerate(layers)}
+    outside = sorted({int(layer) for neurons in per_prompt for layer, _ in neurons} - set(pos))
+    if outside:
+        raise ValueError(f"neurons in layers {outside}, which contrib does not hold (layers {list(pos)}): "
+                         "compute contrib over every layer the heuristic neurons come from")
     out = np.zeros(len(per_prompt))
     for p, neurons in enumerate(per_prompt):
         out[p] = sum(float(contrib[p, pos[int(layer)], int(k)]) for layer, k in neurons)

@@ -77,7 +77,11 @@ def logit_lens_answer(bridge, cache: AnswerCache, prompts: PromptSet, chunk_size
 
 def _final_norm_params(bridge) -> tuple[str, torch.Tensor, torch.Tensor | None]:
     """(normalization type, effective weight, bias or None) of the final norm."""
-    norm = str(getattr(bridge.cfg, "normalization_type", "RMS") or "RMS")
+    norm = getattr(bridge.cfg, "normalization_type", None)
+    if norm is None:  # guessing RMS would drop a LayerNorm's centring and bias without a word
+        raise ValueError("the model's cfg has no normalization_type, so the final norm's kind is unknown: set "
+                         "bridge.cfg.normalization_type to 'RMS' or 'LN'")
+    norm = str(norm)
     if norm not in ("RMS", "LN", "RMSPre", "LNPre"):
         raise ValueError(f"direct logit attribution does not handle final norm type {norm!r}")
     ln = bridge.ln_final

@@ -117,6 +117,10 @@ def test_prompt_association():
     contrib = torch.zeros(len(recs), 2, 10)
     contrib[p, 0, 1], contrib[p, 1, 7] = 1.5, -0.5
     assert H.associated_contributions(contrib, per, [3, 4])[p] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="one neuron list per prompt"):
+        H.associated_contributions(contrib, per[:-1], [3, 4])
+    with pytest.raises(ValueError, match=r"layers \[4\]"):
+        H.associated_contributions(contrib[:, :1], per, [3])
 
 
 @pytest.fixture(scope="module")

@@ -67,6 +67,13 @@ def test_dla_needs_its_activations(setup):
                                                                      cache.correct_first), ps)
 
 
+def test_dla_refuses_a_final_norm_of_unknown_kind(setup, monkeypatch):
+    m, ps, cache = setup
+    monkeypatch.setattr(m.bridge.cfg, "normalization_type", None)  # a config that does not say
+    with pytest.raises(ValueError, match="normalization_type"):
+        Lens.direct_logit_attribution_answer(m.bridge, cache, ps)
+
+
 def test_lens_summary_and_first_layer():
     lens = pd.DataFrame({"layer": [0, 0, 1, 1, 2, 2], "rank": [5, 20, 0, 3, 0, 0], "prob": [0.1, 0.0, 0.6, 0.2, 0.9, 0.8]})
     s = Lens.lens_summary(lens)
