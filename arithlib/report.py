@@ -14,7 +14,9 @@ verdict rule. Rules are fixed from the papers' claims, with three shared constan
 * a gap of at least :data:`NOISE_GAP` (5 points) in the paper's direction is *partly*.
 
 A finding whose tables are missing (notebook not run, or a study skipped for this
-model) gets the verdict "not run", never an error.
+model) gets the verdict "not run"; one whose computation raises (a bug, a malformed
+table) gets "error" with the exception in its text, so a crash never passes for a
+study that was not run.
 
 Usage: ``python -m arithlib.report figures/<model> [figures/<model2> ...]`` writes
 ``REPORT.md`` and ``REPORT.html`` into each folder and, for two or more folders,
@@ -42,7 +44,14 @@ import pandas as pd
 from .outputs import write_text
 
 REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_RUN = "reproduced", "partly", "not reproduced", "not run"
-VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_RUN)
+#: A finding measured at smoke-test sizes (a notebook's ``quick`` mode, or fine-tuning at
+#: scale "quick"): its numbers are shown, but the rule is not applied to them.
+NOT_JUDGED = "not judged"
+#: A finding whose computation raised (a bug or a malformed table), kept apart from "not run".
+ERROR = "error"
+VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_RUN, NOT_JUDGED, ERROR)
+#: Verdicts counted in a summary only where some finding has them.
+_RARE_VERDICTS = (NOT_JUDGED, ERROR)
 #: Share of the paper's effect that counts as reproducing it.
 HALF = 0.5
 #: Gap (fraction of prompts, i.e. 10 points) for qualitative "much more" claims.
@@ -254,7 +263,7 @@ def _zhang_mlp_answer(t: Tables) -> Outcome:
     r = pts.loc["delta_C"]
     L = t.n_layers()
     infl = float(r["inflection"]) / L
-    rises = float(r.get("rise", 1.0)) > 0
+    rises = float(r.get("rise", 1.0)) > 0  # a flat curve has no inflection
     return Outcome(f"cos(MLP_out - MLP_in, W_U[C]): start {int(r['start'])}, inflection {int(r['inflection'])}, "
                    f"peak {int(r['peak'])} of {L} layers (inflection at depth {infl:.2f}; paper 18/32 = 0.56)",
                    _grade(rises and infl >= 17 / 32, rises and infl >= 13 / 32),
@@ -295,14 +304,17 @@ def _yu_op(op: str) -> str:
 def _yu_single_head(t: Tables) -> Outcome:
     sw = t.csv("01_yu_head_sweep")
     sw["op"] = sw["op"].map(_yu_op)
-    one = sw[(sw["n_digits"] == 1) & sw["op"].isin(["+", "-", "/"]) & (sw["baseline_accuracy"] > 0)]
+    one = sw[(sw["n_digits"] == 1) & sw["op"].isin(["+", "-", "/"]) & (sw["baseline_accuracy"] > 0)].copy()
     if one.empty:
         raise NotRun("no 1-digit +, -, / setting the model answers")
-    top = one.groupby("op")["accuracy_drop"].max()
+    # Yu's Table 2 gives relative decreases: 1D+ 88.9 -> 47.6 % is 46.5 % (Table 24)
+    one["relative_drop"] = 1 - one["accuracy"] / one["baseline_accuracy"]
+    top = one.groupby("op")["relative_drop"].max()
     mean = float(top.mean())
-    return Outcome("largest 1D accuracy drop from one head: " + ", ".join(f"{o} {_pct(v, 0)}" for o, v in top.items()),
+    return Outcome("largest relative 1D accuracy decrease from one head: "
+                   + ", ".join(f"{o} {_pct(v, 0)}" for o, v in top.items()),
                    _gap_verdict(mean, HALF * (46.5 + 62.2 + 54.9) / 300),
-                   {"mean top-head 1D accuracy drop (+ - /)": mean})
+                   {"mean top-head relative 1D accuracy decrease (+ - /)": mean})
 
 
 def _faith_by_share(t: Tables) -> pd.Series:
@@ -325,7 +337,9 @@ def _nikankin_faithfulness(t: Tables) -> Outcome:
     reach = by[by >= 0.9]
     smallest = float(reach.index.min()) if len(reach) else float("nan")
     return Outcome(f"faithfulness {f1:.2f} with {_pct(s1, 2)} of each layer; 0.9 first reached at "
-                   + (f"{_pct(smallest, 2)} per layer" if len(reach) else "no share of the grid"),
+                   + (f"{_pct(smallest, 2)} per layer" if len(reach) else "no share of the grid")
+                   + " (a partial test: only the neurons of the analysed late MLPs outside the circuit are "
+                     "mean-ablated, the paper ablates every component outside its circuit)",
                    _grade(f1 >= 0.9, len(reach) > 0 and smallest <= s5),
                    {"faithfulness at ~1 % neurons per layer": f1, "smallest share per layer reaching 0.9": smallest})
 
@@ -486,8 +500,9 @@ FINDINGS: tuple[Finding, ...] = (
             "cos(MLP_out - MLP_in, W_U[C]) rises from layer 17 of 32 on: late MLPs write the answer.",
             "start-inflection-end (13-18-28) of 32 layers (LLaMA2-7B)",
             f"{ZHANG_TXT}: Sec. 5.2; App. C (Fig. 13, 14)",
-            "with the curve rising: reproduced if its inflection is at depth >= 17/32; partly if >= 13/32 "
-            "(the paper's start); else not reproduced",
+            "for a curve that is not flat, the inflection is the steepest step of its climb to its maximum: "
+            "reproduced if that inflection is at depth >= 17/32; partly if >= 13/32 (the paper's start); else not "
+            "reproduced",
             "02", _zhang_mlp_answer),
     Finding("zhang_transfer", "zhang", "Sec. 5.1, Fig. 4; App. D, E",
             "Knocking out the key heads also breaks other formats (SVAMP, multi-digit, decimals...).",
@@ -501,8 +516,8 @@ FINDINGS: tuple[Finding, ...] = (
             "Zeroing one head destroys 1-digit +, -, / (not *).",
             "1D accuracy decrease from the top head: + 46.5, - 62.2, / 54.9 (* 6.8) %",
             f"{YU_TXT}: Table 2",
-            "mean over +, -, / of the largest 1D accuracy drop from one head; reproduced if >= 27 points (half of "
-            "the paper's mean 54.5); partly if >= 5 points",
+            "mean over +, -, / of the largest relative 1D accuracy decrease from one head (1 - after / before, "
+            "as in the paper's table); reproduced if >= 27 % (half of the paper's mean 54.5 %); partly if >= 5 %",
             "01", _yu_single_head),
     Finding("nikankin_faithfulness", "nikankin", "Sec. 2-3, Fig. 4b",
             "A sparse neuron circuit (about 1 % of each middle/late MLP) reproduces the model's arithmetic.",
@@ -570,15 +585,37 @@ FINDINGS: tuple[Finding, ...] = (
 )
 
 
+def smoke_test_reason(finding: Finding, tables: Tables) -> str | None:
+    """Why ``finding`` was measured at smoke-test sizes in this folder, or None: its
+    notebook ran with ``quick``, or it rests on notebook 05's fine-tuning (notebooks 05
+    and 06) at scale "quick" (what ``scale="auto"`` gives on a CPU), which notebook 05
+    says shows the pipeline, not the paper's numbers."""
+    params = tables.params()
+    if params.get(finding.notebook, {}).get("quick"):
+        return f"notebook {finding.notebook} ran in quick mode (smoke-test sizes)"
+    if finding.notebook in ("05", "06") and "scale" in params.get("05", {}):
+        from .finetune import SCALES, resolve_scale
+
+        p05 = params["05"]
+        if resolve_scale(str(p05.get("scale", "auto")), str(p05.get("device", "cpu")), bool(p05.get("quick"))) == "quick":
+            return (f"fine-tuned at scale 'quick' (notebook 05's smoke-test sizes: {SCALES['quick']['n_train']} "
+                    "training prompts, a few layers; run scale='cpu', or 'paper' on a GPU, for a verdict)")
+    return None
+
+
 def evaluate(finding: Finding, tables: Tables) -> Outcome:
-    """Apply one finding to a folder; a missing table or a skipped study is 'not run'."""
+    """Apply one finding to a folder; a missing table or a skipped study is 'not run', an
+    exception in the computation is 'error' (also printed to stderr), and numbers measured
+    at smoke-test sizes (:func:`smoke_test_reason`) are shown but 'not judged'."""
     try:
-        return finding.compute(tables)
+        out = finding.compute(tables)
+        reason = smoke_test_reason(finding, tables)
+        return out if reason is None else Outcome(f"{reason}: {out.ours}", NOT_JUDGED, out.metrics)
     except NotRun as err:
         return Outcome(str(err), NOT_RUN)
     except Exception as err:  # a malformed table must not stop the report: shown, not hidden
         print(f"arithlib.report: {finding.id}: {type(err).__name__}: {err}", file=sys.stderr)
-        return Outcome(f"could not compute ({type(err).__name__}: {err})", NOT_RUN)
+        return Outcome(f"could not compute ({type(err).__name__}: {err})", ERROR)
 
 
 def findings_table(fig_dir: str | os.PathLike) -> pd.DataFrame:
@@ -615,7 +652,7 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 def _summary_counts(table: pd.DataFrame) -> str:
     counts = table["verdict"].value_counts()
-    return ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
+    return ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS if v not in _RARE_VERDICTS or counts.get(v, 0))
 
 
 def _notebook_lines(tables: Tables, nb: str) -> list[str]:
@@ -643,7 +680,21 @@ def _header(tables: Tables) -> tuple[str, list[str]]:
 RULES_TEXT = ("Verdicts are computed, never typed in: each finding's rule is fixed from the paper's claim. "
               f"A quantitative claim is reproduced when our effect is at least {HALF:.0%} of the paper's; a "
               f"qualitative 'much more' claim needs a gap of {100 * CLEAR_GAP:.0f} points; a gap of "
-              f"{100 * NOISE_GAP:.0f} points in the paper's direction is 'partly'. Missing tables give 'not run'.")
+              f"{100 * NOISE_GAP:.0f} points in the paper's direction is 'partly'. Missing tables give 'not run'; "
+              "numbers measured at smoke-test sizes (a notebook's quick mode, fine-tuning at scale 'quick') are "
+              "shown but 'not judged'; a computation that fails gives 'error'.")
+
+
+def notebook_verdicts(fig_dir: str | os.PathLike, notebook: str) -> list[str]:
+    """Markdown lines giving the report's verdict, our numbers and the rule for each finding
+    of ``notebook`` ("01".."07"), from the tables already in ``fig_dir``: a notebook ends
+    with the same verdicts as REPORT.md, by the same rules (one place for every rule)."""
+    if notebook not in NOTEBOOKS:
+        raise ValueError(f"unknown notebook {notebook!r}; choose one of {sorted(NOTEBOOKS)}")
+    tables = Tables(fig_dir)
+    return [f"- Report verdict, **{f.id}** ({PAPERS_SHORT[f.paper]}, {f.where}): **{out.verdict}**: {out.ours}. "
+            f"Rule: {f.rule}. Paper: {f.paper_number}."
+            for f in FINDINGS if f.notebook == notebook for out in [evaluate(f, tables)]]
 
 
 def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -> str:
@@ -680,7 +731,7 @@ _CSS = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 
         "table{border-collapse:collapse;font-size:0.9em}td,th{border:1px solid #ccc;padding:4px 6px;"
         "vertical-align:top}th{background:#eee}img{max-width:100%;margin:0.5em 0}"
         ".reproduced{background:#d4f4d4}.partly{background:#fff3c4}.not-reproduced{background:#f8d0d0}"
-        ".not-run{background:#e8e8e8}")
+        ".not-run{background:#e8e8e8}.error{background:#f0a0a0}")
 
 
 def _html_findings(table: pd.DataFrame) -> str:

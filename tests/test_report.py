@@ -213,6 +213,27 @@ def test_lora_layer_rule(tmp_path: Path, orig: float, accs: list, bands: dict, v
     assert _outcome("yu_lora_layers", tmp_path).verdict == verdict
 
 
+@pytest.mark.parametrize("scale, device, quick, judged", [("auto", "cpu", False, False), ("quick", "cuda", False, False),
+                                                           ("auto", "cuda", True, False), ("cpu", "cpu", False, True),
+                                                           ("auto", "cuda", False, True)])
+def test_fine_tuning_at_smoke_test_sizes_is_shown_but_not_judged(tmp_path: Path, scale, device, quick, judged):
+    _csv(tmp_path, "05_lora_accuracy_by_layer", [{"model": "original", "layer": -1, "accuracy": 0.6}]
+         + [{"model": f"LoRA L{i}", "layer": i, "accuracy": 0.9} for i in range(3)])
+    _csv(tmp_path, "05_lora_accuracy_bands", [{"band": "shallow", "mean_accuracy": 0.9}, {"band": "deep", "mean_accuracy": 0.7}])
+    _params(tmp_path, n_layers=3)
+    (tmp_path / "05_lora_mechanism_params.json").write_text(json.dumps({"scale": scale, "device": device, "quick": quick}))
+    out = _outcome("yu_lora_layers", tmp_path)
+    assert out.verdict == (R.REPRODUCED if judged else R.NOT_JUDGED)
+    assert "original 60 %" in out.ours and ("smoke-test" in out.ours) != judged
+
+
+def test_a_quick_notebook_is_not_judged(tmp_path: Path):
+    _path_patching(tmp_path, head_effects=[-0.3] + [0.0] * 15, mlp_effects=[0.0] * 4)
+    _params(tmp_path, quick=True)
+    out = _outcome("zhang_key_heads", tmp_path)
+    assert out.verdict == R.NOT_JUDGED and "quick mode" in out.ours and "1 of 16 heads" in out.ours
+
+
 @pytest.mark.parametrize("cna, rnd, verdict", [(0.823, 0.171, R.REPRODUCED), (0.70, 0.30, R.REPRODUCED),
                                                (0.50, 0.10, R.PARTLY),    # gap large but below the original
                                                (0.70, 0.40, R.PARTLY), (0.70, 0.66, R.NOT_REPRODUCED)])
@@ -235,10 +256,24 @@ def test_empty_folder_gives_not_run_for_every_finding(tmp_path: Path):
     assert table.ours.str.contains("missing").all()
 
 
-def test_malformed_table_is_not_run_not_an_error(tmp_path: Path, capsys):
+def test_malformed_table_is_an_error_not_a_study_that_did_not_run(tmp_path: Path, capsys):
     _csv(tmp_path, "04_mask_keep", [{"something": 1}])
-    assert _outcome("yu_mask_keep", tmp_path).verdict == R.NOT_RUN
+    out = _outcome("yu_mask_keep", tmp_path)
+    assert out.verdict == R.ERROR and "could not compute" in out.ours
     assert "yu_mask_keep" in capsys.readouterr().err
+    table = R.findings_table(tmp_path)  # the rest of the report is still written
+    assert (table.set_index("id").drop("yu_mask_keep").verdict == R.NOT_RUN).all()
+    assert "1 error" in R._summary_counts(table) and "error" not in R._summary_counts(table.iloc[:1])
+
+
+def test_yu_single_head_compares_relative_decreases_as_the_paper_does(tmp_path: Path):
+    # Yu's Table 2 is relative: 1D+ 88.9 -> 47.6 % is a 46.5 % decrease (Table 24), 41 points
+    rows = [{"op": op, "n_digits": 1, "layer": 0, "head": 0, "accuracy": 0.24, "baseline_accuracy": 0.5,
+             "accuracy_drop": 0.26} for op in ("add", "sub", "div")]
+    _csv(tmp_path, "01_yu_head_sweep", rows)
+    out = _outcome("yu_single_head", tmp_path)
+    assert out.verdict == R.REPRODUCED, out.ours  # 52 % relative (26 points absolute would be only 'partly')
+    assert "+ 52 %" in out.ours
 
 
 def test_findings_are_declared_completely():
@@ -459,3 +494,16 @@ def test_report_html_links_every_figure_beside_it(tmp_path: Path):
     srcs = re.findall(r'<img [^>]*src="([^"]+)"', page)
     assert sorted(srcs) == sorted(p.name for p in d.glob("[0-9][0-9]_*.png"))
     assert all((d / s).is_file() for s in srcs) and "base64" not in page
+
+
+def test_notebook_verdicts_are_the_reports(tmp_path: Path):
+    _csv(tmp_path, "07_table13", [{"model": "original", "total": 1.0, "reduction_pct": 0.0},
+                                  {"model": "CNA top18", "total": 0.5, "reduction_pct": 50.0},
+                                  {"model": "random 18", "total": 0.99, "reduction_pct": 1.0}])
+    lines = R.notebook_verdicts(tmp_path, "07")
+    table = R.findings_table(tmp_path).set_index("id")
+    assert len(lines) == 1 and "yu_gender_bias" in lines[0] and "**reproduced**" in lines[0]
+    assert f"**{table.at['yu_gender_bias', 'verdict']}**" in lines[0] and table.at["yu_gender_bias", "ours"] in lines[0]
+    assert len(R.notebook_verdicts(tmp_path, "01")) == sum(f.notebook == "01" for f in R.FINDINGS)
+    with pytest.raises(ValueError, match="unknown notebook"):
+        R.notebook_verdicts(tmp_path, "7")
