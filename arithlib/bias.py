@@ -10,9 +10,10 @@ Pipeline (notebook 07):
    it is in that gender's top-100 and not the other's on more prompts than the
    reverse (:func:`biased_professions`).
 2. **Scoring rule.** A profession is scored by log p of the FIRST token of
-   ``" " + profession`` at the prompt's last position, as the paper scores tokens
-   (its Table 23 lists first-token forms such as "reception", "delivery",
-   "machine"); professions sharing a first token are one profession token.
+   ``" " + profession`` at the prompt's last position (the paper compares top-100 token
+   predictions; its Table 23 lists single words such as "reception" beside multi-word
+   professions such as "domestic helper" and "machine operator", and does not say how
+   those were scored); professions sharing a first token are one profession token.
 3. **CNA between genders** (Sec. 4.1 importance, Sec. 6.2): for each biased
    profession token w on the first prompt, run a = the prompt with w's gender,
    run b = with the other gender, target w; neurons ranked by
