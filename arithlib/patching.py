@@ -1124,6 +1124,60 @@ def sweep_accuracy(sweep: pd.DataFrame, by: Sequence[str] = ("op", "n_digits")) 
     return g
 
 
+#: Columns of a head-sweep accuracy table (:func:`two_stage_head_sweep`'s ``final``).
+SWEEP_COLUMNS = ["op", "n_digits", "layer", "head", "accuracy", "baseline_accuracy", "accuracy_drop"]
+
+
+@dataclass
+class TwoStageSweep:
+    """Yu & Ananiadou's head sweep in two stages (:func:`two_stage_head_sweep`)."""
+
+    screen: pd.DataFrame    # every head at the answer position: sweep_accuracy rows by op, n_digits
+    verified: pd.DataFrame  # the re-run heads at every position, with the screen's accuracy and drop beside
+    final: pd.DataFrame     # SWEEP_COLUMNS + verified: every-position numbers where re-run, else the screen's
+
+    def top(self, n: int = 5) -> pd.DataFrame:
+        """The ``n`` heads of largest accuracy drop per operator and digit count (Yu
+        App. E, Tables 24-27), ranked 1..n, with a ``head_label`` "L{layer}H{head}"."""
+        top = (self.final.sort_values("accuracy_drop", ascending=False).groupby(["op", "n_digits"]).head(n)
+               .sort_values(["op", "n_digits", "accuracy_drop"], ascending=[True, True, False]))
+        top["rank"] = top.groupby(["op", "n_digits"]).cumcount() + 1
+        top["head_label"] = [f"L{r.layer}H{r.head}" for r in top.itertuples()]
+        return top[["op", "n_digits", "rank", "head_label", "layer", "head", "accuracy", "baseline_accuracy",
+                    "accuracy_drop", "verified"]]
+
+
+def two_stage_head_sweep(model, prompts: PromptSet, verify_top: int, batch_size: int = 16, max_rows: int = 1024,
+                         progress: bool = True) -> TwoStageSweep:
+    """Yu & Ananiadou Sec. 3.2 / App. E (Tables 1-3, 24-27): zero one head at a time and
+    measure first-token accuracy per operator and digit count. Stage 1 zeroes every head
+    at the answer position only (:func:`head_sweep` with ``position=-1``: exact for that
+    position, far cheaper); stage 2 re-runs the ``verify_top`` most damaging heads of each
+    setting at every position (Yu's intervention), whose numbers replace the screen's.
+    The screen is not Yu's intervention, so a head it misses can still matter; the
+    verified rows say which numbers are exact."""
+    cache = RunCache()
+    screen = sweep_accuracy(head_sweep(model, prompts, position=-1, batch_size=batch_size, max_rows=max_rows,
+                                       progress=progress, cache=cache), ["op", "n_digits"])
+    verified = []
+    for (op, n), g in screen.groupby(["op", "n_digits"]):
+        top = g.sort_values("accuracy_drop", ascending=False).head(verify_top)
+        exact = head_sweep(model, prompts.where(op=op, n_digits=n),
+                           heads=[(int(r.layer), int(r.head)) for r in top.itertuples()], position=None,
+                           batch_size=batch_size, max_rows=max_rows, progress=False, cache=cache)
+        verified.append(sweep_accuracy(exact, ["op", "n_digits"]))
+    verified = pd.concat(verified, ignore_index=True)
+    keys = ["op", "n_digits", "layer", "head"]
+    both = verified[SWEEP_COLUMNS].merge(screen[keys + ["accuracy", "accuracy_drop"]], on=keys,
+                                         suffixes=("", "_screen"))
+    final = screen[SWEEP_COLUMNS].merge(verified[keys + ["accuracy"]], how="left", on=keys,
+                                        suffixes=("_screen", ""))
+    final["verified"] = final["accuracy"].notna()
+    final["accuracy"] = final["accuracy"].fillna(final["accuracy_screen"])
+    final["accuracy_drop"] = final["baseline_accuracy"] - final["accuracy"]
+    return TwoStageSweep(screen=screen, verified=both, final=final[SWEEP_COLUMNS + ["verified"]])
+
+
 def mean_ablation_edits(heads: Iterable[Head], means: Mapping[str, Mapping[int, torch.Tensor]], length: int,
                         position: int | None = None) -> list[Edit]:
     """Edits replacing each head's output by its mean over a reference set at the same
@@ -1335,6 +1389,67 @@ def circuit_faithfulness(model, prompts: PromptSet, circuits: Mapping[str, Itera
                      "normalized_logit": float(nl[j]), "accuracy": float(ro.accuracy[j]),
                      "faithfulness": faithfulness(float(nl[j]), full, abl)})
     return pd.DataFrame(rows)
+
+
+def coarse_to_fine_patching(model, prompts: PromptSet, positions: Mapping[str, Sequence[int]], refine: int,
+                            batch_size: int = 16, max_rows: int = 1024, cache: RunCache | None = None) -> pd.DataFrame:
+    """Nikankin et al. 2025 Sec. 2's activation patching within a CPU budget, coarse to
+    fine: every MLP and every whole attention layer at each named position, every single
+    head at the last position ``"="``, then the heads of the ``refine`` attention layers of
+    largest median indirect effect at the other positions. Returns the
+    :func:`activation_patching` rows of all three passes."""
+    if "=" not in positions:
+        raise ValueError(f"positions need the last position '=' (got {sorted(positions)})")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    blocks = [Component("attn", l) for l in range(n_layers)] + [Component("mlp", l) for l in range(n_layers)]
+    heads = head_components(n_layers, n_heads)
+    ie_blocks = activation_patching(model, prompts, blocks, positions, batch_size=batch_size, max_rows=max_rows,
+                                    cache=cache)
+    ie_heads = activation_patching(model, prompts, heads, {"=": positions["="]}, batch_size=batch_size,
+                                   max_rows=max_rows, cache=cache)
+    median = ie_blocks.groupby(["position", "component", "kind", "layer"])["ie"].median().reset_index()
+    candidates = (median[(median.kind == "attn") & (median.position != "=")]
+                  .sort_values("ie", ascending=False).head(refine))
+    refined = [ie_heads]
+    for name, g in candidates.groupby("position"):
+        comps = [c for c in heads if c.layer in set(g.layer)]
+        refined.append(activation_patching(model, prompts, comps, {name: positions[name]}, batch_size=batch_size,
+                                           max_rows=max_rows, progress=False, cache=cache))
+    return pd.concat([ie_blocks] + refined, ignore_index=True)
+
+
+def summarise_indirect_effects(ie: pd.DataFrame) -> pd.DataFrame:
+    """Per position and component: the **median** indirect effect over prompts (``ie``;
+    the effect is heavy-tailed, one confidently answered prompt can dominate a mean),
+    the mean (``ie_mean``), the mean logit-difference and answer-logit changes and ``n``."""
+    return (ie.groupby(["position", "component", "kind", "layer", "head"])
+            .agg(ie=("ie", "median"), ie_mean=("ie", "mean"), logit_diff_change=("logit_diff_change", "mean"),
+                 answer_logit_change=("answer_logit_change", "mean"), n=("ie", "size")).reset_index())
+
+
+def ranked_head_positions(summary: pd.DataFrame) -> list[tuple[Component, str]]:
+    """(head, position name) pairs of :func:`summarise_indirect_effects` rows, largest
+    median indirect effect first."""
+    rows = summary[summary.kind == "head"].sort_values("ie", ascending=False)
+    return [(Component("head", int(r.layer), int(r.head)), r.position) for r in rows.itertuples()]
+
+
+def head_count_circuits(ranked: Sequence[tuple[Component, str]], n_layers: int, position_names: Iterable[str],
+                        ks: Iterable[int]) -> dict[str, set[tuple[Component, str]]]:
+    """Circuits for :func:`circuit_faithfulness`: every MLP at every named position plus
+    the top ``k`` of ``ranked`` heads, named ``"k={k}"`` (each ``k`` no larger than
+    ``ranked``)."""
+    names = list(position_names)
+    mlps = {(Component("mlp", l), n) for l in range(n_layers) for n in names}
+    return {f"k={k}": mlps | set(ranked[:k]) for k in ks if k <= len(ranked)}
+
+
+def heads_needed(faith: pd.DataFrame, target: float) -> int | None:
+    """The smallest k of :func:`head_count_circuits` whose faithfulness reaches
+    ``target`` in :func:`circuit_faithfulness`'s rows, or None."""
+    k = faith["circuit"].str.extract(r"k=(\d+)")[0].astype(float)
+    reach = k[(faith["faithfulness"] >= target) & k.notna()]
+    return int(reach.min()) if len(reach) else None
 
 
 # --------------------------------------------------------------------------- locating tokens

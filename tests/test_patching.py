@@ -408,6 +408,57 @@ def test_toy_activation_patching_per_position(toy):
         assert got.loc[c.label, "answer_logit_change"] == pytest.approx(float(ref[j, 0, a] - clean_logit), abs=TOL)
 
 
+@pytest.mark.toy_model
+def test_toy_two_stage_head_sweep_verifies_the_top_heads_at_every_position(toy):
+    b = toy.bridge
+    recs = [r for n in (1, 2) for r in ds.yu_prompts(["+", "-"], n_digits=n, n_per_template=3, seed=0, fewshot=2,
+                                                     templates=[3])]
+    ps = ds.PromptSet.build(recs, toy.tokenizer)
+    sweep = P.two_stage_head_sweep(b, ps, verify_top=2, progress=False)
+    n_heads = b.cfg.n_layers * b.cfg.n_heads
+    assert len(sweep.final) == len(sweep.screen) == 4 * n_heads and list(sweep.final)[:7] == P.SWEEP_COLUMNS
+    assert sweep.final.groupby(["op", "n_digits"])["verified"].sum().tolist() == [2, 2, 2, 2]
+    for r in sweep.final.itertuples():   # verified rows are every-position numbers, the rest the screen's
+        sub = ps.where(op=r.op, n_digits=r.n_digits)
+        if r.verified:
+            exact = P.sweep_accuracy(P.head_sweep(b, sub, heads=[(r.layer, r.head)], position=None, progress=False))
+            assert r.accuracy == pytest.approx(exact["accuracy"].item())
+            break
+    unverified = sweep.final[~sweep.final.verified].merge(sweep.screen, on=["op", "n_digits", "layer", "head"])
+    assert (unverified["accuracy_x"] == unverified["accuracy_y"]).all()
+    assert (sweep.final["accuracy_drop"] == sweep.final["baseline_accuracy"] - sweep.final["accuracy"]).all()
+    top = sweep.top(3)
+    assert top.groupby(["op", "n_digits"])["rank"].apply(list).tolist() == [[1, 2, 3]] * 4
+    assert (top.groupby(["op", "n_digits"])["accuracy_drop"].apply(lambda x: x.is_monotonic_decreasing)).all()
+
+
+@pytest.mark.toy_model
+def test_toy_coarse_to_fine_patching_and_head_circuits(toy):
+    b = toy.bridge
+    nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=4, fewshot=2), toy.tokenizer)
+    names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
+    pos = P.named_positions(P.locate_operands(nk), names)
+    ie = P.coarse_to_fine_patching(b, nk, pos, refine=1)
+    L, H = b.cfg.n_layers, b.cfg.n_heads
+    blocks = ie[ie.kind.isin(["attn", "mlp"])]
+    assert len(blocks) == len(nk) * 2 * L * 4
+    heads = ie[ie.kind == "head"]
+    assert heads[heads.position == "="]["component"].nunique() == L * H
+    other = heads[heads.position != "="]   # one refined attention layer, resolved into its heads at one position
+    assert other["position"].nunique() == 1 and other["layer"].nunique() == 1 and other["head"].nunique() == H
+    summary = P.summarise_indirect_effects(ie)
+    assert len(summary) == len(ie) // len(nk)
+    ranked = P.ranked_head_positions(summary)
+    ies = summary[summary.kind == "head"].set_index(["component", "position"])["ie"]
+    assert [ies[(c.label, n)] for c, n in ranked] == sorted(ies, reverse=True)
+    circuits = P.head_count_circuits(ranked, L, names.values(), [0, 2, 10 ** 6])
+    assert set(circuits) == {"k=0", "k=2"} and len(circuits["k=2"]) == 4 * L + 2
+    faith = pd.DataFrame({"circuit": ["full", "ablated", "k=0", "k=2", "k=4"], "faithfulness": [1, 0, 0.5, 0.95, 0.99]})
+    assert P.heads_needed(faith, 0.9) == 2 and P.heads_needed(faith, 1.5) is None
+    with pytest.raises(ValueError, match="'='"):
+        P.coarse_to_fine_patching(b, nk, {"op1": pos["op1"]}, refine=1)
+
+
 # --------------------------------------------------------------------------- tokens, evaluation
 
 
