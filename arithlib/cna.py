@@ -67,6 +67,7 @@ from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet
 from .evaluate import continues_number, tiled_cache
 from .neurons import w_out
+from .models import hf_module as _hf, model_device as _device
 
 Hook = tuple[str, Callable]
 Neuron = tuple[int, int]
@@ -95,14 +96,6 @@ YU_CNA_TABLES: dict[str, dict] = {
 
 
 # --------------------------------------------------------------------------- model pieces
-
-
-def _hf(model):
-    return model.original_model if hasattr(model, "original_model") else model
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _n_layers(model) -> int:

@@ -428,6 +428,22 @@ def single_token_max(tokenizer, limit: int = 999) -> int:
     return n
 
 
+def single_token_numbers(tokenizer, max_value: int) -> dict[int, int]:
+    """``{n: token id}`` for the integers 0..``max_value`` that are one token each
+    (written without a leading space): 0..9 for per-digit tokenizers, up to 999 for
+    the toy model; raises when none is."""
+    if max_value < 0:
+        raise ValueError("max_value must be >= 0")
+    out = {}
+    for n in range(max_value + 1):
+        ids = tokenizer(str(n), add_special_tokens=False)["input_ids"]
+        if len(ids) == 1:
+            out[n] = int(ids[0])
+    if not out:
+        raise ValueError("no integer in 0..max_value is a single token for this tokenizer")
+    return out
+
+
 def _is_blank(tokenizer, token_id: int) -> bool:
     return tokenizer.decode([token_id]).strip() == ""
 

@@ -22,10 +22,7 @@ from transformer_lens.hook_points import HookPoint
 from transformers import DynamicCache
 
 from .datasets import PromptSet
-
-
-def _device_of(model) -> torch.device:
-    return next(model.parameters()).device
+from .models import hf_module as _hf_model, model_device as _device_of
 
 
 def last_position_logits(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -33,11 +30,6 @@ def last_position_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     out = model(tokens, logits_to_keep=1)
     logits = out.logits if hasattr(out, "logits") else out
     return logits[:, -1, :].float()
-
-
-def _hf_model(model):
-    """The Hugging Face module under a TransformerBridge (the model itself otherwise)."""
-    return model.original_model if hasattr(model, "original_model") else model
 
 
 def hooks_attached(model) -> bool:

@@ -80,6 +80,8 @@ from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import common_prefix, continues_number
 from .layer_inputs import LayerInputs, can_start_late, gather_rows, run_decoder
+from .models import hf_module as _hf, model_device as _device
+from .thresholds import KEY_HEAD_THRESHOLD
 
 Head = tuple[int, int]
 Neuron = tuple[int, int]
@@ -98,20 +100,9 @@ ZHANG_MLP_COUNTS: tuple[int, ...] = (1, 2, 3, 6)
 YU_BANDS_32: dict[str, tuple[int, int]] = {"shallow": (1, 10), "middle": (10, 17), "deep": (17, 31)}
 #: Yu Sec. 6.1 uses the LoRA model of layer 9 of 32 as its reference LoRA model.
 YU_REFERENCE_LAYER_FRACTION = 9 / 32
-#: Path-patching effect below which a head is a key head (Zhang Sec. 5.1: -5 %).
-KEY_HEAD_THRESHOLD = -0.05
 
 
 # --------------------------------------------------------------------------- model plumbing
-
-
-def _hf(model):
-    """The HF model behind a bridge (or the model itself)."""
-    return model.original_model if hasattr(model, "original_model") else model
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
 
 
 def clean_param_name(name: str) -> str:

@@ -46,16 +46,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .paths import DATA_DIR
+from .models import hf_module as _hf, model_device as _device
 
 FACTS_FILE = DATA_DIR / "factual_recall.json"
-
-
-def _hf(model):
-    return model.original_model if hasattr(model, "original_model") else model
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
 
 
 # --------------------------------------------------------------------------- prose sample

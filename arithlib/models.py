@@ -144,6 +144,22 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 }
 
 
+def hf_module(model) -> torch.nn.Module:
+    """The Hugging Face module under a TransformerBridge (``original_model``), or the
+    model itself when it is one already."""
+    return model.original_model if hasattr(model, "original_model") else model
+
+
+def model_device(model) -> torch.device:
+    """The device of the model's (first) parameters."""
+    return next(model.parameters()).device
+
+
+def model_dtype(model) -> torch.dtype:
+    """The dtype of the model's (first) parameters."""
+    return next(model.parameters()).dtype
+
+
 def known_models() -> list[str]:
     """The registry names :func:`load_model` resolves without a path or hub id."""
     return [*PACKAGED_MODELS, TOY_MODEL]

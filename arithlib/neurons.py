@@ -51,8 +51,9 @@ import torch
 from tqdm.auto import tqdm
 
 from .ablation import Hook, Neuron, mean_neurons_hooks, post_hook, stacked_hooks
-from .datasets import PromptSet
+from .datasets import PromptSet, single_token_numbers
 from .evaluate import tiled_cache
+from .models import hf_module as _hf, model_device as _device_of
 
 #: Hooks for a batch, given the indices (in the runner's PromptSet) of its prompts.
 HookFactory = Callable[[torch.Tensor], list[Hook]]
@@ -63,14 +64,6 @@ def default_layers(n_layers: int) -> list[int]:
     if n_layers < 1:
         raise ValueError("n_layers must be positive")
     return list(range(n_layers // 2, n_layers))
-
-
-def _device_of(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _hf(model):
-    return model.original_model if hasattr(model, "original_model") else model
 
 
 def _check_layers(model, layers: Sequence[int]) -> list[int]:
@@ -325,15 +318,15 @@ def runner_means(means: torch.Tensor, layers: Sequence[int]) -> dict[str, dict[i
 
 
 def number_token_ids(tokenizer, max_number: int) -> torch.Tensor:
-    """Token id of each integer 0..max_number written alone (the candidate results);
-    raises if one is not a single token."""
-    ids = []
-    for n in range(max_number + 1):
-        tok = tokenizer(str(n), add_special_tokens=False)["input_ids"]
-        if len(tok) != 1:
-            raise ValueError(f"{n} is not a single token for this tokenizer; lower max_number")
-        ids.append(tok[0])
-    return torch.tensor(ids, dtype=torch.long)
+    """Token id of each integer 0..max_number written alone (the candidate results),
+    as a tensor; raises if one is not a single token (:func:`arithlib.datasets.single_token_numbers`
+    skips those)."""
+    ids = single_token_numbers(tokenizer, max_number) if max_number >= 0 else {}
+    missing = [n for n in range(max_number + 1) if n not in ids]
+    if missing or max_number < 0:
+        raise ValueError(f"{missing[0] if missing else max_number} is not a single token for this tokenizer; "
+                         "lower max_number")
+    return torch.tensor([ids[n] for n in range(max_number + 1)], dtype=torch.long)
 
 
 def answer_margin(logits: torch.Tensor, answers: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:

@@ -60,6 +60,8 @@ from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import MIN_SHARED_PREFIX, common_prefix
 from .metrics import relative_logit_change
+from .models import hf_module as _hf, model_device as _device, model_dtype as _dtype
+from .thresholds import KEY_HEAD_THRESHOLD
 
 Head = tuple[int, int]
 Hook = tuple[str, Callable]
@@ -149,18 +151,6 @@ Variant = Sequence[Edit]
 
 
 # --------------------------------------------------------------------------- model access
-
-
-def _hf(model):
-    return model.original_model if hasattr(model, "original_model") else model
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _dtype(model) -> torch.dtype:
-    return next(model.parameters()).dtype
 
 
 def resumable(model) -> bool:
@@ -975,7 +965,7 @@ def mean_effects(effects: pd.DataFrame, by: Sequence[str] = ("op",)) -> pd.DataF
     return out.drop(columns="std")
 
 
-def key_heads(mean_frame: pd.DataFrame, threshold: float = -0.05) -> pd.DataFrame:
+def key_heads(mean_frame: pd.DataFrame, threshold: float = KEY_HEAD_THRESHOLD) -> pd.DataFrame:
     """Zhang's key heads: heads whose mean effect is below ``threshold`` (-5 %),
     sorted by effect (most negative first)."""
     heads = mean_frame[mean_frame["kind"] == "head"]

@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 
+from .thresholds import KEY_HEAD_THRESHOLD
+
 CLASS_COLORS = {"A": "#d62728", "B": "#ff7f0e", "operator": "#2ca02c", "other": "#9e9e9e", "prefix": "#d9d9d9"}
 
 
@@ -33,7 +35,7 @@ def layer_head_matrix(frame: pd.DataFrame, value: str, n_layers: int, n_heads: i
 
 
 def effect_heatmaps(means: pd.DataFrame, n_layers: int, n_heads: int, panel_col: str = "op",
-                    panels: Sequence[str] | None = None, threshold: float = -0.05, title: str = ""):
+                    panels: Sequence[str] | None = None, threshold: float = KEY_HEAD_THRESHOLD, title: str = ""):
     """Zhang et al. Fig. 2 / 15: mean relative logit change (%) of path-patching each head
     (layers x heads) with the MLP of each layer as the last column; one panel per value
     of ``panel_col``. Red = patching lowers the answer logit; dots mark key heads

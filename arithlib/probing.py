@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 
 from .datasets import PromptSet
 from .evaluate import PrefixRunner, continues_number
+from .thresholds import KEY_HEAD_THRESHOLD
 
 #: Activation kinds cached at the answer position and the bridge hook of each
 #: (``{L}`` is the layer).
@@ -208,22 +209,6 @@ def first_token_id(tokenizer, n: int) -> int:
     return int(ids[0])
 
 
-def number_token_ids(tokenizer, max_value: int) -> dict[int, int]:
-    """``{n: token id}`` for the integers 0..``max_value`` that are one token each
-    (written without a leading space): 0..9 for per-digit tokenizers, up to 999 for
-    the toy model. These are the candidate numbers of W_U[other]."""
-    if max_value < 0:
-        raise ValueError("max_value must be >= 0")
-    out = {}
-    for n in range(max_value + 1):
-        ids = tokenizer(str(n), add_special_tokens=False)["input_ids"]
-        if len(ids) == 1:
-            out[n] = int(ids[0])
-    if not out:
-        raise ValueError("no integer in 0..max_value is a single token for this tokenizer")
-    return out
-
-
 def unembed_matrix(bridge) -> torch.Tensor:
     """``W_U`` [d_model, vocab] as a detached float32 CPU tensor."""
     return bridge.W_U.detach().float().cpu()
@@ -260,7 +245,7 @@ def unembed_cosines(cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor,
     operand B, the answer C (its first token) and the other candidate numbers.
 
     ``W_U[other]`` is the mean cosine over the number tokens in ``numbers``
-    (:func:`number_token_ids`) other than C's first token. The ``*_x`` measures are the
+    (:func:`arithlib.datasets.single_token_numbers`) other than C's first token. The ``*_x`` measures are the
     excess of a target's cosine over that mean for the numbers other than the target
     (not in the paper: a control for the direction that all number tokens share, which
     dominates raw cosines when the embeddings are tied, as in Qwen2.5). Returns a long frame:
@@ -433,7 +418,7 @@ def stratified_indices(prompts: PromptSet, n_total: int, by: str = "op", seed: i
     return sorted(int(i) for i in out)
 
 
-def key_head_layers(frame: pd.DataFrame, threshold: float = -0.05) -> pd.DataFrame:
+def key_head_layers(frame: pd.DataFrame, threshold: float = KEY_HEAD_THRESHOLD) -> pd.DataFrame:
     """Key heads of a path-patching table (Zhang et al. Sec. 4: effect below -5 %):
     rows of ``frame`` (columns ``layer``, ``head`` and ``effect``; a ``head`` of "mlp"
     marks an MLP row and is skipped) with ``effect < threshold``, one row per

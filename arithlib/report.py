@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from .outputs import write_text
+from .thresholds import KEY_HEAD_THRESHOLD
 
 REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_RUN = "reproduced", "partly", "not reproduced", "not run"
 #: A finding measured at smoke-test sizes (a notebook's ``quick`` mode, or fine-tuning at
@@ -203,7 +204,7 @@ def _pooled(t: Tables, kind: str) -> pd.DataFrame:
     return rows
 
 
-KEY_THRESHOLD = -0.05  # Zhang Sec. 5.1: key heads lower the answer logit by more than 5 %
+KEY_THRESHOLD = KEY_HEAD_THRESHOLD  # Zhang Sec. 5.1: key heads lower the answer logit by more than 5 %
 
 
 def _zhang_key_heads(t: Tables) -> Outcome:
@@ -514,7 +515,7 @@ FINDINGS: tuple[Finding, ...] = (
             "01", _zhang_transfer),
     Finding("yu_single_head", "yu", "Sec. 3.4, Table 2",
             "Zeroing one head destroys 1-digit +, -, / (not *).",
-            "1D accuracy decrease from the top head: + 46.5, - 62.2, / 54.9 (* 6.8) %",
+            "relative 1D accuracy decrease from the top head: + 46.5, - 62.2, / 54.9 (* 6.8) %",
             f"{YU_TXT}: Table 2",
             "mean over +, -, / of the largest relative 1D accuracy decrease from one head (1 - after / before, "
             "as in the paper's table); reproduced if >= 27 % (half of the paper's mean 54.5 %); partly if >= 5 %",

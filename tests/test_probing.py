@@ -79,10 +79,15 @@ def test_cache_rejects_bad_input(tiny, prompts):
         P.cache_answer_position(tiny.bridge, prompts.subset([]), progress=False)
 
 
-def test_number_token_ids(digit_tokenizer):
-    ids = P.number_token_ids(digit_tokenizer, 20)
+def test_single_token_numbers(digit_tokenizer):
+    import arithlib.neurons as N
+
+    ids = ds.single_token_numbers(digit_tokenizer, 20)
     assert sorted(ids) == list(range(10))  # per-digit: only 0..9 are single tokens
     assert P.first_token_id(digit_tokenizer, 47) == ids[4]
+    assert N.number_token_ids(digit_tokenizer, 9).tolist() == [ids[n] for n in range(10)]
+    with pytest.raises(ValueError, match="10 is not a single token"):
+        N.number_token_ids(digit_tokenizer, 20)
 
 
 def _fake_cache(n: int, layers: int, d: int, mlp_in: torch.Tensor, mlp_out: torch.Tensor) -> P.AnswerCache:
@@ -96,7 +101,7 @@ def test_unembed_cosines_on_known_vectors(digit_tokenizer):
     vocab = len(digit_tokenizer)
     d = vocab  # W_U = identity: each token its own orthogonal direction
     W_U = torch.eye(d)
-    nums = P.number_token_ids(digit_tokenizer, 9)
+    nums = ds.single_token_numbers(digit_tokenizer, 9)
     n = len(ps)
     mlp_in = torch.zeros(n, 2, d)
     mlp_out = torch.zeros(n, 2, d)
@@ -194,7 +199,7 @@ def test_distance_profile(digit_tokenizer):
     ps = ds.PromptSet.build(recs, digit_tokenizer)
     d = len(digit_tokenizer)
     W_U = torch.eye(d)
-    nums = P.number_token_ids(digit_tokenizer, 9)
+    nums = ds.single_token_numbers(digit_tokenizer, 9)
     mlp_in = torch.zeros(3, 1, d)
     mlp_out = torch.zeros(3, 1, d)
     for i, r in enumerate(ps.records):
