@@ -31,7 +31,7 @@ import re
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import pandas as pd
 import torch
@@ -452,7 +452,15 @@ class UnsplittableError(ValueError):
     """A prompt that does not tokenize as a prefix of prompt + answer."""
 
 
-def split_answer(tokenizer, text: str, answer_text: str) -> tuple[list[int], list[int]]:
+class AnswerSplit(NamedTuple):
+    """Token ids of a prompt and its answer (:func:`split_answer`)."""
+
+    prompt: list[int]  # the prompt's tokens, ending with ``moved``
+    answer: list[int]  # the answer's tokens, the first one not blank
+    moved: list[int]   # blank tokens that began the answer, moved to the prompt's end
+
+
+def split_answer(tokenizer, text: str, answer_text: str) -> AnswerSplit:
     """Token ids of the prompt ``text`` and of its answer, as one tokenization of
     ``text + answer_text`` splits them. The prompt is tokenized without its trailing
     blanks, since tokenizers differ in whether " 8" is one token (Llama-3) or a blank then
@@ -460,20 +468,21 @@ def split_answer(tokenizer, text: str, answer_text: str) -> tuple[list[int], lis
     and a final EOS is dropped. Raises :class:`UnsplittableError` when the prompt does
     not tokenize as a prefix of prompt + answer (``"... to the year 197"`` + ``"8"`` under
     whole-number tokens), ValueError when the answer has no non-blank token."""
-    prompt = tokenizer(text.rstrip(" "))["input_ids"]
+    stem = tokenizer(text.rstrip(" "))["input_ids"]
     full = tokenizer(text + answer_text)["input_ids"]
-    if full[: len(prompt)] != prompt:
+    if full[: len(stem)] != stem:
         raise UnsplittableError(f"prompt {text!r} does not tokenize as a prefix of prompt + answer "
                                 f"{answer_text!r}; end the template at a token boundary")
-    answer = full[len(prompt):]
+    answer = full[len(stem):]
     eos = tokenizer.eos_token_id
     if answer and eos is not None and answer[-1] == eos:
         answer = answer[:-1]
+    moved = []
     while answer and _is_blank(tokenizer, answer[0]):
-        prompt = prompt + [answer.pop(0)]
+        moved.append(answer.pop(0))
     if not answer:
         raise ValueError(f"answer {answer_text!r} of {text!r} has no non-blank token")
-    return prompt, answer
+    return AnswerSplit(stem + moved, answer, moved)
 
 
 @dataclass
@@ -516,7 +525,7 @@ class PromptSet:
         dropped = unsplittable = 0
         for r in records:
             try:
-                prompt, answer = split_answer(tokenizer, r.full_text, r.answer_text)
+                prompt, answer, moved = split_answer(tokenizer, r.full_text, r.answer_text)
             except UnsplittableError:
                 if drop_unsplittable:
                     unsplittable += 1
@@ -525,7 +534,7 @@ class PromptSet:
             cf = None
             if r.counterfactual is not None:
                 cf = tokenizer(r.counterfactual.rstrip(" "))["input_ids"]
-                cf = cf + prompt[len(tokenizer(r.full_text.rstrip(" "))["input_ids"]):]  # the same moved blank
+                cf = cf + moved  # the same moved blank
                 if len(cf) != len(prompt):
                     if drop_misaligned:
                         dropped += 1

@@ -198,7 +198,7 @@ def _training_state(model) -> Iterator[None]:
     removed again by ``unload``) is not tracked, and the base weights it wrapped are the
     same objects, restored like the rest."""
     hf = _hf(model)
-    params = [(p, p.requires_grad, p.grad) for p in {id(p): p for p in hf.parameters()}.values()]
+    params = [(p, p.requires_grad, p.grad) for p in hf.parameters()]
     modes = [(m, m.training) for m in hf.modules()]
     try:
         yield

@@ -322,10 +322,9 @@ def number_token_ids(tokenizer, max_number: int) -> torch.Tensor:
     as a tensor; raises if one is not a single token (:func:`arithlib.datasets.single_token_numbers`
     skips those)."""
     ids = single_token_numbers(tokenizer, max_number) if max_number >= 0 else {}
-    missing = [n for n in range(max_number + 1) if n not in ids]
-    if missing or max_number < 0:
-        raise ValueError(f"{missing[0] if missing else max_number} is not a single token for this tokenizer; "
-                         "lower max_number")
+    missing = next((n for n in range(max_number + 1) if n not in ids), None)
+    if missing is not None:
+        raise ValueError(f"{missing} is not a single token for this tokenizer; lower max_number")
     return torch.tensor([ids[n] for n in range(max_number + 1)], dtype=torch.long)
 
 

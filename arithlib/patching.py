@@ -1251,8 +1251,7 @@ def counterfactual_answer_ids(prompts: PromptSet) -> torch.Tensor:
         cf_text = r.get("cf_answer_text")
         if cf_text is None or r.counterfactual is None:
             raise ValueError(f"prompt {r.text!r} has no counterfactual answer (meta cf_answer_text)")
-        _, answer = ds.split_answer(prompts.tokenizer, r.counterfactual, str(cf_text))
-        out.append(answer[0])
+        out.append(ds.split_answer(prompts.tokenizer, r.counterfactual, str(cf_text)).answer[0])
     return torch.tensor(out, dtype=torch.long)
 
 
@@ -1402,7 +1401,8 @@ def coarse_to_fine_patching(model, prompts: PromptSet, positions: Mapping[str, S
                   .sort_values("ie", ascending=False).head(refine))
     refined = [ie_heads]
     for name, g in candidates.groupby("position"):
-        comps = [c for c in heads if c.layer in set(g.layer)]
+        layers = set(g.layer)
+        comps = [c for c in heads if c.layer in layers]
         refined.append(activation_patching(model, prompts, comps, {name: positions[name]}, batch_size=batch_size,
                                            max_rows=max_rows, progress=False, cache=cache))
     return pd.concat([ie_blocks] + refined, ignore_index=True)
@@ -1434,10 +1434,16 @@ def head_count_circuits(ranked: Sequence[tuple[Component, str]], n_layers: int, 
     return {f"k={k}": mlps | set(ranked[:k]) for k in ks if k <= len(ranked)}
 
 
+def circuit_head_counts(faith: pd.DataFrame) -> pd.Series:
+    """The k of each :func:`head_count_circuits` row of :func:`circuit_faithfulness`'s
+    frame (NaN for "full", "ablated" and other circuits)."""
+    return faith["circuit"].str.extract(r"k=(\d+)")[0].astype(float)
+
+
 def heads_needed(faith: pd.DataFrame, target: float) -> int | None:
     """The smallest k of :func:`head_count_circuits` whose faithfulness reaches
     ``target`` in :func:`circuit_faithfulness`'s rows, or None."""
-    k = faith["circuit"].str.extract(r"k=(\d+)")[0].astype(float)
+    k = circuit_head_counts(faith)
     reach = k[(faith["faithfulness"] >= target) & k.notna()]
     return int(reach.min()) if len(reach) else None
 

@@ -96,6 +96,7 @@ class Tables:
     def __init__(self, fig_dir: str | os.PathLike):
         self.dir = Path(fig_dir)
         self._cache: dict[str, pd.DataFrame] = {}
+        self._params: dict[str, dict] | None = None
 
     def has(self, name: str) -> bool:
         return (self.dir / f"{name}.csv").exists()
@@ -113,14 +114,15 @@ class Tables:
         return self._cache[name].copy()
 
     def params(self) -> dict[str, dict]:
-        """Notebook number -> its ``NN_*_params.json`` (empty when none)."""
-        out = {}
-        for path in sorted(self.dir.glob("[0-9][0-9]_*_params.json")):
-            try:
-                out[path.name[:2]] = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-        return out
+        """Notebook number -> its ``NN_*_params.json`` (empty when none); read once."""
+        if self._params is None:
+            self._params = {}
+            for path in sorted(self.dir.glob("[0-9][0-9]_*_params.json")):
+                try:
+                    self._params[path.name[:2]] = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+        return self._params
 
     def info(self) -> dict:
         """The model info (n_layers, n_heads, d_mlp, ...) of the first params file."""
@@ -204,12 +206,11 @@ def _pooled(t: Tables, kind: str) -> pd.DataFrame:
     return rows
 
 
-KEY_THRESHOLD = KEY_HEAD_THRESHOLD  # Zhang Sec. 5.1: key heads lower the answer logit by more than 5 %
 
 
 def _zhang_key_heads(t: Tables) -> Outcome:
     heads = _pooled(t, "head")
-    key = heads[heads["effect"] < KEY_THRESHOLD]
+    key = heads[heads["effect"] < KEY_HEAD_THRESHOLD]
     share = len(key) / len(heads)
     L = t.n_layers(heads["layer"])
     depth = float((key["layer"] / L).mean()) if len(key) else float("nan")
@@ -223,7 +224,7 @@ def _zhang_key_heads(t: Tables) -> Outcome:
 def _zhang_knockout(t: Tables) -> Outcome:
     ko = t.csv("01_knockout")
     ko = ko[ko["group"].astype(str) == "all"]
-    n_key = int((_pooled(t, "head")["effect"] < KEY_THRESHOLD).sum())
+    n_key = int((_pooled(t, "head")["effect"] < KEY_HEAD_THRESHOLD).sum())
     base = float(ko.loc[ko["k"] == 0, "accuracy"].mean())
     ks = sorted(int(k) for k in ko["k"].unique() if k > 0)
     if not ks or not base > 0:
@@ -284,7 +285,7 @@ def _zhang_transfer(t: Tables) -> Outcome:
         raise NotRun("the model answers none of the transfer formats before knockout")
     drop = 1 - tr["accuracy_after"] / tr["accuracy_before"]
     drop_r = 1 - tr["accuracy_random"] / tr["accuracy_before"]
-    n_key = int((_pooled(t, "head")["effect"] < KEY_THRESHOLD).sum())
+    n_key = int((_pooled(t, "head")["effect"] < KEY_HEAD_THRESHOLD).sum())
     heads = f"the {n_key} key heads" if n_key else "the 10 heads of largest effect (no key head)"
     correct = (tr["accuracy_before"] * tr["n"]).round().astype(int)  # the base of each relative change
     parts = ", ".join(f"{f} [{c}/{n} correct] {_pct(-d, 0, signed=True)} ({_pct(-r, 0, signed=True)})"
@@ -598,7 +599,7 @@ def smoke_test_reason(finding: Finding, tables: Tables) -> str | None:
         from .finetune import SCALES, resolve_scale
 
         p05 = params["05"]
-        if resolve_scale(str(p05.get("scale", "auto")), str(p05.get("device", "cpu")), bool(p05.get("quick"))) == "quick":
+        if resolve_scale(str(p05["scale"]), str(p05.get("device", "cpu")), bool(p05.get("quick"))) == "quick":
             return (f"fine-tuned at scale 'quick' (notebook 05's smoke-test sizes: {SCALES['quick']['n_train']} "
                     "training prompts, a few layers; run scale='cpu', or 'paper' on a GPU, for a verdict)")
     return None

@@ -206,8 +206,9 @@ class _MergingTokenizer:
 
 def test_split_answer_moves_the_blank_and_refuses_a_split_token():
     tok = _MergingTokenizer()
-    prompt, answer = ds.split_answer(tok, "3+5= ", "8")
-    assert tok.decode(prompt) == "3+5= " and tok.decode(answer) == "8"
+    split = ds.split_answer(tok, "3+5= ", "8")
+    assert tok.decode(split.prompt) == "3+5= " and tok.decode(split.answer) == "8"
+    assert tok.decode(split.moved) == " "
     with pytest.raises(ds.UnsplittableError, match="token boundary"):
         ds.split_answer(tok, "the year 197", "8")
     with pytest.raises(ValueError, match="no non-blank token"):

@@ -455,6 +455,7 @@ def test_toy_coarse_to_fine_patching_and_head_circuits(toy):
     assert set(circuits) == {"k=0", "k=2"} and len(circuits["k=2"]) == 4 * L + 2
     faith = pd.DataFrame({"circuit": ["full", "ablated", "k=0", "k=2", "k=4"], "faithfulness": [1, 0, 0.5, 0.95, 0.99]})
     assert P.heads_needed(faith, 0.9) == 2 and P.heads_needed(faith, 1.5) is None
+    assert P.circuit_head_counts(faith).fillna(-1).tolist() == [-1, -1, 0, 2, 4]
     with pytest.raises(ValueError, match="'='"):
         P.coarse_to_fine_patching(b, nk, {"op1": pos["op1"]}, refine=1)
 
