@@ -65,7 +65,8 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet
-from .evaluate import continues_number, tiled_cache
+from .evaluate import continues_number
+from .hf_compat import cache_kwargs, output_cache, repeat_cache
 from .neurons import w_out
 from .models import hf_module as _hf, model_device as _device
 
@@ -311,12 +312,11 @@ def _prefix_cache(model, tokens: torch.Tensor):
     B, T = tokens.shape
     n = int((tokens == tokens[:1]).all(0).long().cumprod(0).sum()) if B > 1 else 0
     if n > 0:
-        cache = hf(tokens[:1, :n], use_cache=True, logits_to_keep=1).past_key_values
-        cache.batch_repeat_interleave(B)
+        cache = repeat_cache(hf.config, output_cache(hf(tokens[:1, :n], use_cache=True, logits_to_keep=1)), B)
         if n < T:
-            hf(tokens[:, n:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            hf(tokens[:, n:], use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
         return cache
-    return hf(tokens, use_cache=True, logits_to_keep=1).past_key_values
+    return output_cache(hf(tokens, use_cache=True, logits_to_keep=1))
 
 
 def _targets_for(prompts: PromptSet, targets: torch.Tensor | None) -> torch.Tensor:
@@ -391,10 +391,11 @@ def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook
             n = common_prefix_length(tokens) if shared else 0
             if n > 0:
                 with model.hooks(fwd_hooks=stacked_hooks(per, 1)):
-                    cache = hf(tokens[:1, :n].repeat(nc, 1), use_cache=True, logits_to_keep=1).past_key_values
-                cache.batch_repeat_interleave(B)   # condition-major: B copies of each condition's prefix
+                    cache = output_cache(hf(tokens[:1, :n].repeat(nc, 1), use_cache=True, logits_to_keep=1))
+                # condition-major: B copies of each condition's prefix
+                cache = repeat_cache(hf.config, cache, B, interleave=True)
                 with model.hooks(fwd_hooks=stacked_hooks(per, B) + cap.hooks()):
-                    out = hf(tokens[:, n:].repeat(nc, 1), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    out = hf(tokens[:, n:].repeat(nc, 1), use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
             else:
                 with model.hooks(fwd_hooks=stacked_hooks(per, B) + cap.hooks()):
                     out = hf(tokens.repeat(nc, 1), use_cache=False, logits_to_keep=1)
@@ -445,7 +446,7 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
             last = tokens[:, -1:].repeat(nc, 1)
             with model.hooks(fwd_hooks=hooks + cap.hooks()):
                 if base is not None:
-                    out = hf(last, past_key_values=tiled_cache(hf.config, base, nc), use_cache=True)
+                    out = hf(last, use_cache=True, **cache_kwargs(repeat_cache(hf.config, base, nc)))
                 else:
                     out = hf(last, use_cache=False)
             _split_conditions(out.logits[:, -1].float(), cap.collect(), t, batch.index, chunk, parts)
@@ -479,9 +480,8 @@ def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size:
         n = common_prefix_length(inputs) if len(idx) > 1 else 0
         n = min(n, length - 1)
         if n > 0:
-            cache = hf(inputs[:1, :n], use_cache=True).past_key_values
-            cache.batch_repeat_interleave(len(idx))
-            logits = hf(inputs[:, n:], past_key_values=cache, use_cache=True, logits_to_keep=n_keep).logits
+            cache = repeat_cache(hf.config, output_cache(hf(inputs[:1, :n], use_cache=True)), len(idx))
+            logits = hf(inputs[:, n:], use_cache=True, logits_to_keep=n_keep, **cache_kwargs(cache)).logits
         else:
             logits = hf(inputs, use_cache=False, logits_to_keep=n_keep).logits
         pred = logits.argmax(-1).cpu()  # [B, n_keep]: predictions at positions length-1 .. length-1+n_ans

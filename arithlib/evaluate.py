@@ -13,15 +13,15 @@ every function here, so an intervention is evaluated by wrapping the call.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable, ContextManager, Iterable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 from transformer_lens.hook_points import HookPoint
-from transformers import DynamicCache
 
 from .datasets import PromptSet
+from .hf_compat import cache_kwargs, filled_cache_layers, new_cache, output_cache
 from .models import hf_module as _hf_model, model_device as _device_of
 
 
@@ -54,21 +54,6 @@ def common_prefix(rows: Sequence[Sequence[int]]) -> int:
         if any(r[j] != first[j] for r in rows[1:]):
             return j
     return n
-
-
-def kv_cache(config, layers: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
-    """A key/value cache holding the given keys and values of each layer, in order."""
-    past = DynamicCache(config=config)
-    for layer, (keys, values) in enumerate(layers):
-        past.update(keys, values, layer)
-    return past
-
-
-def tiled_cache(config, cache: DynamicCache, n: int) -> DynamicCache:
-    """A new cache holding ``n`` copies of ``cache``'s rows, copy-major (rows
-    ``c*B .. (c+1)*B - 1`` are copy ``c``); ``cache`` is left as it was."""
-    return kv_cache(config, ((layer.keys.repeat(n, 1, 1, 1), layer.values.repeat(n, 1, 1, 1))
-                             for layer in cache.layers))
 
 
 def prefix_batches(prompts: PromptSet, batch_size: int = 64, share: bool = True) -> list[tuple[int, list[int]]]:
@@ -118,19 +103,19 @@ class PrefixRunner:
         for k in range(0, len(todo), self.batch_size):
             chunk = todo[k:k + self.batch_size]
             ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
-            cache = self.hf(ids, use_cache=True, logits_to_keep=1).past_key_values
+            layers = filled_cache_layers(output_cache(self.hf(ids, use_cache=True, logits_to_keep=1)))
             for row, q in enumerate(chunk):
-                self._kv[q] = [(layer.keys[row], layer.values[row]) for layer in cache.layers]
+                self._kv[q] = [(keys[row], values[row]) for keys, values in layers]
 
     def first_step(self, p: int, index: list[int], suffix_context: Callable[[], ContextManager] = nullcontext):
         """Run the batch's prompts (the part after the shared ``p`` tokens inside
         ``suffix_context()``); returns ``(last-position logits [B, vocab] float32, past)``."""
         tokens, past = self._suffix_and_past(p, index)
         with suffix_context():
-            out = self.hf(tokens, past_key_values=past, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1].float(), out.past_key_values
+            out = self.hf(tokens, use_cache=True, logits_to_keep=1, **cache_kwargs(past))
+        return out.logits[:, -1].float(), output_cache(out)
 
-    def _suffix_and_past(self, p: int, index: list[int]) -> tuple[torch.Tensor, DynamicCache | None]:
+    def _suffix_and_past(self, p: int, index: list[int]) -> tuple[torch.Tensor, object | None]:
         """The batch's tokens after the shared ``p`` and the prefixes' keys and values
         stacked over its rows (None when ``p`` is 0)."""
         tokens = torch.tensor([self.prompts.input_ids[i] for i in index], dtype=torch.long, device=self.device)
@@ -138,7 +123,7 @@ class PrefixRunner:
             return tokens, None
         prefixes = [tuple(self.prompts.input_ids[i][:p]) for i in index]
         self._prefix_kv(prefixes)
-        past = kv_cache(self.hf.config, ((torch.stack([self._kv[q][layer][0] for q in prefixes]),
+        past = new_cache(self.hf.config, ((torch.stack([self._kv[q][layer][0] for q in prefixes]),
                                           torch.stack([self._kv[q][layer][1] for q in prefixes]))
                                          for layer in range(len(self._kv[prefixes[0]]))))
         return tokens[:, p:], past
@@ -153,8 +138,8 @@ class PrefixRunner:
         answers = [self.prompts.answer_ids[i] for i in index]
         width = max(map(len, answers))
         chunk = torch.tensor([a + [a[-1]] * (width - len(a)) for a in answers], dtype=torch.long, device=self.device)
-        logits = self.hf(torch.cat([tokens, chunk], 1), past_key_values=past, use_cache=past is not None,
-                         logits_to_keep=width + 1).logits
+        logits = self.hf(torch.cat([tokens, chunk], 1), use_cache=past is not None,
+                         logits_to_keep=width + 1, **cache_kwargs(past)).logits
         return logits[:, 0].float(), self._until_wrong(logits.argmax(-1).cpu().tolist(), answers)
 
     @staticmethod
@@ -173,8 +158,8 @@ class PrefixRunner:
         nxt = first.argmax(-1)
         generated = [nxt]
         for _ in range(n_new - 1):
-            out = self.hf(nxt[:, None], past_key_values=past, use_cache=True)
-            past = out.past_key_values
+            out = self.hf(nxt[:, None], use_cache=True, **cache_kwargs(past))
+            past = output_cache(out)
             nxt = out.logits[:, -1].argmax(-1)
             generated.append(nxt)
         return torch.stack(generated, 1).cpu().tolist()
@@ -192,7 +177,7 @@ class PrefixRunner:
         answers = [self.prompts.answer_ids[i] for i in index]
         width = max(map(len, answers))
         chunk = torch.tensor([a + [a[-1]] * (width - len(a)) for a in answers], dtype=torch.long, device=self.device)
-        logits = self.hf(chunk, past_key_values=past, use_cache=True, logits_to_keep=width).logits
+        logits = self.hf(chunk, use_cache=True, logits_to_keep=width, **cache_kwargs(past)).logits
         pred = torch.cat([first.argmax(-1)[:, None], logits.argmax(-1)], 1).cpu().tolist()
         return self._until_wrong(pred, answers)
 

@@ -79,7 +79,8 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import common_prefix, continues_number
-from .layer_inputs import LayerInputs, can_start_late, gather_rows, run_decoder
+from .hf_compat import select_cache_rows
+from .layer_inputs import LayerInputs, can_start_late, run_decoder
 from .models import hf_module as _hf, model_device as _device
 from .thresholds import KEY_HEAD_THRESHOLD
 
@@ -477,7 +478,7 @@ def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 
             [p > 0 for p in plen], dtype=torch.long, device=device)[:, None]
         positions = torch.tensor(plen, device=device)[:, None] + torch.arange(suffix.shape[1], device=device)
         hidden, _ = run("rows", input_ids=suffix, attention_mask=torch.cat([row_prefix_mask, suffix_mask], 1),
-                        position_ids=positions, past=gather_rows(hf.config, cache, rows), use_cache=True)
+                        position_ids=positions, past=select_cache_rows(hf.config, cache, rows), use_cache=True)
     else:  # right padding needs no mask: a causal model's real tokens never see it
         hidden, _ = run("rows", input_ids=suffix)
     for layer, parts in recorded.items():

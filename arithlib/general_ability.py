@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .paths import DATA_DIR
+from .hf_compat import cache_kwargs, output_cache
 from .models import hf_module as _hf, model_device as _device
 
 FACTS_FILE = DATA_DIR / "factual_recall.json"
@@ -271,15 +272,15 @@ def word_problem_accuracy(model, tokenizer, items: Sequence[dict], max_new_token
     for item in tqdm(items, desc="word problems", disable=not progress, leave=False):
         ids = torch.tensor([tokenizer(prompt_format.format(question=item["question"]))["input_ids"]], device=device)
         out = hf(ids, use_cache=True)
-        past, nxt, gen = out.past_key_values, out.logits[:, -1].argmax(-1), []
+        past, nxt, gen = output_cache(out), out.logits[:, -1].argmax(-1), []
         for _ in range(max_new_tokens):
             gen.append(int(nxt))
             if tokenizer.eos_token_id is not None and int(nxt) == tokenizer.eos_token_id:
                 break
             if "\n\n" in tokenizer.decode(gen):
                 break
-            out = hf(nxt[:, None], past_key_values=past, use_cache=True)
-            past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1)
+            out = hf(nxt[:, None], use_cache=True, **cache_kwargs(past))
+            past, nxt = output_cache(out), out.logits[:, -1].argmax(-1)
         text = tokenizer.decode(gen).split("\n\n")[0]
         value = _final_number(text)
         rows.append({"question": item["question"][:80], "answer": item["answer"], "generated": text,

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Hashable, Iterable, Sequence
 
 import torch
-from transformers import DynamicCache
 
+from .hf_compat import cache_kwargs, causal_mask, new_cache, output_cache, run_block
 from .patching import resumable
 
 
@@ -78,9 +78,9 @@ def can_start_late(hf) -> bool:
 
 
 def run_decoder(hf, *, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, past: DynamicCache | None = None, use_cache: bool = False,
+                position_ids: torch.Tensor | None = None, past=None, use_cache: bool = False,
                 start: int = 0, hidden: torch.Tensor | None = None, record: Sequence[int] = ()
-                ) -> tuple[torch.Tensor, DynamicCache | None, dict[int, torch.Tensor]]:
+                ) -> tuple[torch.Tensor, object | None, dict[int, torch.Tensor]]:
     """The HF decoder of ``hf`` on ``input_ids`` [B, T] (arguments as its forward's):
     returns (final-normed hidden states [B, T, d_model], the KV cache, the inputs of the
     blocks in ``record``). With ``start`` > 0 the blocks below ``start`` are skipped:
@@ -93,30 +93,26 @@ def run_decoder(hf, *, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
                    for l in record]
         try:
             out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=past, use_cache=use_cache)
+                          use_cache=use_cache, **cache_kwargs(past))
         finally:
             for h in handles:
                 h.remove()
-        return out.last_hidden_state, out.past_key_values if use_cache else None, captured
-    from transformers.masking_utils import create_causal_mask
+        return out.last_hidden_state, output_cache(out) if use_cache else None, captured
 
     if hidden is None:
         raise ValueError("a run that starts at a later layer needs the stream entering it (hidden)")
     if use_cache and past is None:
-        past = DynamicCache(config=hf.config)
+        past = new_cache(hf.config)
     if position_ids is None:
         seen = past.get_seq_length(start) if past is not None else 0
         position_ids = (torch.arange(hidden.shape[1], device=hidden.device) + seen).unsqueeze(0)
-    mask = create_causal_mask(config=hf.config, inputs_embeds=hidden, attention_mask=attention_mask,
-                              past_key_values=past, position_ids=position_ids, layer_idx=start)
+    mask = causal_mask(hf.config, hidden, past, position_ids, start, attention_mask=attention_mask)
     pos_emb = decoder.rotary_emb(hidden, position_ids)
     for l in range(start, len(decoder.layers)):
         if l in record:
             captured[l] = hidden
-        hidden = decoder.layers[l](hidden, attention_mask=mask, position_embeddings=pos_emb, position_ids=position_ids,
-                                   past_key_values=past, use_cache=use_cache)
-        if isinstance(hidden, tuple):
-            hidden = hidden[0]
+        hidden = run_block(decoder.layers[l], hidden, mask=mask, position_embeddings=pos_emb,
+                           position_ids=position_ids, cache=past, use_cache=use_cache)
     return decoder.norm(hidden), past if use_cache else None, captured
 
 
@@ -124,13 +120,3 @@ def _recorder(store: dict[int, torch.Tensor], layer: int):
     def hook(module, args, kwargs):
         store[layer] = (args[0] if args else kwargs["hidden_states"]).detach()
     return hook
-
-
-def gather_rows(config, cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
-    """A new cache holding rows ``rows`` of ``cache``'s filled layers (skipped layers stay
-    empty)."""
-    past = DynamicCache(config=config)
-    for layer, kv in enumerate(cache.layers):
-        if kv.keys is not None and kv.keys.numel():
-            past.update(kv.keys.index_select(0, rows), kv.values.index_select(0, rows), layer)
-    return past

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
+from arithlib.hf_compat import fix_bridge_cache, hf_module
 from arithlib.paths import cache_root
 
 if TYPE_CHECKING:  # heavy imports stay lazy
@@ -142,12 +143,6 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (Qwen2; 28 layers, d_model 1536)",
     ),
 }
-
-
-def hf_module(model) -> torch.nn.Module:
-    """The Hugging Face module under a TransformerBridge (``original_model``), or the
-    model itself when it is one already."""
-    return model.original_model if hasattr(model, "original_model") else model
 
 
 def model_device(model) -> torch.device:
@@ -595,6 +590,7 @@ def _boot(
     if hf_model is not None:
         kwargs["hf_model"] = hf_model
     bridge = TransformerBridge.boot_transformers(target, **kwargs)
+    fix_bridge_cache(bridge)
     bridge.eval()
     return bridge
 
@@ -660,7 +656,7 @@ def load_model(
             raise _hub_error(name, exc) from exc
         raise
     _finish(bridge, tokenizer, prepend_bos)
-    info = model_info(bridge.original_model.config, name=name, source=source, model=bridge.original_model)
+    info = model_info(hf_module(bridge).config, name=name, source=source, model=hf_module(bridge))
     log.info(
         "loaded %s (%s, %d layers, d_model %d) on %s in %.1f s",
         name, info.architecture, info.n_layers, info.d_model, device, time.perf_counter() - t0,

@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 
 from .ablation import Hook, Neuron, mean_neurons_hooks, post_hook, stacked_hooks
 from .datasets import PromptSet, single_token_numbers
-from .evaluate import tiled_cache
+from .hf_compat import cache_kwargs, output_cache, repeat_cache, select_cache_rows, truncate_cache
 from .models import hf_module as _hf, model_device as _device_of
 
 #: Hooks for a batch, given the indices (in the runner's PromptSet) of its prompts.
@@ -112,8 +112,7 @@ class AnswerPositionRunner:
                               leave=False):
                 past, prefix_len = None, batch.tokens.shape[1] - 1
                 if prefix_len > 0:
-                    out = self._hf(batch.tokens[:, :-1], use_cache=True, logits_to_keep=1)
-                    past = out.past_key_values
+                    past = output_cache(self._hf(batch.tokens[:, :-1], use_cache=True, logits_to_keep=1))
                 self._batches.append((batch.index, past, batch.tokens[:, -1:], prefix_len))
         if record:
             self.clean = self.collect(record)
@@ -124,7 +123,6 @@ class AnswerPositionRunner:
     def subset(self, index: Sequence[int]) -> "AnswerPositionRunner":
         """A runner on the prompts at ``index`` (in that order), reusing this runner's KV
         cache (copied); ``clean`` is subset too."""
-        import copy
         index = [int(i) for i in index]
         if not index:
             raise ValueError("subset needs at least one prompt")
@@ -135,10 +133,7 @@ class AnswerPositionRunner:
             if not rows:
                 continue
             sel = torch.tensor(rows)
-            sub_past = None
-            if past is not None:
-                sub_past = copy.deepcopy(past)
-                sub_past.batch_select_indices(sel.to(last.device))
+            sub_past = None if past is None else select_cache_rows(self._hf.config, past, sel.to(last.device))
             batches.append((torch.tensor([new_pos[int(bidx[r])] for r in rows]), sub_past, last[sel], prefix_len))
         out = AnswerPositionRunner(self.model, self.prompts.subset(index), _batches=batches)
         if self.clean is not None:
@@ -149,19 +144,12 @@ class AnswerPositionRunner:
     def _restore(past, prefix_len: int) -> None:
         """Crop the cache back to the prefix and drop any autograd history a gradient
         pass left on it (the cropped tensors are views of the concatenated ones)."""
-        if past is None:
-            return
-        if past.get_seq_length() > prefix_len:
-            past.crop(prefix_len - past.get_seq_length())
-        for layer in getattr(past, "layers", []):
-            for name in ("keys", "values"):
-                value = getattr(layer, name, None)
-                if isinstance(value, torch.Tensor) and value.grad_fn is not None:
-                    setattr(layer, name, value.detach())
+        if past is not None:
+            truncate_cache(past, prefix_len)
 
     def _last(self, past, last: torch.Tensor, prefix_len: int) -> torch.Tensor:
         try:
-            out = self._hf(last, past_key_values=past, use_cache=past is not None, logits_to_keep=1)
+            out = self._hf(last, use_cache=past is not None, logits_to_keep=1, **cache_kwargs(past))
         finally:
             self._restore(past, prefix_len)
         return out.logits[:, -1].float()
@@ -204,11 +192,11 @@ class AnswerPositionRunner:
             for c0 in range(0, len(conditions), step):
                 chunk = conditions[c0:c0 + step]
                 C = len(chunk)
-                copies = None if past is None else tiled_cache(self._hf.config, past, C)
+                copies = None if past is None else repeat_cache(self._hf.config, past, C)
                 hooks = stacked_hooks([hk(index) if callable(hk) else list(hk or []) for hk in chunk], B)
                 with (self.model.hooks(fwd_hooks=hooks) if hooks else nullcontext()):
-                    logits = self._hf(last.repeat(C, 1), past_key_values=copies, use_cache=copies is not None,
-                                      logits_to_keep=1).logits[:, -1].float().cpu().view(C, B, -1)
+                    logits = self._hf(last.repeat(C, 1), use_cache=copies is not None, logits_to_keep=1,
+                                      **cache_kwargs(copies)).logits[:, -1].float().cpu().view(C, B, -1)
                 for j in range(C):
                     if out[c0 + j].shape[1] == 0:
                         out[c0 + j] = torch.empty(len(self), logits.shape[-1])
@@ -251,8 +239,8 @@ class AnswerPositionRunner:
             gen, nxt = [], last
             try:
                 for _ in range(steps):
-                    o = self._hf(nxt, past_key_values=past, use_cache=True, logits_to_keep=1)
-                    past = o.past_key_values
+                    o = self._hf(nxt, use_cache=True, logits_to_keep=1, **cache_kwargs(past))
+                    past = output_cache(o)
                     nxt = o.logits[:, -1].argmax(-1, keepdim=True)
                     gen.append(nxt[:, 0].cpu())
             finally:

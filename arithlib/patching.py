@@ -59,6 +59,7 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import MIN_SHARED_PREFIX, common_prefix
+from .hf_compat import cache_kwargs, causal_mask, filled_cache_layers, new_cache, output_cache, repeat_cache, run_block
 from .metrics import relative_logit_change
 from .models import hf_module as _hf, model_device as _device, model_dtype as _dtype
 from .thresholds import KEY_HEAD_THRESHOLD
@@ -370,19 +371,18 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
         raw = {k: None for k in spec if not _is_attention_map(k)} | resid_names
         first: dict[str, torch.Tensor] = {}
         with model.hooks(fwd_hooks=_capture_hooks(first, raw)):
-            prefix = base(input_ids=tokens[:1, :n], use_cache=True).past_key_values
-        prefix.batch_repeat_interleave(B)
+            prefix = repeat_cache(hf.config, output_cache(base(input_ids=tokens[:1, :n], use_cache=True)), B)
         rest: dict[str, torch.Tensor] = {}
         maps = {k: r for k, r in spec.items() if _is_attention_map(k)}
         with model.hooks(fwd_hooks=_capture_hooks(rest, raw) + _capture_hooks(rest, maps)):
-            out = base(input_ids=tokens[:, n:], past_key_values=prefix, use_cache=True)
+            out = base(input_ids=tokens[:, n:], use_cache=True, **cache_kwargs(prefix))
         whole = {k: torch.cat([first[k].expand(B, *first[k].shape[1:]), rest[k]], 1) for k in raw}
         store = {k: rest[k] if k in maps else (whole[k] if r is None else r(whole[k]).detach().clone())
                  for k, r in spec.items()}
         resid = torch.stack([whole[x] for x in resid_names]) if resid_names else None
-    cache = out.past_key_values
-    keys = [layer.keys for layer in cache.layers]
-    values = [layer.values for layer in cache.layers]
+    layers = filled_cache_layers(output_cache(out))
+    keys = [k for k, _ in layers]
+    values = [v for _, v in layers]
     return CleanRun(tokens, keys, values, resid, out.last_hidden_state[:, -1].clone(), store)
 
 
@@ -476,17 +476,10 @@ class RunCache:
 def _make_cache(hf, run: CleanRun, start: int, copies: Sequence[int]):
     """KV cache of the clean positions ``< start`` with ``copies[l]`` copies of the batch
     in layer ``l`` (layers with 0 copies are left empty)."""
-    from transformers import DynamicCache
-
     if start == 0:
-        return DynamicCache(config=hf.config)
-    data = []
-    for n, k, v in zip(copies, run.keys, run.values):
-        if n == 0:
-            data.append((None, None))
-        else:
-            data.append((k[:, :, :start].repeat(n, 1, 1, 1), v[:, :, :start].repeat(n, 1, 1, 1)))
-    return DynamicCache(ddp_cache_data=data, config=hf.config)
+        return new_cache(hf.config)
+    return new_cache(hf.config, (None if n == 0 else (k[:, :, :start].repeat(n, 1, 1, 1), v[:, :, :start].repeat(n, 1, 1, 1))
+                                 for n, k, v in zip(copies, run.keys, run.values)))
 
 
 def _forward_suffix(model, run: CleanRun, start: int, entry: Sequence[int]) -> torch.Tensor:
@@ -501,8 +494,6 @@ def _forward_suffix(model, run: CleanRun, start: int, entry: Sequence[int]) -> t
     n_layers = model.cfg.n_layers
     n_var = len(entry)
     if run.resid is not None:
-        from transformers.masking_utils import create_causal_mask
-
         if any(a > b for a, b in zip(entry, entry[1:])) or entry[-1] >= n_layers:
             raise ValueError(f"entry layers must be non-decreasing and below {n_layers}, got {list(entry)}")
         first = entry[0]
@@ -517,16 +508,13 @@ def _forward_suffix(model, run: CleanRun, start: int, entry: Sequence[int]) -> t
             if joining:
                 hidden = torch.cat([hidden, run.resid[l][:, start:].repeat(joining, 1, 1)])
             if hidden.shape[0] != mask_rows:
-                mask = create_causal_mask(config=hf.config, inputs_embeds=hidden, attention_mask=None,
-                                          past_key_values=cache, position_ids=position_ids, layer_idx=l)
+                mask = causal_mask(hf.config, hidden, cache, position_ids, l)
                 mask_rows = hidden.shape[0]
-            hidden = base.layers[l](hidden, attention_mask=mask, position_embeddings=pos_emb,
-                                    position_ids=position_ids, past_key_values=cache, use_cache=True)
-            if isinstance(hidden, tuple):
-                hidden = hidden[0]
+            hidden = run_block(base.layers[l], hidden, mask=mask, position_embeddings=pos_emb,
+                               position_ids=position_ids, cache=cache, use_cache=True)
         return base.norm(hidden[:, -1:])[:, 0]
     cache = _make_cache(hf, run, start, [n_var] * n_layers)
-    out = base(input_ids=run.tokens[:, start:].repeat(n_var, 1), past_key_values=cache, use_cache=True)
+    out = base(input_ids=run.tokens[:, start:].repeat(n_var, 1), use_cache=True, **cache_kwargs(cache))
     return out.last_hidden_state[:, -1]
 
 

@@ -3,8 +3,8 @@
 by a rule stated in words and applied in code.
 
 A finding is a small declarative :class:`Finding`: where the claim is in the paper, the
-paper's number (quoted from ``/work/shared/papers``; where the paper gives none, the
-qualitative claim), the tables it needs, a function computing our numbers and the
+paper's number (quoted from the published papers, cited by section in :data:`ZHANG_TXT`
+and its neighbours; where the paper gives none, the qualitative claim), the tables it needs, a function computing our numbers and the
 verdict rule. Rules are fixed from the papers' claims, with three shared constants:
 
 * a quantitative claim is *reproduced* when our effect is at least half the paper's
@@ -41,6 +41,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from .environment import environment_line
 from .outputs import write_text
 from .thresholds import KEY_HEAD_THRESHOLD
 
@@ -73,9 +74,10 @@ NOTEBOOKS: dict[str, str] = {
 PAPERS = {"zhang": "Zhang et al. 2024 (ICML)", "yu": "Yu & Ananiadou 2024 (EMNLP)",
           "nikankin": "Nikankin et al. 2025 (ICLR)"}
 PAPERS_SHORT = {"zhang": "Zhang 2024", "yu": "Yu 2024", "nikankin": "Nikankin 2025"}
-ZHANG_TXT = "papers/zhang2024_interpreting_improving_arithmetic.txt"
-YU_TXT = "papers/yu2024_comparative_neuron_analysis.txt"
-NIKANKIN_TXT = "papers/nikankin2025_bag_of_heuristics_reviews.txt"
+#: Where each paper's numbers are quoted from (the README's "Citing" section has the BibTeX).
+ZHANG_TXT = "Zhang et al. 2024, ICML (PMLR 235; arXiv:2409.01659)"
+YU_TXT = "Yu & Ananiadou 2024, EMNLP (arXiv:2409.14144)"
+NIKANKIN_TXT = "Nikankin et al. 2025, ICLR, OpenReview discussion (arXiv:2410.21272)"
 
 
 # --------------------------------------------------------------------------- reading a figures folder
@@ -524,7 +526,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("nikankin_faithfulness", "nikankin", "Sec. 2-3, Fig. 4b",
             "A sparse neuron circuit (about 1 % of each middle/late MLP) reproduces the model's arithmetic.",
             "about 96 % faithfulness; about 200 neurons per layer of Llama3-8B (about 1 %)",
-            f"{NIKANKIN_TXT}: authors' answer ('roughly 96%, see lines 173 and 244'); notes/methods.md (circuit size)",
+            f"{NIKANKIN_TXT}: authors' answer ('roughly 96%, see lines 173 and 244'); Sec. 2-3 (circuit size)",
             "mean pooled faithfulness over operators; reproduced if >= 0.9 at the grid share nearest 1 % per layer; "
             "partly if 0.9 is reached at a share <= the grid share nearest 5 %; else not reproduced",
             "03", _nikankin_faithfulness),
@@ -679,6 +681,25 @@ def _header(tables: Tables) -> tuple[str, list[str]]:
     return model, facts
 
 
+def environment_lines(params: dict[str, dict]) -> list[str]:
+    """Markdown lines stating the software each notebook's tables were computed with (its
+    params JSON's ``environment``): one line when all notebooks agree, else one per
+    distinct environment naming its notebooks; runs from before environments were
+    recorded are named as such."""
+    groups: dict[str, list[str]] = {}
+    for nb, p in sorted(params.items()):
+        env = p.get("environment")
+        if env:
+            text = environment_line(env) + f"; commit {env.get('git_commit') or 'unknown'}"
+        else:
+            text = "not recorded (run before arithlib recorded its environment)"
+        groups.setdefault(text, []).append(nb)
+    if len(groups) == 1:
+        return [f"**Environment:** {next(iter(groups))}."]
+    return ["**Environment** (differs between notebooks):", ""] + [
+        f"- notebooks {', '.join(nbs)}: {text}" for text, nbs in groups.items()]
+
+
 RULES_TEXT = ("Verdicts are computed, never typed in: each finding's rule is fixed from the paper's claim. "
               f"A quantitative claim is reproduced when our effect is at least {HALF:.0%} of the paper's; a "
               f"qualitative 'much more' claim needs a gap of {100 * CLEAR_GAP:.0f} points; a gap of "
@@ -705,6 +726,7 @@ def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = Non
     table = findings_table(fig_dir) if table is None else table
     model, facts = _header(tables)
     out = [f"# Reproduction report: `{model}`", "", "; ".join(facts) + ".", "",
+           *(environment_lines(tables.params()) + [""] if tables.params() else []),
            f"**Verdicts:** {_summary_counts(table)}.", "", RULES_TEXT, "", "## Findings", "",
            markdown_table(table[["id", "paper", "where", "paper_number", "ours", "verdict"]]), "",
            "### Claims, rules and sources", ""]

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from . import __version__
+from .environment import environment
 from .models import LoadedModel, load_model
 from .outputs import save_json
 from .paths import figure_dir
@@ -45,14 +46,15 @@ class Run:
 def start_run(notebook: str, model: str, device: str = "cpu", seed: int = 0, out_dir: str = "../figures",
               quick: bool = False, dtype: torch.dtype = torch.float32, **params) -> Run:
     """Seed, load ``model`` on ``device`` and write ``<out_dir>/<model>/<notebook>_params.json``
-    with every parameter (few-shot prefix, sizes, seed, library version)."""
+    with every parameter (few-shot prefix, sizes, seed, library version) and the
+    software environment (Python, package versions, git commit: :mod:`arithlib.environment`)."""
     seed_everything(seed)
     t0 = time.time()
     loaded = load_model(model, device=device, dtype=dtype)
     out = figure_dir(out_dir, model if not Path(model).exists() else Path(model).name)
     record = {"notebook": notebook, "model": model, "device": loaded.device, "seed": seed, "quick": quick,
               "dtype": str(dtype), "arithlib_version": __version__, "model_info": loaded.info.__dict__,
-              **params}
+              **params, "environment": environment()}
     print(f"loaded {model} on {loaded.device} in {time.time() - t0:.1f}s; outputs in {out}")
     save_json(record, out, f"{notebook}_params")
     return Run(notebook, loaded, out, record)

@@ -1,10 +1,12 @@
 """Print the cache key of one notebook run for run_all.sh.
 
 The key hashes the library modules the notebook imports (directly or through other
-arithlib modules), the data files (data/), the notebook itself, the run's parameters
-and the last successful keys of the notebooks whose tables it reads (a name such as
-"01_path_patching" in its code). So editing a notebook reruns it and the notebooks
-that read its tables, and editing a library module reruns the notebooks that use it.
+arithlib modules), the data files (data/), the notebook itself, the run's parameters,
+the last successful keys of the notebooks whose tables it reads (a name such as
+"01_path_patching" in its code), and the Python version and the versions of the packages
+that compute the tables (``arithlib.environment.COMPUTE_PACKAGES``). So editing a
+notebook reruns it and the notebooks that read its tables, editing a library module reruns the notebooks that use it, and
+upgrading a package such as torch or transformers reruns them all.
 Usage: run_key.py NOTEBOOK OUTPUT_DIR PARAM...   (OUTPUT_DIR holds the NN_*.key files)
 """
 
@@ -14,6 +16,7 @@ import hashlib
 import json
 import re
 import sys
+import platform
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +85,18 @@ def run_key(notebook: Path, out_dir: Path, params: list[str]) -> str:
         h.update(f"{dep.stem}={key.read_text().strip() if key.is_file() else 'missing'}".encode())
     for p in params:
         h.update(p.encode())
+    h.update(environment_key().encode())
     return h.hexdigest()[:16]
+
+
+def environment_key() -> str:
+    """Python's version and the compute packages' versions, as one string."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from arithlib.environment import package_versions
+    finally:
+        sys.path.pop(0)
+    return f"python={platform.python_version()};" + ";".join(f"{k}={v}" for k, v in package_versions().items())
 
 
 if __name__ == "__main__":

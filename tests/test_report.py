@@ -507,3 +507,20 @@ def test_notebook_verdicts_are_the_reports(tmp_path: Path):
     assert len(R.notebook_verdicts(tmp_path, "01")) == sum(f.notebook == "01" for f in R.FINDINGS)
     with pytest.raises(ValueError, match="unknown notebook"):
         R.notebook_verdicts(tmp_path, "7")
+
+
+def test_report_states_the_environment(tmp_path):
+    """REPORT.md names the software of its tables, or says it was not recorded."""
+    import json
+
+    from arithlib import report
+    from arithlib.environment import environment
+
+    env = environment()
+    (tmp_path / "00_model_accuracy_params.json").write_text(json.dumps({"model": "m", "environment": env}))
+    lines = report.environment_lines(report.Tables(tmp_path).params())
+    assert len(lines) == 1 and f"transformers {env['packages']['transformers']}" in lines[0]
+    (tmp_path / "01_identify_heads_params.json").write_text(json.dumps({"model": "m"}))
+    lines = report.environment_lines(report.Tables(tmp_path).params())
+    assert any("notebooks 01: not recorded" in line for line in lines)
+    assert "Environment" in report.report_markdown(tmp_path)

@@ -28,3 +28,18 @@ def test_upstream_tables_and_key_changes(tmp_path):
     assert k1 != run_key.run_key(nb, tmp_path, ["qwen", "cuda"])
     (tmp_path / "01_identify_heads.key").write_text("abc\n")  # the upstream notebook ran again
     assert k1 != run_key.run_key(nb, tmp_path, ["qwen", "cpu"])
+
+
+def test_key_changes_with_package_versions(tmp_path, monkeypatch):
+    """An upgrade of a package that computes the tables reruns the notebook."""
+    import arithlib.environment as env
+
+    nb = NB / "00_model_accuracy.ipynb"
+    k1 = run_key.run_key(nb, tmp_path, ["qwen"])
+    real = env.package_versions
+
+    def upgraded(packages=env.COMPUTE_PACKAGES):
+        return {**real(packages), "transformers": "99.0"}
+
+    monkeypatch.setattr(env, "package_versions", upgraded)
+    assert run_key.run_key(nb, tmp_path, ["qwen"]) != k1

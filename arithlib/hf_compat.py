@@ -1,0 +1,188 @@
+"""The one adapter between arithlib and the internals of transformers and TransformerLens.
+
+Everything arithlib does with a key/value cache, a causal mask or a decoder block called
+on its own goes through these functions, so that a release of either library that
+renames an argument or changes a cache's layout is met here, in one small module with
+its own tests (``tests/test_hf_compat.py``), and nowhere else.
+
+What differs between the releases this module supports:
+
+* transformers 5.24 renamed the cache argument of every forward (model, decoder, block,
+  attention, ``create_causal_mask``) from ``past_key_values`` to ``cache``, and the
+  output field likewise; the old names still work there, with a deprecation warning,
+  until 5.40. :func:`cache_arg` is the name the installed release uses.
+* TransformerLens 4.3's attention bridges read the cache from ``past_key_values`` (or
+  ``layer_past``) only. Under transformers >= 5.24 the decoder blocks pass ``cache``,
+  so the bridge never writes the cache: every prefix-cached pass silently attends to
+  its own tokens only. :func:`fix_bridge_cache` hands the cache to the bridge's
+  attention under the name it reads.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Iterable
+
+import torch
+
+
+@functools.cache
+def cache_arg() -> str:
+    """The keyword the installed transformers' forwards take the key/value cache by:
+    ``"cache"`` (5.24 on) or ``"past_key_values"``, read from the signature of
+    ``create_causal_mask``, which every decoder calls."""
+    from transformers.masking_utils import create_causal_mask
+
+    params = inspect.signature(inspect.unwrap(create_causal_mask)).parameters
+    if "cache" in params:
+        return "cache"
+    if "past_key_values" in params:
+        return "past_key_values"
+    raise RuntimeError("transformers.masking_utils.create_causal_mask takes neither `cache` nor `past_key_values`: "
+                       "this transformers release is not supported; install the locked versions (scripts/setup.sh)")
+
+
+def hf_module(model) -> torch.nn.Module:
+    """The Hugging Face module under a TransformerBridge (``original_model``), or the
+    model itself when it is one already."""
+    return model.original_model if hasattr(model, "original_model") else model
+
+
+# --------------------------------------------------------------------------- caches
+
+
+def new_cache(config, layers: Iterable[tuple[torch.Tensor, torch.Tensor] | None] = ()):
+    """A dynamic key/value cache for a model of ``config``, holding ``layers[l]`` =
+    ``(keys, values)`` ([B, kv_heads, T, d_head] each) in layer ``l``; a ``None`` entry
+    leaves that layer empty (a block that will not run, or runs later)."""
+    from transformers import DynamicCache
+
+    past = DynamicCache(config=config)
+    for layer, kv in enumerate(layers):
+        if kv is not None:
+            past.update(kv[0], kv[1], layer)
+    return past
+
+
+def cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+    """Per layer of ``cache``, its ``(keys, values)`` [B, kv_heads, T, d_head], or None
+    for a layer that holds nothing."""
+    out: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        out.append(None if keys is None or keys.numel() == 0 else (keys, layer.values))
+    return out
+
+
+def filled_cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`cache_layers` for a cache every layer of which is filled (a full forward
+    pass's); a ValueError names the first empty layer."""
+    layers = cache_layers(cache)
+    empty = [l for l, kv in enumerate(layers) if kv is None]
+    if empty:
+        raise ValueError(f"layer {empty[0]} of the cache holds no keys: the forward pass did not write the "
+                         "cache (a transformers/TransformerLens mismatch? see arithlib.hf_compat)")
+    return layers  # type: ignore[return-value]
+
+
+def repeat_cache(config, cache, n: int, interleave: bool = False):
+    """A new cache with each layer's rows repeated ``n`` times: copy-major (rows
+    ``c*B .. (c+1)*B - 1`` are copy ``c``), or each row ``n`` times in a row with
+    ``interleave``; ``cache`` is left as it was."""
+    def rep(x: torch.Tensor) -> torch.Tensor:
+        return x.repeat_interleave(n, dim=0) if interleave else x.repeat(n, 1, 1, 1)
+
+    return new_cache(config, (None if kv is None else (rep(kv[0]), rep(kv[1])) for kv in cache_layers(cache)))
+
+
+def select_cache_rows(config, cache, rows: torch.Tensor):
+    """A new cache holding rows ``rows`` of ``cache``'s filled layers (empty layers stay
+    empty)."""
+    return new_cache(config, (None if kv is None else (kv[0].index_select(0, rows), kv[1].index_select(0, rows))
+                              for kv in cache_layers(cache)))
+
+
+def truncate_cache(cache, length: int) -> None:
+    """Cut ``cache`` back, in place, to its first ``length`` positions (what a KV-cached
+    step appended is dropped) and detach it from any autograd graph a gradient pass left
+    on it (the cut tensors are views of the concatenated ones)."""
+    if cache.get_seq_length() > length:
+        cache.crop(length - cache.get_seq_length())
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            value = getattr(layer, name, None)
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                setattr(layer, name, value.detach())
+
+
+def cache_kwargs(cache) -> dict[str, Any]:
+    """``{cache_arg(): cache}``: the keyword argument passing ``cache`` to a forward."""
+    return {cache_arg(): cache}
+
+
+def output_cache(out):
+    """The key/value cache a forward pass returned (``out.cache`` or, on releases
+    before 5.24, ``out.past_key_values``)."""
+    if cache_arg() == "cache":
+        return out.cache
+    return out.past_key_values
+
+
+# --------------------------------------------------------------------------- single blocks
+
+
+def causal_mask(config, hidden: torch.Tensor, cache, position_ids: torch.Tensor, layer: int,
+                attention_mask: torch.Tensor | None = None):
+    """The attention mask a decoder block ``layer`` gets for the stream ``hidden``
+    [B, T, d] at ``position_ids`` after ``cache``'s positions (transformers'
+    ``create_causal_mask``; None where the attention implementation needs none)."""
+    from transformers.masking_utils import create_causal_mask
+
+    return create_causal_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask,
+                              position_ids=position_ids, layer_idx=layer, **cache_kwargs(cache))
+
+
+def run_block(block: torch.nn.Module, hidden: torch.Tensor, *, mask, position_embeddings, position_ids: torch.Tensor,
+              cache=None, use_cache: bool = False) -> torch.Tensor:
+    """One decoder block on ``hidden`` [B, T, d] (its keys and values appended to
+    ``cache``'s layer when ``use_cache``); the block's output stream [B, T, d]."""
+    out = block(hidden, attention_mask=mask, position_embeddings=position_embeddings, position_ids=position_ids,
+                use_cache=use_cache, **cache_kwargs(cache))
+    return out[0] if isinstance(out, tuple) else out
+
+
+# --------------------------------------------------------------------------- TransformerLens
+
+
+def _attention_bridges(bridge) -> list[torch.nn.Module]:
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+    return [m for m in hf_module(bridge).modules() if isinstance(m, AttentionBridge)]
+
+
+def _cache_under_old_name(module, args, kwargs):
+    """Forward pre-hook: the cache passed as ``cache`` is also passed as
+    ``past_key_values``, the name TransformerLens 4.3's attention bridges read."""
+    if kwargs.get("cache") is not None and kwargs.get("past_key_values") is None:
+        kwargs = dict(kwargs)
+        kwargs["past_key_values"] = kwargs["cache"]
+        return args, kwargs
+    return None
+
+
+def fix_bridge_cache(bridge) -> int:
+    """Make ``bridge``'s attention bridges write the key/value cache under a
+    transformers that passes it as ``cache`` (>= 5.24); a no-op on earlier releases.
+    Returns the number of attention modules hooked. Idempotent."""
+    if cache_arg() != "cache":
+        return 0
+    n = 0
+    for module in _attention_bridges(bridge):
+        if getattr(module, "_arithlib_cache_fix", False):
+            continue
+        module.register_forward_pre_hook(_cache_under_old_name, with_kwargs=True)
+        module._arithlib_cache_fix = True
+        n += 1
+    return n
+

@@ -1,0 +1,104 @@
+"""The adapter to transformers/TransformerLens internals (arithlib.hf_compat): caches
+written through the bridge, built, repeated, selected and cut; single blocks equal the
+decoder. Under transformers >= 5.24 (cache argument renamed to ``cache``) the bridge
+tests fail without :func:`fix_bridge_cache`."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from arithlib import hf_compat as hc
+from arithlib.models import load_model, random_model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model(str(random_model_dir("qwen2")))
+
+
+def _ids(seed: int = 0, shape=(3, 9)) -> torch.Tensor:
+    return torch.randint(0, 400, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_cache_arg_matches_installed_transformers():
+    from transformers.masking_utils import create_causal_mask
+
+    assert hc.cache_arg() in inspect.signature(inspect.unwrap(create_causal_mask)).parameters
+
+
+@torch.no_grad()
+def test_bridge_writes_its_cache(tiny):
+    hf = hc.hf_module(tiny.bridge)
+    layers = hc.filled_cache_layers(hc.output_cache(hf(_ids(), use_cache=True)))
+    assert len(layers) == tiny.info.n_layers
+    assert layers[0][0].shape[:3] == (3, tiny.info.n_kv_heads, 9)
+
+
+@torch.no_grad()
+def test_prefix_cached_pass_equals_full_pass(tiny):
+    """The fast path of every runner: the prefix once, the rest on its cache."""
+    hf = hc.hf_module(tiny.bridge)
+    ids = _ids()
+    full = hf(ids).logits[:, -1]
+    prefix = hc.output_cache(hf(ids[:1, :5], use_cache=True))
+    cache = hc.repeat_cache(hf.config, prefix, 3)
+    rest = hf(torch.cat([ids[:1, :5].expand(3, 5), ids[:, 5:]], 1)[:, 5:], use_cache=True,
+              **hc.cache_kwargs(cache)).logits[:, -1]
+    same_prefix = hf(torch.cat([ids[:1, :5].expand(3, 5), ids[:, 5:]], 1)).logits[:, -1]
+    assert torch.allclose(rest, same_prefix, atol=1e-5)
+    own = hc.output_cache(hf(ids[:, :5], use_cache=True))
+    step = hf(ids[:, 5:], use_cache=True, **hc.cache_kwargs(own)).logits[:, -1]
+    assert torch.allclose(step, full, atol=1e-5)
+
+
+def test_fix_bridge_cache_is_idempotent(tiny):
+    assert hc.fix_bridge_cache(tiny.bridge) == 0  # load_model applied it already (or nothing is needed)
+
+
+def test_cache_building_blocks():
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(random_model_dir("qwen2")))
+    k = [torch.randn(2, 2, 4, 8) for _ in range(2)]
+    v = [torch.randn(2, 2, 4, 8) for _ in range(2)]
+    cache = hc.new_cache(config, [(k[0], v[0]), None])
+    got = hc.cache_layers(cache)
+    assert got[1] is None and torch.equal(got[0][0], k[0]) and torch.equal(got[0][1], v[0])
+    with pytest.raises(ValueError, match="layer 1"):
+        hc.filled_cache_layers(cache)
+    full = hc.new_cache(config, zip(k, v))
+    tiled = hc.cache_layers(hc.repeat_cache(config, full, 3))
+    assert torch.equal(tiled[1][0], k[1].repeat(3, 1, 1, 1))
+    inter = hc.cache_layers(hc.repeat_cache(config, full, 3, interleave=True))
+    assert torch.equal(inter[1][1], v[1].repeat_interleave(3, 0))
+    assert torch.equal(hc.cache_layers(full)[0][0], k[0])  # the source is left as it was
+    picked = hc.cache_layers(hc.select_cache_rows(config, full, torch.tensor([1])))
+    assert torch.equal(picked[0][0], k[0][1:])
+    longer = hc.new_cache(config, zip(k, v))
+    longer.update(torch.randn(2, 2, 3, 8), torch.randn(2, 2, 3, 8), 0)
+    longer.update(torch.randn(2, 2, 3, 8), torch.randn(2, 2, 3, 8), 1)
+    hc.truncate_cache(longer, 4)
+    assert longer.get_seq_length() == 4 and torch.equal(hc.cache_layers(longer)[1][0], k[1])
+
+
+@torch.no_grad()
+def test_blocks_one_by_one_equal_the_decoder(tiny):
+    """causal_mask + run_block from a recorded stream equals the decoder's own pass."""
+    hf = hc.hf_module(tiny.bridge)
+    decoder = hf.get_decoder()
+    ids = _ids(1)
+    prefix = hc.output_cache(decoder(input_ids=ids[:, :6], use_cache=True))
+    ref = decoder(input_ids=ids[:, 6:], use_cache=True, **hc.cache_kwargs(prefix)).last_hidden_state
+    past = hc.output_cache(decoder(input_ids=ids[:, :6], use_cache=True))
+    hidden = decoder.embed_tokens(ids[:, 6:])
+    position_ids = torch.arange(6, 9).unsqueeze(0)
+    pos = decoder.rotary_emb(hidden, position_ids)
+    for l, block in enumerate(decoder.layers):
+        mask = hc.causal_mask(hf.config, hidden, past, position_ids, l)
+        hidden = hc.run_block(block, hidden, mask=mask, position_embeddings=pos, position_ids=position_ids,
+                              cache=past, use_cache=True)
+    assert torch.allclose(decoder.norm(hidden), ref, atol=1e-5)
+    assert past.get_seq_length() == 9
