@@ -1,5 +1,5 @@
 """run_all.sh's scheduler: order by dependencies and remaining chain, memory limit, keys,
-threads, and a failing notebook stopping the run."""
+threads, and a failing notebook stopping the run; the executed copies it publishes."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" 
 rn = importlib.util.module_from_spec(spec)
 sys.modules["run_notebooks"] = rn  # its dataclass looks its module up
 spec.loader.exec_module(rn)
+import notebook_files as nf  # noqa: E402  (scripts/, on the path run_notebooks set)
 
 
 def _nbs(**spec) -> dict:
@@ -114,3 +115,49 @@ def test_runs_notebooks_two_at_a_time_with_fixed_threads(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "01_a FAILED" in err and "01_a.log" in err
     assert not (out / "01_a.key").exists()
+
+
+# --------------------------------------------------------------------------- executed copies
+
+
+def _executed() -> dict:
+    widget = {"output_type": "display_data", "metadata": {},
+              "data": {nf.WIDGET_VIEW: {"model_id": "abc", "version_major": 2, "version_minor": 0},
+                       "text/plain": "loss:   0%|          | 0/10 [00:00<?, ?it/s]"}}
+    figure = {"output_type": "display_data", "metadata": {},
+              "data": {"image/png": "iVBORw0KGgo=", "application/pdf": "JVBERi0=", "image/svg+xml": "<svg/>",
+                       "text/html": "<img>", "text/plain": "<Figure size 640x480 with 1 Axes>"}}
+    table = {"output_type": "display_data", "metadata": {},
+             "data": {"text/html": "<table></table>", "text/plain": "   a\n0  1"}}
+    svg_only = {"output_type": "display_data", "metadata": {}, "data": {"image/svg+xml": "<svg/>"}}
+    stream = {"output_type": "stream", "name": "stdout", "text": "done\n"}
+    first = {"cell_type": "markdown", "id": "m0", "metadata": {},
+             "source": "# 01 · Title\n\n**Results** (m): [x](../figures/m/notebooks/01_a.ipynb)\n\nText."}
+    code = {"cell_type": "code", "id": "c1", "metadata": {}, "execution_count": 1, "source": "plot()",
+            "outputs": [widget, figure, table, svg_only, stream]}
+    return {"cells": [first, code], "nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                         "widgets": {nf.WIDGET_STATE: {"state": {"abc": {}}, "version_major": 2, "version_minor": 0}}}}
+
+
+def test_published_copy_drops_widgets_and_the_duplicates_of_a_png(tmp_path):
+    nb = _executed()
+    stripped = nf.strip_for_publishing(nb, "01_a")
+    outs = stripped["cells"][1]["outputs"]
+    assert "widgets" not in stripped["metadata"] and len(outs) == 4  # the progress bar is gone
+    assert set(outs[0]["data"]) == {"image/png", "text/plain"}  # PDF, SVG, HTML copies of the PNG dropped
+    assert set(outs[1]["data"]) == {"text/html", "text/plain"}  # a table's HTML stays (no PNG)
+    assert set(outs[2]["data"]) == {"image/svg+xml"} and outs[3]["text"] == "done\n"  # no PNG to prefer
+    assert stripped["cells"][1]["execution_count"] == 1
+    assert "(../REPORT.md#notebook-01)" in stripped["cells"][0]["source"]  # relinked for figures/<model>/notebooks
+    assert "widgets" in nb["metadata"] and len(nb["cells"][1]["outputs"]) == 5  # the input is left as it was
+
+    src = tmp_path / "01_a.ipynb"
+    src.write_text(json.dumps(nb))
+    ipynb, page = nf.publish(src, tmp_path / "pub")
+    import nbformat
+
+    nbformat.validate(nbformat.read(ipynb, as_version=4))
+    assert "widget" not in ipynb.read_text() and "JVBERi0=" not in ipynb.read_text()
+    assert page.suffix == ".html" and "iVBORw0KGgo=" in page.read_text()
+    assert nf.outputs_in(ipynb) and nf.outputs_in(src)  # executed copies do have outputs
