@@ -1,29 +1,44 @@
 #!/usr/bin/env bash
 # Set up the local environment and execute every notebook in notebooks/ with papermill,
 # each after the notebooks whose tables it reads. Figures and tables go to
-# figures/<model>/, executed notebooks and logs to outputs/<model>/. After a failing
-# notebook (named, with its log) no other starts; what the others produced is kept.
+# figures/<model>/, the executed notebooks (outputs kept, widget state dropped) to
+# figures/<model>/notebooks/ (.ipynb and .html), keys, logs and raw copies to
+# outputs/<model>/. After a failing notebook (named, with its log) no other starts; what
+# the others produced is kept.
 #
-#   ./run_all.sh [--model NAME] [--device cpu|cuda|auto] [--quick] [--seed N]
-#                [--figures DIR] [--only NN[,NN...]] [--force] [--jobs N] [--threads N]
+#   ./run_all.sh [--model NAME] [--device auto|cpu|cuda] [--quick] [--seed N]
+#                [-p NAME VALUE ...] [--figures DIR] [--only NN[,NN...]] [--force]
+#                [--jobs N] [--threads N]
 #
+# --device: auto (default) takes the GPU when torch sees one, else the CPU.
+# -p NAME VALUE: set a variable of the notebooks' parameters cell (VALUE a Python literal,
+# else a string), e.g. ./run_all.sh --only 01 -p key_threshold -0.1; an unknown NAME is
+# an error listing the valid ones.
+# A run with changed settings (--quick, --seed other than 0, any -p) writes to
+# outputs/scratch/figures/<model>/ (first a copy of figures/<model>/), never over the
+# committed figures/, unless --figures DIR says where.
 # --jobs: notebooks run at once (default 2 on a CPU with 2+ cores, else 1; each gets
 # --threads torch threads, default cores / jobs; see scripts/run_notebooks.py).
+# Every minute the console shows each running notebook's cells done and its minutes
+# against its last run's (figures/<model>/timings.csv).
 #
 # A notebook whose code (its notebook and the arithlib modules it uses), data,
 # parameters and input tables (from earlier notebooks) are unchanged since its last
 # successful run is skipped (key in outputs/<model>/<notebook>.key); --force reruns it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-MODEL="qwen2.5-coder-0.5b"; DEVICE="cpu"; QUICK="False"; SEED=0
-FIGURES="$ROOT/figures"; ONLY=""; FORCE=""; JOBS=""; THREADS=""
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+MODEL="qwen2.5-coder-0.5b"; DEVICE="auto"; QUICK="False"; SEED=0
+FIGURES=""; ONLY=""; FORCE=""; JOBS=""; THREADS=""; PARAMS=()
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --model) MODEL="$2"; shift 2 ;;
         --device) DEVICE="$2"; shift 2 ;;
         --quick) QUICK="True"; shift ;;
         --seed) SEED="$2"; shift 2 ;;
+        -p|--param)
+            if [ "$#" -lt 3 ]; then echo "run_all.sh: $1 takes a NAME and a VALUE, e.g. -p fewshot 3" >&2; exit 2; fi
+            PARAMS+=(--param "$2" "$3"); shift 3 ;;
         --figures) FIGURES="$2"; shift 2 ;;
         --only) ONLY="$2"; shift 2 ;;
         --force) FORCE="--force"; shift ;;
@@ -39,14 +54,16 @@ PY="${ARITHLIB_VENV:-$ROOT/.venv}/bin/python"
 # Fail early, with the library's own message, on an unknown model or a missing GPU.
 RESOLVED="$("$PY" -c "from arithlib.models import check_model_name, resolve_device; check_model_name('$MODEL'); print(resolve_device('$DEVICE'))")"
 
-OUT="$ROOT/outputs/${MODEL//\//__}"
+# The notebooks, two at a time on a CPU (scripts/run_notebooks.py says why and how), on
+# the resolved device. Writes outputs/<model>/timings.csv (this run) and $FIG/timings.csv
+# (each notebook's last run).
+RUN=("$PY" "$ROOT/scripts/run_notebooks.py" --model "$MODEL" --device "$RESOLVED" --quick "$QUICK"
+     --seed "$SEED" --only "$ONLY" ${FIGURES:+--figures "$FIGURES"} ${JOBS:+--jobs "$JOBS"}
+     ${THREADS:+--threads "$THREADS"} ${PARAMS[@]+"${PARAMS[@]}"})
+# Checks -p and --only before anything runs, and names the figures folder (the scratch rule above).
+FIGURES="$("${RUN[@]}" --print-figures)"
 FIG="$FIGURES/${MODEL//\//__}"
-mkdir -p "$OUT" "$FIG"
-# The notebooks, two at a time on a CPU (scripts/run_notebooks.py says why and how).
-# Writes $OUT/timings.csv (this run) and $FIG/timings.csv (each notebook's last run).
-"$PY" "$ROOT/scripts/run_notebooks.py" --out "$OUT" --figures "$FIGURES" --model "$MODEL" \
-    --device "$DEVICE" --resolved-device "$RESOLVED" --quick "$QUICK" --seed "$SEED" \
-    --only "$ONLY" ${JOBS:+--jobs "$JOBS"} ${THREADS:+--threads "$THREADS"} $FORCE
+"${RUN[@]}" $FORCE
 "$PY" -m arithlib.report "$FIG"  # REPORT.md / REPORT.html from the tables above
 # Findings across every model run into $FIGURES so far (not the toy model): CROSS_MODEL.md/.csv/.png
 # there; the README's verdict table shows the committed runs, so it is rewritten only for the

@@ -33,6 +33,7 @@ import html
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +176,7 @@ class Finding:
     rule: str             # the verdict rule in words (applied by ``compute``)
     notebook: str         # "01"...
     compute: Callable[[Tables], Outcome]
+    figures: tuple[str, ...] = ()  # the PNGs (names without suffix) that show it, beside it in REPORT.md
 
 
 def _grade(full: bool, partial: bool) -> str:
@@ -485,21 +487,21 @@ FINDINGS: tuple[Finding, ...] = (
             "< 5 % of heads (LLaMA2-7B; key heads in layers 12-17 of 32)",
             f"{ZHANG_TXT}: Abstract; Sec. 1; Sec. 5.1 'Location of key heads'",
             "reproduced if 0 < our key-head share < 5 %; partly if < 10 %; not reproduced if >= 10 % or no key head",
-            "01", _zhang_key_heads),
+            "01", _zhang_key_heads, figures=("01_path_patching",)),
     Finding("zhang_knockout", "zhang", "Sec. 1; Sec. 5.1 'Validation of key components', Fig. 3",
             "Knocking out heads in effect order breaks arithmetic; in random order it barely matters.",
             "about -70 % accuracy (effect-rank); random-rank within 2 %",
             f"{ZHANG_TXT}: Sec. 1 ('a decrease of around 70% in accuracy'); Sec. 5.1 ('within 2%')",
             "at k = the number of key heads (nearest k of the curve, >= 1): gap = effect-rank relative accuracy drop "
             "minus random-rank drop; reproduced if gap >= 34 points (half of 70 - 2); partly if >= 5 points",
-            "01", _zhang_knockout),
+            "01", _zhang_knockout, figures=("01_knockout",)),
     Finding("zhang_late_mlps", "zhang", "Sec. 5.1 'Location of key MLPs', Fig. 2 (last column)",
             "MLPs before the key heads have no effect on the answer; MLPs from layer 17 of 32 on do.",
             "MLPs 0-16: about +-0.0 %; from layer 17: about +-10.0 % logit effect",
             f"{ZHANG_TXT}: Sec. 5.1 'Location of key MLPs'",
             "split at layer round(17/32 x L); reproduced if the late MLPs' mean |effect| >= 5 % (half of 10 %) and "
             ">= 2x the early ones'; partly if late > early",
-            "01", _zhang_late_mlps),
+            "01", _zhang_late_mlps, figures=("01_path_patching",)),
     Finding("zhang_mlp_answer", "zhang", "Sec. 5.2 'Key MLPs behavior', Fig. 6b, 14",
             "cos(MLP_out - MLP_in, W_U[C]) rises from layer 17 of 32 on: late MLPs write the answer.",
             "start-inflection-end (13-18-28) of 32 layers (LLaMA2-7B)",
@@ -507,7 +509,7 @@ FINDINGS: tuple[Finding, ...] = (
             "for a curve that is not flat, the inflection is the steepest step of its climb to its maximum: "
             "reproduced if that inflection is at depth >= 17/32; partly if >= 13/32 (the paper's start); else not "
             "reproduced",
-            "02", _zhang_mlp_answer),
+            "02", _zhang_mlp_answer, figures=("02_mlp_cosines",)),
     Finding("zhang_transfer", "zhang", "Sec. 5.1, Fig. 4; App. D, E",
             "Knocking out the key heads also breaks other formats (SVAMP, multi-digit, decimals...).",
             "SVAMP: -66.0 % relative (34.7 % -> 11.8 %)",
@@ -515,77 +517,77 @@ FINDINGS: tuple[Finding, ...] = (
             "over the formats the model answers, gap = mean of (relative accuracy drop after knocking out the key "
             "heads, or the 10 heads of largest effect if none passes -5 %, minus the drop after knocking out as many "
             "random heads); reproduced if gap >= 33 points (half of 66 %); partly if >= 5 points",
-            "01", _zhang_transfer),
+            "01", _zhang_transfer, figures=("01_transfer",)),
     Finding("yu_single_head", "yu", "Sec. 3.4, Table 2",
             "Zeroing one head destroys 1-digit +, -, / (not *).",
             "relative 1D accuracy decrease from the top head: + 46.5, - 62.2, / 54.9 (* 6.8) %",
             f"{YU_TXT}: Table 2",
             "mean over +, -, / of the largest relative 1D accuracy decrease from one head (1 - after / before, "
             "as in the paper's table); reproduced if >= 27 % (half of the paper's mean 54.5 %); partly if >= 5 %",
-            "01", _yu_single_head),
+            "01", _yu_single_head, figures=("01_yu_head_sweep",)),
     Finding("nikankin_faithfulness", "nikankin", "Sec. 2-3, Fig. 4b",
             "A sparse neuron circuit (about 1 % of each middle/late MLP) reproduces the model's arithmetic.",
             "about 96 % faithfulness; about 200 neurons per layer of Llama3-8B (about 1 %)",
             f"{NIKANKIN_TXT}: authors' answer ('roughly 96%, see lines 173 and 244'); Sec. 2-3 (circuit size)",
             "mean pooled faithfulness over operators; reproduced if >= 0.9 at the grid share nearest 1 % per layer; "
             "partly if 0.9 is reached at a share <= the grid share nearest 5 %; else not reproduced",
-            "03", _nikankin_faithfulness),
+            "03", _nikankin_faithfulness, figures=("03_faithfulness_curve",)),
     Finding("nikankin_heuristic_ablation", "nikankin", "Sec. 4.2, Fig. 7",
             "Ablating one heuristic's neurons hurts the prompts it covers more than other prompts.",
             "no number in the available text: associated prompts drop much more (baseline about 0.95)",
             f"{NIKANKIN_TXT}: authors' answers on Fig. 7",
             "gap = mean accuracy on other prompts minus on associated prompts; reproduced if >= 10 points; "
             "partly if >= 5 points",
-            "03", _nikankin_heuristic_ablation),
+            "03", _nikankin_heuristic_ablation, figures=("03_heuristic_ablation",)),
     Finding("nikankin_prompt_ablation", "nikankin", "Sec. 4.2, Fig. 8",
             "Ablating a prompt's heuristic neurons hurts it much more than ablating as many random neurons.",
             "no number in the available text: random neurons affect prompts 'much less'",
             f"{NIKANKIN_TXT}: authors' answer on Fig. 8",
             "gap = accuracy with random neurons ablated minus with the heuristic neurons ablated; reproduced if "
             ">= 10 points; partly if >= 5 points",
-            "03", _nikankin_prompt_ablation),
+            "03", _nikankin_prompt_ablation, figures=("03_prompt_ablation",)),
     Finding("yu_mask_keep", "yu", "Sec. 4.2, Table 5",
             "The top CNA neurons hold the answer: masking them breaks 1D +/-, keeping only them preserves it.",
             "top99: mask -100.0 %, keep -3.9 % accuracy (top10: 68.4 / 38.2)",
             f"{YU_TXT}: Table 5",
             "at K = 99 (else the largest K): mask OK if decrease >= 50 % and > 2x the random mask; keep OK if "
             "decrease <= 50 %; reproduced if both, partly if one",
-            "04", _yu_mask_keep),
+            "04", _yu_mask_keep, figures=("04_mask_keep",)),
     Finding("yu_shallow_neurons", "yu", "Sec. 4.4, Table 8",
             "Zeroing the hidden-interpretable shallow neurons (M = 2) hurts far more than random ones.",
             "M = 2: 1,953 neurons, -53.9 % accuracy vs -2.6 % for random",
             f"{YU_TXT}: Table 8 and the text below it",
             "gap = hidden minus random accuracy decrease at M = 2; reproduced if >= 25.7 points (half of 51.3); "
             "partly if >= 5 points",
-            "04", _yu_shallow),
+            "04", _yu_shallow, figures=("04_hidden_m_sweep",)),
     Finding("yu_lora_layers", "yu", "Sec. 5, Fig. 2",
             "LoRA in any single attention layer beats the original; shallow layers most.",
             "all 32 LoRA models > original 62.96 %; layers 1-9 about 90 %, falling from layer 10",
             f"{YU_TXT}: Sec. 5 (text under Fig. 2)",
             "reproduced if every LoRA layer beats the original and the shallow band's mean > the deep band's; "
             "partly if at least half beat the original",
-            "05", _yu_lora_layers),
+            "05", _yu_lora_layers, figures=("05_lora_accuracy_by_layer",)),
     Finding("yu_lora_coef", "yu", "Sec. 5, Table 10",
             "LoRA amplifies the answer neurons' coefficients, more for shallow LoRA layers.",
             "+42-59 % (layers 1-9), +29-53 % (10-16), +2-28 % (17-30)",
             f"{YU_TXT}: Table 10",
             "reproduced if every band's mean increase > 0, shallow > deep and shallow >= 21 % (half of the paper's "
             "smallest shallow value, 42 %); partly if the mean over bands >= 5 %",
-            "05", _yu_lora_coef),
+            "05", _yu_lora_coef, figures=("05_cna_coef_increase_by_band",)),
     Finding("yu_pruning", "yu", "Sec. 6.1, Table 11",
             "LoRA on a model keeping only the CNA neurons of the deep FFN (5 %) works; on a random one it fails.",
             "original 62.9, LoRA9 89.3, LoRA9-p 82.3, LoRA9-r 17.1 %",
             f"{YU_TXT}: Table 11",
             "gap = CNA-pruned minus random-pruned accuracy after LoRA; reproduced if >= 32.6 points (half of 65.2) "
             "and CNA-pruned > original; partly if gap >= 5 points",
-            "06", _yu_pruning),
+            "06", _yu_pruning, figures=("06_table11",)),
     Finding("yu_gender_bias", "yu", "Sec. 6.2, Table 13",
             "Zeroing 18 CNA neurons reduces the gender bias of profession predictions.",
             "1.26 -> 0.81 nats (-35.7 %)",
             f"{YU_TXT}: Sec. 6.2, Table 13",
             "reproduced if our reduction >= 17.9 % (half of 35.7) and >= 5 points above random neurons; partly if "
             ">= 5 points above random; else not reproduced",
-            "07", _yu_gender),
+            "07", _yu_gender, figures=("07_table13",)),
 )
 
 
@@ -720,11 +722,40 @@ def notebook_verdicts(fig_dir: str | os.PathLike, notebook: str) -> list[str]:
             for f in FINDINGS if f.notebook == notebook for out in [evaluate(f, tables)]]
 
 
+def notebook_anchor(nb: str) -> str:
+    """The anchor of notebook ``nb``'s section in REPORT.md (``REPORT.md#notebook-01``): an
+    explicit one, since a code host derives heading anchors by rules of its own."""
+    return f"notebook-{nb}"
+
+
+def notebook_links(stem: str, model: str | None = None) -> str:
+    """The Markdown line a notebook in ``notebooks/`` opens with (``stem``: its file name
+    without ``.ipynb``): links, relative to ``notebooks/``, to its executed copy and to its
+    section of the report of ``model`` (default: the default model's committed run)."""
+    if model is None:
+        from .models import DEFAULT_MODEL as model
+    folder = f"../figures/{model.replace('/', '__')}"
+    return (f"**Results** ({model}, the committed run): [this notebook executed, with its outputs]"
+            f"({folder}/notebooks/{stem}.ipynb) · [its section of the report]"
+            f"({folder}/REPORT.md#{notebook_anchor(stem[:2])})")
+
+
+def _executed_notebook(tables: Tables, nb: str) -> Path | None:
+    """The executed copy of notebook ``nb`` beside the figures (``notebooks/NN_*.ipynb``), if any."""
+    return next(iter(sorted((tables.dir / "notebooks").glob(f"{nb}_*.ipynb"))), None)
+
+
+def _md_image(name: str) -> str:
+    return f"![{name}]({name}.png)"
+
+
 def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -> str:
-    """REPORT.md's text: the findings table, the rules, and a section per notebook."""
+    """REPORT.md's text: the findings table, the rules, and a section per notebook with
+    each finding's figure beside it, then the notebook's other figures, all inline."""
     tables = Tables(fig_dir)
     table = findings_table(fig_dir) if table is None else table
     model, facts = _header(tables)
+    figures_of = {f.id: f.figures for f in FINDINGS}
     out = [f"# Reproduction report: `{model}`", "", "; ".join(facts) + ".", "",
            *(environment_lines(tables.params()) + [""] if tables.params() else []),
            f"**Verdicts:** {_summary_counts(table)}.", "", RULES_TEXT, "", "## Findings", "",
@@ -733,22 +764,36 @@ def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = Non
     for r in table.itertuples():
         out.append(f"- **{r.id}** ({r.paper}, {r.where}): {r.claim} *Rule:* {r.rule}. *Paper number from:* {r.source}.")
     for nb, title in NOTEBOOKS.items():
-        pngs = sorted(tables.dir.glob(f"{nb}_*.png"))
+        pngs = [p.stem for p in sorted(tables.dir.glob(f"{nb}_*.png"))]
         sub = table[table.notebook == nb]
         lines = _notebook_lines(tables, nb)
-        out += ["", f"## {nb} · {title}", ""]
+        out += ["", f'<a id="{notebook_anchor(nb)}"></a>', "", f"## {nb} · {title}", ""]
         if not pngs and not lines:
             out.append("Not run for this model.")
             continue
+        executed = _executed_notebook(tables, nb)
+        if executed is not None:
+            rel = executed.relative_to(tables.dir).as_posix()
+            out += [f"Executed notebook, with its outputs: [{rel}]({rel})", ""]
+        shown: set[str] = set()
         for r in sub.itertuples():
             out.append(f"- {r.id}: **{r.verdict}** — {r.ours}")
+            for name in (n for n in figures_of.get(r.id, ()) if n in pngs):
+                if name in shown:
+                    out[-1] += f" (figure above: [{name}]({name}.png))"
+                else:
+                    out += ["", f"  {_md_image(name)}", ""]
+                    shown.add(name)
         if len(sub):
             out.append("")
         if lines:
             out += ["", "What the notebook found:", ""] + lines + [""]
-        if pngs:
-            out.append("Figures: " + ", ".join(f"[{p.stem}]({p.name})" for p in pngs))
-    return "\n".join(out) + "\n"
+        rest = [n for n in pngs if n not in shown]
+        if rest:
+            out += ["More figures:" if shown else "Figures:", ""]
+            for name in rest:
+                out += [_md_image(name), ""]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).rstrip("\n") + "\n"  # one blank line between blocks
 
 
 _CSS = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
@@ -795,10 +840,16 @@ def report_html(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -
         pngs = sorted(tables.dir.glob(f"{nb}_*.png"))
         sub = table[table.notebook == nb]
         lines = _notebook_lines(tables, nb)
-        parts.append(f"<h2>{e(nb)} · {e(title)}</h2>")
+        parts.append(f'<h2 id="{notebook_anchor(nb)}">{e(nb)} · {e(title)}</h2>')
         if not pngs and not lines:
             parts.append("<p>Not run for this model.</p>")
             continue
+        executed = _executed_notebook(tables, nb)
+        if executed is not None:  # and its HTML rendering, where run_all.sh wrote one (not committed)
+            links = [e(p.relative_to(tables.dir).as_posix(), quote=True)
+                     for p in (executed, executed.with_suffix(".html")) if p.is_file()]
+            parts.append("<p>Executed notebook, with its outputs: "
+                         + " · ".join(f'<a href="{rel}">{rel}</a>' for rel in links) + "</p>")
         if len(sub):
             parts.append("<ul>" + "".join(f"<li>{e(r.id)}: <b>{e(r.verdict)}</b> — {e(r.ours)}</li>"
                                           for r in sub.itertuples()) + "</ul>")

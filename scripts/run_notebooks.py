@@ -1,7 +1,8 @@
 """Execute the numbered notebooks with papermill, several at once, for run_all.sh.
 
-    run_notebooks.py --out OUT --figures FIG --model M --device D --quick Q --seed S
-                     [--only NN,NN] [--force] [--jobs N] [--threads T] [--notebooks DIR]
+    run_notebooks.py --model M --device D [--quick Q] [--seed S] [--param NAME VALUE ...]
+                     [--figures FIG] [--out OUT] [--only NN,NN] [--force] [--jobs N]
+                     [--threads T] [--notebooks DIR] [--progress-every S] [--print-figures]
 
 Why several at once: on a CPU a notebook's kernel keeps its cores busy only while it
 runs large matrix products; tokenising, Python loops, small passes and each kernel's
@@ -26,6 +27,24 @@ order changes when notebooks finish, never what they compute.
 A notebook whose cache key (``run_key.py``) is unchanged since its last successful run
 is skipped (``--force`` reruns it). After a failure no new notebook starts; the ones
 running finish, and the script exits 1 naming the failed notebook and its log.
+
+Parameters: ``--param NAME VALUE`` (run_all.sh's ``-p``) sets a variable of the notebooks'
+``parameters`` cells, only in the notebooks that declare it; a name that no selected
+notebook declares is an error listing the names they do (papermill would only warn).
+
+Where results go: figures and tables to ``FIG/<model>/``, each executed notebook, without
+widget state, to ``FIG/<model>/notebooks/NN_name.ipynb`` and ``.html``
+(``notebook_files.py``), keys, logs and papermill's raw copies to ``OUT``. A run that
+differs from the configuration of the committed figures (``--quick``, a ``--seed`` other
+than 0, any ``--param``) writes, unless ``--figures`` is given, to
+``outputs/scratch/figures`` and ``outputs/scratch/<model>`` instead of ``figures`` and
+``outputs/<model>``, so the committed figures are never overwritten by accident; a new
+scratch folder starts as a copy of the committed one, so a notebook run alone there
+finds the tables of the notebooks before it.
+
+Progress: every ``--progress-every`` seconds (default 60) a line per running notebook
+gives its cells done (from papermill's progress bar) and its minutes so far against its
+last run's (``FIG/<model>/timings.csv``).
 """
 
 from __future__ import annotations
@@ -33,6 +52,8 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,11 +62,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS))
+from notebook_files import notebook_parameters, parse_value, publish  # noqa: E402
 from run_key import run_key, upstream  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = SCRIPTS.parent
 MEMORY_SHARE = 0.9  # of physical RAM that notebooks running side by side may take together
+#: Parameters run_all.sh sets itself, and the option that sets each.
+RUN_PARAMETERS = {"model": "--model", "device": "--device", "quick": "--quick", "seed": "--seed",
+                  "out_dir": "--figures"}
+#: papermill's progress bar ("Executing:  40%|####      | 12/30 [...]"): cells done, cells.
+_PROGRESS = re.compile(rb"Executing[^|\r\n]*\|[^|\r\n]*\|\s*(\d+)/(\d+)")
 
 
 @dataclass
@@ -56,6 +84,8 @@ class Notebook:
     deps: list[str] = field(default_factory=list)
     expected_s: float = 1.0
     expected_mib: float | None = None
+    measured: bool = False  # expected_s is a previous run's time (else a placeholder)
+    params: dict = field(default_factory=dict)  # --param values this notebook declares
 
     @property
     def name(self) -> str:
@@ -133,10 +163,89 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def select_notebooks(notebooks: str | Path, only: str = "") -> list[Path]:
+    """The numbered notebooks of the folder ``notebooks``, those of ``only`` ("00,03")
+    alone if given; an ``only`` that matches none is an error."""
+    paths = sorted(Path(notebooks).glob("[0-9][0-9]_*.ipynb"))
+    wanted = {s.strip() for s in only.split(",") if s.strip()}
+    if not wanted:
+        return paths
+    chosen = [p for p in paths if p.name[:2] in wanted]
+    if not chosen:
+        raise SystemExit(f"run_all.sh: --only {only} matches no notebook in {notebooks} "
+                         "(give two-digit numbers, e.g. --only 00,03)")
+    return chosen
+
+
+def params_by_notebook(params: dict[str, object], paths: list[Path]) -> dict[str, dict[str, object]]:
+    """Notebook name -> the ``params`` its ``parameters`` cell declares. A name run_all.sh
+    sets itself, or one that none of ``paths`` declares, is an error that lists the names
+    they do declare (papermill would only warn and inject it anyway)."""
+    for name in params:
+        if name in RUN_PARAMETERS:
+            raise SystemExit(f"run_all.sh: -p {name}: set it with {RUN_PARAMETERS[name]}, not -p")
+    declared = {p.stem: notebook_parameters(p) for p in paths}
+    unknown = [n for n in params if not any(n in d for d in declared.values())]
+    if unknown:
+        lines = [f"  {nb}: {', '.join(n for n in d if n not in RUN_PARAMETERS) or '(none)'}"
+                 for nb, d in declared.items()]
+        raise SystemExit(f"run_all.sh: unknown parameter{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(unknown)} for notebook{'s' if len(paths) > 1 else ''} "
+                         f"{', '.join(declared)}. Valid names (each notebook's parameters cell):\n"
+                         + "\n".join(lines))
+    return {nb: {n: v for n, v in params.items() if n in d} for nb, d in declared.items()}
+
+
+def changed_settings(quick: str, seed: int, params: dict[str, object]) -> list[str]:
+    """How a run differs from the configuration of the committed figures (not quick,
+    seed 0, every notebook's default parameters): the options that make it so."""
+    changes = ["--quick"] if str(quick).strip().lower() in ("true", "1") else []
+    if int(seed) != 0:
+        changes.append(f"--seed {seed}")
+    return changes + [f"-p {name}" for name in params]
+
+
+def output_folders(root: Path, model: str, figures: str | None, out: str | None,
+                   changes: list[str]) -> tuple[Path, Path]:
+    """(figures root, outputs folder) of a run: those given, else ``root/figures`` and
+    ``root/outputs/<model>``, or, for a run with ``changes``, their scratch twins
+    ``root/outputs/scratch/figures`` and ``root/outputs/scratch/<model>``."""
+    scratch = root / "outputs" / "scratch"
+    fig = Path(figures).absolute() if figures else (scratch / "figures" if changes else root / "figures")
+    out_dir = Path(out).absolute() if out else (scratch if changes else root / "outputs") / model.replace("/", "__")
+    return fig, out_dir
+
+
+def seed_scratch(fig_model: Path, committed: Path) -> bool:
+    """Start a new scratch folder ``fig_model`` as a copy of the committed ``committed``
+    (the tables of notebooks not rerun); whether it copied (not if it exists or there is
+    nothing to copy)."""
+    if fig_model.exists() or not committed.is_dir():
+        return False
+    shutil.copytree(committed, fig_model)
+    return True
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f}"
+
+
+def progress_line(name: str, cells: tuple[int, int] | None, elapsed_s: float, expected_s: float | None) -> str:
+    """One notebook's progress for the console: cells done (papermill's count), time so
+    far and the last run's time (``expected_s``; None: no earlier run)."""
+    done = f"{cells[0]}/{cells[1]} cells" if cells else "starting"
+    if expected_s is None:
+        return f"{name}: {done}, {_minutes(elapsed_s)} min (no earlier run to compare)"
+    if elapsed_s <= expected_s:
+        return f"{name}: {done}, {_minutes(elapsed_s)} of ~{_minutes(expected_s)} min"
+    return f"{name}: {done}, {_minutes(elapsed_s)} min (the last run took {_minutes(expected_s)})"
+
+
 class Runner:
     """Starts notebooks in the order above and records their keys, times and peaks."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, paths: list[Path], params: dict[str, dict[str, object]]):
+        """Run ``paths`` (selected notebooks), each with its ``params`` (--param values)."""
         self.args = args
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -145,25 +254,22 @@ class Runner:
         self.params = [args.model, args.device, args.quick, str(args.seed), str(args.figures)]
         if args.threads != 0:  # keys of runs before threads were recorded stay valid for torch's default
             self.params.append(f"threads={args.threads}")
-        paths = sorted(Path(args.notebooks).glob("[0-9][0-9]_*.ipynb"))
-        only = {s.strip() for s in args.only.split(",") if s.strip()} if args.only else None
         self.previous = read_timings(self.fig / "timings.csv")
         costs = last_costs(self.previous)
         known = [peak for _, peak in costs.values() if peak is not None]
         unknown_peak = max(known, default=None)  # a notebook not measured yet: the model's largest peak
         self.notebooks: dict[str, Notebook] = {}
         for p in paths:
-            if only is not None and p.name[:2] not in only:
-                continue
             seconds, peak = costs.get(p.stem, (1.0, None))
             self.notebooks[p.stem] = Notebook(p, [d.stem for d in upstream(p)], seconds,
-                                              peak if peak is not None else unknown_peak)
-        if only is not None and not self.notebooks:
-            raise SystemExit(f"run_all.sh: --only {args.only} matches no notebook in {args.notebooks} "
-                             "(give two-digit numbers, e.g. --only 00,03)")
+                                              peak if peak is not None else unknown_peak,
+                                              measured=p.stem in costs, params=params.get(p.stem, {}))
         self.pending = list(self.notebooks)
         self.keys: dict[str, str] = {}  # computed once a notebook is ready: its inputs are final then
         self.running: dict[str, tuple[subprocess.Popen, float, threading.Thread]] = {}
+        self.cells: dict[str, tuple[int, int]] = {}  # cells done, cells: from papermill's progress bar
+        self.publishing: list[threading.Thread] = []
+        self.last_progress = time.time()
         self.rows: list[dict] = []
         self.failed: str | None = None
         self.t0 = time.time()
@@ -181,10 +287,12 @@ class Runner:
     def _start(self, name: str) -> None:
         a, nb = self.args, self.notebooks[name]
         (self.out / f"{name}.key").unlink(missing_ok=True)
-        cmd = [sys.executable, str(ROOT / "scripts" / "peak_memory.py"), str(self.out / f"{name}.peak_mib.tmp"),
+        cmd = [sys.executable, str(SCRIPTS / "peak_memory.py"), str(self.out / f"{name}.peak_mib.tmp"),
                sys.executable, "-m", "papermill", str(nb.path), str(self.out / f"{name}.ipynb"),
                "--cwd", str(nb.path.parent), "-k", "python3", "-p", "model", a.model, "-p", "device", a.device,
                "-p", "quick", a.quick, "-p", "seed", str(a.seed), "-p", "out_dir", str(a.figures)]
+        if nb.params:  # YAML keeps their types (papermill's -p would make a list a string)
+            cmd += ["-y", yaml_parameters(nb.params)]
         env = dict(os.environ)
         if a.threads:
             env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
@@ -194,19 +302,50 @@ class Runner:
         log_path = self.out / f"{name}.log"
 
         def copy() -> None:  # the notebook's output to its log (and the console when alone)
+            tail = b""
             with log_path.open("wb") as log:
-                for line in iter(proc.stdout.readline, b""):
-                    log.write(line)
+                for chunk in iter(lambda: proc.stdout.read1(65536), b""):
+                    log.write(chunk)
                     log.flush()
+                    bars = _PROGRESS.findall(tail + chunk)  # the bar redraws with "\r": read chunks, not lines
+                    if bars:
+                        self.cells[name] = (int(bars[-1][0]), int(bars[-1][1]))
+                    tail = (tail + chunk)[-200:]
                     if echo:
-                        sys.stdout.buffer.write(line)
+                        sys.stdout.buffer.write(chunk)
                         sys.stdout.flush()
 
         reader = threading.Thread(target=copy, daemon=True)
         reader.start()
         self.running[name] = (proc, time.time(), reader)
-        self.log(f"{name} started (model={a.model} device={a.device} quick={a.quick} seed={a.seed} "
+        extra = "".join(f" {k}={v!r}" for k, v in nb.params.items())
+        self.log(f"{name} started (model={a.model} device={a.device} quick={a.quick} seed={a.seed}{extra} "
                  f"threads={a.threads or 'default'}; log {log_path})")
+
+    def _publish(self, name: str) -> None:
+        """Write ``name``'s executed notebook, stripped, and its HTML beside the figures
+        (``FIG/<model>/notebooks/``), in the background; a failure is reported, not fatal."""
+        def work() -> None:
+            try:
+                publish(self.out / f"{name}.ipynb", self.fig / "notebooks")
+            except Exception as err:  # the tables are written: say what is missing, go on
+                print(f"run_all.sh: could not write {name}'s executed copy to {self.fig / 'notebooks'} "
+                      f"({type(err).__name__}: {err}); rerun scripts/notebook_files.py publish "
+                      f"{self.out / name}.ipynb {self.fig / 'notebooks'}", file=sys.stderr, flush=True)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        self.publishing.append(thread)
+
+    def _report_progress(self) -> None:
+        """Every ``--progress-every`` seconds, a line per running notebook."""
+        now = time.time()
+        if not self.running or now - self.last_progress < self.args.progress_every:
+            return
+        self.last_progress = now
+        for name, (_, start, _) in self.running.items():
+            nb = self.notebooks[name]
+            self.log(progress_line(name, self.cells.get(name), now - start, nb.expected_s if nb.measured else None))
 
     def _finish(self, name: str, status: int) -> None:
         proc, start, reader = self.running.pop(name)
@@ -223,6 +362,7 @@ class Runner:
             tmp_peak.unlink(missing_ok=True)
             self.rows.append({**row, "status": "ok", "peak_rss_mib": peak})
             self.log(f"{name} done in {secs}s")
+            self._publish(name)
         else:
             self.rows.append({**row, "status": "failed", "peak_rss_mib": peak})
             self.failed = self.failed or name
@@ -236,13 +376,17 @@ class Runner:
         for name in self._ready():
             if name in self.keys:
                 continue
-            key = self.keys[name] = run_key(self.notebooks[name].path, self.out, self.params)
+            nb = self.notebooks[name]
+            params = self.params + [f"{k}={v!r}" for k, v in sorted(nb.params.items())]
+            key = self.keys[name] = run_key(nb.path, self.out, params)
             kfile, sfile = self.out / f"{name}.key", self.out / f"{name}.seconds"
             if not self.args.force and kfile.is_file() and kfile.read_text().strip() == key:
                 self.pending.remove(name)
                 self.rows.append({"notebook": name, "status": "cached",
                                   "seconds": sfile.read_text().strip() if sfile.is_file() else "NA"})
                 self.log(f"{name} is up to date (key {key}); skipped (--force reruns it)")
+                if not (self.fig / "notebooks" / f"{name}.ipynb").is_file() and (self.out / f"{name}.ipynb").is_file():
+                    self._publish(name)  # a run from before executed copies were published
                 skipped = True
         return skipped
 
@@ -266,12 +410,15 @@ class Runner:
                     self.pending.remove(name)
                     self._start(name)
                     continue
+                self._report_progress()
                 time.sleep(0.5)
         except KeyboardInterrupt:
             for proc, *_ in self.running.values():
                 os.killpg(proc.pid, signal.SIGTERM)
             print("run_all.sh: interrupted; the running notebooks were stopped and keep no key", file=sys.stderr)
             return 130
+        for thread in self.publishing:
+            thread.join()
         self._write_timings()
         if self.failed:
             print(f"run_all.sh: what the other notebooks produced is kept in {self.fig}/.", file=sys.stderr)
@@ -306,6 +453,22 @@ class Runner:
         _write_atomic(self.fig / "timings.csv", "\n".join(out) + "\n")
 
 
+def _plain(value):
+    """``value`` with tuples as lists (YAML's safe dumper takes no tuple)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def yaml_parameters(params: dict[str, object]) -> str:
+    """``params`` as the YAML papermill's ``-y`` reads (floats such as 1e-05 stay floats)."""
+    import yaml
+
+    return yaml.safe_dump(_plain(params), default_flow_style=True).strip()
+
+
 def default_jobs(device: str, cores: int) -> int:
     """Two notebooks at once on a CPU with at least two cores; one at a time on a GPU
     (two models in one GPU's memory would cap the model size)."""
@@ -314,20 +477,37 @@ def default_jobs(device: str, cores: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--figures", required=True)
+    ap.add_argument("--out", default=None,
+                    help="keys, logs, raw executed notebooks (default: outputs/<model>, or outputs/scratch/<model>)")
+    ap.add_argument("--figures", default=None,
+                    help="figures root (default: figures, or outputs/scratch/figures for a run with changed settings)")
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", required=True, help="the notebooks' device parameter (cpu, cuda, auto, ...)")
     ap.add_argument("--resolved-device", default=None, help="what --device resolves to here (picks the default --jobs)")
     ap.add_argument("--quick", default="False")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--param", "-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                    help="set a notebook parameter (a Python literal, else a string); repeatable")
     ap.add_argument("--only", default="")
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--jobs", type=int, default=None, help="notebooks at once (default: 2 on a CPU, 1 on a GPU)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads per notebook (default: cores // jobs; 0: torch's default)")
     ap.add_argument("--notebooks", default=str(ROOT / "notebooks"))
+    ap.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines")
+    ap.add_argument("--print-figures", action="store_true",
+                    help="check the options, print the figures root this run would use, and exit")
     args = ap.parse_args(argv)
+    params = {name: parse_value(value) for name, value in args.param}
+    paths = select_notebooks(args.notebooks, args.only)
+    by_notebook = params_by_notebook(params, paths)
+    changes = changed_settings(args.quick, args.seed, params)
+    explicit = args.figures is not None
+    figures, out = output_folders(ROOT, args.model, args.figures, args.out, changes)
+    if args.print_figures:
+        print(figures)
+        return 0
+    args.figures, args.out = str(figures), str(out)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if args.jobs is None:
         args.jobs = default_jobs(args.resolved_device or args.device, cores)
@@ -337,7 +517,13 @@ def main(argv: list[str] | None = None) -> int:
         args.threads = max(1, cores // args.jobs) if args.jobs > 1 else 0
     if args.threads < 0:
         ap.error("--threads must be 0 (torch's default) or more")
-    return Runner(args).run()
+    if changes and not explicit:
+        safe = args.model.replace("/", "__")
+        seeded = seed_scratch(figures / safe, ROOT / "figures" / safe)
+        print(f"=== changed settings ({', '.join(changes)}): results go to {figures / safe}, not the committed "
+              f"figures/{safe}" + (" (started as a copy of it)" if seeded else "")
+              + "; --figures DIR chooses the folder", flush=True)
+    return Runner(args, paths, by_notebook).run()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ notebooks read tables that earlier ones wrote to the same figures folder."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import papermill as pm
@@ -11,6 +12,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+sys.path.insert(0, str(ROOT / "scripts"))
+from notebook_files import outputs_in  # noqa: E402
+
+
+def test_notebooks_in_the_repository_carry_no_outputs():
+    """notebooks/ holds the notebooks as written: no outputs, execution counts or widget
+    state (a run's executed copies go to figures/<model>/notebooks/)."""
+    dirty = {p.name: found for p in NOTEBOOKS if (found := outputs_in(p))}
+    assert not dirty, (f"notebooks with outputs: {dirty}; clear them (JupyterLab: Edit > Clear Outputs of All "
+                       "Cells, then save; or jupyter nbconvert --clear-output --inplace notebooks/NN_name.ipynb)")
 
 
 @pytest.fixture(scope="module")

@@ -456,17 +456,22 @@ def test_size_trends_orders_models_by_size():
 
 
 def _toy_figures() -> Path:
-    return Path(os.environ.get("ARITHLIB_TOY_FIGURES", ROOT / "figures" / "toy-arith"))
+    """$ARITHLIB_TOY_FIGURES, else where `./run_all.sh --model toy-arith --quick` writes
+    (outputs/scratch/figures/toy-arith; figures/toy-arith with --figures figures)."""
+    if "ARITHLIB_TOY_FIGURES" in os.environ:
+        return Path(os.environ["ARITHLIB_TOY_FIGURES"])
+    candidates = [ROOT / "figures" / "toy-arith", ROOT / "outputs" / "scratch" / "figures" / "toy-arith"]
+    return next((c for c in candidates if (c / "01_path_patching.csv").exists()), candidates[-1])
 
 
 @pytest.mark.toy_model
 def test_report_on_toy_model_outputs(tmp_path: Path):
-    """On the tables of `./run_all.sh --model toy-arith --quick` (folder: $ARITHLIB_TOY_FIGURES,
-    default figures/toy-arith), copied so that nothing is written there."""
+    """On the tables of `./run_all.sh --model toy-arith --quick` (folder: :func:`_toy_figures`),
+    copied so that nothing is written there."""
     src = _toy_figures()
     if not (src / "01_path_patching.csv").exists():
         pytest.skip(f"no toy-model outputs in {src}: run ./run_all.sh --model toy-arith --quick "
-                    "(--figures DIR, then set ARITHLIB_TOY_FIGURES=DIR/toy-arith)")
+                    "(with --figures DIR, set ARITHLIB_TOY_FIGURES=DIR/toy-arith)")
     d = tmp_path / "toy-arith"
     d.mkdir()
     for p in src.iterdir():
@@ -507,6 +512,57 @@ def test_notebook_verdicts_are_the_reports(tmp_path: Path):
     assert len(R.notebook_verdicts(tmp_path, "01")) == sum(f.notebook == "01" for f in R.FINDINGS)
     with pytest.raises(ValueError, match="unknown notebook"):
         R.notebook_verdicts(tmp_path, "7")
+
+
+# --------------------------------------------------------------------------- figures inline, links between files
+
+
+def test_report_md_shows_each_findings_figure_beside_it(tmp_path: Path):
+    d = _small_model_dir(tmp_path / "m", 4)
+    for name in ("01_knockout.png", "01_key_head_attention.png", "04_mask_keep.png"):
+        (d / name).write_bytes(PNG)
+    (d / "notebooks").mkdir()
+    (d / "notebooks" / "01_identify_heads.ipynb").write_text("{}")
+    text = R.report_markdown(d)
+    section = text[text.index('<a id="notebook-01"></a>'):text.index('<a id="notebook-02"></a>')]
+    assert "Executed notebook, with its outputs: [notebooks/01_identify_heads.ipynb](notebooks/01_identify_heads.ipynb)" \
+        in section
+    pos = {k: section.index(k) for k in ("- zhang_key_heads:", "![01_path_patching](01_path_patching.png)",
+                                          "- zhang_knockout:", "![01_knockout](01_knockout.png)", "- zhang_late_mlps:",
+                                          "More figures:", "![01_key_head_attention](01_key_head_attention.png)")}
+    assert list(pos.values()) == sorted(pos.values())  # each finding's figure right after it, then the others
+    assert section.count("![01_path_patching]") == 1 and "(figure above: [01_path_patching](01_path_patching.png))" in section
+    for png in d.glob("*.png"):  # every figure inline, none only linked
+        assert text.count(f"![{png.stem}]({png.name})") == 1
+    assert "Figures: [" not in text and "\n\n\n" not in text
+    page = R.report_html(d)
+    assert '<h2 id="notebook-01">' in page and 'href="notebooks/01_identify_heads.ipynb"' in page
+
+
+def test_findings_name_figures_the_committed_run_has():
+    fig = ROOT / "figures" / "qwen2.5-coder-0.5b"
+    for f in R.FINDINGS:
+        assert f.figures, f"{f.id} names no figure"
+        for name in f.figures:
+            assert name.startswith(f.notebook + "_") and (fig / f"{name}.png").is_file(), (f.id, name)
+
+
+def _first_cell(notebook: Path) -> str:
+    cell = json.loads(notebook.read_text())["cells"][0]
+    assert cell["cell_type"] == "markdown", notebook.name
+    return "".join(cell["source"])
+
+
+def test_notebooks_open_with_links_to_their_executed_copy_and_report_section():
+    notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert len(notebooks) == len(R.NOTEBOOKS)
+    for nb in notebooks:
+        line = R.notebook_links(nb.stem)
+        assert line in _first_cell(nb).split("\n")[:4], f"{nb.name} does not open with: {line}"
+        targets = re.findall(r"\]\(([^)]+)\)", line)
+        assert targets[0] == f"../figures/qwen2.5-coder-0.5b/notebooks/{nb.stem}.ipynb"  # written by the next run
+        report, anchor = targets[1].split("#")
+        assert (nb.parent / report).is_file() and f'<a id="{anchor}"></a>' in (nb.parent / report).read_text()
 
 
 def test_report_states_the_environment(tmp_path):

@@ -1,5 +1,6 @@
 """run_all.sh's scheduler: order by dependencies and remaining chain, memory limit, keys,
-threads, and a failing notebook stopping the run."""
+threads, and a failing notebook stopping the run; its parameters (-p), the scratch folder
+of runs with changed settings, progress lines, and the executed copies it publishes."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
 rn = importlib.util.module_from_spec(spec)
 sys.modules["run_notebooks"] = rn  # its dataclass looks its module up
 spec.loader.exec_module(rn)
+import notebook_files as nf  # noqa: E402  (scripts/, on the path run_notebooks set)
 
 
 def _nbs(**spec) -> dict:
@@ -59,9 +63,9 @@ def test_default_jobs():
     assert rn.default_jobs("cuda", 16) == 1 and rn.default_jobs("cuda:1", 16) == 1
 
 
-def _notebook(path: Path, code: str) -> None:
+def _notebook(path: Path, code: str, params: str = "") -> None:
     cells = [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "execution_count": None, "outputs": [],
-              "source": 'model = "x"\ndevice = "cpu"\nquick = False\nseed = 0\nout_dir = "."\n'},
+              "source": 'model = "x"\ndevice = "cpu"\nquick = False\nseed = 0\nout_dir = "."\n' + params},
              {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": code}]
     nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
@@ -114,3 +118,137 @@ def test_runs_notebooks_two_at_a_time_with_fixed_threads(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "01_a FAILED" in err and "01_a.log" in err
     assert not (out / "01_a.key").exists()
+
+
+# --------------------------------------------------------------------------- parameters (-p)
+
+
+def test_parameters_are_read_from_the_parameters_cell_as_python_reads_them(tmp_path):
+    _notebook(tmp_path / "01_a.ipynb", "pass\n",
+              params="n_side = 2         # random controls (K = edit_k)\nops = [\"+\",\n       \"-\"]\nx: float = 0.5\n")
+    assert nf.notebook_parameters(tmp_path / "01_a.ipynb") == {
+        "model": '"x"', "device": '"cpu"', "quick": "False", "seed": "0", "out_dir": '"."', "n_side": "2",
+        "ops": '["+",\n       "-"]', "x": "0.5"}  # papermill's inspect_notebook skips n_side (the bracket)
+    assert "n_side_seeds" in nf.notebook_parameters(ROOT / "notebooks" / "07_gender_bias_editing.ipynb")
+    assert [nf.parse_value(v) for v in ("3", "-0.1", "True", "None", "[1, 2]", "cpu", "1e-3", "'a b'")] == \
+        [3, -0.1, True, None, [1, 2], "cpu", 1e-3, "a b"]
+
+
+def test_unknown_parameter_is_an_error_listing_the_valid_names(tmp_path):
+    nb_dir = tmp_path / "nb"
+    nb_dir.mkdir()
+    _notebook(nb_dir / "01_a.ipynb", "pass\n", params="n_items = 4\nlrs = [1e-3]\n")
+    _notebook(nb_dir / "02_b.ipynb", "pass\n", params="scale = 'auto'\n")
+    base = ["--model", "m", "--device", "cpu", "--notebooks", str(nb_dir), "--print-figures"]
+    with pytest.raises(SystemExit, match="unknown parameter nope") as err:
+        rn.main(base + ["--only", "01", "--param", "nope", "1"])
+    assert "01_a: n_items, lrs" in str(err.value) and "02_b" not in str(err.value)  # --only 01: 01's names
+    with pytest.raises(SystemExit, match="set it with --seed"):
+        rn.main(base + ["--param", "seed", "1"])
+    # a name is passed to the notebooks that declare it (02_b has no n_items), with its type
+    paths = rn.select_notebooks(nb_dir)
+    assert rn.params_by_notebook({"n_items": 8, "scale": "cpu"}, paths) == {"01_a": {"n_items": 8}, "02_b": {"scale": "cpu"}}
+    assert rn.yaml_parameters({"lrs": (1e-05, 0.5), "scale": "cpu", "k": None}) == "{k: null, lrs: [1.0e-05, 0.5], scale: cpu}"
+
+
+# --------------------------------------------------------------------------- the scratch folder
+
+
+def test_runs_with_changed_settings_go_to_the_scratch_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(rn, "ROOT", tmp_path)
+    nb_dir = tmp_path / "notebooks"
+    nb_dir.mkdir()
+    base = ["--model", "org/m", "--device", "cpu", "--notebooks", str(nb_dir), "--jobs", "1"]
+
+    def figures(*extra: str) -> str:
+        assert rn.main(base + list(extra) + ["--print-figures"]) == 0
+        return capsys.readouterr().out.strip()
+
+    _notebook(nb_dir / "00_a.ipynb", "pass\n")
+    _notebook(nb_dir / "01_b.ipynb",
+              "from pathlib import Path\nfrom tqdm.auto import tqdm\nfor _ in tqdm(range(3)): pass\n"
+              "d = Path(out_dir) / model.replace('/', '__')\n"
+              "prev = (d / '00_a.csv').read_text()  # reads notebook 00's table\n"
+              "(d / '01_b.csv').write_text(f'{prev}{n}\\n')\n", params="n = 1\n")
+    scratch = tmp_path / "outputs" / "scratch" / "figures"
+    assert figures() == str(tmp_path / "figures")  # the committed configuration
+    for changed in (["--quick", "True"], ["--seed", "1"], ["--param", "n", "2"]):
+        assert figures(*changed) == str(scratch)
+    assert figures("--seed", "1", "--figures", str(tmp_path / "mine")) == str(tmp_path / "mine")  # asked for
+
+    committed = tmp_path / "figures" / "org__m"
+    committed.mkdir(parents=True)
+    (committed / "00_a.csv").write_text("committed\n")
+    (committed / "01_b.csv").write_text("committed\n1\n")
+    before = {p.name: p.read_text() for p in committed.iterdir()}
+    assert rn.main(base + ["--only", "01", "--param", "n", "3"]) == 0
+    assert "changed settings (-p n)" in capsys.readouterr().out
+    assert {p.name: p.read_text() for p in committed.iterdir()} == before  # untouched
+    run = scratch / "org__m"
+    assert (run / "01_b.csv").read_text() == "committed\n3\n"  # read the copy of the committed table
+    assert (tmp_path / "outputs" / "scratch" / "org__m" / "01_b.key").is_file()
+    assert not (tmp_path / "outputs" / "org__m").exists()
+    # the executed copy beside the figures: outputs kept, progress-bar widgets dropped
+    copy = json.loads((run / "notebooks" / "01_b.ipynb").read_text())
+    assert (run / "notebooks" / "01_b.html").is_file()
+    assert "widgets" not in copy["metadata"]
+    assert not [o for c in copy["cells"] for o in c.get("outputs", []) if nf.WIDGET_VIEW in o.get("data", {})]
+    assert copy["metadata"]["papermill"]["parameters"]["n"] == 3
+
+
+# --------------------------------------------------------------------------- executed copies
+
+
+def _executed() -> dict:
+    widget = {"output_type": "display_data", "metadata": {},
+              "data": {nf.WIDGET_VIEW: {"model_id": "abc", "version_major": 2, "version_minor": 0},
+                       "text/plain": "loss:   0%|          | 0/10 [00:00<?, ?it/s]"}}
+    figure = {"output_type": "display_data", "metadata": {},
+              "data": {"image/png": "iVBORw0KGgo=", "application/pdf": "JVBERi0=", "image/svg+xml": "<svg/>",
+                       "text/html": "<img>", "text/plain": "<Figure size 640x480 with 1 Axes>"}}
+    table = {"output_type": "display_data", "metadata": {},
+             "data": {"text/html": "<table></table>", "text/plain": "   a\n0  1"}}
+    svg_only = {"output_type": "display_data", "metadata": {}, "data": {"image/svg+xml": "<svg/>"}}
+    stream = {"output_type": "stream", "name": "stdout", "text": "done\n"}
+    first = {"cell_type": "markdown", "id": "m0", "metadata": {},
+             "source": "# 01 · Title\n\n**Results** (m): [x](../figures/m/notebooks/01_a.ipynb)\n\nText."}
+    code = {"cell_type": "code", "id": "c1", "metadata": {}, "execution_count": 1, "source": "plot()",
+            "outputs": [widget, figure, table, svg_only, stream]}
+    return {"cells": [first, code], "nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                         "widgets": {nf.WIDGET_STATE: {"state": {"abc": {}}, "version_major": 2, "version_minor": 0}}}}
+
+
+def test_published_copy_drops_widgets_and_the_duplicates_of_a_png(tmp_path):
+    nb = _executed()
+    stripped = nf.strip_for_publishing(nb, "01_a")
+    outs = stripped["cells"][1]["outputs"]
+    assert "widgets" not in stripped["metadata"] and len(outs) == 4  # the progress bar is gone
+    assert set(outs[0]["data"]) == {"image/png", "text/plain"}  # PDF, SVG, HTML copies of the PNG dropped
+    assert set(outs[1]["data"]) == {"text/html", "text/plain"}  # a table's HTML stays (no PNG)
+    assert set(outs[2]["data"]) == {"image/svg+xml"} and outs[3]["text"] == "done\n"  # no PNG to prefer
+    assert stripped["cells"][1]["execution_count"] == 1
+    assert "(../REPORT.md#notebook-01)" in stripped["cells"][0]["source"]  # relinked for figures/<model>/notebooks
+    assert "widgets" in nb["metadata"] and len(nb["cells"][1]["outputs"]) == 5  # the input is left as it was
+
+    src = tmp_path / "01_a.ipynb"
+    src.write_text(json.dumps(nb))
+    ipynb, page = nf.publish(src, tmp_path / "pub")
+    import nbformat
+
+    nbformat.validate(nbformat.read(ipynb, as_version=4))
+    assert "widget" not in ipynb.read_text() and "JVBERi0=" not in ipynb.read_text()
+    assert page.suffix == ".html" and "iVBORw0KGgo=" in page.read_text()
+    assert nf.outputs_in(ipynb) and nf.outputs_in(src)  # executed copies do have outputs
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def test_progress_is_read_from_papermill_bar_and_compared_with_the_last_run():
+    chunk = (b"Executing:   0%|          | 0/40 [00:00<?, ?cell/s]\rExecuting:  30%|###       | 12/40 "
+             b"[03:12<07:00, 15.0s/cell]\r")
+    assert [tuple(map(int, m)) for m in rn._PROGRESS.findall(chunk)][-1] == (12, 40)
+    assert rn.progress_line("01_a", (12, 40), 192, 840) == "01_a: 12/40 cells, 3.2 of ~14.0 min"
+    assert rn.progress_line("01_a", (39, 40), 900, 840) == "01_a: 39/40 cells, 15.0 min (the last run took 14.0)"
+    assert rn.progress_line("01_a", None, 30, None) == "01_a: starting, 0.5 min (no earlier run to compare)"
