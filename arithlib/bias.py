@@ -47,7 +47,7 @@ from . import cna as C
 from . import general_ability as GA
 from .ablation import stacked_hooks, zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet, load_gender_data
-from .paths import DATA_DIR
+from .paths import data_path
 
 Hook = tuple[str, Callable]
 Neuron = tuple[int, int]
@@ -71,7 +71,7 @@ GENDERS = ("woman", "man")
 def load_professions() -> dict:
     """``data/professions.json``: ``professions`` (the lexicon), ``gendered_forms``
     (grammatically gender-marked words) and ``_doc`` (source and scoring rule)."""
-    with open(DATA_DIR / "professions.json", encoding="utf-8") as f:
+    with open(data_path("professions.json"), encoding="utf-8") as f:
         data = json.load(f)
     if not data.get("professions"):
         raise ValueError("data/professions.json has no professions")

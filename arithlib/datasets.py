@@ -36,7 +36,7 @@ from typing import Iterator, NamedTuple, Sequence
 import pandas as pd
 import torch
 
-from .paths import DATA_DIR
+from .paths import data_path
 
 OPS: tuple[str, ...] = ("+", "-", "*", "/")
 OP_NAMES = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
@@ -62,7 +62,7 @@ def apply_op(a: int, b: int, op: str) -> int:
 @lru_cache(maxsize=None)
 def load_json(name: str) -> dict:
     """A JSON file of ``data/`` (templates, word lists, gender prompts), parsed once."""
-    with open(DATA_DIR / name, encoding="utf-8") as f:
+    with open(data_path(name), encoding="utf-8") as f:
         return json.load(f)
 
 

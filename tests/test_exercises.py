@@ -1,0 +1,165 @@
+"""The exercise notebooks (notebooks/exercises/): generated from their sources and up to
+date; on the toy model every check passes on the solution's functions, raises on the
+exercise's stubs, and rejects typical wrong answers."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+
+import arithlib.exercises as ex
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+_spec = importlib.util.spec_from_file_location("make_exercises", ROOT / "scripts" / "make_exercises.py")
+mx = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mx)
+
+SOURCES = mx.sources()
+#: a cell calling a check on the student's function (ex.check_model() loads the model)
+CHECK_CALL = re.compile(r"^ex\.check_(?!model\b)\w+\(", re.M)
+
+
+def test_there_are_exercises_for_notebooks_01_and_02():
+    assert [p.stem for p in SOURCES] == ["01_identify_heads", "02_mlp_probing"]
+
+
+def test_generated_notebooks_are_up_to_date():
+    assert mx.stale() == [], "run python scripts/make_exercises.py after editing notebooks/exercises/*.py"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=[p.stem for p in SOURCES])
+def test_exercise_has_a_stub_for_every_solution_block(source: Path):
+    text = source.read_text()
+    blocks = text.count(mx.BEGIN)
+    assert blocks >= 3 and blocks == text.count(mx.END)
+    exercise = mx.render(text, "exercise")
+    solution = mx.render(text, "solution")
+    assert exercise.count("raise NotImplementedError") == blocks
+    for rendered in (exercise, solution):
+        assert mx.BEGIN not in rendered and mx.END not in rendered and mx.HINT not in rendered
+    assert "NotImplementedError" not in solution
+    assert len(CHECK_CALL.findall(exercise)) == len(CHECK_CALL.findall(solution)) == blocks
+
+
+def test_markers_hints_and_variant_cells():
+    src = ('# %%\ndef f(x):\n    """Doc."""\n    # BEGIN SOLUTION\n    # HINT: add one\n    y = x + 1\n'
+           '    return y\n    # END SOLUTION\n\n# %% [markdown] tags=["solution"]\n# answer\n'
+           '# %% [markdown] tags=["exercise"]\n# your answer here\n')
+    ex = mx.render(src, "exercise")
+    assert '    # Hint: add one\n    raise NotImplementedError("exercise: write the body of f()")\n' in ex
+    assert "y = x + 1" not in ex and "# answer" not in ex and "your answer here" in ex
+    sol = mx.render(src, "solution")
+    assert "    y = x + 1\n    return y\n" in sol and "add one" not in sol and "your answer" not in sol
+    assert "# answer" in sol
+    for broken in ("# %%\n# BEGIN SOLUTION\nx = 1\n", "# %%\nx = 1\n# END SOLUTION\n",
+                   "# %%\n# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION\n"):
+        with pytest.raises(ValueError):
+            mx.render(broken, "exercise")
+
+
+def _run_cells(path: Path) -> list[tuple[str, BaseException | None, str]]:
+    """Execute a notebook's code cells in this process, in one namespace; per cell its
+    source, the exception it raised (or None) and what it printed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    nb = nbformat.read(path, as_version=4)
+    ns: dict = {"__name__": "__exercise__"}
+    out = []
+    threads = torch.get_num_threads()
+    with torch.no_grad():  # restores grad mode afterwards (the notebooks switch it off)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            buf = io.StringIO()
+            err = None
+            try:
+                with contextlib.redirect_stdout(buf):
+                    exec(compile(cell.source, f"{path.name}:cell{i}", "exec"), ns)
+            except Exception as e:  # noqa: BLE001 (recorded and checked by the caller)
+                err = e
+            out.append((cell.source, err, buf.getvalue()))
+    torch.set_num_threads(threads)
+    return out
+
+
+@pytest.mark.toy_model
+@pytest.mark.parametrize("source", SOURCES, ids=[p.stem for p in SOURCES])
+def test_checks_pass_on_the_solution_and_raise_on_the_stubs(source: Path):
+    solution = _run_cells(source.with_name(f"{source.stem}_solution.ipynb"))
+    failed = [(code[:80], repr(err)) for code, err, _ in solution if err is not None]
+    assert not failed, failed
+    checks = [printed for code, _, printed in solution if CHECK_CALL.search(code)]
+    assert checks and all(p.startswith("✓") for p in checks), checks
+
+    exercise = _run_cells(source.with_name(f"{source.stem}_exercise.ipynb"))
+    for code, err, _ in exercise:
+        if CHECK_CALL.search(code):
+            assert isinstance(err, NotImplementedError), (code, err)
+        else:
+            assert err is None or isinstance(err, NotImplementedError), (code, err)
+
+
+@pytest.mark.toy_model
+def test_checks_reject_wrong_answers():
+    with pytest.raises(ex.CheckFailed):
+        ex.check_relative_logit_change(lambda p, c: (c - p) / c)
+
+    def wrong_head(bridge, tokens, layer, head):
+        def hook(z, hook):
+            z[:, :, (head + 1) % bridge.cfg.n_heads] = 0.0
+            return z
+        with bridge.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook)]):
+            return bridge(tokens)[:, -1]
+    with pytest.raises(ex.CheckFailed, match="zero_head_logits"):
+        ex.check_zero_head_logits(wrong_head)
+
+    def activation_patching(bridge, tokens, cf_tokens, answer_ids, layer, head):
+        name = f"blocks.{layer}.attn.hook_z"
+        _, cache = bridge.run_with_cache(cf_tokens, names_filter=[name])
+
+        def hook(z, hook):
+            z[:, -1, head] = cache[name][:, -1, head]
+            return z
+        with bridge.hooks(fwd_hooks=[(name, hook)]):
+            return bridge(tokens)[:, -1].gather(1, answer_ids[:, None]).squeeze(1)
+    with pytest.raises(ex.CheckFailed, match="activation patching"):
+        ex.check_path_patch_logit(activation_patching)
+
+    def lens_without_norm(bridge, resid, answer_ids):
+        lp = (resid @ bridge.W_U + bridge.b_U).log_softmax(-1)
+        a = lp.gather(-1, answer_ids[:, None, None].expand(-1, resid.shape[1], 1)).squeeze(-1)
+        return a, (lp > a[..., None]).sum(-1)
+    with pytest.raises(ex.CheckFailed, match="ln_final"):
+        ex.check_logit_lens(lens_without_norm)
+
+    with pytest.raises(ex.CheckFailed, match="delta_cosine"):
+        ex.check_delta_cosine(lambda i, o, W, a: torch.nn.functional.cosine_similarity(o, W[:, a].T[:, None], dim=-1))
+
+    def unregularised(x_tr, y_tr, x_te, y_te):
+        from sklearn.linear_model import LinearRegression
+        return LinearRegression().fit(x_tr, y_tr).score(x_te, y_te)
+    with pytest.raises(ex.CheckFailed, match="RidgeCV"):
+        ex.check_probe_r2(unregularised)
+    with pytest.raises(ex.CheckFailed, match="one number"):
+        ex.check_probe_r2(lambda *a: np.zeros(3))
+
+
+@pytest.mark.toy_model
+@pytest.mark.parametrize("source", SOURCES, ids=[p.stem for p in SOURCES])
+def test_solution_notebook_runs_with_papermill(source: Path, tmp_path: Path):
+    import papermill as pm
+
+    nb = source.with_name(f"{source.stem}_solution.ipynb")
+    pm.execute_notebook(str(nb), str(tmp_path / nb.name), cwd=str(nb.parent), kernel_name="python3",
+                        progress_bar=False)
