@@ -36,3 +36,22 @@ def test_run_params_record_the_environment(tmp_path):
     params = json.loads((run.out / "99_test_params.json").read_text())
     assert params["environment"]["packages"]["transformers"] == version("transformers")
     assert "git_commit" in params["environment"]
+
+
+def test_commit_is_dirty_for_code_changes_not_for_figures(tmp_path):
+    """A run's own tables (figures/) do not make the commit 'dirty'; an edited module does."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "t.csv").write_text("a\n")
+    (tmp_path / "m.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    (tmp_path / "figures" / "t.csv").write_text("b\n")
+    assert not env.git_commit(tmp_path).endswith("+dirty")
+    (tmp_path / "m.py").write_text("x = 2\n")
+    assert env.git_commit(tmp_path).endswith("+dirty")

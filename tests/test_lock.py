@@ -73,3 +73,25 @@ def test_ci_installs_a_fresh_venv_then_runs_the_readme_command():
     assert "mktemp -d" in ci and "ARITHLIB_VENV" in ci and "./run_tests.sh" in ci
     readme = (ROOT / "README.md").read_text().splitlines()[:8]
     assert any(line.startswith("./run_tests.sh") for line in readme)
+
+
+def test_setup_refuses_a_python_the_lock_is_not_made_for(tmp_path):
+    """A venv on another Python gets an error that says what to do, before any install."""
+    import subprocess
+
+    py = tmp_path / "venv" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text("#!/bin/sh\necho 3.12\n")
+    py.chmod(0o755)
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "ARITHLIB_VENV": str(tmp_path / "venv"), "ARITHLIB_LOCK": "cpu"})
+    assert out.returncode == 2
+    assert "Python 3.12" in out.stderr and "CPython 3.11" in out.stderr
+
+
+def test_setup_refuses_an_unknown_lock_kind(tmp_path):
+    import subprocess
+
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "ARITHLIB_VENV": str(tmp_path / "v"), "ARITHLIB_LOCK": "rocm"})
+    assert out.returncode == 2 and "ARITHLIB_LOCK must be cpu, cuda or auto" in out.stderr
