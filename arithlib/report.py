@@ -685,21 +685,29 @@ def _header(tables: Tables) -> tuple[str, list[str]]:
 
 def environment_lines(params: dict[str, dict]) -> list[str]:
     """Markdown lines stating the software each notebook's tables were computed with (its
-    params JSON's ``environment``): one line when all notebooks agree, else one per
-    distinct environment naming its notebooks; runs from before environments were
-    recorded are named as such."""
-    groups: dict[str, list[str]] = {}
-    for nb, p in sorted(params.items()):
-        env = p.get("environment")
-        if env:
-            text = environment_line(env) + f"; commit {env.get('git_commit') or 'unknown'}"
-        else:
-            text = "not recorded (run before arithlib recorded its environment)"
-        groups.setdefault(text, []).append(nb)
-    if len(groups) == 1:
-        return [f"**Environment:** {next(iter(groups))}."]
-    return ["**Environment** (differs between notebooks):", ""] + [
-        f"- notebooks {', '.join(nbs)}: {text}" for text, nbs in groups.items()]
+    params JSON's ``environment``): the packages in one line when all notebooks agree,
+    else one line per distinct set naming its notebooks, then the commit(s) of the code;
+    runs from before environments were recorded are named as such."""
+    def grouped(key) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for nb, p in sorted(params.items()):
+            env = p.get("environment")
+            text = key(env) if env else "not recorded (run before arithlib recorded its environment)"
+            out.setdefault(text, []).append(nb)
+        return out
+
+    packages = grouped(environment_line)
+    if len(packages) == 1:
+        lines = [f"**Environment:** {next(iter(packages))}."]
+    else:
+        lines = ["**Environment** (differs between notebooks):", ""] + [
+            f"- notebooks {', '.join(nbs)}: {text}" for text, nbs in packages.items()]
+    commits = {c: nbs for c, nbs in grouped(lambda e: e.get("git_commit") or "unknown").items()
+               if not c.startswith("not recorded")}
+    if commits:
+        lines.append("**Code:** " + "; ".join(f"commit {c} (notebooks {', '.join(nbs)})" for c, nbs in commits.items())
+                     + ".")
+    return lines
 
 
 RULES_TEXT = ("Verdicts are computed, never typed in: each finding's rule is fixed from the paper's claim. "

@@ -575,7 +575,8 @@ def test_report_states_the_environment(tmp_path):
     env = environment()
     (tmp_path / "00_model_accuracy_params.json").write_text(json.dumps({"model": "m", "environment": env}))
     lines = report.environment_lines(report.Tables(tmp_path).params())
-    assert len(lines) == 1 and f"transformers {env['packages']['transformers']}" in lines[0]
+    assert len(lines) == 2 and f"transformers {env['packages']['transformers']}" in lines[0]
+    assert lines[1].startswith("**Code:** commit ") and "(notebooks 00)" in lines[1]
     (tmp_path / "01_identify_heads_params.json").write_text(json.dumps({"model": "m"}))
     lines = report.environment_lines(report.Tables(tmp_path).params())
     assert any("notebooks 01: not recorded" in line for line in lines)
