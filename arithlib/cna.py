@@ -66,7 +66,7 @@ from . import datasets as ds
 from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet
 from .evaluate import continues_number
-from .hf_compat import cache_kwargs, output_cache, repeat_cache
+from .hf_compat import cache_kwargs, output_cache, repeat_cache, repeat_rows_
 from .neurons import w_out
 from .models import hf_module as _hf, model_device as _device
 
@@ -312,7 +312,7 @@ def _prefix_cache(model, tokens: torch.Tensor):
     B, T = tokens.shape
     n = int((tokens == tokens[:1]).all(0).long().cumprod(0).sum()) if B > 1 else 0
     if n > 0:
-        cache = repeat_cache(hf.config, output_cache(hf(tokens[:1, :n], use_cache=True, logits_to_keep=1)), B)
+        cache = repeat_rows_(output_cache(hf(tokens[:1, :n], use_cache=True, logits_to_keep=1)), B)
         if n < T:
             hf(tokens[:, n:], use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
         return cache
@@ -393,7 +393,7 @@ def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook
                 with model.hooks(fwd_hooks=stacked_hooks(per, 1)):
                     cache = output_cache(hf(tokens[:1, :n].repeat(nc, 1), use_cache=True, logits_to_keep=1))
                 # condition-major: B copies of each condition's prefix
-                cache = repeat_cache(hf.config, cache, B, interleave=True)
+                repeat_rows_(cache, B)
                 with model.hooks(fwd_hooks=stacked_hooks(per, B) + cap.hooks()):
                     out = hf(tokens[:, n:].repeat(nc, 1), use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
             else:
@@ -480,7 +480,7 @@ def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size:
         n = common_prefix_length(inputs) if len(idx) > 1 else 0
         n = min(n, length - 1)
         if n > 0:
-            cache = repeat_cache(hf.config, output_cache(hf(inputs[:1, :n], use_cache=True)), len(idx))
+            cache = repeat_rows_(output_cache(hf(inputs[:1, :n], use_cache=True)), len(idx))
             logits = hf(inputs[:, n:], use_cache=True, logits_to_keep=n_keep, **cache_kwargs(cache)).logits
         else:
             logits = hf(inputs, use_cache=False, logits_to_keep=n_keep).logits

@@ -86,14 +86,19 @@ def filled_cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return layers  # type: ignore[return-value]
 
 
-def repeat_cache(config, cache, n: int, interleave: bool = False):
-    """A new cache with each layer's rows repeated ``n`` times: copy-major (rows
-    ``c*B .. (c+1)*B - 1`` are copy ``c``), or each row ``n`` times in a row with
-    ``interleave``; ``cache`` is left as it was."""
-    def rep(x: torch.Tensor) -> torch.Tensor:
-        return x.repeat_interleave(n, dim=0) if interleave else x.repeat(n, 1, 1, 1)
+def repeat_cache(config, cache, n: int):
+    """A new cache holding ``n`` copies of ``cache``'s rows, copy-major (rows
+    ``c*B .. (c+1)*B - 1`` are copy ``c``); ``cache`` is left as it was."""
+    return new_cache(config, (None if kv is None else (kv[0].repeat(n, 1, 1, 1), kv[1].repeat(n, 1, 1, 1))
+                              for kv in cache_layers(cache)))
 
-    return new_cache(config, (None if kv is None else (rep(kv[0]), rep(kv[1])) for kv in cache_layers(cache)))
+
+def repeat_rows_(cache, n: int):
+    """``cache`` with each row repeated ``n`` times in a row (row ``b`` becomes rows
+    ``b*n .. (b+1)*n - 1``), in place, without a copy of the result; returns ``cache``.
+    For a one-row cache (a shared prefix) this is ``n`` copies of it."""
+    cache.batch_repeat_interleave(n)
+    return cache
 
 
 def select_cache_rows(config, cache, rows: torch.Tensor):

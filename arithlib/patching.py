@@ -59,7 +59,7 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import MIN_SHARED_PREFIX, common_prefix
-from .hf_compat import cache_kwargs, causal_mask, filled_cache_layers, new_cache, output_cache, repeat_cache, run_block
+from .hf_compat import cache_kwargs, causal_mask, filled_cache_layers, new_cache, output_cache, repeat_rows_, run_block
 from .metrics import relative_logit_change
 from .models import hf_module as _hf, model_device as _device, model_dtype as _dtype
 from .thresholds import KEY_HEAD_THRESHOLD
@@ -371,7 +371,7 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
         raw = {k: None for k in spec if not _is_attention_map(k)} | resid_names
         first: dict[str, torch.Tensor] = {}
         with model.hooks(fwd_hooks=_capture_hooks(first, raw)):
-            prefix = repeat_cache(hf.config, output_cache(base(input_ids=tokens[:1, :n], use_cache=True)), B)
+            prefix = repeat_rows_(output_cache(base(input_ids=tokens[:1, :n], use_cache=True)), B)
         rest: dict[str, torch.Tensor] = {}
         maps = {k: r for k, r in spec.items() if _is_attention_map(k)}
         with model.hooks(fwd_hooks=_capture_hooks(rest, raw) + _capture_hooks(rest, maps)):

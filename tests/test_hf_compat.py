@@ -72,9 +72,9 @@ def test_cache_building_blocks():
     full = hc.new_cache(config, zip(k, v))
     tiled = hc.cache_layers(hc.repeat_cache(config, full, 3))
     assert torch.equal(tiled[1][0], k[1].repeat(3, 1, 1, 1))
-    inter = hc.cache_layers(hc.repeat_cache(config, full, 3, interleave=True))
-    assert torch.equal(inter[1][1], v[1].repeat_interleave(3, 0))
     assert torch.equal(hc.cache_layers(full)[0][0], k[0])  # the source is left as it was
+    inter = hc.repeat_rows_(hc.new_cache(config, zip(k, v)), 3)
+    assert torch.equal(hc.cache_layers(inter)[1][1], v[1].repeat_interleave(3, 0))
     picked = hc.cache_layers(hc.select_cache_rows(config, full, torch.tensor([1])))
     assert torch.equal(picked[0][0], k[0][1:])
     longer = hc.new_cache(config, zip(k, v))
