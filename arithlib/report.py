@@ -44,15 +44,16 @@ import pandas as pd
 
 from .environment import environment_line
 from .outputs import write_text
+from .stats import INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, interval_verdict
 from .thresholds import KEY_HEAD_THRESHOLD
 
-REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_RUN = "reproduced", "partly", "not reproduced", "not run"
+NOT_RUN = "not run"
 #: A finding measured at smoke-test sizes (a notebook's ``quick`` mode, or fine-tuning at
 #: scale "quick"): its numbers are shown, but the rule is not applied to them.
 NOT_JUDGED = "not judged"
 #: A finding whose computation raised (a bug or a malformed table), kept apart from "not run".
 ERROR = "error"
-VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_RUN, NOT_JUDGED, ERROR)
+VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, INCONCLUSIVE, NOT_RUN, NOT_JUDGED, ERROR)
 #: Verdicts counted in a summary only where some finding has them.
 _RARE_VERDICTS = (NOT_JUDGED, ERROR)
 #: Share of the paper's effect that counts as reproducing it.
@@ -161,6 +162,9 @@ class Outcome:
     ours: str
     verdict: str
     metrics: dict[str, float] = field(default_factory=dict)
+    #: 95 % interval of the headline metric (the first of ``metrics``) that the verdict reads;
+    #: None only for a finding whose rule reads no estimate (not run, error).
+    interval: Interval | None = None
 
 
 @dataclass(frozen=True)
@@ -616,7 +620,7 @@ def evaluate(finding: Finding, tables: Tables) -> Outcome:
     try:
         out = finding.compute(tables)
         reason = smoke_test_reason(finding, tables)
-        return out if reason is None else Outcome(f"{reason}: {out.ours}", NOT_JUDGED, out.metrics)
+        return out if reason is None else Outcome(f"{reason}: {out.ours}", NOT_JUDGED, out.metrics, out.interval)
     except NotRun as err:
         return Outcome(str(err), NOT_RUN)
     except Exception as err:  # a malformed table must not stop the report: shown, not hidden
@@ -632,13 +636,25 @@ def findings_table(fig_dir: str | os.PathLike) -> pd.DataFrame:
     for f in FINDINGS:
         out = evaluate(f, tables)
         value = next(iter(out.metrics.values()), float("nan"))
+        ci = out.interval
         rows.append({"id": f.id, "paper": PAPERS[f.paper], "where": f.where, "notebook": f.notebook, "claim": f.claim,
                      "paper_number": f.paper_number, "ours": out.ours, "verdict": out.verdict, "rule": f.rule,
-                     "source": f.source, "value": value, "metrics": dict(out.metrics)})
+                     "source": f.source, "value": value,
+                     "ci_low": ci.low if ci is not None else float("nan"),
+                     "ci_high": ci.high if ci is not None else float("nan"),
+                     "ci_n": ci.n if ci is not None else 0,
+                     "interval": _interval_cell(ci), "metrics": dict(out.metrics)})
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- writing
+
+
+def _interval_cell(ci: Interval | None) -> str:
+    """The headline's 95 % interval as shown in the tables: "[lo, hi] (n = N)", or "none"."""
+    if ci is None or not (np.isfinite(ci.low) and np.isfinite(ci.high)):
+        return "none"
+    return f"[{ci.low:.3g}, {ci.high:.3g}] (n = {ci.n})"
 
 
 def _md_cell(x) -> str:
@@ -713,9 +729,12 @@ def environment_lines(params: dict[str, dict]) -> list[str]:
 RULES_TEXT = ("Verdicts are computed, never typed in: each finding's rule is fixed from the paper's claim. "
               f"A quantitative claim is reproduced when our effect is at least {HALF:.0%} of the paper's; a "
               f"qualitative 'much more' claim needs a gap of {100 * CLEAR_GAP:.0f} points; a gap of "
-              f"{100 * NOISE_GAP:.0f} points in the paper's direction is 'partly'. Missing tables give 'not run'; "
-              "numbers measured at smoke-test sizes (a notebook's quick mode, fine-tuning at scale 'quick') are "
-              "shown but 'not judged'; a computation that fails gives 'error'.")
+              f"{100 * NOISE_GAP:.0f} points in the paper's direction is 'partly'. Each rule is judged on the 95 % "
+              "interval of the number it reads (exact binomial for an accuracy, a bootstrap over prompts otherwise): "
+              "a verdict is given only when the whole interval lies on one side of every threshold, and an interval "
+              "that straddles a threshold gives 'inconclusive' (more prompts would decide). Missing tables give "
+              "'not run'; numbers measured at smoke-test sizes (a notebook's quick mode, fine-tuning at scale "
+              "'quick') are shown but 'not judged'; a computation that fails gives 'error'.")
 
 
 def notebook_verdicts(fig_dir: str | os.PathLike, notebook: str) -> list[str]:
@@ -767,7 +786,7 @@ def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = Non
     out = [f"# Reproduction report: `{model}`", "", "; ".join(facts) + ".", "",
            *(environment_lines(tables.params()) + [""] if tables.params() else []),
            f"**Verdicts:** {_summary_counts(table)}.", "", RULES_TEXT, "", "## Findings", "",
-           markdown_table(table[["id", "paper", "where", "paper_number", "ours", "verdict"]]), "",
+           markdown_table(table[["id", "paper", "where", "paper_number", "ours", "interval", "verdict"]]), "",
            "### Claims, rules and sources", ""]
     for r in table.itertuples():
         out.append(f"- **{r.id}** ({r.paper}, {r.where}): {r.claim} *Rule:* {r.rule}. *Paper number from:* {r.source}.")
@@ -808,11 +827,11 @@ _CSS = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 
         "table{border-collapse:collapse;font-size:0.9em}td,th{border:1px solid #ccc;padding:4px 6px;"
         "vertical-align:top}th{background:#eee}img{max-width:100%;margin:0.5em 0}"
         ".reproduced{background:#d4f4d4}.partly{background:#fff3c4}.not-reproduced{background:#f8d0d0}"
-        ".not-run{background:#e8e8e8}.error{background:#f0a0a0}")
+        ".not-run{background:#e8e8e8}.error{background:#f0a0a0}.inconclusive{background:#dde6f8}")
 
 
 def _html_findings(table: pd.DataFrame) -> str:
-    cols = ["id", "paper", "where", "paper_number", "ours", "verdict", "rule"]
+    cols = ["id", "paper", "where", "paper_number", "ours", "interval", "verdict", "rule"]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = []
     for r in table[cols].itertuples(index=False):
