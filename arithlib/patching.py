@@ -1066,9 +1066,11 @@ def head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = None,
                value: Mapping[int, torch.Tensor] | float = 0.0, position: int | None = -1,
                batch_size: int = 16, max_rows: int = 1024, progress: bool = True,
                cache: RunCache | None = None) -> pd.DataFrame:
-    """Ablate one head at a time (Yu & Ananiadou Sec. 3.2: zero its W_O slice, ``value=0``)
-    at ``position`` (-1: answer position, the fast screen; None: every position, the
-    exact intervention) and record first-token correctness. Returns one row per head and
+    """Ablate one head at a time (``value=0``: zero its W_O slice, Yu & Ananiadou Sec. 3.2;
+    a mean mapping: Zhang's knockout) at ``position`` (-1: answer position only; None:
+    every position, Yu's intervention, recomputing every position of every prompt: the
+    reference of :func:`arithlib.head_sweep.exact_head_sweep`) and record first-token
+    correctness. Returns one row per head and
     prompt: ``prompt``, ``layer``, ``head``, ``correct``, ``clean_correct`` plus the
     prompt's ``op``, ``n_digits``, ``template_id``, ``carry`` and ``case``."""
     cfg = model.cfg
@@ -1100,60 +1102,6 @@ def sweep_accuracy(sweep: pd.DataFrame, by: Sequence[str] = ("op", "n_digits")) 
                                 n=("correct", "size")).reset_index()
     g["accuracy_drop"] = g["baseline_accuracy"] - g["accuracy"]
     return g
-
-
-#: Columns of a head-sweep accuracy table (:func:`two_stage_head_sweep`'s ``final``).
-SWEEP_COLUMNS = ["op", "n_digits", "layer", "head", "accuracy", "baseline_accuracy", "accuracy_drop"]
-
-
-@dataclass
-class TwoStageSweep:
-    """Yu & Ananiadou's head sweep in two stages (:func:`two_stage_head_sweep`)."""
-
-    screen: pd.DataFrame    # every head at the answer position: sweep_accuracy rows by op, n_digits
-    verified: pd.DataFrame  # the re-run heads at every position, with the screen's accuracy and drop beside
-    final: pd.DataFrame     # SWEEP_COLUMNS + verified: every-position numbers where re-run, else the screen's
-
-    def top(self, n: int = 5) -> pd.DataFrame:
-        """The ``n`` heads of largest accuracy drop per operator and digit count (Yu
-        App. E, Tables 24-27), ranked 1..n, with a ``head_label`` "L{layer}H{head}"."""
-        top = (self.final.sort_values("accuracy_drop", ascending=False).groupby(["op", "n_digits"]).head(n)
-               .sort_values(["op", "n_digits", "accuracy_drop"], ascending=[True, True, False]))
-        top["rank"] = top.groupby(["op", "n_digits"]).cumcount() + 1
-        top["head_label"] = [f"L{r.layer}H{r.head}" for r in top.itertuples()]
-        return top[["op", "n_digits", "rank", "head_label", "layer", "head", "accuracy", "baseline_accuracy",
-                    "accuracy_drop", "verified"]]
-
-
-def two_stage_head_sweep(model, prompts: PromptSet, verify_top: int, batch_size: int = 16, max_rows: int = 1024,
-                         progress: bool = True) -> TwoStageSweep:
-    """Yu & Ananiadou Sec. 3.2 / App. E (Tables 1-3, 24-27): zero one head at a time and
-    measure first-token accuracy per operator and digit count. Stage 1 zeroes every head
-    at the answer position only (:func:`head_sweep` with ``position=-1``: exact for that
-    position, far cheaper); stage 2 re-runs the ``verify_top`` most damaging heads of each
-    setting at every position (Yu's intervention), whose numbers replace the screen's.
-    The screen is not Yu's intervention, so a head it misses can still matter; the
-    verified rows say which numbers are exact."""
-    cache = RunCache()
-    screen = sweep_accuracy(head_sweep(model, prompts, position=-1, batch_size=batch_size, max_rows=max_rows,
-                                       progress=progress, cache=cache), ["op", "n_digits"])
-    verified = []
-    for (op, n), g in screen.groupby(["op", "n_digits"]):
-        top = g.sort_values("accuracy_drop", ascending=False).head(verify_top)
-        exact = head_sweep(model, prompts.where(op=op, n_digits=n),
-                           heads=[(int(r.layer), int(r.head)) for r in top.itertuples()], position=None,
-                           batch_size=batch_size, max_rows=max_rows, progress=False, cache=cache)
-        verified.append(sweep_accuracy(exact, ["op", "n_digits"]))
-    verified = pd.concat(verified, ignore_index=True)
-    keys = ["op", "n_digits", "layer", "head"]
-    both = verified[SWEEP_COLUMNS].merge(screen[keys + ["accuracy", "accuracy_drop"]], on=keys,
-                                         suffixes=("", "_screen"))
-    final = screen[SWEEP_COLUMNS].merge(verified[keys + ["accuracy"]], how="left", on=keys,
-                                        suffixes=("_screen", ""))
-    final["verified"] = final["accuracy"].notna()
-    final["accuracy"] = final["accuracy"].fillna(final["accuracy_screen"])
-    final["accuracy_drop"] = final["baseline_accuracy"] - final["accuracy"]
-    return TwoStageSweep(screen=screen, verified=both, final=final[SWEEP_COLUMNS + ["verified"]])
 
 
 def mean_ablation_edits(heads: Iterable[Head], means: Mapping[str, Mapping[int, torch.Tensor]], length: int,

@@ -409,30 +409,6 @@ def test_toy_activation_patching_per_position(toy):
 
 
 @pytest.mark.toy_model
-def test_toy_two_stage_head_sweep_verifies_the_top_heads_at_every_position(toy):
-    b = toy.bridge
-    recs = [r for n in (1, 2) for r in ds.yu_prompts(["+", "-"], n_digits=n, n_per_template=3, seed=0, fewshot=2,
-                                                     templates=[3])]
-    ps = ds.PromptSet.build(recs, toy.tokenizer)
-    sweep = P.two_stage_head_sweep(b, ps, verify_top=2, progress=False)
-    n_heads = b.cfg.n_layers * b.cfg.n_heads
-    assert len(sweep.final) == len(sweep.screen) == 4 * n_heads and list(sweep.final)[:7] == P.SWEEP_COLUMNS
-    assert sweep.final.groupby(["op", "n_digits"])["verified"].sum().tolist() == [2, 2, 2, 2]
-    for r in sweep.final.itertuples():   # verified rows are every-position numbers, the rest the screen's
-        sub = ps.where(op=r.op, n_digits=r.n_digits)
-        if r.verified:
-            exact = P.sweep_accuracy(P.head_sweep(b, sub, heads=[(r.layer, r.head)], position=None, progress=False))
-            assert r.accuracy == pytest.approx(exact["accuracy"].item())
-            break
-    unverified = sweep.final[~sweep.final.verified].merge(sweep.screen, on=["op", "n_digits", "layer", "head"])
-    assert (unverified["accuracy_x"] == unverified["accuracy_y"]).all()
-    assert (sweep.final["accuracy_drop"] == sweep.final["baseline_accuracy"] - sweep.final["accuracy"]).all()
-    top = sweep.top(3)
-    assert top.groupby(["op", "n_digits"])["rank"].apply(list).tolist() == [[1, 2, 3]] * 4
-    assert (top.groupby(["op", "n_digits"])["accuracy_drop"].apply(lambda x: x.is_monotonic_decreasing)).all()
-
-
-@pytest.mark.toy_model
 def test_toy_coarse_to_fine_patching_and_head_circuits(toy):
     b = toy.bridge
     nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=4, fewshot=2), toy.tokenizer)

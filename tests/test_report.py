@@ -266,14 +266,40 @@ def test_malformed_table_is_an_error_not_a_study_that_did_not_run(tmp_path: Path
     assert "1 error" in R._summary_counts(table) and "error" not in R._summary_counts(table.iloc[:1])
 
 
+def _yu_sweep(d: Path, n: int, clean: int, after: int) -> None:
+    """An exact-stage sweep of one head per operator (+ - /) on ``n`` 1D prompts each:
+    ``clean`` answered before, ``after`` with the head zeroed."""
+    _csv(d, "01_yu_head_sweep", [{"op": op, "n_digits": 1, "layer": 0, "head": 0, "rank": 1, "n": n,
+                                  "accuracy": after / n, "baseline_accuracy": clean / n,
+                                  "accuracy_drop": (clean - after) / n, "relative_drop": 1 - after / clean}
+                                 for op in ("+", "-", "/")])
+    _csv(d, "01_yu_head_sweep_rows", [{"op": op, "n_digits": 1, "layer": 0, "head": 0, "prompt": i,
+                                       "correct": i < after, "clean_correct": i < clean}
+                                      for op in ("+", "-", "/") for i in range(n)])
+
+
 def test_yu_single_head_compares_relative_decreases_as_the_paper_does(tmp_path: Path):
     # Yu's Table 2 is relative: 1D+ 88.9 -> 47.6 % is a 46.5 % decrease (Table 24), 41 points
-    rows = [{"op": op, "n_digits": 1, "layer": 0, "head": 0, "accuracy": 0.24, "baseline_accuracy": 0.5,
-             "accuracy_drop": 0.26} for op in ("add", "sub", "div")]
-    _csv(tmp_path, "01_yu_head_sweep", rows)
+    _yu_sweep(tmp_path, 200, 100, 48)
     out = _outcome("yu_single_head", tmp_path)
     assert out.verdict == R.REPRODUCED, out.ours  # 52 % relative (26 points absolute would be only 'partly')
-    assert "+ 52 %" in out.ours
+    assert "+ L0H0 52 %" in out.ours and out.interval.low > 0.27
+
+
+def test_yu_single_head_is_inconclusive_when_its_interval_straddles_a_threshold(tmp_path: Path):
+    # the same 52 % decrease on 6 prompts per operator cannot be told from 27 %
+    _yu_sweep(tmp_path, 6, 4, 2)
+    out = _outcome("yu_single_head", tmp_path)
+    assert out.verdict == R.INCONCLUSIVE, out.ours
+    assert out.interval.low < 0.27 < out.interval.high
+
+
+def test_yu_single_head_needs_the_exact_every_position_sweep(tmp_path: Path):
+    # an old run's sweep (answer-position screen, no per-prompt rows) is not judged
+    _csv(tmp_path, "01_yu_head_sweep", [{"op": "add", "n_digits": 1, "layer": 0, "head": 0, "accuracy": 0.2,
+                                         "baseline_accuracy": 0.5, "accuracy_drop": 0.3}])
+    out = _outcome("yu_single_head", tmp_path)
+    assert out.verdict == R.NOT_RUN and "rerun notebook 01" in out.ours
 
 
 def test_findings_are_declared_completely():

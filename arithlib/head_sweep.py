@@ -1,0 +1,303 @@
+"""Yu & Ananiadou's head sweep (Sec. 3.2-3.4, App. E, Tables 1-3, 24-27): set one
+attention head's parameters to zero, so its output is zero at **every position**, and
+measure first-token accuracy per operator and digit count.
+
+Zeroing a head at every position changes the keys and values of every later layer at
+every position, so the answer-position shortcut of :mod:`arithlib.patching` does not
+apply. What stays exact and cheaper (:func:`zeroed_head_states`):
+
+* everything below the head's layer is the clean run: each pass starts at that layer
+  from the recorded residual stream;
+* the few-shot prefix, shared by every prompt of an operator, is recomputed once per
+  head (batch 1), and the prompts run only their query tokens on top of that
+  head-ablated prefix's keys and values;
+* all heads of a layer run in one batch (heads x prompts rows).
+
+:func:`arithlib.patching.head_sweep` with ``position=None`` (every position recomputed
+per prompt) is the reference this is tested equal to, and the baseline of
+``benchmarks/head_sweep.py``.
+
+An exact sweep of every head on every prompt costs heads x prompts x query tokens of
+forward passes, beyond a 2-core CPU for Qwen2.5-0.5B (336 heads, 1,078 prompts). So
+:func:`yu_head_sweep` runs in two stages, both with Yu's intervention (every position):
+
+1. **screen**: every head on ``screen_n`` prompts per setting (operator x digit
+   count), ranked by accuracy drop, ties broken by the mean decrease of the answer
+   token's logit, then by (layer, head);
+2. **exact**: the ``top_k`` screened heads of every setting on all of the setting's
+   prompts. Only stage-2 numbers are reported as the sweep's result.
+
+:func:`screen_recall` measures how many of the exact top heads of a setting the screen
+finds, from an exact sweep of every head on that setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .datasets import PromptSet
+from .hf_compat import cache_layers, causal_mask, new_cache, run_block
+from .models import hf_module as _hf
+from .patching import Component, Edit, Head, Unembed, clean_run, head_sweep, resumable, variant_hooks
+
+#: Rows x positions of one batched pass (heads x prompts x query tokens); bounds memory
+#: (Qwen2.5-0.5B: ~200 MB of MLP activations at 8,192).
+MAX_TOKENS = 8192
+
+#: Columns of a per-(head, prompt) sweep table.
+ROW_COLUMNS = ["prompt", "op", "n_digits", "layer", "head", "correct", "clean_correct", "answer_logit",
+               "clean_answer_logit"]
+
+
+def _zero_variants(layer: int, heads: Sequence[int], positions: Sequence[int] | None) -> list[list[Edit]]:
+    return [[Edit(Component("head", layer, h), p, 0.0) for p in (positions if positions is not None else [None])]
+            for h in heads]
+
+
+def _run_layers(model, hidden: torch.Tensor, first: int, start: int, cache) -> torch.Tensor:
+    """Blocks ``first..L-1`` on ``hidden`` [R, t, d] at positions ``start..start+t-1``
+    after ``cache``'s keys and values (which the blocks extend); the last block's output."""
+    hf = _hf(model)
+    base = hf.base_model
+    t = hidden.shape[1]
+    position_ids = torch.arange(start, start + t, device=hidden.device).unsqueeze(0)
+    pos_emb = base.rotary_emb(hidden, position_ids)
+    mask = causal_mask(hf.config, hidden, cache, position_ids, first)
+    for l in range(first, model.cfg.n_layers):
+        hidden = run_block(base.layers[l], hidden, mask=mask, position_embeddings=pos_emb,
+                           position_ids=position_ids, cache=cache, use_cache=True)
+    return hidden
+
+
+@torch.no_grad()
+def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_tokens: int = MAX_TOKENS
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final-normed hidden state at the last position of every prompt of ``tokens``
+    [B, T] (same-length rows) with each head of ``heads`` zeroed at every position:
+    ``[len(heads), B, d_model]``, and the clean states ``[B, d_model]``.
+
+    The rows' common prefix (the few-shot lines) runs once per head; each head's pass
+    starts at its layer from the clean residual stream. Llama-style models only
+    (:func:`arithlib.patching.resumable`)."""
+    if not resumable(model):
+        raise ValueError("zeroed_head_states needs a Llama-style model (arithlib.patching.resumable); "
+                         "use arithlib.patching.head_sweep(position=None) for others")
+    hf = _hf(model)
+    B, T = tokens.shape
+    rows = tokens.tolist()
+    n = 0
+    while n < T - 1 and all(r[n] == rows[0][n] for r in rows):
+        n += 1
+    n_layers = model.cfg.n_layers
+    full = clean_run(model, tokens)               # resid [L, B, T, d] (prefix shared inside)
+    pre = clean_run(model, tokens[:1, :n], share_prefix=False) if n else None
+    q = T - n
+    out = torch.empty(len(heads), B, full.final.shape[-1], dtype=full.final.dtype, device=full.final.device)
+    order = sorted(range(len(heads)), key=lambda i: heads[i])
+    by_layer: dict[int, list[int]] = {}
+    for i in order:
+        by_layer.setdefault(int(heads[i][0]), []).append(i)
+    per_pass = max(1, max_tokens // max(1, B * q))
+    for layer, idx in by_layer.items():
+        for s in range(0, len(idx), per_pass):
+            chunk = idx[s:s + per_pass]
+            V = len(chunk)
+            hs = [int(heads[i][1]) for i in chunk]
+            kv: list = [None] * n_layers
+            if n:  # the prefix with the head zeroed, one row per head
+                cache = new_cache(hf.config)
+                with model.hooks(fwd_hooks=variant_hooks(model, _zero_variants(layer, hs, None), 1, 0, n)):
+                    _run_layers(model, pre.resid[layer].repeat(V, 1, 1), layer, 0, cache)
+                kv = [None if e is None else (e[0].repeat_interleave(B, 0), e[1].repeat_interleave(B, 0))
+                      for e in cache_layers(cache)]
+                kv = [None if l < layer else kv[l] for l in range(n_layers)]
+            cache = new_cache(hf.config, kv)
+            hidden = full.resid[layer][:, n:].repeat(V, 1, 1)   # variant-major
+            hooks = variant_hooks(model, _zero_variants(layer, hs, range(n, T)), B, n, T)
+            with model.hooks(fwd_hooks=hooks):
+                h = _run_layers(model, hidden, layer, n, cache)
+            out[chunk] = hf.base_model.norm(h[:, -1:])[:, 0].view(V, B, -1)
+    return out, full.final
+
+
+@torch.no_grad()
+def exact_head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = None, batch_size: int = 128,
+                     progress: bool = True, desc: str = "head sweep (every position)") -> pd.DataFrame:
+    """Every head of ``heads`` (default: all) zeroed at every position on every prompt
+    (Yu Sec. 3.2). One row per (head, prompt): :data:`ROW_COLUMNS` plus ``template_id``,
+    ``case``. ``correct``: the answer's first token is the argmax (exact, via
+    :meth:`Unembed.top1`); ``answer_logit``: its logit."""
+    cfg = model.cfg
+    heads = [tuple(map(int, h)) for h in heads] if heads is not None else \
+        [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    if not resumable(model):  # same intervention and numbers, every position recomputed per prompt
+        return _reference_rows(model, prompts, heads, batch_size, progress)
+    unembed = Unembed(model)
+    frames = []
+    batches = list(prompts.batches(batch_size, by_prefix=True))
+    for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
+        h, clean = zeroed_head_states(model, batch.tokens, heads)
+        ans = batch.answer_ids
+        clean_logits = unembed.logits(clean)
+        pred, _ = unembed.top1(h, clean, clean_logits, hint_ids=ans)
+        a_logit = unembed.token_logits(h, ans)
+        c_pred = clean_logits.argmax(-1)
+        c_logit = clean_logits.gather(1, ans[:, None])[:, 0]
+        idx = [int(i) for i in batch.index]
+        meta = pd.DataFrame({"prompt": idx, "op": [prompts.records[i].op for i in idx],
+                             "n_digits": [prompts.records[i].n_digits for i in idx],
+                             "template_id": [prompts.records[i].template_id for i in idx],
+                             "case": [prompts.records[i].get("case", "") for i in idx],
+                             "clean_correct": (c_pred == ans).numpy(), "clean_answer_logit": c_logit.numpy()})
+        for j, (layer, head) in enumerate(heads):
+            f = meta.copy()
+            f["layer"], f["head"] = layer, head
+            f["correct"] = (pred[j] == ans).numpy()
+            f["answer_logit"] = a_logit[j].numpy()
+            frames.append(f)
+    rows = pd.concat(frames, ignore_index=True)
+    return rows.sort_values(["layer", "head", "prompt"]).reset_index(drop=True)
+
+
+def _reference_rows(model, prompts: PromptSet, heads: Sequence[Head], batch_size: int, progress: bool
+                    ) -> pd.DataFrame:
+    rows = head_sweep(model, prompts, heads=heads, position=None, batch_size=min(batch_size, 16), progress=progress)
+    rows["answer_logit"] = np.nan
+    rows["clean_answer_logit"] = np.nan
+    return rows.sort_values(["layer", "head", "prompt"]).reset_index(drop=True)
+
+
+def setting_accuracy(rows: pd.DataFrame, by: Sequence[str] = ("op", "n_digits")) -> pd.DataFrame:
+    """Per head and setting: ``accuracy``, ``baseline_accuracy``, ``accuracy_drop``,
+    ``relative_drop`` (1 - after / before, Yu's Table 2), ``logit_drop`` (mean decrease
+    of the answer logit), ``n``, and the exact 95 % binomial interval of ``accuracy``."""
+    from .stats import binomial_ci
+
+    keys = list(by) + ["layer", "head"]
+    g = (rows.assign(_drop=rows["clean_answer_logit"] - rows["answer_logit"])
+         .groupby(keys).agg(correct=("correct", "sum"), clean=("clean_correct", "sum"), n=("correct", "size"),
+                            logit_drop=("_drop", "mean")).reset_index())
+    g["accuracy"] = g["correct"] / g["n"]
+    g["baseline_accuracy"] = g["clean"] / g["n"]
+    g["accuracy_drop"] = g["baseline_accuracy"] - g["accuracy"]
+    g["relative_drop"] = np.where(g["clean"] > 0, 1 - g["correct"] / g["clean"].where(g["clean"] > 0), np.nan)
+    cis = [binomial_ci(int(c), int(n)) for c, n in zip(g["correct"], g["n"])]
+    g["accuracy_low"] = [c.low for c in cis]
+    g["accuracy_high"] = [c.high for c in cis]
+    return g.drop(columns=["correct", "clean"])
+
+
+def rank_heads(acc: pd.DataFrame, by: Sequence[str] = ("op", "n_digits")) -> pd.DataFrame:
+    """``acc`` (:func:`setting_accuracy`) ranked within each setting: largest
+    ``accuracy_drop`` first, ties broken by the larger ``logit_drop``, then by the lower
+    (layer, head); adds ``rank`` (1 = most damaging)."""
+    keys = list(by)
+    out = acc.assign(_ld=acc["logit_drop"].fillna(-np.inf)).sort_values(
+        keys + ["accuracy_drop", "_ld", "layer", "head"], ascending=[True] * len(keys) + [False, False, True, True])
+    out["rank"] = out.groupby(keys).cumcount() + 1
+    return out.drop(columns="_ld").reset_index(drop=True)
+
+
+def sample_settings(prompts: PromptSet, n: int, seed: int, by: Sequence[str] = ("op", "n_digits")) -> PromptSet:
+    """At most ``n`` prompts per setting, drawn with ``seed`` (all of a smaller setting)."""
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({k: [getattr(r, k) for r in prompts.records] for k in by})
+    keep: list[int] = []
+    for _, g in frame.groupby(list(by), sort=True):
+        idx = g.index.to_numpy()
+        keep += sorted(rng.choice(idx, size=min(n, len(idx)), replace=False).tolist())
+    return prompts.subset(sorted(keep))
+
+
+@dataclass
+class HeadSweep:
+    """:func:`yu_head_sweep`'s result."""
+
+    screen: pd.DataFrame   # every head, screen_n prompts per setting: rank_heads rows
+    exact: pd.DataFrame    # the top_k screened heads per setting on all its prompts: rank_heads rows
+    rows: pd.DataFrame     # per (head, prompt) rows of the exact stage (for bootstrap intervals)
+    screen_n: int
+    top_k: int
+
+    def top(self, n: int = 5) -> pd.DataFrame:
+        """The ``n`` most damaging heads per setting by the exact stage (Yu App. E
+        Tables 24-27), with ``head_label`` "L{layer}H{head}"."""
+        top = self.exact[self.exact["rank"] <= n].copy()
+        top["head_label"] = [f"L{r.layer}H{r.head}" for r in top.itertuples()]
+        return top
+
+
+def yu_head_sweep(model, prompts: PromptSet, screen_n: int, top_k: int, seed: int = 0, batch_size: int = 128,
+                  progress: bool = True) -> HeadSweep:
+    """Yu's head sweep in two stages (module docstring): every head zeroed at every
+    position on ``screen_n`` prompts per setting, then the ``top_k`` heads of each
+    setting on all of its prompts."""
+    sub = sample_settings(prompts, screen_n, seed)
+    screen = rank_heads(setting_accuracy(exact_head_sweep(model, sub, batch_size=batch_size, progress=progress,
+                                                          desc="head sweep: screen")))
+    rows = []
+    settings = screen[["op", "n_digits"]].drop_duplicates().itertuples(index=False)
+    for op, nd in tqdm(list(settings), desc="head sweep: exact", disable=not progress, leave=False):
+        heads = [(int(r.layer), int(r.head)) for r in
+                 screen[(screen.op == op) & (screen.n_digits == nd) & (screen["rank"] <= top_k)].itertuples()]
+        rows.append(exact_head_sweep(model, prompts.where(op=op, n_digits=nd), heads, batch_size, progress=False))
+    rows = pd.concat(rows, ignore_index=True)
+    return HeadSweep(screen, rank_heads(setting_accuracy(rows)), rows, screen_n, top_k)
+
+
+def screen_recall(screen: pd.DataFrame, exact_all: pd.DataFrame, top_k: int, ks: Sequence[int] = (1, 3, 5)
+                  ) -> pd.DataFrame:
+    """Recall of the screen: for each setting of ``exact_all`` (rank_heads rows of every
+    head on all prompts) and each k in ``ks``, the share of the exact top-k heads that are
+    among the screen's ``top_k`` (what stage 2 re-measures), and whether the exact top
+    head is among them."""
+    out = []
+    for (op, nd), ex in exact_all.groupby(["op", "n_digits"]):
+        sc = screen[(screen.op == op) & (screen.n_digits == nd)]
+        picked = {(int(r.layer), int(r.head)) for r in sc[sc["rank"] <= top_k].itertuples()}
+        for k in ks:
+            truth = [(int(r.layer), int(r.head)) for r in ex[ex["rank"] <= k].itertuples()]
+            out.append({"op": op, "n_digits": nd, "k": k, "screen_top": top_k,
+                        "recall": sum(h in picked for h in truth) / len(truth),
+                        "exact_top_heads": " ".join(f"L{l}H{h}" for l, h in truth)})
+    return pd.DataFrame(out)
+
+
+def specificity(model, tokenizer, heads: dict[str, Head], facts: Sequence[dict] | None = None) -> pd.DataFrame:
+    """Effect of each operator's top head on a task without arithmetic: factual recall
+    (``data/factual_recall.json``, :func:`arithlib.general_ability.factual_recall`) with
+    the head zeroed at every position. One row per (op, fact): ``correct`` and
+    ``answer_logprob`` with the head zeroed, ``clean_correct``, ``clean_logprob``. Facts
+    whose answer does not tokenize as one token after the prompt under ``tokenizer``
+    are left out (the toy model's tokenizer knows digits only); an empty frame when
+    none is left."""
+    from .ablation import zero_heads_hooks
+    from .general_ability import factual_recall, load_facts
+
+    usable = []
+    for f in (list(facts) if facts is not None else load_facts()):
+        try:
+            p = tokenizer(f["prompt"])["input_ids"]
+            full = tokenizer(f["prompt"] + f["answer"])["input_ids"]
+        except Exception:  # noqa: BLE001 (a tokenizer that cannot encode the text)
+            continue
+        if full[:len(p)] == p and len(full) > len(p):
+            usable.append(f)
+    if not usable:
+        return pd.DataFrame(columns=["op", "layer", "head", "prompt", "correct", "answer_logprob", "clean_correct",
+                                     "clean_logprob"])
+    clean = factual_recall(model, tokenizer, usable)
+    frames = []
+    for op, (layer, head) in heads.items():
+        with model.hooks(fwd_hooks=zero_heads_hooks([(int(layer), int(head))])):
+            ab = factual_recall(model, tokenizer, usable)
+        frames.append(pd.DataFrame({"op": op, "layer": int(layer), "head": int(head), "prompt": ab["prompt"],
+                                    "correct": ab["correct"], "answer_logprob": ab["answer_logprob"],
+                                    "clean_correct": clean["correct"], "clean_logprob": clean["answer_logprob"]}))
+    return pd.concat(frames, ignore_index=True)
