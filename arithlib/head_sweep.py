@@ -76,14 +76,16 @@ def _run_layers(model, hidden: torch.Tensor, first: int, start: int, cache) -> t
 
 
 @torch.no_grad()
-def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_tokens: int = MAX_TOKENS
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_tokens: int = MAX_TOKENS,
+                       prefix_cache: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Final-normed hidden state at the last position of every prompt of ``tokens``
     [B, T] (same-length rows) with each head of ``heads`` zeroed at every position:
     ``[len(heads), B, d_model]``, and the clean states ``[B, d_model]``.
 
     The rows' common prefix (the few-shot lines) runs once per head; each head's pass
-    starts at its layer from the clean residual stream. Llama-style models only
+    starts at its layer from the clean residual stream. ``prefix_cache`` (a dict) keeps
+    each head's ablated prefix keys and values for later calls whose rows share the same
+    prefix (e.g. 1-, 2- and 3-digit prompts of one operator). Llama-style models only
     (:func:`arithlib.patching.resumable`)."""
     if not resumable(model):
         raise ValueError("zeroed_head_states needs a Llama-style model (arithlib.patching.resumable); "
@@ -96,7 +98,7 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
         n += 1
     n_layers = model.cfg.n_layers
     full = clean_run(model, tokens)               # resid [L, B, T, d] (prefix shared inside)
-    pre = clean_run(model, tokens[:1, :n], share_prefix=False) if n else None
+    pre = clean_run(model, tokens[:1, :n], share_prefix=False) if n else None  # (cheap: one row)
     q = T - n
     out = torch.empty(len(heads), B, full.final.shape[-1], dtype=full.final.dtype, device=full.final.device)
     order = sorted(range(len(heads)), key=lambda i: heads[i])
@@ -111,12 +113,17 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
             hs = [int(heads[i][1]) for i in chunk]
             kv: list = [None] * n_layers
             if n:  # the prefix with the head zeroed, one row per head
-                cache = new_cache(hf.config)
-                with model.hooks(fwd_hooks=variant_hooks(model, _zero_variants(layer, hs, None), 1, 0, n)):
-                    _run_layers(model, pre.resid[layer].repeat(V, 1, 1), layer, 0, cache)
-                kv = [None if e is None else (e[0].repeat_interleave(B, 0), e[1].repeat_interleave(B, 0))
-                      for e in cache_layers(cache)]
-                kv = [None if l < layer else kv[l] for l in range(n_layers)]
+                key = (tuple(rows[0][:n]), layer, tuple(hs))
+                prefix_kv = prefix_cache.get(key) if prefix_cache is not None else None
+                if prefix_kv is None:
+                    cache = new_cache(hf.config)
+                    with model.hooks(fwd_hooks=variant_hooks(model, _zero_variants(layer, hs, None), 1, 0, n)):
+                        _run_layers(model, pre.resid[layer].repeat(V, 1, 1), layer, 0, cache)
+                    prefix_kv = cache_layers(cache)
+                    if prefix_cache is not None:
+                        prefix_cache[key] = prefix_kv
+                kv = [None if l < layer or e is None else (e[0].repeat_interleave(B, 0), e[1].repeat_interleave(B, 0))
+                      for l, e in enumerate(prefix_kv)]
             cache = new_cache(hf.config, kv)
             hidden = full.resid[layer][:, n:].repeat(V, 1, 1)   # variant-major
             hooks = variant_hooks(model, _zero_variants(layer, hs, range(n, T)), B, n, T)
@@ -141,8 +148,9 @@ def exact_head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = N
     unembed = Unembed(model)
     frames = []
     batches = list(prompts.batches(batch_size, by_prefix=True))
+    prefix_cache: dict = {}
     for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
-        h, clean = zeroed_head_states(model, batch.tokens, heads)
+        h, clean = zeroed_head_states(model, batch.tokens, heads, prefix_cache=prefix_cache)
         ans = batch.answer_ids
         clean_logits = unembed.logits(clean)
         pred, _ = unembed.top1(h, clean, clean_logits, hint_ids=ans)
