@@ -959,6 +959,26 @@ def _md_image(name: str) -> str:
     return f"![{name}]({name}.png)"
 
 
+FIDELITY_TITLE = "Fidelity: the paper's setting beside ours"
+FIDELITY_TEXT = ("Each finding's setting in its paper beside ours, aspect by aspect: ours is read from this "
+                 "folder's params JSONs (\"not recorded\" where a run predates a parameter); the last column names "
+                 "the differences the small offline models force. Every other difference is a choice of this "
+                 "reimplementation, shown so it can be judged.")
+
+
+def report_fidelity(tables: Tables, table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`fidelity.fidelity_table` of this folder's params, the prompts row of each
+    finding ending with the number of prompts behind its verdict's interval."""
+    from .fidelity import fidelity_table
+
+    fid = fidelity_table(tables.params(), {f.id: f.notebook for f in FINDINGS})
+    n_of = dict(zip(table["id"], table["ci_n"]))
+    prompts = fid["aspect"] == "prompts"
+    fid.loc[prompts, "ours"] = [f"{o}; n = {int(n_of[f])} behind the verdict's interval" if n_of.get(f) else o
+                                for f, o in zip(fid.loc[prompts, "finding"], fid.loc[prompts, "ours"])]
+    return fid
+
+
 def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -> str:
     """REPORT.md's text: the findings table, the rules, and a section per notebook with
     each finding's figure beside it, then the notebook's other figures, all inline."""
@@ -973,6 +993,8 @@ def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = Non
            "### Claims, rules and sources", ""]
     for r in table.itertuples():
         out.append(f"- **{r.id}** ({r.paper}, {r.where}): {r.claim} *Rule:* {r.rule}. *Paper number from:* {r.source}.")
+    out += ["", f"## {FIDELITY_TITLE}", "", FIDELITY_TEXT, "",
+            markdown_table(report_fidelity(tables, table))]
     for nb, title in NOTEBOOKS.items():
         pngs = [p.stem for p in sorted(tables.dir.glob(f"{nb}_*.png"))]
         sub = table[table.notebook == nb]
@@ -1024,6 +1046,15 @@ def _html_findings(table: pd.DataFrame) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+def _html_table(frame: pd.DataFrame) -> str:
+    """A plain HTML table of ``frame`` (escaped)."""
+    e = html.escape
+    head = "".join(f"<th>{e(str(c))}</th>" for c in frame.columns)
+    body = "".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in r) + "</tr>"
+                   for r in frame.itertuples(index=False))
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
 def _img(path: Path) -> str:
     """A figure that links the PNG beside REPORT.html (relative path).
 
@@ -1045,7 +1076,9 @@ def report_html(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Report: {e(model)}</title>"
              f"<style>{_CSS}</style></head><body>", f"<h1>Reproduction report: {e(model)}</h1>",
              f"<p>{e('; '.join(facts))}.</p>", f"<p><b>Verdicts:</b> {e(_summary_counts(table))}.</p>",
-             f"<p>{e(RULES_TEXT)}</p>", "<h2>Findings</h2>", _html_findings(table)]
+             f"<p>{e(RULES_TEXT)}</p>", "<h2>Findings</h2>", _html_findings(table),
+             "<h2 id='fidelity'>" + e(FIDELITY_TITLE) + "</h2>", f"<p>{e(FIDELITY_TEXT)}</p>",
+             _html_table(report_fidelity(tables, table))]
     for nb, title in NOTEBOOKS.items():
         pngs = sorted(tables.dir.glob(f"{nb}_*.png"))
         sub = table[table.notebook == nb]
