@@ -518,7 +518,7 @@ def _yu_lora_layers(t: Tables) -> Outcome:
         return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='05')}", INCONCLUSIVE, metrics)
     share = bootstrap_ci(lambda x: float((x[:, 1:].mean(0) > x[:, 0].mean()).mean()), mat)
     falls: set[bool] = {False}
-    if has_bands:
+    if has_bands and "layers" in bands:
         layers = lora["layer"].astype(int).tolist()
         band = bands.set_index("band")["layers"]
         cols = {b: [1 + i for i, l in enumerate(layers) if l in _band_layers(band[b])] for b in ("shallow", "deep")}
