@@ -65,6 +65,7 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet
+from .stats import encode_correct
 from .evaluate import continues_number
 from .hf_compat import cache_kwargs, output_cache, repeat_cache, repeat_rows_
 from .neurons import w_out
@@ -1410,12 +1411,15 @@ def hidden_interpretable_table(model, prompts: PromptSet, counts: pd.DataFrame, 
                           capture=(), targets=targets, batch_size=batch_size, progress=progress, desc="M sweep")
     base = runs["base"].accuracy
     accuracy_of = {frozenset(): base, **{key: runs[str(j)].accuracy for j, key in enumerate(distinct)}}
+    correct_of = {frozenset(): runs["base"].correct, **{key: runs[str(j)].correct for j, key in enumerate(distinct)}}
     rows = []
     for m, kind, ns in plan:
         acc = accuracy_of[frozenset(ns)]
         rows.append({"M": m, "set": kind, "n_neurons": len(ns), "share_of_shallow": len(ns) / max(1, len(pool)),
                      "accuracy": acc, "accuracy_decrease": 100 * (base - acc) / base if base > 0 else float("nan"),
-                     "base_accuracy": base, "n_cases": len(prompts)})
+                     "base_accuracy": base, "n_cases": len(prompts),
+                     # per-case correctness (paired bootstrap of the report's interval)
+                     "correct_by_prompt": encode_correct(correct_of[frozenset(ns)].cpu().numpy())})
     return pd.DataFrame(rows)
 
 

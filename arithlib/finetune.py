@@ -82,6 +82,7 @@ from .evaluate import common_prefix, continues_number
 from .hf_compat import select_cache_rows
 from .layer_inputs import LayerInputs, can_start_late, run_decoder
 from .models import hf_module as _hf, model_device as _device
+from .stats import encode_correct
 from .thresholds import KEY_HEAD_THRESHOLD
 
 Head = tuple[int, int]
@@ -1073,7 +1074,9 @@ def _accuracy_row(frame: pd.DataFrame, **extra) -> dict:
     return {**extra, "accuracy": float(frame.correct_full.mean()), "accuracy_first": float(frame.correct_first.mean()),
             "accuracy_negative": float(neg.correct_full.mean()) if len(neg) else float("nan"),
             "accuracy_nonnegative": float(pos.correct_full.mean()) if len(pos) else float("nan"),
-            "mean_answer_logprob": float(frame.answer_logprob.mean()), "n_test": len(frame)}
+            "mean_answer_logprob": float(frame.answer_logprob.mean()), "n_test": len(frame),
+            # per-prompt correct_full in test-set order: the paired bootstrap of the report's intervals
+            "correct_by_prompt": encode_correct(frame.correct_full.to_numpy())}
 
 
 # --------------------------------------------------------------------------- layer bands (Yu Fig. 2, Table 10)
@@ -1172,7 +1175,10 @@ def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.T
     (%) of those neurons from the original to M, sign-aware:
     100 * sum sign(m0) (m1 - m0) / sum |m0| over cases and neurons (the negative of
     ``cna.coefficient_decrease``). Returns (rows: model, selection, k, coef_increase,
-    n_cases, accuracy_original, accuracy_model; details: runs and importances)."""
+    n_cases, accuracy_original, accuracy_model; details: runs and importances, and
+    ``"per_case"``: rows model, selection, k, case, num = sum sign(m0) (m1 - m0), den =
+    sum |m0| over the case's top-k neurons, so coef_increase = 100 sum num / sum den
+    and the report can bootstrap it over cases)."""
     from . import cna
 
     names = _mlp_weight_names(bridge)
@@ -1188,6 +1194,7 @@ def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.T
     orig_imp = cna.importance_from_runs(bridge, [run_orig], targets, mode=mode, n_candidates=n_candidates,
                                         select="score", layers=layers)["importance"][0]
     rows, details = [], {"original": {"run": run_orig, "importance": orig_imp}, "layers": layers}
+    per_case: list[dict] = []
     for model_name, weights in tqdm(models.items(), desc="CNA per model", disable=not progress):
         run_m = _last_position_run(bridge, cases, weights, batch_size)
         out = cna.importance_from_runs(bridge, [run_m, run_orig], targets, mode=mode, n_candidates=n_candidates,
@@ -1197,19 +1204,25 @@ def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.T
         details[model_name] = {"run": run_m, "importance": imp_m, "importance_orig": imp_o}
         for select, scores in (("cna", change), ("original", orig_imp)):
             for k in ks:
-                before, after = [], []
+                before, after, cases_with_top = [], [], []
                 for i in range(len(cases)):
                     top = cna.top_neurons(scores[i], k)
                     if not top:
                         continue
+                    cases_with_top.append(i)
                     L = torch.tensor([l for l, _ in top])
                     N = torch.tensor([n for _, n in top])
                     before.append(run_orig.coef[i, L, N])
                     after.append(run_m.coef[i, L, N])
+                for i, (b0, b1) in zip(cases_with_top, zip(before, after)):  # the ratio's parts per case
+                    per_case.append({"model": model_name, "selection": select, "k": k, "case": i,
+                                     "num": float((torch.sign(b0.float()) * (b1.float() - b0.float())).sum()),
+                                     "den": float(b0.float().abs().sum())})
                 inc = (-cna.coefficient_decrease(torch.cat(before), torch.cat(after))) if before else float("nan")
                 rows.append({"model": model_name, "selection": select, "k": k, "coef_increase": inc,
                              "n_cases": len(cases), "accuracy_original": run_orig.accuracy,
                              "accuracy_model": run_m.accuracy})
+    details["per_case"] = pd.DataFrame(per_case, columns=["model", "selection", "k", "case", "num", "den"])
     return pd.DataFrame(rows), details
 
 

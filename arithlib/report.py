@@ -44,7 +44,8 @@ import pandas as pd
 
 from .environment import environment_line
 from .outputs import write_text
-from .stats import INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, bootstrap_ci, interval_verdict
+from .stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, binomial_ci, bootstrap_ci,
+                    decode_correct, interval_verdict)
 from .thresholds import KEY_HEAD_THRESHOLD
 
 NOT_RUN = "not run"
@@ -401,6 +402,60 @@ def _nikankin_prompt_ablation(t: Tables) -> Outcome:
                    {"random minus heuristic-ablated accuracy": r - h})
 
 
+NO_PER_PROMPT = "no per-prompt table: rerun notebook {nb} for an interval"
+
+
+def _possible(ci: Interval | None, threshold: float, higher: bool = True) -> set[bool]:
+    """Truth values that "x >= ``threshold``" (``higher=False``: "x <= threshold") can take
+    inside the 95 % interval ``ci`` (both when the interval straddles it)."""
+    if ci is None:
+        return {True, False}
+    v = interval_verdict(ci, threshold, threshold, higher_is_better=higher)
+    return {True} if v == REPRODUCED else {False} if v == NOT_REPRODUCED else {True, False}
+
+
+def _judged(grade: Callable[..., str], *conditions: set[bool]) -> str:
+    """The verdict ``grade(*conditions)`` when every combination of the conditions' possible
+    truth values (:func:`_possible`) gives the same one, else *inconclusive*."""
+    from itertools import product
+
+    got = {grade(*combo) for combo in product(*conditions)}
+    return got.pop() if len(got) == 1 else INCONCLUSIVE
+
+
+def _above_zero(ci: Interval | None) -> set[bool]:
+    """Possible truth values of "x > 0" within ``ci``."""
+    return _possible(ci, float(np.nextafter(0.0, 1.0)))
+
+
+def _ci_text(ci: Interval | None, unit: str = "%") -> str:
+    """" [lo, hi]" of an interval already in ``unit`` (points or %), or "" without one."""
+    if ci is None or not (np.isfinite(ci.low) and np.isfinite(ci.high)):
+        return ""
+    return f" [{ci.low:.1f}, {ci.high:.1f}]"
+
+
+def _decrease_ci(accuracy: float, n: int, base: float) -> Interval:
+    """Accuracy decrease (%) of ``base`` from an accuracy of ``n`` cases (exact binomial;
+    ``base`` is the unablated accuracy on the same cases, 1 for Yu's correct cases)."""
+    acc = binomial_ci(int(round(accuracy * n)), int(n))
+    if not base > 0:
+        return Interval(float("nan"), float("nan"), float("nan"), int(n), "none")
+    f = lambda x: 100 * (base - x) / base  # noqa: E731
+    return Interval(f(acc.estimate), f(acc.high), f(acc.low), acc.n, acc.method)
+
+
+def _correct_matrix(rows: pd.DataFrame) -> np.ndarray | None:
+    """Prompts x rows boolean matrix of the rows' ``correct_by_prompt`` cells (the same
+    prompts in every row), or None when a cell is missing or the lengths differ."""
+    if "correct_by_prompt" not in rows:
+        return None
+    cols = [decode_correct(c) for c in rows["correct_by_prompt"]]
+    if not cols or any(c is None for c in cols) or len({len(c) for c in cols}) != 1:
+        return None
+    return np.stack(cols, axis=1)
+
+
 def _yu_mask_keep(t: Tables) -> Outcome:
     mk = t.csv("04_mask_keep")
     mk = mk[mk["group"].astype(str) == "+-"]
@@ -408,17 +463,29 @@ def _yu_mask_keep(t: Tables) -> Outcome:
         raise NotRun("no correct 1D + / - cases")
     K = 99 if (mk["K"] == 99).any() else int(mk["K"].max())
 
-    def val(kind: str) -> float:
-        v = mk.loc[(mk["intervention"] == kind) & (mk["K"] == K), "accuracy_decrease"]
-        return float(v.iloc[0]) if len(v) else float("nan")
+    def dec(kind: str) -> Interval | None:
+        r = mk[(mk["intervention"] == kind) & (mk["K"] == K)]
+        if r.empty:
+            return None
+        r = r.iloc[0]
+        return _decrease_ci(float(r["accuracy"]), int(r["n_cases"]), float(r["base_accuracy"]))
 
-    mask, keep, rnd = val("mask"), val("keep"), val("random mask")
-    mask_ok = mask >= 50 and mask > 2 * max(rnd if np.isfinite(rnd) else 0.0, 1.0)
-    keep_ok = keep <= 50
-    return Outcome(f"top-{K}: mask {mask:.1f} %, keep {keep:.1f} %, random mask {rnd:.1f} % accuracy decrease",
-                   _grade(mask_ok and keep_ok, mask_ok or keep_ok),
-                   {"mask accuracy decrease (%)": mask, "keep accuracy decrease (%)": keep,
-                    "random-mask accuracy decrease (%)": rnd, "K": float(K)})
+    mask, keep, rnd = dec("mask"), dec("keep"), dec("random mask")
+    if mask is None or keep is None:
+        raise NotRun(f"no mask / keep row at K = {K}")
+    # mask > 2x the random mask (at least 1 %), judged on both intervals
+    r_lo, r_hi = (max(rnd.low, 1.0), max(rnd.high, 1.0)) if rnd is not None else (1.0, 1.0)
+    beats = {True} if mask.low > 2 * r_hi else {False} if mask.high <= 2 * r_lo else {True, False}
+    verdict = _judged(lambda big, b, k: _grade(big and b and k, (big and b) or k),
+                      _possible(mask, 50), beats, _possible(keep, 50, higher=False))
+    nan = float("nan")
+    txt = lambda ci: f"{ci.estimate:.1f} %{_ci_text(ci)}" if ci is not None else "n/a"  # noqa: E731
+    return Outcome(f"top-{K}: mask {txt(mask)}, keep {txt(keep)}, random mask {txt(rnd)} accuracy decrease "
+                   f"({mask.n} correct cases, exact binomial 95 % intervals)",
+                   verdict,
+                   {"mask accuracy decrease (%)": mask.estimate, "keep accuracy decrease (%)": keep.estimate,
+                    "random-mask accuracy decrease (%)": rnd.estimate if rnd is not None else nan, "K": float(K)},
+                   mask)
 
 
 def _yu_shallow(t: Tables) -> Outcome:
@@ -432,11 +499,23 @@ def _yu_shallow(t: Tables) -> Outcome:
     h, r = hid.iloc[0], float(rnd["accuracy_decrease"].mean())
     gap = float(h["accuracy_decrease"]) - r
     share = float(h["share_of_shallow"]) if "share_of_shallow" in h else float("nan")
-    return Outcome(f"M = 2: {int(h['n_neurons'])} neurons ({_pct(share)} of shallow) -> {h['accuracy_decrease']:.1f} % "
-                   f"decrease vs random {r:.1f} %",
-                   _gap_verdict(gap / 100, HALF * (53.9 - 2.6) / 100),
-                   {"hidden minus random accuracy decrease (points)": gap,
-                    "hidden-interpretable share of shallow neurons": share})
+    metrics = {"hidden minus random accuracy decrease (points)": gap,
+               "hidden-interpretable share of shallow neurons": share}
+    text = (f"M = 2: {int(h['n_neurons'])} neurons ({_pct(share)} of shallow) -> {h['accuracy_decrease']:.1f} % "
+            f"decrease vs random {r:.1f} %")
+    hm, rm = _correct_matrix(hid.iloc[:1]), _correct_matrix(rnd)
+    base = float(h["base_accuracy"])
+    if hm is None or rm is None or len(hm) != len(rm) or not base > 0:
+        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='04')}", INCONCLUSIVE, metrics)
+    ci = bootstrap_ci(lambda a, b: 100 * (b.mean() - a.mean()) / base, hm[:, 0], rm)
+    return Outcome(f"{text}; gap {gap:.1f} points{_ci_text(ci)} (paired bootstrap over {ci.n} cases)",
+                   interval_verdict(ci, 100 * HALF * (53.9 - 2.6) / 100, 100 * NOISE_GAP), metrics, ci)
+
+
+def _band_layers(text: object) -> list[int]:
+    """Layers of a band cell of notebook 05's tables ("1-7", or one layer "0")."""
+    lo, _, hi = str(text).partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
 
 
 def _yu_lora_layers(t: Tables) -> Outcome:
@@ -447,19 +526,59 @@ def _yu_lora_layers(t: Tables) -> Outcome:
         raise NotRun("no original row or no LoRA model")
     base = float(base_rows["accuracy"].iloc[0])
     above = float((lora["accuracy"] > base).mean())
-    bands = t.csv("05_lora_accuracy_bands").set_index("band")["mean_accuracy"] if t.has("05_lora_accuracy_bands") \
-        else pd.Series(dtype=float)
-    falls = {"shallow", "deep"} <= set(bands.index) and bands["shallow"] > bands["deep"]
+    bands = t.csv("05_lora_accuracy_bands") if t.has("05_lora_accuracy_bands") else pd.DataFrame()
+    means = bands.set_index("band")["mean_accuracy"] if len(bands) else pd.Series(dtype=float)
+    has_bands = {"shallow", "deep"} <= set(means.index)
     L = t.n_layers(acc["layer"])
     best = lora.loc[lora["accuracy"].idxmax()]
-    band_txt = ", ".join(f"{b} {_pct(v, 0)}" for b, v in bands.items())
-    return Outcome(f"original {_pct(base, 0)}; {_pct(above, 0)} of {len(lora)} LoRA layers beat it; best layer "
-                   f"{int(best['layer'])} ({_pct(best['accuracy'], 0)})" + (f"; bands: {band_txt}" if band_txt else ""),
-                   _grade(above == 1.0 and bool(falls), above >= 0.5),
-                   {"share of LoRA layers beating the original": above,
-                    "best LoRA layer / n_layers": float(best["layer"]) / L,
-                    "shallow minus deep band accuracy": float(bands["shallow"] - bands["deep"])
-                    if {"shallow", "deep"} <= set(bands.index) else float("nan")})
+    band_txt = ", ".join(f"{b} {_pct(v, 0)}" for b, v in means.items())
+    text = (f"original {_pct(base, 0)}; {_pct(above, 0)} of {len(lora)} LoRA layers beat it; best layer "
+            f"{int(best['layer'])} ({_pct(best['accuracy'], 0)})" + (f"; bands: {band_txt}" if band_txt else ""))
+    metrics = {"share of LoRA layers beating the original": above,
+               "best LoRA layer / n_layers": float(best["layer"]) / L,
+               "shallow minus deep band accuracy": float(means["shallow"] - means["deep"]) if has_bands
+               else float("nan")}
+    mat = _correct_matrix(pd.concat([base_rows.iloc[:1], lora]))
+    if mat is None:
+        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='05')}", INCONCLUSIVE, metrics)
+    share = bootstrap_ci(lambda x: float((x[:, 1:].mean(0) > x[:, 0].mean()).mean()), mat)
+    falls: set[bool] = {False}
+    if has_bands and "layers" in bands:
+        layers = lora["layer"].astype(int).tolist()
+        band = bands.set_index("band")["layers"]
+        cols = {b: [1 + i for i, l in enumerate(layers) if l in _band_layers(band[b])] for b in ("shallow", "deep")}
+        gap = bootstrap_ci(lambda x: float(x[:, cols["shallow"]].mean(0).mean() - x[:, cols["deep"]].mean(0).mean()),
+                           mat)
+        falls = _above_zero(gap)
+        text += f" (shallow minus deep {_pct(gap.estimate, 0)}{_ci_text(gap.scaled(100))})"
+    return Outcome(f"{text}; share beating the original {_pct(share.estimate, 0)}{_ci_text(share.scaled(100))} "
+                   f"(paired bootstrap over {share.n} test prompts)",
+                   _judged(lambda full, half, f: _grade(full and f, half),
+                           _possible(share, 1.0), _possible(share, 0.5), falls),
+                   metrics, share)
+
+
+def _coef_increase_stats(per_case: pd.DataFrame, layer_of: dict[str, int], bands: dict[str, list[int]]
+                         ) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray, np.ndarray], dict[str, float]]]:
+    """Notebook 05's per-case coefficient parts (cases x (model, k) arrays of num and den)
+    and the function giving each band's mean increase (%) over its models and k from them,
+    as ``finetune.band_increase_table`` does from all cases."""
+    pc = per_case.assign(layer=per_case["model"].map(layer_of)).dropna(subset=["layer"])
+    num = pc.pivot_table(index="case", columns=["model", "k"], values="num", aggfunc="sum").fillna(0.0)
+    den = pc.pivot_table(index="case", columns=["model", "k"], values="den", aggfunc="sum").reindex_like(num).fillna(0.0)
+    groups = {}
+    for b, layers in bands.items():
+        idx = [j for j, (model, _k) in enumerate(num.columns) if layer_of.get(model) in layers]
+        ks = {k for j, (_m, k) in enumerate(num.columns) if j in idx}
+        if idx:
+            groups[b] = [[j for j in idx if num.columns[j][1] == k] for k in sorted(ks)]
+
+    def band_means(n: np.ndarray, d: np.ndarray) -> dict[str, float]:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inc = 100 * n.sum(0) / d.sum(0)
+        return {b: float(np.nanmean([np.nanmean(inc[js]) for js in per_k])) for b, per_k in groups.items()}
+
+    return num.to_numpy(), den.to_numpy(), band_means
 
 
 def _yu_lora_coef(t: Tables) -> Outcome:
@@ -470,11 +589,30 @@ def _yu_lora_coef(t: Tables) -> Outcome:
     if tab.empty or not cols:
         raise NotRun("no LoRA layer in a band")
     means = tab.set_index("band")[cols].mean(axis=1)
-    shape = bool((means > 0).all()) and {"shallow", "deep"} <= set(means.index) and means["shallow"] > means["deep"]
-    full = shape and float(means.get("shallow", float("nan"))) >= HALF * 42
-    return Outcome("mean coefficient increase of the top neurons: " + ", ".join(f"{b} {v:+.1f} %" for b, v in means.items()),
-                   _grade(full, float(means.mean()) >= 100 * NOISE_GAP),
-                   {"mean coefficient increase over bands (%)": float(means.mean())})
+    text = "mean coefficient increase of the top neurons: " + ", ".join(f"{b} {v:+.1f} %" for b, v in means.items())
+    metrics = {"mean coefficient increase over bands (%)": float(means.mean())}
+    if not (t.has("05_cna_coef_per_case") and t.has("05_cna_coef_increase")):
+        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='05')}", INCONCLUSIVE, metrics)
+    pc = t.csv("05_cna_coef_per_case")
+    pc = pc[pc["selection"] == "cna"]
+    rows = t.csv("05_cna_coef_increase").dropna(subset=["layer"])
+    layer_of = {str(m): int(l) for m, l in zip(rows["model"], rows["layer"])}
+    bands = {str(b): _band_layers(x) for b, x in zip(tab["band"], tab["layers"])}
+    num, den, band_means = _coef_increase_stats(pc, layer_of, bands)
+    if not len(num):
+        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='05')}", INCONCLUSIVE, metrics)
+    has = {"shallow", "deep"} <= set(band_means(num, den))
+    mean = bootstrap_ci(lambda n, d: float(np.mean(list(band_means(n, d).values()))), num, den)
+    low = bootstrap_ci(lambda n, d: float(min(band_means(n, d).values())), num, den)
+    if has:
+        falls = _above_zero(bootstrap_ci(lambda n, d: band_means(n, d)["shallow"] - band_means(n, d)["deep"], num, den))
+        big = _possible(bootstrap_ci(lambda n, d: band_means(n, d)["shallow"], num, den), HALF * 42)
+    else:
+        falls = big = {False}
+    return Outcome(f"{text}; mean over bands {mean.estimate:+.1f} %{_ci_text(mean)} (bootstrap over {mean.n} cases)",
+                   _judged(lambda pos, f, b, half: _grade(pos and f and b, half),
+                           _above_zero(low), falls, big, _possible(mean, 100 * NOISE_GAP)),
+                   metrics, mean)
 
 
 def _yu_pruning(t: Tables) -> Outcome:
@@ -486,10 +624,22 @@ def _yu_pruning(t: Tables) -> Outcome:
     orig, cna, rnd = acc["original"], acc["LoRA on CNA-pruned"], acc["LoRA on random-pruned"]
     lora = acc.get("LoRA", float("nan"))
     gap = float(cna - rnd)
-    return Outcome(f"original {_pct(orig)}, LoRA {_pct(lora)}, LoRA on CNA-pruned {_pct(cna)}, "
-                   f"on random-pruned {_pct(rnd)}",
-                   _grade(gap >= HALF * (82.3 - 17.1) / 100 and cna > orig, gap >= NOISE_GAP),
-                   {"CNA-pruned minus random-pruned accuracy": gap, "CNA-pruned minus original accuracy": float(cna - orig)})
+    text = (f"original {_pct(orig)}, LoRA {_pct(lora)}, LoRA on CNA-pruned {_pct(cna)}, "
+            f"on random-pruned {_pct(rnd)}")
+    metrics = {"CNA-pruned minus random-pruned accuracy": gap, "CNA-pruned minus original accuracy": float(cna - orig)}
+    pick = lambda name: tab[tab["model"] == name]  # noqa: E731
+    mat = _correct_matrix(pd.concat([pick("original").iloc[:1], pick("LoRA on CNA-pruned").iloc[:1],
+                                     pick("LoRA on random-pruned")]))
+    if mat is None:
+        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='06')}", INCONCLUSIVE, metrics)
+    ci = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2:].mean(0).mean()), mat)
+    vs_orig = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), mat)
+    return Outcome(f"{text}; CNA minus random {_pct(ci.estimate)}{_ci_text(ci.scaled(100))}, minus original "
+                   f"{_pct(vs_orig.estimate)}{_ci_text(vs_orig.scaled(100))} (paired bootstrap over {ci.n} test "
+                   "prompts)",
+                   _judged(lambda big, above, half: _grade(big and above, half),
+                           _possible(ci, HALF * (82.3 - 17.1) / 100), _above_zero(vs_orig), _possible(ci, NOISE_GAP)),
+                   metrics, ci)
 
 
 def _yu_gender(t: Tables) -> Outcome:
@@ -504,10 +654,28 @@ def _yu_gender(t: Tables) -> Outcome:
     if cna.empty or rnd.empty or orig.empty:
         raise NotRun("Table 13 rows missing")
     c, r = float(cna["reduction_pct"].iloc[0]), float(rnd["reduction_pct"].mean())
-    return Outcome(f"bias {orig['total'].iloc[0]:.2f} -> {cna['total'].iloc[0]:.2f} nats ({c:.1f} % reduction); "
-                   f"random neurons {r:.1f} %",
-                   _grade(c >= HALF * 35.7 and c - r >= 100 * NOISE_GAP, c - r >= 100 * NOISE_GAP),
-                   {"CNA bias reduction (%)": c, "random bias reduction (%)": r})
+    text = (f"bias {orig['total'].iloc[0]:.2f} -> {cna['total'].iloc[0]:.2f} nats ({c:.1f} % reduction); "
+            f"random neurons {r:.1f} %")
+    metrics = {"CNA bias reduction (%)": c, "random bias reduction (%)": r}
+    k = int(cna["K"].iloc[0]) if "K" in cna else None
+    sc = t.csv("07_bias_scores") if t.has("07_bias_scores") and k is not None else pd.DataFrame()
+    if len(sc):
+        sc = sc[(sc["kind"] == "original") | (sc["K"] == k)]
+        sc = sc.assign(cond=np.where(sc["kind"] == "random", "random " + sc["seed"].astype(str), sc["kind"]))
+        wide = sc.pivot_table(index=["prompt_id", "token_id"], columns="cond", values="abs_diff").dropna()
+    if not len(sc) or not {"original", "cna"} <= set(wide.columns) or len(wide.columns) < 3:
+        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='07')}", INCONCLUSIVE, metrics)
+    o, e = wide["original"].to_numpy(), wide["cna"].to_numpy()
+    rs = wide[[col for col in wide.columns if str(col).startswith("random")]].to_numpy()
+    red = lambda a, b: 100 * (1 - b.mean() / a.mean())  # noqa: E731
+    ci = bootstrap_ci(red, o, e)
+    diff = bootstrap_ci(lambda a, b, x: red(a, b) - float(np.mean([red(a, x[:, j]) for j in range(x.shape[1])])),
+                        o, e, rs)
+    return Outcome(f"{text}; reduction {ci.estimate:.1f} %{_ci_text(ci)}, minus random {diff.estimate:.1f} "
+                   f"points{_ci_text(diff)} (paired bootstrap over {ci.n} prompt x profession pairs)",
+                   _judged(lambda big, above: _grade(big and above, above),
+                           _possible(ci, HALF * 35.7), _possible(diff, 100 * NOISE_GAP)),
+                   metrics, ci)
 
 
 FINDINGS: tuple[Finding, ...] = (
@@ -582,43 +750,58 @@ FINDINGS: tuple[Finding, ...] = (
             "The top CNA neurons hold the answer: masking them breaks 1D +/-, keeping only them preserves it.",
             "top99: mask -100.0 %, keep -3.9 % accuracy (top10: 68.4 / 38.2)",
             f"{YU_TXT}: Table 5",
-            "at K = 99 (else the largest K): mask OK if decrease >= 50 % and > 2x the random mask; keep OK if "
-            "decrease <= 50 %; reproduced if both, partly if one",
+            "at K = 99 (else the largest K), on exact binomial 95 % intervals of the accuracy decreases over the "
+            "correct cases: mask OK if the mask decrease's interval lies >= 50 % and its low end > 2x the random "
+            "mask's high end (at least 1 %); keep OK if the keep decrease's interval lies <= 50 %; reproduced if "
+            "both, partly if one; inconclusive when an interval straddles a threshold and the verdict depends on it",
             "04", _yu_mask_keep, figures=("04_mask_keep",)),
     Finding("yu_shallow_neurons", "yu", "Sec. 4.4, Table 8",
             "Zeroing the hidden-interpretable shallow neurons (M = 2) hurts far more than random ones.",
             "M = 2: 1,953 neurons, -53.9 % accuracy vs -2.6 % for random",
             f"{YU_TXT}: Table 8 and the text below it",
-            "gap = hidden minus random accuracy decrease at M = 2; reproduced if >= 25.7 points (half of 51.3); "
-            "partly if >= 5 points",
+            "gap = hidden minus random accuracy decrease at M = 2, 95 % interval by a paired bootstrap over the "
+            "cases (per-case correctness in 04_hidden_m_sweep's correct_by_prompt); reproduced if the interval lies "
+            ">= 25.7 points (half of 51.3); partly if it lies in [5, 25.7); not reproduced if below 5; else "
+            "inconclusive (also when the run has no per-case column)",
             "04", _yu_shallow, figures=("04_hidden_m_sweep",)),
     Finding("yu_lora_layers", "yu", "Sec. 5, Fig. 2",
             "LoRA in any single attention layer beats the original; shallow layers most.",
             "all 32 LoRA models > original 62.96 %; layers 1-9 about 90 %, falling from layer 10",
             f"{YU_TXT}: Sec. 5 (text under Fig. 2)",
-            "reproduced if every LoRA layer beats the original and the shallow band's mean > the deep band's; "
-            "partly if at least half beat the original",
+            "share of LoRA layers whose test accuracy beats the original's, 95 % interval by a paired bootstrap over "
+            "the test prompts (correct_by_prompt of 05_lora_accuracy_by_layer); reproduced if the interval lies at 1 "
+            "(every layer beats it) and the shallow minus deep band accuracy's interval lies > 0; partly if the "
+            "share's interval lies >= 0.5; inconclusive when the verdict depends on where in an interval the value is "
+            "(or without per-prompt columns)",
             "05", _yu_lora_layers, figures=("05_lora_accuracy_by_layer",)),
     Finding("yu_lora_coef", "yu", "Sec. 5, Table 10",
             "LoRA amplifies the answer neurons' coefficients, more for shallow LoRA layers.",
             "+42-59 % (layers 1-9), +29-53 % (10-16), +2-28 % (17-30)",
             f"{YU_TXT}: Table 10",
-            "reproduced if every band's mean increase > 0, shallow > deep and shallow >= 21 % (half of the paper's "
-            "smallest shallow value, 42 %); partly if the mean over bands >= 5 %",
+            "intervals by a bootstrap over the CNA cases (05_cna_coef_per_case): reproduced if the smallest band "
+            "mean, shallow minus deep, lie > 0 and shallow >= 21 % (half of the paper's smallest shallow value, 42 %); "
+            "partly if the mean over bands lies >= 5 %; inconclusive when an interval straddles a threshold the "
+            "verdict depends on (or without the per-case table)",
             "05", _yu_lora_coef, figures=("05_cna_coef_increase_by_band",)),
     Finding("yu_pruning", "yu", "Sec. 6.1, Table 11",
             "LoRA on a model keeping only the CNA neurons of the deep FFN (5 %) works; on a random one it fails.",
             "original 62.9, LoRA9 89.3, LoRA9-p 82.3, LoRA9-r 17.1 %",
             f"{YU_TXT}: Table 11",
-            "gap = CNA-pruned minus random-pruned accuracy after LoRA; reproduced if >= 32.6 points (half of 65.2) "
-            "and CNA-pruned > original; partly if gap >= 5 points",
+            "gap = CNA-pruned minus random-pruned (mean over seeds) accuracy after LoRA, 95 % interval by a paired "
+            "bootstrap over the test prompts (correct_by_prompt of 06_table11); reproduced if the gap's interval lies "
+            ">= 32.6 points (half of 65.2) and CNA-pruned minus original lies > 0; partly if the gap lies >= 5 "
+            "points; inconclusive when the verdict depends on where in an interval the value is (or without "
+            "per-prompt columns)",
             "06", _yu_pruning, figures=("06_table11",)),
     Finding("yu_gender_bias", "yu", "Sec. 6.2, Table 13",
             "Zeroing 18 CNA neurons reduces the gender bias of profession predictions.",
             "1.26 -> 0.81 nats (-35.7 %)",
             f"{YU_TXT}: Sec. 6.2, Table 13",
-            "reproduced if our reduction >= 17.9 % (half of 35.7) and >= 5 points above random neurons; partly if "
-            ">= 5 points above random; else not reproduced",
+            "reduction and reduction minus the random neurons' (mean over seeds), 95 % intervals by a paired "
+            "bootstrap over the (prompt, profession) pairs of 07_bias_scores; reproduced if the reduction lies >= "
+            "17.9 % (half of 35.7) and the difference lies >= 5 points; partly if the difference lies >= 5 points; "
+            "not reproduced if it lies below; inconclusive when an interval straddles a threshold the verdict "
+            "depends on",
             "07", _yu_gender, figures=("07_table13",)),
 )
 
@@ -804,6 +987,26 @@ def _md_image(name: str) -> str:
     return f"![{name}]({name}.png)"
 
 
+FIDELITY_TITLE = "Fidelity: the paper's setting beside ours"
+FIDELITY_TEXT = ("Each finding's setting in its paper beside ours, aspect by aspect: ours is read from this "
+                 "folder's params JSONs (\"not recorded\" where a run predates a parameter); the last column names "
+                 "the differences the small offline models force. Every other difference is a choice of this "
+                 "reimplementation, shown so it can be judged.")
+
+
+def report_fidelity(tables: Tables, table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`fidelity.fidelity_table` of this folder's params, the prompts row of each
+    finding ending with the number of prompts behind its verdict's interval."""
+    from .fidelity import fidelity_table
+
+    fid = fidelity_table(tables.params(), {f.id: f.notebook for f in FINDINGS})
+    n_of = dict(zip(table["id"], table["ci_n"]))
+    prompts = fid["aspect"] == "prompts"
+    fid.loc[prompts, "ours"] = [f"{o}; n = {int(n_of[f])} behind the verdict's interval" if n_of.get(f) else o
+                                for f, o in zip(fid.loc[prompts, "finding"], fid.loc[prompts, "ours"])]
+    return fid
+
+
 def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -> str:
     """REPORT.md's text: the findings table, the rules, and a section per notebook with
     each finding's figure beside it, then the notebook's other figures, all inline."""
@@ -818,6 +1021,8 @@ def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = Non
            "### Claims, rules and sources", ""]
     for r in table.itertuples():
         out.append(f"- **{r.id}** ({r.paper}, {r.where}): {r.claim} *Rule:* {r.rule}. *Paper number from:* {r.source}.")
+    out += ["", f"## {FIDELITY_TITLE}", "", FIDELITY_TEXT, "",
+            markdown_table(report_fidelity(tables, table))]
     for nb, title in NOTEBOOKS.items():
         pngs = [p.stem for p in sorted(tables.dir.glob(f"{nb}_*.png"))]
         sub = table[table.notebook == nb]
@@ -869,6 +1074,15 @@ def _html_findings(table: pd.DataFrame) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+def _html_table(frame: pd.DataFrame) -> str:
+    """A plain HTML table of ``frame`` (escaped)."""
+    e = html.escape
+    head = "".join(f"<th>{e(str(c))}</th>" for c in frame.columns)
+    body = "".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in r) + "</tr>"
+                   for r in frame.itertuples(index=False))
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
 def _img(path: Path) -> str:
     """A figure that links the PNG beside REPORT.html (relative path).
 
@@ -890,7 +1104,9 @@ def report_html(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Report: {e(model)}</title>"
              f"<style>{_CSS}</style></head><body>", f"<h1>Reproduction report: {e(model)}</h1>",
              f"<p>{e('; '.join(facts))}.</p>", f"<p><b>Verdicts:</b> {e(_summary_counts(table))}.</p>",
-             f"<p>{e(RULES_TEXT)}</p>", "<h2>Findings</h2>", _html_findings(table)]
+             f"<p>{e(RULES_TEXT)}</p>", "<h2>Findings</h2>", _html_findings(table),
+             "<h2 id='fidelity'>" + e(FIDELITY_TITLE) + "</h2>", f"<p>{e(FIDELITY_TEXT)}</p>",
+             _html_table(report_fidelity(tables, table))]
     for nb, title in NOTEBOOKS.items():
         pngs = sorted(tables.dir.glob(f"{nb}_*.png"))
         sub = table[table.notebook == nb]
@@ -945,6 +1161,7 @@ def cross_model_table(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
             ("model", "quick notebooks"): ",".join(sorted(nb for nb, p in tables.params().items() if p.get("quick")))}
         for f, row in zip(FINDINGS, findings_table(d).itertuples()):
             col[(f.id, "verdict")] = row.verdict
+            col[(f.id, "interval")] = row.interval
             col[(f.id, "ours")] = row.ours
             for k, v in row.metrics.items():
                 col[(f.id, k)] = v
@@ -954,7 +1171,7 @@ def cross_model_table(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
     for col in columns:  # rows in first-seen order: a metric only one model has still gets its row
         keys += [k for k in col if k not in keys]
     order = {f.id: i for i, f in enumerate(FINDINGS)}
-    rank = {"verdict": 0, "ours": 1}
+    rank = {"verdict": 0, "interval": 1, "ours": 2}
     keys.sort(key=lambda k: (-1 if k[0] == "model" else order.get(k[0], len(order)), rank.get(k[1], 2)))
     paper = {f.id: f.paper_number for f in FINDINGS}
     frame = pd.DataFrame({"finding": [k[0] for k in keys], "quantity": [k[1] for k in keys],
@@ -966,13 +1183,20 @@ def cross_model_table(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
 
 def verdict_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The verdicts of :func:`cross_model_table`'s ``frame`` in one compact table: one row
-    per finding (its paper and section, the paper's number, each model's verdict) and a
+    per finding (its paper and section, the paper's number, each model's verdict followed
+    by the 95 % interval of the number it read, "reproduced [0.1, 0.3] (n = 48)") and a
     last row counting each model's verdicts."""
     models = [c for c in frame.columns if c not in ("finding", "quantity", "paper")]
     verdicts = frame[frame["quantity"] == "verdict"].set_index("finding")
+    intervals = frame[frame["quantity"] == "interval"].set_index("finding")
     where = {f.id: (f"{PAPERS_SHORT[f.paper]}, {f.where}", f.paper_number) for f in FINDINGS}
-    rows = [{"finding": f, "paper": where[f][0], "paper's number": where[f][1],
-             **{m: verdicts.at[f, m] for m in models}} for f in verdicts.index]
+
+    def cell(f: str, m: str) -> str:
+        ci = str(intervals.at[f, m]) if f in intervals.index else ""
+        return f"{verdicts.at[f, m]} {ci}" if ci and ci not in ("none", "nan") else str(verdicts.at[f, m])
+
+    rows = [{"finding": f, "paper": where[f][0], "paper's number": where[f][1], **{m: cell(f, m) for m in models}}
+            for f in verdicts.index]
     counts = {m: ", ".join(f"{(verdicts[m] == v).sum()} {v}" for v in VERDICTS if (verdicts[m] == v).any())
               for m in models}
     rows.append({"finding": "**all**", "paper": "", "paper's number": "", **counts})

@@ -148,3 +148,20 @@ def n_for_half_width(p: float, half_width: float, level: float = LEVEL) -> int:
     z = norm.ppf(1 - (1 - level) / 2)
     p = min(max(p, 0.05), 0.95)
     return int(np.ceil(z * z * p * (1 - p) / half_width ** 2))
+
+
+#: Characters of :func:`encode_correct` (letters, so a CSV reader never takes the cell for a number).
+_YES, _NO = "T", "F"
+
+
+def encode_correct(correct: Sequence[bool] | np.ndarray) -> str:
+    """Per-prompt correctness as one CSV cell ("TFFT", prompts in their set's order), so a
+    table with one row per model keeps what a paired bootstrap over prompts needs."""
+    return "".join(_YES if bool(c) else _NO for c in np.asarray(correct).ravel())
+
+
+def decode_correct(cell: object) -> np.ndarray | None:
+    """The boolean vector of :func:`encode_correct`; None for an empty or missing cell."""
+    if not isinstance(cell, str) or not cell or set(cell) - {_YES, _NO}:
+        return None
+    return np.frombuffer(cell.encode(), dtype=np.uint8) == ord(_YES)

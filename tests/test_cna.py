@@ -18,6 +18,7 @@ import arithlib.cna as C
 import arithlib.datasets as ds
 from arithlib.evaluate import evaluate, greedy_answers
 from arithlib.models import RANDOM_ARCHS, load_model, random_model_dir
+from arithlib.stats import decode_correct
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
@@ -387,6 +388,8 @@ def test_tables_run_on_tiny_model(qwen):
     assert len(counts) == qwen.info.d_mlp
     hid = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1), progress=False)
     assert set(hid.set) == {"hidden-interpretable", "random"}
+    for row in hid.itertuples():  # per-case correctness (the report's paired bootstrap) gives the accuracy back
+        assert decode_correct(row.correct_by_prompt).mean() == pytest.approx(row.accuracy)
     ex = C.shallow_neuron_examples(b, ps, 0, key, head_layer=1, n=3)
     assert len(ex) == 3 + 2
 

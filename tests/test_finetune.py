@@ -18,6 +18,7 @@ import arithlib.datasets as ds
 import arithlib.finetune as ft
 from arithlib.evaluate import answer_logits as eval_answer_logits
 from arithlib.models import load_model, random_model_dir
+from arithlib.stats import decode_correct
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -248,6 +249,10 @@ def test_lora_layer_sweep_and_lr_selection(tiny, data):
     chosen = float(lr_table.loc[lr_table.chosen, "lr"].iloc[0])
     assert fitted[0].config.lr == chosen  # layers outside lr_layers reuse the chosen lr
     assert frame.accuracy.between(0, 1).all()
+    # per-prompt correctness in test-set order: the report's paired bootstrap reads it back to the accuracy
+    for row in frame.itertuples():
+        bits = decode_correct(row.correct_by_prompt)
+        assert len(bits) == len(data["test"]) and bits.mean() == pytest.approx(row.accuracy)
 
 
 def test_checkpoint_resume_gives_same_weights(tiny, data, tmp_path):
@@ -497,6 +502,11 @@ def test_lora_cna_zero_change_and_guard(tiny):
     rows, details = ft.lora_cna(tiny.bridge, cases, {"same": same}, ks=(5,), progress=False)
     assert set(rows["selection"]) == {"cna", "original"}
     assert np.allclose(rows.coef_increase, 0.0)
+    per = details["per_case"]  # the ratio's parts per case give the table's increase back
+    for (sel, k), g in per.groupby(["selection", "k"]):
+        inc = rows[(rows.selection == sel) & (rows.k == k)].coef_increase.item()
+        assert 100 * g.num.sum() / g.den.sum() == pytest.approx(inc, abs=1e-4)
+    assert set(per.case) <= set(range(len(cases))) and (per.den >= 0).all()
     mlp = {"model.layers.1.mlp.down_proj.weight": dict(plain.named_parameters())[
         "model.layers.1.mlp.down_proj.weight"].detach().clone()}
     with pytest.raises(ValueError, match="attention only"):

@@ -132,31 +132,56 @@ def test_late_mlp_split_scales_with_depth(tmp_path: Path):
     assert out.metrics["strongest MLP layer / n_layers"] == pytest.approx(13 / 24)
 
 
-@pytest.mark.parametrize("mask, keep, rnd, verdict", [(100, 3.9, 2, R.REPRODUCED), (50, 50, 10, R.REPRODUCED),
-                                                      (49, 10, 2, R.PARTLY), (90, 60, 2, R.PARTLY),
-                                                      (60, 10, 40, R.PARTLY), (10, 80, 2, R.NOT_REPRODUCED)])
-def test_mask_keep_rule(tmp_path: Path, mask: float, keep: float, rnd: float, verdict: str):
+def _bits(n_true: int, n: int, start: int = 0) -> str:
+    """encode_correct of n prompts, the prompts start..start + n_true - 1 correct."""
+    return "".join("T" if start <= i < start + n_true else "F" for i in range(n))
+
+
+@pytest.mark.parametrize("mask, keep, rnd, n, verdict", [
+    (100, 3.9, 2, 1000, R.REPRODUCED), (40, 10, 2, 1000, R.PARTLY), (90, 60, 2, 1000, R.PARTLY),
+    (60, 10, 40, 1000, R.PARTLY), (10, 80, 2, 1000, R.NOT_REPRODUCED),
+    (55, 10, 2, 20, R.INCONCLUSIVE)])   # 9 of 20 cases kept: the mask decrease's interval straddles 50 %
+def test_mask_keep_rule(tmp_path: Path, mask: float, keep: float, rnd: float, n: int, verdict: str):
     rows = []
     for K, scale in ((99, 1.0), (10, 0.5)):
         for kind, v in (("mask", mask), ("keep", keep), ("random mask", rnd)):
-            rows.append({"group": "+-", "intervention": kind, "K": K, "accuracy_decrease": v * scale, "coef_decrease": 0})
-    rows.append({"group": "/", "intervention": "mask", "K": 99, "accuracy_decrease": 0.0, "coef_decrease": 0})
+            acc = round((1 - v * scale / 100) * n) / n
+            rows.append({"group": "+-", "intervention": kind, "K": K, "accuracy": acc,
+                         "accuracy_decrease": 100 * (1 - acc), "coef_decrease": 0, "n_cases": n, "base_accuracy": 1.0})
+    rows.append({"group": "/", "intervention": "mask", "K": 99, "accuracy": 1.0, "accuracy_decrease": 0.0,
+                 "coef_decrease": 0, "n_cases": n, "base_accuracy": 1.0})
     _csv(tmp_path, "04_mask_keep", rows)
-    assert _outcome("yu_mask_keep", tmp_path).verdict == verdict
+    out = _outcome("yu_mask_keep", tmp_path)
+    assert out.verdict == verdict
+    assert out.interval.n == n and out.interval.low <= out.metrics["mask accuracy decrease (%)"] <= out.interval.high
+    assert f"[{out.interval.low:.1f}, {out.interval.high:.1f}]" in out.ours
 
 
-@pytest.mark.parametrize("hidden, random, verdict", [(53.9, 2.6, R.REPRODUCED), (30.0, 4.0, R.REPRODUCED),
-                                                     (30.0, 5.0, R.PARTLY), (10.5, 5.0, R.PARTLY),
-                                                     (9.5, 5.0, R.NOT_REPRODUCED)])
-def test_shallow_neuron_rule(tmp_path: Path, hidden: float, random: float, verdict: str):
+def _m_sweep(d: Path, hidden: float, random: float, n: int = 200, per_case: bool = True) -> None:
     rows = []
     for M in (0, 1, 2, 3):
-        rows += [{"group": "+-", "set": "hidden-interpretable", "M": M, "n_neurons": 10, "share_of_shallow": 0.01,
-                  "accuracy_decrease": hidden if M == 2 else 99.0},
-                 {"group": "+-", "set": "random", "M": M, "n_neurons": 10, "share_of_shallow": 0.01,
-                  "accuracy_decrease": random if M == 2 else 0.0}]
-    _csv(tmp_path, "04_hidden_m_sweep", rows)
-    assert _outcome("yu_shallow_neurons", tmp_path).verdict == verdict
+        for kind, dec in (("hidden-interpretable", hidden if M == 2 else 99.0), ("random", random if M == 2 else 0.0)):
+            k = round((1 - dec / 100) * n)
+            rows.append({"group": "+-", "set": kind, "M": M, "n_neurons": 10, "share_of_shallow": 0.01,
+                         "accuracy": k / n, "accuracy_decrease": 100 * (1 - k / n), "base_accuracy": 1.0, "n_cases": n,
+                         **({"correct_by_prompt": _bits(k, n)} if per_case else {})})
+    _csv(d, "04_hidden_m_sweep", rows)
+
+
+@pytest.mark.parametrize("hidden, random, verdict", [(53.9, 2.6, R.REPRODUCED), (60.0, 5.0, R.REPRODUCED),
+                                                     (20.0, 5.0, R.PARTLY), (6.0, 5.0, R.NOT_REPRODUCED),
+                                                     (28.0, 2.0, R.INCONCLUSIVE)])  # gap 26 +- 6 straddles 25.7
+def test_shallow_neuron_rule(tmp_path: Path, hidden: float, random: float, verdict: str):
+    _m_sweep(tmp_path, hidden, random)
+    out = _outcome("yu_shallow_neurons", tmp_path)
+    assert out.verdict == verdict and out.interval.method == "bootstrap" and out.interval.n == 200
+
+
+def test_shallow_neuron_rule_without_per_case_column_is_inconclusive(tmp_path: Path):
+    _m_sweep(tmp_path, 60.0, 5.0, per_case=False)   # a run from before correct_by_prompt
+    out = _outcome("yu_shallow_neurons", tmp_path)
+    assert out.verdict == R.INCONCLUSIVE and "rerun notebook 04 for an interval" in out.ours
+    assert out.metrics["hidden minus random accuracy decrease (points)"] == pytest.approx(55.0)
 
 
 @pytest.mark.parametrize("shares_f, verdict", [({0.01: 0.95, 0.05: 0.99}, R.REPRODUCED),
@@ -183,15 +208,42 @@ def test_prompt_ablation_rule(tmp_path: Path, heur: int, rnd: int, verdict: str)
     assert _outcome("nikankin_prompt_ablation", tmp_path).verdict == verdict
 
 
-@pytest.mark.parametrize("cna, rnd, verdict", [(35.7, 0.0, R.REPRODUCED), (20.0, 10.0, R.REPRODUCED),
-                                               (20.0, 16.0, R.NOT_REPRODUCED), (10.0, 4.0, R.PARTLY),
-                                               (10.0, 8.0, R.NOT_REPRODUCED)])
+def _bias_scores(d: Path, cna: float, rnd: float, k: int = 18, noise: float = 0.05) -> None:
+    """Table 13 and the (prompt, profession) scores behind it: the CNA edit scales each
+    pair's bias by 1 - cna / 100 (times a little noise), each random seed by 1 - rnd / 100."""
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.5, 1.5, 200)
+    conds = {("original", 0, -1): base, ("cna", k, -1): base * (1 - cna / 100) * (1 + noise * rng.standard_normal(200))}
+    for s in range(2):
+        conds[("random", k, 1000 + s)] = base * (1 - rnd / 100) * (1 + noise * rng.standard_normal(200))
+    rows = [{"prompt_id": i // 20, "token_id": i % 20, "kind": kind, "K": kk, "seed": seed, "abs_diff": float(v)}
+            for (kind, kk, seed), vals in conds.items() for i, v in enumerate(vals)]
+    _csv(d, "07_bias_scores", rows)
+    red = {c: 100 * (1 - np.mean(v) / np.mean(base)) for c, v in conds.items()}
+    _csv(d, "07_table13", [
+        {"model": "original", "K": 0, "total": float(base.mean()), "reduction_pct": 0.0},
+        {"model": f"CNA top-{k}", "K": k, "total": float(conds[("cna", k, -1)].mean()), "reduction_pct": red[("cna", k, -1)]},
+        {"model": f"random {k}", "K": k, "total": 0.0,
+         "reduction_pct": float(np.mean([v for c, v in red.items() if c[0] == "random"]))}])
+
+
+@pytest.mark.parametrize("cna, rnd, verdict", [(35.7, 0.0, R.REPRODUCED), (25.0, 10.0, R.REPRODUCED),
+                                               (25.0, 22.0, R.NOT_REPRODUCED), (12.0, 2.0, R.PARTLY),
+                                               (10.0, 8.0, R.NOT_REPRODUCED),
+                                               (18.0, 0.0, R.INCONCLUSIVE)])  # straddles 17.85 % (half of 35.7)
 def test_gender_bias_rule(tmp_path: Path, cna: float, rnd: float, verdict: str):
-    _csv(tmp_path, "07_table13", [
-        {"model": "original", "total": 1.0, "reduction_pct": 0.0},
-        {"model": "CNA top-18", "total": 1 - cna / 100, "reduction_pct": cna},
-        {"model": "random 18", "total": 1 - rnd / 100, "reduction_pct": rnd}])
-    assert _outcome("yu_gender_bias", tmp_path).verdict == verdict
+    _bias_scores(tmp_path, cna, rnd)
+    out = _outcome("yu_gender_bias", tmp_path)
+    assert out.verdict == verdict and out.interval.n == 200
+    assert out.interval.estimate == pytest.approx(out.metrics["CNA bias reduction (%)"])
+
+
+def test_gender_bias_without_scores_is_inconclusive(tmp_path: Path):
+    _bias_scores(tmp_path, 35.7, 0.0)
+    (tmp_path / "07_bias_scores.csv").unlink()
+    out = _outcome("yu_gender_bias", tmp_path)
+    assert out.verdict == R.INCONCLUSIVE and "rerun notebook 07 for an interval" in out.ours and out.interval is None
+
 
 
 def test_gender_bias_without_biased_professions_is_not_run(tmp_path: Path):
@@ -200,31 +252,53 @@ def test_gender_bias_without_biased_professions_is_not_run(tmp_path: Path):
     assert out.verdict == R.NOT_RUN and "no profession" in out.ours
 
 
-@pytest.mark.parametrize("orig, accs, bands, verdict", [
-    (0.6, [0.9, 0.8, 0.7], {"shallow": 0.9, "deep": 0.7}, R.REPRODUCED),
-    (0.6, [0.9, 0.8, 0.7], {"shallow": 0.7, "deep": 0.9}, R.PARTLY),
-    (0.6, [0.9, 0.6, 0.7], {"shallow": 0.9, "deep": 0.7}, R.PARTLY),     # one layer only ties the original
-    (0.6, [0.5, 0.5, 0.7], {"shallow": 0.5, "deep": 0.7}, R.NOT_REPRODUCED)])
-def test_lora_layer_rule(tmp_path: Path, orig: float, accs: list, bands: dict, verdict: str):
-    _csv(tmp_path, "05_lora_accuracy_by_layer", [{"model": "original", "layer": -1, "accuracy": orig}]
-         + [{"model": f"LoRA L{i}", "layer": i, "accuracy": a} for i, a in enumerate(accs)])
-    _csv(tmp_path, "05_lora_accuracy_bands", [{"band": b, "mean_accuracy": v} for b, v in bands.items()])
+def _lora_layers(d: Path, orig: float, accs: list, bands: dict, n: int = 200, starts: list | None = None,
+                 per_prompt: bool = True) -> None:
+    """Notebook 05's per-layer table over n test prompts (original first) and its bands
+    (band -> (layers cell, mean accuracy)); ``starts``: the first correct prompt of each LoRA layer."""
+    starts = starts or [0] * len(accs)
+    rows = [{"model": "original", "layer": -1, "accuracy": round(orig * n) / n,
+             **({"correct_by_prompt": _bits(round(orig * n), n)} if per_prompt else {})}]
+    rows += [{"model": f"LoRA L{i}", "layer": i, "accuracy": round(a * n) / n,
+              **({"correct_by_prompt": _bits(round(a * n), n, s)} if per_prompt else {})}
+             for i, (a, s) in enumerate(zip(accs, starts))]
+    _csv(d, "05_lora_accuracy_by_layer", rows)
+    _csv(d, "05_lora_accuracy_bands", [{"band": b, "layers": ls, "mean_accuracy": v} for b, (ls, v) in bands.items()])
+
+
+@pytest.mark.parametrize("orig, accs, bands, starts, verdict", [
+    (0.6, [0.9, 0.8, 0.75], {"shallow": ("0", 0.9), "deep": ("2", 0.75)}, None, R.REPRODUCED),
+    (0.6, [0.75, 0.8, 0.9], {"shallow": ("0", 0.75), "deep": ("2", 0.9)}, None, R.PARTLY),
+    (0.6, [0.9, 0.6, 0.7], {"shallow": ("0", 0.9), "deep": ("2", 0.7)}, None, R.PARTLY),  # one layer ties the original
+    (0.6, [0.5, 0.5, 0.7], {"shallow": ("0", 0.5), "deep": ("2", 0.7)}, None, R.NOT_REPRODUCED),
+    # layer 2 beats the original by 2 points on 200 prompts: "every layer beats it" is not decided
+    (0.6, [0.9, 0.9, 0.62], {"shallow": ("0", 0.9), "deep": ("2", 0.62)}, [0, 0, 10], R.INCONCLUSIVE)])
+def test_lora_layer_rule(tmp_path: Path, orig: float, accs: list, bands: dict, starts, verdict: str):
+    _lora_layers(tmp_path, orig, accs, bands, starts=starts)
     _params(tmp_path, n_layers=3)
-    assert _outcome("yu_lora_layers", tmp_path).verdict == verdict
+    out = _outcome("yu_lora_layers", tmp_path)
+    assert out.verdict == verdict and out.interval.n == 200
+    assert out.interval.estimate == pytest.approx(out.metrics["share of LoRA layers beating the original"])
+
+
+def test_lora_layer_rule_without_per_prompt_columns_is_inconclusive(tmp_path: Path):
+    _lora_layers(tmp_path, 0.6, [0.9, 0.8, 0.75], {"shallow": ("0", 0.9), "deep": ("2", 0.75)}, per_prompt=False)
+    _params(tmp_path, n_layers=3)
+    out = _outcome("yu_lora_layers", tmp_path)
+    assert out.verdict == R.INCONCLUSIVE and "rerun notebook 05 for an interval" in out.ours
 
 
 @pytest.mark.parametrize("scale, device, quick, judged", [("auto", "cpu", False, False), ("quick", "cuda", False, False),
                                                            ("auto", "cuda", True, False), ("cpu", "cpu", False, True),
                                                            ("auto", "cuda", False, True)])
 def test_fine_tuning_at_smoke_test_sizes_is_shown_but_not_judged(tmp_path: Path, scale, device, quick, judged):
-    _csv(tmp_path, "05_lora_accuracy_by_layer", [{"model": "original", "layer": -1, "accuracy": 0.6}]
-         + [{"model": f"LoRA L{i}", "layer": i, "accuracy": 0.9} for i in range(3)])
-    _csv(tmp_path, "05_lora_accuracy_bands", [{"band": "shallow", "mean_accuracy": 0.9}, {"band": "deep", "mean_accuracy": 0.7}])
+    _lora_layers(tmp_path, 0.6, [0.9, 0.8, 0.7], {"shallow": ("0", 0.9), "deep": ("2", 0.7)})
     _params(tmp_path, n_layers=3)
     (tmp_path / "05_lora_mechanism_params.json").write_text(json.dumps({"scale": scale, "device": device, "quick": quick}))
     out = _outcome("yu_lora_layers", tmp_path)
     assert out.verdict == (R.REPRODUCED if judged else R.NOT_JUDGED)
     assert "original 60 %" in out.ours and ("smoke-test" in out.ours) != judged
+
 
 
 def test_a_quick_notebook_is_not_judged(tmp_path: Path):
@@ -234,16 +308,31 @@ def test_a_quick_notebook_is_not_judged(tmp_path: Path):
     assert out.verdict == R.NOT_JUDGED and "quick mode" in out.ours and "1 of 16 heads" in out.ours
 
 
-@pytest.mark.parametrize("cna, rnd, verdict", [(0.823, 0.171, R.REPRODUCED), (0.70, 0.30, R.REPRODUCED),
-                                               (0.50, 0.10, R.PARTLY),    # gap large but below the original
-                                               (0.70, 0.40, R.PARTLY), (0.70, 0.66, R.NOT_REPRODUCED)])
+def _table11(d: Path, orig: float, cna: float, rnd: float, n: int = 200, per_prompt: bool = True) -> None:
+    """Table 11 over n test prompts (nested correct sets), two random seeds at rnd -+ 1 point."""
+    accs = [("original", orig), ("LoRA", 0.893), ("LoRA on CNA-pruned", cna), ("LoRA on CNA-masked", cna),
+            ("LoRA on random-pruned", rnd - 0.01), ("LoRA on random-pruned", rnd + 0.01)]
+    _csv(d, "06_table11", [{"model": m, "accuracy": round(a * n) / n,
+                            **({"correct_by_prompt": _bits(round(a * n), n)} if per_prompt else {})}
+                           for m, a in accs])
+
+
+@pytest.mark.parametrize("cna, rnd, verdict", [(0.823, 0.171, R.REPRODUCED), (0.90, 0.30, R.REPRODUCED),
+                                               (0.30, 0.02, R.PARTLY),    # gap large but below the original
+                                               (0.70, 0.50, R.PARTLY), (0.70, 0.69, R.NOT_REPRODUCED),
+                                               (0.75, 0.40, R.INCONCLUSIVE)])  # gap 35 +- 5 straddles 32.6
 def test_pruning_rule(tmp_path: Path, cna: float, rnd: float, verdict: str):
-    _csv(tmp_path, "06_table11", [{"model": "original", "accuracy": 0.629}, {"model": "LoRA", "accuracy": 0.893},
-                                  {"model": "LoRA on CNA-pruned", "accuracy": cna},
-                                  {"model": "LoRA on CNA-masked", "accuracy": cna},
-                                  {"model": "LoRA on random-pruned", "accuracy": rnd - 0.01},
-                                  {"model": "LoRA on random-pruned", "accuracy": rnd + 0.01}])
-    assert _outcome("yu_pruning", tmp_path).verdict == verdict
+    _table11(tmp_path, 0.629, cna, rnd)
+    out = _outcome("yu_pruning", tmp_path)
+    assert out.verdict == verdict and out.interval.n == 200
+    assert out.interval.estimate == pytest.approx(out.metrics["CNA-pruned minus random-pruned accuracy"])
+
+
+def test_pruning_rule_without_per_prompt_columns_is_inconclusive(tmp_path: Path):
+    _table11(tmp_path, 0.629, 0.823, 0.171, per_prompt=False)
+    out = _outcome("yu_pruning", tmp_path)
+    assert out.verdict == R.INCONCLUSIVE and "rerun notebook 06 for an interval" in out.ours
+
 
 
 # --------------------------------------------------------------------------- missing or broken tables
@@ -378,6 +467,16 @@ def test_verdict_table_one_row_per_finding_and_counts(tmp_path: Path):
         assert {v: int(n) for n, v in counts} == verdicts.value_counts().to_dict()
 
 
+def test_verdict_table_shows_each_verdicts_interval(tmp_path: Path):
+    a, b = _small_model_dir(tmp_path / "a", 4), _small_model_dir(tmp_path / "b", 8)
+    _bias_scores(a, 35.7, 0.0)
+    table = R.verdict_table(R.cross_model_table([a, b])).set_index("finding")
+    ci = _outcome("yu_gender_bias", a).interval
+    assert table.at["yu_gender_bias", "a"] == f"reproduced [{ci.low:.3g}, {ci.high:.3g}] (n = 200)"
+    assert table.at["yu_gender_bias", "b"] == R.NOT_RUN  # no interval: the verdict alone
+    assert "1 reproduced" in table.at["**all**", "a"]
+
+
 def test_readme_block_is_replaced_and_missing_markers_are_an_error(tmp_path: Path):
     text = f"# title\n\n{R.README_START}\nold table\n{R.README_END}\n\nafter\n"
     new = R.replace_readme_block(text, "| a |\n|---|\n")
@@ -421,15 +520,45 @@ def test_readme_verdicts_match_the_committed_figures():
         "--readme README.md")
 
 
+def _coef_tables(d: Path, shallow: float, middle: float, deep: float, n: int = 50, per_case: bool = True) -> None:
+    """Notebook 05's Table 10 (one LoRA model per band) and the per-case parts behind it:
+    each case's increase is the band's value plus noise (sd 5 %), den = 1."""
+    rng = np.random.default_rng(1)
+    _params(d, "05")
+    bands = (("shallow", "0", shallow), ("middle", "1", middle), ("deep", "2", deep))
+    per, rows, by_band = [], [], []
+    for layer, (band, cell, v) in enumerate(bands):
+        row = {"band": band, "layers": cell, "n_models": 1, "selection": "cna"}
+        for k in (50, 10):
+            num = (v + 5 * rng.standard_normal(n)) / 100
+            per += [{"model": f"LoRA L{layer}", "selection": "cna", "k": k, "case": i, "num": x, "den": 1.0}
+                    for i, x in enumerate(num)]
+            rows.append({"model": f"LoRA L{layer}", "selection": "cna", "k": k, "coef_increase": 100 * num.mean(),
+                         "n_cases": n, "layer": layer})
+            row[f"top{k}"] = 100 * num.mean()
+        by_band.append(row)
+    _csv(d, "05_cna_coef_increase_by_band", by_band)
+    _csv(d, "05_cna_coef_increase", rows)
+    if per_case:
+        _csv(d, "05_cna_coef_per_case", per)
+
+
 @pytest.mark.parametrize("shallow, middle, deep, verdict", [(30.0, 20.0, 5.0, R.REPRODUCED),
                                                             (15.0, 10.0, 5.0, R.PARTLY),
-                                                            (0.3, 0.2, 0.1, R.NOT_REPRODUCED)])
+                                                            (0.3, 0.2, 0.1, R.NOT_REPRODUCED),
+                                                            (21.3, 10.0, 5.0, R.INCONCLUSIVE)])  # shallow ~ 21 %
 def test_lora_coefficient_rule(tmp_path: Path, shallow: float, middle: float, deep: float, verdict: str):
-    _params(tmp_path, "05")
-    _csv(tmp_path, "05_cna_coef_increase_by_band",
-         [{"band": b, "layers": "", "n_models": 1, "top50": v, "top10": v, "selection": "cna"}
-          for b, v in (("shallow", shallow), ("middle", middle), ("deep", deep))])
-    assert _outcome("yu_lora_coef", tmp_path).verdict == verdict
+    _coef_tables(tmp_path, shallow, middle, deep)
+    out = _outcome("yu_lora_coef", tmp_path)
+    assert out.verdict == verdict and out.interval.n == 50
+    assert out.interval.estimate == pytest.approx(out.metrics["mean coefficient increase over bands (%)"])
+
+
+def test_lora_coefficient_rule_without_per_case_table_is_inconclusive(tmp_path: Path):
+    _coef_tables(tmp_path, 30.0, 20.0, 5.0, per_case=False)
+    out = _outcome("yu_lora_coef", tmp_path)
+    assert out.verdict == R.INCONCLUSIVE and "rerun notebook 05 for an interval" in out.ours
+
 
 
 def test_n_params_from_shapes():
@@ -528,9 +657,7 @@ def test_report_html_links_every_figure_beside_it(tmp_path: Path):
 
 
 def test_notebook_verdicts_are_the_reports(tmp_path: Path):
-    _csv(tmp_path, "07_table13", [{"model": "original", "total": 1.0, "reduction_pct": 0.0},
-                                  {"model": "CNA top18", "total": 0.5, "reduction_pct": 50.0},
-                                  {"model": "random 18", "total": 0.99, "reduction_pct": 1.0}])
+    _bias_scores(tmp_path, 50.0, 1.0)
     lines = R.notebook_verdicts(tmp_path, "07")
     table = R.findings_table(tmp_path).set_index("id")
     assert len(lines) == 1 and "yu_gender_bias" in lines[0] and "**reproduced**" in lines[0]
@@ -607,3 +734,13 @@ def test_report_states_the_environment(tmp_path):
     lines = report.environment_lines(report.Tables(tmp_path).params())
     assert any("notebooks 01: not recorded" in line for line in lines)
     assert "Environment" in report.report_markdown(tmp_path)
+
+
+def test_per_prompt_correctness_round_trips_through_a_csv_cell(tmp_path: Path):
+    from arithlib.stats import decode_correct, encode_correct
+
+    bits = np.array([False, True, True, False, False])
+    _csv(tmp_path, "t", [{"correct_by_prompt": encode_correct(bits)}, {"correct_by_prompt": ""}])
+    back = R.Tables(tmp_path).csv("t")["correct_by_prompt"]
+    assert (decode_correct(back.iloc[0]) == bits).all() and decode_correct(back.iloc[1]) is None
+    assert decode_correct("0110") is None   # not a cell encode_correct wrote

@@ -1,0 +1,383 @@
+"""The paper's setting beside ours, per finding: the fidelity table of REPORT.md.
+
+Each finding of :data:`arithlib.report.FINDINGS` was measured by its paper in one
+setting (model, prompts, positions intervened at, metric, scale) and by us in another.
+:data:`PAPER` states the papers' settings in one declarative place (cited by section);
+:data:`OURS` gives ours as small functions of the run's ``NN_*_params.json`` files (its
+parameters, ``quick``, model and ``model_info``, notebook 05's fine-tuning scale);
+:data:`FORCED` names the differences the small offline models force (per-digit
+tokenizer, a few-shot prefix for instruct models, fewer layers so layer indices are
+scaled by depth). A value the params do not hold (an older run, a renamed key) reads
+"not recorded"; nothing here raises on a folder.
+
+Only notebook 05's scale reads :mod:`arithlib.finetune` (its ``SCALES``), lazily, as
+``report.smoke_test_reason`` does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+import pandas as pd
+
+#: The aspects compared, in the table's order.
+ASPECTS = ("model", "prompts", "positions", "metric", "scale")
+NOT_RECORDED = "not recorded"
+
+Params = Mapping[str, dict]  # notebook number ("01") -> its params JSON
+
+_ZHANG_MODEL = "LLaMA2-7B (32 layers x 32 heads; LLaMA2-13B too)"
+_ZHANG_DATA = ("X_r: sentences of 36 templates (Equation, Statement, Question-Answer; App. A, Fig. 8, 10) with "
+               "operands 1-9, of 10,000 generated only those the model answers (Sec. 3); X_c: the operator word or "
+               "symbol replaced ('nothing', '@', ...); zero-shot")
+_YU_MODEL = "Llama-7B (32 layers x 32 heads, 11,008 FFN neurons per layer; GPT-J in App. C)"
+_YU_1D = "all 1D+ and 1D- cases the model answers (4 prompts per operator, Table 14), zero-shot"
+_YU_2D = ("2-digit + - * / sentences of the 4 Table-14 prompts incl. negative results: 18,000 train / 2,000 test "
+          "(Sec. 5), zero-shot")
+_NIK_MODEL = "Llama3-8B (32 layers, 14,336 neurons per MLP; Llama3-70B, Pythia-6.9B, GPT-J too)"
+_NIK_DATA = ("'{x}{op}{y}=' without spaces, + - * /, single-token operands up to 300, integer results in range; "
+             "about 50 correct prompts per operator per seed, several seeds")
+
+#: The papers' settings, by finding id (sections as in :mod:`arithlib.report`'s sources).
+PAPER: dict[str, dict[str, str]] = {
+    "zhang_key_heads": dict(
+        model=_ZHANG_MODEL, prompts=_ZHANG_DATA,
+        positions="path patching (Alg. 1, App. B): each head's output at the END token replaced by its X_c output, "
+                  "other heads frozen, MLPs recomputed",
+        metric="(logit_p - logit_o) / logit_o of the answer token, mean over prompts; key head: below -5 %",
+        scale="all 1,024 heads, 4 operators (Fig. 2, 12, 15)"),
+    "zhang_knockout": dict(
+        model=_ZHANG_MODEL, prompts=_ZHANG_DATA,
+        positions="mean ablation: each knocked-out head's activation replaced by its average over X_c (Sec. 4.1)",
+        metric="accuracy vs k heads knocked out, effect order vs random order (Fig. 3)",
+        scale="k up to all heads"),
+    "zhang_late_mlps": dict(
+        model=_ZHANG_MODEL, prompts=_ZHANG_DATA,
+        positions="path patching of each MLP at the END token (Fig. 2, last column)",
+        metric="logit effect per MLP: layers 0-16 vs 17-31 of 32",
+        scale="all 32 MLPs"),
+    "zhang_mlp_answer": dict(
+        model=_ZHANG_MODEL, prompts="1,000 X_r samples (Sec. 5.2, Fig. 6)",
+        positions="MLP input and output at the END token, every layer",
+        metric="cos(MLP_out - MLP_in, W_U[C]) per layer: start-inflection-end 13-18-28 of 32",
+        scale="all 32 layers"),
+    "zhang_transfer": dict(
+        model=_ZHANG_MODEL, prompts="SVAMP, multi-digit integers, rational numbers, dates (Sec. 5.1, Fig. 4; App. D, E)",
+        positions="the key heads mean-ablated (knockout)",
+        metric="accuracy before / after the knockout (SVAMP 34.7 % -> 11.8 %, -66 % relative)",
+        scale="the full public sets (SVAMP: 1,000 problems)"),
+    "yu_single_head": dict(
+        model=_YU_MODEL, prompts="4 prompts per operator (Table 14), numbers and number words; 1D, 2D, 3D sets "
+                                 "(1,600 sentences for 2D), zero-shot",
+        positions="one head zeroed (all its parameters), every position",
+        metric="accuracy with the head zeroed; relative 1D decrease (Table 2, 24-27)",
+        scale="all 1,024 heads (Sec. 3.3)"),
+    "yu_mask_keep": dict(
+        model=_YU_MODEL, prompts=_YU_1D,
+        positions="top-K CNA neurons (original vs head 17.22 zeroed) zeroed at the last position; keep: every other "
+                  "neuron of FFN layers 17-31 zeroed",
+        metric="accuracy decrease (%) at K = 99, 50, 30, 20, 10 (Table 5)",
+        scale="exact CNA importance of every FFN neuron"),
+    "yu_shallow_neurons": dict(
+        model=_YU_MODEL, prompts=_YU_1D,
+        positions="FFN neurons of layers 0-15 projected through the OV matrices of attention layers 0-16; those with "
+                  ">= M number/operation concepts among the top-50 tokens zeroed",
+        metric="accuracy decrease (%) vs as many random shallow neurons (Table 8: M = 2, 1,953 of 176,128 neurons)",
+        scale="every shallow neuron"),
+    "yu_lora_layers": dict(
+        model=_YU_MODEL, prompts=_YU_2D,
+        positions="LoRA in one attention layer, one model per layer",
+        metric="test accuracy of each LoRA model vs the original (Fig. 2)",
+        scale="32 models; lr from {1e-3, 5e-4, 1e-4}, up to 4 epochs"),
+    "yu_lora_coef": dict(
+        model=_YU_MODEL, prompts="1D cases (CNA between each LoRA model and the original)",
+        positions="top CNA neurons of the deep FFN layers, last position",
+        metric="coefficient increase (%) of the top-k neurons by LoRA layer band (Table 10)",
+        scale="the 32 LoRA models of Fig. 2"),
+    "yu_pruning": dict(
+        model=_YU_MODEL, prompts="CNA on all 1D + - * / cases (top-500 per case); LoRA data as Sec. 5 (18,000 / 2,000)",
+        positions="the union of the cases' top-500 kept in FFN layers 17-31 (5 %), the rest pruned; LoRA on layer 9",
+        metric="2D test accuracy after LoRA: CNA-pruned vs randomly pruned (Table 11)",
+        scale="one random pruning reported"),
+    "yu_gender_bias": dict(
+        model=_YU_MODEL, prompts="8 prompts x {man, woman} (App. D, Table 22; Sec. 6.2 says four); 32 professions from "
+                                 "the top-100 predictions (Table 23); CNA on the first prompt",
+        positions="top-18 CNA neurons zeroed (parameters set to zero)",
+        metric="mean |log p(prof | woman) - log p(prof | man)| over prompts and professions (Table 13: 1.26 -> 0.81)",
+        scale="18 neurons; no random control reported"),
+    "nikankin_faithfulness": dict(
+        model=_NIK_MODEL, prompts=_NIK_DATA,
+        positions="activation patching per component and position (op1, op, op2, '='), then neurons of the "
+                  "middle/late MLPs at the last position; everything outside the circuit mean-ablated",
+        metric="faithfulness: correct-token logit / max logit, 0 = fully mean-ablated, 1 = full model (about 96 %)",
+        scale="about 200 neurons per layer (about 1 %)"),
+    "nikankin_heuristic_ablation": dict(
+        model=_NIK_MODEL, prompts=_NIK_DATA + "; the operand grid for the heuristics",
+        positions="the neurons of one heuristic (match score >= 0.6) ablated",
+        metric="accuracy on the heuristic's associated prompts vs other prompts (Fig. 7)",
+        scale="circuit neurons of the middle/late MLPs"),
+    "nikankin_prompt_ablation": dict(
+        model=_NIK_MODEL, prompts=_NIK_DATA,
+        positions="a prompt's associated heuristic neurons vs as many random neurons, ablated",
+        metric="accuracy after each ablation (Fig. 8)",
+        scale="circuit neurons of the middle/late MLPs"),
+}
+
+
+# --------------------------------------------------------------------------- our side
+
+
+def _nb(P: Params, nb: str) -> dict:
+    """Notebook ``nb``'s params (KeyError when it did not run: "not recorded")."""
+    return P[nb]
+
+
+def _model(P: Params, nb: str) -> str:
+    p = _nb(P, nb)
+    i = p["model_info"]
+    src = f", {i['source']}" if i.get("source") else ""
+    return (f"{p['model']} ({i['n_layers']} layers x {i['n_heads']} heads, d_mlp {i['d_mlp']}{src}), "
+            f"{str(p.get('dtype', '?')).replace('torch.', '')} on {p.get('device', '?')}")
+
+
+def _layers(P: Params, nb: str) -> int:
+    return int(_nb(P, nb)["model_info"]["n_layers"])
+
+
+def _depth(layer_of_32: float, L: int) -> int:
+    """Layer ``layer_of_32`` of the papers' 32 scaled to ``L`` (as ``report._paper_depth``)."""
+    return int(math.floor(layer_of_32 / 32 * L + 0.5))
+
+
+def _quick(P: Params, nb: str) -> str:
+    return "QUICK mode (smoke-test sizes)" if _nb(P, nb).get("quick") else "full run"
+
+
+def _fewshot(P: Params, nb: str) -> str:
+    return f"{_nb(P, nb)['fewshot']}-shot prefix"
+
+
+def _ft_scale(P: Params) -> dict:
+    """Notebook 05's resolved fine-tuning scale and its sizes (``finetune.SCALES``)."""
+    from .finetune import SCALES, resolve_scale
+
+    p = _nb(P, "05")
+    name = resolve_scale(str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")))
+    return dict(SCALES[name], scale=name)
+
+
+def _ft_text(P: Params) -> str:
+    s = _ft_scale(P)
+    return (f"scale '{s['scale']}' (params scale={_nb(P, '05')['scale']!r}): {s['n_train']} train / {s['n_test']} "
+            f"test sentences, {s['lora_epochs']} epoch(s), lr search {s['lr_search']}, layers {s['layers']}")
+
+
+def _zhang_prompts(P: Params) -> str:
+    p = _nb(P, "01")
+    return (f"{p['zhang_per_op']} correct prompts per operator ({' '.join(p['ops'])}), {p['zhang_per_template']} "
+            f"candidates per template of 8 Zhang templates, operands 1-9; {_fewshot(P, '01')}; X_c as the paper's")
+
+
+def _yu_1d(P: Params, nb: str) -> str:
+    return f"the correct 1D + / - cases of Yu's symbolic prompts ('n1 + n2 ='); {_fewshot(P, nb)}"
+
+
+def _nik_prompts(P: Params, per_op_key: str, nb: str) -> str:
+    p = _nb(P, nb)
+    cap = f", operands 0-{p['nikankin_max_operand']} capped at single tokens" if "nikankin_max_operand" in p else \
+        ", single-token operands"
+    return f"'{{x}}{{op}}{{y}}=' prompts, {p[per_op_key]} correct per operator{cap}; {_fewshot(P, nb)}"
+
+
+Getter = Callable[[Params], str]
+
+#: Our settings, by finding id: aspect -> a function of the run's params (KeyError,
+#: TypeError or ValueError there means "not recorded").
+OURS: dict[str, dict[str, Getter]] = {
+    "zhang_key_heads": dict(
+        model=lambda P: _model(P, "01"), prompts=_zhang_prompts,
+        positions=lambda P: "path patching at the last (END) position, other heads frozen, MLPs recomputed",
+        metric=lambda P: f"relative answer-logit effect, key head below {_nb(P, '01')['key_threshold']:+.0%}",
+        scale=lambda P: f"every head; {_quick(P, '01')}"),
+    "zhang_knockout": dict(
+        model=lambda P: _model(P, "01"), prompts=_zhang_prompts,
+        positions=lambda P: "mean ablation over X_c at the last position (every position checked at k = "
+                            f"{_nb(P, '01')['verify_ks']})",
+        metric=lambda P: f"accuracy vs k, effect order vs {_nb(P, '01')['n_random_orders']} random orders",
+        scale=lambda P: f"k in {_nb(P, '01')['knockout_ks']}; {_quick(P, '01')}"),
+    "zhang_late_mlps": dict(
+        model=lambda P: _model(P, "01"), prompts=_zhang_prompts,
+        positions=lambda P: f"path patching of each MLP at the last position; split at layer "
+                            f"{_depth(17, _layers(P, '01'))} of {_layers(P, '01')}",
+        metric=lambda P: "mean |logit effect| of the late vs the early MLPs",
+        scale=lambda P: f"every MLP; {_quick(P, '01')}"),
+    "zhang_mlp_answer": dict(
+        model=lambda P: _model(P, "02"),
+        prompts=lambda P: f"{_nb(P, '02')['n_per_template']} prompts per template and operator (8 templates x 4 "
+                          f"operators), correct only; {_fewshot(P, '02')}",
+        positions=lambda P: f"MLP in / out ({_nb(P, '02')['mlp_in_hook']}, {_nb(P, '02')['mlp_out_hook']}) at the "
+                            "last position, every layer",
+        metric=lambda P: "cos(MLP_out - MLP_in, W_U[C]) per layer; inflection at depth >= 17/32",
+        scale=lambda P: f"every layer; {_quick(P, '02')}"),
+    "zhang_transfer": dict(
+        model=lambda P: _model(P, "01"),
+        prompts=lambda P: f"{_nb(P, '01')['transfer_n']} prompts per format (multi-digit, decimals, dates, word "
+                          f"problems, exponentiation); {_fewshot(P, '01')}",
+        positions=lambda P: "key heads (or the 10 of largest effect) mean-ablated vs as many random heads",
+        metric=lambda P: "relative accuracy drop minus the random heads' drop",
+        scale=lambda P: f"our generated formats, not SVAMP itself; {_quick(P, '01')}"),
+    "yu_single_head": dict(
+        model=lambda P: _model(P, "01"),
+        prompts=lambda P: f"{_nb(P, '01')['yu_per_setting']} prompts per operator and digit count (Yu template 4, "
+                          f"symbolic); {_fewshot(P, '01')}",
+        positions=lambda P: f"one head's W_O slice zeroed (screened at the last position, top "
+                            f"{_nb(P, '01')['yu_verify_top']} verified at every position)",
+        metric=lambda P: "largest relative 1D accuracy decrease from one head",
+        scale=lambda P: f"every head; {_quick(P, '01')}"),
+    "yu_mask_keep": dict(
+        model=lambda P: _model(P, "04"), prompts=lambda P: _yu_1d(P, "04"),
+        positions=lambda P: f"top-K CNA neurons (key head of notebook 01 zeroed) zeroed at the last position; keep: "
+                            f"FFN layers {_depth(17, _layers(P, '04'))}-{_layers(P, '04') - 1}",
+        metric=lambda P: f"accuracy decrease at K in {_nb(P, '04')['top_ks']}",
+        scale=lambda P: f"importance mode {_nb(P, '04')['mode']!r} ({_nb(P, '04')['n_candidates']} exact candidates "
+                        f"per case in two-stage mode); {_quick(P, '04')}"),
+    "yu_shallow_neurons": dict(
+        model=lambda P: _model(P, "04"), prompts=lambda P: _yu_1d(P, "04"),
+        positions=lambda P: "FFN neurons below the key head's layer projected through the OV matrices up to it; "
+                            f">= M concepts among the top-{_nb(P, '04')['concept_top']} tokens zeroed",
+        metric=lambda P: f"accuracy decrease vs as many random shallow neurons, M in {_nb(P, '04')['ms']}",
+        scale=lambda P: f"every shallow neuron; {_quick(P, '04')}"),
+    "yu_lora_layers": dict(
+        model=lambda P: _model(P, "05"),
+        prompts=lambda P: f"2-digit {' '.join(_nb(P, '05')['ops'])} sentences incl. negative results; "
+                          f"{_fewshot(P, '05')}",
+        positions=lambda P: f"LoRA (r = {_nb(P, '05')['lora_r']}, alpha = {_nb(P, '05')['lora_alpha']}) in one "
+                            "attention layer per model",
+        metric=lambda P: "whole-answer test accuracy of each LoRA model vs the original",
+        scale=_ft_text),
+    "yu_lora_coef": dict(
+        model=lambda P: _model(P, "05"),
+        prompts=lambda P: f"{_ft_scale(P)['cna_cases']} 1D + / - cases; {_fewshot(P, '05')}",
+        positions=lambda P: f"top CNA neurons of FFN layers {_depth(17, _layers(P, '05'))}-{_layers(P, '05') - 1}, "
+                            "last position",
+        metric=lambda P: f"coefficient increase (%) of the top-k (k in {_nb(P, '05')['top_ks']}) by band",
+        scale=_ft_text),
+    "yu_pruning": dict(
+        model=lambda P: _model(P, "06"),
+        prompts=lambda P: f"CNA on 1D + - * / cases ({_nb(P, '06')['cases_per_op']} per operator); LoRA data as "
+                          "notebook 05",
+        positions=lambda P: f"{_nb(P, '06')['main_share']:.0%} of the deep FFN neurons (layers "
+                            f"{_depth(17, _layers(P, '06'))}-{_layers(P, '06') - 1}) kept; LoRA on layer "
+                            f"{_depth(9, _layers(P, '06'))}",
+        metric=lambda P: "test accuracy after LoRA: CNA-pruned vs randomly pruned (mean over seeds)",
+        scale=lambda P: f"{_ft_text(P)}; random prunings {_nb(P, '06')['random_seeds']!r}"),
+    "yu_gender_bias": dict(
+        model=lambda P: _model(P, "07"),
+        prompts=lambda P: f"the 8 Table-22 prompts x {{man, woman}}; professions from the top-{_nb(P, '07')['top_k']} "
+                          f"predictions; CNA on prompt {_nb(P, '07')['cna_prompt']}",
+        positions=lambda P: f"top-{_nb(P, '07')['edit_k']} CNA neurons zeroed (and {_nb(P, '07')['n_random_seeds']} "
+                            "random sets)",
+        metric=lambda P: "mean |log p(prof | woman) - log p(prof | man)|, reduction vs the original",
+        scale=lambda P: f"edit sizes {list(_nb(P, '07')['sweep'])}; {_quick(P, '07')}"),
+    "nikankin_faithfulness": dict(
+        model=lambda P: _model(P, "03"),
+        prompts=lambda P: _nik_prompts(P, "n_analysis", "03"),
+        positions=lambda P: "neurons of the analysed late MLPs at the last position; only those MLPs' other neurons "
+                            "mean-ablated",
+        metric=lambda P: f"faithfulness (paper's normalisation), target {_nb(P, '03')['target_faithfulness']}",
+        scale=lambda P: f"a grid of shares per layer; {_quick(P, '03')}"),
+    "nikankin_heuristic_ablation": dict(
+        model=lambda P: _model(P, "03"),
+        prompts=lambda P: _nik_prompts(P, "n_analysis", "03") + "; the operand grid",
+        positions=lambda P: f"the neurons of one heuristic (match >= {_nb(P, '03')['t']}) mean-ablated at the last "
+                            "position",
+        metric=lambda P: "accuracy on associated vs other prompts",
+        scale=lambda P: f"up to {_nb(P, '03')['max_ablated_heuristics']} heuristics per operator; {_quick(P, '03')}"),
+    "nikankin_prompt_ablation": dict(
+        model=lambda P: _model(P, "03"),
+        prompts=lambda P: _nik_prompts(P, "n_analysis", "03"),
+        positions=lambda P: "a prompt's heuristic neurons vs as many random circuit neurons, mean-ablated",
+        metric=lambda P: "accuracy after each ablation",
+        scale=lambda P: f"labels {_nb(P, '03')['labels']!r}; {_quick(P, '03')}"),
+}
+
+
+# --------------------------------------------------------------------------- forced by the offline model
+
+
+_OFFLINE = ("only small 4-bit GGUF instruct models install offline (dequantized); the papers' 7-8B base "
+            "models cannot be downloaded here")
+
+
+def _prefix(P: Params, nb: str) -> str:
+    return (f"{_nb(P, nb)['fewshot']}-shot prefix: instruct models answer bare prompts poorly "
+            "(1D + 25 % zero-shot vs 100 % with the prefix, Qwen-0.5B)")
+
+
+def _scaled(P: Params, nb: str, *layers_of_32: int) -> str:
+    L = _layers(P, nb)
+    return ("fewer layers, indices scaled by depth: "
+            + ", ".join(f"{l} of 32 -> {_depth(l, L)} of {L}" for l in layers_of_32))
+
+
+_DIGITS = "per-digit tokenizer: operands 1-9 (as the paper's LLaMA2)"
+_NIK_TOKENS = ("per-digit tokenizer: single-token operands only 0-9 (Llama3 has one token per number up to 999)")
+_CPU = "machine (no GPU): fine-tuning at the CPU scale, far below the paper's data"
+
+#: Differences the offline models force, by finding id: aspect -> a function of the params.
+FORCED: dict[str, dict[str, Getter]] = {
+    "zhang_key_heads": dict(model=lambda P: _OFFLINE, prompts=lambda P: f"{_DIGITS}; {_prefix(P, '01')}"),
+    "zhang_knockout": dict(model=lambda P: _OFFLINE, prompts=lambda P: f"{_DIGITS}; {_prefix(P, '01')}"),
+    "zhang_late_mlps": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01"),
+                            positions=lambda P: _scaled(P, "01", 17)),
+    "zhang_mlp_answer": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "02"),
+                             metric=lambda P: _scaled(P, "02", 13, 17, 18)),
+    "zhang_transfer": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01") + "; SVAMP is not offline"),
+    "yu_single_head": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01")),
+    "yu_mask_keep": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "04"),
+                         positions=lambda P: _scaled(P, "04", 17)),
+    "yu_shallow_neurons": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "04"),
+                               positions=lambda P: "layers below the model's own key head (Yu: 0-15 below 17.22)"),
+    "yu_lora_layers": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "05"),
+                           scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else ""),
+    "yu_lora_coef": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "05"),
+                         positions=lambda P: _scaled(P, "05", 17),
+                         scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else ""),
+    "yu_pruning": dict(model=lambda P: _OFFLINE, positions=lambda P: _scaled(P, "06", 9, 17),
+                       scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else ""),
+    "yu_gender_bias": dict(model=lambda P: _OFFLINE),
+    "nikankin_faithfulness": dict(model=lambda P: _OFFLINE, prompts=lambda P: f"{_NIK_TOKENS}; {_prefix(P, '03')}"),
+    "nikankin_heuristic_ablation": dict(model=lambda P: _OFFLINE,
+                                        prompts=lambda P: f"{_NIK_TOKENS} (a 10 x 10 operand grid); "
+                                                          f"{_prefix(P, '03')}"),
+    "nikankin_prompt_ablation": dict(model=lambda P: _OFFLINE, prompts=lambda P: f"{_NIK_TOKENS}; {_prefix(P, '03')}"),
+}
+
+
+def _safe(get: Getter | None, P: Params, missing: str = NOT_RECORDED) -> str:
+    """``get(P)``, or ``missing`` when the params lack what it reads."""
+    if get is None:
+        return ""
+    try:
+        return str(get(P))
+    except (KeyError, TypeError, ValueError, IndexError):
+        return missing
+
+
+def fidelity_table(params: Params, notebooks: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """One row per finding and aspect: finding, aspect, paper (:data:`PAPER`), ours
+    (:data:`OURS` of ``params``; "not recorded" when the params lack it) and "forced by
+    the offline model" (:data:`FORCED`; "" where nothing is forced). ``notebooks``:
+    finding id -> its notebook (``report.FINDINGS``), in that order; a finding whose
+    notebook has no params reads "not recorded" throughout; default: every finding of
+    :data:`PAPER`, unchecked."""
+    rows = []
+    for fid in notebooks if notebooks is not None else list(PAPER):
+        paper, ours, forced = PAPER.get(fid, {}), OURS.get(fid, {}), FORCED.get(fid, {})
+        ran = notebooks is None or notebooks[fid] in params
+        for aspect in ASPECTS:
+            rows.append({"finding": fid, "aspect": aspect, "paper": paper.get(aspect, NOT_RECORDED),
+                         "ours": _safe(ours.get(aspect), params) if ran else NOT_RECORDED,
+                         "forced by the offline model": _safe(forced.get(aspect), params, missing="")})
+    return pd.DataFrame(rows, columns=["finding", "aspect", "paper", "ours", "forced by the offline model"])

@@ -1,0 +1,71 @@
+"""The fidelity table (arithlib.fidelity): the papers' settings beside ours from synthetic
+params JSONs, "not recorded" for keys an older run lacks, and its place in REPORT.md/.html."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import arithlib.fidelity as F
+import arithlib.report as R
+
+INFO = {"n_layers": 24, "n_heads": 14, "d_mlp": 4864, "source": "pypi-gguf"}
+
+
+def _p(nb: str, **extra) -> dict:
+    return {"model": "m-small", "model_info": INFO, "fewshot": 2, "quick": False, "device": "cpu",
+            "dtype": "torch.float32", "notebook": nb, **extra}
+
+
+def _rows(table, finding: str) -> dict:
+    return table[table.finding == finding].set_index("aspect").to_dict("index")
+
+
+def test_every_finding_has_the_papers_setting_ours_and_forced():
+    ids = [f.id for f in R.FINDINGS]
+    assert set(ids) == set(F.PAPER) == set(F.OURS) == set(F.FORCED)
+    assert all(set(F.PAPER[i]) == set(F.ASPECTS) and set(F.OURS[i]) == set(F.ASPECTS) for i in ids)
+
+
+def test_ours_reads_the_params_and_scales_layers_by_depth():
+    params = {"01": _p("01", zhang_per_op=16, zhang_per_template=3, ops=["+", "-"], key_threshold=-0.05)}
+    late = _rows(F.fidelity_table(params), "zhang_late_mlps")
+    assert "m-small (24 layers x 14 heads, d_mlp 4864" in late["model"]["ours"]
+    assert late["positions"]["ours"].endswith("split at layer 13 of 24")
+    assert late["positions"]["forced by the offline model"] == "fewer layers, indices scaled by depth: 17 of 32 -> 13 of 24"
+    key = _rows(F.fidelity_table(params), "zhang_key_heads")
+    assert "16 correct prompts per operator (+ -)" in key["prompts"]["ours"] and "2-shot prefix" in key["prompts"]["ours"]
+    assert "36 templates" in key["prompts"]["paper"] and "-5%" in key["metric"]["ours"]
+
+
+def test_missing_params_read_not_recorded_without_raising():
+    old = {"01": {"model": "m-old"}}  # a run from before model_info and the renamed keys
+    table = F.fidelity_table(old)
+    key = _rows(table, "zhang_key_heads")
+    assert key["model"]["ours"] == F.NOT_RECORDED and key["prompts"]["ours"] == F.NOT_RECORDED
+    nbs = {f.id: f.notebook for f in R.FINDINGS}
+    assert (F.fidelity_table({}, nbs)["ours"] == F.NOT_RECORDED).all()  # no notebook ran
+    assert _rows(F.fidelity_table({}), "yu_pruning")["positions"]["forced by the offline model"] == ""
+
+
+def test_fine_tuning_scale_is_the_resolved_one():
+    cpu = {"05": _p("05", scale="cpu", ops=["+"], lora_r=16, lora_alpha=32, top_ks=[50])}
+    rows = _rows(F.fidelity_table(cpu), "yu_lora_layers")
+    assert "scale 'cpu'" in rows["scale"]["ours"] and "192 train / 144 test" in rows["scale"]["ours"]
+    assert "no GPU" in rows["scale"]["forced by the offline model"]
+    gpu = {"05": _p("05", scale="auto", device="cuda", ops=["+"], lora_r=16, lora_alpha=32, top_ks=[50])}
+    rows = _rows(F.fidelity_table(gpu), "yu_lora_layers")
+    assert "scale 'paper'" in rows["scale"]["ours"] and rows["scale"]["forced by the offline model"] == ""
+
+
+def test_report_shows_the_fidelity_section(tmp_path: Path):
+    (tmp_path / "07_gender_bias_editing_params.json").write_text(json.dumps(
+        _p("07", top_k=100, cna_prompt=0, edit_k=18, n_random_seeds=3, sweep=[6, 18])))
+    md, page = R.write_report(tmp_path)
+    text = md.read_text()
+    head = text.index("## Fidelity: the paper's setting beside ours")
+    assert text.index("## Findings") < head < text.index('<a id="notebook-00">')
+    assert "| yu_gender_bias | positions | top-18 CNA neurons zeroed (parameters set to zero) | top-18 CNA neurons " \
+           "zeroed (and 3 random sets) |" in text
+    assert "| zhang_key_heads | model |" in text and F.NOT_RECORDED in text
+    assert "Fidelity: the paper&#x27;s setting beside ours" in page.read_text()
