@@ -1368,6 +1368,94 @@ def circuit_faithfulness(model, prompts: PromptSet, circuits: Mapping[str, Itera
     return pd.DataFrame(rows)
 
 
+@torch.no_grad()
+def full_circuit_faithfulness(model, prompts: PromptSet,
+                              circuits: Mapping[str, tuple[Iterable[tuple[Component, str]], Iterable[tuple[int, int]]]],
+                              positions: Mapping[str, Sequence[int]], means: Mapping[str, Mapping[int, torch.Tensor]],
+                              neuron_layers: Sequence[int], last: str = "=", batch_size: int = 16,
+                              max_rows: int = 1024, progress: bool = True, cache: RunCache | None = None
+                              ) -> pd.DataFrame:
+    """Nikankin et al. 2025 faithfulness of a whole circuit (heads and MLP neurons), per
+    prompt. A circuit is ``(heads, neurons)``: ``(head component, position name)`` pairs
+    and ``(layer, neuron)`` pairs of the ``neuron_layers`` MLPs at the ``last`` position.
+    Every component outside it is mean-ablated at every named position: every head not in
+    ``heads``; at ``last`` every neuron of a ``neuron_layers`` MLP not in ``neurons`` (the
+    MLP's neurons, hook ``mlp.hook_post``); the other MLPs (earlier layers, and every MLP at
+    the operand and operator positions) stay whole, as in Nikankin's circuit, whose MLPs at
+    those positions are kept. ``"ablated"`` mean-ablates every head and MLP at every named
+    position, ``"full"`` nothing; both are added. Positions outside ``positions`` (the
+    few-shot prefix) stay clean. ``means`` (:func:`arithlib.ablation.mean_activations`)
+    needs every head hook ``attn.hook_z``, ``hook_mlp_out`` and the ``neuron_layers``'
+    ``mlp.hook_post``. Returns one row per circuit and prompt: ``circuit``, ``prompt``,
+    ``op``, ``normalized_logit`` (answer logit / max logit, Nikankin's y), ``correct``;
+    :func:`faithfulness_from_prompts` turns it into F = (y_circuit - y_ablated) /
+    (y_full - y_ablated) (means over prompts first, Eq. 2 as in
+    :func:`arithlib.metrics.faithfulness`)."""
+    if last not in positions:
+        raise ValueError(f"positions need the neuron position {last!r} (got {sorted(positions)})")
+    cfg = model.cfg
+    names = list(positions)
+    nl = sorted(set(int(x) for x in neuron_layers))
+    heads = head_components(cfg.n_layers, cfg.n_heads)
+    specs: dict[str, tuple[set, dict[int, set[int]]] | None] = {"full": None, "ablated": None}
+    for name, (hs, ns) in circuits.items():
+        if name in specs:
+            raise ValueError(f"circuit name {name!r} is reserved")
+        keep_n: dict[int, set[int]] = {l: set() for l in nl}
+        for l, k in ns:
+            if int(l) not in keep_n:
+                raise ValueError(f"neuron ({l}, {k}) is not in a neuron layer {nl}")
+            keep_n[int(l)].add(int(k))
+        specs[name] = (set(hs), keep_n)
+
+    def variants_for(batch, run):
+        T = batch.tokens.shape[1]
+        i0 = int(batch.index[0])
+        pos = {n: positions[n][i0] for n in names}
+        if any(positions[n][int(i)] != pos[n] for n in names for i in batch.index):
+            raise ValueError("prompts of one length must share the named positions; group them with locate_operands")
+
+        def mean(c: Component, n: str) -> torch.Tensor:
+            m = means[c.hook_name][T][pos[n]]
+            return m[c.index] if c.index is not None else m
+
+        out = []
+        for name, spec in specs.items():
+            if name == "full":
+                out.append([])
+                continue
+            if spec is None:  # ablated: every head and MLP at every named position
+                out.append([Edit(c, pos[n], mean(c, n)) for n in names
+                            for c in heads + mlp_components(cfg.n_layers)])
+                continue
+            keep_h, keep_n = spec
+            edits = [Edit(c, pos[n], mean(c, n)) for n in names for c in heads if (c, n) not in keep_h]
+            for l in nl:
+                m = means[_HOOKS["neuron"].format(layer=l)][T][pos[last]]
+                edits += [Edit(Component("neuron", l, k), pos[last], m[k])
+                          for k in range(m.shape[0]) if k not in keep_n[l]]
+            out.append(edits)
+        return out
+
+    ro = run_interventions(model, prompts, variants_for, batch_size, max_rows, progress=progress,
+                           desc="circuit faithfulness", cache=cache)
+    y, ok = ro.normalized_logit, ro.correct
+    ops = [r.op for r in prompts.records]
+    rows = [{"circuit": name, "prompt": i, "op": ops[i], "normalized_logit": float(y[j, i]), "correct": bool(ok[j, i])}
+            for j, name in enumerate(specs) for i in range(len(prompts))]
+    return pd.DataFrame(rows)
+
+
+def faithfulness_from_prompts(frame: pd.DataFrame, circuit: str) -> float:
+    """Nikankin's F of ``circuit`` from :func:`full_circuit_faithfulness`'s rows:
+    (mean y_circuit - mean y_ablated) / (mean y_full - mean y_ablated) over the prompts
+    (:func:`arithlib.metrics.faithfulness`)."""
+    from .metrics import faithfulness
+
+    y = {c: frame.loc[frame.circuit == c, "normalized_logit"].to_numpy() for c in (circuit, "full", "ablated")}
+    return faithfulness(torch.tensor(y[circuit]), torch.tensor(y["full"]), torch.tensor(y["ablated"]))
+
+
 def coarse_to_fine_patching(model, prompts: PromptSet, positions: Mapping[str, Sequence[int]], refine: int,
                             batch_size: int = 16, max_rows: int = 1024, cache: RunCache | None = None) -> pd.DataFrame:
     """Nikankin et al. 2025 Sec. 2's activation patching within a CPU budget, coarse to
