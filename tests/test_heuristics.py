@@ -154,6 +154,10 @@ def test_pipeline_on_tiny_model(tiny):
                                                                         an.assoc, t=0.01)
     abl = H.heuristic_ablation(an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3)
     assert len(abl) <= 3 and set(abl.columns) >= {"acc_assoc", "acc_other", "n_neurons"}
+    # issue 28: the per-prompt rows the report bootstraps, one per heuristic and prompt; their summary is the table
+    rows = H.heuristic_ablation_prompts(an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3)
+    assert len(rows) == len(abl) * len(an.runner) and set(rows.columns) >= {"prompt", "associated", "correct"}
+    pd.testing.assert_frame_equal(H.summarise_heuristic_ablation(rows), abl)
     per = H.prompt_heuristic_neurons(matches, an.heuristics, an.analysis.records)
     pa = H.prompt_ablation(an.runner, per, an.circuit, layers, means, seed=0)
     assert len(pa) == 12 and (pa.n_assoc_neurons == [len(x) for x in per]).all()
@@ -163,6 +167,16 @@ def test_pipeline_on_tiny_model(tiny):
     an.matches = matches
     ci = H.correct_vs_incorrect(b, an, layers)
     assert len(ci) == 36 and set(ci.columns) >= {"correct", "n_assoc_neurons", "assoc_contribution"}
+
+
+def test_heldout_prompts_are_disjoint_from_the_analysed(tiny):
+    """Issue 28: the circuit is chosen on the analysed prompts and scored on held-out ones."""
+    grid = PromptSet.build(H.grid_records("+", (0, 5), fewshot=2), tiny.tokenizer)
+    an = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=10)
+    assert len(an.heldout_index) == 10 and not set(an.heldout_index) & set(an.analysis_index)
+    assert torch.allclose(an.heldout_runner.logits(), an.grid_logits[an.heldout_index], atol=1e-4)
+    every = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=None)
+    assert sorted(every.heldout_index + every.analysis_index) == list(range(len(grid)))
 
 
 def test_training_dynamics_on_tiny_models(tiny):
