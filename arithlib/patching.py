@@ -1456,6 +1456,36 @@ def faithfulness_from_prompts(frame: pd.DataFrame, circuit: str) -> float:
     return faithfulness(torch.tensor(y[circuit]), torch.tensor(y["full"]), torch.tensor(y["ablated"]))
 
 
+def faithfulness_by_operator(y_circuit: np.ndarray, y_full: np.ndarray, y_ablated: np.ndarray,
+                             op: np.ndarray) -> float:
+    """Mean over operators (integer codes ``op``, one per prompt) of Nikankin's F =
+    (mean y_circuit - mean y_ablated) / (mean y_full - mean y_ablated), the means over that
+    operator's prompts (Eq. 2, as :func:`arithlib.metrics.faithfulness`); an operator whose
+    full and ablated means coincide has no F and is left out (NaN if none has one). Written
+    for :func:`arithlib.stats.bootstrap_ci` (resampled prompts, stratified by ``op``)."""
+    op = np.asarray(op, dtype=int)
+    n = np.bincount(op)
+    keep = n > 0
+    m = [np.bincount(op, weights=np.asarray(y, dtype=float))[keep] / n[keep] for y in (y_circuit, y_full, y_ablated)]
+    den = m[1] - m[2]
+    ok = np.abs(den) > 1e-12
+    return float(np.mean((m[0][ok] - m[2][ok]) / den[ok])) if ok.any() else float("nan")
+
+
+def topk_recall(screen: Sequence[float] | np.ndarray, exact: Sequence[float] | np.ndarray, k: int) -> float:
+    """Recall of a screen: the share of the ``k`` items of largest ``exact`` score that are
+    also among the ``k`` items of largest ``screen`` score (same items, same order in both
+    arrays). Ties are broken by position (stable sort), so the result is deterministic."""
+    s, e = np.asarray(screen, dtype=float), np.asarray(exact, dtype=float)
+    if s.shape != e.shape:
+        raise ValueError(f"screen and exact scores differ in shape: {s.shape} vs {e.shape}")
+    k = min(int(k), len(s))
+    if k <= 0:
+        return float("nan")
+    top = lambda x: set(np.argsort(-x, kind="stable")[:k].tolist())  # noqa: E731
+    return len(top(s) & top(e)) / k
+
+
 def coarse_to_fine_patching(model, prompts: PromptSet, positions: Mapping[str, Sequence[int]], refine: int,
                             batch_size: int = 16, max_rows: int = 1024, cache: RunCache | None = None) -> pd.DataFrame:
     """Nikankin et al. 2025 Sec. 2's activation patching within a CPU budget, coarse to

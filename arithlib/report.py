@@ -349,19 +349,6 @@ def _op_codes(ops: pd.Series | pd.Index) -> np.ndarray:
     return pd.factorize(pd.Series(np.asarray(ops, dtype=str)))[0]
 
 
-def _faithfulness_by_op(y_c: np.ndarray, y_f: np.ndarray, y_a: np.ndarray, op: np.ndarray) -> float:
-    """Mean over operators of Nikankin's F = (mean y_circuit - mean y_ablated) / (mean y_full
-    - mean y_ablated), the means over that operator's prompts (Eq. 2 as in
-    :func:`arithlib.metrics.faithfulness`); an operator whose full and ablated means
-    coincide has no F and is left out."""
-    n = np.bincount(op)
-    keep = n > 0
-    m = [np.bincount(op, weights=y)[keep] / n[keep] for y in (y_c, y_f, y_a)]
-    den = m[1] - m[2]
-    ok = np.abs(den) > 1e-12
-    return float(np.mean((m[0][ok] - m[2][ok]) / den[ok])) if ok.any() else float("nan")
-
-
 def _nikankin_faithfulness(t: Tables) -> Outcome:
     fp = t.csv("03_circuit_faithfulness_prompts")
     if fp.empty:
@@ -372,7 +359,9 @@ def _nikankin_faithfulness(t: Tables) -> Outcome:
     if missing:
         raise NotRun(f"03_circuit_faithfulness_prompts.csv lacks the conditions {sorted(missing)}")
     op = _op_codes(wide.index.get_level_values("op"))
-    ci = bootstrap_ci(_faithfulness_by_op, wide["circuit"].to_numpy(), wide["full"].to_numpy(),
+    from .patching import faithfulness_by_operator
+
+    ci = bootstrap_ci(faithfulness_by_operator, wide["circuit"].to_numpy(), wide["full"].to_numpy(),
                       wide["ablated"].to_numpy(), op, groups=op)
     pooled = meta[meta["op"].astype(str) == "all"].iloc[0] if (meta["op"].astype(str) == "all").any() else meta.iloc[0]
     share, n_heads = float(pooled["share_per_layer"]), float(pooled["n_heads"])
