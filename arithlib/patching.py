@@ -1554,6 +1554,55 @@ def heads_needed(faith: pd.DataFrame, target: float) -> int | None:
     return int(reach.min()) if len(reach) else None
 
 
+def _top_pairs(ie: pd.DataFrame, k: int) -> list[tuple[str, str]]:
+    """The ``k`` (component label, position) head pairs of largest median indirect effect
+    over the rows' prompts (ties: the stable order of layer, head, position)."""
+    heads = ie[ie.kind == "head"]
+    med = (heads.groupby(["layer", "head", "position", "component"])["ie"].median().reset_index()
+           .sort_values("ie", ascending=False, kind="stable"))
+    return list(zip(med.component, med.position))[:k]
+
+
+def screen_recall(screen: pd.DataFrame, exact: pd.DataFrame, ks: Iterable[int]) -> pd.DataFrame:
+    """Recall of a patching screen (:func:`coarse_to_fine_patching`) against the exact
+    per-head per-position activation patching (:func:`activation_patching` of every head
+    at every position), both as rows of :func:`activation_patching` on the same prompts:
+    for each k, the share of the exact top-k (head, position) pairs (median indirect
+    effect) that are in the screen's top k (pairs the screen did not patch cannot be in it).
+    Columns: k, recall, n_prompts."""
+    n = exact["prompt"].nunique()
+    rows = []
+    for k in ks:
+        top_e = _top_pairs(exact, int(k))
+        if not top_e:
+            continue
+        top_s = set(_top_pairs(screen, len(top_e)))
+        rows.append({"k": len(top_e), "recall": sum(p in top_s for p in top_e) / len(top_e), "n_prompts": n})
+    return pd.DataFrame(rows, columns=["k", "recall", "n_prompts"])
+
+
+def split_half_agreement(ie: pd.DataFrame, k: int, n_splits: int = 20, seed: int = 0) -> pd.DataFrame:
+    """Stability of the top-k (head, position) set of activation patching under the choice of
+    prompts: the prompts are split at random into two halves (within each operator), each
+    half ranks the heads by median indirect effect, and the agreement of the two top-k
+    sets is their Jaccard index |A & B| / |A | B| (1: the same heads). Columns: split, k,
+    jaccard, n_prompts."""
+    rng = np.random.default_rng(seed)
+    by_op = {op: sorted(g["prompt"].unique()) for op, g in ie.groupby("op")}
+    rows = []
+    for s in range(n_splits):
+        half_a = []
+        for prompts in by_op.values():
+            perm = rng.permutation(prompts)
+            half_a += perm[: len(perm) // 2].tolist()
+        in_a = ie["prompt"].isin(half_a)
+        a, b = set(_top_pairs(ie[in_a], k)), set(_top_pairs(ie[~in_a], k))
+        union = a | b
+        rows.append({"split": s, "k": k, "jaccard": len(a & b) / len(union) if union else float("nan"),
+                     "n_prompts": ie["prompt"].nunique()})
+    return pd.DataFrame(rows)
+
+
 # --------------------------------------------------------------------------- locating tokens
 
 

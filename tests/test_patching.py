@@ -700,3 +700,33 @@ def test_toy_full_circuit_faithfulness_ablates_heads_and_neurons(toy):
     assert np.isfinite(f)
     y = fr.groupby("circuit").normalized_logit.mean()
     assert abs(f - (y["c"] - y["ablated"]) / (y["full"] - y["ablated"])) < 1e-9
+
+
+def test_screen_recall_split_half_and_topk_recall():
+    """Issue 28: the screens' recall and the head ranking's stability are measured."""
+    assert P.topk_recall([3, 2, 1, 0], [0, 1, 2, 3], 2) == 0.0
+    assert P.topk_recall([3, 2, 1, 0], [3, 1, 2, 0], 2) == 0.5
+    assert P.topk_recall([3, 2, 1, 0], [9, 8, 0, 0], 2) == 1.0
+
+    def rows(effects: dict, prompts: range, op: str = "+") -> pd.DataFrame:
+        return pd.DataFrame([{"prompt": i, "op": op, "position": pos, "component": f"L{l}H{h}", "kind": "head",
+                              "layer": l, "head": h, "ie": e + 0.01 * i} for (l, h, pos), e in effects.items()
+                             for i in prompts])
+    exact = rows({(0, 0, "="): 3.0, (0, 1, "op1"): 2.0, (1, 0, "="): 1.0, (1, 1, "op2"): 0.5}, range(4))
+    screen = exact[exact.position == "="]   # a screen that patched heads at "=" only
+    rec = P.screen_recall(screen, exact, [1, 2, 4])
+    assert rec.recall.tolist() == [1.0, 0.5, 0.5] and (rec.n_prompts == 4).all()
+    stable = P.split_half_agreement(exact, 2, n_splits=5)
+    assert (stable.jaccard == 1.0).all()
+    # two halves of prompts that disagree completely on the top head
+    noisy = pd.concat([rows({(0, 0, "="): 1.0, (0, 1, "="): 0.0}, range(0, 2)),
+                       rows({(0, 0, "="): 0.0, (0, 1, "="): 1.0}, range(2, 4))])
+    got = P.split_half_agreement(noisy, 1, n_splits=50, seed=1)
+    assert got.jaccard.min() == 0.0 and got.jaccard.max() == 1.0
+
+
+def test_faithfulness_by_operator():
+    op = np.array([0, 0, 1, 1])
+    f = P.faithfulness_by_operator(np.array([0.5, 0.5, 1.0, 1.0]), np.ones(4), np.zeros(4), op)
+    assert f == pytest.approx(0.75)
+    assert np.isnan(P.faithfulness_by_operator(np.ones(2), np.ones(2), np.ones(2), np.array([0, 0])))
