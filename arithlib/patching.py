@@ -1571,11 +1571,12 @@ def screen_recall(screen: pd.DataFrame, exact: pd.DataFrame, ks: Iterable[int]) 
     effect) that are in the screen's top k (pairs the screen did not patch cannot be in it).
     Columns: k, recall, n_prompts."""
     n = exact["prompt"].nunique()
-    rows = []
+    rows, seen = [], set()
     for k in ks:
         top_e = _top_pairs(exact, int(k))
-        if not top_e:
+        if not top_e or len(top_e) in seen:  # k beyond the number of pairs: counted once
             continue
+        seen.add(len(top_e))
         top_s = set(_top_pairs(screen, len(top_e)))
         rows.append({"k": len(top_e), "recall": sum(p in top_s for p in top_e) / len(top_e), "n_prompts": n})
     return pd.DataFrame(rows, columns=["k", "recall", "n_prompts"])

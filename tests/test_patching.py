@@ -714,7 +714,7 @@ def test_screen_recall_split_half_and_topk_recall():
                              for i in prompts])
     exact = rows({(0, 0, "="): 3.0, (0, 1, "op1"): 2.0, (1, 0, "="): 1.0, (1, 1, "op2"): 0.5}, range(4))
     screen = exact[exact.position == "="]   # a screen that patched heads at "=" only
-    rec = P.screen_recall(screen, exact, [1, 2, 4])
+    rec = P.screen_recall(screen, exact, [1, 2, 4, 8])
     assert rec.recall.tolist() == [1.0, 0.5, 0.5] and (rec.n_prompts == 4).all()
     stable = P.split_half_agreement(exact, 2, n_splits=5)
     assert (stable.jaccard == 1.0).all()
