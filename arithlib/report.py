@@ -45,7 +45,8 @@ import pandas as pd
 from .environment import environment_line
 from .outputs import write_text
 from .stats import INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, bootstrap_ci, interval_verdict
-from .thresholds import FAITHFULNESS_TARGET, KEY_HEAD_THRESHOLD, NIKANKIN_FAITHFULNESS, NIKANKIN_NEURON_SHARE
+from .thresholds import (FAITHFULNESS_TARGET, KEY_HEAD_THRESHOLD, NIKANKIN_FAITHFULNESS, NIKANKIN_MATCH_T,
+                         NIKANKIN_NEURON_SHARE)
 
 NOT_RUN = "not run"
 #: A finding measured at smoke-test sizes (a notebook's ``quick`` mode, or fine-tuning at
@@ -597,7 +598,7 @@ FINDINGS: tuple[Finding, ...] = (
             "Ablating one heuristic's neurons hurts the prompts it covers more than other prompts.",
             "no number in the available text: associated prompts drop much more (baseline about 0.95)",
             f"{NIKANKIN_TXT}: authors' answers on Fig. 7",
-            "a neuron is associated with every heuristic it matches at t = 0.6; gap = mean over the ablated "
+            f"a neuron is associated with every heuristic it matches at t = {NIKANKIN_MATCH_T}; gap = mean over the ablated "
             "heuristics of (accuracy on other held-out prompts minus on associated ones), 95 % paired bootstrap "
             "interval over prompts (stratified by operator); reproduced if the whole interval >= 10 points; partly "
             "if it lies in [5, 10) points; not reproduced if below 5 points; inconclusive if it straddles 5 or 10",
