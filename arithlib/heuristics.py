@@ -529,7 +529,8 @@ def prepare_operator(model, grid: PromptSet, layers: Sequence[int], n_analysis: 
     analysed prompts' runner shares the grid's KV cache. ``runner`` is None when no
     prompt qualifies. ``n_heldout``: up to that many further qualifying prompts (seeded
     sample of those not analysed; None: all of them) in ``heldout_index`` /
-    ``heldout_runner``, to score the circuit on prompts it was not chosen on."""
+    ``heldout_runner``, to score the circuit on prompts it was not chosen on; they are
+    reserved before the analysed sample is drawn (at most half of the qualifying prompts)."""
     if criterion not in ("full", "first", None):
         raise ValueError("criterion must be 'full', 'first' or None")
     names = [N.post_hook(x) for x in layers]
@@ -540,7 +541,11 @@ def prepare_operator(model, grid: PromptSet, layers: Sequence[int], n_analysis: 
     full = grid_runner.greedy_correct() if criterion == "full" else first.copy()
     ok = {"full": full, "first": first, None: np.ones(len(grid), dtype=bool)}[criterion]
     pool = np.nonzero(ok)[0].tolist()
-    index = [pool[i] for i in sample_indices(len(pool), n_analysis, seed)]
+    # held-out prompts are reserved first (up to n_heldout, at most half of the pool), so a
+    # small grid (per-digit tokenizers) keeps prompts to score on
+    reserve = 0 if n_heldout == 0 else min(len(pool) // 2, len(pool) if n_heldout is None else n_heldout)
+    n_sel = len(pool) - reserve if n_analysis is None else min(n_analysis, len(pool) - reserve)
+    index = [pool[i] for i in sample_indices(len(pool), n_sel, seed)]
     rest = sorted(set(pool) - set(index))
     held = [rest[i] for i in sample_indices(len(rest), n_heldout, seed + 1)] if n_heldout != 0 else []
     an = OperatorAnalysis(op=grid.records[0].op, grid=grid, grid_acts=acts, grid_logits=clean["logits"],

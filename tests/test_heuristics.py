@@ -177,6 +177,9 @@ def test_heldout_prompts_are_disjoint_from_the_analysed(tiny):
     assert torch.allclose(an.heldout_runner.logits(), an.grid_logits[an.heldout_index], atol=1e-4)
     every = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=None)
     assert sorted(every.heldout_index + every.analysis_index) == list(range(len(grid)))
+    # a small grid: the held-out prompts are reserved first (half of the pool at most)
+    small = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=50, criterion=None, seed=0, batch_size=8, n_heldout=30)
+    assert len(small.heldout_index) == len(grid) // 2 and len(small.analysis_index) == len(grid) - len(grid) // 2
 
 
 def test_training_dynamics_on_tiny_models(tiny):
