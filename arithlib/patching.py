@@ -1408,13 +1408,20 @@ def full_circuit_faithfulness(model, prompts: PromptSet,
             keep_n[int(l)].add(int(k))
         specs[name] = (set(hs), keep_n)
 
+    built: dict[tuple, list] = {}  # the edits depend only on the length and the positions
+
     def variants_for(batch, run):
         T = batch.tokens.shape[1]
         i0 = int(batch.index[0])
         pos = {n: positions[n][i0] for n in names}
         if any(positions[n][int(i)] != pos[n] for n in names for i in batch.index):
             raise ValueError("prompts of one length must share the named positions; group them with locate_operands")
+        key = (T, *pos.values())
+        if key not in built:
+            built[key] = build(T, pos)
+        return built[key]
 
+    def build(T: int, pos: dict[str, int]) -> list:
         def mean(c: Component, n: str) -> torch.Tensor:
             m = means[c.hook_name][T][pos[n]]
             return m[c.index] if c.index is not None else m
