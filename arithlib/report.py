@@ -338,14 +338,6 @@ def _faith_by_share(t: Tables) -> pd.Series:
     return by
 
 
-def _nearest(index: pd.Index, x: float) -> float:
-    """The positive value of ``index`` nearest ``x`` (ties: the smaller)."""
-    positive = sorted(s for s in index if s > 0)
-    if not positive:
-        raise NotRun("no positive share in the faithfulness curve")
-    return min(positive, key=lambda s: abs(s - x))
-
-
 def _op_codes(ops: pd.Series | pd.Index) -> np.ndarray:
     return pd.factorize(pd.Series(np.asarray(ops, dtype=str)))[0]
 
