@@ -26,7 +26,7 @@ satisfies.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -345,22 +345,23 @@ def prompt_heuristic_neurons(matches: pd.DataFrame, heuristics: Sequence[Heurist
 # --------------------------------------------------------------------------- ablations (Sec. 4.2, 4.3)
 
 
-def heuristic_ablation(runner: N.AnswerPositionRunner, matches: pd.DataFrame, heuristics: Sequence[Heuristic],
-                       layers: Sequence[int], means: torch.Tensor, min_prompts: int = 3,
-                       max_heuristics: int | None = None, progress: bool = False) -> pd.DataFrame:
-    """Nikankin Fig. 7: for each heuristic with classified neurons, mean-ablate those neurons
-    at the answer position and measure first-token accuracy on the runner's prompts
-    that satisfy the heuristic (associated) and on the others. Heuristics with fewer than
-    ``min_prompts`` prompts in either group are skipped; ``max_heuristics`` keeps those
-    with the most neurons (then the highest mean match score) to bound the cost.
-    Columns: heuristic, kind, n_neurons, n_assoc, n_other, acc_assoc, acc_other,
-    base_acc_assoc, base_acc_other."""
+def heuristic_ablation_prompts(runner: N.AnswerPositionRunner, matches: pd.DataFrame, heuristics: Sequence[Heuristic],
+                               layers: Sequence[int], means: torch.Tensor, min_prompts: int = 3,
+                               max_heuristics: int | None = None, progress: bool = False) -> pd.DataFrame:
+    """Nikankin Fig. 7, per prompt: for each heuristic with classified neurons (every
+    neuron of ``matches`` labelled with it: pass all matches at t for the paper's
+    association), mean-ablate those neurons at the answer position and record, for every
+    prompt of the runner, whether it satisfies the heuristic (``associated``) and whether
+    its first answer token is still the argmax (``correct``; ``correct_base`` unablated).
+    Heuristics with fewer than ``min_prompts`` prompts in either group are skipped;
+    ``max_heuristics`` keeps those with the most neurons (then the highest mean match
+    score, then the name). One row per heuristic and prompt: heuristic, kind, n_neurons,
+    prompt (index into the runner's prompts), associated, correct, correct_base."""
     records = runner.prompts.records
     cache = N.runner_means(means, layers)
     assoc = association_matrix(heuristics, records)
-    rows = []
     groups = []
-    if not matches.empty:
+    if matches is not None and not matches.empty:
         for h, sub in matches.groupby("h_index"):
             inside = assoc[int(h)]
             if inside.sum() >= min_prompts and (~inside).sum() >= min_prompts:
@@ -368,20 +369,48 @@ def heuristic_ablation(runner: N.AnswerPositionRunner, matches: pd.DataFrame, he
     groups.sort(key=lambda g: (-len(g[1]), -g[1]["score"].mean(), heuristics[int(g[0])].name))
     if max_heuristics is not None:
         groups = groups[:max_heuristics]
+    cols = ["heuristic", "kind", "n_neurons", "prompt", "associated", "correct", "correct_base"]
+    if not groups:
+        return pd.DataFrame(columns=cols)
     neuron_sets = [sorted({(int(a), int(b)) for a, b in zip(sub["layer"], sub["neuron"])}) for _, sub in groups]
     base, *ablated = runner.logits_many([None] + [mean_neurons_hooks(ns, cache, position=-1) for ns in neuron_sets],
                                         progress=progress)
     base_ok = N.correct_first(base, runner.answers).numpy()
-    for (h, sub), neurons, logits in zip(groups, neuron_sets, ablated):
-        inside = assoc[int(h)]
-        ok = N.correct_first(logits, runner.answers).numpy()
-        rows.append({"heuristic": heuristics[int(h)].name, "kind": heuristics[int(h)].kind, "n_neurons": len(neurons),
-                     "n_assoc": int(inside.sum()), "n_other": int((~inside).sum()),
-                     "acc_assoc": float(ok[inside].mean()), "acc_other": float(ok[~inside].mean()),
-                     "base_acc_assoc": float(base_ok[inside].mean()), "base_acc_other": float(base_ok[~inside].mean())})
-    cols = ["heuristic", "kind", "n_neurons", "n_assoc", "n_other", "acc_assoc", "acc_other", "base_acc_assoc",
-            "base_acc_other"]
-    return pd.DataFrame(rows, columns=cols)
+    frames = []
+    for (h, _), neurons, logits in zip(groups, neuron_sets, ablated):
+        frames.append(pd.DataFrame({"heuristic": heuristics[int(h)].name, "kind": heuristics[int(h)].kind,
+                                    "n_neurons": len(neurons), "prompt": np.arange(len(records)),
+                                    "associated": assoc[int(h)], "correct": N.correct_first(logits, runner.answers).numpy(),
+                                    "correct_base": base_ok}))
+    return pd.concat(frames, ignore_index=True)[cols]
+
+
+def heuristic_ablation(runner: N.AnswerPositionRunner, matches: pd.DataFrame, heuristics: Sequence[Heuristic],
+                       layers: Sequence[int], means: torch.Tensor, min_prompts: int = 3,
+                       max_heuristics: int | None = None, progress: bool = False) -> pd.DataFrame:
+    """Nikankin Fig. 7 per heuristic: :func:`summarise_heuristic_ablation` of
+    :func:`heuristic_ablation_prompts`."""
+    return summarise_heuristic_ablation(heuristic_ablation_prompts(runner, matches, heuristics, layers, means,
+                                                                   min_prompts, max_heuristics, progress))
+
+
+def summarise_heuristic_ablation(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per heuristic (and ``op`` when present) of :func:`heuristic_ablation_prompts`' rows:
+    first-token accuracy after the ablation on the associated prompts (``acc_assoc``) and
+    on the others (``acc_other``), the same without ablation (``base_acc_*``), the group
+    sizes and ``n_neurons``."""
+    keys = [c for c in ("op", "heuristic", "kind", "n_neurons") if c in rows.columns]
+    cols = keys + ["n_assoc", "n_other", "acc_assoc", "acc_other", "base_acc_assoc", "base_acc_other"]
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    out = []
+    for key, g in rows.groupby(keys, sort=False):
+        a = g["associated"].astype(bool).to_numpy()
+        c, b = g["correct"].astype(float).to_numpy(), g["correct_base"].astype(float).to_numpy()
+        out.append(dict(zip(keys, key), n_assoc=int(a.sum()), n_other=int((~a).sum()), acc_assoc=float(c[a].mean()),
+                        acc_other=float(c[~a].mean()), base_acc_assoc=float(b[a].mean()),
+                        base_acc_other=float(b[~a].mean())))
+    return pd.DataFrame(out, columns=cols)
 
 
 def prompt_ablation(runner: N.AnswerPositionRunner, per_prompt: Sequence[Sequence[Neuron]], circuit: Sequence[Neuron],
@@ -462,6 +491,10 @@ class OperatorAnalysis:
     grid_correct_full: np.ndarray    # greedy decoding writes the whole answer
     analysis_index: list[int]
     runner: N.AnswerPositionRunner | None = None
+    #: correct prompts disjoint from the analysed ones: the circuit is chosen on the
+    #: analysed prompts and scored (ablations) on these
+    heldout_index: list[int] = field(default_factory=list)
+    heldout_runner: N.AnswerPositionRunner | None = None
     attribution: torch.Tensor | None = None   # [N_analysis, L, d_mlp]
     scores: torch.Tensor | None = None        # [L, d_mlp] mean |attribution|
     circuit: list[Neuron] | None = None
@@ -487,13 +520,17 @@ def neuron_matrix(acts: torch.Tensor, neurons: Sequence[Neuron], layers: Sequenc
 
 
 def prepare_operator(model, grid: PromptSet, layers: Sequence[int], n_analysis: int | None = None,
-                     criterion: str | None = "full", seed: int = 0, batch_size: int = 64) -> OperatorAnalysis:
+                     criterion: str | None = "full", seed: int = 0, batch_size: int = 64,
+                     n_heldout: int | None = 0) -> OperatorAnalysis:
     """One clean pass over an operator's grid (:class:`arithlib.neurons.AnswerPositionRunner`
     with the layers' neuron activations and the final-norm scale recorded), greedy
     correctness, and the analysed prompts: up to ``n_analysis`` (seeded sample) of those
     answered correctly (``criterion`` "full" or "first"; None: all prompts). The
     analysed prompts' runner shares the grid's KV cache. ``runner`` is None when no
-    prompt qualifies."""
+    prompt qualifies. ``n_heldout``: up to that many further qualifying prompts (seeded
+    sample of those not analysed; None: all of them) in ``heldout_index`` /
+    ``heldout_runner``, to score the circuit on prompts it was not chosen on; they are
+    reserved before the analysed sample is drawn (at most half of the qualifying prompts)."""
     if criterion not in ("full", "first", None):
         raise ValueError("criterion must be 'full', 'first' or None")
     names = [N.post_hook(x) for x in layers]
@@ -504,11 +541,19 @@ def prepare_operator(model, grid: PromptSet, layers: Sequence[int], n_analysis: 
     full = grid_runner.greedy_correct() if criterion == "full" else first.copy()
     ok = {"full": full, "first": first, None: np.ones(len(grid), dtype=bool)}[criterion]
     pool = np.nonzero(ok)[0].tolist()
-    index = [pool[i] for i in sample_indices(len(pool), n_analysis, seed)]
+    # held-out prompts are reserved first (up to n_heldout, at most half of the pool), so a
+    # small grid (per-digit tokenizers) keeps prompts to score on
+    reserve = 0 if n_heldout == 0 else min(len(pool) // 2, len(pool) if n_heldout is None else n_heldout)
+    n_sel = len(pool) - reserve if n_analysis is None else min(n_analysis, len(pool) - reserve)
+    index = [pool[i] for i in sample_indices(len(pool), n_sel, seed)]
+    rest = sorted(set(pool) - set(index))
+    held = [rest[i] for i in sample_indices(len(rest), n_heldout, seed + 1)] if n_heldout != 0 else []
     an = OperatorAnalysis(op=grid.records[0].op, grid=grid, grid_acts=acts, grid_logits=clean["logits"],
                           grid_scale=clean["ln_final.hook_scale"].reshape(len(grid), -1)[:, 0],
                           grid_correct_first=first, grid_correct_full=full, analysis_index=index)
     an.runner = grid_runner.subset(index) if index else None
+    an.heldout_index = held
+    an.heldout_runner = grid_runner.subset(held) if held else None
     return an
 
 

@@ -1316,6 +1316,131 @@ def circuit_faithfulness(model, prompts: PromptSet, circuits: Mapping[str, Itera
     return pd.DataFrame(rows)
 
 
+@torch.no_grad()
+def full_circuit_faithfulness(model, prompts: PromptSet,
+                              circuits: Mapping[str, tuple[Iterable[tuple[Component, str]], Iterable[tuple[int, int]]]],
+                              positions: Mapping[str, Sequence[int]], means: Mapping[str, Mapping[int, torch.Tensor]],
+                              neuron_layers: Sequence[int], last: str = "=", batch_size: int = 16,
+                              max_rows: int = 1024, progress: bool = True, cache: RunCache | None = None
+                              ) -> pd.DataFrame:
+    """Nikankin et al. 2025 faithfulness of a whole circuit (heads and MLP neurons), per
+    prompt. A circuit is ``(heads, neurons)``: ``(head component, position name)`` pairs
+    and ``(layer, neuron)`` pairs of the ``neuron_layers`` MLPs at the ``last`` position.
+    Every component outside it is mean-ablated at every named position: every head not in
+    ``heads``; at ``last`` every neuron of a ``neuron_layers`` MLP not in ``neurons`` (the
+    MLP's neurons, hook ``mlp.hook_post``); the other MLPs (earlier layers, and every MLP at
+    the operand and operator positions) stay whole, as in Nikankin's circuit, whose MLPs at
+    those positions are kept. ``"ablated"`` mean-ablates every head and MLP at every named
+    position, ``"full"`` nothing; both are added. Positions outside ``positions`` (the
+    few-shot prefix) stay clean. ``means`` (:func:`arithlib.ablation.mean_activations`)
+    needs every head hook ``attn.hook_z``, ``hook_mlp_out`` and the ``neuron_layers``'
+    ``mlp.hook_post``. Returns one row per circuit and prompt: ``circuit``, ``prompt``,
+    ``op``, ``normalized_logit`` (answer logit / max logit, Nikankin's y), ``correct``;
+    :func:`faithfulness_from_prompts` turns it into F = (y_circuit - y_ablated) /
+    (y_full - y_ablated) (means over prompts first, Eq. 2 as in
+    :func:`arithlib.metrics.faithfulness`)."""
+    if last not in positions:
+        raise ValueError(f"positions need the neuron position {last!r} (got {sorted(positions)})")
+    cfg = model.cfg
+    names = list(positions)
+    nl = sorted(set(int(x) for x in neuron_layers))
+    heads = head_components(cfg.n_layers, cfg.n_heads)
+    specs: dict[str, tuple[set, dict[int, set[int]]] | None] = {"full": None, "ablated": None}
+    for name, (hs, ns) in circuits.items():
+        if name in specs:
+            raise ValueError(f"circuit name {name!r} is reserved")
+        keep_n: dict[int, set[int]] = {l: set() for l in nl}
+        for l, k in ns:
+            if int(l) not in keep_n:
+                raise ValueError(f"neuron ({l}, {k}) is not in a neuron layer {nl}")
+            keep_n[int(l)].add(int(k))
+        specs[name] = (set(hs), keep_n)
+
+    built: dict[tuple, list] = {}  # the edits depend only on the length and the positions
+
+    def variants_for(batch, run):
+        T = batch.tokens.shape[1]
+        i0 = int(batch.index[0])
+        pos = {n: positions[n][i0] for n in names}
+        if any(positions[n][int(i)] != pos[n] for n in names for i in batch.index):
+            raise ValueError("prompts of one length must share the named positions; group them with locate_operands")
+        key = (T, *pos.values())
+        if key not in built:
+            built[key] = build(T, pos)
+        return built[key]
+
+    def build(T: int, pos: dict[str, int]) -> list:
+        def mean(c: Component, n: str) -> torch.Tensor:
+            m = means[c.hook_name][T][pos[n]]
+            return m[c.index] if c.index is not None else m
+
+        out = []
+        for name, spec in specs.items():
+            if name == "full":
+                out.append([])
+                continue
+            if spec is None:  # ablated: every head and MLP at every named position
+                out.append([Edit(c, pos[n], mean(c, n)) for n in names
+                            for c in heads + mlp_components(cfg.n_layers)])
+                continue
+            keep_h, keep_n = spec
+            edits = [Edit(c, pos[n], mean(c, n)) for n in names for c in heads if (c, n) not in keep_h]
+            for l in nl:
+                m = means[_HOOKS["neuron"].format(layer=l)][T][pos[last]]
+                edits += [Edit(Component("neuron", l, k), pos[last], m[k])
+                          for k in range(m.shape[0]) if k not in keep_n[l]]
+            out.append(edits)
+        return out
+
+    ro = run_interventions(model, prompts, variants_for, batch_size, max_rows, progress=progress,
+                           desc="circuit faithfulness", cache=cache)
+    y, ok = ro.normalized_logit, ro.correct
+    ops = [r.op for r in prompts.records]
+    rows = [{"circuit": name, "prompt": i, "op": ops[i], "normalized_logit": float(y[j, i]), "correct": bool(ok[j, i])}
+            for j, name in enumerate(specs) for i in range(len(prompts))]
+    return pd.DataFrame(rows)
+
+
+def faithfulness_from_prompts(frame: pd.DataFrame, circuit: str) -> float:
+    """Nikankin's F of ``circuit`` from :func:`full_circuit_faithfulness`'s rows:
+    (mean y_circuit - mean y_ablated) / (mean y_full - mean y_ablated) over the prompts
+    (:func:`arithlib.metrics.faithfulness`)."""
+    from .metrics import faithfulness
+
+    y = {c: frame.loc[frame.circuit == c, "normalized_logit"].to_numpy() for c in (circuit, "full", "ablated")}
+    return faithfulness(torch.tensor(y[circuit]), torch.tensor(y["full"]), torch.tensor(y["ablated"]))
+
+
+def faithfulness_by_operator(y_circuit: np.ndarray, y_full: np.ndarray, y_ablated: np.ndarray,
+                             op: np.ndarray) -> float:
+    """Mean over operators (integer codes ``op``, one per prompt) of Nikankin's F =
+    (mean y_circuit - mean y_ablated) / (mean y_full - mean y_ablated), the means over that
+    operator's prompts (Eq. 2, as :func:`arithlib.metrics.faithfulness`); an operator whose
+    full and ablated means coincide has no F and is left out (NaN if none has one). Written
+    for :func:`arithlib.stats.bootstrap_ci` (resampled prompts, stratified by ``op``)."""
+    op = np.asarray(op, dtype=int)
+    n = np.bincount(op)
+    keep = n > 0
+    m = [np.bincount(op, weights=np.asarray(y, dtype=float))[keep] / n[keep] for y in (y_circuit, y_full, y_ablated)]
+    den = m[1] - m[2]
+    ok = np.abs(den) > 1e-12
+    return float(np.mean((m[0][ok] - m[2][ok]) / den[ok])) if ok.any() else float("nan")
+
+
+def topk_recall(screen: Sequence[float] | np.ndarray, exact: Sequence[float] | np.ndarray, k: int) -> float:
+    """Recall of a screen: the share of the ``k`` items of largest ``exact`` score that are
+    also among the ``k`` items of largest ``screen`` score (same items, same order in both
+    arrays). Ties are broken by position (stable sort), so the result is deterministic."""
+    s, e = np.asarray(screen, dtype=float), np.asarray(exact, dtype=float)
+    if s.shape != e.shape:
+        raise ValueError(f"screen and exact scores differ in shape: {s.shape} vs {e.shape}")
+    k = min(int(k), len(s))
+    if k <= 0:
+        return float("nan")
+    top = lambda x: set(np.argsort(-x, kind="stable")[:k].tolist())  # noqa: E731
+    return len(top(s) & top(e)) / k
+
+
 def coarse_to_fine_patching(model, prompts: PromptSet, positions: Mapping[str, Sequence[int]], refine: int,
                             batch_size: int = 16, max_rows: int = 1024, cache: RunCache | None = None) -> pd.DataFrame:
     """Nikankin et al. 2025 Sec. 2's activation patching within a CPU budget, coarse to
@@ -1382,6 +1507,56 @@ def heads_needed(faith: pd.DataFrame, target: float) -> int | None:
     k = circuit_head_counts(faith)
     reach = k[(faith["faithfulness"] >= target) & k.notna()]
     return int(reach.min()) if len(reach) else None
+
+
+def _top_pairs(ie: pd.DataFrame, k: int) -> list[tuple[str, str]]:
+    """The ``k`` (component label, position) head pairs of largest median indirect effect
+    over the rows' prompts (ties: the stable order of layer, head, position)."""
+    heads = ie[ie.kind == "head"]
+    med = (heads.groupby(["layer", "head", "position", "component"])["ie"].median().reset_index()
+           .sort_values("ie", ascending=False, kind="stable"))
+    return list(zip(med.component, med.position))[:k]
+
+
+def screen_recall(screen: pd.DataFrame, exact: pd.DataFrame, ks: Iterable[int]) -> pd.DataFrame:
+    """Recall of a patching screen (:func:`coarse_to_fine_patching`) against the exact
+    per-head per-position activation patching (:func:`activation_patching` of every head
+    at every position), both as rows of :func:`activation_patching` on the same prompts:
+    for each k, the share of the exact top-k (head, position) pairs (median indirect
+    effect) that are in the screen's top k (pairs the screen did not patch cannot be in it).
+    Columns: k, recall, n_prompts."""
+    n = exact["prompt"].nunique()
+    rows, seen = [], set()
+    for k in ks:
+        top_e = _top_pairs(exact, int(k))
+        if not top_e or len(top_e) in seen:  # k beyond the number of pairs: counted once
+            continue
+        seen.add(len(top_e))
+        top_s = set(_top_pairs(screen, len(top_e)))
+        rows.append({"k": len(top_e), "recall": sum(p in top_s for p in top_e) / len(top_e), "n_prompts": n})
+    return pd.DataFrame(rows, columns=["k", "recall", "n_prompts"])
+
+
+def split_half_agreement(ie: pd.DataFrame, k: int, n_splits: int = 20, seed: int = 0) -> pd.DataFrame:
+    """Stability of the top-k (head, position) set of activation patching under the choice of
+    prompts: the prompts are split at random into two halves (within each operator), each
+    half ranks the heads by median indirect effect, and the agreement of the two top-k
+    sets is their Jaccard index |A & B| / |A | B| (1: the same heads). Columns: split, k,
+    jaccard, n_prompts."""
+    rng = np.random.default_rng(seed)
+    by_op = {op: sorted(g["prompt"].unique()) for op, g in ie.groupby("op")}
+    rows = []
+    for s in range(n_splits):
+        half_a = []
+        for prompts in by_op.values():
+            perm = rng.permutation(prompts)
+            half_a += perm[: len(perm) // 2].tolist()
+        in_a = ie["prompt"].isin(half_a)
+        a, b = set(_top_pairs(ie[in_a], k)), set(_top_pairs(ie[~in_a], k))
+        union = a | b
+        rows.append({"split": s, "k": k, "jaccard": len(a & b) / len(union) if union else float("nan"),
+                     "n_prompts": ie["prompt"].nunique()})
+    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- locating tokens

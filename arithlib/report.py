@@ -46,7 +46,8 @@ from .environment import environment_line
 from .outputs import write_text
 from .stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, binomial_ci, bootstrap_ci,
                     decode_correct, interval_verdict)
-from .thresholds import KEY_HEAD_THRESHOLD
+from .thresholds import (FAITHFULNESS_TARGET, KEY_HEAD_THRESHOLD, NIKANKIN_FAITHFULNESS, NIKANKIN_MATCH_T,
+                         NIKANKIN_NEURON_SHARE)
 
 NOT_RUN = "not run"
 #: A finding measured at smoke-test sizes (a notebook's ``quick`` mode, or fine-tuning at
@@ -354,6 +355,8 @@ def _yu_single_head(t: Tables) -> Outcome:
 
 
 def _faith_by_share(t: Tables) -> pd.Series:
+    """Mean over operators of the neuron-only faithfulness curve (notebook 03, on the
+    selection prompts): a descriptive metric, not the verdict's."""
     curve = t.csv("03_faithfulness_curve")
     by = curve.groupby("share_per_layer")["faithfulness"].mean().sort_index()
     if by.empty:
@@ -361,45 +364,85 @@ def _faith_by_share(t: Tables) -> pd.Series:
     return by
 
 
-def _nearest(index: pd.Index, x: float) -> float:
-    positive = [s for s in index if s > 0]
-    return min(positive, key=lambda s: abs(s - x))
+def _op_codes(ops: pd.Series | pd.Index) -> np.ndarray:
+    return pd.factorize(pd.Series(np.asarray(ops, dtype=str)))[0]
 
 
 def _nikankin_faithfulness(t: Tables) -> Outcome:
-    by = _faith_by_share(t)
-    s1, s5 = _nearest(by.index, 0.01), _nearest(by.index, 0.05)
-    f1 = float(by.loc[s1])
-    reach = by[by >= 0.9]
-    smallest = float(reach.index.min()) if len(reach) else float("nan")
-    return Outcome(f"faithfulness {f1:.2f} with {_pct(s1, 2)} of each layer; 0.9 first reached at "
-                   + (f"{_pct(smallest, 2)} per layer" if len(reach) else "no share of the grid")
-                   + " (a partial test: only the neurons of the analysed late MLPs outside the circuit are "
-                     "mean-ablated, the paper ablates every component outside its circuit)",
-                   _grade(f1 >= 0.9, len(reach) > 0 and smallest <= s5),
-                   {"faithfulness at ~1 % neurons per layer": f1, "smallest share per layer reaching 0.9": smallest})
+    fp = t.csv("03_circuit_faithfulness_prompts")
+    if fp.empty:
+        raise NotRun("no held-out prompts scored for the full circuit")
+    meta = t.csv("03_circuit_faithfulness")
+    wide = fp.pivot_table(index=["op", "prompt"], columns="circuit", values="normalized_logit")
+    missing = {"circuit", "full", "ablated"} - set(wide.columns)
+    if missing:
+        raise NotRun(f"03_circuit_faithfulness_prompts.csv lacks the conditions {sorted(missing)}")
+    op = _op_codes(wide.index.get_level_values("op"))
+    from .patching import faithfulness_by_operator
+
+    ci = bootstrap_ci(faithfulness_by_operator, wide["circuit"].to_numpy(), wide["full"].to_numpy(),
+                      wide["ablated"].to_numpy(), op, groups=op)
+    pooled = meta[meta["op"].astype(str) == "all"].iloc[0] if (meta["op"].astype(str) == "all").any() else meta.iloc[0]
+    share, n_heads = float(pooled["share_per_layer"]), float(pooled["n_heads"])
+    metrics = {"held-out faithfulness of the full circuit (mean over operators)": ci.estimate,
+               "neurons kept per layer (share)": share, "heads in the circuit": n_heads}
+    try:
+        by = _faith_by_share(t)
+        reach = by[by >= FAITHFULNESS_TARGET]
+        metrics["smallest share per layer reaching 0.9"] = float(reach.index.min()) if len(reach) else float("nan")
+    except NotRun:
+        pass
+    return Outcome(f"held-out faithfulness {ci.text()} ({ci.n} prompts, {fp.op.nunique()} operators) of the full "
+                   f"circuit: {int(n_heads)} head-positions and {_pct(share, 2)} of the neurons of each analysed MLP at "
+                   "'='; every other head and neuron mean-ablated at op1, operator, op2 and '=' (chosen on other "
+                   "prompts)",
+                   interval_verdict(ci, FAITHFULNESS_TARGET, HALF * NIKANKIN_FAITHFULNESS), metrics, ci)
+
+
+def _heuristic_gap(correct: np.ndarray, assoc: np.ndarray) -> float:
+    """Mean over heuristics (columns) of accuracy on the other prompts minus accuracy on
+    the associated prompts (rows; NaN: the prompt is not in that heuristic's operator);
+    a heuristic without prompts on one side in a resample is left out."""
+    a, o = assoc == 1, assoc == 0
+    na, no = a.sum(0), o.sum(0)
+    ok = (na > 0) & (no > 0)
+    if not ok.any():
+        return float("nan")
+    c = np.nan_to_num(correct)
+    return float(np.mean((c * o).sum(0)[ok] / no[ok] - (c * a).sum(0)[ok] / na[ok]))
 
 
 def _nikankin_heuristic_ablation(t: Tables) -> Outcome:
-    abl = t.csv("03_heuristic_ablation")
-    if abl.empty:
+    rows = t.csv("03_heuristic_ablation_prompts")
+    if rows.empty:
         raise NotRun("no heuristic had neurons and enough associated prompts to ablate")
-    gap = float((abl["acc_other"] - abl["acc_assoc"]).mean())
-    return Outcome(f"{len(abl)} heuristics: accuracy on associated prompts {_pct(abl['acc_assoc'].mean(), 0)} vs "
-                   f"others {_pct(abl['acc_other'].mean(), 0)}",
-                   _gap_verdict(gap, CLEAR_GAP),
-                   {"other minus associated accuracy": gap})
+    key = ["op", "prompt"]
+    col = rows["op"].astype(str) + " " + rows["heuristic"].astype(str)
+    rows = rows.assign(col=col, correct=rows["correct"].astype(float), associated=rows["associated"].astype(float))
+    correct = rows.pivot_table(index=key, columns="col", values="correct")
+    assoc = rows.pivot_table(index=key, columns="col", values="associated").reindex_like(correct)
+    op = _op_codes(correct.index.get_level_values("op"))
+    ci = bootstrap_ci(_heuristic_gap, correct.to_numpy(), assoc.to_numpy(), groups=op)
+    n_h = correct.shape[1]
+    acc_a = float(rows.loc[rows.associated == 1, "correct"].mean())
+    acc_o = float(rows.loc[rows.associated == 0, "correct"].mean())
+    return Outcome(f"{n_h} heuristics, {ci.n} held-out prompts: other minus associated accuracy {ci.text()} "
+                   f"(associated {_pct(acc_a, 0)}, others {_pct(acc_o, 0)}; every rule a neuron matches at t)",
+                   interval_verdict(ci, CLEAR_GAP, NOISE_GAP),
+                   {"other minus associated accuracy": ci.estimate, "heuristics ablated": float(n_h)}, ci)
 
 
 def _nikankin_prompt_ablation(t: Tables) -> Outcome:
     pa = t.csv("03_prompt_ablation")
     if pa.empty:
         raise NotRun("no analysed prompts")
-    h, r = float(pa["correct_heuristic_ablated"].mean()), float(pa["correct_random_ablated"].mean())
-    return Outcome(f"{len(pa)} prompts: accuracy with their heuristic neurons ablated {_pct(h, 0)} vs as many random "
-                   f"circuit neurons {_pct(r, 0)}",
-                   _gap_verdict(r - h, CLEAR_GAP),
-                   {"random minus heuristic-ablated accuracy": r - h})
+    h = pa["correct_heuristic_ablated"].astype(float).to_numpy()
+    r = pa["correct_random_ablated"].astype(float).to_numpy()
+    ci = bootstrap_ci(lambda h_, r_: float(np.mean(r_ - h_)), h, r, groups=_op_codes(pa["op"]))
+    return Outcome(f"{len(pa)} held-out prompts: accuracy with their heuristic neurons ablated {_pct(h.mean(), 0)} vs "
+                   f"as many random circuit neurons {_pct(r.mean(), 0)}; random minus heuristic {ci.text()}",
+                   interval_verdict(ci, CLEAR_GAP, NOISE_GAP),
+                   {"random minus heuristic-ablated accuracy": ci.estimate}, ci)
 
 
 NO_PER_PROMPT = "no per-prompt table: rerun notebook {nb} for an interval"
@@ -726,25 +769,36 @@ FINDINGS: tuple[Finding, ...] = (
             "reproduced if below 5 %, inconclusive if it straddles 5 % or 27 %",
             "01", _yu_single_head, figures=("01_yu_head_sweep",)),
     Finding("nikankin_faithfulness", "nikankin", "Sec. 2-3, Fig. 4b",
-            "A sparse neuron circuit (about 1 % of each middle/late MLP) reproduces the model's arithmetic.",
+            "A sparse circuit (a few heads, about 1 % of the neurons of each middle/late MLP) reproduces the "
+            "model's arithmetic.",
             "about 96 % faithfulness; about 200 neurons per layer of Llama3-8B (about 1 %)",
             f"{NIKANKIN_TXT}: authors' answer ('roughly 96%, see lines 173 and 244'); Sec. 2-3 (circuit size)",
-            "mean pooled faithfulness over operators; reproduced if >= 0.9 at the grid share nearest 1 % per layer; "
-            "partly if 0.9 is reached at a share <= the grid share nearest 5 %; else not reproduced",
-            "03", _nikankin_faithfulness, figures=("03_faithfulness_curve",)),
+            "full circuit = the heads (per position) of largest activation-patching effect, as many as reach "
+            f"faithfulness {FAITHFULNESS_TARGET} on the selection prompts, plus the neurons at the grid share nearest "
+            f"{NIKANKIN_NEURON_SHARE:.0%} of each analysed MLP at '='; every other head and neuron mean-ablated at op1, "
+            "operator, op2 and '='; F (Eq. 2, means over prompts first) per operator on held-out prompts, averaged "
+            "over operators, 95 % bootstrap interval over prompts (stratified by operator); reproduced if the whole "
+            f"interval >= {FAITHFULNESS_TARGET}; partly if it lies in [{HALF * NIKANKIN_FAITHFULNESS:.2f}, "
+            f"{FAITHFULNESS_TARGET}) (half of the paper's 0.96); not reproduced if below "
+            f"{HALF * NIKANKIN_FAITHFULNESS:.2f}; inconclusive if it straddles a threshold",
+            "03", _nikankin_faithfulness, figures=("03_circuit_faithfulness", "03_faithfulness_curve")),
     Finding("nikankin_heuristic_ablation", "nikankin", "Sec. 4.2, Fig. 7",
             "Ablating one heuristic's neurons hurts the prompts it covers more than other prompts.",
             "no number in the available text: associated prompts drop much more (baseline about 0.95)",
             f"{NIKANKIN_TXT}: authors' answers on Fig. 7",
-            "gap = mean accuracy on other prompts minus on associated prompts; reproduced if >= 10 points; "
-            "partly if >= 5 points",
+            f"a neuron is associated with every heuristic it matches at t = {NIKANKIN_MATCH_T}; gap = mean over the ablated "
+            "heuristics of (accuracy on other held-out prompts minus on associated ones), 95 % paired bootstrap "
+            "interval over prompts (stratified by operator); reproduced if the whole interval >= 10 points; partly "
+            "if it lies in [5, 10) points; not reproduced if below 5 points; inconclusive if it straddles 5 or 10",
             "03", _nikankin_heuristic_ablation, figures=("03_heuristic_ablation",)),
     Finding("nikankin_prompt_ablation", "nikankin", "Sec. 4.2, Fig. 8",
             "Ablating a prompt's heuristic neurons hurts it much more than ablating as many random neurons.",
             "no number in the available text: random neurons affect prompts 'much less'",
             f"{NIKANKIN_TXT}: authors' answer on Fig. 8",
-            "gap = accuracy with random neurons ablated minus with the heuristic neurons ablated; reproduced if "
-            ">= 10 points; partly if >= 5 points",
+            "gap = accuracy with as many random circuit neurons ablated minus with the prompt's heuristic neurons "
+            "ablated, on held-out prompts, 95 % paired bootstrap interval over prompts (stratified by operator); "
+            "reproduced if the whole interval >= 10 points; partly if it lies in [5, 10) points; not reproduced if "
+            "below 5 points; inconclusive if it straddles 5 or 10",
             "03", _nikankin_prompt_ablation, figures=("03_prompt_ablation",)),
     Finding("yu_mask_keep", "yu", "Sec. 4.2, Table 5",
             "The top CNA neurons hold the answer: masking them breaks 1D +/-, keeping only them preserves it.",

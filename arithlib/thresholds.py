@@ -3,3 +3,16 @@
 #: Zhang et al. 2024 Sec. 5.1: a key head lowers the answer logit by more than 5 % when
 #: path-patched (pooled effect below -0.05).
 KEY_HEAD_THRESHOLD = -0.05
+
+#: Nikankin et al. 2025 Sec. 4.1: a neuron implements a heuristic when its match score is
+#: at least t = 0.6.
+NIKANKIN_MATCH_T = 0.6
+#: Nikankin et al. 2025 (authors' answer in the OpenReview thread): their circuit's
+#: faithfulness is about 96 %.
+NIKANKIN_FAITHFULNESS = 0.96
+#: Nikankin et al. 2025 Sec. 2-3: the circuit keeps about 1 % of the neurons of each
+#: middle/late MLP (about 200 of Llama3-8B's 14,336).
+NIKANKIN_NEURON_SHARE = 0.01
+#: Faithfulness a circuit must reach to be called faithful (the paper's 96 % rounded down);
+#: the head count of the full circuit is the smallest reaching it on the selection prompts.
+FAITHFULNESS_TARGET = 0.9

@@ -154,6 +154,10 @@ def test_pipeline_on_tiny_model(tiny):
                                                                         an.assoc, t=0.01)
     abl = H.heuristic_ablation(an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3)
     assert len(abl) <= 3 and set(abl.columns) >= {"acc_assoc", "acc_other", "n_neurons"}
+    # issue 28: the per-prompt rows the report bootstraps, one per heuristic and prompt; their summary is the table
+    rows = H.heuristic_ablation_prompts(an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3)
+    assert len(rows) == len(abl) * len(an.runner) and set(rows.columns) >= {"prompt", "associated", "correct"}
+    pd.testing.assert_frame_equal(H.summarise_heuristic_ablation(rows), abl)
     per = H.prompt_heuristic_neurons(matches, an.heuristics, an.analysis.records)
     pa = H.prompt_ablation(an.runner, per, an.circuit, layers, means, seed=0)
     assert len(pa) == 12 and (pa.n_assoc_neurons == [len(x) for x in per]).all()
@@ -163,6 +167,19 @@ def test_pipeline_on_tiny_model(tiny):
     an.matches = matches
     ci = H.correct_vs_incorrect(b, an, layers)
     assert len(ci) == 36 and set(ci.columns) >= {"correct", "n_assoc_neurons", "assoc_contribution"}
+
+
+def test_heldout_prompts_are_disjoint_from_the_analysed(tiny):
+    """Issue 28: the circuit is chosen on the analysed prompts and scored on held-out ones."""
+    grid = PromptSet.build(H.grid_records("+", (0, 5), fewshot=2), tiny.tokenizer)
+    an = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=10)
+    assert len(an.heldout_index) == 10 and not set(an.heldout_index) & set(an.analysis_index)
+    assert torch.allclose(an.heldout_runner.logits(), an.grid_logits[an.heldout_index], atol=1e-4)
+    every = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=None)
+    assert sorted(every.heldout_index + every.analysis_index) == list(range(len(grid)))
+    # a small grid: the held-out prompts are reserved first (half of the pool at most)
+    small = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=50, criterion=None, seed=0, batch_size=8, n_heldout=30)
+    assert len(small.heldout_index) == len(grid) // 2 and len(small.analysis_index) == len(grid) - len(grid) // 2
 
 
 def test_training_dynamics_on_tiny_models(tiny):
@@ -209,3 +226,29 @@ def test_type_counts_by_threshold():
     assert set(out.t) == {0.6, 0.9} and len(out) == 2 * len(H.KINDS)
     total = out.groupby("t").n_neurons.sum()
     assert total[0.6] == 3 and total[0.9] <= 3      # best labels: each matched neuron counted once
+
+
+def _parameters(notebook: str) -> dict:
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / notebook).read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    ns: dict = {}
+    exec("".join(cell["source"]), ns)
+    return ns
+
+
+def test_notebook_defaults_follow_the_paper_and_the_intervals():
+    """Issue 28: notebook 03 associates a neuron with every heuristic it matches (the paper's
+    association), scores on held-out prompts sized from a half-width, checks the attribution
+    screen on more than 8 neurons; notebook 01 patches more than 4 prompts per operator and
+    measures the screen's recall."""
+    p03 = _parameters("03_neuron_heuristics.ipynb")
+    assert p03["labels"] == "all"
+    assert p03["n_heldout"] is None and 0 < p03["heldout_half_width"] <= 0.05
+    from arithlib.thresholds import NIKANKIN_MATCH_T
+
+    assert p03["n_exact_check"] >= 32 and p03["t"] == NIKANKIN_MATCH_T
+    p01 = _parameters("01_identify_heads.ipynb")
+    assert p01["nikankin_per_op"] >= 8 and p01["nikankin_recall_per_op"] >= 1

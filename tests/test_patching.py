@@ -628,3 +628,81 @@ def test_run_variants_joins_each_variant_at_its_own_layer(tiny):
     assert torch.equal(together[0], run.final)
     # every variant changes the state (so a misplaced edit would show)
     assert all((together[j] - run.final).abs().max() > 1e-4 for j in range(1, len(variants)))
+
+
+def test_toy_full_circuit_faithfulness_ablates_heads_and_neurons(toy):
+    """Issue 28: the full circuit's faithfulness mean-ablates every head and every MLP
+    neuron outside the circuit (not only late-MLP neurons); checked against a full
+    forward pass with hooks doing the same."""
+    b = toy.bridge
+    nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=3, fewshot=2), toy.tokenizer)
+    names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
+    pos = P.named_positions(P.locate_operands(nk), names)
+    L, H, d_mlp = b.cfg.n_layers, b.cfg.n_heads, b.cfg.d_mlp
+    nl = [L - 1]
+    hooks = sorted({c.hook_name for c in P.heads_and_mlps(b)} | {f"blocks.{l}.mlp.hook_post" for l in nl})
+    means = A.mean_activations(b, nk, hooks)
+    heads = {(P.Component("head", 0, 1), "="), (P.Component("head", L - 1, 0), "op2")}
+    neurons = [(L - 1, 3), (L - 1, 7)]
+    fr = P.full_circuit_faithfulness(b, nk, {"c": (heads, neurons)}, pos, means, nl, progress=False)
+    assert list(dict.fromkeys(fr.circuit)) == ["full", "ablated", "c"] and len(fr) == 3 * len(nk)
+    T = len(nk.input_ids[0])
+    p = {n: pos[n][0] for n in names.values()}
+
+    def hook_heads(act, hook, l):
+        for n, t in p.items():
+            for h in range(H):
+                if (P.Component("head", l, h), n) not in heads:
+                    act[:, t, h] = means[f"blocks.{l}.attn.hook_z"][T][t, h]
+        return act
+
+    def hook_post(act, hook, l):
+        keep = torch.zeros(d_mlp, dtype=torch.bool)
+        keep[[k for _, k in neurons]] = True
+        t = p["="]
+        act[:, t, ~keep] = means[f"blocks.{l}.mlp.hook_post"][T][t, ~keep]
+        return act
+
+    fwd = ([(f"blocks.{l}.attn.hook_z", lambda a, hook, l=l: hook_heads(a, hook, l)) for l in range(L)]
+           + [(f"blocks.{l}.mlp.hook_post", lambda a, hook, l=l: hook_post(a, hook, l)) for l in nl])
+    with torch.no_grad(), b.hooks(fwd_hooks=fwd):
+        lg = answer_logits(b, nk)
+    ans = nk.first_answer_ids
+    ref = (lg.gather(1, ans[:, None]).squeeze(1) / lg.max(-1).values).numpy()
+    got = fr[fr.circuit == "c"].sort_values("prompt")["normalized_logit"].to_numpy()
+    assert np.allclose(got, ref, atol=1e-4)
+    # the old neuron-only test left the heads intact: here ablating them changes the score
+    f = P.faithfulness_from_prompts(fr, "c")
+    assert np.isfinite(f)
+    y = fr.groupby("circuit").normalized_logit.mean()
+    assert abs(f - (y["c"] - y["ablated"]) / (y["full"] - y["ablated"])) < 1e-9
+
+
+def test_screen_recall_split_half_and_topk_recall():
+    """Issue 28: the screens' recall and the head ranking's stability are measured."""
+    assert P.topk_recall([3, 2, 1, 0], [0, 1, 2, 3], 2) == 0.0
+    assert P.topk_recall([3, 2, 1, 0], [3, 1, 2, 0], 2) == 0.5
+    assert P.topk_recall([3, 2, 1, 0], [9, 8, 0, 0], 2) == 1.0
+
+    def rows(effects: dict, prompts: range, op: str = "+") -> pd.DataFrame:
+        return pd.DataFrame([{"prompt": i, "op": op, "position": pos, "component": f"L{l}H{h}", "kind": "head",
+                              "layer": l, "head": h, "ie": e + 0.01 * i} for (l, h, pos), e in effects.items()
+                             for i in prompts])
+    exact = rows({(0, 0, "="): 3.0, (0, 1, "op1"): 2.0, (1, 0, "="): 1.0, (1, 1, "op2"): 0.5}, range(4))
+    screen = exact[exact.position == "="]   # a screen that patched heads at "=" only
+    rec = P.screen_recall(screen, exact, [1, 2, 4, 8])
+    assert rec.recall.tolist() == [1.0, 0.5, 0.5] and (rec.n_prompts == 4).all()
+    stable = P.split_half_agreement(exact, 2, n_splits=5)
+    assert (stable.jaccard == 1.0).all()
+    # two halves of prompts that disagree completely on the top head
+    noisy = pd.concat([rows({(0, 0, "="): 1.0, (0, 1, "="): 0.0}, range(0, 2)),
+                       rows({(0, 0, "="): 0.0, (0, 1, "="): 1.0}, range(2, 4))])
+    got = P.split_half_agreement(noisy, 1, n_splits=50, seed=1)
+    assert got.jaccard.min() == 0.0 and got.jaccard.max() == 1.0
+
+
+def test_faithfulness_by_operator():
+    op = np.array([0, 0, 1, 1])
+    f = P.faithfulness_by_operator(np.array([0.5, 0.5, 1.0, 1.0]), np.ones(4), np.zeros(4), op)
+    assert f == pytest.approx(0.75)
+    assert np.isnan(P.faithfulness_by_operator(np.ones(2), np.ones(2), np.ones(2), np.array([0, 0])))

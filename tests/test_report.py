@@ -184,28 +184,80 @@ def test_shallow_neuron_rule_without_per_case_column_is_inconclusive(tmp_path: P
     assert out.metrics["hidden minus random accuracy decrease (points)"] == pytest.approx(55.0)
 
 
-@pytest.mark.parametrize("shares_f, verdict", [({0.01: 0.95, 0.05: 0.99}, R.REPRODUCED),
-                                               ({0.01: 0.91, 0.05: 0.99}, R.REPRODUCED),
-                                               ({0.01: 0.5, 0.05: 0.91}, R.PARTLY),
-                                               ({0.01: 0.89, 0.05: 0.89, 0.25: 0.95}, R.NOT_REPRODUCED),
-                                               ({0.01: 0.5, 0.05: 0.8, 0.25: 0.95}, R.NOT_REPRODUCED)])
-def test_faithfulness_rule(tmp_path: Path, shares_f: dict, verdict: str):
-    rows = [{"op": op, "k_per_layer": 0, "share_per_layer": 0.0, "faithfulness": 0.0} for op in "+-"]
-    for s, f in shares_f.items():
-        rows += [{"op": "+", "k_per_layer": 1, "share_per_layer": s, "faithfulness": f - 0.02},
-                 {"op": "-", "k_per_layer": 1, "share_per_layer": s, "faithfulness": f + 0.02}]
+def _circuit_faithfulness(d: Path, f: float, n: int, noise: float, seed: int = 0) -> None:
+    """Per-prompt normalized logits of two operators: full 1, ablated 0, circuit f (+ noise)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for op in "+-":
+        for i in range(n):
+            rows += [{"op": op, "prompt": i, "circuit": "full", "normalized_logit": 1.0, "correct": True},
+                     {"op": op, "prompt": i, "circuit": "ablated", "normalized_logit": float(rng.normal(0, noise)),
+                      "correct": False},
+                     {"op": op, "prompt": i, "circuit": "circuit", "normalized_logit": float(f + rng.normal(0, noise)),
+                      "correct": True}]
+    _csv(d, "03_circuit_faithfulness_prompts", rows)
+    _csv(d, "03_circuit_faithfulness", [{"op": "all", "faithfulness": f, "share_per_layer": 0.01, "k_per_layer": 1,
+                                         "n_heads": 4, "n_heldout": 2 * n}])
+
+
+@pytest.mark.parametrize("f, n, noise, verdict", [(0.97, 200, 0.05, R.REPRODUCED), (0.7, 200, 0.05, R.PARTLY),
+                                                  (0.2, 200, 0.05, R.NOT_REPRODUCED),
+                                                  (0.92, 6, 0.3, R.INCONCLUSIVE)])
+def test_faithfulness_rule(tmp_path: Path, f: float, n: int, noise: float, verdict: str):
+    """Issue 28: the verdict reads the held-out faithfulness of the full circuit (heads and neurons) through its
+    bootstrap interval; few noisy prompts near 0.9 are inconclusive."""
+    _circuit_faithfulness(tmp_path, f, n, noise)
+    out = _outcome("nikankin_faithfulness", tmp_path)
+    assert out.verdict == verdict
+    assert out.interval is not None and out.interval.low <= out.interval.estimate <= out.interval.high
+    assert out.interval.n == 2 * n and abs(out.interval.estimate - f) < 0.1 + noise
+
+
+def test_faithfulness_rule_ignores_the_neuron_only_curve(tmp_path: Path):
+    """The old rule judged the late-MLP-neuron-only curve on the selection prompts; it no longer decides."""
+    rows = [{"op": op, "k_per_layer": k, "share_per_layer": s, "faithfulness": f}
+            for op in "+-" for k, s, f in ((0, 0.0, 0.0), (1, 0.01, 0.99), (5, 0.05, 1.0))]
     _csv(tmp_path, "03_faithfulness_curve", rows)
-    assert _outcome("nikankin_faithfulness", tmp_path).verdict == verdict
+    assert _outcome("nikankin_faithfulness", tmp_path).verdict == R.NOT_RUN
+    _circuit_faithfulness(tmp_path, 0.3, 100, 0.05)
+    out = _outcome("nikankin_faithfulness", tmp_path)
+    assert out.verdict == R.NOT_REPRODUCED and out.metrics["smallest share per layer reaching 0.9"] == 0.01
 
 
-@pytest.mark.parametrize("heur, rnd, verdict", [(10, 18, R.REPRODUCED), (15, 18, R.REPRODUCED),   # of 20 prompts
-                                                (16, 18, R.PARTLY), (18, 18, R.NOT_REPRODUCED),
-                                                (19, 18, R.NOT_REPRODUCED)])
-def test_prompt_ablation_rule(tmp_path: Path, heur: int, rnd: int, verdict: str):
-    rows = [{"op": "+", "a": i, "b": 1, "correct_full": 1.0, "correct_heuristic_ablated": float(i < heur),
-             "correct_random_ablated": float(i < rnd), "n_assoc_neurons": 2} for i in range(20)]
+@pytest.mark.parametrize("n, heur, rnd, verdict", [(400, 200, 360, R.REPRODUCED), (20, 15, 18, R.INCONCLUSIVE),
+                                                   (2000, 1850, 2000, R.PARTLY), (400, 360, 360, R.NOT_REPRODUCED),
+                                                   (400, 380, 360, R.NOT_REPRODUCED)])
+def test_prompt_ablation_rule(tmp_path: Path, n: int, heur: int, rnd: int, verdict: str):
+    """Issue 28: a 15-point gap on 20 prompts (old rule: reproduced) is inconclusive; the interval decides.
+    Paired: prompts 0..heur-1 survive the heuristic ablation, 0..rnd-1 the random one."""
+    rows = [{"op": "+-"[i % 2], "a": i, "b": 1, "correct_full": 1.0, "correct_heuristic_ablated": float(i < heur),
+             "correct_random_ablated": float(i < rnd), "n_assoc_neurons": 2} for i in range(n)]
     _csv(tmp_path, "03_prompt_ablation", rows)
-    assert _outcome("nikankin_prompt_ablation", tmp_path).verdict == verdict
+    out = _outcome("nikankin_prompt_ablation", tmp_path)
+    assert out.verdict == verdict
+    assert out.metrics["random minus heuristic-ablated accuracy"] == pytest.approx((rnd - heur) / n)
+    assert out.interval.n == n
+
+
+@pytest.mark.parametrize("n, acc_assoc, acc_other, verdict", [(400, 0.5, 0.9, R.REPRODUCED),
+                                                              (12, 0.5, 0.9, R.INCONCLUSIVE),
+                                                              (400, 0.9, 0.9, R.NOT_REPRODUCED)])
+def test_heuristic_ablation_rule(tmp_path: Path, n: int, acc_assoc: float, acc_other: float, verdict: str):
+    """Issue 28: per-prompt rows (one per heuristic and prompt), gap with a paired bootstrap interval."""
+    rows = []
+    for op in "+-":
+        for h in ("op1 in [0, 4]", "result mod 2 = 0"):
+            for i in range(n):
+                assoc = i % 2 == 0
+                j = i // 2  # the j-th prompt of its group
+                ok = j < round((acc_assoc if assoc else acc_other) * n / 2)
+                rows.append({"op": op, "heuristic": h, "kind": "x", "n_neurons": 3, "prompt": i, "associated": assoc,
+                             "correct": ok, "correct_base": True})
+    _csv(tmp_path, "03_heuristic_ablation_prompts", rows)
+    out = _outcome("nikankin_heuristic_ablation", tmp_path)
+    assert out.verdict == verdict
+    assert out.metrics["other minus associated accuracy"] == pytest.approx(acc_other - acc_assoc, abs=0.07)
+    assert out.metrics["heuristics ablated"] == 4 and out.interval.n == 2 * n
 
 
 def _bias_scores(d: Path, cna: float, rnd: float, k: int = 18, noise: float = 0.05) -> None:
