@@ -1157,11 +1157,12 @@ def two_stage_head_sweep(model, prompts: PromptSet, verify_top: int, batch_size:
 
 
 def mean_ablation_edits(heads: Iterable[Head], means: Mapping[str, Mapping[int, torch.Tensor]], length: int,
-                        position: int | None = None) -> list[Edit]:
+                        position: int | None = None, start: int = 0) -> list[Edit]:
     """Edits replacing each head's output by its mean over a reference set at the same
     position, for prompts of ``length`` tokens; ``means`` is an
     :func:`arithlib.ablation.mean_activations` cache (``{hook_z: {length: [T, H, d_head]}}``).
-    ``position`` None ablates every position (= :func:`arithlib.ablation.mean_heads_hooks`)."""
+    ``position`` None ablates every position from ``start`` on (``start`` 0: all of them,
+    = :func:`arithlib.ablation.mean_heads_hooks`; the query's first token: the query only)."""
     edits = []
     for layer, head in heads:
         name = _z(int(layer))
@@ -1169,7 +1170,7 @@ def mean_ablation_edits(heads: Iterable[Head], means: Mapping[str, Mapping[int, 
             m = means[name][length]
         except KeyError:
             raise KeyError(f"no mean of {name} for prompts of length {length}") from None
-        ps = range(length) if position is None else [_resolve_position(position, length)]
+        ps = range(start, length) if position is None else [_resolve_position(position, length)]
         edits += [Edit(Component("head", int(layer), int(head)), p, m[p, int(head)]) for p in ps]
     return edits
 
@@ -1186,13 +1187,13 @@ def random_orders(n_layers: int, n_heads: int, n_random: int, seed: int) -> dict
     return out
 
 
-def _knockout_variants(sets: Sequence[Sequence[Head]], means: Mapping, position: int | None):
+def _knockout_variants(sets: Sequence[Sequence[Head]], means: Mapping, position: int | None, start: int = 0):
     """Variants mean-ablating each head set: at ``position`` with ``{layer: [H, d_head]}``
-    means, or at every position (``position=None``) with a per-length cache."""
+    means, or at every position from ``start`` on (``position=None``) with a per-length cache."""
     if position is None:
         def variants(batch, run):
             T = batch.tokens.shape[1]
-            return [mean_ablation_edits(hs, means, T, None) for hs in sets]
+            return [mean_ablation_edits(hs, means, T, None, start) for hs in sets]
         return variants
     return [ablation_edits(hs, means, position) for hs in sets]
 
@@ -1238,28 +1239,48 @@ def knockout_curves(model, prompts: PromptSet, ranking: Sequence[Head], ks: Sequ
     return pd.DataFrame(rows)
 
 
+def query_starts(prompts: PromptSet) -> list[int]:
+    """Position of each prompt's first query token: the first token after its few-shot
+    prefix (:func:`locate_operands`' ``prefix`` positions; 0 without a prefix)."""
+    return [max(loc["prefix"]) + 1 if loc["prefix"] else 0 for loc in locate_operands(prompts)]
+
+
 def knockout_per_prompt(model, prompts: PromptSet, head_sets: Mapping[str, Sequence[Head]], means: Mapping,
-                        position: int | None = None, batch_size: int = 16, max_rows: int = 1024,
-                        progress: bool = True, cache: RunCache | None = None) -> pd.DataFrame:
+                        position: int | None = None, query_only: bool = True, batch_size: int = 16,
+                        max_rows: int = 1024, progress: bool = True, cache: RunCache | None = None) -> pd.DataFrame:
     """Zhang et al. Sec. 4.1 / Fig. 3 knockout, one row per prompt and condition: each
-    named head set of ``head_sets`` mean-ablated (means over X_c; ``position`` None: at
-    every position with a per-length cache such as :attr:`PathPatchingResult.cf_means`,
-    -1: at the answer position with ``{layer: [H, d_head]}`` means), plus the condition
-    "none" (nothing ablated). Columns ``prompt, op, template_id, condition, n_heads,
-    position, correct`` (first answer token is the argmax), for the report's bootstrap."""
+    named head set of ``head_sets`` mean-ablated (means over X_c), plus the condition
+    "none" (nothing ablated). ``position`` None: at every position of the query (the
+    prompt the paper uses; with ``query_only`` the few-shot prefix is left intact, so its
+    cached keys and values are reused; :func:`query_starts`) with a per-length cache such
+    as :attr:`PathPatchingResult.cf_means`; -1: at the answer position with
+    ``{layer: [H, d_head]}`` means. Columns ``prompt, op, template_id, condition,
+    n_heads, position`` ("every" / "query" / "end"), ``correct`` (first answer token is
+    the argmax), for the report's bootstrap over prompts."""
     names = ["none"] + list(head_sets)
     sets = [[]] + [list(head_sets[n]) for n in head_sets]
-    variants = _knockout_variants(sets, means, position)
-    if position is None:  # the baseline needs no mean; keep the every-position variants for the others
-        inner = variants
+    correct = np.zeros((len(sets), len(prompts)), dtype=bool)
+    if position is None:
+        starts = query_starts(prompts) if query_only else [0] * len(prompts)
+        parts = {}
+        for i, s0 in enumerate(starts):
+            parts.setdefault(s0, []).append(i)
+    else:
+        parts = {None: list(range(len(prompts)))}
+    for s0, idx in parts.items():
+        sub = prompts.subset(idx)
+        if position is None:
+            inner = _knockout_variants(sets[1:], means, None, s0)
 
-        def variants(batch, run):  # noqa: F811 (wraps the one above)
-            return [[]] + inner(batch, run)[1:]
-    ro = run_interventions(model, prompts, variants, batch_size, max_rows, progress=progress,
-                           desc="knockout per prompt", cache=cache)
-    correct = ro.correct.numpy()
+            def variants(batch, run, inner=inner):
+                return [[]] + inner(batch, run)
+        else:
+            variants = _knockout_variants(sets, means, position)
+        ro = run_interventions(model, sub, variants, batch_size, max_rows, progress=progress,
+                               desc="knockout per prompt", cache=cache)
+        correct[:, idx] = ro.correct.numpy()
+    where = ("query" if query_only else "every") if position is None else "end" if position == -1 else str(position)
     rows = []
-    where = "every" if position is None else "end" if position == -1 else str(position)
     for j, (name, hs) in enumerate(zip(names, sets)):
         for i, r in enumerate(prompts.records):
             rows.append((i, r.op, r.template_id, name, len(hs), where, bool(correct[j, i])))

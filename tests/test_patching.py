@@ -359,10 +359,30 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
     # the per-prompt knockout (the table the report judges) agrees with the curves and the hooks
     orders = P.random_orders(b.cfg.n_layers, b.cfg.n_heads, 2, seed=0)
     sets = {"effect": ranking[:3], "random0": orders["random0"][:3]}
-    per = P.knockout_per_prompt(b, ps, sets, res.cf_means, position=None, progress=False)
+    per = P.knockout_per_prompt(b, ps, sets, res.cf_means, position=None, query_only=False, progress=False)
     assert set(per["condition"]) == {"none", "effect", "random0"} and set(per["position"]) == {"every"}
     assert per.query("condition == 'effect'")["correct"].mean() == pytest.approx(ref_acc)
     assert per.query("condition == 'none'")["n_heads"].eq(0).all() and per.query("condition == 'effect'")["n_heads"].eq(3).all()
+    # the judged knockout leaves the few-shot prefix intact: edits from the query's first token on
+    starts = P.query_starts(ps)
+    assert all(0 < s0 < len(ids) - 1 for s0, ids in zip(starts, ps.input_ids))
+    query = P.knockout_per_prompt(b, ps, sets, res.cf_means, position=None, progress=False)
+    assert set(query["position"]) == {"query"}
+    expected = {}
+    for s0 in sorted(set(starts)):  # reference: full forwards with hooks that set z[:, s0:, h] to its X_c mean
+        rows = [i for i, x in enumerate(starts) if x == s0]
+        sub = ps.subset(rows)
+        hooks = []
+        for layer, head in ranking[:3]:
+            def fn(z, hook, head=head, name=f"blocks.{layer}.attn.hook_z", s0=s0):
+                z[:, s0:, head] = res.cf_means[name][z.shape[1]][s0:, head].to(z.dtype)
+                return z
+            hooks.append((f"blocks.{layer}.attn.hook_z", fn))
+        with torch.no_grad(), b.hooks(fwd_hooks=hooks):
+            lg = answer_logits(b, sub)
+        expected.update(zip(rows, (lg.argmax(-1) == sub.first_answer_ids).tolist()))
+    got = query.query("condition == 'effect'").set_index("prompt")["correct"]
+    assert all(bool(got[i]) == c for i, c in expected.items())
     end = P.knockout_per_prompt(b, ps, {"random0": orders["random0"][:2]}, res.end_means(), position=-1, progress=False)
     assert end.query("condition == 'random0'")["correct"].mean() == pytest.approx(
         curves.query("order_name == 'random0' and k == 2 and group == 'all'")["accuracy"].item())

@@ -97,7 +97,7 @@ def _knockout(d: Path, eff_acc: float, rnd_acc: float, n: int = 200, k: int = 10
     for cond, rate in [("none", 1.0), ("effect", eff_acc)] + [(f"random{i}", rnd_acc) for i in range(n_random)]:
         for p, c in enumerate(_per_prompt_correct(n, rate)):
             rows.append({"prompt": p, "op": OPS4[p % 4], "template_id": 0, "condition": cond,
-                         "n_heads": 0 if cond == "none" else k, "position": "every", "correct": c})
+                         "n_heads": 0 if cond == "none" else k, "position": "query", "correct": c})
     rows += [dict(r, position="end", correct=True) for r in rows[:n]]  # the END screen is not judged
     _csv(d, "01_knockout_per_prompt", rows)
 
@@ -120,7 +120,7 @@ def test_knockout_gap_rule(tmp_path: Path, eff_acc: float, rnd_acc: float, verdi
 
 def test_knockout_reads_every_position_only(tmp_path: Path):
     """Issue 28: the old rule read the END-only curve at k = max(#key heads, 1); the
-    judged knockout is at every position, k = 10 (01_knockout.csv alone is not enough)."""
+    judged knockout is at every query position, k = 10 (01_knockout.csv alone is not enough)."""
     _params(tmp_path, n_layers=2, n_heads=8)
     _path_patching(tmp_path, [-0.01] * 16, [0.0, 0.0])
     _csv(tmp_path, "01_knockout", [{"order": "effect", "order_name": "effect", "k": 1, "group": "all",
@@ -128,7 +128,7 @@ def test_knockout_reads_every_position_only(tmp_path: Path):
     assert _outcome("zhang_knockout", tmp_path).verdict == R.NOT_RUN
     _knockout(tmp_path, 0.2, 1.0)
     out = _outcome("zhang_knockout", tmp_path)
-    assert out.verdict == R.REPRODUCED and "every position" in out.ours
+    assert out.verdict == R.REPRODUCED and "every query position" in out.ours
 
 
 def _transfer(d: Path, after: float, rnd: float, n: int = 100) -> None:
