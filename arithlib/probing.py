@@ -34,6 +34,7 @@ its first token "1"; the toy model has one token per integer 0..999).
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
@@ -406,14 +407,21 @@ def curve_point_table(summary: pd.DataFrame, directions: Mapping[str, str] = CUR
                       frac: float = 0.1, first_layer: int = FIRST_CURVE_LAYER) -> pd.DataFrame:
     """:func:`curve_points` of the mean curve of every measure of a
     :func:`summarise_curves` frame (by measure and layer) present in ``directions``.
-    Columns ``measure, label, direction, start, inflection, peak, end, rise``."""
+    Columns ``measure, label, direction, first_layer, start, inflection, peak, end, rise``
+    (``first_layer``: where the search began, :data:`FIRST_CURVE_LAYER` unless the model
+    is too shallow for it, which is warned about)."""
     rows = []
     for m, direction in directions.items():
         curve = summary[summary.measure == m].sort_values("layer")["mean"].to_numpy()
         if len(curve) < 2:
             continue
-        rows.append({"measure": m, "label": COSINE_MEASURES[m][2], "direction": direction,
-                     **curve_points(curve, direction, frac, first_layer).as_dict()})
+        first = first_layer
+        if len(curve) - first < 2:  # a 2-layer model (the toy): no curve after layer 0; said, and recorded
+            first = len(curve) - 2
+            warnings.warn(f"{m}: {len(curve)} layers leave no curve from layer {first_layer} on; "
+                          f"curve points searched from layer {first}", stacklevel=2)
+        rows.append({"measure": m, "label": COSINE_MEASURES[m][2], "direction": direction, "first_layer": first,
+                     **curve_points(curve, direction, frac, first).as_dict()})
     return pd.DataFrame(rows)
 
 

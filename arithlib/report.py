@@ -251,7 +251,7 @@ def _zhang_key_heads(t: Tables) -> Outcome:
 def _knockout_k(t: Tables) -> int:
     info = t.info()
     n = int(info.get("n_layers", 0)) * int(info.get("n_heads", 0))
-    return min(KNOCKOUT_K, n) if n else KNOCKOUT_K
+    return min(KNOCKOUT_K, n // 2) if n else KNOCKOUT_K
 
 
 def _zhang_knockout(t: Tables) -> Outcome:
@@ -336,6 +336,8 @@ def _zhang_mlp_answer(t: Tables) -> Outcome:
     ops = cur.groupby("prompt")["op"].first().loc[wide.index].astype(str).to_numpy()
     curves = wide.to_numpy(float)
     L = t.n_layers(pd.Series(wide.columns))
+    if L < 3:
+        raise NotRun(f"{L} layers: no answer curve after layer 0 (the rule leaves layer 0 out)")
     pts = _answer_curve_points(curves)
 
     def onset(x: np.ndarray) -> float:

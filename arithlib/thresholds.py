@@ -7,5 +7,6 @@ KEY_HEAD_THRESHOLD = -0.05
 #: Zhang et al. 2024 Table 4 (App. E): the knockout that gives the "around 70 %" accuracy
 #: drop of Sec. 1 (-69 %) knocks out the top-10 heads by path-patching effect. One k for
 #: the knockout verdict (Fig. 3) and the transfer test (Fig. 4), fixed from the paper
-#: (not from our curves); capped at the model's number of heads.
+#: (not from our curves); capped at half the model's heads, so that a random set of as
+#: many other heads exists for the control (matters for tiny models only).
 KNOCKOUT_K = 10
