@@ -236,7 +236,7 @@ def _zhang_key_heads(t: Tables) -> Outcome:
     depth = float(np.mean([c[0] for c in key]) / L) if key else float("nan")
     layers = sorted({c[0] for c in key})
     if ci.high == 0:
-        verdict = NOT_REPRODUCED  # no head passes -5 % in any resample: no key heads
+        verdict = NOT_REPRODUCED  # no key head in at least 97.5 % of the resamples
     elif ci.low == 0:
         verdict = INCONCLUSIVE    # "some key heads" is itself undecided
     else:
