@@ -141,21 +141,75 @@ def _format_number(n: int, numerals: str) -> str:
 
 
 def fewshot_prefix(template: str, op: str, sep: str, k: int, numerals: str = "digits",
-                   op_word: str | None = None) -> str:
+                   op_word: str | None = None, answers: Sequence[int] | None = None) -> str:
     """k solved examples of the query's own template, one per line (operands from
     ``data/templates.json``'s ``fewshot_operands``); ``op_word`` renders the
-    counterfactual version of the same prefix."""
+    counterfactual version of the same prefix. ``answers`` replaces the k results
+    (X_c's prefix: :func:`no_operation_answers`); by default each line shows a op b."""
     if k <= 0:
         return ""
-    pairs = load_json("templates.json")["fewshot_operands"][op]
-    if k > len(pairs):
-        raise ValueError(f"at most {len(pairs)} few-shot examples are defined for {op!r}, asked for {k}")
+    pairs = fewshot_operands(op, k)
+    if answers is not None and len(answers) != k:
+        raise ValueError(f"fewshot_prefix needs {k} answers, got {len(answers)}")
     lines = []
-    for a, b in pairs[:k]:
-        c = apply_op(a, b, op)
+    for i, (a, b) in enumerate(pairs):
+        c = apply_op(a, b, op) if answers is None else int(answers[i])
         lines.append(_render(template, _format_number(a, numerals), _format_number(b, numerals), op_word)
                      + sep + _format_number(c, numerals) + "\n")
     return "".join(lines)
+
+
+def fewshot_operands(op: str, k: int) -> list[tuple[int, int]]:
+    """The operand pairs of the first k few-shot lines of ``op`` (``data/templates.json``)."""
+    pairs = load_json("templates.json")["fewshot_operands"][op]
+    if k > len(pairs):
+        raise ValueError(f"at most {len(pairs)} few-shot examples are defined for {op!r}, asked for {k}")
+    return [(int(a), int(b)) for a, b in pairs[:k]]
+
+
+#: Operators whose results an X_c prefix answer must avoid (:func:`no_operation_answers`).
+_ALL_OPS: tuple[str, ...] = ("+", "-", "*", "/", "^")
+
+
+def operation_results(a: int, b: int) -> set[int]:
+    """Every value an arithmetic reading of "a ? b" could give: a, b (copying an operand)
+    and a + b, a - b, b - a, a * b, a / b, b / a, a ^ b, b ^ a where they are integers."""
+    out = {a, b, a + b, a - b, b - a, a * b}
+    if b and a % b == 0:
+        out.add(a // b)
+    if a and b % a == 0:
+        out.add(b // a)
+    if 0 <= b <= 9 and abs(a) <= 99:
+        out.add(a**b)
+    if 0 <= a <= 9 and abs(b) <= 99:
+        out.add(b**a)
+    return out
+
+
+def no_operation_answers(pairs: Sequence[tuple[int, int]], true_answers: Sequence[int],
+                         rng: random.Random) -> list[int]:
+    """Answers for the solved lines of X_c's few-shot prefix that follow no operation
+    (Zhang Sec. 3: X_c carries no calculation logic). For each line (a, b) with true
+    result c: a seeded uniform draw among the non-negative numbers with as many digits
+    as c (so the line tokenizes to as many tokens as in X_r's prefix) that are none of
+    :func:`operation_results` (a, b). The old prefix kept c, so the two in-context
+    examples taught the model what the nonsense operator means."""
+    out = []
+    for (a, b), c in zip(pairs, true_answers):
+        digits = len(str(abs(int(c))))
+        lo, hi = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+        banned = operation_results(a, b)
+        pool = [x for x in range(lo, hi + 1) if x not in banned]
+        if not pool:
+            raise ValueError(f"no {digits}-digit number avoids every operation on ({a}, {b})")
+        out.append(rng.choice(pool))
+    return out
+
+
+#: How X_c's few-shot prefix is built: "no-operation" (answers by :func:`no_operation_answers`,
+#: the default) or "true-answers" (the prefix of X_r with the operator replaced; the
+#: construction before issue 28, kept to measure how much it leaks).
+XC_PREFIXES: tuple[str, ...] = ("no-operation", "true-answers")
 
 
 def carry_flags(a: int, b: int, op: str) -> list[bool]:
@@ -212,11 +266,20 @@ def _sample(items: list, n: int | None, rng: random.Random) -> list:
 
 def _records_from_templates(family: str, templates: dict, ops: Sequence[str], pairs_by_op: dict,
                             numerals: str, fewshot: int, n_digits: int, cf_pool: dict | None,
-                            rng: random.Random) -> list[PromptRecord]:
+                            rng: random.Random, xc_prefix: str = "no-operation",
+                            xc_rng: random.Random | None = None) -> list[PromptRecord]:
+    if xc_prefix not in XC_PREFIXES:
+        raise ValueError(f"xc_prefix must be one of {XC_PREFIXES}, got {xc_prefix!r}")
     sep = templates["sep"]
+    xc_rng = xc_rng if xc_rng is not None else random.Random(0)
+    xc_answers: dict[tuple[str, int], list[int]] = {}
     records = []
     for op in ops:
         for t_id, template in enumerate(templates[op]):
+            if cf_pool is not None and fewshot > 0 and xc_prefix == "no-operation":
+                # one draw per template: X_c prompts of a template share their prefix (and its cached keys)
+                shots = fewshot_operands(op, fewshot)
+                xc_answers[(op, t_id)] = no_operation_answers(shots, [apply_op(x, y, op) for x, y in shots], xc_rng)
             for a, b in pairs_by_op[op]:
                 c = apply_op(a, b, op)
                 sa, sb = _format_number(a, numerals), _format_number(b, numerals)
@@ -227,7 +290,9 @@ def _records_from_templates(family: str, templates: dict, ops: Sequence[str], pa
                     op_slot = re.search(r"\[([^\]]+)\]", template).group(1)
                     pool = cf_pool["symbols"] if not op_slot.isalpha() else cf_pool["words"]
                     word = rng.choice(pool)
-                    cf = fewshot_prefix(template, op, sep, fewshot, numerals, op_word=word) + _render(template, sa, sb, word)
+                    answers = xc_answers.get((op, t_id))
+                    cf = (fewshot_prefix(template, op, sep, fewshot, numerals, op_word=word, answers=answers)
+                          + _render(template, sa, sb, word))
                 records.append(PromptRecord(
                     family=family, op=op, a=a, b=b, answer=c, template_id=t_id, template=template,
                     text=text + sep, answer_text=_format_number(c, numerals) if c >= 0 else "-" + _format_number(-c, numerals),
@@ -343,11 +408,15 @@ def yu_prompts(ops: Sequence[str] = OPS, n_digits: int = 1, numerals: str = "dig
 
 def zhang_prompts(ops: Sequence[str] = OPS, operand_range: tuple[int, int] = (1, 9),
                   n_per_template: int | None = None, seed: int = 0, fewshot: int = 0,
-                  templates: Sequence[int] | None = None) -> list[PromptRecord]:
+                  templates: Sequence[int] | None = None, xc_prefix: str = "no-operation") -> list[PromptRecord]:
     """Zhang et al.'s templates (Fig. 8) with operands in ``operand_range`` (1..9 in
-    the paper) and a counterfactual per prompt: the operator word replaced by a random
-    term of {none, nothing, ...}, a symbol by one of {<, >, @, ...}, in the prefix too.
-    Results must be non-negative integers (a >= b for -, exact /).
+    the paper) and a counterfactual X_c per prompt: the operator word replaced by a random
+    term of {none, nothing, ...}, a symbol by one of {<, >, @, ...}, in the prefix too,
+    and the prefix's solved lines answered by :func:`no_operation_answers` (``xc_prefix``,
+    one of :data:`XC_PREFIXES`), so that X_c carries no calculation logic (Zhang Sec. 3).
+    Results must be non-negative integers (a >= b for -, exact /). The X_c prefix answers
+    are drawn once per operator and template from their own seeded stream, so X_r and the
+    operator words do not change with them.
     """
     rng = random.Random(seed)
     base = load_json("templates.json")
@@ -357,17 +426,20 @@ def zhang_prompts(ops: Sequence[str] = OPS, operand_range: tuple[int, int] = (1,
     lo, hi = operand_range
     pairs = {op: _sample(_operand_pairs(op, lo, hi, None, False), n_per_template, rng) for op in ops}
     return _records_from_templates("zhang", chosen, ops, pairs, "digits", fewshot, len(str(hi)),
-                                   base["zhang_counterfactual"], rng)
+                                   base["zhang_counterfactual"], rng, xc_prefix, random.Random(f"xc-prefix/{seed}"))
 
 
-def power_prompts(max_operand: int = 9, max_result: int = 999, seed: int = 0, fewshot: int = 0) -> list[PromptRecord]:
-    """Exponentiation prompts of Zhang et al. App. D (Table 3) with counterfactuals,
-    operands 1..max_operand (exponent >= 1), results up to ``max_result``."""
+def power_prompts(max_operand: int = 9, max_result: int = 999, seed: int = 0, fewshot: int = 0,
+                  xc_prefix: str = "no-operation") -> list[PromptRecord]:
+    """Exponentiation prompts of Zhang et al. App. D (Table 3) with counterfactuals
+    (X_c prefix as in :func:`zhang_prompts`), operands 1..max_operand (exponent >= 1),
+    results up to ``max_result``."""
     rng = random.Random(seed)
     base = load_json("templates.json")
     pt = base["zhang_power"]
     pairs = {"^": [(a, b) for a in range(1, max_operand + 1) for b in range(1, max_operand + 1) if a**b <= max_result]}
-    return _records_from_templates("power", pt, ["^"], pairs, "digits", fewshot, 1, base["zhang_counterfactual"], rng)
+    return _records_from_templates("power", pt, ["^"], pairs, "digits", fewshot, 1, base["zhang_counterfactual"], rng,
+                                   xc_prefix, random.Random(f"xc-prefix/{seed}"))
 
 
 def zhang_word_problems(n_per_template: int = 20, seed: int = 0) -> list[PromptRecord]:

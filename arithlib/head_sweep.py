@@ -27,7 +27,7 @@ forward passes, beyond a 2-core CPU for Qwen2.5-0.5B (336 heads, 1,078 prompts).
 2. **exact**: the ``top_k`` screened heads of every setting on all of the setting's
    prompts. Only stage-2 numbers are reported as the sweep's result.
 
-:func:`screen_recall` measures how many of the exact top heads of a setting the screen
+:func:`sweep_recall` measures how many of the exact top heads of a setting the screen
 finds, from an exact sweep of every head on that setting.
 """
 
@@ -259,7 +259,7 @@ def yu_head_sweep(model, prompts: PromptSet, screen_n: int, top_k: int, seed: in
     return HeadSweep(screen, rank_heads(setting_accuracy(rows)), rows, screen_n, top_k)
 
 
-def screen_recall(screen: pd.DataFrame, exact_all: pd.DataFrame, top_k: int, ks: Sequence[int] = (1, 3, 5)
+def sweep_recall(screen: pd.DataFrame, exact_all: pd.DataFrame, top_k: int, ks: Sequence[int] = (1, 3, 5)
                   ) -> pd.DataFrame:
     """Recall of the screen: for each setting of ``exact_all`` (rank_heads rows of every
     head on all prompts) and each k in ``ks``, the share of the exact top-k heads that are

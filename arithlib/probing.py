@@ -34,6 +34,7 @@ its first token "1"; the toy model has one token per integer 0..999).
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
@@ -328,15 +329,31 @@ class CurvePoints:
                 "rise": self.rise}
 
 
-def curve_points(y: Sequence[float], direction: str = "rise", frac: float = 0.1) -> CurvePoints:
+#: First layer searched by :func:`curve_points` (fixed in advance, the same for every
+#: curve and model): the MLP of layer 0 reads the token embedding after a single attention
+#: layer, and with tied input/output embeddings (Qwen2.5, SmolLM2) its cosine with any
+#: W_U column measures the embedding's similarity with itself, not a computation (on
+#: Qwen-0.5B cos(MLP_out - MLP_in, W_U[C]) jumps from -0.49 at layer 0 to -0.03 at
+#: layer 1, which alone decided the old inflection). Zhang's curves (Fig. 6, 13, 14) are
+#: flat over the first dozen layers, so excluding layer 0 removes no turn they describe.
+FIRST_CURVE_LAYER = 1
+
+
+def curve_points(y: Sequence[float], direction: str = "rise", frac: float = 0.1,
+                 first_layer: int = FIRST_CURVE_LAYER) -> CurvePoints:
     """Start, inflection, peak and end of a per-layer curve, by this rule.
 
-    With R = max(y) - min(y) and tolerance ``frac`` * R (10 % by default):
+    Only layers ``first_layer``.. are searched (:data:`FIRST_CURVE_LAYER`: layer 0,
+    whose MLP reads the raw embedding, is left out); returned layers are indices into
+    ``y``. With R = max(y) - min(y) over those layers and tolerance ``frac`` * R (10 %):
 
     * ``peak``: the layer of the maximum;
     * ``start``: the layer after the last layer before the peak whose value is below
       min(y[:peak + 1]) + frac * R, i.e. where the final climb to the peak begins
-      (0 if the curve never is that low);
+      (``first_layer`` if the curve never is that low). This is Zhang et al.'s
+      "inflection" of the answer curve (App. C, Fig. 14: "initial stabilization
+      followed by an increase"; Sec. 5.2: "starting from the 17th layer ... a noticeable
+      increase"): the layer where the plateau turns into the climb;
     * ``inflection``: the layer of the largest one-layer increase y[l] - y[l-1] in
       start..peak (the steepest point of the climb; the peak itself if start == peak);
     * ``end``: the first layer at or after the inflection from which the curve stays
@@ -344,21 +361,23 @@ def curve_points(y: Sequence[float], direction: str = "rise", frac: float = 0.1)
       where a rising curve reaches its plateau).
 
     ``direction="fall"`` applies the rule to -y (for a curve that drops, such as
-    cos(MLP_out - MLP_in, W_U[other])). Layers are indices into ``y``.
+    cos(MLP_out - MLP_in, W_U[other])).
     """
     if direction not in ("rise", "fall"):
         raise ValueError("direction must be 'rise' or 'fall'")
     if not 0 < frac < 1:
         raise ValueError("frac must be in (0, 1)")
-    arr = np.asarray(y, dtype=float)
-    if arr.ndim != 1 or len(arr) < 2 or not np.all(np.isfinite(arr)):
-        raise ValueError("curve_points needs a 1-d curve of at least 2 finite values")
+    full = np.asarray(y, dtype=float)
+    if full.ndim != 1 or not 0 <= first_layer <= len(full) - 2 or not np.all(np.isfinite(full[first_layer:])):
+        raise ValueError(f"curve_points needs a 1-d curve with at least 2 finite values from layer {first_layer} on")
+    arr = full[first_layer:]
+    off = first_layer
     if direction == "fall":
         arr = -arr
     rng = float(arr.max() - arr.min())
     peak = int(np.argmax(arr))
     if rng == 0:
-        return CurvePoints(0, 0, peak, 0, 0.0)
+        return CurvePoints(off, off, off + peak, off, 0.0)
     tol = frac * rng
     low = arr[: peak + 1].min() + tol
     below = [i for i in range(peak) if arr[i] < low]
@@ -374,7 +393,7 @@ def curve_points(y: Sequence[float], direction: str = "rise", frac: float = 0.1)
         if np.all(np.abs(arr[i:] - final) <= tol):
             end = i
             break
-    return CurvePoints(start, inflection, peak, end, rng)
+    return CurvePoints(off + start, off + inflection, off + peak, off + end, rng)
 
 
 #: Which way each measure's curve is expected to move (Zhang et al. Sec. 5.2): the
@@ -385,17 +404,24 @@ CURVE_DIRECTIONS: dict[str, str] = {"in_A": "rise", "in_B": "rise", "out_A": "ri
 
 
 def curve_point_table(summary: pd.DataFrame, directions: Mapping[str, str] = CURVE_DIRECTIONS,
-                      frac: float = 0.1) -> pd.DataFrame:
+                      frac: float = 0.1, first_layer: int = FIRST_CURVE_LAYER) -> pd.DataFrame:
     """:func:`curve_points` of the mean curve of every measure of a
     :func:`summarise_curves` frame (by measure and layer) present in ``directions``.
-    Columns ``measure, label, direction, start, inflection, peak, end, rise``."""
+    Columns ``measure, label, direction, first_layer, start, inflection, peak, end, rise``
+    (``first_layer``: where the search began, :data:`FIRST_CURVE_LAYER` unless the model
+    is too shallow for it, which is warned about)."""
     rows = []
     for m, direction in directions.items():
         curve = summary[summary.measure == m].sort_values("layer")["mean"].to_numpy()
         if len(curve) < 2:
             continue
-        rows.append({"measure": m, "label": COSINE_MEASURES[m][2], "direction": direction,
-                     **curve_points(curve, direction, frac).as_dict()})
+        first = first_layer
+        if len(curve) - first < 2:  # a 2-layer model (the toy): no curve after layer 0; said, and recorded
+            first = len(curve) - 2
+            warnings.warn(f"{m}: {len(curve)} layers leave no curve from layer {first_layer} on; "
+                          f"curve points searched from layer {first}", stacklevel=2)
+        rows.append({"measure": m, "label": COSINE_MEASURES[m][2], "direction": direction, "first_layer": first,
+                     **curve_points(curve, direction, frac, first).as_dict()})
     return pd.DataFrame(rows)
 
 

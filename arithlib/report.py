@@ -46,7 +46,7 @@ from .environment import environment_line
 from .outputs import write_text
 from .stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, binomial_ci, bootstrap_ci,
                     decode_correct, interval_verdict)
-from .thresholds import (FAITHFULNESS_TARGET, KEY_HEAD_THRESHOLD, NIKANKIN_FAITHFULNESS, NIKANKIN_MATCH_T,
+from .thresholds import (FAITHFULNESS_TARGET, KEY_HEAD_THRESHOLD, KNOCKOUT_K, NIKANKIN_FAITHFULNESS, NIKANKIN_MATCH_T,
                          NIKANKIN_NEURON_SHARE)
 
 NOT_RUN = "not run"
@@ -208,105 +208,203 @@ def _paper_depth(layer_of_32: float, n_layers: int) -> int:
     return int(math.floor(layer_of_32 / 32 * n_layers + 0.5))
 
 
-def _pooled(t: Tables, kind: str) -> pd.DataFrame:
-    pp = t.csv("01_path_patching")
-    rows = pp[(pp["op"].astype(str) == "all") & (pp["kind"] == kind)]
+def _pooled(t: Tables, kind: str) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """Per-prompt path-patching effects of one ``kind`` ("head" / "mlp"), from
+    01_path_patching_per_prompt.csv: (effects [N prompts, C components], each prompt's
+    operator [N] for stratified bootstraps, the components [(layer, head)], head -1 for MLPs)."""
+    pp = t.csv("01_path_patching_per_prompt")
+    rows = pp[pp["kind"] == kind]
     if rows.empty:
-        raise NotRun(f"no pooled {kind} effects in 01_path_patching.csv (no correct Zhang prompts)")
-    return rows
+        raise NotRun(f"no per-prompt {kind} effects in 01_path_patching_per_prompt.csv (no correct Zhang prompts)")
+    wide = rows.pivot_table(index="prompt", columns=["layer", "head"], values="effect", aggfunc="first")
+    if wide.isna().any().any():
+        raise ValueError(f"01_path_patching_per_prompt.csv: some {kind} effects missing (NaN)")
+    ops = rows.groupby("prompt")["op"].first().loc[wide.index].astype(str).to_numpy()
+    return wide.to_numpy(float), ops, [(int(l), int(h)) for l, h in wide.columns]
 
 
+def _key_share(effects: np.ndarray) -> float:
+    """Share of heads whose mean effect over the prompts (rows) is below -5 % (Zhang Sec. 5.1)."""
+    return float((effects.mean(0) < KEY_HEAD_THRESHOLD).mean())
 
 
 def _zhang_key_heads(t: Tables) -> Outcome:
-    heads = _pooled(t, "head")
-    key = heads[heads["effect"] < KEY_HEAD_THRESHOLD]
-    share = len(key) / len(heads)
-    L = t.n_layers(heads["layer"])
-    depth = float((key["layer"] / L).mean()) if len(key) else float("nan")
-    layers = sorted(set(key["layer"].astype(int)))
-    return Outcome(f"{len(key)} of {len(heads)} heads = {_pct(share)} (layers {layers or 'none'})",
-                   _grade(0 < share < 0.05, 0 < share < 0.10),
+    eff, ops, comps = _pooled(t, "head")
+    mean = eff.mean(0)
+    key = [c for c, m in zip(comps, mean) if m < KEY_HEAD_THRESHOLD]
+    share = len(key) / len(comps)
+    ci = bootstrap_ci(_key_share, eff, groups=ops)
+    L = t.n_layers(pd.Series([c[0] for c in comps]))
+    depth = float(np.mean([c[0] for c in key]) / L) if key else float("nan")
+    layers = sorted({c[0] for c in key})
+    if ci.high == 0:
+        verdict = NOT_REPRODUCED  # no key head in at least 97.5 % of the resamples
+    elif ci.low == 0:
+        verdict = INCONCLUSIVE    # "some key heads" is itself undecided
+    else:
+        verdict = interval_verdict(ci, 0.05, 0.10, higher_is_better=False)
+    return Outcome(f"{len(key)} of {len(comps)} heads = {ci.text(digits=1)} (layers {layers or 'none'}; "
+                   f"{eff.shape[0]} prompts)",
+                   verdict,
                    {"key-head share": share, "key heads": float(len(key)),
-                    "mean key-head layer / n_layers": depth})
+                    "mean key-head layer / n_layers": depth}, ci)
+
+
+def _knockout_k(t: Tables) -> int:
+    info = t.info()
+    n = int(info.get("n_layers", 0)) * int(info.get("n_heads", 0))
+    return min(KNOCKOUT_K, n // 2) if n else KNOCKOUT_K
 
 
 def _zhang_knockout(t: Tables) -> Outcome:
-    ko = t.csv("01_knockout")
-    ko = ko[ko["group"].astype(str) == "all"]
-    n_key = int((_pooled(t, "head")["effect"] < KEY_HEAD_THRESHOLD).sum())
-    base = float(ko.loc[ko["k"] == 0, "accuracy"].mean())
-    ks = sorted(int(k) for k in ko["k"].unique() if k > 0)
-    if not ks or not base > 0:
-        raise NotRun("knockout curve has no k > 0 or zero accuracy before knockout")
-    k = min(ks, key=lambda x: (abs(x - max(n_key, 1)), x))
-    eff = float(ko.loc[(ko["order"] == "effect") & (ko["k"] == k), "accuracy"].mean())
-    rnd = float(ko.loc[(ko["order"] == "random") & (ko["k"] == k), "accuracy"].mean())
-    drop_e, drop_r = 1 - eff / base, 1 - rnd / base
-    gap = drop_e - drop_r
-    return Outcome(f"k = {k} heads knocked out: effect-rank {_pct(-drop_e, 0)}, random-rank {_pct(-drop_r, 0)} "
-                   f"(accuracy {base:.0%} before)",
-                   _gap_verdict(gap, HALF * (0.70 - 0.02)),
-                   {"effect-rank minus random-rank accuracy drop": gap, "effect-rank drop": drop_e,
-                    "random-rank drop": drop_r, "k knocked out": float(k)})
+    ko = t.csv("01_knockout_per_prompt")
+    ko = ko[ko["position"].astype(str) == "query"]
+    if ko.empty:
+        raise NotRun("no knockout at every query position in 01_knockout_per_prompt.csv")
+    wide = ko.pivot_table(index="prompt", columns="condition", values="correct", aggfunc="first").astype(float)
+    rand = [c for c in wide.columns if str(c).startswith("random")]
+    if "none" not in wide or "effect" not in wide or not rand:
+        raise NotRun("01_knockout_per_prompt.csv lacks the none / effect / random conditions")
+    k = int(ko.loc[ko["condition"] == "effect", "n_heads"].iloc[0])
+    ops = ko.groupby("prompt")["op"].first().loc[wide.index].astype(str).to_numpy()
+    m = np.stack([wide["none"], wide["effect"], wide[rand].mean(1)], 1)  # [N, 3]: before, effect-rank, random-rank
+
+    def gap(x: np.ndarray) -> float:
+        base = x[:, 0].mean()
+        return float((x[:, 2].mean() - x[:, 1].mean()) / base) if base > 0 else float("nan")
+
+    base = float(m[:, 0].mean())
+    if not base > 0:
+        raise NotRun("zero accuracy before knockout")
+    drop_e, drop_r = 1 - m[:, 1].mean() / base, 1 - m[:, 2].mean() / base
+    ci = bootstrap_ci(gap, m, groups=ops)
+    return Outcome(f"k = {k} heads mean-ablated at every query position: effect-rank {_pct(-drop_e, 0)}, random-rank "
+                   f"{_pct(-drop_r, 0)} ({len(rand)} random sets; accuracy {base:.0%} before, {len(m)} prompts); "
+                   f"gap {ci.text()}",
+                   interval_verdict(ci, HALF * (0.70 - 0.02), NOISE_GAP),
+                   {"effect-rank minus random-rank accuracy drop": gap(m), "effect-rank drop": drop_e,
+                    "random-rank drop": drop_r, "k knocked out": float(k)}, ci)
+
+
+def _late_early(effects: np.ndarray, late: np.ndarray) -> tuple[float, float]:
+    """Mean |mean effect| of the early and of the late MLPs (columns) over the prompts (rows)."""
+    a = np.abs(effects.mean(0))
+    return float(a[~late].mean()), float(a[late].mean())
 
 
 def _zhang_late_mlps(t: Tables) -> Outcome:
-    mlps = _pooled(t, "mlp")
-    L = t.n_layers(mlps["layer"])
+    eff, ops, comps = _pooled(t, "mlp")
+    layers = np.array([c[0] for c in comps])
+    L = t.n_layers(pd.Series(layers))
     cut = _paper_depth(17, L)
-    early = mlps[mlps["layer"] < cut]["effect"].abs()
-    late = mlps[mlps["layer"] >= cut]["effect"].abs()
-    if early.empty or late.empty:
+    late = layers >= cut
+    if late.all() or not late.any():
         raise NotRun(f"no MLPs on one side of layer {cut} (17/32 of {L})")
-    e, l_ = float(early.mean()), float(late.mean())
-    top = mlps.loc[mlps["effect"].abs().idxmax()]
-    return Outcome(f"mean |effect| of MLPs 0-{cut - 1}: {_pct(e)}; of MLPs {cut}-{L - 1}: {_pct(l_)}",
-                   _grade(l_ >= HALF * 0.10 and l_ >= 2 * e, l_ > e),
+    e, l_ = _late_early(eff, late)
+
+    def ratio(x: np.ndarray) -> float:
+        e_, l2 = _late_early(x, late)
+        return l2 / e_ if e_ > 0 else float("inf")
+
+    ci = bootstrap_ci(ratio, eff, groups=ops)
+    late_ci = bootstrap_ci(lambda x: _late_early(x, late)[1], eff, groups=ops)
+    verdict = interval_verdict(ci, 2.0, 1.0)
+    if verdict == REPRODUCED:  # the paper's size too: late MLPs about +-10 %, half of it needed
+        size = interval_verdict(late_ci, HALF * 0.10, HALF * 0.10)
+        verdict = REPRODUCED if size == REPRODUCED else PARTLY if size == NOT_REPRODUCED else INCONCLUSIVE
+    top = comps[int(np.argmax(np.abs(eff.mean(0))))]
+    return Outcome(f"mean |effect| of MLPs 0-{cut - 1}: {_pct(e)}; of MLPs {cut}-{L - 1}: {late_ci.text(digits=1)}; "
+                   f"late / early {ci.text(pct=False)} ({eff.shape[0]} prompts)",
+                   verdict,
                    {"late / early MLP mean |effect|": l_ / e if e > 0 else float("inf"),
                     "late MLP mean |effect|": l_, "early MLP mean |effect|": e,
-                    "strongest MLP layer / n_layers": float(top["layer"]) / L})
+                    "strongest MLP layer / n_layers": top[0] / L}, ci)
+
+
+def _answer_curve_points(curves: np.ndarray):
+    """Curve points (:func:`arithlib.probing.curve_points`, layer 0 left out) of the mean
+    cos(MLP_out - MLP_in, W_U[C]) curve over the prompts (rows) of ``curves`` [N, L]."""
+    from .probing import curve_points
+
+    return curve_points(curves.mean(0), "rise")
 
 
 def _zhang_mlp_answer(t: Tables) -> Outcome:
-    pts = t.csv("02_mlp_cosine_points").set_index("measure")
-    if "delta_C" not in pts.index:
+    cur = t.csv("02_mlp_cosines_per_prompt")
+    cur = cur[cur["measure"] == "delta_C"]
+    if cur.empty:
         raise NotRun("no delta_C curve (no correct prompts)")
-    r = pts.loc["delta_C"]
-    L = t.n_layers()
-    infl = float(r["inflection"]) / L
-    rises = float(r.get("rise", 1.0)) > 0  # a flat curve has no inflection
-    return Outcome(f"cos(MLP_out - MLP_in, W_U[C]): start {int(r['start'])}, inflection {int(r['inflection'])}, "
-                   f"peak {int(r['peak'])} of {L} layers (inflection at depth {infl:.2f}; paper 18/32 = 0.56)",
-                   _grade(rises and infl >= 17 / 32, rises and infl >= 13 / 32),
-                   {"answer-writing inflection layer / n_layers": infl,
-                    "answer-writing start layer / n_layers": float(r["start"]) / L,
-                    "answer-writing peak layer / n_layers": float(r["peak"]) / L})
+    wide = cur.pivot_table(index="prompt", columns="layer", values="value", aggfunc="first").sort_index(axis=1)
+    ops = cur.groupby("prompt")["op"].first().loc[wide.index].astype(str).to_numpy()
+    curves = wide.to_numpy(float)
+    L = t.n_layers(pd.Series(wide.columns))
+    if L < 3:
+        raise NotRun(f"{L} layers: no answer curve after layer 0 (the rule leaves layer 0 out)")
+    pts = _answer_curve_points(curves)
+
+    def onset(x: np.ndarray) -> float:
+        return _answer_curve_points(x).start / L
+
+    ci = bootstrap_ci(onset, curves, groups=ops)
+    rises = pts.rise > 0 and pts.peak > pts.start  # a curve whose maximum is its first searched layer has no climb
+    verdict = interval_verdict(ci, 17 / 32, 13 / 32) if rises else NOT_REPRODUCED
+    return Outcome(f"cos(MLP_out - MLP_in, W_U[C]) (layer 0 left out): climb begins at layer {pts.start} "
+                   f"(depth {ci.text(pct=False)}; paper 18/32 = 0.56), steepest step {pts.inflection}, "
+                   f"peak {pts.peak} of {L} layers ({curves.shape[0]} prompts)"
+                   + ("" if rises else "; the curve does not climb (maximum at its first searched layer)"),
+                   verdict,
+                   {"answer-writing inflection layer / n_layers": pts.start / L,
+                    "answer-writing start layer / n_layers": pts.start / L,
+                    "answer-writing steepest layer / n_layers": pts.inflection / L,
+                    "answer-writing peak layer / n_layers": pts.peak / L}, ci)
+
+
+def _transfer_gap(x: np.ndarray, fmt: np.ndarray) -> float:
+    """Mean over formats (answered before) of (random-heads accuracy - knockout accuracy)
+    / accuracy before, i.e. relative drop after the knockout minus that after random heads;
+    ``x`` [N, 3] = correct before, after the knockout, mean over the random sets."""
+    gaps = []
+    for f in np.unique(fmt):
+        m = x[fmt == f]
+        before = m[:, 0].mean()
+        if before > 0:
+            gaps.append((m[:, 2].mean() - m[:, 1].mean()) / before)
+    return float(np.mean(gaps)) if gaps else float("nan")
 
 
 def _zhang_transfer(t: Tables) -> Outcome:
-    tr = t.csv("01_transfer")
-    if "accuracy_before" not in tr:
-        raise NotRun("no transfer format could be tokenized")
-    if "accuracy_random" not in tr:
-        raise NotRun("01_transfer.csv predates the random-heads control: rerun notebook 01")
-    tr = tr[tr["accuracy_before"] > 0]
+    tr = t.csv("01_transfer_per_prompt")
     if tr.empty:
+        raise NotRun("no transfer format could be tokenized")
+    wide = tr.pivot_table(index=["format", "prompt"], columns="condition", values="correct", aggfunc="first")
+    rand = [c for c in wide.columns if str(c).startswith("random")]
+    if "none" not in wide or "knockout" not in wide or not rand:
+        raise NotRun("01_transfer_per_prompt.csv lacks the none / knockout / random conditions")
+    wide = wide.astype(float)
+    fmt = wide.index.get_level_values("format").astype(str).to_numpy()
+    x = np.stack([wide["none"], wide["knockout"], wide[rand].mean(1)], 1)
+    answered = [f for f in dict.fromkeys(fmt) if x[fmt == f, 0].mean() > 0]
+    if not answered:
         raise NotRun("the model answers none of the transfer formats before knockout")
-    drop = 1 - tr["accuracy_after"] / tr["accuracy_before"]
-    drop_r = 1 - tr["accuracy_random"] / tr["accuracy_before"]
-    n_key = int((_pooled(t, "head")["effect"] < KEY_HEAD_THRESHOLD).sum())
-    heads = f"the {n_key} key heads" if n_key else "the 10 heads of largest effect (no key head)"
-    correct = (tr["accuracy_before"] * tr["n"]).round().astype(int)  # the base of each relative change
-    parts = ", ".join(f"{f} [{c}/{n} correct] {_pct(-d, 0, signed=True)} ({_pct(-r, 0, signed=True)})"
-                      for f, c, n, d, r in zip(tr["format"], correct, tr["n"], drop, drop_r))
-    gap = float((drop - drop_r).mean())
-    return Outcome(f"relative accuracy change after knocking out {heads} (as many random heads): {parts}; "
-                   f"mean gap {_pct(gap, 0)}",
-                   _gap_verdict(gap, HALF * 0.66),
-                   {"transfer: relative drop minus random-heads drop": gap,
-                    "mean relative accuracy drop on transfer formats": float(drop.mean()),
-                    "mean relative drop with random heads": float(drop_r.mean()), "formats": float(len(tr))})
+    keep = np.isin(fmt, answered)
+    x, fmt = x[keep], fmt[keep]
+    k = int(tr.loc[tr["condition"] == "knockout", "n_heads"].iloc[0]) if "n_heads" in tr else _knockout_k(t)
+    ci = bootstrap_ci(_transfer_gap, x, fmt, groups=fmt)
+    parts = []
+    for f in answered:
+        m = x[fmt == f]
+        b = m[:, 0].mean()
+        parts.append(f"{f} [{int(round(b * len(m)))}/{len(m)} correct] {_pct(m[:, 1].mean() / b - 1, 0, signed=True)} "
+                     f"({_pct(m[:, 2].mean() / b - 1, 0, signed=True)})")
+    drops = [1 - x[fmt == f, 1].mean() / x[fmt == f, 0].mean() for f in answered]
+    drops_r = [1 - x[fmt == f, 2].mean() / x[fmt == f, 0].mean() for f in answered]
+    return Outcome(f"relative accuracy change after knocking out the top-{k} heads by path-patching effect (as many "
+                   f"random heads): {'; '.join(parts)}; mean gap {ci.text()}",
+                   interval_verdict(ci, HALF * 0.66, NOISE_GAP),
+                   {"transfer: relative drop minus random-heads drop": _transfer_gap(x, fmt),
+                    "mean relative accuracy drop on transfer formats": float(np.mean(drops)),
+                    "mean relative drop with random heads": float(np.mean(drops_r)),
+                    "formats": float(len(answered))}, ci)
 
 
 def _yu_op(op: str) -> str:
@@ -726,37 +824,52 @@ FINDINGS: tuple[Finding, ...] = (
             "Fewer than 5 % of the attention heads carry arithmetic (path-patching effect below -5 %).",
             "< 5 % of heads (LLaMA2-7B; key heads in layers 12-17 of 32)",
             f"{ZHANG_TXT}: Abstract; Sec. 1; Sec. 5.1 'Location of key heads'",
-            "reproduced if 0 < our key-head share < 5 %; partly if < 10 %; not reproduced if >= 10 % or no key head",
+            "key-head share = share of heads whose mean path-patching effect over the prompts is below -5 %, its "
+            "95 % interval by a bootstrap over prompts (stratified by operator, 01_path_patching_per_prompt.csv); "
+            "reproduced if the interval lies in (0, 5 %]; partly if in (0, 10 %) and not within 5 %; not reproduced "
+            "if above 10 % or if no resample has a key head; inconclusive if it straddles 0, 5 % or 10 %",
             "01", _zhang_key_heads, figures=("01_path_patching",)),
     Finding("zhang_knockout", "zhang", "Sec. 1; Sec. 5.1 'Validation of key components', Fig. 3",
             "Knocking out heads in effect order breaks arithmetic; in random order it barely matters.",
             "about -70 % accuracy (effect-rank); random-rank within 2 %",
             f"{ZHANG_TXT}: Sec. 1 ('a decrease of around 70% in accuracy'); Sec. 5.1 ('within 2%')",
-            "at k = the number of key heads (nearest k of the curve, >= 1): gap = effect-rank relative accuracy drop "
-            "minus random-rank drop; reproduced if gap >= 34 points (half of 70 - 2); partly if >= 5 points",
+            "k = 10 heads (Table 4's top-10 knockout, -69 %; the same k as the transfer test), mean-ablated at every "
+            "position of the query (per-position means over X_c; the few-shot prefix, which the paper's prompts lack, "
+            "is left intact); gap = effect-rank relative accuracy drop minus the mean "
+            "random-rank drop (random sets of 10 heads), 95 % interval by a bootstrap over prompts stratified by "
+            "operator (01_knockout_per_prompt.csv); reproduced if the interval is >= 34 points (half of 70 - 2); "
+            "partly if within [5, 34); not reproduced if below 5; else inconclusive",
             "01", _zhang_knockout, figures=("01_knockout",)),
     Finding("zhang_late_mlps", "zhang", "Sec. 5.1 'Location of key MLPs', Fig. 2 (last column)",
             "MLPs before the key heads have no effect on the answer; MLPs from layer 17 of 32 on do.",
             "MLPs 0-16: about +-0.0 %; from layer 17: about +-10.0 % logit effect",
             f"{ZHANG_TXT}: Sec. 5.1 'Location of key MLPs'",
-            "split at layer round(17/32 x L); reproduced if the late MLPs' mean |effect| >= 5 % (half of 10 %) and "
-            ">= 2x the early ones'; partly if late > early",
+            "split at layer round(17/32 x L); ratio = late MLPs' mean |mean effect| / early MLPs', 95 % interval by a "
+            "bootstrap over prompts (stratified by operator); reproduced if the ratio's interval is >= 2 and the late "
+            "MLPs' mean |effect| interval >= 5 % (half of 10 %); partly if the ratio is within [1, 2), or >= 2 with "
+            "late effects below 5 %; not reproduced if the ratio is below 1; else inconclusive",
             "01", _zhang_late_mlps, figures=("01_path_patching",)),
     Finding("zhang_mlp_answer", "zhang", "Sec. 5.2 'Key MLPs behavior', Fig. 6b, 14",
             "cos(MLP_out - MLP_in, W_U[C]) rises from layer 17 of 32 on: late MLPs write the answer.",
             "start-inflection-end (13-18-28) of 32 layers (LLaMA2-7B)",
             f"{ZHANG_TXT}: Sec. 5.2; App. C (Fig. 13, 14)",
-            "for a curve that is not flat, the inflection is the steepest step of its climb to its maximum: "
-            "reproduced if that inflection is at depth >= 17/32; partly if >= 13/32 (the paper's start); else not "
-            "reproduced",
+            "the paper's inflection of this curve is where its initial plateau turns into the climb (App. C, Fig. 14; "
+            "Sec. 5.2 'starting from the 17th layer'): the start of the climb to the maximum by the rule of "
+            "probing.curve_points, searched from layer 1 (layer 0's MLP reads the raw embedding; rule fixed in "
+            "advance); depth = that layer / n_layers with a 95 % interval by a bootstrap over prompts (stratified by "
+            "operator, 02_mlp_cosines_per_prompt.csv); reproduced if the interval is >= 17/32; partly if within "
+            "[13/32, 17/32) (13 is the paper's start); not reproduced if below 13/32 or if the curve does not climb; "
+            "else inconclusive",
             "02", _zhang_mlp_answer, figures=("02_mlp_cosines",)),
     Finding("zhang_transfer", "zhang", "Sec. 5.1, Fig. 4; App. D, E",
             "Knocking out the key heads also breaks other formats (SVAMP, multi-digit, decimals...).",
             "SVAMP: -66.0 % relative (34.7 % -> 11.8 %)",
             f"{ZHANG_TXT}: Sec. 5.1 ('-22.9% / 34.7% = -66.0%')",
-            "over the formats the model answers, gap = mean of (relative accuracy drop after knocking out the key "
-            "heads, or the 10 heads of largest effect if none passes -5 %, minus the drop after knocking out as many "
-            "random heads); reproduced if gap >= 33 points (half of 66 %); partly if >= 5 points",
+            "over the formats the model answers, gap = mean of (relative accuracy drop after knocking out the top-10 "
+            "heads by path-patching effect, the k of the knockout finding, minus the drop after knocking out as many "
+            "random heads), 95 % interval by a bootstrap over prompts stratified by format "
+            "(01_transfer_per_prompt.csv); reproduced if the interval is >= 33 points (half of 66 %); partly if "
+            "within [5, 33); not reproduced if below 5; else inconclusive",
             "01", _zhang_transfer, figures=("01_transfer",)),
     Finding("yu_single_head", "yu", "Sec. 3.4, Table 2",
             "Zeroing one head destroys 1-digit +, -, / (not *).",

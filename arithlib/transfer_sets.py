@@ -145,7 +145,7 @@ def random_head_sets(n_layers: int, n_heads: int, k: int, n_sets: int, seed: int
 def transfer_knockout(model, tokenizer, formats: Mapping[str, list[PromptRecord]], heads: Sequence[Head],
                       means: Mapping[int, torch.Tensor], *, n: int, n_random: int, seed: int,
                       n_layers: int, n_heads: int, batch_size: int = 16, max_rows: int = 1024,
-                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
+                      ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Zhang Fig. 4 with a random control: for each format, up to ``n`` of its
     tokenizable prompts (seeded sample; :func:`build_tolerant`), first-token accuracy
     with nothing ablated, with ``heads`` set to their mean (``means``, {layer: [H,
@@ -153,16 +153,20 @@ def transfer_knockout(model, tokenizer, formats: Mapping[str, list[PromptRecord]
     other heads (:func:`random_head_sets`) ablated the same way; one fast-path pass
     per format for all variants.
 
-    Returns ``(table, examples)``. ``table``: one row per format with ``n``,
+    Returns ``(table, examples, per_prompt)``. ``table``: one row per format with ``n``,
     ``accuracy_before``, ``accuracy_after``, ``accuracy_random`` (mean over the random
     sets) and ``accuracy_random_sd``, ``relative_drop`` = 1 - after / before and
     ``relative_drop_random`` = 1 - random / before (NaN when nothing was correct
     before), ``note``. ``examples``: the top-5 next tokens before and after the
-    knockout on the first prompt answered correctly (else the first prompt)."""
+    knockout on the first prompt answered correctly (else the first prompt).
+    ``per_prompt``: one row per format, prompt and condition ("none", "knockout",
+    "random0", ...) with ``n_heads`` and ``correct`` (first answer token is the argmax),
+    the table the report bootstraps over prompts."""
     heads = [(int(l), int(h)) for l, h in heads]
     random_sets = random_head_sets(n_layers, n_heads, len(heads), n_random, seed, exclude=heads)
     variants = [[], ablation_edits(heads, means, -1)] + [ablation_edits(r, means, -1) for r in random_sets]
-    rows, examples = [], []
+    rows, examples, per_prompt = [], [], []
+    conditions = ["none", "knockout"] + [f"random{i}" for i in range(len(random_sets))]
     for name, records in formats.items():
         ps, dropped = build_tolerant(records, tokenizer)
         if len(ps) > n:
@@ -173,6 +177,10 @@ def transfer_knockout(model, tokenizer, formats: Mapping[str, list[PromptRecord]
         ro = run_interventions(model, ps, variants, batch_size=batch_size, max_rows=max_rows, full_logits=True,
                                progress=False)
         acc = ro.accuracy.numpy()
+        correct = ro.correct.numpy()
+        for j, cond in enumerate(conditions):
+            per_prompt += [{"format": name, "prompt": i, "condition": cond, "n_heads": 0 if j == 0 else len(heads),
+                            "correct": bool(correct[j, i])} for i in range(len(ps))]
         rows.append({"format": name, "n": len(ps), "accuracy_before": float(acc[0]), "accuracy_after": float(acc[1]),
                      "accuracy_random": float(acc[2:].mean()) if n_random else float("nan"),
                      "accuracy_random_sd": float(acc[2:].std()) if n_random else float("nan"),
@@ -189,4 +197,5 @@ def transfer_knockout(model, tokenizer, formats: Mapping[str, list[PromptRecord]
         before = table["accuracy_before"].where(table["accuracy_before"] > 0)
         table["relative_drop"] = 1 - table["accuracy_after"] / before
         table["relative_drop_random"] = 1 - table["accuracy_random"] / before
-    return table, pd.DataFrame(examples)
+    per = pd.DataFrame(per_prompt, columns=["format", "prompt", "condition", "n_heads", "correct"])
+    return table, pd.DataFrame(examples), per

@@ -213,3 +213,28 @@ def test_split_answer_moves_the_blank_and_refuses_a_split_token():
         ds.split_answer(tok, "the year 197", "8")
     with pytest.raises(ValueError, match="no non-blank token"):
         ds.split_answer(tok, "3+5=", " ")
+
+
+def test_counterfactual_prefix_carries_no_calculation(digit_tokenizer):
+    """Issue 28: X_c's few-shot prefix must not show the true results (a op b), nor any
+    other arithmetic reading of its operands, or the in-context lines teach the model
+    what the nonsense operator means. The old prefix kept the true answers."""
+    records = ds.zhang_prompts(fewshot=2, seed=0)
+    for r in records:
+        cf_lines = r.counterfactual.split("\n")[:-1]
+        assert len(cf_lines) == 2
+        for (a, b), line, xr_line in zip(ds.fewshot_operands(r.op, 2), cf_lines, r.prefix.split("\n")):
+            shown = int(line.rsplit(" ", 1)[1])
+            assert shown != ds.apply_op(a, b, r.op)                 # not the true result
+            assert shown not in ds.operation_results(a, b)         # nor any operation on (a, b)
+            assert len(str(shown)) == len(xr_line.rsplit(" ", 1)[1])  # same length as X_r's answer
+    # the construction before issue 28 is kept on request, and it does leak
+    old = ds.zhang_prompts(fewshot=2, seed=0, xc_prefix="true-answers")
+    assert all(o.counterfactual.split("\n")[0].endswith(f" {ds.apply_op(*ds.fewshot_operands(o.op, 1)[0], o.op)}")
+               for o in old)
+    # X_r is unchanged by the X_c construction; positions stay aligned with X_r
+    assert [r.full_text for r in records] == [o.full_text for o in old]
+    ps = ds.PromptSet.build(records, digit_tokenizer)
+    assert len(ps) == len(records)
+    with pytest.raises(ValueError, match="xc_prefix"):
+        ds.zhang_prompts(fewshot=2, xc_prefix="none")

@@ -106,5 +106,5 @@ def test_two_stage_sweep_reports_exact_numbers_and_recall(toy):
     for r in sweep.exact.itertuples():   # stage 2 numbers are the exact sweep's
         e = exact_all[(exact_all.op == r.op) & (exact_all.layer == r.layer) & (exact_all["head"] == r.head)].iloc[0]
         assert r.accuracy == e.accuracy
-    rec = HS.screen_recall(sweep.screen, exact_all, top_k=3, ks=(1, 3))
+    rec = HS.sweep_recall(sweep.screen, exact_all, top_k=3, ks=(1, 3))
     assert set(rec["k"]) == {1, 3} and rec["recall"].between(0, 1).all()

@@ -291,3 +291,16 @@ def test_figures_draw_from_the_tables():
         assert fig.axes and all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes if ax.lines)
     assert figs[1].axes[0].get_xlabel() and figs[1].axes[0].get_ylabel()
     assert pp.short_name("/a/b/very-long-model-name-that-goes-on-and-on") .endswith("…")
+
+
+def test_curve_points_leave_out_layer_0():
+    """Issue 28: the embedding layer's jump (cos -0.49 at layer 0, -0.03 at layer 1 on
+    Qwen-0.5B) set the curve's range, so the climb's onset (Zhang's inflection) was
+    read at layer 1; layer 0 is now outside the search."""
+    y = [-0.5, 0.0, 0.0, 0.0, 0.02, 0.1, 0.3, 0.35]
+    p = P.curve_points(y, "rise")
+    assert (p.start, p.inflection, p.peak) == (5, 6, 7)   # the climb of layers 4..7, not the 0 -> 1 jump
+    assert p.rise == pytest.approx(0.35)
+    assert P.curve_points(y, "rise", first_layer=0).start == 1  # the old reading: layer 0 sets the range
+    with pytest.raises(ValueError):
+        P.curve_points([0.0, 1.0], first_layer=1)
