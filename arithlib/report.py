@@ -267,7 +267,7 @@ def _zhang_knockout(t: Tables) -> Outcome:
         raise NotRun("01_knockout_per_prompt.csv lacks the none / effect / random conditions")
     k = int(ko.loc[ko["condition"] == "effect", "n_heads"].iloc[0])
     ops = ko.groupby("prompt")["op"].first().loc[wide.index].astype(str).to_numpy()
-    m = np.stack([wide["none"], wide["effect"], wide[rand].mean(1)], 1)  # [N, 3]: before, effect-rank, random-rank
+    m = np.stack([wide["none"], wide["effect"], wide[rand].mean(axis=1)], 1)  # [N, 3]: before, effect-rank, random-rank
 
     def gap(x: np.ndarray) -> float:
         base = x[:, 0].mean()
@@ -382,7 +382,7 @@ def _zhang_transfer(t: Tables) -> Outcome:
         raise NotRun("01_transfer_per_prompt.csv lacks the none / knockout / random conditions")
     wide = wide.astype(float)
     fmt = wide.index.get_level_values("format").astype(str).to_numpy()
-    x = np.stack([wide["none"], wide["knockout"], wide[rand].mean(1)], 1)
+    x = np.stack([wide["none"], wide["knockout"], wide[rand].mean(axis=1)], 1)
     answered = [f for f in dict.fromkeys(fmt) if x[fmt == f, 0].mean() > 0]
     if not answered:
         raise NotRun("the model answers none of the transfer formats before knockout")
