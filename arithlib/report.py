@@ -212,6 +212,10 @@ def _pooled(t: Tables, kind: str) -> tuple[np.ndarray, np.ndarray, list[tuple[in
     """Per-prompt path-patching effects of one ``kind`` ("head" / "mlp"), from
     01_path_patching_per_prompt.csv: (effects [N prompts, C components], each prompt's
     operator [N] for stratified bootstraps, the components [(layer, head)], head -1 for MLPs)."""
+    p01 = t.params().get("01")
+    if p01 is not None and "knockout_k" not in p01:
+        raise NotRun("01_path_patching_per_prompt.csv predates issue 28: its X_c prefix kept the true answers, so "
+                     "the counterfactual still carried the calculation: rerun notebook 01")
     pp = t.csv("01_path_patching_per_prompt")
     rows = pp[pp["kind"] == kind]
     if rows.empty:
@@ -531,6 +535,10 @@ def _nikankin_heuristic_ablation(t: Tables) -> Outcome:
 
 
 def _nikankin_prompt_ablation(t: Tables) -> Outcome:
+    p03 = t.params().get("03")
+    if p03 is not None and "heldout_half_width" not in p03:
+        raise NotRun("03_prompt_ablation.csv predates the held-out prompts (its neurons were chosen on the same "
+                     "prompts): rerun notebook 03")
     pa = t.csv("03_prompt_ablation")
     if pa.empty:
         raise NotRun("no analysed prompts")

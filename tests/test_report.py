@@ -23,7 +23,8 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"not really an image, only bytes to inline"
 def _params(d: Path, nb: str = "01", n_layers: int = 4, n_heads: int = 4, quick: bool = False) -> None:
     d.mkdir(parents=True, exist_ok=True)
     info = {"n_layers": n_layers, "n_heads": n_heads, "d_mlp": 64, "name": d.name}
-    (d / f"{nb}_x_params.json").write_text(json.dumps({"model": d.name, "quick": quick, "model_info": info}))
+    extra = {"knockout_k": 10} if nb == "01" else {}  # a notebook-01 run with issue 28's X_c (see below)
+    (d / f"{nb}_x_params.json").write_text(json.dumps({"model": d.name, "quick": quick, "model_info": info, **extra}))
 
 
 def _csv(d: Path, name: str, rows: list[dict]) -> None:
@@ -334,6 +335,25 @@ def test_prompt_ablation_rule(tmp_path: Path, n: int, heur: int, rnd: int, verdi
     assert out.verdict == verdict
     assert out.metrics["random minus heuristic-ablated accuracy"] == pytest.approx((rnd - heur) / n)
     assert out.interval.n == n
+
+
+def test_path_patching_with_the_leaking_counterfactual_is_not_judged(tmp_path: Path):
+    # a notebook-01 run from before issue 28 (no knockout_k parameter) patched from the old X_c
+    _small_model_dir(tmp_path, 4)
+    info = {"n_layers": 4, "n_heads": 2, "d_mlp": 64, "name": tmp_path.name}
+    (tmp_path / "01_x_params.json").write_text(json.dumps({"model": tmp_path.name, "model_info": info}))
+    for fid in ("zhang_key_heads", "zhang_late_mlps"):
+        out = _outcome(fid, tmp_path)
+        assert out.verdict == R.NOT_RUN and "rerun notebook 01" in out.ours
+
+
+def test_prompt_ablation_of_a_run_without_held_out_prompts_is_not_judged(tmp_path: Path):
+    # a notebook-03 run from before issue 28 chose and ablated its neurons on the same prompts
+    _params(tmp_path, "03")
+    _csv(tmp_path, "03_prompt_ablation", [{"op": "+", "correct_heuristic_ablated": 0.0, "correct_random_ablated": 1.0}
+                                          for _ in range(50)])
+    out = _outcome("nikankin_prompt_ablation", tmp_path)
+    assert out.verdict == R.NOT_RUN and "rerun notebook 03" in out.ours
 
 
 @pytest.mark.parametrize("n, acc_assoc, acc_other, verdict", [(400, 0.5, 0.9, R.REPRODUCED),
