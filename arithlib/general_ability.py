@@ -154,6 +154,16 @@ def load_facts(path: str | Path = FACTS_FILE) -> list[dict]:
     return facts
 
 
+def encode_fact(tokenizer, fact: dict) -> tuple[list[int], int]:
+    """A fact's prompt token ids and its answer's first token; a ValueError when the
+    answer does not tokenize after the prompt."""
+    p = tokenizer(fact["prompt"])["input_ids"]
+    full = tokenizer(fact["prompt"] + fact["answer"])["input_ids"]
+    if full[: len(p)] != p or len(full) == len(p):
+        raise ValueError(f"answer {fact['answer']!r} does not tokenize after prompt {fact['prompt']!r}")
+    return p, full[len(p)]
+
+
 @torch.no_grad()
 def factual_recall(model, tokenizer, facts: Sequence[dict] | None = None, batch_size: int = 16) -> pd.DataFrame:
     """Per fact: whether the answer's first token is the argmax next token after the
@@ -165,11 +175,7 @@ def factual_recall(model, tokenizer, facts: Sequence[dict] | None = None, batch_
     rows = []
     enc = []
     for f in facts:
-        p = tokenizer(f["prompt"])["input_ids"]
-        full = tokenizer(f["prompt"] + f["answer"])["input_ids"]
-        if full[: len(p)] != p or len(full) == len(p):
-            raise ValueError(f"answer {f['answer']!r} does not tokenize after prompt {f['prompt']!r}")
-        enc.append((p, full[len(p)]))
+        enc.append(encode_fact(tokenizer, f))
     groups: dict[int, list[int]] = {}
     for i, (p, _) in enumerate(enc):
         groups.setdefault(len(p), []).append(i)

@@ -42,6 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .datasets import PromptSet
+from .evaluate import common_prefix
 from .hf_compat import cache_layers, causal_mask, new_cache, run_block
 from .models import hf_module as _hf
 from .patching import Component, Edit, Head, Unembed, clean_run, head_sweep, resumable, variant_hooks
@@ -93,9 +94,7 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
     hf = _hf(model)
     B, T = tokens.shape
     rows = tokens.tolist()
-    n = 0
-    while n < T - 1 and all(r[n] == rows[0][n] for r in rows):
-        n += 1
+    n = min(common_prefix(rows), T - 1)
     n_layers = model.cfg.n_layers
     full = clean_run(model, tokens)               # resid [L, B, T, d] (prefix shared inside)
     pre = clean_run(model, tokens[:1, :n], share_prefix=False) if n else None  # (cheap: one row)
@@ -286,17 +285,15 @@ def specificity(model, tokenizer, heads: dict[str, Head], facts: Sequence[dict] 
     are left out (the toy model's tokenizer knows digits only); an empty frame when
     none is left."""
     from .ablation import zero_heads_hooks
-    from .general_ability import factual_recall, load_facts
+    from .general_ability import encode_fact, factual_recall, load_facts
 
     usable = []
     for f in (list(facts) if facts is not None else load_facts()):
         try:
-            p = tokenizer(f["prompt"])["input_ids"]
-            full = tokenizer(f["prompt"] + f["answer"])["input_ids"]
-        except Exception:  # noqa: BLE001 (a tokenizer that cannot encode the text)
+            encode_fact(tokenizer, f)
+        except Exception:  # noqa: BLE001 (a tokenizer that cannot encode the text, or a split answer)
             continue
-        if full[:len(p)] == p and len(full) > len(p):
-            usable.append(f)
+        usable.append(f)
     if not usable:
         return pd.DataFrame(columns=["op", "layer", "head", "prompt", "correct", "answer_logprob", "clean_correct",
                                      "clean_logprob"])

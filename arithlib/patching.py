@@ -1193,6 +1193,23 @@ def query_starts(prompts: PromptSet) -> list[int]:
     return [max(loc["prefix"]) + 1 if loc["prefix"] else 0 for loc in locate_operands(prompts)]
 
 
+def knockout_screen_agreement(query: pd.DataFrame, end: pd.DataFrame) -> pd.DataFrame:
+    """The END-only knockout screen against the judged knockout at every query position,
+    per condition, from two :func:`knockout_per_prompt` tables: ``n``, both accuracies,
+    per-prompt ``agreement``, ``broken_by_query`` (prompts the judged knockout breaks) and
+    ``recall_of_end`` (the share of those the screen also breaks)."""
+    both = query.merge(end, on=["prompt", "condition"], suffixes=("_query", "_end"))
+    rows = []
+    for condition, g in both.groupby("condition"):
+        broken = ~g["correct_query"].astype(bool)
+        rows.append({"condition": condition, "n": len(g), "accuracy_query": g["correct_query"].mean(),
+                     "accuracy_end": g["correct_end"].mean(),
+                     "agreement": (g["correct_query"] == g["correct_end"]).mean(),
+                     "broken_by_query": int(broken.sum()),
+                     "recall_of_end": float((broken & ~g["correct_end"].astype(bool)).sum()) / max(int(broken.sum()), 1)})
+    return pd.DataFrame(rows)
+
+
 def knockout_per_prompt(model, prompts: PromptSet, head_sets: Mapping[str, Sequence[Head]], means: Mapping,
                         position: int | None = None, query_only: bool = True, batch_size: int = 16,
                         max_rows: int = 1024, progress: bool = True, cache: RunCache | None = None) -> pd.DataFrame:

@@ -749,3 +749,13 @@ def test_faithfulness_by_operator():
     f = P.faithfulness_by_operator(np.array([0.5, 0.5, 1.0, 1.0]), np.ones(4), np.zeros(4), op)
     assert f == pytest.approx(0.75)
     assert np.isnan(P.faithfulness_by_operator(np.ones(2), np.ones(2), np.ones(2), np.array([0, 0])))
+
+
+def test_knockout_screen_agreement_counts_what_the_screen_also_breaks():
+    q = pd.DataFrame({"prompt": [0, 1, 2, 3] * 2, "condition": ["effect"] * 4 + ["none"] * 4,
+                      "correct": [False, False, True, True] + [True] * 4})
+    e = q.assign(correct=[False, True, True, False] + [True] * 4)
+    out = P.knockout_screen_agreement(q, e).set_index("condition")
+    assert out.loc["effect", "broken_by_query"] == 2 and out.loc["effect", "recall_of_end"] == 0.5
+    assert out.loc["effect", "agreement"] == 0.5 and out.loc["effect", "accuracy_end"] == 0.5
+    assert out.loc["none", "recall_of_end"] == 0.0 and out.loc["none", "agreement"] == 1.0
