@@ -3,8 +3,10 @@
 # each after the notebooks whose tables it reads. Figures and tables go to
 # figures/<model>/, the executed notebooks (outputs kept, widget state dropped) to
 # figures/<model>/notebooks/ (.ipynb and .html), keys, logs and raw copies to
-# outputs/<model>/. After a failing notebook (named, with its log) no other starts; what
-# the others produced is kept.
+# outputs/<model>/. A notebook writes into outputs/<model>/staging/ first; only when it
+# succeeds do its files replace its old ones in figures/<model>/ (a failed or stopped one
+# leaves them as they were). After a failing notebook (named, with its log) no other
+# starts; what the others produced is kept.
 #
 #   ./run_all.sh [--model NAME] [--device auto|cpu|cuda] [--quick] [--seed N]
 #                [-p NAME VALUE ...] [--figures DIR] [--only NN[,NN...]] [--force]

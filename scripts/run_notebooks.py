@@ -42,6 +42,13 @@ than 0, any ``--param``) writes, unless ``--figures`` is given, to
 scratch folder starts as a copy of the committed one, so a notebook run alone there
 finds the tables of the notebooks before it.
 
+Staging: a notebook writes into ``OUT/staging/<notebook>/<model>/``, a copy of
+``FIG/<model>/`` without that notebook's own files (``NN_*``) and without the executed
+copies. Only when it succeeds do its files replace its old ones in ``FIG/<model>/``
+(every ``NN_*`` file of its last run is removed first, so no stale table of an earlier
+configuration stays beside the new ones). A notebook that fails or is interrupted leaves
+the committed figures as they were; what it wrote stays in its staging folder.
+
 Progress: every ``--progress-every`` seconds (default 60) a line per running notebook
 gives its cells done (from papermill's progress bar) and its minutes so far against its
 last run's (``FIG/<model>/timings.csv``).
@@ -226,6 +233,48 @@ def seed_scratch(fig_model: Path, committed: Path) -> bool:
     return True
 
 
+def _own_files(folder: Path, name: str) -> list[Path]:
+    """The files of notebook ``name`` (stem ``NN_...``) in ``folder``: those named ``NN_*``."""
+    prefix = name[:3]
+    return sorted(p for p in folder.glob(f"{prefix}*") if p.is_file()) if folder.is_dir() else []
+
+
+def stage(fig_model: Path, staging_root: Path, model_dir: str, name: str) -> Path:
+    """A fresh staging folder ``staging_root/model_dir`` for notebook ``name``: a copy of
+    ``fig_model`` (the tables of the notebooks before it) without ``name``'s own files
+    and without the executed copies (``notebooks/``). Returns the folder."""
+    if staging_root.exists():
+        shutil.rmtree(staging_root)
+    staged = staging_root / model_dir
+    if fig_model.is_dir():
+        prefix = name[:3]
+        shutil.copytree(fig_model, staged, ignore=lambda d, names: [
+            n for n in names if (Path(d) == fig_model and (n == "notebooks" or n.startswith(prefix)))])
+    else:
+        staged.mkdir(parents=True)
+    return staged
+
+
+def promote(staged: Path, fig_model: Path, name: str, since: float) -> list[str]:
+    """Move notebook ``name``'s outputs from ``staged`` into ``fig_model``: its old
+    ``NN_*`` files there are removed, then every ``NN_*`` file of ``staged`` and every other
+    file it created or changed after ``since`` (seconds since the epoch) is moved in.
+    Returns the names moved."""
+    fig_model.mkdir(parents=True, exist_ok=True)
+    for old in _own_files(fig_model, name):
+        old.unlink()
+    moved = []
+    for src in sorted(p for p in staged.rglob("*") if p.is_file()):
+        rel = src.relative_to(staged)
+        own = len(rel.parts) == 1 and rel.name.startswith(name[:3])
+        if own or src.stat().st_mtime >= since:
+            dst = fig_model / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(src), str(dst))
+            moved.append(str(rel))
+    return moved
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f}"
 
@@ -269,6 +318,7 @@ class Runner:
         self.running: dict[str, tuple[subprocess.Popen, float, threading.Thread]] = {}
         self.cells: dict[str, tuple[int, int]] = {}  # cells done, cells: from papermill's progress bar
         self.publishing: list[threading.Thread] = []
+        self.staged: dict[str, tuple[Path, float]] = {}  # notebook: its staging folder, when it was made
         self.last_progress = time.time()
         self.rows: list[dict] = []
         self.failed: str | None = None
@@ -287,10 +337,13 @@ class Runner:
     def _start(self, name: str) -> None:
         a, nb = self.args, self.notebooks[name]
         (self.out / f"{name}.key").unlink(missing_ok=True)
+        model_dir = self.fig.name
+        staged = stage(self.fig, self.out / "staging" / name, model_dir, name)
+        self.staged[name] = (staged, time.time())
         cmd = [sys.executable, str(SCRIPTS / "peak_memory.py"), str(self.out / f"{name}.peak_mib.tmp"),
                sys.executable, "-m", "papermill", str(nb.path), str(self.out / f"{name}.ipynb"),
                "--cwd", str(nb.path.parent), "-k", "python3", "-p", "model", a.model, "-p", "device", a.device,
-               "-p", "quick", a.quick, "-p", "seed", str(a.seed), "-p", "out_dir", str(a.figures)]
+               "-p", "quick", a.quick, "-p", "seed", str(a.seed), "-p", "out_dir", str(staged.parent)]
         if nb.params:  # YAML keeps their types (papermill's -p would make a list a string)
             cmd += ["-y", yaml_parameters(nb.params)]
         env = dict(os.environ)
@@ -355,7 +408,10 @@ class Runner:
         tmp_peak = self.out / f"{name}.peak_mib.tmp"
         peak = tmp_peak.read_text().strip() if tmp_peak.is_file() else "NA"
         row = {"notebook": name, "seconds": secs, "start_s": round(start - self.t0), "end_s": round(end - self.t0)}
+        staged, since = self.staged.pop(name)
         if status == 0:
+            promote(staged, self.fig, name, since)
+            shutil.rmtree(staged.parent, ignore_errors=True)
             _write_atomic(self.out / f"{name}.key", self.keys[name] + "\n")
             (self.out / f"{name}.seconds").write_text(f"{secs}\n")
             (self.out / f"{name}.peak_mib").write_text(peak + "\n")
@@ -367,7 +423,8 @@ class Runner:
             self.rows.append({**row, "status": "failed", "peak_rss_mib": peak})
             self.failed = self.failed or name
             print(f"run_all.sh: notebook {name} FAILED (exit {status}) after {secs}s; see {self.out / name}.ipynb and "
-                  f"{self.out / name}.log.", file=sys.stderr, flush=True)
+                  f"{self.out / name}.log. {self.fig} keeps its last successful outputs; what this run wrote "
+                  f"is in {staged}.", file=sys.stderr, flush=True)
 
     def _skip_unchanged(self) -> bool:
         """Compute the cache key of each newly ready notebook and mark it done if the key
@@ -415,7 +472,9 @@ class Runner:
         except KeyboardInterrupt:
             for proc, *_ in self.running.values():
                 os.killpg(proc.pid, signal.SIGTERM)
-            print("run_all.sh: interrupted; the running notebooks were stopped and keep no key", file=sys.stderr)
+            print("run_all.sh: interrupted; the running notebooks were stopped and keep no key; their figures "
+                  f"folder keeps its last successful outputs (what they wrote is in {self.out / 'staging'})",
+                  file=sys.stderr)
             return 130
         for thread in self.publishing:
             thread.join()

@@ -120,6 +120,38 @@ def test_runs_notebooks_two_at_a_time_with_fixed_threads(tmp_path, capsys):
     assert not (out / "01_a.key").exists()
 
 
+def test_outputs_reach_the_figures_only_when_the_notebook_succeeds(tmp_path, capsys):
+    """A failing or stopped notebook leaves the figures folder as it was (no half-written
+    tables beside old ones); a successful one replaces all of its own files, so a table
+    its last run wrote and this one does not is gone."""
+    nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
+    nb_dir.mkdir()
+    model = fig / "m"
+    model.mkdir(parents=True)
+    (model / "00_up.csv").write_text("upstream\n")
+    (model / "01_a_table.csv").write_text("old\n")
+    (model / "01_a_stale.csv").write_text("from an older configuration\n")
+    body = ("from pathlib import Path\nd = Path(out_dir) / model\n"
+            "assert (d / '00_up.csv').read_text() == 'upstream\\n'  # the tables before it are there\n"
+            "assert not (d / '01_a_table.csv').exists()  # its own old outputs are not\n"
+            "(d / '01_a_table.csv').write_text('new\\n')\n")
+    _notebook(nb_dir / "01_a.ipynb", body + "raise RuntimeError('stopped half-way')\n")
+    args = ["--out", str(out), "--figures", str(fig), "--model", "m", "--device", "cpu", "--notebooks", str(nb_dir),
+            "--jobs", "1"]
+    assert rn.main(args) == 1
+    assert "keeps its last successful outputs" in capsys.readouterr().err
+    assert (model / "01_a_table.csv").read_text() == "old\n"  # untouched by the failed run
+    assert (model / "01_a_stale.csv").exists()
+    assert (out / "staging" / "01_a" / "m" / "01_a_table.csv").read_text() == "new\n"  # kept for a look
+
+    _notebook(nb_dir / "01_a.ipynb", body)
+    assert rn.main(args) == 0
+    assert (model / "01_a_table.csv").read_text() == "new\n"
+    assert not (model / "01_a_stale.csv").exists()  # not written by this run: removed
+    assert (model / "00_up.csv").read_text() == "upstream\n"
+    assert not (out / "staging" / "01_a").exists()
+
+
 # --------------------------------------------------------------------------- parameters (-p)
 
 
