@@ -668,8 +668,10 @@ def _yu_mask_keep(t: Tables) -> Outcome:
     txt = lambda ci: f"{ci.estimate:.1f} %{_ci_text(ci)}" if ci is not None else "n/a"  # noqa: E731
     n_seeds = int(at.loc[at["intervention"] == "random mask", "seed"].nunique())
     layers = at.loc[at["intervention"] == "keep", "keep_layers"] if "keep_layers" in at else pd.Series(dtype=str)
+    span = str(layers.iloc[0]) if len(layers) else "n/a"
+    span = span[:-2] if span.endswith(".0") else span  # one layer, read back as a number
     return Outcome(f"{_yu_key_head_text(t, '+-')}top-{K}: mask {txt(mask)}, keep {txt(keep)} (layers "
-                   f"{layers.iloc[0] if len(layers) else 'n/a'}), random mask {txt(rnd)}, random keep {txt(rkeep)} "
+                   f"{span}), random mask {txt(rnd)}, random keep {txt(rkeep)} "
                    f"accuracy decrease ({mask.n} correct cases; exact binomial 95 % intervals, random controls over "
                    f"{n_seeds} seeds by a bootstrap over cases and seeds)",
                    verdict,
