@@ -1140,14 +1140,16 @@ def random_in_layers(sets: Sequence[Sequence[Neuron]], layers: Sequence[int], d_
 
 def mask_keep_table(model, prompts: PromptSet, result: CNAResult, ks: Sequence[int] = (99, 50, 30, 20, 10), *,
                     keep_layers: Sequence[int] | None = None, seed: int = 0, n_seeds: int = N_RANDOM_SEEDS,
-                    batch_size: int = 32, progress: bool = True) -> pd.DataFrame:
+                    control_ks: Sequence[int] | None = None, batch_size: int = 32,
+                    progress: bool = True) -> pd.DataFrame:
     """Table 5 / 15 on every case of ``prompts``: for each K, zero each case's top-K CNA
     neurons ("mask"), or zero every other neuron of the layers CNA scored ("keep": Yu
     keeps the top neurons and zeroes the rest of layers 17-31, the layers from the key
     head's up, which are the layers CNA scores; default ``result.layers``), at the
     answer position. Controls, ``n_seeds`` draws each: "random mask" zeroes K neurons
     of the same layers as the top-K (one per top neuron, none of them), "random keep"
-    keeps K random neurons of ``keep_layers`` instead of the top-K.
+    keeps K random neurons of ``keep_layers`` instead of the top-K; at the K of
+    ``control_ks`` only (default every K: each control is 2 x ``n_seeds`` more passes).
 
     One row per (K, intervention, seed; seed NaN for mask / keep): accuracy (first
     token), accuracy decrease (% of the unablated accuracy on the same cases), per-case
@@ -1167,7 +1169,7 @@ def mask_keep_table(model, prompts: PromptSet, result: CNAResult, ks: Sequence[i
         sets = top_k_sets(result, len(prompts), k)
         conditions[f"mask|{k}|"] = rowwise_neuron_hooks(neuron_masks(sets, cfg.n_layers, cfg.d_mlp))
         conditions[f"keep|{k}|"] = rowwise_neuron_hooks(neuron_masks(sets, cfg.n_layers, cfg.d_mlp, keep_layers))
-        for s in range(n_seeds):
+        for s in range(n_seeds if control_ks is None or k in control_ks else 0):
             conditions[f"random mask|{k}|{s}"] = rowwise_neuron_hooks(neuron_masks(
                 random_layer_matched(sets, cfg.d_mlp, _seed_of(seed, s, k)), cfg.n_layers, cfg.d_mlp))
             conditions[f"random keep|{k}|{s}"] = rowwise_neuron_hooks(neuron_masks(
@@ -1200,14 +1202,14 @@ def lowest_neuron(neurons: Sequence[Neuron], importance: torch.Tensor) -> Neuron
 
 
 def lowest_neuron_table(model, prompts: PromptSet, result: CNAResult, ks: Sequence[int] = (99, 50, 30, 20, 10), *,
-                        seed: int = 0, n_seeds: int = N_RANDOM_SEEDS, batch_size: int = 32,
-                        progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+                        seed: int = 0, n_seeds: int = N_RANDOM_SEEDS, control_ks: Sequence[int] | None = None,
+                        batch_size: int = 32, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Table 6 / 16 on every case: for each case and K, zero the lowest of its top-K
     neurons (at the answer position, in the original model) and measure the
     coefficient decrease of its other top-K neurons in higher layers (those it can
     influence). Control (not in the paper), ``n_seeds`` draws: zero instead a random
     neuron of the same layer that is not among the top-K, and measure the same upper
-    neurons. Returns the summary (per K: mean over cases with at least one higher
+    neurons (at the K of ``control_ks`` only; default every K). Returns the summary (per K: mean over cases with at least one higher
     neuron, the mean over seeds of the random control) and the per-case rows
     (``kind`` "lowest" or "random", ``seed``), from which the report bootstraps.
     Every case needs K scored neurons (:func:`top_k_sets`)."""
@@ -1219,7 +1221,7 @@ def lowest_neuron_table(model, prompts: PromptSet, result: CNAResult, ks: Sequen
         sets = top_k_sets(result, len(prompts), k)
         lows = [lowest_neuron(s, result.importance_a[i]) if s else None for i, s in enumerate(sets)]
         draws: dict[str, list[Neuron | None]] = {"lowest": lows}
-        for s_ in range(n_seeds):
+        for s_ in range(n_seeds if control_ks is None or k in control_ks else 0):
             rng = np.random.default_rng(_seed_of(seed, s_, k, 2))
             picks = []
             for s, low in zip(sets, lows):
@@ -1259,7 +1261,7 @@ def lowest_neuron_table(model, prompts: PromptSet, result: CNAResult, ks: Sequen
     rnd = per_case[per_case.kind == "random"]
     summary["random_coef_decrease"] = summary["K"].map(rnd.groupby("K")["coef_decrease"].mean()) if len(rnd) \
         else float("nan")
-    summary["n_seeds"] = n_seeds
+    summary["n_seeds"] = summary["K"].map(rnd.groupby("K")["seed"].nunique()).fillna(0).astype(int) if len(rnd) else 0
     return summary.sort_values("K", ascending=False).reset_index(drop=True), per_case
 
 
@@ -1669,12 +1671,15 @@ def ov_concept_counts(values: Sequence[torch.Tensor], factors: Sequence[tuple[to
 
 
 def hidden_interpretable_table(model, prompts: PromptSet, counts: pd.DataFrame, ms: Sequence[int] = (0, 1, 2, 3), *,
-                               seed: int = 0, n_seeds: int = N_RANDOM_SEEDS, batch_size: int = 32,
-                               targets: torch.Tensor | None = None, progress: bool = True) -> pd.DataFrame:
+                               seed: int = 0, n_seeds: int = N_RANDOM_SEEDS, control_ms: Sequence[int] | None = None,
+                               batch_size: int = 32, targets: torch.Tensor | None = None,
+                               progress: bool = True) -> pd.DataFrame:
     """Table 8 / 17 on every case of ``prompts``: for each M, zero (at every position) all
     shallow neurons whose projection holds >= M concepts (``counts``:
     :func:`shallow_concept_counts`), and, ``n_seeds`` times, as many neurons drawn at
-    random from the same shallow layers; accuracy decrease (%) on ``prompts``.
+    random from the same shallow layers (``n_seeds`` draws at the M of ``control_ms``,
+    default every M; one draw, as Yu's Table 8, at the others: each draw is a forward
+    pass of every prompt); accuracy decrease (%) on ``prompts``.
 
     One row per (M, set, seed; seed NaN for the hidden-interpretable set): n_neurons,
     share_of_shallow, n_shallow, n_more_than_m (neurons with > M concepts: Table 8's
@@ -1691,7 +1696,7 @@ def hidden_interpretable_table(model, prompts: PromptSet, counts: pd.DataFrame, 
         chosen = counts[counts.n_concepts >= m]
         neurons = list(zip(chosen.layer.tolist(), chosen.neuron.tolist()))
         plan.append((m, "hidden-interpretable", None, neurons))
-        for s in range(n_seeds):
+        for s in range(n_seeds if control_ms is None or m in control_ms else 1):
             rng = np.random.default_rng(_seed_of(seed, s, m, 4))
             pick = rng.choice(len(pool), size=len(neurons), replace=False) if neurons else []
             plan.append((m, "random", s, [pool[i] for i in pick]))

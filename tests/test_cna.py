@@ -435,6 +435,8 @@ def test_tables_run_on_tiny_model(qwen):
     table = C.mask_keep_table(b, ps, res, ks=(5, 2), n_seeds=2, progress=False)
     assert set(table.intervention) == {"mask", "keep", "random mask", "random keep"} and len(table) == 2 * (2 + 2 * 2)
     assert sorted(table[table.intervention == "random mask"].seed.unique()) == [0, 1]
+    only = C.mask_keep_table(b, ps, res, ks=(5, 2), n_seeds=2, control_ks=[5], progress=False)
+    assert set(only[only.intervention.str.startswith("random")].K) == {5} and len(only) == 2 * 2 + 2 * 2
     for row in table.itertuples():
         assert decode_correct(row.correct_by_prompt).mean() == pytest.approx(row.accuracy)
     # zeroing a case's top neurons at the answer position matches zero_neurons_hooks there
@@ -469,6 +471,8 @@ def test_tables_run_on_tiny_model(qwen):
     hid = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1), n_seeds=3, progress=False)
     assert set(hid.set) == {"hidden-interpretable", "random"} and len(hid) == 2 * (1 + 3)
     assert (hid.paper_n[hid.M == 1] == 10426).all() and (hid.n_shallow == qwen.info.d_mlp).all()
+    part = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1), n_seeds=3, control_ms=[1], progress=False)
+    assert part.groupby("M").size().to_dict() == {0: 2, 1: 4}
     for row in hid.itertuples():  # per-case correctness (the report's paired bootstrap) gives the accuracy back
         assert decode_correct(row.correct_by_prompt).mean() == pytest.approx(row.accuracy)
     ex = C.shallow_neuron_examples(b, ps, 0, key, head_layer=1, n=3)
