@@ -183,6 +183,11 @@ def _yu_1d(P: Params, nb: str) -> str:
     return f"the correct 1D + / - cases of Yu's symbolic prompts ('n1 + n2 ='); {_fewshot(P, nb)}"
 
 
+_YU_KEY_HEAD = ("key head of each operator group from notebook 01's exact every-position sweep: largest mean 1D "
+                "accuracy drop over the group's operators (ties: logit drop, then layer and head); if no head lowers "
+                "1D accuracy, stated, and the largest mean drop over 1-3 digits (cna.select_key_heads)")
+
+
 def _nik_prompts(P: Params, per_op_key: str, nb: str) -> str:
     p = _nb(P, nb)
     cap = f", operands 0-{p['nikankin_max_operand']} capped at single tokens" if "nikankin_max_operand" in p else \
@@ -236,17 +241,22 @@ OURS: dict[str, dict[str, Getter]] = {
         metric=lambda P: "largest relative 1D accuracy decrease from one head",
         scale=lambda P: f"every head; {_quick(P, '01')}"),
     "yu_mask_keep": dict(
-        model=lambda P: _model(P, "04"), prompts=lambda P: _yu_1d(P, "04"),
-        positions=lambda P: f"top-K CNA neurons (key head of notebook 01 zeroed) zeroed at the last position; keep: "
-                            f"FFN layers {_depth(17, _layers(P, '04'))}-{_layers(P, '04') - 1}",
-        metric=lambda P: f"accuracy decrease at K in {_nb(P, '04')['top_ks']}",
+        model=lambda P: _model(P, "04") + "; " + _YU_KEY_HEAD, prompts=lambda P: _yu_1d(P, "04"),
+        positions=lambda P: "top-K CNA neurons (original vs the key head zeroed at every position) zeroed at the last "
+                            "position; keep: every other neuron of the layers CNA scored (the key head's layer to "
+                            "the last) zeroed",
+        metric=lambda P: f"accuracy decrease at K in {_nb(P, '04')['top_ks']} (exact binomial intervals); random mask "
+                         f"and random keep over {_nb(P, '04')['n_random_seeds']} seeds",
         scale=lambda P: f"importance mode {_nb(P, '04')['mode']!r} ({_nb(P, '04')['n_candidates']} exact candidates "
                         f"per case in two-stage mode); {_quick(P, '04')}"),
     "yu_shallow_neurons": dict(
-        model=lambda P: _model(P, "04"), prompts=lambda P: _yu_1d(P, "04"),
-        positions=lambda P: "FFN neurons below the key head's layer projected through the OV matrices up to it; "
-                            f">= M concepts among the top-{_nb(P, '04')['concept_top']} tokens zeroed",
-        metric=lambda P: f"accuracy decrease vs as many random shallow neurons, M in {_nb(P, '04')['ms']}",
+        model=lambda P: _model(P, "04") + "; " + _YU_KEY_HEAD, prompts=lambda P: _yu_1d(P, "04"),
+        positions=lambda P: "each FFN neuron of layer l below the key head's layer H carried through the OV (all "
+                            "heads, ln1 weight folded) of every attention layer l < j <= H; qualifies when any "
+                            f"projection has >= M number/operation concepts (digits, English number words, "
+                            f"operators) among its top-{_nb(P, '04')['concept_top']} tokens; zeroed at every position",
+        metric=lambda P: f"accuracy decrease vs {_nb(P, '04')['n_random_seeds']} random sets of as many shallow "
+                         f"neurons, M in {_nb(P, '04')['ms']}; set size and share beside Table 8's",
         scale=lambda P: f"every shallow neuron; {_quick(P, '04')}"),
     "yu_lora_layers": dict(
         model=lambda P: _model(P, "05"),
@@ -336,9 +346,10 @@ FORCED: dict[str, dict[str, Getter]] = {
     "zhang_transfer": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01") + "; SVAMP is not offline"),
     "yu_single_head": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01")),
     "yu_mask_keep": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "04"),
-                         positions=lambda P: _scaled(P, "04", 17)),
+                         positions=lambda P: "the layers from the model's own key head (Yu: 17-31 from 17.22)"),
     "yu_shallow_neurons": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "04"),
-                               positions=lambda P: "layers below the model's own key head (Yu: 0-15 below 17.22)"),
+                               positions=lambda P: "layers below the model's own key head, OV of the attention "
+                                                   "layers up to it (Yu: 0-15 through 0-16 below 17.22)"),
     "yu_lora_layers": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "05"),
                            scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else ""),
     "yu_lora_coef": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "05"),

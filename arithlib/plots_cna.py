@@ -43,16 +43,20 @@ def case_neurons(frame: pd.DataFrame, title: str, label_a: str = "original", lab
 
 
 def mask_keep(table: pd.DataFrame, title: str) -> plt.Figure:
-    """Table 5 / 15: accuracy decrease vs K for mask, keep and random mask, and the
-    coefficient decrease of the top-K neurons, one column per operator group."""
+    """Table 5 / 15: accuracy decrease vs K for mask, keep and the random controls (mean
+    and range over seeds), and the coefficient decrease of the top-K neurons, one column
+    per operator group."""
     groups = list(table["group"].unique()) if "group" in table else [None]
     fig, axes = plt.subplots(2, len(groups), figsize=(4.5 * len(groups), 6.5), squeeze=False)
     for j, g in enumerate(groups):
         sub = table if g is None else table[table.group == g]
         ax = axes[0, j]
         for kind, part in sub.groupby("intervention"):
-            part = part.sort_values("K")
-            ax.plot(part.K, part.accuracy_decrease, "o-", label=kind, color=COLORS.get(kind))
+            agg = part.groupby("K")["accuracy_decrease"].agg(["mean", "min", "max"]).sort_index()
+            ax.plot(agg.index, agg["mean"], "o-", label=kind + (" (mean, range over seeds)" if len(part) > len(agg)
+                                                                  else ""), color=COLORS.get(kind))
+            if len(part) > len(agg):  # random controls: one row per seed
+                ax.fill_between(agg.index, agg["min"], agg["max"], alpha=0.2, color=COLORS.get(kind))
         ax.set_xlabel("K (top CNA neurons per case)")
         ax.set_ylabel("accuracy decrease (%)")
         ax.set_title(f"{g or ''} (n = {int(sub.n_cases.iloc[0])} cases)")
@@ -121,7 +125,8 @@ def pe_dag(nodes: pd.DataFrame, edges: pd.DataFrame, title: str) -> plt.Figure:
 
 def m_sweep(table: pd.DataFrame, title: str) -> plt.Figure:
     """Table 8 / 17: accuracy decrease when zeroing hidden-interpretable shallow neurons
-    (>= M concepts) vs a random set of the same size, per M; counts annotated."""
+    (>= M concepts) vs random sets of the same size (mean over the seeds), per M; counts
+    annotated."""
     groups = list(table["group"].unique()) if "group" in table else [None]
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
     for j, g in enumerate(groups):
@@ -129,7 +134,8 @@ def m_sweep(table: pd.DataFrame, title: str) -> plt.Figure:
         sub = table if g is None else table[table.group == g]
         ms = sorted(sub.M.unique())
         for k, kind in enumerate(["hidden-interpretable", "random"]):
-            part = sub[sub.set == kind].set_index("M").reindex(ms)
+            part = (sub[sub.set == kind].groupby("M").agg(accuracy_decrease=("accuracy_decrease", "mean"),
+                                                         n_neurons=("n_neurons", "first")).reindex(ms))
             bars = ax.bar(np.arange(len(ms)) + 0.4 * k - 0.2, part.accuracy_decrease, 0.4, label=kind,
                           color=COLORS[kind])
             if kind == "hidden-interpretable":

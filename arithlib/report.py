@@ -45,7 +45,7 @@ import pandas as pd
 from .environment import environment_line
 from .outputs import write_text
 from .stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, binomial_ci, bootstrap_ci,
-                    decode_correct, interval_verdict)
+                    crossed_bootstrap_ci, decode_correct, interval_verdict)
 from .thresholds import (FAITHFULNESS_TARGET, KEY_HEAD_THRESHOLD, KNOCKOUT_K, NIKANKIN_FAITHFULNESS, NIKANKIN_MATCH_T,
                          NIKANKIN_NEURON_SHARE)
 
@@ -605,21 +605,58 @@ def _correct_matrix(rows: pd.DataFrame) -> np.ndarray | None:
     return np.stack(cols, axis=1)
 
 
+#: Notebook 04 tables from before issue 29 (key head from notebook 01's exact sweep, keep =
+#: the layers CNA scored, shallow sets through every reading attention layer with the
+#: number/operation concept list, random controls over seeds) are not judged.
+_YU_04_STALE = ("{name}.csv predates issue 29 (key head from notebook 01's exact sweep, 'keep' on the layers CNA "
+                "scored, shallow neurons through every attention layer that reads them, random controls over seeds "
+                "with per-case correctness): rerun notebook 04")
+
+
+def _yu_key_head_text(t: Tables, group: str) -> str:
+    """"key head L14H2 (lowers 1D accuracy)" from 04_key_heads.csv, or "" without it."""
+    if not t.has("04_key_heads"):
+        return ""
+    kh = t.csv("04_key_heads")
+    kh = kh[kh["group"].astype(str) == group] if "group" in kh else kh.iloc[:0]
+    if kh.empty or "lowers_1d" not in kh:
+        return ""
+    r = kh.iloc[0]
+    lowers = str(r["lowers_1d"]).lower() == "true"
+    return (f"key head L{int(r['layer'])}H{int(r['head'])} "
+            + ("(lowers 1D accuracy in notebook 01's exact sweep)" if lowers else
+               "(NO head lowers 1D accuracy in notebook 01's exact sweep: fallback head, "
+               "Yu's premise does not hold)") + "; ")
+
+
 def _yu_mask_keep(t: Tables) -> Outcome:
     mk = t.csv("04_mask_keep")
     mk = mk[mk["group"].astype(str) == "+-"]
     if mk.empty:
         raise NotRun("no correct 1D + / - cases")
+    if not {"seed", "correct_by_prompt"} <= set(mk.columns):
+        raise NotRun(_YU_04_STALE.format(name="04_mask_keep"))
     K = 99 if (mk["K"] == 99).any() else int(mk["K"].max())
+    at = mk[mk["K"] == K]
 
-    def dec(kind: str) -> Interval | None:
-        r = mk[(mk["intervention"] == kind) & (mk["K"] == K)]
+    def exact(kind: str) -> Interval | None:
+        r = at[at["intervention"] == kind]
         if r.empty:
             return None
-        r = r.iloc[0]
-        return _decrease_ci(float(r["accuracy"]), int(r["n_cases"]), float(r["base_accuracy"]))
+        c = decode_correct(r.iloc[0]["correct_by_prompt"])
+        if c is None:
+            raise ValueError(f"04_mask_keep.csv: no per-case correctness for {kind} at K = {K}")
+        return _decrease_ci(float(c.mean()), len(c), float(r.iloc[0]["base_accuracy"]))
 
-    mask, keep, rnd = dec("mask"), dec("keep"), dec("random mask")
+    def control(kind: str) -> Interval | None:
+        rows = at[at["intervention"] == kind]
+        mat = _correct_matrix(rows)
+        base = float(rows.iloc[0]["base_accuracy"]) if len(rows) else float("nan")
+        if mat is None or not base > 0:
+            return None
+        return crossed_bootstrap_ci(lambda d: 100 * (base - d.mean()) / base, draws=mat.astype(float))
+
+    mask, keep, rnd, rkeep = exact("mask"), exact("keep"), control("random mask"), control("random keep")
     if mask is None or keep is None:
         raise NotRun(f"no mask / keep row at K = {K}")
     # mask > 2x the random mask (at least 1 %), judged on both intervals
@@ -629,11 +666,18 @@ def _yu_mask_keep(t: Tables) -> Outcome:
                       _possible(mask, 50), beats, _possible(keep, 50, higher=False))
     nan = float("nan")
     txt = lambda ci: f"{ci.estimate:.1f} %{_ci_text(ci)}" if ci is not None else "n/a"  # noqa: E731
-    return Outcome(f"top-{K}: mask {txt(mask)}, keep {txt(keep)}, random mask {txt(rnd)} accuracy decrease "
-                   f"({mask.n} correct cases, exact binomial 95 % intervals)",
+    n_seeds = int(at.loc[at["intervention"] == "random mask", "seed"].nunique())
+    layers = at.loc[at["intervention"] == "keep", "keep_layers"] if "keep_layers" in at else pd.Series(dtype=str)
+    span = str(layers.iloc[0]) if len(layers) else "n/a"
+    span = span[:-2] if span.endswith(".0") else span  # one layer, read back as a number
+    return Outcome(f"{_yu_key_head_text(t, '+-')}top-{K}: mask {txt(mask)}, keep {txt(keep)} (layers "
+                   f"{span}), random mask {txt(rnd)}, random keep {txt(rkeep)} "
+                   f"accuracy decrease ({mask.n} correct cases; exact binomial 95 % intervals, random controls over "
+                   f"{n_seeds} seeds by a bootstrap over cases and seeds)",
                    verdict,
                    {"mask accuracy decrease (%)": mask.estimate, "keep accuracy decrease (%)": keep.estimate,
-                    "random-mask accuracy decrease (%)": rnd.estimate if rnd is not None else nan, "K": float(K)},
+                    "random-mask accuracy decrease (%)": rnd.estimate if rnd is not None else nan,
+                    "random-keep accuracy decrease (%)": rkeep.estimate if rkeep is not None else nan, "K": float(K)},
                    mask)
 
 
@@ -642,22 +686,31 @@ def _yu_shallow(t: Tables) -> Outcome:
         raise NotRun("notebook 04 wrote no M sweep (key head in layer 0: no shallow FFN layer below it)")
     m = t.csv("04_hidden_m_sweep")
     m = m[(m["group"].astype(str) == "+-") & (m["M"] == 2)]
+    if not {"seed", "paper_n", "correct_by_prompt"} <= set(m.columns):
+        raise NotRun(_YU_04_STALE.format(name="04_hidden_m_sweep"))
     hid, rnd = m[m["set"] == "hidden-interpretable"], m[m["set"] == "random"]
     if hid.empty or rnd.empty:
         raise NotRun("no M = 2 sweep for + / -")
-    h, r = hid.iloc[0], float(rnd["accuracy_decrease"].mean())
-    gap = float(h["accuracy_decrease"]) - r
-    share = float(h["share_of_shallow"]) if "share_of_shallow" in h else float("nan")
-    metrics = {"hidden minus random accuracy decrease (points)": gap,
-               "hidden-interpretable share of shallow neurons": share}
-    text = (f"M = 2: {int(h['n_neurons'])} neurons ({_pct(share)} of shallow) -> {h['accuracy_decrease']:.1f} % "
-            f"decrease vs random {r:.1f} %")
-    hm, rm = _correct_matrix(hid.iloc[:1]), _correct_matrix(rnd)
+    h = hid.iloc[0]
     base = float(h["base_accuracy"])
-    if hm is None or rm is None or len(hm) != len(rm) or not base > 0:
-        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='04')}", INCONCLUSIVE, metrics)
-    ci = bootstrap_ci(lambda a, b: 100 * (b.mean() - a.mean()) / base, hm[:, 0], rm)
-    return Outcome(f"{text}; gap {gap:.1f} points{_ci_text(ci)} (paired bootstrap over {ci.n} cases)",
+    hm, rm = _correct_matrix(hid.iloc[:1]), _correct_matrix(rnd)
+    if hm is None or rm is None or len(hm) != len(rm):
+        raise ValueError("04_hidden_m_sweep.csv: per-case correctness missing or of different lengths at M = 2")
+    if not base > 0:
+        raise NotRun("zero accuracy before the shallow ablation")
+    r = float(rnd["accuracy_decrease"].mean())
+    share = float(h["share_of_shallow"])
+    ci = crossed_bootstrap_ci(lambda a, d: 100 * (d.mean() - a.mean()) / base, hm[:, 0].astype(float),
+                              draws=rm.astype(float))
+    metrics = {"hidden minus random accuracy decrease (points)": ci.estimate,
+               "hidden-interpretable share of shallow neurons": share,
+               "hidden-interpretable accuracy decrease (%)": float(h["accuracy_decrease"]),
+               "random accuracy decrease (%)": r}
+    paper = f"paper {int(h['paper_n']):,} = {_pct(float(h['paper_share']))}"
+    return Outcome(f"{_yu_key_head_text(t, '+-')}M = 2: {int(h['n_neurons']):,} of {int(h['n_shallow']):,} shallow "
+                   f"neurons ({_pct(share)}; {paper}) -> {h['accuracy_decrease']:.1f} % decrease vs random "
+                   f"{r:.1f} % ({rnd['seed'].nunique()} seeds); gap {ci.estimate:.1f} points{_ci_text(ci)} "
+                   f"(bootstrap over {ci.n} cases and the seeds)",
                    interval_verdict(ci, 100 * HALF * (53.9 - 2.6) / 100, 100 * NOISE_GAP), metrics, ci)
 
 
@@ -925,19 +978,25 @@ FINDINGS: tuple[Finding, ...] = (
             "The top CNA neurons hold the answer: masking them breaks 1D +/-, keeping only them preserves it.",
             "top99: mask -100.0 %, keep -3.9 % accuracy (top10: 68.4 / 38.2)",
             f"{YU_TXT}: Table 5",
-            "at K = 99 (else the largest K), on exact binomial 95 % intervals of the accuracy decreases over the "
-            "correct cases: mask OK if the mask decrease's interval lies >= 50 % and its low end > 2x the random "
-            "mask's high end (at least 1 %); keep OK if the keep decrease's interval lies <= 50 %; reproduced if "
-            "both, partly if one; inconclusive when an interval straddles a threshold and the verdict depends on it",
+            "at K = 99 (else the largest K), on all correct 1D + and - cases: exact binomial (Clopper-Pearson) 95 % "
+            "intervals of the mask and keep accuracy decreases (keep = zero every other neuron of the layers CNA "
+            "scored, from the key head's layer up), the random mask's interval by a bootstrap over cases and its "
+            "seeds (notebook 04's n_random_seeds draws); mask OK if the mask decrease's interval lies >= 50 % and "
+            "its low end > 2x the random mask's high end (at least 1 %); keep OK if the keep decrease's interval "
+            "lies <= 50 %; reproduced if both, partly if one; inconclusive when an interval straddles a threshold "
+            "and the verdict depends on it; not run for tables from before issue 29 (rerun notebook 04)",
             "04", _yu_mask_keep, figures=("04_mask_keep",)),
     Finding("yu_shallow_neurons", "yu", "Sec. 4.4, Table 8",
             "Zeroing the hidden-interpretable shallow neurons (M = 2) hurts far more than random ones.",
             "M = 2: 1,953 neurons, -53.9 % accuracy vs -2.6 % for random",
             f"{YU_TXT}: Table 8 and the text below it",
-            "gap = hidden minus random accuracy decrease at M = 2, 95 % interval by a paired bootstrap over the "
-            "cases (per-case correctness in 04_hidden_m_sweep's correct_by_prompt); reproduced if the interval lies "
+            "shallow neurons (FFN layers below the key head) qualify at M = 2 when their value vector carried "
+            "through the OV map of any attention layer that reads it (up to the key head's layer) has >= 2 number/"
+            "operation concepts among its top-50 tokens; gap = hidden minus random accuracy decrease at M = 2 on all "
+            "correct 1D + and - cases, 95 % interval by a bootstrap over the cases and the random sets' seeds "
+            "(per-case correctness in 04_hidden_m_sweep's correct_by_prompt); reproduced if the interval lies "
             ">= 25.7 points (half of 51.3); partly if it lies in [5, 25.7); not reproduced if below 5; else "
-            "inconclusive (also when the run has no per-case column)",
+            "inconclusive; not run for tables from before issue 29 (rerun notebook 04)",
             "04", _yu_shallow, figures=("04_hidden_m_sweep",)),
     Finding("yu_lora_layers", "yu", "Sec. 5, Fig. 2",
             "LoRA in any single attention layer beats the original; shallow layers most.",

@@ -47,7 +47,7 @@ class Interval:
     low: float
     high: float
     n: int
-    method: str  # "binomial" (Clopper-Pearson), "bootstrap" or "none" (n too small)
+    method: str  # "binomial" (Clopper-Pearson), "bootstrap", "crossed bootstrap" or "none" (n too small)
 
     @property
     def half_width(self) -> float:
@@ -119,6 +119,36 @@ def bootstrap_ci(stat: Callable[..., float], *arrays: Sequence | np.ndarray, lev
 def mean_ci(values: Sequence[float] | np.ndarray, **kw) -> Interval:
     """Bootstrap interval of a mean over prompts."""
     return bootstrap_ci(lambda v: float(np.mean(v)), values, **kw)
+
+
+def crossed_bootstrap_ci(stat: Callable[..., float], *paired: Sequence | np.ndarray, draws: np.ndarray,
+                         level: float = LEVEL, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> Interval:
+    """Percentile bootstrap of ``stat(*paired, draws)`` where ``draws`` [N prompts, S
+    seeds] holds a random control measured on the same prompts under S independent
+    draws: every resample draws prompts (rows, shared with the ``paired`` arrays) and,
+    independently, draws (columns) with replacement, so the interval carries the
+    variation across both prompts and random draws."""
+    d = np.asarray(draws)
+    if d.ndim != 2:
+        raise ValueError(f"crossed_bootstrap_ci: draws must be [prompts, seeds], got shape {d.shape}")
+    arrs = [np.asarray(a) for a in paired]
+    n, S = d.shape
+    if any(len(a) != n for a in arrs):
+        raise ValueError(f"crossed_bootstrap_ci: paired arrays of lengths {[len(a) for a in arrs]} for {n} prompts")
+    est = float(stat(*arrs, d))
+    if n < 2:
+        return Interval(est, float("nan"), float("nan"), n, "none")
+    rng = np.random.default_rng(seed)
+    vals = np.empty(n_boot)
+    for b in range(n_boot):
+        idx, cols = rng.integers(0, n, n), rng.integers(0, S, S)
+        vals[b] = stat(*(a[idx] for a in arrs), d[idx][:, cols])
+    vals = vals[np.isfinite(vals)]
+    if not len(vals):
+        return Interval(est, float("nan"), float("nan"), n, "none")
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(vals, [alpha, 1 - alpha])
+    return Interval(est, float(lo), float(hi), n, "crossed bootstrap")
 
 
 def interval_verdict(ci: Interval, full: float, partial: float, higher_is_better: bool = True) -> str:

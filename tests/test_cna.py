@@ -7,6 +7,7 @@ pruned concept count equals a brute-force top-k."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -307,10 +308,27 @@ def test_concept_counts_equal_brute_force():
     assert C.concept_counts(Y, W, concepts, k=50, vocab_chunk=100, n_sample=0, row_chunk=77).tolist() == ref
 
 
-def test_concept_of():
-    assert C.concept_of(" 8") == "num:8" and C.concept_of("Eight") == "num:8" and C.concept_of("VIII") == "num:8"
-    assert C.concept_of(" plus") == "op:add" and C.concept_of("÷") == "op:div" and C.concept_of("acht") == "num:8"
-    assert C.concept_of("I") is None and C.concept_of("the") is None and C.concept_of(" ") is None
+def test_concept_of_counts_numbers_and_operations_only():
+    """Yu Sec. 4.4's concepts "related to numbers or operations": digits, English number
+    words, operators. Roman and foreign numerals, ordinals and multiples are not (the
+    old list counted them and selected 12 % of the shallow neurons at M = 2)."""
+    assert C.concept_of(" 8") == "num:8" and C.concept_of("Eight") == "num:8" and C.concept_of("42") == "num:42"
+    assert C.concept_of(" hundred") == "num:100" and C.concept_of("nineteen") == "num:19"
+    assert C.concept_of(" plus") == "op:add" and C.concept_of("÷") == "op:div" and C.concept_of("-") == "op:sub"
+    for text in ("VIII", "XV", "acht", "huit", "fifth", "first", "twice", "dozen", "I", "the", " "):
+        assert C.concept_of(text) is None, text
+
+
+def test_concept_counts_per_row_min_count():
+    torch.manual_seed(1)
+    W = torch.randn(8, 300)
+    Y = torch.randn(120, 8)
+    concepts = {i: f"num:{i % 5}" for i in range(0, 300, 4)}
+    top = (Y @ W).topk(50, dim=1).indices
+    ref = torch.tensor([len({concepts[t] for t in row.tolist() if t in concepts}) for row in top])
+    need = torch.randint(0, 7, (120,))
+    got = C.concept_counts(Y, W, concepts, k=50, min_count=need, vocab_chunk=32)
+    assert got.tolist() == torch.where(ref >= need, ref, torch.zeros_like(ref)).tolist()
 
 
 def test_layer_ov_matches_value_and_output_projections(qwen):
@@ -328,20 +346,68 @@ def test_layer_ov_matches_value_and_output_projections(qwen):
     assert torch.allclose(x @ C.layer_ov(b, layer), ref, atol=1e-4)
 
 
-def test_key_heads_from_sweep(tmp_path):
+def _sweep_rows(drops: dict, logit: dict | None = None, ops=("+", "-", "/"), digits=(1,)) -> pd.DataFrame:
+    """Exact-sweep rows: drops[(op, n_digits)][(layer, head)] (missing head: not measured)."""
     rows = []
-    for op, best in (("+", (3, 1)), ("-", (3, 1)), ("/", (2, 0)), ("*", (0, 0))):
-        for layer in range(4):
-            for head in range(2):
-                drop = 0.5 if (layer, head) == best else 0.1 * layer / 4
-                rows.append({"op": op, "n_digits": 1, "layer": layer, "head": head, "accuracy": 1 - drop,
-                             "baseline_accuracy": 1.0, "accuracy_drop": drop})
-    frame = pd.DataFrame(rows)
+    for op in ops:
+        for nd in digits:
+            for (layer, head), drop in drops.get((op, nd), {}).items():
+                rows.append({"op": op, "n_digits": nd, "layer": layer, "head": head, "accuracy": 1 - drop,
+                             "baseline_accuracy": 1.0, "accuracy_drop": drop, "n": 20,
+                             "logit_drop": (logit or {}).get((op, nd, layer, head), 0.0)})
+    return pd.DataFrame(rows)
+
+
+def test_key_heads_from_sweep(tmp_path):
+    drops = {("+", 1): {(3, 1): 0.5, (2, 0): 0.1, (0, 0): 0.0}, ("-", 1): {(3, 1): 0.5, (2, 0): 0.2},
+             ("/", 1): {(2, 0): 0.5, (3, 1): 0.1}}
+    frame = _sweep_rows(drops)
     assert C.key_heads_from_sweep(frame) == {"+-": (3, 1), "/": (2, 0)}
+    sel = C.select_key_heads(frame)
+    assert sel.lowers_1d.all() and (sel.selection == C.KEY_HEAD_BY_1D).all()
+    assert sel.set_index("group").loc["+-", "score"] == pytest.approx(0.5)
     with pytest.raises(FileNotFoundError, match="notebook 01"):
         C.key_heads_from_sweep(tmp_path / "01_yu_head_sweep.csv")
     with pytest.raises(ValueError, match="/"):
         C.key_heads_from_sweep(frame[frame.op != "/"])
+    with pytest.raises(ValueError, match="rerun notebook 01"):  # a sweep from before the exact stage
+        C.key_heads_from_sweep(frame.drop(columns="logit_drop"))
+
+
+def test_key_head_rule_ties_and_coverage():
+    """Heads measured on both + and - come first (a head the sweep measured on + only has
+    no known - drop); equal drops go to the larger logit drop, then the lower (layer, head)."""
+    drops = {("+", 1): {(5, 0): 0.9, (4, 1): 0.3, (4, 0): 0.3, (1, 1): 0.3},
+             ("-", 1): {(4, 1): 0.3, (4, 0): 0.3, (1, 1): 0.3}, ("/", 1): {(2, 2): 0.2, (2, 1): 0.2}}
+    logit = {("+", 1, 4, 1): 2.0, ("-", 1, 4, 1): 2.0, ("+", 1, 1, 1): 2.0, ("-", 1, 1, 1): 2.0}
+    heads = C.key_heads_from_sweep(_sweep_rows(drops, logit))
+    assert heads == {"+-": (1, 1), "/": (2, 1)}
+
+
+def test_key_head_fallback_when_no_head_lowers_1d_accuracy():
+    """Qwen2.5-0.5B answers every 1D prompt with any one head zeroed: the old rule took a
+    1D tie; the fallback states it and ranks by the mean drop over every digit count."""
+    drops = {}
+    for op in ("+", "-", "/"):
+        drops[(op, 1)] = {(0, 0): 0.0, (3, 1): 0.0, (5, 2): 0.0}
+        drops[(op, 2)] = {(0, 0): 0.05, (3, 1): 0.40, (5, 2): 0.05}
+        drops[(op, 3)] = {(0, 0): 0.0, (3, 1): 0.0, (5, 2): 0.10}
+    sel = C.select_key_heads(_sweep_rows(drops, digits=(1, 2, 3)))
+    assert not sel.lowers_1d.any() and (sel.selection == C.KEY_HEAD_FALLBACK).all()
+    assert {r.group: (r.layer, r.head) for r in sel.itertuples()} == {"+-": (3, 1), "/": (3, 1)}
+    assert sel.settings_total.tolist() == [6, 3] and sel.score.iloc[0] == pytest.approx(0.4 / 3)
+    table = C.key_head_table(_sweep_rows(drops, digits=(1, 2, 3)), sel)
+    assert len(table) == 3 and (table.accuracy_drop == 0).all() and not table.lowers_1d.any()
+
+
+def test_key_head_from_committed_smollm2_sweep():
+    path = Path(__file__).resolve().parent.parent / "figures" / "smollm2-135m" / "01_yu_head_sweep.csv"
+    if not path.exists():
+        pytest.skip("no committed SmolLM2 sweep")
+    sel = C.select_key_heads(path)
+    assert sel.lowers_1d.all()   # SmolLM2 has heads whose removal lowers 1D accuracy
+    table = C.key_head_table(path, sel)
+    assert (table.groupby("group").accuracy_drop.mean() > 0).all()
 
 
 def test_coefficient_decrease_and_lowest_neuron():
@@ -366,15 +432,31 @@ def test_tables_run_on_tiny_model(qwen):
     b = qwen.bridge
     ps = _prompts(qwen, ops=("+", "-"), n=4)
     res = C.cna_compare(b, ps, A.zero_heads_hooks([(1, 0)]), mode="exact", progress=False)
-    table = C.mask_keep_table(b, ps, res, ks=(5, 2), progress=False)
-    assert set(table.intervention) == {"mask", "keep", "random mask"} and len(table) == 6
+    table = C.mask_keep_table(b, ps, res, ks=(5, 2), n_seeds=2, progress=False)
+    assert set(table.intervention) == {"mask", "keep", "random mask", "random keep"} and len(table) == 2 * (2 + 2 * 2)
+    assert sorted(table[table.intervention == "random mask"].seed.unique()) == [0, 1]
+    only = C.mask_keep_table(b, ps, res, ks=(5, 2), n_seeds=2, control_ks=[5], progress=False)
+    assert set(only[only.intervention.str.startswith("random")].K) == {5} and len(only) == 2 * 2 + 2 * 2
+    for row in table.itertuples():
+        assert decode_correct(row.correct_by_prompt).mean() == pytest.approx(row.accuracy)
     # zeroing a case's top neurons at the answer position matches zero_neurons_hooks there
     i, top = 0, res.top(0, 5)
     ref = C.run_last_position(b, ps.subset([i]), A.zero_neurons_hooks(top, position=-1), capture=(), share_prefix=False)
     runs = C.run_answer_conditions(b, ps, {"m": C.rowwise_neuron_hooks(C.neuron_masks([res.top(j, 5) for j in range(len(ps))], 2, qwen.info.d_mlp))})
     assert runs["m"].pred[i] == ref.pred[0]
-    summary, per_case = C.lowest_neuron_table(b, ps, res, ks=(5,), progress=False)
-    assert list(summary.columns[:2]) == ["K", "coef_decrease"]
+    res0 = C.cna_compare(b, ps, A.zero_heads_hooks([(0, 1)]), mode="exact", progress=False)  # scores layers 0, 1
+    summary, per_case = C.lowest_neuron_table(b, ps, res0, ks=(5,), n_seeds=2, progress=False)
+    assert len(per_case) > 0
+    assert list(summary.columns[:2]) == ["K", "coef_decrease"] and "random_coef_decrease" in summary
+    rnd = per_case[per_case.kind == "random"]
+    assert set(rnd.seed) <= {0, 1} and (rnd.lowest_layer == rnd.merge(per_case[per_case.kind == "lowest"][
+        ["case", "lowest_layer"]], on="case", suffixes=("", "_l")).lowest_layer_l.to_numpy()).all()
+    dag = C.pe_dag_cases(b, res0, k=5, n_seeds=2, progress=False)
+    assert set(dag.kind) == {"top", "random"} and dag.case.nunique() == len(ps)
+    # the 'top' rows agree with pe_dag's edges on case 0
+    _, edges0 = C.pe_dag(b, res0, 0, k=5)
+    top0 = dag[(dag.case == 0) & (dag.kind == "top")].iloc[0]
+    assert top0.n_pairs == len(edges0) and top0.n_edges == int(edges0.edge.sum())
     nodes, edges = C.pe_dag(b, res, 0, k=5)
     assert len(nodes) == 5
     key = C.effective_key(b, 1, top[0][1], res.run_a.resid_mid[0, 1])
@@ -385,9 +467,12 @@ def test_tables_run_on_tiny_model(qwen):
     m1 = C.mlp_coefficients(b, 1, (x + eps)[None])[0, top[0][1]]
     assert torch.allclose(m1 - m0, (key * eps).sum(), rtol=0.05, atol=1e-6)
     counts = C.shallow_concept_counts(b, qwen.tokenizer, 1, progress=False)
-    assert len(counts) == qwen.info.d_mlp
-    hid = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1), progress=False)
-    assert set(hid.set) == {"hidden-interpretable", "random"}
+    assert len(counts) == qwen.info.d_mlp and set(counts.ov_layer) <= {-1, 1}
+    hid = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1), n_seeds=3, progress=False)
+    assert set(hid.set) == {"hidden-interpretable", "random"} and len(hid) == 2 * (1 + 3)
+    assert (hid.paper_n[hid.M == 1] == 10426).all() and (hid.n_shallow == qwen.info.d_mlp).all()
+    part = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1), n_seeds=3, control_ms=[1], progress=False)
+    assert part.groupby("M").size().to_dict() == {0: 2, 1: 4}
     for row in hid.itertuples():  # per-case correctness (the report's paired bootstrap) gives the accuracy back
         assert decode_correct(row.correct_by_prompt).mean() == pytest.approx(row.accuracy)
     ex = C.shallow_neuron_examples(b, ps, 0, key, head_layer=1, n=3)
@@ -404,8 +489,8 @@ def test_tables_refuse_fewer_scored_neurons_than_k(qwen):
         C.mask_keep_table(b, ps, res, ks=(5,), progress=False)
     with pytest.raises(ValueError, match="raise n_candidates to at least 4"):
         C.lowest_neuron_table(b, ps, res, ks=(4,), progress=False)
-    table = C.mask_keep_table(b, ps, res, ks=(3,), progress=False)
-    assert len(table) == 3
+    table = C.mask_keep_table(b, ps, res, ks=(3,), n_seeds=1, progress=False)
+    assert len(table) == 4
     C.lowest_neuron_table(b, ps, res, ks=(3,), progress=False)
 
 
@@ -446,15 +531,6 @@ def test_concept_tokens_skip_only_ids_past_the_tokenizer():
         C.concept_tokens(Tok(broken=1), vocab_size=5)
 
 
-def test_key_head_falls_back_to_all_digit_counts_when_1d_is_flat():
-    rows = [{"op": op, "n_digits": n, "layer": l, "head": h, "accuracy_drop": drop}
-            for op in ("+", "-", "/") for l, h in ((0, 0), (3, 1), (5, 2))
-            for n, drop in ((1, 0.0), (2, 40.0 if (l, h) == (3, 1) else 5.0), (3, 10.0 if (l, h) == (5, 2) else 0.0))]
-    with pytest.warns(UserWarning, match="all digit counts"):
-        heads = C.key_heads_from_sweep(pd.DataFrame(rows))
-    assert heads == {"+-": (3, 1), "/": (3, 1)}
-
-
 def test_hidden_interpretable_table_runs_each_neuron_set_once(qwen, monkeypatch):
     b = qwen.bridge
     ps = _prompts(qwen, ops=("+", "-"), n=3)
@@ -468,7 +544,7 @@ def test_hidden_interpretable_table_runs_each_neuron_set_once(qwen, monkeypatch)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(C, "run_conditions", counted)
-    hid = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1, 2, 5), progress=False)
+    hid = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1, 2, 5), n_seeds=1, progress=False)
     # base + M=0 (both sets = every neuron, run once) + M=1, M=2 (two sets each); M=5 selects nothing (= base)
     assert len(calls) == 1 and len(calls[0]) == 1 + 1 + 2 + 2
     monkeypatch.setattr(C, "run_conditions", real)
@@ -477,3 +553,65 @@ def test_hidden_interpretable_table_runs_each_neuron_set_once(qwen, monkeypatch)
     m0 = hid[hid.M == 0].set_index("set").accuracy
     assert m0["hidden-interpretable"] == m0["random"] == every
     assert (hid[hid.M == 5].accuracy == base).all() and (hid[hid.M == 5].n_neurons == 0).all()
+
+
+def test_keep_zeroes_exactly_the_layers_cna_scored(qwen, monkeypatch):
+    """Yu's keep zeroes the other neurons of layers 17-31, the layers CNA scores from head
+    17^22 up; the old default (17/32 of the depth) zeroed layers CNA never scored or
+    left scored ones out. With the key head in layer 0 CNA scores layers 0 and 1."""
+    b = qwen.bridge
+    ps = _prompts(qwen, ops=("+",), n=3)
+    for head in ((0, 1), (1, 0)):
+        res = C.cna_compare(b, ps, A.zero_heads_hooks([head]), mode="exact", progress=False)
+        assert res.layers == list(range(head[0], qwen.info.n_layers))
+        seen = {}
+        real = C.run_answer_conditions
+
+        def spy(model, prompts, conditions, **kw):
+            seen.update(conditions)
+            return real(model, prompts, conditions, **kw)
+
+        monkeypatch.setattr(C, "run_answer_conditions", spy)
+        table = C.mask_keep_table(b, ps, res, ks=(3,), n_seeds=1, progress=False)
+        monkeypatch.setattr(C, "run_answer_conditions", real)
+        for name in ("keep|3|", "random keep|3|0"):
+            hooks = seen[name](torch.arange(len(ps)))
+            assert sorted(int(h.split(".")[1]) for h, _ in hooks) == res.layers
+        assert (table[table.intervention == "keep"].keep_layers == C.layer_span(res.layers)).all()
+    assert C.layer_span([13, 14, 15, 20]) == "13-15,20"
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_layer_ov_factors_multiply_to_the_ov_map(arch):
+    b = load_model(str(random_model_dir(arch))).bridge
+    for layer in range(b.cfg.n_layers):
+        A_, B_ = C.layer_ov_factors(b, layer)
+        assert torch.allclose(A_ @ B_, C.layer_ov(b, layer), atol=1e-5)
+
+
+def test_ov_concept_counts_equal_brute_force_over_every_reading_layer():
+    """A neuron of MLP l is read by attention layers l+1..H (attention j runs before MLP j);
+    it counts the most concepts any of those projections holds."""
+    torch.manual_seed(2)
+    H, K, d, V = 4, 30, 12, 400
+    values = [torch.randn(K, d) for _ in range(H)]
+    factors = [(torch.randn(d, 5), torch.randn(5, d)) for _ in range(H)]
+    g, W_U = torch.rand(d) + 0.5, torch.randn(d, V)
+    concepts = {i: f"num:{i % 6}" for i in range(0, V, 7)}
+
+    def count(vec, j):
+        A_, B_ = factors[j - 1]
+        top = (((vec @ A_ @ B_) * g) @ W_U).topk(20).indices.tolist()
+        return len({concepts[t] for t in top if t in concepts})
+
+    best, where = C.ov_concept_counts(values, factors, g, W_U, concepts, k=20)
+    for l in range(H):
+        for n in range(K):
+            per_j = {j: count(values[l][n], j) for j in range(l + 1, H + 1)}
+            m = max(per_j.values())
+            assert best[l * K + n] == m
+            assert where[l * K + n] == (min(j for j, c in per_j.items() if c == m) if m > 0 else -1)
+    capped, _ = C.ov_concept_counts(values, factors, g, W_U, concepts, k=20, cap=2)
+    assert ((capped == best) | ((capped >= 2) & (best >= 2))).all()
+    with pytest.raises(ValueError, match="attention layers 1..4"):
+        C.ov_concept_counts(values, factors[:3], g, W_U, concepts)

@@ -69,3 +69,15 @@ def test_report_shows_the_fidelity_section(tmp_path: Path):
            "zeroed (and 3 random sets) |" in text
     assert "| zhang_key_heads | model |" in text and F.NOT_RECORDED in text
     assert "Fidelity: the paper&#x27;s setting beside ours" in page.read_text()
+
+
+def test_notebook_04_entries_name_key_head_rule_keep_layers_ov_layers_and_seeds():
+    base = dict(top_ks=[99, 10], mode="auto", n_candidates=200, concept_top=50, ms=[0, 1, 2, 3])
+    new = _rows(F.fidelity_table({"04": _p("04", n_random_seeds=10, **base)}), "yu_mask_keep")
+    assert "exact every-position sweep" in new["model"]["ours"] and "no head lowers" in new["model"]["ours"]
+    assert "layers CNA scored" in new["positions"]["ours"] and "10 seeds" in new["metric"]["ours"]
+    shallow = _rows(F.fidelity_table({"04": _p("04", n_random_seeds=10, **base)}), "yu_shallow_neurons")
+    assert "every attention layer l < j <= H" in shallow["positions"]["ours"]
+    assert "digits, English number words, operators" in shallow["positions"]["ours"]
+    old = _rows(F.fidelity_table({"04": _p("04", **base)}), "yu_mask_keep")   # a run from before issue 29
+    assert old["metric"]["ours"] == F.NOT_RECORDED

@@ -235,34 +235,88 @@ def _bits(n_true: int, n: int, start: int = 0) -> str:
     return "".join("T" if start <= i < start + n_true else "F" for i in range(n))
 
 
+def _mask_keep(d: Path, mask: float, keep: float, rnd: float, n: int, n_seeds: int = 10, new: bool = True) -> None:
+    """04_mask_keep.csv at K = 99 and 10: mask / keep rows and ``n_seeds`` random-mask and
+    random-keep rows (each seed's correct cases shifted, same count), per-case correctness."""
+    rows = []
+    for K, scale in ((99, 1.0), (10, 0.5)):
+        for kind, v in (("mask", mask), ("keep", keep), ("random mask", rnd), ("random keep", 90.0)):
+            k = int(round((1 - v * scale / 100) * n))
+            for s in (range(n_seeds) if kind.startswith("random") else [None]):
+                rows.append({"group": "+-", "intervention": kind, "K": K, "accuracy": k / n,
+                             "accuracy_decrease": 100 * (1 - k / n), "coef_decrease": 0, "n_cases": n,
+                             "base_accuracy": 1.0,
+                             **({"seed": float("nan") if s is None else s, "keep_layers": "4-7",
+                                 "correct_by_prompt": _bits(k, n, start=(s or 0) % max(1, n - k + 1))}
+                                if new else {})})
+    rows.append({"group": "/", "intervention": "mask", "K": 99, "accuracy": 1.0, "accuracy_decrease": 0.0,
+                 "coef_decrease": 0, "n_cases": n, "base_accuracy": 1.0})
+    _csv(d, "04_mask_keep", rows)
+
+
 @pytest.mark.parametrize("mask, keep, rnd, n, verdict", [
     (100, 3.9, 2, 1000, R.REPRODUCED), (40, 10, 2, 1000, R.PARTLY), (90, 60, 2, 1000, R.PARTLY),
     (60, 10, 40, 1000, R.PARTLY), (10, 80, 2, 1000, R.NOT_REPRODUCED),
     (55, 10, 2, 20, R.INCONCLUSIVE)])   # 9 of 20 cases kept: the mask decrease's interval straddles 50 %
 def test_mask_keep_rule(tmp_path: Path, mask: float, keep: float, rnd: float, n: int, verdict: str):
-    rows = []
-    for K, scale in ((99, 1.0), (10, 0.5)):
-        for kind, v in (("mask", mask), ("keep", keep), ("random mask", rnd)):
-            acc = round((1 - v * scale / 100) * n) / n
-            rows.append({"group": "+-", "intervention": kind, "K": K, "accuracy": acc,
-                         "accuracy_decrease": 100 * (1 - acc), "coef_decrease": 0, "n_cases": n, "base_accuracy": 1.0})
-    rows.append({"group": "/", "intervention": "mask", "K": 99, "accuracy": 1.0, "accuracy_decrease": 0.0,
-                 "coef_decrease": 0, "n_cases": n, "base_accuracy": 1.0})
-    _csv(tmp_path, "04_mask_keep", rows)
+    _mask_keep(tmp_path, mask, keep, rnd, n)
     out = _outcome("yu_mask_keep", tmp_path)
     assert out.verdict == verdict
-    assert out.interval.n == n and out.interval.low <= out.metrics["mask accuracy decrease (%)"] <= out.interval.high
-    assert f"[{out.interval.low:.1f}, {out.interval.high:.1f}]" in out.ours
+    assert out.interval.n == n and out.interval.method == "binomial"
+    assert out.interval.low <= out.metrics["mask accuracy decrease (%)"] <= out.interval.high
+    assert f"[{out.interval.low:.1f}, {out.interval.high:.1f}]" in out.ours and "10 seeds" in out.ours
 
 
-def _m_sweep(d: Path, hidden: float, random: float, n: int = 200, per_case: bool = True) -> None:
+def test_mask_keep_random_interval_spans_seeds(tmp_path: Path):
+    """The random mask's interval comes from cases and seeds: seeds that disagree widen it,
+    and a mask that beats the random mean but not its interval's 2x is inconclusive."""
+    rows = []
+    n = 400
+    for kind, correct in (("mask", [int(0.4 * n)]), ("keep", [n]), ("random mask", [n - 4 * s for s in range(10)])):
+        for s, k in enumerate(correct):
+            rows.append({"group": "+-", "intervention": kind, "K": 99, "accuracy": k / n, "n_cases": n,
+                         "base_accuracy": 1.0, "seed": s if kind.startswith("random") else float("nan"),
+                         "correct_by_prompt": _bits(k, n)})
+    _csv(tmp_path, "04_mask_keep", rows)
+    out = _outcome("yu_mask_keep", tmp_path)
+    assert out.metrics["random-mask accuracy decrease (%)"] == pytest.approx(100 * np.mean([4 * s for s in range(10)]) / n)
+    assert out.verdict == R.REPRODUCED   # mask 60 % [55, 65] > 2 x the random mask's high end (< 10 %)
+    wide = [row for row in rows if row["intervention"] != "random mask"]
+    wide += [{**rows[-1], "seed": s, "accuracy": k / n, "correct_by_prompt": _bits(k, n)}
+             for s, k in enumerate([n] * 5 + [int(0.5 * n)] * 5)]   # half the seeds lose 50 %: random 25 %
+    _csv(tmp_path, "04_mask_keep", wide)
+    out = _outcome("yu_mask_keep", tmp_path)
+    assert out.verdict == R.INCONCLUSIVE   # 2 x the random interval reaches past the mask's low end
+
+
+def test_mask_keep_rule_on_tables_before_issue_29_is_not_run(tmp_path: Path):
+    _mask_keep(tmp_path, 100, 3.9, 2, 1000, new=False)
+    out = _outcome("yu_mask_keep", tmp_path)
+    assert out.verdict == R.NOT_RUN and "rerun notebook 04" in out.ours
+
+
+def test_mask_keep_names_a_fallback_key_head(tmp_path: Path):
+    _mask_keep(tmp_path, 100, 3.9, 2, 200)
+    _csv(tmp_path, "04_key_heads", [{"group": "+-", "layer": 16, "head": 10, "lowers_1d": False, "op": "+"}])
+    out = _outcome("yu_mask_keep", tmp_path)
+    assert "L16H10" in out.ours and "NO head lowers 1D accuracy" in out.ours
+
+
+def _m_sweep(d: Path, hidden: float, random: float, n: int = 200, n_seeds: int = 10, new: bool = True,
+             spread: int = 0) -> None:
+    """04_hidden_m_sweep.csv: the hidden set and ``n_seeds`` random sets per M; random
+    seed s loses ``spread * (s - mid)`` more or fewer cases than the mean."""
     rows = []
     for M in (0, 1, 2, 3):
         for kind, dec in (("hidden-interpretable", hidden if M == 2 else 99.0), ("random", random if M == 2 else 0.0)):
-            k = round((1 - dec / 100) * n)
-            rows.append({"group": "+-", "set": kind, "M": M, "n_neurons": 10, "share_of_shallow": 0.01,
-                         "accuracy": k / n, "accuracy_decrease": 100 * (1 - k / n), "base_accuracy": 1.0, "n_cases": n,
-                         **({"correct_by_prompt": _bits(k, n)} if per_case else {})})
+            for s in (range(n_seeds) if kind == "random" else [None]):
+                shift = spread * (s - (n_seeds - 1) / 2) if s is not None else 0
+                k = int(round((1 - dec / 100) * n - shift))
+                rows.append({"group": "+-", "set": kind, "M": M, "n_neurons": 10, "share_of_shallow": 0.01,
+                             "accuracy": k / n, "accuracy_decrease": 100 * (1 - k / n), "base_accuracy": 1.0,
+                             "n_cases": n, "correct_by_prompt": _bits(k, n),
+                             **({"seed": float("nan") if s is None else s, "n_shallow": 1000, "paper_n": 1953,
+                                 "paper_share": 1953 / 176128} if new else {})})
     _csv(d, "04_hidden_m_sweep", rows)
 
 
@@ -272,14 +326,22 @@ def _m_sweep(d: Path, hidden: float, random: float, n: int = 200, per_case: bool
 def test_shallow_neuron_rule(tmp_path: Path, hidden: float, random: float, verdict: str):
     _m_sweep(tmp_path, hidden, random)
     out = _outcome("yu_shallow_neurons", tmp_path)
-    assert out.verdict == verdict and out.interval.method == "bootstrap" and out.interval.n == 200
+    assert out.verdict == verdict and out.interval.method == "crossed bootstrap" and out.interval.n == 200
+    assert "paper 1,953 = 1.1 %" in out.ours
 
 
-def test_shallow_neuron_rule_without_per_case_column_is_inconclusive(tmp_path: Path):
-    _m_sweep(tmp_path, 60.0, 5.0, per_case=False)   # a run from before correct_by_prompt
+def test_shallow_neuron_interval_widens_with_disagreeing_seeds(tmp_path: Path):
+    _m_sweep(tmp_path, 40.0, 5.0)
+    narrow = _outcome("yu_shallow_neurons", tmp_path).interval
+    _m_sweep(tmp_path, 40.0, 5.0, spread=6)
+    wide = _outcome("yu_shallow_neurons", tmp_path).interval
+    assert wide.high - wide.low > narrow.high - narrow.low
+
+
+def test_shallow_neuron_rule_on_tables_before_issue_29_is_not_run(tmp_path: Path):
+    _m_sweep(tmp_path, 60.0, 5.0, n_seeds=1, new=False)   # one random set, the key layer's OV, broad concepts
     out = _outcome("yu_shallow_neurons", tmp_path)
-    assert out.verdict == R.INCONCLUSIVE and "rerun notebook 04 for an interval" in out.ours
-    assert out.metrics["hidden minus random accuracy decrease (points)"] == pytest.approx(55.0)
+    assert out.verdict == R.NOT_RUN and "rerun notebook 04" in out.ours
 
 
 def _circuit_faithfulness(d: Path, f: float, n: int, noise: float, seed: int = 0) -> None:

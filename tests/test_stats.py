@@ -50,3 +50,20 @@ def test_sample_size_for_a_half_width():
     n = S.n_for_half_width(0.5, 0.1)
     assert 90 <= n <= 100
     assert S.binomial_ci(n // 2, n).half_width == pytest.approx(0.1, abs=0.01)
+
+
+def test_crossed_bootstrap_ci_carries_the_spread_across_random_draws():
+    from arithlib.stats import crossed_bootstrap_ci
+
+    rng = np.random.default_rng(0)
+    same = np.tile(rng.random((200, 1)) < 0.5, (1, 10)).astype(float)     # every draw alike
+    differ = same.copy()
+    differ[:, 5:] = 1.0                                                    # half the draws differ
+    a = crossed_bootstrap_ci(lambda d: d.mean(), draws=same)
+    b = crossed_bootstrap_ci(lambda d: d.mean(), draws=differ)
+    assert a.method == b.method == "crossed bootstrap" and a.n == b.n == 200
+    assert a.low <= a.estimate <= a.high and b.high - b.low > a.high - a.low
+    paired = crossed_bootstrap_ci(lambda h, d: d.mean() - h.mean(), same[:, 0], draws=same)
+    assert paired.estimate == 0 and paired.low == paired.high == 0      # paired on the prompts
+    with pytest.raises(ValueError, match="prompts, seeds"):
+        crossed_bootstrap_ci(lambda d: d.mean(), draws=same[:, 0])
