@@ -70,10 +70,16 @@ PAPER_REDUCTION_PCT = 35.7
 #: with and without these layers side by side.
 EARLY_LAYERS = 1
 #: :func:`exact_affordable`: the exact importance of every neuron costs about
-#: n_layers * d_mlp * d_model * vocab multiply-adds (one unembedding per neuron);
-#: 2e13 is about 5 minutes on two CPU cores (Qwen2.5-0.5B: 1.6e13; SmolLM2-135M: 1.3e12;
-#: Qwen2.5-1.5B: 5.8e13, which gets the two-stage screen on a CPU).
-MAX_EXACT_MACS = 2e13
+#: n_layers * d_mlp * d_model * vocab multiply-adds (one unembedding per neuron) plus
+#: a few passes over n_layers * d_mlp * vocab logits per prompt. SmolLM2-135M (1.3e12)
+#: took 249 s on one shared core; Qwen2.5-0.5B (1.6e13) would take about 8 minutes on
+#: two cores, more than the notebook may spend, so it gets the screen, with its recall
+#: measured on every ``RECALL_LAYER_STRIDE``-th layer.
+MAX_EXACT_MACS = 5e12
+#: Without the exact importance of every neuron, the screen's recall is measured on the
+#: exact importance of every neuron of layers 0, stride, 2 * stride, ... (a quarter of
+#: the cost of all layers; layer 0 included).
+RECALL_LAYER_STRIDE = 4
 #: A first token that is only part of the profession's first word (" reception" of
 #: "receptionist") counts when it has at least this many letters; shorter pieces
 #: (" c", " but", " par") are generic word pieces or other words.
@@ -430,8 +436,8 @@ def screen_candidates(approx_change: torch.Tensor, n_candidates: int, n_aggregat
 def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows_a: Sequence[int],
                             rows_b: Sequence[int], targets: torch.Tensor, *, groups: Sequence[str] | None = None,
                             n_candidates: int | None = 20,
-                            n_aggregate: int = 200, vocab_chunk: int = 8192, block_elems: int = 2 ** 24,
-                            progress: bool = False) -> dict[str, torch.Tensor]:
+                            n_aggregate: int = 200, exact_layers: Sequence[int] = (), vocab_chunk: int = 8192,
+                            block_elems: int = 2 ** 24, progress: bool = False) -> dict[str, torch.Tensor]:
     """CNA importance (Sec. 4.1) when many cases share few inputs: ``resid`` [G, L, d] and
     ``coef`` [G, L, K] are the answer-position captures of G distinct prompts; case i
     compares input ``rows_a[i]`` with ``rows_b[i]`` for target token ``targets[i]``.
@@ -448,7 +454,8 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
     :func:`balanced_mean`; :func:`screen_candidates`). ``n_candidates=None``: no screen,
     the exact importance of EVERY neuron (one log-partition per input and neuron, so its
     cost does not grow with the number of cases: about the cost of one prompt in
-    :func:`arithlib.cna.exact_importance`, a few minutes for Qwen2.5-0.5B on two cores).
+    :func:`arithlib.cna.exact_importance`). ``exact_layers``: every neuron of these layers
+    is exact besides the screen's candidates (to measure the screen's recall there).
 
     Returns ``importance`` and ``approx`` [2, N, L, K] (side a, side b; importance NaN
     outside the candidates) and ``base_logprob`` [2, N, L]."""
@@ -489,6 +496,7 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
         cand = torch.ones(L, K, dtype=torch.bool)
     else:
         cand = screen_candidates(approx[0] - approx[1], n_candidates, n_aggregate, groups)
+        cand[list(exact_layers)] = True
     by_layer = {layer: cand[layer].nonzero().flatten().tolist() for layer in range(L) if cand[layer].any()}
     importance = torch.full((2, N, L, K), torch.nan)
     for layer, neurons in tqdm(sorted(by_layer.items()), desc="stage 2 (exact)", disable=not progress, leave=False):
@@ -512,14 +520,16 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
 
 
 def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, genders: Sequence[str] = GENDERS, *,
-               n_candidates: int | None = None, n_aggregate: int = 200, progress: bool = True) -> C.CNAResult:
+               n_candidates: int | None = None, n_aggregate: int = 200, exact_layers: Sequence[int] = (),
+               progress: bool = True) -> C.CNAResult:
     """CNA between the genders (Sec. 6.2) on Table-22 prompt ``prompt_id``, one case per
     row of ``biased``: run a = the prompt with the row's bias gender, run b = with the
     other gender, target = the profession token; ``result.change[i]`` ranks the
     neurons that raise p(w_i | its gender) over p(w_i | other gender). The two prompts
     are run once and every case shares their captures (:func:`shared_input_importance`).
     ``n_candidates=None`` (default): the exact importance of every neuron (mode "exact");
-    an int: the two-stage screen (:func:`screen_candidates`)."""
+    an int: the two-stage screen (:func:`screen_candidates`), plus every neuron of
+    ``exact_layers``."""
     if len(biased) == 0:
         raise ValueError("no biased professions: nothing to compare")
     genders = list(genders)
@@ -532,7 +542,7 @@ def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, gende
     other = [1 - i for i in own]
     out = shared_input_importance(model, run.resid_mid, run.coef, own, other, targets,
                                   groups=list(biased.bias_gender), n_candidates=n_candidates,
-                                  n_aggregate=n_aggregate, progress=progress)
+                                  n_aggregate=n_aggregate, exact_layers=exact_layers, progress=progress)
     lp_final = {}
     with torch.no_grad():
         lp_all = next_token_logprobs(model, tokenizer, texts)
@@ -597,7 +607,7 @@ def without_early(neurons: Sequence[Neuron], min_layer: int) -> list[Neuron]:
 
 
 def screen_recall(result: C.CNAResult, biased: pd.DataFrame, ks: Sequence[int], n_candidates: int,
-                  n_aggregate: int) -> pd.DataFrame:
+                  n_aggregate: int, layers: Sequence[int] | None = None) -> pd.DataFrame:
     """How much the two-stage screen (:func:`screen_candidates` with ``n_candidates`` per
     case and ``n_aggregate`` pooled) misses, measured against the exact importance of
     every neuron (``result`` from :func:`gender_cna` with ``n_candidates=None``).
@@ -606,27 +616,45 @@ def screen_recall(result: C.CNAResult, biased: pd.DataFrame, ks: Sequence[int], 
     top-k (by change) among the screen's candidates. Rows with case "pooled (edit set)":
     the same for the exact edit set (top-k of the gender-balanced mean change), and
     ``edit_set_overlap`` = share of it that the screen's edit set (exact change on the
-    candidates, stage-1 change elsewhere, :func:`aggregate_change`) also holds."""
-    if not torch.isfinite(result.importance_a).all():
-        raise ValueError("screen_recall needs the exact importance of every neuron (gender_cna(n_candidates=None))")
+    candidates, stage-1 change elsewhere, :func:`aggregate_change`) also holds.
+
+    ``layers``: measure within these layers only (every neuron of them exact, e.g.
+    ``gender_cna(n_candidates=..., exact_layers=layers)``): the top-k are then those of
+    these layers. Default: all layers (``result`` exact everywhere)."""
+    L = result.importance_a.shape[1]
+    layers = list(range(L)) if layers is None else sorted(set(layers))
+    if not torch.isfinite(result.importance_a[:, layers]).all():
+        raise ValueError("screen_recall needs the exact importance of every neuron of the layers it measures "
+                         "(gender_cna(n_candidates=None) or exact_layers=layers)")
     groups = list(biased.bias_gender)
     mask = screen_candidates(result.approx_change, n_candidates, n_aggregate, groups)
-    screened = C.CNAResult(**{**result.__dict__, "importance_a": torch.where(mask, result.importance_a, torch.nan),
-                              "importance_b": torch.where(mask, result.importance_b, torch.nan), "mode": "two_stage",
+    outside = torch.ones(L, dtype=torch.bool)
+    outside[layers] = False
+
+    def restrict(imp: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return torch.where(keep & ~outside[:, None], imp, torch.nan)
+
+    exact = C.CNAResult(**{**result.__dict__, "importance_a": restrict(result.importance_a, torch.tensor(True)),
+                           "importance_b": restrict(result.importance_b, torch.tensor(True)),
+                           "approx_a": restrict(result.approx_a, torch.tensor(True)),
+                           "approx_b": restrict(result.approx_b, torch.tensor(True))})
+    screened = C.CNAResult(**{**exact.__dict__, "importance_a": restrict(result.importance_a, mask),
+                              "importance_b": restrict(result.importance_b, mask), "mode": "two_stage",
                               "n_candidates": n_candidates})
     rows = []
-    base = {"n_candidates": n_candidates, "n_aggregate": n_aggregate, "n_screened": int(mask.sum()),
-            "n_neurons": int(mask.numel())}
+    base = {"n_candidates": n_candidates, "n_aggregate": n_aggregate, "n_screened": int(mask[layers].sum()),
+            "n_neurons": int(mask[layers].numel()), "layers": "all" if len(layers) == L else " ".join(map(str, layers))}
     for i, r in enumerate(biased.itertuples()):
         for k in ks:
-            top = result.top(i, k)
+            top = exact.top(i, k)
             rows.append({"case": r.token, "bias_gender": r.bias_gender, "k": k, **base,
                          "recall": sum(bool(mask[n]) for n in top) / len(top), "edit_set_overlap": float("nan")})
     for k in ks:
-        exact, screen = bias_neurons(result, k, groups=groups), bias_neurons(screened, k, groups=groups)
+        top, screen = (C.top_neurons(aggregate_change(res, groups=groups).masked_fill(outside[:, None], -torch.inf), k)
+                       for res in (exact, screened))
         rows.append({"case": "pooled (edit set)", "bias_gender": "both", "k": k, **base,
-                     "recall": sum(bool(mask[n]) for n in exact) / len(exact),
-                     "edit_set_overlap": len(set(exact) & set(screen)) / len(exact)})
+                     "recall": sum(bool(mask[n]) for n in top) / len(top),
+                     "edit_set_overlap": len(set(top) & set(screen)) / len(top)})
     return pd.DataFrame(rows)
 
 

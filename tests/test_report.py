@@ -659,7 +659,7 @@ def test_verdict_table_shows_each_verdicts_interval(tmp_path: Path):
     _bias_scores(a, 35.7, 0.0)
     table = R.verdict_table(R.cross_model_table([a, b])).set_index("finding")
     ci = _outcome("yu_gender_bias", a).interval
-    assert table.at["yu_gender_bias", "a"] == f"reproduced [{ci.low:.3g}, {ci.high:.3g}] (n = 200)"
+    assert table.at["yu_gender_bias", "a"] == f"reproduced [{ci.low:.3g}, {ci.high:.3g}] (n = 20)"  # professions
     assert table.at["yu_gender_bias", "b"] == R.NOT_RUN  # no interval: the verdict alone
     assert "1 reproduced" in table.at["**all**", "a"]
 

@@ -50,3 +50,18 @@ def test_sample_size_for_a_half_width():
     n = S.n_for_half_width(0.5, 0.1)
     assert 90 <= n <= 100
     assert S.binomial_ci(n // 2, n).half_width == pytest.approx(0.1, abs=0.01)
+
+
+def test_crossed_bootstrap_resamples_rows_and_seeds():
+    """Issue 29: a random control's seed-to-seed spread widens the interval; rows alone do not."""
+    rows = np.ones(30)
+    same = np.ones((30, 10))
+    spread = np.tile(np.array([0.0, 2.0] * 5), (30, 1))  # same mean over seeds, seeds disagree
+    stat = lambda a, x: float(x.mean() - a.mean())  # noqa: E731
+    tight = S.crossed_bootstrap_ci(stat, rows, replicates=same)
+    wide = S.crossed_bootstrap_ci(stat, rows, replicates=spread)
+    assert tight.estimate == wide.estimate == 0.0 and tight.low == tight.high == 0.0
+    assert wide.low < -0.3 and wide.high > 0.3 and wide.n == 30 and wide.method == "crossed bootstrap"
+    assert S.bootstrap_ci(lambda x: float(x.mean()), spread).half_width == 0.0  # rows only: no spread at all
+    with pytest.raises(ValueError):
+        S.crossed_bootstrap_ci(stat, np.ones(3), replicates=same)
