@@ -48,6 +48,7 @@ from . import general_ability as GA
 from .ablation import stacked_hooks, zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet, load_gender_data
 from .paths import data_path
+from .stats import bootstrap_ci, crossed_bootstrap_ci
 
 Hook = tuple[str, Callable]
 Neuron = tuple[int, int]
@@ -56,6 +57,29 @@ Neuron = tuple[int, int]
 TOP_K = 100
 #: The number of neurons the paper zeroes (Sec. 6.2, App. D).
 PAPER_EDIT_K = 18
+#: Table 13 (Llama-7B): mean |log p(prof | woman) - log p(prof | man)| in nats, over all
+#: professions and over each gender's, before and after zeroing the 18 neurons.
+PAPER_TABLE13 = {"original": {"total": 1.26, "woman": 1.45, "man": 1.08},
+                 "edited": {"total": 0.81, "woman": 1.04, "man": 0.59}}
+#: Sec. 6.2: the bias is "reduced by 35.7 %" (1 - 0.81 / 1.26).
+PAPER_REDUCTION_PCT = 35.7
+#: Layers below this index are "early" in the early-layer check of notebook 07: layer 0,
+#: whose residual x^{-1} + A^0 is the token embedding plus one attention layer, read
+#: directly through the final norm. Fixed before measuring the edit (from what layer 0's
+#: residual is, not from the bias numbers) and not tuned: the notebook reports the edit
+#: with and without these layers side by side.
+EARLY_LAYERS = 1
+#: :func:`exact_affordable`: the exact importance of every neuron costs about
+#: n_layers * d_mlp * d_model * vocab multiply-adds (one unembedding per neuron) plus
+#: a few passes over n_layers * d_mlp * vocab logits per prompt. SmolLM2-135M (1.3e12)
+#: took 249 s on one shared core; Qwen2.5-0.5B (1.6e13) would take about 8 minutes on
+#: two cores, more than the notebook may spend, so it gets the screen, with its recall
+#: measured on every ``RECALL_LAYER_STRIDE``-th layer.
+MAX_EXACT_MACS = 5e12
+#: Without the exact importance of every neuron, the screen's recall is measured on the
+#: exact importance of every neuron of layers 0, stride, 2 * stride, ... (a quarter of
+#: the cost of all layers; layer 0 included).
+RECALL_LAYER_STRIDE = 4
 #: A first token that is only part of the profession's first word (" reception" of
 #: "receptionist") counts when it has at least this many letters; shorter pieces
 #: (" c", " but", " par") are generic word pieces or other words.
@@ -148,6 +172,48 @@ def paper_profession_tokens(tokenizer, prof_tokens: pd.DataFrame) -> pd.DataFram
             rows.append({"gender": gender, "profession": w, "token_id": tid, "token": _token_text(tokenizer, tid),
                          "in_lexicon_tokens": tid in ids})
     return pd.DataFrame(rows)
+
+
+def paper_bias_set(tokenizer, genders: Sequence[str] = GENDERS, min_partial: int = MIN_PARTIAL_LETTERS
+                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The paper's Table 23 professions as a set to measure the bias on (App. D), by the
+    repository's rule: a profession is scored by the FIRST token of ``" " + profession``
+    (as the model-discovered list; the paper picked these words from top-100 next-token
+    lists, a token-level unit, and CNA's importance is for one predicted token), and with
+    the lexicon's test (:func:`counts_as_profession`): the first token must be the
+    profession's first word or a prefix of it with at least ``min_partial`` letters (" p"
+    of "porter" would score every word in p).
+
+    Returns ``(scored, professions)``. ``professions``: one row per Table-23 profession
+    with its gender, number of tokens, ``multi_token``, first token and ``used`` / ``reason``
+    (none is dropped silently). ``scored``: one row per (gender, first token), the
+    professions that share it joined ("machinist; machine operator"), in the layout of
+    :func:`biased_professions` (token_id, token, professions, bias_gender = the paper's
+    gender, n_professions). A first token in both genders' lists would measure nothing
+    (one log-prob, two opposite stereotypes): its professions are reported, not scored."""
+    rows = []
+    for gender, words in load_gender_data()["paper_professions"].items():
+        if gender not in genders:
+            raise ValueError(f"Table 23 gender {gender!r} not in {list(genders)}")
+        for w in words:
+            ids = tokenizer(" " + w, add_special_tokens=False)["input_ids"]
+            tid = first_token(tokenizer, w)
+            rows.append({"gender": gender, "profession": w, "n_tokens": len(ids), "multi_token": len(ids) > 1,
+                         "token_id": tid, "token": _token_text(tokenizer, tid)})
+    prof = pd.DataFrame(rows)
+    both = prof.groupby("token_id").gender.nunique()
+    clash = prof.token_id.isin(set(both[both > 1].index))
+    unk = getattr(tokenizer, "unk_token_id", None)
+    is_unk = prof.token_id == unk if unk is not None else pd.Series(False, index=prof.index)
+    short = ~np.array([counts_as_profession(t, p, min_partial) for t, p in zip(prof.token, prof.profession)])
+    prof["used"] = ~(clash | is_unk | short)
+    prof["reason"] = np.select([is_unk, short, clash], ["unknown token", "piece too short",
+                                                        "first token in both genders' lists"], "")
+    scored = (prof[prof.used].groupby(["gender", "token_id"], sort=False)
+              .agg(token=("token", "first"), professions=("profession", "; ".join),
+                   n_professions=("profession", "size")).reset_index()
+              .rename(columns={"gender": "bias_gender"}))
+    return scored[["token_id", "token", "professions", "bias_gender", "n_professions"]], prof
 
 
 # --------------------------------------------------------------------------- prompts and forward passes
@@ -340,12 +406,38 @@ def _prompt_set(tokenizer, texts: Sequence[str]) -> PromptSet:
     return PromptSet(recs, ids, [[0] for _ in texts], [None] * len(texts), tokenizer)
 
 
+def exact_affordable(model, max_macs: float = MAX_EXACT_MACS) -> bool:
+    """Whether :func:`gender_cna` should compute the exact importance of every neuron: on
+    a GPU, or when n_layers * d_mlp * d_model * vocab <= ``max_macs``."""
+    cfg = model.cfg
+    if next(model.parameters()).device.type == "cuda":
+        return True
+    return cfg.n_layers * cfg.d_mlp * cfg.d_model * cfg.d_vocab <= max_macs
+
+
+def screen_candidates(approx_change: torch.Tensor, n_candidates: int, n_aggregate: int,
+                      groups: Sequence[str] | None = None) -> torch.Tensor:
+    """The two-stage screen's candidates, a boolean mask [L, K]: the union of each case's
+    top-``n_candidates`` neurons by stage-1 change (``approx_change`` [N, L, K]) and the
+    top-``n_aggregate`` by the mean stage-1 change over the cases (gender-balanced with
+    ``groups``, :func:`balanced_mean`). Only these get an exact importance in the screen."""
+    N, L, K = approx_change.shape
+    change = torch.nan_to_num(approx_change.reshape(N, L * K), nan=-torch.inf)
+    mask = torch.zeros(L * K, dtype=torch.bool)
+    if n_candidates > 0:
+        mask[change.topk(min(n_candidates, L * K), dim=1).indices.flatten()] = True
+    if n_aggregate > 0:
+        mean = balanced_mean(torch.nan_to_num(approx_change, nan=0.0), groups).flatten()
+        mask[mean.topk(min(n_aggregate, L * K)).indices] = True
+    return mask.view(L, K)
+
+
 @torch.no_grad()
 def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows_a: Sequence[int],
                             rows_b: Sequence[int], targets: torch.Tensor, *, groups: Sequence[str] | None = None,
-                            n_candidates: int = 20,
-                            n_aggregate: int = 200, vocab_chunk: int = 8192, block_elems: int = 2 ** 24,
-                            progress: bool = False) -> dict[str, torch.Tensor]:
+                            n_candidates: int | None = 20,
+                            n_aggregate: int = 200, exact_layers: Sequence[int] = (), vocab_chunk: int = 8192,
+                            block_elems: int = 2 ** 24, progress: bool = False) -> dict[str, torch.Tensor]:
     """CNA importance (Sec. 4.1) when many cases share few inputs: ``resid`` [G, L, d] and
     ``coef`` [G, L, K] are the answer-position captures of G distinct prompts; case i
     compares input ``rows_a[i]`` with ``rows_b[i]`` for target token ``targets[i]``.
@@ -359,7 +451,11 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
     every neuron for every case; stage 2 computes the exact importance, for EVERY case,
     of the union of each case's top-``n_candidates`` neurons by stage-1 change and the
     top-``n_aggregate`` by the mean stage-1 change (gender-balanced with ``groups``,
-    :func:`balanced_mean`).
+    :func:`balanced_mean`; :func:`screen_candidates`). ``n_candidates=None``: no screen,
+    the exact importance of EVERY neuron (one log-partition per input and neuron, so its
+    cost does not grow with the number of cases: about the cost of one prompt in
+    :func:`arithlib.cna.exact_importance`). ``exact_layers``: every neuron of these layers
+    is exact besides the screen's candidates (to measure the screen's recall there).
 
     Returns ``importance`` and ``approx`` [2, N, L, K] (side a, side b; importance NaN
     outside the candidates) and ``base_logprob`` [2, N, L]."""
@@ -395,16 +491,13 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
                               pA=stats.pA[g], q=stats.q[g])
             approx[s, :, layer] = C.first_order_importance(r[g], m[g], values, t, norm, W_U, st).cpu()
             base[s, :, layer] = (st.A_w / st.sigma0 + beta[t] - st.lse0).cpu()
-    # candidates
-    change = (approx[0] - approx[1]).reshape(N, L * K)
-    change = torch.nan_to_num(change, nan=-torch.inf)
-    cand = set(change.topk(min(n_candidates, L * K), dim=1).indices.flatten().tolist()) if n_candidates > 0 else set()
-    mean = balanced_mean(torch.nan_to_num(approx[0] - approx[1], nan=0.0), groups).flatten()
-    if n_aggregate > 0:
-        cand |= set(mean.topk(min(n_aggregate, L * K)).indices.tolist())
-    by_layer: dict[int, list[int]] = defaultdict(list)
-    for c in sorted(cand):
-        by_layer[c // K].append(c % K)
+    # candidates: the screen's, or every neuron
+    if n_candidates is None:
+        cand = torch.ones(L, K, dtype=torch.bool)
+    else:
+        cand = screen_candidates(approx[0] - approx[1], n_candidates, n_aggregate, groups)
+        cand[list(exact_layers)] = True
+    by_layer = {layer: cand[layer].nonzero().flatten().tolist() for layer in range(L) if cand[layer].any()}
     importance = torch.full((2, N, L, K), torch.nan)
     for layer, neurons in tqdm(sorted(by_layer.items()), desc="stage 2 (exact)", disable=not progress, leave=False):
         stats, A_t = stats_by_layer[layer]
@@ -414,22 +507,7 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
         values = C.mlp_values(model, layer)[idx]
         rc, v, sigma = C._pair_terms(r, m, values, norm)  # sigma [G, U]
         gr, gv = rc * norm.weight, v * norm.weight
-        U = len(neurons)
-        run_max = torch.full((G, U), -torch.inf, device=device)
-        run_sum = torch.zeros(G, U, device=device)
-        step = max(1, block_elems // (vocab_chunk * G))
-        for v0 in range(0, W_U.shape[1], vocab_chunk):
-            Wc = W_U[:, v0:v0 + vocab_chunk]
-            A = gr @ Wc  # [G, C]
-            bc = beta[v0:v0 + vocab_chunk]
-            for u0 in range(0, U, step):
-                sl = slice(u0, u0 + step)
-                B = gv[sl] @ Wc  # [u, C]
-                z = (A[:, None, :] + m[:, sl, None] * B[None]) / sigma[:, sl, None] + bc
-                new = torch.maximum(run_max[:, sl], z.max(-1).values)
-                run_sum[:, sl] = run_sum[:, sl] * torch.exp(run_max[:, sl] - new) + torch.exp(z - new[..., None]).sum(-1)
-                run_max[:, sl] = new
-        lse = run_max + torch.log(run_sum)  # [G, U]
+        lse = C.log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems)  # [G, U]
         B_t = gv @ w_cols.T  # [U, N]
         z_t = (A_t[:, None, :] + m[:, :, None] * B_t[None]) / sigma[:, :, None] + beta[t]  # [G, U, N]
         lp = z_t - lse[:, :, None]  # log p(target_n | input g with neuron u added)
@@ -442,12 +520,16 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
 
 
 def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, genders: Sequence[str] = GENDERS, *,
-               n_candidates: int = 20, n_aggregate: int = 200, progress: bool = True) -> C.CNAResult:
+               n_candidates: int | None = None, n_aggregate: int = 200, exact_layers: Sequence[int] = (),
+               progress: bool = True) -> C.CNAResult:
     """CNA between the genders (Sec. 6.2) on Table-22 prompt ``prompt_id``, one case per
     row of ``biased``: run a = the prompt with the row's bias gender, run b = with the
     other gender, target = the profession token; ``result.change[i]`` ranks the
     neurons that raise p(w_i | its gender) over p(w_i | other gender). The two prompts
-    are run once and every case shares their captures (:func:`shared_input_importance`)."""
+    are run once and every case shares their captures (:func:`shared_input_importance`).
+    ``n_candidates=None`` (default): the exact importance of every neuron (mode "exact");
+    an int: the two-stage screen (:func:`screen_candidates`), plus every neuron of
+    ``exact_layers``."""
     if len(biased) == 0:
         raise ValueError("no biased professions: nothing to compare")
     genders = list(genders)
@@ -460,7 +542,7 @@ def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, gende
     other = [1 - i for i in own]
     out = shared_input_importance(model, run.resid_mid, run.coef, own, other, targets,
                                   groups=list(biased.bias_gender), n_candidates=n_candidates,
-                                  n_aggregate=n_aggregate, progress=progress)
+                                  n_aggregate=n_aggregate, exact_layers=exact_layers, progress=progress)
     lp_final = {}
     with torch.no_grad():
         lp_all = next_token_logprobs(model, tokenizer, texts)
@@ -471,7 +553,8 @@ def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, gende
     imp, approx, base = out["importance"], out["approx"], out["base_logprob"]
     return C.CNAResult(importance_a=imp[0], importance_b=imp[1], approx_a=approx[0], approx_b=approx[1],
                        coef_a=run.coef[own], coef_b=run.coef[other], base_logprob_a=base[0], base_logprob_b=base[1],
-                       run_a=lp_final["a"], run_b=lp_final["b"], targets=targets, mode="two_stage",
+                       run_a=lp_final["a"], run_b=lp_final["b"], targets=targets,
+                       mode="exact" if n_candidates is None else "two_stage",
                        n_candidates=n_candidates, layers=list(range(run.coef.shape[1])))
 
 
@@ -506,10 +589,134 @@ def aggregate_change(result: C.CNAResult, cases: Sequence[int] | None = None,
 
 
 def bias_neurons(result: C.CNAResult, k: int, cases: Sequence[int] | None = None,
-                 groups: Sequence[str] | None = None) -> list[Neuron]:
+                 groups: Sequence[str] | None = None, min_layer: int = 0) -> list[Neuron]:
     """The ``k`` neurons with the largest (gender-balanced, with ``groups``) mean change
-    over ``cases``: the edit set."""
-    return C.top_neurons(aggregate_change(result, cases, groups), k)
+    over ``cases``: the edit set. ``min_layer``: only neurons of layers >= it (the edit
+    set without the early layers, refilled to ``k`` from the later ones)."""
+    agg = aggregate_change(result, cases, groups).clone()
+    if not 0 <= min_layer < agg.shape[0]:
+        raise ValueError(f"min_layer {min_layer} outside 0..{agg.shape[0] - 1}")
+    agg[:min_layer] = -torch.inf
+    return C.top_neurons(agg, k)
+
+
+def without_early(neurons: Sequence[Neuron], min_layer: int) -> list[Neuron]:
+    """``neurons`` less those in layers below ``min_layer`` (the edit set with its early
+    neurons removed and not replaced)."""
+    return [(l, n) for l, n in neurons if l >= min_layer]
+
+
+def screen_recall(result: C.CNAResult, biased: pd.DataFrame, ks: Sequence[int], n_candidates: int,
+                  n_aggregate: int, layers: Sequence[int] | None = None) -> pd.DataFrame:
+    """How much the two-stage screen (:func:`screen_candidates` with ``n_candidates`` per
+    case and ``n_aggregate`` pooled) misses, measured against the exact importance of
+    every neuron (``result`` from :func:`gender_cna` with ``n_candidates=None``).
+
+    One row per case (profession token) and k: ``recall`` = share of the case's exact
+    top-k (by change) among the screen's candidates. Rows with case "pooled (edit set)":
+    the same for the exact edit set (top-k of the gender-balanced mean change), and
+    ``edit_set_overlap`` = share of it that the screen's edit set (exact change on the
+    candidates, stage-1 change elsewhere, :func:`aggregate_change`) also holds.
+
+    ``layers``: measure within these layers only (every neuron of them exact, e.g.
+    ``gender_cna(n_candidates=..., exact_layers=layers)``): the top-k are then those of
+    these layers. Default: all layers (``result`` exact everywhere)."""
+    L = result.importance_a.shape[1]
+    layers = list(range(L)) if layers is None else sorted(set(layers))
+    if not torch.isfinite(result.importance_a[:, layers]).all():
+        raise ValueError("screen_recall needs the exact importance of every neuron of the layers it measures "
+                         "(gender_cna(n_candidates=None) or exact_layers=layers)")
+    groups = list(biased.bias_gender)
+    mask = screen_candidates(result.approx_change, n_candidates, n_aggregate, groups)
+    outside = torch.ones(L, dtype=torch.bool)
+    outside[layers] = False
+
+    def restrict(imp: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return torch.where(keep & ~outside[:, None], imp, torch.nan)
+
+    exact = C.CNAResult(**{**result.__dict__, "importance_a": restrict(result.importance_a, torch.tensor(True)),
+                           "importance_b": restrict(result.importance_b, torch.tensor(True)),
+                           "approx_a": restrict(result.approx_a, torch.tensor(True)),
+                           "approx_b": restrict(result.approx_b, torch.tensor(True))})
+    screened = C.CNAResult(**{**exact.__dict__, "importance_a": restrict(result.importance_a, mask),
+                              "importance_b": restrict(result.importance_b, mask), "mode": "two_stage",
+                              "n_candidates": n_candidates})
+    rows = []
+    base = {"n_candidates": n_candidates, "n_aggregate": n_aggregate, "n_screened": int(mask[layers].sum()),
+            "n_neurons": int(mask[layers].numel()), "layers": "all" if len(layers) == L else " ".join(map(str, layers))}
+    for i, r in enumerate(biased.itertuples()):
+        for k in ks:
+            top = exact.top(i, k)
+            rows.append({"case": r.token, "bias_gender": r.bias_gender, "k": k, **base,
+                         "recall": sum(bool(mask[n]) for n in top) / len(top), "edit_set_overlap": float("nan")})
+    for k in ks:
+        top, screen = (C.top_neurons(aggregate_change(res, groups=groups).masked_fill(outside[:, None], -torch.inf), k)
+                       for res in (exact, screened))
+        rows.append({"case": "pooled (edit set)", "bias_gender": "both", "k": k, **base,
+                     "recall": sum(bool(mask[n]) for n in top) / len(top),
+                     "edit_set_overlap": len(set(top) & set(screen)) / len(top)})
+    return pd.DataFrame(rows)
+
+
+def edit_layers(neuron_sets: Mapping[str, Sequence[Neuron]]) -> pd.DataFrame:
+    """Layers of each edit set: rows edit_set, layer, n_neurons (layers holding at least
+    one of its neurons), share of the set."""
+    rows = []
+    for name, ns in neuron_sets.items():
+        counts = pd.Series([l for l, _ in ns], dtype=int).value_counts().sort_index()
+        rows += [{"edit_set": name, "layer": int(l), "n_neurons": int(c), "share": c / len(ns)} for l, c in counts.items()]
+    return pd.DataFrame(rows, columns=["edit_set", "layer", "n_neurons", "share"])
+
+
+def _gender_rows(result: C.CNAResult, biased: pd.DataFrame, genders: Sequence[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{gender: (resid_mid [L, d], coef [L, K])}`` at the CNA prompt's last position:
+    run a of a case whose bias gender it is, else run b of a case of the other gender."""
+    out = {}
+    labels = list(biased.bias_gender)
+    for g in genders:
+        if g in labels:
+            i = labels.index(g)
+            out[g] = (result.run_a.resid_mid[i], result.coef_a[i])
+        else:
+            i = next(j for j, x in enumerate(labels) if x != g)
+            out[g] = (result.run_b.resid_mid[i], result.coef_b[i])
+    return out
+
+
+@torch.no_grad()
+def layer_diagnostic(model, result: C.CNAResult, biased: pd.DataFrame, edit_set: Sequence[Neuron],
+                     genders: Sequence[str] = GENDERS) -> pd.DataFrame:
+    """Per layer l, what the importance of its neurons is read from (Sec. 4.1: the residual
+    x^{l-1} + A^l plus m_k fc2_k, through the final norm and the unembedding):
+
+    ``resid_rms_<g>``: RMS of the (centred) residual under each gender, the scale the final
+    norm divides by; ``write_to_resid_<g>``: median over the layer's neurons of
+    |m_k fc2_k| / |x^{l-1} + A^l| (a neuron's write relative to the residual it is added
+    to: where the residual is small, one neuron turns the normalised direction and the
+    importance is large whatever the neuron means); ``mean_abs_importance`` over neurons,
+    cases and both runs; ``mean_abs_change`` and ``max_change`` of the pooled change the
+    edit set is ranked by; ``n_in_edit_set``."""
+    norm = C.final_norm(model)
+    rows_g = _gender_rows(result, biased, genders)
+    agg = aggregate_change(result, groups=list(biased.bias_gender))
+    L = agg.shape[0]
+    in_set = pd.Series([l for l, _ in edit_set], dtype=int).value_counts()
+    imp = torch.cat([result.importance_a, result.importance_b]).abs()
+    rows = []
+    for layer in range(L):
+        v = C._centre(C.mlp_values(model, layer).float().cpu(), norm).norm(dim=-1)  # [K]
+        row = {"layer": layer}
+        for g, (resid, coef) in rows_g.items():
+            r = C._centre(resid[layer].float(), norm)
+            row[f"resid_rms_{g}"] = float(r.pow(2).mean().sqrt())
+            row[f"write_to_resid_{g}"] = float((coef[layer].float().abs() * v / r.norm()).median())
+        li = imp[:, layer]
+        row["mean_abs_importance"] = float(li[torch.isfinite(li)].mean()) if torch.isfinite(li).any() else float("nan")
+        row["mean_abs_change"] = float(agg[layer].abs().mean())
+        row["max_change"] = float(agg[layer].max())
+        row["n_in_edit_set"] = int(in_set.get(layer, 0))
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def random_neuron_sets(neurons: Sequence[Neuron], d_mlp: int, seeds: Sequence[int]) -> dict[int, list[Neuron]]:
@@ -575,16 +782,19 @@ def edit_set_table(model, tokenizer, result: C.CNAResult, biased: pd.DataFrame, 
 # --------------------------------------------------------------------------- edit and controls
 
 
-def edit_conditions(neurons_by_k: Mapping[int, Sequence[Neuron]], random_by_k: Mapping[int, Mapping[int, Sequence[Neuron]]]
-                    ) -> dict[tuple[str, int, int], list[Hook]]:
-    """Hooks per condition ``(kind, K, seed)``: ("original", 0, -1) no edit; ("cna", K, -1)
-    zero the top-K CNA neurons; ("random", K, seed) zero the seed's random set. Zeroing
-    is at every position, which equals setting the neurons' parameters to zero."""
+def edit_conditions(neurons_by_k: Mapping[int, Sequence[Neuron]], random_by_k: Mapping[int, Mapping[int, Sequence[Neuron]]],
+                    kind: str = "cna") -> dict[tuple[str, int, int], list[Hook]]:
+    """Hooks per condition ``(kind, K, seed)``: ("original", 0, -1) no edit; (``kind``, K, -1)
+    zero the top-K CNA neurons; (:func:`control_kind` of ``kind``, K, seed) zero the seed's
+    random set. Zeroing is at every position, which equals setting the neurons' parameters
+    to zero. ``kind``: "cna", or a variant such as "cna_late" (the edit set without the
+    early layers) whose controls are "random_late"."""
     conds: dict[tuple[str, int, int], list[Hook]] = {("original", 0, -1): []}
+    ctrl = control_kind(kind)
     for k, ns in neurons_by_k.items():
-        conds[("cna", k, -1)] = zero_neurons_hooks(ns, position=None)
+        conds[(kind, k, -1)] = zero_neurons_hooks(ns, position=None)
         for seed, rs in random_by_k.get(k, {}).items():
-            conds[("random", k, seed)] = zero_neurons_hooks(rs, position=None)
+            conds[(ctrl, k, seed)] = zero_neurons_hooks(rs, position=None)
     return conds
 
 
@@ -592,11 +802,83 @@ def bias_under_conditions(model, tokenizer, biased: pd.DataFrame, conditions: Ma
                           genders: Sequence[str] = GENDERS, progress: bool = True) -> pd.DataFrame:
     """:func:`bias_scores` on all 8 prompts under each condition (the conditions sharing
     forward passes); rows as bias_scores plus kind, K, seed."""
-    frames = []
+    return bias_by_set(model, tokenizer, {"": biased}, conditions, genders, progress)[""]
+
+
+def bias_by_set(model, tokenizer, sets: Mapping[str, pd.DataFrame], conditions: Mapping[tuple[str, int, int], list[Hook]],
+                genders: Sequence[str] = GENDERS, progress: bool = True) -> dict[str, pd.DataFrame]:
+    """:func:`bias_under_conditions` for several profession sets (the model's own list,
+    the paper's Table 23) from the same forward passes: ``{name: scores}``."""
+    frames: dict[str, list[pd.DataFrame]] = {name: [] for name in sets}
     for (kind, k, seed), lp in zip(conditions, gender_logprobs_many(model, tokenizer, list(conditions.values()), genders,
                                                                           progress)):
-        frames.append(bias_scores(lp, biased, genders).assign(kind=kind, K=k, seed=seed))
-    return pd.concat(frames, ignore_index=True)
+        for name, profs in sets.items():
+            frames[name].append(bias_scores(lp, profs, genders).assign(kind=kind, K=k, seed=seed))
+    return {name: pd.concat(f, ignore_index=True) for name, f in frames.items()}
+
+
+def control_kind(kind: str) -> str:
+    """The random control's kind of an edit kind: "cna" -> "random", "cna_late" -> "random_late"."""
+    if not kind.startswith("cna"):
+        raise ValueError(f"edit kinds start with 'cna', got {kind!r}")
+    return "random" + kind[3:]
+
+
+def _per_profession(scores: pd.DataFrame, kind: str, k: int, seed: int | None = None) -> pd.DataFrame:
+    """|bias| of one condition as a professions x prompts matrix (rows token_id, sorted)."""
+    sub = scores[(scores.kind == kind) & (scores.K == k)]
+    if seed is not None:
+        sub = sub[sub.seed == seed]
+    return sub.pivot_table(index="token_id", columns="prompt_id", values="abs_diff", aggfunc="first").sort_index()
+
+
+def reduction_intervals(scores: pd.DataFrame, kinds: Sequence[str] = ("cna",), ks: Sequence[int] | None = None
+                        ) -> pd.DataFrame:
+    """Table 13's reduction with 95 % intervals, per edit kind and size K: ``reduction_pct``
+    = 100 (1 - mean bias edited / mean bias original) over the professions and prompts of
+    ``scores`` (:func:`bias_scores` rows with kind, K, seed); ``random_pct`` the same for
+    the layer-matched random sets (:func:`control_kind`), mean over seeds; ``diff_pts`` =
+    reduction minus random. Intervals: a bootstrap over professions (each with all its
+    prompts; stratified by bias gender where the column exists) crossed with the random
+    seeds (:func:`arithlib.stats.crossed_bootstrap_ci`). Rows without random seeds get NaN
+    intervals for the control and the difference."""
+    orig = _per_profession(scores, "original", 0)
+    if orig.empty:
+        raise ValueError("no original-model rows in the scores")
+    gender = (scores.drop_duplicates("token_id").set_index("token_id").bias_gender.reindex(orig.index).to_numpy()
+              if "bias_gender" in scores else None)
+    o = orig.to_numpy(float)
+
+    def red(a: np.ndarray, b: np.ndarray) -> float:
+        return float(100 * (1 - b.mean() / a.mean()))
+
+    def red_rand(a: np.ndarray, x: np.ndarray) -> float:  # mean over the seeds (last axis) of x
+        return float(np.mean(100 * (1 - x.reshape(-1, x.shape[-1]).mean(0) / a.mean())))
+
+    rows = []
+    for kind in kinds:
+        for k in sorted(scores.loc[scores.kind == kind, "K"].unique()) if ks is None else ks:
+            edited = _per_profession(scores, kind, int(k)).reindex(index=orig.index, columns=orig.columns)
+            if edited.isna().all().all():
+                continue
+            e = edited.to_numpy(float)
+            rk = scores[(scores.kind == control_kind(kind)) & (scores.K == k)]
+            seeds = sorted(rk.seed.unique())
+            ci = bootstrap_ci(red, o, e, groups=gender)
+            row = {"kind": kind, "K": int(k), "n_professions": len(o), "n_prompts": o.shape[1], "n_seeds": len(seeds),
+                   "reduction_pct": ci.estimate, "reduction_low": ci.low, "reduction_high": ci.high}
+            nan = float("nan")
+            if seeds:
+                x = np.stack([_per_profession(scores, control_kind(kind), int(k), s)
+                              .reindex(index=orig.index, columns=orig.columns).to_numpy(float) for s in seeds], -1)
+                rc = crossed_bootstrap_ci(red_rand, o, replicates=x, groups=gender)
+                dc = crossed_bootstrap_ci(lambda a, b, xx: red(a, b) - red_rand(a, xx), o, e, replicates=x, groups=gender)
+                row.update(random_pct=rc.estimate, random_low=rc.low, random_high=rc.high,
+                           diff_pts=dc.estimate, diff_low=dc.low, diff_high=dc.high)
+            else:
+                row.update(random_pct=nan, random_low=nan, random_high=nan, diff_pts=nan, diff_low=nan, diff_high=nan)
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def summarize_conditions(scores: pd.DataFrame, prompt_ids: Sequence[int] | None = None,

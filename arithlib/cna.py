@@ -738,11 +738,21 @@ def _exact_importance_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, s
     holds at most ``block_elems`` values: the vocabulary chunk shrinks below
     ``vocab_chunk`` when one row's [K, chunk] block would exceed it (K = 14,336 neurons
     of a Llama-3-8B layer: 1,170 tokens per chunk instead of 8,192, 64 MB instead of 470 MB)."""
+    w_cols = W_U[:, targets].T  # [R, d]
+    z_w = ((gr * w_cols).sum(-1)[:, None] + m * (w_cols @ gv.T)) * (1.0 / sigma) + beta[targets][:, None]
+    return z_w - log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems) - base_logprob[:, None]
+
+
+def log_partition_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, sigma: torch.Tensor, W_U: torch.Tensor,
+                      beta: torch.Tensor, vocab_chunk: int = 8192, block_elems: int = 2 ** 24) -> torch.Tensor:
+    """log sum_v exp(logits_v(r + m_k v_k)) for every row r and neuron k, [R, K]: the part
+    of the exact importance that needs a pass over the vocabulary (``gr``, ``gv``: the
+    centred rows and values times the norm weight; ``sigma`` [R, K]: the norm scale of
+    r + m_k v_k; ``beta``: the logit offset). It does not depend on the target token, so
+    several targets of one row share it (:func:`arithlib.bias.shared_input_importance`)."""
     R, K = m.shape
     device = W_U.device
     inv_sigma = 1.0 / sigma
-    w_cols = W_U[:, targets].T  # [R, d]
-    z_w = ((gr * w_cols).sum(-1)[:, None] + m * (w_cols @ gv.T)) * inv_sigma + beta[targets][:, None]
     run_max = torch.full((R, K), -torch.inf, device=device)
     run_sum = torch.zeros(R, K, device=device)
     chunk = max(1, min(vocab_chunk, W_U.shape[1], block_elems // K))
@@ -762,7 +772,7 @@ def _exact_importance_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, s
             new = torch.maximum(run_max[rs], z.amax(-1))
             run_sum[rs] = run_sum[rs] * torch.exp(run_max[rs] - new) + z.sub_(new[..., None]).exp_().sum(-1)
             run_max[rs] = new
-    return z_w - (run_max + torch.log(run_sum)) - base_logprob[:, None]
+    return run_max + torch.log(run_sum)
 
 
 @torch.no_grad()

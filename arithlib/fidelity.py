@@ -197,6 +197,26 @@ def _nik_prompts(P: Params, per_op_key: str, nb: str) -> str:
 
 Getter = Callable[[Params], str]
 
+
+def _gender_scoring(P: Params) -> str:
+    """Notebook 07's CNA scoring: the exact importance of every neuron or the two-stage
+    screen, as its ``exact_importance`` resolved (``bias.exact_affordable`` from the model's
+    sizes; quick mode: a 20x smaller budget)."""
+    from .bias import MAX_EXACT_MACS
+
+    p = _nb(P, "07")
+    how = p["exact_importance"]
+    if how == "auto":
+        i = p["model_info"]
+        budget = MAX_EXACT_MACS / (20 if p.get("quick") else 1)
+        how = p.get("device") == "cuda" or i["n_layers"] * i["d_mlp"] * i["d_model"] * i["d_vocab"] <= budget
+    if how:
+        return "candidate scoring: exact importance of every neuron (the screen's recall measured against it)"
+    from .bias import RECALL_LAYER_STRIDE
+
+    return (f"candidate scoring: two-stage screen, exact for {p['n_candidates']} per profession + pooled "
+            f"{p['n_aggregate']} (its recall measured on every neuron of every {RECALL_LAYER_STRIDE}th layer)")
+
 #: Our settings, by finding id: aspect -> a function of the run's params (KeyError,
 #: TypeError or ValueError there means "not recorded").
 OURS: dict[str, dict[str, Getter]] = {
@@ -285,11 +305,17 @@ OURS: dict[str, dict[str, Getter]] = {
     "yu_gender_bias": dict(
         model=lambda P: _model(P, "07"),
         prompts=lambda P: f"the 8 Table-22 prompts x {{man, woman}}; professions from the top-{_nb(P, '07')['top_k']} "
-                          f"predictions; CNA on prompt {_nb(P, '07')['cna_prompt']}",
+                          f"predictions (the bias also on Table 23's 32, each by the first token of ' ' + profession "
+                          f"when it is the first word or a >= 5-letter prefix, the rest listed); CNA on prompt "
+                          f"{_nb(P, '07')['cna_prompt']}",
         positions=lambda P: f"top-{_nb(P, '07')['edit_k']} CNA neurons zeroed (and {_nb(P, '07')['n_random_seeds']} "
                             "random sets)",
-        metric=lambda P: "mean |log p(prof | woman) - log p(prof | man)|, reduction vs the original",
-        scale=lambda P: f"edit sizes {list(_nb(P, '07')['sweep'])}; {_quick(P, '07')}"),
+        metric=lambda P: "mean |log p(prof | woman) - log p(prof | man)|, reduction vs the original; 95 % intervals "
+                         "by a bootstrap over professions crossed with the random seeds",
+        scale=lambda P: f"edit sizes {list(_nb(P, '07')['sweep'])}; {_gender_scoring(P)}; "
+                        f"{_nb(P, '07')['n_random_seeds']} layer-matched random sets per size; also the top-"
+                        f"{_nb(P, '07')['edit_k']} from layers >= {_nb(P, '07')['early_layers']} and the edit set "
+                        f"less its early neurons; {_quick(P, '07')}"),
     "nikankin_faithfulness": dict(
         model=lambda P: _model(P, "03"),
         prompts=lambda P: _nik_prompts(P, "n_analysis", "03"),

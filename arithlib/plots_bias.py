@@ -191,3 +191,51 @@ def edit_set(table: pd.DataFrame, title: str, n_tokens: int = 4) -> plt.Figure:
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def layer_diagnostic(diag: pd.DataFrame, genders: Sequence[str], title: str) -> plt.Figure:
+    """Per layer: the RMS of the residual the importance is read from (log scale, each
+    gender), a neuron's typical write relative to it, and the pooled CNA change with the
+    edit set's neurons per layer (``bias.layer_diagnostic``)."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    for g in genders:
+        axes[0].plot(diag.layer, diag[f"resid_rms_{g}"], marker="o", ms=3, label=g)
+        axes[1].plot(diag.layer, diag[f"write_to_resid_{g}"], marker="o", ms=3, label=g)
+    axes[0].set(yscale="log", xlabel="layer", ylabel="RMS of x^{l-1} + A^l", title="residual read by the importance")
+    axes[1].set(yscale="log", xlabel="layer", ylabel="median |m_k fc2_k| / |x^{l-1} + A^l|",
+                title="a neuron's write vs that residual")
+    axes[0].legend(fontsize=8)
+    ax = axes[2]
+    ax.bar(diag.layer, diag.n_in_edit_set, color="tab:red", alpha=0.5, label="edit-set neurons")
+    ax.set(xlabel="layer", ylabel="neurons in the edit set")
+    ax2 = ax.twinx()
+    ax2.plot(diag.layer, diag.max_change, color="k", marker=".", label="max pooled change")
+    ax2.plot(diag.layer, diag.mean_abs_change, color="gray", marker=".", label="mean |pooled change|")
+    ax2.set(yscale="log", ylabel="nats")
+    ax2.legend(fontsize=8, loc="upper center")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def edit_effects(effects: pd.DataFrame, paper_pct: float, title: str) -> plt.Figure:
+    """Bias reduction (%) with 95 % intervals per edit (``bias.reduction_intervals`` rows
+    with a ``professions`` column) beside its random control, and the paper's number."""
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(effects) + 2), 4))
+    if effects.empty:
+        _empty(ax, "no edit")
+        return fig
+    labels = [f"{r.kind} K={r.K}\n{r.professions}" for r in effects.itertuples()]
+    x = np.arange(len(effects))
+    for off, col, color, name in ((-0.18, "reduction", "tab:red", "CNA edit"), (0.18, "random", "gray", "random sets")):
+        est = effects["reduction_pct" if col == "reduction" else "random_pct"].to_numpy(float)
+        lo, hi = effects[f"{col}_low"].to_numpy(float), effects[f"{col}_high"].to_numpy(float)
+        err = np.vstack([est - lo, hi - est])
+        ax.bar(x + off, est, 0.36, yerr=np.nan_to_num(err), capsize=3, color=color, label=name)
+    ax.axhline(paper_pct, color="tab:blue", ls="--", label=f"paper (Llama-7B): {paper_pct} %")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set(ylabel="bias reduction (%)", title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

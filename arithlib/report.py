@@ -654,7 +654,7 @@ def _yu_mask_keep(t: Tables) -> Outcome:
         base = float(rows.iloc[0]["base_accuracy"]) if len(rows) else float("nan")
         if mat is None or not base > 0:
             return None
-        return crossed_bootstrap_ci(lambda d: 100 * (base - d.mean()) / base, draws=mat.astype(float))
+        return crossed_bootstrap_ci(lambda d: 100 * (base - d.mean()) / base, replicates=mat.astype(float))
 
     mask, keep, rnd, rkeep = exact("mask"), exact("keep"), control("random mask"), control("random keep")
     if mask is None or keep is None:
@@ -701,7 +701,7 @@ def _yu_shallow(t: Tables) -> Outcome:
     r = float(rnd["accuracy_decrease"].mean())
     share = float(h["share_of_shallow"])
     ci = crossed_bootstrap_ci(lambda a, d: 100 * (d.mean() - a.mean()) / base, hm[:, 0].astype(float),
-                              draws=rm.astype(float))
+                              replicates=rm.astype(float))
     metrics = {"hidden minus random accuracy decrease (points)": ci.estimate,
                "hidden-interpretable share of shallow neurons": share,
                "hidden-interpretable accuracy decrease (%)": float(h["accuracy_decrease"]),
@@ -849,34 +849,60 @@ def _yu_gender(t: Tables) -> Outcome:
         if t.has("07_top_predictions"):
             raise NotRun("no profession token differs by gender in the top-100 lists")
         raise MissingTable("07_table13.csv missing")
+    p07 = t.params().get("07")
+    if (p07 is not None and "early_layers" not in p07) or not t.has("07_bias_scores") \
+            or not t.has("07_paper_bias_scores"):
+        raise NotRun("07's tables predate issue 29 (edit set from a 20-per-profession screen, 3 random seeds, no "
+                     "Table-23 professions, no early-layer check): rerun notebook 07")
+    from .bias import PAPER_REDUCTION_PCT, reduction_intervals
+
     t13 = t.csv("07_table13")
     cna = t13[t13["model"].astype(str).str.startswith("CNA")]
-    rnd = t13[t13["model"].astype(str).str.startswith("random")]
-    orig = t13[t13["model"].astype(str).str.startswith("orig")]
-    if cna.empty or rnd.empty or orig.empty:
-        raise NotRun("Table 13 rows missing")
-    c, r = float(cna["reduction_pct"].iloc[0]), float(rnd["reduction_pct"].mean())
-    text = (f"bias {orig['total'].iloc[0]:.2f} -> {cna['total'].iloc[0]:.2f} nats ({c:.1f} % reduction); "
-            f"random neurons {r:.1f} %")
-    metrics = {"CNA bias reduction (%)": c, "random bias reduction (%)": r}
-    k = int(cna["K"].iloc[0]) if "K" in cna else None
-    sc = t.csv("07_bias_scores") if t.has("07_bias_scores") and k is not None else pd.DataFrame()
-    if len(sc):
-        sc = sc[(sc["kind"] == "original") | (sc["K"] == k)]
-        sc = sc.assign(cond=np.where(sc["kind"] == "random", "random " + sc["seed"].astype(str), sc["kind"]))
-        wide = sc.pivot_table(index=["prompt_id", "token_id"], columns="cond", values="abs_diff").dropna()
-    if not len(sc) or not {"original", "cna"} <= set(wide.columns) or len(wide.columns) < 3:
-        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='07')}", INCONCLUSIVE, metrics)
-    o, e = wide["original"].to_numpy(), wide["cna"].to_numpy()
-    rs = wide[[col for col in wide.columns if str(col).startswith("random")]].to_numpy()
-    red = lambda a, b: 100 * (1 - b.mean() / a.mean())  # noqa: E731
-    ci = bootstrap_ci(red, o, e)
-    diff = bootstrap_ci(lambda a, b, x: red(a, b) - float(np.mean([red(a, x[:, j]) for j in range(x.shape[1])])),
-                        o, e, rs)
-    return Outcome(f"{text}; reduction {ci.estimate:.1f} %{_ci_text(ci)}, minus random {diff.estimate:.1f} "
-                   f"points{_ci_text(diff)} (paired bootstrap over {ci.n} prompt x profession pairs)",
-                   _judged(lambda big, above: _grade(big and above, above),
-                           _possible(ci, HALF * 35.7), _possible(diff, 100 * NOISE_GAP)),
+    if cna.empty:
+        raise NotRun("Table 13 has no CNA row")
+    k = int(cna["K"].iloc[0])
+    sc = t.csv("07_bias_scores")
+    row = reduction_intervals(sc, ("cna",), [k])
+    if row.empty:
+        raise NotRun(f"no CNA top-{k} rows in 07_bias_scores")
+    r = row.iloc[0]
+    ci = Interval(float(r["reduction_pct"]), float(r["reduction_low"]), float(r["reduction_high"]),
+                  int(r["n_professions"]), "bootstrap")
+    diff = Interval(float(r["diff_pts"]), float(r["diff_low"]), float(r["diff_high"]), int(r["n_professions"]),
+                    "crossed bootstrap")
+    rnd = Interval(float(r["random_pct"]), float(r["random_low"]), float(r["random_high"]), int(r["n_professions"]),
+                   "crossed bootstrap")
+    text = (f"model's {int(r['n_professions'])} biased professions x {int(r['n_prompts'])} prompts: top-{k} CNA "
+            f"neurons zeroed reduce the bias by {ci.estimate:.1f} %{_ci_text(ci)}, layer-matched random sets "
+            f"({int(r['n_seeds'])} seeds) by {rnd.estimate:.1f} %{_ci_text(rnd)}; CNA minus random "
+            f"{diff.estimate:.1f} points{_ci_text(diff)}")
+    metrics = {"CNA bias reduction (%)": ci.estimate, "random bias reduction (%)": float(r["random_pct"]),
+               "CNA minus random (points)": diff.estimate}
+    paper = reduction_intervals(t.csv("07_paper_bias_scores"), ("cna",), [k])
+    if len(paper):
+        q = paper.iloc[0]
+        text += (f"; on Table 23's professions ({int(q['n_professions'])} first tokens) "
+                 f"{q['reduction_pct']:.1f} % [{q['reduction_low']:.1f}, {q['reduction_high']:.1f}] vs random "
+                 f"{q['random_pct']:.1f} %")
+        metrics["Table-23 professions: CNA bias reduction (%)"] = float(q["reduction_pct"])
+    if (sc["kind"] == "cna_late").any():
+        late = reduction_intervals(sc, ("cna_late",), [k])
+        if len(late):
+            q = late.iloc[0]
+            text += (f"; top-{k} without the early layers {q['reduction_pct']:.1f} % [{q['reduction_low']:.1f}, "
+                     f"{q['reduction_high']:.1f}] (random {q['random_pct']:.1f} %)")
+            metrics["CNA without early layers: bias reduction (%)"] = float(q["reduction_pct"])
+    if t.has("07_edit_layers") and p07 is not None:
+        lay = t.csv("07_edit_layers")
+        lay = lay[lay["edit_set"] == "cna"]
+        early = int(lay.loc[lay["layer"] < int(p07["early_layers"]), "n_neurons"].sum())
+        text += f"; {early} of the {k} edited neurons in layers < {int(p07['early_layers'])}"
+        metrics["edited neurons in early layers"] = float(early)
+    text += f" (bootstrap over professions crossed with seeds; paper {PAPER_REDUCTION_PCT} %)"
+    if not int(r["n_seeds"]):
+        return Outcome(text + "; no random control", INCONCLUSIVE, metrics, ci)
+    return Outcome(text, _judged(lambda big, above: _grade(big and above, above),
+                                 _possible(ci, HALF * PAPER_REDUCTION_PCT), _possible(diff, 100 * NOISE_GAP)),
                    metrics, ci)
 
 
@@ -1031,11 +1057,14 @@ FINDINGS: tuple[Finding, ...] = (
             "Zeroing 18 CNA neurons reduces the gender bias of profession predictions.",
             "1.26 -> 0.81 nats (-35.7 %)",
             f"{YU_TXT}: Sec. 6.2, Table 13",
-            "reduction and reduction minus the random neurons' (mean over seeds), 95 % intervals by a paired "
-            "bootstrap over the (prompt, profession) pairs of 07_bias_scores; reproduced if the reduction lies >= "
-            "17.9 % (half of 35.7) and the difference lies >= 5 points; partly if the difference lies >= 5 points; "
-            "not reproduced if it lies below; inconclusive when an interval straddles a threshold the verdict "
-            "depends on",
+            "on the model's own biased professions (07_bias_scores, all 8 prompts): reduction of the mean bias by "
+            "the top-18 CNA neurons (exact importance of every neuron where affordable) and reduction minus the "
+            "layer-matched random sets' (mean over >= 10 seeds), 95 % intervals by a bootstrap over professions "
+            "(each with its prompts, stratified by bias gender) crossed with the seeds; reproduced if the reduction "
+            "lies >= 17.85 % (half of 35.7) and the difference lies >= 5 points; partly if the difference lies >= 5 "
+            "points; not reproduced if it lies below; inconclusive when an interval straddles a threshold the "
+            "verdict depends on. Shown, not judged: the same on Table 23's professions, the edit without the early "
+            "layers (layer 0), the edit set's early neurons; runs before issue 29 are not run (rerun notebook 07)",
             "07", _yu_gender, figures=("07_table13",)),
 )
 

@@ -121,33 +121,39 @@ def mean_ci(values: Sequence[float] | np.ndarray, **kw) -> Interval:
     return bootstrap_ci(lambda v: float(np.mean(v)), values, **kw)
 
 
-def crossed_bootstrap_ci(stat: Callable[..., float], *paired: Sequence | np.ndarray, draws: np.ndarray,
-                         level: float = LEVEL, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> Interval:
-    """Percentile bootstrap of ``stat(*paired, draws)`` where ``draws`` [N prompts, S
-    seeds] holds a random control measured on the same prompts under S independent
-    draws: every resample draws prompts (rows, shared with the ``paired`` arrays) and,
-    independently, draws (columns) with replacement, so the interval carries the
-    variation across both prompts and random draws."""
-    d = np.asarray(draws)
-    if d.ndim != 2:
-        raise ValueError(f"crossed_bootstrap_ci: draws must be [prompts, seeds], got shape {d.shape}")
-    arrs = [np.asarray(a) for a in paired]
-    n, S = d.shape
+def crossed_bootstrap_ci(stat: Callable[..., float], *arrays: Sequence | np.ndarray, replicates: np.ndarray,
+                         level: float = LEVEL, n_boot: int = N_BOOT, seed: int = BOOT_SEED,
+                         groups: Sequence | np.ndarray | None = None) -> Interval:
+    """Percentile bootstrap of ``stat(*arrays, replicates)`` over two crossed sources of
+    variation: the rows (prompts, professions) of every array and of ``replicates``, drawn
+    as :func:`bootstrap_ci` draws them (paired, stratified by ``groups``), and,
+    independently, the last axis of ``replicates`` (the seeds of a random control, [rows,
+    ..., seeds]). A control averaged over a few seeds is itself an estimate; resampling the
+    seeds puts its seed-to-seed spread into the interval."""
+    arrs = [np.asarray(a) for a in arrays]
+    rep = np.asarray(replicates)
+    if rep.ndim < 2:
+        raise ValueError(f"crossed_bootstrap_ci: replicates must be [rows (prompts), ..., seeds], got shape {rep.shape}")
+    n, S = len(rep), rep.shape[-1]
     if any(len(a) != n for a in arrs):
-        raise ValueError(f"crossed_bootstrap_ci: paired arrays of lengths {[len(a) for a in arrs]} for {n} prompts")
-    est = float(stat(*arrs, d))
+        raise ValueError(f"crossed_bootstrap_ci: arrays of different lengths {[len(a) for a in arrs]} and {n} rows")
+    if S < 1:
+        raise ValueError("crossed_bootstrap_ci: no replicates (seeds)")
+    est = float(stat(*arrs, rep))
     if n < 2:
         return Interval(est, float("nan"), float("nan"), n, "none")
     rng = np.random.default_rng(seed)
+    g = np.zeros(n, dtype=int) if groups is None else np.asarray(groups)
+    strata = [np.flatnonzero(g == v) for v in dict.fromkeys(g.tolist())]
     vals = np.empty(n_boot)
     for b in range(n_boot):
-        idx, cols = rng.integers(0, n, n), rng.integers(0, S, S)
-        vals[b] = stat(*(a[idx] for a in arrs), d[idx][:, cols])
+        idx = np.concatenate([s[rng.integers(0, len(s), len(s))] for s in strata])
+        cols = rng.integers(0, S, S)
+        vals[b] = stat(*(a[idx] for a in arrs), rep[idx][..., cols])
     vals = vals[np.isfinite(vals)]
     if not len(vals):
         return Interval(est, float("nan"), float("nan"), n, "none")
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(vals, [alpha, 1 - alpha])
+    lo, hi = np.quantile(vals, [(1 - level) / 2, 1 - (1 - level) / 2])
     return Interval(est, float(lo), float(hi), n, "crossed bootstrap")
 
 

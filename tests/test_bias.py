@@ -325,3 +325,142 @@ def test_profession_mass():
     m = B.profession_mass(lp, [0, 1])
     assert m["profession_mass"] == pytest.approx((0.75 + 0.2) / 2)
     assert np.isnan(B.profession_mass(lp, [])["profession_mass"])
+
+
+# --------------------------------------------------------------------------- issue 29: exact scoring, early layers, Table 23, intervals
+
+
+def test_exact_importance_of_every_neuron_matches_reference_loop(tiny):
+    """n_candidates=None: every neuron exact (the screen's are a subset), equal to the loop."""
+    b = tiny.bridge
+    run = _captures(tiny, ["the cat is a", "the dog is a"])
+    targets = torch.tensor([5, 17, 40])
+    out = B.shared_input_importance(b, run.resid_mid, run.coef, [0, 1, 0], [1, 0, 1], targets, n_candidates=None)
+    imp = out["importance"]
+    assert torch.isfinite(imp).all()
+    for layer in range(run.coef.shape[1]):
+        ref = C.importance_loop(b, run.resid_mid[1:2, layer], run.coef[1:2, layer], layer, targets[1:2])[0]
+        assert torch.allclose(imp[0, 1, layer], ref, atol=2e-4)
+    screened = B.shared_input_importance(b, run.resid_mid, run.coef, [0, 1, 0], [1, 0, 1], targets, n_candidates=3,
+                                         n_aggregate=4)["importance"]
+    mask = torch.isfinite(screened)
+    assert mask.any() and not mask.all()
+    assert torch.allclose(screened[mask], imp[mask], atol=1e-5)
+
+
+def test_screen_candidates_union():
+    change = torch.zeros(2, 2, 3)
+    change[0, 0, 1], change[1, 1, 2] = 5.0, 4.0  # each case's top-1
+    change[0, 1, 0] = change[1, 1, 0] = 1.0     # the pooled top-1 besides them: mean 1.0 vs 2.5 / 2.0
+    mask = B.screen_candidates(change, n_candidates=1, n_aggregate=0)
+    assert mask.sum() == 2 and mask[0, 1] and mask[1, 2]
+    mask = B.screen_candidates(change, n_candidates=1, n_aggregate=3)
+    assert mask.sum() == 3 and mask[1, 0]
+
+
+def test_gender_cna_exact_screen_recall_and_layers(tiny):
+    b, tok = tiny.bridge, tiny.tokenizer
+    biased = pd.DataFrame({"token_id": [5, 17, 40], "token": ["x", "y", "z"], "bias_gender": ["woman", "man", "woman"]})
+    res = B.gender_cna(b, tok, biased, progress=False)
+    assert res.mode == "exact" and torch.isfinite(res.importance_a).all()
+    rec = B.screen_recall(res, biased, [2, 4], n_candidates=2, n_aggregate=0)
+    per_case = rec[rec.case != "pooled (edit set)"]
+    assert len(per_case) == 6 and (per_case[per_case.k == 2].recall == 1.0).all()  # a case's top-2 are its candidates
+    pooled = rec[rec.case == "pooled (edit set)"]
+    assert list(pooled.k) == [2, 4] and pooled.edit_set_overlap.between(0, 1).all()
+    full = B.screen_recall(res, biased, [4], n_candidates=res.importance_a[0].numel(), n_aggregate=0)
+    assert (full.recall == 1.0).all() and (full.dropna().edit_set_overlap == 1.0).all()
+    screened = B.gender_cna(b, tok, biased, n_candidates=2, n_aggregate=0, progress=False)
+    with pytest.raises(ValueError, match="exact importance of every neuron"):
+        B.screen_recall(screened, biased, [2], 2, 0)
+    # the edit set without the early layers
+    groups = list(biased.bias_gender)
+    late = B.bias_neurons(res, 4, groups=groups, min_layer=1)
+    assert len(late) == 4 and all(l >= 1 for l, _ in late)
+    top = B.bias_neurons(res, 4, groups=groups)
+    assert B.without_early(top, 1) == [n for n in top if n[0] >= 1]
+    with pytest.raises(ValueError):
+        B.bias_neurons(res, 4, min_layer=tiny.info.n_layers)
+    lay = B.edit_layers({"cna": top, "cna_late": late})
+    assert lay.groupby("edit_set").n_neurons.sum().to_dict() == {"cna": 4, "cna_late": 4}
+    diag = B.layer_diagnostic(b, res, biased, top)
+    assert len(diag) == tiny.info.n_layers and diag.n_in_edit_set.sum() == 4
+    assert (diag[["resid_rms_woman", "resid_rms_man", "write_to_resid_woman"]] > 0).all().all()
+    # RMS as the final norm sees it: the woman prompt's residual at layer 0
+    woman_row = B._gender_rows(res, biased, B.GENDERS)["woman"][0][0]
+    norm = C.final_norm(b)
+    assert diag.resid_rms_woman[0] == pytest.approx(float(C._centre(woman_row, norm).pow(2).mean().sqrt()), rel=1e-5)
+
+
+def test_paper_bias_set_first_token_rule():
+    """Table 23 by the lexicon's first-token rule: multi-token professions kept (by their first
+    token when it is the first word or a >= 5-letter prefix), short pieces listed with a reason."""
+    pieces = [" nurse", " police", " guard", " domestic", " helper", " ha", "ird", "resser", " p", "orter", " maid",
+              " machine", " operator", " mach", "inist", " cleaner", " driver"]
+    tok = FakeTokenizer(pieces)
+    scored, prof = B.paper_bias_set(tok)
+    assert len(prof) == 32 and set(prof.gender) == {"woman", "man"}
+    got = prof.set_index("profession")
+    assert got.loc["domestic helper", "multi_token"] and got.loc["domestic helper", "used"]
+    assert got.loc["hairdresser", "reason"] == "piece too short" and not got.loc["hairdresser", "used"]
+    assert got.loc["porter", "reason"] == "piece too short"
+    assert got.loc["machinist", "reason"] == "piece too short"  # " mach": 4 letters
+    assert got.loc["librarian", "reason"] == "unknown token"
+    assert set(scored.token) >= {"nurse", "police", "domestic", "machine", "maid"}
+    assert scored.set_index("token").loc["police", "bias_gender"] == "man"
+    assert len(scored) == int(prof.used.sum())  # no two used professions share a first token here
+
+
+def _scores(cna: float, rnd: list[float], n_prof: int = 12, n_prompts: int = 8, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(0.5, 1.5, (n_prof, n_prompts))
+    conds = {("original", 0, -1): base, ("cna", 18, -1): base * (1 - cna / 100)}
+    for s, r in enumerate(rnd):
+        conds[("random", 18, s)] = base * (1 - r / 100)
+    return pd.DataFrame([{"prompt_id": p, "token_id": i, "bias_gender": "woman" if i % 2 else "man", "kind": kind,
+                          "K": k, "seed": sd, "abs_diff": float(v[i, p])}
+                         for (kind, k, sd), v in conds.items() for i in range(n_prof) for p in range(n_prompts)])
+
+
+def test_reduction_intervals_cross_professions_with_seeds():
+    agree = B.reduction_intervals(_scores(30.0, [5.0] * 10)).iloc[0]
+    assert agree.reduction_pct == pytest.approx(30.0) and agree.random_pct == pytest.approx(5.0)
+    assert agree.diff_pts == pytest.approx(25.0) and agree.n_seeds == 10 and agree.n_professions == 12
+    assert agree.diff_low == pytest.approx(25.0, abs=1e-6)  # every profession scaled alike: no spread
+    spread = B.reduction_intervals(_scores(30.0, [-15.0, 25.0] * 5)).iloc[0]  # same mean, seeds disagree
+    assert spread.random_pct == pytest.approx(5.0) and spread.diff_pts == pytest.approx(25.0)
+    assert spread.diff_high - spread.diff_low > 10  # the seeds' spread is in the interval
+    none = B.reduction_intervals(_scores(30.0, [])).iloc[0]
+    assert none.n_seeds == 0 and np.isnan(none.diff_low)
+    with pytest.raises(ValueError, match="original"):
+        B.reduction_intervals(_scores(30.0, [1.0]).query("kind != 'original'"))
+    assert B.control_kind("cna_late") == "random_late"
+
+
+def test_edit_conditions_variant_kind(tiny):
+    ns = [(0, 3), (1, 7)]
+    conds = B.edit_conditions({2: ns}, {2: B.random_neuron_sets(ns, tiny.info.d_mlp, [0, 1])}, kind="cna_late")
+    assert set(conds) == {("original", 0, -1), ("cna_late", 2, -1), ("random_late", 2, 0), ("random_late", 2, 1)}
+    b, tok = tiny.bridge, tiny.tokenizer
+    sets = {"a": pd.DataFrame({"token_id": [5], "token": ["x"], "bias_gender": ["woman"]}),
+            "b": pd.DataFrame({"token_id": [17, 40], "token": ["y", "z"], "bias_gender": ["man", "woman"]})}
+    by = B.bias_by_set(b, tok, sets, conds, progress=False)
+    assert len(by["a"]) == 4 * 8 and len(by["b"]) == 4 * 8 * 2
+    single = B.bias_under_conditions(b, tok, sets["b"], conds, progress=False)
+    pd.testing.assert_frame_equal(single, by["b"])
+
+
+def test_screen_recall_on_a_subset_of_layers(tiny):
+    """Without exact importance everywhere: the screen plus every neuron of some layers, and
+    the recall measured within them equals the one from the all-exact result restricted there."""
+    b, tok = tiny.bridge, tiny.tokenizer
+    biased = pd.DataFrame({"token_id": [5, 17, 40], "token": ["x", "y", "z"], "bias_gender": ["woman", "man", "woman"]})
+    full = B.gender_cna(b, tok, biased, progress=False)
+    part = B.gender_cna(b, tok, biased, n_candidates=2, n_aggregate=0, exact_layers=[1], progress=False)
+    assert torch.isfinite(part.importance_a[:, 1]).all() and not torch.isfinite(part.importance_a[:, 0]).all()
+    a = B.screen_recall(part, biased, [2, 3], 2, 0, layers=[1])
+    ref = B.screen_recall(full, biased, [2, 3], 2, 0, layers=[1])
+    pd.testing.assert_frame_equal(a, ref, atol=1e-5)
+    assert (a.layers == "1").all() and (a.n_neurons == tiny.info.d_mlp).all()
+    with pytest.raises(ValueError, match="layers it measures"):
+        B.screen_recall(part, biased, [2], 2, 0, layers=[0])

@@ -439,17 +439,29 @@ def test_heuristic_ablation_rule(tmp_path: Path, n: int, acc_assoc: float, acc_o
     assert out.metrics["heuristics ablated"] == 4 and out.interval.n == 2 * n
 
 
-def _bias_scores(d: Path, cna: float, rnd: float, k: int = 18, noise: float = 0.05) -> None:
-    """Table 13 and the (prompt, profession) scores behind it: the CNA edit scales each
-    pair's bias by 1 - cna / 100 (times a little noise), each random seed by 1 - rnd / 100."""
+def _bias_scores(d: Path, cna: float, rnd: float, k: int = 18, noise: float = 0.05, n_seeds: int = 10,
+                 params: bool = True) -> None:
+    """Table 13 and the (prompt, profession) scores behind it (20 professions x 10 prompts,
+    the same on the paper's professions): the CNA edit scales each pair's bias by
+    1 - cna / 100 (times a little noise), each random seed by 1 - rnd / 100; the
+    without-early-layers edit as the CNA one; an edit set with 16 neurons in layer 0."""
     rng = np.random.default_rng(0)
     base = rng.uniform(0.5, 1.5, 200)
-    conds = {("original", 0, -1): base, ("cna", k, -1): base * (1 - cna / 100) * (1 + noise * rng.standard_normal(200))}
-    for s in range(2):
+    conds = {("original", 0, -1): base, ("cna", k, -1): base * (1 - cna / 100) * (1 + noise * rng.standard_normal(200)),
+             ("cna_late", k, -1): base * (1 - cna / 100)}
+    for s in range(n_seeds):
         conds[("random", k, 1000 + s)] = base * (1 - rnd / 100) * (1 + noise * rng.standard_normal(200))
-    rows = [{"prompt_id": i // 20, "token_id": i % 20, "kind": kind, "K": kk, "seed": seed, "abs_diff": float(v)}
+        conds[("random_late", k, 2000 + s)] = base * (1 - rnd / 100)
+    rows = [{"prompt_id": i // 20, "token_id": i % 20, "bias_gender": "woman" if i % 20 < 10 else "man", "kind": kind,
+             "K": kk, "seed": seed, "abs_diff": float(v)}
             for (kind, kk, seed), vals in conds.items() for i, v in enumerate(vals)]
     _csv(d, "07_bias_scores", rows)
+    _csv(d, "07_paper_bias_scores", rows)
+    _csv(d, "07_edit_layers", [{"edit_set": "cna", "layer": 0, "n_neurons": 16, "share": 16 / 18},
+                               {"edit_set": "cna", "layer": 20, "n_neurons": 2, "share": 2 / 18}])
+    if params:
+        (d / "07_gender_bias_editing_params.json").write_text(json.dumps({"model": d.name, "quick": False,
+                                                                          "edit_k": k, "early_layers": 1}))
     red = {c: 100 * (1 - np.mean(v) / np.mean(base)) for c, v in conds.items()}
     _csv(d, "07_table13", [
         {"model": "original", "K": 0, "total": float(base.mean()), "reduction_pct": 0.0},
@@ -463,18 +475,24 @@ def _bias_scores(d: Path, cna: float, rnd: float, k: int = 18, noise: float = 0.
                                                (10.0, 8.0, R.NOT_REPRODUCED),
                                                (18.0, 0.0, R.INCONCLUSIVE)])  # straddles 17.85 % (half of 35.7)
 def test_gender_bias_rule(tmp_path: Path, cna: float, rnd: float, verdict: str):
-    _bias_scores(tmp_path, cna, rnd)
+    _bias_scores(tmp_path, cna, rnd, noise=0.05 if verdict != R.INCONCLUSIVE else 0.3)
     out = _outcome("yu_gender_bias", tmp_path)
-    assert out.verdict == verdict and out.interval.n == 200
+    assert out.verdict == verdict and out.interval.n == 20  # professions, each with its 10 prompts
     assert out.interval.estimate == pytest.approx(out.metrics["CNA bias reduction (%)"])
+    assert out.metrics["CNA minus random (points)"] == pytest.approx(cna - rnd, abs=1.5 if verdict != R.INCONCLUSIVE else 5)
+    assert out.metrics["edited neurons in early layers"] == 16 and "16 of the 18 edited neurons" in out.ours
+    assert "Table 23" in out.ours and "without the early layers" in out.ours and "10 seeds" in out.ours
 
 
-def test_gender_bias_without_scores_is_inconclusive(tmp_path: Path):
+def test_gender_bias_before_issue_29_is_not_run(tmp_path: Path):
     _bias_scores(tmp_path, 35.7, 0.0)
-    (tmp_path / "07_bias_scores.csv").unlink()
+    (tmp_path / "07_paper_bias_scores.csv").unlink()
     out = _outcome("yu_gender_bias", tmp_path)
-    assert out.verdict == R.INCONCLUSIVE and "rerun notebook 07 for an interval" in out.ours and out.interval is None
-
+    assert out.verdict == R.NOT_RUN and "rerun notebook 07" in out.ours and out.interval is None
+    _bias_scores(tmp_path / "old", 35.7, 0.0)  # the tables, but the params of a run before issue 29
+    (tmp_path / "old" / "07_gender_bias_editing_params.json").write_text(json.dumps({"model": "m", "edit_k": 18}))
+    out = _outcome("yu_gender_bias", tmp_path / "old")
+    assert out.verdict == R.NOT_RUN and "rerun notebook 07" in out.ours
 
 
 def test_gender_bias_without_biased_professions_is_not_run(tmp_path: Path):
@@ -703,7 +721,7 @@ def test_verdict_table_shows_each_verdicts_interval(tmp_path: Path):
     _bias_scores(a, 35.7, 0.0)
     table = R.verdict_table(R.cross_model_table([a, b])).set_index("finding")
     ci = _outcome("yu_gender_bias", a).interval
-    assert table.at["yu_gender_bias", "a"] == f"reproduced [{ci.low:.3g}, {ci.high:.3g}] (n = 200)"
+    assert table.at["yu_gender_bias", "a"] == f"reproduced [{ci.low:.3g}, {ci.high:.3g}] (n = 20)"  # professions
     assert table.at["yu_gender_bias", "b"] == R.NOT_RUN  # no interval: the verdict alone
     assert "1 reproduced" in table.at["**all**", "a"]
 

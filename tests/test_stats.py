@@ -59,11 +59,26 @@ def test_crossed_bootstrap_ci_carries_the_spread_across_random_draws():
     same = np.tile(rng.random((200, 1)) < 0.5, (1, 10)).astype(float)     # every draw alike
     differ = same.copy()
     differ[:, 5:] = 1.0                                                    # half the draws differ
-    a = crossed_bootstrap_ci(lambda d: d.mean(), draws=same)
-    b = crossed_bootstrap_ci(lambda d: d.mean(), draws=differ)
+    a = crossed_bootstrap_ci(lambda d: d.mean(), replicates=same)
+    b = crossed_bootstrap_ci(lambda d: d.mean(), replicates=differ)
     assert a.method == b.method == "crossed bootstrap" and a.n == b.n == 200
     assert a.low <= a.estimate <= a.high and b.high - b.low > a.high - a.low
-    paired = crossed_bootstrap_ci(lambda h, d: d.mean() - h.mean(), same[:, 0], draws=same)
+    paired = crossed_bootstrap_ci(lambda h, d: d.mean() - h.mean(), same[:, 0], replicates=same)
     assert paired.estimate == 0 and paired.low == paired.high == 0      # paired on the prompts
-    with pytest.raises(ValueError, match="prompts, seeds"):
-        crossed_bootstrap_ci(lambda d: d.mean(), draws=same[:, 0])
+    with pytest.raises(ValueError, match="prompts"):
+        crossed_bootstrap_ci(lambda d: d.mean(), replicates=same[:, 0])
+
+
+def test_crossed_bootstrap_resamples_rows_and_seeds():
+    """Issue 29: a random control's seed-to-seed spread widens the interval; rows alone do not."""
+    rows = np.ones(30)
+    same = np.ones((30, 10))
+    spread = np.tile(np.array([0.0, 2.0] * 5), (30, 1))  # same mean over seeds, seeds disagree
+    stat = lambda a, x: float(x.mean() - a.mean())  # noqa: E731
+    tight = S.crossed_bootstrap_ci(stat, rows, replicates=same)
+    wide = S.crossed_bootstrap_ci(stat, rows, replicates=spread)
+    assert tight.estimate == wide.estimate == 0.0 and tight.low == tight.high == 0.0
+    assert wide.low < -0.3 and wide.high > 0.3 and wide.n == 30 and wide.method == "crossed bootstrap"
+    assert S.bootstrap_ci(lambda x: float(x.mean()), spread).half_width == 0.0  # rows only: no spread at all
+    with pytest.raises(ValueError):
+        S.crossed_bootstrap_ci(stat, np.ones(3), replicates=same)
