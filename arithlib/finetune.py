@@ -395,6 +395,20 @@ def answer_batches(prompts: PromptSet, batch_size: int, shuffle: bool = False, s
     return batches
 
 
+def epoch_batches(prompts: PromptSet, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """The training batches of ``epoch``: their composition is :func:`answer_batches`
+    (shuffled) from ``seed`` alone, the same in every epoch; only their order is
+    reshuffled per epoch (from ``seed`` and ``epoch``). A batch is thus the same set of
+    prompts in every epoch, so the residual stream recorded for it in epoch 1
+    (:class:`~arithlib.layer_inputs.LayerInputs`, keyed by batch) serves every later
+    epoch and every other layer's and learning rate's run: the frozen model's stream is
+    recorded once per prompt set, not once per epoch."""
+    batches = answer_batches(prompts, batch_size, shuffle=True, seed=seed * 1000)
+    order = list(range(len(batches)))
+    random.Random(seed * 1000 + 1 + epoch).shuffle(order)
+    return [batches[k] for k in order]
+
+
 # --------------------------------------------------------------------------- answer-position forward
 
 
@@ -769,7 +783,7 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
         for epoch in range(start_epoch, config.epochs):
             if step >= total:
                 break
-            batches = answer_batches(train_set, config.batch_size, shuffle=True, seed=config.seed * 1000 + epoch)
+            batches = epoch_batches(train_set, config.batch_size, config.seed, epoch)
             bar = tqdm(batches, desc=f"{desc} epoch {epoch + 1}/{config.epochs}", disable=not progress, leave=False)
             for index in bar:
                 if step >= total:
@@ -866,8 +880,9 @@ def _cached(cache_dir: str | Path | None, key: dict, build: Callable[[Path | Non
 
 
 #: Version of the training code in every cache key: 3 = AdamW's fused kernel (rounds
-#: differently from format 2's single-tensor loop).
-CACHE_FORMAT = 3
+#: differently from format 2's single-tensor loop); 4 = batches of the same prompts in
+#: every epoch, reordered per epoch (:func:`epoch_batches`).
+CACHE_FORMAT = 4
 
 
 def _base_key(model, method: str, train_set: PromptSet, val_set: PromptSet | None, config: TrainConfig) -> dict:
@@ -1066,6 +1081,39 @@ def lora_layer_sweep(model, layers: Sequence[int], train_set: PromptSet, val_set
     lr_table = pd.concat(lr_rows, ignore_index=True) if lr_rows else pd.DataFrame(
         {"lr": [default_lr], "val_accuracy": [float("nan")], "best_epoch": [0], "chosen": [True], "layer": [-1]})
     return pd.DataFrame(rows), fitted, lr_table
+
+
+def learning_curve(model, layer: int, train_set: PromptSet, eval_set: PromptSet, sizes: Sequence[int],
+                   config: TrainConfig, lora: LoraSpec = LoraSpec(), *, cache_dir: str | Path | None = None,
+                   progress: bool = True) -> pd.DataFrame:
+    """Accuracy of the LoRA model of ``layer`` against the number of training prompts,
+    to choose a training-set size (Yu Sec. 5 trains on 18,000 sentences; a CPU run needs
+    the smallest size past which more data no longer changes the verdict). For each ``n``
+    of ``sizes``, LoRA is trained on the first ``n`` prompts of ``train_set`` (nested
+    subsets) with ``config`` (no validation set: every run trains ``config.epochs``
+    epochs) and scored on ``eval_set``, which should be the validation split, never the
+    test split the verdicts read. Rows: n_train, steps, accuracy with its exact binomial
+    95 % interval (low, high), train_seconds, samples_per_second; the first row (n_train
+    0) is the original model."""
+    from .stats import accuracy_ci
+
+    sizes = sorted({int(n) for n in sizes})
+    if not sizes or sizes[0] < 1 or sizes[-1] > len(train_set):
+        raise ValueError(f"sizes must lie in 1..{len(train_set)} (the training prompts), got {sizes}")
+    hf = shared_hf_model(model)
+    eval_inputs = {"eval": LayerInputs([layer])}  # every model differs from the original from ``layer`` on
+    base = evaluate_weights(hf, None, {"eval": eval_set}, config.eval_batch_size, inputs=eval_inputs)
+    ci = accuracy_ci(base.correct_full.to_numpy())
+    rows = [{"n_train": 0, "steps": 0, "accuracy": ci.estimate, "low": ci.low, "high": ci.high,
+             "train_seconds": 0.0, "samples_per_second": float("nan")}]
+    for n in tqdm(sizes, desc=f"learning curve L{layer}", disable=not progress):
+        ft = train_lora(hf, layer, train_set.subset(list(range(n))), config, None, lora, progress=False,
+                        cache_dir=cache_dir)
+        frame = evaluate_weights(hf, ft.weights, {"eval": eval_set}, config.eval_batch_size, inputs=eval_inputs)
+        ci = accuracy_ci(frame.correct_full.to_numpy())
+        rows.append({"n_train": n, "steps": len(ft.history), "accuracy": ci.estimate, "low": ci.low, "high": ci.high,
+                     "train_seconds": ft.train_seconds, "samples_per_second": ft.samples_per_second})
+    return pd.DataFrame(rows)
 
 
 def _accuracy_row(frame: pd.DataFrame, **extra) -> dict:
@@ -1512,7 +1560,7 @@ SCALES: dict[str, dict] = {
                   lora_batch=16, cna_cases=None, n_candidates=200, word_train=300, word_test=132,
                   sft_lr=2e-5, sft_batch=128, sft_epochs=2, sft_warmup=0.02, sft_weight_decay=0.1,
                   head_counts=ZHANG_HEAD_COUNTS, mlp_counts=ZHANG_MLP_COUNTS, prose_chunks=32),
-    "cpu": dict(n_train=192, n_val=48, n_test=144, layers="all", lr_search="reference", lora_epochs=1,
+    "cpu": dict(n_train=256, n_val=192, n_test=385, layers="all", lr_search="reference", lora_epochs=1,
                 lora_batch=16, cna_cases=12, n_candidates=100, word_train=48, word_test=48,
                 sft_lr=1e-4, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
                 head_counts=ZHANG_HEAD_COUNTS, mlp_counts=(1, 3), prose_chunks=4),
