@@ -689,7 +689,7 @@ def _yu_lora_layers(t: Tables) -> Outcome:
                else float("nan")}
     mat = _correct_matrix(pd.concat([base_rows.iloc[:1], lora]))
     if mat is None:
-        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='05')}", INCONCLUSIVE, metrics)
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='05', table='05_lora_accuracy_by_layer')}")
     share = bootstrap_ci(lambda x: float((x[:, 1:].mean(0) > x[:, 0].mean()).mean()), mat)
     falls: set[bool] = {False}
     if has_bands and "layers" in bands:
@@ -741,7 +741,7 @@ def _yu_lora_coef(t: Tables) -> Outcome:
     text = "mean coefficient increase of the top neurons: " + ", ".join(f"{b} {v:+.1f} %" for b, v in means.items())
     metrics = {"mean coefficient increase over bands (%)": float(means.mean())}
     if not (t.has("05_cna_coef_per_case") and t.has("05_cna_coef_increase")):
-        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='05')}", INCONCLUSIVE, metrics)
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='05', table='05_cna_coef_per_case')}")
     pc = t.csv("05_cna_coef_per_case")
     pc = pc[pc["selection"] == "cna"]
     rows = t.csv("05_cna_coef_increase").dropna(subset=["layer"])
@@ -749,7 +749,7 @@ def _yu_lora_coef(t: Tables) -> Outcome:
     bands = {str(b): _band_layers(x) for b, x in zip(tab["band"], tab["layers"])}
     num, den, band_means = _coef_increase_stats(pc, layer_of, bands)
     if not len(num):
-        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='05')}", INCONCLUSIVE, metrics)
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='05', table='05_cna_coef_per_case')}")
     has = {"shallow", "deep"} <= set(band_means(num, den))
     mean = bootstrap_ci(lambda n, d: float(np.mean(list(band_means(n, d).values()))), num, den)
     low = bootstrap_ci(lambda n, d: float(min(band_means(n, d).values())), num, den)
@@ -762,6 +762,27 @@ def _yu_lora_coef(t: Tables) -> Outcome:
                    _judged(lambda pos, f, b, half: _grade(pos and f and b, half),
                            _above_zero(low), falls, big, _possible(mean, 100 * NOISE_GAP)),
                    metrics, mean)
+
+
+RERUN_PER_PROMPT = "{table}.csv has no per-prompt column (older run): rerun notebook {nb}"
+
+
+def _seed_resampled_gap(n_seeds: int) -> Callable[[np.ndarray], float]:
+    """Statistic of Table 11's gap for :func:`bootstrap_ci` on a prompts x (original,
+    CNA-pruned, random-pruned seeds...) matrix: CNA minus the mean of the random
+    prunings. Its first call (the estimate) uses every seed; every later call (a
+    resample of the prompts) also redraws the seeds with replacement (a fixed-seed
+    generator), so the interval covers the spread between random prunings, not only
+    the prompts'."""
+    rng = np.random.default_rng(0)
+    calls = [0]
+
+    def stat(x: np.ndarray) -> float:
+        seeds = np.arange(n_seeds) if calls[0] == 0 or n_seeds < 2 else rng.integers(0, n_seeds, n_seeds)
+        calls[0] += 1
+        return float(x[:, 1].mean() - x[:, 2 + seeds].mean(0).mean())
+
+    return stat
 
 
 def _yu_pruning(t: Tables) -> Outcome:
@@ -777,15 +798,16 @@ def _yu_pruning(t: Tables) -> Outcome:
             f"on random-pruned {_pct(rnd)}")
     metrics = {"CNA-pruned minus random-pruned accuracy": gap, "CNA-pruned minus original accuracy": float(cna - orig)}
     pick = lambda name: tab[tab["model"] == name]  # noqa: E731
+    n_seeds = len(pick("LoRA on random-pruned"))
     mat = _correct_matrix(pd.concat([pick("original").iloc[:1], pick("LoRA on CNA-pruned").iloc[:1],
                                      pick("LoRA on random-pruned")]))
     if mat is None:
-        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='06')}", INCONCLUSIVE, metrics)
-    ci = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2:].mean(0).mean()), mat)
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='06', table='06_table11')}")
+    ci = bootstrap_ci(_seed_resampled_gap(n_seeds), mat)
     vs_orig = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), mat)
     return Outcome(f"{text}; CNA minus random {_pct(ci.estimate)}{_ci_text(ci.scaled(100))}, minus original "
                    f"{_pct(vs_orig.estimate)}{_ci_text(vs_orig.scaled(100))} (paired bootstrap over {ci.n} test "
-                   "prompts)",
+                   f"prompts{f' and the {n_seeds} random prunings' if n_seeds > 1 else ''})",
                    _judged(lambda big, above, half: _grade(big and above, half),
                            _possible(ci, HALF * (82.3 - 17.1) / 100), _above_zero(vs_orig), _possible(ci, NOISE_GAP)),
                    metrics, ci)
@@ -993,7 +1015,10 @@ def smoke_test_reason(finding: Finding, tables: Tables) -> str | None:
         from .finetune import SCALES, resolve_scale
 
         p05 = params["05"]
-        if resolve_scale(str(p05["scale"]), str(p05.get("device", "cpu")), bool(p05.get("quick"))) == "quick":
+        # the scale the run used: recorded since issue 29; before, "auto" meant "quick" on a CPU
+        used = p05.get("scale_resolved") or resolve_scale(str(p05["scale"]), str(p05.get("device", "cpu")),
+                                                          bool(p05.get("quick")), auto_cpu="quick")
+        if used == "quick":
             return (f"fine-tuned at scale 'quick' (notebook 05's smoke-test sizes: {SCALES['quick']['n_train']} "
                     "training prompts, a few layers; run scale='cpu', or 'paper' on a GPU, for a verdict)")
     return None
