@@ -1615,7 +1615,9 @@ def evaluate_method(model, tokenizer, weights: Mapping[str, torch.Tensor] | None
     None = as it is): ``correct_full`` accuracy on each of ``math_sets`` (column =
     set name) and the general-ability numbers of
     :func:`arithlib.general_ability.general_ability` (LM loss on the prose sample,
-    factual recall, and GSM8K/SVAMP/MMLU when ``benchmarks`` gives their paths).
+    factual recall, and GSM8K/SVAMP/MMLU when ``benchmarks`` gives their paths), with
+    each math set's per-prompt correctness (``<set>_by_prompt``) and each fact's
+    (``facts_by_prompt``) as ``stats.encode_correct`` cells.
     ``inputs``: a :class:`~arithlib.layer_inputs.LayerInputs` per math set, recorded
     from ``model`` as it is (pass none once ``model`` itself has changed, e.g. after
     :func:`full_sft`): the math sets' passes start at the first block ``weights``
@@ -1626,11 +1628,15 @@ def evaluate_method(model, tokenizer, weights: Mapping[str, torch.Tensor] | None
     row: dict = {}
     frame = evaluate_weights(hf, weights, math_sets, batch_size, inputs=inputs)
     for name, ps in math_sets.items():
-        row[name] = float(frame.loc[frame.set == name, "correct_full"].mean()) if len(ps) else float("nan")
+        part = frame.loc[frame.set == name, "correct_full"] if len(frame) else pd.Series(dtype=bool)
+        row[name] = float(part.mean()) if len(ps) else float("nan")
+        # per prompt, in the set's order: the paired intervals of the report (zhang_precise_sft)
+        row[f"{name}_by_prompt"] = encode_correct(part.to_numpy()) if len(ps) else ""
     with use_weights(hf, weights):
         bench = dict(benchmarks or {})
         row.update(ga.general_ability(hf, tokenizer, prose, facts, chunk_tokens=chunk_tokens, max_chunks=max_chunks,
-                                      gsm8k=bench.get("gsm8k"), svamp=bench.get("svamp"), mmlu=bench.get("mmlu")))
+                                      gsm8k=bench.get("gsm8k"), svamp=bench.get("svamp"), mmlu=bench.get("mmlu"),
+                                      per_item=True))
     return row
 
 

@@ -930,3 +930,40 @@ def test_per_prompt_correctness_round_trips_through_a_csv_cell(tmp_path: Path):
     back = R.Tables(tmp_path).csv("t")["correct_by_prompt"]
     assert (decode_correct(back.iloc[0]) == bits).all() and decode_correct(back.iloc[1]) is None
     assert decode_correct("0110") is None   # not a cell encode_correct wrote
+
+
+def _sft_table(d: Path, orig: float, precise: float, full: float, facts: tuple[float, float, float] = (0.8, 0.8, 0.7),
+               n: int = 400, n_facts: int = 55, per_prompt: bool = True, with_full: bool = True) -> None:
+    """Notebook 05's 05_sft_comparison: original, precise SFT (scaled top-32) and full SFT
+    rows, nested correct sets over n test prompts and n_facts facts."""
+    rows = []
+    for role, acc, fr in (("original", orig, facts[0]), ("precise", precise, facts[1]), ("full", full, facts[2])):
+        if role == "full" and not with_full:
+            continue
+        rows.append({"method": role, "role": role, "arithmetic_2d": round(acc * n) / n,
+                     "factual_recall": round(fr * n_facts) / n_facts, "lm_loss": 3.5,
+                     **({"arithmetic_2d_by_prompt": _bits(round(acc * n), n),
+                         "facts_by_prompt": _bits(round(fr * n_facts), n_facts)} if per_prompt else {})})
+    _csv(d, "05_sft_comparison", rows)
+
+
+@pytest.mark.parametrize("orig, precise, full, facts, verdict", [
+    (0.5, 0.8, 0.8, (0.8, 0.8, 0.7), R.REPRODUCED),       # same gain, general ability kept
+    (0.5, 0.8, 0.7, (0.8, 0.8, 0.8), R.REPRODUCED),       # precise gains more
+    (0.5, 0.6, 0.9, (0.8, 0.8, 0.7), R.PARTLY),           # gains, far less than full SFT, general kept
+    (0.5, 0.5, 0.8, (0.8, 0.8, 0.7), R.NOT_REPRODUCED),   # no gain
+    (0.5, 0.75, 0.8, (0.8, 0.8, 0.8), R.INCONCLUSIVE)])   # 5 points short: straddles the 5-point margin
+def test_precise_sft_rule(tmp_path: Path, orig, precise, full, facts, verdict):
+    _sft_table(tmp_path, orig, precise, full, facts)
+    out = _outcome("zhang_precise_sft", tmp_path)
+    assert out.verdict == verdict and out.interval.n == 400
+    assert out.interval.estimate == pytest.approx(out.metrics["precise minus full arithmetic accuracy"])
+
+
+def test_precise_sft_rule_needs_per_prompt_columns_and_full_sft(tmp_path: Path):
+    _sft_table(tmp_path / "old", 0.5, 0.8, 0.8, per_prompt=False)
+    out = _outcome("zhang_precise_sft", tmp_path / "old")
+    assert out.verdict == R.NOT_RUN and "rerun notebook 05" in out.ours
+    _sft_table(tmp_path / "nofull", 0.5, 0.8, 0.8, with_full=False)
+    out = _outcome("zhang_precise_sft", tmp_path / "nofull")
+    assert out.verdict == R.NOT_RUN and "no full SFT" in out.ours
