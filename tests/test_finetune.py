@@ -471,7 +471,7 @@ def test_scaled_head_counts_and_bands():
     assert ft.yu_bands(32) == {"shallow": list(range(1, 10)), "middle": list(range(10, 17)),
                                "deep": list(range(17, 31))}
     assert ft.reference_layer(32) == 9
-    assert ft.scale_settings("auto", "cpu", False, 24)["scale"] == "quick"
+    assert ft.scale_settings("auto", "cpu", False, 24)["scale"] == "cpu"  # the judged CPU scale (issue 29)
     s = ft.scale_settings("cpu", "cpu", False, 24)
     assert s["scale"] == "cpu" and s["layers"] == list(range(24))
     assert ft.scale_settings("auto", "cuda", False, 24)["n_train"] == 18_000
@@ -533,3 +533,17 @@ def test_make_optimizer_decays_only_the_decayed_parameters():
     opt.step()
     assert torch.allclose(a.detach(), torch.full((4,), 1 - 0.1 * 0.5)) and torch.equal(b.detach(), torch.ones(4))
     assert isinstance(ft.make_optimizer([a], ft.TrainConfig(optimizer="sgd")), torch.optim.SGD)
+
+
+def test_cpu_scale_is_the_default_on_a_cpu_and_sized_for_a_five_point_interval():
+    """Issue 29: "auto" on a CPU is the judged "cpu" scale (quick=True stays the smoke
+    test), with every layer and a test split sized by stats.n_for_half_width."""
+    from arithlib.stats import n_for_half_width
+
+    assert ft.resolve_scale("auto", "cpu", False) == "cpu" and ft.resolve_scale("auto", "cpu", True) == "quick"
+    assert ft.resolve_scale("auto", "cuda", False) == "paper"
+    assert ft.resolve_scale("auto", "cpu", False, auto_cpu="quick") == "quick"  # how runs before it resolved
+    s = ft.scale_settings("auto", "cpu", False, 24)
+    assert s["scale"] == "cpu" and s["layers"] == list(range(24))
+    assert s["n_test"] == n_for_half_width(0.5, ft.JUDGED_HALF_WIDTH) == 385
+    assert s["n_train"] > ft.SCALES["quick"]["n_train"] and s["n_val"] > 0 and s["lr_search"] != "none"
