@@ -547,3 +547,22 @@ def test_cpu_scale_is_the_default_on_a_cpu_and_sized_for_a_five_point_interval()
     assert s["scale"] == "cpu" and s["layers"] == list(range(24))
     assert s["n_test"] == n_for_half_width(0.5, ft.JUDGED_HALF_WIDTH) == 385
     assert s["n_train"] > ft.SCALES["quick"]["n_train"] and s["n_val"] > 0 and s["lr_search"] != "none"
+
+
+def test_lr_is_chosen_on_the_validation_split(tiny, data, monkeypatch):
+    """Yu's lr grid is searched on the validation split: select_lr scores every lr there,
+    and the table's val_accuracy is the chosen model's accuracy on it (not on the test)."""
+    seen = []
+    real = ft.select_lr
+
+    def spy(fit, lrs, val_set, evaluate_on):
+        seen.append(val_set)
+        return real(fit, lrs, val_set, evaluate_on)
+
+    monkeypatch.setattr(ft, "select_lr", spy)
+    _, fitted, lr_table = ft.lora_layer_sweep(tiny.bridge, [1], data["train"], data["val"], data["test"], CFG,
+                                              lrs=(1e-2, 1e-3), progress=False)
+    assert len(seen) == 1 and seen[0] is data["val"]
+    chosen = lr_table[lr_table.chosen].iloc[0]
+    on_val = ft.evaluate_weights(tiny.bridge, fitted[1].weights, {"val": data["val"]})["correct_full"].mean()
+    assert chosen.val_accuracy == pytest.approx(on_val) and fitted[1].config.lr == chosen.lr
