@@ -67,6 +67,13 @@ PAPER: dict[str, dict[str, str]] = {
         positions="the key heads mean-ablated (knockout)",
         metric="accuracy before / after the knockout (SVAMP 34.7 % -> 11.8 %, -66 % relative)",
         scale="the full public sets (SVAMP: 1,000 problems)"),
+    "zhang_precise_sft": dict(
+        model=_ZHANG_MODEL,
+        prompts="training data of GSM8K, AddSub, SingleEq and SVAMP; tested on those four and on MMLU / CSQA (general)",
+        positions="Q/K/V/O slices of the top-32 heads by path-patching effect, gradients x H/h per layer (Alg. 2); "
+                  "full SFT: every weight",
+        metric="accuracy before / after on each benchmark (Table 1): math gains, MMLU / CSQA change",
+        scale="lr 2e-5, batch 128, 2 epochs, warm-up 0.02, weight decay 0.1"),
     "yu_single_head": dict(
         model=_YU_MODEL, prompts="4 prompts per operator (Table 14), numbers and number words; 1D, 2D, 3D sets "
                                  "(1,600 sentences for 2D), zero-shot",
@@ -162,8 +169,9 @@ def _ft_scale(P: Params) -> dict:
     """Notebook 05's resolved fine-tuning scale and its sizes (``finetune.SCALES``)."""
     from .finetune import SCALES, resolve_scale
 
-    p = _nb(P, "05")
-    name = resolve_scale(str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")))
+    p = _nb(P, "05")  # the scale the run recorded (since issue 29); before, "auto" was "quick" on a CPU
+    name = p.get("scale_resolved") or resolve_scale(str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")),
+                                                    auto_cpu="quick")
     return dict(SCALES[name], scale=name)
 
 
@@ -302,6 +310,17 @@ OURS: dict[str, dict[str, Getter]] = {
                             f"{_depth(9, _layers(P, '06'))}",
         metric=lambda P: "test accuracy after LoRA: CNA-pruned vs randomly pruned (mean over seeds)",
         scale=lambda P: f"{_ft_text(P)}; random prunings {_nb(P, '06')['random_seeds']!r}"),
+    "zhang_precise_sft": dict(
+        model=lambda P: _model(P, "05"),
+        prompts=lambda P: f"notebook 05's 2-digit training split plus {_ft_scale(P)['word_train']} of Zhang's word "
+                          f"problems; tested on the 2-digit test split ({_ft_scale(P)['n_test']}); general ability: "
+                          "factual recall (data/factual_recall.json) and LM loss on pydoc prose; "
+                          f"{_fewshot(P, '05')}",
+        positions=lambda P: "Q/K/V/O slices of the top-32 heads (scaled to the model's heads) by notebook 01's "
+                            f"path-patching effect (kv={_nb(P, '05')['kv']!r} under GQA), gradients x H/h; full SFT",
+        metric=lambda P: "whole-answer accuracy gain on the test split; factual-recall accuracy precise minus full",
+        scale=lambda P: f"lr {_ft_scale(P)['sft_lr']:g}, batch {_ft_scale(P)['sft_batch']}, "
+                        f"{_ft_scale(P)['sft_epochs']} epoch(s); {_ft_text(P)}"),
     "yu_gender_bias": dict(
         model=lambda P: _model(P, "07"),
         prompts=lambda P: f"the 8 Table-22 prompts x {{man, woman}}; professions from the top-{_nb(P, '07')['top_k']} "
@@ -370,6 +389,11 @@ FORCED: dict[str, dict[str, Getter]] = {
     "zhang_mlp_answer": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "02"),
                              metric=lambda P: _scaled(P, "02", 13, 17, 18)),
     "zhang_transfer": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01") + "; SVAMP is not offline"),
+    "zhang_precise_sft": dict(model=lambda P: _OFFLINE,
+                              prompts=lambda P: "GSM8K / SVAMP / MMLU / CSQA are not offline: arithmetic and word "
+                                                "problems generated here, factual recall and LM loss for general "
+                                                f"ability; {_prefix(P, '05')}",
+                              scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else ""),
     "yu_single_head": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01")),
     "yu_mask_keep": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "04"),
                          positions=lambda P: "the layers from the model's own key head (Yu: 17-31 from 17.22)"),

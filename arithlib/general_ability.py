@@ -327,11 +327,12 @@ def mmlu_accuracy(model, tokenizer, items: Sequence[dict], progress: bool = Fals
 def general_ability(model, tokenizer, prose: ProseSample | None = None, facts: Sequence[dict] | None = None, *,
                     chunk_tokens: int = 128, max_chunks: int | None = 16, gsm8k: str | Path | None = None,
                     svamp: str | Path | None = None, mmlu: str | Path | None = None, n_bench: int | None = 200,
-                    batch_size: int = 8) -> dict[str, float]:
+                    batch_size: int = 8, per_item: bool = False) -> dict[str, float | str]:
     """Every general-ability number for one model: ``lm_loss`` and ``perplexity`` on the
     prose sample, ``factual_recall`` accuracy and mean answer log-probability, and, for
     the benchmark files given, ``gsm8k`` / ``svamp`` / ``mmlu`` accuracy on their first
-    ``n_bench`` items."""
+    ``n_bench`` items. ``per_item``: also ``facts_by_prompt``, each fact's correctness in
+    the facts' order (``stats.encode_correct``), for a paired interval between models."""
     prose = prose or pydoc_prose()
     out: dict[str, float] = {}
     lm = lm_loss(model, tokenizer, prose.text, chunk_tokens=chunk_tokens, max_chunks=max_chunks,
@@ -341,6 +342,10 @@ def general_ability(model, tokenizer, prose: ProseSample | None = None, facts: S
     fr = factual_recall(model, tokenizer, facts)
     out["factual_recall"] = float(fr.correct.mean())
     out["factual_logprob"] = float(fr.answer_logprob.mean())
+    if per_item:
+        from .stats import encode_correct
+
+        out["facts_by_prompt"] = encode_correct(fr.correct.to_numpy())
     if gsm8k:
         out["gsm8k"] = float(word_problem_accuracy(model, tokenizer, load_gsm8k(gsm8k, n_bench)).correct.mean())
     if svamp:

@@ -84,11 +84,14 @@ DEFAULT_SHARES: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2)
 #: ``lr_search``: choose the pruned models' lr from Yu's grid on the validation split
 #: (else notebook 05's lr at the reference layer); ``timing_batch`` prompts of one
 #: length per timed forward pass, ``timing_repeats`` passes (median). "paper": Yu's
-#: setting (all 336 1D cases, lr grid, LoRA at every share), for a GPU. "cpu": 12 cases
-#: per operator, 3 random seeds at 5 %, the sweep before fine-tuning only (one random
-#: seed per share): about 20 evaluations on notebook 05's 144 test sentences and 4 LoRA
-#: trainings of 12 steps, planned for about 10 minutes on two CPU cores for
-#: Qwen2.5-0.5B. "quick": a smoke test of every section (seconds on the toy model).
+#: setting (all 336 1D cases, lr grid, LoRA at every share), for a GPU. "cpu" (the
+#: judged CPU scale, notebook 05's default there): 12 cases per operator, 3 random seeds
+#: at 5 % (the report's interval resamples them), the sweep before fine-tuning only (one
+#: random seed per share): about 20 evaluations on notebook 05's 385 test sentences and 4
+#: LoRA trainings of 32 steps (512 sentences) from the reference layer's recorded stream,
+#: estimated at about 45 minutes on one thread for Qwen2.5-0.5B (from measured step
+#: times, benchmarks/RESULTS.md). "quick": a smoke test of every section (seconds on the
+#: toy model), never judged.
 SCALES: dict[str, dict] = {
     "paper": dict(cases_per_op=None, n_candidates=1000, random_seeds=3, sweep_seeds=3, sweep_lora=True,
                   lr_search=True, timing_batch=32, timing_repeats=10),

@@ -47,7 +47,7 @@ from .outputs import write_text
 from .stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, binomial_ci, bootstrap_ci,
                     crossed_bootstrap_ci, decode_correct, interval_verdict)
 from .thresholds import (FAITHFULNESS_TARGET, KEY_HEAD_THRESHOLD, KNOCKOUT_K, NIKANKIN_FAITHFULNESS, NIKANKIN_MATCH_T,
-                         NIKANKIN_NEURON_SHARE)
+                         NIKANKIN_NEURON_SHARE, ZHANG_PRECISE_MARGIN)
 
 NOT_RUN = "not run"
 #: A finding measured at smoke-test sizes (a notebook's ``quick`` mode, or fine-tuning at
@@ -742,7 +742,7 @@ def _yu_lora_layers(t: Tables) -> Outcome:
                else float("nan")}
     mat = _correct_matrix(pd.concat([base_rows.iloc[:1], lora]))
     if mat is None:
-        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='05')}", INCONCLUSIVE, metrics)
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='05', table='05_lora_accuracy_by_layer')}")
     share = bootstrap_ci(lambda x: float((x[:, 1:].mean(0) > x[:, 0].mean()).mean()), mat)
     falls: set[bool] = {False}
     if has_bands and "layers" in bands:
@@ -794,7 +794,7 @@ def _yu_lora_coef(t: Tables) -> Outcome:
     text = "mean coefficient increase of the top neurons: " + ", ".join(f"{b} {v:+.1f} %" for b, v in means.items())
     metrics = {"mean coefficient increase over bands (%)": float(means.mean())}
     if not (t.has("05_cna_coef_per_case") and t.has("05_cna_coef_increase")):
-        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='05')}", INCONCLUSIVE, metrics)
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='05', table='05_cna_coef_per_case')}")
     pc = t.csv("05_cna_coef_per_case")
     pc = pc[pc["selection"] == "cna"]
     rows = t.csv("05_cna_coef_increase").dropna(subset=["layer"])
@@ -802,7 +802,7 @@ def _yu_lora_coef(t: Tables) -> Outcome:
     bands = {str(b): _band_layers(x) for b, x in zip(tab["band"], tab["layers"])}
     num, den, band_means = _coef_increase_stats(pc, layer_of, bands)
     if not len(num):
-        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='05')}", INCONCLUSIVE, metrics)
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='05', table='05_cna_coef_per_case')}")
     has = {"shallow", "deep"} <= set(band_means(num, den))
     mean = bootstrap_ci(lambda n, d: float(np.mean(list(band_means(n, d).values()))), num, den)
     low = bootstrap_ci(lambda n, d: float(min(band_means(n, d).values())), num, den)
@@ -815,6 +815,27 @@ def _yu_lora_coef(t: Tables) -> Outcome:
                    _judged(lambda pos, f, b, half: _grade(pos and f and b, half),
                            _above_zero(low), falls, big, _possible(mean, 100 * NOISE_GAP)),
                    metrics, mean)
+
+
+RERUN_PER_PROMPT = "{table}.csv has no per-prompt column (older run): rerun notebook {nb}"
+
+
+def _seed_resampled_gap(n_seeds: int) -> Callable[[np.ndarray], float]:
+    """Statistic of Table 11's gap for :func:`bootstrap_ci` on a prompts x (original,
+    CNA-pruned, random-pruned seeds...) matrix: CNA minus the mean of the random
+    prunings. Its first call (the estimate) uses every seed; every later call (a
+    resample of the prompts) also redraws the seeds with replacement (a fixed-seed
+    generator), so the interval covers the spread between random prunings, not only
+    the prompts'."""
+    rng = np.random.default_rng(0)
+    calls = [0]
+
+    def stat(x: np.ndarray) -> float:
+        seeds = np.arange(n_seeds) if calls[0] == 0 or n_seeds < 2 else rng.integers(0, n_seeds, n_seeds)
+        calls[0] += 1
+        return float(x[:, 1].mean() - x[:, 2 + seeds].mean(0).mean())
+
+    return stat
 
 
 def _yu_pruning(t: Tables) -> Outcome:
@@ -830,18 +851,60 @@ def _yu_pruning(t: Tables) -> Outcome:
             f"on random-pruned {_pct(rnd)}")
     metrics = {"CNA-pruned minus random-pruned accuracy": gap, "CNA-pruned minus original accuracy": float(cna - orig)}
     pick = lambda name: tab[tab["model"] == name]  # noqa: E731
+    n_seeds = len(pick("LoRA on random-pruned"))
     mat = _correct_matrix(pd.concat([pick("original").iloc[:1], pick("LoRA on CNA-pruned").iloc[:1],
                                      pick("LoRA on random-pruned")]))
     if mat is None:
-        return Outcome(f"{text}; {NO_PER_PROMPT.format(nb='06')}", INCONCLUSIVE, metrics)
-    ci = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2:].mean(0).mean()), mat)
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='06', table='06_table11')}")
+    ci = bootstrap_ci(_seed_resampled_gap(n_seeds), mat)
     vs_orig = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), mat)
     return Outcome(f"{text}; CNA minus random {_pct(ci.estimate)}{_ci_text(ci.scaled(100))}, minus original "
                    f"{_pct(vs_orig.estimate)}{_ci_text(vs_orig.scaled(100))} (paired bootstrap over {ci.n} test "
-                   "prompts)",
+                   f"prompts{f' and the {n_seeds} random prunings' if n_seeds > 1 else ''})",
                    _judged(lambda big, above, half: _grade(big and above, half),
                            _possible(ci, HALF * (82.3 - 17.1) / 100), _above_zero(vs_orig), _possible(ci, NOISE_GAP)),
                    metrics, ci)
+
+
+def _zhang_precise_sft(t: Tables) -> Outcome:
+    """Zhang Sec. 5.3, Table 1: precise SFT of the (scaled) top-32 key heads against full
+    SFT on the same data (notebook 05's 05_sft_comparison, rows by ``role``). Paired
+    bootstraps over the arithmetic test prompts (gains and their difference) and over the
+    factual-recall prompts (general ability kept); margin ``ZHANG_PRECISE_MARGIN``."""
+    tab = t.csv("05_sft_comparison")
+    if "role" not in tab or "arithmetic_2d_by_prompt" not in tab or "facts_by_prompt" not in tab:
+        raise NotRun(RERUN_PER_PROMPT.format(nb="05", table="05_sft_comparison"))
+    roles = tab.set_index("role")
+    if "full" not in roles.index:
+        raise NotRun("notebook 05 ran no full SFT (not enough memory): nothing to compare precise SFT with")
+    if not {"original", "precise"} <= set(roles.index):
+        raise NotRun("05_sft_comparison lacks the original or the precise-SFT row")
+    rows = roles.loc[["original", "precise", "full"]]
+    arith = _correct_matrix(rows.rename(columns={"arithmetic_2d_by_prompt": "correct_by_prompt"}))
+    facts = _correct_matrix(rows.rename(columns={"facts_by_prompt": "correct_by_prompt"}))
+    if arith is None or facts is None:
+        raise NotRun(RERUN_PER_PROMPT.format(nb="05", table="05_sft_comparison"))
+    a = arith.astype(float)
+    f = facts.astype(float)
+    gain_p = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), a)
+    gain_f = bootstrap_ci(lambda x: float(x[:, 2].mean() - x[:, 0].mean()), a)
+    diff = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2].mean()), a)
+    kept = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2].mean()), f)  # precise minus full, facts
+    m = ZHANG_PRECISE_MARGIN
+    precise = str(rows.loc["precise", "method"]) if "method" in rows else "precise SFT"
+    lm = (f"; LM loss change precise {float(rows.loc['precise', 'lm_loss'] - rows.loc['original', 'lm_loss']):+.3f}, "
+          f"full {float(rows.loc['full', 'lm_loss'] - rows.loc['original', 'lm_loss']):+.3f} nats/token"
+          if "lm_loss" in rows else "")
+    text = (f"{precise}: arithmetic gain {_pct(gain_p.estimate)}{_ci_text(gain_p.scaled(100))}, full SFT "
+            f"{_pct(gain_f.estimate)}{_ci_text(gain_f.scaled(100))}, precise minus full {_pct(diff.estimate)}"
+            f"{_ci_text(diff.scaled(100))} ({diff.n} test prompts); factual recall precise minus full "
+            f"{_pct(kept.estimate)}{_ci_text(kept.scaled(100))} ({kept.n} facts){lm}")
+    metrics = {"precise SFT arithmetic gain": gain_p.estimate, "full SFT arithmetic gain": gain_f.estimate,
+               "precise minus full arithmetic accuracy": diff.estimate,
+               "precise minus full factual recall": kept.estimate}
+    verdict = _judged(lambda up, close, general: _grade(up and close and general, up and (close or general)),
+                      _above_zero(gain_p), _possible(diff, -m), _possible(kept, -m))
+    return Outcome(text, verdict, metrics, diff)
 
 
 def _yu_gender(t: Tables) -> Outcome:
@@ -958,6 +1021,18 @@ FINDINGS: tuple[Finding, ...] = (
             "(01_transfer_per_prompt.csv); reproduced if the interval is >= 33 points (half of 66 %); partly if "
             "within [5, 33); not reproduced if below 5; else inconclusive",
             "01", _zhang_transfer, figures=("01_transfer",)),
+    Finding("zhang_precise_sft", "zhang", "Sec. 4.3 (Alg. 2), Sec. 5.3, Table 1",
+            "Fine-tuning only the key heads improves arithmetic about as much as full SFT and keeps general ability.",
+            "LLaMA2-7B: math +2.8 to +21.1 points (full SFT +2.8 to +23.2); general -5.5 for full SFT, +0.4 precise",
+            f"{ZHANG_TXT}: Sec. 5.3, Table 1 ('matches or even surpasses'; full SFT 'about 5% drops')",
+            "precise SFT of the top-32 heads by path-patching effect (scaled to the model's heads) and full SFT on the "
+            "same data; on the arithmetic test prompts, precise SFT's gain (after - before) and precise minus full "
+            "accuracy, and on the factual-recall prompts precise minus full accuracy, 95 % paired bootstrap intervals "
+            f"(05_sft_comparison's per-prompt columns); reproduced if the gain lies > 0 and both differences lie >= "
+            f"-{100 * ZHANG_PRECISE_MARGIN:.0f} points (Table 1's shortfalls of precise SFT reach 3.1 points, full "
+            "SFT's general drop is 'about 5%'); partly if the gain lies > 0 and one difference does; not reproduced "
+            "otherwise; inconclusive when the verdict depends on where in an interval the value is",
+            "05", _zhang_precise_sft, figures=("05_sft_comparison",)),
     Finding("yu_single_head", "yu", "Sec. 3.4, Table 2",
             "Zeroing one head destroys 1-digit +, -, / (not *).",
             "relative 1D accuracy decrease from the top head: + 46.5, - 62.2, / 54.9 (* 6.8) %",
@@ -1081,7 +1156,10 @@ def smoke_test_reason(finding: Finding, tables: Tables) -> str | None:
         from .finetune import SCALES, resolve_scale
 
         p05 = params["05"]
-        if resolve_scale(str(p05["scale"]), str(p05.get("device", "cpu")), bool(p05.get("quick"))) == "quick":
+        # the scale the run used: recorded since issue 29; before, "auto" meant "quick" on a CPU
+        used = p05.get("scale_resolved") or resolve_scale(str(p05["scale"]), str(p05.get("device", "cpu")),
+                                                          bool(p05.get("quick")), auto_cpu="quick")
+        if used == "quick":
             return (f"fine-tuned at scale 'quick' (notebook 05's smoke-test sizes: {SCALES['quick']['n_train']} "
                     "training prompts, a few layers; run scale='cpu', or 'paper' on a GPU, for a verdict)")
     return None

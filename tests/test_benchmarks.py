@@ -225,3 +225,11 @@ def test_gpu_suite_commands_run_on_a_tiny_model():
                           timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.count(" ok in ") == 8
+
+
+def test_lora_train_benchmark_on_a_random_model():
+    bt = _load("lora_train")
+    rows = bt.main(["--model", "random-llama", "--steps", "2", "--batch-size", "4", "--layers", "0", "0.5",
+                    "--no-append"])
+    assert [r["layer"] for r in rows] == [0, 1, "mean"]
+    assert all(r["same"] and r["full"] > 0 and r["late"] > 0 for r in rows)

@@ -51,7 +51,10 @@ def test_missing_params_read_not_recorded_without_raising():
 def test_fine_tuning_scale_is_the_resolved_one():
     cpu = {"05": _p("05", scale="cpu", ops=["+"], lora_r=16, lora_alpha=32, top_ks=[50])}
     rows = _rows(F.fidelity_table(cpu), "yu_lora_layers")
-    assert "scale 'cpu'" in rows["scale"]["ours"] and "192 train / 144 test" in rows["scale"]["ours"]
+    from arithlib.finetune import SCALES
+
+    sizes = f"{SCALES['cpu']['n_train']} train / {SCALES['cpu']['n_test']} test"
+    assert "scale 'cpu'" in rows["scale"]["ours"] and sizes in rows["scale"]["ours"]
     assert "no GPU" in rows["scale"]["forced by the offline model"]
     gpu = {"05": _p("05", scale="auto", device="cuda", ops=["+"], lora_r=16, lora_alpha=32, top_ks=[50])}
     rows = _rows(F.fidelity_table(gpu), "yu_lora_layers")
@@ -81,3 +84,15 @@ def test_notebook_04_entries_name_key_head_rule_keep_layers_ov_layers_and_seeds(
     assert "digits, English number words, operators" in shallow["positions"]["ours"]
     old = _rows(F.fidelity_table({"04": _p("04", **base)}), "yu_mask_keep")   # a run from before issue 29
     assert old["metric"]["ours"] == F.NOT_RECORDED
+
+
+def test_fine_tuning_scale_of_auto_on_a_cpu_is_the_recorded_one():
+    """Since issue 29 "auto" on a CPU is the judged "cpu" scale, recorded as scale_resolved;
+    a run without that key ran before, when "auto" meant "quick" there."""
+    common = dict(ops=["+"], lora_r=16, lora_alpha=32, top_ks=[50], kv="group")
+    old = _rows(F.fidelity_table({"05": _p("05", scale="auto", **common)}), "yu_lora_layers")
+    new = _rows(F.fidelity_table({"05": _p("05", scale="auto", scale_resolved="cpu", **common)}), "yu_lora_layers")
+    assert "scale 'quick'" in old["scale"]["ours"] and "scale 'cpu'" in new["scale"]["ours"]
+    sft = _rows(F.fidelity_table({"05": _p("05", scale="auto", scale_resolved="cpu", **common)}), "zhang_precise_sft")
+    assert "top-32 heads" in sft["positions"]["ours"] and "lr 0.0001" in sft["scale"]["ours"]
+    assert "not offline" in sft["prompts"]["forced by the offline model"]

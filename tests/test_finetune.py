@@ -471,7 +471,7 @@ def test_scaled_head_counts_and_bands():
     assert ft.yu_bands(32) == {"shallow": list(range(1, 10)), "middle": list(range(10, 17)),
                                "deep": list(range(17, 31))}
     assert ft.reference_layer(32) == 9
-    assert ft.scale_settings("auto", "cpu", False, 24)["scale"] == "quick"
+    assert ft.scale_settings("auto", "cpu", False, 24)["scale"] == "cpu"  # the judged CPU scale (issue 29)
     s = ft.scale_settings("cpu", "cpu", False, 24)
     assert s["scale"] == "cpu" and s["layers"] == list(range(24))
     assert ft.scale_settings("auto", "cuda", False, 24)["n_train"] == 18_000
@@ -533,3 +533,36 @@ def test_make_optimizer_decays_only_the_decayed_parameters():
     opt.step()
     assert torch.allclose(a.detach(), torch.full((4,), 1 - 0.1 * 0.5)) and torch.equal(b.detach(), torch.ones(4))
     assert isinstance(ft.make_optimizer([a], ft.TrainConfig(optimizer="sgd")), torch.optim.SGD)
+
+
+def test_cpu_scale_is_the_default_on_a_cpu_and_sized_for_a_five_point_interval():
+    """Issue 29: "auto" on a CPU is the judged "cpu" scale (quick=True stays the smoke
+    test), with every layer and a test split sized by stats.n_for_half_width."""
+    from arithlib.stats import n_for_half_width
+
+    assert ft.resolve_scale("auto", "cpu", False) == "cpu" and ft.resolve_scale("auto", "cpu", True) == "quick"
+    assert ft.resolve_scale("auto", "cuda", False) == "paper"
+    assert ft.resolve_scale("auto", "cpu", False, auto_cpu="quick") == "quick"  # how runs before it resolved
+    s = ft.scale_settings("auto", "cpu", False, 24)
+    assert s["scale"] == "cpu" and s["layers"] == list(range(24))
+    assert s["n_test"] == n_for_half_width(0.5, ft.JUDGED_HALF_WIDTH) == 385
+    assert s["n_train"] > ft.SCALES["quick"]["n_train"] and s["n_val"] > 0 and s["lr_search"] != "none"
+
+
+def test_lr_is_chosen_on_the_validation_split(tiny, data, monkeypatch):
+    """Yu's lr grid is searched on the validation split: select_lr scores every lr there,
+    and the table's val_accuracy is the chosen model's accuracy on it (not on the test)."""
+    seen = []
+    real = ft.select_lr
+
+    def spy(fit, lrs, val_set, evaluate_on):
+        seen.append(val_set)
+        return real(fit, lrs, val_set, evaluate_on)
+
+    monkeypatch.setattr(ft, "select_lr", spy)
+    _, fitted, lr_table = ft.lora_layer_sweep(tiny.bridge, [1], data["train"], data["val"], data["test"], CFG,
+                                              lrs=(1e-2, 1e-3), progress=False)
+    assert len(seen) == 1 and seen[0] is data["val"]
+    chosen = lr_table[lr_table.chosen].iloc[0]
+    on_val = ft.evaluate_weights(tiny.bridge, fitted[1].weights, {"val": data["val"]})["correct_full"].mean()
+    assert chosen.val_accuracy == pytest.approx(on_val) and fitted[1].config.lr == chosen.lr

@@ -145,3 +145,26 @@ def test_memory_cap_keeps_results(tiny, test_set):
     assert len(capped["test"]) == 0 and capped["test"].nbytes == 0
     late = ft.evaluate_weights(hf, changed(hf, 1), {"test": test_set}, 8, inputs=capped)
     assert late.equals(ft.evaluate_weights(hf, changed(hf, 1), {"test": test_set}, 8))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_lora_epochs_reuse_one_recording_and_equal_full_passes(arch):
+    """Two epochs of LoRA on block 1 record the frozen stream once per batch (the same
+    batches every epoch, ``epoch_batches``), and training from it gives the weights and
+    losses of full forward+backward passes bit for bit (tiny random Qwen2 and Llama)."""
+    model = load_model(str(random_model_dir(arch)))
+    hf = ft.shared_hf_model(model.bridge)
+    train = ds.PromptSet.build(ft.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], model.tokenizer)
+    cfg = ft.TrainConfig(lr=1e-2, epochs=2, batch_size=8, seed=0)
+    first, second = ft.epoch_batches(train, 8, 0, 0), ft.epoch_batches(train, 8, 0, 1)
+    assert sorted(map(sorted, first)) == sorted(map(sorted, second))  # the same batches every epoch ...
+    assert any(ft.epoch_batches(train, 8, 0, e) != first for e in range(1, 6))  # ... in a new order
+    inputs = LayerInputs([1])
+    recording = ft.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
+    assert len(inputs) == len(first)  # once per batch, not once per epoch
+    late = ft.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
+    full = ft.train_lora(hf, 1, train, cfg, progress=False)
+    assert len(full.history) == 2 * len(first)
+    for other in (late, recording):
+        assert other.history["loss"].equals(full.history["loss"])
+        assert all(torch.equal(other.weights[n], full.weights[n]) for n in full.weights)

@@ -530,20 +530,24 @@ def test_lora_layer_rule(tmp_path: Path, orig: float, accs: list, bands: dict, s
     assert out.interval.estimate == pytest.approx(out.metrics["share of LoRA layers beating the original"])
 
 
-def test_lora_layer_rule_without_per_prompt_columns_is_inconclusive(tmp_path: Path):
+def test_lora_layer_rule_without_per_prompt_columns_is_not_run(tmp_path: Path):
     _lora_layers(tmp_path, 0.6, [0.9, 0.8, 0.75], {"shallow": ("0", 0.9), "deep": ("2", 0.75)}, per_prompt=False)
     _params(tmp_path, n_layers=3)
     out = _outcome("yu_lora_layers", tmp_path)
-    assert out.verdict == R.INCONCLUSIVE and "rerun notebook 05 for an interval" in out.ours
+    assert out.verdict == R.NOT_RUN and "rerun notebook 05" in out.ours
 
 
-@pytest.mark.parametrize("scale, device, quick, judged", [("auto", "cpu", False, False), ("quick", "cuda", False, False),
-                                                           ("auto", "cuda", True, False), ("cpu", "cpu", False, True),
-                                                           ("auto", "cuda", False, True)])
-def test_fine_tuning_at_smoke_test_sizes_is_shown_but_not_judged(tmp_path: Path, scale, device, quick, judged):
+@pytest.mark.parametrize("scale, device, quick, resolved, judged", [
+    ("auto", "cpu", False, None, False),  # a run before issue 29: "auto" was "quick" on a CPU
+    ("auto", "cpu", False, "cpu", True),  # since: "auto" is the judged "cpu" scale, recorded as such
+    ("auto", "cpu", True, "quick", False), ("quick", "cuda", False, None, False), ("auto", "cuda", True, None, False),
+    ("cpu", "cpu", False, None, True), ("auto", "cuda", False, None, True)])
+def test_fine_tuning_at_smoke_test_sizes_is_shown_but_not_judged(tmp_path: Path, scale, device, quick, resolved,
+                                                                 judged):
     _lora_layers(tmp_path, 0.6, [0.9, 0.8, 0.7], {"shallow": ("0", 0.9), "deep": ("2", 0.7)})
     _params(tmp_path, n_layers=3)
-    (tmp_path / "05_lora_mechanism_params.json").write_text(json.dumps({"scale": scale, "device": device, "quick": quick}))
+    p05 = {"scale": scale, "device": device, "quick": quick, **({"scale_resolved": resolved} if resolved else {})}
+    (tmp_path / "05_lora_mechanism_params.json").write_text(json.dumps(p05))
     out = _outcome("yu_lora_layers", tmp_path)
     assert out.verdict == (R.REPRODUCED if judged else R.NOT_JUDGED)
     assert "original 60 %" in out.ours and ("smoke-test" in out.ours) != judged
@@ -577,10 +581,23 @@ def test_pruning_rule(tmp_path: Path, cna: float, rnd: float, verdict: str):
     assert out.interval.estimate == pytest.approx(out.metrics["CNA-pruned minus random-pruned accuracy"])
 
 
-def test_pruning_rule_without_per_prompt_columns_is_inconclusive(tmp_path: Path):
+def test_pruning_rule_without_per_prompt_columns_is_not_run(tmp_path: Path):
     _table11(tmp_path, 0.629, 0.823, 0.171, per_prompt=False)
     out = _outcome("yu_pruning", tmp_path)
-    assert out.verdict == R.INCONCLUSIVE and "rerun notebook 06 for an interval" in out.ours
+    assert out.verdict == R.NOT_RUN and "rerun notebook 06" in out.ours
+
+
+def test_pruning_interval_covers_the_spread_between_random_prunings(tmp_path: Path):
+    """Two random prunings 30 points apart: the gap's interval resamples them too, so it
+    is wider than the prompts alone would make it and the verdict is not decided."""
+    n = 200
+    accs = [("original", 0.6), ("LoRA", 0.9), ("LoRA on CNA-pruned", 0.8), ("LoRA on random-pruned", 0.2),
+            ("LoRA on random-pruned", 0.5)]
+    _csv(tmp_path, "06_table11", [{"model": m, "accuracy": a, "correct_by_prompt": _bits(round(a * n), n)}
+                                  for m, a in accs])
+    out = _outcome("yu_pruning", tmp_path)
+    assert out.interval.estimate == pytest.approx(0.45)
+    assert out.interval.low < 0.326 < out.interval.high and out.verdict == R.INCONCLUSIVE
 
 
 
@@ -803,10 +820,10 @@ def test_lora_coefficient_rule(tmp_path: Path, shallow: float, middle: float, de
     assert out.interval.estimate == pytest.approx(out.metrics["mean coefficient increase over bands (%)"])
 
 
-def test_lora_coefficient_rule_without_per_case_table_is_inconclusive(tmp_path: Path):
+def test_lora_coefficient_rule_without_per_case_table_is_not_run(tmp_path: Path):
     _coef_tables(tmp_path, 30.0, 20.0, 5.0, per_case=False)
     out = _outcome("yu_lora_coef", tmp_path)
-    assert out.verdict == R.INCONCLUSIVE and "rerun notebook 05 for an interval" in out.ours
+    assert out.verdict == R.NOT_RUN and "rerun notebook 05" in out.ours
 
 
 
@@ -993,3 +1010,40 @@ def test_per_prompt_correctness_round_trips_through_a_csv_cell(tmp_path: Path):
     back = R.Tables(tmp_path).csv("t")["correct_by_prompt"]
     assert (decode_correct(back.iloc[0]) == bits).all() and decode_correct(back.iloc[1]) is None
     assert decode_correct("0110") is None   # not a cell encode_correct wrote
+
+
+def _sft_table(d: Path, orig: float, precise: float, full: float, facts: tuple[float, float, float] = (0.8, 0.8, 0.7),
+               n: int = 400, n_facts: int = 55, per_prompt: bool = True, with_full: bool = True) -> None:
+    """Notebook 05's 05_sft_comparison: original, precise SFT (scaled top-32) and full SFT
+    rows, nested correct sets over n test prompts and n_facts facts."""
+    rows = []
+    for role, acc, fr in (("original", orig, facts[0]), ("precise", precise, facts[1]), ("full", full, facts[2])):
+        if role == "full" and not with_full:
+            continue
+        rows.append({"method": role, "role": role, "arithmetic_2d": round(acc * n) / n,
+                     "factual_recall": round(fr * n_facts) / n_facts, "lm_loss": 3.5,
+                     **({"arithmetic_2d_by_prompt": _bits(round(acc * n), n),
+                         "facts_by_prompt": _bits(round(fr * n_facts), n_facts)} if per_prompt else {})})
+    _csv(d, "05_sft_comparison", rows)
+
+
+@pytest.mark.parametrize("orig, precise, full, facts, verdict", [
+    (0.5, 0.8, 0.8, (0.8, 0.8, 0.7), R.REPRODUCED),       # same gain, general ability kept
+    (0.5, 0.8, 0.7, (0.8, 0.8, 0.8), R.REPRODUCED),       # precise gains more
+    (0.5, 0.6, 0.9, (0.8, 0.8, 0.7), R.PARTLY),           # gains, far less than full SFT, general kept
+    (0.5, 0.5, 0.8, (0.8, 0.8, 0.7), R.NOT_REPRODUCED),   # no gain
+    (0.5, 0.75, 0.8, (0.8, 0.8, 0.8), R.INCONCLUSIVE)])   # 5 points short: straddles the 5-point margin
+def test_precise_sft_rule(tmp_path: Path, orig, precise, full, facts, verdict):
+    _sft_table(tmp_path, orig, precise, full, facts)
+    out = _outcome("zhang_precise_sft", tmp_path)
+    assert out.verdict == verdict and out.interval.n == 400
+    assert out.interval.estimate == pytest.approx(out.metrics["precise minus full arithmetic accuracy"])
+
+
+def test_precise_sft_rule_needs_per_prompt_columns_and_full_sft(tmp_path: Path):
+    _sft_table(tmp_path / "old", 0.5, 0.8, 0.8, per_prompt=False)
+    out = _outcome("zhang_precise_sft", tmp_path / "old")
+    assert out.verdict == R.NOT_RUN and "rerun notebook 05" in out.ours
+    _sft_table(tmp_path / "nofull", 0.5, 0.8, 0.8, with_full=False)
+    out = _outcome("zhang_precise_sft", tmp_path / "nofull")
+    assert out.verdict == R.NOT_RUN and "no full SFT" in out.ours
