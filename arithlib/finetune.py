@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
 import math
 import random
@@ -79,7 +78,8 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import common_prefix, continues_number
-from .hf_compat import select_cache_rows
+from .fingerprints import data_fingerprint, fingerprint, model_fingerprint
+from .hf_compat import clean_param_name, select_cache_rows
 from .layer_inputs import LayerInputs, can_start_late, run_decoder
 from .models import hf_module as _hf, model_device as _device
 from .stats import encode_correct
@@ -105,11 +105,6 @@ YU_REFERENCE_LAYER_FRACTION = 9 / 32
 
 
 # --------------------------------------------------------------------------- model plumbing
-
-
-def clean_param_name(name: str) -> str:
-    """An HF parameter name without the bridge's ``._original_component`` segments."""
-    return name.replace("._original_component", "")
 
 
 _SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
@@ -838,36 +833,12 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
 # --------------------------------------------------------------------------- caching trained weights
 
 
-def _fingerprint(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def data_fingerprint(prompts: PromptSet | None) -> str:
-    """A hash of a prompt set's token ids (what a cached training run depends on)."""
-    if prompts is None:
-        return "none"
-    h = hashlib.sha256()
-    for ids, ans in zip(prompts.input_ids, prompts.answer_ids):
-        h.update(np.asarray(ids + [-1] + ans + [-2], dtype=np.int64).tobytes())
-    return h.hexdigest()[:16]
-
-
-def model_fingerprint(model) -> str:
-    """A hash of an HF model's config and a sample of its weights."""
-    hf = _hf(model)
-    h = hashlib.sha256(hf.config.to_json_string().encode())
-    for name, p in sorted(_params_by_clean_name(hf).items())[:: max(1, len(list(hf.parameters())) // 16)]:
-        h.update(name.encode())
-        h.update(p.detach().flatten()[:256].float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 def _cached(cache_dir: str | Path | None, key: dict, build: Callable[[Path | None], FineTuned]) -> FineTuned:
     """``build(checkpoint_dir)`` once per ``key``; its FineTuned is stored in
     ``cache_dir/<hash>/result.pt`` and loaded on later calls."""
     if cache_dir is None:
         return build(None)
-    folder = Path(cache_dir) / _fingerprint(key)
+    folder = Path(cache_dir) / fingerprint(key)
     path = folder / "result.pt"
     if path.exists():
         return torch.load(path, weights_only=False)

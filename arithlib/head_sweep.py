@@ -29,11 +29,18 @@ forward passes, beyond a 2-core CPU for Qwen2.5-0.5B (336 heads, 1,078 prompts).
 
 :func:`sweep_recall` measures how many of the exact top heads of a setting the screen
 finds, from an exact sweep of every head on that setting.
+
+On a 2-core CPU the sweep of Qwen2.5-0.5B takes hours, longer than a working session:
+with ``cache_dir`` every batch's rows are stored as they are computed (keyed by the
+model's weights, the batch's tokens, the heads, the device, dtype and torch threads, and
+:data:`CACHE_FORMAT`), so a run that is stopped resumes where it stopped, with the
+same numbers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -42,6 +49,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .datasets import PromptSet
+from .fingerprints import fingerprint, model_fingerprint, tensor_fingerprint
 from .evaluate import common_prefix
 from .hf_compat import cache_layers, causal_mask, new_cache, run_block
 from .models import hf_module as _hf
@@ -50,6 +58,9 @@ from .patching import Component, Edit, Head, Unembed, clean_run, head_sweep, res
 #: Rows x positions of one batched pass (heads x prompts x query tokens); bounds memory
 #: (Qwen2.5-0.5B: ~200 MB of MLP activations at 8,192).
 MAX_TOKENS = 8192
+
+#: Version of the cached batch rows; raise it when the engine's numbers change.
+CACHE_FORMAT = 1
 
 #: Columns of a per-(head, prompt) sweep table.
 ROW_COLUMNS = ["prompt", "op", "n_digits", "layer", "head", "correct", "clean_correct", "answer_logit",
@@ -133,12 +144,23 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
 
 
 @torch.no_grad()
+def _batch_key(model_fp: str, model, batch, heads: Sequence[Head]) -> str:
+    """Cache key of one batch's rows (module docstring)."""
+    p = next(iter(model.parameters()))
+    return fingerprint({"what": "exact_head_sweep batch", "format": CACHE_FORMAT, "model": model_fp,
+                        "tokens": tensor_fingerprint(batch.tokens, batch.answer_ids, torch.as_tensor(batch.index)),
+                        "heads": [list(h) for h in heads], "device": str(p.device), "dtype": str(p.dtype),
+                        "threads": torch.get_num_threads()})
+
+
 def exact_head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = None, batch_size: int = 128,
-                     progress: bool = True, desc: str = "head sweep (every position)") -> pd.DataFrame:
+                     progress: bool = True, desc: str = "head sweep (every position)",
+                     cache_dir: str | Path | None = None) -> pd.DataFrame:
     """Every head of ``heads`` (default: all) zeroed at every position on every prompt
     (Yu Sec. 3.2). One row per (head, prompt): :data:`ROW_COLUMNS` plus ``template_id``,
     ``case``. ``correct``: the answer's first token is the argmax (exact, via
-    :meth:`Unembed.top1`); ``answer_logit``: its logit."""
+    :meth:`Unembed.top1`); ``answer_logit``: its logit. ``cache_dir``: store each batch's
+    rows there and reuse them (a stopped run resumes; module docstring)."""
     cfg = model.cfg
     heads = [tuple(map(int, h)) for h in heads] if heads is not None else \
         [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
@@ -148,7 +170,13 @@ def exact_head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = N
     frames = []
     batches = list(prompts.batches(batch_size, by_prefix=True))
     prefix_cache: dict = {}
+    model_fp = model_fingerprint(model) if cache_dir is not None else ""
     for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
+        path = Path(cache_dir) / f"{_batch_key(model_fp, model, batch, heads)}.pkl" if cache_dir is not None else None
+        if path is not None and path.is_file():
+            frames.append(pd.read_pickle(path))
+            continue
+        batch_frames = []
         h, clean = zeroed_head_states(model, batch.tokens, heads, prefix_cache=prefix_cache)
         ans = batch.answer_ids
         clean_logits = unembed.logits(clean)
@@ -167,7 +195,14 @@ def exact_head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = N
             f["layer"], f["head"] = layer, head
             f["correct"] = (pred[j] == ans).numpy()
             f["answer_logit"] = a_logit[j].numpy()
-            frames.append(f)
+            batch_frames.append(f)
+        done = pd.concat(batch_frames, ignore_index=True)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            done.to_pickle(tmp)
+            tmp.replace(path)  # atomic: a stopped run never leaves half a batch
+        frames.append(done)
     rows = pd.concat(frames, ignore_index=True)
     return rows.sort_values(["layer", "head", "prompt"]).reset_index(drop=True)
 
@@ -241,19 +276,20 @@ class HeadSweep:
 
 
 def yu_head_sweep(model, prompts: PromptSet, screen_n: int, top_k: int, seed: int = 0, batch_size: int = 128,
-                  progress: bool = True) -> HeadSweep:
+                  progress: bool = True, cache_dir: str | Path | None = None) -> HeadSweep:
     """Yu's head sweep in two stages (module docstring): every head zeroed at every
     position on ``screen_n`` prompts per setting, then the ``top_k`` heads of each
-    setting on all of its prompts."""
+    setting on all of its prompts. ``cache_dir``: see :func:`exact_head_sweep`."""
     sub = sample_settings(prompts, screen_n, seed)
     screen = rank_heads(setting_accuracy(exact_head_sweep(model, sub, batch_size=batch_size, progress=progress,
-                                                          desc="head sweep: screen")))
+                                                          desc="head sweep: screen", cache_dir=cache_dir)))
     rows = []
     settings = screen[["op", "n_digits"]].drop_duplicates().itertuples(index=False)
     for op, nd in tqdm(list(settings), desc="head sweep: exact", disable=not progress, leave=False):
         heads = [(int(r.layer), int(r.head)) for r in
                  screen[(screen.op == op) & (screen.n_digits == nd) & (screen["rank"] <= top_k)].itertuples()]
-        rows.append(exact_head_sweep(model, prompts.where(op=op, n_digits=nd), heads, batch_size, progress=False))
+        rows.append(exact_head_sweep(model, prompts.where(op=op, n_digits=nd), heads, batch_size, progress=False,
+                                     cache_dir=cache_dir))
     rows = pd.concat(rows, ignore_index=True)
     return HeadSweep(screen, rank_heads(setting_accuracy(rows)), rows, screen_n, top_k)
 

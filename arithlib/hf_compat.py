@@ -49,6 +49,11 @@ def hf_module(model) -> torch.nn.Module:
     return model.original_model if hasattr(model, "original_model") else model
 
 
+def clean_param_name(name: str) -> str:
+    """An HF parameter name without the bridge's ``._original_component`` segments."""
+    return name.replace("._original_component", "")
+
+
 # --------------------------------------------------------------------------- caches
 
 

@@ -108,3 +108,34 @@ def test_two_stage_sweep_reports_exact_numbers_and_recall(toy):
         assert r.accuracy == e.accuracy
     rec = HS.sweep_recall(sweep.screen, exact_all, top_k=3, ks=(1, 3))
     assert set(rec["k"]) == {1, 3} and rec["recall"].between(0, 1).all()
+
+
+@pytest.mark.toy_model
+def test_cached_sweep_resumes_with_the_same_rows(toy, tmp_path, monkeypatch):
+    """A stopped sweep resumes from the batches it stored; other heads are not served
+    from the cache."""
+    b = toy.bridge
+    recs = ds.yu_prompts(["+", "-"], n_digits=1, n_per_template=4, seed=0, fewshot=2, templates=[3])
+    ps = ds.PromptSet.build(recs, toy.tokenizer)
+    heads = [(0, 0), (1, 2)]
+    plain = HS.exact_head_sweep(b, ps, heads, batch_size=4, progress=False)
+    first = HS.exact_head_sweep(b, ps, heads, batch_size=4, progress=False, cache_dir=tmp_path)
+    stored = sorted(tmp_path.glob("*.pkl"))
+    assert len(stored) >= 2 and not list(tmp_path.glob("*.tmp"))
+    pd.testing.assert_frame_equal(first, plain)
+
+    def no_compute(*a, **k):
+        raise AssertionError("recomputed a cached batch")
+
+    monkeypatch.setattr(HS, "zeroed_head_states", no_compute)
+    pd.testing.assert_frame_equal(HS.exact_head_sweep(b, ps, heads, batch_size=4, progress=False, cache_dir=tmp_path),
+                                  plain)
+    stored[0].unlink()  # as if stopped before that batch: only it is computed again
+    with pytest.raises(AssertionError, match="recomputed"):
+        HS.exact_head_sweep(b, ps, heads, batch_size=4, progress=False, cache_dir=tmp_path)
+    monkeypatch.undo()
+    again = HS.exact_head_sweep(b, ps, heads, batch_size=4, progress=False, cache_dir=tmp_path)
+    pd.testing.assert_frame_equal(again, plain)
+    monkeypatch.setattr(HS, "zeroed_head_states", no_compute)
+    with pytest.raises(AssertionError, match="recomputed"):  # other heads: another key
+        HS.exact_head_sweep(b, ps, [(0, 1)], batch_size=4, progress=False, cache_dir=tmp_path)
