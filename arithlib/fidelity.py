@@ -196,6 +196,13 @@ _YU_KEY_HEAD = ("key head of each operator group from notebook 01's exact every-
                 "1D accuracy, stated, and the largest mean drop over 1-3 digits (cna.select_key_heads)")
 
 
+def _yu_key_head(P) -> str:
+    """:data:`_YU_KEY_HEAD` for a notebook-04 run of issue 29's method (it records
+    ``n_random_seeds``); a KeyError (shown as 'not recorded') for an older run."""
+    _nb(P, "04")["n_random_seeds"]
+    return _YU_KEY_HEAD
+
+
 def _nik_prompts(P: Params, per_op_key: str, nb: str) -> str:
     p = _nb(P, nb)
     cap = f", operands 0-{p['nikankin_max_operand']} capped at single tokens" if "nikankin_max_operand" in p else \
@@ -262,15 +269,19 @@ OURS: dict[str, dict[str, Getter]] = {
         scale=lambda P: f"our generated formats, not SVAMP itself; {_quick(P, '01')}"),
     "yu_single_head": dict(
         model=lambda P: _model(P, "01"),
-        prompts=lambda P: f"{_nb(P, '01')['yu_per_setting']} prompts per operator and digit count (Yu template 4, "
-                          f"symbolic); {_fewshot(P, '01')}",
-        positions=lambda P: f"one head's W_O slice zeroed (screened at the last position, top "
-                            f"{_nb(P, '01')['yu_verify_top']} verified at every position)",
+        prompts=lambda P: f"every 1D operand pair of + - * / and {_nb(P, '01')['yu_multi_per_setting']} prompts per "
+                          f"2D and 3D setting (Yu template 4, symbolic); {_fewshot(P, '01')}",
+        positions=lambda P: f"one head's W_O slice zeroed at every position; stage 1 screens every head on "
+                            f"{_nb(P, '01')['yu_screen_n']} prompts per setting, stage 2 zeroes the top "
+                            f"{_nb(P, '01')['yu_top_k']} of each setting on all its prompts (only stage 2 is judged; "
+                            f"the screen's recall measured against every head on "
+                            f"{_nb(P, '01')['yu_recall_setting']!r})",
         metric=lambda P: "largest relative 1D accuracy decrease from one head",
         scale=lambda P: f"every head; {_quick(P, '01')}"),
     "yu_mask_keep": dict(
-        model=lambda P: _model(P, "04") + "; " + _YU_KEY_HEAD, prompts=lambda P: _yu_1d(P, "04"),
-        positions=lambda P: "top-K CNA neurons (original vs the key head zeroed at every position) zeroed at the last "
+        model=lambda P: _model(P, "04") + "; " + _yu_key_head(P), prompts=lambda P: _yu_1d(P, "04"),
+        positions=lambda P: _yu_key_head(P) and "top-K CNA neurons (original vs the key head zeroed at every "
+                            "position) zeroed at the last "
                             "position; keep: every other neuron of the layers CNA scored (the key head's layer to "
                             "the last) zeroed",
         metric=lambda P: f"accuracy decrease at K in {_nb(P, '04')['top_ks']} (exact binomial intervals); random mask "
@@ -278,8 +289,9 @@ OURS: dict[str, dict[str, Getter]] = {
         scale=lambda P: f"importance mode {_nb(P, '04')['mode']!r} ({_nb(P, '04')['n_candidates']} exact candidates "
                         f"per case in two-stage mode); {_quick(P, '04')}"),
     "yu_shallow_neurons": dict(
-        model=lambda P: _model(P, "04") + "; " + _YU_KEY_HEAD, prompts=lambda P: _yu_1d(P, "04"),
-        positions=lambda P: "each FFN neuron of layer l below the key head's layer H carried through the OV (all "
+        model=lambda P: _model(P, "04") + "; " + _yu_key_head(P), prompts=lambda P: _yu_1d(P, "04"),
+        positions=lambda P: _yu_key_head(P) and "each FFN neuron of layer l below the key head's layer H carried "
+                            "through the OV (all "
                             "heads, ln1 weight folded) of every attention layer l < j <= H; qualifies when any "
                             f"projection has >= M number/operation concepts (digits, English number words, "
                             f"operators) among its top-{_nb(P, '04')['concept_top']} tokens; zeroed at every position",

@@ -96,3 +96,18 @@ def test_fine_tuning_scale_of_auto_on_a_cpu_is_the_recorded_one():
     sft = _rows(F.fidelity_table({"05": _p("05", scale="auto", scale_resolved="cpu", **common)}), "zhang_precise_sft")
     assert "top-32 heads" in sft["positions"]["ours"] and "lr 0.0001" in sft["scale"]["ours"]
     assert "not offline" in sft["prompts"]["forced by the offline model"]
+
+
+def test_yu_sweep_and_cna_entries_describe_only_the_method_their_run_used():
+    """Issue 28/29: the head sweep's entry reads the two-stage parameters notebook 01 now
+    records (it read keys no run records any more); the notebook-04 entries describe the
+    issue-29 key head and keep layers only for a run that recorded them."""
+    sweep = dict(yu_multi_per_setting=100, yu_screen_n=8, yu_top_k=10, yu_recall_setting="-1")
+    rows = _rows(F.fidelity_table({"01": _p("01", **sweep)}), "yu_single_head")
+    assert "every 1D operand pair" in rows["prompts"]["ours"] and "100 prompts per 2D" in rows["prompts"]["ours"]
+    assert "every position" in rows["positions"]["ours"] and "top 10" in rows["positions"]["ours"]
+    base = dict(top_ks=[99, 10], mode="auto", n_candidates=200, concept_top=50, ms=[0, 1, 2, 3])
+    old = _rows(F.fidelity_table({"04": _p("04", **base)}), "yu_mask_keep")
+    assert old["model"]["ours"] == old["positions"]["ours"] == F.NOT_RECORDED
+    new = _rows(F.fidelity_table({"04": _p("04", n_random_seeds=10, **base)}), "yu_mask_keep")
+    assert "exact every-position sweep" in new["model"]["ours"] and "layers CNA scored" in new["positions"]["ours"]
