@@ -242,8 +242,10 @@ OURS: dict[str, dict[str, Getter]] = {
         scale=lambda P: f"every head; {_quick(P, '01')}"),
     "zhang_knockout": dict(
         model=lambda P: _model(P, "01"), prompts=_zhang_prompts,
-        positions=lambda P: "mean ablation over X_c at the last position (every position checked at k = "
-                            f"{_nb(P, '01')['verify_ks']})",
+        positions=lambda P: f"verdict at k = {_nb(P, '01')['knockout_k']}: each head mean-ablated at every query "
+                            "position (its X_c mean per position; the few-shot prefix intact); the curve over k at "
+                            "the last position only, its agreement with the verdict's knockout in "
+                            "01_knockout_screen.csv",
         metric=lambda P: f"accuracy vs k, effect order vs {_nb(P, '01')['n_random_orders']} random orders",
         scale=lambda P: f"k in {_nb(P, '01')['knockout_ks']}; {_quick(P, '01')}"),
     "zhang_late_mlps": dict(

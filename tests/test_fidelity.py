@@ -111,3 +111,49 @@ def test_yu_sweep_and_cna_entries_describe_only_the_method_their_run_used():
     assert old["model"]["ours"] == old["positions"]["ours"] == F.NOT_RECORDED
     new = _rows(F.fidelity_table({"04": _p("04", n_random_seeds=10, **base)}), "yu_mask_keep")
     assert "exact every-position sweep" in new["model"]["ours"] and "layers CNA scored" in new["positions"]["ours"]
+
+
+def _current_params() -> dict:
+    """Each notebook's params as a run of today's notebooks records them: the keywords of
+    its ``params = dict(...)`` and ``start_run(...)`` (values: the parameters cell's
+    defaults, literals, else None) plus what every run adds (model, model_info, device,
+    dtype)."""
+    import ast
+    import json
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    import notebook_files as nf
+
+    info = {**INFO, "d_model": 896, "d_vocab": 151_936}
+    out = {}
+    for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        declared = {k: ast.literal_eval(v) for k, v in nf.notebook_parameters(path).items()}
+        recorded = dict(declared)
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] != "code" or "parameters" in cell.get("metadata", {}).get("tags", []):
+                continue
+            for node in ast.walk(ast.parse("\n".join(line for line in "".join(cell["source"]).splitlines()
+                                                 if not line.lstrip().startswith(("%", "!"))))):
+                call = node.value if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in
+                                                                       node.targets] == ["params"] else node
+                if isinstance(call, ast.Call) and (call is not node or getattr(call.func, "id", getattr(
+                        call.func, "attr", "")) == "start_run"):
+                    for kw in (k for k in call.keywords if k.arg):
+                        try:  # names of parameters, literals, list(...) of them; anything else None
+                            recorded[kw.arg] = eval(compile(ast.Expression(kw.value), "<kw>", "eval"),
+                                                    {"__builtins__": {}, "list": list, "tuple": tuple}, declared)
+                        except Exception:  # noqa: BLE001 (a value computed at run time)
+                            recorded[kw.arg] = None
+        out[path.name[:2]] = {**recorded, **_p(path.name[:2]), "model_info": info}
+    return out
+
+
+def test_every_entry_reads_only_parameters_todays_notebooks_record():
+    """A run of the current notebooks leaves no 'ours' cell 'not recorded' (an entry
+    that reads a renamed or removed parameter, e.g. 01's old verify_ks, fails here)."""
+    params = _current_params()
+    table = F.fidelity_table(params, {f.id: f.notebook for f in R.FINDINGS})
+    stale = table[table["ours"] == F.NOT_RECORDED][["finding", "aspect"]].values.tolist()
+    assert stale == []
