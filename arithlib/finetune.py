@@ -79,7 +79,7 @@ from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import common_prefix, continues_number
 from .fingerprints import data_fingerprint, fingerprint, model_fingerprint
-from .hf_compat import clean_param_name, select_cache_rows
+from .hf_compat import clean_param_name, decoder_layers, select_cache_rows
 from .layer_inputs import LayerInputs, can_start_late, run_decoder
 from .models import hf_module as _hf, model_device as _device
 from .stats import encode_correct
@@ -228,21 +228,6 @@ def to_loaded_model(hf_model, tokenizer, name: str = "finetuned", device: str | 
     tokenizer.padding_side = bridge.tokenizer.padding_side
     info = model_info(hf_model.config, name=name, source="local", model=hf_model)
     return LoadedModel(bridge=bridge, tokenizer=tokenizer, info=info, device=device, dtype=dtype)
-
-
-def decoder_layers(model) -> torch.nn.ModuleList:
-    """The list of transformer blocks of an HF causal LM (Llama/Qwen2/Mistral, GPT-J,
-    GPT-2, GPT-NeoX layouts)."""
-    hf = _hf(model)
-    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
-        obj = hf
-        try:
-            for part in path.split("."):
-                obj = getattr(obj, part)
-        except AttributeError:
-            continue
-        return obj
-    raise NotImplementedError(f"cannot find the decoder layers of {type(hf).__name__}")
 
 
 #: Attention projection module names per architecture (q, k, v, o).
