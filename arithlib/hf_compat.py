@@ -233,10 +233,14 @@ def _as_device(value) -> torch.device:
 
 
 def _module_name(hf: torch.nn.Module, module: torch.nn.Module) -> str | None:
-    for name, m in hf.named_modules():
-        if m is module:
-            return clean_param_name(name)
-    return None
+    """``module``'s clean name in ``hf`` (the names are listed once per model)."""
+    names = getattr(hf, "_arithlib_module_names", None)
+    if names is None:
+        names = {}
+        for name, m in hf.named_modules():
+            names.setdefault(id(m), clean_param_name(name))
+        hf.__dict__["_arithlib_module_names"] = names
+    return names.get(id(module))
 
 
 def module_device(model, module: torch.nn.Module) -> torch.device:
@@ -264,6 +268,17 @@ def module_device(model, module: torch.nn.Module) -> torch.device:
     for tensor in module.buffers():
         return tensor.device
     return next(hf.parameters()).device
+
+
+def send(obj, device: torch.device):
+    """``obj`` (a tensor, or a tuple/list of them, or None) on ``device``; the same
+    objects where they are there already (a block's mask, rotary embeddings and position
+    ids follow the stream from one device of a split model to the next)."""
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device == device else obj.to(device)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(send(x, device) for x in obj)
+    return obj
 
 
 def layer_device(model, layer: int) -> torch.device:

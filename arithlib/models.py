@@ -148,7 +148,9 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 
 
 def model_device(model) -> torch.device:
-    """The device of the model's (first) parameters."""
+    """The device of the model's (first) parameters. On a model split across devices
+    that is one device of several: tensors that join an activation go to
+    :func:`arithlib.hf_compat.layer_device` / ``input_device`` / ``output_device``."""
     return next(model.parameters()).device
 
 

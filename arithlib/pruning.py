@@ -316,8 +316,7 @@ def forward_seconds(model, tokens: torch.Tensor, repeats: int = 5, warmup: int =
     (``timeit``'s advice): other work on the machine (run_all.sh runs two notebooks at
     a time) can only slow a pass down."""
     hf = FT.shared_hf_model(model)
-    dev = next(hf.parameters()).device
-    tokens = tokens.to(dev)
+    tokens = tokens.to(FT.input_device(hf))
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         hf(tokens, use_cache=False, logits_to_keep=1)
