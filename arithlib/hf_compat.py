@@ -238,9 +238,10 @@ def _module_name(hf: torch.nn.Module, module: torch.nn.Module) -> str | None:
     if names is None:
         names = {}
         for name, m in hf.named_modules():
-            names.setdefault(id(m), clean_param_name(name))
+            names.setdefault(id(m), (m, clean_param_name(name)))
         hf.__dict__["_arithlib_module_names"] = names
-    return names.get(id(module))
+    entry = names.get(id(module))
+    return entry[1] if entry is not None and entry[0] is module else None
 
 
 def module_device(model, module: torch.nn.Module) -> torch.device:

@@ -821,6 +821,8 @@ def load_model(
     from transformers import AutoConfig, AutoTokenizer
 
     device_map = parse_device_map(device_map)
+    if max_memory:  # JSON keys are strings: "0" is GPU 0, as accelerate's int keys
+        max_memory = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in max_memory.items()}
     split = device_map is not None or (n_devices is not None and n_devices > 1)
     if split and device is not None:
         raise ValueError(f"device={device!r} and a device map / n_devices were both given; pass one "

@@ -59,9 +59,9 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import MIN_SHARED_PREFIX, common_prefix
-from .hf_compat import cache_kwargs, causal_mask, filled_cache_layers, new_cache, output_cache, repeat_rows_, run_block
+from .hf_compat import (cache_kwargs, causal_mask, filled_cache_layers, input_device, layer_device, module_device,
+                        new_cache, output_cache, repeat_rows_, run_block, send)
 from .metrics import relative_logit_change
-from .hf_compat import input_device, layer_device, module_device, send
 from .models import hf_module as _hf, model_dtype as _dtype
 from .thresholds import KEY_HEAD_THRESHOLD
 
