@@ -64,6 +64,7 @@ import math
 import random
 import re
 import time
+import warnings
 import weakref
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -723,6 +724,12 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
         raise ValueError("empty training set")
     hf = _hf(model)
     params = trainable.params
+    low = sorted({str(p.dtype).removeprefix("torch.") for p in params.values() if p.dtype in (torch.bfloat16, torch.float16)})
+    if low:  # LoRA adapters are fp32 (peft upcasts them); SFT of a bf16 model's own weights is not
+        warnings.warn(f"training {', '.join(low)} parameters in place: AdamW keeps its moments in that dtype and "
+                      "updates below its resolution (about 0.4 % of a weight in bfloat16) are lost; load the model "
+                      "in float32 (--dtype float32) for full or precise SFT at the paper's learning rates",
+                      stacklevel=2)
     n_layers = len(decoder_layers(hf))
     same_below = min(n_layers if unchanged_below is None else unchanged_below, first_changed_layer(hf, params))
     with _training_state(hf):  # flags, grads and modes come back as they were, even on error

@@ -265,3 +265,40 @@ def test_bf16_head_sweep_accuracy_matches_fp32(both):
     acc = [HS.setting_accuracy(HS.exact_head_sweep(m.bridge, sub, progress=False)).set_index(
         ["op", "n_digits", "layer", "head"])["accuracy"] for m in (fp32, bf16)]
     assert (acc[0] - acc[1][acc[0].index]).abs().max() <= 0.05, pd.concat(acc, axis=1)
+
+
+@pytest.mark.toy_model
+def test_sft_of_bf16_weights_warns_and_lora_would_not(both):
+    """Full/precise SFT trains a bf16 model's own weights with bf16 AdamW moments: a
+    warning says so and what to do (LoRA adapters are fp32, peft's default upcast)."""
+    from dataclasses import replace
+
+    import arithlib.finetune as FT
+
+    fp32, bf16, ps = both
+    train = ps.subset(range(16))
+    cfg = replace(FT.TrainConfig(lr=1e-3, epochs=1, batch_size=8, seed=0), max_steps=1)
+    for lm, warns in ((bf16, True), (fp32, False)):
+        plain = FT.shared_hf_model(lm.bridge)
+        name = "model.layers.1.self_attn.q_proj.weight"
+        param = dict(plain.named_parameters())[name]
+        backup = param.detach().clone()
+        try:
+            with pytest.warns(UserWarning, match="float32") if warns else _no_warning():
+                FT.train_parameters(plain, FT._Trainable({name: param}), train, cfg, None, progress=False,
+                                    keep_state=False)
+        finally:
+            with torch.no_grad():
+                param.copy_(backup)
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.filterwarnings("error", message="training .* parameters in place")
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
