@@ -73,36 +73,13 @@ def upstream(notebook: Path) -> list[Path]:
     return [p for n in numbers for p in sorted(notebook.parent.glob(f"{n}_*.ipynb"))]
 
 
-#: Text that issue 32 added to every notebook (its ``dtype`` and ``device_map``
-#: parameters, at the defaults every earlier run used: float32 on the CPU, one device)
-#: as ``(added text, the text it replaced)`` in the notebook file. It is taken out again
-#: before the notebook is hashed, so adding it leaves earlier runs' keys as they were; a
-#: run with other values has them in its parameters (run_notebooks.py), which are hashed.
-KEY_NEUTRAL_EDITS: tuple[tuple[str, str], ...] = (
-    ('    "dtype = \\"auto\\"           # \\"auto\\": bfloat16 on a GPU, float32 on a CPU; or \\"float32\\", '
-     '\\"bfloat16\\" (issue 32)\\n",\n', ""),
-    ('    "device_map = None        # None: the whole model on `device`; \\"auto\\", \\"balanced\\" or '
-     '{module: device} splits it across GPUs\\n",\n', ""),
-    ("quick, dtype=dtype, device_map=device_map, ", "quick, "),
-    ("device=device, dtype=dtype", "device=device"),
-)
-
-
-def notebook_bytes(notebook: Path) -> bytes:
-    """The notebook file as its key reads it (:data:`KEY_NEUTRAL_EDITS` undone)."""
-    text = notebook.read_bytes().decode()
-    for added, old in KEY_NEUTRAL_EDITS:
-        text = text.replace(added, old)
-    return text.encode()
-
-
 def run_key(notebook: Path, out_dir: Path, params: list[str]) -> str:
     h = hashlib.sha256()
     code = [PACKAGE / f"{m}.py" for m in sorted(notebook_modules(notebook))]
     for path in code + sorted((ROOT / "data").rglob("*")) + [notebook]:
         if path.is_file():
             h.update(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name).encode())
-            h.update(notebook_bytes(path) if path == notebook else path.read_bytes())
+            h.update(path.read_bytes())
     for dep in upstream(notebook):
         key = out_dir / f"{dep.stem}.key"
         h.update(f"{dep.stem}={key.read_text().strip() if key.is_file() else 'missing'}".encode())

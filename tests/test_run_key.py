@@ -44,24 +44,3 @@ def test_key_changes_with_package_versions(tmp_path, monkeypatch):
     monkeypatch.setattr(env, "package_versions", upgraded)
     assert run_key.run_key(nb, tmp_path, ["qwen"]) != k1
 
-
-def test_issue32_parameters_at_their_defaults_keep_the_keys(tmp_path):
-    """The ``dtype`` / ``device_map`` parameters added to every notebook, at their
-    defaults (float32 on the CPU, one device: what every earlier run did), leave its key
-    as it was without them; another value in the notebook changes it."""
-    params = ["qwen2.5-coder-0.5b", "cpu", "False", "0", "figures"]
-    for nb in sorted(NB.glob("[0-9][0-9]_*.ipynb")):
-        text = nb.read_text()
-        assert 'dtype = \\"auto\\"' in text and "quick, dtype=dtype, device_map=device_map, " in text, nb.name
-        before = text
-        for added, old in run_key.KEY_NEUTRAL_EDITS:
-            before = before.replace(added, old)
-        assert "dtype=dtype" not in before and "device_map" not in before, nb.name  # every addition undone
-        keys = {}
-        for kind, body in (("new", text), ("old", before),
-                           ("bf16", text.replace('dtype = \\"auto\\"', 'dtype = \\"bfloat16\\"'))):
-            path = tmp_path / kind / nb.name
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(body)
-            keys[kind] = run_key.run_key(path, tmp_path, params)
-        assert keys["new"] == keys["old"] != keys["bf16"], nb.name
