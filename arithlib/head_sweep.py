@@ -54,6 +54,7 @@ from .evaluate import common_prefix
 from .hf_compat import cache_layers, causal_mask, input_device, layer_device, module_device, new_cache, run_block, send
 from .models import hf_module as _hf
 from .patching import Component, Edit, Head, Unembed, clean_run, head_sweep, resumable, variant_hooks
+from .stored import save_atomic
 
 #: Rows x positions of one batched pass (heads x prompts x query tokens); bounds memory
 #: (Qwen2.5-0.5B: ~200 MB of MLP activations at 8,192).
@@ -203,10 +204,7 @@ def exact_head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = N
             batch_frames.append(f)
         done = pd.concat(batch_frames, ignore_index=True)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            done.to_pickle(tmp)
-            tmp.replace(path)  # atomic: a stopped run never leaves half a batch
+            save_atomic(path, done)  # a stopped run never leaves half a batch
         frames.append(done)
     rows = pd.concat(frames, ignore_index=True)
     return rows.sort_values(["layer", "head", "prompt"]).reset_index(drop=True)
