@@ -9,10 +9,14 @@
 # starts; what the others produced is kept.
 #
 #   ./run_all.sh [--model NAME] [--device auto|cpu|cuda] [--quick] [--seed N]
+#                [--dtype auto|float32|bfloat16] [--device-map auto|balanced|JSON]
 #                [-p NAME VALUE ...] [--figures DIR] [--only NN[,NN...]] [--force]
 #                [--jobs N] [--threads N]
 #
 # --device: auto (default) takes the GPU when torch sees one, else the CPU.
+# --dtype: auto (default) is bfloat16 on a GPU, float32 on a CPU. --device-map splits the
+# model across devices through TransformerLens/accelerate ('{"model.layers.0": 0, ...}'
+# names HF modules); an unknown value, or a device that does not exist, stops the run.
 # -p NAME VALUE: set a variable of the notebooks' parameters cell (VALUE a Python literal,
 # else a string), e.g. ./run_all.sh --only 01 -p key_threshold -0.1; an unknown NAME is
 # an error listing the valid ones.
@@ -29,13 +33,15 @@
 # successful run is skipped (key in outputs/<model>/<notebook>.key); --force reruns it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-MODEL="qwen2.5-coder-0.5b"; DEVICE="auto"; QUICK="False"; SEED=0
+MODEL="qwen2.5-coder-0.5b"; DEVICE="auto"; QUICK="False"; SEED=0; DTYPE="auto"; DEVICE_MAP=""
 FIGURES=""; ONLY=""; FORCE=""; JOBS=""; THREADS=""; PARAMS=()
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --model) MODEL="$2"; shift 2 ;;
         --device) DEVICE="$2"; shift 2 ;;
+        --dtype) DTYPE="$2"; shift 2 ;;
+        --device-map) DEVICE_MAP="$2"; shift 2 ;;
         --quick) QUICK="True"; shift ;;
         --seed) SEED="$2"; shift 2 ;;
         -p|--param)
@@ -60,9 +66,10 @@ RESOLVED="$("$PY" -c "from arithlib.models import check_model_name, resolve_devi
 # the resolved device. Writes outputs/<model>/timings.csv (this run) and $FIG/timings.csv
 # (each notebook's last run).
 RUN=("$PY" "$ROOT/scripts/run_notebooks.py" --model "$MODEL" --device "$RESOLVED" --quick "$QUICK"
+     --dtype "$DTYPE" ${DEVICE_MAP:+--device-map "$DEVICE_MAP"}
      --seed "$SEED" --only "$ONLY" ${FIGURES:+--figures "$FIGURES"} ${JOBS:+--jobs "$JOBS"}
      ${THREADS:+--threads "$THREADS"} ${PARAMS[@]+"${PARAMS[@]}"})
-# Checks -p and --only before anything runs, and names the figures folder (the scratch rule above).
+# Checks -p, --only, --dtype and --device-map before anything runs, and names the figures folder (the scratch rule above).
 FIGURES="$("${RUN[@]}" --print-figures)"
 FIG="$FIGURES/${MODEL//\//__}"
 "${RUN[@]}" $FORCE

@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .datasets import PromptSet
+from .hf_compat import input_device
 
 Head = tuple[int, int]       # (layer, head)
 Neuron = tuple[int, int]     # (layer, neuron index)
@@ -131,7 +132,7 @@ def mean_activations(model, prompts: PromptSet, hook_names: Sequence[str], batch
     ``{hook: {length: tensor[length, ...]}}`` (float32, on the model's device)."""
     sums: dict[str, dict[int, torch.Tensor]] = {h: {} for h in hook_names}
     counts: dict[int, int] = defaultdict(int)
-    device = next(model.parameters()).device
+    device = input_device(model)  # token ids go to the input embedding; sums stay on each layer's device
 
     def make(name):
         def fn(act, hook):

@@ -47,6 +47,7 @@ from . import cna as C
 from . import general_ability as GA
 from .ablation import stacked_hooks, zero_neurons_hooks
 from .datasets import PromptRecord, PromptSet, load_gender_data
+from .hf_compat import input_device
 from .paths import data_path
 from .stats import bootstrap_ci, crossed_bootstrap_ci
 
@@ -246,7 +247,7 @@ def next_token_logprobs_many(model, tokenizer, texts: Sequence[str], conditions:
         raise ValueError("no texts")
     conditions = [list(c or []) for c in conditions]
     ids = [tokenizer(t)["input_ids"] for t in texts]
-    device = next(model.parameters()).device
+    device = input_device(model)
     groups: dict[int, list[int]] = defaultdict(list)
     for i, x in enumerate(ids):
         groups[len(x)].append(i)
@@ -410,7 +411,7 @@ def exact_affordable(model, max_macs: float = MAX_EXACT_MACS) -> bool:
     """Whether :func:`gender_cna` should compute the exact importance of every neuron: on
     a GPU, or when n_layers * d_mlp * d_model * vocab <= ``max_macs``."""
     cfg = model.cfg
-    if next(model.parameters()).device.type == "cuda":
+    if input_device(model).type == "cuda":
         return True
     return cfg.n_layers * cfg.d_mlp * cfg.d_model * cfg.d_vocab <= max_macs
 
@@ -459,9 +460,9 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
 
     Returns ``importance`` and ``approx`` [2, N, L, K] (side a, side b; importance NaN
     outside the candidates) and ``base_logprob`` [2, N, L]."""
-    device = next(model.parameters()).device
     norm = C.final_norm(model)
-    W_U, b_U = C.unembedding(model)
+    W_U, b_U = C.unembedding(model)  # float32, as in cna: log-probability differences need it
+    device = W_U.device               # a split model's unembedding device
     beta = C._beta(norm, W_U, b_U)
     G, L, d = resid.shape
     K = coef.shape[-1]
@@ -484,7 +485,7 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
         gr = C._centre(r, norm) * norm.weight  # [G, d]
         A_t = gr @ w_cols.T  # [G, N]: target logits before scaling, every input x every target
         stats_by_layer[layer] = (stats, A_t)
-        values = C.mlp_values(model, layer)
+        values = C.mlp_values(model, layer).to(device)
         for s in range(2):
             g = sides[s]
             st = C.LayerStats(sigma0=stats.sigma0[g], A_w=A_t[g, torch.arange(N)], lse0=stats.lse0[g],
@@ -504,7 +505,7 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
         idx = torch.tensor(neurons, device=device)
         r = resid[:, layer].to(device).float()
         m = coef[:, layer].to(device).float()[:, idx]  # [G, U]
-        values = C.mlp_values(model, layer)[idx]
+        values = C.mlp_values(model, layer).to(device)[idx]
         rc, v, sigma = C._pair_terms(r, m, values, norm)  # sigma [G, U]
         gr, gv = rc * norm.weight, v * norm.weight
         lse = C.log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems)  # [G, U]

@@ -70,7 +70,8 @@ from .stats import encode_correct
 from .evaluate import continues_number
 from .hf_compat import cache_kwargs, output_cache, repeat_cache, repeat_rows_
 from .neurons import w_out
-from .models import hf_module as _hf, model_device as _device
+from .hf_compat import input_device, layer_device
+from .models import hf_module as _hf
 
 Hook = tuple[str, Callable]
 Neuron = tuple[int, int]
@@ -366,10 +367,14 @@ class _Capture:
 
     def collect(self) -> dict[str, torch.Tensor]:
         out = {}
+        # recorded in float32 (CNA's log-probability differences need it under bf16); on a
+        # split model each layer's record is on its own device: stacked on the first's
+        dev = next(iter(self.store.values())).device if self.store else None
         if "resid_mid" in self.what:
-            out["resid_mid"] = torch.stack([self.store[("pre", l)] + self.store[("attn", l)] for l in range(self.n_layers)], 1)
+            out["resid_mid"] = torch.stack([(self.store[("pre", l)] + self.store[("attn", l)]).to(dev)
+                                            for l in range(self.n_layers)], 1)
         if "coef" in self.what:
-            out["coef"] = torch.stack([self.store[("coef", l)] for l in range(self.n_layers)], 1)
+            out["coef"] = torch.stack([self.store[("coef", l)].to(dev) for l in range(self.n_layers)], 1)
         self.store = {}
         return out
 
@@ -420,7 +425,9 @@ def _split_conditions(logits: torch.Tensor, captured: dict[str, torch.Tensor], t
     prediction, log p(target) and captured activations, appended to ``parts[name]``."""
     nc, B = len(names), len(index)
     pred = logits.argmax(-1).view(nc, B)
-    logprob = logits.log_softmax(-1).gather(1, targets.repeat(nc)[:, None])[:, 0].view(nc, B)
+    # fp32 log-probabilities (``logits`` are cast to float32 by the callers); targets follow
+    # the logits (an accelerate-split model returns them on its input device)
+    logprob = logits.log_softmax(-1).gather(1, targets.repeat(nc).to(logits.device)[:, None])[:, 0].view(nc, B)
     captured = {k: v.view(nc, B, *v.shape[1:]) for k, v in captured.items()}
     for c, name in enumerate(names):
         parts[name].append((index, {"pred": pred[c], "logprob": logprob[c], **{k: v[c] for k, v in captured.items()}}))
@@ -444,7 +451,7 @@ def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook
     batch (condition-major, up to ``max_rows`` prompt rows per pass, each condition's
     hooks on its own rows): fewer, larger matrix products.
     """
-    device = _device(model)
+    device = input_device(model)
     hf = _hf(model)
     targets = _targets_for(prompts, targets)
     cap = _Capture(_n_layers(model), capture)
@@ -500,7 +507,7 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
     function of the batch's row indices (per-prompt neuron sets). Since the hooks act on
     the last token alone, this equals a full forward with hooks at position -1; stacking
     reads the weights once for all conditions (single-token passes are memory-bound)."""
-    device = _device(model)
+    device = input_device(model)
     hf = _hf(model)
     targets = _targets_for(prompts, targets)
     cap = _Capture(_n_layers(model), capture)
@@ -538,7 +545,7 @@ def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size:
     (``evaluate.evaluate``'s ``correct_full``) at a fraction of the cost."""
     if criterion not in ("full", "first"):
         raise ValueError("criterion must be 'full' or 'first'")
-    device = _device(model)
+    device = input_device(model)
     hf = _hf(model)
     tok = prompts.tokenizer
     groups: dict[tuple[int, int], list[int]] = {}
@@ -879,7 +886,7 @@ def resolve_mode(model, mode: str = "auto", max_exact_elems: float = 2e9) -> str
     if mode != "auto":
         raise ValueError("mode must be 'auto', 'exact' or 'two_stage'")
     cfg = model.cfg
-    if _device(model).type == "cuda" or cfg.n_layers * cfg.d_mlp * cfg.d_vocab <= max_exact_elems:
+    if input_device(model).type == "cuda" or cfg.n_layers * cfg.d_mlp * cfg.d_vocab <= max_exact_elems:
         return "exact"
     return "two_stage"
 
@@ -897,9 +904,9 @@ def importance_from_runs(model, runs: Sequence[LastPosition], targets: torch.Ten
     change between the two runs (``select="change"``); their exact importance is
     computed in every run."""
     mode = resolve_mode(model, mode)
-    device = _device(model)
     norm = final_norm(model)
-    W_U, b_U = unembedding(model)
+    W_U, b_U = unembedding(model)  # float32: log-probability differences are computed in fp32
+    device = W_U.device            # (where the unembedding is; a split model's last device)
     n_runs = len(runs)
     N = len(targets)
     L, K = runs[0].coef.shape[1], runs[0].coef.shape[2]
@@ -912,7 +919,7 @@ def importance_from_runs(model, runs: Sequence[LastPosition], targets: torch.Ten
     for layer in tqdm(layers, desc="stage 1" if mode == "two_stage" else "importance", disable=not progress, leave=False):
         resid = torch.cat([run.resid_mid[:, layer] for run in runs]).to(device)
         coef = torch.cat([run.coef[:, layer] for run in runs]).to(device)
-        values = mlp_values(model, layer)
+        values = mlp_values(model, layer).to(device)
         stats, b = layer_stats(resid, t_all, norm, W_U, b_U, vocab_chunk=max(vocab_chunk, 16384))
         base[:, :, layer] = b.view(n_runs, N).cpu()
         approx[:, :, layer] = first_order_importance(resid, coef, values, t_all, norm, W_U, stats).view(n_runs, N, K).cpu()
@@ -1295,8 +1302,9 @@ def mlp_coefficients(model, layer: int, resid_mid: torch.Tensor) -> torch.Tensor
         return act
 
     p = next(model.parameters())
+    x = resid_mid.to(device=layer_device(model, layer), dtype=p.dtype)
     with model.hooks(fwd_hooks=[(f"blocks.{layer}.mlp.hook_post", grab)]):
-        model.blocks[layer].mlp(_mlp_ln(model, layer)(resid_mid.to(device=p.device, dtype=p.dtype)[:, None, :]))
+        model.blocks[layer].mlp(_mlp_ln(model, layer)(x[:, None, :]))
     return store["m"][:, 0].float()
 
 
@@ -1348,11 +1356,11 @@ def pe_dag(model, result: CNAResult, case: int, k: int = 10,
         lower = [(l1, n1) for l1, n1 in top if l1 < l2]
         if not lower:
             continue
-        x = resid[l2].to(_device(model))
+        x = resid[l2].to(layer_device(model, l2))
         m2 = mlp_coefficients(model, l2, x[None])[0, n2]
         keys_all = static_keys(model, l2, range(model.cfg.d_mlp))
         for l1, n1 in lower:
-            v = mlp_values(model, l1)[n1]
+            v = mlp_values(model, l1)[n1].to(x.device)
             m1 = result.coef_a[case, l1, n1].to(v.device)
             m2_without = mlp_coefficients(model, l2, (x - m1 * v)[None])[0, n2]
             row = {"lower": f"{l1}_{n1}", "upper": f"{l2}_{n2}", "lower_layer": l1, "upper_layer": l2,
@@ -1380,7 +1388,6 @@ def pe_dag_cases(model, result: CNAResult, k: int = 10, *, min_enhancement: floa
 
     One row per (case, draw): case, kind ("top" or "random"), seed, n_pairs, n_edges
     (enhancement >= ``min_enhancement``), share_edges, mean_enhancement."""
-    device = _device(model)
     cfg = model.cfg
     rows = []
     for case in tqdm(range(len(result)), desc="PE-DAG on every case", disable=not progress, leave=False):
@@ -1405,7 +1412,9 @@ def pe_dag_cases(model, result: CNAResult, k: int = 10, *, min_enhancement: floa
                             break
                 subs.append(draw)
             flat = [nr for draw in subs for nr in draw]
-            vals = torch.stack([mlp_values(model, l1)[n1] * coef[l1, n1].to(device) for l1, n1 in flat])
+            device = layer_device(model, l2)
+            vals = torch.stack([(v * coef[l1, n1].to(v.device)).to(device)
+                                for l1, n1 in flat for v in [mlp_values(model, l1)[n1]]])
             x = resid[l2].to(device)
             m = mlp_coefficients(model, l2, torch.cat([x[None], x[None] - vals]))[:, n2]
             m2, without = m[0], m[1:]
@@ -1766,7 +1775,7 @@ def shallow_neuron_examples(model, prompts: PromptSet, case: int, key: torch.Ten
     (E_u fc2_k) and after (E_u OV fc2_k) the transformation, and the same for the
     operand tokens' word embeddings."""
     tok = prompts.tokenizer
-    device = _device(model)
+    device = input_device(model)
     pos = operand_positions(prompts, case)
     store = {}
 

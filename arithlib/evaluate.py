@@ -21,8 +21,8 @@ from tqdm.auto import tqdm
 from transformer_lens.hook_points import HookPoint
 
 from .datasets import PromptSet
-from .hf_compat import cache_kwargs, filled_cache_layers, new_cache, output_cache
-from .models import hf_module as _hf_model, model_device as _device_of
+from .hf_compat import cache_kwargs, filled_cache_layers, input_device, new_cache, output_cache
+from .models import hf_module as _hf_model
 
 
 def last_position_logits(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -91,7 +91,7 @@ class PrefixRunner:
 
     def __init__(self, model, prompts: PromptSet, batch_size: int, share: bool | None = None):
         self.hf = _hf_model(model)
-        self.device = _device_of(model)
+        self.device = input_device(model)  # token ids go to the input embedding's device
         self.prompts = prompts
         self.batch_size = batch_size
         self.plan = prefix_batches(prompts, batch_size, share=not hooks_attached(model) if share is None else share)
@@ -158,7 +158,7 @@ class PrefixRunner:
         nxt = first.argmax(-1)
         generated = [nxt]
         for _ in range(n_new - 1):
-            out = self.hf(nxt[:, None], use_cache=True, **cache_kwargs(past))
+            out = self.hf(nxt[:, None].to(self.device), use_cache=True, **cache_kwargs(past))
             past = output_cache(out)
             nxt = out.logits[:, -1].argmax(-1)
             generated.append(nxt)

@@ -64,6 +64,7 @@ import math
 import random
 import re
 import time
+import warnings
 import weakref
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -79,9 +80,9 @@ from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import common_prefix, continues_number
 from .fingerprints import data_fingerprint, fingerprint, model_fingerprint
-from .hf_compat import clean_param_name, select_cache_rows
+from .hf_compat import clean_param_name, decoder_layers, input_device, module_device, select_cache_rows
 from .layer_inputs import LayerInputs, can_start_late, run_decoder
-from .models import hf_module as _hf, model_device as _device
+from .models import hf_module as _hf
 from .stats import encode_correct
 from .thresholds import KEY_HEAD_THRESHOLD
 
@@ -143,6 +144,13 @@ def shared_hf_model(model) -> torch.nn.Module:
                 module._buffers[buf_name] = src
     plain.generation_config = hf.generation_config
     plain.eval()
+    device_map = getattr(hf, "hf_device_map", None)
+    if device_map and len({str(d) for d in device_map.values()}) > 1:
+        # a model split across devices: the twin's modules hold the same tensors, on the same
+        # devices; accelerate's hooks with the bridge's map move each module's inputs there
+        from accelerate import dispatch_model
+
+        plain = dispatch_model(plain, device_map=dict(device_map))
     _SHARED[hf] = plain
     return plain
 
@@ -218,7 +226,7 @@ def to_loaded_model(hf_model, tokenizer, name: str = "finetuned", device: str | 
     from .models import LoadedModel, model_info, tokenizer_adds_bos
 
     hf_model = _hf(hf_model)
-    device = device or str(_device(hf_model))
+    device = device or str(input_device(hf_model))
     dtype = next(hf_model.parameters()).dtype
     source = getattr(hf_model.config, "_name_or_path", "") or ""
     bridge = TransformerBridge.boot_transformers(source or name, hf_model=hf_model, tokenizer=tokenizer,
@@ -228,21 +236,6 @@ def to_loaded_model(hf_model, tokenizer, name: str = "finetuned", device: str | 
     tokenizer.padding_side = bridge.tokenizer.padding_side
     info = model_info(hf_model.config, name=name, source="local", model=hf_model)
     return LoadedModel(bridge=bridge, tokenizer=tokenizer, info=info, device=device, dtype=dtype)
-
-
-def decoder_layers(model) -> torch.nn.ModuleList:
-    """The list of transformer blocks of an HF causal LM (Llama/Qwen2/Mistral, GPT-J,
-    GPT-2, GPT-NeoX layouts)."""
-    hf = _hf(model)
-    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
-        obj = hf
-        try:
-            for part in path.split("."):
-                obj = getattr(obj, part)
-        except AttributeError:
-            continue
-        return obj
-    raise NotImplementedError(f"cannot find the decoder layers of {type(hf).__name__}")
 
 
 #: Attention projection module names per architecture (q, k, v, o).
@@ -456,7 +449,7 @@ def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 
     batch, and record the layers of ``inputs`` up to L they compute (bit-identical to
     the full pass; Llama-style decoders only, others run in full)."""
     hf = _hf(model)
-    device = _device(hf)
+    device = input_device(hf)
     unembed = hf.get_output_embeddings()
     seqs = [prompts.input_ids[i] + prompts.answer_ids[i] for i in index]
     starts = [len(prompts.input_ids[i]) - 1 for i in index]  # position predicting answer token 0
@@ -499,9 +492,10 @@ def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 
     for row, (s, p, k) in enumerate(zip(starts, plen, n_keep)):
         gather[row, :k] = torch.arange(s - p, s - p + k)
         mask[row, :k] = True
-    gather, mask = gather.to(device), mask.to(device)
+    gather = gather.to(hidden.device)
     picked = hidden.gather(1, gather[:, :, None].expand(B, A, hidden.shape[-1]))
-    return unembed(picked).float(), mask
+    logits = unembed(picked.to(module_device(hf, unembed))).float()  # fp32 for the loss and log-probs
+    return logits, mask.to(logits.device)
 
 
 def _answer_targets(prompts: PromptSet, index: Sequence[int], A: int, device) -> torch.Tensor:
@@ -729,8 +723,13 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
     if len(train_set) == 0:
         raise ValueError("empty training set")
     hf = _hf(model)
-    device = _device(hf)
     params = trainable.params
+    low = sorted({str(p.dtype).removeprefix("torch.") for p in params.values() if p.dtype in (torch.bfloat16, torch.float16)})
+    if low:  # LoRA adapters are fp32 (peft upcasts them); SFT of a bf16 model's own weights is not
+        warnings.warn(f"training {', '.join(low)} parameters in place: AdamW keeps its moments in that dtype and "
+                      "updates below its resolution (about 0.4 % of a weight in bfloat16) are lost; load the model "
+                      "in float32 (--dtype float32) for full or precise SFT at the paper's learning rates",
+                      stacklevel=2)
     n_layers = len(decoder_layers(hf))
     same_below = min(n_layers if unchanged_below is None else unchanged_below, first_changed_layer(hf, params))
     with _training_state(hf):  # flags, grads and modes come back as they were, even on error
@@ -738,13 +737,13 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
             p.requires_grad_(False)
         for p in params.values():
             p.requires_grad_(True)
-        masks = {n: m.to(device=device, dtype=params[n].dtype) for n, m in trainable.masks.items()}
+        masks = {n: m.to(device=params[n].device, dtype=params[n].dtype) for n, m in trainable.masks.items()}
         grad_mult = {}
         for n, p in params.items():
             mult = masks.get(n)
             scale = trainable.scales.get(n)
             if scale is not None:
-                scale = torch.as_tensor(scale, device=device, dtype=p.dtype)
+                scale = torch.as_tensor(scale, device=p.device, dtype=p.dtype)
                 mult = scale if mult is None else mult * scale
             if mult is not None:
                 grad_mult[n] = mult
@@ -768,7 +767,7 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
                 ck = torch.load(done[-1], weights_only=False)
                 with torch.no_grad():
                     for n, v in ck["params"].items():
-                        params[n].copy_(v.to(device))
+                        params[n].copy_(v.to(params[n].device))
                 opt.load_state_dict(ck["optimizer"])
                 sched.load_state_dict(ck["scheduler"])
                 step, start_epoch, busy, n_samples = ck["step"], ck["epoch"], ck["busy"], ck["n_samples"]

@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .paths import DATA_DIR
-from .hf_compat import cache_kwargs, output_cache
-from .models import hf_module as _hf, model_device as _device
+from .hf_compat import cache_kwargs, input_device, output_cache
+from .models import hf_module as _hf
 
 FACTS_FILE = DATA_DIR / "factual_recall.json"
 
@@ -116,7 +116,7 @@ def lm_loss(model, tokenizer, text: str, chunk_tokens: int = 128, max_chunks: in
     if chunk_tokens < 2:
         raise ValueError("chunk_tokens must be >= 2")
     hf = _hf(model)
-    device = _device(hf)
+    device = input_device(hf)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     n = len(ids) // chunk_tokens
     if max_chunks is not None:
@@ -170,7 +170,7 @@ def factual_recall(model, tokenizer, facts: Sequence[dict] | None = None, batch_
     prompt, its log-probability and rank. Prompts are grouped by token length (no
     padding)."""
     hf = _hf(model)
-    device = _device(hf)
+    device = input_device(hf)
     facts = list(facts) if facts is not None else load_facts()
     rows = []
     enc = []
@@ -273,7 +273,7 @@ def word_problem_accuracy(model, tokenizer, items: Sequence[dict], max_new_token
     """GSM8K / SVAMP accuracy by greedy generation (one item at a time, KV cache): the
     last number in the generated text (stopped at a blank line) equals the answer."""
     hf = _hf(model)
-    device = _device(hf)
+    device = input_device(hf)
     rows = []
     for item in tqdm(items, desc="word problems", disable=not progress, leave=False):
         ids = torch.tensor([tokenizer(prompt_format.format(question=item["question"]))["input_ids"]], device=device)
@@ -306,7 +306,7 @@ def mmlu_accuracy(model, tokenizer, items: Sequence[dict], progress: bool = Fals
     ends in "Answer:"; the prediction is the letter among " A".." D" with the highest
     next-token logit."""
     hf = _hf(model)
-    device = _device(hf)
+    device = input_device(hf)
     letters = []
     for L in "ABCD":
         ids = tokenizer(" " + L, add_special_tokens=False)["input_ids"]

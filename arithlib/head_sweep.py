@@ -51,9 +51,10 @@ from tqdm.auto import tqdm
 from .datasets import PromptSet
 from .fingerprints import fingerprint, model_fingerprint, tensor_fingerprint
 from .evaluate import common_prefix
-from .hf_compat import cache_layers, causal_mask, new_cache, run_block
+from .hf_compat import cache_layers, causal_mask, input_device, layer_device, module_device, new_cache, run_block, send
 from .models import hf_module as _hf
 from .patching import Component, Edit, Head, Unembed, clean_run, head_sweep, resumable, variant_hooks
+from .stored import save_atomic
 
 #: Rows x positions of one batched pass (heads x prompts x query tokens); bounds memory
 #: (Qwen2.5-0.5B: ~200 MB of MLP activations at 8,192).
@@ -82,6 +83,8 @@ def _run_layers(model, hidden: torch.Tensor, first: int, start: int, cache) -> t
     pos_emb = base.rotary_emb(hidden, position_ids)
     mask = causal_mask(hf.config, hidden, cache, position_ids, first)
     for l in range(first, model.cfg.n_layers):
+        # a split model: stream, mask and positions follow the blocks
+        hidden, mask, pos_emb, position_ids = send((hidden, mask, pos_emb, position_ids), layer_device(hf, l))
         hidden = run_block(base.layers[l], hidden, mask=mask, position_embeddings=pos_emb,
                            position_ids=position_ids, cache=cache, use_cache=True)
     return hidden
@@ -103,6 +106,7 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
         raise ValueError("zeroed_head_states needs a Llama-style model (arithlib.patching.resumable); "
                          "use arithlib.patching.head_sweep(position=None) for others")
     hf = _hf(model)
+    tokens = tokens.to(input_device(hf))
     B, T = tokens.shape
     rows = tokens.tolist()
     n = min(common_prefix(rows), T - 1)
@@ -128,18 +132,20 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
                 if prefix_kv is None:
                     cache = new_cache(hf.config)
                     with model.hooks(fwd_hooks=variant_hooks(model, _zero_variants(layer, hs, None), 1, 0, n)):
-                        _run_layers(model, pre.resid[layer].repeat(V, 1, 1), layer, 0, cache)
+                        _run_layers(model, pre.resid[layer].to(layer_device(hf, layer)).repeat(V, 1, 1), layer, 0,
+                                    cache)
                     prefix_kv = cache_layers(cache)
                     if prefix_cache is not None:
                         prefix_cache[key] = prefix_kv
                 kv = [None if l < layer or e is None else (e[0].repeat_interleave(B, 0), e[1].repeat_interleave(B, 0))
                       for l, e in enumerate(prefix_kv)]
             cache = new_cache(hf.config, kv)
-            hidden = full.resid[layer][:, n:].repeat(V, 1, 1)   # variant-major
+            hidden = full.resid[layer][:, n:].to(layer_device(hf, layer)).repeat(V, 1, 1)   # variant-major
             hooks = variant_hooks(model, _zero_variants(layer, hs, range(n, T)), B, n, T)
             with model.hooks(fwd_hooks=hooks):
                 h = _run_layers(model, hidden, layer, n, cache)
-            out[chunk] = hf.base_model.norm(h[:, -1:])[:, 0].view(V, B, -1)
+            norm = hf.base_model.norm
+            out[chunk] = norm(h[:, -1:].to(module_device(hf, norm)))[:, 0].view(V, B, -1).to(out.device)
     return out, full.final
 
 
@@ -178,7 +184,7 @@ def exact_head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = N
             continue
         batch_frames = []
         h, clean = zeroed_head_states(model, batch.tokens, heads, prefix_cache=prefix_cache)
-        ans = batch.answer_ids
+        ans = batch.answer_ids.to(unembed.device)
         clean_logits = unembed.logits(clean)
         pred, _ = unembed.top1(h, clean, clean_logits, hint_ids=ans)
         a_logit = unembed.token_logits(h, ans)
@@ -189,19 +195,16 @@ def exact_head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = N
                              "n_digits": [prompts.records[i].n_digits for i in idx],
                              "template_id": [prompts.records[i].template_id for i in idx],
                              "case": [prompts.records[i].get("case", "") for i in idx],
-                             "clean_correct": (c_pred == ans).numpy(), "clean_answer_logit": c_logit.numpy()})
+                             "clean_correct": (c_pred == ans).cpu().numpy(), "clean_answer_logit": c_logit.cpu().numpy()})
         for j, (layer, head) in enumerate(heads):
             f = meta.copy()
             f["layer"], f["head"] = layer, head
-            f["correct"] = (pred[j] == ans).numpy()
-            f["answer_logit"] = a_logit[j].numpy()
+            f["correct"] = (pred[j] == ans).cpu().numpy()
+            f["answer_logit"] = a_logit[j].cpu().numpy()
             batch_frames.append(f)
         done = pd.concat(batch_frames, ignore_index=True)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            done.to_pickle(tmp)
-            tmp.replace(path)  # atomic: a stopped run never leaves half a batch
+            save_atomic(path, done)  # a stopped run never leaves half a batch
         frames.append(done)
     rows = pd.concat(frames, ignore_index=True)
     return rows.sort_values(["layer", "head", "prompt"]).reset_index(drop=True)

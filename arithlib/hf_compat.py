@@ -196,3 +196,106 @@ def fix_bridge_cache(bridge) -> int:
         n += 1
     return n
 
+
+
+# --------------------------------------------------------------------------- devices (issue 32)
+#
+# A model split across devices by accelerate (``load_model(..., device_map=...)``) runs
+# each decoder block on its own device; accelerate's hooks move a block's *inputs*
+# there, but not tensors that arithlib adds to an activation inside a hook, a key/value
+# cache (its hooks skip caches) or a submodule called on its own. Every such tensor goes
+# to the device of the layer it joins, read with these helpers; on one device they all
+# give that device.
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The list of transformer blocks of an HF causal LM or of a bridge's HF model
+    (Llama/Qwen2/Mistral, GPT-J, GPT-2, GPT-NeoX layouts)."""
+    hf = hf_module(model)
+    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
+        obj = hf
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        return obj
+    raise NotImplementedError(f"cannot find the decoder layers of {type(hf).__name__}")
+
+
+def _as_device(value) -> torch.device:
+    """A device-map value (``0``, ``"cuda:1"``, ``"cpu"``, ``"disk"``) as a torch device
+    (disk-offloaded modules execute on the CPU)."""
+    if isinstance(value, int):
+        return torch.device("cuda", value)
+    value = str(value)
+    return torch.device("cpu" if value == "disk" else value)
+
+
+def _module_name(hf: torch.nn.Module, module: torch.nn.Module) -> str | None:
+    """``module``'s clean name in ``hf`` (the names are listed once per model)."""
+    names = getattr(hf, "_arithlib_module_names", None)
+    if names is None:
+        names = {}
+        for name, m in hf.named_modules():
+            names.setdefault(id(m), (m, clean_param_name(name)))
+        hf.__dict__["_arithlib_module_names"] = names
+    entry = names.get(id(module))
+    return entry[1] if entry is not None and entry[0] is module else None
+
+
+def module_device(model, module: torch.nn.Module) -> torch.device:
+    """The device ``module`` (a submodule of ``model``'s HF model) executes on: its entry
+    in accelerate's ``hf_device_map`` (the longest key that is a prefix of its name),
+    else the execution device of its accelerate hook, else its first parameter's."""
+    hf = hf_module(model)
+    device_map = getattr(hf, "hf_device_map", None)
+    if device_map:
+        name = _module_name(hf, module)
+        if name is not None:
+            best = None
+            for key, value in device_map.items():
+                if key == "" or name == key or name.startswith(key + "."):
+                    if best is None or len(key) > len(best[0]):
+                        best = (key, value)
+            if best is not None:
+                return _as_device(best[1])
+    for m in (module, getattr(module, "_original_component", None)):
+        hook = getattr(m, "_hf_hook", None)
+        if getattr(hook, "execution_device", None) is not None:
+            return _as_device(hook.execution_device)
+    for tensor in module.parameters():
+        return tensor.device
+    for tensor in module.buffers():
+        return tensor.device
+    return next(hf.parameters()).device
+
+
+def send(obj, device: torch.device):
+    """``obj`` (a tensor, or a tuple/list of them, or None) on ``device``; the same
+    objects where they are there already (a block's mask, rotary embeddings and position
+    ids follow the stream from one device of a split model to the next)."""
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device == device else obj.to(device)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(send(x, device) for x in obj)
+    return obj
+
+
+def layer_device(model, layer: int) -> torch.device:
+    """The device decoder block ``layer`` of ``model`` (a bridge or HF model) runs on:
+    where its input stream, hook tensors (means, counterfactual activations, masks) and
+    key/value cache must be."""
+    return module_device(model, decoder_layers(model)[layer])
+
+
+def input_device(model) -> torch.device:
+    """The device of ``model``'s input embedding: where token ids go."""
+    hf = hf_module(model)
+    return module_device(model, hf.get_input_embeddings())
+
+
+def output_device(model) -> torch.device:
+    """The device of ``model``'s unembedding (``lm_head``): where logits come out."""
+    hf = hf_module(model)
+    return module_device(model, hf.get_output_embeddings())

@@ -22,7 +22,7 @@ from typing import Hashable, Iterable, Sequence
 
 import torch
 
-from .hf_compat import cache_kwargs, causal_mask, new_cache, output_cache, run_block
+from .hf_compat import cache_kwargs, causal_mask, layer_device, module_device, new_cache, output_cache, run_block, send
 from .patching import resumable
 
 
@@ -109,11 +109,13 @@ def run_decoder(hf, *, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     mask = causal_mask(hf.config, hidden, past, position_ids, start, attention_mask=attention_mask)
     pos_emb = decoder.rotary_emb(hidden, position_ids)
     for l in range(start, len(decoder.layers)):
+        d = layer_device(hf, l)  # a split model: stream, mask and positions follow the blocks
+        hidden, mask, pos_emb, position_ids = send((hidden, mask, pos_emb, position_ids), d)
         if l in record:
             captured[l] = hidden
         hidden = run_block(decoder.layers[l], hidden, mask=mask, position_embeddings=pos_emb,
                            position_ids=position_ids, cache=past, use_cache=use_cache)
-    return decoder.norm(hidden), past if use_cache else None, captured
+    return decoder.norm(send(hidden, module_device(hf, decoder.norm))), past if use_cache else None, captured
 
 
 def _recorder(store: dict[int, torch.Tensor], layer: int):

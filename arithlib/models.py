@@ -27,6 +27,7 @@ tiny ones for tests, full-size shapes for GPU benchmarks.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import importlib
 import importlib.util
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
-from arithlib.hf_compat import fix_bridge_cache, hf_module
+from arithlib.hf_compat import clean_param_name, fix_bridge_cache, hf_module, input_device
 from arithlib.paths import cache_root
 
 if TYPE_CHECKING:  # heavy imports stay lazy
@@ -87,8 +88,9 @@ class LoadedModel:
     bridge: "TransformerBridge"
     tokenizer: "PreTrainedTokenizerBase"
     info: ModelInfo
-    device: str
+    device: str  # the input embedding's device (where token ids go)
     dtype: torch.dtype
+    device_map: dict[str, Any] | None = None  # accelerate's hf_device_map of a split model
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,9 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 
 
 def model_device(model) -> torch.device:
-    """The device of the model's (first) parameters."""
+    """The device of the model's (first) parameters. On a model split across devices
+    that is one device of several: tensors that join an activation go to
+    :func:`arithlib.hf_compat.layer_device` / ``input_device`` / ``output_device``."""
     return next(model.parameters()).device
 
 
@@ -201,6 +205,154 @@ def resolve_device(device: str) -> str:
             )
         return "mps"
     raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'.")
+
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+#: String device maps accelerate understands (plus a dict, or its JSON text).
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """The dtype a model runs in when none is asked for: bfloat16 on a GPU (half the
+    memory and the tensor cores' rate), float32 on a CPU (where bf16 matmuls are slow
+    and the committed runs are fp32). Places that need fp32 cast there (see README)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device = "cpu") -> torch.dtype:
+    """``dtype`` as a torch dtype: a torch dtype as is; ``"float32"``/``"bfloat16"``/
+    ``"float16"`` (or ``fp32``/``bf16``/``fp16``, ``torch.`` prefix allowed); ``"auto"``
+    or None: :func:`default_dtype` of ``device``. ValueError for anything else."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or str(dtype).strip().lower() == "auto":
+        return default_dtype(device)
+    key = str(dtype).strip().lower().removeprefix("torch.")
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use 'auto', 'float32', 'bfloat16' or 'float16'.")
+    return DTYPES[key]
+
+
+def parse_device_map(device_map: str | dict | None) -> str | dict[str, Any] | None:
+    """A device map as given to :func:`load_model`: None, a strategy
+    (:data:`DEVICE_MAP_STRATEGIES`), a dict ``{module name: device}`` or its JSON text
+    (``run_all.sh --device-map '{"model.layers.0": 0, ...}'``). ValueError otherwise."""
+    if device_map is None or isinstance(device_map, dict):
+        return device_map
+    text = str(device_map).strip()
+    if text.lower() in ("", "none", "null"):
+        return None
+    if text in DEVICE_MAP_STRATEGIES:
+        return text
+    if text.startswith("{"):
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"device map {text!r} is not valid JSON ({exc}).") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"device map {text!r} must be a JSON object {{module name: device}}.")
+        return parsed
+    raise ValueError(f"unknown device map {device_map!r}: use one of {', '.join(DEVICE_MAP_STRATEGIES)}, "
+                     "or a JSON object such as '{\"model.embed_tokens\": 0, \"model.layers.0\": 0, ..., "
+                     "\"lm_head\": 1}' (module names of the HF model; devices as GPU indices, 'cuda:N', 'cpu').")
+
+
+def _map_device(value: Any, where: str) -> torch.device:
+    """A device-map / max_memory device that exists here, as a torch device (ValueError
+    naming ``where`` and what this machine has otherwise)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = f"cuda:{value}"
+    text = str(value).strip().lower()
+    if text == "disk":
+        return torch.device("cpu")
+    try:
+        return torch.device(resolve_device(text))
+    except (RuntimeError, ValueError) as exc:
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise ValueError(
+            f"{where} names device {value!r}, which does not exist on this machine ({n} GPU(s) visible to torch): "
+            f"{exc} Put those modules on a device that exists (GPU indices 0..{max(n - 1, 0)} or 'cpu'), "
+            "or use --device-map auto."
+        ) from None
+
+
+def _memory_bytes(value: Any) -> int:
+    from accelerate.utils import convert_file_size_to_int
+
+    try:
+        return int(convert_file_size_to_int(value))
+    except (ValueError, TypeError):
+        raise ValueError(f"max_memory value {value!r} is not a size such as '20GiB', '500MB' or a number of bytes.") from None
+
+
+def _meta_model(config: "PretrainedConfig") -> torch.nn.Module:
+    """The model of ``config`` on the meta device (no memory; names and shapes only)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(copy.deepcopy(config))
+
+
+def parameter_bytes(config: "PretrainedConfig", dtype: torch.dtype) -> int:
+    """Bytes the weights of a model of ``config`` take in ``dtype`` (distinct
+    parameters, tied ones once): parameter count x dtype size."""
+    model = _meta_model(config)
+    seen: set[int] = set()
+    n = 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            n += p.numel()
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+def check_device_map(config: "PretrainedConfig", dtype: torch.dtype, device_map: str | dict | None,
+                     max_memory: dict | None = None, n_devices: int | None = None) -> None:
+    """Raise ValueError, before anything is loaded, for a placement that cannot work: a
+    device that does not exist here, a dict map that leaves a parameter unplaced or names
+    a module the model lacks, a map mixing CPU/disk with GPUs (TransformerLens 4.3 rejects
+    it), more ``n_devices`` than GPUs, or ``max_memory`` budgets that together cannot hold
+    the weights (estimated as parameter count x dtype size, :func:`parameter_bytes`)."""
+    if n_devices is not None and n_devices > 1:
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < n_devices:
+            raise ValueError(f"n_devices={n_devices} but only {have} GPU(s) are visible; pass n_devices <= {have} "
+                             "or a device map.")
+    if isinstance(device_map, dict):
+        if not device_map:
+            raise ValueError("the device map is empty; map every module, e.g. {\"\": 0}, or use --device-map auto.")
+        devices = {k: _map_device(v, f"device_map entry {k!r}") for k, v in device_map.items()}
+        kinds = {d.type for d in devices.values()}
+        if "cpu" in kinds and len(kinds) > 1:
+            raise ValueError(
+                "the device map mixes the CPU (or disk) with GPUs; TransformerLens 4.3 refuses such maps "
+                "(utilities/multi_gpu.MIXED_OFFLOAD_GPU_ERROR). Put every module on a GPU (or every one on the CPU).")
+        meta = _meta_model(config)
+        names = [clean_param_name(n) for n, _ in meta.named_parameters(remove_duplicate=False)]
+        prefixes = {clean_param_name(n) for n, _ in meta.named_modules()}
+        unknown = [k for k in device_map if k not in prefixes]
+        if unknown:
+            raise ValueError(f"device_map names module(s) the model does not have: {unknown[:5]}; its modules are "
+                             f"e.g. {sorted(m for m in prefixes if m.count('.') <= 2 and m)[:8]}.")
+        unplaced = [n for n in names if not any(k == "" or n == k or n.startswith(k + ".") for k in device_map)]
+        if unplaced:
+            raise ValueError(f"device_map leaves {len(unplaced)} parameter(s) unplaced, e.g. {unplaced[:3]}; "
+                             "map their modules too (or use --device-map auto).")
+    if max_memory:
+        budgets = {k: _memory_bytes(v) for k, v in max_memory.items()}
+        for k in budgets:
+            _map_device(k, f"max_memory key {k!r}")
+        usable = sum(budgets.values())
+        need = parameter_bytes(config, dtype)
+        if usable < need:
+            raise ValueError(
+                f"max_memory totals {usable / 2**30:.2f} GiB but the weights alone need about {need / 2**30:.2f} GiB "
+                f"in {str(dtype).removeprefix('torch.')} (parameter count x {torch.empty((), dtype=dtype).element_size()} "
+                "bytes); raise the budgets, add devices, or load in bfloat16.")
 
 
 # --------------------------------------------------------------------------- packaged GGUF models
@@ -580,11 +732,23 @@ def _boot(
     tokenizer: "PreTrainedTokenizerBase",
     revision: str | None = None,
     hf_model: "PreTrainedModel | None" = None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict | None = None,
+    n_devices: int | None = None,
 ) -> "TransformerBridge":
-    """Boot a bridge on ``target`` with ``tokenizer``, in eval mode."""
+    """Boot a bridge on ``target`` with ``tokenizer``, in eval mode: on ``device``, or,
+    given ``device_map``/``n_devices``, split by accelerate through TransformerLens's
+    own ``boot_transformers(device_map=, n_devices=, max_memory=)``."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    kwargs: dict[str, Any] = dict(device=device, dtype=dtype, tokenizer=tokenizer)
+    split = device_map is not None or (n_devices is not None and n_devices > 1)
+    kwargs: dict[str, Any] = dict(device=None if split else device, dtype=dtype, tokenizer=tokenizer)
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if n_devices is not None and n_devices > 1:
+        kwargs["n_devices"] = n_devices
+    if max_memory:
+        kwargs["max_memory"] = max_memory
     if revision is not None:
         kwargs["revision"] = revision
     if hf_model is not None:
@@ -619,13 +783,25 @@ def _finish(
 
 def load_model(
     name: str = DEFAULT_MODEL,
-    device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    device: str | None = None,
+    dtype: str | torch.dtype | None = "auto",
     checkpoint: int | None = None,
     *,
     prepend_bos: bool | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict | None = None,
+    n_devices: int | None = None,
 ) -> LoadedModel:
     """Load ``name`` as a :class:`TransformerBridge` in eval mode on ``device``.
+
+    Placement and precision (issue 32): ``device`` (default ``"cpu"``) puts the whole
+    model on one device; instead ``device_map`` (``"auto"``, ``"balanced"``, a dict
+    ``{module name: device}`` or its JSON text, :func:`parse_device_map`), ``n_devices``
+    and ``max_memory`` (``{0: "70GiB", ...}``) split it across devices through
+    TransformerLens 4.3's ``boot_transformers`` (accelerate); a placement that cannot
+    work raises ValueError before anything is loaded (:func:`check_device_map`).
+    ``dtype``: ``"auto"`` is bfloat16 on a GPU and float32 on a CPU
+    (:func:`default_dtype`), or ``"float32"``/``"bfloat16"``/a torch dtype.
 
     ``name`` is a registry name (:func:`known_models`), a local HF directory or a
     hub id. ``checkpoint`` picks a training checkpoint: a step of ``toy-arith``
@@ -642,26 +818,45 @@ def load_model(
     BOS, hence this override; pass ``prepend_bos=True/False`` to force it.
     ``tokenizer`` is the model's native HF tokenizer (pad token = eos if absent).
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
-    device = resolve_device(device)
+    device_map = parse_device_map(device_map)
+    if max_memory:  # JSON keys are strings: "0" is GPU 0, as accelerate's int keys
+        max_memory = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in max_memory.items()}
+    split = device_map is not None or (n_devices is not None and n_devices > 1)
+    if split and device is not None:
+        raise ValueError(f"device={device!r} and a device map / n_devices were both given; pass one "
+                         "(device for one device, device_map to split the model).")
+    if split:
+        gpus = torch.cuda.is_available() and torch.cuda.device_count() > 0
+        dtype = resolve_dtype(dtype, "cuda" if gpus else "cpu")
+    else:
+        device = resolve_device(device or "cpu")
+        dtype = resolve_dtype(dtype, device)
     t0 = time.perf_counter()
     target, source, revision = _resolve(name, checkpoint)
     try:
         kwargs = {"revision": revision} if revision is not None else {}
+        if split or max_memory:
+            check_device_map(AutoConfig.from_pretrained(target, **kwargs), dtype, device_map, max_memory, n_devices)
         tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(target, **kwargs))
-        bridge = _boot(target, device=device, dtype=dtype, tokenizer=tokenizer, revision=revision)
+        bridge = _boot(target, device=device, dtype=dtype, tokenizer=tokenizer, revision=revision,
+                       device_map=device_map, max_memory=max_memory, n_devices=n_devices)
     except _hub_exceptions() as exc:
         if source == "hub":
             raise _hub_error(name, exc) from exc
         raise
     _finish(bridge, tokenizer, prepend_bos)
     info = model_info(hf_module(bridge).config, name=name, source=source, model=hf_module(bridge))
+    hf_map = getattr(hf_module(bridge), "hf_device_map", None)
+    if split:
+        device = str(input_device(bridge))
     log.info(
-        "loaded %s (%s, %d layers, d_model %d) on %s in %.1f s",
-        name, info.architecture, info.n_layers, info.d_model, device, time.perf_counter() - t0,
+        "loaded %s (%s, %d layers, d_model %d) on %s in %s in %.1f s",
+        name, info.architecture, info.n_layers, info.d_model, hf_map or device, dtype, time.perf_counter() - t0,
     )
-    return LoadedModel(bridge=bridge, tokenizer=tokenizer, info=info, device=device, dtype=dtype)
+    return LoadedModel(bridge=bridge, tokenizer=tokenizer, info=info, device=str(device), dtype=dtype,
+                       device_map=dict(hf_map) if hf_map else None)
 
 
 # --------------------------------------------------------------------------- random-weight models

@@ -53,7 +53,8 @@ from tqdm.auto import tqdm
 from .ablation import Hook, Neuron, mean_neurons_hooks, post_hook, stacked_hooks
 from .datasets import PromptSet, single_token_numbers
 from .hf_compat import cache_kwargs, output_cache, repeat_cache, select_cache_rows, truncate_cache
-from .models import hf_module as _hf, model_device as _device_of
+from .hf_compat import input_device
+from .models import hf_module as _hf
 
 #: Hooks for a batch, given the indices (in the runner's PromptSet) of its prompts.
 HookFactory = Callable[[torch.Tensor], list[Hook]]
@@ -105,7 +106,7 @@ class AnswerPositionRunner:
         if _batches is not None:
             self._batches = _batches
             return
-        device = _device_of(model)
+        device = input_device(model)
         self._batches: list[tuple[torch.Tensor, object, torch.Tensor, int]] = []
         with torch.no_grad():
             for batch in tqdm(list(prompts.batches(batch_size, device)), desc="prefix cache", disable=not progress,
@@ -258,7 +259,7 @@ def collect_last_position(model, prompts: PromptSet, hook_names: Sequence[str], 
     """Answer-position activations of ``hook_names`` from plain forward passes
     ({name: [N, ...]} plus ``"logits"`` [N, vocab]); no KV cache is kept, so this suits
     large operand grids that are read once."""
-    device = _device_of(model)
+    device = input_device(model)
     store: dict[str, torch.Tensor] = {}
     current = {}
 

@@ -59,9 +59,10 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import MIN_SHARED_PREFIX, common_prefix
-from .hf_compat import cache_kwargs, causal_mask, filled_cache_layers, new_cache, output_cache, repeat_rows_, run_block
+from .hf_compat import (cache_kwargs, causal_mask, filled_cache_layers, input_device, layer_device, module_device,
+                        new_cache, output_cache, repeat_rows_, run_block, send)
 from .metrics import relative_logit_change
-from .models import hf_module as _hf, model_device as _device, model_dtype as _dtype
+from .models import hf_module as _hf, model_dtype as _dtype
 from .thresholds import KEY_HEAD_THRESHOLD
 
 Head = tuple[int, int]
@@ -204,7 +205,8 @@ def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: in
     edits are in layers where it is present. Raises ValueError for an edit before ``start``.
     """
     cfg = model.cfg
-    dtype, device = _dtype(model), _device(model)
+    dtype = _dtype(model)
+    devices: dict[int, torch.device] = {}  # per layer: an edit's tensors live where its activation does
     t = length - start
     groups: dict[tuple[str, bool, bool], dict[str, list]] = {}
     for vi, edits in enumerate(variants):
@@ -213,10 +215,13 @@ def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: in
             if e.position is None and start != 0:
                 raise ValueError("an edit at every position (position=None) needs start=0")
             unit = e.component.unit_shape(cfg)
-            value, per_prompt = _value_tensor(e, batch_size, unit, dtype, device)
+            layer = e.component.layer
+            if layer not in devices:
+                devices[layer] = layer_device(model, layer)
+            value, per_prompt = _value_tensor(e, batch_size, unit, dtype, devices[layer])
             indexed = e.component.index is not None
             key = (e.component.hook_name, indexed, per_prompt)
-            g = groups.setdefault(key, {"v": [], "p": [], "u": [], "x": []})
+            g = groups.setdefault(key, {"v": [], "p": [], "u": [], "x": [], "device": devices[layer]})
             for p in positions:
                 if p < start:
                     raise ValueError(f"edit of {e.component.label} at position {p} lies before the recomputed "
@@ -227,6 +232,7 @@ def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: in
                 g["x"].append(value)
     by_hook: dict[str, list] = {}
     for (name, indexed, _), g in groups.items():
+        device = g["device"]
         by_hook.setdefault(name, []).append((
             indexed,
             torch.tensor(g["v"], device=device),
@@ -366,7 +372,7 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
         internal: dict[str, torch.Tensor] = {}
         with model.hooks(fwd_hooks=_capture_hooks(store, spec) + _capture_hooks(internal, resid_names)):
             out = base(input_ids=tokens, use_cache=True)
-        resid = torch.stack([internal[x] for x in resid_names]) if resid_names else None
+        resid = _stack_streams([internal[x] for x in resid_names], model) if resid_names else None
     else:
         raw = {k: None for k in spec if not _is_attention_map(k)} | resid_names
         first: dict[str, torch.Tensor] = {}
@@ -379,11 +385,19 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
         whole = {k: torch.cat([first[k].expand(B, *first[k].shape[1:]), rest[k]], 1) for k in raw}
         store = {k: rest[k] if k in maps else (whole[k] if r is None else r(whole[k]).detach().clone())
                  for k, r in spec.items()}
-        resid = torch.stack([whole[x] for x in resid_names]) if resid_names else None
+        resid = _stack_streams([whole[x] for x in resid_names], model) if resid_names else None
     layers = filled_cache_layers(output_cache(out))
     keys = [k for k, _ in layers]
     values = [v for _, v in layers]
     return CleanRun(tokens, keys, values, resid, out.last_hidden_state[:, -1].clone(), store)
+
+
+def _stack_streams(streams: Sequence[torch.Tensor], model) -> torch.Tensor:
+    """Every block's recorded input stream stacked ``[n_layers, ...]`` on the input
+    embedding's device (on a split model each was recorded on its own block's device;
+    :func:`_forward_suffix` moves a layer's slice back to that layer's device)."""
+    device = input_device(model)
+    return torch.stack([x.to(device) for x in streams])
 
 
 #: A prefix group of a batch runs on its own (:func:`prefix_groups`) when the positions it
@@ -412,9 +426,14 @@ def prefix_groups(prompts: PromptSet, index: Sequence[int]) -> list[list[int]]:
 
 
 def _rows(run: CleanRun, rows: torch.Tensor) -> CleanRun:
-    return CleanRun(run.tokens[rows], [k[rows] for k in run.keys], [v[rows] for v in run.values],
-                    None if run.resid is None else run.resid[:, rows], run.final[rows],
-                    {k: v[rows] for k, v in run.captured.items()})
+    """Rows ``rows`` of ``run``, each tensor indexed on its own device (a split model's
+    keys and values stay on their layers' devices)."""
+    def take(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        return x.index_select(dim, rows.to(x.device))
+
+    return CleanRun(take(run.tokens), [take(k) for k in run.keys], [take(v) for v in run.values],
+                    None if run.resid is None else take(run.resid, 1), take(run.final),
+                    {k: take(v) for k, v in run.captured.items()})
 
 
 def grouped_clean_run(model, tokens: torch.Tensor, groups: Sequence[Sequence[int]] | None,
@@ -478,8 +497,10 @@ def _make_cache(hf, run: CleanRun, start: int, copies: Sequence[int]):
     in layer ``l`` (layers with 0 copies are left empty)."""
     if start == 0:
         return new_cache(hf.config)
-    return new_cache(hf.config, (None if n == 0 else (k[:, :, :start].repeat(n, 1, 1, 1), v[:, :, :start].repeat(n, 1, 1, 1))
-                                 for n, k, v in zip(copies, run.keys, run.values)))
+    devices = [layer_device(hf, l) for l in range(len(run.keys))]  # a split model's cache: each layer on its own
+    return new_cache(hf.config, (None if n == 0 else (k[:, :, :start].to(d).repeat(n, 1, 1, 1),
+                                                      v[:, :, :start].to(d).repeat(n, 1, 1, 1))
+                                 for n, k, v, d in zip(copies, run.keys, run.values, devices)))
 
 
 def _forward_suffix(model, run: CleanRun, start: int, entry: Sequence[int]) -> torch.Tensor:
@@ -499,22 +520,25 @@ def _forward_suffix(model, run: CleanRun, start: int, entry: Sequence[int]) -> t
         first = entry[0]
         present = [sum(e <= l for e in entry) for l in range(n_layers)]  # copies in the batch at layer l
         cache = _make_cache(hf, run, start, present)
-        hidden = run.resid[first][:, start:].repeat(present[first], 1, 1)
+        hidden = run.resid[first][:, start:].to(layer_device(hf, first)).repeat(present[first], 1, 1)
         position_ids = torch.arange(start, T, device=hidden.device).unsqueeze(0)
         pos_emb = base.rotary_emb(hidden, position_ids)
         mask, mask_rows = None, -1
         for l in range(first, n_layers):
             joining = present[l] - hidden.shape[0] // B
-            if joining:
-                hidden = torch.cat([hidden, run.resid[l][:, start:].repeat(joining, 1, 1)])
+            d = layer_device(hf, l)  # a split model: stream, mask and positions follow the blocks
+            hidden, mask, pos_emb, position_ids = send((hidden, mask, pos_emb, position_ids), d)
+            if joining:  # rows joining here come from the clean stream
+                hidden = torch.cat([hidden, run.resid[l][:, start:].to(d).repeat(joining, 1, 1)])
             if hidden.shape[0] != mask_rows:
                 mask = causal_mask(hf.config, hidden, cache, position_ids, l)
                 mask_rows = hidden.shape[0]
             hidden = run_block(base.layers[l], hidden, mask=mask, position_embeddings=pos_emb,
                                position_ids=position_ids, cache=cache, use_cache=True)
-        return base.norm(hidden[:, -1:])[:, 0]
+        return base.norm(send(hidden[:, -1:], module_device(hf, base.norm)))[:, 0]
     cache = _make_cache(hf, run, start, [n_var] * n_layers)
-    out = base(input_ids=run.tokens[:, start:].repeat(n_var, 1), use_cache=True, **cache_kwargs(cache))
+    out = base(input_ids=run.tokens[:, start:].to(input_device(hf)).repeat(n_var, 1), use_cache=True,
+               **cache_kwargs(cache))
     return out.last_hidden_state[:, -1]
 
 
@@ -579,6 +603,7 @@ class Unembed:
         if getattr(hf.config, "final_logit_softcapping", None):
             raise NotImplementedError("models with final logit soft-capping are not supported")
         emb = hf.get_output_embeddings()
+        self.device = module_device(model, emb)  # states are moved here (a split model's last device)
         self.weight = emb.weight
         bias = getattr(emb, "bias", None)
         self.bias = bias if isinstance(bias, torch.Tensor) else None
@@ -596,8 +621,9 @@ class Unembed:
 
     @torch.no_grad()
     def logits(self, h: torch.Tensor, chunk: int = 32768) -> torch.Tensor:
-        """All logits, float32, ``[..., vocab]`` (computed in vocabulary chunks in fp32)."""
-        hf32 = h.float()
+        """All logits, float32, ``[..., vocab]`` (computed in vocabulary chunks in fp32,
+        on the unembedding's device)."""
+        hf32 = h.to(self.device).float()
         parts = []
         for s in range(0, self.vocab, chunk):
             w = self.weight[s:s + chunk].float()
@@ -608,6 +634,7 @@ class Unembed:
     @torch.no_grad()
     def token_logits(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Logit of token ``ids[..., b]`` for state ``h[..., b, :]`` (ids broadcast), float32."""
+        h = h.to(self.device)
         ids = torch.as_tensor(ids, device=h.device).expand(h.shape[:-1])
         out = (h.float() * self.weight[ids].float()).sum(-1)
         if self.bias is not None:
@@ -627,11 +654,12 @@ class Unembed:
         among the clean argmax and ``hint_ids`` [B]. Those tokens are a prefix of the
         prompt's clean logits sorted in descending order; their logits are computed
         exactly (rows needing more than ``max_candidates`` get the full unembedding)."""
+        h, h_clean = h.to(self.device), h_clean.to(self.device)
         lead = h.shape[:-2]
         B, d = h_clean.shape
         if clean_logits is None:
             clean_logits = self.logits(h_clean)
-        clean_logits = clean_logits.float()
+        clean_logits = clean_logits.to(self.device).float()
         sorted_vals, sorted_idx = clean_logits.sort(-1, descending=True)          # [B, V]
         asc = sorted_vals.flip(-1).contiguous()
         flat = h.reshape(-1, B, d)
@@ -743,7 +771,7 @@ def path_patch_answer(model, clean: CleanRun, clean_end: Mapping[str, torch.Tens
     cfg = model.cfg
     n_layers = cfg.n_layers
     unembed = unembed or Unembed(model)
-    answer_ids = answer_ids.to(clean.final.device)
+    answer_ids = answer_ids.to(unembed.device)
     B = clean.batch_size
     z_clean = {l: clean_end[_z(l)] for l in range(n_layers)}
     z_cf = {l: cf_end[_z(l)] for l in range(n_layers)}
@@ -763,9 +791,14 @@ def path_patch_answer(model, clean: CleanRun, clean_end: Mapping[str, torch.Tens
         return unembed.token_logits(h, answer_ids)
 
     resid = clean.resid[:, :, -1]                                    # [L, B, d]
-    return path_patch_end(model, resid, torch.stack([clean_end[_attn_out(l)] for l in range(n_layers)]),
-                          torch.stack([z_clean[l] for l in range(n_layers)]), torch.stack([z_cf[l] for l in range(n_layers)]),
-                          torch.stack([cf_end[_mlp_out(l)] for l in range(n_layers)]), senders, answer_ids, unembed)
+    dev = resid.device
+
+    def stack(xs: Iterable[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([x.to(dev) for x in xs])
+
+    return path_patch_end(model, resid, stack(clean_end[_attn_out(l)] for l in range(n_layers)),
+                          stack(z_clean[l] for l in range(n_layers)), stack(z_cf[l] for l in range(n_layers)),
+                          stack(cf_end[_mlp_out(l)] for l in range(n_layers)), senders, answer_ids, unembed)
 
 
 @torch.no_grad()
@@ -783,12 +816,17 @@ def path_patch_end(model, resid: torch.Tensor, attn_out: torch.Tensor, z_clean: 
     n_layers = model.cfg.n_layers
     unembed = unembed or Unembed(model)
     N = resid.shape[1]
-    out = torch.empty(len(senders), N, device=resid.device)
+    out = torch.empty(len(senders), N, device=unembed.device)
     blocks = model.blocks
+    devices = [layer_device(model, l) for l in range(n_layers)]  # a split model: x follows the blocks
+    final_device = module_device(model, model.ln_final)
 
     def mlp(l: int, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, 1, x.shape[-1])
         return blocks[l].mlp(blocks[l].ln2(flat)).reshape(x.shape)
+
+    def at(t: torch.Tensor, l: int) -> torch.Tensor:
+        return t.to(devices[l])
 
     by_layer: dict[int, list[int]] = {}
     for i, s in enumerate(senders):
@@ -801,19 +839,20 @@ def path_patch_end(model, resid: torch.Tensor, attn_out: torch.Tensor, z_clean: 
             mlps = [i for i in idx if senders[i].kind == "mlp"]
             xs = []
             if heads:
-                z = z_clean[layer].unsqueeze(0).repeat(len(heads), 1, 1, 1)       # [v, N, H, dh]
+                z = at(z_clean[layer], layer).unsqueeze(0).repeat(len(heads), 1, 1, 1)       # [v, N, H, dh]
                 for j, i in enumerate(heads):
-                    z[j, :, senders[i].index] = z_cf[layer][:, senders[i].index]
+                    z[j, :, senders[i].index] = at(z_cf[layer][:, senders[i].index], layer)
                 attn = blocks[layer].attn.o(z.reshape(len(heads) * N, 1, -1)).reshape(len(heads), N, -1)
-                x = resid[layer].unsqueeze(0) + attn
+                x = at(resid[layer], layer).unsqueeze(0) + attn
                 xs.append(x + mlp(layer, x))
             if mlps:
-                x = resid[layer] + attn_out[layer] + mlp_cf[layer]
+                x = at(resid[layer] + attn_out[layer] + mlp_cf[layer], layer)
                 xs.append(x.unsqueeze(0).expand(len(mlps), -1, -1))
             x = torch.cat(xs)
             for l in range(layer + 1, n_layers):
-                x = x + attn_out[l]
+                x = at(x, l) + at(attn_out[l], l)
                 x = x + mlp(l, x)
+            x = x.to(final_device)
             h = model.ln_final(x.reshape(-1, 1, x.shape[-1])).reshape(x.shape)
             out[heads + mlps] = unembed.token_logits(h, answer_ids)
     return out
@@ -879,7 +918,7 @@ def path_patching(model, prompts: PromptSet, senders: Sequence[Component] | None
     senders = list(senders) if senders is not None else heads_and_mlps(model)
     n_layers = model.cfg.n_layers
     unembed = Unembed(model)
-    device = _device(model)
+    device = input_device(model)
     rows = []
     attention: dict[int, torch.Tensor] = {}
     sums: dict[str, dict[int, torch.Tensor]] = {_z(l): {} for l in range(n_layers)}
@@ -898,20 +937,22 @@ def path_patching(model, prompts: PromptSet, senders: Sequence[Component] | None
         T = batch.tokens.shape[1]
         counts[T] = counts.get(T, 0) + batch.tokens.shape[0]
         for l in range(n_layers):
-            s = cf.captured[_z(l)].float().sum(0)
+            s = cf.captured[_z(l)].float().sum(0)  # fp32 sums: the means of Zhang's knockout
             sums[_z(l)][T] = sums[_z(l)][T] + s if T in sums[_z(l)] else s
         if capture_attention:
-            pat = torch.stack([clean.captured[f"blocks.{l}.attn.hook_pattern"] for l in range(n_layers)], 1)
+            pat = torch.stack([clean.captured[f"blocks.{l}.attn.hook_pattern"].to(device) for l in range(n_layers)], 1)
             for row, i in enumerate(batch.index.tolist()):
                 attention[i] = pat[row].float().cpu()
         clean_logit = unembed.token_logits(clean.final, batch.answer_ids)
         cf_end = {k: v[:, -1] for k, v in cf.captured.items()}
         if fast:
+            # END vectors of every layer, stacked on the input device (path_patch_end moves each
+            # layer's slice to that layer's device)
             pooled["resid"].append(clean.resid[:, :, -1])
-            pooled["attn"].append(torch.stack([clean.captured[_attn_out(l)] for l in range(n_layers)]))
-            pooled["zc"].append(torch.stack([clean.captured[_z(l)] for l in range(n_layers)]))
-            pooled["zf"].append(torch.stack([cf_end[_z(l)] for l in range(n_layers)]))
-            pooled["mlpf"].append(torch.stack([cf_end[_mlp_out(l)] for l in range(n_layers)]))
+            pooled["attn"].append(torch.stack([clean.captured[_attn_out(l)].to(device) for l in range(n_layers)]))
+            pooled["zc"].append(torch.stack([clean.captured[_z(l)].to(device) for l in range(n_layers)]))
+            pooled["zf"].append(torch.stack([cf_end[_z(l)].to(device) for l in range(n_layers)]))
+            pooled["mlpf"].append(torch.stack([cf_end[_mlp_out(l)].to(device) for l in range(n_layers)]))
             pooled["ans"].append(batch.answer_ids)
             pooled["idx"].append(batch.index)
             per_batch.append((batch.index, clean_logit, None))
@@ -1009,10 +1050,10 @@ def run_interventions(model, prompts: PromptSet,
     variants`` for per-batch values (e.g. counterfactual activations); it must return
     the same number of variants for every batch. ``full_logits`` also returns
     ``[V, N, vocab]`` logits (memory!). ``cache`` reuses (and fills) clean runs."""
-    device = _device(model)
+    device = input_device(model)
     unembed = Unembed(model)
     N = len(prompts)
-    answer_ids = prompts.first_answer_ids.to(device)
+    answer_ids = prompts.first_answer_ids
     outs: dict[str, torch.Tensor] = {}
     batches = list(prompts.batches(batch_size, device))
     for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
@@ -1029,7 +1070,7 @@ def run_interventions(model, prompts: PromptSet,
         h = run_variants(model, run, vs, max_rows=max_rows)
         clean_logits = unembed.logits(run.final)
         idx = batch.index
-        ans = batch.answer_ids
+        ans = batch.answer_ids.to(unembed.device)
         if full_logits:
             lg = unembed.logits(h)
             outs["logits"][:, idx] = lg.cpu()
@@ -1331,7 +1372,7 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
 
     if not prompts.has_counterfactuals:
         raise ValueError("activation patching needs a counterfactual for every prompt")
-    device = _device(model)
+    device = input_device(model)
     unembed = Unembed(model)
     if positions is None:
         positions = {"last": [len(ids) - 1 for ids in prompts.input_ids]}
@@ -1350,8 +1391,8 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
         run = (cache.get(model, batch.tokens, by_prefix) if cache is not None
                else grouped_clean_run(model, batch.tokens, by_prefix))
         src = grouped_clean_run(model, batch.cf_tokens, by_prefix, hook_names).captured
-        ans = batch.answer_ids
-        cf_ans = cf_ids_all[idx].to(device)
+        ans = batch.answer_ids.to(unembed.device)
+        cf_ans = cf_ids_all[idx].to(unembed.device)
         clean_logits = unembed.logits(run.final)
         variants, labels = [], []
         for n, pos in zip(names, key[1:]):

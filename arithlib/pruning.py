@@ -316,7 +316,7 @@ def forward_seconds(model, tokens: torch.Tensor, repeats: int = 5, warmup: int =
     (``timeit``'s advice): other work on the machine (run_all.sh runs two notebooks at
     a time) can only slow a pass down."""
     hf = FT.shared_hf_model(model)
-    dev = next(hf.parameters()).device
+    dev = FT.input_device(hf)
     tokens = tokens.to(dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for _ in range(warmup):

@@ -44,17 +44,26 @@ class Run:
 
 
 def start_run(notebook: str, model: str, device: str = "cpu", seed: int = 0, out_dir: str = "../figures",
-              quick: bool = False, dtype: torch.dtype = torch.float32, **params) -> Run:
+              quick: bool = False, dtype: str | torch.dtype = "auto", device_map: str | dict | None = None,
+              **params) -> Run:
     """Seed, load ``model`` on ``device`` and write ``<out_dir>/<model>/<notebook>_params.json``
     with every parameter (few-shot prefix, sizes, seed, library version) and the
-    software environment (Python, package versions, git commit: :mod:`arithlib.environment`)."""
+    software environment (Python, package versions, git commit: :mod:`arithlib.environment`).
+
+    ``dtype`` ("auto": bfloat16 on a GPU, float32 on a CPU) and ``device_map`` go to
+    :func:`arithlib.models.load_model`; with a device map the model is split by it and
+    ``device`` only tells the notebook which scale to pick (e.g. "cuda")."""
     seed_everything(seed)
     t0 = time.time()
-    loaded = load_model(model, device=device, dtype=dtype)
+    if device_map is not None:
+        loaded = load_model(model, dtype=dtype, device_map=device_map)
+    else:
+        loaded = load_model(model, device=device, dtype=dtype)
     out = figure_dir(out_dir, model if not Path(model).exists() else Path(model).name)
+    placement = {"device_map": loaded.device_map} if loaded.device_map else {}
     record = {"notebook": notebook, "model": model, "device": loaded.device, "seed": seed, "quick": quick,
-              "dtype": str(dtype), "arithlib_version": __version__, "model_info": loaded.info.__dict__,
-              **params, "environment": environment()}
+              "dtype": str(loaded.dtype), **placement, "arithlib_version": __version__,
+              "model_info": loaded.info.__dict__, **params, "environment": environment()}
     print(f"loaded {model} on {loaded.device} in {time.time() - t0:.1f}s; outputs in {out}")
     save_json(record, out, f"{notebook}_params")
     return Run(notebook, loaded, out, record)

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from .datasets import apply_op, load_json
+from .hf_compat import input_device
 from .paths import cache_root
 
 # --------------------------------------------------------------------------- constants
@@ -688,7 +689,7 @@ def toy_generate_answers(
     """
     stop = {tokenizer.convert_tokens_to_ids(NEWLINE), tokenizer.eos_token_id}
     encoded = tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
-    device = next(model.parameters()).device
+    device = input_device(model)
     by_len: dict[int, list[int]] = {}
     for i, e in enumerate(encoded):
         by_len.setdefault(len(e), []).append(i)
@@ -737,7 +738,7 @@ def toy_accuracy(
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (seq, n) in enumerate(zip(seqs, n_prompt)):
         groups.setdefault((len(seq), n), []).append(i)
-    device = next(model.parameters()).device
+    device = input_device(model)
     correct = 0
     with torch.no_grad():
         for (length, n), idx in groups.items():

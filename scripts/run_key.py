@@ -22,31 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "arithlib"
 _NOTEBOOK_IMPORT = re.compile(r"(?:from|import)[ \t]+arithlib(?:\.(\w+))?(?:[ \t]+import[ \t]+([\w \t,(]+))?")
-_ABSOLUTE = re.compile(r"arithlib\.(\w+)")
-_RELATIVE_IMPORT = re.compile(r"from[ \t]+\.(\w*)[ \t]+import[ \t]+([\w \t,(]+)")
-
-
-def _names(imported: str) -> list[str]:
-    """The names of ``from X import a, (b, c)``."""
-    return [n.strip() for n in imported.replace("(", "").replace(")", "").split(",")]
-
-
-def _modules(names: set[str]) -> set[str]:
-    """``names`` and every arithlib module they import, transitively (plus __init__)."""
-    seen: set[str] = {"__init__"}
-    todo = [n for n in names if (PACKAGE / f"{n}.py").is_file()]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        text = (PACKAGE / f"{name}.py").read_text()
-        for mod, imported in _RELATIVE_IMPORT.findall(text):
-            candidates = [mod] if mod else _names(imported)
-            todo += [c for c in candidates if (PACKAGE / f"{c}.py").is_file()]
-        # absolute imports and lazy ones (importlib.import_module("arithlib.toy"))
-        todo += [m for m in _ABSOLUTE.findall(text) if (PACKAGE / f"{m}.py").is_file()]
-    return seen
+sys.path.insert(0, str(ROOT))  # this checkout's arithlib (sources only: no torch is imported)
+from arithlib.sources import imported_names, module_closure  # noqa: E402
 
 
 def notebook_modules(notebook: Path) -> set[str]:
@@ -57,8 +34,8 @@ def notebook_modules(notebook: Path) -> set[str]:
         if mod:
             names.add(mod)
         elif imported:
-            names |= set(_names(imported))
-    return _modules(names)
+            names |= set(imported_names(imported))
+    return module_closure(names, PACKAGE)
 
 
 def notebook_code(notebook: Path) -> str:

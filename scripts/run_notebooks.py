@@ -1,6 +1,7 @@
 """Execute the numbered notebooks with papermill, several at once, for run_all.sh.
 
-    run_notebooks.py --model M --device D [--quick Q] [--seed S] [--param NAME VALUE ...]
+    run_notebooks.py --model M --device D [--dtype T] [--device-map MAP]
+                     [--quick Q] [--seed S] [--param NAME VALUE ...]
                      [--figures FIG] [--out OUT] [--only NN,NN] [--force] [--jobs N]
                      [--threads T] [--notebooks DIR] [--progress-every S] [--print-figures]
 
@@ -25,7 +26,14 @@ their peak memories fits in 90 % of RAM (one whose peak is unknown runs alone). 
 order changes when notebooks finish, never what they compute.
 
 A notebook whose cache key (``run_key.py``) is unchanged since its last successful run
-is skipped (``--force`` reruns it). After a failure no new notebook starts; the ones
+is skipped (``--force`` reruns it).
+
+Placement and precision (issue 32): ``--dtype`` (auto: bfloat16 on a GPU, float32 on a
+CPU) and ``--device-map`` (auto, balanced, or a JSON object ``{module: device}``) become the notebooks' ``dtype`` and
+``device_map`` parameters (``arithlib.models.load_model`` splits the model through
+TransformerLens/accelerate). A bad value stops the run before any notebook starts. They
+enter the cache key only when they differ from what every earlier run did (float32, one
+device), so adding them kept the committed runs' keys. After a failure no new notebook starts; the ones
 running finish, and the script exits 1 naming the failed notebook and its log.
 
 Parameters: ``--param NAME VALUE`` (run_all.sh's ``-p``) sets a variable of the notebooks'
@@ -78,7 +86,7 @@ ROOT = SCRIPTS.parent
 MEMORY_SHARE = 0.9  # of physical RAM that notebooks running side by side may take together
 #: Parameters run_all.sh sets itself, and the option that sets each.
 RUN_PARAMETERS = {"model": "--model", "device": "--device", "quick": "--quick", "seed": "--seed",
-                  "out_dir": "--figures"}
+                  "out_dir": "--figures", "dtype": "--dtype", "device_map": "--device-map"}
 #: papermill's progress bar ("Executing:  40%|####      | 12/30 [...]"): cells done, cells.
 _PROGRESS = re.compile(rb"Executing[^|\r\n]*\|[^|\r\n]*\|\s*(\d+)/(\d+)")
 
@@ -303,6 +311,7 @@ class Runner:
         self.params = [args.model, args.device, args.quick, str(args.seed), str(args.figures)]
         if args.threads != 0:  # keys of runs before threads were recorded stay valid for torch's default
             self.params.append(f"threads={args.threads}")
+        self.params += placement_key(args.device, args.dtype, args.device_map_value)
         self.previous = read_timings(self.fig / "timings.csv")
         costs = last_costs(self.previous)
         known = [peak for _, peak in costs.values() if peak is not None]
@@ -344,8 +353,9 @@ class Runner:
                sys.executable, "-m", "papermill", str(nb.path), str(self.out / f"{name}.ipynb"),
                "--cwd", str(nb.path.parent), "-k", "python3", "-p", "model", a.model, "-p", "device", a.device,
                "-p", "quick", a.quick, "-p", "seed", str(a.seed), "-p", "out_dir", str(staged.parent)]
-        if nb.params:  # YAML keeps their types (papermill's -p would make a list a string)
-            cmd += ["-y", yaml_parameters(nb.params)]
+        placement = placement_parameters(a.dtype, a.device_map_value)
+        if nb.params or placement:  # YAML keeps their types (papermill's -p would make a list a string)
+            cmd += ["-y", yaml_parameters({**placement, **nb.params})]
         env = dict(os.environ)
         if a.threads:
             env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
@@ -528,6 +538,48 @@ def yaml_parameters(params: dict[str, object]) -> str:
     return yaml.safe_dump(_plain(params), default_flow_style=True).strip()
 
 
+def placement_parameters(dtype: str, device_map) -> dict[str, object]:
+    """The notebooks' ``dtype`` / ``device_map`` parameters a run sets (none at their
+    defaults, "auto" and None: the notebooks keep their own)."""
+    out: dict[str, object] = {}
+    if dtype != "auto":
+        out["dtype"] = dtype
+    if device_map is not None:
+        out["device_map"] = device_map
+    return out
+
+
+def placement_key(device: str, dtype: str, device_map) -> list[str]:
+    """What ``--dtype`` / ``--device-map`` add to the cache key: nothing for float32 on
+    one device (every run before issue 32), else the resolved dtype and the map."""
+    key = []
+    resolved = "float32" if dtype in ("float32", "fp32") or (dtype == "auto" and not device.startswith("cuda")) \
+        else ("bfloat16" if dtype == "auto" else dtype)
+    if resolved != "float32":
+        key.append(f"dtype={resolved}")
+    if device_map is not None:
+        import json
+
+        key.append(f"device_map={json.dumps(device_map, sort_keys=True)}")
+    return key
+
+
+def check_placement(dtype: str, device_map: str | None) -> tuple[str, str | dict | None]:
+    """``(dtype, device map as the notebooks get it)`` after checking them with
+    :mod:`arithlib.models`' own parsers: SystemExit with its message for a bad value."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from arithlib.models import parse_device_map, resolve_dtype
+    finally:
+        sys.path.pop(0)
+    try:
+        if dtype != "auto":
+            resolve_dtype(dtype)
+        return dtype, parse_device_map(device_map)
+    except ValueError as exc:
+        raise SystemExit(f"run_all.sh: {exc}") from None
+
+
 def default_jobs(device: str, cores: int) -> int:
     """Two notebooks at once on a CPU with at least two cores; one at a time on a GPU
     (two models in one GPU's memory would cap the model size)."""
@@ -543,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", required=True, help="the notebooks' device parameter (cpu, cuda, auto, ...)")
     ap.add_argument("--resolved-device", default=None, help="what --device resolves to here (picks the default --jobs)")
+    ap.add_argument("--dtype", default="auto", help="auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16")
+    ap.add_argument("--device-map", default=None, help="split the model: auto, balanced or a JSON {module: device}")
     ap.add_argument("--quick", default="False")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--param", "-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
@@ -558,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="check the options, print the figures root this run would use, and exit")
     args = ap.parse_args(argv)
     params = {name: parse_value(value) for name, value in args.param}
+    args.dtype, args.device_map_value = check_placement(args.dtype, args.device_map)
     paths = select_notebooks(args.notebooks, args.only)
     by_notebook = params_by_notebook(params, paths)
     changes = changed_settings(args.quick, args.seed, params)

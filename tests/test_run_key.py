@@ -43,3 +43,4 @@ def test_key_changes_with_package_versions(tmp_path, monkeypatch):
 
     monkeypatch.setattr(env, "package_versions", upgraded)
     assert run_key.run_key(nb, tmp_path, ["qwen"]) != k1
+

@@ -284,3 +284,21 @@ def test_progress_is_read_from_papermill_bar_and_compared_with_the_last_run():
     assert rn.progress_line("01_a", (12, 40), 192, 840) == "01_a: 12/40 cells, 3.2 of ~14.0 min"
     assert rn.progress_line("01_a", (39, 40), 900, 840) == "01_a: 39/40 cells, 15.0 min (the last run took 14.0)"
     assert rn.progress_line("01_a", None, 30, None) == "01_a: starting, 0.5 min (no earlier run to compare)"
+
+
+def test_dtype_and_device_map_reach_the_notebooks_and_the_key_only_when_not_default():
+    """--dtype / --device-map (issue 32): checked with arithlib's parsers, passed as the
+    notebooks' parameters, and part of the cache key only when they differ from what
+    every earlier run did (float32 on one device)."""
+    assert rn.check_placement("auto", None) == ("auto", None)
+    assert rn.check_placement("bfloat16", '{"model.layers.0": 0}') == ("bfloat16", {"model.layers.0": 0})
+    for dtype, dmap in (("float8", None), ("auto", "everywhere"), ("auto", "{broken")):
+        with pytest.raises(SystemExit, match="run_all.sh: "):
+            rn.check_placement(dtype, dmap)
+    assert rn.placement_parameters("auto", None) == {}
+    assert rn.placement_parameters("bfloat16", "balanced") == {"dtype": "bfloat16", "device_map": "balanced"}
+    assert rn.placement_key("cpu", "auto", None) == [] == rn.placement_key("cuda", "float32", None)
+    assert rn.placement_key("cuda", "auto", None) == ["dtype=bfloat16"]
+    assert rn.placement_key("cpu", "bfloat16", {"b": 1, "a": 0}) == ["dtype=bfloat16", 'device_map={"a": 0, "b": 1}']
+    with pytest.raises(SystemExit, match="set it with --dtype"):
+        rn.params_by_notebook({"dtype": "bfloat16"}, [])

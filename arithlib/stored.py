@@ -1,0 +1,104 @@
+"""Results stored on disk under a key, so that a long run that is stopped (a working
+session ends, a machine goes away) resumes from what it already computed, and never
+reuses a result computed from something else.
+
+A key holds everything a result depends on, hashed (:mod:`arithlib.fingerprints`): the
+model's config and weights, the prompts' token ids and records (counterfactuals
+included), tensors and tables by value, plain parameters as JSON, the device, dtype and
+thread count the model runs with, and the code: the source of the arithlib modules
+named, with every arithlib module they import (:func:`arithlib.sources.code_fingerprint`).
+Editing any of that code computes the result anew. Files are written atomically (a
+temporary file renamed), so a run stopped mid-write leaves no half result.
+
+Notebook 01 stores each of its long sections this way (``use_cache``); the head sweep
+stores each batch (:func:`arithlib.head_sweep.exact_head_sweep`). Fine-tuning keeps its
+own folder per trained model, with mid-training checkpoints
+(:func:`arithlib.finetune.train_parameters`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterable, TypeVar
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .datasets import PromptSet
+from .fingerprints import data_fingerprint, fingerprint, model_fingerprint, tensor_fingerprint
+from .sources import code_fingerprint
+
+T = TypeVar("T")
+
+
+def key_value(obj: Any) -> Any:
+    """``obj`` as a JSON-able value that changes whenever ``obj`` does: a model by its
+    weights (:func:`model_fingerprint`) with the device, dtype and threads it runs with,
+    a prompt set by its token ids and records, a tensor, array or table by its values,
+    an arithlib module by its code; containers element by element; anything else as is
+    (JSON, else ``str``)."""
+    if isinstance(obj, torch.nn.Module):
+        p = next(iter(obj.parameters()))
+        return {"model": model_fingerprint(obj), "device": str(p.device), "dtype": str(p.dtype),
+                "threads": torch.get_num_threads()}
+    if isinstance(obj, PromptSet):
+        return {"tokens": data_fingerprint(obj), "records": fingerprint([repr(r) for r in obj.records]),
+                "counterfactuals": fingerprint(obj.cf_input_ids)}
+    if isinstance(obj, torch.Tensor):
+        return tensor_fingerprint(obj)
+    if isinstance(obj, np.ndarray):
+        return tensor_fingerprint(torch.from_numpy(np.ascontiguousarray(obj)))
+    if isinstance(obj, (pd.DataFrame, pd.Series)):
+        return fingerprint([list(map(str, getattr(obj, "columns", [obj.name]))),
+                            pd.util.hash_pandas_object(obj, index=True).tolist()])
+    if isinstance(obj, ModuleType):
+        return code_fingerprint([obj.__name__.rsplit(".", 1)[-1]])
+    if isinstance(obj, dict):
+        return {str(k): key_value(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (list, tuple)):
+        return [key_value(v) for v in obj]
+    return obj
+
+
+class Store:
+    """``store(what, compute, code=[...], **parts)``: ``compute()`` once per key (``what``,
+    the code of the arithlib modules ``code`` with those they import, and
+    :func:`key_value` of ``parts``), stored in ``directory`` and loaded on later calls.
+    ``directory`` None: always computed, nothing stored. Pass in ``parts`` every input of
+    ``compute``."""
+
+    def __init__(self, directory: str | Path | None):
+        self.directory = Path(directory) if directory is not None else None
+
+    def path(self, what: str, *, code: Iterable[str | ModuleType], **parts: Any) -> Path | None:
+        """The file of ``what`` computed by ``code`` (arithlib module names or modules)
+        from ``parts`` (None without a directory)."""
+        if self.directory is None:
+            return None
+        names = [c.__name__.rsplit(".", 1)[-1] if isinstance(c, ModuleType) else str(c) for c in code]
+        key = {"what": what, "code": code_fingerprint(names), **key_value(parts)}
+        slug = re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-")
+        return self.directory / f"{slug}-{fingerprint(key)}.pkl"
+
+    def __call__(self, what: str, compute: Callable[[], T], *, code: Iterable[str | ModuleType], **parts: Any) -> T:
+        path = self.path(what, code=code, **parts)
+        if path is not None and path.is_file():
+            with path.open("rb") as f:
+                return pickle.load(f)
+        result = compute()
+        if path is not None:
+            save_atomic(path, result)
+        return result
+
+
+def save_atomic(path: Path, obj: Any) -> None:
+    """Pickle ``obj`` to ``path`` through a temporary file renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+    tmp.replace(path)

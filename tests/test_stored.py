@@ -1,0 +1,96 @@
+"""arithlib.stored: a result is computed once per key and loaded after; the key moves
+with the model's weights, the prompts (counterfactuals included), tensors, parameters
+and the code of the modules named; a half-written file is never read back."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import arithlib.datasets as ds
+from arithlib.sources import code_fingerprint, module_closure
+from arithlib.stored import Store, key_value
+
+
+class Counter:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, value=1):
+        self.calls += 1
+        return {"value": value, "tensor": torch.arange(3)}
+
+
+def test_computed_once_per_key_and_loaded_after(tmp_path):
+    store, f = Store(tmp_path), Counter()
+    first = store("a section", f, code=["patching"], n=3, means={0: torch.ones(2)})
+    again = store("a section", f, code=["patching"], n=3, means={0: torch.ones(2)})
+    assert f.calls == 1 and again["value"] == first["value"] and torch.equal(again["tensor"], first["tensor"])
+    store("a section", f, code=["patching"], n=4, means={0: torch.ones(2)})            # a parameter
+    store("a section", f, code=["patching"], n=3, means={0: torch.full((2,), 2.0)})    # a tensor's values
+    store("a section", f, code=["evaluate"], n=3, means={0: torch.ones(2)})            # other code
+    store("another section", f, code=["patching"], n=3, means={0: torch.ones(2)})
+    assert f.calls == 5
+    assert len(list(tmp_path.glob("*.pkl"))) == 5 and not list(tmp_path.glob("*.tmp"))
+
+
+def test_without_a_directory_nothing_is_stored():
+    store, f = Store(None), Counter()
+    store("x", f, code=[], n=1)
+    store("x", f, code=[], n=1)
+    assert f.calls == 2 and store.path("x", code=[], n=1) is None
+
+
+def test_a_half_written_file_is_not_a_result(tmp_path):
+    store, f = Store(tmp_path), Counter()
+    path = store.path("x", code=[], n=1)
+    path.with_name(path.name + ".tmp").write_bytes(b"half")  # a run stopped mid-write
+    store("x", f, code=[], n=1)
+    assert f.calls == 1 and path.is_file()
+
+
+@pytest.fixture(scope="module")
+def toy():
+    from arithlib.models import load_model
+
+    return load_model("toy-arith")
+
+
+def test_the_key_follows_the_model_weights_and_the_prompts(toy, digit_tokenizer):
+    bridge = toy.bridge
+    before = key_value(bridge)
+    assert before["threads"] == torch.get_num_threads() and before["dtype"] == "torch.float32"
+    ps = ds.PromptSet.build(ds.zhang_prompts(["+"], (1, 3), 1, seed=0, fewshot=0), digit_tokenizer)
+    other_cf = replace(ps, cf_input_ids=[list(reversed(c)) for c in ps.cf_input_ids])
+    assert key_value(ps) != key_value(other_cf)  # same prompts, another X_c
+    assert key_value(ps) == key_value(ds.PromptSet.build(ds.zhang_prompts(["+"], (1, 3), 1, seed=0, fewshot=0),
+                                                         digit_tokenizer))
+    p = next(bridge.parameters())
+    with torch.no_grad():
+        p.view(-1)[0] += 1.0
+    try:
+        assert key_value(bridge) != before
+    finally:
+        with torch.no_grad():
+            p.view(-1)[0] -= 1.0
+
+
+def test_code_fingerprint_covers_the_modules_a_module_imports(tmp_path):
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "a.py").write_text("from .b import f\n")
+    (tmp_path / "b.py").write_text("import arithlib.c\n")
+    (tmp_path / "c.py").write_text("X = 1\n")
+    (tmp_path / "d.py").write_text("Y = 1\n")
+    assert module_closure(["a"], tmp_path) == {"__init__", "a", "b", "c"}
+    k = code_fingerprint(["a"], tmp_path)
+    (tmp_path / "d.py").write_text("Y = 2\n")   # not imported: same key
+    assert code_fingerprint(["a"], tmp_path) == k
+    (tmp_path / "c.py").write_text("X = 2\n")   # imported through b: new key
+    assert code_fingerprint(["a"], tmp_path) != k
+
+
+def test_code_must_be_named(tmp_path):
+    with pytest.raises(TypeError):
+        Store(tmp_path)("x", Counter(), n=1)  # the code the result depends on is part of every key
