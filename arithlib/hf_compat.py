@@ -223,7 +223,7 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     raise NotImplementedError(f"cannot find the decoder layers of {type(hf).__name__}")
 
 
-def _as_device(value) -> torch.device:
+def as_device(value) -> torch.device:
     """A device-map value (``0``, ``"cuda:1"``, ``"cpu"``, ``"disk"``) as a torch device
     (disk-offloaded modules execute on the CPU)."""
     if isinstance(value, int):
@@ -259,11 +259,11 @@ def module_device(model, module: torch.nn.Module) -> torch.device:
                     if best is None or len(key) > len(best[0]):
                         best = (key, value)
             if best is not None:
-                return _as_device(best[1])
+                return as_device(best[1])
     for m in (module, getattr(module, "_original_component", None)):
         hook = getattr(m, "_hf_hook", None)
         if getattr(hook, "execution_device", None) is not None:
-            return _as_device(hook.execution_device)
+            return as_device(hook.execution_device)
     for tensor in module.parameters():
         return tensor.device
     for tensor in module.buffers():

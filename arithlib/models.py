@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
-from arithlib.hf_compat import clean_param_name, fix_bridge_cache, hf_module, input_device
+from arithlib.hf_compat import as_device, clean_param_name, fix_bridge_cache, hf_module, input_device
 from arithlib.paths import cache_root
 
 if TYPE_CHECKING:  # heavy imports stay lazy
@@ -264,13 +264,11 @@ def parse_device_map(device_map: str | dict | None) -> str | dict[str, Any] | No
 def _map_device(value: Any, where: str) -> torch.device:
     """A device-map / max_memory device that exists here, as a torch device (ValueError
     naming ``where`` and what this machine has otherwise)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = f"cuda:{value}"
-    text = str(value).strip().lower()
-    if text == "disk":
-        return torch.device("cpu")
     try:
-        return torch.device(resolve_device(text))
+        if isinstance(value, bool):
+            raise ValueError("a device is a GPU index, 'cuda:N', 'cpu' or 'disk', not a boolean.")
+        return torch.device(resolve_device(str(as_device(str(value).strip().lower()
+                                                          if isinstance(value, str) else value))))
     except (RuntimeError, ValueError) as exc:
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         raise ValueError(
@@ -307,7 +305,7 @@ def parameter_bytes(config: "PretrainedConfig", dtype: torch.dtype) -> int:
         if id(p) not in seen:
             seen.add(id(p))
             n += p.numel()
-    return n * torch.empty((), dtype=dtype).element_size()
+    return n * dtype.itemsize
 
 
 def check_device_map(config: "PretrainedConfig", dtype: torch.dtype, device_map: str | dict | None,
@@ -351,7 +349,7 @@ def check_device_map(config: "PretrainedConfig", dtype: torch.dtype, device_map:
         if usable < need:
             raise ValueError(
                 f"max_memory totals {usable / 2**30:.2f} GiB but the weights alone need about {need / 2**30:.2f} GiB "
-                f"in {str(dtype).removeprefix('torch.')} (parameter count x {torch.empty((), dtype=dtype).element_size()} "
+                f"in {str(dtype).removeprefix('torch.')} (parameter count x {dtype.itemsize} "
                 "bytes); raise the budgets, add devices, or load in bfloat16.")
 
 

@@ -32,8 +32,8 @@ Placement and precision (issue 32): ``--dtype`` (auto: bfloat16 on a GPU, float3
 CPU) and ``--device-map`` (auto, balanced, or a JSON object ``{module: device}``) become the notebooks' ``dtype`` and
 ``device_map`` parameters (``arithlib.models.load_model`` splits the model through
 TransformerLens/accelerate). A bad value stops the run before any notebook starts. They
-enter the cache key only when they differ from what every earlier run did (float32, one
-device), so adding them kept the committed runs' keys. After a failure no new notebook starts; the ones
+enter the cache key only when they differ from float32 on one device, the setting of every
+run before them. After a failure no new notebook starts; the ones
 running finish, and the script exits 1 naming the failed notebook and its log.
 
 Parameters: ``--param NAME VALUE`` (run_all.sh's ``-p``) sets a variable of the notebooks'
@@ -552,9 +552,13 @@ def placement_parameters(dtype: str, device_map) -> dict[str, object]:
 def placement_key(device: str, dtype: str, device_map) -> list[str]:
     """What ``--dtype`` / ``--device-map`` add to the cache key: nothing for float32 on
     one device (every run before issue 32), else the resolved dtype and the map."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from arithlib.models import resolve_dtype
+    finally:
+        sys.path.pop(0)
     key = []
-    resolved = "float32" if dtype in ("float32", "fp32") or (dtype == "auto" and not device.startswith("cuda")) \
-        else ("bfloat16" if dtype == "auto" else dtype)
+    resolved = str(resolve_dtype(dtype, device)).removeprefix("torch.")  # the library's reading of "auto", aliases
     if resolved != "float32":
         key.append(f"dtype={resolved}")
     if device_map is not None:
