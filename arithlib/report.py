@@ -681,16 +681,33 @@ def _yu_mask_keep(t: Tables) -> Outcome:
                    mask)
 
 
+def _yu_shallow_group(t: Tables, sweep: pd.DataFrame) -> tuple[str, str]:
+    """The group the shallow-neuron rule reads and the text that says why: + / - (Yu's
+    Table 8), or / (App. B, Table 17: the division head shares the mechanism) when the
+    + / - key head sits in layer 0, so no FFN layer lies below it and notebook 04 has no
+    + / - sweep."""
+    groups = set(sweep["group"].astype(str)) if "group" in sweep else set()
+    if "+-" in groups or "/" not in groups or not t.has("04_key_heads"):
+        return "+-", ""
+    kh = t.csv("04_key_heads")
+    pm = kh[kh["group"].astype(str) == "+-"] if "group" in kh else kh.iloc[:0]
+    if pm.empty or int(pm.iloc[0]["layer"]) != 0:
+        return "+-", ""
+    return "/", (f"+ / - key head L0H{int(pm.iloc[0]['head'])} is in layer 0, so no FFN layer lies below it: "
+                 "judged on 1D / instead (Yu App. B, Table 17: the division head shares the mechanism); ")
+
+
 def _yu_shallow(t: Tables) -> Outcome:
     if not t.has("04_hidden_m_sweep") and t.has("04_cases"):
         raise NotRun("notebook 04 wrote no M sweep (key head in layer 0: no shallow FFN layer below it)")
-    m = t.csv("04_hidden_m_sweep")
-    m = m[(m["group"].astype(str) == "+-") & (m["M"] == 2)]
+    sweep = t.csv("04_hidden_m_sweep")
+    group, lead = _yu_shallow_group(t, sweep)
+    m = sweep[(sweep["group"].astype(str) == group) & (sweep["M"] == 2)]
     if not {"seed", "paper_n", "correct_by_prompt"} <= set(m.columns):
         raise NotRun(_YU_04_STALE.format(name="04_hidden_m_sweep"))
     hid, rnd = m[m["set"] == "hidden-interpretable"], m[m["set"] == "random"]
     if hid.empty or rnd.empty:
-        raise NotRun("no M = 2 sweep for + / -")
+        raise NotRun(f"no M = 2 sweep for {group}")
     h = hid.iloc[0]
     base = float(h["base_accuracy"])
     hm, rm = _correct_matrix(hid.iloc[:1]), _correct_matrix(rnd)
@@ -707,7 +724,7 @@ def _yu_shallow(t: Tables) -> Outcome:
                "hidden-interpretable accuracy decrease (%)": float(h["accuracy_decrease"]),
                "random accuracy decrease (%)": r}
     paper = f"paper {int(h['paper_n']):,} = {_pct(float(h['paper_share']))}"
-    return Outcome(f"{_yu_key_head_text(t, '+-')}M = 2: {int(h['n_neurons']):,} of {int(h['n_shallow']):,} shallow "
+    return Outcome(f"{lead}{_yu_key_head_text(t, group)}M = 2: {int(h['n_neurons']):,} of {int(h['n_shallow']):,} shallow "
                    f"neurons ({_pct(share)}; {paper}) -> {h['accuracy_decrease']:.1f} % decrease vs random "
                    f"{r:.1f} % ({rnd['seed'].nunique()} seeds); gap {ci.estimate:.1f} points{_ci_text(ci)} "
                    f"(bootstrap over {ci.n} cases and the seeds)",
@@ -1094,8 +1111,9 @@ FINDINGS: tuple[Finding, ...] = (
             "shallow neurons (FFN layers below the key head) qualify at M = 2 when their value vector carried "
             "through the OV map of any attention layer that reads it (up to the key head's layer) has >= 2 number/"
             "operation concepts among its top-50 tokens; gap = hidden minus random accuracy decrease at M = 2 on all "
-            "correct 1D + and - cases, 95 % interval by a bootstrap over the cases and the random sets' seeds "
-            "(per-case correctness in 04_hidden_m_sweep's correct_by_prompt); reproduced if the interval lies "
+            "correct 1D + and - cases (on the 1D / cases with the division key head, Yu App. B Table 17, when the "
+            "+ / - key head is in layer 0 and has no FFN layer below it), 95 % interval by a bootstrap over the "
+            "cases and the random sets' seeds (per-case correctness in 04_hidden_m_sweep's correct_by_prompt); reproduced if the interval lies "
             ">= 25.7 points (half of 51.3); partly if it lies in [5, 25.7); not reproduced if below 5; else "
             "inconclusive; not run for tables from before issue 29 (rerun notebook 04)",
             "04", _yu_shallow, figures=("04_hidden_m_sweep",)),

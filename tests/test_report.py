@@ -338,6 +338,23 @@ def test_shallow_neuron_interval_widens_with_disagreeing_seeds(tmp_path: Path):
     assert wide.high - wide.low > narrow.high - narrow.low
 
 
+def test_shallow_neuron_rule_reads_division_when_the_plus_minus_head_is_in_layer_0(tmp_path: Path):
+    """A + / - key head in layer 0 has no FFN layer below it (notebook 04 writes no + / -
+    sweep): the rule reads the / group (Yu App. B, Table 17) and says why, instead of
+    'not run'."""
+    _m_sweep(tmp_path, 60.0, 5.0)
+    sweep = pd.read_csv(tmp_path / "04_hidden_m_sweep.csv").assign(group="/")
+    sweep.to_csv(tmp_path / "04_hidden_m_sweep.csv", index=False)
+    _csv(tmp_path, "04_key_heads", [{"group": "+-", "layer": 0, "head": 8, "lowers_1d": True, "op": "+"},
+                                    {"group": "/", "layer": 10, "head": 12, "lowers_1d": True, "op": "/"}])
+    out = _outcome("yu_shallow_neurons", tmp_path)
+    assert out.verdict == R.REPRODUCED and out.interval.n == 200
+    assert "L0H8 is in layer 0" in out.ours and "judged on 1D /" in out.ours and "L10H12" in out.ours
+    _csv(tmp_path, "04_key_heads", [{"group": "+-", "layer": 3, "head": 8, "lowers_1d": True, "op": "+"},
+                                    {"group": "/", "layer": 10, "head": 12, "lowers_1d": True, "op": "/"}])
+    assert _outcome("yu_shallow_neurons", tmp_path).verdict == R.NOT_RUN   # a + / - sweep is missing: not run
+
+
 def test_shallow_neuron_rule_on_tables_before_issue_29_is_not_run(tmp_path: Path):
     _m_sweep(tmp_path, 60.0, 5.0, n_seeds=1, new=False)   # one random set, the key layer's OV, broad concepts
     out = _outcome("yu_shallow_neurons", tmp_path)
