@@ -291,7 +291,9 @@ OURS: dict[str, dict[str, Getter]] = {
         scale=lambda P: f"importance mode {_nb(P, '04')['mode']!r} ({_nb(P, '04')['n_candidates']} exact candidates "
                         f"per case in two-stage mode); {_quick(P, '04')}"),
     "yu_shallow_neurons": dict(
-        model=lambda P: _model(P, "04") + "; " + _yu_key_head(P), prompts=lambda P: _yu_1d(P, "04"),
+        model=lambda P: _model(P, "04") + "; " + _yu_key_head(P),
+        prompts=lambda P: _yu_1d(P, "04") + "; the correct 1D / cases with the division key head (Yu App. B, "
+                          "Table 17) when the + / - key head is in layer 0 (no FFN layer below it)",
         positions=lambda P: _yu_key_head(P) and "each FFN neuron of layer l below the key head's layer H carried "
                             "through the OV (all "
                             "heads, ln1 weight folded) of every attention layer l < j <= H; qualifies when any "

@@ -82,6 +82,7 @@ def test_notebook_04_entries_name_key_head_rule_keep_layers_ov_layers_and_seeds(
     shallow = _rows(F.fidelity_table({"04": _p("04", n_random_seeds=10, **base)}), "yu_shallow_neurons")
     assert "every attention layer l < j <= H" in shallow["positions"]["ours"]
     assert "digits, English number words, operators" in shallow["positions"]["ours"]
+    assert "1D / cases with the division key head" in shallow["prompts"]["ours"]   # the report's layer-0 rule
     old = _rows(F.fidelity_table({"04": _p("04", **base)}), "yu_mask_keep")   # a run from before issue 29
     assert old["metric"]["ours"] == F.NOT_RECORDED
 
