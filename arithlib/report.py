@@ -613,15 +613,20 @@ _YU_04_STALE = ("{name}.csv predates issue 29 (key head from notebook 01's exact
                 "with per-case correctness): rerun notebook 04")
 
 
-def _yu_key_head_text(t: Tables, group: str) -> str:
-    """"key head L14H2 (lowers 1D accuracy)" from 04_key_heads.csv, or "" without it."""
+def _yu_key_head(t: Tables, group: str) -> pd.Series | None:
+    """The row of ``group``'s key head in 04_key_heads.csv, or None without one."""
     if not t.has("04_key_heads"):
-        return ""
+        return None
     kh = t.csv("04_key_heads")
     kh = kh[kh["group"].astype(str) == group] if "group" in kh else kh.iloc[:0]
-    if kh.empty or "lowers_1d" not in kh:
+    return None if kh.empty else kh.iloc[0]
+
+
+def _yu_key_head_text(t: Tables, group: str) -> str:
+    """"key head L14H2 (lowers 1D accuracy)" from 04_key_heads.csv, or "" without it."""
+    r = _yu_key_head(t, group)
+    if r is None or "lowers_1d" not in r:
         return ""
-    r = kh.iloc[0]
     lowers = str(r["lowers_1d"]).lower() == "true"
     return (f"key head L{int(r['layer'])}H{int(r['head'])} "
             + ("(lowers 1D accuracy in notebook 01's exact sweep)" if lowers else
@@ -687,13 +692,10 @@ def _yu_shallow_group(t: Tables, sweep: pd.DataFrame) -> tuple[str, str]:
     + / - key head sits in layer 0, so no FFN layer lies below it and notebook 04 has no
     + / - sweep."""
     groups = set(sweep["group"].astype(str)) if "group" in sweep else set()
-    if "+-" in groups or "/" not in groups or not t.has("04_key_heads"):
+    pm = _yu_key_head(t, "+-")
+    if "+-" in groups or "/" not in groups or pm is None or int(pm["layer"]) != 0:
         return "+-", ""
-    kh = t.csv("04_key_heads")
-    pm = kh[kh["group"].astype(str) == "+-"] if "group" in kh else kh.iloc[:0]
-    if pm.empty or int(pm.iloc[0]["layer"]) != 0:
-        return "+-", ""
-    return "/", (f"+ / - key head L0H{int(pm.iloc[0]['head'])} is in layer 0, so no FFN layer lies below it: "
+    return "/", (f"+ / - key head L0H{int(pm['head'])} is in layer 0, so no FFN layer lies below it: "
                  "judged on 1D / instead (Yu App. B, Table 17: the division head shares the mechanism); ")
 
 
@@ -724,9 +726,10 @@ def _yu_shallow(t: Tables) -> Outcome:
                "hidden-interpretable accuracy decrease (%)": float(h["accuracy_decrease"]),
                "random accuracy decrease (%)": r}
     paper = f"paper {int(h['paper_n']):,} = {_pct(float(h['paper_share']))}"
-    return Outcome(f"{lead}{_yu_key_head_text(t, group)}M = 2: {int(h['n_neurons']):,} of {int(h['n_shallow']):,} shallow "
-                   f"neurons ({_pct(share)}; {paper}) -> {h['accuracy_decrease']:.1f} % decrease vs random "
-                   f"{r:.1f} % ({rnd['seed'].nunique()} seeds); gap {ci.estimate:.1f} points{_ci_text(ci)} "
+    return Outcome(f"{lead}{_yu_key_head_text(t, group)}M = 2: {int(h['n_neurons']):,} of "
+                   f"{int(h['n_shallow']):,} shallow neurons ({_pct(share)}; {paper}) -> "
+                   f"{h['accuracy_decrease']:.1f} % decrease vs random {r:.1f} % ({rnd['seed'].nunique()} seeds); "
+                   f"gap {ci.estimate:.1f} points{_ci_text(ci)} "
                    f"(bootstrap over {ci.n} cases and the seeds)",
                    interval_verdict(ci, 100 * HALF * (53.9 - 2.6) / 100, 100 * NOISE_GAP), metrics, ci)
 
@@ -1113,9 +1116,9 @@ FINDINGS: tuple[Finding, ...] = (
             "operation concepts among its top-50 tokens; gap = hidden minus random accuracy decrease at M = 2 on all "
             "correct 1D + and - cases (on the 1D / cases with the division key head, Yu App. B Table 17, when the "
             "+ / - key head is in layer 0 and has no FFN layer below it), 95 % interval by a bootstrap over the "
-            "cases and the random sets' seeds (per-case correctness in 04_hidden_m_sweep's correct_by_prompt); reproduced if the interval lies "
-            ">= 25.7 points (half of 51.3); partly if it lies in [5, 25.7); not reproduced if below 5; else "
-            "inconclusive; not run for tables from before issue 29 (rerun notebook 04)",
+            "cases and the random sets' seeds (per-case correctness in 04_hidden_m_sweep's correct_by_prompt); "
+            "reproduced if the interval lies >= 25.7 points (half of 51.3); partly if it lies in [5, 25.7); not "
+            "reproduced if below 5; else inconclusive; not run for tables from before issue 29 (rerun notebook 04)",
             "04", _yu_shallow, figures=("04_hidden_m_sweep",)),
     Finding("yu_lora_layers", "yu", "Sec. 5, Fig. 2",
             "LoRA in any single attention layer beats the original; shallow layers most.",
