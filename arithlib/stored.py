@@ -10,16 +10,20 @@ named, with every arithlib module they import (:func:`arithlib.sources.code_fing
 Editing any of that code computes the result anew. Files are written atomically (a
 temporary file renamed), so a run stopped mid-write leaves no half result.
 
-Notebook 01 stores each of its long sections this way (``use_cache``); the head sweep
-stores each batch (:func:`arithlib.head_sweep.exact_head_sweep`). Fine-tuning keeps its
+Notebooks 01 and 04 store each of their long sections this way (``use_cache``); the
+head sweep stores each batch (:func:`arithlib.head_sweep.exact_head_sweep`). Beside each
+result a small JSON file keeps the seconds it took to compute, so that a run resumed
+over several sessions can still report what its sections cost (:attr:`Store.reused_seconds`). Fine-tuning keeps its
 own folder per trained model, with mid-training checkpoints
 (:func:`arithlib.finetune.train_parameters`).
 """
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable, TypeVar
@@ -53,7 +57,7 @@ def key_value(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return tensor_fingerprint(torch.from_numpy(np.ascontiguousarray(obj)))
     if isinstance(obj, (pd.DataFrame, pd.Series)):
-        return fingerprint([list(map(str, getattr(obj, "columns", [obj.name]))),
+        return fingerprint([list(map(str, obj.columns if isinstance(obj, pd.DataFrame) else [obj.name])),
                             pd.util.hash_pandas_object(obj, index=True).tolist()])
     if isinstance(obj, ModuleType):
         return code_fingerprint([obj.__name__.rsplit(".", 1)[-1]])
@@ -73,6 +77,10 @@ class Store:
 
     def __init__(self, directory: str | Path | None):
         self.directory = Path(directory) if directory is not None else None
+        #: seconds that the results loaded from disk took when they were computed (0 for a
+        #: result stored before its time was recorded): add it to a section's wall time
+        #: for that section's cost over every session it ran in.
+        self.reused_seconds = 0.0
 
     def path(self, what: str, *, code: Iterable[str | ModuleType], **parts: Any) -> Path | None:
         """The file of ``what`` computed by ``code`` (arithlib module names or modules)
@@ -88,11 +96,25 @@ class Store:
         path = self.path(what, code=code, **parts)
         if path is not None and path.is_file():
             with path.open("rb") as f:
-                return pickle.load(f)
+                result = pickle.load(f)
+            self.reused_seconds += stored_seconds(path)
+            return result
+        t0 = time.perf_counter()
         result = compute()
         if path is not None:
             save_atomic(path, result)
+            seconds = path.with_suffix(".json")
+            seconds.write_text(json.dumps({"seconds": time.perf_counter() - t0}))
         return result
+
+
+def stored_seconds(path: Path) -> float:
+    """Seconds the result stored at ``path`` took to compute (0 when not recorded)."""
+    side = Path(path).with_suffix(".json")
+    try:
+        return float(json.loads(side.read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def save_atomic(path: Path, obj: Any) -> None:

@@ -94,3 +94,32 @@ def test_code_fingerprint_covers_the_modules_a_module_imports(tmp_path):
 def test_code_must_be_named(tmp_path):
     with pytest.raises(TypeError):
         Store(tmp_path)("x", Counter(), n=1)  # the code the result depends on is part of every key
+
+
+def test_a_loaded_result_reports_the_seconds_it_took_when_computed(tmp_path):
+    import time
+
+    def slow():
+        time.sleep(0.05)
+        return 1
+
+    first = Store(tmp_path)
+    first("x", slow, code=[], n=1)
+    assert first.reused_seconds == 0.0
+    later = Store(tmp_path)  # a resumed run: a new store on the same folder
+    assert later("x", slow, code=[], n=1) == 1
+    assert later.reused_seconds >= 0.05
+    later.path("x", code=[], n=1).with_suffix(".json").unlink()  # a result stored before times were kept
+    again = Store(tmp_path)
+    again("x", slow, code=[], n=1)
+    assert again.reused_seconds == 0.0
+
+
+def test_a_table_keys_by_its_values_and_columns():
+    import pandas as pd
+
+    frame = pd.DataFrame({"a": [1, 2], "b": [3.0, 4.0]})
+    assert key_value(frame) == key_value(frame.copy())
+    assert key_value(frame) != key_value(frame.assign(b=[3.0, 5.0]))
+    assert key_value(frame) != key_value(frame.rename(columns={"b": "c"}))
+    assert key_value(frame.a) != key_value(frame.a.rename("z"))
