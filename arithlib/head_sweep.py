@@ -31,7 +31,7 @@ forward passes, beyond a 2-core CPU for Qwen2.5-0.5B (336 heads, 1,078 prompts).
 finds, from an exact sweep of every head on that setting.
 
 On a 2-core CPU the sweep of Qwen2.5-0.5B takes hours, longer than a working session:
-with ``cache_dir`` every batch's rows are stored as they are computed (keyed by the
+with ``cache_dir`` (a folder or a :class:`~arithlib.stored.Store`) every batch's rows are stored as they are computed (keyed by the
 model's weights, the batch's tokens, the heads, the device, dtype and torch threads, and
 :data:`CACHE_FORMAT`), so a run that is stopped resumes where it stopped, with the
 same numbers.
@@ -54,7 +54,7 @@ from .evaluate import common_prefix
 from .hf_compat import cache_layers, causal_mask, input_device, layer_device, module_device, new_cache, run_block, send
 from .models import hf_module as _hf
 from .patching import Component, Edit, Head, Unembed, clean_run, head_sweep, resumable, variant_hooks
-from .stored import save_atomic
+from .stored import Store
 
 #: Rows x positions of one batched pass (heads x prompts x query tokens); bounds memory
 #: (Qwen2.5-0.5B: ~200 MB of MLP activations at 8,192).
@@ -161,12 +161,13 @@ def _batch_key(model_fp: str, model, batch, heads: Sequence[Head]) -> str:
 
 def exact_head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = None, batch_size: int = 128,
                      progress: bool = True, desc: str = "head sweep (every position)",
-                     cache_dir: str | Path | None = None) -> pd.DataFrame:
+                     cache_dir: str | Path | Store | None = None) -> pd.DataFrame:
     """Every head of ``heads`` (default: all) zeroed at every position on every prompt
     (Yu Sec. 3.2). One row per (head, prompt): :data:`ROW_COLUMNS` plus ``template_id``,
     ``case``. ``correct``: the answer's first token is the argmax (exact, via
     :meth:`Unembed.top1`); ``answer_logit``: its logit. ``cache_dir``: store each batch's
-    rows there and reuse them (a stopped run resumes; module docstring)."""
+    rows there and reuse them (a stopped run resumes; module docstring); a
+    :class:`~arithlib.stored.Store` also counts the reused batches' compute time."""
     cfg = model.cfg
     heads = [tuple(map(int, h)) for h in heads] if heads is not None else \
         [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
@@ -176,38 +177,41 @@ def exact_head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = N
     frames = []
     batches = list(prompts.batches(batch_size, by_prefix=True))
     prefix_cache: dict = {}
-    model_fp = model_fingerprint(model) if cache_dir is not None else ""
+    store = cache_dir if isinstance(cache_dir, Store) else Store(cache_dir)
+    model_fp = model_fingerprint(model) if store.directory is not None else ""
     for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
-        path = Path(cache_dir) / f"{_batch_key(model_fp, model, batch, heads)}.pkl" if cache_dir is not None else None
-        if path is not None and path.is_file():
-            frames.append(pd.read_pickle(path))
-            continue
-        batch_frames = []
-        h, clean = zeroed_head_states(model, batch.tokens, heads, prefix_cache=prefix_cache)
-        ans = batch.answer_ids.to(unembed.device)
-        clean_logits = unembed.logits(clean)
-        pred, _ = unembed.top1(h, clean, clean_logits, hint_ids=ans)
-        a_logit = unembed.token_logits(h, ans)
-        c_pred = clean_logits.argmax(-1)
-        c_logit = clean_logits.gather(1, ans[:, None])[:, 0]
-        idx = [int(i) for i in batch.index]
-        meta = pd.DataFrame({"prompt": idx, "op": [prompts.records[i].op for i in idx],
-                             "n_digits": [prompts.records[i].n_digits for i in idx],
-                             "template_id": [prompts.records[i].template_id for i in idx],
-                             "case": [prompts.records[i].get("case", "") for i in idx],
-                             "clean_correct": (c_pred == ans).cpu().numpy(), "clean_answer_logit": c_logit.cpu().numpy()})
-        for j, (layer, head) in enumerate(heads):
-            f = meta.copy()
-            f["layer"], f["head"] = layer, head
-            f["correct"] = (pred[j] == ans).cpu().numpy()
-            f["answer_logit"] = a_logit[j].cpu().numpy()
-            batch_frames.append(f)
-        done = pd.concat(batch_frames, ignore_index=True)
-        if path is not None:
-            save_atomic(path, done)  # a stopped run never leaves half a batch
-        frames.append(done)
+        path = (store.directory / f"{_batch_key(model_fp, model, batch, heads)}.pkl"
+                if store.directory is not None else None)
+        # a stopped run never leaves half a batch (Store writes atomically)
+        frames.append(store.at(path, lambda: _batch_rows(model, prompts, batch, heads, unembed, prefix_cache)))
     rows = pd.concat(frames, ignore_index=True)
     return rows.sort_values(["layer", "head", "prompt"]).reset_index(drop=True)
+
+
+def _batch_rows(model, prompts: PromptSet, batch, heads: Sequence[Head], unembed: Unembed,
+                prefix_cache: dict) -> pd.DataFrame:
+    """The sweep's rows of one batch (:func:`exact_head_sweep`)."""
+    batch_frames = []
+    h, clean = zeroed_head_states(model, batch.tokens, heads, prefix_cache=prefix_cache)
+    ans = batch.answer_ids.to(unembed.device)
+    clean_logits = unembed.logits(clean)
+    pred, _ = unembed.top1(h, clean, clean_logits, hint_ids=ans)
+    a_logit = unembed.token_logits(h, ans)
+    c_pred = clean_logits.argmax(-1)
+    c_logit = clean_logits.gather(1, ans[:, None])[:, 0]
+    idx = [int(i) for i in batch.index]
+    meta = pd.DataFrame({"prompt": idx, "op": [prompts.records[i].op for i in idx],
+                         "n_digits": [prompts.records[i].n_digits for i in idx],
+                         "template_id": [prompts.records[i].template_id for i in idx],
+                         "case": [prompts.records[i].get("case", "") for i in idx],
+                         "clean_correct": (c_pred == ans).cpu().numpy(), "clean_answer_logit": c_logit.cpu().numpy()})
+    for j, (layer, head) in enumerate(heads):
+        f = meta.copy()
+        f["layer"], f["head"] = layer, head
+        f["correct"] = (pred[j] == ans).cpu().numpy()
+        f["answer_logit"] = a_logit[j].cpu().numpy()
+        batch_frames.append(f)
+    return pd.concat(batch_frames, ignore_index=True)
 
 
 def _reference_rows(model, prompts: PromptSet, heads: Sequence[Head], batch_size: int, progress: bool
@@ -279,7 +283,7 @@ class HeadSweep:
 
 
 def yu_head_sweep(model, prompts: PromptSet, screen_n: int, top_k: int, seed: int = 0, batch_size: int = 128,
-                  progress: bool = True, cache_dir: str | Path | None = None) -> HeadSweep:
+                  progress: bool = True, cache_dir: str | Path | Store | None = None) -> HeadSweep:
     """Yu's head sweep in two stages (module docstring): every head zeroed at every
     position on ``screen_n`` prompts per setting, then the ``top_k`` heads of each
     setting on all of its prompts. ``cache_dir``: see :func:`exact_head_sweep`."""

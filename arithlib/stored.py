@@ -93,7 +93,11 @@ class Store:
         return self.directory / f"{slug}-{fingerprint(key)}.pkl"
 
     def __call__(self, what: str, compute: Callable[[], T], *, code: Iterable[str | ModuleType], **parts: Any) -> T:
-        path = self.path(what, code=code, **parts)
+        return self.at(self.path(what, code=code, **parts), compute)
+
+    def at(self, path: Path | None, compute: Callable[[], T]) -> T:
+        """``compute()`` once for a file ``path`` whose name the caller keyed itself (e.g.
+        the head sweep's batches), with the same bookkeeping; None: always computed."""
         if path is not None and path.is_file():
             with path.open("rb") as f:
                 result = pickle.load(f)

@@ -139,3 +139,20 @@ def test_cached_sweep_resumes_with_the_same_rows(toy, tmp_path, monkeypatch):
     monkeypatch.setattr(HS, "zeroed_head_states", no_compute)
     with pytest.raises(AssertionError, match="recomputed"):  # other heads: another key
         HS.exact_head_sweep(b, ps, [(0, 1)], batch_size=4, progress=False, cache_dir=tmp_path)
+
+
+@pytest.mark.toy_model
+def test_a_store_counts_the_reused_batches_compute_time(toy, tmp_path):
+    """Given a Store, a resumed sweep adds what its loaded batches took to reused_seconds
+    (notebook 01's timings over several sessions)."""
+    from arithlib.stored import Store
+
+    recs = ds.yu_prompts(["+"], n_digits=1, n_per_template=4, seed=0, fewshot=2, templates=[3])
+    ps = ds.PromptSet.build(recs, toy.tokenizer)
+    first = Store(tmp_path)
+    rows = HS.exact_head_sweep(toy.bridge, ps, [(0, 0)], batch_size=4, progress=False, cache_dir=first)
+    assert first.reused_seconds == 0.0 and len(list(tmp_path.glob("*.json"))) == len(list(tmp_path.glob("*.pkl"))) > 0
+    later = Store(tmp_path)
+    pd.testing.assert_frame_equal(HS.exact_head_sweep(toy.bridge, ps, [(0, 0)], batch_size=4, progress=False,
+                                                      cache_dir=later), rows)
+    assert later.reused_seconds > 0
