@@ -233,3 +233,25 @@ def test_lora_train_benchmark_on_a_random_model():
                     "--no-append"])
     assert [r["layer"] for r in rows] == [0, 1, "mean"]
     assert all(r["same"] and r["full"] > 0 and r["late"] > 0 for r in rows)
+
+
+def test_head_sweep_bound_counts_a_blocks_weights_and_the_engines_query_tokens():
+    """The bound's multiply-adds per token and layer are the block's weight-matrix entries
+    (counted, so the formula cannot drift from the model), and its query tokens are what
+    exact_head_sweep recomputes: each batch's length minus its shared prefix."""
+    import torch
+
+    import arithlib.datasets as ds
+    from arithlib.models import hf_module, load_random_model
+
+    hb = _load("head_sweep_bound")
+    m = load_random_model("qwen2", "tiny")
+    layer = hf_module(m.bridge).model.layers[0]
+    mats = sum(mod.weight.numel() for mod in layer.modules() if isinstance(mod, torch.nn.Linear))
+    assert hb.layer_macs(m.bridge.cfg) == mats
+    recs = ds.yu_prompts(["+", "-"], n_digits=1, n_per_template=3, seed=0, fewshot=2, templates=[3])
+    ps = ds.PromptSet.build(recs, m.tokenizer)
+    q = hb.query_tokens(ps)
+    assert len(q) == len(ps) and all(0 < x < len(ps.input_ids[i]) for i, x in enumerate(q))
+    assert hb.token_layers(ps, [0, 1], 2) == sum(q) * (2 + 1)
+    assert torch.get_num_threads() >= 1
