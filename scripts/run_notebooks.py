@@ -482,9 +482,12 @@ class Runner:
         except KeyboardInterrupt:
             for proc, *_ in self.running.values():
                 os.killpg(proc.pid, signal.SIGTERM)
+            for thread in self.publishing:  # the notebooks that finished keep their outputs and timings
+                thread.join()
+            self._write_timings()
             print("run_all.sh: interrupted; the running notebooks were stopped and keep no key; their figures "
-                  f"folder keeps its last successful outputs (what they wrote is in {self.out / 'staging'})",
-                  file=sys.stderr)
+                  f"folder keeps its last successful outputs (what they wrote is in {self.out / 'staging'}); "
+                  "the notebooks that finished keep their outputs, keys and timings", file=sys.stderr)
             return 130
         for thread in self.publishing:
             thread.join()

@@ -152,6 +152,29 @@ def test_outputs_reach_the_figures_only_when_the_notebook_succeeds(tmp_path, cap
     assert not (out / "staging" / "01_a").exists()
 
 
+def test_an_interrupted_run_keeps_the_timings_of_the_notebooks_that_finished(tmp_path, monkeypatch, capsys):
+    """A run stopped (the end of a working session) after one notebook finished records
+    that notebook's row in the figures' timings.csv, as a complete run would."""
+    nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
+    nb_dir.mkdir()
+    _notebook(nb_dir / "01_a.ipynb", "x = 1\n")
+    _notebook(nb_dir / "02_b.ipynb", "import time\ntime.sleep(60)\n")
+    args = ["--out", str(out), "--figures", str(fig), "--model", "m", "--device", "cpu", "--notebooks", str(nb_dir),
+            "--jobs", "1", "--threads", "1"]
+    real_sleep = rn.time.sleep
+
+    def sleep(seconds):  # stop the run once 01_a has finished and 02_b is running
+        if (out / "01_a.key").is_file() and (out / "02_b.log").is_file():
+            raise KeyboardInterrupt
+        real_sleep(seconds)
+
+    monkeypatch.setattr(rn.time, "sleep", sleep)
+    assert rn.main(args) == 130
+    assert "keep their outputs, keys and timings" in capsys.readouterr().err
+    rows = {r.split(",")[0]: r.split(",") for r in (fig / "m" / "timings.csv").read_text().splitlines()[1:]}
+    assert rows["01_a"][2] == "ran" and rows["01_a"][4] == "1" and "02_b" not in rows
+
+
 # --------------------------------------------------------------------------- parameters (-p)
 
 
