@@ -31,10 +31,10 @@ forward passes, beyond a 2-core CPU for Qwen2.5-0.5B (336 heads, 1,078 prompts).
 finds, from an exact sweep of every head on that setting.
 
 On a 2-core CPU the sweep of Qwen2.5-0.5B takes hours, longer than a working session:
-with ``cache_dir`` (a folder or a :class:`~arithlib.stored.Store`) every batch's rows are stored as they are computed (keyed by the
-model's weights, the batch's tokens, the heads, the device, dtype and torch threads, and
-:data:`CACHE_FORMAT`), so a run that is stopped resumes where it stopped, with the
-same numbers.
+with ``cache_dir`` (a folder or a :class:`~arithlib.stored.Store`) every batch's rows are
+stored as they are computed (keyed by the model's weights, the batch's tokens, the heads,
+the device, dtype and torch threads, and :data:`CACHE_FORMAT`), so a run that is stopped
+resumes where it stopped, with the same numbers.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ named, with every arithlib module they import (:func:`arithlib.sources.code_fing
 Editing any of that code computes the result anew. Files are written atomically (a
 temporary file renamed), so a run stopped mid-write leaves no half result.
 
-Notebooks 01 and 04 store each of their long sections this way (``use_cache``); the
-head sweep stores each batch (:func:`arithlib.head_sweep.exact_head_sweep`). Beside each
+Notebooks 01, 04 and 05 store their long sections this way (``use_cache``); the head
+sweep stores each batch (:func:`arithlib.head_sweep.exact_head_sweep`). Beside each
 result a small JSON file keeps the seconds it took to compute, so that a run resumed
-over several sessions can still report what its sections cost (:attr:`Store.reused_seconds`). Fine-tuning keeps its
-own folder per trained model, with mid-training checkpoints
-(:func:`arithlib.finetune.train_parameters`).
+over several sessions can still report what its sections cost
+(:attr:`Store.reused_seconds`). Fine-tuning keeps its own folder per trained model, with
+mid-training checkpoints (:func:`arithlib.finetune.train_parameters`).
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     flop_per = 2 * layer_macs(cfg)
     peak, _ = roofline.measure_peak(cfg.d_model, cfg.d_mlp, "cpu", torch.float32)
     timings = pd.read_csv(fig / "01_timings.csv").set_index("section")["wall_s"]
-    measured = {"stage 1 (every head, screen prompts)": None, "stage 2 (top heads, every prompt)": None}
+    sweep_parts = {"stage 1 (every head, screen prompts)", "stage 2 (top heads, every prompt)"}  # one timed section
     sweep_s = float(timings.get("5 head sweep", float("nan")))
     recall_s = float(timings.get("5 screen recall", float("nan")))
     table = ["| part | token-layers | TFLOP (lower bound) | least seconds at the measured peak | measured seconds "
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, tl in parts.items():
         tf = tl * flop_per / 1e12
         least = tf / peak
-        if name in measured:
+        if name in sweep_parts:
             sweep_bound += least
             cells = ["", ""]
         else:

@@ -254,4 +254,3 @@ def test_head_sweep_bound_counts_a_blocks_weights_and_the_engines_query_tokens()
     q = hb.query_tokens(ps)
     assert len(q) == len(ps) and all(0 < x < len(ps.input_ids[i]) for i, x in enumerate(q))
     assert hb.token_layers(ps, [0, 1], 2) == sum(q) * (2 + 1)
-    assert torch.get_num_threads() >= 1
