@@ -1064,3 +1064,11 @@ def test_precise_sft_rule_needs_per_prompt_columns_and_full_sft(tmp_path: Path):
     _sft_table(tmp_path / "nofull", 0.5, 0.8, 0.8, with_full=False)
     out = _outcome("zhang_precise_sft", tmp_path / "nofull")
     assert out.verdict == R.NOT_RUN and "no full SFT" in out.ours
+
+
+def test_precise_sft_rule_does_not_judge_against_a_full_sft_that_did_not_train(tmp_path: Path):
+    """Qwen-0.5B, 2026-11-25: full SFT at the cpu scale's learning rate fell from 45 % to 0 %
+    arithmetic; precise SFT beating it says nothing about Zhang's claim."""
+    _sft_table(tmp_path, 0.45, 0.68, 0.0)
+    out = _outcome("zhang_precise_sft", tmp_path)
+    assert out.verdict == R.NOT_RUN and "full SFT did not train" in out.ours
