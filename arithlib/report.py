@@ -908,13 +908,13 @@ def _zhang_precise_sft(t: Tables) -> Outcome:
     f = facts.astype(float)
     gain_p = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), a)
     gain_f = bootstrap_ci(lambda x: float(x[:, 2].mean() - x[:, 0].mean()), a)
-    diff = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2].mean()), a)
-    kept = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2].mean()), f)  # precise minus full, facts
     if gain_f.high < 0:  # Zhang's full SFT is a working reference (Table 1: +2.8 to +23.2 points)
         raise NotRun(f"full SFT did not train: its arithmetic accuracy changed by {_pct(gain_f.estimate)}"
                      f"{_ci_text(gain_f.scaled(100))}, so it cannot stand in for Zhang's full-SFT reference "
                      f"(precise SFT's own gain: {_pct(gain_p.estimate)}{_ci_text(gain_p.scaled(100))}); rerun "
                      "notebook 05 with a full-SFT setting that trains")
+    diff = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2].mean()), a)
+    kept = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2].mean()), f)  # precise minus full, facts
     m = ZHANG_PRECISE_MARGIN
     precise = str(rows.loc["precise", "method"]) if "method" in rows else "precise SFT"
     lm = (f"; LM loss change precise {float(rows.loc['precise', 'lm_loss'] - rows.loc['original', 'lm_loss']):+.3f}, "
