@@ -480,18 +480,19 @@ class Runner:
                 self._report_progress()
                 time.sleep(0.5)
         except KeyboardInterrupt:
+            interrupted = True
             for proc, *_ in self.running.values():
                 os.killpg(proc.pid, signal.SIGTERM)
-            for thread in self.publishing:  # the notebooks that finished keep their outputs and timings
-                thread.join()
-            self._write_timings()
+        else:
+            interrupted = False
+        for thread in self.publishing:  # the notebooks that finished keep their outputs and timings
+            thread.join()
+        self._write_timings()
+        if interrupted:
             print("run_all.sh: interrupted; the running notebooks were stopped and keep no key; their figures "
                   f"folder keeps its last successful outputs (what they wrote is in {self.out / 'staging'}); "
                   "the notebooks that finished keep their outputs, keys and timings", file=sys.stderr)
             return 130
-        for thread in self.publishing:
-            thread.join()
-        self._write_timings()
         if self.failed:
             print(f"run_all.sh: what the other notebooks produced is kept in {self.fig}/.", file=sys.stderr)
             return 1
