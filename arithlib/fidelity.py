@@ -181,6 +181,17 @@ def _ft_text(P: Params) -> str:
             f"test sentences, {s['lora_epochs']} epoch(s), lr search {s['lr_search']}, layers {s['layers']}")
 
 
+def _sft_lr_text(P: Params) -> str:
+    """Notebook 05's SFT learning rate(s): the grid its params recorded (chosen per method
+    on the validation split), or the one fixed lr of runs from before that search."""
+    lrs = _nb(P, "05").get("sft_lrs")
+    if lrs is None:
+        return f"lr {1e-4 if _ft_scale(P)['scale'] != 'paper' else 2e-5:g} (fixed; runs before the lr search)"
+    if len(lrs) == 1:
+        return f"lr {lrs[0]:g}"
+    return "lr from {" + ", ".join(f"{lr:g}" for lr in lrs) + "} per method on the validation split"
+
+
 def _zhang_prompts(P: Params) -> str:
     p = _nb(P, "01")
     return (f"{p['zhang_per_op']} correct prompts per operator ({' '.join(p['ops'])}), {p['zhang_per_template']} "
@@ -335,7 +346,7 @@ OURS: dict[str, dict[str, Getter]] = {
         positions=lambda P: "Q/K/V/O slices of the top-32 heads (scaled to the model's heads) by notebook 01's "
                             f"path-patching effect (kv={_nb(P, '05')['kv']!r} under GQA), gradients x H/h; full SFT",
         metric=lambda P: "whole-answer accuracy gain on the test split; factual-recall accuracy precise minus full",
-        scale=lambda P: f"lr {_ft_scale(P)['sft_lr']:g}, batch {_ft_scale(P)['sft_batch']}, "
+        scale=lambda P: f"{_sft_lr_text(P)}, batch {_ft_scale(P)['sft_batch']}, "
                         f"{_ft_scale(P)['sft_epochs']} epoch(s); {_ft_text(P)}"),
     "yu_gender_bias": dict(
         model=lambda P: _model(P, "07"),

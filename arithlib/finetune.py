@@ -93,6 +93,9 @@ Neuron = tuple[int, int]
 YU_LR_GRID: tuple[float, ...] = (1e-3, 5e-4, 1e-4)
 #: Zhang et al. Sec. 5.3 training settings of precise and full SFT (LLaMA2-7B/13B).
 ZHANG_SFT = dict(lr=2e-5, batch_size=128, epochs=2, warmup_ratio=0.02, weight_decay=0.1)
+#: Learning rates of precise and full SFT searched on the validation split at the "cpu"
+#: scale: Zhang's 2e-5 and a factor 5 above and below it (fixed before any run of it).
+SFT_LR_GRID: tuple[float, ...] = (1e-4, 2e-5, 4e-6)
 #: Zhang et al. Table 2: numbers of key heads tuned, out of LLaMA2-7B's 32 x 32 = 1024 heads.
 ZHANG_HEAD_COUNTS: tuple[int, ...] = (8, 16, 32, 48, 64)
 ZHANG_TOTAL_HEADS = 1024
@@ -965,6 +968,21 @@ def select_lr(fit: Callable[[float], FineTuned], lrs: Sequence[float], val_set: 
     return best[1], table
 
 
+def choose_lr(model, fit: Callable[[float], FineTuned], lrs: Sequence[float], val_set: PromptSet | None,
+              batch_size: int = 32) -> tuple[FineTuned, pd.DataFrame]:
+    """:func:`select_lr` with the whole-answer accuracy of ``model`` with the fitted
+    weights swapped in (:func:`evaluate_weights`) on ``val_set``; with one lr, or
+    without validation prompts, ``fit(lrs[0])`` and a one-row table (val_accuracy NaN)."""
+    if len(lrs) > 1 and val_set is not None and len(val_set):
+        def val_acc(ft: FineTuned, ps: PromptSet) -> float:
+            return float(evaluate_weights(model, ft.weights, {"val": ps}, batch_size)["correct_full"].mean())
+        return select_lr(fit, lrs, val_set, val_acc)
+    if not lrs:
+        raise ValueError("no learning rates to choose from")
+    ft = fit(lrs[0])
+    return ft, pd.DataFrame([{"lr": lrs[0], "val_accuracy": float("nan"), "best_epoch": ft.best_epoch, "chosen": True}])
+
+
 def evaluate_weights(model, weights: Mapping[str, torch.Tensor] | None, sets: Mapping[str, PromptSet],
                      batch_size: int = 32, progress: bool = False, inputs: Mapping[str, LayerInputs] | None = None,
                      unchanged_below: int | None = None) -> pd.DataFrame:
@@ -1023,13 +1041,10 @@ def lora_layer_sweep(model, layers: Sequence[int], train_set: PromptSet, val_set
         return train_lora(model, layer, train_set, replace(config, lr=lr), val_set, lora, progress=progress,
                           cache_dir=cache_dir, inputs=train_inputs)
 
-    def val_acc(ft: FineTuned, ps: PromptSet) -> float:
-        return float(evaluate_weights(model, ft.weights, {"val": ps}, config.eval_batch_size)["correct_full"].mean())
-
     search = len(lrs) > 1 and val_set is not None and len(val_set) > 0
     for layer in tqdm([l for l in layers if l in lr_layers], desc="LoRA lr search", disable=not (progress and search)):
         if search:
-            ft, table = select_lr(lambda lr: fit_at(layer, lr), lrs, val_set, val_acc)
+            ft, table = choose_lr(model, lambda lr: fit_at(layer, lr), lrs, val_set, config.eval_batch_size)
             lr_rows.append(table.assign(layer=layer))
             fitted[layer] = ft
     chosen_lrs = pd.concat(lr_rows)[lambda t: t.chosen]["lr"] if lr_rows else pd.Series([lrs[0]])
@@ -1480,39 +1495,52 @@ def available_memory() -> int | None:
 
 
 def full_sft_memory(model, optimizer: str = "adamw") -> int:
-    """Extra bytes full SFT allocates on top of the model: gradients plus, for AdamW, its
-    two moment estimates (one copy of every weight each), plus 10 % slack."""
+    """Extra bytes full SFT allocates on top of the model: a copy of the original
+    weights (restored after training), gradients plus, for AdamW, its two moment
+    estimates (one copy of every weight each), plus 10 % slack."""
     hf = _hf(model)
     nbytes = sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in hf.parameters()}.values())
-    copies = 3 if optimizer == "adamw" else 1
+    copies = 4 if optimizer == "adamw" else 2
     return int(1.1 * copies * nbytes)
 
 
 def full_sft(model, train_set: PromptSet, config: TrainConfig, val_set: PromptSet | None = None, *,
-             progress: bool = True, check_memory: bool = True) -> FineTuned:
-    """Full SFT, Zhang's comparison: every parameter trained with the same loop.
-    Trains the model IN PLACE (through :func:`shared_hf_model`, so a bridge on it sees
-    the result) and keeps the last epoch's weights there (Zhang trains a fixed 2
-    epochs); ``weights`` of the result is empty (the model itself is the fine-tuned
-    one). Memory: gradients and AdamW's two moments add three copies of every weight;
-    with ``check_memory`` a MemoryError says so before training when the machine has
-    less available (a process killed for memory half-way through says nothing)."""
+             progress: bool = True, check_memory: bool = True, cache_dir: str | Path | None = None) -> FineTuned:
+    """Full SFT, Zhang's comparison: every parameter trained with the same loop, the
+    last epoch's weights kept (Zhang trains a fixed 2 epochs). Like the other methods
+    it returns the trained weights (every parameter, clean HF names) and leaves the
+    model as it was, so several learning rates can be tried on one model
+    (:func:`choose_lr`). Memory: :func:`full_sft_memory`; with ``check_memory`` a
+    MemoryError says so before training when the machine has less available (a
+    process killed for memory half-way through says nothing). Cached under
+    ``cache_dir`` like the others (one copy of the model per key)."""
     hf = shared_hf_model(model)
     if check_memory:
         need, have = full_sft_memory(hf, config.optimizer), available_memory()
         if have is not None and need > have:
             raise MemoryError(
-                f"full SFT needs about {need / 2**30:.1f} GiB more memory (gradients"
+                f"full SFT needs about {need / 2**30:.1f} GiB more memory (a copy of the weights, gradients"
                 f"{' and AdamW moments' if config.optimizer == 'adamw' else ''}) but {have / 2**30:.1f} GiB are "
                 "available; free memory, use a larger machine or a GPU, or pass check_memory=False to try anyway.")
-    params = {n: p for n, p in _params_by_clean_name(hf).items()}
-    trainable = _Trainable(params)
-    _, record = train_parameters(hf, trainable, train_set, config, val_set, progress=progress, desc="full SFT",
-                                 keep_state=False)
-    return FineTuned(method="full_sft", weights={}, history=record["history"], epochs=record["epochs"],
-                     best_epoch=record["best_epoch"], n_trainable=count_parameters(hf),
-                     samples_per_second=record["samples_per_second"], train_seconds=record["train_seconds"],
-                     n_samples=record["n_samples"], config=config, info={})
+    params = _params_by_clean_name(hf)
+    key = _base_key(hf, "full", train_set, val_set, config)
+
+    def build(_ckdir: Path | None) -> FineTuned:  # no per-epoch checkpoints: each would hold AdamW's two moments
+        backup = {n: p.detach().clone() for n, p in params.items()}
+        try:
+            _, record = train_parameters(hf, _Trainable(params), train_set, config, val_set, progress=progress,
+                                         desc="full SFT", keep_state=False)
+            weights = {n: p.detach().cpu().clone() for n, p in params.items()}
+        finally:
+            with torch.no_grad():
+                for n, v in backup.items():
+                    params[n].copy_(v)
+        return FineTuned(method="full_sft", weights=weights, history=record["history"], epochs=record["epochs"],
+                         best_epoch=record["best_epoch"], n_trainable=count_parameters(hf),
+                         samples_per_second=record["samples_per_second"], train_seconds=record["train_seconds"],
+                         n_samples=record["n_samples"], config=config, info={})
+
+    return _cached(cache_dir, key, build)
 
 
 # --------------------------------------------------------------------------- scales of notebook 05
@@ -1527,10 +1555,12 @@ def full_sft(model, train_set: PromptSet, config: TrainConfig, val_set: PromptSe
 #: model's validation accuracy interval lies above the original's, on the model that
 #: gains least (``scripts/lora_learning_curve.py``: SmolLM2-135M, layer 8 of 30, 0.5 % ->
 #: 7.3 % [4.0, 11.9]; benchmarks/RESULTS.md; notebook 05's "Scale" section);
-#: the lr grid searched on 192 validation sentences at Yu's reference layer; SFT at lr
-#: 1e-4 because it takes ~20 steps instead of Zhang's ~300 (2e-5 would barely move the
-#: weights); 24 CNA cases. "quick": layer 0 and one layer per Yu band, a few steps, one
-#: precise-SFT setting - a smoke test of every section (minutes), never judged.
+#: the lr grid searched on 192 validation sentences at Yu's reference layer; SFT's lr
+#: chosen per method (precise, full) from :data:`SFT_LR_GRID` on the same validation
+#: sentences, since one epoch of ~35 steps is not Zhang's ~300 (a fixed 1e-4 made full
+#: SFT diverge, a fixed 2e-5 may barely move the heads); 24 CNA cases. "quick": layer 0
+#: and one layer per Yu band, a few steps, one precise-SFT setting - a smoke test of
+#: every section (minutes), never judged.
 #: The 95 % half-width (5 points) the "cpu" scale's test split is sized for: the smallest
 #: threshold of the 05/06 rules (report.NOISE_GAP, thresholds.ZHANG_PRECISE_MARGIN).
 JUDGED_HALF_WIDTH = 0.05
@@ -1538,15 +1568,15 @@ JUDGED_HALF_WIDTH = 0.05
 SCALES: dict[str, dict] = {
     "paper": dict(n_train=18_000, n_val=1_000, n_test=2_000, layers="all", lr_search="per_layer", lora_epochs=4,
                   lora_batch=16, cna_cases=None, n_candidates=200, word_train=300, word_test=132,
-                  sft_lr=2e-5, sft_batch=128, sft_epochs=2, sft_warmup=0.02, sft_weight_decay=0.1,
+                  sft_lrs=(ZHANG_SFT["lr"],), sft_batch=128, sft_epochs=2, sft_warmup=0.02, sft_weight_decay=0.1,
                   head_counts=ZHANG_HEAD_COUNTS, mlp_counts=ZHANG_MLP_COUNTS, prose_chunks=32),
     "cpu": dict(n_train=512, n_val=192, n_test=385, layers="all", lr_search="reference", lora_epochs=1,
                 lora_batch=16, cna_cases=24, n_candidates=100, word_train=48, word_test=48,
-                sft_lr=1e-4, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
+                sft_lrs=SFT_LR_GRID, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
                 head_counts=ZHANG_HEAD_COUNTS, mlp_counts=(1, 3), prose_chunks=4),
     "quick": dict(n_train=48, n_val=0, n_test=48, layers="bands", lr_search="none", lora_epochs=1,
                   lora_batch=16, cna_cases=6, n_candidates=50, word_train=16, word_test=24,
-                  sft_lr=1e-4, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
+                  sft_lrs=(1e-4,), sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
                   head_counts=(32,), mlp_counts=(), prose_chunks=2),
 }
 

@@ -542,12 +542,8 @@ def lora_on(model, layer: int, train_set: PromptSet, config: FT.TrainConfig, *, 
         return FT.train_lora(model, layer, train_set, replace(config, lr=lr), val_set, lora, progress=progress,
                              cache_dir=cache_dir, inputs=inputs, unchanged_below=unchanged_below)
 
-    if len(lrs) > 1 and val_set is not None and len(val_set):
-        def val_acc(ft: FT.FineTuned, ps: PromptSet) -> float:
-            return float(FT.evaluate_weights(model, ft.weights, {"val": ps}, config.eval_batch_size)["correct_full"].mean())
-        best, _ = FT.select_lr(fit, list(lrs), val_set, val_acc)
-        return best
-    return fit(config.lr)
+    search = len(lrs) > 1 and val_set is not None and len(val_set) > 0
+    return FT.choose_lr(model, fit, list(lrs) if search else [config.lr], val_set, config.eval_batch_size)[0]
 
 
 def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test_set: PromptSet,

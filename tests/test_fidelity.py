@@ -95,7 +95,10 @@ def test_fine_tuning_scale_of_auto_on_a_cpu_is_the_recorded_one():
     new = _rows(F.fidelity_table({"05": _p("05", scale="auto", scale_resolved="cpu", **common)}), "yu_lora_layers")
     assert "scale 'quick'" in old["scale"]["ours"] and "scale 'cpu'" in new["scale"]["ours"]
     sft = _rows(F.fidelity_table({"05": _p("05", scale="auto", scale_resolved="cpu", **common)}), "zhang_precise_sft")
-    assert "top-32 heads" in sft["positions"]["ours"] and "lr 0.0001" in sft["scale"]["ours"]
+    assert "top-32 heads" in sft["positions"]["ours"] and "lr 0.0001 (fixed; runs before" in sft["scale"]["ours"]
+    grid = _rows(F.fidelity_table({"05": _p("05", scale="auto", scale_resolved="cpu", sft_lrs=[1e-4, 2e-5, 4e-6],
+                                            **common)}), "zhang_precise_sft")
+    assert "lr from {0.0001, 2e-05, 4e-06} per method on the validation split" in grid["scale"]["ours"]
     assert "not offline" in sft["prompts"]["forced by the offline model"]
 
 

@@ -343,15 +343,43 @@ def test_precise_sft_gradient_rescale_with_sgd(tiny, data):
     assert torch.allclose(da, 4.0 * db, atol=1e-7)  # H = 4 heads, h = 1 selected
 
 
-def test_full_sft_trains_everything(tiny, data):
-    m = load_model(str(random_model_dir("qwen2")))  # a fresh copy: full SFT changes the model in place
-    plain = ft.shared_hf_model(m.bridge)
-    before = {n: p.detach().clone() for n, p in plain.named_parameters()}
-    res = ft.full_sft(m.bridge, data["train"], CFG, progress=False)
+def test_full_sft_trains_everything_and_returns_the_weights_leaving_the_model_as_it_was(tiny, data):
+    """Full SFT returns every trained weight and restores the model (it trained it in
+    place before, which left no way to try a second lr on the same model)."""
+    plain = ft.shared_hf_model(tiny.bridge)
+    before = {n: p.detach().clone() for n, p in ft._params_by_clean_name(plain).items()}
+    res = ft.full_sft(tiny.bridge, data["train"], CFG, progress=False)
     assert res.n_trainable == ft.count_parameters(plain)
-    changed = [n for n, p in plain.named_parameters() if not torch.equal(p, before[n])]
-    assert len(changed) == len(before)
-    assert res.weights == {}
+    assert set(res.weights) == set(before)
+    assert all(not torch.equal(res.weights[n], before[n]) for n in before)  # every weight trained
+    assert all(torch.equal(p, before[n]) for n, p in ft._params_by_clean_name(plain).items())  # model restored
+    again = ft.full_sft(tiny.bridge, data["train"], CFG, progress=False)  # from the same start: the same weights
+    assert all(torch.equal(again.weights[n], res.weights[n]) for n in before)
+    swapped = ft.evaluate_weights(tiny.bridge, res.weights, {"test": data["test"]})
+    assert len(swapped) == len(data["test"])
+
+
+def test_sft_lr_is_chosen_per_method_on_the_validation_split(tiny, data):
+    """choose_lr: with several lrs and validation prompts, the lr whose model scores best
+    on them (select_lr's table, val_accuracy measured on the validation split); with one
+    lr or no validation prompts, that one lr, unscored. The cpu scale searches a grid
+    that holds Zhang's lr."""
+    fits = []
+
+    def fit(lr):
+        fits.append(lr)
+        return ft.full_sft(tiny.bridge, data["train"], replace(CFG, lr=lr), progress=False)
+
+    best, table = ft.choose_lr(tiny.bridge, fit, (1e-2, 1e-4), data["val"])
+    assert fits == [1e-2, 1e-4] and table.chosen.sum() == 1 and best.config.lr == table[table.chosen].lr.iloc[0]
+    on_val = ft.evaluate_weights(tiny.bridge, best.weights, {"val": data["val"]})["correct_full"].mean()
+    assert table[table.chosen].val_accuracy.iloc[0] == pytest.approx(on_val)
+    assert table.val_accuracy.max() == pytest.approx(on_val)
+    fits.clear()
+    one, table = ft.choose_lr(tiny.bridge, fit, (1e-2, 1e-4), None)
+    assert fits == [1e-2] and one.config.lr == 1e-2 and table.val_accuracy.isna().all() and table.chosen.all()
+    assert ft.ZHANG_SFT["lr"] in ft.SCALES["cpu"]["sft_lrs"] and len(ft.SCALES["cpu"]["sft_lrs"]) > 1
+    assert ft.SCALES["paper"]["sft_lrs"] == (ft.ZHANG_SFT["lr"],)
 
 
 # --------------------------------------------------------------------------- model state after training
@@ -522,7 +550,10 @@ def test_full_sft_memory_guard(tiny, data, monkeypatch):
     monkeypatch.setattr(ft, "available_memory", lambda: 1024)
     with pytest.raises(MemoryError, match="GiB"):
         ft.full_sft(tiny.bridge, data["train"], CFG, progress=False)
-    assert ft.full_sft_memory(tiny.bridge, "adamw") == pytest.approx(3 * ft.full_sft_memory(tiny.bridge, "sgd"), rel=0.01)
+    nbytes = sum(p.numel() * p.element_size() for p in ft.shared_hf_model(tiny.bridge).parameters())
+    # a copy of the weights to restore, gradients, and AdamW's two moments
+    assert ft.full_sft_memory(tiny.bridge, "adamw") == pytest.approx(1.1 * 4 * nbytes, rel=0.01)
+    assert ft.full_sft_memory(tiny.bridge, "sgd") == pytest.approx(1.1 * 2 * nbytes, rel=0.01)
 
 
 def test_make_optimizer_decays_only_the_decayed_parameters():
