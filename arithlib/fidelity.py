@@ -10,7 +10,7 @@ tokenizer, a few-shot prefix for instruct models, fewer layers so layer indices 
 scaled by depth). A value the params do not hold (an older run, a renamed key) reads
 "not recorded"; nothing here raises on a folder.
 
-Only notebook 05's scale reads :mod:`arithlib.finetune` (its ``SCALES``), lazily, as
+Only the fine-tuning scale (notebooks 05 and 08) reads :mod:`arithlib.finetune` (its ``SCALES``), lazily, as
 ``report.smoke_test_reason`` does.
 """
 
@@ -165,11 +165,12 @@ def _fewshot(P: Params, nb: str) -> str:
     return f"{_nb(P, nb)['fewshot']}-shot prefix"
 
 
-def _ft_scale(P: Params) -> dict:
-    """Notebook 05's resolved fine-tuning scale and its sizes (``finetune.SCALES``)."""
+def _ft_scale(P: Params, nb: str = "05") -> dict:
+    """Notebook ``nb``'s resolved fine-tuning scale and its sizes (``finetune.SCALES``):
+    05's (which 06 reuses) or 08's."""
     from .finetune import SCALES, resolve_scale
 
-    p = _nb(P, "05")  # the scale the run recorded (since issue 29); before, "auto" was "quick" on a CPU
+    p = _nb(P, nb)  # the scale the run recorded (since issue 29); before, "auto" was "quick" on a CPU
     name = p.get("scale_resolved") or resolve_scale(str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")),
                                                     auto_cpu="quick")
     return dict(SCALES[name], scale=name)
@@ -182,11 +183,9 @@ def _ft_text(P: Params) -> str:
 
 
 def _sft_lr_text(P: Params) -> str:
-    """Notebook 05's SFT learning rate(s): the grid its params recorded (chosen per method
-    on the validation split), or the one fixed lr of runs from before that search."""
-    lrs = _nb(P, "05").get("sft_lrs")
-    if lrs is None:
-        return f"lr {1e-4 if _ft_scale(P)['scale'] != 'paper' else 2e-5:g} (fixed; runs before the lr search)"
+    """Notebook 08's SFT learning rate(s): the grid its params recorded (else its scale's),
+    chosen per method on the validation split when it has more than one."""
+    lrs = _nb(P, "08").get("sft_lrs") or _ft_scale(P, "08")["sft_lrs"]
     if len(lrs) == 1:
         return f"lr {lrs[0]:g}"
     return "lr from {" + ", ".join(f"{lr:g}" for lr in lrs) + "} per method on the validation split"
@@ -338,16 +337,18 @@ OURS: dict[str, dict[str, Getter]] = {
         metric=lambda P: "test accuracy after LoRA: CNA-pruned vs randomly pruned (mean over seeds)",
         scale=lambda P: f"{_ft_text(P)}; random prunings {_nb(P, '06')['random_seeds']!r}"),
     "zhang_precise_sft": dict(
-        model=lambda P: _model(P, "05"),
-        prompts=lambda P: f"notebook 05's 2-digit training split plus {_ft_scale(P)['word_train']} of Zhang's word "
-                          f"problems; tested on the 2-digit test split ({_ft_scale(P)['n_test']}); general ability: "
-                          "factual recall (data/factual_recall.json) and LM loss on pydoc prose; "
-                          f"{_fewshot(P, '05')}",
+        model=lambda P: _model(P, "08"),
+        prompts=lambda P: f"notebook 05's 2-digit training split ({_ft_scale(P, '08')['n_train']}) plus "
+                          f"{_ft_scale(P, '08')['word_train']} of Zhang's word problems; tested on the 2-digit test "
+                          f"split ({_ft_scale(P, '08')['n_test']}); general ability: factual recall "
+                          "(data/factual_recall.json) and LM loss on pydoc prose; "
+                          f"{_fewshot(P, '08')}",
         positions=lambda P: "Q/K/V/O slices of the top-32 heads (scaled to the model's heads) by notebook 01's "
-                            f"path-patching effect (kv={_nb(P, '05')['kv']!r} under GQA), gradients x H/h; full SFT",
+                            f"path-patching effect (kv={_nb(P, '08')['kv']!r} under GQA), gradients x H/h; full SFT",
         metric=lambda P: "whole-answer accuracy gain on the test split; factual-recall accuracy precise minus full",
-        scale=lambda P: f"{_sft_lr_text(P)}, batch {_ft_scale(P)['sft_batch']}, "
-                        f"{_ft_scale(P)['sft_epochs']} epoch(s); {_ft_text(P)}"),
+        scale=lambda P: f"{_sft_lr_text(P)}, batch {_ft_scale(P, '08')['sft_batch']}, "
+                        f"{_ft_scale(P, '08')['sft_epochs']} epoch(s); scale '{_ft_scale(P, '08')['scale']}' "
+                        f"(params scale={_nb(P, '08')['scale']!r})"),
     "yu_gender_bias": dict(
         model=lambda P: _model(P, "07"),
         prompts=lambda P: f"the 8 Table-22 prompts x {{man, woman}}; professions from the top-{_nb(P, '07')['top_k']} "
@@ -419,8 +420,8 @@ FORCED: dict[str, dict[str, Getter]] = {
     "zhang_precise_sft": dict(model=lambda P: _OFFLINE,
                               prompts=lambda P: "GSM8K / SVAMP / MMLU / CSQA are not offline: arithmetic and word "
                                                 "problems generated here, factual recall and LM loss for general "
-                                                f"ability; {_prefix(P, '05')}",
-                              scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else ""),
+                                                f"ability; {_prefix(P, '08')}",
+                              scale=lambda P: _CPU if _ft_scale(P, "08")["scale"] != "paper" else ""),
     "yu_single_head": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01")),
     "yu_mask_keep": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "04"),
                          positions=lambda P: "the layers from the model's own key head (Yu: 17-31 from 17.22)"),

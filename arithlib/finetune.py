@@ -1543,9 +1543,9 @@ def full_sft(model, train_set: PromptSet, config: TrainConfig, val_set: PromptSe
     return _cached(cache_dir, key, build)
 
 
-# --------------------------------------------------------------------------- scales of notebook 05
+# --------------------------------------------------------------------------- scales of notebooks 05 and 08
 
-#: Sizes of notebook 05 at three scales. "paper": Yu Sec. 5 (18,000 / 2,000 sentences,
+#: Sizes of notebooks 05 (LoRA) and 08 (precise and full SFT) at three scales. "paper": Yu Sec. 5 (18,000 / 2,000 sentences,
 #: lr grid per layer, up to 4 epochs) and Zhang Sec. 5.3 (lr 2e-5, batch 128, 2 epochs,
 #: warm-up 0.02, weight decay 0.1; 8-64 heads, 1-6 MLPs) - for a GPU. "cpu" (what "auto"
 #: gives on a CPU; the scale the report judges there): every layer; ``n_test`` = 385 =

@@ -71,9 +71,10 @@ NOTEBOOKS: dict[str, str] = {
     "02": "MLP probing (Zhang Sec. 5.2)",
     "03": "Neuron heuristics (Nikankin)",
     "04": "Comparative neuron analysis (Yu Sec. 4)",
-    "05": "LoRA mechanism and precise SFT (Yu Sec. 5; Zhang Sec. 5.3)",
+    "05": "LoRA mechanism (Yu Sec. 5)",
     "06": "Pruning (Yu Sec. 6.1)",
     "07": "Gender-bias editing (Yu Sec. 6.2)",
+    "08": "Precise SFT of the key heads (Zhang Sec. 4.3, 5.3)",
 }
 PAPERS = {"zhang": "Zhang et al. 2024 (ICML)", "yu": "Yu & Ananiadou 2024 (EMNLP)",
           "nikankin": "Nikankin et al. 2025 (ICLR)"}
@@ -888,22 +889,22 @@ def _yu_pruning(t: Tables) -> Outcome:
 
 def _zhang_precise_sft(t: Tables) -> Outcome:
     """Zhang Sec. 5.3, Table 1: precise SFT of the (scaled) top-32 key heads against full
-    SFT on the same data (notebook 05's 05_sft_comparison, rows by ``role``). Paired
+    SFT on the same data (notebook 08's 08_sft_comparison, rows by ``role``). Paired
     bootstraps over the arithmetic test prompts (gains and their difference) and over the
     factual-recall prompts (general ability kept); margin ``ZHANG_PRECISE_MARGIN``."""
-    tab = t.csv("05_sft_comparison")
+    tab = t.csv("08_sft_comparison")
     if "role" not in tab or "arithmetic_2d_by_prompt" not in tab or "facts_by_prompt" not in tab:
-        raise NotRun(RERUN_PER_PROMPT.format(nb="05", table="05_sft_comparison"))
+        raise NotRun(RERUN_PER_PROMPT.format(nb="08", table="08_sft_comparison"))
     roles = tab.set_index("role")
     if "full" not in roles.index:
-        raise NotRun("notebook 05 ran no full SFT (not enough memory): nothing to compare precise SFT with")
+        raise NotRun("notebook 08 ran no full SFT (not enough memory): nothing to compare precise SFT with")
     if not {"original", "precise"} <= set(roles.index):
-        raise NotRun("05_sft_comparison lacks the original or the precise-SFT row")
+        raise NotRun("08_sft_comparison lacks the original or the precise-SFT row")
     rows = roles.loc[["original", "precise", "full"]]
     arith = _correct_matrix(rows.rename(columns={"arithmetic_2d_by_prompt": "correct_by_prompt"}))
     facts = _correct_matrix(rows.rename(columns={"facts_by_prompt": "correct_by_prompt"}))
     if arith is None or facts is None:
-        raise NotRun(RERUN_PER_PROMPT.format(nb="05", table="05_sft_comparison"))
+        raise NotRun(RERUN_PER_PROMPT.format(nb="08", table="08_sft_comparison"))
     a = arith.astype(float)
     f = facts.astype(float)
     gain_p = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), a)
@@ -912,7 +913,7 @@ def _zhang_precise_sft(t: Tables) -> Outcome:
         raise NotRun(f"full SFT did not train: its arithmetic accuracy changed by {_pct(gain_f.estimate)}"
                      f"{_ci_text(gain_f.scaled(100))}, so it cannot stand in for Zhang's full-SFT reference "
                      f"(precise SFT's own gain: {_pct(gain_p.estimate)}{_ci_text(gain_p.scaled(100))}); rerun "
-                     "notebook 05 with a full-SFT setting that trains")
+                     "notebook 08 with a full-SFT setting that trains")
     diff = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2].mean()), a)
     kept = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2].mean()), f)  # precise minus full, facts
     m = ZHANG_PRECISE_MARGIN
@@ -1053,13 +1054,13 @@ FINDINGS: tuple[Finding, ...] = (
             "precise SFT of the top-32 heads by path-patching effect (scaled to the model's heads) and full SFT on the "
             "same data; on the arithmetic test prompts, precise SFT's gain (after - before) and precise minus full "
             "accuracy, and on the factual-recall prompts precise minus full accuracy, 95 % paired bootstrap intervals "
-            f"(05_sft_comparison's per-prompt columns); reproduced if the gain lies > 0 and both differences lie >= "
+            f"(08_sft_comparison's per-prompt columns); reproduced if the gain lies > 0 and both differences lie >= "
             f"-{100 * ZHANG_PRECISE_MARGIN:.0f} points (Table 1's shortfalls of precise SFT reach 3.1 points, full "
             "SFT's general drop is 'about 5%'); partly if the gain lies > 0 and one difference does; not reproduced "
             "otherwise; inconclusive when the verdict depends on where in an interval the value is; not judged "
             "when full SFT's arithmetic gain lies wholly below 0 (a full SFT that did not train is not Zhang's "
             "reference, whose gains were +2.8 to +23.2 points)",
-            "05", _zhang_precise_sft, figures=("05_sft_comparison",)),
+            "08", _zhang_precise_sft, figures=("08_sft_comparison",)),
     Finding("yu_single_head", "yu", "Sec. 3.4, Table 2",
             "Zeroing one head destroys 1-digit +, -, / (not *).",
             "relative 1D accuracy decrease from the top head: + 46.5, - 62.2, / 54.9 (* 6.8) %",
@@ -1174,22 +1175,24 @@ FINDINGS: tuple[Finding, ...] = (
 
 def smoke_test_reason(finding: Finding, tables: Tables) -> str | None:
     """Why ``finding`` was measured at smoke-test sizes in this folder, or None: its
-    notebook ran with ``quick``, or it rests on notebook 05's fine-tuning (notebooks 05
-    and 06) at scale "quick" (what ``scale="auto"`` gives on a CPU), which notebook 05
-    says shows the pipeline, not the paper's numbers."""
+    notebook ran with ``quick``, or it rests on fine-tuning at scale "quick" (notebook
+    05's for notebooks 05 and 06, notebook 08's own; "quick" is what ``scale="auto"``
+    gave on a CPU before issue 29), which shows the pipeline, not the paper's numbers."""
     params = tables.params()
     if params.get(finding.notebook, {}).get("quick"):
         return f"notebook {finding.notebook} ran in quick mode (smoke-test sizes)"
-    if finding.notebook in ("05", "06") and "scale" in params.get("05", {}):
+    tuned_by = {"05": "05", "06": "05", "08": "08"}.get(finding.notebook)
+    if tuned_by is not None and "scale" in params.get(tuned_by, {}):
         from .finetune import SCALES, resolve_scale
 
-        p05 = params["05"]
+        p = params[tuned_by]
         # the scale the run used: recorded since issue 29; before, "auto" meant "quick" on a CPU
-        used = p05.get("scale_resolved") or resolve_scale(str(p05["scale"]), str(p05.get("device", "cpu")),
-                                                          bool(p05.get("quick")), auto_cpu="quick")
+        used = p.get("scale_resolved") or resolve_scale(str(p["scale"]), str(p.get("device", "cpu")),
+                                                        bool(p.get("quick")), auto_cpu="quick")
         if used == "quick":
-            return (f"fine-tuned at scale 'quick' (notebook 05's smoke-test sizes: {SCALES['quick']['n_train']} "
-                    "training prompts, a few layers; run scale='cpu', or 'paper' on a GPU, for a verdict)")
+            return (f"fine-tuned at scale 'quick' (notebook {tuned_by}'s smoke-test sizes: "
+                    f"{SCALES['quick']['n_train']} training prompts, a few layers; run scale='cpu', or 'paper' on a "
+                    "GPU, for a verdict)")
     return None
 
 

@@ -1031,7 +1031,7 @@ def test_per_prompt_correctness_round_trips_through_a_csv_cell(tmp_path: Path):
 
 def _sft_table(d: Path, orig: float, precise: float, full: float, facts: tuple[float, float, float] = (0.8, 0.8, 0.7),
                n: int = 400, n_facts: int = 55, per_prompt: bool = True, with_full: bool = True) -> None:
-    """Notebook 05's 05_sft_comparison: original, precise SFT (scaled top-32) and full SFT
+    """Notebook 08's 08_sft_comparison: original, precise SFT (scaled top-32) and full SFT
     rows, nested correct sets over n test prompts and n_facts facts."""
     rows = []
     for role, acc, fr in (("original", orig, facts[0]), ("precise", precise, facts[1]), ("full", full, facts[2])):
@@ -1041,7 +1041,7 @@ def _sft_table(d: Path, orig: float, precise: float, full: float, facts: tuple[f
                      "factual_recall": round(fr * n_facts) / n_facts, "lm_loss": 3.5,
                      **({"arithmetic_2d_by_prompt": _bits(round(acc * n), n),
                          "facts_by_prompt": _bits(round(fr * n_facts), n_facts)} if per_prompt else {})})
-    _csv(d, "05_sft_comparison", rows)
+    _csv(d, "08_sft_comparison", rows)
 
 
 @pytest.mark.parametrize("orig, precise, full, facts, verdict", [
@@ -1060,10 +1060,24 @@ def test_precise_sft_rule(tmp_path: Path, orig, precise, full, facts, verdict):
 def test_precise_sft_rule_needs_per_prompt_columns_and_full_sft(tmp_path: Path):
     _sft_table(tmp_path / "old", 0.5, 0.8, 0.8, per_prompt=False)
     out = _outcome("zhang_precise_sft", tmp_path / "old")
-    assert out.verdict == R.NOT_RUN and "rerun notebook 05" in out.ours
+    assert out.verdict == R.NOT_RUN and "rerun notebook 08" in out.ours
     _sft_table(tmp_path / "nofull", 0.5, 0.8, 0.8, with_full=False)
     out = _outcome("zhang_precise_sft", tmp_path / "nofull")
     assert out.verdict == R.NOT_RUN and "no full SFT" in out.ours
+
+
+def test_precise_sft_is_notebook_08s_and_judged_only_beyond_its_quick_scale(tmp_path: Path):
+    """Precise SFT left notebook 05 for its own notebook 08 (so that it reruns without
+    05's LoRA models): the rule reads 08_sft_comparison, and 08's own fine-tuning scale,
+    not 05's, decides whether it was a smoke test."""
+    finding = next(f for f in R.FINDINGS if f.id == "zhang_precise_sft")
+    assert finding.notebook == "08" and finding.figures == ("08_sft_comparison",) and "08" in R.NOTEBOOKS
+    _sft_table(tmp_path, 0.5, 0.8, 0.8)
+    (tmp_path / "05_x_params.json").write_text(json.dumps({"scale": "quick", "quick": False}))
+    assert _outcome("zhang_precise_sft", tmp_path).verdict == R.REPRODUCED
+    (tmp_path / "08_x_params.json").write_text(json.dumps({"scale": "auto", "quick": False, "scale_resolved": "quick"}))
+    out = _outcome("zhang_precise_sft", tmp_path)
+    assert out.verdict == R.NOT_JUDGED and "notebook 08's smoke-test sizes" in out.ours
 
 
 def test_precise_sft_rule_does_not_judge_against_a_full_sft_that_did_not_train(tmp_path: Path):

@@ -22,7 +22,8 @@ def test_notebook_modules_follow_imports():
 def test_upstream_tables_and_key_changes(tmp_path):
     assert [p.name for p in run_key.upstream(NB / "06_pruning.ipynb")] == ["05_lora_mechanism.ipynb"]
     assert run_key.upstream(NB / "00_model_accuracy.ipynb") == []
-    nb = NB / "05_lora_mechanism.ipynb"
+    assert [p.name for p in run_key.upstream(NB / "08_precise_sft.ipynb")] == ["01_identify_heads.ipynb"]
+    nb = NB / "08_precise_sft.ipynb"
     k1 = run_key.run_key(nb, tmp_path, ["qwen", "cpu"])
     assert k1 == run_key.run_key(nb, tmp_path, ["qwen", "cpu"])
     assert k1 != run_key.run_key(nb, tmp_path, ["qwen", "cuda"])
