@@ -27,12 +27,10 @@ from typing import Callable, Iterable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from .components import Head, Hook, Neuron
 from .datasets import PromptSet
 from .hf_compat import input_device
 
-Head = tuple[int, int]       # (layer, head)
-Neuron = tuple[int, int]     # (layer, neuron index)
-Hook = tuple[str, Callable]
 MeanCache = dict[str, dict[int, torch.Tensor]]   # hook name -> prompt length -> mean [pos, ...]
 
 

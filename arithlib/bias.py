@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -46,13 +46,12 @@ from tqdm.auto import tqdm
 from . import cna as C
 from . import general_ability as GA
 from .ablation import stacked_hooks, zero_neurons_hooks
+from .components import Hook, Neuron
 from .datasets import PromptRecord, PromptSet, load_gender_data
 from .hf_compat import input_device
 from .paths import data_path
 from .stats import bootstrap_ci, crossed_bootstrap_ci
 
-Hook = tuple[str, Callable]
-Neuron = tuple[int, int]
 
 #: Top-k next-token predictions per prompt and gender (App. D: "top100 predictions").
 TOP_K = 100

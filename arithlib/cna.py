@@ -65,6 +65,7 @@ from tqdm.auto import tqdm
 
 from . import datasets as ds
 from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
+from .components import Head, Hook, Neuron
 from .datasets import PromptRecord, PromptSet
 from .stats import encode_correct
 from .evaluate import continues_number
@@ -73,9 +74,6 @@ from .neurons import w_out
 from .hf_compat import input_device, layer_device
 from .models import hf_module as _hf
 
-Hook = tuple[str, Callable]
-Neuron = tuple[int, int]
-Head = tuple[int, int]
 RowHooks = Callable[[torch.Tensor], list[Hook]]  # batch row indices (into the PromptSet) -> hooks
 
 #: Yu & Ananiadou's deep FFN layers, 17..31 of Llama-7B's 32 (the layers from the key

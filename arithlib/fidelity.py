@@ -188,7 +188,8 @@ def _sft_lr_text(P: Params) -> str:
     lrs = _nb(P, "08").get("sft_lrs") or _ft_scale(P, "08")["sft_lrs"]
     if len(lrs) == 1:
         return f"lr {lrs[0]:g}"
-    return "lr from {" + ", ".join(f"{lr:g}" for lr in lrs) + "} per method on the validation split"
+    return ("lr from {" + ", ".join(f"{lr:g}" for lr in lrs) + "} per method on the validation split (Zhang: one lr, "
+            "2e-5, for both)")
 
 
 def _zhang_prompts(P: Params) -> str:

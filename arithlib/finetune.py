@@ -77,6 +77,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import datasets as ds
+from .components import Head, Neuron
 from .datasets import PromptRecord, PromptSet
 from .evaluate import common_prefix, continues_number
 from .fingerprints import data_fingerprint, fingerprint, model_fingerprint
@@ -86,8 +87,6 @@ from .models import hf_module as _hf
 from .stats import encode_correct
 from .thresholds import KEY_HEAD_THRESHOLD
 
-Head = tuple[int, int]
-Neuron = tuple[int, int]
 
 #: Yu & Ananiadou Sec. 5: the learning-rate grid of the LoRA models.
 YU_LR_GRID: tuple[float, ...] = (1e-3, 5e-4, 1e-4)

@@ -43,12 +43,11 @@ answer position is the last one.
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -57,6 +56,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import datasets as ds
+from .components import Head, Hook
 from .datasets import PromptRecord, PromptSet
 from .evaluate import MIN_SHARED_PREFIX, common_prefix
 from .hf_compat import (cache_kwargs, causal_mask, filled_cache_layers, input_device, layer_device, module_device,
@@ -65,8 +65,6 @@ from .metrics import relative_logit_change
 from .models import hf_module as _hf, model_dtype as _dtype
 from .thresholds import KEY_HEAD_THRESHOLD
 
-Head = tuple[int, int]
-Hook = tuple[str, Callable]
 
 # --------------------------------------------------------------------------- components
 
@@ -772,7 +770,6 @@ def path_patch_answer(model, clean: CleanRun, clean_end: Mapping[str, torch.Tens
     n_layers = cfg.n_layers
     unembed = unembed or Unembed(model)
     answer_ids = answer_ids.to(unembed.device)
-    B = clean.batch_size
     z_clean = {l: clean_end[_z(l)] for l in range(n_layers)}
     z_cf = {l: cf_end[_z(l)] for l in range(n_layers)}
     if getattr(cfg, "parallel_attn_mlp", False) or clean.resid is None:

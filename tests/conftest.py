@@ -1,14 +1,17 @@
 """Shared fixtures: a small per-digit tokenizer that splits like Qwen's (each digit its
 own token, a space before a digit a token of its own) so prompt/answer handling is
-tested without downloading a real model."""
+tested without downloading a real model; a random-weight Qwen2 per test module; torch
+on one thread for a test module."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, decoders, trainers
 from transformers import PreTrainedTokenizerFast
 
 import arithlib.datasets as ds
+from arithlib.models import load_model, random_model_dir
 
 
 def _corpus() -> list[str]:
@@ -34,3 +37,21 @@ def digit_tokenizer() -> PreTrainedTokenizerFast:
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(_corpus(), trainers.WordLevelTrainer(special_tokens=["<unk>", "<pad>", "<eos>"]))
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread while a test module runs (small models: threads only add
+    overhead); the caller's thread count afterwards. Modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2():
+    """A random-weight Qwen2 (``arithlib.models.random_model_dir("qwen2")``), one per test
+    module (a module may train it in place)."""
+    return load_model(str(random_model_dir("qwen2")))

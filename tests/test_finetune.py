@@ -1,4 +1,4 @@
-"""Tests of arithlib.finetune on a tiny random Qwen2 model (GQA: 4 query heads, 2 KV
+"""Tests of arithlib.finetune on a tiny_qwen2 random Qwen2 model (GQA: 4 query heads, 2 KV
 heads, q/k/v biases): answer-position forward, data splits, LoRA per layer
 (determinism, merged weights, base untouched), precise SFT (slices, GQA counting,
 H/h rescaling), full SFT, checkpoints, CNA on LoRA models, key heads from notebook 01."""
@@ -21,23 +21,13 @@ from arithlib.models import load_model, random_model_dir
 from arithlib.stats import decode_correct
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # small models: threads only add overhead
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return load_model(str(random_model_dir("qwen2")))
-
-
-@pytest.fixture(scope="module")
-def data(tiny):
+def data(tiny_qwen2):
     splits = ft.yu_lora_data(n_train=40, n_test=16, n_val=8, seed=0, fewshot=2)
-    return {k: ds.PromptSet.build(v, tiny.tokenizer) for k, v in splits.items()}
+    return {k: ds.PromptSet.build(v, tiny_qwen2.tokenizer) for k, v in splits.items()}
 
 
 CFG = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
@@ -46,41 +36,41 @@ CFG = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
 # --------------------------------------------------------------------------- plumbing
 
 
-def test_shared_model_shares_storage(tiny):
-    plain = ft.shared_hf_model(tiny.bridge)
-    assert plain is ft.shared_hf_model(tiny.bridge)
+def test_shared_model_shares_storage(tiny_qwen2):
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
+    assert plain is ft.shared_hf_model(tiny_qwen2.bridge)
     assert not any("_original_component" in n for n, _ in plain.named_parameters())
-    bridge_params = {ft.clean_param_name(n): p for n, p in tiny.bridge.original_model.named_parameters()}
+    bridge_params = {ft.clean_param_name(n): p for n, p in tiny_qwen2.bridge.original_model.named_parameters()}
     for n, p in plain.named_parameters():
         assert p.data_ptr() == bridge_params[n].data_ptr()
     x = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
-        assert torch.allclose(plain(x).logits, tiny.bridge(x), atol=1e-5)
+        assert torch.allclose(plain(x).logits, tiny_qwen2.bridge(x), atol=1e-5)
 
 
-def test_use_weights_swaps_and_restores(tiny):
-    plain = ft.shared_hf_model(tiny.bridge)
+def test_use_weights_swaps_and_restores(tiny_qwen2):
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
     name = "model.layers.1.self_attn.o_proj.weight"
     before = dict(plain.named_parameters())[name].detach().clone()
     x = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
-        base = tiny.bridge(x)
-        with ft.use_weights(tiny.bridge, {name: torch.zeros_like(before)}):
+        base = tiny_qwen2.bridge(x)
+        with ft.use_weights(tiny_qwen2.bridge, {name: torch.zeros_like(before)}):
             assert torch.equal(dict(plain.named_parameters())[name], torch.zeros_like(before))
-            assert not torch.allclose(tiny.bridge(x), base)
+            assert not torch.allclose(tiny_qwen2.bridge(x), base)
     assert torch.equal(dict(plain.named_parameters())[name], before)
     with pytest.raises(KeyError):
         with ft.use_weights(plain, {"no.such.weight": before}):
             pass
 
 
-def test_to_loaded_model_boots_bridge(tiny):
+def test_to_loaded_model_boots_bridge(tiny_qwen2):
     from arithlib.models import random_model
 
-    loaded = ft.to_loaded_model(random_model("qwen2"), tiny.tokenizer, name="copy")
+    loaded = ft.to_loaded_model(random_model("qwen2"), tiny_qwen2.tokenizer, name="copy")
     x = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
-        assert torch.allclose(loaded.bridge(x), tiny.bridge(x), atol=1e-5)
+        assert torch.allclose(loaded.bridge(x), tiny_qwen2.bridge(x), atol=1e-5)
     assert loaded.info.n_kv_heads == 2
 
 
@@ -122,8 +112,8 @@ def test_answer_batches_keep_groups_together(data):
 # --------------------------------------------------------------------------- forward and accuracy
 
 
-def test_answer_logits_match_full_forward(tiny, data):
-    plain = ft.shared_hf_model(tiny.bridge)
+def test_answer_logits_match_full_forward(tiny_qwen2, data):
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
     ps = data["train"]
     index = max(ft.answer_batches(ps, 8), key=len)
     with torch.no_grad():
@@ -175,8 +165,8 @@ def test_answer_logits_across_prefix_groups(arch):
             assert torch.allclose(shared[row, :k].detach(), full[starts[row]:starts[row] + k], atol=1e-4)
 
 
-def test_answer_loss_is_answer_token_cross_entropy(tiny, data):
-    plain = ft.shared_hf_model(tiny.bridge)
+def test_answer_loss_is_answer_token_cross_entropy(tiny_qwen2, data):
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
     ps = data["train"]
     index = ft.answer_batches(ps, 8)[0]
     with torch.no_grad():
@@ -192,10 +182,10 @@ def test_answer_loss_is_answer_token_cross_entropy(tiny, data):
     assert abs(float(loss) - total / n) < 1e-4
 
 
-def test_answer_accuracy_agrees_with_evaluate(tiny, data):
+def test_answer_accuracy_agrees_with_evaluate(tiny_qwen2, data):
     ps = data["test"]
-    frame = ft.answer_accuracy(tiny.bridge, ps)
-    logits = eval_answer_logits(tiny.bridge, ps)
+    frame = ft.answer_accuracy(tiny_qwen2.bridge, ps)
+    logits = eval_answer_logits(tiny_qwen2.bridge, ps)
     assert (frame.correct_first.to_numpy() == (logits.argmax(-1) == ps.first_answer_ids).numpy()).all()
     first = logits.log_softmax(-1).gather(1, ps.first_answer_ids[:, None])[:, 0].numpy()
     assert np.allclose(frame.first_logprob.to_numpy(), first, atol=1e-4)
@@ -205,11 +195,11 @@ def test_answer_accuracy_agrees_with_evaluate(tiny, data):
 # --------------------------------------------------------------------------- LoRA
 
 
-def test_lora_deterministic_and_local(tiny, data):
-    plain = ft.shared_hf_model(tiny.bridge)
+def test_lora_deterministic_and_local(tiny_qwen2, data):
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
     before = {n: p.detach().clone() for n, p in plain.named_parameters()}
-    a = ft.train_lora(tiny.bridge, 1, data["train"], CFG, data["val"], progress=False)
-    b = ft.train_lora(tiny.bridge, 1, data["train"], CFG, data["val"], progress=False)
+    a = ft.train_lora(tiny_qwen2.bridge, 1, data["train"], CFG, data["val"], progress=False)
+    b = ft.train_lora(tiny_qwen2.bridge, 1, data["train"], CFG, data["val"], progress=False)
     assert set(a.weights) == {f"model.layers.1.self_attn.{p}_proj.weight" for p in "qkvo"}
     assert all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)
     assert any(not torch.equal(a.weights[k], before[k]) for k in a.weights)
@@ -217,14 +207,14 @@ def test_lora_deterministic_and_local(tiny, data):
     assert set(after) == set(before) and all(torch.equal(before[n], after[n]) for n in before)
     assert a.n_trainable == 16 * (64 + 64) * 2 + 16 * (64 + 32) * 2  # r (in + out) for q, o (64x64), k, v (32x64)
     assert list(a.epochs.epoch) == [1] and a.samples_per_second > 0
-    c = ft.train_lora(tiny.bridge, 1, data["train"], replace(CFG, seed=1), progress=False)
+    c = ft.train_lora(tiny_qwen2.bridge, 1, data["train"], replace(CFG, seed=1), progress=False)
     assert any(not torch.equal(a.weights[k], c.weights[k]) for k in a.weights)
 
 
-def test_lora_merged_weights_equal_peft_forward(tiny, data):
+def test_lora_merged_weights_equal_peft_forward(tiny_qwen2, data):
     from peft import LoraConfig, get_peft_model
 
-    plain = ft.shared_hf_model(tiny.bridge)
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
     torch.manual_seed(0)
     pm = get_peft_model(plain, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                                           layers_to_transform=[0]))
@@ -240,8 +230,8 @@ def test_lora_merged_weights_equal_peft_forward(tiny, data):
         assert torch.allclose(plain(x).logits, expected, atol=1e-5)
 
 
-def test_lora_layer_sweep_and_lr_selection(tiny, data):
-    frame, fitted, lr_table = ft.lora_layer_sweep(tiny.bridge, [0, 1], data["train"], data["val"], data["test"], CFG,
+def test_lora_layer_sweep_and_lr_selection(tiny_qwen2, data):
+    frame, fitted, lr_table = ft.lora_layer_sweep(tiny_qwen2.bridge, [0, 1], data["train"], data["val"], data["test"], CFG,
                                                   lrs=(1e-2, 1e-3), lr_layers=[1], progress=False)
     assert list(frame.layer) == [-1, 0, 1]
     assert set(fitted) == {0, 1}
@@ -255,9 +245,9 @@ def test_lora_layer_sweep_and_lr_selection(tiny, data):
         assert len(bits) == len(data["test"]) and bits.mean() == pytest.approx(row.accuracy)
 
 
-def test_checkpoint_resume_gives_same_weights(tiny, data, tmp_path):
+def test_checkpoint_resume_gives_same_weights(tiny_qwen2, data, tmp_path):
     cfg = replace(CFG, epochs=2)
-    plain = ft.shared_hf_model(tiny.bridge)
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
     names = ["model.layers.0.self_attn.q_proj.weight"]
 
     def run(ckdir):
@@ -280,10 +270,10 @@ def test_checkpoint_resume_gives_same_weights(tiny, data, tmp_path):
     assert rec2["history"].step.tolist() == rec["history"].step.tolist()
 
 
-def test_cached_training_is_reused(tiny, data, tmp_path):
-    a = ft.train_lora(tiny.bridge, 0, data["train"], CFG, progress=False, cache_dir=tmp_path)
+def test_cached_training_is_reused(tiny_qwen2, data, tmp_path):
+    a = ft.train_lora(tiny_qwen2.bridge, 0, data["train"], CFG, progress=False, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("*/result.pt"))) == 1
-    b = ft.train_lora(tiny.bridge, 0, data["train"], CFG, progress=False, cache_dir=tmp_path)
+    b = ft.train_lora(tiny_qwen2.bridge, 0, data["train"], CFG, progress=False, cache_dir=tmp_path)
     assert all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)
     assert not list(tmp_path.glob("*/checkpoints/epoch-*.pt"))
 
@@ -291,8 +281,8 @@ def test_cached_training_is_reused(tiny, data, tmp_path):
 # --------------------------------------------------------------------------- precise and full SFT
 
 
-def test_head_slices_gqa_counts(tiny):
-    plain = ft.shared_hf_model(tiny.bridge)
+def test_head_slices_gqa_counts(tiny_qwen2):
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
     d, dh = 64, 16
     # heads 0 and 1 read KV group 0, head 2 reads group 1 (4 heads, 2 KV heads)
     masks, scales, counts = ft.head_slices(plain, [(0, 0), (0, 1), (0, 2)])
@@ -314,12 +304,12 @@ def test_head_slices_gqa_counts(tiny):
         ft.head_slices(plain, [(5, 0)])
 
 
-def test_precise_sft_trains_only_slices_and_restores(tiny, data):
-    plain = ft.shared_hf_model(tiny.bridge)
+def test_precise_sft_trains_only_slices_and_restores(tiny_qwen2, data):
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
     before = {n: p.detach().clone() for n, p in plain.named_parameters()}
     heads = [(1, 3)]
     cfg = replace(CFG, weight_decay=0.1)
-    res = ft.precise_sft(tiny.bridge, heads, data["train"], cfg, progress=False)
+    res = ft.precise_sft(tiny_qwen2.bridge, heads, data["train"], cfg, progress=False)
     masks, _, _ = ft.head_slices(plain, heads)
     assert set(res.weights) == set(masks)
     for n, w in res.weights.items():
@@ -330,36 +320,36 @@ def test_precise_sft_trains_only_slices_and_restores(tiny, data):
     assert res.n_trainable == ft.precise_param_count(plain, heads)
 
 
-def test_precise_sft_gradient_rescale_with_sgd(tiny, data):
+def test_precise_sft_gradient_rescale_with_sgd(tiny_qwen2, data):
     """One SGD step: the update of a selected slice is H/h times larger with rescaling."""
-    plain = ft.shared_hf_model(tiny.bridge)
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
     name = "model.layers.0.self_attn.q_proj.weight"
     before = dict(plain.named_parameters())[name].detach().clone()
     cfg = ft.TrainConfig(lr=1e-3, epochs=1, batch_size=64, max_steps=1, optimizer="sgd", grad_clip=None,
                          schedule="constant")
-    a = ft.precise_sft(tiny.bridge, [(0, 1)], data["train"], cfg, rescale=True, progress=False)
-    b = ft.precise_sft(tiny.bridge, [(0, 1)], data["train"], cfg, rescale=False, progress=False)
+    a = ft.precise_sft(tiny_qwen2.bridge, [(0, 1)], data["train"], cfg, rescale=True, progress=False)
+    b = ft.precise_sft(tiny_qwen2.bridge, [(0, 1)], data["train"], cfg, rescale=False, progress=False)
     da, db = a.weights[name] - before, b.weights[name] - before
     assert torch.allclose(da, 4.0 * db, atol=1e-7)  # H = 4 heads, h = 1 selected
 
 
-def test_full_sft_trains_everything_and_returns_the_weights_leaving_the_model_as_it_was(tiny, data):
+def test_full_sft_trains_everything_and_returns_the_weights_leaving_the_model_as_it_was(tiny_qwen2, data):
     """Full SFT returns every trained weight and restores the model (it trained it in
     place before, which left no way to try a second lr on the same model)."""
-    plain = ft.shared_hf_model(tiny.bridge)
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
     before = {n: p.detach().clone() for n, p in ft._params_by_clean_name(plain).items()}
-    res = ft.full_sft(tiny.bridge, data["train"], CFG, progress=False)
+    res = ft.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False)
     assert res.n_trainable == ft.count_parameters(plain)
     assert set(res.weights) == set(before)
     assert all(not torch.equal(res.weights[n], before[n]) for n in before)  # every weight trained
     assert all(torch.equal(p, before[n]) for n, p in ft._params_by_clean_name(plain).items())  # model restored
-    again = ft.full_sft(tiny.bridge, data["train"], CFG, progress=False)  # from the same start: the same weights
+    again = ft.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False)  # from the same start: the same weights
     assert all(torch.equal(again.weights[n], res.weights[n]) for n in before)
-    swapped = ft.evaluate_weights(tiny.bridge, res.weights, {"test": data["test"]})
+    swapped = ft.evaluate_weights(tiny_qwen2.bridge, res.weights, {"test": data["test"]})
     assert len(swapped) == len(data["test"])
 
 
-def test_sft_lr_is_chosen_per_method_on_the_validation_split(tiny, data):
+def test_sft_lr_is_chosen_per_method_on_the_validation_split(tiny_qwen2, data):
     """choose_lr: with several lrs and validation prompts, the lr whose model scores best
     on them (select_lr's table, val_accuracy measured on the validation split); with one
     lr or no validation prompts, that one lr, unscored. The cpu scale searches a grid
@@ -368,15 +358,15 @@ def test_sft_lr_is_chosen_per_method_on_the_validation_split(tiny, data):
 
     def fit(lr):
         fits.append(lr)
-        return ft.full_sft(tiny.bridge, data["train"], replace(CFG, lr=lr), progress=False)
+        return ft.full_sft(tiny_qwen2.bridge, data["train"], replace(CFG, lr=lr), progress=False)
 
-    best, table = ft.choose_lr(tiny.bridge, fit, (1e-2, 1e-4), data["val"])
+    best, table = ft.choose_lr(tiny_qwen2.bridge, fit, (1e-2, 1e-4), data["val"])
     assert fits == [1e-2, 1e-4] and table.chosen.sum() == 1 and best.config.lr == table[table.chosen].lr.iloc[0]
-    on_val = ft.evaluate_weights(tiny.bridge, best.weights, {"val": data["val"]})["correct_full"].mean()
+    on_val = ft.evaluate_weights(tiny_qwen2.bridge, best.weights, {"val": data["val"]})["correct_full"].mean()
     assert table[table.chosen].val_accuracy.iloc[0] == pytest.approx(on_val)
     assert table.val_accuracy.max() == pytest.approx(on_val)
     fits.clear()
-    one, table = ft.choose_lr(tiny.bridge, fit, (1e-2, 1e-4), None)
+    one, table = ft.choose_lr(tiny_qwen2.bridge, fit, (1e-2, 1e-4), None)
     assert fits == [1e-2] and one.config.lr == 1e-2 and table.val_accuracy.isna().all() and table.chosen.all()
     assert ft.ZHANG_SFT["lr"] in ft.SCALES["cpu"]["sft_lrs"] and len(ft.SCALES["cpu"]["sft_lrs"]) > 1
     assert ft.SCALES["paper"]["sft_lrs"] == (ft.ZHANG_SFT["lr"],)
@@ -400,20 +390,20 @@ def _assert_same_state(got: tuple[list, list], want: tuple[list, list]) -> None:
 
 
 @contextlib.contextmanager
-def _entry_point(method: str, tiny, data) -> Iterator[tuple[torch.nn.Module, Callable[[], object]]]:
+def _entry_point(method: str, tiny_qwen2, data) -> Iterator[tuple[torch.nn.Module, Callable[[], object]]]:
     """(the module a training entry point works on, the call) with that module in an
     unusual state: mixed ``requires_grad``, train mode except block 0, a ``.grad`` on
     the trained (or, for LoRA, wrapped) weight of block 1. Weights and state restored after."""
-    owner = load_model(str(random_model_dir("qwen2"))) if method == "full" else tiny  # full SFT: a fresh copy
+    owner = load_model(str(random_model_dir("qwen2"))) if method == "full" else tiny_qwen2  # full SFT: a fresh copy
     target = owner.bridge if method == "bridge" else ft.shared_hf_model(owner.bridge)
     name = "model.layers.1.self_attn.q_proj.weight"
     weight = ft._params_by_clean_name(target)[name]
     calls = {
-        "lora": lambda: ft.train_lora(tiny.bridge, 1, data["train"], STEPS, data["val"], progress=False),
-        "precise": lambda: ft.precise_sft(tiny.bridge, [(1, 0)], data["train"], STEPS, data["val"], mlps=[0],
+        "lora": lambda: ft.train_lora(tiny_qwen2.bridge, 1, data["train"], STEPS, data["val"], progress=False),
+        "precise": lambda: ft.precise_sft(tiny_qwen2.bridge, [(1, 0)], data["train"], STEPS, data["val"], mlps=[0],
                                           progress=False),
         "full": lambda: ft.full_sft(owner.bridge, data["train"], STEPS, data["val"], progress=False),
-        "bridge": lambda: ft.train_parameters(tiny.bridge, ft._Trainable({name: weight}), data["train"], STEPS,
+        "bridge": lambda: ft.train_parameters(tiny_qwen2.bridge, ft._Trainable({name: weight}), data["train"], STEPS,
                                               data["val"], progress=False),
     }
     saved, backup = _state(target), weight.detach().clone()
@@ -435,11 +425,11 @@ def _entry_point(method: str, tiny, data) -> Iterator[tuple[torch.nn.Module, Cal
 
 
 @pytest.mark.parametrize("method", ["lora", "precise", "full", "bridge"])
-def test_training_restores_grad_flags_and_modes(tiny, data, method):
+def test_training_restores_grad_flags_and_modes(tiny_qwen2, data, method):
     """LoRA, precise SFT, full SFT and the loop itself leave every parameter's
     ``requires_grad`` and ``.grad`` and every module's train/eval mode as they found them
     (the bridge's own parameters too: ``train_parameters`` on a bridge trains them)."""
-    with _entry_point(method, tiny, data) as (target, train):
+    with _entry_point(method, tiny_qwen2, data) as (target, train):
         before = _state(target)
         res = train()
         assert len(res[1]["history"] if method == "bridge" else res.history) == 2
@@ -448,7 +438,7 @@ def test_training_restores_grad_flags_and_modes(tiny, data, method):
 
 
 @pytest.mark.parametrize("method", ["lora", "precise", "full", "bridge"])
-def test_training_restores_state_on_error(tiny, data, method, monkeypatch):
+def test_training_restores_state_on_error(tiny_qwen2, data, method, monkeypatch):
     """An exception in the middle of training (here: the second batch's loss) leaves
     the flags, gradients and modes as they were, and LoRA's peft wrapping removed."""
     real, calls = ft.answer_loss, []
@@ -460,7 +450,7 @@ def test_training_restores_state_on_error(tiny, data, method, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ft, "answer_loss", failing_loss)
-    with _entry_point(method, tiny, data) as (target, train):
+    with _entry_point(method, tiny_qwen2, data) as (target, train):
         before = _state(target)
         names = [n for n, _ in target.named_parameters()]
         with pytest.raises(RuntimeError, match="boom"):
@@ -521,13 +511,13 @@ def test_curve_shape_and_bands():
     assert table.set_index("band").loc["shallow", "mean_gain_over_original"] == pytest.approx(0.4)
 
 
-def test_lora_cna_zero_change_and_guard(tiny):
-    cases = ft.yu_cna_cases(tiny.tokenizer, n_cases=4)
+def test_lora_cna_zero_change_and_guard(tiny_qwen2):
+    cases = ft.yu_cna_cases(tiny_qwen2.tokenizer, n_cases=4)
     assert cases.records[0].text.strip() == "3 + 5 ="
-    plain = ft.shared_hf_model(tiny.bridge)
+    plain = ft.shared_hf_model(tiny_qwen2.bridge)
     same = {"model.layers.1.self_attn.q_proj.weight": dict(plain.named_parameters())[
         "model.layers.1.self_attn.q_proj.weight"].detach().clone()}
-    rows, details = ft.lora_cna(tiny.bridge, cases, {"same": same}, ks=(5,), progress=False)
+    rows, details = ft.lora_cna(tiny_qwen2.bridge, cases, {"same": same}, ks=(5,), progress=False)
     assert set(rows["selection"]) == {"cna", "original"}
     assert np.allclose(rows.coef_increase, 0.0)
     per = details["per_case"]  # the ratio's parts per case give the table's increase back
@@ -538,22 +528,22 @@ def test_lora_cna_zero_change_and_guard(tiny):
     mlp = {"model.layers.1.mlp.down_proj.weight": dict(plain.named_parameters())[
         "model.layers.1.mlp.down_proj.weight"].detach().clone()}
     with pytest.raises(ValueError, match="attention only"):
-        ft.lora_cna(tiny.bridge, cases, {"mlp": mlp}, progress=False)
-    table = ft.coefficient_table(tiny.bridge, cases.subset([0]), {"original": None, "same": same}, [(1, 3), (0, 2)])
+        ft.lora_cna(tiny_qwen2.bridge, cases, {"mlp": mlp}, progress=False)
+    table = ft.coefficient_table(tiny_qwen2.bridge, cases.subset([0]), {"original": None, "same": same}, [(1, 3), (0, 2)])
     assert np.allclose(table.original, table.same)
     layer_of = {"same": 1}
     t10 = ft.band_increase_table(rows, layer_of, {"deep": [1]})
     assert list(t10.columns) == ["band", "layers", "n_models", "top5"]
 
 
-def test_full_sft_memory_guard(tiny, data, monkeypatch):
+def test_full_sft_memory_guard(tiny_qwen2, data, monkeypatch):
     monkeypatch.setattr(ft, "available_memory", lambda: 1024)
     with pytest.raises(MemoryError, match="GiB"):
-        ft.full_sft(tiny.bridge, data["train"], CFG, progress=False)
-    nbytes = sum(p.numel() * p.element_size() for p in ft.shared_hf_model(tiny.bridge).parameters())
+        ft.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False)
+    nbytes = sum(p.numel() * p.element_size() for p in ft.shared_hf_model(tiny_qwen2.bridge).parameters())
     # a copy of the weights to restore, gradients, and AdamW's two moments
-    assert ft.full_sft_memory(tiny.bridge, "adamw") == pytest.approx(1.1 * 4 * nbytes, rel=0.01)
-    assert ft.full_sft_memory(tiny.bridge, "sgd") == pytest.approx(1.1 * 2 * nbytes, rel=0.01)
+    assert ft.full_sft_memory(tiny_qwen2.bridge, "adamw") == pytest.approx(1.1 * 4 * nbytes, rel=0.01)
+    assert ft.full_sft_memory(tiny_qwen2.bridge, "sgd") == pytest.approx(1.1 * 2 * nbytes, rel=0.01)
 
 
 def test_make_optimizer_decays_only_the_decayed_parameters():
@@ -580,7 +570,7 @@ def test_cpu_scale_is_the_default_on_a_cpu_and_sized_for_a_five_point_interval()
     assert s["n_train"] > ft.SCALES["quick"]["n_train"] and s["n_val"] > 0 and s["lr_search"] != "none"
 
 
-def test_lr_is_chosen_on_the_validation_split(tiny, data, monkeypatch):
+def test_lr_is_chosen_on_the_validation_split(tiny_qwen2, data, monkeypatch):
     """Yu's lr grid is searched on the validation split: select_lr scores every lr there,
     and the table's val_accuracy is the chosen model's accuracy on it (not on the test)."""
     seen = []
@@ -591,9 +581,9 @@ def test_lr_is_chosen_on_the_validation_split(tiny, data, monkeypatch):
         return real(fit, lrs, val_set, evaluate_on)
 
     monkeypatch.setattr(ft, "select_lr", spy)
-    _, fitted, lr_table = ft.lora_layer_sweep(tiny.bridge, [1], data["train"], data["val"], data["test"], CFG,
+    _, fitted, lr_table = ft.lora_layer_sweep(tiny_qwen2.bridge, [1], data["train"], data["val"], data["test"], CFG,
                                               lrs=(1e-2, 1e-3), progress=False)
     assert len(seen) == 1 and seen[0] is data["val"]
     chosen = lr_table[lr_table.chosen].iloc[0]
-    on_val = ft.evaluate_weights(tiny.bridge, fitted[1].weights, {"val": data["val"]})["correct_full"].mean()
+    on_val = ft.evaluate_weights(tiny_qwen2.bridge, fitted[1].weights, {"val": data["val"]})["correct_full"].mean()
     assert chosen.val_accuracy == pytest.approx(on_val) and fitted[1].config.lr == chosen.lr

@@ -11,12 +11,13 @@ import arithlib.datasets as ds
 import arithlib.finetune as ft
 from arithlib.layer_inputs import LayerInputs
 from arithlib.models import load_model, random_model_dir
-from test_finetune import one_thread, tiny  # noqa: F401 (the same fixtures: one thread, a tiny Qwen2)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def test_set(tiny):
-    return ds.PromptSet.build(ft.yu_lora_data(n_train=0, n_test=24, seed=0, fewshot=2)["test"], tiny.tokenizer)
+def test_set(tiny_qwen2):
+    return ds.PromptSet.build(ft.yu_lora_data(n_train=0, n_test=24, seed=0, fewshot=2)["test"], tiny_qwen2.tokenizer)
 
 
 def changed(hf, layer: int) -> dict[str, torch.Tensor]:
@@ -27,8 +28,8 @@ def changed(hf, layer: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("share_prefix", [True, False])
-def test_late_start_equals_full_pass(tiny, test_set, share_prefix):
-    hf = ft.shared_hf_model(tiny.bridge)
+def test_late_start_equals_full_pass(tiny_qwen2, test_set, share_prefix):
+    hf = ft.shared_hf_model(tiny_qwen2.bridge)
     inputs = LayerInputs([1])
     with torch.no_grad():
         batches = ft.answer_batches(test_set, 8)
@@ -43,8 +44,8 @@ def test_late_start_equals_full_pass(tiny, test_set, share_prefix):
                 assert torch.equal(mask, late_mask) and torch.equal(full, late)
 
 
-def test_evaluate_weights_uses_the_first_changed_layer(tiny, test_set, monkeypatch):
-    hf = ft.shared_hf_model(tiny.bridge)
+def test_evaluate_weights_uses_the_first_changed_layer(tiny_qwen2, test_set, monkeypatch):
+    hf = ft.shared_hf_model(tiny_qwen2.bridge)
     assert ft.first_changed_layer(hf, None) == 2
     assert ft.first_changed_layer(hf, changed(hf, 1)) == 1
     assert ft.first_changed_layer(hf, {"model.embed_tokens.weight": None}) == 0
@@ -70,8 +71,8 @@ def test_evaluate_weights_uses_the_first_changed_layer(tiny, test_set, monkeypat
     assert set(starts) == {0} and len(inputs["test"]) == recorded
 
 
-def test_changed_model_records_only_below_its_change(tiny, test_set):
-    hf = ft.shared_hf_model(tiny.bridge)
+def test_changed_model_records_only_below_its_change(tiny_qwen2, test_set):
+    hf = ft.shared_hf_model(tiny_qwen2.bridge)
     inputs = {"test": LayerInputs([1])}
     ft.evaluate_weights(hf, changed(hf, 0), {"test": test_set}, 8, inputs=inputs, unchanged_below=2)
     assert len(inputs["test"]) == 0  # block 0 differs: the stream entering block 1 is not the reference's
@@ -89,12 +90,12 @@ def test_other_architectures_run_in_full(test_set):
     assert a.equals(ft.evaluate_weights(hf, None, {"test": ps}, 8))
 
 
-def test_lora_training_from_recorded_stream_gives_the_same_weights(tiny):
+def test_lora_training_from_recorded_stream_gives_the_same_weights(tiny_qwen2):
     """LoRA on block 1: its training batches start at block 1 from the stream recorded by
     an earlier run (the deeper-first order of lora_layer_sweep), with the same weights
     and losses bit for bit."""
-    hf = ft.shared_hf_model(tiny.bridge)
-    train = ds.PromptSet.build(ft.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], tiny.tokenizer)
+    hf = ft.shared_hf_model(tiny_qwen2.bridge)
+    train = ds.PromptSet.build(ft.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], tiny_qwen2.tokenizer)
     cfg = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
     inputs = LayerInputs([1])
     ft.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)  # records
@@ -105,10 +106,10 @@ def test_lora_training_from_recorded_stream_gives_the_same_weights(tiny):
     assert all(torch.equal(late.weights[n], full.weights[n]) for n in full.weights)
 
 
-def test_dropout_in_training_runs_in_full(tiny):
+def test_dropout_in_training_runs_in_full(tiny_qwen2):
     from arithlib.layer_inputs import can_start_late
 
-    hf = ft.shared_hf_model(tiny.bridge)
+    hf = ft.shared_hf_model(tiny_qwen2.bridge)
     assert can_start_late(hf)
     hf.train()
     try:
@@ -120,26 +121,26 @@ def test_dropout_in_training_runs_in_full(tiny):
         hf.eval()
 
 
-def test_precise_sft_and_its_row_from_recorded_streams(tiny, test_set):
+def test_precise_sft_and_its_row_from_recorded_streams(tiny_qwen2, test_set):
     """Precise SFT of heads in block 1 trains from block 1 on; its evaluation row (math
     sets) starts there too; both equal the full passes."""
-    hf = ft.shared_hf_model(tiny.bridge)
-    train = ds.PromptSet.build(ft.yu_lora_data(n_train=16, n_test=0, seed=1, fewshot=2)["train"], tiny.tokenizer)
+    hf = ft.shared_hf_model(tiny_qwen2.bridge)
+    train = ds.PromptSet.build(ft.yu_lora_data(n_train=16, n_test=0, seed=1, fewshot=2)["train"], tiny_qwen2.tokenizer)
     cfg = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
     train_inputs, eval_inputs = LayerInputs([1]), {"test": LayerInputs([1])}
-    ft.evaluate_method(hf, tiny.tokenizer, None, {"test": test_set}, inputs=eval_inputs)  # the original records
+    ft.evaluate_method(hf, tiny_qwen2.tokenizer, None, {"test": test_set}, inputs=eval_inputs)  # the original records
     ft.train_lora(hf, 1, train, cfg, progress=False, inputs=train_inputs)               # so does this run
     late = ft.precise_sft(hf, [(1, 0)], train, cfg, progress=False, inputs=train_inputs)
     full = ft.precise_sft(hf, [(1, 0)], train, cfg, progress=False)
     assert all(torch.equal(late.weights[n], full.weights[n]) for n in full.weights)
-    row_late = ft.evaluate_method(hf, tiny.tokenizer, late.weights, {"test": test_set}, inputs=eval_inputs)
-    row_full = ft.evaluate_method(hf, tiny.tokenizer, late.weights, {"test": test_set})
+    row_late = ft.evaluate_method(hf, tiny_qwen2.tokenizer, late.weights, {"test": test_set}, inputs=eval_inputs)
+    row_full = ft.evaluate_method(hf, tiny_qwen2.tokenizer, late.weights, {"test": test_set})
     assert row_late == row_full
 
 
-def test_memory_cap_keeps_results(tiny, test_set):
+def test_memory_cap_keeps_results(tiny_qwen2, test_set):
     """Past ``max_bytes`` nothing more is recorded and those batches run in full."""
-    hf = ft.shared_hf_model(tiny.bridge)
+    hf = ft.shared_hf_model(tiny_qwen2.bridge)
     capped = {"test": LayerInputs([1], max_bytes=1)}
     ft.evaluate_weights(hf, None, {"test": test_set}, 8, inputs=capped)
     assert len(capped["test"]) == 0 and capped["test"].nbytes == 0
@@ -151,7 +152,7 @@ def test_memory_cap_keeps_results(tiny, test_set):
 def test_lora_epochs_reuse_one_recording_and_equal_full_passes(arch):
     """Two epochs of LoRA on block 1 record the frozen stream once per batch (the same
     batches every epoch, ``epoch_batches``), and training from it gives the weights and
-    losses of full forward+backward passes bit for bit (tiny random Qwen2 and Llama)."""
+    losses of full forward+backward passes bit for bit (tiny_qwen2 random Qwen2 and Llama)."""
     model = load_model(str(random_model_dir(arch)))
     hf = ft.shared_hf_model(model.bridge)
     train = ds.PromptSet.build(ft.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], model.tokenizer)

@@ -7,7 +7,6 @@ the original."""
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 import torch
 
@@ -20,12 +19,7 @@ from arithlib.models import load_model, random_model_dir
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama", "gpt2", "gpt_neox"])
@@ -118,7 +112,7 @@ def test_original_untouched_and_weights_shared(qwen):
 def test_parameter_counts(tiny):
     keep = _some_keep(tiny)
     pruned = P.prune_ffn(tiny.bridge, keep)
-    d, arch = tiny.info.d_model, tiny.info.architecture
+    d = tiny.info.d_model
     removed = sum(P.ffn_width(tiny.bridge, l) - len(idx) for l, idx in keep.items())
     # per neuron: gated MLPs have a gate row, an up row and a down column (no biases in
     # Qwen2/Llama); GPT-2 / NeoX an fc_in row with its bias and an fc_out column
