@@ -606,7 +606,7 @@ def without_early(neurons: Sequence[Neuron], min_layer: int) -> list[Neuron]:
     return [(l, n) for l, n in neurons if l >= min_layer]
 
 
-def screen_recall(result: C.CNAResult, biased: pd.DataFrame, ks: Sequence[int], n_candidates: int,
+def candidate_screen_recall(result: C.CNAResult, biased: pd.DataFrame, ks: Sequence[int], n_candidates: int,
                   n_aggregate: int, layers: Sequence[int] | None = None) -> pd.DataFrame:
     """How much the two-stage screen (:func:`screen_candidates` with ``n_candidates`` per
     case and ``n_aggregate`` pooled) misses, measured against the exact importance of
@@ -624,7 +624,7 @@ def screen_recall(result: C.CNAResult, biased: pd.DataFrame, ks: Sequence[int], 
     L = result.importance_a.shape[1]
     layers = list(range(L)) if layers is None else sorted(set(layers))
     if not torch.isfinite(result.importance_a[:, layers]).all():
-        raise ValueError("screen_recall needs the exact importance of every neuron of the layers it measures "
+        raise ValueError("candidate_screen_recall needs the exact importance of every neuron of the layers it measures "
                          "(gender_cna(n_candidates=None) or exact_layers=layers)")
     groups = list(biased.bias_gender)
     mask = screen_candidates(result.approx_change, n_candidates, n_aggregate, groups)

@@ -15,15 +15,14 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from .paths import REPO_ROOT
+
 #: Packages whose version can change a table or a figure (the cache key's list).
 COMPUTE_PACKAGES = ("torch", "transformers", "tokenizers", "transformer-lens", "peft", "accelerate",
                     "safetensors", "gguf", "numpy", "scipy", "scikit-learn", "pandas", "matplotlib",
                     "seaborn", "papermill")
 #: The ones a report names.
 KEY_PACKAGES = ("torch", "transformers", "transformer-lens", "peft", "numpy")
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
 
 def package_versions(packages: tuple[str, ...] = COMPUTE_PACKAGES) -> dict[str, str | None]:
     """Installed version of each package (None where it is not installed)."""

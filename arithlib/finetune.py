@@ -23,7 +23,7 @@ Design
 * **Loss on the answer tokens only**, teacher-forced ("3-5=" -> "-2": every answer token
   given its predecessors). Batches keep few-shot prefix groups (same operator and
   template) together; each group's shared prefix is run once per batch and its keys and
-  values are gathered for its rows (:func:`answer_logits`; gradients flow through
+  values are gathered for its rows (:func:`teacher_forced_logits`; gradients flow through
   them), so a batch spanning several small groups still computes each prefix once; the
   rest of every row is right-padded (padding masked out, positions those of the
   unpadded text); logits are computed only at the answer positions. Tested equal to a
@@ -404,7 +404,7 @@ def epoch_batches(prompts: PromptSet, batch_size: int, seed: int, epoch: int) ->
 
 def _row_prefix_lengths(prompts: PromptSet, index: Sequence[int], seqs: Sequence[Sequence[int]],
                         starts: Sequence[int]) -> list[int]:
-    """Tokens of each row run in the prefix pass of :func:`answer_logits`: rows of one
+    """Tokens of each row run in the prefix pass of :func:`teacher_forced_logits`: rows of one
     few-shot prefix group (:func:`_prefix_key`) share the tokens common to all of them;
     a row alone in its group runs its whole prompt but the last token there. Never past
     a row's ``start`` (the position predicting its first answer token)."""
@@ -430,8 +430,8 @@ def _padded(rows: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.
     return ids.to(device), mask.to(device)
 
 
-def answer_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 0, share_prefix: bool = True,
-                  inputs: LayerInputs | None = None, same_below: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_forced_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 0, share_prefix: bool = True,
+                          inputs: LayerInputs | None = None, same_below: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced logits at the answer positions of prompts ``index``: row i reads
     prompt + answer and gives the logits predicting each answer token (and, with
     ``extra=1``, the token after the answer). Returns ``(logits [B, A, vocab] float32,
@@ -511,9 +511,9 @@ def _answer_targets(prompts: PromptSet, index: Sequence[int], A: int, device) ->
 def answer_loss(model, prompts: PromptSet, index: Sequence[int], share_prefix: bool = True,
                 inputs: LayerInputs | None = None, same_below: int = 0) -> torch.Tensor:
     """Mean cross-entropy over the answer tokens of prompts ``index`` (teacher forcing;
-    prompt tokens carry no loss). ``inputs``, ``same_below``: as in :func:`answer_logits`
+    prompt tokens carry no loss). ``inputs``, ``same_below``: as in :func:`teacher_forced_logits`
     (the blocks below ``same_below`` must have no trainable parameter)."""
-    logits, _ = answer_logits(model, prompts, index, extra=0, share_prefix=share_prefix, inputs=inputs,
+    logits, _ = teacher_forced_logits(model, prompts, index, extra=0, share_prefix=share_prefix, inputs=inputs,
                               same_below=same_below)
     targets = _answer_targets(prompts, index, logits.shape[1], logits.device)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
@@ -528,7 +528,7 @@ def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: b
     and the next token does not continue the number: greedy decoding's verdict),
     ``answer_logprob`` (log p of the whole answer) and ``first_logprob``; with the
     prompt's fields (``op``, ``template_id``, ``a``, ``b``, ``answer``, ``family``).
-    ``share_prefix``, ``inputs`` and ``same_below``: as in :func:`answer_logits`."""
+    ``share_prefix``, ``inputs`` and ``same_below``: as in :func:`teacher_forced_logits`."""
     hf = _hf(model)
     was_training = hf.training
     hf.eval()
@@ -539,7 +539,7 @@ def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: b
     logprob = np.zeros(n)
     first_lp = np.zeros(n)
     for index in tqdm(answer_batches(prompts, batch_size), desc=desc, disable=not progress, leave=False):
-        logits, mask = answer_logits(hf, prompts, index, extra=1, share_prefix=share_prefix, inputs=inputs,
+        logits, mask = teacher_forced_logits(hf, prompts, index, extra=1, share_prefix=share_prefix, inputs=inputs,
                                      same_below=same_below)
         answers = [prompts.answer_ids[i] for i in index]
         target = torch.zeros(mask.shape, dtype=torch.long)  # answer ids, padded with 0 (masked out below)
@@ -718,7 +718,7 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
     one reference model, which ``model`` equals below block ``unchanged_below`` (None:
     everywhere) apart from the trained parameters; the forward passes start at the
     highest block recorded there below both (:func:`first_changed_layer` of the
-    trained parameters), as in :func:`answer_logits`: the same steps and weights bit
+    trained parameters), as in :func:`teacher_forced_logits`: the same steps and weights bit
     for bit (training batches depend on the config's seed only). Every parameter's
     ``requires_grad`` and ``.grad`` and every module's train/eval mode are as before
     on return, and on an error (:func:`_training_state`)."""
@@ -854,12 +854,12 @@ def _cached(cache_dir: str | Path | None, key: dict, build: Callable[[Path | Non
 #: Version of the training code in every cache key: 3 = AdamW's fused kernel (rounds
 #: differently from format 2's single-tensor loop); 4 = batches of the same prompts in
 #: every epoch, reordered per epoch (:func:`epoch_batches`).
-CACHE_FORMAT = 4
+TRAINING_CACHE_FORMAT = 4
 
 
 def _base_key(model, method: str, train_set: PromptSet, val_set: PromptSet | None, config: TrainConfig) -> dict:
     return {"method": method, "model": model_fingerprint(model), "train": data_fingerprint(train_set),
-            "val": data_fingerprint(val_set), "config": asdict(config), "format": CACHE_FORMAT}
+            "val": data_fingerprint(val_set), "config": asdict(config), "format": TRAINING_CACHE_FORMAT}
 
 
 # --------------------------------------------------------------------------- LoRA

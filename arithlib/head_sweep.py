@@ -33,7 +33,7 @@ finds, from an exact sweep of every head on that setting.
 On a 2-core CPU the sweep of Qwen2.5-0.5B takes hours, longer than a working session:
 with ``cache_dir`` (a folder or a :class:`~arithlib.stored.Store`) every batch's rows are
 stored as they are computed (keyed by the model's weights, the batch's tokens, the heads,
-the device, dtype and torch threads, and :data:`CACHE_FORMAT`), so a run that is stopped
+the device, dtype and torch threads, and :data:`SWEEP_CACHE_FORMAT`), so a run that is stopped
 resumes where it stopped, with the same numbers.
 """
 
@@ -61,7 +61,7 @@ from .stored import Store
 MAX_TOKENS = 8192
 
 #: Version of the cached batch rows; raise it when the engine's numbers change.
-CACHE_FORMAT = 1
+SWEEP_CACHE_FORMAT = 1
 
 #: Columns of a per-(head, prompt) sweep table.
 ROW_COLUMNS = ["prompt", "op", "n_digits", "layer", "head", "correct", "clean_correct", "answer_logit",
@@ -153,7 +153,7 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
 def _batch_key(model_fp: str, model, batch, heads: Sequence[Head]) -> str:
     """Cache key of one batch's rows (module docstring)."""
     p = next(iter(model.parameters()))
-    return fingerprint({"what": "exact_head_sweep batch", "format": CACHE_FORMAT, "model": model_fp,
+    return fingerprint({"what": "exact_head_sweep batch", "format": SWEEP_CACHE_FORMAT, "model": model_fp,
                         "tokens": tensor_fingerprint(batch.tokens, batch.answer_ids, torch.as_tensor(batch.index)),
                         "heads": [list(h) for h in heads], "device": str(p.device), "dtype": str(p.dtype),
                         "threads": torch.get_num_threads()})

@@ -432,7 +432,7 @@ def prompt_ablation(runner: N.AnswerPositionRunner, per_prompt: Sequence[Sequenc
         randoms.append(rng.sample(pool, min(len(own), len(pool))))
     d_mlp = means.shape[-1]
     full, heur, rand = (N.correct_first(x, runner.answers) for x in runner.logits_many(
-        [None] + [N.masked_mean_hooks(N.neuron_masks(sets, layers, d_mlp), means, layers) for sets in (per_prompt, randoms)]))
+        [None] + [N.masked_mean_hooks(N.prompt_neuron_masks(sets, layers, d_mlp), means, layers) for sets in (per_prompt, randoms)]))
     frame = runner.prompts.to_frame()[["op", "a", "b", "answer"]]
     return frame.assign(n_assoc_neurons=[len(x) for x in per_prompt], correct_full=full.numpy(),
                         correct_heuristic_ablated=heur.numpy(), correct_random_ablated=rand.numpy())
@@ -585,7 +585,7 @@ def classify_circuit(an: OperatorAnalysis, layers: Sequence[int], k_per_layer: i
     neurons against it (and against shuffled activations for the chance level). In place."""
     if an.scores is None:
         raise ValueError("run attribute() first")
-    an.circuit = N.top_neurons(an.scores, layers, k_per_layer)
+    an.circuit = N.top_neurons_per_layer(an.scores, layers, k_per_layer)
     recs = an.grid.records
     ops = [r.a for r in recs] + [r.b for r in recs]
     res = [r.answer for r in recs]

@@ -408,7 +408,7 @@ def neuron_scores(attr: torch.Tensor) -> torch.Tensor:
     return attr.abs().mean(0)
 
 
-def top_neurons(scores: torch.Tensor, layers: Sequence[int], k: int) -> list[Neuron]:
+def top_neurons_per_layer(scores: torch.Tensor, layers: Sequence[int], k: int) -> list[Neuron]:
     """The ``k`` highest-scoring neurons of each layer (``scores`` [L, d_mlp])."""
     if not 0 <= k <= scores.shape[-1]:
         raise ValueError(f"k must be in 0..{scores.shape[-1]}, got {k}")
@@ -493,7 +493,7 @@ def faithfulness_curve(runner: AnswerPositionRunner, scores: torch.Tensor, layer
     d_mlp = means.shape[-1]
     cache = runner_means(means, layers)
     ks = [int(k) for k in ks]
-    circuits = [top_neurons(scores, layers, k) for k in ks]
+    circuits = [top_neurons_per_layer(scores, layers, k) for k in ks]
     rests = [complement(c, layers, d_mlp) for c in circuits]
     run = [i for i, (c, r) in enumerate(zip(circuits, rests)) if c and r]   # others are the two references
     conditions = [None, mean_neurons_hooks(complement([], layers, d_mlp), cache, position=-1)]
@@ -539,7 +539,7 @@ def masked_mean_hooks(masks: dict[int, torch.Tensor], means: torch.Tensor, layer
     return factory
 
 
-def neuron_masks(per_prompt: Sequence[Iterable[Neuron]], layers: Sequence[int], d_mlp: int) -> dict[int, torch.Tensor]:
+def prompt_neuron_masks(per_prompt: Sequence[Iterable[Neuron]], layers: Sequence[int], d_mlp: int) -> dict[int, torch.Tensor]:
     """Bool masks {layer: [N, d_mlp]} from a list (one entry per prompt) of neuron sets."""
     masks = {int(x): torch.zeros(len(per_prompt), d_mlp, dtype=torch.bool) for x in layers}
     for i, neurons in enumerate(per_prompt):

@@ -88,10 +88,9 @@ DEFAULT_SHARES: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2)
 #: judged CPU scale, notebook 05's default there): 12 cases per operator, 3 random seeds
 #: at 5 % (the report's interval resamples them), the sweep before fine-tuning only (one
 #: random seed per share): about 20 evaluations on notebook 05's 385 test sentences and 4
-#: LoRA trainings of 32 steps (512 sentences) from the reference layer's recorded stream,
-#: estimated at about 45 minutes on one thread for Qwen2.5-0.5B (from measured step
-#: times, benchmarks/RESULTS.md). "quick": a smoke test of every section (seconds on the
-#: toy model), never judged.
+#: LoRA trainings of 32 steps (512 sentences) from the reference layer's recorded stream
+#: (the README gives the measured time per model). "quick": a smoke test of every section
+#: (seconds on the toy model), never judged.
 SCALES: dict[str, dict] = {
     "paper": dict(cases_per_op=None, n_candidates=1000, random_seeds=3, sweep_seeds=3, sweep_lora=True,
                   lr_search=True, timing_batch=32, timing_repeats=10),
@@ -102,7 +101,7 @@ SCALES: dict[str, dict] = {
 }
 
 
-def scale_settings(scale: str) -> dict:
+def pruning_scale(scale: str) -> dict:
     """Notebook 06's sizes for a resolved scale name (``finetune.scale_settings(...)["scale"]``)."""
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {sorted(SCALES)}, got {scale!r}")

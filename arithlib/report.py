@@ -1196,7 +1196,7 @@ def smoke_test_reason(finding: Finding, tables: Tables) -> str | None:
     return None
 
 
-def evaluate(finding: Finding, tables: Tables) -> Outcome:
+def judge(finding: Finding, tables: Tables) -> Outcome:
     """Apply one finding to a folder; a missing table or a skipped study is 'not run', an
     exception in the computation is 'error' (also printed to stderr), and numbers measured
     at smoke-test sizes (:func:`smoke_test_reason`) are shown but 'not judged'."""
@@ -1217,7 +1217,7 @@ def findings_table(fig_dir: str | os.PathLike) -> pd.DataFrame:
     tables = Tables(fig_dir)
     rows = []
     for f in FINDINGS:
-        out = evaluate(f, tables)
+        out = judge(f, tables)
         value = next(iter(out.metrics.values()), float("nan"))
         ci = out.interval
         rows.append({"id": f.id, "paper": PAPERS[f.paper], "where": f.where, "notebook": f.notebook, "claim": f.claim,
@@ -1329,7 +1329,7 @@ def notebook_verdicts(fig_dir: str | os.PathLike, notebook: str) -> list[str]:
     tables = Tables(fig_dir)
     return [f"- Report verdict, **{f.id}** ({PAPERS_SHORT[f.paper]}, {f.where}): **{out.verdict}**: {out.ours}. "
             f"Rule: {f.rule}. Paper: {f.paper_number}."
-            for f in FINDINGS if f.notebook == notebook for out in [evaluate(f, tables)]]
+            for f in FINDINGS if f.notebook == notebook for out in [judge(f, tables)]]
 
 
 def notebook_anchor(nb: str) -> str:

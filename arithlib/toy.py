@@ -658,7 +658,7 @@ def _train(cfg: ToyConfig, out_dir: Path, progress: bool, evaluate: bool) -> Non
 # --------------------------------------------------------------------------- evaluation
 
 
-def fewshot_prefix(op: str) -> str:
+def eval_prefix(op: str) -> str:
     """The two-example prefix used for few-shot evaluation, e.g. ``"3+4=7\\n8+1=9\\n"``.
 
     Operands as in data/templates.json (``fewshot_operands``).
@@ -755,7 +755,7 @@ def toy_accuracy(
 def toy_accuracy_table(
     model: Any, tokenizer: PreTrainedTokenizerFast, cfg: ToyConfig
 ) -> dict[str, dict[str, float]]:
-    """Accuracy per operator on train and held-out pairs, bare and after :func:`fewshot_prefix`.
+    """Accuracy per operator on train and held-out pairs, bare and after :func:`eval_prefix`.
 
     Keys ``"+"`` ... ``"/"``; values ``{"train", "heldout", "all", "train_fewshot",
     "heldout_fewshot", "all_fewshot"}``.
@@ -763,7 +763,7 @@ def toy_accuracy_table(
     table: dict[str, dict[str, float]] = {}
     for op, (train, held) in split_pairs(cfg).items():
         row: dict[str, float] = {}
-        for suffix, prefix in (("", ""), ("_fewshot", fewshot_prefix(op))):
+        for suffix, prefix in (("", ""), ("_fewshot", eval_prefix(op))):
             tr = toy_accuracy(model, tokenizer, op, train, prefix)
             he = toy_accuracy(model, tokenizer, op, held, prefix)
             row["train" + suffix] = round(tr, 4)

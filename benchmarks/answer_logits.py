@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Benchmark: the teacher-forced answer pass of notebooks 05 and 06
-(``arithlib.finetune.answer_logits``) with each few-shot group's prefix run once per
+(``arithlib.finetune.teacher_forced_logits``) with each few-shot group's prefix run once per
 batch (``share_prefix=True``, the default) against every row's whole prompt
 (``share_prefix=False``), on the test and training sets of notebook 05's quick scale
 (Yu's 2-digit prompts, 2-shot, 4 templates x 3 operators: groups of a few prompts, so

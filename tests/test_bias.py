@@ -363,16 +363,16 @@ def test_gender_cna_exact_screen_recall_and_layers(tiny):
     biased = pd.DataFrame({"token_id": [5, 17, 40], "token": ["x", "y", "z"], "bias_gender": ["woman", "man", "woman"]})
     res = B.gender_cna(b, tok, biased, progress=False)
     assert res.mode == "exact" and torch.isfinite(res.importance_a).all()
-    rec = B.screen_recall(res, biased, [2, 4], n_candidates=2, n_aggregate=0)
+    rec = B.candidate_screen_recall(res, biased, [2, 4], n_candidates=2, n_aggregate=0)
     per_case = rec[rec.case != "pooled (edit set)"]
     assert len(per_case) == 6 and (per_case[per_case.k == 2].recall == 1.0).all()  # a case's top-2 are its candidates
     pooled = rec[rec.case == "pooled (edit set)"]
     assert list(pooled.k) == [2, 4] and pooled.edit_set_overlap.between(0, 1).all()
-    full = B.screen_recall(res, biased, [4], n_candidates=res.importance_a[0].numel(), n_aggregate=0)
+    full = B.candidate_screen_recall(res, biased, [4], n_candidates=res.importance_a[0].numel(), n_aggregate=0)
     assert (full.recall == 1.0).all() and (full.dropna().edit_set_overlap == 1.0).all()
     screened = B.gender_cna(b, tok, biased, n_candidates=2, n_aggregate=0, progress=False)
     with pytest.raises(ValueError, match="exact importance of every neuron"):
-        B.screen_recall(screened, biased, [2], 2, 0)
+        B.candidate_screen_recall(screened, biased, [2], 2, 0)
     # the edit set without the early layers
     groups = list(biased.bias_gender)
     late = B.bias_neurons(res, 4, groups=groups, min_layer=1)
@@ -458,9 +458,9 @@ def test_screen_recall_on_a_subset_of_layers(tiny):
     full = B.gender_cna(b, tok, biased, progress=False)
     part = B.gender_cna(b, tok, biased, n_candidates=2, n_aggregate=0, exact_layers=[1], progress=False)
     assert torch.isfinite(part.importance_a[:, 1]).all() and not torch.isfinite(part.importance_a[:, 0]).all()
-    a = B.screen_recall(part, biased, [2, 3], 2, 0, layers=[1])
-    ref = B.screen_recall(full, biased, [2, 3], 2, 0, layers=[1])
+    a = B.candidate_screen_recall(part, biased, [2, 3], 2, 0, layers=[1])
+    ref = B.candidate_screen_recall(full, biased, [2, 3], 2, 0, layers=[1])
     pd.testing.assert_frame_equal(a, ref, atol=1e-5)
     assert (a.layers == "1").all() and (a.n_neurons == tiny.info.d_mlp).all()
     with pytest.raises(ValueError, match="layers it measures"):
-        B.screen_recall(part, biased, [2], 2, 0, layers=[0])
+        B.candidate_screen_recall(part, biased, [2], 2, 0, layers=[0])

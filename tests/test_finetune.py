@@ -112,12 +112,12 @@ def test_answer_batches_keep_groups_together(data):
 # --------------------------------------------------------------------------- forward and accuracy
 
 
-def test_answer_logits_match_full_forward(tiny_qwen2, data):
+def test_teacher_forced_logits_match_full_forward(tiny_qwen2, data):
     plain = ft.shared_hf_model(tiny_qwen2.bridge)
     ps = data["train"]
     index = max(ft.answer_batches(ps, 8), key=len)
     with torch.no_grad():
-        shared, mask = ft.answer_logits(plain, ps, index, extra=1)
+        shared, mask = ft.teacher_forced_logits(plain, ps, index, extra=1)
         for row, i in enumerate(index):
             seq = torch.tensor([ps.input_ids[i] + ps.answer_ids[i]])
             full = plain(seq).logits[0].float()
@@ -127,7 +127,7 @@ def test_answer_logits_match_full_forward(tiny_qwen2, data):
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "mistral", "gptj", "gpt_neox", "gpt2"])
-def test_answer_logits_across_prefix_groups(arch):
+def test_teacher_forced_logits_across_prefix_groups(arch):
     """A batch spanning several few-shot groups (one of them a single prompt): each
     group's prefix runs once, the rows' rest on top of it, and every row's logits and
     gradients equal its own plain forward pass."""
@@ -149,9 +149,9 @@ def test_answer_logits_across_prefix_groups(arch):
     flag = weight.requires_grad
     weight.requires_grad_(True)
     try:
-        shared, mask = ft.answer_logits(plain, ps, index, extra=1)
+        shared, mask = ft.teacher_forced_logits(plain, ps, index, extra=1)
         grad_shared, = torch.autograd.grad(shared[mask].sum(), weight)
-        ref, ref_mask = ft.answer_logits(plain, ps, index, extra=1, share_prefix=False)
+        ref, ref_mask = ft.teacher_forced_logits(plain, ps, index, extra=1, share_prefix=False)
         grad_ref, = torch.autograd.grad(ref[ref_mask].sum(), weight)
     finally:
         weight.requires_grad_(flag)

@@ -34,12 +34,12 @@ def test_late_start_equals_full_pass(tiny_qwen2, test_set, share_prefix):
     with torch.no_grad():
         batches = ft.answer_batches(test_set, 8)
         for index in batches:  # the reference run records the stream entering block 1
-            ft.answer_logits(hf, test_set, index, extra=1, share_prefix=share_prefix, inputs=inputs, same_below=2)
+            ft.teacher_forced_logits(hf, test_set, index, extra=1, share_prefix=share_prefix, inputs=inputs, same_below=2)
         assert len(inputs) == len(batches)
         with ft.use_weights(hf, changed(hf, 1)):
             for index in batches:
-                full, mask = ft.answer_logits(hf, test_set, index, extra=1, share_prefix=share_prefix)
-                late, late_mask = ft.answer_logits(hf, test_set, index, extra=1, share_prefix=share_prefix,
+                full, mask = ft.teacher_forced_logits(hf, test_set, index, extra=1, share_prefix=share_prefix)
+                late, late_mask = ft.teacher_forced_logits(hf, test_set, index, extra=1, share_prefix=share_prefix,
                                                    inputs=inputs, same_below=1)
                 assert torch.equal(mask, late_mask) and torch.equal(full, late)
 

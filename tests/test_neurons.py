@@ -83,7 +83,7 @@ def test_attribution_approximates_exact_ablation(tiny, setup):
     cand = N.number_token_ids(tiny.tokenizer, 9)
     attr = N.neuron_attribution(runner, layers, means=means, candidates=cand)
     assert attr.shape == (len(runner), 2, tiny.info.d_mlp)
-    top = N.top_neurons(N.neuron_scores(attr[:, 1:]), [1], 6)
+    top = N.top_neurons_per_layer(N.neuron_scores(attr[:, 1:]), [1], 6)
     exact = N.exact_neuron_effects(runner, top, layers, means, cand)
     approx = np.array([float(attr[:, 1, k].mean()) for _, k in top])
     assert np.corrcoef(approx, exact["effect"].to_numpy())[0, 1] > 0.95
@@ -159,18 +159,18 @@ def test_normalised_logit_faithfulness_arithmetic():
 
 def test_top_neurons_and_errors():
     scores = torch.tensor([[0.1, 0.9, 0.5], [0.3, 0.2, 0.8]])
-    assert N.top_neurons(scores, [4, 7], 2) == [(4, 1), (4, 2), (7, 0), (7, 2)]
+    assert N.top_neurons_per_layer(scores, [4, 7], 2) == [(4, 1), (4, 2), (7, 0), (7, 2)]
     with pytest.raises(ValueError):
-        N.top_neurons(scores, [4, 7], 4)
+        N.top_neurons_per_layer(scores, [4, 7], 4)
     with pytest.raises(ValueError):
-        N.top_neurons(scores, [4], 1)
+        N.top_neurons_per_layer(scores, [4], 1)
 
 
 def test_masked_hooks_ablate_per_prompt(tiny, setup):
     runner, layers, acts, means = setup
     n = len(runner)
     per_prompt = [[(1, i % 7), (0, 2)] if i % 2 else [] for i in range(n)]
-    got = runner.logits(N.masked_mean_hooks(N.neuron_masks(per_prompt, layers, tiny.info.d_mlp), means, layers))
+    got = runner.logits(N.masked_mean_hooks(N.prompt_neuron_masks(per_prompt, layers, tiny.info.d_mlp), means, layers))
     base = runner.logits()
     cache = N.runner_means(means, layers)
     for i in (0, 1, 3):
@@ -186,7 +186,7 @@ def test_logits_many_equals_separate_passes(tiny, setup):
     cache = N.runner_means(means, layers)
     per_prompt = [[(1, i % 7)] if i % 3 else [(0, 2), (1, 9)] for i in range(len(runner))]
     conditions = [None, A.mean_neurons_hooks([(0, 3), (1, 5)], cache, position=-1), [],
-                  N.masked_mean_hooks(N.neuron_masks(per_prompt, layers, tiny.info.d_mlp), means, layers),
+                  N.masked_mean_hooks(N.prompt_neuron_masks(per_prompt, layers, tiny.info.d_mlp), means, layers),
                   A.mean_neurons_hooks(N.complement([], layers, tiny.info.d_mlp), cache, position=-1)]
     separate = [runner.logits(c) for c in conditions]
     for max_rows in (16, 10_000):   # one condition per pass (batches of up to 16 prompts), all in one pass

@@ -63,7 +63,7 @@ def _per_prompt_correct(n: int, rate: float) -> list[bool]:
 
 def _outcome(finding_id: str, d: Path) -> R.Outcome:
     finding = next(f for f in R.FINDINGS if f.id == finding_id)
-    return R.evaluate(finding, R.Tables(d))
+    return R.judge(finding, R.Tables(d))
 
 
 # --------------------------------------------------------------------------- rules at their thresholds

@@ -261,7 +261,7 @@ def test_default_toy_model_does_two_digit_addition_and_subtraction():
     split = split_pairs(cfg)
     for op in ("+", "-"):
         train, held = split[op]
-        for prefix in ("", toy.fewshot_prefix(op)):
+        for prefix in ("", toy.eval_prefix(op)):
             acc_train = toy_accuracy(model, tok, op, train, prefix)
             acc_held = toy_accuracy(model, tok, op, held, prefix)
             acc_all = (acc_train * len(train) + acc_held * len(held)) / (len(train) + len(held))
