@@ -607,7 +607,7 @@ def without_early(neurons: Sequence[Neuron], min_layer: int) -> list[Neuron]:
 
 
 def candidate_screen_recall(result: C.CNAResult, biased: pd.DataFrame, ks: Sequence[int], n_candidates: int,
-                  n_aggregate: int, layers: Sequence[int] | None = None) -> pd.DataFrame:
+                            n_aggregate: int, layers: Sequence[int] | None = None) -> pd.DataFrame:
     """How much the two-stage screen (:func:`screen_candidates` with ``n_candidates`` per
     case and ``n_aggregate`` pooled) misses, measured against the exact importance of
     every neuron (``result`` from :func:`gender_cna` with ``n_candidates=None``).

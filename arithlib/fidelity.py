@@ -10,8 +10,8 @@ tokenizer, a few-shot prefix for instruct models, fewer layers so layer indices 
 scaled by depth). A value the params do not hold (an older run, a renamed key) reads
 "not recorded"; nothing here raises on a folder.
 
-Only the fine-tuning scale (notebooks 05 and 08) reads :mod:`arithlib.finetune` (its ``SCALES``), lazily, as
-``report.smoke_test_reason`` does.
+Only the fine-tuning scale (notebooks 05 and 08) reads :mod:`arithlib.finetune` (its
+``SCALES``), lazily, as ``report.smoke_test_reason`` does.
 """
 
 from __future__ import annotations

@@ -514,7 +514,7 @@ def answer_loss(model, prompts: PromptSet, index: Sequence[int], share_prefix: b
     prompt tokens carry no loss). ``inputs``, ``same_below``: as in :func:`teacher_forced_logits`
     (the blocks below ``same_below`` must have no trainable parameter)."""
     logits, _ = teacher_forced_logits(model, prompts, index, extra=0, share_prefix=share_prefix, inputs=inputs,
-                              same_below=same_below)
+                                      same_below=same_below)
     targets = _answer_targets(prompts, index, logits.shape[1], logits.device)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
 
@@ -539,8 +539,8 @@ def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: b
     logprob = np.zeros(n)
     first_lp = np.zeros(n)
     for index in tqdm(answer_batches(prompts, batch_size), desc=desc, disable=not progress, leave=False):
-        logits, mask = teacher_forced_logits(hf, prompts, index, extra=1, share_prefix=share_prefix, inputs=inputs,
-                                     same_below=same_below)
+        logits, mask = teacher_forced_logits(hf, prompts, index, extra=1, share_prefix=share_prefix,
+                                             inputs=inputs, same_below=same_below)
         answers = [prompts.answer_ids[i] for i in index]
         target = torch.zeros(mask.shape, dtype=torch.long)  # answer ids, padded with 0 (masked out below)
         is_answer = torch.zeros(mask.shape, dtype=torch.bool)

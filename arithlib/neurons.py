@@ -539,7 +539,8 @@ def masked_mean_hooks(masks: dict[int, torch.Tensor], means: torch.Tensor, layer
     return factory
 
 
-def prompt_neuron_masks(per_prompt: Sequence[Iterable[Neuron]], layers: Sequence[int], d_mlp: int) -> dict[int, torch.Tensor]:
+def prompt_neuron_masks(per_prompt: Sequence[Iterable[Neuron]], layers: Sequence[int],
+                        d_mlp: int) -> dict[int, torch.Tensor]:
     """Bool masks {layer: [N, d_mlp]} from a list (one entry per prompt) of neuron sets."""
     masks = {int(x): torch.zeros(len(per_prompt), d_mlp, dtype=torch.bool) for x in layers}
     for i, neurons in enumerate(per_prompt):

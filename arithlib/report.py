@@ -1057,7 +1057,7 @@ FINDINGS: tuple[Finding, ...] = (
             f"(08_sft_comparison's per-prompt columns); reproduced if the gain lies > 0 and both differences lie >= "
             f"-{100 * ZHANG_PRECISE_MARGIN:.0f} points (Table 1's shortfalls of precise SFT reach 3.1 points, full "
             "SFT's general drop is 'about 5%'); partly if the gain lies > 0 and one difference does; not reproduced "
-            "otherwise; inconclusive when the verdict depends on where in an interval the value is; not judged "
+            "otherwise; inconclusive when the verdict depends on where in an interval the value is; not run "
             "when full SFT's arithmetic gain lies wholly below 0 (a full SFT that did not train is not Zhang's "
             "reference, whose gains were +2.8 to +23.2 points)",
             "08", _zhang_precise_sft, figures=("08_sft_comparison",)),
