@@ -59,10 +59,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
+import gc
 import json
 import math
 import random
 import re
+import tempfile
 import time
 import warnings
 import weakref
@@ -1493,13 +1496,26 @@ def available_memory() -> int | None:
     return None
 
 
+def release_free_memory() -> None:
+    """Hand memory the process has freed back to the operating system: Python's cyclic
+    garbage, then glibc's free heap pages (``malloc_trim``; nothing elsewhere), so that
+    :func:`available_memory` counts it. A process that has run many large evaluations
+    otherwise keeps gigabytes of freed heap it no longer uses."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def full_sft_memory(model, optimizer: str = "adamw") -> int:
-    """Extra bytes full SFT allocates on top of the model: a copy of the original
-    weights (restored after training), gradients plus, for AdamW, its two moment
-    estimates (one copy of every weight each), plus 10 % slack."""
+    """Extra bytes full SFT allocates on top of the model: gradients plus, for AdamW, its
+    two moment estimates (one copy of every weight each), plus 10 % slack. The original
+    weights wait on disk meanwhile, and the trained copy is made after the optimizer is
+    gone."""
     hf = _hf(model)
     nbytes = sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in hf.parameters()}.values())
-    copies = 4 if optimizer == "adamw" else 2
+    copies = 3 if optimizer == "adamw" else 1
     return int(1.1 * copies * nbytes)
 
 
@@ -1508,32 +1524,38 @@ def full_sft(model, train_set: PromptSet, config: TrainConfig, val_set: PromptSe
     """Full SFT, Zhang's comparison: every parameter trained with the same loop, the
     last epoch's weights kept (Zhang trains a fixed 2 epochs). Like the other methods
     it returns the trained weights (every parameter, clean HF names) and leaves the
-    model as it was, so several learning rates can be tried on one model
-    (:func:`choose_lr`). Memory: :func:`full_sft_memory`; with ``check_memory`` a
-    MemoryError says so before training when the machine has less available (a
-    process killed for memory half-way through says nothing). Cached under
-    ``cache_dir`` like the others (one copy of the model per key)."""
+    model as it was (the original weights wait in a temporary file while it trains), so
+    several learning rates can be tried on one model (:func:`choose_lr`). Memory:
+    :func:`full_sft_memory`; with ``check_memory`` a MemoryError says so before training
+    when the machine has less available after :func:`release_free_memory` (a process
+    killed for memory half-way through says nothing). Cached under ``cache_dir`` like
+    the others (one copy of the model per key; a cached result needs no check)."""
     hf = shared_hf_model(model)
-    if check_memory:
-        need, have = full_sft_memory(hf, config.optimizer), available_memory()
-        if have is not None and need > have:
-            raise MemoryError(
-                f"full SFT needs about {need / 2**30:.1f} GiB more memory (a copy of the weights, gradients"
-                f"{' and AdamW moments' if config.optimizer == 'adamw' else ''}) but {have / 2**30:.1f} GiB are "
-                "available; free memory, use a larger machine or a GPU, or pass check_memory=False to try anyway.")
     params = _params_by_clean_name(hf)
     key = _base_key(hf, "full", train_set, val_set, config)
 
     def build(_ckdir: Path | None) -> FineTuned:  # no per-epoch checkpoints: each would hold AdamW's two moments
-        backup = {n: p.detach().clone() for n, p in params.items()}
-        try:
-            _, record = train_parameters(hf, _Trainable(params), train_set, config, val_set, progress=progress,
-                                         desc="full SFT", keep_state=False)
-            weights = {n: p.detach().cpu().clone() for n, p in params.items()}
-        finally:
-            with torch.no_grad():
-                for n, v in backup.items():
-                    params[n].copy_(v)
+        if check_memory:
+            release_free_memory()
+            need, have = full_sft_memory(hf, config.optimizer), available_memory()
+            if have is not None and need > have:
+                raise MemoryError(
+                    f"full SFT needs about {need / 2**30:.1f} GiB more memory (gradients"
+                    f"{' and AdamW moments' if config.optimizer == 'adamw' else ''}) but {have / 2**30:.1f} GiB are "
+                    "available; free memory, use a larger machine or a GPU, or pass check_memory=False to try anyway.")
+        with tempfile.TemporaryDirectory(prefix="arithlib-full-sft-") as tmp:
+            original = Path(tmp) / "original.pt"
+            torch.save({n: p.detach() for n, p in params.items()}, original)
+            try:
+                _, record = train_parameters(hf, _Trainable(params), train_set, config, val_set, progress=progress,
+                                             desc="full SFT", keep_state=False)
+                weights = {n: p.detach().cpu().clone() for n, p in params.items()}
+            finally:
+                saved = torch.load(original, map_location="cpu", mmap=True, weights_only=True)
+                with torch.no_grad():
+                    for n, v in saved.items():
+                        params[n].copy_(v)
+                del saved
         return FineTuned(method="full_sft", weights=weights, history=record["history"], epochs=record["epochs"],
                          best_epoch=record["best_epoch"], n_trainable=count_parameters(hf),
                          samples_per_second=record["samples_per_second"], train_seconds=record["train_seconds"],
