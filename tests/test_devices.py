@@ -259,12 +259,13 @@ def test_bf16_cna_ranking_overlaps_fp32(both):
 @pytest.mark.toy_model
 def test_bf16_head_sweep_accuracy_matches_fp32(both):
     """Yu's head sweep (every head zeroed at every position): per head and operator the
-    accuracy differs by <= 5 points (measured: identical)."""
+    accuracy differs by <= 5 points, one prompt of the 20 per setting (measured: identical on
+    one machine, one flip on another; 1e-9 absorbs 1 - 0.95 != 0.05 in floats)."""
     fp32, bf16, ps = both
     sub = ps.subset(range(0, len(ps), 2))
     acc = [HS.setting_accuracy(HS.exact_head_sweep(m.bridge, sub, progress=False)).set_index(
         ["op", "n_digits", "layer", "head"])["accuracy"] for m in (fp32, bf16)]
-    assert (acc[0] - acc[1][acc[0].index]).abs().max() <= 0.05, pd.concat(acc, axis=1)
+    assert (acc[0] - acc[1][acc[0].index]).abs().max() <= 0.05 + 1e-9, pd.concat(acc, axis=1)
 
 
 @pytest.mark.toy_model
