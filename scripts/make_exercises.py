@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Write the exercise and solution notebooks of ``notebooks/exercises/`` from one source each.
 
-A source ``notebooks/exercises/NN_name.py`` is a percent-format script (as read by
-``scripts/py_to_notebook.py``). From it come
+A source ``notebooks/exercises/NN_name.py`` is a percent-format script (jupytext's
+``py:percent``, the format of the notebooks' own ``.py`` sources). From it come
 
 * ``NN_name_solution.ipynb``: the source with the markers below removed;
 * ``NN_name_exercise.ipynb``: every block between ``# BEGIN SOLUTION`` and
@@ -26,10 +26,8 @@ import re
 import sys
 from pathlib import Path
 
+import jupytext
 import nbformat
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from py_to_notebook import convert  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ROOT / "notebooks" / "exercises"
@@ -128,10 +126,13 @@ def _banner(source: Path, variant: str) -> str:
 
 def build(source: Path, variant: str) -> nbformat.NotebookNode:
     """The notebook of one variant, with fixed cell ids (so the output is reproducible)."""
-    nb = convert(render(source.read_text(encoding="utf-8"), variant, str(source)))
+    nb = jupytext.reads(render(source.read_text(encoding="utf-8"), variant, str(source)), fmt="py:percent")
+    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                   "language_info": {"name": "python"}}
     nb.cells.insert(0, nbformat.v4.new_markdown_cell(_banner(source, variant)))
     for i, cell in enumerate(nb.cells):
         cell.id = f"{variant}-{i:02d}"
+        cell.metadata.pop("lines_to_next_cell", None)  # jupytext's spacing, for a round trip to .py
     nb.metadata["arithlib_exercise"] = {"source": source.name, "variant": variant}
     return nb
 

@@ -13,8 +13,15 @@ can show or what repeats a figure:
 and the first cell's "**Results**" line, which in ``notebooks/`` links the default
 model's executed copy, links the report section of the copy's own run instead.
 
+Each notebook of ``notebooks/`` is authored as a percent-format script ``NN_name.py``
+paired with ``NN_name.ipynb`` by jupytext (``formats: ipynb,py:percent`` in the notebook's
+metadata): edit either, in JupyterLab with jupytext or in an editor, then
+``jupytext --sync notebooks/NN_name.ipynb`` writes the other. :func:`pair_drift` names
+the cells where the two differ.
+
 Usage: ``notebook_files.py publish EXECUTED.ipynb DEST_DIR`` (writes both files) or
-``notebook_files.py check notebooks/*.ipynb`` (exit 1 naming notebooks with outputs).
+``notebook_files.py check notebooks/NN_*.ipynb`` (exit 1 naming notebooks with outputs, or
+whose ``.py`` pair is missing or holds other cells).
 """
 
 from __future__ import annotations
@@ -85,6 +92,27 @@ def outputs_in(path: str | Path) -> list[str]:
     if "widgets" in nb.get("metadata", {}):
         found.append("metadata.widgets (saved widget state)")
     return found
+
+
+def _cells(nb) -> list[tuple[str, str, list]]:
+    return [(c.cell_type, c.source, list(c.metadata.get("tags", []))) for c in nb.cells]
+
+
+def pair_drift(ipynb: str | Path) -> list[str]:
+    """Where ``ipynb`` and its jupytext pair ``.py`` differ: cell type, source or tags,
+    or a missing pair (empty when they hold the same cells)."""
+    import jupytext
+
+    ipynb = Path(ipynb)
+    py = ipynb.with_suffix(".py")
+    if not py.is_file():
+        return [f"no {py.name} (jupytext --set-formats ipynb,py:percent {ipynb})"]
+    a, b = _cells(jupytext.read(ipynb)), _cells(jupytext.read(py))
+    out = [f"cell {i}: {what} differs" for i, (x, y) in enumerate(zip(a, b))
+           for what, u, v in zip(("type", "source", "tags"), x, y) if u != v]
+    if len(a) != len(b):
+        out.append(f"{len(a)} cells in {ipynb.name}, {len(b)} in {py.name}")
+    return out
 
 
 def copy_links(stem: str) -> str:
@@ -174,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         for p, found in bad.items():
             print(f"{p}: {'; '.join(found)} (clear them: Edit > Clear Outputs of All Cells in "
                   f"JupyterLab, or jupyter nbconvert --clear-output --inplace {p})", file=sys.stderr)
-        return 1 if bad else 0
+        drift = {p: d for p in argv[1:] if (d := pair_drift(p))}
+        for p, d in drift.items():
+            print(f"{p}: its .py pair differs ({'; '.join(d[:3])}); run jupytext --sync {p}", file=sys.stderr)
+        return 1 if bad or drift else 0
     print(__doc__.split("\n\n")[-1], file=sys.stderr)
     return 2
 

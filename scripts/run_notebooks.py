@@ -231,13 +231,19 @@ def output_folders(root: Path, model: str, figures: str | None, out: str | None,
     return fig, out_dir
 
 
+#: ``figures/<model>/stored/``: a run in progress's stored results (scripts/carry_store.py),
+#: which no notebook reads from there; never copied into a scratch or staging folder.
+CARRIED = "stored"
+
+
 def seed_scratch(fig_model: Path, committed: Path) -> bool:
     """Start a new scratch folder ``fig_model`` as a copy of the committed ``committed``
-    (the tables of notebooks not rerun); whether it copied (not if it exists or there is
-    nothing to copy)."""
+    (the tables of notebooks not rerun; not the carried store); whether it copied (not if
+    it exists or there is nothing to copy)."""
     if fig_model.exists() or not committed.is_dir():
         return False
-    shutil.copytree(committed, fig_model)
+    shutil.copytree(committed, fig_model, ignore=lambda d, names: [
+        n for n in names if Path(d) == committed and n == CARRIED])
     return True
 
 
@@ -249,15 +255,15 @@ def _own_files(folder: Path, name: str) -> list[Path]:
 
 def stage(fig_model: Path, staging_root: Path, model_dir: str, name: str) -> Path:
     """A fresh staging folder ``staging_root/model_dir`` for notebook ``name``: a copy of
-    ``fig_model`` (the tables of the notebooks before it) without ``name``'s own files
-    and without the executed copies (``notebooks/``). Returns the folder."""
+    ``fig_model`` (the tables of the notebooks before it) without ``name``'s own files,
+    the executed copies (``notebooks/``) and the carried store (``stored/``). Returns the folder."""
     if staging_root.exists():
         shutil.rmtree(staging_root)
     staged = staging_root / model_dir
     if fig_model.is_dir():
         prefix = name[:3]
         shutil.copytree(fig_model, staged, ignore=lambda d, names: [
-            n for n in names if (Path(d) == fig_model and (n == "notebooks" or n.startswith(prefix)))])
+            n for n in names if (Path(d) == fig_model and (n in ("notebooks", CARRIED) or n.startswith(prefix)))])
     else:
         staged.mkdir(parents=True)
     return staged

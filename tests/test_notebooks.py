@@ -4,6 +4,8 @@ notebooks read tables that earlier ones wrote to the same figures folder."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 sys.path.insert(0, str(ROOT / "scripts"))
-from notebook_files import outputs_in  # noqa: E402
+from notebook_files import outputs_in, pair_drift  # noqa: E402
 
 
 def test_notebooks_in_the_repository_carry_no_outputs():
@@ -22,6 +24,28 @@ def test_notebooks_in_the_repository_carry_no_outputs():
     dirty = {p.name: found for p in NOTEBOOKS if (found := outputs_in(p))}
     assert not dirty, (f"notebooks with outputs: {dirty}; clear them (JupyterLab: Edit > Clear Outputs of All "
                        "Cells, then save; or jupyter nbconvert --clear-output --inplace notebooks/NN_name.ipynb)")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_and_its_py_source_hold_the_same_cells(notebook: Path):
+    """Each notebook is committed twice: as the .ipynb that papermill runs and as the
+    percent-format .py that jupytext pairs with it (readable diffs). They must not drift."""
+    meta = json.loads(notebook.read_text())["metadata"]
+    assert meta.get("jupytext", {}).get("formats") == "ipynb,py:percent", \
+        f"pair it: jupytext --set-formats ipynb,py:percent {notebook.relative_to(ROOT)}"
+    assert pair_drift(notebook) == [], f"run: jupytext --sync {notebook.relative_to(ROOT)}"
+
+
+def test_a_drifted_pair_is_caught(tmp_path):
+    nb = tmp_path / NOTEBOOKS[0].name
+    shutil.copy(NOTEBOOKS[0], nb)
+    shutil.copy(NOTEBOOKS[0].with_suffix(".py"), nb.with_suffix(".py"))
+    assert pair_drift(nb) == []
+    py = nb.with_suffix(".py")
+    py.write_text(py.read_text().replace("quick = False", "quick = True", 1))
+    assert any("source differs" in d for d in pair_drift(nb))
+    py.unlink()
+    assert "no " in pair_drift(nb)[0]
 
 
 @pytest.fixture(scope="module")

@@ -325,3 +325,15 @@ def test_dtype_and_device_map_reach_the_notebooks_and_the_key_only_when_not_defa
     assert rn.placement_key("cpu", "bfloat16", {"b": 1, "a": 0}) == ["dtype=bfloat16", 'device_map={"a": 0, "b": 1}']
     with pytest.raises(SystemExit, match="set it with --dtype"):
         rn.params_by_notebook({"dtype": "bfloat16"}, [])
+
+
+def test_the_carried_store_is_not_copied_into_staging_or_scratch(tmp_path):
+    fig = tmp_path / "figures" / "m"
+    (fig / "stored" / "sections").mkdir(parents=True)
+    (fig / "stored" / "sections" / "x.pkl").write_bytes(b"x")
+    (fig / "00_table.csv").write_text("a\n1\n")
+    staged = rn.stage(fig, tmp_path / "staging", "m", "01_next")
+    assert (staged / "00_table.csv").is_file() and not (staged / "stored").exists()
+    scratch = tmp_path / "scratch" / "m"
+    assert rn.seed_scratch(scratch, fig)
+    assert (scratch / "00_table.csv").is_file() and not (scratch / "stored").exists()

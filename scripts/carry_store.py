@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Carry a long run's stored results from one machine to the next, through git.
+
+A notebook stopped part-way resumes from the results it stored under ``$ARITHLIB_CACHE``
+(default ``~/.cache/arithlib``): the sections and head-sweep batches of
+:mod:`arithlib.stored`, and the fine-tuned models of :mod:`arithlib.finetune`. A fresh
+machine starts with an empty cache, so a run longer than one working session (Qwen-1.5B's
+notebook 01 takes some 7 hours on 2 CPU cores) never finishes there. This script copies a
+model's stored results into ``figures/<model>/stored/``, where they can be committed with
+the session's other work, and back into the cache on the next machine:
+
+    scripts/carry_store.py save MODEL       # cache -> figures/MODEL/stored/ (a mirror)
+    scripts/carry_store.py restore MODEL    # figures/MODEL/stored/ -> cache (adds, never deletes)
+    scripts/carry_store.py status MODEL     # what each holds, and the compute seconds it saves
+    scripts/carry_store.py drop MODEL       # delete figures/MODEL/stored/ once the run is done
+
+Nothing here decides what a result is: every stored file is named by the hash of all it
+depends on (model weights, prompts, parameters, device, dtype, thread count and the code
+that computed it), so a carried result that no longer matches the code or the run is
+never loaded; it only takes room until the next ``save`` (a mirror of the cache) or
+``drop``. A resumed run must use the thread count of the run that stored the results.
+
+Carried: every file of ``sections/<model>/`` and ``head_sweep/<model>/``, and from
+``finetune/<model>/`` each finished model's ``result.pt`` and ``key.json`` (not its
+mid-training checkpoints) when ``result.pt`` is at most ``--max-mib`` MiB; a larger one
+(full SFT of a 1.5B model is 6 GB) is listed as left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from arithlib.paths import cache_root  # noqa: E402
+
+#: Cache subfolders (each holding one folder per model) whose files are all carried.
+STORES = ("sections", "head_sweep")
+#: The fine-tuning cache: one folder per trained model, its result in ``result.pt``.
+FINETUNE = "finetune"
+FINETUNE_FILES = ("result.pt", "key.json")
+#: Default size limit of one carried fine-tuned model (MiB).
+MAX_MIB = 64
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One carried file: its path relative to the model's carried folder, and its size."""
+    rel: Path
+    size: int
+
+
+def model_slug(model: str) -> str:
+    """The folder name of ``model`` in the cache and in ``figures/`` (hub ids: ``/`` -> ``__``)."""
+    return model.replace("/", "__")
+
+
+def carried_dir(model: str, figures: Path = ROOT / "figures") -> Path:
+    """``figures/<model>/stored/``: where the carried results are committed."""
+    return figures / model_slug(model) / "stored"
+
+
+def cache_entries(model: str, cache: Path, max_bytes: int) -> tuple[list[Entry], list[Path]]:
+    """The files of ``model``'s stores in ``cache`` to carry, and the fine-tuned models
+    left behind for their size (folders relative to ``cache``)."""
+    slug = model_slug(model)
+    out: list[Entry] = []
+    for store in STORES:
+        base = cache / store / slug
+        if base.is_dir():
+            out += [Entry(Path(store) / p.relative_to(base), p.stat().st_size)
+                    for p in sorted(base.rglob("*")) if p.is_file() and not p.name.endswith(".tmp")]
+    left: list[Path] = []
+    base = cache / FINETUNE / slug
+    if base.is_dir():
+        for folder in sorted(p for p in base.iterdir() if p.is_dir()):
+            result = folder / "result.pt"
+            if not result.is_file():
+                continue  # training not finished: its checkpoints stay on this machine
+            if result.stat().st_size > max_bytes:
+                left.append(folder.relative_to(cache))
+                continue
+            out += [Entry(Path(FINETUNE) / folder.name / f, (folder / f).stat().st_size)
+                    for f in FINETUNE_FILES if (folder / f).is_file()]
+    return out, left
+
+
+def carried_entries(dest: Path) -> list[Entry]:
+    """The files under a carried folder (its README aside)."""
+    if not dest.is_dir():
+        return []
+    return [Entry(p.relative_to(dest), p.stat().st_size) for p in sorted(dest.rglob("*"))
+            if p.is_file() and p.relative_to(dest) != Path("README.md")]
+
+
+def _cache_path(cache: Path, model: str, rel: Path) -> Path:
+    """Where carried file ``rel`` (``<store>/<...>``) lives in the cache."""
+    store, *rest = rel.parts
+    return cache / store / model_slug(model) / Path(*rest)
+
+
+def save(model: str, cache: Path, dest: Path, max_bytes: int) -> dict:
+    """Make ``dest`` a mirror of ``model``'s carried files in ``cache``; return counts."""
+    entries, left = cache_entries(model, cache, max_bytes)
+    wanted = {e.rel for e in entries}
+    removed = 0
+    for old in carried_entries(dest):
+        if old.rel not in wanted:
+            (dest / old.rel).unlink()
+            removed += 1
+    copied = 0
+    for e in entries:
+        src, dst = _cache_path(cache, model, e.rel), dest / e.rel
+        if dst.is_file() and dst.stat().st_size == e.size and dst.read_bytes() == src.read_bytes():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        copied += 1
+    for d in sorted((p for p in dest.rglob("*") if p.is_dir()), reverse=True) if dest.is_dir() else []:
+        if not any(d.iterdir()):
+            d.rmdir()
+    if entries:
+        (dest / "README.md").write_text(readme(model))
+    elif dest.is_dir():
+        shutil.rmtree(dest)
+    return {"files": len(entries), "copied": copied, "removed": removed,
+            "left_behind": [str(p) for p in left]}
+
+
+def restore(model: str, cache: Path, src: Path) -> int:
+    """Copy the carried files of ``src`` into ``cache`` where they are missing; return how many."""
+    n = 0
+    for e in carried_entries(src):
+        dst = _cache_path(cache, model, e.rel)
+        if dst.is_file():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".tmp")
+        shutil.copyfile(src / e.rel, tmp)
+        tmp.replace(dst)
+        n += 1
+    return n
+
+
+def stored_seconds(folder: Path) -> float:
+    """Compute seconds recorded beside the stored results in ``folder`` (``*.json``
+    sidecars of :mod:`arithlib.stored`)."""
+    total = 0.0
+    for p in folder.rglob("*.json"):
+        try:
+            total += float(json.loads(p.read_text())["seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return total
+
+
+def readme(model: str) -> str:
+    return (f"# Stored results of a run of `{model}` in progress\n\n"
+            "Written by `scripts/carry_store.py save`: the results a stopped notebook resumes from\n"
+            "(sections and head-sweep batches of `arithlib/stored.py`, finished fine-tuned models of\n"
+            "`arithlib/finetune.py`), committed so that the next working session, on a fresh machine,\n"
+            "resumes the run instead of starting it over. Each file is named by the hash of all it\n"
+            "depends on; one that the code or the run no longer matches is never loaded. They are\n"
+            "pickles written by this repository's own code: load them only from a checkout you trust.\n\n"
+            f"    scripts/carry_store.py restore {model}   # before the run, on a new machine\n"
+            f"    scripts/carry_store.py save {model}      # after it, then commit this folder\n"
+            f"    scripts/carry_store.py drop {model}      # once every notebook of the run has finished\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("action", choices=["save", "restore", "status", "drop"])
+    ap.add_argument("model")
+    ap.add_argument("--dir", type=Path, default=None, help="carried folder (default figures/<model>/stored)")
+    ap.add_argument("--max-mib", type=float, default=MAX_MIB,
+                    help=f"largest fine-tuned model carried, MiB (default {MAX_MIB})")
+    a = ap.parse_args(argv)
+    dest = a.dir or carried_dir(a.model)
+    cache = cache_root()
+    if a.action == "save":
+        r = save(a.model, cache, dest, int(a.max_mib * 2**20))
+        mib = sum(e.size for e in carried_entries(dest)) / 2**20
+        print(f"[carry] {dest}: {r['files']} files ({mib:.1f} MiB), {r['copied']} copied, {r['removed']} removed")
+        for p in r["left_behind"]:
+            print(f"[carry] left behind (over {a.max_mib:g} MiB): {cache / p}")
+    elif a.action == "restore":
+        if not dest.is_dir():
+            print(f"[carry] nothing to restore: {dest} does not exist")
+            return 0
+        n = restore(a.model, cache, dest)
+        print(f"[carry] {n} files restored from {dest} into {cache}")
+    elif a.action == "status":
+        for label, folder in (("carried", dest), ("cache", cache)):
+            parts = [folder] if label == "carried" else [cache / s / model_slug(a.model) for s in STORES]
+            files = sum(len(carried_entries(p)) for p in parts)
+            secs = sum(stored_seconds(p) for p in parts if p.is_dir())
+            print(f"[carry] {label}: {files} files, {secs:,.0f} s of recorded compute")
+    elif a.action == "drop":
+        if dest.is_dir():
+            shutil.rmtree(dest)
+            print(f"[carry] removed {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

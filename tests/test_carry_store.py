@@ -1,0 +1,97 @@
+"""scripts/carry_store.py: a model's stored results go from one machine's cache to a
+committed folder and back, so that a run longer than a working session resumes on the next
+machine; what it carries and what it leaves behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+from arithlib.stored import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("carry_store", ROOT / "scripts" / "carry_store.py")
+cs = importlib.util.module_from_spec(spec)
+sys.modules["carry_store"] = cs
+spec.loader.exec_module(cs)
+
+MODEL = "some/model"
+
+
+def _fill(cache: Path) -> None:
+    """A cache with a section, a head-sweep batch, a small and a large finished fine-tuned
+    model, one still training, and another model's section."""
+    slug = cs.model_slug(MODEL)
+    Store(cache / "sections" / slug)("a section", lambda: {"x": 1}, code=["stats"], n=3)
+    (cache / "head_sweep" / slug / "sub").mkdir(parents=True)
+    (cache / "head_sweep" / slug / "sub" / "batch-1.pkl").write_bytes(b"b1")
+    ft = cache / "finetune" / slug
+    for name, size in (("small", 10), ("large", 3 * 2**20)):
+        (ft / name / "checkpoints").mkdir(parents=True)
+        (ft / name / "result.pt").write_bytes(b"r" * size)
+        (ft / name / "key.json").write_text("{}")
+        (ft / name / "checkpoints" / "epoch-001.pt").write_bytes(b"c")
+    (ft / "training" / "checkpoints").mkdir(parents=True)
+    (ft / "training" / "checkpoints" / "epoch-001.pt").write_bytes(b"c")
+    (cache / "sections" / "other").mkdir(parents=True)
+    (cache / "sections" / "other" / "x.pkl").write_bytes(b"o")
+
+
+def test_save_carries_the_stores_and_small_finished_models_only(tmp_path):
+    cache, dest = tmp_path / "cache", tmp_path / "figures" / "stored"
+    _fill(cache)
+    r = cs.save(MODEL, cache, dest, max_bytes=2**20)
+    got = sorted(str(e.rel) for e in cs.carried_entries(dest))
+    sections = ["sections/" + p.name for p in (cache / "sections" / cs.model_slug(MODEL)).iterdir()]
+    assert len(sections) == 2  # the result and its seconds
+    assert got == sorted(["finetune/small/key.json", "finetune/small/result.pt", "head_sweep/sub/batch-1.pkl"]
+                         + sections)
+    assert r["left_behind"] == [str(Path("finetune") / cs.model_slug(MODEL) / "large")]
+    assert (dest / "README.md").is_file() and MODEL in (dest / "README.md").read_text()
+    assert r["copied"] == r["files"] == len(got) and r["removed"] == 0
+    again = cs.save(MODEL, cache, dest, max_bytes=2**20)
+    assert again["copied"] == 0  # unchanged files are not rewritten
+
+
+def test_a_restored_result_is_loaded_not_recomputed_on_a_new_machine(tmp_path):
+    old, new, dest = tmp_path / "old", tmp_path / "new", tmp_path / "stored"
+    value = {"t": torch.arange(3), "s": "ok"}
+    Store(old / "sections" / cs.model_slug(MODEL))("section", lambda: value, code=["stats"], k=1)
+    cs.save(MODEL, old, dest, max_bytes=2**20)
+    assert cs.restore(MODEL, new, dest) == 2  # the result and its seconds
+    store = Store(new / "sections" / cs.model_slug(MODEL))
+
+    def recompute():
+        raise AssertionError("the carried result was not used")
+    got = store("section", recompute, code=["stats"], k=1)
+    assert torch.equal(got["t"], value["t"]) and got["s"] == "ok"
+    assert store.reused_seconds >= 0
+    assert cs.restore(MODEL, new, dest) == 0  # present files are left alone
+
+
+def test_save_is_a_mirror_and_an_empty_cache_removes_the_folder(tmp_path):
+    cache, dest = tmp_path / "cache", tmp_path / "stored"
+    _fill(cache)
+    cs.save(MODEL, cache, dest, max_bytes=2**20)
+    (cache / "head_sweep" / cs.model_slug(MODEL) / "sub" / "batch-1.pkl").unlink()
+    r = cs.save(MODEL, cache, dest, max_bytes=2**20)
+    assert r["removed"] == 1 and not (dest / "head_sweep").exists()
+    for p in sorted(cache.rglob("*"), reverse=True):
+        p.unlink() if p.is_file() else p.rmdir()
+    cs.save(MODEL, cache, dest, max_bytes=2**20)
+    assert not dest.exists()
+
+
+def test_status_and_cli(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ARITHLIB_CACHE", str(tmp_path / "cache"))
+    _fill(tmp_path / "cache")
+    dest = tmp_path / "stored"
+    assert cs.main(["save", MODEL, "--dir", str(dest), "--max-mib", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "left behind" in out and "large" in out
+    assert cs.main(["status", MODEL, "--dir", str(dest)]) == 0
+    assert "carried: 5 files" in capsys.readouterr().out
+    assert cs.main(["drop", MODEL, "--dir", str(dest)]) == 0 and not dest.exists()
