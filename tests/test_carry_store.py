@@ -95,3 +95,13 @@ def test_status_and_cli(tmp_path, monkeypatch, capsys):
     assert cs.main(["status", MODEL, "--dir", str(dest)]) == 0
     assert "carried: 5 files" in capsys.readouterr().out
     assert cs.main(["drop", MODEL, "--dir", str(dest)]) == 0 and not dest.exists()
+
+
+def test_every_store_folder_the_notebooks_use_is_carried():
+    """A notebook that stores results in a new cache folder must be carried too."""
+    import re
+
+    used = {m for nb in (ROOT / "notebooks").glob("[0-9][0-9]_*.py")
+            for m in re.findall(r'cache_root\(\) / "(\w+)"', nb.read_text())}
+    assert used, "no notebook stores results under cache_root()?"
+    assert used <= set(cs.STORES) | {cs.FINETUNE}, used - set(cs.STORES) - {cs.FINETUNE}
