@@ -20,10 +20,13 @@ that computed it), so a carried result that no longer matches the code or the ru
 never loaded; it only takes room until the next ``save`` (a mirror of the cache) or
 ``drop``. A resumed run must use the thread count of the run that stored the results.
 
-Carried: every file of ``sections/<model>/`` and ``head_sweep/<model>/``, and from
-``finetune/<model>/`` each finished model's ``result.pt`` and ``key.json`` (not its
-mid-training checkpoints) when ``result.pt`` is at most ``--max-mib`` MiB; a larger one
-(full SFT of a 1.5B model is 6 GB) is listed as left behind.
+Carried: each result of ``sections/<model>/`` and ``head_sweep/<model>/`` (with its
+seconds file), and from ``finetune/<model>/`` each finished model's ``result.pt`` and
+``key.json`` (not its mid-training checkpoints), when the result is at most ``--max-mib``
+MiB (default 8). A larger one is listed as left behind, with the seconds it took, and is
+computed again on the next machine: git keeps every committed file in its history for
+good, so a few minutes of recomputation (path patching's 150 MB result on Qwen-1.5B: about
+9 minutes) cost less than every later clone downloading them.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ STORES = ("sections", "head_sweep")
 #: The fine-tuning cache: one folder per trained model, its result in ``result.pt``.
 FINETUNE = "finetune"
 FINETUNE_FILES = ("result.pt", "key.json")
-#: Default size limit of one carried fine-tuned model (MiB).
-MAX_MIB = 64
+#: Default size limit of one carried result (MiB).
+MAX_MIB = 8
 
 
 @dataclass(frozen=True)
@@ -67,16 +70,20 @@ def carried_dir(model: str, figures: Path = ROOT / "figures") -> Path:
 
 
 def cache_entries(model: str, cache: Path, max_bytes: int) -> tuple[list[Entry], list[Path]]:
-    """The files of ``model``'s stores in ``cache`` to carry, and the fine-tuned models
-    left behind for their size (folders relative to ``cache``)."""
+    """The files of ``model``'s stores in ``cache`` to carry, and the results left behind
+    for their size (paths relative to ``cache``)."""
     slug = model_slug(model)
     out: list[Entry] = []
+    left: list[Path] = []
     for store in STORES:
         base = cache / store / slug
-        if base.is_dir():
-            out += [Entry(Path(store) / p.relative_to(base), p.stat().st_size)
-                    for p in sorted(base.rglob("*")) if p.is_file() and not p.name.endswith(".tmp")]
-    left: list[Path] = []
+        if not base.is_dir():
+            continue
+        files = [p for p in sorted(base.rglob("*")) if p.is_file() and not p.name.endswith(".tmp")]
+        big = {p.with_suffix("") for p in files if p.suffix != ".json" and p.stat().st_size > max_bytes}
+        left += [p.relative_to(cache) for p in files if p.suffix != ".json" and p.with_suffix("") in big]
+        out += [Entry(Path(store) / p.relative_to(base), p.stat().st_size)
+                for p in files if p.with_suffix("") not in big]
     base = cache / FINETUNE / slug
     if base.is_dir():
         for folder in sorted(p for p in base.iterdir() if p.is_dir()):
@@ -148,11 +155,11 @@ def restore(model: str, cache: Path, src: Path) -> int:
     return n
 
 
-def stored_seconds(folder: Path) -> float:
+def stored_seconds(folder: Path, pattern: str = "*.json") -> float:
     """Compute seconds recorded beside the stored results in ``folder`` (``*.json``
-    sidecars of :mod:`arithlib.stored`)."""
+    sidecars of :mod:`arithlib.stored`, or those matching ``pattern``)."""
     total = 0.0
-    for p in folder.rglob("*.json"):
+    for p in folder.rglob(pattern):
         try:
             total += float(json.loads(p.read_text())["seconds"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model")
     ap.add_argument("--dir", type=Path, default=None, help="carried folder (default figures/<model>/stored)")
     ap.add_argument("--max-mib", type=float, default=MAX_MIB,
-                    help=f"largest fine-tuned model carried, MiB (default {MAX_MIB})")
+                    help=f"largest result carried, MiB (default {MAX_MIB})")
     a = ap.parse_args(argv)
     dest = a.dir or carried_dir(a.model)
     cache = cache_root()
@@ -188,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         mib = sum(e.size for e in carried_entries(dest)) / 2**20
         print(f"[carry] {dest}: {r['files']} files ({mib:.1f} MiB), {r['copied']} copied, {r['removed']} removed")
         for p in r["left_behind"]:
-            print(f"[carry] left behind (over {a.max_mib:g} MiB): {cache / p}")
+            path = cache / p
+            took = stored_seconds(path.parent, path.with_suffix(".json").name) if path.is_file() else 0.0
+            print(f"[carry] left behind (over {a.max_mib:g} MiB; recomputed on the next machine"
+                  f"{f', {took:,.0f} s' if took else ''}): {path}")
     elif a.action == "restore":
         if not dest.is_dir():
             print(f"[carry] nothing to restore: {dest} does not exist")

@@ -26,6 +26,7 @@ def _fill(cache: Path) -> None:
     model, one still training, and another model's section."""
     slug = cs.model_slug(MODEL)
     Store(cache / "sections" / slug)("a section", lambda: {"x": 1}, code=["stats"], n=3)
+    Store(cache / "sections" / slug)("a large section", lambda: b"x" * 2 * 2**20, code=["stats"], n=3)
     (cache / "head_sweep" / slug / "sub").mkdir(parents=True)
     (cache / "head_sweep" / slug / "sub" / "batch-1.pkl").write_bytes(b"b1")
     ft = cache / "finetune" / slug
@@ -45,11 +46,14 @@ def test_save_carries_the_stores_and_small_finished_models_only(tmp_path):
     _fill(cache)
     r = cs.save(MODEL, cache, dest, max_bytes=2**20)
     got = sorted(str(e.rel) for e in cs.carried_entries(dest))
-    sections = ["sections/" + p.name for p in (cache / "sections" / cs.model_slug(MODEL)).iterdir()]
+    folder = cache / "sections" / cs.model_slug(MODEL)
+    sections = ["sections/" + p.name for p in folder.glob("a-section-*")]
     assert len(sections) == 2  # the result and its seconds
     assert got == sorted(["finetune/small/key.json", "finetune/small/result.pt", "head_sweep/sub/batch-1.pkl"]
                          + sections)
-    assert r["left_behind"] == [str(Path("finetune") / cs.model_slug(MODEL) / "large")]
+    large = [str(p.relative_to(cache)) for p in folder.glob("a-large-section-*.pkl")]
+    assert len(large) == 1  # left behind with its seconds file
+    assert sorted(r["left_behind"]) == sorted(large + [str(Path("finetune") / cs.model_slug(MODEL) / "large")])
     assert (dest / "README.md").is_file() and MODEL in (dest / "README.md").read_text()
     assert r["copied"] == r["files"] == len(got) and r["removed"] == 0
     again = cs.save(MODEL, cache, dest, max_bytes=2**20)
