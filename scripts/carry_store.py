@@ -32,7 +32,6 @@ good, so a few minutes of recomputation (path patching's 150 MB result on Qwen-1
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from arithlib.paths import cache_root  # noqa: E402
+from arithlib.stored import stored_seconds  # noqa: E402
 
 #: Cache subfolders (each holding one folder per model) whose files are all carried.
 STORES = ("sections", "head_sweep")
@@ -155,16 +155,10 @@ def restore(model: str, cache: Path, src: Path) -> int:
     return n
 
 
-def stored_seconds(folder: Path, pattern: str = "*.json") -> float:
-    """Compute seconds recorded beside the stored results in ``folder`` (``*.json``
-    sidecars of :mod:`arithlib.stored`, or those matching ``pattern``)."""
-    total = 0.0
-    for p in folder.rglob(pattern):
-        try:
-            total += float(json.loads(p.read_text())["seconds"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    return total
+def folder_seconds(folder: Path) -> float:
+    """Compute seconds recorded beside the stored results in ``folder`` (the ``*.json``
+    sidecars that :func:`arithlib.stored.stored_seconds` reads)."""
+    return sum(stored_seconds(p.with_suffix(".pkl")) for p in folder.rglob("*.json"))
 
 
 def readme(model: str) -> str:
@@ -196,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[carry] {dest}: {r['files']} files ({mib:.1f} MiB), {r['copied']} copied, {r['removed']} removed")
         for p in r["left_behind"]:
             path = cache / p
-            took = stored_seconds(path.parent, path.with_suffix(".json").name) if path.is_file() else 0.0
+            took = stored_seconds(path)
             print(f"[carry] left behind (over {a.max_mib:g} MiB; recomputed on the next machine"
                   f"{f', {took:,.0f} s' if took else ''}): {path}")
     elif a.action == "restore":
@@ -209,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, folder in (("carried", dest), ("cache", cache)):
             parts = [folder] if label == "carried" else [cache / s / model_slug(a.model) for s in STORES]
             files = sum(len(carried_entries(p)) for p in parts)
-            secs = sum(stored_seconds(p) for p in parts if p.is_dir())
+            secs = sum(folder_seconds(p) for p in parts if p.is_dir())
             print(f"[carry] {label}: {files} files, {secs:,.0f} s of recorded compute")
     elif a.action == "drop":
         if dest.is_dir():
