@@ -1585,6 +1585,14 @@ def full_sft(model, train_set: PromptSet, config: TrainConfig, val_set: PromptSe
 #: The 95 % half-width (5 points) the "cpu" scale's test split is sized for: the smallest
 #: threshold of the 05/06 rules (report.NOISE_GAP, thresholds.ZHANG_PRECISE_MARGIN).
 JUDGED_HALF_WIDTH = 0.05
+#: "cpu-bands": the "cpu" scale's data sizes, lr search and test split, with LoRA on layer 0,
+#: Yu's reference layer and the centre layer of each band (as "quick") instead of every
+#: layer, and precise SFT of the (scaled) top-32 heads only (Zhang's Table 1 setting), no
+#: MLP variants. "auto" picks it on a CPU for models above this many parameters: one LoRA
+#: training sample of Qwen2.5-Coder-1.5B takes 0.73 s on 2 cores (layer 10, batch 16), so
+#: the "cpu" scale's 30 LoRA trainings of 512 sentences alone take about 3 hours there,
+#: beyond the two hours issue 29 sets for a judged CPU run (benchmarks/RESULTS.md).
+CPU_FULL_SCALE_MAX_PARAMS = 1_000_000_000
 
 SCALES: dict[str, dict] = {
     "paper": dict(n_train=18_000, n_val=1_000, n_test=2_000, layers="all", lr_search="per_layer", lora_epochs=4,
@@ -1595,6 +1603,12 @@ SCALES: dict[str, dict] = {
                 lora_batch=16, cna_cases=24, n_candidates=100, word_train=48, word_test=48,
                 sft_lrs=SFT_LR_GRID, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
                 head_counts=ZHANG_HEAD_COUNTS, mlp_counts=(1, 3), prose_chunks=4),
+    # the cpu scale's sizes on fewer layers and SFT settings: what "auto" picks on a CPU above
+    # CPU_FULL_SCALE_MAX_PARAMS (issue 29 allows a smaller stated scale for the 1.5B model)
+    "cpu-bands": dict(n_train=512, n_val=192, n_test=385, layers="bands", lr_search="reference", lora_epochs=1,
+                      lora_batch=16, cna_cases=24, n_candidates=100, word_train=48, word_test=48,
+                      sft_lrs=SFT_LR_GRID, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
+                      head_counts=(32,), mlp_counts=(), prose_chunks=4),
     "quick": dict(n_train=48, n_val=0, n_test=48, layers="bands", lr_search="none", lora_epochs=1,
                   lora_batch=16, cna_cases=6, n_candidates=50, word_train=16, word_test=24,
                   sft_lrs=(1e-4,), sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
@@ -1602,23 +1616,29 @@ SCALES: dict[str, dict] = {
 }
 
 
-def resolve_scale(scale: str, device: str, quick: bool, auto_cpu: str = "cpu") -> str:
+def resolve_scale(scale: str, device: str, quick: bool, auto_cpu: str = "cpu", n_params: int | None = None) -> str:
     """The scale a run uses: "quick" when ``quick``; for "auto", "paper" on a GPU and
     ``auto_cpu`` on a CPU ("cpu", the judged CPU scale; runs before issue 29 resolved it
-    to "quick", which the report passes for their tables); else ``scale`` as given."""
+    to "quick", which the report passes for their tables), "cpu-bands" instead of "cpu"
+    for a model of more than :data:`CPU_FULL_SCALE_MAX_PARAMS` parameters (``n_params``);
+    else ``scale`` as given."""
     if quick:
         return "quick"
     if scale == "auto":
-        return "paper" if str(device).startswith("cuda") else auto_cpu
+        if str(device).startswith("cuda"):
+            return "paper"
+        if auto_cpu == "cpu" and n_params is not None and n_params > CPU_FULL_SCALE_MAX_PARAMS:
+            return "cpu-bands"
+        return auto_cpu
     return scale
 
 
-def scale_settings(scale: str, device: str, quick: bool, n_layers: int) -> dict:
-    """The settings of ``scale`` ("auto": "paper" on a GPU, else "cpu"; ``quick`` forces
+def scale_settings(scale: str, device: str, quick: bool, n_layers: int, n_params: int | None = None) -> dict:
+    """The settings of ``scale`` ("auto": :func:`resolve_scale`; ``quick`` forces
     "quick"), with ``layers`` resolved to a list for a model of ``n_layers``
     ("bands": layer 0, Yu's reference layer and the centre layer of each other band
     of :func:`yu_bands`; every layer when there are at most 4)."""
-    scale = resolve_scale(scale, device, quick)
+    scale = resolve_scale(scale, device, quick, n_params=n_params)
     if scale not in SCALES:
         raise ValueError(f"scale must be 'auto' or one of {sorted(SCALES)}, got {scale!r}")
     s = dict(SCALES[scale], scale=scale)

@@ -42,6 +42,12 @@ class Run:
     def tokenizer(self):
         return self.model.tokenizer
 
+    def record(self, **params) -> None:
+        """Add ``params`` known only once the model is loaded (e.g. the resolved scale) to
+        the run's parameters and rewrite ``<notebook>_params.json``."""
+        self.params.update(params)
+        save_json(self.params, self.out, f"{self.notebook}_params")
+
 
 def start_run(notebook: str, model: str, device: str = "cpu", seed: int = 0, out_dir: str = "../figures",
               quick: bool = False, dtype: str | torch.dtype = "auto", device_map: str | dict | None = None,

@@ -82,7 +82,7 @@ quick = False
 seed = 0
 out_dir = "../figures"
 fewshot = 2               # solved examples in the prefix of every prompt (train and test)
-scale = "auto"            # "paper" (Zhang's settings, for a GPU), "cpu" (judged sizes), "quick" (smoke test); auto: paper on cuda, else cpu
+scale = "auto"            # "paper" (Zhang's settings, for a GPU), "cpu" (judged sizes), "cpu-bands" (top-32 heads only), "quick" (smoke test); auto: paper on cuda, else cpu (cpu-bands above 1 B parameters)
 ops = ["+", "-", "*", "/"]  # operators of the 2-digit data set
 kv = "group"              # precise SFT under GQA: "group" (K/V rows of the head's KV group) or "none"
 gsm8k_path = None         # optional local benchmark files (standard formats)
@@ -109,13 +109,13 @@ from arithlib.paths import cache_root
 from arithlib.runs import start_run
 
 t_start = time.time()
-scale_used = FT.resolve_scale(scale, device, quick)
 run = start_run("08_precise_sft", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map,
-                fewshot=fewshot, scale=scale, ops=ops, kv=kv,
-                scale_resolved=scale_used,  # what the report judges by
-                sft_lrs=list(FT.SCALES[scale_used]["sft_lrs"]))
+                fewshot=fewshot, scale=scale, ops=ops, kv=kv)
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
-S = FT.scale_settings(scale, run.model.device, quick, info.n_layers)
+n_params = FT.count_parameters(bridge)  # "auto" takes the smaller "cpu-bands" scale above 1 B on a CPU
+S = FT.scale_settings(scale, run.model.device, quick, info.n_layers, n_params=n_params)
+run.record(n_params=n_params, scale_resolved=S["scale"],  # what the report judges by
+           sft_lrs=list(S["sft_lrs"]))
 cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
 timings = []
 print(info)
@@ -135,6 +135,11 @@ display(pd.DataFrame([{k: str(v) for k, v in S.items() if k in (
 # narrower still). The learning rate of each judged method is chosen on the 192 validation
 # sentences from {1e-4, 2e-5, 4e-6}: Zhang's 2e-5 and a factor 5 either side, fixed before the
 # search was first run (`finetune.SFT_LR_GRID`). Ties go to the larger lr (the grid's order).
+#
+# `scale="cpu-bands"` (what `"auto"` gives on a CPU for a model of more than 1 B parameters,
+# `finetune.CPU_FULL_SCALE_MAX_PARAMS`): the `cpu` scale's data, lr grid and test split for the
+# judged pair only, precise SFT of the scaled top-32 heads and full SFT; the other head counts
+# and the MLP variants are left out.
 #
 # `scale="quick"` (`quick=True`): 48 training sentences, one lr, one head count: a smoke test;
 # the report shows its numbers but does not judge them.

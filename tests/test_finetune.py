@@ -581,6 +581,40 @@ def test_cpu_scale_is_the_default_on_a_cpu_and_sized_for_a_five_point_interval()
     assert s["n_train"] > ft.SCALES["quick"]["n_train"] and s["n_val"] > 0 and s["lr_search"] != "none"
 
 
+def test_auto_takes_the_stated_smaller_scale_above_one_billion_parameters_on_a_cpu():
+    """Issue 29 allows the 1.5B model a smaller stated scale: "auto" on a CPU gives
+    "cpu-bands" (the cpu scale's data on layer 0, the reference layer and each band's
+    centre; precise SFT of the top-32 heads only) above CPU_FULL_SCALE_MAX_PARAMS, and
+    stays "cpu" at or below it, "paper" on a GPU and "quick" in quick mode."""
+    from arithlib import pruning
+
+    big, small = ft.CPU_FULL_SCALE_MAX_PARAMS + 1, ft.CPU_FULL_SCALE_MAX_PARAMS
+    assert ft.resolve_scale("auto", "cpu", False, n_params=big) == "cpu-bands"
+    assert ft.resolve_scale("auto", "cpu", False, n_params=small) == "cpu"
+    assert ft.resolve_scale("auto", "cuda", False, n_params=big) == "paper"
+    assert ft.resolve_scale("auto", "cpu", True, n_params=big) == "quick"
+    assert ft.resolve_scale("cpu", "cpu", False, n_params=big) == "cpu"  # a scale asked for by name is kept
+    s = ft.scale_settings("auto", "cpu", False, 28, n_params=big)
+    assert s["scale"] == "cpu-bands" and s["layers"] == ft.scale_settings("cpu", "cpu", True, 28)["layers"]
+    assert ft.reference_layer(28) in s["layers"] and 0 in s["layers"] and len(s["layers"]) < 28
+    for k in ("n_train", "n_val", "n_test", "lr_search", "lora_epochs", "sft_lrs", "cna_cases"):
+        assert s[k] == ft.SCALES["cpu"][k], k
+    assert s["head_counts"] == (32,) and s["mlp_counts"] == ()
+    assert pruning.pruning_scale("cpu-bands") == {**pruning.pruning_scale("cpu"), "scale": "cpu-bands"}
+
+
+def test_run_record_adds_parameters_to_the_params_json(tmp_path):
+    """Parameters known only after loading (the resolved scale) reach the params JSON."""
+    import json
+
+    from arithlib.runs import Run
+
+    run = Run("05_lora_mechanism", None, tmp_path, {"notebook": "05_lora_mechanism", "scale": "auto"})
+    run.record(scale_resolved="cpu-bands", n_params=1_543_714_304)
+    saved = json.loads((tmp_path / "05_lora_mechanism_params.json").read_text())
+    assert saved["scale"] == "auto" and saved["scale_resolved"] == "cpu-bands" and saved["n_params"] == 1_543_714_304
+
+
 def test_lr_is_chosen_on_the_validation_split(tiny_qwen2, data, monkeypatch):
     """Yu's lr grid is searched on the validation split: select_lr scores every lr there,
     and the table's val_accuracy is the chosen model's accuracy on it (not on the test)."""
