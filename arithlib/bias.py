@@ -55,14 +55,6 @@ from .stats import bootstrap_ci, crossed_bootstrap_ci
 
 #: Top-k next-token predictions per prompt and gender (App. D: "top100 predictions").
 TOP_K = 100
-#: The number of neurons the paper zeroes (Sec. 6.2, App. D).
-PAPER_EDIT_K = 18
-#: Table 13 (Llama-7B): mean |log p(prof | woman) - log p(prof | man)| in nats, over all
-#: professions and over each gender's, before and after zeroing the 18 neurons.
-PAPER_TABLE13 = {"original": {"total": 1.26, "woman": 1.45, "man": 1.08},
-                 "edited": {"total": 0.81, "woman": 1.04, "man": 0.59}}
-#: Sec. 6.2: the bias is "reduced by 35.7 %" (1 - 0.81 / 1.26).
-PAPER_REDUCTION_PCT = 35.7
 #: Layers below this index are "early" in the early-layer check of notebook 07: layer 0,
 #: whose residual x^{-1} + A^0 is the token embedding plus one attention layer, read
 #: directly through the final norm. Fixed before measuring the edit (from what layer 0's

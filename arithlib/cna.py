@@ -73,35 +73,10 @@ from .hf_compat import cache_kwargs, output_cache, repeat_cache, repeat_rows_
 from .neurons import w_out
 from .hf_compat import input_device, layer_device
 from .models import hf_module as _hf
+from .papers import DAG_EDGE_MIN_ENHANCEMENT, DEEP_FROM_FRACTION, YU_CNA_TABLES, YU_GROUPS
 
 RowHooks = Callable[[torch.Tensor], list[Hook]]  # batch row indices (into the PromptSet) -> hooks
 
-#: Yu & Ananiadou's deep FFN layers, 17..31 of Llama-7B's 32 (the layers from the key
-#: head 17^22 up): they start at this fraction of the depth (notebooks 05, 06; notebook
-#: 04's "keep" uses the layers CNA scored from its own key head instead).
-DEEP_FROM_FRACTION = 17 / 32
-#: Prediction-enhancing DAG: an edge lower -> upper is drawn when removing the lower
-#: neuron's sub-value from the upper layer's input lowers the upper neuron's
-#: coefficient by at least this fraction (direct path, exact).
-DAG_EDGE_MIN_ENHANCEMENT = 0.05
-#: Yu & Ananiadou 2024's numbers on Llama-7B (%) that notebook 04 sets beside ours, by
-#: measure, operator group and top-K: mask / keep accuracy decrease (Tables 5, 15),
-#: coefficient decrease with the head zeroed (Tables 5, 15), the lowest-neuron test
-#: (Tables 6, 16); "M2": hidden-interpretable neurons at M = 2 (Table 8: neurons,
-#: accuracy decrease, random-neuron decrease); "M_neurons", "shallow_total",
-#: "M_decrease": Tables 8 and 17 at every M.
-YU_CNA_TABLES: dict[str, dict] = {
-    "mask": {"+-": {99: 100.0, 10: 68.4}, "/": {99: 84.6, 10: 51.3}},
-    "keep": {"+-": {99: 3.9, 10: 38.2}, "/": {99: 48.7, 10: 64.2}},
-    "coef": {"+-": {99: 49.1, 10: 77.1}, "/": {99: 50.0, 10: 73.0}},
-    "lowest": {"+-": {99: 15.8, 10: 4.4}, "/": {99: 1.3, 10: 7.0}},
-    "M2": {"+-": (1953, 53.9, 2.6)},
-    # Table 8 (+ -) and Table 17 (/) list the same neuron counts per M, of the 176,128
-    # neurons of FFN layers 0-15; accuracy decrease (%) per M
-    "M_neurons": {0: 51980, 1: 10426, 2: 1953, 3: 510},
-    "shallow_total": 176128,
-    "M_decrease": {"+-": {0: 98.7, 1: 68.4, 2: 53.9, 3: 43.4}, "/": {0: 97.5, 1: 82.1, 2: 30.8, 3: 25.7}},
-}
 
 
 # --------------------------------------------------------------------------- model pieces
@@ -200,8 +175,6 @@ def yu_division_1d(fewshot: int = 2, template_id: int = 3) -> list[PromptRecord]
     return records
 
 
-#: Operator groups of Yu's Sec. 4 / App. B: + and - share one key head (17^22), / has its own (14^19).
-YU_GROUPS: dict[str, tuple[str, ...]] = {"+-": ("+", "-"), "/": ("/",)}
 #: How :func:`select_key_heads` chose a group's head (the ``selection`` column of 04_key_heads.csv).
 KEY_HEAD_BY_1D = "largest mean 1D accuracy drop"
 KEY_HEAD_FALLBACK = "fallback: no head lowers 1D accuracy; largest mean accuracy drop over all digit counts"

@@ -36,6 +36,7 @@ from typing import Iterator, NamedTuple, Sequence
 import pandas as pd
 import torch
 
+from .papers import YU_OPERAND_RANGES
 from .paths import data_path
 
 OPS: tuple[str, ...] = ("+", "-", "*", "/")
@@ -129,8 +130,6 @@ def _render(template: str, a: str, b: str, op_word: str | None = None) -> str:
 
 #: How numbers are written: Arabic digits ("42") or English words ("forty-two").
 NUMERALS: tuple[str, ...] = ("digits", "words")
-#: Operand range of Yu's prompts per ``n_digits``.
-YU_OPERAND_RANGES: dict[int, tuple[int, int]] = {1: (0, 9), 2: (10, 99), 3: (100, 999)}
 
 
 def _format_number(n: int, numerals: str) -> str:

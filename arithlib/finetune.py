@@ -88,26 +88,10 @@ from .hf_compat import clean_param_name, decoder_layers, input_device, module_de
 from .layer_inputs import LayerInputs, can_start_late, run_decoder
 from .models import hf_module as _hf
 from .stats import encode_correct
-from .thresholds import KEY_HEAD_THRESHOLD
+from .papers import (KEY_HEAD_THRESHOLD, SFT_LR_GRID, YU_BANDS_32, YU_LR_GRID, YU_REFERENCE_LAYER_FRACTION,
+                     ZHANG_HEAD_COUNTS, ZHANG_MLP_COUNTS, ZHANG_SFT, ZHANG_TOTAL_HEADS)
 
 
-#: Yu & Ananiadou Sec. 5: the learning-rate grid of the LoRA models.
-YU_LR_GRID: tuple[float, ...] = (1e-3, 5e-4, 1e-4)
-#: Zhang et al. Sec. 5.3 training settings of precise and full SFT (LLaMA2-7B/13B).
-ZHANG_SFT = dict(lr=2e-5, batch_size=128, epochs=2, warmup_ratio=0.02, weight_decay=0.1)
-#: Learning rates of precise and full SFT searched on the validation split at the "cpu"
-#: scale: Zhang's 2e-5 and a factor 5 above and below it (fixed before any run of it).
-SFT_LR_GRID: tuple[float, ...] = (1e-4, 2e-5, 4e-6)
-#: Zhang et al. Table 2: numbers of key heads tuned, out of LLaMA2-7B's 32 x 32 = 1024 heads.
-ZHANG_HEAD_COUNTS: tuple[int, ...] = (8, 16, 32, 48, 64)
-ZHANG_TOTAL_HEADS = 1024
-#: Zhang et al. Table 5: numbers of top MLPs added to the top-32 heads.
-ZHANG_MLP_COUNTS: tuple[int, ...] = (1, 2, 3, 6)
-#: Yu & Ananiadou Table 10's bands of LoRA layers in Llama-7B's 32: 1-9, 10-16, 17-30
-#: (layers 0 and 31 left out as "special"); as fractions of the depth.
-YU_BANDS_32: dict[str, tuple[int, int]] = {"shallow": (1, 10), "middle": (10, 17), "deep": (17, 31)}
-#: Yu Sec. 6.1 uses the LoRA model of layer 9 of 32 as its reference LoRA model.
-YU_REFERENCE_LAYER_FRACTION = 9 / 32
 
 
 # --------------------------------------------------------------------------- model plumbing
@@ -1583,7 +1567,7 @@ def full_sft(model, train_set: PromptSet, config: TrainConfig, val_set: PromptSe
 #: and one layer per Yu band, a few steps, one precise-SFT setting - a smoke test of
 #: every section (minutes), never judged.
 #: The 95 % half-width (5 points) the "cpu" scale's test split is sized for: the smallest
-#: threshold of the 05/06 rules (report.NOISE_GAP, thresholds.ZHANG_PRECISE_MARGIN).
+#: threshold of the 05/06 rules (papers.NOISE_GAP, papers.ZHANG_PRECISE_MARGIN).
 JUDGED_HALF_WIDTH = 0.05
 #: "cpu-bands": the "cpu" scale's data sizes, lr search and test split, with LoRA on layer 0,
 #: Yu's reference layer and the centre layer of each band (as "quick") instead of every

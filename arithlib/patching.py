@@ -63,7 +63,7 @@ from .hf_compat import (cache_kwargs, causal_mask, filled_cache_layers, input_de
                         new_cache, output_cache, repeat_rows_, run_block, send)
 from .metrics import relative_logit_change
 from .models import hf_module as _hf, model_dtype as _dtype
-from .thresholds import KEY_HEAD_THRESHOLD
+from .papers import KEY_HEAD_THRESHOLD
 
 
 # --------------------------------------------------------------------------- components

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from .datasets import PromptSet
 from .evaluate import PrefixRunner, continues_number
-from .thresholds import KEY_HEAD_THRESHOLD
+from .papers import KEY_HEAD_THRESHOLD
 
 #: Activation kinds cached at the answer position and the bridge hook of each
 #: (``{L}`` is the layer).

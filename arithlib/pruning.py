@@ -61,17 +61,10 @@ from . import cna as C
 from . import finetune as FT
 from .datasets import PromptSet
 from .layer_inputs import LayerInputs
+from .papers import YU_DEEP_NEURONS, YU_TABLE11, YU_TOP_K
 
 Keep = Mapping[int, Sequence[int] | torch.Tensor]  # pruned layer -> indices of the neurons kept
 
-#: Yu Sec. 6.1: each case's top-500 CNA neurons are kept ...
-YU_TOP_K = 500
-#: ... in Llama-7B's deep layers 17-31: 15 layers x 11,008 neurons ...
-YU_DEEP_NEURONS = 15 * 11_008
-#: ... which leaves about 5 % of them.
-YU_KEPT_SHARE = 0.05
-#: Table 11, accuracy (%) on the 2-digit test set.
-YU_TABLE11 = {"original": 62.9, "LoRA": 89.3, "LoRA on CNA-pruned": 82.3, "LoRA on random-pruned": 17.1}
 #: Shares of the deep FFN neurons kept in the sweep.
 DEFAULT_SHARES: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2)
 

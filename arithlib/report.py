@@ -46,8 +46,10 @@ from .environment import environment_line
 from .outputs import write_text
 from .stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, binomial_ci, bootstrap_ci,
                     crossed_bootstrap_ci, decode_correct, interval_verdict)
-from .thresholds import (FAITHFULNESS_TARGET, KEY_HEAD_THRESHOLD, KNOCKOUT_K, NIKANKIN_FAITHFULNESS, NIKANKIN_MATCH_T,
-                         NIKANKIN_NEURON_SHARE, ZHANG_PRECISE_MARGIN)
+from . import papers
+from .papers import (CLEAR_GAP, FAITHFULNESS_TARGET, HALF, KEY_HEAD_THRESHOLD, KNOCKOUT_K, NIKANKIN_FAITHFULNESS,
+                     NIKANKIN_MATCH_T, NIKANKIN_NEURON_SHARE, NIKANKIN_TXT, NOISE_GAP, PAPERS, PAPERS_SHORT,
+                     YU_TXT, ZHANG_PRECISE_MARGIN, ZHANG_TXT)
 
 NOT_RUN = "not run"
 #: A finding measured at smoke-test sizes (a notebook's ``quick`` mode, or fine-tuning at
@@ -58,12 +60,6 @@ ERROR = "error"
 VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, INCONCLUSIVE, NOT_RUN, NOT_JUDGED, ERROR)
 #: Verdicts counted in a summary only where some finding has them.
 _RARE_VERDICTS = (NOT_JUDGED, ERROR)
-#: Share of the paper's effect that counts as reproducing it.
-HALF = 0.5
-#: Gap (fraction of prompts, i.e. 10 points) for qualitative "much more" claims.
-CLEAR_GAP = 0.10
-#: Gap (5 points) in the paper's direction that counts as "partly".
-NOISE_GAP = 0.05
 
 NOTEBOOKS: dict[str, str] = {
     "00": "Model accuracy",
@@ -76,13 +72,6 @@ NOTEBOOKS: dict[str, str] = {
     "07": "Gender-bias editing (Yu Sec. 6.2)",
     "08": "Precise SFT of the key heads (Zhang Sec. 4.3, 5.3)",
 }
-PAPERS = {"zhang": "Zhang et al. 2024 (ICML)", "yu": "Yu & Ananiadou 2024 (EMNLP)",
-          "nikankin": "Nikankin et al. 2025 (ICLR)"}
-PAPERS_SHORT = {"zhang": "Zhang 2024", "yu": "Yu 2024", "nikankin": "Nikankin 2025"}
-#: Where each paper's numbers are quoted from (the README's "Citing" section has the BibTeX).
-ZHANG_TXT = "Zhang et al. 2024, ICML (PMLR 235; arXiv:2409.01659)"
-YU_TXT = "Yu & Ananiadou 2024, EMNLP (arXiv:2409.14144)"
-NIKANKIN_TXT = "Nikankin et al. 2025, ICLR, OpenReview discussion (arXiv:2410.21272)"
 
 
 # --------------------------------------------------------------------------- reading a figures folder
@@ -247,7 +236,7 @@ def _zhang_key_heads(t: Tables) -> Outcome:
     elif ci.low == 0:
         verdict = INCONCLUSIVE    # "some key heads" is itself undecided
     else:
-        verdict = interval_verdict(ci, 0.05, 0.10, higher_is_better=False)
+        verdict = interval_verdict(ci, papers.ZHANG_KEY_HEAD_SHARE, 2 * papers.ZHANG_KEY_HEAD_SHARE, higher_is_better=False)
     return Outcome(f"{len(key)} of {len(comps)} heads = {ci.text(digits=1)} (layers {layers or 'none'}; "
                    f"{eff.shape[0]} prompts)",
                    verdict,
@@ -286,7 +275,7 @@ def _zhang_knockout(t: Tables) -> Outcome:
     return Outcome(f"k = {k} heads mean-ablated at every query position: effect-rank {_pct(-drop_e, 0)}, random-rank "
                    f"{_pct(-drop_r, 0)} ({len(rand)} random sets; accuracy {base:.0%} before, {len(m)} prompts); "
                    f"gap {ci.text()}",
-                   interval_verdict(ci, HALF * (0.70 - 0.02), NOISE_GAP),
+                   interval_verdict(ci, HALF * (papers.ZHANG_KNOCKOUT_DROP - papers.ZHANG_RANDOM_KNOCKOUT_WITHIN), NOISE_GAP),
                    {"effect-rank minus random-rank accuracy drop": gap(m), "effect-rank drop": drop_e,
                     "random-rank drop": drop_r, "k knocked out": float(k)}, ci)
 
@@ -301,7 +290,7 @@ def _zhang_late_mlps(t: Tables) -> Outcome:
     eff, ops, comps = _pooled(t, "mlp")
     layers = np.array([c[0] for c in comps])
     L = t.n_layers(pd.Series(layers))
-    cut = _paper_depth(17, L)
+    cut = _paper_depth(papers.ZHANG_LATE_MLP_LAYER_32, L)
     late = layers >= cut
     if late.all() or not late.any():
         raise NotRun(f"no MLPs on one side of layer {cut} (17/32 of {L})")
@@ -315,7 +304,7 @@ def _zhang_late_mlps(t: Tables) -> Outcome:
     late_ci = bootstrap_ci(lambda x: _late_early(x, late)[1], eff, groups=ops)
     verdict = interval_verdict(ci, 2.0, 1.0)
     if verdict == REPRODUCED:  # the paper's size too: late MLPs about +-10 %, half of it needed
-        size = interval_verdict(late_ci, HALF * 0.10, HALF * 0.10)
+        size = interval_verdict(late_ci, HALF * papers.ZHANG_LATE_MLP_EFFECT, HALF * papers.ZHANG_LATE_MLP_EFFECT)
         verdict = REPRODUCED if size == REPRODUCED else PARTLY if size == NOT_REPRODUCED else INCONCLUSIVE
     top = comps[int(np.argmax(np.abs(eff.mean(0))))]
     return Outcome(f"mean |effect| of MLPs 0-{cut - 1}: {_pct(e)}; of MLPs {cut}-{L - 1}: {late_ci.text(digits=1)}; "
@@ -352,7 +341,7 @@ def _zhang_mlp_answer(t: Tables) -> Outcome:
 
     ci = bootstrap_ci(onset, curves, groups=ops)
     rises = pts.rise > 0 and pts.peak > pts.start  # a curve whose maximum is its first searched layer has no climb
-    verdict = interval_verdict(ci, 17 / 32, 13 / 32) if rises else NOT_REPRODUCED
+    verdict = interval_verdict(ci, papers.ZHANG_MLP_CURVE_CLIMB_32 / 32, papers.ZHANG_MLP_CURVE_START_32 / 32) if rises else NOT_REPRODUCED
     return Outcome(f"cos(MLP_out - MLP_in, W_U[C]) (layer 0 left out): climb begins at layer {pts.start} "
                    f"(depth {ci.text(pct=False)}; paper 18/32 = 0.56), steepest step {pts.inflection}, "
                    f"peak {pts.peak} of {L} layers ({curves.shape[0]} prompts)"
@@ -405,7 +394,7 @@ def _zhang_transfer(t: Tables) -> Outcome:
     drops_r = [1 - x[fmt == f, 2].mean() / x[fmt == f, 0].mean() for f in answered]
     return Outcome(f"relative accuracy change after knocking out the top-{k} heads by path-patching effect (as many "
                    f"random heads): {'; '.join(parts)}; mean gap {ci.text()}",
-                   interval_verdict(ci, HALF * 0.66, NOISE_GAP),
+                   interval_verdict(ci, HALF * papers.ZHANG_TRANSFER_DROP, NOISE_GAP),
                    {"transfer: relative drop minus random-heads drop": _transfer_gap(x, fmt),
                     "mean relative accuracy drop on transfer formats": float(np.mean(drops)),
                     "mean relative drop with random heads": float(np.mean(drops_r)),
@@ -453,7 +442,7 @@ def _yu_single_head(t: Tables) -> Outcome:
                     + ", ".join(f"{o} {_pct(r.before, 0)} -> {_pct(r.after, 0)}" for o, r in g.iterrows()))
     return Outcome(f"largest relative 1D accuracy decrease from one head (every position, all 1D prompts): {per_op}; "
                    f"mean {ci.text()}{spec}",
-                   interval_verdict(ci, HALF * (46.5 + 62.2 + 54.9) / 300, NOISE_GAP),
+                   interval_verdict(ci, HALF * (papers.YU_TABLE2["+"] + papers.YU_TABLE2["-"] + papers.YU_TABLE2["/"]) / 300, NOISE_GAP),
                    {"mean top-head relative 1D accuracy decrease (+ - /)": ci.estimate}, ci)
 
 
@@ -732,7 +721,8 @@ def _yu_shallow(t: Tables) -> Outcome:
                    f"{h['accuracy_decrease']:.1f} % decrease vs random {r:.1f} % ({rnd['seed'].nunique()} seeds); "
                    f"gap {ci.estimate:.1f} points{_ci_text(ci)} "
                    f"(bootstrap over {ci.n} cases and the seeds)",
-                   interval_verdict(ci, 100 * HALF * (53.9 - 2.6) / 100, 100 * NOISE_GAP), metrics, ci)
+                   interval_verdict(ci, 100 * HALF * (papers.YU_CNA_TABLES["M2"]["+-"][1] - papers.YU_CNA_TABLES["M2"]["+-"][2]) / 100,
+                                    100 * NOISE_GAP), metrics, ci)
 
 
 def _band_layers(text: object) -> list[int]:
@@ -829,7 +819,7 @@ def _yu_lora_coef(t: Tables) -> Outcome:
     low = bootstrap_ci(lambda n, d: float(min(band_means(n, d).values())), num, den)
     if has:
         falls = _above_zero(bootstrap_ci(lambda n, d: band_means(n, d)["shallow"] - band_means(n, d)["deep"], num, den))
-        big = _possible(bootstrap_ci(lambda n, d: band_means(n, d)["shallow"], num, den), HALF * 42)
+        big = _possible(bootstrap_ci(lambda n, d: band_means(n, d)["shallow"], num, den), HALF * papers.YU_SHALLOW_COEF_MIN)
     else:
         falls = big = {False}
     return Outcome(f"{text}; mean over bands {mean.estimate:+.1f} %{_ci_text(mean)} (bootstrap over {mean.n} cases)",
@@ -883,7 +873,7 @@ def _yu_pruning(t: Tables) -> Outcome:
                    f"{_pct(vs_orig.estimate)}{_ci_text(vs_orig.scaled(100))} (paired bootstrap over {ci.n} test "
                    f"prompts{f' and the {n_seeds} random prunings' if n_seeds > 1 else ''})",
                    _judged(lambda big, above, half: _grade(big and above, half),
-                           _possible(ci, HALF * (82.3 - 17.1) / 100), _above_zero(vs_orig), _possible(ci, NOISE_GAP)),
+                           _possible(ci, HALF * (papers.YU_TABLE11["LoRA on CNA-pruned"] - papers.YU_TABLE11["LoRA on random-pruned"]) / 100), _above_zero(vs_orig), _possible(ci, NOISE_GAP)),
                    metrics, ci)
 
 
@@ -943,7 +933,7 @@ def _yu_gender(t: Tables) -> Outcome:
             or not t.has("07_paper_bias_scores"):
         raise NotRun("07's tables predate issue 29 (edit set from a 20-per-profession screen, 3 random seeds, no "
                      "Table-23 professions, no early-layer check): rerun notebook 07")
-    from .bias import PAPER_REDUCTION_PCT, reduction_intervals
+    from .bias import reduction_intervals
 
     t13 = t.csv("07_table13")
     cna = t13[t13["model"].astype(str).str.startswith("CNA")]
@@ -987,11 +977,11 @@ def _yu_gender(t: Tables) -> Outcome:
         early = int(lay.loc[lay["layer"] < int(p07["early_layers"]), "n_neurons"].sum())
         text += f"; {early} of the {k} edited neurons in layers < {int(p07['early_layers'])}"
         metrics["edited neurons in early layers"] = float(early)
-    text += f" (bootstrap over professions crossed with seeds; paper {PAPER_REDUCTION_PCT} %)"
+    text += f" (bootstrap over professions crossed with seeds; paper {papers.YU_BIAS_REDUCTION_PCT} %)"
     if not int(r["n_seeds"]):
         return Outcome(text + "; no random control", INCONCLUSIVE, metrics, ci)
     return Outcome(text, _judged(lambda big, above: _grade(big and above, above),
-                                 _possible(ci, HALF * PAPER_REDUCTION_PCT), _possible(diff, 100 * NOISE_GAP)),
+                                 _possible(ci, HALF * papers.YU_BIAS_REDUCTION_PCT), _possible(diff, 100 * NOISE_GAP)),
                    metrics, ci)
 
 

@@ -118,7 +118,7 @@ import arithlib.plots_neurons as P
 from arithlib.outputs import save_figure, save_table
 from arithlib.ablation import mean_activations
 from arithlib.runs import start_run
-from arithlib.thresholds import FAITHFULNESS_TARGET, NIKANKIN_NEURON_SHARE
+from arithlib.papers import FAITHFULNESS_TARGET, NIKANKIN_NEURON_SHARE
 
 t_start = time.time()
 if threads:

@@ -136,6 +136,7 @@ import arithlib.cna as C
 import arithlib.datasets as ds
 import arithlib.plots_cna as P
 import arithlib.report as R
+from arithlib import papers
 from arithlib.ablation import zero_heads_hooks
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
@@ -159,7 +160,7 @@ print(f"random controls: {n_random_seeds} seeds")
 
 # %%
 sweep_path = run.out / "01_yu_head_sweep.csv"
-groups = {g: list(ops) for g, ops in C.YU_GROUPS.items()}
+groups = {g: list(ops) for g, ops in papers.YU_GROUPS.items()}
 selected = C.select_key_heads(sweep_path, groups, n_digits=1)
 heads = {r.group: (int(r.layer), int(r.head)) for r in selected.itertuples()}
 head_table = C.key_head_table(sweep_path, selected, groups, n_digits=1)
@@ -452,7 +453,7 @@ if case_idx is not None and len(examples):
 # ## What this run found
 
 # %%
-PAPER = C.YU_CNA_TABLES  # the paper's numbers for the comparisons below
+PAPER = papers.YU_CNA_TABLES  # the paper's numbers for the comparisons below
 timings["all"], reused["all"] = time.time() - t_start, store.reused_seconds
 # seconds: this run; reused_seconds: what the results it loaded from the store took in the run that computed them
 save_table(pd.DataFrame([{"step": k, "seconds": v, "reused_seconds": reused.get(k, 0.0)} for k, v in timings.items()]),

@@ -91,6 +91,7 @@ import arithlib.datasets as ds
 import arithlib.finetune as FT
 import arithlib.plots_pruning as PP
 import arithlib.pruning as P
+from arithlib import papers
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
 from arithlib.runs import start_run
@@ -134,7 +135,7 @@ k_scaled = P.scaled_top_k(n_deep)
 mode_used = C.resolve_mode(bridge, mode)
 print(info)
 print(f"deep layers {deep[0]}..{deep[-1]} of 0..{info.n_layers - 1} (Yu: 17..31 of 32), {n_deep:,} deep FFN neurons "
-      f"(Yu: {P.YU_DEEP_NEURONS:,}); LoRA layer {ref_layer} (Yu: 9 of 32); Yu's top-500 scaled to this depth: "
+      f"(Yu: {papers.YU_DEEP_NEURONS:,}); LoRA layer {ref_layer} (Yu: 9 of 32); Yu's top-500 scaled to this depth: "
       f"top-{k_scaled}; CNA mode {mode_used}")
 display(pd.DataFrame([{**{f"05: {k}": str(v) for k, v in S05.items() if k in ("scale", "n_train", "n_val", "n_test",
                                                                                "lora_epochs", "lora_batch")},
@@ -288,7 +289,7 @@ save_table(sweep, run.out, "06_share_sweep")
 save_table(summary, run.out, "06_share_sweep_summary")
 acc = dict(zip(table.model, table.accuracy))
 fig = PP.share_sweep(sweep, reference={"original": acc["original"], f"LoRA L{ref_layer}": acc["LoRA"]},
-                     main_share=main_share, paper=P.YU_TABLE11,
+                     main_share=main_share, paper=papers.YU_TABLE11,
                      title=f"{model}: pruning the deep FFN layers {deep[0]}-{deep[-1]}, CNA union vs random")
 save_figure(fig, run.out, "06_share_sweep")
 summary.pivot_table(index="share", columns="selection", values=["accuracy_pruned", "accuracy"]).round(3)

@@ -132,6 +132,7 @@ import arithlib.bias as B
 import arithlib.datasets as ds
 import arithlib.plots_bias as P
 import arithlib.report as R
+from arithlib import papers
 from arithlib.general_ability import pydoc_prose
 from arithlib.outputs import save_figure, save_table
 from arithlib.runs import start_run
@@ -291,7 +292,7 @@ if has_bias:
     save_figure(P.bias_before_after(t13, genders, f"{model}: gender bias before / after zeroing {edit_k} neurons"),
                 out, "07_table13")
     save_figure(P.bias_sweep(summary, f"{model}: bias vs number of zeroed neurons"), out, "07_bias_sweep")
-    save_figure(P.edit_effects(effects[effects.K == edit_k], B.PAPER_REDUCTION_PCT,
+    save_figure(P.edit_effects(effects[effects.K == edit_k], papers.YU_BIAS_REDUCTION_PCT,
                                f"{model}: bias reduction with 95 % intervals (K = {edit_k})"), out, "07_edit_effects")
     edited = scores[(scores.kind == "cna") & (scores.K == edit_k)]
     save_figure(P.profession_shift(scores[scores.kind == "original"], edited,
@@ -434,11 +435,11 @@ else:
                  f"{diag.loc[later_rows, 'mean_abs_change'].median():.3g} nats.")
     o = t13.iloc[0]
     c = t13[t13.model.str.startswith("CNA")].iloc[0]
-    pt = B.PAPER_TABLE13
+    pt = papers.YU_TABLE13
     lines.append(f"- **Table 13 (all 8 prompts, the model's {len(biased)} biased professions).** Original: total "
                  f"{o.total:.2f}, woman {o.woman:.2f}, man {o.man:.2f} nats. CNA top-{edit_k} zeroed: total {c.total:.2f}, "
                  f"woman {c.woman:.2f}, man {c.man:.2f}. Paper (Llama-7B): {pt['original']['total']} -> "
-                 f"{pt['edited']['total']} ({B.PAPER_REDUCTION_PCT} %).")
+                 f"{pt['edited']['total']} ({papers.YU_BIAS_REDUCTION_PCT} %).")
     names = {"cna": f"CNA top-{edit_k}", "cna_late": f"top-{edit_k} from layers >= {early_layers}",
              "cna_drop": f"top-{edit_k} less its {n_early} early neurons"}
     for pro in ("model's own", "Table 23"):

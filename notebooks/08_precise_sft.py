@@ -134,7 +134,7 @@ display(pd.DataFrame([{k: str(v) for k, v in S.items() if k in (
 # 95 % half-width of 5 points, the rule's margin (the paired differences the rule reads are
 # narrower still). The learning rate of each judged method is chosen on the 192 validation
 # sentences from {1e-4, 2e-5, 4e-6}: Zhang's 2e-5 and a factor 5 either side, fixed before the
-# search was first run (`finetune.SFT_LR_GRID`). Ties go to the larger lr (the grid's order).
+# search was first run (`papers.SFT_LR_GRID`). Ties go to the larger lr (the grid's order).
 #
 # `scale="cpu-bands"` (what `"auto"` gives on a CPU for a model of more than 1 B parameters,
 # `finetune.CPU_FULL_SCALE_MAX_PARAMS`): the `cpu` scale's data, lr grid and test split for the

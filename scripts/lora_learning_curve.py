@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 import arithlib.datasets as ds  # noqa: E402
 import arithlib.finetune as FT  # noqa: E402
+from arithlib import papers  # noqa: E402
 from arithlib.models import load_model  # noqa: E402
 
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256, 512])
     ap.add_argument("--n-val", type=int, default=FT.SCALES["cpu"]["n_val"])
-    ap.add_argument("--lr", type=float, default=FT.YU_LR_GRID[0])
+    ap.add_argument("--lr", type=float, default=papers.YU_LR_GRID[0])
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--layer", type=int, default=None, help="LoRA layer (default: Yu's reference layer, scaled)")

@@ -247,7 +247,7 @@ def test_notebook_defaults_follow_the_paper_and_the_intervals():
     p03 = _parameters("03_neuron_heuristics.ipynb")
     assert p03["labels"] == "all"
     assert p03["n_heldout"] is None and 0 < p03["heldout_half_width"] <= 0.05
-    from arithlib.thresholds import NIKANKIN_MATCH_T
+    from arithlib.papers import NIKANKIN_MATCH_T
 
     assert p03["n_exact_check"] >= 32 and p03["t"] == NIKANKIN_MATCH_T
     p01 = _parameters("01_identify_heads.ipynb")

@@ -14,6 +14,7 @@ import arithlib.ablation as A
 import arithlib.datasets as ds
 import arithlib.finetune as FT
 import arithlib.pruning as P
+from arithlib import papers
 from arithlib.models import load_model, random_model_dir
 
 TOL = 1e-4
@@ -164,7 +165,7 @@ def test_random_keep():
     matched = P.random_keep([1, 2], 10, 0, seed=0, layer_counts={1: 3, 2: 4})
     assert [len(matched[1]), len(matched[2])] == [3, 4]
     assert P.n_for_share(0.05, 1000) == 50 and P.n_for_share(0.0001, 100) == 1
-    assert P.scaled_top_k(P.YU_DEEP_NEURONS) == 500
+    assert P.scaled_top_k(papers.YU_DEEP_NEURONS) == 500
 
 
 def test_lora_on_pruned_model(qwen):
