@@ -1795,7 +1795,7 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
     folder); with ``readme``, the same verdict table goes into that file's verdict block
     (:func:`replace_readme_block`); return the paths of the Markdown and the CSV."""
     from .outputs import save_figure, save_table
-    from .plots_report import cross_model_figure
+    from .plots.report import cross_model_figure
 
     out = Path(out_dir) if out_dir is not None else Path(fig_dirs[0]).resolve().parent
     fig_dirs = sorted(fig_dirs, key=lambda d: _size_key(Tables(d)))  # columns from the smallest model up

@@ -67,7 +67,7 @@ n_per_template = 10      # prompts per template and operator (Yu, Zhang, word pr
 import arithlib.datasets as ds
 from arithlib.evaluate import accuracy, evaluate_sets
 from arithlib.outputs import save_figure, save_table
-from arithlib.plotting import accuracy_bars, heatmap
+from arithlib.plots.accuracy import accuracy_bars, heatmap
 from arithlib.runs import start_run
 
 if quick:

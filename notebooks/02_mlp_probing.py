@@ -103,8 +103,8 @@ from IPython.display import Markdown, display
 
 import arithlib.datasets as ds
 import arithlib.lens as lens
-import arithlib.plots_probing as pp
-import arithlib.probing as P
+import arithlib.plots.probing as plots
+import arithlib.probing as probing
 from arithlib.models import load_model
 from arithlib.outputs import save_figure, save_table
 from arithlib.runs import start_run
@@ -141,7 +141,7 @@ def zhang_set(tokenizer):
 def reference_set(loaded):
     """Cache the Zhang set and keep the prompts the model answers correctly."""
     ps = zhang_set(loaded.tokenizer)
-    cache = P.cache_answer_position(loaded.bridge, ps, batch_size=batch_size)
+    cache = probing.cache_answer_position(loaded.bridge, ps, batch_size=batch_size)
     ok = cache.correct
     acc = ps.to_frame()[["op"]].assign(correct=ok.numpy()).groupby("op")["correct"].agg(["mean", "size"]).reset_index()
     keep = ok.nonzero().flatten().tolist()
@@ -168,7 +168,7 @@ def key_layers_of(out: Path) -> tuple[pd.DataFrame | None, list[int]]:
     path = out / "01_path_patching.csv"
     if not path.exists():
         return None, []
-    heads = P.key_head_layers(pd.read_csv(path))  # Zhang's -5 %
+    heads = probing.key_head_layers(pd.read_csv(path))  # Zhang's -5 %
     return heads, sorted(heads.layer.unique().tolist())
 
 
@@ -177,9 +177,9 @@ def cosine_study(loaded, ps, cache):
         return None
     biggest = max(9, max(r.answer for r in ps.records))
     numbers = ds.single_token_numbers(loaded.tokenizer, min(biggest, ds.single_token_max(loaded.tokenizer)))
-    frame = P.unembed_cosines(cache, ps, P.unembed_matrix(loaded.bridge), numbers)
-    summary = P.summarise_curves(frame)
-    return frame, summary, P.curve_point_table(summary), numbers
+    frame = probing.unembed_cosines(cache, ps, probing.unembed_matrix(loaded.bridge), numbers)
+    summary = probing.summarise_curves(frame)
+    return frame, summary, probing.curve_point_table(summary), numbers
 
 
 t0 = time.perf_counter()
@@ -199,9 +199,9 @@ else:
     # per prompt and layer, the curves the verdict reads (the report bootstraps the onset over prompts)
     save_table(cos_frame[cos_frame.measure.isin(["delta_C", "delta_other"])], run.out, "02_mlp_cosines_per_prompt")
     save_table(cos_points, run.out, "02_mlp_cosine_points")
-    fig = pp.cosine_curves({model: cos_summary}, {model: key_layers}, {model: cos_points})
+    fig = plots.cosine_curves({model: cos_summary}, {model: key_layers}, {model: cos_points})
     save_figure(fig, run.out, "02_mlp_cosines")
-    by_op = P.summarise_curves(cos_frame, by=("op", "measure", "layer"))
+    by_op = probing.summarise_curves(cos_frame, by=("op", "measure", "layer"))
     save_table(by_op, run.out, "02_mlp_cosines_by_op")
     display(cos_points)
 
@@ -245,17 +245,17 @@ def case_study(loaded, op, a, b):
     if not recs:
         raise ValueError(f"{a} {op} {b} is not a Zhang prompt with operands 1..9")
     ps = ds.PromptSet.build(recs, loaded.tokenizer)
-    cache = P.cache_answer_position(loaded.bridge, ps, progress=False)
+    cache = probing.cache_answer_position(loaded.bridge, ps, progress=False)
     c = recs[0].answer
     hi = min(max(9, c + 5), ds.single_token_max(loaded.tokenizer))
     numbers = ds.single_token_numbers(loaded.tokenizer, hi)
-    W_U = P.unembed_matrix(loaded.bridge)
-    proj = P.number_projection(cache, 0, W_U, numbers)
-    proj_out = P.number_projection(cache, 0, W_U, numbers, vector="mlp_out")
+    W_U = probing.unembed_matrix(loaded.bridge)
+    proj = probing.number_projection(cache, 0, W_U, numbers)
+    proj_out = probing.number_projection(cache, 0, W_U, numbers, vector="mlp_out")
     c_num = c if c in numbers else int(str(c)[0])  # per-digit tokenizers: the answer's first digit
     return {"text": recs[0].text, "answer": c, "answer_number": c_num, "correct": bool(cache.correct[0]),
-            "projection": proj, "top": P.top_numbers(proj, 3), "c2f": P.coarse_to_fine(proj, c_num),
-            "projection_out": proj_out, "c2f_out": P.coarse_to_fine(proj_out, c_num)}
+            "projection": proj, "top": probing.top_numbers(proj, 3), "c2f": probing.coarse_to_fine(proj, c_num),
+            "projection_out": proj_out, "c2f_out": probing.coarse_to_fine(proj_out, c_num)}
 
 
 t0 = time.perf_counter()
@@ -267,9 +267,9 @@ for i, res in enumerate(case_results[model]):
     save_table(pd.concat([res["projection"].assign(vector="MLP_out - MLP_in"),
                           res["projection_out"].assign(vector="MLP_out")]).assign(case=res["text"].strip()),
                run.out, f"02_case_projection_{tag}")
-    title = f"{pp.short_name(model)}: '{res['text'].strip()}' (answer {res['answer']}, model correct: {res['correct']})"
-    save_figure(pp.number_heatmap(res["projection"], res["answer_number"], title=title), run.out, f"02_case_heatmap_{tag}")
-    save_figure(pp.number_heatmap(res["projection_out"], res["answer_number"], title=title, vector_label="MLP_out"),
+    title = f"{plots.short_name(model)}: '{res['text'].strip()}' (answer {res['answer']}, model correct: {res['correct']})"
+    save_figure(plots.number_heatmap(res["projection"], res["answer_number"], title=title), run.out, f"02_case_heatmap_{tag}")
+    save_figure(plots.number_heatmap(res["projection_out"], res["answer_number"], title=title, vector_label="MLP_out"),
                 run.out, f"02_case_heatmap_{tag}_mlp_out")
     for vec, c2f in (("MLP_out - MLP_in", res["c2f"]), ("MLP_out", res["c2f_out"])):
         case_rows.append({"case": res["text"].strip(), "vector": vec, "answer": res["answer"], "model_correct": res["correct"],
@@ -292,10 +292,10 @@ profiles = {}
 for name, loaded in models.items():
     if cos_results[name] is None:
         continue
-    profiles[name] = P.distance_profile(sets[name][3], sets[name][2], P.unembed_matrix(loaded.bridge), cos_results[name][3])
+    profiles[name] = probing.distance_profile(sets[name][3], sets[name][2], probing.unembed_matrix(loaded.bridge), cos_results[name][3])
 if profiles:
     save_table(profiles[model], run.out, "02_distance_profile")
-    fig = pp.distance_curves({model: profiles[model]})
+    fig = plots.distance_curves({model: profiles[model]})
     save_figure(fig, run.out, "02_distance_profile")
 
 
@@ -310,11 +310,11 @@ if profiles:
 def lens_study(loaded, ps, cache):
     if len(ps) == 0:
         return None
-    idx = P.stratified_indices(ps, lens_max_prompts, by="op", seed=seed)
+    idx = probing.stratified_indices(ps, lens_max_prompts, by="op", seed=seed)
     lens_frame = lens.logit_lens_answer(loaded.bridge, cache.subset(idx), ps.subset(idx))
     dla = lens.direct_logit_attribution_answer(loaded.bridge, cache, ps)
     err = lens.dla_reconstruction_error(dla, cache)
-    return lens_frame, lens.lens_summary(lens_frame), dla, P.summarise_curves(dla, by=("component", "layer"), value="dla"), err
+    return lens_frame, lens.lens_summary(lens_frame), dla, probing.summarise_curves(dla, by=("component", "layer"), value="dla"), err
 
 
 t0 = time.perf_counter()
@@ -327,8 +327,8 @@ else:
     save_table(lens_sum, run.out, "02_logit_lens")
     save_table(lens.lens_summary(lens_frame, by=("op", "layer")), run.out, "02_logit_lens_by_op")
     save_table(dla_sum, run.out, "02_dla")
-    save_figure(pp.lens_curves({model: lens_sum}), run.out, "02_logit_lens")
-    save_figure(pp.dla_curves({model: dla_sum}, {model: key_layers}), run.out, "02_dla")
+    save_figure(plots.lens_curves({model: lens_sum}), run.out, "02_logit_lens")
+    save_figure(plots.dla_curves({model: dla_sum}, {model: key_layers}), run.out, "02_dla")
     print(f"logit lens on {lens_frame.prompt.nunique()} prompts; DLA on {dla.prompt.nunique()} prompts, "
           f"largest |sum of contributions - answer logit| = {dla_err:.2e}")
 
@@ -349,10 +349,10 @@ def probe_study(loaded):
     recs = ds.yu_prompts(ops=probe_ops, n_digits=2, n_per_template=probe_n_per_template, seed=seed,
                          fewshot=fewshot, templates=probe_templates)
     ps = ds.PromptSet.build(recs, loaded.tokenizer)
-    cache = P.cache_answer_position(loaded.bridge, ps, kinds=["resid_pre", "resid_post"], batch_size=batch_size)
+    cache = probing.cache_answer_position(loaded.bridge, ps, kinds=["resid_pre", "resid_post"], batch_size=batch_size)
     stack, layer_ids = lens.lens_stack(cache)
-    labels = P.probe_labels(ps, ["a", "b", "result", "result_last_digit"])
-    probes = P.linear_probes(stack, labels, test_frac=probe_test_frac, seed=seed, layer_labels=layer_ids)
+    labels = probing.probe_labels(ps, ["a", "b", "result", "result_last_digit"])
+    probes = probing.linear_probes(stack, labels, test_frac=probe_test_frac, seed=seed, layer_labels=layer_ids)
     return probes, len(ps), float(cache.correct.float().mean())
 
 
@@ -361,9 +361,9 @@ probe_results = {name: probe_study(models[name]) for name in models}
 timings["probes"] = time.perf_counter() - t0
 probes, n_probe, probe_acc = probe_results[model]
 save_table(probes, run.out, "02_probes")
-best = P.best_layers(probes)
+best = probing.best_layers(probes)
 save_table(best, run.out, "02_probes_best")
-save_figure(pp.probe_curves({model: probes}), run.out, "02_probes")
+save_figure(plots.probe_curves({model: probes}), run.out, "02_probes")
 print(f"{n_probe} probe prompts ({int(best.n_train[0])} train / {int(best.n_test[0])} held out); "
       f"model accuracy on them {probe_acc:.0%}")
 display(best)
@@ -385,25 +385,25 @@ if compare_model:
     lens_results[compare_model] = lens_study(other, sets[compare_model][2], sets[compare_model][3])
     probe_results[compare_model] = probe_study(other)
     if cos_results[compare_model] is not None:
-        profiles[compare_model] = P.distance_profile(sets[compare_model][3], sets[compare_model][2],
-                                                     P.unembed_matrix(other.bridge), cos_results[compare_model][3])
+        profiles[compare_model] = probing.distance_profile(sets[compare_model][3], sets[compare_model][2],
+                                                     probing.unembed_matrix(other.bridge), cos_results[compare_model][3])
     timings[f"compare model {compare_model}"] = time.perf_counter() - t0
     both = [m for m in models if cos_results[m] is not None]
     if len(both) == 2:
-        save_figure(pp.cosine_curves({m: cos_results[m][1] for m in both}, {model: key_layers},
+        save_figure(plots.cosine_curves({m: cos_results[m][1] for m in both}, {model: key_layers},
                                      {m: cos_results[m][2] for m in both}), run.out, "02_compare_mlp_cosines")
-        save_figure(pp.distance_curves({m: profiles[m] for m in both}), run.out, "02_compare_distance_profile")
+        save_figure(plots.distance_curves({m: profiles[m] for m in both}), run.out, "02_compare_distance_profile")
         save_table(pd.concat([cos_results[m][2].assign(model=m) for m in both]), run.out, "02_compare_cosine_points")
     lensed = [m for m in models if lens_results[m] is not None]
-    save_figure(pp.lens_curves({m: lens_results[m][1] for m in lensed}), run.out, "02_compare_logit_lens")
-    save_figure(pp.dla_curves({m: lens_results[m][3] for m in lensed}), run.out, "02_compare_dla")
-    save_figure(pp.probe_curves({m: probe_results[m][0] for m in models}), run.out, "02_compare_probes")
-    save_table(pd.concat([P.best_layers(probe_results[m][0]).assign(model=m) for m in models]), run.out,
+    save_figure(plots.lens_curves({m: lens_results[m][1] for m in lensed}), run.out, "02_compare_logit_lens")
+    save_figure(plots.dla_curves({m: lens_results[m][3] for m in lensed}), run.out, "02_compare_dla")
+    save_figure(plots.probe_curves({m: probe_results[m][0] for m in models}), run.out, "02_compare_probes")
+    save_table(pd.concat([probing.best_layers(probe_results[m][0]).assign(model=m) for m in models]), run.out,
                "02_compare_probes_best")
     for i in range(len(cases)):
         res = case_results[compare_model][i]
-        save_figure(pp.number_heatmap(res["projection"], res["answer_number"],
-                                      title=f"{pp.short_name(compare_model)}: '{res['text'].strip()}' (model correct: {res['correct']})"),
+        save_figure(plots.number_heatmap(res["projection"], res["answer_number"],
+                                      title=f"{plots.short_name(compare_model)}: '{res['text'].strip()}' (model correct: {res['correct']})"),
                     run.out, f"02_compare_case_heatmap_case{i + 1}")
 else:
     print("compare_model is None: section 5 is skipped")
@@ -453,7 +453,7 @@ def findings(name: str) -> list[str]:
                 r = pts.loc[m]
                 inside = [layer for layer in key_layers if r.start <= layer <= r.peak]
                 out.append(f"- Key heads of notebook 01 sit in layers {key_layers}; {len(inside)} of those "
-                           f"{len(key_layers)} layers lie in the climb of {P.COSINE_MEASURES[m][2]} "
+                           f"{len(key_layers)} layers lie in the climb of {probing.COSINE_MEASURES[m][2]} "
                            f"(layers {int(r.start)}..{int(r.peak)}).")
         elif name == model:
             out.append("- No 01_path_patching.csv in the figures folder: no comparison with key-head layers.")
@@ -478,8 +478,8 @@ def findings(name: str) -> list[str]:
                    + ", ".join(f"{int(r.layer)} ({r['mean']:+.2f})" for _, r in mlp.iterrows())
                    + "; attention at layers " + ", ".join(f"{int(r.layer)} ({r['mean']:+.2f})" for _, r in attn.iterrows()) + ".")
     pr, n_pr, acc_pr = probe_results[name]
-    bl = P.best_layers(pr)
-    parts = [f"{P.PROBE_TARGETS[r.target][1]}: {r.metric} {r.score:.2f} at layer {int(r.layer)} (shuffled {r.baseline:.2f})"
+    bl = probing.best_layers(pr)
+    parts = [f"{probing.PROBE_TARGETS[r.target][1]}: {r.metric} {r.score:.2f} at layer {int(r.layer)} (shuffled {r.baseline:.2f})"
              for _, r in bl.iterrows()]
     out.append(f"- Probes ({n_pr} Yu 2-digit prompts, {', '.join(probe_ops)}; model accuracy {acc_pr:.0%}): "
                + "; ".join(parts) + ".")

@@ -112,9 +112,9 @@ from IPython.display import Markdown, display
 import arithlib.datasets as ds
 import arithlib.heuristics as H
 import arithlib.neurons as N
-import arithlib.patching as PA
+import arithlib.patching as patching
 import arithlib.stats as S
-import arithlib.plots_neurons as P
+import arithlib.plots.neurons as plots
 from arithlib.outputs import save_figure, save_table
 from arithlib.ablation import mean_activations
 from arithlib.runs import start_run
@@ -240,11 +240,11 @@ check = exact.assign(op=check_op, chosen=["top"] * len(top_idx) + ["random"] * l
                      attribution=[float(sub_attr[:, pos[l], k].mean()) for l, k in check_neurons],
                      exact_effect=exact.effect)
 save_table(check, run.out, "03_attribution_check")
-fig = P.attribution_check_plot(check, f"{model}, operator {check_op}: attribution vs exact ({len(sub)} prompts)")
+fig = plots.attribution_check_plot(check, f"{model}, operator {check_op}: attribution vs exact ({len(sub)} prompts)")
 save_figure(fig, run.out, "03_attribution_check")
 attr_corr = float(np.corrcoef(check.attribution, check.exact_effect)[0, 1]) if len(check) > 2 else float("nan")
 check["screen_score"] = [float(an.scores[pos[l], k]) for l, k in check_neurons]  # mean |attribution|
-attr_recall = PA.topk_recall(check.screen_score, check.abs_effect, len(check) // 2)
+attr_recall = patching.topk_recall(check.screen_score, check.abs_effect, len(check) // 2)
 top_exact = check[check.chosen == "top"].abs_effect
 missed_random = int((check[check.chosen == "random"].abs_effect > top_exact.min()).sum()) if len(top_exact) else 0
 save_table(check, run.out, "03_attribution_check")
@@ -265,10 +265,10 @@ ks = N.share_grid(info.d_mlp, shares)
 curve = H.faithfulness_curves(analyses, layers, means, ks, progress=True)
 k_circuit = N.smallest_faithful_k(curve, target_faithfulness, "faithfulness")
 save_table(curve, run.out, "03_faithfulness_curve")
-fig = P.faithfulness_curve_plot(curve, "faithfulness", f"{model}: neuron-circuit faithfulness (pooled)",
+fig = plots.faithfulness_curve_plot(curve, "faithfulness", f"{model}: neuron-circuit faithfulness (pooled)",
                                 chosen_k=k_circuit)
 save_figure(fig, run.out, "03_faithfulness_curve")
-fig = P.faithfulness_curve_plot(curve, "faithfulness_per_prompt", f"{model}: faithfulness, mean of per-prompt ratios",
+fig = plots.faithfulness_curve_plot(curve, "faithfulness_per_prompt", f"{model}: faithfulness, mean of per-prompt ratios",
                                 chosen_k=k_circuit)
 save_figure(fig, run.out, "03_faithfulness_curve_per_prompt")
 at_k = curve[curve.k_per_layer == k_circuit]
@@ -308,14 +308,14 @@ for op in analyses:
                                 fewshot=fewshot)
 cand = ds.PromptSet.build([r for r in cand if (r.op, r.a, r.b) not in held_keys], tok)
 cand_ok = cand.subset(np.flatnonzero(N.AnswerPositionRunner(bridge, cand, batch_size=batch_size).greedy_correct()).tolist())
-sel = PA.sample_per_group(cand_ok, circuit_select_per_op, ("op",), seed) if len(cand_ok) else cand_ok
+sel = patching.sample_per_group(cand_ok, circuit_select_per_op, ("op",), seed) if len(cand_ok) else cand_ok
 print(f"head patching: {len(cand)} candidate prompts (held-out ones removed), {len(cand_ok)} correct, {len(sel)} used")
 if not len(sel):
     raise RuntimeError("no correct Nikankin prompt to rank the heads on")
-sel_pos = PA.named_positions(PA.locate_operands(sel), names)
-ie_sel = PA.coarse_to_fine_patching(bridge, sel, sel_pos, circuit_refine, batch_size=16)
-ranked_heads = PA.ranked_head_positions(PA.summarise_indirect_effects(ie_sel))
-hooks = sorted({c.hook_name for c in PA.heads_and_mlps(bridge)} | {N.post_hook(l) for l in layers})
+sel_pos = patching.named_positions(patching.locate_operands(sel), names)
+ie_sel = patching.coarse_to_fine_patching(bridge, sel, sel_pos, circuit_refine, batch_size=16)
+ranked_heads = patching.ranked_head_positions(patching.summarise_indirect_effects(ie_sel))
+hooks = sorted({c.hook_name for c in patching.heads_and_mlps(bridge)} | {N.post_hook(l) for l in layers})
 circuit_means = mean_activations(bridge, ds.PromptSet.build(ref_records + list(sel.records), tok), hooks)
 k_full = max(1, int(round(NIKANKIN_NEURON_SHARE * info.d_mlp)))
 full_neurons = {op: N.top_neurons_per_layer(an.scores, layers, k_full) for op, an in analyses.items()}
@@ -326,10 +326,10 @@ for op in analyses:
     if not len(sel_op):
         continue
     circuits = {f"h={k}": (ranked_heads[:k], full_neurons[op]) for k in head_ks}
-    sel_rows.append(PA.full_circuit_faithfulness(bridge, sel_op, circuits, PA.named_positions(PA.locate_operands(sel_op), names),
+    sel_rows.append(patching.full_circuit_faithfulness(bridge, sel_op, circuits, patching.named_positions(patching.locate_operands(sel_op), names),
                                                  circuit_means, layers, progress=False))
 sel_rows = pd.concat(sel_rows, ignore_index=True)
-head_curve = pd.DataFrame([{"op": op, "n_heads": k, "faithfulness": PA.faithfulness_from_prompts(g, f"h={k}")}
+head_curve = pd.DataFrame([{"op": op, "n_heads": k, "faithfulness": patching.faithfulness_from_prompts(g, f"h={k}")}
                            for op, g in sel_rows.groupby("op") for k in head_ks])
 by_k = head_curve.groupby("n_heads").faithfulness.mean()
 reach = by_k[by_k >= FAITHFULNESS_TARGET]
@@ -340,18 +340,18 @@ for op, an in analyses.items():
     if not an.heldout_index:
         continue
     held = an.grid.subset(an.heldout_index)
-    fr = PA.full_circuit_faithfulness(bridge, held, {"circuit": (ranked_heads[:n_circuit_heads], full_neurons[op])},
-                                      PA.named_positions(PA.locate_operands(held), names), circuit_means, layers,
+    fr = patching.full_circuit_faithfulness(bridge, held, {"circuit": (ranked_heads[:n_circuit_heads], full_neurons[op])},
+                                      patching.named_positions(patching.locate_operands(held), names), circuit_means, layers,
                                       progress=False)
     held_rows.append(fr.assign(prompt=[an.heldout_index[i] for i in fr.prompt]))
 held_rows = pd.concat(held_rows, ignore_index=True)
 save_table(held_rows, run.out, "03_circuit_faithfulness_prompts")
 wide = held_rows.pivot_table(index=["op", "prompt"], columns="circuit", values="normalized_logit")
 op_codes = pd.factorize(wide.index.get_level_values("op"))[0]
-full_ci = S.bootstrap_ci(PA.faithfulness_by_operator, wide["circuit"].to_numpy(), wide["full"].to_numpy(), wide["ablated"].to_numpy(),
+full_ci = S.bootstrap_ci(patching.faithfulness_by_operator, wide["circuit"].to_numpy(), wide["full"].to_numpy(), wide["ablated"].to_numpy(),
                          op_codes, groups=op_codes)
 circuit_summary = pd.DataFrame(
-    [{"op": op, "faithfulness": PA.faithfulness_from_prompts(g, "circuit"),
+    [{"op": op, "faithfulness": patching.faithfulness_from_prompts(g, "circuit"),
       "accuracy": g[g.circuit == "circuit"].correct.mean(), "n_heldout": g.prompt.nunique()}
      for op, g in held_rows.groupby("op")]
     + [{"op": "all", "faithfulness": full_ci.estimate, "low": full_ci.low, "high": full_ci.high,
@@ -431,7 +431,7 @@ for op, an in analyses.items():
         l_rows.append(lens.assign(op=op))
 save_table(pd.concat(g_rows, ignore_index=True), run.out, "03_gallery_grids")
 save_table(pd.concat(l_rows, ignore_index=True), run.out, "03_gallery_logit_lens")
-fig = P.neuron_gallery(g_grids, g_lens, g_titles, ncols=4, suptitle=f"{model}: circuit neurons (answer position)")
+fig = plots.neuron_gallery(g_grids, g_lens, g_titles, ncols=4, suptitle=f"{model}: circuit neurons (answer position)")
 save_figure(fig, run.out, "03_gallery")
 
 # %% [markdown]
@@ -459,11 +459,11 @@ type_sens = pd.concat([H.type_counts_by_threshold(an.circuit_scores, an.circuit,
 save_table(counts, run.out, "03_heuristic_counts")
 save_table(sens, run.out, "03_threshold_sensitivity")
 save_table(type_sens, run.out, "03_heuristic_counts_by_t")
-save_figure(P.type_threshold_plot(type_sens, f"{model}: neurons per heuristic type vs t ({labels} labels)"), run.out,
+save_figure(plots.type_threshold_plot(type_sens, f"{model}: neurons per heuristic type vs t ({labels} labels)"), run.out,
             "03_heuristic_counts_by_t")
-save_figure(P.heuristic_counts_plot(counts, f"{model}: circuit neurons per heuristic type (t = {t}, labels: {labels})"), run.out,
+save_figure(plots.heuristic_counts_plot(counts, f"{model}: circuit neurons per heuristic type (t = {t}, labels: {labels})"), run.out,
             "03_heuristic_counts")
-save_figure(P.threshold_plot(sens[sens.kind == "any"], f"{model}: neurons matching a heuristic vs t"), run.out,
+save_figure(plots.threshold_plot(sens[sens.kind == "any"], f"{model}: neurons matching a heuristic vs t"), run.out,
             "03_threshold_sensitivity")
 sens[sens.kind == "any"].pivot_table(index="t", columns=["op", "activations"], values="share").round(3)
 
@@ -490,7 +490,7 @@ abl_rows = pd.concat(abl_rows, ignore_index=True) if abl_rows else pd.DataFrame(
 save_table(abl_rows, run.out, "03_heuristic_ablation_prompts")
 abl = H.summarise_heuristic_ablation(abl_rows)
 save_table(abl, run.out, "03_heuristic_ablation")
-save_figure(P.heuristic_ablation_plot(abl, f"{model}: ablating one heuristic's neurons"), run.out,
+save_figure(plots.heuristic_ablation_plot(abl, f"{model}: ablating one heuristic's neurons"), run.out,
             "03_heuristic_ablation")
 abl_summary = abl.groupby("op")[["acc_assoc", "acc_other", "n_neurons"]].mean().reset_index() if len(abl) else \
     pd.DataFrame(columns=["op", "acc_assoc", "acc_other", "n_neurons"])
@@ -519,7 +519,7 @@ pa_summary = pa.groupby("op").agg(n_prompts=("a", "size"), mean_assoc_neurons=("
                                   acc_heuristic_ablated=("correct_heuristic_ablated", "mean"),
                                   acc_random_ablated=("correct_random_ablated", "mean")).reset_index()
 save_table(pa_summary, run.out, "03_prompt_ablation_summary")
-save_figure(P.prompt_ablation_plot(pa_summary, f"{model}: ablating each prompt's heuristic neurons"), run.out,
+save_figure(plots.prompt_ablation_plot(pa_summary, f"{model}: ablating each prompt's heuristic neurons"), run.out,
             "03_prompt_ablation")
 pa_summary
 
@@ -535,7 +535,7 @@ save_table(ci, run.out, "03_correct_vs_incorrect")
 ci_summary = ci.groupby(["op", "correct"]).agg(n=("a", "size"), mean_assoc_neurons=("n_assoc_neurons", "mean"),
                                                mean_assoc_contribution=("assoc_contribution", "mean")).reset_index()
 save_table(ci_summary, run.out, "03_correct_vs_incorrect_summary")
-save_figure(P.correct_incorrect_plot(ci, f"{model}: associated heuristic neurons, correct vs incorrect prompts"),
+save_figure(plots.correct_incorrect_plot(ci, f"{model}: associated heuristic neurons, correct vs incorrect prompts"),
             run.out, "03_correct_vs_incorrect")
 ci_summary
 
@@ -569,7 +569,7 @@ if model == "toy-arith" or dynamics_steps:
     overlap = H.heuristic_overlap(dyn)
     save_table(dyn, run.out, "03_training_dynamics")
     save_table(overlap, run.out, "03_training_overlap")
-    save_figure(P.dynamics_plot(dyn, overlap, f"{model}: heuristics over training (k = {k_circuit} per layer)"),
+    save_figure(plots.dynamics_plot(dyn, overlap, f"{model}: heuristics over training (k = {k_circuit} per layer)"),
                 run.out, "03_training_dynamics")
     display(dyn.drop(columns="heuristic_set").round(3))
 else:

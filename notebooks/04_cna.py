@@ -134,7 +134,7 @@ from IPython.display import Markdown, display
 
 import arithlib.cna as C
 import arithlib.datasets as ds
-import arithlib.plots_cna as P
+import arithlib.plots.cna as plots
 import arithlib.report as R
 from arithlib import papers
 from arithlib.ablation import zero_heads_hooks
@@ -255,7 +255,7 @@ else:
     answer_concept = C.concept_of(case_answer)
     table4["holds_answer"] = [answer_concept in {C.concept_of(t) for t in s.split(", ")} for s in table4.top_tokens]
     save_table(table4, run.out, "04_case_top_neurons")
-    fig = P.case_neurons(table4.head(max(n_show, 5)), f'{model}: top CNA neurons for "{case_text}" → "{case_answer}"',
+    fig = plots.case_neurons(table4.head(max(n_show, 5)), f'{model}: top CNA neurons for "{case_text}" → "{case_answer}"',
                          label_b=f"head L{heads['+-'][0]}.H{heads['+-'][1]} zeroed")
     save_figure(fig, run.out, "04_case_neurons")
     display(table4.head(n_show))
@@ -306,7 +306,7 @@ timings["mask / keep"], reused["mask / keep"] = time.time() - t0, store.reused_s
 mask_keep = pd.concat(mk, ignore_index=True) if mk else pd.DataFrame()
 if len(mask_keep):
     save_table(mask_keep, run.out, "04_mask_keep")
-    save_figure(P.mask_keep(mask_keep, f"{model}: mask / keep the top CNA neurons (Yu Tables 5, 15)"), run.out, "04_mask_keep")
+    save_figure(plots.mask_keep(mask_keep, f"{model}: mask / keep the top CNA neurons (Yu Tables 5, 15)"), run.out, "04_mask_keep")
     display(mask_keep.pivot_table(index=["group", "intervention"], columns="K", values="accuracy_decrease",
                                   aggfunc="mean").round(1))
     display(mask_keep[mask_keep.intervention == "mask"].pivot_table(index="group", columns="K", values="coef_decrease").round(1))
@@ -349,7 +349,7 @@ dag_all = pd.concat(dag_cases, ignore_index=True) if dag_cases else pd.DataFrame
 if len(lowest):
     save_table(lowest, run.out, "04_lowest_neuron")
     save_table(pd.concat(low_cases, ignore_index=True), run.out, "04_lowest_neuron_per_case")
-    save_figure(P.lowest_neuron(lowest, f"{model}: zeroing the lowest top neuron (Yu Tables 6, 16)"), run.out,
+    save_figure(plots.lowest_neuron(lowest, f"{model}: zeroing the lowest top neuron (Yu Tables 6, 16)"), run.out,
                 "04_lowest_neuron")
     display(lowest.pivot_table(index="group", columns="K", values=["coef_decrease", "random_coef_decrease"]).round(1))
 if len(dag_all):
@@ -359,7 +359,7 @@ if case_idx is not None:
     dag_nodes, dag_edges = C.pe_dag(bridge, results["+-"], case_idx, k=dag_k)
     save_table(dag_nodes, run.out, "04_pe_dag_nodes")
     save_table(dag_edges, run.out, "04_pe_dag_edges")
-    save_figure(P.pe_dag(dag_nodes, dag_edges, f'{model}: prediction-enhancing DAG, "{case_text}" top {dag_k}'),
+    save_figure(plots.pe_dag(dag_nodes, dag_edges, f'{model}: prediction-enhancing DAG, "{case_text}" top {dag_k}'),
                 run.out, "04_pe_dag")
     display(dag_edges.sort_values("enhancement", ascending=False).head(8) if len(dag_edges) else dag_edges)
 
@@ -431,7 +431,7 @@ if len(m_table):
     by_ov = pd.concat([c[c.n_concepts >= 1].groupby(["ov_layer", "n_concepts"]).size().rename("n_neurons")
                        .reset_index().assign(key_layer=l) for l, c in counts_by_layer.items()], ignore_index=True)
     save_table(by_ov, run.out, "04_hidden_ov_layers")
-    save_figure(P.m_sweep(m_table, f"{model}: zeroing hidden-interpretable shallow neurons (Yu Tables 8, 17)"),
+    save_figure(plots.m_sweep(m_table, f"{model}: zeroing hidden-interpretable shallow neurons (Yu Tables 8, 17)"),
                 run.out, "04_hidden_m_sweep")
     display(m_table.pivot_table(index=["group", "set"], columns="M", values=["n_neurons", "accuracy_decrease"],
                                 aggfunc="mean").round(1))
@@ -445,7 +445,7 @@ if len(m_table):
 if case_idx is not None and len(examples):
     shallow_rows = examples[examples.layer >= 0]
     hd = 100 * head_table[(head_table.group == "+-")].accuracy_drop.mean()  # a fraction in the table; points here
-    fig = P.logic_chain(case_text, case_answer, shallow_rows, heads["+-"], hd, table4.head(4),
+    fig = plots.logic_chain(case_text, case_answer, shallow_rows, heads["+-"], hd, table4.head(4),
                         dag_edges, heads["+-"][0], f"{model}: internal logic chain for \"{case_text}\"")
     save_figure(fig, run.out, "04_logic_chain")
 
@@ -477,7 +477,7 @@ if case_idx is not None:
     t4 = table4.head(n_show)
     lines.append(f'- "{case_text}" → "{case_answer}": top neurons '
                  + "; ".join(f"{r['name']} (imp {r.imp_a:.2f}→{r.imp_b:.2f}, coef {r.coef_a:.2f}→{r.coef_b:.2f}; "
-                             f"tokens {_t})" for (_, r), _t in zip(t4.iterrows(), [P._short(s, 5, 60) for s in t4.top_tokens]))
+                             f"tokens {_t})" for (_, r), _t in zip(t4.iterrows(), [plots._short(s, 5, 60) for s in t4.top_tokens]))
                  + f". {int(table4.holds_answer.sum())} of the top {len(table4)} neurons have the answer's concept "
                    f"among their top-10 projected tokens (the paper: all three of its Table 4 neurons).")
 if len(recall):
@@ -523,8 +523,8 @@ if case_idx is not None and len(dag_edges):
 if len(examples):
     ex = examples[examples.layer >= 0].head(2)
     lines.append(f"- Table 7: the shallow neurons most aligned with the root {root[0]}_{root[1]}'s key are "
-                 + "; ".join(f"{r['name']} at operand {r.operand} (before: {P._short(r.tokens_before, 4, 50)}; after OV: "
-                             f"{P._short(r.tokens_after_attention, 4, 50)})" for _, r in ex.iterrows()) + ".")
+                 + "; ".join(f"{r['name']} at operand {r.operand} (before: {plots._short(r.tokens_before, 4, 50)}; after OV: "
+                             f"{plots._short(r.tokens_after_attention, 4, 50)})" for _, r in ex.iterrows()) + ".")
 for g in m_table.group.unique() if len(m_table) else []:
     sub = m_table[m_table.group == g]
     parts = []

@@ -99,7 +99,7 @@ from IPython.display import Markdown, display
 import arithlib.cna as C
 import arithlib.datasets as ds
 import arithlib.finetune as FT
-import arithlib.plots_finetune as PF
+import arithlib.plots.finetune as plots
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
 from arithlib.runs import start_run
@@ -189,7 +189,7 @@ save_table(lr_table, run.out, "05_lora_lr_selection")
 band_acc = FT.accuracy_bands(acc_by_layer, bands)
 save_table(band_acc, run.out, "05_lora_accuracy_bands")
 shape = FT.curve_shape(acc_by_layer, bands)
-fig = PF.lora_accuracy_curve(acc_by_layer, bands, title=f"{model}: LoRA in one attention layer, test accuracy "
+fig = plots.lora_accuracy_curve(acc_by_layer, bands, title=f"{model}: LoRA in one attention layer, test accuracy "
                              f"(n = {len(test_set)}, {S['scale']} scale)")
 save_figure(fig, run.out, "05_lora_accuracy_by_layer")
 display(lr_table)
@@ -232,7 +232,7 @@ table10
 
 # %%
 if len(table10[table10.selection == "cna"]):
-    fig = PF.band_increase_bars(table10[table10.selection == "cna"].drop(columns="selection"),
+    fig = plots.band_increase_bars(table10[table10.selection == "cna"].drop(columns="selection"),
                                 title=f"{model}: coefficient increase of the top CNA neurons (LoRA vs original)")
     save_figure(fig, run.out, "05_cna_coef_increase_by_band")
 else:
@@ -246,7 +246,7 @@ models9 = {"original": None, **{name: w for name, w in lora_weights.items()}}
 table9 = FT.coefficient_table(bridge, cases.subset([case_idx]), models9, neurons)
 table9.insert(2, "importance_original", [float(orig_imp[l, n]) for l, n in neurons])
 save_table(table9, run.out, "05_cna_table9")
-fig = PF.coefficient_bars(table9, list(models9), title=f"{model}: coefficients of the top neurons of "
+fig = plots.coefficient_bars(table9, list(models9), title=f"{model}: coefficients of the top neurons of "
                           f"{cases.records[case_idx].text.strip()!r} (original's most important deep neurons)")
 save_figure(fig, run.out, "05_cna_table9")
 table9

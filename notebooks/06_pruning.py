@@ -89,8 +89,8 @@ from IPython.display import Markdown, display
 import arithlib.cna as C
 import arithlib.datasets as ds
 import arithlib.finetune as FT
-import arithlib.plots_pruning as PP
-import arithlib.pruning as P
+import arithlib.plots.pruning as plots
+import arithlib.pruning as pruning
 from arithlib import papers
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
@@ -122,16 +122,16 @@ for key, mine in (("quick", quick), ("seed", seed)):
 scale05 = p05.get("scale_resolved") or FT.resolve_scale(p05.get("scale", "auto"), run.model.device, quick,
                                                         auto_cpu="quick")
 S05 = FT.scale_settings(scale05, run.model.device, quick, info.n_layers)
-S = P.pruning_scale(S05["scale"])
+S = pruning.pruning_scale(S05["scale"])
 for name, value in (("cases_per_op", cases_per_op), ("n_candidates", n_candidates), ("random_seeds", random_seeds),
                     ("sweep_seeds", sweep_seeds), ("sweep_lora", sweep_lora)):
     if value != "auto":
         S[name] = value
 deep = C.deep_layers(info.n_layers)
 ref_layer = FT.reference_layer(info.n_layers)
-widths = {l: P.ffn_width(bridge, l) for l in deep}
+widths = {l: pruning.ffn_width(bridge, l) for l in deep}
 n_deep = sum(widths.values())
-k_scaled = P.scaled_top_k(n_deep)
+k_scaled = pruning.scaled_top_k(n_deep)
 mode_used = C.resolve_mode(bridge, mode)
 print(info)
 print(f"deep layers {deep[0]}..{deep[-1]} of 0..{info.n_layers - 1} (Yu: 17..31 of 32), {n_deep:,} deep FFN neurons "
@@ -212,14 +212,14 @@ print(f"{len(train_set)} train / {len(val_set)} val / {len(test_set)} test sente
 
 # %%
 t0 = time.time()
-cases = P.yu_1d_cases(tok, fewshot=p05["fewshot"], per_op=S["cases_per_op"], seed=seed)
-scores = P.lora_cna_scores(bridge, cases, lora_ref.weights, deep, mode=mode_used, n_candidates=S["n_candidates"],
+cases = pruning.yu_1d_cases(tok, fewshot=p05["fewshot"], per_op=S["cases_per_op"], seed=seed)
+scores = pruning.lora_cna_scores(bridge, cases, lora_ref.weights, deep, mode=mode_used, n_candidates=S["n_candidates"],
                            batch_size=batch_size)
-ranking = P.union_ranking(scores)
-curve = P.union_size_curve(ranking)
-n_main = P.n_for_share(main_share, n_deep)
-k_main = P.k_of_prefix(ranking, n_main)
-union_scaled = len(P.union_top_k(ranking, k_scaled))
+ranking = pruning.union_ranking(scores)
+curve = pruning.union_size_curve(ranking)
+n_main = pruning.n_for_share(main_share, n_deep)
+k_main = pruning.k_of_prefix(ranking, n_main)
+union_scaled = len(pruning.union_top_k(ranking, k_scaled))
 cna_seconds = time.time() - t0
 timings.append({"section": "1 CNA", "wall_s": cna_seconds})
 case_frame = cases.to_frame()[["op", "a", "b", "answer"]].assign(correct_original=scores.correct_original.numpy(),
@@ -228,9 +228,9 @@ case_summary = case_frame.groupby("op", sort=False).agg(
     n_cases=("a", "size"), first_token_accuracy_original=("correct_original", "mean"),
     first_token_accuracy_lora=("correct_lora", "mean")).reset_index()
 save_table(case_summary, run.out, "06_cna_cases")
-save_table(ranking.head(P.n_for_share(max(shares), n_deep)), run.out, "06_neuron_ranking")
+save_table(ranking.head(pruning.n_for_share(max(shares), n_deep)), run.out, "06_neuron_ranking")
 save_table(curve, run.out, "06_union_size")
-fig = PP.union_size(curve, main=(k_main, n_main / n_deep), scaled_k=k_scaled,
+fig = plots.union_size(curve, main=(k_main, n_main / n_deep), scaled_k=k_scaled,
                     title=f"{model}: union of the cases' top-K CNA neurons ({len(cases)} cases, layers {deep[0]}-{deep[-1]})")
 save_figure(fig, run.out, "06_union_size")
 print(f"{len(cases)} cases; first-token accuracy on them: original {scores.accuracy_original:.0%}, LoRA "
@@ -249,16 +249,16 @@ ranking.head(10)
 
 # %%
 t0 = time.time()
-tokens = P.timing_tokens(test_set, S["timing_batch"])
+tokens = pruning.timing_tokens(test_set, S["timing_batch"])
 seeds = [seed * 1000 + i for i in range(int(S["random_seeds"]))]
 if not seeds:
     raise ValueError("random_seeds must be at least 1: Table 11 compares the CNA-pruned model with random prunings")
-table, keeps = P.table11(bridge, ranking, main_share, deep, ref_layer, lora_ref.weights, train_set, test_set, config,
+table, keeps = pruning.table11(bridge, ranking, main_share, deep, ref_layer, lora_ref.weights, train_set, test_set, config,
                          random_seeds=seeds, lrs=lrs, val_set=val, lora=lora_spec, cache_dir=cache_dir, tokens=tokens,
                          repeats=S["timing_repeats"], batch_size=batch_size, n_lora_reference=lora_ref.n_trainable)
 timings.append({"section": "2 Table 11", "wall_s": time.time() - t0})
 save_table(table, run.out, "06_table11")
-fig = PP.table11(table, title=f"{model}: Yu Table 11 ({main_share:.0%} of the deep FFN neurons of layers "
+fig = plots.table11(table, title=f"{model}: Yu Table 11 ({main_share:.0%} of the deep FFN neurons of layers "
                  f"{deep[0]}-{deep[-1]} kept, LoRA on layer {ref_layer}; {len(test_set)} test sentences, "
                  f"{S['scale']} scale; timing: batch {tuple(tokens.shape)})")
 save_figure(fig, run.out, "06_table11")
@@ -276,19 +276,19 @@ table[["model", "seed", "n_kept", "accuracy_pruned", "accuracy", "paper", "n_par
 t0 = time.time()
 others = [s for s in shares if abs(s - main_share) > 1e-12]
 sweep_seed_list = [seed * 1000 + i for i in range(int(S["sweep_seeds"]))]
-sweep_rest, sweep_keeps = P.share_sweep(bridge, ranking, others, deep, ref_layer, train_set, test_set, config,
+sweep_rest, sweep_keeps = pruning.share_sweep(bridge, ranking, others, deep, ref_layer, train_set, test_set, config,
                                         random_seeds=sweep_seed_list, fine_tune=bool(S["sweep_lora"]), lrs=lrs,
                                         val_set=val, lora=lora_spec, cache_dir=cache_dir, batch_size=batch_size)
 main_rows = table[table.selection.isin(["cna", "random"])]
 sweep = pd.concat([main_rows[[c for c in sweep_rest.columns if c in main_rows.columns]], sweep_rest],
                   ignore_index=True).sort_values(["selection", "share", "seed"]).reset_index(drop=True)
 sweep["share_pct"] = 100 * sweep.share
-summary = P.summarize_sweep(sweep)
+summary = pruning.summarize_sweep(sweep)
 timings.append({"section": "3 sweep", "wall_s": time.time() - t0})
 save_table(sweep, run.out, "06_share_sweep")
 save_table(summary, run.out, "06_share_sweep_summary")
 acc = dict(zip(table.model, table.accuracy))
-fig = PP.share_sweep(sweep, reference={"original": acc["original"], f"LoRA L{ref_layer}": acc["LoRA"]},
+fig = plots.share_sweep(sweep, reference={"original": acc["original"], f"LoRA L{ref_layer}": acc["LoRA"]},
                      main_share=main_share, paper=papers.YU_TABLE11,
                      title=f"{model}: pruning the deep FFN layers {deep[0]}-{deep[-1]}, CNA union vs random")
 save_figure(fig, run.out, "06_share_sweep")
@@ -300,9 +300,9 @@ summary.pivot_table(index="share", columns="selection", values=["accuracy_pruned
 
 # %%
 first_random = f"random seed {seeds[0]}"
-by_layer = P.kept_by_layer({"CNA union": keeps["cna"], first_random: keeps[first_random]}, widths)
+by_layer = pruning.kept_by_layer({"CNA union": keeps["cna"], first_random: keeps[first_random]}, widths)
 save_table(by_layer, run.out, "06_kept_by_layer")
-fig = PP.kept_by_layer(by_layer, title=f"{model}: deep FFN neurons kept per layer ({main_share:.0%} overall)")
+fig = plots.kept_by_layer(by_layer, title=f"{model}: deep FFN neurons kept per layer ({main_share:.0%} overall)")
 save_figure(fig, run.out, "06_kept_by_layer")
 by_layer.pivot_table(index="layer", columns="selection", values="n_kept")
 

@@ -130,7 +130,7 @@ from IPython.display import Markdown, display
 
 import arithlib.bias as B
 import arithlib.datasets as ds
-import arithlib.plots_bias as P
+import arithlib.plots.bias as plots
 import arithlib.report as R
 from arithlib import papers
 from arithlib.general_ability import pydoc_prose
@@ -190,7 +190,7 @@ paper_set, paper_profs = B.paper_bias_set(tok)
 save_table(paper_profs, out, "07_paper_professions")
 comparison = B.compare_with_paper(biased, paper) if len(paper) else pd.DataFrame()
 save_table(comparison, out, "07_paper_comparison")
-fig = P.profession_counts(top, biased, f"{model}: profession tokens in the top-{top_k} per prompt")
+fig = plots.profession_counts(top, biased, f"{model}: profession tokens in the top-{top_k} per prompt")
 save_figure(fig, out, "07_profession_counts")
 has_bias = len(biased) > 0
 if not has_bias:
@@ -233,7 +233,7 @@ if has_bias:
     edit_table = B.edit_set_table(bridge, tok, result, biased, neurons_by_k[max(sweep)])
     edit_table["in_edit_set"] = edit_table["rank"] <= edit_k
     save_table(edit_table, out, "07_edit_neurons")
-    fig = P.edit_set(edit_table[edit_table.in_edit_set], f"{model}: the top-{edit_k} CNA neurons (edit set)")
+    fig = plots.edit_set(edit_table[edit_table.in_edit_set], f"{model}: the top-{edit_k} CNA neurons (edit set)")
     save_figure(fig, out, "07_edit_neurons")
     t0 = time.time()
     recall = B.candidate_screen_recall(result, biased, recall_ks, n_candidates, n_aggregate, layers=recall_layers)
@@ -241,7 +241,7 @@ if has_bias:
     diag = B.layer_diagnostic(bridge, result, biased, neurons_by_k[edit_k])
     save_table(diag, out, "07_layer_diagnostic")
     timings["recall_and_diagnostic"] = time.time() - t0
-    save_figure(P.layer_diagnostic(diag, genders, f"{model}: what the CNA importance of each layer is read from"),
+    save_figure(plots.layer_diagnostic(diag, genders, f"{model}: what the CNA importance of each layer is read from"),
                 out, "07_layer_diagnostic")
     display(edit_layers.pivot_table(index="layer", columns="edit_set", values="n_neurons", fill_value=0))
     if len(recall):
@@ -289,13 +289,13 @@ if has_bias:
     effects = pd.concat([B.reduction_intervals(scores, kinds).assign(professions="model's own"),
                          B.reduction_intervals(paper_scores, kinds).assign(professions="Table 23")], ignore_index=True)
     save_table(effects, out, "07_edit_effects")
-    save_figure(P.bias_before_after(t13, genders, f"{model}: gender bias before / after zeroing {edit_k} neurons"),
+    save_figure(plots.bias_before_after(t13, genders, f"{model}: gender bias before / after zeroing {edit_k} neurons"),
                 out, "07_table13")
-    save_figure(P.bias_sweep(summary, f"{model}: bias vs number of zeroed neurons"), out, "07_bias_sweep")
-    save_figure(P.edit_effects(effects[effects.K == edit_k], papers.YU_BIAS_REDUCTION_PCT,
+    save_figure(plots.bias_sweep(summary, f"{model}: bias vs number of zeroed neurons"), out, "07_bias_sweep")
+    save_figure(plots.edit_effects(effects[effects.K == edit_k], papers.YU_BIAS_REDUCTION_PCT,
                                f"{model}: bias reduction with 95 % intervals (K = {edit_k})"), out, "07_edit_effects")
     edited = scores[(scores.kind == "cna") & (scores.K == edit_k)]
-    save_figure(P.profession_shift(scores[scores.kind == "original"], edited,
+    save_figure(plots.profession_shift(scores[scores.kind == "original"], edited,
                                    f"{model}: bias per profession, original vs CNA top-{edit_k}"),
                 out, "07_profession_shift")
     display(t13)
@@ -325,7 +325,7 @@ side = B.side_effects(bridge, tok, side_conditions, prose=prose.text, arith=arit
                       profession_ids=prof_tokens.token_id.tolist(), max_chunks=lm_chunks)
 side["prose_sha256"] = prose.sha256
 save_table(side, out, "07_side_effects")
-save_figure(P.side_effects(side, f"{model}: side effects of zeroing neurons"), out, "07_side_effects")
+save_figure(plots.side_effects(side, f"{model}: side effects of zeroing neurons"), out, "07_side_effects")
 side
 
 # %% [markdown]
@@ -364,7 +364,7 @@ if has_bias:
         heldout_table = pd.concat(cells, ignore_index=True)
         heldout_table["edit_set"] = ", ".join(f"{l}_{n}" for l, n in neurons_sel)
         save_table(heldout_table, out, "07_heldout")
-save_figure(P.heldout(heldout_table, f"{model}: edit chosen on half the professions and prompt {cna_prompt + 1}"),
+save_figure(plots.heldout(heldout_table, f"{model}: edit chosen on half the professions and prompt {cna_prompt + 1}"),
             out, "07_heldout")
 heldout_prompts
 

@@ -102,7 +102,7 @@ from IPython.display import Markdown, display
 import arithlib.datasets as ds
 import arithlib.finetune as FT
 import arithlib.general_ability as GA
-import arithlib.plots_finetune as PF
+import arithlib.plots.finetune as plots
 from arithlib.layer_inputs import LayerInputs
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
@@ -257,11 +257,11 @@ for col in list(math_sets) + ["factual_recall", "lm_loss"]:
     sft_table[f"delta_{col}"] = sft_table[col] - orig[col]
 save_table(sft_table, run.out, "08_sft_comparison")
 general_cols = ["factual_recall", "lm_loss"] + [c for c in ("gsm8k", "svamp", "mmlu") if c in sft_table]
-fig = PF.sft_comparison(sft_table[sft_table.method != "original"].reset_index(drop=True), list(math_sets),
+fig = plots.sft_comparison(sft_table[sft_table.method != "original"].reset_index(drop=True), list(math_sets),
                         general_cols, title=f"{model}: precise vs full SFT ({S['scale']} scale; original: "
                         + ", ".join(f"{c} {orig[c]:.2f}" for c in list(math_sets) + general_cols) + ")")
 save_figure(fig, run.out, "08_sft_comparison")
-fig = PF.loss_curves(histories, title=f"{model}: training loss on the SFT data")
+fig = plots.loss_curves(histories, title=f"{model}: training loss on the SFT data")
 save_figure(fig, run.out, "08_training_loss")
 sft_table[["method", "lr", "n_trainable", "samples_per_second", *math_sets, "factual_recall", "lm_loss", "perplexity"]]
 

@@ -38,6 +38,14 @@ def test_missing_data_file_names_the_ones_there():
         paths.data_path("no_such_file.json")
 
 
+def test_pyproject_lists_every_subpackage():
+    """setuptools' explicit ``packages`` list ships only what it names: every folder of
+    arithlib/ with an __init__.py must be in it (arithlib.plots was missed once)."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    subpackages = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "arithlib").rglob("__init__.py")}
+    assert subpackages <= set(cfg["packages"]), f"not in pyproject.toml's packages: {subpackages - set(cfg['packages'])}"
+
+
 def test_pyproject_ships_every_data_file_in_the_wheel():
     """The setuptools config maps data/ to the package arithlib.data and its package-data
     globs cover every file there (the slow test below builds the wheel and checks it)."""

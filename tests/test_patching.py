@@ -627,7 +627,7 @@ def test_transfer_knockout_equals_one_run_per_head_set(toy):
 def test_plots_return_figures():
     import matplotlib.pyplot as plt
 
-    import arithlib.plots_heads as PH
+    import arithlib.plots.heads as PH
 
     L_, H_ = 3, 4
     rows = [{"op": op, "component": f"L{l}H{h}", "kind": "head", "layer": l, "head": h, "effect": -0.01 * (l + h)}

@@ -266,7 +266,7 @@ def test_figures_draw_from_the_tables():
     import matplotlib
 
     matplotlib.use("Agg")
-    import arithlib.plots_probing as pp
+    import arithlib.plots.probing as pp
 
     rows = [{"measure": m, "layer": layer, "value": v} for m in P.COSINE_MEASURES for layer in range(4)
             for v in (0.1 * layer, 0.1 * layer + 0.05)]

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 
-from .papers import KEY_HEAD_THRESHOLD
+from ..papers import KEY_HEAD_THRESHOLD
 
 CLASS_COLORS = {"A": "#d62728", "B": "#ff7f0e", "operator": "#2ca02c", "other": "#9e9e9e", "prefix": "#d9d9d9"}
 

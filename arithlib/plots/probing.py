@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from .probing import COSINE_MEASURES, PROBE_TARGETS
+from ..probing import COSINE_MEASURES, PROBE_TARGETS
 
 sns.set_theme(context="notebook", style="whitegrid")
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from .report import size_order
+from ..report import size_order
 
 sns.set_theme(context="notebook", style="whitegrid")
 
