@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import arithlib.fidelity as F
+import arithlib.report.fidelity as F
 import arithlib.report as R
 
 INFO = {"n_layers": 24, "n_heads": 14, "d_mlp": 4864, "source": "pypi-gguf"}

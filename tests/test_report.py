@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 
 import arithlib.report as R
+from arithlib.report.render import _summary_counts as summary_counts
+from arithlib.report.rules import _pct as pct
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG = b"\x89PNG\r\n\x1a\n" + b"not really an image, only bytes to inline"
@@ -155,7 +157,7 @@ def test_transfer_rule_subtracts_random_heads(tmp_path: Path, after: float, rnd:
     assert out.metrics["formats"] == 2
     assert out.metrics["transfer: relative drop minus random-heads drop"] == pytest.approx(rnd - after)
     assert "top-10 heads" in out.ours
-    assert f"a [100/100 correct] {R._pct(after - 1, 0, signed=True)} ({R._pct(rnd - 1, 0, signed=True)})" in out.ours
+    assert f"a [100/100 correct] {pct(after - 1, 0, signed=True)} ({pct(rnd - 1, 0, signed=True)})" in out.ours
     assert out.interval.n == 200 and out.verdict == verdict
 
 
@@ -163,7 +165,7 @@ def test_transfer_rule_subtracts_random_heads(tmp_path: Path, after: float, rnd:
                                              (-0.001, True, "0 %"), (0.25, False, "25 %"), (-0.0001, False, "0 %"),
                                              (float("nan"), True, "n/a")])
 def test_percent_changes_carry_their_sign(x: float, signed: bool, text: str):
-    assert R._pct(x, 0, signed=signed) == text
+    assert pct(x, 0, signed=signed) == text
 
 
 def test_transfer_without_per_prompt_table_is_not_run(tmp_path: Path):
@@ -635,7 +637,7 @@ def test_malformed_table_is_an_error_not_a_study_that_did_not_run(tmp_path: Path
     assert "yu_mask_keep" in capsys.readouterr().err
     table = R.findings_table(tmp_path)  # the rest of the report is still written
     assert (table.set_index("id").drop("yu_mask_keep").verdict == R.NOT_RUN).all()
-    assert "1 error" in R._summary_counts(table) and "error" not in R._summary_counts(table.iloc[:1])
+    assert "1 error" in summary_counts(table) and "error" not in summary_counts(table.iloc[:1])
 
 
 def _yu_sweep(d: Path, n: int, clean: int, after: int) -> None:

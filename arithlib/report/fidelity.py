@@ -168,7 +168,7 @@ def _fewshot(P: Params, nb: str) -> str:
 def _ft_scale(P: Params, nb: str = "05") -> dict:
     """Notebook ``nb``'s resolved fine-tuning scale and its sizes (``finetune.SCALES``):
     05's (which 06 reuses) or 08's."""
-    from .finetune import SCALES, resolve_scale
+    from ..finetune import SCALES, resolve_scale
 
     p = _nb(P, nb)  # the scale the run recorded (since issue 29); before, "auto" was "quick" on a CPU
     name = p.get("scale_resolved") or resolve_scale(str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")),
@@ -228,7 +228,7 @@ def _gender_scoring(P: Params) -> str:
     """Notebook 07's CNA scoring: the exact importance of every neuron or the two-stage
     screen, as its ``exact_importance`` resolved (``bias.exact_affordable`` from the model's
     sizes; quick mode: a 20x smaller budget)."""
-    from .bias import MAX_EXACT_MACS
+    from ..bias import MAX_EXACT_MACS
 
     p = _nb(P, "07")
     how = p["exact_importance"]
@@ -238,7 +238,7 @@ def _gender_scoring(P: Params) -> str:
         how = p.get("device") == "cuda" or i["n_layers"] * i["d_mlp"] * i["d_model"] * i["d_vocab"] <= budget
     if how:
         return "candidate scoring: exact importance of every neuron (the screen's recall measured against it)"
-    from .bias import RECALL_LAYER_STRIDE
+    from ..bias import RECALL_LAYER_STRIDE
 
     return (f"candidate scoring: two-stage screen, exact for {p['n_candidates']} per profession + pooled "
             f"{p['n_aggregate']} (its recall measured on every neuron of every {RECALL_LAYER_STRIDE}th layer)")

@@ -1,0 +1,5 @@
+"""``python -m arithlib.report``: see :func:`arithlib.report.main`."""
+
+from . import main
+
+raise SystemExit(main())

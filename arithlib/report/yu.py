@@ -1,0 +1,386 @@
+"""Yu & Ananiadou 2024's findings: single head, mask/keep, shallow neurons, LoRA by layer and
+coefficient, pruning, gender bias; each function reads a figures folder and returns an Outcome."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from .. import papers
+from ..papers import HALF, NOISE_GAP
+from ..stats import INCONCLUSIVE, Interval, bootstrap_ci, crossed_bootstrap_ci, decode_correct, interval_verdict
+from .rules import (RERUN_PER_PROMPT, Outcome, _above_zero, _ci_text, _correct_matrix, _decrease_ci, _grade, _judged,
+                    _pct, _possible, _seed_resampled_gap)
+from .tables import MissingTable, NotRun, Tables
+
+_YU_04_STALE = ("{name}.csv predates issue 29 (key head from notebook 01's exact sweep, 'keep' on the layers CNA "
+                "scored, shallow neurons through every attention layer that reads them, random controls over seeds "
+                "with per-case correctness): rerun notebook 04")
+
+
+def _yu_op(op: str) -> str:
+    return {"add": "+", "sub": "-", "mul": "*", "div": "/"}.get(str(op), str(op))
+
+
+def _yu_single_head(t: Tables) -> Outcome:
+    if not t.has("01_yu_head_sweep_rows"):
+        raise NotRun("01_yu_head_sweep_rows.csv missing: this run's sweep predates the exact every-position sweep "
+                     "(rerun notebook 01)")
+    sw = t.csv("01_yu_head_sweep")
+    rows = t.csv("01_yu_head_sweep_rows")
+    for f in (sw, rows):
+        f["op"] = f["op"].map(_yu_op)
+    top = sw[(sw["n_digits"] == 1) & (sw["rank"] == 1) & sw["op"].isin(["+", "-", "/"])
+             & (sw["baseline_accuracy"] > 0)]
+    if top.empty:
+        raise NotRun("no 1-digit +, -, / setting the model answers")
+    # Yu's Table 2 gives relative decreases: 1D+ 88.9 -> 47.6 % is 46.5 % (Table 24)
+    parts = [rows[(rows["n_digits"] == 1) & (rows["op"] == r.op) & (rows["layer"] == r.layer)
+                  & (rows["head"] == r.head)] for r in top.itertuples()]
+    data = pd.concat(parts, ignore_index=True)
+    ops = data["op"].to_numpy()
+
+    def stat(op, correct, clean):
+        drops = [1 - correct[op == o].sum() / clean[op == o].sum() for o in dict.fromkeys(op.tolist())
+                 if clean[op == o].sum() > 0]
+        return float(np.mean(drops)) if drops else float("nan")
+
+    ci = bootstrap_ci(stat, ops, data["correct"].astype(bool).to_numpy(), data["clean_correct"].astype(bool).to_numpy(),
+                      groups=ops)
+    per_op = ", ".join(f"{r.op} L{int(r.layer)}H{int(r.head)} {_pct(r.relative_drop, 0)} (n = {int(r.n)})"
+                       for r in top.itertuples())
+    spec = ""
+    if t.has("01_yu_specificity"):
+        sp = t.csv("01_yu_specificity")
+        if len(sp):
+            sp["op"] = sp["op"].map(_yu_op)
+            g = sp.groupby("op").agg(before=("clean_correct", "mean"), after=("correct", "mean"))
+            spec = ("; factual recall with that head zeroed: "
+                    + ", ".join(f"{o} {_pct(r.before, 0)} -> {_pct(r.after, 0)}" for o, r in g.iterrows()))
+    return Outcome(f"largest relative 1D accuracy decrease from one head (every position, all 1D prompts): {per_op}; "
+                   f"mean {ci.text()}{spec}",
+                   interval_verdict(ci, HALF * (papers.YU_TABLE2["+"] + papers.YU_TABLE2["-"] + papers.YU_TABLE2["/"]) / 300, NOISE_GAP),
+                   {"mean top-head relative 1D accuracy decrease (+ - /)": ci.estimate}, ci)
+
+
+
+
+def _yu_key_head(t: Tables, group: str) -> pd.Series | None:
+    """The row of ``group``'s key head in 04_key_heads.csv, or None without one."""
+    if not t.has("04_key_heads"):
+        return None
+    kh = t.csv("04_key_heads")
+    kh = kh[kh["group"].astype(str) == group] if "group" in kh else kh.iloc[:0]
+    return None if kh.empty else kh.iloc[0]
+
+
+def _yu_key_head_text(t: Tables, group: str) -> str:
+    """"key head L14H2 (lowers 1D accuracy)" from 04_key_heads.csv, or "" without it."""
+    r = _yu_key_head(t, group)
+    if r is None or "lowers_1d" not in r:
+        return ""
+    lowers = str(r["lowers_1d"]).lower() == "true"
+    return (f"key head L{int(r['layer'])}H{int(r['head'])} "
+            + ("(lowers 1D accuracy in notebook 01's exact sweep)" if lowers else
+               "(NO head lowers 1D accuracy in notebook 01's exact sweep: fallback head, "
+               "Yu's premise does not hold)") + "; ")
+
+
+def _yu_mask_keep(t: Tables) -> Outcome:
+    mk = t.csv("04_mask_keep")
+    mk = mk[mk["group"].astype(str) == "+-"]
+    if mk.empty:
+        raise NotRun("no correct 1D + / - cases")
+    if not {"seed", "correct_by_prompt"} <= set(mk.columns):
+        raise NotRun(_YU_04_STALE.format(name="04_mask_keep"))
+    K = 99 if (mk["K"] == 99).any() else int(mk["K"].max())
+    at = mk[mk["K"] == K]
+
+    def exact(kind: str) -> Interval | None:
+        r = at[at["intervention"] == kind]
+        if r.empty:
+            return None
+        c = decode_correct(r.iloc[0]["correct_by_prompt"])
+        if c is None:
+            raise ValueError(f"04_mask_keep.csv: no per-case correctness for {kind} at K = {K}")
+        return _decrease_ci(float(c.mean()), len(c), float(r.iloc[0]["base_accuracy"]))
+
+    def control(kind: str) -> Interval | None:
+        rows = at[at["intervention"] == kind]
+        mat = _correct_matrix(rows)
+        base = float(rows.iloc[0]["base_accuracy"]) if len(rows) else float("nan")
+        if mat is None or not base > 0:
+            return None
+        return crossed_bootstrap_ci(lambda d: 100 * (base - d.mean()) / base, replicates=mat.astype(float))
+
+    mask, keep, rnd, rkeep = exact("mask"), exact("keep"), control("random mask"), control("random keep")
+    if mask is None or keep is None:
+        raise NotRun(f"no mask / keep row at K = {K}")
+    # mask > 2x the random mask (at least 1 %), judged on both intervals
+    r_lo, r_hi = (max(rnd.low, 1.0), max(rnd.high, 1.0)) if rnd is not None else (1.0, 1.0)
+    beats = {True} if mask.low > 2 * r_hi else {False} if mask.high <= 2 * r_lo else {True, False}
+    verdict = _judged(lambda big, b, k: _grade(big and b and k, (big and b) or k),
+                      _possible(mask, 50), beats, _possible(keep, 50, higher=False))
+    nan = float("nan")
+    txt = lambda ci: f"{ci.estimate:.1f} %{_ci_text(ci)}" if ci is not None else "n/a"  # noqa: E731
+    n_seeds = int(at.loc[at["intervention"] == "random mask", "seed"].nunique())
+    layers = at.loc[at["intervention"] == "keep", "keep_layers"] if "keep_layers" in at else pd.Series(dtype=str)
+    span = str(layers.iloc[0]) if len(layers) else "n/a"
+    span = span[:-2] if span.endswith(".0") else span  # one layer, read back as a number
+    return Outcome(f"{_yu_key_head_text(t, '+-')}top-{K}: mask {txt(mask)}, keep {txt(keep)} (layers "
+                   f"{span}), random mask {txt(rnd)}, random keep {txt(rkeep)} "
+                   f"accuracy decrease ({mask.n} correct cases; exact binomial 95 % intervals, random controls over "
+                   f"{n_seeds} seeds by a bootstrap over cases and seeds)",
+                   verdict,
+                   {"mask accuracy decrease (%)": mask.estimate, "keep accuracy decrease (%)": keep.estimate,
+                    "random-mask accuracy decrease (%)": rnd.estimate if rnd is not None else nan,
+                    "random-keep accuracy decrease (%)": rkeep.estimate if rkeep is not None else nan, "K": float(K)},
+                   mask)
+
+
+def _yu_shallow_group(t: Tables, sweep: pd.DataFrame) -> tuple[str, str]:
+    """The group the shallow-neuron rule reads and the text that says why: + / - (Yu's
+    Table 8), or / (App. B, Table 17: the division head shares the mechanism) when the
+    + / - key head sits in layer 0, so no FFN layer lies below it and notebook 04 has no
+    + / - sweep."""
+    groups = set(sweep["group"].astype(str)) if "group" in sweep else set()
+    pm = _yu_key_head(t, "+-")
+    if "+-" in groups or "/" not in groups or pm is None or int(pm["layer"]) != 0:
+        return "+-", ""
+    return "/", (f"+ / - key head L0H{int(pm['head'])} is in layer 0, so no FFN layer lies below it: "
+                 "judged on 1D / instead (Yu App. B, Table 17: the division head shares the mechanism); ")
+
+
+def _yu_shallow(t: Tables) -> Outcome:
+    if not t.has("04_hidden_m_sweep") and t.has("04_cases"):
+        raise NotRun("notebook 04 wrote no M sweep (key head in layer 0: no shallow FFN layer below it)")
+    sweep = t.csv("04_hidden_m_sweep")
+    group, lead = _yu_shallow_group(t, sweep)
+    m = sweep[(sweep["group"].astype(str) == group) & (sweep["M"] == 2)]
+    if not {"seed", "paper_n", "correct_by_prompt"} <= set(m.columns):
+        raise NotRun(_YU_04_STALE.format(name="04_hidden_m_sweep"))
+    hid, rnd = m[m["set"] == "hidden-interpretable"], m[m["set"] == "random"]
+    if hid.empty or rnd.empty:
+        raise NotRun(f"no M = 2 sweep for {group}")
+    h = hid.iloc[0]
+    base = float(h["base_accuracy"])
+    hm, rm = _correct_matrix(hid.iloc[:1]), _correct_matrix(rnd)
+    if hm is None or rm is None or len(hm) != len(rm):
+        raise ValueError("04_hidden_m_sweep.csv: per-case correctness missing or of different lengths at M = 2")
+    if not base > 0:
+        raise NotRun("zero accuracy before the shallow ablation")
+    r = float(rnd["accuracy_decrease"].mean())
+    share = float(h["share_of_shallow"])
+    ci = crossed_bootstrap_ci(lambda a, d: 100 * (d.mean() - a.mean()) / base, hm[:, 0].astype(float),
+                              replicates=rm.astype(float))
+    metrics = {"hidden minus random accuracy decrease (points)": ci.estimate,
+               "hidden-interpretable share of shallow neurons": share,
+               "hidden-interpretable accuracy decrease (%)": float(h["accuracy_decrease"]),
+               "random accuracy decrease (%)": r}
+    paper = f"paper {int(h['paper_n']):,} = {_pct(float(h['paper_share']))}"
+    return Outcome(f"{lead}{_yu_key_head_text(t, group)}M = 2: {int(h['n_neurons']):,} of "
+                   f"{int(h['n_shallow']):,} shallow neurons ({_pct(share)}; {paper}) -> "
+                   f"{h['accuracy_decrease']:.1f} % decrease vs random {r:.1f} % ({rnd['seed'].nunique()} seeds); "
+                   f"gap {ci.estimate:.1f} points{_ci_text(ci)} "
+                   f"(bootstrap over {ci.n} cases and the seeds)",
+                   interval_verdict(ci, 100 * HALF * (papers.YU_CNA_TABLES["M2"]["+-"][1] - papers.YU_CNA_TABLES["M2"]["+-"][2]) / 100,
+                                    100 * NOISE_GAP), metrics, ci)
+
+
+def _band_layers(text: object) -> list[int]:
+    """Layers of a band cell of notebook 05's tables ("1-7", or one layer "0")."""
+    lo, _, hi = str(text).partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def _yu_lora_layers(t: Tables) -> Outcome:
+    acc = t.csv("05_lora_accuracy_by_layer")
+    base_rows = acc[acc["layer"] == -1]
+    lora = acc[acc["layer"] >= 0]
+    if base_rows.empty or lora.empty:
+        raise NotRun("no original row or no LoRA model")
+    base = float(base_rows["accuracy"].iloc[0])
+    above = float((lora["accuracy"] > base).mean())
+    bands = t.csv("05_lora_accuracy_bands") if t.has("05_lora_accuracy_bands") else pd.DataFrame()
+    means = bands.set_index("band")["mean_accuracy"] if len(bands) else pd.Series(dtype=float)
+    has_bands = {"shallow", "deep"} <= set(means.index)
+    L = t.n_layers(acc["layer"])
+    best = lora.loc[lora["accuracy"].idxmax()]
+    band_txt = ", ".join(f"{b} {_pct(v, 0)}" for b, v in means.items())
+    text = (f"original {_pct(base, 0)}; {_pct(above, 0)} of {len(lora)} LoRA layers beat it; best layer "
+            f"{int(best['layer'])} ({_pct(best['accuracy'], 0)})" + (f"; bands: {band_txt}" if band_txt else ""))
+    metrics = {"share of LoRA layers beating the original": above,
+               "best LoRA layer / n_layers": float(best["layer"]) / L,
+               "shallow minus deep band accuracy": float(means["shallow"] - means["deep"]) if has_bands
+               else float("nan")}
+    mat = _correct_matrix(pd.concat([base_rows.iloc[:1], lora]))
+    if mat is None:
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='05', table='05_lora_accuracy_by_layer')}")
+    share = bootstrap_ci(lambda x: float((x[:, 1:].mean(0) > x[:, 0].mean()).mean()), mat)
+    falls: set[bool] = {False}
+    if has_bands and "layers" in bands:
+        layers = lora["layer"].astype(int).tolist()
+        band = bands.set_index("band")["layers"]
+        cols = {b: [1 + i for i, l in enumerate(layers) if l in _band_layers(band[b])] for b in ("shallow", "deep")}
+        gap = bootstrap_ci(lambda x: float(x[:, cols["shallow"]].mean(0).mean() - x[:, cols["deep"]].mean(0).mean()),
+                           mat)
+        falls = _above_zero(gap)
+        text += f" (shallow minus deep {_pct(gap.estimate, 0)}{_ci_text(gap.scaled(100))})"
+    return Outcome(f"{text}; share beating the original {_pct(share.estimate, 0)}{_ci_text(share.scaled(100))} "
+                   f"(paired bootstrap over {share.n} test prompts)",
+                   _judged(lambda full, half, f: _grade(full and f, half),
+                           _possible(share, 1.0), _possible(share, 0.5), falls),
+                   metrics, share)
+
+
+def _coef_increase_stats(per_case: pd.DataFrame, layer_of: dict[str, int], bands: dict[str, list[int]]
+                         ) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray, np.ndarray], dict[str, float]]]:
+    """Notebook 05's per-case coefficient parts (cases x (model, k) arrays of num and den)
+    and the function giving each band's mean increase (%) over its models and k from them,
+    as ``finetune.band_increase_table`` does from all cases."""
+    pc = per_case.assign(layer=per_case["model"].map(layer_of)).dropna(subset=["layer"])
+    num = pc.pivot_table(index="case", columns=["model", "k"], values="num", aggfunc="sum").fillna(0.0)
+    den = pc.pivot_table(index="case", columns=["model", "k"], values="den", aggfunc="sum").reindex_like(num).fillna(0.0)
+    groups = {}
+    for b, layers in bands.items():
+        idx = [j for j, (model, _k) in enumerate(num.columns) if layer_of.get(model) in layers]
+        ks = {k for j, (_m, k) in enumerate(num.columns) if j in idx}
+        if idx:
+            groups[b] = [[j for j in idx if num.columns[j][1] == k] for k in sorted(ks)]
+
+    def band_means(n: np.ndarray, d: np.ndarray) -> dict[str, float]:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inc = 100 * n.sum(0) / d.sum(0)
+        return {b: float(np.nanmean([np.nanmean(inc[js]) for js in per_k])) for b, per_k in groups.items()}
+
+    return num.to_numpy(), den.to_numpy(), band_means
+
+
+def _yu_lora_coef(t: Tables) -> Outcome:
+    tab = t.csv("05_cna_coef_increase_by_band")
+    if "selection" in tab:
+        tab = tab[tab["selection"] == "cna"]
+    cols = [c for c in tab.columns if str(c).startswith("top")]
+    if tab.empty or not cols:
+        raise NotRun("no LoRA layer in a band")
+    means = tab.set_index("band")[cols].mean(axis=1)
+    text = "mean coefficient increase of the top neurons: " + ", ".join(f"{b} {v:+.1f} %" for b, v in means.items())
+    metrics = {"mean coefficient increase over bands (%)": float(means.mean())}
+    if not (t.has("05_cna_coef_per_case") and t.has("05_cna_coef_increase")):
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='05', table='05_cna_coef_per_case')}")
+    pc = t.csv("05_cna_coef_per_case")
+    pc = pc[pc["selection"] == "cna"]
+    rows = t.csv("05_cna_coef_increase").dropna(subset=["layer"])
+    layer_of = {str(m): int(l) for m, l in zip(rows["model"], rows["layer"])}
+    bands = {str(b): _band_layers(x) for b, x in zip(tab["band"], tab["layers"])}
+    num, den, band_means = _coef_increase_stats(pc, layer_of, bands)
+    if not len(num):
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='05', table='05_cna_coef_per_case')}")
+    has = {"shallow", "deep"} <= set(band_means(num, den))
+    mean = bootstrap_ci(lambda n, d: float(np.mean(list(band_means(n, d).values()))), num, den)
+    low = bootstrap_ci(lambda n, d: float(min(band_means(n, d).values())), num, den)
+    if has:
+        falls = _above_zero(bootstrap_ci(lambda n, d: band_means(n, d)["shallow"] - band_means(n, d)["deep"], num, den))
+        big = _possible(bootstrap_ci(lambda n, d: band_means(n, d)["shallow"], num, den), HALF * papers.YU_SHALLOW_COEF_MIN)
+    else:
+        falls = big = {False}
+    return Outcome(f"{text}; mean over bands {mean.estimate:+.1f} %{_ci_text(mean)} (bootstrap over {mean.n} cases)",
+                   _judged(lambda pos, f, b, half: _grade(pos and f and b, half),
+                           _above_zero(low), falls, big, _possible(mean, 100 * NOISE_GAP)),
+                   metrics, mean)
+
+
+
+
+def _yu_pruning(t: Tables) -> Outcome:
+    tab = t.csv("06_table11")
+    acc = tab.groupby("model")["accuracy"].mean()
+    needed = {"original", "LoRA on CNA-pruned", "LoRA on random-pruned"}
+    if not needed <= set(acc.index):
+        raise NotRun("Table 11 rows missing")
+    orig, cna, rnd = acc["original"], acc["LoRA on CNA-pruned"], acc["LoRA on random-pruned"]
+    lora = acc.get("LoRA", float("nan"))
+    gap = float(cna - rnd)
+    text = (f"original {_pct(orig)}, LoRA {_pct(lora)}, LoRA on CNA-pruned {_pct(cna)}, "
+            f"on random-pruned {_pct(rnd)}")
+    metrics = {"CNA-pruned minus random-pruned accuracy": gap, "CNA-pruned minus original accuracy": float(cna - orig)}
+    pick = lambda name: tab[tab["model"] == name]  # noqa: E731
+    n_seeds = len(pick("LoRA on random-pruned"))
+    mat = _correct_matrix(pd.concat([pick("original").iloc[:1], pick("LoRA on CNA-pruned").iloc[:1],
+                                     pick("LoRA on random-pruned")]))
+    if mat is None:
+        raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='06', table='06_table11')}")
+    ci = bootstrap_ci(_seed_resampled_gap(n_seeds), mat)
+    vs_orig = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), mat)
+    return Outcome(f"{text}; CNA minus random {_pct(ci.estimate)}{_ci_text(ci.scaled(100))}, minus original "
+                   f"{_pct(vs_orig.estimate)}{_ci_text(vs_orig.scaled(100))} (paired bootstrap over {ci.n} test "
+                   f"prompts{f' and the {n_seeds} random prunings' if n_seeds > 1 else ''})",
+                   _judged(lambda big, above, half: _grade(big and above, half),
+                           _possible(ci, HALF * (papers.YU_TABLE11["LoRA on CNA-pruned"] - papers.YU_TABLE11["LoRA on random-pruned"]) / 100), _above_zero(vs_orig), _possible(ci, NOISE_GAP)),
+                   metrics, ci)
+
+
+
+
+def _yu_gender(t: Tables) -> Outcome:
+    if not t.has("07_table13"):
+        if t.has("07_top_predictions"):
+            raise NotRun("no profession token differs by gender in the top-100 lists")
+        raise MissingTable("07_table13.csv missing")
+    p07 = t.params().get("07")
+    if (p07 is not None and "early_layers" not in p07) or not t.has("07_bias_scores") \
+            or not t.has("07_paper_bias_scores"):
+        raise NotRun("07's tables predate issue 29 (edit set from a 20-per-profession screen, 3 random seeds, no "
+                     "Table-23 professions, no early-layer check): rerun notebook 07")
+    from ..bias import reduction_intervals
+
+    t13 = t.csv("07_table13")
+    cna = t13[t13["model"].astype(str).str.startswith("CNA")]
+    if cna.empty:
+        raise NotRun("Table 13 has no CNA row")
+    k = int(cna["K"].iloc[0])
+    sc = t.csv("07_bias_scores")
+    row = reduction_intervals(sc, ("cna",), [k])
+    if row.empty:
+        raise NotRun(f"no CNA top-{k} rows in 07_bias_scores")
+    r = row.iloc[0]
+    ci = Interval(float(r["reduction_pct"]), float(r["reduction_low"]), float(r["reduction_high"]),
+                  int(r["n_professions"]), "bootstrap")
+    diff = Interval(float(r["diff_pts"]), float(r["diff_low"]), float(r["diff_high"]), int(r["n_professions"]),
+                    "crossed bootstrap")
+    rnd = Interval(float(r["random_pct"]), float(r["random_low"]), float(r["random_high"]), int(r["n_professions"]),
+                   "crossed bootstrap")
+    text = (f"model's {int(r['n_professions'])} biased professions x {int(r['n_prompts'])} prompts: top-{k} CNA "
+            f"neurons zeroed reduce the bias by {ci.estimate:.1f} %{_ci_text(ci)}, layer-matched random sets "
+            f"({int(r['n_seeds'])} seeds) by {rnd.estimate:.1f} %{_ci_text(rnd)}; CNA minus random "
+            f"{diff.estimate:.1f} points{_ci_text(diff)}")
+    metrics = {"CNA bias reduction (%)": ci.estimate, "random bias reduction (%)": float(r["random_pct"]),
+               "CNA minus random (points)": diff.estimate}
+    paper = reduction_intervals(t.csv("07_paper_bias_scores"), ("cna",), [k])
+    if len(paper):
+        q = paper.iloc[0]
+        text += (f"; on Table 23's professions ({int(q['n_professions'])} first tokens) "
+                 f"{q['reduction_pct']:.1f} % [{q['reduction_low']:.1f}, {q['reduction_high']:.1f}] vs random "
+                 f"{q['random_pct']:.1f} %")
+        metrics["Table-23 professions: CNA bias reduction (%)"] = float(q["reduction_pct"])
+    if (sc["kind"] == "cna_late").any():
+        late = reduction_intervals(sc, ("cna_late",), [k])
+        if len(late):
+            q = late.iloc[0]
+            text += (f"; top-{k} without the early layers {q['reduction_pct']:.1f} % [{q['reduction_low']:.1f}, "
+                     f"{q['reduction_high']:.1f}] (random {q['random_pct']:.1f} %)")
+            metrics["CNA without early layers: bias reduction (%)"] = float(q["reduction_pct"])
+    if t.has("07_edit_layers") and p07 is not None:
+        lay = t.csv("07_edit_layers")
+        lay = lay[lay["edit_set"] == "cna"]
+        early = int(lay.loc[lay["layer"] < int(p07["early_layers"]), "n_neurons"].sum())
+        text += f"; {early} of the {k} edited neurons in layers < {int(p07['early_layers'])}"
+        metrics["edited neurons in early layers"] = float(early)
+    text += f" (bootstrap over professions crossed with seeds; paper {papers.YU_BIAS_REDUCTION_PCT} %)"
+    if not int(r["n_seeds"]):
+        return Outcome(text + "; no random control", INCONCLUSIVE, metrics, ci)
+    return Outcome(text, _judged(lambda big, above: _grade(big and above, above),
+                                 _possible(ci, HALF * papers.YU_BIAS_REDUCTION_PCT), _possible(diff, 100 * NOISE_GAP)),
+                   metrics, ci)
