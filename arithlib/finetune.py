@@ -1578,7 +1578,7 @@ JUDGED_HALF_WIDTH = 0.05
 #: beyond the two hours issue 29 sets for a judged CPU run (benchmarks/RESULTS.md).
 CPU_FULL_SCALE_MAX_PARAMS = 1_000_000_000
 
-SCALES: dict[str, dict] = {
+FINETUNE_SCALES: dict[str, dict] = {
     "paper": dict(n_train=18_000, n_val=1_000, n_test=2_000, layers="all", lr_search="per_layer", lora_epochs=4,
                   lora_batch=16, cna_cases=None, n_candidates=200, word_train=300, word_test=132,
                   sft_lrs=(ZHANG_SFT["lr"],), sft_batch=128, sft_epochs=2, sft_warmup=0.02, sft_weight_decay=0.1,
@@ -1623,9 +1623,9 @@ def scale_settings(scale: str, device: str, quick: bool, n_layers: int, n_params
     ("bands": layer 0, Yu's reference layer and the centre layer of each other band
     of :func:`yu_bands`; every layer when there are at most 4)."""
     scale = resolve_scale(scale, device, quick, n_params=n_params)
-    if scale not in SCALES:
-        raise ValueError(f"scale must be 'auto' or one of {sorted(SCALES)}, got {scale!r}")
-    s = dict(SCALES[scale], scale=scale)
+    if scale not in FINETUNE_SCALES:
+        raise ValueError(f"scale must be 'auto' or one of {sorted(FINETUNE_SCALES)}, got {scale!r}")
+    s = dict(FINETUNE_SCALES[scale], scale=scale)
     if s["layers"] == "all":
         s["layers"] = list(range(n_layers))
     elif s["layers"] == "bands":

@@ -38,9 +38,9 @@ from . import neurons as N
 from .ablation import Neuron, mean_neurons_hooks
 from .datasets import PromptRecord, PromptSet, apply_op, fewshot_prefix, load_json
 
-KINDS: tuple[str, ...] = ("operand_range", "operand_mod", "operand_digit", "identical_operands",
+HEURISTIC_KINDS: tuple[str, ...] = ("operand_range", "operand_mod", "operand_digit", "identical_operands",
                           "result_range", "result_mod", "result_digit")
-FAMILY = {k: ("result" if k.startswith("result") else "operand") for k in KINDS}
+FAMILY = {k: ("result" if k.startswith("result") else "operand") for k in HEURISTIC_KINDS}
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ class Heuristic:
     params: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown heuristic kind {self.kind!r}; one of {KINDS}")
+        if self.kind not in HEURISTIC_KINDS:
+            raise ValueError(f"unknown heuristic kind {self.kind!r}; one of {HEURISTIC_KINDS}")
         if self.target not in ("op1", "op2", "result", "operands"):
             raise ValueError(f"unknown target {self.target!r}")
 
@@ -231,7 +231,7 @@ def neuron_labels(matches: pd.DataFrame, mode: str = "best") -> pd.DataFrame:
 def type_counts(labels: pd.DataFrame) -> pd.DataFrame:
     """Number of distinct neurons per heuristic kind in ``labels`` (every kind listed)."""
     rows = []
-    for kind in KINDS:
+    for kind in HEURISTIC_KINDS:
         sub = labels[labels["kind"] == kind] if labels is not None and not labels.empty else pd.DataFrame()
         n = len({(a, b) for a, b in zip(sub["layer"], sub["neuron"])}) if len(sub) else 0
         rows.append({"kind": kind, "family": FAMILY[kind], "n_neurons": n})
@@ -267,7 +267,7 @@ def threshold_sensitivity(scores: np.ndarray, heuristics: Sequence[Heuristic],
         hit = scores >= t
         any_hit = hit.any(1) if hit.size else np.zeros(m, dtype=bool)
         rows.append({"t": t, "kind": "any", "n_neurons": int(any_hit.sum()), "share": float(any_hit.mean()) if m else 0.0})
-        for kind in KINDS:
+        for kind in HEURISTIC_KINDS:
             cols = kinds == kind
             n = int(hit[:, cols].any(1).sum()) if cols.any() else 0
             rows.append({"t": t, "kind": kind, "n_neurons": n, "share": n / m if m else 0.0})

@@ -76,12 +76,12 @@ _HOOKS = {
     "resid_mid": "blocks.{layer}.hook_resid_mid",  # [B, T, d_model]
     "neuron": "blocks.{layer}.mlp.hook_post",      # [B, T, d_mlp]
 }
-KINDS: tuple[str, ...] = tuple(_HOOKS)
+COMPONENT_KINDS: tuple[str, ...] = tuple(_HOOKS)
 
 
 @dataclass(frozen=True, order=True)
 class Component:
-    """A model component: ``kind`` in :data:`KINDS`, its ``layer``, and for heads and
+    """A model component: ``kind`` in :data:`COMPONENT_KINDS`, its ``layer``, and for heads and
     neurons their ``index`` (``None`` = all heads / all neurons of the layer)."""
 
     kind: str
@@ -90,7 +90,7 @@ class Component:
 
     def __post_init__(self) -> None:
         if self.kind not in _HOOKS:
-            raise ValueError(f"unknown component kind {self.kind!r}; choose one of {KINDS}")
+            raise ValueError(f"unknown component kind {self.kind!r}; choose one of {COMPONENT_KINDS}")
         if self.index is not None and self.kind not in ("head", "neuron"):
             raise ValueError(f"a {self.kind} component has no index (got {self.index})")
 

@@ -69,7 +69,7 @@ Keep = Mapping[int, Sequence[int] | torch.Tensor]  # pruned layer -> indices of 
 DEFAULT_SHARES: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2)
 
 #: Sizes of notebook 06 per scale (the data and LoRA settings are notebook 05's,
-#: ``finetune.SCALES``). ``cases_per_op``: 1D cases per operator for CNA (None: all 336);
+#: ``finetune.FINETUNE_SCALES``). ``cases_per_op``: 1D cases per operator for CNA (None: all 336);
 #: ``n_candidates``: exact CNA scores per case in two-stage mode; ``random_seeds``: random
 #: prunings at the main share (LoRA-tuned); ``sweep_seeds``: random prunings per share
 #: in the sweep; ``sweep_lora``: fine-tune LoRA at every share of the sweep (else the
@@ -84,7 +84,7 @@ DEFAULT_SHARES: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2)
 #: LoRA trainings of 32 steps (512 sentences) from the reference layer's recorded stream
 #: (the README gives the measured time per model). "quick": a smoke test of every section
 #: (seconds on the toy model), never judged.
-SCALES: dict[str, dict] = {
+PRUNING_SCALES: dict[str, dict] = {
     "paper": dict(cases_per_op=None, n_candidates=1000, random_seeds=3, sweep_seeds=3, sweep_lora=True,
                   lr_search=True, timing_batch=32, timing_repeats=10),
     "cpu": dict(cases_per_op=12, n_candidates=300, random_seeds=3, sweep_seeds=1, sweep_lora=False,
@@ -98,9 +98,9 @@ SCALES: dict[str, dict] = {
 
 def pruning_scale(scale: str) -> dict:
     """Notebook 06's sizes for a resolved scale name (``finetune.scale_settings(...)["scale"]``)."""
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {sorted(SCALES)}, got {scale!r}")
-    return dict(SCALES[scale], scale=scale)
+    if scale not in PRUNING_SCALES:
+        raise ValueError(f"scale must be one of {sorted(PRUNING_SCALES)}, got {scale!r}")
+    return dict(PRUNING_SCALES[scale], scale=scale)
 
 
 def scaled_top_k(n_deep_neurons: int, k: int = YU_TOP_K, reference: int = YU_DEEP_NEURONS) -> int:

@@ -349,7 +349,7 @@ dag_all = pd.concat(dag_cases, ignore_index=True) if dag_cases else pd.DataFrame
 if len(lowest):
     save_table(lowest, run.out, "04_lowest_neuron")
     save_table(pd.concat(low_cases, ignore_index=True), run.out, "04_lowest_neuron_per_case")
-    save_figure(plots.lowest_neuron(lowest, f"{model}: zeroing the lowest top neuron (Yu Tables 6, 16)"), run.out,
+    save_figure(plots.lowest_neuron_plot(lowest, f"{model}: zeroing the lowest top neuron (Yu Tables 6, 16)"), run.out,
                 "04_lowest_neuron")
     display(lowest.pivot_table(index="group", columns="K", values=["coef_decrease", "random_coef_decrease"]).round(1))
 if len(dag_all):
@@ -359,7 +359,7 @@ if case_idx is not None:
     dag_nodes, dag_edges = C.pe_dag(bridge, results["+-"], case_idx, k=dag_k)
     save_table(dag_nodes, run.out, "04_pe_dag_nodes")
     save_table(dag_edges, run.out, "04_pe_dag_edges")
-    save_figure(plots.pe_dag(dag_nodes, dag_edges, f'{model}: prediction-enhancing DAG, "{case_text}" top {dag_k}'),
+    save_figure(plots.pe_dag_plot(dag_nodes, dag_edges, f'{model}: prediction-enhancing DAG, "{case_text}" top {dag_k}'),
                 run.out, "04_pe_dag")
     display(dag_edges.sort_values("enhancement", ascending=False).head(8) if len(dag_edges) else dag_edges)
 

@@ -160,7 +160,7 @@ display(pd.DataFrame([{**{f"05: {k}": str(v) for k, v in S05.items() if k in ("s
 #   `n_candidates` per case exactly. A case's ranking puts its exactly scored neurons first
 #   (by exact change) and the rest by the first-order change.
 # * **Sizes.** The scale is notebook 05's (the `scale_resolved` of its params: "auto" is `paper`
-#   on a GPU and `cpu` on a CPU); this notebook's sizes per scale are `pruning.SCALES`. `paper` (for a GPU): all
+#   on a GPU and `cpu` on a CPU); this notebook's sizes per scale are `pruning.PRUNING_SCALES`. `paper` (for a GPU): all
 #   336 1D cases, 1,000 exact CNA scores per case in two-stage mode, Yu's lr grid for every
 #   pruned model, LoRA at every share of the sweep, 3 random seeds. `cpu`: 12 cases per
 #   operator, 300 exact CNA scores per case, LoRA trained on the CNA-pruned model and on 3
@@ -258,7 +258,7 @@ table, keeps = pruning.table11(bridge, ranking, main_share, deep, ref_layer, lor
                          repeats=S["timing_repeats"], batch_size=batch_size, n_lora_reference=lora_ref.n_trainable)
 timings.append({"section": "2 Table 11", "wall_s": time.time() - t0})
 save_table(table, run.out, "06_table11")
-fig = plots.table11(table, title=f"{model}: Yu Table 11 ({main_share:.0%} of the deep FFN neurons of layers "
+fig = plots.table11_plot(table, title=f"{model}: Yu Table 11 ({main_share:.0%} of the deep FFN neurons of layers "
                  f"{deep[0]}-{deep[-1]} kept, LoRA on layer {ref_layer}; {len(test_set)} test sentences, "
                  f"{S['scale']} scale; timing: batch {tuple(tokens.shape)})")
 save_figure(fig, run.out, "06_table11")
@@ -288,7 +288,7 @@ timings.append({"section": "3 sweep", "wall_s": time.time() - t0})
 save_table(sweep, run.out, "06_share_sweep")
 save_table(summary, run.out, "06_share_sweep_summary")
 acc = dict(zip(table.model, table.accuracy))
-fig = plots.share_sweep(sweep, reference={"original": acc["original"], f"LoRA L{ref_layer}": acc["LoRA"]},
+fig = plots.share_sweep_plot(sweep, reference={"original": acc["original"], f"LoRA L{ref_layer}": acc["LoRA"]},
                      main_share=main_share, paper=papers.YU_TABLE11,
                      title=f"{model}: pruning the deep FFN layers {deep[0]}-{deep[-1]}, CNA union vs random")
 save_figure(fig, run.out, "06_share_sweep")
@@ -302,7 +302,7 @@ summary.pivot_table(index="share", columns="selection", values=["accuracy_pruned
 first_random = f"random seed {seeds[0]}"
 by_layer = pruning.kept_by_layer({"CNA union": keeps["cna"], first_random: keeps[first_random]}, widths)
 save_table(by_layer, run.out, "06_kept_by_layer")
-fig = plots.kept_by_layer(by_layer, title=f"{model}: deep FFN neurons kept per layer ({main_share:.0%} overall)")
+fig = plots.kept_by_layer_plot(by_layer, title=f"{model}: deep FFN neurons kept per layer ({main_share:.0%} overall)")
 save_figure(fig, run.out, "06_kept_by_layer")
 by_layer.pivot_table(index="layer", columns="selection", values="n_kept")
 

@@ -241,7 +241,7 @@ if has_bias:
     diag = B.layer_diagnostic(bridge, result, biased, neurons_by_k[edit_k])
     save_table(diag, out, "07_layer_diagnostic")
     timings["recall_and_diagnostic"] = time.time() - t0
-    save_figure(plots.layer_diagnostic(diag, genders, f"{model}: what the CNA importance of each layer is read from"),
+    save_figure(plots.layer_diagnostic_plot(diag, genders, f"{model}: what the CNA importance of each layer is read from"),
                 out, "07_layer_diagnostic")
     display(edit_layers.pivot_table(index="layer", columns="edit_set", values="n_neurons", fill_value=0))
     if len(recall):
@@ -325,7 +325,7 @@ side = B.side_effects(bridge, tok, side_conditions, prose=prose.text, arith=arit
                       profession_ids=prof_tokens.token_id.tolist(), max_chunks=lm_chunks)
 side["prose_sha256"] = prose.sha256
 save_table(side, out, "07_side_effects")
-save_figure(plots.side_effects(side, f"{model}: side effects of zeroing neurons"), out, "07_side_effects")
+save_figure(plots.side_effects_plot(side, f"{model}: side effects of zeroing neurons"), out, "07_side_effects")
 side
 
 # %% [markdown]

@@ -41,7 +41,7 @@
 #   answer tokens only, teacher-forced. Accuracy: the whole answer is the greedy continuation and
 #   the model then stops writing digits.
 # * *Learning rate*: chosen for each judged method (precise SFT of the top-32 heads; full SFT) on
-#   the validation split, from the scale's grid (`finetune.SCALES`; at the `cpu` scale Zhang's
+#   the validation split, from the scale's grid (`finetune.FINETUNE_SCALES`; at the `cpu` scale Zhang's
 #   2e-5 and a factor 5 either side). The other precise settings use the top-32 heads' lr.
 # * *General ability without downloads*: LM loss (nats/token) on a fixed English sample of the
 #   Python reference manual that ships with Python (`pydoc_data.topics`), and 55 one-token

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256, 512])
-    ap.add_argument("--n-val", type=int, default=FT.SCALES["cpu"]["n_val"])
+    ap.add_argument("--n-val", type=int, default=FT.FINETUNE_SCALES["cpu"]["n_val"])
     ap.add_argument("--lr", type=float, default=papers.YU_LR_GRID[0])
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     m = load_model(a.model)
     n_layers = m.info.n_layers
     layer = FT.reference_layer(n_layers) if a.layer is None else a.layer
-    s = FT.SCALES["cpu"]
+    s = FT.FINETUNE_SCALES["cpu"]
     splits = FT.yu_lora_data(n_train=max(a.sizes), n_test=s["n_test"], n_val=a.n_val, seed=0, fewshot=a.fewshot)
     train, val = (ds.PromptSet.build(splits[k], m.tokenizer) for k in ("train", "val"))
     cfg = FT.TrainConfig(lr=a.lr, epochs=a.epochs, batch_size=a.batch_size, seed=0)

@@ -368,8 +368,8 @@ def test_sft_lr_is_chosen_per_method_on_the_validation_split(tiny_qwen2, data):
     fits.clear()
     one, table = ft.choose_lr(tiny_qwen2.bridge, fit, (1e-2, 1e-4), None)
     assert fits == [1e-2] and one.config.lr == 1e-2 and table.val_accuracy.isna().all() and table.chosen.all()
-    assert ft.ZHANG_SFT["lr"] in ft.SCALES["cpu"]["sft_lrs"] and len(ft.SCALES["cpu"]["sft_lrs"]) > 1
-    assert ft.SCALES["paper"]["sft_lrs"] == (ft.ZHANG_SFT["lr"],)
+    assert ft.ZHANG_SFT["lr"] in ft.FINETUNE_SCALES["cpu"]["sft_lrs"] and len(ft.FINETUNE_SCALES["cpu"]["sft_lrs"]) > 1
+    assert ft.FINETUNE_SCALES["paper"]["sft_lrs"] == (ft.ZHANG_SFT["lr"],)
 
 
 # --------------------------------------------------------------------------- model state after training
@@ -578,7 +578,7 @@ def test_cpu_scale_is_the_default_on_a_cpu_and_sized_for_a_five_point_interval()
     s = ft.scale_settings("auto", "cpu", False, 24)
     assert s["scale"] == "cpu" and s["layers"] == list(range(24))
     assert s["n_test"] == n_for_half_width(0.5, ft.JUDGED_HALF_WIDTH) == 385
-    assert s["n_train"] > ft.SCALES["quick"]["n_train"] and s["n_val"] > 0 and s["lr_search"] != "none"
+    assert s["n_train"] > ft.FINETUNE_SCALES["quick"]["n_train"] and s["n_val"] > 0 and s["lr_search"] != "none"
 
 
 def test_auto_takes_the_stated_smaller_scale_above_one_billion_parameters_on_a_cpu():
@@ -598,7 +598,7 @@ def test_auto_takes_the_stated_smaller_scale_above_one_billion_parameters_on_a_c
     assert s["scale"] == "cpu-bands" and s["layers"] == ft.scale_settings("cpu", "cpu", True, 28)["layers"]
     assert ft.reference_layer(28) in s["layers"] and 0 in s["layers"] and len(s["layers"]) < 28
     for k in ("n_train", "n_val", "n_test", "lr_search", "lora_epochs", "sft_lrs", "cna_cases"):
-        assert s[k] == ft.SCALES["cpu"][k], k
+        assert s[k] == ft.FINETUNE_SCALES["cpu"][k], k
     assert s["head_counts"] == (32,) and s["mlp_counts"] == ()
     assert pruning.pruning_scale("cpu-bands") == {**pruning.pruning_scale("cpu"), "scale": "cpu-bands"}
 

@@ -40,7 +40,7 @@ def test_catalogue_contents():
     names = {h.name for h in cat}
     assert {"op1 = 3", "op2 in [0, 1]", "op1 = 1 mod 2", "result in [0, 9]", "op1 = op2", "result tens digit 1"} <= names
     assert not any(h.kind == "operand_digit" for h in cat)     # operands 0..9 have no tens digit
-    assert {h.kind for h in cat} == set(H.KINDS) - {"operand_digit"}
+    assert {h.kind for h in cat} == set(H.HEURISTIC_KINDS) - {"operand_digit"}
     big = H.heuristic_catalogue((0, 99), (0, 198))
     assert any(h.kind == "operand_digit" for h in big) and any(h.name == "result hundreds digit 1" for h in big)
     with pytest.raises(ValueError):
@@ -212,7 +212,7 @@ def test_labels_and_type_counts():
         H.neuron_labels(matches, "some")
     counts = H.type_counts(matches).set_index("kind").n_neurons
     assert counts["operand_range"] == 1 and counts["result_range"] == 1 and counts["operand_mod"] == 0
-    assert set(H.type_counts(pd.DataFrame()).kind) == set(H.KINDS)
+    assert set(H.type_counts(pd.DataFrame()).kind) == set(H.HEURISTIC_KINDS)
 
 
 def test_type_counts_by_threshold():
@@ -223,7 +223,7 @@ def test_type_counts_by_threshold():
     acts = np.stack([a, -a, (a % 2 == 0) + 0.01 * a], 1)
     scores = H.match_scores(acts, assoc)
     out = H.type_counts_by_threshold(scores, [(0, 0), (0, 1), (0, 2)], heur, assoc, (0.6, 0.9))
-    assert set(out.t) == {0.6, 0.9} and len(out) == 2 * len(H.KINDS)
+    assert set(out.t) == {0.6, 0.9} and len(out) == 2 * len(H.HEURISTIC_KINDS)
     total = out.groupby("t").n_neurons.sum()
     assert total[0.6] == 3 and total[0.9] <= 3      # best labels: each matched neuron counted once
 

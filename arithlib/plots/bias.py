@@ -121,7 +121,7 @@ def profession_shift(before: pd.DataFrame, after: pd.DataFrame, title: str) -> p
     return fig
 
 
-def side_effects(side: pd.DataFrame, title: str) -> plt.Figure:
+def side_effects_plot(side: pd.DataFrame, title: str) -> plt.Figure:
     """Side effects per condition: LM loss change (nats/token), arithmetic accuracy
     (%), and the profession tokens' probability on gender-free prompts (ratio to the
     original model)."""
@@ -193,7 +193,7 @@ def edit_set(table: pd.DataFrame, title: str, n_tokens: int = 4) -> plt.Figure:
     return fig
 
 
-def layer_diagnostic(diag: pd.DataFrame, genders: Sequence[str], title: str) -> plt.Figure:
+def layer_diagnostic_plot(diag: pd.DataFrame, genders: Sequence[str], title: str) -> plt.Figure:
     """Per layer: the RMS of the residual the importance is read from (log scale, each
     gender), a neuron's typical write relative to it, and the pooled CNA change with the
     edit set's neurons per layer (``bias.layer_diagnostic``)."""

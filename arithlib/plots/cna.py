@@ -71,7 +71,7 @@ def mask_keep(table: pd.DataFrame, title: str) -> plt.Figure:
     return fig
 
 
-def lowest_neuron(summary: pd.DataFrame, title: str) -> plt.Figure:
+def lowest_neuron_plot(summary: pd.DataFrame, title: str) -> plt.Figure:
     """Table 6 / 16: coefficient decrease of the top-K neurons when the lowest one is zeroed."""
     groups = list(summary["group"].unique()) if "group" in summary else [None]
     fig, ax = plt.subplots(figsize=(6, 3.8))
@@ -91,7 +91,7 @@ def lowest_neuron(summary: pd.DataFrame, title: str) -> plt.Figure:
     return fig
 
 
-def pe_dag(nodes: pd.DataFrame, edges: pd.DataFrame, title: str) -> plt.Figure:
+def pe_dag_plot(nodes: pd.DataFrame, edges: pd.DataFrame, title: str) -> plt.Figure:
     """The prediction-enhancing DAG: neurons by layer (y), edges lower -> upper where the
     direct enhancement passes the threshold; edge width and label give its size."""
     fig, ax = plt.subplots(figsize=(8, 5.5))

@@ -18,7 +18,7 @@ _COLOURS = {"original": "#7f7f7f", "LoRA": "#4c72b0", "LoRA on CNA-pruned": "#55
 _SEL = {"cna": ("#55a868", "CNA union"), "random": ("#c44e52", "random")}
 
 
-def table11(table: pd.DataFrame, title: str = ""):
+def table11_plot(table: pd.DataFrame, title: str = ""):
     """Yu Table 11 with costs, three panels: test accuracy (%) per model (random-pruned:
     mean over seeds, seeds as dots; Yu's Llama-7B values as open diamonds), parameters
     (M; deep-FFN part hatched) and forward time (ms). ``table``: model, accuracy, paper,
@@ -67,7 +67,7 @@ def table11(table: pd.DataFrame, title: str = ""):
     return fig
 
 
-def share_sweep(sweep: pd.DataFrame, reference: Mapping[str, float] | None = None, main_share: float | None = None,
+def share_sweep_plot(sweep: pd.DataFrame, reference: Mapping[str, float] | None = None, main_share: float | None = None,
                 paper: Mapping[str, float] | None = None, title: str = ""):
     """Accuracy (%) vs share of the deep FFN neurons kept (log axis), CNA union vs random
     (mean over seeds, seeds as dots): after LoRA (solid) and before it (dashed);
@@ -129,7 +129,7 @@ def union_size(curve: pd.DataFrame, main: tuple[int, float] | None = None, scale
     return fig
 
 
-def kept_by_layer(frame: pd.DataFrame, title: str = ""):
+def kept_by_layer_plot(frame: pd.DataFrame, title: str = ""):
     """Share (%) of each deep layer's neurons kept, per selection (``frame`` from
     ``pruning.kept_by_layer``)."""
     fig, ax = plt.subplots(figsize=(max(5, 0.5 * frame.layer.nunique() + 3), 3.6))

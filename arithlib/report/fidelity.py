@@ -11,7 +11,7 @@ scaled by depth). A value the params do not hold (an older run, a renamed key) r
 "not recorded"; nothing here raises on a folder.
 
 Only the fine-tuning scale (notebooks 05 and 08) reads :mod:`arithlib.finetune` (its
-``SCALES``), lazily, as ``report.smoke_test_reason`` does.
+``FINETUNE_SCALES``), lazily, as ``report.smoke_test_reason`` does.
 """
 
 from __future__ import annotations
@@ -166,14 +166,14 @@ def _fewshot(P: Params, nb: str) -> str:
 
 
 def _ft_scale(P: Params, nb: str = "05") -> dict:
-    """Notebook ``nb``'s resolved fine-tuning scale and its sizes (``finetune.SCALES``):
+    """Notebook ``nb``'s resolved fine-tuning scale and its sizes (``finetune.FINETUNE_SCALES``):
     05's (which 06 reuses) or 08's."""
-    from ..finetune import SCALES, resolve_scale
+    from ..finetune import FINETUNE_SCALES, resolve_scale
 
     p = _nb(P, nb)  # the scale the run recorded (since issue 29); before, "auto" was "quick" on a CPU
     name = p.get("scale_resolved") or resolve_scale(str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")),
                                                     auto_cpu="quick")
-    return dict(SCALES[name], scale=name)
+    return dict(FINETUNE_SCALES[name], scale=name)
 
 
 def _ft_text(P: Params) -> str:
