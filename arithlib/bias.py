@@ -63,10 +63,10 @@ TOP_K = 100
 EARLY_LAYERS = 1
 #: :func:`exact_affordable`: the exact importance of every neuron costs about
 #: n_layers * d_mlp * d_model * vocab multiply-adds (one unembedding per neuron) plus
-#: a few passes over n_layers * d_mlp * vocab logits per prompt. SmolLM2-135M (1.3e12)
-#: took 249 s on one shared core; Qwen2.5-0.5B (1.6e13) would take about 8 minutes on
-#: two cores, more than the notebook may spend, so it gets the screen, with its recall
-#: measured on every ``RECALL_LAYER_STRIDE``-th layer.
+#: a few passes over n_layers * d_mlp * vocab logits per prompt. Above this bound
+#: (SmolLM2-135M: 1.3e12 runs exact; Qwen2.5-0.5B: 1.6e13 gets the screen; timings in
+#: benchmarks/RESULTS.md) the screen is used, its recall measured on every
+#: ``RECALL_LAYER_STRIDE``-th layer.
 MAX_EXACT_MACS = 5e12
 #: Without the exact importance of every neuron, the screen's recall is measured on the
 #: exact importance of every neuron of layers 0, stride, 2 * stride, ... (a quarter of

@@ -26,7 +26,7 @@ modes:
 
 * ``"exact"``: every neuron, vocabulary in chunks with an online logsumexp (the
   matrix products are shared by all prompts). Affordable on a GPU and for small
-  models; about 20 s per prompt for Qwen2.5-0.5B on two CPU cores.
+  models (timings: benchmarks/RESULTS.md).
 * ``"two_stage"``: stage 1 scores every neuron with the first-order importance,
   whose logit change is exact and whose log-partition is linearised at the
   baseline distribution p = softmax(logits(r)):
@@ -714,8 +714,7 @@ def _exact_importance_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, s
     """:func:`exact_importance` for every (row, neuron): logits blocks [rows, K, chunk] by
     broadcasting (no gathers), online logsumexp over vocabulary chunks. [R, K]. A block
     holds at most ``block_elems`` values: the vocabulary chunk shrinks below
-    ``vocab_chunk`` when one row's [K, chunk] block would exceed it (K = 14,336 neurons
-    of a Llama-3-8B layer: 1,170 tokens per chunk instead of 8,192, 64 MB instead of 470 MB)."""
+    ``vocab_chunk`` when one row's [K, chunk] block would exceed it (a layer of many neurons)."""
     w_cols = W_U[:, targets].T  # [R, d]
     z_w = ((gr * w_cols).sum(-1)[:, None] + m * (w_cols @ gv.T)) * (1.0 / sigma) + beta[targets][:, None]
     return z_w - log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems) - base_logprob[:, None]
@@ -850,8 +849,8 @@ def top_neurons(scores: torch.Tensor, k: int) -> list[Neuron]:
 
 
 def resolve_mode(model, mode: str = "auto", max_exact_elems: float = 2e9) -> str:
-    """"exact" on a GPU or when L * d_mlp * vocab <= ``max_exact_elems`` (about 2 s of
-    log-partitions per prompt on a CPU core), else "two_stage"; explicit modes pass."""
+    """"exact" on a GPU or when L * d_mlp * vocab <= ``max_exact_elems``, else
+    "two_stage"; explicit modes pass."""
     if mode in ("exact", "two_stage"):
         return mode
     if mode != "auto":

@@ -671,8 +671,8 @@ def make_optimizer(params: Sequence[torch.nn.Parameter], config: TrainConfig,
     (``config.weight_decay``) on the ``decayed`` parameters (the others', masked, is
     applied per entry by the caller), and torch's fused kernel on a CPU or a CUDA
     device: one pass over each parameter and its two moments per step instead of a
-    pass per elementwise operation, which makes full SFT's optimizer step about 8x
-    faster on a CPU (`benchmarks/optimizer.py`); the same update up to float rounding.
+    pass per elementwise operation (`benchmarks/optimizer.py`); the same update up to
+    float rounding.
     Elsewhere the single-tensor loop (the fused kernel has no other backends). SGD:
     no decay here (the caller's)."""
     if config.optimizer == "sgd":
@@ -1572,10 +1572,9 @@ JUDGED_HALF_WIDTH = 0.05
 #: "cpu-bands": the "cpu" scale's data sizes, lr search and test split, with LoRA on layer 0,
 #: Yu's reference layer and the centre layer of each band (as "quick") instead of every
 #: layer, and precise SFT of the (scaled) top-32 heads only (Zhang's Table 1 setting), no
-#: MLP variants. "auto" picks it on a CPU for models above this many parameters: one LoRA
-#: training sample of Qwen2.5-Coder-1.5B takes 0.73 s on 2 cores (layer 10, batch 16), so
-#: the "cpu" scale's 30 LoRA trainings of 512 sentences alone take about 3 hours there,
-#: beyond the two hours issue 29 sets for a judged CPU run (benchmarks/RESULTS.md).
+#: MLP variants. "auto" picks it on a CPU for models above this many parameters, where the
+#: "cpu" scale's 30 LoRA trainings would take longer than the two hours issue 29 sets for a
+#: judged CPU run (Qwen2.5-Coder-1.5B: benchmarks/RESULTS.md).
 CPU_FULL_SCALE_MAX_PARAMS = 1_000_000_000
 
 FINETUNE_SCALES: dict[str, dict] = {

@@ -56,8 +56,7 @@ from .models import hf_module as _hf
 from .patching import Component, Edit, Head, Unembed, clean_run, head_sweep, resumable, variant_hooks
 from .stored import Store
 
-#: Rows x positions of one batched pass (heads x prompts x query tokens); bounds memory
-#: (Qwen2.5-0.5B: ~200 MB of MLP activations at 8,192).
+#: Rows x positions of one batched pass (heads x prompts x query tokens); bounds memory.
 MAX_TOKENS = 8192
 
 #: Version of the cached batch rows; raise it when the engine's numbers change.

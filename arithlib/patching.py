@@ -458,7 +458,7 @@ class RunCache:
     """Clean runs kept per prompt (keyed by its token ids), so that later interventions
     on the same prompts skip the clean forward pass: pass one to :func:`run_interventions`
     (and the functions built on it) and :func:`path_patching`. Holds every layer's keys,
-    values and residual stream of each prompt (~4 MB per 36-token prompt for Qwen-0.5B)."""
+    values and residual stream of each prompt."""
 
     def __init__(self) -> None:
         self._store: dict[tuple[int, ...], tuple] = {}
