@@ -50,6 +50,7 @@ from .components import Hook, Neuron
 from .datasets import PromptRecord, PromptSet, load_gender_data
 from .hf_compat import input_device
 from .paths import data_path
+from .readout import final_norm, unembedding
 from .stats import bootstrap_ci, crossed_bootstrap_ci
 
 
@@ -451,8 +452,8 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
 
     Returns ``importance`` and ``approx`` [2, N, L, K] (side a, side b; importance NaN
     outside the candidates) and ``base_logprob`` [2, N, L]."""
-    norm = C.final_norm(model)
-    W_U, b_U = C.unembedding(model)  # float32, as in cna: log-probability differences need it
+    norm = final_norm(model)
+    W_U, b_U = unembedding(model)  # float32, as in cna: log-probability differences need it
     device = W_U.device               # a split model's unembedding device
     beta = C._beta(norm, W_U, b_U)
     G, L, d = resid.shape
@@ -688,7 +689,7 @@ def layer_diagnostic(model, result: C.CNAResult, biased: pd.DataFrame, edit_set:
     importance is large whatever the neuron means); ``mean_abs_importance`` over neurons,
     cases and both runs; ``mean_abs_change`` and ``max_change`` of the pooled change the
     edit set is ranked by; ``n_in_edit_set``."""
-    norm = C.final_norm(model)
+    norm = final_norm(model)
     rows_g = _gender_rows(result, biased, genders)
     agg = aggregate_change(result, groups=list(biased.bias_gender))
     L = agg.shape[0]

@@ -31,6 +31,7 @@ import torch
 
 from .datasets import PromptSet
 from .probing import AnswerCache
+from .readout import final_norm, unembedding
 
 
 def _meta(prompts: PromptSet) -> pd.DataFrame:
@@ -75,26 +76,6 @@ def logit_lens_answer(bridge, cache: AnswerCache, prompts: PromptSet, chunk_size
         ["prompt", "op", "template_id", "answer", "layer", "logprob", "prob", "rank"]]
 
 
-def _final_norm_params(bridge) -> tuple[str, torch.Tensor, torch.Tensor | None]:
-    """(normalization type, effective weight, bias or None) of the final norm."""
-    norm = getattr(bridge.cfg, "normalization_type", None)
-    if norm is None:  # guessing RMS would drop a LayerNorm's centring and bias without a word
-        raise ValueError("the model's cfg has no normalization_type, so the final norm's kind is unknown: set "
-                         "bridge.cfg.normalization_type to 'RMS' or 'LN'")
-    norm = str(norm)
-    if norm not in ("RMS", "LN", "RMSPre", "LNPre"):
-        raise ValueError(f"direct logit attribution does not handle final norm type {norm!r}")
-    ln = bridge.ln_final
-    d = int(bridge.cfg.d_model)
-    w = getattr(ln, "weight", None)
-    w = torch.ones(d) if w is None or norm.endswith("Pre") else w.detach().float().cpu()
-    if getattr(bridge.cfg, "rmsnorm_uses_offset", False):
-        w = 1.0 + w
-    b = getattr(ln, "bias", None)
-    b = None if b is None or norm.endswith("Pre") else b.detach().float().cpu()
-    return norm, w, b
-
-
 def direct_logit_attribution_answer(bridge, cache: AnswerCache, prompts: PromptSet) -> pd.DataFrame:
     """Direct logit attribution to the first answer token at the answer position.
 
@@ -112,15 +93,16 @@ def direct_logit_attribution_answer(bridge, cache: AnswerCache, prompts: PromptS
             raise ValueError(f"direct logit attribution needs {kind!r} in the cache")
     if len(cache) != len(prompts):
         raise ValueError(f"cache has {len(cache)} rows, prompts {len(prompts)}")
-    norm, w, b = _final_norm_params(bridge)
-    W_U = bridge.W_U.detach().float().cpu()
-    b_U = bridge.b_U.detach().float().cpu() if getattr(bridge, "b_U", None) is not None else torch.zeros(W_U.shape[1])
+    norm = final_norm(bridge)
+    w = norm.weight.cpu()
+    b = norm.bias.cpu() if norm.bias is not None else None
+    W_U, b_U = (x.cpu() for x in unembedding(bridge))
     t = prompts.first_answer_ids
     directions = (W_U[:, t].T * w[None, :])  # [N, d]
     s = cache.final_scale[:, None]  # [N, 1]
 
     def contrib(x: torch.Tensor) -> torch.Tensor:  # x [N, ..., d]
-        if norm.startswith("LN"):
+        if norm.kind == "layer":
             x = x - x.mean(-1, keepdim=True)
         shape = (x.shape[0],) + (1,) * (x.ndim - 2) + (x.shape[-1],)
         return ((x / s.reshape((x.shape[0],) + (1,) * (x.ndim - 1))) * directions.reshape(shape)).sum(-1)

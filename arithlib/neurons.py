@@ -55,6 +55,7 @@ from .datasets import PromptSet, single_token_numbers
 from .hf_compat import cache_kwargs, output_cache, repeat_cache, select_cache_rows, truncate_cache
 from .hf_compat import input_device
 from .models import hf_module as _hf
+from .readout import final_norm, unembedding
 
 #: Hooks for a batch, given the indices (in the runner's PromptSet) of its prompts.
 HookFactory = Callable[[torch.Tensor], list[Hook]]
@@ -557,15 +558,6 @@ def correct_first(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- logit lens
 
 
-def _final_norm(model):
-    hf = _hf(model)
-    inner = getattr(hf, "model", None) or getattr(hf, "gpt_neox", None) or getattr(hf, "transformer", None)
-    for name in ("norm", "final_layer_norm", "ln_f"):
-        if inner is not None and hasattr(inner, name):
-            return getattr(inner, name)
-    raise ValueError("cannot find the final norm of this model")
-
-
 def w_out(model, layer: int) -> torch.Tensor:
     """W_out of one layer, [d_mlp, d_model] (row k: neuron k's value vector); read per
     layer, because the bridge's stacked ``W_out`` copies every layer."""
@@ -583,12 +575,12 @@ def logit_directions(model, vectors: torch.Tensor, token_ids: torch.Tensor | Non
     """Logit lens of residual-stream directions: through the final norm's gain (centred
     first for LayerNorm; the input scale is left out) and the unembedding, restricted to
     ``token_ids``. [n, d_model] -> [n, len(token_ids)]."""
-    norm = _final_norm(model)
+    norm = final_norm(model)
     v = vectors.float()
-    if getattr(norm, "bias", None) is not None:  # LayerNorm: the mean is removed
+    if norm.kind == "layer":  # LayerNorm: the mean is removed
         v = v - v.mean(-1, keepdim=True)
-    v = v * norm.weight.detach().float()
-    w_u = model.W_U.detach().float()
+    v = v * norm.weight
+    w_u = unembedding(model)[0]
     if token_ids is not None:
         w_u = w_u[:, token_ids]
     return v @ w_u

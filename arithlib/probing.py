@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 from .datasets import PromptSet
 from .evaluate import PrefixRunner, continues_number
 from .papers import KEY_HEAD_THRESHOLD
+from .readout import unembedding
 
 #: Activation kinds cached at the answer position and the bridge hook of each
 #: (``{L}`` is the layer).
@@ -211,8 +212,8 @@ def first_token_id(tokenizer, n: int) -> int:
 
 
 def unembed_matrix(bridge) -> torch.Tensor:
-    """``W_U`` [d_model, vocab] as a detached float32 CPU tensor."""
-    return bridge.W_U.detach().float().cpu()
+    """``W_U`` [d_model, vocab] as a float32 CPU tensor (:func:`arithlib.readout.unembedding`)."""
+    return unembedding(bridge)[0].cpu()
 
 
 # --------------------------------------------------------------------------- Zhang Fig. 6 cosines

@@ -40,6 +40,7 @@ import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
 import arithlib.datasets as ds  # noqa: E402
+from arithlib.readout import final_norm, unembedding  # noqa: E402
 
 #: Allowed |batched - loop| per unit of logit spread, by the model's dtype: the batched
 #: path is float32 throughout, the loop feeds ``ln_final`` in the model's dtype (the
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     ps = ds.PromptSet.build(recs, loaded.tokenizer)
     ps = ps.subset(list(range(min(args.n_prompts, len(ps)))))
     run = C.run_last_position(b, ps, batch_size=64)  # resid_mid, coef: float32, on the CPU
-    norm, (W_U, b_U) = C.final_norm(b), C.unembedding(b)  # float32, on the model's device
+    norm, (W_U, b_U) = final_norm(b), unembedding(b)  # float32, on the model's device
     t = ps.first_answer_ids.to(dev)
     resid = run.resid_mid.to(dev)
     coef = run.coef.to(dev)

@@ -16,6 +16,7 @@ import arithlib.cna as C
 import arithlib.datasets as ds
 from arithlib.evaluate import last_position_logits
 from arithlib.models import load_model, random_model_dir
+from arithlib.readout import final_norm
 
 
 class FakeTokenizer:
@@ -388,7 +389,7 @@ def test_gender_cna_exact_screen_recall_and_layers(tiny):
     assert (diag[["resid_rms_woman", "resid_rms_man", "write_to_resid_woman"]] > 0).all().all()
     # RMS as the final norm sees it: the woman prompt's residual at layer 0
     woman_row = B._gender_rows(res, biased, B.GENDERS)["woman"][0][0]
-    norm = C.final_norm(b)
+    norm = final_norm(b)
     assert diag.resid_rms_woman[0] == pytest.approx(float(C._centre(woman_row, norm).pow(2).mean().sqrt()), rel=1e-5)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -18,7 +17,8 @@ import arithlib.ablation as A
 import arithlib.cna as C
 import arithlib.datasets as ds
 from arithlib.evaluate import evaluate, greedy_answers
-from arithlib.models import RANDOM_ARCHS, load_model, random_model_dir
+from arithlib.readout import final_norm, unembedding
+from arithlib.models import load_model, random_model_dir
 from arithlib.stats import decode_correct
 
 
@@ -41,56 +41,6 @@ def _runs(model, ps, head=(1, 0)):
     a = C.run_last_position(model.bridge, ps)
     b = C.run_last_position(model.bridge, ps, A.zero_heads_hooks([head]))
     return a, b
-
-
-def test_final_norm_and_unembedding_reproduce_logits(tiny):
-    b = tiny.bridge
-    tokens = torch.tensor([[2, 5, 6, 7, 8, 9]])
-    store = {}
-
-    def grab(x, hook):
-        store["x"] = x.clone()
-        return x
-    hooks = [(f"blocks.{tiny.info.n_layers - 1}.hook_resid_post", grab)]
-    with torch.no_grad(), b.hooks(fwd_hooks=hooks):
-        logits = b(tokens)
-    W_U, b_U = C.unembedding(b)
-    norm = C.final_norm(b)
-    assert torch.allclose(norm(store["x"]) @ W_U + b_U, logits, atol=1e-4)
-    with torch.no_grad():
-        assert torch.allclose(norm(store["x"]), b.ln_final(store["x"]).float(), atol=1e-5)
-
-
-def test_layernorm_final_norm(tmp_path):
-    m = load_model(str(random_model_dir("gpt2")))
-    norm = C.final_norm(m.bridge)
-    assert norm.kind == "layer"
-    x = torch.randn(3, m.info.d_model)
-    with torch.no_grad():
-        assert torch.allclose(norm(x), m.bridge.ln_final(x[:, None])[:, 0].float(), atol=1e-5)
-
-
-@pytest.mark.parametrize("arch", RANDOM_ARCHS)
-def test_final_norm_reads_each_architectures_epsilon(arch):
-    m = load_model(str(random_model_dir(arch)))
-    cfg = m.bridge.original_model.config
-    eps = next(getattr(cfg, a) for a in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon") if hasattr(cfg, a))
-    norm = C.final_norm(m.bridge)
-    assert norm.eps == eps
-    x = torch.randn(3, m.info.d_model)
-    with torch.no_grad():
-        assert torch.allclose(norm(x), m.bridge.ln_final(x[:, None])[:, 0].float(), atol=1e-5)
-
-
-def test_final_norm_without_an_epsilon_raises():
-    class OddRMSNorm(torch.nn.Module):  # an RMSNorm whose epsilon is under an unknown name
-        def __init__(self):
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.ones(4))
-            self.epsilon = 1e-6
-
-    with pytest.raises(NotImplementedError, match="OddRMSNorm has no epsilon attribute"):
-        C.final_norm(SimpleNamespace(ln_final=OddRMSNorm(), cfg=SimpleNamespace()))
 
 
 def test_run_conditions_stacked_equal_separate_full_runs(tiny):
@@ -165,7 +115,7 @@ def test_exact_importance_equals_per_neuron_loop(tiny):
     b = tiny.bridge
     ps = _prompts(tiny)
     run = C.run_last_position(b, ps)
-    norm, (W_U, b_U) = C.final_norm(b), C.unembedding(b)
+    norm, (W_U, b_U) = final_norm(b), unembedding(b)
     t = ps.first_answer_ids
     for layer in range(tiny.info.n_layers):
         r, m = run.resid_mid[:, layer], run.coef[:, layer]
@@ -190,7 +140,7 @@ def test_exact_importance_blocks_stay_within_block_elems(tiny, monkeypatch):
     b = tiny.bridge
     ps = _prompts(tiny)
     run = C.run_last_position(b, ps)
-    norm, (W_U, b_U) = C.final_norm(b), C.unembedding(b)
+    norm, (W_U, b_U) = final_norm(b), unembedding(b)
     r, m = run.resid_mid[:, 0], run.coef[:, 0]
     sizes = []
     get = C._Scratch.get
@@ -206,7 +156,7 @@ def test_first_order_is_close_for_small_coefficients(qwen):
     b = qwen.bridge
     ps = _prompts(qwen)
     run = C.run_last_position(b, ps)
-    norm, (W_U, b_U) = C.final_norm(b), C.unembedding(b)
+    norm, (W_U, b_U) = final_norm(b), unembedding(b)
     t = ps.first_answer_ids
     r, m = run.resid_mid[:, 1], run.coef[:, 1] * 1e-3
     stats, base = C.layer_stats(r, t, norm, W_U, b_U, vocab_chunk=100)

@@ -3,6 +3,8 @@ direct logit attribution sums to the answer logit (RMSNorm and LayerNorm models)
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pandas as pd
 import pytest
 import torch
@@ -67,11 +69,20 @@ def test_dla_needs_its_activations(setup):
                                                                      cache.correct_first), ps)
 
 
-def test_dla_refuses_a_final_norm_of_unknown_kind(setup, monkeypatch):
+def test_dla_refuses_a_final_norm_of_unknown_kind(setup):
+    """DLA reads the final norm through arithlib.readout, which names a norm it cannot write
+    as a formula rather than guess (centring and bias would be dropped without a word)."""
     m, ps, cache = setup
-    monkeypatch.setattr(m.bridge.cfg, "normalization_type", None)  # a config that does not say
-    with pytest.raises(ValueError, match="normalization_type"):
-        Lens.direct_logit_attribution_answer(m.bridge, cache, ps)
+
+    class OddNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(m.info.d_model))
+            self.eps = 1e-6
+
+    odd = SimpleNamespace(ln_final=OddNorm(), cfg=SimpleNamespace())  # a model whose final norm is neither
+    with pytest.raises(NotImplementedError, match="neither RMSNorm nor LayerNorm"):
+        Lens.direct_logit_attribution_answer(odd, cache, ps)
 
 
 def test_lens_summary_and_first_layer():
