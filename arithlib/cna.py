@@ -68,7 +68,7 @@ from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
 from .components import Head, Hook, Neuron
 from .datasets import PromptRecord, PromptSet
 from .stats import encode_correct
-from .evaluate import continues_number
+from .evaluate import common_prefix, continues_number
 from .hf_compat import cache_kwargs, output_cache, repeat_cache, repeat_rows_
 from .neurons import w_out
 from .hf_compat import input_device, layer_device
@@ -297,18 +297,12 @@ class _Capture:
         return out
 
 
-def common_prefix_length(tokens: torch.Tensor) -> int:
-    """Number of leading positions shared by every row of ``tokens`` [B, T], capped at T-1."""
-    same = (tokens == tokens[:1]).all(0).long()
-    return min(int(same.cumprod(0).sum()), tokens.shape[1] - 1)
-
-
 def _prefix_cache(model, tokens: torch.Tensor):
     """KV cache of ``tokens`` [B, T] (bridge hooks active), computing the rows' common
     prefix once at batch 1 and expanding it."""
     hf = _hf(model)
     B, T = tokens.shape
-    n = int((tokens == tokens[:1]).all(0).long().cumprod(0).sum()) if B > 1 else 0
+    n = common_prefix(tokens.tolist()) if B > 1 else 0
     if n > 0:
         cache = repeat_rows_(output_cache(hf(tokens[:1, :n], use_cache=True, logits_to_keep=1)), B)
         if n < T:
@@ -388,7 +382,7 @@ def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook
             per = [(c(batch.index) if callable(c) else list(c or [])) for c in conds]
             shared = (share_prefix and B > 1 and not any(callable(c) for c in conds)
                       and all(is_position_invariant(fn) for hooks in per for _, fn in hooks))
-            n = common_prefix_length(tokens) if shared else 0
+            n = min(common_prefix(tokens.tolist()), tokens.shape[1] - 1) if shared else 0
             if n > 0:
                 with model.hooks(fwd_hooks=stacked_hooks(per, 1)):
                     cache = output_cache(hf(tokens[:1, :n].repeat(nc, 1), use_cache=True, logits_to_keep=1))
@@ -477,7 +471,7 @@ def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size:
         tokens = torch.tensor(seqs, device=device)
         n_keep = n_ans + 1 if criterion == "full" else 1
         inputs = tokens if criterion == "full" else tokens[:, :length]
-        n = common_prefix_length(inputs) if len(idx) > 1 else 0
+        n = min(common_prefix(inputs.tolist()), inputs.shape[1] - 1) if len(idx) > 1 else 0
         n = min(n, length - 1)
         if n > 0:
             cache = repeat_rows_(output_cache(hf(inputs[:1, :n], use_cache=True)), len(idx))
