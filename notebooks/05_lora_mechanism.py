@@ -100,6 +100,7 @@ import arithlib.cna as C
 import arithlib.datasets as ds
 import arithlib.finetune as FT
 import arithlib.plots.finetune as plots
+import arithlib.report as R
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
 from arithlib.runs import start_run
@@ -288,13 +289,7 @@ for _, r in table9.iterrows():
     t9.append(f"neuron {r.neuron}: original {r.original:.2f}, " + ", ".join(f"{m} {r[m]:.2f}" for m in lora_weights))
 lines.append(f"- Table 9 ({cases.records[case_idx].text.strip()!r}, the original's most important deep neurons): "
              + "; ".join(t9) + ".")
-import arithlib.report as R
-
-tables = R.Tables(run.out)
-for f in R.FINDINGS:
-    if f.notebook == "05":
-        out = R.judge(f, tables)
-        lines.append(f"- Report rule `{f.id}` ({f.where}): **{out.verdict}**. {out.ours}")
+lines += R.notebook_verdicts(run.out, "05")  # the report's rule, from the tables saved above
 lines.append(f"- Wall time {time.time() - t_start:.0f} s on {run.model.device}.")
 if S["scale"] == "quick":
     lines.append("- Quick mode: a few training steps on a few dozen prompts; these numbers test the pipeline, "

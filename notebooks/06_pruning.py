@@ -91,6 +91,7 @@ import arithlib.datasets as ds
 import arithlib.finetune as FT
 import arithlib.plots.pruning as plots
 import arithlib.pruning as pruning
+import arithlib.report as R
 from arithlib import papers
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
@@ -362,10 +363,7 @@ wins = summary.pivot_table(index="share", columns="selection", values="accuracy_
 if {"cna", "random"} <= set(wins.columns):
     n_win = int((wins["cna"] > wins["random"]).sum())
     lines.append(f"- Before fine-tuning, the CNA set beats the random set at {n_win} of {len(wins)} shares.")
-import arithlib.report as R
-
-judged = R.judge(next(f for f in R.FINDINGS if f.id == "yu_pruning"), R.Tables(run.out))
-lines.append(f"- Report rule `yu_pruning` (Sec. 6.1, Table 11): **{judged.verdict}**. {judged.ours}")
+lines += R.notebook_verdicts(run.out, "06")  # the report's rule, from the tables saved above
 lines.append(f"- Wall time {time.time() - t_start:.0f} s on {run.model.device} (CNA {cna_seconds:.0f} s).")
 if S["scale"] == "quick":
     lines.append("- Quick mode: a few training steps on a few dozen prompts and few cases; these numbers test the "

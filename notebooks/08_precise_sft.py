@@ -103,6 +103,7 @@ import arithlib.datasets as ds
 import arithlib.finetune as FT
 import arithlib.general_ability as GA
 import arithlib.plots.finetune as plots
+import arithlib.report as R
 from arithlib.layer_inputs import LayerInputs
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
@@ -292,13 +293,7 @@ lines.append(f"- Original: arithmetic {orig.arithmetic_2d:.1%}, word problems {o
              "full SFT loses ~5 points).")
 if full_sft_skipped:
     lines.append(f"- Full SFT was NOT run: {full_sft_skipped}")
-import arithlib.report as R
-
-tables = R.Tables(run.out)
-for f in R.FINDINGS:
-    if f.notebook == "08":
-        out = R.judge(f, tables)
-        lines.append(f"- Report rule `{f.id}` ({f.where}): **{out.verdict}**. {out.ours}")
+lines += R.notebook_verdicts(run.out, "08")  # the report's rule, from the tables saved above
 lines.append(f"- Wall time {time.time() - t_start:.0f} s on {run.model.device}.")
 if S["scale"] == "quick":
     lines.append("- Quick mode: a few training steps on a few dozen prompts; these numbers test the pipeline, "
