@@ -939,7 +939,7 @@ def path_patching(model, prompts: PromptSet, senders: Sequence[Component] | None
         if capture_attention:
             pat = torch.stack([clean.captured[f"blocks.{l}.attn.hook_pattern"].to(device) for l in range(n_layers)], 1)
             for row, i in enumerate(batch.index.tolist()):
-                attention[i] = pat[row].float().cpu()
+                attention[i] = pat[row].float().cpu().clone()  # its own storage, not a view of the batch
         clean_logit = unembed.token_logits(clean.final, batch.answer_ids)
         cf_end = {k: v[:, -1] for k, v in cf.captured.items()}
         if fast:
