@@ -20,7 +20,7 @@ import pandas as pd
 
 #: Columns that measure the run, not the result (seconds, rates, memory).
 RUN_COLUMNS = ("seconds", "wall_s", "reused_s", "samples_per_second", "train_seconds", "forward_min_s",
-               "forward_s", "peak_rss_mib", "start_s", "end_s", "this_run", "threads")
+               "forward_s", "speedup", "peak_rss_mib", "start_s", "end_s", "this_run", "threads")
 
 
 def compare(a: Path, b: Path, rtol: float, atol: float, skip: set[str]) -> str:
