@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from . import cna as C
 from . import general_ability as GA
-from .ablation import stacked_hooks, zero_neurons_hooks
+from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
 from .components import Hook, Neuron
 from .datasets import PromptRecord, PromptSet, load_gender_data
 from .hf_compat import input_device
@@ -948,7 +948,14 @@ def profession_mass(logprobs: torch.Tensor, token_ids: Sequence[int]) -> dict[st
 
 def arithmetic_accuracy(model, prompts: PromptSet, hooks: Sequence[Hook] | None = None) -> float:
     """Exact-answer accuracy (teacher forcing, :func:`arithlib.cna.correct_mask`, "full")
-    of ``prompts`` with ``hooks`` active; NaN for an empty set."""
+    of ``prompts`` with ``hooks`` active; NaN for an empty set. ``correct_mask`` runs
+    each batch's shared prefix once, so only hooks that act on every position alike
+    (:func:`arithlib.ablation.is_position_invariant`) give the full forward's verdict:
+    any other hook is refused."""
+    odd = [name for name, fn in (hooks or []) if not is_position_invariant(fn)]
+    if odd:
+        raise ValueError(f"arithmetic_accuracy shares each prompt's prefix, so its hooks must act on every position "
+                         f"alike (zero/keep units with position=None); these do not: {odd[:3]}")
     if len(prompts) == 0:
         return float("nan")
     with model.hooks(fwd_hooks=list(hooks or [])):

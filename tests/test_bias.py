@@ -465,3 +465,15 @@ def test_screen_recall_on_a_subset_of_layers(tiny):
     assert (a.layers == "1").all() and (a.n_neurons == tiny.info.d_mlp).all()
     with pytest.raises(ValueError, match="layers it measures"):
         B.candidate_screen_recall(part, biased, [2], 2, 0, layers=[0])
+
+
+def test_arithmetic_accuracy_refuses_hooks_a_shared_prefix_would_change(tiny):
+    """correct_mask computes each batch's common prefix once: a hook at the last position
+    (or a mean ablation) would see the prefix's last token too, so it is refused; a
+    position-invariant zeroing is fine."""
+    ps = ds.PromptSet.build(ds.yu_prompts(ops=["+"], n_digits=1, n_per_template=4, templates=[3], fewshot=2, seed=0),
+                            tiny.tokenizer)
+    ok = A.zero_neurons_hooks([(0, 1)])
+    assert 0.0 <= B.arithmetic_accuracy(tiny.bridge, ps, ok) <= 1.0
+    with pytest.raises(ValueError, match="every position"):
+        B.arithmetic_accuracy(tiny.bridge, ps, A.zero_neurons_hooks([(0, 1)], position=-1))
