@@ -179,7 +179,11 @@ def _ft_scale(P: Params, nb: str = "05") -> dict:
 def _ft_text(P: Params) -> str:
     s = _ft_scale(P)
     return (f"scale '{s['scale']}' (params scale={_nb(P, '05')['scale']!r}): {s['n_train']} train / {s['n_test']} "
-            f"test sentences, {s['lora_epochs']} epoch(s), lr search {s['lr_search']}, layers {s['layers']}")
+            f"test sentences, {s['lora_epochs']} epoch(s), lr search {s['lr_search']}, layers {_LAYERS.get(s['layers'], s['layers'])}")
+
+
+#: How a scale's ``layers`` setting reads in the fidelity table ("all" keeps its old wording).
+_LAYERS = {"bands": "bands (layer 0, Yu's reference layer and the centre of each other band: 4-5 models, not 32)"}
 
 
 def _sft_lr_text(P: Params) -> str:
