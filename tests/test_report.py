@@ -1066,6 +1066,7 @@ def test_precise_sft_rule_needs_per_prompt_columns_and_full_sft(tmp_path: Path):
     _sft_table(tmp_path / "nofull", 0.5, 0.8, 0.8, with_full=False)
     out = _outcome("zhang_precise_sft", tmp_path / "nofull")
     assert out.verdict == R.NOT_RUN and "no full SFT" in out.ours
+    assert "precise SFT's own arithmetic gain: 30.0 %" in out.ours  # what did run is still shown
 
 
 def test_precise_sft_is_notebook_08s_and_judged_only_beyond_its_quick_scale(tmp_path: Path):
