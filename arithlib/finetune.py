@@ -92,8 +92,6 @@ from .papers import (KEY_HEAD_THRESHOLD, SFT_LR_GRID, YU_BANDS_32, YU_LR_GRID, Y
                      ZHANG_HEAD_COUNTS, ZHANG_MLP_COUNTS, ZHANG_SFT, ZHANG_TOTAL_HEADS)
 
 
-
-
 # --------------------------------------------------------------------------- model plumbing
 
 
@@ -1586,17 +1584,14 @@ FINETUNE_SCALES: dict[str, dict] = {
                 lora_batch=16, cna_cases=24, n_candidates=100, word_train=48, word_test=48,
                 sft_lrs=SFT_LR_GRID, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
                 head_counts=ZHANG_HEAD_COUNTS, mlp_counts=(1, 3), prose_chunks=4),
-    # the cpu scale's sizes on fewer layers and SFT settings: what "auto" picks on a CPU above
-    # CPU_FULL_SCALE_MAX_PARAMS (issue 29 allows a smaller stated scale for the 1.5B model)
-    "cpu-bands": dict(n_train=512, n_val=192, n_test=385, layers="bands", lr_search="reference", lora_epochs=1,
-                      lora_batch=16, cna_cases=24, n_candidates=100, word_train=48, word_test=48,
-                      sft_lrs=SFT_LR_GRID, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
-                      head_counts=(32,), mlp_counts=(), prose_chunks=4),
     "quick": dict(n_train=48, n_val=0, n_test=48, layers="bands", lr_search="none", lora_epochs=1,
                   lora_batch=16, cna_cases=6, n_candidates=50, word_train=16, word_test=24,
                   sft_lrs=(1e-4,), sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
                   head_counts=(32,), mlp_counts=(), prose_chunks=2),
 }
+# the cpu scale on fewer layers and SFT settings: what "auto" picks on a CPU above
+# CPU_FULL_SCALE_MAX_PARAMS (issue 29 allows a smaller stated scale for the 1.5B model)
+FINETUNE_SCALES["cpu-bands"] = dict(FINETUNE_SCALES["cpu"], layers="bands", head_counts=(32,), mlp_counts=())
 
 
 def resolve_scale(scale: str, device: str, quick: bool, auto_cpu: str = "cpu", n_params: int | None = None) -> str:

@@ -89,11 +89,10 @@ PRUNING_SCALES: dict[str, dict] = {
                   lr_search=True, timing_batch=32, timing_repeats=10),
     "cpu": dict(cases_per_op=12, n_candidates=300, random_seeds=3, sweep_seeds=1, sweep_lora=False,
                 lr_search=False, timing_batch=4, timing_repeats=5),
-    "cpu-bands": dict(cases_per_op=12, n_candidates=300, random_seeds=3, sweep_seeds=1, sweep_lora=False,
-                      lr_search=False, timing_batch=4, timing_repeats=5),  # as "cpu": 06 trains one LoRA layer
     "quick": dict(cases_per_op=8, n_candidates=50, random_seeds=2, sweep_seeds=1, sweep_lora=True,
                   lr_search=False, timing_batch=8, timing_repeats=3),
 }
+PRUNING_SCALES["cpu-bands"] = PRUNING_SCALES["cpu"]  # 06 trains LoRA on the reference layer only either way
 
 
 def pruning_scale(scale: str) -> dict:

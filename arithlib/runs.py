@@ -71,5 +71,6 @@ def start_run(notebook: str, model: str, device: str = "cpu", seed: int = 0, out
               "dtype": str(loaded.dtype), **placement, "arithlib_version": __version__,
               "model_info": loaded.info.__dict__, **params, "environment": environment()}
     print(f"loaded {model} on {loaded.device} in {time.time() - t0:.1f}s; outputs in {out}")
-    save_json(record, out, f"{notebook}_params")
-    return Run(notebook, loaded, out, record)
+    run = Run(notebook, loaded, out, record)
+    run.record()  # the params JSON, rewritten by later calls with what loading decides
+    return run
