@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from .components import Head, Hook, Neuron
 from .datasets import PromptSet
-from .hf_compat import input_device
+from .engine import input_device, last_position_logits
 
 MeanCache = dict[str, dict[int, torch.Tensor]]   # hook name -> prompt length -> mean [pos, ...]
 
@@ -143,7 +143,7 @@ def mean_activations(model, prompts: PromptSet, hook_names: Sequence[str], batch
     hooks = [(h, make(h)) for h in hook_names]
     for batch in tqdm(list(prompts.batches(batch_size, device)), desc="mean activations", disable=not progress, leave=False):
         with model.hooks(fwd_hooks=hooks):
-            model(batch.tokens, logits_to_keep=1)
+            last_position_logits(model, batch.tokens)
         counts[batch.tokens.shape[1]] += batch.tokens.shape[0]
     return {h: {length: s / counts[length] for length, s in per.items()} for h, per in sums.items()}
 

@@ -48,7 +48,7 @@ from . import general_ability as GA
 from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
 from .components import Hook, Neuron
 from .datasets import PromptRecord, PromptSet, load_gender_data
-from .hf_compat import input_device
+from .engine import input_device, last_position_logits
 from .paths import data_path
 from .readout import final_norm, unembedding
 from .stats import bootstrap_ci, crossed_bootstrap_ci
@@ -252,8 +252,7 @@ def next_token_logprobs_many(model, tokenizer, texts: Sequence[str], conditions:
             for c0 in range(0, len(conditions), step):
                 conds = conditions[c0:c0 + step]
                 with model.hooks(fwd_hooks=stacked_hooks(conds, len(chunk))):
-                    res = model(tokens.repeat(len(conds), 1), logits_to_keep=1)
-                logits = (res.logits if hasattr(res, "logits") else res)[:, -1].float()
+                    logits = last_position_logits(model, tokens.repeat(len(conds), 1))
                 lp = logits.log_softmax(-1).cpu().view(len(conds), len(chunk), -1)
                 for j in range(len(conds)):
                     if out[c0 + j] is None:

@@ -68,11 +68,9 @@ from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
 from .components import Head, Hook, Neuron
 from .datasets import PromptRecord, PromptSet
 from .stats import encode_correct
-from .evaluate import common_prefix, continues_number
-from .hf_compat import cache_kwargs, output_cache, repeat_cache, repeat_rows_
+from .engine import common_prefix, forward, input_device, layer_device, prefix_cache, repeat_cache, wrapped
+from .evaluate import continues_number
 from .neurons import w_out
-from .hf_compat import input_device, layer_device
-from .models import hf_module as _hf
 from .papers import DAG_EDGE_MIN_ENHANCEMENT, DEEP_FROM_FRACTION, YU_CNA_TABLES, YU_GROUPS
 from .readout import FinalNorm, final_norm, unembedding
 
@@ -300,15 +298,14 @@ class _Capture:
 def _prefix_cache(model, tokens: torch.Tensor):
     """KV cache of ``tokens`` [B, T] (bridge hooks active), computing the rows' common
     prefix once at batch 1 and expanding it."""
-    hf = _hf(model)
     B, T = tokens.shape
     n = common_prefix(tokens.tolist()) if B > 1 else 0
     if n > 0:
-        cache = repeat_rows_(output_cache(hf(tokens[:1, :n], use_cache=True, logits_to_keep=1)), B)
+        cache = prefix_cache(model, tokens[:1, :n], B)
         if n < T:
-            hf(tokens[:, n:], use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
+            forward(model, tokens[:, n:], cache=cache, keep=1)
         return cache
-    return output_cache(hf(tokens, use_cache=True, logits_to_keep=1))
+    return forward(model, tokens, keep=1, keep_cache=True).cache
 
 
 def _targets_for(prompts: PromptSet, targets: torch.Tensor | None) -> torch.Tensor:
@@ -364,7 +361,6 @@ def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook
     hooks on its own rows): fewer, larger matrix products.
     """
     device = input_device(model)
-    hf = _hf(model)
     targets = _targets_for(prompts, targets)
     cap = _Capture(_n_layers(model), capture)
     names = list(conditions)
@@ -385,14 +381,13 @@ def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook
             n = min(common_prefix(tokens.tolist()), tokens.shape[1] - 1) if shared else 0
             if n > 0:
                 with model.hooks(fwd_hooks=stacked_hooks(per, 1)):
-                    cache = output_cache(hf(tokens[:1, :n].repeat(nc, 1), use_cache=True, logits_to_keep=1))
-                # condition-major: B copies of each condition's prefix
-                repeat_rows_(cache, B)
+                    # condition-major: B copies of each condition's prefix
+                    cache = prefix_cache(model, tokens[:1, :n].repeat(nc, 1), B)
                 with model.hooks(fwd_hooks=stacked_hooks(per, B) + cap.hooks()):
-                    out = hf(tokens[:, n:].repeat(nc, 1), use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
+                    out = forward(model, tokens[:, n:].repeat(nc, 1), cache=cache, keep=1)
             else:
                 with model.hooks(fwd_hooks=stacked_hooks(per, B) + cap.hooks()):
-                    out = hf(tokens.repeat(nc, 1), use_cache=False, logits_to_keep=1)
+                    out = forward(model, tokens.repeat(nc, 1), keep=1)
             _split_conditions(out.logits[:, -1].float(), cap.collect(), t, batch.index, chunk, parts)
     return {name: _assemble(len(prompts), p, targets) for name, p in parts.items()}
 
@@ -420,7 +415,6 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
     the last token alone, this equals a full forward with hooks at position -1; stacking
     reads the weights once for all conditions (single-token passes are memory-bound)."""
     device = input_device(model)
-    hf = _hf(model)
     targets = _targets_for(prompts, targets)
     cap = _Capture(_n_layers(model), capture)
     names = list(conditions)
@@ -440,9 +434,9 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
             last = tokens[:, -1:].repeat(nc, 1)
             with model.hooks(fwd_hooks=hooks + cap.hooks()):
                 if base is not None:
-                    out = hf(last, use_cache=True, **cache_kwargs(repeat_cache(hf.config, base, nc)))
+                    out = forward(model, last, cache=repeat_cache(model, base, nc))
                 else:
-                    out = hf(last, use_cache=False)
+                    out = forward(model, last)
             _split_conditions(out.logits[:, -1].float(), cap.collect(), t, batch.index, chunk, parts)
     return {name: _assemble(len(prompts), p, targets) for name, p in parts.items()}
 
@@ -458,7 +452,6 @@ def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size:
     if criterion not in ("full", "first"):
         raise ValueError("criterion must be 'full' or 'first'")
     device = input_device(model)
-    hf = _hf(model)
     tok = prompts.tokenizer
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (ids, ans) in enumerate(zip(prompts.input_ids, prompts.answer_ids)):
@@ -474,10 +467,10 @@ def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size:
         n = min(common_prefix(inputs.tolist()), inputs.shape[1] - 1) if len(idx) > 1 else 0
         n = min(n, length - 1)
         if n > 0:
-            cache = repeat_rows_(output_cache(hf(inputs[:1, :n], use_cache=True)), len(idx))
-            logits = hf(inputs[:, n:], use_cache=True, logits_to_keep=n_keep, **cache_kwargs(cache)).logits
+            cache = prefix_cache(model, inputs[:1, :n], len(idx))
+            logits = forward(model, inputs[:, n:], cache=cache, keep=n_keep).logits
         else:
-            logits = hf(inputs, use_cache=False, logits_to_keep=n_keep).logits
+            logits = forward(model, inputs, keep=n_keep).logits
         pred = logits.argmax(-1).cpu()  # [B, n_keep]: predictions at positions length-1 .. length-1+n_ans
         for row, i in enumerate(idx):
             ans = prompts.answer_ids[i]
@@ -1236,7 +1229,7 @@ def static_keys(model, layer: int, neurons: Sequence[int]) -> dict[str, torch.Te
     projection, fc1 of a non-gated MLP) and, for gated MLPs, ``"gate"`` = ln2 weight *
     W_gate row."""
     g = _mlp_ln(model, layer)
-    g = getattr(g, "_original_component", g).weight.detach().float()
+    g = wrapped(g).weight.detach().float()
     mlp = model.blocks[layer].mlp  # one layer's weights (the bridge's W_in / W_gate stack every layer)
     keys = {"in": (mlp.W_in.detach().float()[:, list(neurons)].T * g)}
     if getattr(model.cfg, "gated_mlp", False):
@@ -1373,7 +1366,7 @@ def layer_ov(model, layer: int, heads: Sequence[int] | None = None) -> torch.Ten
     heads = range(H) if heads is None else heads
     ov = sum(W_V[h // group] @ W_O[h] for h in heads)
     ln1 = model.blocks[layer].ln1
-    g = getattr(ln1, "_original_component", ln1).weight.detach().float()
+    g = wrapped(ln1).weight.detach().float()
     return g[:, None] * ov
 
 
@@ -1523,7 +1516,7 @@ def layer_ov_factors(model, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         ov = layer_ov(model, layer)
         return ov, torch.eye(d, device=ov.device)
     ln1 = model.blocks[layer].ln1
-    g = getattr(ln1, "_original_component", ln1).weight.detach().float()
+    g = wrapped(ln1).weight.detach().float()
     A = torch.cat([g[:, None] * W_V[kv] for kv in range(n_kv)], 1)
     B = torch.cat([W_O[kv * group:(kv + 1) * group].sum(0) for kv in range(n_kv)], 0)
     return A, B
@@ -1700,7 +1693,7 @@ def shallow_neuron_examples(model, prompts: PromptSet, case: int, key: torch.Ten
     hooks = [(f"blocks.{l}.mlp.hook_post", grab(l)) for l in range(head_layer)]
     hooks.append((f"blocks.{head_layer}.hook_resid_pre", grab("resid")))
     with model.hooks(fwd_hooks=hooks):
-        _hf(model)(tokens, use_cache=False, logits_to_keep=1)
+        forward(model, tokens, keep=1)
     ov = layer_ov(model, head_layer)
     u = ov @ key.float().to(ov.device)  # score of a source vector x: (x OV) . key = x . u
     rows = []

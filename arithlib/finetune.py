@@ -58,7 +58,6 @@ few-shot prefix, hence the rest of this module.
 from __future__ import annotations
 
 import contextlib
-import copy
 import ctypes
 import gc
 import json
@@ -68,7 +67,6 @@ import re
 import tempfile
 import time
 import warnings
-import weakref
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
@@ -82,71 +80,16 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .components import Head, Neuron
 from .datasets import PromptRecord, PromptSet
-from .evaluate import common_prefix, continues_number
+from .evaluate import continues_number
 from .fingerprints import data_fingerprint, fingerprint, model_fingerprint
-from .hf_compat import clean_param_name, decoder_layers, input_device, module_device, select_cache_rows
-from .layer_inputs import LayerInputs, can_start_late, run_decoder
-from .models import hf_module as _hf
+from .engine import (LayerInputs, can_start_late, clean_param_name, common_prefix, decoder_layers, hf_module as _hf,
+                     input_device, module_device, run_decoder, select_cache_rows, shared_hf_model)
 from .stats import encode_correct
 from .papers import (KEY_HEAD_THRESHOLD, SFT_LR_GRID, YU_BANDS_32, YU_LR_GRID, YU_REFERENCE_LAYER_FRACTION,
                      ZHANG_HEAD_COUNTS, ZHANG_MLP_COUNTS, ZHANG_SFT, ZHANG_TOTAL_HEADS)
 
 
 # --------------------------------------------------------------------------- model plumbing
-
-
-_SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
-
-
-def shared_hf_model(model) -> torch.nn.Module:
-    """A plain HF model (original module names, no bridge wrappers) whose parameters ARE
-    the tensors of ``model`` (a bridge or an HF model): nothing is copied, and writes to
-    one are seen by the other. Returns an HF model given one unchanged."""
-    hf = _hf(model)
-    if not hasattr(model, "original_model") and not any("_original_component" in n for n, _ in hf.named_parameters()):
-        return hf
-    cached = _SHARED.get(hf)
-    if cached is not None and not any("_original_component" in n for n, _ in cached.named_parameters()):
-        return cached
-    from transformers import AutoModelForCausalLM
-
-    config = copy.deepcopy(hf.config)
-    with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(config, dtype=next(hf.parameters()).dtype)
-    state = {clean_param_name(n): p for n, p in hf.state_dict(keep_vars=True).items()}
-    own = plain.state_dict()
-    missing = set(own) - set(state)
-    if missing:
-        raise RuntimeError(f"could not map the bridge's parameters onto a plain model; missing {sorted(missing)[:5]}")
-    plain.load_state_dict({k: state[k].data for k in own}, assign=True, strict=True)
-    if getattr(config, "tie_word_embeddings", False):
-        plain.tie_weights()
-    # buffers (rotary inv_freq) are recomputed by from_config on meta; materialise them
-    for mod_name, module in plain.named_modules():
-        for buf_name, buf in list(module.named_buffers(recurse=False)):
-            if buf.is_meta:
-                src = dict(hf.named_buffers()).get(_bridge_buffer_name(hf, f"{mod_name}.{buf_name}"))
-                if src is None:
-                    raise RuntimeError(f"buffer {mod_name}.{buf_name} has no counterpart in the bridge's model")
-                module._buffers[buf_name] = src
-    plain.generation_config = hf.generation_config
-    plain.eval()
-    device_map = getattr(hf, "hf_device_map", None)
-    if device_map and len({str(d) for d in device_map.values()}) > 1:
-        # a model split across devices: the twin's modules hold the same tensors, on the same
-        # devices; accelerate's hooks with the bridge's map move each module's inputs there
-        from accelerate import dispatch_model
-
-        plain = dispatch_model(plain, device_map=dict(device_map))
-    _SHARED[hf] = plain
-    return plain
-
-
-def _bridge_buffer_name(hf, clean: str) -> str:
-    for name, _ in hf.named_buffers():
-        if clean_param_name(name) == clean:
-            return name
-    return clean
 
 
 def _params_by_clean_name(model) -> dict[str, torch.nn.Parameter]:
@@ -375,7 +318,7 @@ def epoch_batches(prompts: PromptSet, batch_size: int, seed: int, epoch: int) ->
     (shuffled) from ``seed`` alone, the same in every epoch; only their order is
     reshuffled per epoch (from ``seed`` and ``epoch``). A batch is thus the same set of
     prompts in every epoch, so the residual stream recorded for it in epoch 1
-    (:class:`~arithlib.layer_inputs.LayerInputs`, keyed by batch) serves every later
+    (:class:`~arithlib.engine.LayerInputs`, keyed by batch) serves every later
     epoch and every other layer's and learning rate's run: the frozen model's stream is
     recorded once per prompt set, not once per epoch."""
     batches = answer_batches(prompts, batch_size, shuffle=True, seed=seed * 1000)
@@ -430,7 +373,7 @@ def teacher_forced_logits(model, prompts: PromptSet, index: Sequence[int], extra
     group's prefix once instead of every row's whole prompt. Only the answer positions
     are unembedded. Equal to one plain forward per row up to float rounding (tested).
 
-    ``inputs`` (:class:`arithlib.layer_inputs.LayerInputs` of this prompt set) with
+    ``inputs`` (:class:`arithlib.engine.LayerInputs` of this prompt set) with
     ``same_below`` = L, the first block in which ``model`` differs from the reference
     model of ``inputs``: both passes start at the highest layer <= L recorded for this
     batch, and record the layers of ``inputs`` up to L they compute (bit-identical to
@@ -462,13 +405,13 @@ def teacher_forced_logits(model, prompts: PromptSet, index: Sequence[int], extra
         distinct = list(dict.fromkeys(q for q in keys if q))
         which = {q: k for k, q in enumerate(distinct)}
         prefix, prefix_mask = _padded(distinct, device)
-        _, cache = run("prefix", input_ids=prefix, attention_mask=prefix_mask, use_cache=True)
+        _, cache = run("prefix", input_ids=prefix, attention_mask=prefix_mask, keep_cache=True)
         rows = torch.tensor([which.get(q, 0) for q in keys], device=device)  # rows without a prefix: masked below
         row_prefix_mask = prefix_mask.index_select(0, rows) * torch.tensor(
             [p > 0 for p in plen], dtype=torch.long, device=device)[:, None]
         positions = torch.tensor(plen, device=device)[:, None] + torch.arange(suffix.shape[1], device=device)
         hidden, _ = run("rows", input_ids=suffix, attention_mask=torch.cat([row_prefix_mask, suffix_mask], 1),
-                        position_ids=positions, past=select_cache_rows(hf.config, cache, rows), use_cache=True)
+                        position_ids=positions, past=select_cache_rows(hf.config, cache, rows), keep_cache=True)
     else:  # right padding needs no mask: a causal model's real tokens never see it
         hidden, _ = run("rows", input_ids=suffix)
     for layer, parts in recorded.items():
@@ -699,7 +642,7 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
     history, epochs, best_epoch, samples_per_second, train_seconds, n_samples. With
     ``keep_state=False`` no copies are made: the model keeps the last epoch's weights
     and the returned dict is empty (full SFT of a large model). ``inputs``: a
-    :class:`~arithlib.layer_inputs.LayerInputs` of ``train_set`` shared by the runs on
+    :class:`~arithlib.engine.LayerInputs` of ``train_set`` shared by the runs on
     one reference model, which ``model`` equals below block ``unchanged_below`` (None:
     everywhere) apart from the trained parameters; the forward passes start at the
     highest block recorded there below both (:func:`first_changed_layer` of the
@@ -972,7 +915,7 @@ def evaluate_weights(model, weights: Mapping[str, torch.Tensor] | None, sets: Ma
                      unchanged_below: int | None = None) -> pd.DataFrame:
     """:func:`answer_accuracy` of the model with ``weights`` swapped in, on each named
     prompt set, concatenated with a ``set`` column. ``inputs``: a
-    :class:`~arithlib.layer_inputs.LayerInputs` per set name, recorded from the
+    :class:`~arithlib.engine.LayerInputs` per set name, recorded from the
     reference model; ``model`` itself equals the reference below block
     ``unchanged_below`` (None: everywhere), and ``weights`` from their first block on
     (:func:`first_changed_layer`), so the passes skip the blocks below the smaller."""
@@ -1646,7 +1589,7 @@ def evaluate_method(model, tokenizer, weights: Mapping[str, torch.Tensor] | None
     factual recall, and GSM8K/SVAMP/MMLU when ``benchmarks`` gives their paths), with
     each math set's per-prompt correctness (``<set>_by_prompt``) and each fact's
     (``facts_by_prompt``) as ``stats.encode_correct`` cells.
-    ``inputs``: a :class:`~arithlib.layer_inputs.LayerInputs` per math set, recorded
+    ``inputs``: a :class:`~arithlib.engine.LayerInputs` per math set, recorded
     from ``model`` as it is (pass none once ``model`` itself has changed, e.g. after
     :func:`full_sft`): the math sets' passes start at the first block ``weights``
     change (:func:`evaluate_weights`)."""

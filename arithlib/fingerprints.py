@@ -10,7 +10,7 @@ import json
 import numpy as np
 import torch
 
-from .hf_compat import clean_param_name, hf_module
+from .engine import clean_param_name, hf_module
 
 
 def fingerprint(obj) -> str:

@@ -46,8 +46,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .paths import DATA_DIR
-from .hf_compat import cache_kwargs, input_device, output_cache
-from .models import hf_module as _hf
+from .engine import forward, input_device
 
 FACTS_FILE = DATA_DIR / "factual_recall.json"
 
@@ -115,8 +114,7 @@ def lm_loss(model, tokenizer, text: str, chunk_tokens: int = 128, max_chunks: in
     toy model's, gives a meaningless loss: check ``unk_share``)."""
     if chunk_tokens < 2:
         raise ValueError("chunk_tokens must be >= 2")
-    hf = _hf(model)
-    device = input_device(hf)
+    device = input_device(model)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     n = len(ids) // chunk_tokens
     if max_chunks is not None:
@@ -131,7 +129,7 @@ def lm_loss(model, tokenizer, text: str, chunk_tokens: int = 128, max_chunks: in
     total, count = 0.0, 0
     for s in tqdm(range(0, n, batch_size), desc="LM loss", disable=not progress, leave=False):
         x = chunks[s:s + batch_size].to(device)
-        logits = hf(x, use_cache=False).logits.float()
+        logits = forward(model, x).logits.float()
         # every position predicts the next token; with BOS the first text token is scored too
         total += float(F.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten(), reduction="sum"))
         count += x[:, 1:].numel()
@@ -169,8 +167,7 @@ def factual_recall(model, tokenizer, facts: Sequence[dict] | None = None, batch_
     """Per fact: whether the answer's first token is the argmax next token after the
     prompt, its log-probability and rank. Prompts are grouped by token length (no
     padding)."""
-    hf = _hf(model)
-    device = input_device(hf)
+    device = input_device(model)
     facts = list(facts) if facts is not None else load_facts()
     rows = []
     enc = []
@@ -184,7 +181,7 @@ def factual_recall(model, tokenizer, facts: Sequence[dict] | None = None, batch_
         for s in range(0, len(idx), batch_size):
             chunk = idx[s:s + batch_size]
             x = torch.tensor([enc[i][0] for i in chunk], device=device)
-            logits = hf(x, use_cache=False, logits_to_keep=1).logits[:, -1].float()
+            logits = forward(model, x, keep=1).logits[:, -1].float()
             lp = logits.log_softmax(-1)
             for row, i in enumerate(chunk):
                 t = enc[i][1]
@@ -272,21 +269,20 @@ def word_problem_accuracy(model, tokenizer, items: Sequence[dict], max_new_token
                           ) -> pd.DataFrame:
     """GSM8K / SVAMP accuracy by greedy generation (one item at a time, KV cache): the
     last number in the generated text (stopped at a blank line) equals the answer."""
-    hf = _hf(model)
-    device = input_device(hf)
+    device = input_device(model)
     rows = []
     for item in tqdm(items, desc="word problems", disable=not progress, leave=False):
         ids = torch.tensor([tokenizer(prompt_format.format(question=item["question"]))["input_ids"]], device=device)
-        out = hf(ids, use_cache=True)
-        past, nxt, gen = output_cache(out), out.logits[:, -1].argmax(-1), []
+        out = forward(model, ids, keep_cache=True)
+        past, nxt, gen = out.cache, out.logits[:, -1].argmax(-1), []
         for _ in range(max_new_tokens):
             gen.append(int(nxt))
             if tokenizer.eos_token_id is not None and int(nxt) == tokenizer.eos_token_id:
                 break
             if "\n\n" in tokenizer.decode(gen):
                 break
-            out = hf(nxt[:, None], use_cache=True, **cache_kwargs(past))
-            past, nxt = output_cache(out), out.logits[:, -1].argmax(-1)
+            out = forward(model, nxt[:, None], cache=past)
+            past, nxt = out.cache, out.logits[:, -1].argmax(-1)
         text = tokenizer.decode(gen).split("\n\n")[0]
         value = _final_number(text)
         rows.append({"question": item["question"][:80], "answer": item["answer"], "generated": text,
@@ -305,8 +301,7 @@ def mmlu_accuracy(model, tokenizer, items: Sequence[dict], progress: bool = Fals
     """Zero-shot MMLU: the prompt lists the question and the four lettered choices and
     ends in "Answer:"; the prediction is the letter among " A".." D" with the highest
     next-token logit."""
-    hf = _hf(model)
-    device = input_device(hf)
+    device = input_device(model)
     letters = []
     for L in "ABCD":
         ids = tokenizer(" " + L, add_special_tokens=False)["input_ids"]
@@ -314,7 +309,7 @@ def mmlu_accuracy(model, tokenizer, items: Sequence[dict], progress: bool = Fals
     rows = []
     for item in tqdm(items, desc="MMLU", disable=not progress, leave=False):
         ids = torch.tensor([tokenizer(_mmlu_prompt(item))["input_ids"]], device=device)
-        logits = hf(ids, use_cache=False, logits_to_keep=1).logits[0, -1].float()
+        logits = forward(model, ids, keep=1).logits[0, -1].float()
         pred = "ABCD"[int(logits[letters].argmax())]
         rows.append({"subject": item.get("subject", ""), "answer": item["answer"], "predicted": pred,
                      "correct": pred == item["answer"]})

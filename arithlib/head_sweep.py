@@ -50,10 +50,8 @@ from tqdm.auto import tqdm
 
 from .datasets import PromptSet
 from .fingerprints import fingerprint, model_fingerprint, tensor_fingerprint
-from .evaluate import common_prefix
-from .hf_compat import cache_layers, causal_mask, input_device, layer_device, module_device, new_cache, run_block, send
-from .models import hf_module as _hf
-from .patching import Component, Edit, Head, Unembed, clean_run, head_sweep, resumable, variant_hooks
+from .engine import cache_layers, common_prefix, decoder_norm, empty_cache, input_device, layer_device, resumable, run_blocks
+from .patching import Component, Edit, Head, Unembed, clean_run, head_sweep, variant_hooks
 from .stored import Store
 
 #: Rows x positions of one batched pass (heads x prompts x query tokens); bounds memory.
@@ -75,18 +73,8 @@ def _zero_variants(layer: int, heads: Sequence[int], positions: Sequence[int] | 
 def _run_layers(model, hidden: torch.Tensor, first: int, start: int, cache) -> torch.Tensor:
     """Blocks ``first..L-1`` on ``hidden`` [R, t, d] at positions ``start..start+t-1``
     after ``cache``'s keys and values (which the blocks extend); the last block's output."""
-    hf = _hf(model)
-    base = hf.base_model
-    t = hidden.shape[1]
-    position_ids = torch.arange(start, start + t, device=hidden.device).unsqueeze(0)
-    pos_emb = base.rotary_emb(hidden, position_ids)
-    mask = causal_mask(hf.config, hidden, cache, position_ids, first)
-    for l in range(first, model.cfg.n_layers):
-        # a split model: stream, mask and positions follow the blocks
-        hidden, mask, pos_emb, position_ids = send((hidden, mask, pos_emb, position_ids), layer_device(hf, l))
-        hidden = run_block(base.layers[l], hidden, mask=mask, position_embeddings=pos_emb,
-                           position_ids=position_ids, cache=cache, use_cache=True)
-    return hidden
+    position_ids = torch.arange(start, start + hidden.shape[1], device=hidden.device).unsqueeze(0)
+    return run_blocks(model, hidden, first=first, position_ids=position_ids, cache=cache)[0]
 
 
 @torch.no_grad()
@@ -100,12 +88,11 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
     starts at its layer from the clean residual stream. ``prefix_cache`` (a dict) keeps
     each head's ablated prefix keys and values for later calls whose rows share the same
     prefix (e.g. 1-, 2- and 3-digit prompts of one operator). Llama-style models only
-    (:func:`arithlib.patching.resumable`)."""
+    (:func:`arithlib.engine.resumable`)."""
     if not resumable(model):
-        raise ValueError("zeroed_head_states needs a Llama-style model (arithlib.patching.resumable); "
+        raise ValueError("zeroed_head_states needs a Llama-style model (arithlib.engine.resumable); "
                          "use arithlib.patching.head_sweep(position=None) for others")
-    hf = _hf(model)
-    tokens = tokens.to(input_device(hf))
+    tokens = tokens.to(input_device(model))
     B, T = tokens.shape
     rows = tokens.tolist()
     n = min(common_prefix(rows), T - 1)
@@ -129,22 +116,21 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
                 key = (tuple(rows[0][:n]), layer, tuple(hs))
                 prefix_kv = prefix_cache.get(key) if prefix_cache is not None else None
                 if prefix_kv is None:
-                    cache = new_cache(hf.config)
+                    cache = empty_cache(model)
                     with model.hooks(fwd_hooks=variant_hooks(model, _zero_variants(layer, hs, None), 1, 0, n)):
-                        _run_layers(model, pre.resid[layer].to(layer_device(hf, layer)).repeat(V, 1, 1), layer, 0,
+                        _run_layers(model, pre.resid[layer].to(layer_device(model, layer)).repeat(V, 1, 1), layer, 0,
                                     cache)
                     prefix_kv = cache_layers(cache)
                     if prefix_cache is not None:
                         prefix_cache[key] = prefix_kv
                 kv = [None if l < layer or e is None else (e[0].repeat_interleave(B, 0), e[1].repeat_interleave(B, 0))
                       for l, e in enumerate(prefix_kv)]
-            cache = new_cache(hf.config, kv)
-            hidden = full.resid[layer][:, n:].to(layer_device(hf, layer)).repeat(V, 1, 1)   # variant-major
+            cache = empty_cache(model, kv)
+            hidden = full.resid[layer][:, n:].to(layer_device(model, layer)).repeat(V, 1, 1)   # variant-major
             hooks = variant_hooks(model, _zero_variants(layer, hs, range(n, T)), B, n, T)
             with model.hooks(fwd_hooks=hooks):
                 h = _run_layers(model, hidden, layer, n, cache)
-            norm = hf.base_model.norm
-            out[chunk] = norm(h[:, -1:].to(module_device(hf, norm)))[:, 0].view(V, B, -1).to(out.device)
+            out[chunk] = decoder_norm(model, h[:, -1:])[:, 0].view(V, B, -1).to(out.device)
     return out, full.final
 
 

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
-from arithlib.hf_compat import as_device, clean_param_name, fix_bridge_cache, hf_module, input_device
+from arithlib.engine.adapter import as_device, clean_param_name, fix_bridge_cache, hf_module, input_device
 from arithlib.paths import cache_root
 
 if TYPE_CHECKING:  # heavy imports stay lazy
@@ -150,7 +150,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 def model_device(model) -> torch.device:
     """The device of the model's (first) parameters. On a model split across devices
     that is one device of several: tensors that join an activation go to
-    :func:`arithlib.hf_compat.layer_device` / ``input_device`` / ``output_device``."""
+    :func:`arithlib.engine.layer_device` / ``input_device`` / ``output_device``."""
     return next(model.parameters()).device
 
 

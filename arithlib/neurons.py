@@ -52,9 +52,7 @@ from tqdm.auto import tqdm
 
 from .ablation import Hook, Neuron, mean_neurons_hooks, post_hook, stacked_hooks
 from .datasets import PromptSet, single_token_numbers
-from .hf_compat import cache_kwargs, output_cache, repeat_cache, select_cache_rows, truncate_cache
-from .hf_compat import input_device
-from .models import hf_module as _hf
+from .engine import forward, input_device, last_position_logits, repeat_cache, select_cache_rows, truncate_cache
 from .readout import final_norm, unembedding
 
 #: Hooks for a batch, given the indices (in the runner's PromptSet) of its prompts.
@@ -102,7 +100,6 @@ class AnswerPositionRunner:
         self.model = model
         self.prompts = prompts
         self.answers = prompts.first_answer_ids
-        self._hf = _hf(model)
         self.clean: dict[str, torch.Tensor] | None = None
         if _batches is not None:
             self._batches = _batches
@@ -114,7 +111,7 @@ class AnswerPositionRunner:
                               leave=False):
                 past, prefix_len = None, batch.tokens.shape[1] - 1
                 if prefix_len > 0:
-                    past = output_cache(self._hf(batch.tokens[:, :-1], use_cache=True, logits_to_keep=1))
+                    past = forward(model, batch.tokens[:, :-1], keep=1, keep_cache=True).cache
                 self._batches.append((batch.index, past, batch.tokens[:, -1:], prefix_len))
         if record:
             self.clean = self.collect(record)
@@ -135,7 +132,7 @@ class AnswerPositionRunner:
             if not rows:
                 continue
             sel = torch.tensor(rows)
-            sub_past = None if past is None else select_cache_rows(self._hf.config, past, sel.to(last.device))
+            sub_past = None if past is None else select_cache_rows(self.model, past, sel.to(last.device))
             batches.append((torch.tensor([new_pos[int(bidx[r])] for r in rows]), sub_past, last[sel], prefix_len))
         out = AnswerPositionRunner(self.model, self.prompts.subset(index), _batches=batches)
         if self.clean is not None:
@@ -151,7 +148,7 @@ class AnswerPositionRunner:
 
     def _last(self, past, last: torch.Tensor, prefix_len: int) -> torch.Tensor:
         try:
-            out = self._hf(last, use_cache=past is not None, logits_to_keep=1, **cache_kwargs(past))
+            out = forward(self.model, last, cache=past, keep=1)
         finally:
             self._restore(past, prefix_len)
         return out.logits[:, -1].float()
@@ -194,11 +191,11 @@ class AnswerPositionRunner:
             for c0 in range(0, len(conditions), step):
                 chunk = conditions[c0:c0 + step]
                 C = len(chunk)
-                copies = None if past is None else repeat_cache(self._hf.config, past, C)
+                copies = None if past is None else repeat_cache(self.model, past, C)
                 hooks = stacked_hooks([hk(index) if callable(hk) else list(hk or []) for hk in chunk], B)
                 with (self.model.hooks(fwd_hooks=hooks) if hooks else nullcontext()):
-                    logits = self._hf(last.repeat(C, 1), use_cache=copies is not None, logits_to_keep=1,
-                                      **cache_kwargs(copies)).logits[:, -1].float().cpu().view(C, B, -1)
+                    logits = forward(self.model, last.repeat(C, 1), cache=copies,
+                                     keep=1).logits[:, -1].float().cpu().view(C, B, -1)
                 for j in range(C):
                     if out[c0 + j].shape[1] == 0:
                         out[c0 + j] = torch.empty(len(self), logits.shape[-1])
@@ -241,8 +238,8 @@ class AnswerPositionRunner:
             gen, nxt = [], last
             try:
                 for _ in range(steps):
-                    o = self._hf(nxt, use_cache=True, logits_to_keep=1, **cache_kwargs(past))
-                    past = output_cache(o)
+                    o = forward(self.model, nxt, cache=past, keep=1, keep_cache=True)
+                    past = o.cache
                     nxt = o.logits[:, -1].argmax(-1, keepdim=True)
                     gen.append(nxt[:, 0].cpu())
             finally:
@@ -273,8 +270,7 @@ def collect_last_position(model, prompts: PromptSet, hook_names: Sequence[str], 
     hooks = [(h, rec(h)) for h in hook_names]
     for batch in tqdm(list(prompts.batches(batch_size, device)), desc="activations", disable=not progress, leave=False):
         with model.hooks(fwd_hooks=hooks):
-            out = model(batch.tokens, logits_to_keep=1)
-        logits = (out.logits if hasattr(out, "logits") else out)[:, -1].float().cpu()
+            logits = last_position_logits(model, batch.tokens).cpu()
         for name, value in list(current.items()) + [("logits", logits)]:
             if name not in store:
                 store[name] = torch.empty((len(prompts),) + tuple(value.shape[1:]))

@@ -58,11 +58,10 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .components import Head, Hook
 from .datasets import PromptRecord, PromptSet
-from .evaluate import MIN_SHARED_PREFIX, common_prefix
-from .hf_compat import (cache_kwargs, causal_mask, filled_cache_layers, input_device, layer_device, module_device,
-                        new_cache, output_cache, repeat_rows_, run_block, send)
+from .engine import (MIN_SHARED_PREFIX, filled_cache_layers, common_prefix, decoder_norm, decoder_pass, empty_cache,
+                     hf_module as _hf, input_device, last_position_logits, layer_device, module_device, repeat_rows_, resumable, run_blocks)
 from .metrics import relative_logit_change
-from .models import hf_module as _hf, model_dtype as _dtype
+from .models import model_dtype as _dtype
 from .papers import KEY_HEAD_THRESHOLD
 
 
@@ -151,22 +150,6 @@ Variant = Sequence[Edit]
 
 
 # --------------------------------------------------------------------------- model access
-
-
-def resumable(model) -> bool:
-    """Whether the fast path can start a forward pass at any layer from the clean
-    residual stream: Llama-style decoders (``layers``, ``rotary_emb``, ``norm``) with
-    full attention in every layer. Others (GPT-2, GPT-J, GPT-NeoX) run the suffix
-    through all layers, still with the reused KV cache."""
-    hf = _hf(model)
-    base = hf.base_model
-    cfg = hf.config
-    if not all(hasattr(base, a) for a in ("layers", "rotary_emb", "norm")):
-        return False
-    if getattr(base, "has_sliding_layers", False):
-        return False
-    types = getattr(cfg, "layer_types", None) or ["full_attention"]
-    return all(t == "full_attention" for t in types)
 
 
 def _resolve_position(pos: int, T: int) -> int:
@@ -278,9 +261,7 @@ def run_edits_full(model, tokens: torch.Tensor, edits: Variant) -> torch.Tensor:
     hooks = variant_hooks(model, [edits], tokens.shape[0], 0, tokens.shape[1]) if edits else []
     ctx = model.hooks(fwd_hooks=hooks) if hooks else nullcontext()
     with ctx:
-        out = model(tokens, logits_to_keep=1)
-    logits = out.logits if hasattr(out, "logits") else out
-    return logits[:, -1].float()
+        return last_position_logits(model, tokens)
 
 
 @torch.no_grad()
@@ -288,7 +269,7 @@ def cache_activations(model, tokens: torch.Tensor, hook_names: Iterable[str]) ->
     """Activations of ``hook_names`` over all positions for one forward pass of ``tokens``."""
     store: dict[str, torch.Tensor] = {}
     with model.hooks(fwd_hooks=_capture_hooks(store, {n: None for n in hook_names})):
-        model(tokens, logits_to_keep=1)
+        last_position_logits(model, tokens)
     return store
 
 
@@ -358,8 +339,6 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
     up to float rounding. An attention map (``hook_pattern``) is then only seen for the
     rest's queries: its reducer must read those (e.g. the last query), and without one
     the prefix is not shared. A batch of several prefixes: :func:`grouped_clean_run`."""
-    hf = _hf(model)
-    base = hf.base_model
     n_layers = model.cfg.n_layers
     spec = dict(capture) if isinstance(capture, Mapping) else {n: None for n in capture}
     resid_names = {f"blocks.{l}.hook_resid_pre": None for l in range(n_layers)} if resumable(model) else {}
@@ -369,25 +348,25 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
         store: dict[str, torch.Tensor] = {}
         internal: dict[str, torch.Tensor] = {}
         with model.hooks(fwd_hooks=_capture_hooks(store, spec) + _capture_hooks(internal, resid_names)):
-            out = base(input_ids=tokens, use_cache=True)
+            last_hidden, cache = decoder_pass(model, tokens)
         resid = _stack_streams([internal[x] for x in resid_names], model) if resid_names else None
     else:
         raw = {k: None for k in spec if not _is_attention_map(k)} | resid_names
         first: dict[str, torch.Tensor] = {}
         with model.hooks(fwd_hooks=_capture_hooks(first, raw)):
-            prefix = repeat_rows_(output_cache(base(input_ids=tokens[:1, :n], use_cache=True)), B)
+            prefix = repeat_rows_(decoder_pass(model, tokens[:1, :n])[1], B)
         rest: dict[str, torch.Tensor] = {}
         maps = {k: r for k, r in spec.items() if _is_attention_map(k)}
         with model.hooks(fwd_hooks=_capture_hooks(rest, raw) + _capture_hooks(rest, maps)):
-            out = base(input_ids=tokens[:, n:], use_cache=True, **cache_kwargs(prefix))
+            last_hidden, cache = decoder_pass(model, tokens[:, n:], cache=prefix)
         whole = {k: torch.cat([first[k].expand(B, *first[k].shape[1:]), rest[k]], 1) for k in raw}
         store = {k: rest[k] if k in maps else (whole[k] if r is None else r(whole[k]).detach().clone())
                  for k, r in spec.items()}
         resid = _stack_streams([whole[x] for x in resid_names], model) if resid_names else None
-    layers = filled_cache_layers(output_cache(out))
+    layers = filled_cache_layers(cache)
     keys = [k for k, _ in layers]
     values = [v for _, v in layers]
-    return CleanRun(tokens, keys, values, resid, out.last_hidden_state[:, -1].clone(), store)
+    return CleanRun(tokens, keys, values, resid, last_hidden[:, -1].clone(), store)
 
 
 def _stack_streams(streams: Sequence[torch.Tensor], model) -> torch.Tensor:
@@ -490,13 +469,13 @@ class RunCache:
         return CleanRun(tokens, ks, vs, resid, torch.cat([p[3] for p in parts]))
 
 
-def _make_cache(hf, run: CleanRun, start: int, copies: Sequence[int]):
+def _make_cache(model, run: CleanRun, start: int, copies: Sequence[int]):
     """KV cache of the clean positions ``< start`` with ``copies[l]`` copies of the batch
     in layer ``l`` (layers with 0 copies are left empty)."""
     if start == 0:
-        return new_cache(hf.config)
-    devices = [layer_device(hf, l) for l in range(len(run.keys))]  # a split model's cache: each layer on its own
-    return new_cache(hf.config, (None if n == 0 else (k[:, :, :start].to(d).repeat(n, 1, 1, 1),
+        return empty_cache(model)
+    devices = [layer_device(model, l) for l in range(len(run.keys))]  # a split model's cache: each layer on its own
+    return empty_cache(model, (None if n == 0 else (k[:, :, :start].to(d).repeat(n, 1, 1, 1),
                                                       v[:, :, :start].to(d).repeat(n, 1, 1, 1))
                                  for n, k, v, d in zip(copies, run.keys, run.values, devices)))
 
@@ -507,8 +486,6 @@ def _forward_suffix(model, run: CleanRun, start: int, entry: Sequence[int]) -> t
     from layer ``entry[j]`` on (non-decreasing); until then it is the clean run, so its
     rows join the batch at that layer from the clean residual stream. Not resumable
     models recompute every copy from layer 0."""
-    hf = _hf(model)
-    base = hf.base_model
     B, T = run.tokens.shape
     n_layers = model.cfg.n_layers
     n_var = len(entry)
@@ -517,27 +494,20 @@ def _forward_suffix(model, run: CleanRun, start: int, entry: Sequence[int]) -> t
             raise ValueError(f"entry layers must be non-decreasing and below {n_layers}, got {list(entry)}")
         first = entry[0]
         present = [sum(e <= l for e in entry) for l in range(n_layers)]  # copies in the batch at layer l
-        cache = _make_cache(hf, run, start, present)
-        hidden = run.resid[first][:, start:].to(layer_device(hf, first)).repeat(present[first], 1, 1)
+        cache = _make_cache(model, run, start, present)
+        hidden = run.resid[first][:, start:].to(layer_device(model, first)).repeat(present[first], 1, 1)
         position_ids = torch.arange(start, T, device=hidden.device).unsqueeze(0)
-        pos_emb = base.rotary_emb(hidden, position_ids)
-        mask, mask_rows = None, -1
-        for l in range(first, n_layers):
-            joining = present[l] - hidden.shape[0] // B
-            d = layer_device(hf, l)  # a split model: stream, mask and positions follow the blocks
-            hidden, mask, pos_emb, position_ids = send((hidden, mask, pos_emb, position_ids), d)
-            if joining:  # rows joining here come from the clean stream
-                hidden = torch.cat([hidden, run.resid[l][:, start:].to(d).repeat(joining, 1, 1)])
-            if hidden.shape[0] != mask_rows:
-                mask = causal_mask(hf.config, hidden, cache, position_ids, l)
-                mask_rows = hidden.shape[0]
-            hidden = run_block(base.layers[l], hidden, mask=mask, position_embeddings=pos_emb,
-                               position_ids=position_ids, cache=cache, use_cache=True)
-        return base.norm(send(hidden[:, -1:], module_device(hf, base.norm)))[:, 0]
-    cache = _make_cache(hf, run, start, [n_var] * n_layers)
-    out = base(input_ids=run.tokens[:, start:].to(input_device(hf)).repeat(n_var, 1), use_cache=True,
-               **cache_kwargs(cache))
-    return out.last_hidden_state[:, -1]
+
+        def join(l: int, device: torch.device) -> torch.Tensor | None:
+            """Rows of the copies that join at layer ``l``, from the clean stream."""
+            joining = present[l] - present[max(l - 1, first)] if l > first else 0
+            return run.resid[l][:, start:].to(device).repeat(joining, 1, 1) if joining else None
+
+        hidden, _ = run_blocks(model, hidden, first=first, position_ids=position_ids, cache=cache, join=join)
+        return decoder_norm(model, hidden[:, -1:])[:, 0]
+    cache = _make_cache(model, run, start, [n_var] * n_layers)
+    hidden, _ = decoder_pass(model, run.tokens[:, start:].to(input_device(model)).repeat(n_var, 1), cache=cache)
+    return hidden[:, -1]
 
 
 def _edit_span(edits: Variant, T: int) -> tuple[int, int]:

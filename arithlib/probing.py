@@ -45,7 +45,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .datasets import PromptSet
-from .evaluate import PrefixRunner, continues_number
+from .engine import PrefixRunner
+from .evaluate import continues_number
 from .papers import KEY_HEAD_THRESHOLD
 from .readout import unembedding
 
@@ -129,13 +130,13 @@ def cache_answer_position(
     unembeds every position; here hooks copy only the last position and the model
     is asked for the last position's logits only (``logits_to_keep=1``).
 
-    The batches are those of :class:`arithlib.evaluate.PrefixRunner`: with
+    The batches are those of :class:`arithlib.engine.PrefixRunner`: with
     ``share_prefix`` each few-shot prefix runs once and the rest of every prompt on top
     of its key/value cache (the recording hooks are off during the prefix, so the last
     position's activations are those of a full forward pass, tested to float
     tolerance). With ``check_full_answer`` the same key/value cache checks greedy
     decoding of the whole answer in one teacher-forced pass
-    (:meth:`~arithlib.evaluate.PrefixRunner.forced_continuation`; hooks record nothing
+    (:meth:`~arithlib.engine.PrefixRunner.forced_continuation`; hooks record nothing
     then) to set ``correct_full``, as :func:`arithlib.evaluate.evaluate` does.
     """
     kinds = list(kinds)

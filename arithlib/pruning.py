@@ -60,7 +60,7 @@ from tqdm.auto import tqdm
 from . import cna as C
 from . import finetune as FT
 from .datasets import PromptSet
-from .layer_inputs import LayerInputs
+from .engine import LayerInputs, decoder_layers, forward, input_device, shared_hf_model
 from .papers import YU_DEEP_NEURONS, YU_TABLE11, YU_TOP_K
 
 Keep = Mapping[int, Sequence[int] | torch.Tensor]  # pruned layer -> indices of the neurons kept
@@ -149,16 +149,16 @@ def _neuron_dim(module: torch.nn.Module, role: str) -> int:
 
 def ffn_width(model, layer: int) -> int:
     """Number of FFN neurons of block ``layer`` (read from its weights)."""
-    hf = FT.shared_hf_model(model)
+    hf = shared_hf_model(model)
     lay = ffn_layout(hf)
-    mod = FT._get(FT.decoder_layers(hf)[layer], lay.output)
+    mod = FT._get(decoder_layers(hf)[layer], lay.output)
     return int(mod.weight.shape[_neuron_dim(mod, "output")])
 
 
 def ffn_widths(model) -> list[int]:
     """FFN neurons per block."""
-    hf = FT.shared_hf_model(model)
-    return [ffn_width(hf, l) for l in range(len(FT.decoder_layers(hf)))]
+    hf = shared_hf_model(model)
+    return [ffn_width(hf, l) for l in range(len(decoder_layers(hf)))]
 
 
 def _as_index(idx, width: int) -> torch.Tensor:
@@ -211,9 +211,9 @@ def prune_ffn(model, keep: Keep, share_weights: bool = True) -> torch.nn.Module:
     ``False``: a fully independent copy. The config records the widths and a digest
     of the keep set (``config.arithlib_pruned_ffn``), so ``finetune``'s cache keys
     tell pruned models apart."""
-    hf = FT.shared_hf_model(model)
+    hf = shared_hf_model(model)
     lay = ffn_layout(hf)
-    n_layers = len(FT.decoder_layers(hf))
+    n_layers = len(decoder_layers(hf))
     bad = [l for l in keep if not 0 <= int(l) < n_layers]
     if bad:
         raise ValueError(f"layers {bad} out of range 0..{n_layers - 1}")
@@ -221,7 +221,7 @@ def prune_ffn(model, keep: Keep, share_weights: bool = True) -> torch.nn.Module:
     if share_weights:
         memo = {id(t): t for t in itertools.chain(hf.parameters(), hf.buffers())}
     pruned = copy.deepcopy(hf, memo)
-    blocks = FT.decoder_layers(pruned)
+    blocks = decoder_layers(pruned)
     widths = {}
     for layer, idx in keep.items():
         block = blocks[int(layer)]
@@ -246,12 +246,12 @@ def mask_weights(model, keep: Keep) -> dict[str, torch.Tensor]:
     projection's weight (clean HF name) with the columns of every neuron NOT kept set
     to zero; pass to ``finetune.use_weights``. The model keeps its size; each removed
     neuron still computes its coefficient but writes nothing."""
-    hf = FT.shared_hf_model(model)
+    hf = shared_hf_model(model)
     lay = ffn_layout(hf)
     out = {}
     for layer, idx in keep.items():
         prefix = FT._layer_prefix(hf, int(layer))
-        mod = FT._get(FT.decoder_layers(hf)[int(layer)], lay.output)
+        mod = FT._get(decoder_layers(hf)[int(layer)], lay.output)
         dim = _neuron_dim(mod, "output")
         width = mod.weight.shape[dim]
         drop = torch.ones(width, dtype=torch.bool)
@@ -276,8 +276,8 @@ def parameter_counts(model, layers: Sequence[int]) -> dict[str, int]:
     """``n_params`` (distinct entries, tied counted once), ``n_ffn_params`` (all MLP
     weights and biases) and ``n_deep_ffn_params`` (those of ``layers``), and
     ``n_deep_neurons`` (FFN width summed over ``layers``)."""
-    hf = FT.shared_hf_model(model)
-    blocks = FT.decoder_layers(hf)
+    hf = shared_hf_model(model)
+    blocks = decoder_layers(hf)
     lay = ffn_layout(hf)
 
     def mlp_params(block) -> int:
@@ -308,17 +308,17 @@ def forward_seconds(model, tokens: torch.Tensor, repeats: int = 5, warmup: int =
     passes after ``warmup`` untimed ones, in seconds. Comparisons use the minimum
     (``timeit``'s advice): other work on the machine (run_all.sh runs two notebooks at
     a time) can only slow a pass down."""
-    hf = FT.shared_hf_model(model)
-    dev = FT.input_device(hf)
+    hf = shared_hf_model(model)
+    dev = input_device(hf)
     tokens = tokens.to(dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for _ in range(warmup):
-        hf(tokens, use_cache=False, logits_to_keep=1)
+        forward(hf, tokens, keep=1)
     times = []
     for _ in range(max(1, repeats)):
         sync()
         t0 = time.perf_counter()
-        hf(tokens, use_cache=False, logits_to_keep=1)
+        forward(hf, tokens, keep=1)
         sync()
         times.append(time.perf_counter() - t0)
     return {"forward_s": statistics.median(times), "forward_min_s": min(times), "timing_repeats": len(times),
@@ -511,7 +511,7 @@ def evaluate_row(model, weights: Mapping[str, torch.Tensor] | None, test_set: Pr
     ``inputs`` / ``unchanged_below``: the original's recorded streams (``"test"``: on
     ``test_set``) and the first block in which ``model`` differs from it
     (``finetune.evaluate_weights``)."""
-    hf = FT.shared_hf_model(model)
+    hf = shared_hf_model(model)
     frame = FT.evaluate_weights(hf, weights, {"test": test_set}, batch_size, inputs=inputs,
                                 unchanged_below=unchanged_below)
     row = FT._accuracy_row(frame)
@@ -580,7 +580,7 @@ def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test
 
 
 def recorded_streams(lora_layer: int, layers: Sequence[int]) -> dict[str, LayerInputs]:
-    """Empty :class:`~arithlib.layer_inputs.LayerInputs` for the training and test sets
+    """Empty :class:`~arithlib.engine.LayerInputs` for the training and test sets
     of :func:`table11` / :func:`share_sweep`: the stream entering the LoRA layer (both)
     and the first pruned layer (test: the pruned models before LoRA)."""
     return {"train": LayerInputs([lora_layer]), "test": LayerInputs([lora_layer, min(layers)])}
@@ -608,7 +608,7 @@ def table11(model, ranking: pd.DataFrame, share: float, layers: Sequence[int], l
     Every model here equals ``model`` below ``lora_layer`` or below the first pruned
     layer, so each evaluation and training pass starts at one of those blocks from the
     stream recorded by the first pass that computes it (``inputs``: a
-    :class:`~arithlib.layer_inputs.LayerInputs` for ``"train"`` and ``"test"``, made
+    :class:`~arithlib.engine.LayerInputs` for ``"train"`` and ``"test"``, made
     here when None); the numbers are those of full passes."""
     widths = {int(l): ffn_width(model, l) for l in layers}
     pool = sum(widths.values())

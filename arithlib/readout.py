@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .engine import wrapped
+
 
 @dataclass(frozen=True)
 class FinalNorm:
@@ -35,7 +37,7 @@ def final_norm(model) -> FinalNorm:
     ``eps``: Gemma RMSNorm, torch LayerNorm of GPT-2, GPT-J, Pythia); a module with
     neither raises rather than assume one."""
     module = model.ln_final
-    comp = getattr(module, "_original_component", module)
+    comp = wrapped(module)
     weight = comp.weight.detach().float()
     eps = next((getattr(comp, a) for a in ("variance_epsilon", "eps") if getattr(comp, a, None) is not None), None)
     if eps is None:

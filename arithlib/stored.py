@@ -60,7 +60,7 @@ def key_value(obj: Any) -> Any:
         return fingerprint([list(map(str, obj.columns if isinstance(obj, pd.DataFrame) else [obj.name])),
                             pd.util.hash_pandas_object(obj, index=True).tolist()])
     if isinstance(obj, ModuleType):
-        return code_fingerprint([obj.__name__.rsplit(".", 1)[-1]])
+        return code_fingerprint([obj.__name__.split(".", 1)[-1].replace(".", "/")])
     if isinstance(obj, dict):
         return {str(k): key_value(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
     if isinstance(obj, (list, tuple)):

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from .datasets import apply_op, load_json
-from .hf_compat import input_device
+from .engine import input_device
 from .paths import cache_root
 
 # --------------------------------------------------------------------------- constants

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import arithlib.datasets as ds  # noqa: E402
 import arithlib.head_sweep as HS  # noqa: E402
 import arithlib.transfer_sets as TS  # noqa: E402
-from arithlib.evaluate import common_prefix  # noqa: E402
+from arithlib.engine import common_prefix  # noqa: E402
 from arithlib.models import load_model  # noqa: E402
 
 

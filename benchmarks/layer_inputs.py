@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: evaluating a model that differs from the original from block L on, with a
 full pass against a pass that starts at block L from the original's recorded stream
-(``arithlib.layer_inputs``; notebooks 05 and 06 evaluate a dozen such models: LoRA on
+(``arithlib.engine.LayerInputs``; notebooks 05 and 06 evaluate a dozen such models: LoRA on
 one layer, FFN neurons pruned from the deep layers on).
 
 The test set is notebook 05's at its quick scale (Yu's 2-digit prompts, 2-shot). The
@@ -41,7 +41,7 @@ import results  # noqa: E402
 import roofline  # noqa: E402
 import arithlib.datasets as ds  # noqa: E402
 import arithlib.finetune as FT  # noqa: E402
-from arithlib.layer_inputs import LayerInputs  # noqa: E402
+from arithlib.engine import LayerInputs  # noqa: E402
 
 #: Allowed |full - late| of a log-probability, by the model's dtype (see the docstring):
 #: float32 must be bit-identical.

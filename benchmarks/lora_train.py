@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: training LoRA on attention layer L with full forward+backward passes
 against passes that start at block L from the frozen model's recorded residual stream
-(``arithlib.layer_inputs``; notebook 05 trains one LoRA model per layer, notebook 06 four
+(``arithlib.engine.LayerInputs``; notebook 05 trains one LoRA model per layer, notebook 06 four
 more on the pruned models).
 
 A LoRA adapter on layer L changes that layer's keys and values at every position, so
@@ -39,7 +39,7 @@ import bench_model  # noqa: E402
 import results  # noqa: E402
 import arithlib.datasets as ds  # noqa: E402
 import arithlib.finetune as FT  # noqa: E402
-from arithlib.layer_inputs import LayerInputs  # noqa: E402
+from arithlib.engine import LayerInputs  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

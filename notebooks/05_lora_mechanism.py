@@ -44,7 +44,7 @@
 #   set (each training batch keeps its prompts in every epoch, `finetune.epoch_batches`) and
 #   every forward and backward pass of layer l's training and evaluation runs blocks l.. on the
 #   whole sequence (few-shot prefix included: the adapter changes layer l's keys and values at
-#   every position) from it (`arithlib.layer_inputs`; bit-identical to full passes, tested;
+#   every position) from it (`arithlib.engine.LayerInputs`; bit-identical to full passes, tested;
 #   `benchmarks/lora_train.py` times it).
 # * *CNA* (Sec. 4.1): importance of FFN neuron k of layer l at the answer position,
 #   imp = log p(w | x^{l-1} + A^l + m_k fc2_k) - log p(w | x^{l-1} + A^l), in the LoRA model and

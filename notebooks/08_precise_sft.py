@@ -104,7 +104,7 @@ import arithlib.finetune as FT
 import arithlib.general_ability as GA
 import arithlib.plots.finetune as plots
 import arithlib.report as R
-from arithlib.layer_inputs import LayerInputs
+from arithlib.engine import LayerInputs
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
 from arithlib.runs import start_run
@@ -186,7 +186,7 @@ mlps_ranked.head(6)
 # Each row is one fine-tuned model, evaluated on the held-out arithmetic and word problems and
 # on the two general-ability checks. The original's residual stream entering the lowest tuned
 # head's layer is recorded once per prompt set, and the precise-SFT models' passes start there
-# (`arithlib.layer_inputs`: bit-identical to full passes, tested); full SFT changes the
+# (`arithlib.engine.LayerInputs`: bit-identical to full passes, tested); full SFT changes the
 # embeddings, so its passes run the whole model.
 
 # %%

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "arithlib"
-_NOTEBOOK_IMPORT = re.compile(r"(?:from|import)[ \t]+arithlib(?:\.(\w+))?(?:[ \t]+import[ \t]+([\w \t,(]+))?")
+_NOTEBOOK_IMPORT = re.compile(r"(?:from|import)[ \t]+arithlib(?:\.([\w.]+))?(?:[ \t]+import[ \t]+([\w \t,(]+))?")
 sys.path.insert(0, str(ROOT))  # this checkout's arithlib (sources only: no torch is imported)
 from arithlib.sources import imported_names, module_closure  # noqa: E402
 
@@ -31,8 +31,11 @@ def notebook_modules(notebook: Path) -> set[str]:
     code = notebook_code(notebook)
     names: set[str] = set()
     for mod, imported in _NOTEBOOK_IMPORT.findall(code):
-        if mod:
-            names.add(mod)
+        if mod:  # arithlib.x, or from arithlib.pkg import module (that module, not all of pkg)
+            base = mod.replace(".", "/")
+            subs = [f"{base}/{n}" for n in imported_names(imported)] if imported else []
+            found = {m for m in subs if (PACKAGE / f"{m}.py").is_file()}
+            names |= found or {base}
         elif imported:
             names |= set(imported_names(imported))
     return module_closure(names, PACKAGE)

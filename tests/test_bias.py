@@ -14,7 +14,7 @@ import arithlib.ablation as A
 import arithlib.bias as B
 import arithlib.cna as C
 import arithlib.datasets as ds
-from arithlib.evaluate import last_position_logits
+from arithlib.engine import last_position_logits
 from arithlib.models import load_model, random_model_dir
 from arithlib.readout import final_norm
 

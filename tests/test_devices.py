@@ -98,7 +98,7 @@ def test_kv_caches_and_recorded_streams_go_to_their_layers_device(toy, monkeypat
     hf = b.original_model
     _fake_split(b, monkeypatch)
     cache = P._make_cache(hf, run, 5, [1, 2])
-    from arithlib.hf_compat import cache_layers
+    from arithlib.engine.adapter import cache_layers
 
     kv = cache_layers(cache)
     assert kv[0][0].device == CPU and kv[1][0].device == META and kv[1][1].device == META
@@ -112,8 +112,10 @@ def test_kv_caches_and_recorded_streams_go_to_their_layers_device(toy, monkeypat
                      layers[layer][0].device if layers[layer] is not None else None))
         return torch.zeros(hidden.shape)          # the blocks do not run: placement only
 
-    monkeypatch.setattr(P, "run_block", spy)
-    monkeypatch.setattr(P, "causal_mask", lambda *a, **k: None)
+    from arithlib.engine import passes
+
+    monkeypatch.setattr(passes, "run_block", spy)
+    monkeypatch.setattr(passes, "causal_mask", lambda *a, **k: None)
     P._forward_suffix(b, run, 5, [0, 1])
     assert seen[0] == (0, CPU, CPU, {CPU}, CPU)
     assert seen[1] == (1, META, META, {META}, META), seen[1]
@@ -122,7 +124,7 @@ def test_kv_caches_and_recorded_streams_go_to_their_layers_device(toy, monkeypat
 @pytest.mark.toy_model
 def test_inputs_and_logits_follow_the_embedding_and_unembedding(toy, monkeypatch):
     """Token ids go to the input embedding's device, states to the unembedding's."""
-    from arithlib.evaluate import PrefixRunner
+    from arithlib.engine import PrefixRunner
 
     b = toy.bridge
     _fake_split(b, monkeypatch, ends_on_meta=True)
@@ -130,7 +132,7 @@ def test_inputs_and_logits_follow_the_embedding_and_unembedding(toy, monkeypatch
     assert PrefixRunner(b, ps, 4).device == META
     unembed = P.Unembed(b)
     assert unembed.device == META
-    from arithlib.hf_compat import input_device
+    from arithlib.engine.adapter import input_device
 
     assert next(ps.batches(4, input_device(b))).tokens.device == META
 

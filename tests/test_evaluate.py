@@ -118,7 +118,7 @@ def test_checked_answers_equal_greedy_up_to_the_first_wrong_token(tiny):
 def test_shared_prefix_equals_full_forward(tiny):
     """Few-shot prompts share their prefix's keys and values; logits and greedy answers
     equal the per-prompt full forward pass, and with a hook attached nothing is shared."""
-    from arithlib.evaluate import hooks_attached, prefix_batches
+    from arithlib.engine import hooks_attached, prefix_batches
 
     ps = _tiny_prompts(tiny.tokenizer)
     plan = prefix_batches(ps, batch_size=3)

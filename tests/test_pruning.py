@@ -193,7 +193,7 @@ def test_lora_on_pruned_model(qwen):
 def test_sweep_evaluations_start_at_the_first_pruned_layer(qwen):
     """The pruned models differ from the original from layer 1 on: their evaluations start
     there from the recorded stream, and give the full passes' numbers."""
-    from arithlib.layer_inputs import LayerInputs
+    from arithlib.engine import LayerInputs
 
     splits = FT.yu_lora_data(n_train=16, n_test=8, seed=0, fewshot=1)
     train, test = (ds.PromptSet.build(splits[k], qwen.tokenizer) for k in ("train", "test"))

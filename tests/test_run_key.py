@@ -16,6 +16,8 @@ def test_notebook_modules_follow_imports():
     mods = run_key.notebook_modules(NB / "00_model_accuracy.ipynb")
     assert {"datasets", "evaluate", "runs", "models", "toy"} <= mods  # toy: imported lazily by models
     assert "cna" not in mods and "report" not in mods
+    # subpackages count (the old closure skipped them: plots and engine edits kept old keys)
+    assert {"plots/accuracy", "plots/__init__", "engine/passes"} <= mods and "plots/cna" not in mods
     assert "cna" in run_key.notebook_modules(NB / "04_cna.ipynb")
 
 

@@ -91,6 +91,34 @@ def test_code_fingerprint_covers_the_modules_a_module_imports(tmp_path):
     assert code_fingerprint(["a"], tmp_path) != k
 
 
+def test_code_fingerprint_covers_subpackages(tmp_path):
+    """A module that imports from a subpackage (``from .engine import f``, ``from
+    ..datasets import g`` inside it, ``arithlib.plots.heads``) depends on every module of
+    it: an edit to ``engine/passes.py`` gives a new key (the old closure followed flat
+    modules only, so edits to ``arithlib/engine``, ``plots`` or ``report`` kept old keys)."""
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "a.py").write_text("from .engine import f\n")
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "__init__.py").write_text("from .passes import f\n")
+    (tmp_path / "engine" / "passes.py").write_text("from ..datasets import g\nf = 1\n")
+    (tmp_path / "datasets.py").write_text("g = 1\n")
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "__init__.py").write_text("")
+    (tmp_path / "plots" / "heads.py").write_text("X = 1\n")
+    (tmp_path / "nb.py").write_text("import arithlib.plots.heads as plots\n")
+    assert module_closure(["a"], tmp_path) == {"__init__", "a", "engine/__init__", "engine/passes", "datasets"}
+    assert module_closure(["nb"], tmp_path) == {"__init__", "nb", "plots/__init__", "plots/heads"}
+    assert module_closure(["engine.passes"], tmp_path) == {"__init__", "engine/__init__", "engine/passes", "datasets"}
+    (tmp_path / "c.py").write_text('"""Unlike :func:`arithlib.plots.heads.X`, ..."""\n')  # a mention, no import
+    assert module_closure(["c"], tmp_path) == {"__init__", "c"}
+    k = code_fingerprint(["a"], tmp_path)
+    (tmp_path / "engine" / "passes.py").write_text("from ..datasets import g\nf = 2\n")
+    assert code_fingerprint(["a"], tmp_path) != k
+    k = code_fingerprint(["a"], tmp_path)
+    (tmp_path / "datasets.py").write_text("g = 2\n")   # imported by the subpackage with two dots
+    assert code_fingerprint(["a"], tmp_path) != k
+
+
 def test_code_must_be_named(tmp_path):
     with pytest.raises(TypeError):
         Store(tmp_path)("x", Counter(), n=1)  # the code the result depends on is part of every key

@@ -1,4 +1,4 @@
-"""The adapter to transformers/TransformerLens internals (arithlib.hf_compat): caches
+"""The adapter to transformers/TransformerLens internals (arithlib.engine.adapter): caches
 written through the bridge, built, repeated, selected and cut; single blocks equal the
 decoder. Under transformers >= 5.24 (cache argument renamed to ``cache``) the bridge
 tests fail without :func:`fix_bridge_cache`."""
@@ -10,7 +10,7 @@ import inspect
 import pytest
 import torch
 
-from arithlib import hf_compat as hc
+from arithlib.engine import adapter as hc
 from arithlib.models import load_model, random_model_dir
 
 

@@ -1,4 +1,4 @@
-"""Tests of arithlib.layer_inputs: a pass that starts at a layer from the recorded
+"""Tests of arithlib.engine.streams: a pass that starts at a layer from the recorded
 stream equals the full pass bit for bit (with and without shared prefixes), records
 only what the model shares with the reference, and other architectures run in full."""
 
@@ -9,7 +9,7 @@ import torch
 
 import arithlib.datasets as ds
 import arithlib.finetune as ft
-from arithlib.layer_inputs import LayerInputs
+from arithlib.engine import LayerInputs
 from arithlib.models import load_model, random_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -107,7 +107,7 @@ def test_lora_training_from_recorded_stream_gives_the_same_weights(tiny_qwen2):
 
 
 def test_dropout_in_training_runs_in_full(tiny_qwen2):
-    from arithlib.layer_inputs import can_start_late
+    from arithlib.engine import can_start_late
 
     hf = ft.shared_hf_model(tiny_qwen2.bridge)
     assert can_start_late(hf)

@@ -3,7 +3,7 @@
 Everything arithlib does with a key/value cache, a causal mask or a decoder block called
 on its own goes through these functions, so that a release of either library that
 renames an argument or changes a cache's layout is met here, in one small module with
-its own tests (``tests/test_hf_compat.py``), and nowhere else.
+its own tests (``tests/test_engine_adapter.py``), and nowhere else.
 
 What differs between the releases this module supports:
 
@@ -20,8 +20,10 @@ What differs between the releases this module supports:
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -49,6 +51,12 @@ def hf_module(model) -> torch.nn.Module:
     return model.original_model if hasattr(model, "original_model") else model
 
 
+def wrapped(module: torch.nn.Module) -> torch.nn.Module:
+    """The torch module a bridge component wraps (``_original_component``), or
+    ``module`` itself when it wraps none: where a norm's weight and epsilon live."""
+    return getattr(module, "_original_component", module)
+
+
 def clean_param_name(name: str) -> str:
     """An HF parameter name without the bridge's ``._original_component`` segments."""
     return name.replace("._original_component", "")
@@ -57,13 +65,20 @@ def clean_param_name(name: str) -> str:
 # --------------------------------------------------------------------------- caches
 
 
+def _config(model_or_config):
+    """The HF config of a model (a bridge or an HF model), or the config itself."""
+    if isinstance(model_or_config, torch.nn.Module):
+        return hf_module(model_or_config).config
+    return model_or_config
+
+
 def new_cache(config, layers: Iterable[tuple[torch.Tensor, torch.Tensor] | None] = ()):
-    """A dynamic key/value cache for a model of ``config``, holding ``layers[l]`` =
+    """A dynamic key/value cache for a model of ``config`` (or the model), holding ``layers[l]`` =
     ``(keys, values)`` ([B, kv_heads, T, d_head] each) in layer ``l``; a ``None`` entry
     leaves that layer empty (a block that will not run, or runs later)."""
     from transformers import DynamicCache
 
-    past = DynamicCache(config=config)
+    past = DynamicCache(config=_config(config))
     for layer, kv in enumerate(layers):
         if kv is not None:
             past.update(kv[0], kv[1], layer)
@@ -87,7 +102,7 @@ def filled_cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     empty = [l for l, kv in enumerate(layers) if kv is None]
     if empty:
         raise ValueError(f"layer {empty[0]} of the cache holds no keys: the forward pass did not write the "
-                         "cache (a transformers/TransformerLens mismatch? see arithlib.hf_compat)")
+                         "cache (a transformers/TransformerLens mismatch? see arithlib.engine.adapter)")
     return layers  # type: ignore[return-value]
 
 
@@ -299,3 +314,60 @@ def output_device(model) -> torch.device:
     """The device of ``model``'s unembedding (``lm_head``): where logits come out."""
     hf = hf_module(model)
     return module_device(model, hf.get_output_embeddings())
+
+
+# --------------------------------------------------------------------------- a plain twin of a bridge
+
+
+_SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
+
+
+def shared_hf_model(model) -> torch.nn.Module:
+    """A plain HF model (original module names, no bridge wrappers) whose parameters ARE
+    the tensors of ``model`` (a bridge or an HF model): nothing is copied, and writes to
+    one are seen by the other. Returns an HF model given one unchanged."""
+    hf = hf_module(model)
+    if not hasattr(model, "original_model") and not any("_original_component" in n for n, _ in hf.named_parameters()):
+        return hf
+    cached = _SHARED.get(hf)
+    if cached is not None and not any("_original_component" in n for n, _ in cached.named_parameters()):
+        return cached
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(hf.config)
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=next(hf.parameters()).dtype)
+    state = {clean_param_name(n): p for n, p in hf.state_dict(keep_vars=True).items()}
+    own = plain.state_dict()
+    missing = set(own) - set(state)
+    if missing:
+        raise RuntimeError(f"could not map the bridge's parameters onto a plain model; missing {sorted(missing)[:5]}")
+    plain.load_state_dict({k: state[k].data for k in own}, assign=True, strict=True)
+    if getattr(config, "tie_word_embeddings", False):
+        plain.tie_weights()
+    # buffers (rotary inv_freq) are recomputed by from_config on meta; materialise them
+    for mod_name, module in plain.named_modules():
+        for buf_name, buf in list(module.named_buffers(recurse=False)):
+            if buf.is_meta:
+                src = dict(hf.named_buffers()).get(_bridge_buffer_name(hf, f"{mod_name}.{buf_name}"))
+                if src is None:
+                    raise RuntimeError(f"buffer {mod_name}.{buf_name} has no counterpart in the bridge's model")
+                module._buffers[buf_name] = src
+    plain.generation_config = hf.generation_config
+    plain.eval()
+    device_map = getattr(hf, "hf_device_map", None)
+    if device_map and len({str(d) for d in device_map.values()}) > 1:
+        # a model split across devices: the twin's modules hold the same tensors, on the same
+        # devices; accelerate's hooks with the bridge's map move each module's inputs there
+        from accelerate import dispatch_model
+
+        plain = dispatch_model(plain, device_map=dict(device_map))
+    _SHARED[hf] = plain
+    return plain
+
+
+def _bridge_buffer_name(hf, clean: str) -> str:
+    for name, _ in hf.named_buffers():
+        if clean_param_name(name) == clean:
+            return name
+    return clean

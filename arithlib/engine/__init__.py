@@ -1,0 +1,40 @@
+"""The one engine: every forward pass arithlib's methods run, and the only code that
+touches the internals of transformers and TransformerLens (key/value caches, causal
+masks, decoder blocks called on their own, the HF model under a bridge, devices of a
+split model).
+
+Two facts make the notebooks' passes cheap, and the engine exploits them once for every
+method: the few-shot prefix is shared by the rows of a batch (its keys and values are
+computed once, :func:`prefix_cache`, :class:`PrefixRunner`), and an intervention at
+block L leaves the stream below L as it was (a pass starts at block L from the recorded
+stream, :func:`run_blocks`, :class:`LayerInputs`). Each fast pass is tested equal to
+the plain full pass (``tests/test_engine_*.py`` and the methods' equivalence tests).
+
+Modules:
+
+* :mod:`.adapter`: the library internals (cache layouts, argument names, devices);
+* :mod:`.passes`: whole passes, passes on a cached prefix, passes from a block;
+* :mod:`.prefix`: the shared-prefix batching plan and the greedy/teacher-forced runner;
+* :mod:`.streams`: residual streams recorded per batch for later passes.
+
+Methods import from ``arithlib.engine`` only what is listed in ``__all__``;
+``tests/test_engine_boundary.py`` fails when a module outside the engine reaches into
+the libraries' internals.
+"""
+
+from .adapter import (cache_layers, clean_param_name, decoder_layers, filled_cache_layers, fix_bridge_cache, hf_module, input_device,
+                      layer_device, module_device, output_device, repeat_cache, repeat_rows_, select_cache_rows, send,
+                      shared_hf_model, truncate_cache, wrapped)
+from .passes import (Pass, can_start_late, decoder_norm, decoder_pass, empty_cache, forward, last_position_logits,
+                     n_blocks, prefix_cache,
+                     resumable, run_blocks, run_decoder)
+from .prefix import MIN_SHARED_PREFIX, PrefixRunner, common_prefix, hooks_attached, prefix_batches
+from .streams import LayerInputs
+
+__all__ = [
+    "LayerInputs", "MIN_SHARED_PREFIX", "Pass", "PrefixRunner", "cache_layers", "can_start_late", "clean_param_name",
+    "common_prefix", "decoder_layers", "decoder_norm", "decoder_pass", "empty_cache", "filled_cache_layers", "fix_bridge_cache",
+    "forward", "hf_module", "hooks_attached", "input_device", "last_position_logits", "layer_device", "module_device", "n_blocks",
+    "output_device", "prefix_batches", "prefix_cache", "repeat_cache", "repeat_rows_", "resumable", "run_blocks", "run_decoder",
+    "select_cache_rows", "send", "shared_hf_model", "truncate_cache", "wrapped",
+]

@@ -1,0 +1,169 @@
+"""Prompts that share a few-shot prefix, run with the prefix's keys and values computed
+once: the batching plan (:func:`prefix_batches`) and the runner of greedy decoding and
+teacher forcing on top of it (:class:`PrefixRunner`).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Sequence
+
+import torch
+from transformer_lens.hook_points import HookPoint
+
+from ..datasets import PromptSet
+from .adapter import cache_kwargs, filled_cache_layers, hf_module, input_device, new_cache, output_cache
+
+
+def hooks_attached(model) -> bool:
+    """Whether an intervention hook is attached: a hook on one of the bridge's HookPoints
+    (the bridge's own capture hooks on the HF modules do not count), or for a plain
+    torch model any forward (pre-)hook."""
+    points = [m for m in model.modules() if isinstance(m, HookPoint)]
+    mods = points if points else list(model.modules())
+    return any(m._forward_hooks or m._forward_pre_hooks for m in mods)
+
+
+#: Shared prefixes shorter than this are recomputed with each batch (not worth a cache).
+MIN_SHARED_PREFIX = 4
+
+
+def common_prefix(rows: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix shared by every row (0 for no rows)."""
+    if not rows:
+        return 0
+    first, n = rows[0], min(map(len, rows))
+    for j in range(n):
+        if any(r[j] != first[j] for r in rows[1:]):
+            return j
+    return n
+
+
+def prefix_batches(prompts: PromptSet, batch_size: int = 64, share: bool = True) -> list[tuple[int, list[int]]]:
+    """Batches ``(p, indices)`` covering every prompt once, all rows of a batch of one
+    token length (no padding). Within the prompts that have the same few-shot prefix
+    (``record.prefix``), the first ``p`` tokens are common to all; a batch's rows have
+    the same ``p`` (0 when ``share`` is False or fewer than :data:`MIN_SHARED_PREFIX`
+    tokens are common), though not necessarily the same prefix. At least one token
+    of each prompt is left after the prefix."""
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(prompts.records):
+        groups.setdefault(r.prefix, []).append(i)
+    keyed: dict[tuple[int, int], list[int]] = {}
+    for idx in groups.values():
+        rows = [prompts.input_ids[i] for i in idx]
+        p = min(common_prefix(rows), min(map(len, rows)) - 1) if share else 0
+        p = p if p >= MIN_SHARED_PREFIX else 0
+        for i in idx:
+            keyed.setdefault((p, len(prompts.input_ids[i])), []).append(i)
+    return [(p, same[k:k + batch_size]) for (p, _), same in sorted(keyed.items())
+            for k in range(0, len(same), batch_size)]
+
+
+class PrefixRunner:
+    """Runs batches of one PromptSet through the HF model, computing each shared few-shot
+    prefix once and reusing its keys and values for every prompt that starts with it.
+
+    Why not TransformerLens: its generation utilities recompute the whole prompt for
+    every row. ``share`` (default: only when no hook is attached to the model) decides
+    whether prefixes are shared: a hook that edits "the last position" would otherwise
+    see the prefix's last token, so with intervention hooks every batch runs in full.
+    A caller whose hooks only *record* the suffix's last position may share anyway and
+    switch its hooks on through ``suffix_context`` (:func:`arithlib.probing.cache_answer_position`).
+    Equal to the full forward pass up to float rounding (tested)."""
+
+    def __init__(self, model, prompts: PromptSet, batch_size: int, share: bool | None = None):
+        self.hf = hf_module(model)
+        self.device = input_device(model)  # token ids go to the input embedding's device
+        self.prompts = prompts
+        self.batch_size = batch_size
+        self.plan = prefix_batches(prompts, batch_size, share=not hooks_attached(model) if share is None else share)
+        self._kv: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def _prefix_kv(self, prefixes: list[tuple[int, ...]]) -> None:
+        """Compute (and keep) per-layer keys and values of the prefixes not seen yet."""
+        todo = list(dict.fromkeys(q for q in prefixes if q not in self._kv))
+        for k in range(0, len(todo), self.batch_size):
+            chunk = todo[k:k + self.batch_size]
+            ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
+            layers = filled_cache_layers(output_cache(self.hf(ids, use_cache=True, logits_to_keep=1)))
+            for row, q in enumerate(chunk):
+                self._kv[q] = [(keys[row], values[row]) for keys, values in layers]
+
+    def first_step(self, p: int, index: list[int], suffix_context: Callable[[], ContextManager] = nullcontext):
+        """Run the batch's prompts (the part after the shared ``p`` tokens inside
+        ``suffix_context()``); returns ``(last-position logits [B, vocab] float32, past)``."""
+        tokens, past = self._suffix_and_past(p, index)
+        with suffix_context():
+            out = self.hf(tokens, use_cache=True, logits_to_keep=1, **cache_kwargs(past))
+        return out.logits[:, -1].float(), output_cache(out)
+
+    def _suffix_and_past(self, p: int, index: list[int]) -> tuple[torch.Tensor, object | None]:
+        """The batch's tokens after the shared ``p`` and the prefixes' keys and values
+        stacked over its rows (None when ``p`` is 0)."""
+        tokens = torch.tensor([self.prompts.input_ids[i] for i in index], dtype=torch.long, device=self.device)
+        if not p:
+            return tokens, None
+        prefixes = [tuple(self.prompts.input_ids[i][:p]) for i in index]
+        self._prefix_kv(prefixes)
+        past = new_cache(self.hf.config, ((torch.stack([self._kv[q][layer][0] for q in prefixes]),
+                                          torch.stack([self._kv[q][layer][1] for q in prefixes]))
+                                         for layer in range(len(self._kv[prefixes[0]]))))
+        return tokens[:, p:], past
+
+    def checked_step(self, p: int, index: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
+        """:meth:`first_step` and :meth:`forced_continuation` in one forward pass: the
+        prompt's rest and its answer (right-padded) together, logits kept at the last
+        prompt position and the answer's. Returns ``(last-prompt-position logits
+        [B, vocab] float32, greedy decoding's tokens up to its first wrong one)``. One
+        call with more rows per matrix product instead of two (no hooks act here)."""
+        tokens, past = self._suffix_and_past(p, index)
+        answers = [self.prompts.answer_ids[i] for i in index]
+        width = max(map(len, answers))
+        chunk = torch.tensor([a + [a[-1]] * (width - len(a)) for a in answers], dtype=torch.long, device=self.device)
+        logits = self.hf(torch.cat([tokens, chunk], 1), use_cache=past is not None,
+                         logits_to_keep=width + 1, **cache_kwargs(past)).logits
+        return logits[:, 0].float(), self._until_wrong(logits.argmax(-1).cpu().tolist(), answers)
+
+    @staticmethod
+    def _until_wrong(pred: list[list[int]], answers: list[list[int]]) -> list[list[int]]:
+        """Per row, the predicted tokens up to and including the first one that differs
+        from the answer (all of them and the next one when none does)."""
+        out = []
+        for row, a in zip(pred, answers):
+            wrong = next((j for j, t in enumerate(a) if row[j] != t), len(a))
+            out.append(row[: wrong + 1])
+        return out
+
+    def continue_greedy(self, first: torch.Tensor, past, n_new: int) -> list[list[int]]:
+        """Greedy tokens from the first step's logits ``first`` on: ``n_new`` per row,
+        the first being ``first.argmax(-1)`` (a KV-cached loop; bridge hooks apply)."""
+        nxt = first.argmax(-1)
+        generated = [nxt]
+        for _ in range(n_new - 1):
+            out = self.hf(nxt[:, None].to(self.device), use_cache=True, **cache_kwargs(past))
+            past = output_cache(out)
+            nxt = out.logits[:, -1].argmax(-1)
+            generated.append(nxt)
+        return torch.stack(generated, 1).cpu().tolist()
+
+    def forced_continuation(self, first: torch.Tensor, past, index: list[int]) -> list[list[int]]:
+        """Greedy decoding's tokens up to its first wrong token, from one forward pass.
+
+        Until greedy decoding leaves the answer it feeds the answer's own tokens, so
+        feeding the whole answer at once (teacher forcing; rows right-padded, which a
+        causal model never sees) gives the same argmax at every step: per row the
+        answer's tokens as far as the model predicts them, then the first wrong token,
+        or, when all are right, the token after the answer (does it stop?). One call
+        instead of one per answer token: on the CPU each call reads every weight once.
+        Only for hooks that do not act on the continuation (none, or recording off)."""
+        answers = [self.prompts.answer_ids[i] for i in index]
+        width = max(map(len, answers))
+        chunk = torch.tensor([a + [a[-1]] * (width - len(a)) for a in answers], dtype=torch.long, device=self.device)
+        logits = self.hf(chunk, use_cache=True, logits_to_keep=width, **cache_kwargs(past)).logits
+        pred = torch.cat([first.argmax(-1)[:, None], logits.argmax(-1)], 1).cpu().tolist()
+        return self._until_wrong(pred, answers)
+
+    def n_new(self, index: list[int], extra_tokens: int = 1) -> int:
+        """Greedy steps that spell the longest answer of the batch, plus ``extra_tokens``."""
+        return max(len(self.prompts.answer_ids[i]) for i in index) + extra_tokens
