@@ -27,19 +27,11 @@ from typing import Callable, Iterable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .components import Head, Hook, Neuron
+from .components import Head, Hook, Neuron, post_hook, z_hook
 from .datasets import PromptSet
 from .engine import input_device, last_position_logits
 
 MeanCache = dict[str, dict[int, torch.Tensor]]   # hook name -> prompt length -> mean [pos, ...]
-
-
-def z_hook(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_z"
-
-
-def post_hook(layer: int) -> str:
-    return f"blocks.{layer}.mlp.hook_post"
 
 
 def _by_layer(units: Iterable[tuple[int, int]]) -> dict[int, list[int]]:

@@ -14,3 +14,23 @@ Head = tuple[int, int]
 Neuron = tuple[int, int]
 #: A TransformerLens forward hook: (hook point name, function(activation, hook)).
 Hook = tuple[str, Callable]
+
+
+def z_hook(layer: int) -> str:
+    """The hook of the heads' outputs before W_O (``hook_z``, [B, T, H, d_head])."""
+    return f"blocks.{layer}.attn.hook_z"
+
+
+def post_hook(layer: int) -> str:
+    """The hook of the MLP's hidden units after the activation (``hook_post``, [B, T, d_mlp])."""
+    return f"blocks.{layer}.mlp.hook_post"
+
+
+def mlp_out_hook(layer: int) -> str:
+    """The hook of the MLP's output (``hook_mlp_out``, [B, T, d_model])."""
+    return f"blocks.{layer}.hook_mlp_out"
+
+
+def attn_out_hook(layer: int) -> str:
+    """The hook of the attention block's output (``hook_attn_out``, [B, T, d_model])."""
+    return f"blocks.{layer}.hook_attn_out"

@@ -26,6 +26,7 @@ import torch
 
 from . import datasets as ds
 from . import lens as L
+from . import path_patching as PP
 from . import patching as P
 from . import probing as PR
 from .metrics import relative_logit_change
@@ -152,10 +153,10 @@ def check_path_patch_logit(fn: Callable) -> None:
     """``fn(bridge, tokens, cf_tokens, answer_ids, layer, head)``: the answer-token logit
     [B] under Zhang's path patching of the head at the last position (every other head
     frozen at its clean output, MLPs recomputed); reference
-    :func:`arithlib.patching.path_patch_full`."""
+    :func:`arithlib.path_patching.path_patch_full`."""
     bridge, batch = check_model().bridge, patching_batch()
     comps = [P.Component("head", layer, head) for layer, head in _heads(bridge)]
-    refs = P.path_patch_full(bridge, batch.tokens, batch.cf_tokens, comps, batch.answer_ids).cpu()
+    refs = PP.path_patch_full(bridge, batch.tokens, batch.cf_tokens, comps, batch.answer_ids).cpu()
     act = P.activation_patch_full(bridge, batch.tokens, batch.cf_tokens, comps, position=-1).cpu()
     act = act.gather(2, batch.answer_ids[None, :, None].expand(len(comps), -1, 1)).squeeze(-1)
     for j, (c, ref) in enumerate(zip(comps, refs)):
@@ -170,17 +171,17 @@ def check_path_patch_logit(fn: Callable) -> None:
                                   "clean output (all positions) so the change reaches the logits only through "
                                   "the MLPs and the residual stream") from None
             raise
-    _ok(f"path_patch_logit matches arithlib.patching.path_patch_full on all {len(comps)} heads")
+    _ok(f"path_patch_logit matches arithlib.path_patching.path_patch_full on all {len(comps)} heads")
 
 
 def check_head_effects(fn: Callable) -> None:
     """``fn(bridge, tokens, cf_tokens, answer_ids)``: Zhang's path-patching effect of every
     head, the mean over prompts of the relative logit change, as [n_layers, n_heads];
-    reference :func:`arithlib.patching.path_patching` (the fast path of notebook 01)."""
+    reference :func:`arithlib.path_patching.path_patching` (the fast path of notebook 01)."""
     bridge, batch = check_model().bridge, patching_batch()
-    res = P.path_patching(bridge, batch.prompts, senders=P.head_components(bridge.cfg.n_layers, bridge.cfg.n_heads),
+    res = PP.path_patching(bridge, batch.prompts, senders=P.head_components(bridge.cfg.n_layers, bridge.cfg.n_heads),
                           capture_attention=False, progress=False)
-    means = P.mean_effects(res.effects, [])
+    means = PP.mean_effects(res.effects, [])
     ref = torch.zeros(bridge.cfg.n_layers, bridge.cfg.n_heads)
     for r in means.itertuples():
         ref[int(r.layer), int(r.head)] = float(r.effect)
@@ -188,7 +189,7 @@ def check_head_effects(fn: Callable) -> None:
         mine = _as_tensor(fn(bridge, batch.tokens.clone(), batch.cf_tokens.clone(), batch.answer_ids.clone()),
                           "head_effects")
     _compare(mine, ref, "head_effects")
-    _ok("head_effects matches the path-patching effects of arithlib.patching.path_patching")
+    _ok("head_effects matches the path-patching effects of arithlib.path_patching.path_patching")
 
 
 # --------------------------------------------------------------------------- notebook 02

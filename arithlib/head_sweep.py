@@ -13,7 +13,7 @@ apply. What stays exact and cheaper (:func:`zeroed_head_states`):
   head-ablated prefix's keys and values;
 * all heads of a layer run in one batch (heads x prompts rows).
 
-:func:`arithlib.patching.head_sweep` with ``position=None`` (every position recomputed
+:func:`arithlib.knockouts.head_sweep` with ``position=None`` (every position recomputed
 per prompt) is the reference this is tested equal to, and the baseline of
 ``benchmarks/head_sweep.py``.
 
@@ -51,7 +51,9 @@ from tqdm.auto import tqdm
 from .datasets import PromptSet
 from .fingerprints import fingerprint, model_fingerprint, tensor_fingerprint
 from .engine import cache_layers, common_prefix, decoder_norm, empty_cache, input_device, layer_device, resumable, run_blocks
-from .patching import Component, Edit, Head, Unembed, clean_run, head_sweep, variant_hooks
+from .knockouts import head_sweep
+from .components import Head
+from .patching import Component, Edit, Unembed, clean_run, variant_hooks
 from .stored import Store
 
 #: Rows x positions of one batched pass (heads x prompts x query tokens); bounds memory.
@@ -91,7 +93,7 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
     (:func:`arithlib.engine.resumable`)."""
     if not resumable(model):
         raise ValueError("zeroed_head_states needs a Llama-style model (arithlib.engine.resumable); "
-                         "use arithlib.patching.head_sweep(position=None) for others")
+                         "use arithlib.knockouts.head_sweep(position=None) for others")
     tokens = tokens.to(input_device(model))
     B, T = tokens.shape
     rows = tokens.tolist()

@@ -35,7 +35,8 @@ import torch
 from tqdm.auto import tqdm
 
 from . import neurons as N
-from .ablation import Neuron, mean_neurons_hooks
+from .ablation import mean_neurons_hooks
+from .components import Neuron
 from .datasets import PromptRecord, PromptSet, apply_op, fewshot_prefix, load_json
 
 HEURISTIC_KINDS: tuple[str, ...] = ("operand_range", "operand_mod", "operand_digit", "identical_operands",

@@ -50,7 +50,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .ablation import Hook, Neuron, mean_neurons_hooks, post_hook, stacked_hooks
+from .ablation import mean_neurons_hooks, stacked_hooks
+from .components import Hook, Neuron, post_hook
 from .datasets import PromptSet, single_token_numbers
 from .engine import forward, input_device, last_position_logits, repeat_cache, select_cache_rows, truncate_cache
 from .readout import final_norm, unembedding

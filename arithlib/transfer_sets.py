@@ -25,7 +25,8 @@ import pandas as pd
 import torch
 
 from .datasets import PromptRecord, PromptSet
-from .patching import Head, ablation_edits, run_interventions
+from .components import Head
+from .patching import ablation_edits, run_interventions
 
 DECIMAL_TEMPLATES = {"+": "{A} plus {B} equals to", "-": "{A} minus {B} equals to"}
 #: Solved examples of the few-shot prefix (tenths), as for the integer templates.

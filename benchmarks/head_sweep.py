@@ -2,7 +2,7 @@
 """Benchmark: Yu's head sweep (every head zeroed at every position), the engine of
 :func:`arithlib.head_sweep.exact_head_sweep` against the baseline of one pass per head
 that recomputes every position of every prompt from the head's layer up
-(:func:`arithlib.patching.head_sweep` with ``position=None``), and against one full
+(:func:`arithlib.knockouts.head_sweep` with ``position=None``), and against one full
 forward pass per head (the literal intervention; its time is the baseline pass time x
 n_layers / (n_layers - mean head layer), measured directly on ``--full-heads`` heads).
 
@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 import arithlib.ablation as A  # noqa: E402
 import arithlib.datasets as ds  # noqa: E402
 import arithlib.head_sweep as HS  # noqa: E402
-import arithlib.patching as P  # noqa: E402
+import arithlib.knockouts as KO  # noqa: E402
 from arithlib.evaluate import answer_logits  # noqa: E402
 from arithlib.models import load_model  # noqa: E402
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     fast = HS.exact_head_sweep(b, ps, heads, progress=False)
     t_fast = time.perf_counter() - t
     t = time.perf_counter()
-    base = P.head_sweep(b, ps, heads=heads, position=None, progress=False).sort_values(["layer", "head", "prompt"])
+    base = KO.head_sweep(b, ps, heads=heads, position=None, progress=False).sort_values(["layer", "head", "prompt"])
     t_base = time.perf_counter() - t
     same = bool((fast["correct"].to_numpy() == base["correct"].to_numpy()).all())
     t = time.perf_counter()

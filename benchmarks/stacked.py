@@ -43,6 +43,7 @@ import arithlib.cna as C  # noqa: E402
 import arithlib.datasets as ds  # noqa: E402
 import arithlib.heuristics as H  # noqa: E402
 import arithlib.neurons as N  # noqa: E402
+import arithlib.path_patching as PP  # noqa: E402
 import arithlib.patching as P  # noqa: E402
 import bench_model  # noqa: E402
 import results  # noqa: E402
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         zh = ds.PromptSet.build(ds.zhang_prompts(ops=["+", "-"], n_per_template=4, seed=0, fewshot=2), tok)
         batch = max(zh.batches(16, device), key=lambda x: len(x.index))
         groups = P.prefix_groups(zh, batch.index)
-        spec = P.path_end_captures(cfg.n_layers, attention=True)
+        spec = PP.path_end_captures(cfg.n_layers, attention=True)
         one = roofline.measure(lambda: P.clean_run(b, batch.tokens, spec, share_prefix=False), args.repeats, device)
         many = roofline.measure(lambda: P.grouped_clean_run(b, batch.tokens, groups, spec), args.repeats, device)
         pairs = [(one[2].final, many[2].final)] + ([] if one[2].resid is None else [(one[2].resid, many[2].resid)])

@@ -116,7 +116,11 @@ from IPython.display import Markdown, display
 
 import arithlib.datasets as ds
 import arithlib.head_sweep as HS
+import arithlib.activation_patching as activation_patching
+import arithlib.knockouts as knockouts
 import arithlib.patching as patching
+import arithlib.path_patching as path_patching
+import arithlib.positions as positions
 import arithlib.plots.heads as plots
 import arithlib.transfer_sets as TS
 from arithlib.ablation import mean_activations
@@ -198,7 +202,7 @@ with timed("1 path patching"):
                model=bridge, prompts=cand, batch_size=batch_size)
     ok = ev["correct_full"].to_numpy() & (ev["answer_logit"].to_numpy() > 0)
     correct = cand.subset([i for i, good in enumerate(ok) if good])
-    xr = patching.sample_per_group(correct, zhang_per_op, ("op",), seed) if len(correct) else correct
+    xr = positions.sample_per_group(correct, zhang_per_op, ("op",), seed) if len(correct) else correct
     zhang_acc = accuracy(ev, ["op"])
     save_table(zhang_acc, run.out, "01_zhang_accuracy")
     print(f"{len(cand)} candidates, {len(correct)} answered correctly, {len(xr)} used for path patching")
@@ -211,20 +215,20 @@ with timed("1 path patching"):
                   ds.zhang_prompts(ops, (1, 9), zhang_per_template, seed, fewshot, xc_prefix="true-answers")}
         xr_old = ds.PromptSet.build([replace(r, counterfactual=old_cf[key_of(r)]) for r in xr.records], tok)
         xc_rates = store("X_c answer rates", lambda: pd.concat(
-            [patching.answer_rate_table(patching.counterfactual_answer_rate(bridge, s, seed, batch_size)).assign(xc_prefix=name)
+            [knockouts.answer_rate_table(knockouts.counterfactual_answer_rate(bridge, s, seed, batch_size)).assign(xc_prefix=name)
              for name, s in (("no-operation", xr), ("true-answers", xr_old))], ignore_index=True),
-            code=["patching"], model=bridge, prompts=[xr, xr_old], seed=seed, batch_size=batch_size)
+            code=["knockouts"], model=bridge, prompts=[xr, xr_old], seed=seed, batch_size=batch_size)
         save_table(xc_rates, run.out, "01_xc_answer_rate")
-        pp = store("path patching", lambda: patching.path_patching(bridge, xr, batch_size=batch_size, cache=xr_cache),
-                   code=["patching"], model=bridge, prompts=xr, batch_size=batch_size)
+        pp = store("path patching", lambda: path_patching.path_patching(bridge, xr, batch_size=batch_size, cache=xr_cache),
+                   code=["path_patching"], model=bridge, prompts=xr, batch_size=batch_size)
 display(zhang_acc)
 if has_zhang:
     display(xc_rates)
 
 # %%
 if has_zhang:
-    by_op = patching.mean_effects(pp.effects, ["op"])
-    pooled = patching.mean_effects(pp.effects, []).assign(op="all")
+    by_op = path_patching.mean_effects(pp.effects, ["op"])
+    pooled = path_patching.mean_effects(pp.effects, []).assign(op="all")
     effects = pd.concat([by_op, pooled], ignore_index=True)
     save_table(effects, run.out, "01_path_patching")
     save_table(pp.effects, run.out, "01_path_patching_per_prompt")
@@ -232,8 +236,8 @@ if has_zhang:
     fig = plots.effect_heatmaps(effects, L, H, panels=panels, threshold=key_threshold,
                              title=f"{model}: path patching at END (n = {len(xr)} prompts)")
     save_figure(fig, run.out, "01_path_patching")
-    key = patching.key_heads(pooled, key_threshold)
-    key_by_op = {o: patching.key_heads(by_op[by_op.op == o], key_threshold) for o in panels[:-1]}
+    key = path_patching.key_heads(pooled, key_threshold)
+    key_by_op = {o: path_patching.key_heads(by_op[by_op.op == o], key_threshold) for o in panels[:-1]}
     key_table = pd.concat([key.assign(op="all")] + [k.assign(op=o) for o, k in key_by_op.items()], ignore_index=True)
     save_table(key_table, run.out, "01_key_heads")
     mlp_effects = pooled[pooled.kind == "mlp"].sort_values("effect")
@@ -274,16 +278,16 @@ if has_zhang:
         ranking = [(int(r.layer), int(r.head)) for r in pooled[pooled.kind == "head"].sort_values("effect").itertuples()]
         K = min(knockout_k, N_HEADS // 2)  # cap (tiny models): as many other heads must remain for the random control
         ks = [0] + [k for k in knockout_ks if k <= N_HEADS]
-        ko_args = dict(code=["patching"], model=bridge, prompts=xr, batch_size=batch_size, max_rows=max_rows)
-        curves = store("knockout curves", lambda: patching.knockout_curves(
+        ko_args = dict(code=["knockouts"], model=bridge, prompts=xr, batch_size=batch_size, max_rows=max_rows)
+        curves = store("knockout curves", lambda: knockouts.knockout_curves(
             bridge, xr, ranking, ks, pp.end_means(), n_random_orders, seed, batch_size=batch_size, max_rows=max_rows,
             cache=xr_cache), ranking=ranking, ks=ks, means=pp.end_means(), n_random=n_random_orders, seed=seed, **ko_args)
         ko_sets = {"effect": ranking[:K],
-                   **{name: order[:K] for name, order in patching.random_orders(L, H, n_random_orders, seed).items()}}
-        ko_query = store("knockout at every query position", lambda: patching.knockout_per_prompt(
+                   **{name: order[:K] for name, order in knockouts.random_orders(L, H, n_random_orders, seed).items()}}
+        ko_query = store("knockout at every query position", lambda: knockouts.knockout_per_prompt(
             bridge, xr, ko_sets, pp.cf_means, position=None, batch_size=batch_size, max_rows=max_rows, cache=xr_cache),
             sets=ko_sets, means=pp.cf_means, **ko_args)
-        ko_end = store("knockout at END", lambda: patching.knockout_per_prompt(
+        ko_end = store("knockout at END", lambda: knockouts.knockout_per_prompt(
             bridge, xr, ko_sets, pp.end_means(), position=-1, batch_size=batch_size, max_rows=max_rows, cache=xr_cache),
             sets=ko_sets, means=pp.end_means(), **ko_args)
     del xr_cache
@@ -291,7 +295,7 @@ if has_zhang:
     ko_per_prompt = pd.concat([ko_query, ko_end], ignore_index=True)
     save_table(ko_per_prompt, run.out, "01_knockout_per_prompt")
     # the END-only screen against the judged knockout at k = K, per condition
-    ko_screen = patching.knockout_screen_agreement(ko_query, ko_end)
+    ko_screen = knockouts.knockout_screen_agreement(ko_query, ko_end)
     save_table(ko_screen, run.out, "01_knockout_screen")
     fig = plots.knockout_plot(curves[curves.group == "all"], title=f"{model}: knockout at END, {len(xr)} prompts")
     save_figure(fig, run.out, "01_knockout")
@@ -348,7 +352,7 @@ if has_zhang:
 # The END query's attention (clean runs of section 1) summed over the tokens of operand A,
 # operand B, the operator (located from the tokenizer's offsets in the final query line),
 # the rest of the query and the few-shot prefix, averaged over prompts (per operator, then
-# over operators). For the head type (`arithlib.patching.classify_heads`) the five classes
+# over operators). For the head type (`arithlib.positions.classify_heads`) the five classes
 # are merged into three: the operands (A + B), the operator, and everything else (rest of
 # the query + prefix). A head is an *operand head*, an *operator head* or *other* by which
 # of the three gets the largest mean attention (after Zhang Sec. 4.2: "the type of token
@@ -358,9 +362,9 @@ if has_zhang:
 # %%
 if has_zhang:
     with timed("4 attention"):
-        located = patching.locate_operands(xr)
-        attn = patching.attention_by_class(pp.attention, located, xr)
-        types = patching.classify_heads(attn)
+        located = positions.locate_operands(xr)
+        attn = positions.attention_by_class(pp.attention, located, xr)
+        types = positions.classify_heads(attn)
     show = ranking[: max(len(key), 10)]
     head_attn = types.set_index(["layer", "head"]).loc[show].reset_index()
     head_attn = head_attn.merge(pooled[pooled.kind == "head"][["layer", "head", "effect"]], on=["layer", "head"])
@@ -521,18 +525,18 @@ with timed("6 circuit patching"):
                                                     seed=seed, fewshot=fewshot), tok)
     nk_ev = evaluate(bridge, nk_all, batch_size=batch_size)
     nk_ok = nk_all.subset([i for i, good in enumerate(nk_ev["correct_full"]) if good])
-    nk = patching.sample_per_group(nk_ok, nikankin_per_op, ("op",), seed) if len(nk_ok) else nk_ok
+    nk = positions.sample_per_group(nk_ok, nikankin_per_op, ("op",), seed) if len(nk_ok) else nk_ok
     print(f"max operand {max_operand}; {len(nk_all)} candidates, {len(nk_ok)} correct, {len(nk)} used")
     has_nk = len(nk) > 0
     if has_nk:
         names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
-        pos = patching.named_positions(patching.locate_operands(nk), names)
+        pos = positions.named_positions(positions.locate_operands(nk), names)
         nk_cache = patching.RunCache()
-        nk_args = dict(code=["patching"], model=bridge, prompts=nk, positions=pos, batch_size=batch_size, max_rows=max_rows)
-        ie_all = store("coarse-to-fine patching", lambda: patching.coarse_to_fine_patching(
+        nk_args = dict(code=["activation_patching"], model=bridge, prompts=nk, positions=pos, batch_size=batch_size, max_rows=max_rows)
+        ie_all = store("coarse-to-fine patching", lambda: activation_patching.coarse_to_fine_patching(
             bridge, nk, pos, nikankin_refine, batch_size=batch_size, max_rows=max_rows, cache=nk_cache),
             refine=nikankin_refine, **nk_args)
-        ie_mean = patching.summarise_indirect_effects(ie_all)
+        ie_mean = activation_patching.summarise_indirect_effects(ie_all)
         save_table(ie_all.groupby(["op", "position", "component", "kind", "layer", "head"])["ie"].median().reset_index(),
                    run.out, "01_nikankin_patching_by_op")
         save_table(ie_mean, run.out, "01_nikankin_patching")
@@ -541,13 +545,13 @@ with timed("6 circuit patching"):
         rec_index = [i for op in ops for i in [j for j, r in enumerate(nk.records) if r.op == op][:nikankin_recall_per_op]]
         rec = nk.subset(rec_index)
         # every head at op1/operator/op2 exactly; at "=" the screen already patched every head (same function)
-        exact_ie = store("exact activation patching", lambda: patching.activation_patching(
+        exact_ie = store("exact activation patching", lambda: activation_patching.activation_patching(
             bridge, rec, patching.head_components(L, H), {n: [pos[n][i] for i in rec_index] for n in pos if n != "="},
             batch_size=batch_size, max_rows=max_rows), rec_index=rec_index, **nk_args)
         exact_ie["prompt"] = [rec_index[i] for i in exact_ie["prompt"]]
         exact_ie = pd.concat([exact_ie, ie_all[ie_all.prompt.isin(rec_index) & (ie_all.kind == "head")
                                               & (ie_all.position == "=")]], ignore_index=True)
-        recall = patching.screen_recall(ie_all[ie_all.prompt.isin(rec_index)], exact_ie, [1, 2, 4, 8, 16, 32, 64])
+        recall = activation_patching.screen_recall(ie_all[ie_all.prompt.isin(rec_index)], exact_ie, [1, 2, 4, 8, 16, 32, 64])
         save_table(recall, run.out, "01_nikankin_screen_recall")
         display(recall)
 if has_nk:
@@ -563,20 +567,20 @@ if has_nk:
     with timed("6 circuit faithfulness"):
         comps_all = patching.heads_and_mlps(bridge)
         means_nk = mean_activations(bridge, nk, sorted({c.hook_name for c in comps_all}))
-        ranked_pairs = patching.ranked_head_positions(ie_mean)
-        circuits = patching.head_count_circuits(ranked_pairs, L, names.values(), faithfulness_ks)
-        faith = patching.circuit_faithfulness(bridge, nk, circuits, pos, means_nk, comps_all,
+        ranked_pairs = activation_patching.ranked_head_positions(ie_mean)
+        circuits = activation_patching.head_count_circuits(ranked_pairs, L, names.values(), faithfulness_ks)
+        faith = activation_patching.circuit_faithfulness(bridge, nk, circuits, pos, means_nk, comps_all,
                                        batch_size=batch_size, max_rows=max_rows, cache=nk_cache)
         del nk_cache
-    faith["k"] = patching.circuit_head_counts(faith)
+    faith["k"] = activation_patching.circuit_head_counts(faith)
     save_table(faith, run.out, "01_nikankin_faithfulness")
     curve = faith.dropna(subset=["k"]).assign(curve="all MLPs + top-k heads")
     fig = plots.faithfulness_plot(curve, title=f"{model}: circuit faithfulness (n = {len(nk)})", target=faithfulness_target)
     save_figure(fig, run.out, "01_nikankin_faithfulness")
-    heads_needed = patching.heads_needed(faith, faithfulness_target)
+    heads_needed = activation_patching.heads_needed(faith, faithfulness_target)
     circuit_heads = [f"{c.label}@{n}" for c, n in ranked_pairs[: heads_needed or 0]]
     k_stable = heads_needed or 10
-    stability = patching.split_half_agreement(ie_all, k_stable, nikankin_splits, seed)
+    stability = activation_patching.split_half_agreement(ie_all, k_stable, nikankin_splits, seed)
     save_table(stability, run.out, "01_nikankin_stability")
     print(f"split-half agreement of the top-{k_stable} head set: mean Jaccard {stability.jaccard.mean():.2f} "
           f"(min {stability.jaccard.min():.2f}, {nikankin_splits} splits of {len(nk)} prompts)")

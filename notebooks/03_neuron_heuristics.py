@@ -52,7 +52,7 @@
 #    picks the circuit size used for the heuristics; the verdict reads the next point.
 # 3b. *Full-circuit faithfulness* (what the paper measures). Circuit = the heads of largest
 #    activation-patching indirect effect (per position op1 / operator / op2 / "=", Nikankin
-#    Sec. 2; `arithlib.patching.coarse_to_fine_patching` on Nikankin prompts, as notebook
+#    Sec. 2; `arithlib.activation_patching.coarse_to_fine_patching` on Nikankin prompts, as notebook
 #    01) + the top neurons (about 1 % of each analysed MLP, the paper's size) at "="; every
 #    head and every MLP neuron outside it is mean-ablated at the four positions. Heads and
 #    neurons are chosen on selection prompts; F is scored on **held-out** grid prompts with
@@ -112,7 +112,9 @@ from IPython.display import Markdown, display
 import arithlib.datasets as ds
 import arithlib.heuristics as H
 import arithlib.neurons as N
+import arithlib.activation_patching as activation_patching
 import arithlib.patching as patching
+import arithlib.positions as positions
 import arithlib.stats as S
 import arithlib.plots.neurons as plots
 from arithlib.outputs import save_figure, save_table
@@ -244,7 +246,7 @@ fig = plots.attribution_check_plot(check, f"{model}, operator {check_op}: attrib
 save_figure(fig, run.out, "03_attribution_check")
 attr_corr = float(np.corrcoef(check.attribution, check.exact_effect)[0, 1]) if len(check) > 2 else float("nan")
 check["screen_score"] = [float(an.scores[pos[l], k]) for l, k in check_neurons]  # mean |attribution|
-attr_recall = patching.topk_recall(check.screen_score, check.abs_effect, len(check) // 2)
+attr_recall = activation_patching.topk_recall(check.screen_score, check.abs_effect, len(check) // 2)
 top_exact = check[check.chosen == "top"].abs_effect
 missed_random = int((check[check.chosen == "random"].abs_effect > top_exact.min()).sum()) if len(top_exact) else 0
 save_table(check, run.out, "03_attribution_check")
@@ -308,13 +310,13 @@ for op in analyses:
                                 fewshot=fewshot)
 cand = ds.PromptSet.build([r for r in cand if (r.op, r.a, r.b) not in held_keys], tok)
 cand_ok = cand.subset(np.flatnonzero(N.AnswerPositionRunner(bridge, cand, batch_size=batch_size).greedy_correct()).tolist())
-sel = patching.sample_per_group(cand_ok, circuit_select_per_op, ("op",), seed) if len(cand_ok) else cand_ok
+sel = positions.sample_per_group(cand_ok, circuit_select_per_op, ("op",), seed) if len(cand_ok) else cand_ok
 print(f"head patching: {len(cand)} candidate prompts (held-out ones removed), {len(cand_ok)} correct, {len(sel)} used")
 if not len(sel):
     raise RuntimeError("no correct Nikankin prompt to rank the heads on")
-sel_pos = patching.named_positions(patching.locate_operands(sel), names)
-ie_sel = patching.coarse_to_fine_patching(bridge, sel, sel_pos, circuit_refine, batch_size=16)
-ranked_heads = patching.ranked_head_positions(patching.summarise_indirect_effects(ie_sel))
+sel_pos = positions.named_positions(positions.locate_operands(sel), names)
+ie_sel = activation_patching.coarse_to_fine_patching(bridge, sel, sel_pos, circuit_refine, batch_size=16)
+ranked_heads = activation_patching.ranked_head_positions(activation_patching.summarise_indirect_effects(ie_sel))
 hooks = sorted({c.hook_name for c in patching.heads_and_mlps(bridge)} | {N.post_hook(l) for l in layers})
 circuit_means = mean_activations(bridge, ds.PromptSet.build(ref_records + list(sel.records), tok), hooks)
 k_full = max(1, int(round(NIKANKIN_NEURON_SHARE * info.d_mlp)))
@@ -326,10 +328,10 @@ for op in analyses:
     if not len(sel_op):
         continue
     circuits = {f"h={k}": (ranked_heads[:k], full_neurons[op]) for k in head_ks}
-    sel_rows.append(patching.full_circuit_faithfulness(bridge, sel_op, circuits, patching.named_positions(patching.locate_operands(sel_op), names),
+    sel_rows.append(activation_patching.full_circuit_faithfulness(bridge, sel_op, circuits, positions.named_positions(positions.locate_operands(sel_op), names),
                                                  circuit_means, layers, progress=False))
 sel_rows = pd.concat(sel_rows, ignore_index=True)
-head_curve = pd.DataFrame([{"op": op, "n_heads": k, "faithfulness": patching.faithfulness_from_prompts(g, f"h={k}")}
+head_curve = pd.DataFrame([{"op": op, "n_heads": k, "faithfulness": activation_patching.faithfulness_from_prompts(g, f"h={k}")}
                            for op, g in sel_rows.groupby("op") for k in head_ks])
 by_k = head_curve.groupby("n_heads").faithfulness.mean()
 reach = by_k[by_k >= FAITHFULNESS_TARGET]
@@ -340,18 +342,18 @@ for op, an in analyses.items():
     if not an.heldout_index:
         continue
     held = an.grid.subset(an.heldout_index)
-    fr = patching.full_circuit_faithfulness(bridge, held, {"circuit": (ranked_heads[:n_circuit_heads], full_neurons[op])},
-                                      patching.named_positions(patching.locate_operands(held), names), circuit_means, layers,
+    fr = activation_patching.full_circuit_faithfulness(bridge, held, {"circuit": (ranked_heads[:n_circuit_heads], full_neurons[op])},
+                                      positions.named_positions(positions.locate_operands(held), names), circuit_means, layers,
                                       progress=False)
     held_rows.append(fr.assign(prompt=[an.heldout_index[i] for i in fr.prompt]))
 held_rows = pd.concat(held_rows, ignore_index=True)
 save_table(held_rows, run.out, "03_circuit_faithfulness_prompts")
 wide = held_rows.pivot_table(index=["op", "prompt"], columns="circuit", values="normalized_logit")
 op_codes = pd.factorize(wide.index.get_level_values("op"))[0]
-full_ci = S.bootstrap_ci(patching.faithfulness_by_operator, wide["circuit"].to_numpy(), wide["full"].to_numpy(), wide["ablated"].to_numpy(),
+full_ci = S.bootstrap_ci(activation_patching.faithfulness_by_operator, wide["circuit"].to_numpy(), wide["full"].to_numpy(), wide["ablated"].to_numpy(),
                          op_codes, groups=op_codes)
 circuit_summary = pd.DataFrame(
-    [{"op": op, "faithfulness": patching.faithfulness_from_prompts(g, "circuit"),
+    [{"op": op, "faithfulness": activation_patching.faithfulness_from_prompts(g, "circuit"),
       "accuracy": g[g.circuit == "circuit"].correct.mean(), "n_heldout": g.prompt.nunique()}
      for op, g in held_rows.groupby("op")]
     + [{"op": "all", "faithfulness": full_ci.estimate, "low": full_ci.low, "high": full_ci.high,

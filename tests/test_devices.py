@@ -20,6 +20,7 @@ import torch
 
 import arithlib.ablation as A
 import arithlib.datasets as ds
+import arithlib.activation_patching as AP
 import arithlib.patching as P
 from arithlib import cna as C
 from arithlib import head_sweep as HS
@@ -236,8 +237,8 @@ def test_bf16_patching_effects_match_fp32(both):
     fp32, bf16, ps = both
     sub = ps.subset(range(0, len(ps), 8))
     comps = P.heads_and_mlps(fp32.bridge)
-    fa = P.activation_patching(fp32.bridge, sub, comps, progress=False)
-    fb = P.activation_patching(bf16.bridge, sub, comps, progress=False)
+    fa = AP.activation_patching(fp32.bridge, sub, comps, progress=False)
+    fb = AP.activation_patching(bf16.bridge, sub, comps, progress=False)
     ma, mb = fa.groupby("component")["ie"].mean(), fb.groupby("component")["ie"].mean()
     assert np.corrcoef(ma, mb[ma.index])[0, 1] >= 0.97
     assert len(set(ma.nlargest(5).index) & set(mb.nlargest(5).index)) >= 4

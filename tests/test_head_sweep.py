@@ -12,6 +12,7 @@ import torch
 import arithlib.ablation as A
 import arithlib.datasets as ds
 import arithlib.head_sweep as HS
+import arithlib.knockouts as KO
 import arithlib.patching as P
 from arithlib.evaluate import answer_logits
 from arithlib.models import load_model, random_model_dir
@@ -64,7 +65,7 @@ def test_exact_sweep_equals_reference_and_accuracy(toy):
     ps = ds.PromptSet.build(recs, toy.tokenizer)
     heads = [(0, 0), (1, 2), (b.cfg.n_layers - 1, 1)]
     fast = HS.exact_head_sweep(b, ps, heads, progress=False)
-    ref = P.head_sweep(b, ps, heads=heads, position=None, progress=False).sort_values(["layer", "head", "prompt"])
+    ref = KO.head_sweep(b, ps, heads=heads, position=None, progress=False).sort_values(["layer", "head", "prompt"])
     assert (fast["correct"].to_numpy() == ref["correct"].to_numpy()).all()
     assert (fast["clean_correct"].to_numpy() == ref["clean_correct"].to_numpy()).all()
     layer, head = heads[1]

@@ -17,6 +17,10 @@ import transformer_lens.patching as tlp
 
 import arithlib.ablation as A
 import arithlib.datasets as ds
+import arithlib.activation_patching as AP
+import arithlib.knockouts as KO
+import arithlib.path_patching as PP
+import arithlib.positions as POS
 import arithlib.patching as P
 from arithlib.evaluate import answer_logits
 from arithlib.models import load_model, random_model_dir
@@ -194,12 +198,12 @@ def test_path_patching_fast_equals_full(tiny):
     clean, cf = _pair(tiny.info.d_vocab, seed=3)
     answers = torch.tensor([5, 6, 7])
     senders = P.heads_and_mlps(b)
-    full = P.path_patch_full(b, clean, cf, senders, answers)
+    full = PP.path_patch_full(b, clean, cf, senders, answers)
     n = b.cfg.n_layers
-    crun = P.clean_run(b, clean, P.path_end_captures(n))
+    crun = P.clean_run(b, clean, PP.path_end_captures(n))
     frun = P.clean_run(b, cf, [f"blocks.{l}.attn.hook_z" for l in range(n)] + [f"blocks.{l}.hook_mlp_out" for l in range(n)])
     cf_end = {k: v[:, -1] for k, v in frun.captured.items()}
-    fast = P.path_patch_answer(b, crun, crun.captured, cf_end, senders, answers)
+    fast = PP.path_patch_answer(b, crun, crun.captured, cf_end, senders, answers)
     assert (full - full[:1]).abs().max() > 1e-4
     torch.testing.assert_close(fast, full, atol=TOL, rtol=0)
 
@@ -211,8 +215,8 @@ def test_path_patching_prompt_sets_pool_lengths(tiny):
     ps = (ds.PromptSet.build(ds.zhang_prompts(ops=["+"], n_per_template=3, fewshot=1, templates=[0]), tiny.tokenizer)
           + ds.PromptSet.build(ds.zhang_prompts(ops=["-"], n_per_template=2, fewshot=2, templates=[0]), tiny.tokenizer))
     assert len(ps.length_groups()) > 1
-    fast = P.path_patching(b, ps, batch_size=4, progress=False)
-    full = P.path_patching(b, ps, method="full", batch_size=4, progress=False, capture_attention=False)
+    fast = PP.path_patching(b, ps, batch_size=4, progress=False)
+    full = PP.path_patching(b, ps, method="full", batch_size=4, progress=False, capture_attention=False)
     diff = (fast.effects["patched_logit"] - full.effects["patched_logit"]).abs().max()
     assert diff < TOL
     assert len(fast.attention) == len(ps) and sum(fast.cf_counts.values()) == len(ps)
@@ -226,7 +230,7 @@ def test_stored_path_patching_attention_holds_only_its_own_prompt(tiny):
 
     b = tiny.bridge
     ps = ds.PromptSet.build(ds.zhang_prompts(ops=["+"], n_per_template=8, fewshot=1, templates=[0]), tiny.tokenizer)
-    res = P.path_patching(b, ps, batch_size=8, progress=False)
+    res = PP.path_patching(b, ps, batch_size=8, progress=False)
     own = sum(t.numel() * t.element_size() for t in res.attention.values())
     assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in res.attention.values())
     assert len(pickle.dumps(res.attention)) < 2 * own + 20_000
@@ -241,7 +245,7 @@ def test_path_patching_freezes_other_heads(tiny):
     answers = torch.tensor([5, 6, 7])
     last = b.cfg.n_layers - 1
     senders = [P.Component("head", last, h) for h in range(b.cfg.n_heads)]
-    pp = P.path_patch_full(b, clean, cf, senders, answers)
+    pp = PP.path_patch_full(b, clean, cf, senders, answers)
     ap = P.activation_patch_full(b, clean, cf, senders, position=-1).gather(-1, answers.expand(len(senders), -1)[..., None])[..., 0]
     torch.testing.assert_close(pp, ap, atol=TOL, rtol=0)
 
@@ -312,15 +316,15 @@ def _toy_set(toy, n=6, seed=0):
 def test_toy_path_patching_and_activation_patching(toy):
     b = toy.bridge
     ps = _toy_set(toy)
-    res_fast = P.path_patching(b, ps, method="fast", batch_size=8, progress=False)
-    res_full = P.path_patching(b, ps, method="full", batch_size=8, progress=False, capture_attention=False)
+    res_fast = PP.path_patching(b, ps, method="fast", batch_size=8, progress=False)
+    res_full = PP.path_patching(b, ps, method="full", batch_size=8, progress=False, capture_attention=False)
     assert len(res_fast.effects) == len(ps) * (b.cfg.n_layers * (b.cfg.n_heads + 1))
     diff = (res_fast.effects["patched_logit"] - res_full.effects["patched_logit"]).abs().max()
     assert diff < TOL
     assert res_fast.effects["effect"].abs().max() > 1e-3
-    means = P.mean_effects(res_fast.effects, by=["op"])
+    means = PP.mean_effects(res_fast.effects, by=["op"])
     assert set(means["op"]) == {"+", "-"} and (means["n"] == len(ps) // 2).all()
-    kh = P.key_heads(P.mean_effects(res_fast.effects, by=[]))
+    kh = PP.key_heads(PP.mean_effects(res_fast.effects, by=[]))
     assert (kh["effect"] < -0.05).all() and kh["effect"].is_monotonic_increasing
     em = res_fast.end_means()
     assert set(em) == set(range(b.cfg.n_layers)) and em[0].shape == (b.cfg.n_heads, b.cfg.d_head)
@@ -340,8 +344,8 @@ def test_toy_path_patching_and_activation_patching(toy):
 def test_toy_head_sweep_knockout_and_faithfulness(toy):
     b = toy.bridge
     ps = _toy_set(toy, n=5)
-    sweep = P.head_sweep(b, ps, position=-1, progress=False)
-    acc = P.sweep_accuracy(sweep)
+    sweep = KO.head_sweep(b, ps, position=-1, progress=False)
+    acc = KO.sweep_accuracy(sweep)
     assert len(acc) == 2 * b.cfg.n_layers * b.cfg.n_heads
     assert ((acc["baseline_accuracy"] - acc["accuracy"] - acc["accuracy_drop"]).abs() < 1e-9).all()
     # the fast screen equals zeroing the head with a full forward at the answer position
@@ -351,36 +355,36 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
     ref = (lg.argmax(-1) == ps.first_answer_ids).numpy()
     got = sweep[(sweep["layer"] == layer) & (sweep["head"] == head)].sort_values("prompt")["correct"].to_numpy()
     assert (ref == got).all()
-    exact = P.head_sweep(b, ps, heads=[(layer, head)], position=None, progress=False)
+    exact = KO.head_sweep(b, ps, heads=[(layer, head)], position=None, progress=False)
     with torch.no_grad(), b.hooks(fwd_hooks=A.zero_heads_hooks([(layer, head)])):
         lg = answer_logits(b, ps)
     assert ((lg.argmax(-1) == ps.first_answer_ids).numpy() == exact.sort_values("prompt")["correct"].to_numpy()).all()
-    res = P.path_patching(b, ps, progress=False, capture_attention=False)
-    ranking = [(int(r.layer), int(r.head)) for r in P.mean_effects(res.effects, by=[]).query("kind == 'head'")
+    res = PP.path_patching(b, ps, progress=False, capture_attention=False)
+    ranking = [(int(r.layer), int(r.head)) for r in PP.mean_effects(res.effects, by=[]).query("kind == 'head'")
                .sort_values("effect").itertuples()]
-    curves = P.knockout_curves(b, ps, ranking, [0, 2, 16], res.end_means(), n_random=2, seed=0, progress=False)
+    curves = KO.knockout_curves(b, ps, ranking, [0, 2, 16], res.end_means(), n_random=2, seed=0, progress=False)
     assert set(curves["order_name"]) == {"effect", "random0", "random1"}
     assert set(curves["group"]) == {"all", "+", "-"}
     assert curves.loc[curves.k == 0, "accuracy"].nunique() <= 3
     # every-position knockout equals arithlib.ablation's mean hooks with a full forward
-    allpos = P.knockout_curves(b, ps, ranking, [3], res.cf_means, n_random=0, position=None, progress=False)
+    allpos = KO.knockout_curves(b, ps, ranking, [3], res.cf_means, n_random=0, position=None, progress=False)
     with torch.no_grad(), b.hooks(fwd_hooks=A.mean_heads_hooks(ranking[:3], res.cf_means)):
         lg = answer_logits(b, ps)
     ref_acc = float((lg.argmax(-1) == ps.first_answer_ids).float().mean())
     assert allpos.query("group == 'all'")["accuracy"].item() == pytest.approx(ref_acc)
-    again = P.knockout_curves(b, ps, ranking, [0, 2, 16], res.end_means(), n_random=2, seed=0, progress=False)
+    again = KO.knockout_curves(b, ps, ranking, [0, 2, 16], res.end_means(), n_random=2, seed=0, progress=False)
     pd.testing.assert_frame_equal(curves, again)
     # the per-prompt knockout (the table the report judges) agrees with the curves and the hooks
-    orders = P.random_orders(b.cfg.n_layers, b.cfg.n_heads, 2, seed=0)
+    orders = KO.random_orders(b.cfg.n_layers, b.cfg.n_heads, 2, seed=0)
     sets = {"effect": ranking[:3], "random0": orders["random0"][:3]}
-    per = P.knockout_per_prompt(b, ps, sets, res.cf_means, position=None, query_only=False, progress=False)
+    per = KO.knockout_per_prompt(b, ps, sets, res.cf_means, position=None, query_only=False, progress=False)
     assert set(per["condition"]) == {"none", "effect", "random0"} and set(per["position"]) == {"every"}
     assert per.query("condition == 'effect'")["correct"].mean() == pytest.approx(ref_acc)
     assert per.query("condition == 'none'")["n_heads"].eq(0).all() and per.query("condition == 'effect'")["n_heads"].eq(3).all()
     # the judged knockout leaves the few-shot prefix intact: edits from the query's first token on
-    starts = P.query_starts(ps)
+    starts = KO.query_starts(ps)
     assert all(0 < s0 < len(ids) - 1 for s0, ids in zip(starts, ps.input_ids))
-    query = P.knockout_per_prompt(b, ps, sets, res.cf_means, position=None, progress=False)
+    query = KO.knockout_per_prompt(b, ps, sets, res.cf_means, position=None, progress=False)
     assert set(query["position"]) == {"query"}
     expected = {}
     for s0 in sorted(set(starts)):  # reference: full forwards with hooks that set z[:, s0:, h] to its X_c mean
@@ -397,13 +401,13 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
         expected.update(zip(rows, (lg.argmax(-1) == sub.first_answer_ids).tolist()))
     got = query.query("condition == 'effect'").set_index("prompt")["correct"]
     assert all(bool(got[i]) == c for i, c in expected.items())
-    end = P.knockout_per_prompt(b, ps, {"random0": orders["random0"][:2]}, res.end_means(), position=-1, progress=False)
+    end = KO.knockout_per_prompt(b, ps, {"random0": orders["random0"][:2]}, res.end_means(), position=-1, progress=False)
     assert end.query("condition == 'random0'")["correct"].mean() == pytest.approx(
         curves.query("order_name == 'random0' and k == 2 and group == 'all'")["accuracy"].item())
     # how often X_c still gives C, against the decoy reference, with binomial intervals
-    rates = P.counterfactual_answer_rate(b, ps, seed=0)
+    rates = KO.counterfactual_answer_rate(b, ps, seed=0)
     assert len(rates) == len(ps) and rates["decoy"].ne(rates["answer"]).all()
-    table = P.answer_rate_table(rates)
+    table = KO.answer_rate_table(rates)
     row = table.set_index("op").loc["all"]
     assert row["n"] == len(ps) and row["answer_rate_low"] <= row["answer_rate"] <= row["answer_rate_high"]
     xc_only = ds.PromptSet([ps.records[0]], [ps.cf_input_ids[0]], [ps.answer_ids[0]], [None], ps.tokenizer)
@@ -411,11 +415,11 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
     assert bool(rates.loc[0, "answer_on_xc"]) == (top == ps.answer_ids[0][0])
     # faithfulness: full model 1, fully ablated 0, all components kept 1
     nk = ds.PromptSet.build(ds.nikankin_prompts(["+", "-"], max_operand=20, n_per_op=6, fewshot=2), toy.tokenizer)
-    pos = P.named_positions(P.locate_operands(nk))
+    pos = POS.named_positions(POS.locate_operands(nk))
     comps = P.heads_and_mlps(b)
     means = A.mean_activations(b, nk, sorted({c.hook_name for c in comps}))
     everything = {(c, n) for c in comps for n in pos}
-    f = P.circuit_faithfulness(b, nk, {"everything": everything, "nothing": set()}, pos, means, progress=False)
+    f = AP.circuit_faithfulness(b, nk, {"everything": everything, "nothing": set()}, pos, means, progress=False)
     f = f.set_index("circuit")
     assert f.loc["full", "faithfulness"] == pytest.approx(1) and f.loc["ablated", "faithfulness"] == pytest.approx(0)
     assert f.loc["everything", "faithfulness"] == pytest.approx(1, abs=1e-4)
@@ -444,9 +448,9 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
 def test_toy_activation_patching_per_position(toy):
     b = toy.bridge
     nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=4, fewshot=2), toy.tokenizer)
-    pos = P.named_positions(P.locate_operands(nk), {"A": "op1", "operator": "operator", "B": "op2", "last": "="})
+    pos = POS.named_positions(POS.locate_operands(nk), {"A": "op1", "operator": "operator", "B": "op2", "last": "="})
     comps = P.heads_and_mlps(b)
-    frame = P.activation_patching(b, nk, comps, pos, progress=False)
+    frame = AP.activation_patching(b, nk, comps, pos, progress=False)
     assert len(frame) == len(nk) * len(comps) * 4
     assert set(frame["position"]) == {"op1", "operator", "op2", "="}
     # the fast path at op1 equals a full forward patch there
@@ -466,8 +470,8 @@ def test_toy_coarse_to_fine_patching_and_head_circuits(toy):
     b = toy.bridge
     nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=4, fewshot=2), toy.tokenizer)
     names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
-    pos = P.named_positions(P.locate_operands(nk), names)
-    ie = P.coarse_to_fine_patching(b, nk, pos, refine=1)
+    pos = POS.named_positions(POS.locate_operands(nk), names)
+    ie = AP.coarse_to_fine_patching(b, nk, pos, refine=1)
     L, H = b.cfg.n_layers, b.cfg.n_heads
     blocks = ie[ie.kind.isin(["attn", "mlp"])]
     assert len(blocks) == len(nk) * 2 * L * 4
@@ -475,18 +479,18 @@ def test_toy_coarse_to_fine_patching_and_head_circuits(toy):
     assert heads[heads.position == "="]["component"].nunique() == L * H
     other = heads[heads.position != "="]   # one refined attention layer, resolved into its heads at one position
     assert other["position"].nunique() == 1 and other["layer"].nunique() == 1 and other["head"].nunique() == H
-    summary = P.summarise_indirect_effects(ie)
+    summary = AP.summarise_indirect_effects(ie)
     assert len(summary) == len(ie) // len(nk)
-    ranked = P.ranked_head_positions(summary)
+    ranked = AP.ranked_head_positions(summary)
     ies = summary[summary.kind == "head"].set_index(["component", "position"])["ie"]
     assert [ies[(c.label, n)] for c, n in ranked] == sorted(ies, reverse=True)
-    circuits = P.head_count_circuits(ranked, L, names.values(), [0, 2, 10 ** 6])
+    circuits = AP.head_count_circuits(ranked, L, names.values(), [0, 2, 10 ** 6])
     assert set(circuits) == {"k=0", "k=2"} and len(circuits["k=2"]) == 4 * L + 2
     faith = pd.DataFrame({"circuit": ["full", "ablated", "k=0", "k=2", "k=4"], "faithfulness": [1, 0, 0.5, 0.95, 0.99]})
-    assert P.heads_needed(faith, 0.9) == 2 and P.heads_needed(faith, 1.5) is None
-    assert P.circuit_head_counts(faith).fillna(-1).tolist() == [-1, -1, 0, 2, 4]
+    assert AP.heads_needed(faith, 0.9) == 2 and AP.heads_needed(faith, 1.5) is None
+    assert AP.circuit_head_counts(faith).fillna(-1).tolist() == [-1, -1, 0, 2, 4]
     with pytest.raises(ValueError, match="'='"):
-        P.coarse_to_fine_patching(b, nk, {"op1": pos["op1"]}, refine=1)
+        AP.coarse_to_fine_patching(b, nk, {"op1": pos["op1"]}, refine=1)
 
 
 # --------------------------------------------------------------------------- tokens, evaluation
@@ -499,11 +503,11 @@ def test_locate_operands(digit_tokenizer):
             "nikankin": ds.nikankin_prompts(n_per_op=3, fewshot=2)}
     for name, recs in sets.items():
         ps = ds.PromptSet.build(recs, tok)
-        for r, ids, loc in zip(ps.records, ps.input_ids, P.locate_operands(ps)):
+        for r, ids, loc in zip(ps.records, ps.input_ids, POS.locate_operands(ps)):
             numerals = r.get("numerals", "digits")
             text = lambda key: tok.decode([ids[i] for i in loc[key]]).strip()
-            assert text("A").replace(" ", "") == P._format_operand(r.a, numerals).replace(" ", ""), (name, r.text)
-            assert text("B").replace(" ", "") == P._format_operand(r.b, numerals).replace(" ", ""), (name, r.text)
+            assert text("A").replace(" ", "") == POS._format_operand(r.a, numerals).replace(" ", ""), (name, r.text)
+            assert text("B").replace(" ", "") == POS._format_operand(r.b, numerals).replace(" ", ""), (name, r.text)
             slot = r.template[r.template.index("[") + 1:r.template.index("]")]
             assert text("operator") == slot, (name, r.text)
             assert loc["last"] == [len(ids) - 1]
@@ -515,28 +519,28 @@ def test_locate_operands(digit_tokenizer):
 
 def test_locate_operands_word_problems_fallback(digit_tokenizer):
     ps = ds.PromptSet.build(ds.zhang_word_problems(n_per_template=1), digit_tokenizer)
-    for r, ids, loc in zip(ps.records, ps.input_ids, P.locate_operands(ps)):
+    for r, ids, loc in zip(ps.records, ps.input_ids, POS.locate_operands(ps)):
         assert digit_tokenizer.decode([ids[i] for i in loc["A"]]).strip() == str(r.a)
 
 
 def test_counterfactual_answer_ids(digit_tokenizer):
     ps = ds.PromptSet.build(ds.nikankin_prompts(["+"], n_per_op=5, fewshot=2), digit_tokenizer)
-    cf = P.counterfactual_answer_ids(ps)
+    cf = AP.counterfactual_answer_ids(ps)
     for r, t in zip(ps.records, cf.tolist()):
         assert digit_tokenizer.decode([t]).strip() == str(r.get("cf_answer"))[0]
 
 
 def test_sample_per_group(digit_tokenizer):
     ps = ds.PromptSet.build(ds.zhang_prompts(n_per_template=2, fewshot=2), digit_tokenizer)
-    picked = P.sample_per_group(ps, 3, ("op",), seed=0)
+    picked = POS.sample_per_group(ps, 3, ("op",), seed=0)
     assert picked.to_frame().groupby("op").size().tolist() == [3, 3, 3, 3]
-    again = P.sample_per_group(ps, 3, ("op",), seed=0)
+    again = POS.sample_per_group(ps, 3, ("op",), seed=0)
     assert [r.text for r in picked.records] == [r.text for r in again.records]
 
 
 def test_attention_classes_and_head_types(digit_tokenizer):
     ps = ds.PromptSet.build(ds.zhang_prompts(ops=["+"], n_per_template=1, fewshot=0, templates=[0, 1]), digit_tokenizer)
-    loc = P.locate_operands(ps)
+    loc = POS.locate_operands(ps)
     att = {}
     for i, ids in enumerate(ps.input_ids):
         pat = torch.zeros(1, 2, len(ids))
@@ -544,8 +548,8 @@ def test_attention_classes_and_head_types(digit_tokenizer):
         pat[0, 1, loc[i]["operator"][0]] = 0.7  # head 1 reads the operator
         pat[0, 1, 0] += 0.3
         att[i] = pat
-    frame = P.attention_by_class(att, loc, ps)
-    types = P.classify_heads(frame).set_index("head")["type"]
+    frame = POS.attention_by_class(att, loc, ps)
+    types = POS.classify_heads(frame).set_index("head")["type"]
     assert types[0] == "operand" and types[1] == "operator"
 
 
@@ -694,14 +698,14 @@ def test_toy_full_circuit_faithfulness_ablates_heads_and_neurons(toy):
     b = toy.bridge
     nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=3, fewshot=2), toy.tokenizer)
     names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
-    pos = P.named_positions(P.locate_operands(nk), names)
+    pos = POS.named_positions(POS.locate_operands(nk), names)
     L, H, d_mlp = b.cfg.n_layers, b.cfg.n_heads, b.cfg.d_mlp
     nl = [L - 1]
     hooks = sorted({c.hook_name for c in P.heads_and_mlps(b)} | {f"blocks.{l}.mlp.hook_post" for l in nl})
     means = A.mean_activations(b, nk, hooks)
     heads = {(P.Component("head", 0, 1), "="), (P.Component("head", L - 1, 0), "op2")}
     neurons = [(L - 1, 3), (L - 1, 7)]
-    fr = P.full_circuit_faithfulness(b, nk, {"c": (heads, neurons)}, pos, means, nl, progress=False)
+    fr = AP.full_circuit_faithfulness(b, nk, {"c": (heads, neurons)}, pos, means, nl, progress=False)
     assert list(dict.fromkeys(fr.circuit)) == ["full", "ablated", "c"] and len(fr) == 3 * len(nk)
     T = len(nk.input_ids[0])
     p = {n: pos[n][0] for n in names.values()}
@@ -729,7 +733,7 @@ def test_toy_full_circuit_faithfulness_ablates_heads_and_neurons(toy):
     got = fr[fr.circuit == "c"].sort_values("prompt")["normalized_logit"].to_numpy()
     assert np.allclose(got, ref, atol=1e-4)
     # the old neuron-only test left the heads intact: here ablating them changes the score
-    f = P.faithfulness_from_prompts(fr, "c")
+    f = AP.faithfulness_from_prompts(fr, "c")
     assert np.isfinite(f)
     y = fr.groupby("circuit").normalized_logit.mean()
     assert abs(f - (y["c"] - y["ablated"]) / (y["full"] - y["ablated"])) < 1e-9
@@ -737,9 +741,9 @@ def test_toy_full_circuit_faithfulness_ablates_heads_and_neurons(toy):
 
 def test_screen_recall_split_half_and_topk_recall():
     """Issue 28: the screens' recall and the head ranking's stability are measured."""
-    assert P.topk_recall([3, 2, 1, 0], [0, 1, 2, 3], 2) == 0.0
-    assert P.topk_recall([3, 2, 1, 0], [3, 1, 2, 0], 2) == 0.5
-    assert P.topk_recall([3, 2, 1, 0], [9, 8, 0, 0], 2) == 1.0
+    assert AP.topk_recall([3, 2, 1, 0], [0, 1, 2, 3], 2) == 0.0
+    assert AP.topk_recall([3, 2, 1, 0], [3, 1, 2, 0], 2) == 0.5
+    assert AP.topk_recall([3, 2, 1, 0], [9, 8, 0, 0], 2) == 1.0
 
     def rows(effects: dict, prompts: range, op: str = "+") -> pd.DataFrame:
         return pd.DataFrame([{"prompt": i, "op": op, "position": pos, "component": f"L{l}H{h}", "kind": "head",
@@ -747,29 +751,29 @@ def test_screen_recall_split_half_and_topk_recall():
                              for i in prompts])
     exact = rows({(0, 0, "="): 3.0, (0, 1, "op1"): 2.0, (1, 0, "="): 1.0, (1, 1, "op2"): 0.5}, range(4))
     screen = exact[exact.position == "="]   # a screen that patched heads at "=" only
-    rec = P.screen_recall(screen, exact, [1, 2, 4, 8])
+    rec = AP.screen_recall(screen, exact, [1, 2, 4, 8])
     assert rec.recall.tolist() == [1.0, 0.5, 0.5] and (rec.n_prompts == 4).all()
-    stable = P.split_half_agreement(exact, 2, n_splits=5)
+    stable = AP.split_half_agreement(exact, 2, n_splits=5)
     assert (stable.jaccard == 1.0).all()
     # two halves of prompts that disagree completely on the top head
     noisy = pd.concat([rows({(0, 0, "="): 1.0, (0, 1, "="): 0.0}, range(0, 2)),
                        rows({(0, 0, "="): 0.0, (0, 1, "="): 1.0}, range(2, 4))])
-    got = P.split_half_agreement(noisy, 1, n_splits=50, seed=1)
+    got = AP.split_half_agreement(noisy, 1, n_splits=50, seed=1)
     assert got.jaccard.min() == 0.0 and got.jaccard.max() == 1.0
 
 
 def test_faithfulness_by_operator():
     op = np.array([0, 0, 1, 1])
-    f = P.faithfulness_by_operator(np.array([0.5, 0.5, 1.0, 1.0]), np.ones(4), np.zeros(4), op)
+    f = AP.faithfulness_by_operator(np.array([0.5, 0.5, 1.0, 1.0]), np.ones(4), np.zeros(4), op)
     assert f == pytest.approx(0.75)
-    assert np.isnan(P.faithfulness_by_operator(np.ones(2), np.ones(2), np.ones(2), np.array([0, 0])))
+    assert np.isnan(AP.faithfulness_by_operator(np.ones(2), np.ones(2), np.ones(2), np.array([0, 0])))
 
 
 def test_knockout_screen_agreement_counts_what_the_screen_also_breaks():
     q = pd.DataFrame({"prompt": [0, 1, 2, 3] * 2, "condition": ["effect"] * 4 + ["none"] * 4,
                       "correct": [False, False, True, True] + [True] * 4})
     e = q.assign(correct=[False, True, True, False] + [True] * 4)
-    out = P.knockout_screen_agreement(q, e).set_index("condition")
+    out = KO.knockout_screen_agreement(q, e).set_index("condition")
     assert out.loc["effect", "broken_by_query"] == 2 and out.loc["effect", "recall_of_end"] == 0.5
     assert out.loc["effect", "agreement"] == 0.5 and out.loc["effect", "accuracy_end"] == 0.5
     assert out.loc["none", "recall_of_end"] == 0.0 and out.loc["none", "agreement"] == 1.0
