@@ -46,11 +46,14 @@ from tqdm.auto import tqdm
 from . import cna as C
 from . import general_ability as GA
 from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
+from .answer_runs import LastPosition, correct_mask, run_last_position
 from .components import Hook, Neuron
 from .datasets import PromptRecord, PromptSet, load_gender_data
 from .engine import input_device, last_position_logits
+from .mask_keep import random_layer_matched
+from .neurons import w_out
 from .paths import data_path
-from .readout import final_norm, unembedding
+from .readout import final_norm, top_tokens, unembedding
 from .stats import bootstrap_ci, crossed_bootstrap_ci
 
 
@@ -476,7 +479,7 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
         gr = C._centre(r, norm) * norm.weight  # [G, d]
         A_t = gr @ w_cols.T  # [G, N]: target logits before scaling, every input x every target
         stats_by_layer[layer] = (stats, A_t)
-        values = C.mlp_values(model, layer).to(device)
+        values = w_out(model, layer).to(device)
         for s in range(2):
             g = sides[s]
             st = C.LayerStats(sigma0=stats.sigma0[g], A_w=A_t[g, torch.arange(N)], lse0=stats.lse0[g],
@@ -496,7 +499,7 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
         idx = torch.tensor(neurons, device=device)
         r = resid[:, layer].to(device).float()
         m = coef[:, layer].to(device).float()[:, idx]  # [G, U]
-        values = C.mlp_values(model, layer).to(device)[idx]
+        values = w_out(model, layer).to(device)[idx]
         rc, v, sigma = C._pair_terms(r, m, values, norm)  # sigma [G, U]
         gr, gv = rc * norm.weight, v * norm.weight
         lse = C.log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems)  # [G, U]
@@ -528,7 +531,7 @@ def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, gende
     texts = [table22_prompts(g)[prompt_id] for g in genders]
     ps = _prompt_set(tokenizer, texts)
     targets = torch.tensor(biased.token_id.tolist(), dtype=torch.long)
-    run = C.run_last_position(model, ps, None, capture=("resid_mid", "coef"), targets=torch.zeros(len(texts), dtype=torch.long),
+    run = run_last_position(model, ps, None, capture=("resid_mid", "coef"), targets=torch.zeros(len(texts), dtype=torch.long),
                               share_prefix=False)
     own = [genders.index(g) for g in biased.bias_gender]
     other = [1 - i for i in own]
@@ -539,7 +542,7 @@ def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, gende
     with torch.no_grad():
         lp_all = next_token_logprobs(model, tokenizer, texts)
     for side, rows in (("a", own), ("b", other)):
-        lp_final[side] = C.LastPosition(targets=targets, pred=lp_all[rows].argmax(-1),
+        lp_final[side] = LastPosition(targets=targets, pred=lp_all[rows].argmax(-1),
                                         logprob=lp_all[rows, targets], resid_mid=run.resid_mid[rows],
                                         coef=run.coef[rows])
     imp, approx, base = out["importance"], out["approx"], out["base_logprob"]
@@ -696,7 +699,7 @@ def layer_diagnostic(model, result: C.CNAResult, biased: pd.DataFrame, edit_set:
     imp = torch.cat([result.importance_a, result.importance_b]).abs()
     rows = []
     for layer in range(L):
-        v = C._centre(C.mlp_values(model, layer).float().cpu(), norm).norm(dim=-1)  # [K]
+        v = C._centre(w_out(model, layer).float().cpu(), norm).norm(dim=-1)  # [K]
         row = {"layer": layer}
         for g, (resid, coef) in rows_g.items():
             r = C._centre(resid[layer].float(), norm)
@@ -713,8 +716,8 @@ def layer_diagnostic(model, result: C.CNAResult, biased: pd.DataFrame, edit_set:
 
 def random_neuron_sets(neurons: Sequence[Neuron], d_mlp: int, seeds: Sequence[int]) -> dict[int, list[Neuron]]:
     """For each seed, as many random neurons as ``neurons``, one in each of their layers
-    and none of them (:func:`arithlib.cna.random_layer_matched`)."""
-    return {s: C.random_layer_matched([list(neurons)], d_mlp, s)[0] for s in seeds}
+    and none of them (:func:`arithlib.mask_keep.random_layer_matched`)."""
+    return {s: random_layer_matched([list(neurons)], d_mlp, s)[0] for s in seeds}
 
 
 def neuron_table(model, tokenizer, result: C.CNAResult, biased: pd.DataFrame, k: int = 3, n_tokens: int = 8,
@@ -757,8 +760,8 @@ def edit_set_table(model, tokenizer, result: C.CNAResult, biased: pd.DataFrame, 
         rows_own = np.flatnonzero(biased.bias_gender.values == g)
         rows_other = np.flatnonzero(biased.bias_gender.values != g)
         coef[g] = result.coef_a[rows_own[0]] if len(rows_own) else result.coef_b[rows_other[0]]
-    vecs = torch.stack([C.mlp_values(model, l)[n] for l, n in neurons])
-    toks = C.top_tokens(model, tokenizer, vecs, n_tokens)
+    vecs = torch.stack([w_out(model, l)[n] for l, n in neurons])
+    toks = top_tokens(model, tokenizer, vecs, n_tokens)
     rows = []
     for rank, ((l, n), t) in enumerate(zip(neurons, toks), 1):
         row = {"rank": rank, "name": f"{l}_{n}", "layer": l, "neuron": n, "mean_change": float(agg[l, n])}
@@ -946,7 +949,7 @@ def profession_mass(logprobs: torch.Tensor, token_ids: Sequence[int]) -> dict[st
 
 
 def arithmetic_accuracy(model, prompts: PromptSet, hooks: Sequence[Hook] | None = None) -> float:
-    """Exact-answer accuracy (teacher forcing, :func:`arithlib.cna.correct_mask`, "full")
+    """Exact-answer accuracy (teacher forcing, :func:`arithlib.answer_runs.correct_mask`, "full")
     of ``prompts`` with ``hooks`` active; NaN for an empty set. ``correct_mask`` runs
     each batch's shared prefix once, so only hooks that act on every position alike
     (:func:`arithlib.ablation.is_position_invariant`) give the full forward's verdict:
@@ -958,7 +961,7 @@ def arithmetic_accuracy(model, prompts: PromptSet, hooks: Sequence[Hook] | None 
     if len(prompts) == 0:
         return float("nan")
     with model.hooks(fwd_hooks=list(hooks or [])):
-        return float(C.correct_mask(model, prompts, "full").float().mean())
+        return float(correct_mask(model, prompts, "full").float().mean())
 
 
 def side_effects(model, tokenizer, conditions: Mapping[tuple[str, int, int], list[Hook]], *, prose: str,

@@ -14,6 +14,8 @@ Head = tuple[int, int]
 Neuron = tuple[int, int]
 #: A TransformerLens forward hook: (hook point name, function(activation, hook)).
 Hook = tuple[str, Callable]
+#: Hooks per batch: a function of the batch's row indices (into the PromptSet) -> hooks.
+RowHooks = Callable[["torch.Tensor"], list[Hook]]
 
 
 def z_hook(layer: int) -> str:

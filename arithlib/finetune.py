@@ -1110,10 +1110,10 @@ def _mlp_weight_names(model) -> list[str]:
 
 
 def _last_position_run(bridge, prompts: PromptSet, weights, batch_size: int):
-    from . import cna
+    from .answer_runs import run_last_position
 
     with use_weights(bridge, weights):
-        return cna.run_last_position(bridge, prompts, None, capture=("resid_mid", "coef"), batch_size=batch_size)
+        return run_last_position(bridge, prompts, None, capture=("resid_mid", "coef"), batch_size=batch_size)
 
 
 def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.Tensor]], *,

@@ -59,6 +59,7 @@ from tqdm.auto import tqdm
 
 from . import cna as C
 from . import finetune as FT
+from .answer_runs import run_last_position
 from .datasets import PromptSet
 from .engine import LayerInputs, decoder_layers, forward, input_device, shared_hf_model
 from .papers import YU_DEEP_NEURONS, YU_TABLE11, YU_TOP_K
@@ -384,10 +385,10 @@ def lora_cna_scores(bridge, cases: PromptSet, lora_weights: Mapping[str, torch.T
     layers = sorted(int(l) for l in layers)
     targets = cases.first_answer_ids
     mode = C.resolve_mode(bridge, mode)
-    run_o = C.run_last_position(bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress,
+    run_o = run_last_position(bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress,
                                 desc="original")
     with FT.use_weights(bridge, lora_weights):
-        run_l = C.run_last_position(bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress,
+        run_l = run_last_position(bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress,
                                     desc="LoRA")
     out = C.importance_from_runs(bridge, [run_l, run_o], targets, mode=mode, n_candidates=n_candidates,
                                  select="change", layers=layers, progress=progress)

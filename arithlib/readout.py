@@ -64,3 +64,17 @@ def unembedding(model) -> tuple[torch.Tensor, torch.Tensor]:
     except (AttributeError, RuntimeError):
         b_U = torch.zeros(W_U.shape[1], device=W_U.device)
     return W_U, b_U
+
+
+def vocab_logits(model, vectors: torch.Tensor) -> torch.Tensor:
+    """Projection of residual-space vectors [n, d] on the vocabulary, E_u v, through the
+    final norm's weight (scale-free: the norm's 1/rms does not change the ranking)."""
+    norm = final_norm(model)
+    W_U, _ = unembedding(model)
+    return (vectors.float().to(W_U.device) * norm.weight) @ W_U
+
+
+def top_tokens(model, tokenizer, vectors: torch.Tensor, k: int = 10) -> list[list[str]]:
+    """The ``k`` top tokens of softmax(E_u v) for each vector (Geva et al. 2022; Yu Table 4)."""
+    idx = vocab_logits(model, vectors).topk(k, dim=-1).indices.cpu().tolist()
+    return [[tokenizer.decode([i]).strip() or repr(tokenizer.decode([i])) for i in row] for row in idx]

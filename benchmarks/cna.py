@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import arithlib.answer_runs as AR  # noqa: E402
+import arithlib.neurons as N  # noqa: E402
 import arithlib.cna as C  # noqa: E402
 import bench_model  # noqa: E402
 import results  # noqa: E402
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     recs = ds.yu_prompts(ops=["+", "-"], n_digits=1, n_per_template=None, templates=[3], fewshot=2)
     ps = ds.PromptSet.build(recs, loaded.tokenizer)
     ps = ps.subset(list(range(min(args.n_prompts, len(ps)))))
-    run = C.run_last_position(b, ps, batch_size=64)  # resid_mid, coef: float32, on the CPU
+    run = AR.run_last_position(b, ps, batch_size=64)  # resid_mid, coef: float32, on the CPU
     norm, (W_U, b_U) = final_norm(b), unembedding(b)  # float32, on the model's device
     t = ps.first_answer_ids.to(dev)
     resid = run.resid_mid.to(dev)
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     scale = (info.d_mlp + 1) / (k + 1)  # log-prob evaluations per layer: all neurons / the timed ones
 
     def batched():
-        return torch.stack([C.exact_importance(resid[:, l], coef[:, l], C.mlp_values(b, l), t, norm, W_U, b_U,
+        return torch.stack([C.exact_importance(resid[:, l], coef[:, l], N.w_out(b, l), t, norm, W_U, b_U,
                                                vocab_chunk=args.vocab_chunk) for l in range(info.n_layers)], 1)
 
     def loop():

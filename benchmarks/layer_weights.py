@@ -4,7 +4,7 @@
 The bridge's ``W_out`` / ``W_in`` / ``W_gate`` / ``W_V`` / ``W_O`` properties stack the
 parameter of every layer into a new tensor on each access, so ``bridge.W_out[layer]``
 copies all layers to return one (and the returned view keeps the whole copy alive).
-:func:`arithlib.cna.mlp_values` reads ``bridge.blocks[layer].mlp.W_out`` instead. This
+:func:`arithlib.neurons.w_out` reads ``bridge.blocks[layer].mlp.W_out`` instead. This
 times both for every layer of a registry model (same values, checked) and appends the
 row to benchmarks/RESULTS.md.
 
@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import results  # noqa: E402
-from arithlib.cna import mlp_values  # noqa: E402
+from arithlib.neurons import w_out  # noqa: E402
 from arithlib.models import load_model, load_random_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         bridge = load_model(a.model).bridge
     L = bridge.cfg.n_layers
-    same = all(torch.equal(stacked_values(bridge, layer), mlp_values(bridge, layer)) for layer in range(L))
+    same = all(torch.equal(stacked_values(bridge, layer), w_out(bridge, layer)) for layer in range(L))
     t_stacked = time_all_layers(stacked_values, bridge, L, a.repeats)
-    t_layer = time_all_layers(mlp_values, bridge, L, a.repeats)
+    t_layer = time_all_layers(w_out, bridge, L, a.repeats)
     row = {"model": a.model, "layers": L, "stacked": t_stacked, "per_layer": t_layer,
            "speedup": t_stacked / t_layer, "same": same}
     table = ("| model | layers | bridge.W_out[l], all layers (s) | blocks[l].mlp.W_out, all layers (s) | speedup | "

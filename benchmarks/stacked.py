@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import arithlib.ablation as A  # noqa: E402
-import arithlib.cna as C  # noqa: E402
+import arithlib.answer_runs as AR  # noqa: E402
 import arithlib.datasets as ds  # noqa: E402
 import arithlib.heuristics as H  # noqa: E402
 import arithlib.neurons as N  # noqa: E402
@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         shallow = list(range(cfg.n_layers // 2))
         zs = {str(i): A.zero_neurons_hooks(s) for i, s in
               enumerate([[]] + neuron_sets(shallow, cfg.d_mlp, args.conditions - 1, 2000, seed=1))}
-        one = roofline.measure(lambda: {k: C.run_last_position(b, yu, h, capture=()) for k, h in zs.items()},
+        one = roofline.measure(lambda: {k: AR.run_last_position(b, yu, h, capture=()) for k, h in zs.items()},
                       args.repeats, device)
-        many = roofline.measure(lambda: C.run_conditions(b, yu, zs, capture=()), args.repeats, device)
+        many = roofline.measure(lambda: AR.run_conditions(b, yu, zs, capture=()), args.repeats, device)
         lp_one, lp_many = [one[2][k].logprob for k in zs], [many[2][k].logprob for k in zs]
         atol = tol if not low else tol * scale(lp_one)
         lp_same = all(torch.allclose(x, y, atol=atol) for x, y in zip(lp_one, lp_many))

@@ -132,7 +132,11 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
+import arithlib.answer_runs as answer_runs
 import arithlib.cna as C
+import arithlib.mask_keep as masking
+import arithlib.pe_dag as pe_dag
+import arithlib.shallow_neurons as shallow_neurons
 import arithlib.datasets as ds
 import arithlib.plots.cna as plots
 import arithlib.report as R
@@ -188,7 +192,7 @@ records = {"+-": ds.yu_prompts(ops=["+", "-"], n_digits=1, n_per_template=None, 
 cases = {}
 for g, recs in records.items():
     ps = ds.PromptSet.build(recs, tok)
-    ok = C.correct_mask(bridge, ps, "full", batch_size=batch_size)
+    ok = answer_runs.correct_mask(bridge, ps, "full", batch_size=batch_size)
     sub = ps.subset(ok)
     if quick and len(sub) > n_quick:
         keep = sorted(set(torch.linspace(0, len(sub) - 1, n_quick).round().long().tolist())
@@ -252,8 +256,8 @@ else:
     rec = pm.records[case_idx]
     case_text, case_answer = rec.text.strip(), tok.decode([int(results["+-"].targets[case_idx])])
     table4 = results["+-"].top_frame(case_idx, max(n_show, dag_k), tokenizer=tok, model=bridge)
-    answer_concept = C.concept_of(case_answer)
-    table4["holds_answer"] = [answer_concept in {C.concept_of(t) for t in s.split(", ")} for s in table4.top_tokens]
+    answer_concept = shallow_neurons.concept_of(case_answer)
+    table4["holds_answer"] = [answer_concept in {shallow_neurons.concept_of(t) for t in s.split(", ")} for s in table4.top_tokens]
     save_table(table4, run.out, "04_case_top_neurons")
     fig = plots.case_neurons(table4.head(max(n_show, 5)), f'{model}: top CNA neurons for "{case_text}" → "{case_answer}"',
                          label_b=f"head L{heads['+-'][0]}.H{heads['+-'][1]} zeroed")
@@ -297,7 +301,7 @@ recall
 mk = []
 t0, r0 = time.time(), store.reused_seconds
 for g in active:
-    mk.append(store(f"mask keep {g}", lambda: C.mask_keep_table(bridge, cases[g], results[g], top_ks, seed=seed,
+    mk.append(store(f"mask keep {g}", lambda: masking.mask_keep_table(bridge, cases[g], results[g], top_ks, seed=seed,
                                                                 n_seeds=n_random_seeds, control_ks=control_ks,
                                                                 batch_size=batch_size),
                     code=cna_code, top_ks=top_ks, seed=seed, n_seeds=n_random_seeds, control_ks=control_ks,
@@ -334,13 +338,13 @@ if len(mask_keep):
 low, low_cases, dag_cases = [], [], []
 t0, r0 = time.time(), store.reused_seconds
 for g in active:
-    s, pc = store(f"lowest neuron {g}", lambda: C.lowest_neuron_table(bridge, cases[g], results[g], top_ks, seed=seed,
+    s, pc = store(f"lowest neuron {g}", lambda: masking.lowest_neuron_table(bridge, cases[g], results[g], top_ks, seed=seed,
                                                                       n_seeds=n_random_seeds, control_ks=control_ks,
                                                                       batch_size=batch_size),
                   code=cna_code, top_ks=top_ks, seed=seed, n_seeds=n_random_seeds, control_ks=control_ks, **cna_inputs(g))
     low.append(s.assign(group=g))
     low_cases.append(pc.assign(group=g))
-    dag_cases.append(store(f"PE-DAG cases {g}", lambda: C.pe_dag_cases(bridge, results[g], k=dag_k, seed=seed,
+    dag_cases.append(store(f"PE-DAG cases {g}", lambda: pe_dag.pe_dag_cases(bridge, results[g], k=dag_k, seed=seed,
                                                                        n_seeds=n_random_seeds),
                            code=cna_code, k=dag_k, seed=seed, n_seeds=n_random_seeds, **cna_inputs(g)).assign(group=g))
 timings["lowest neuron, PE-DAG"], reused["lowest neuron, PE-DAG"] = time.time() - t0, store.reused_seconds - r0
@@ -356,7 +360,7 @@ if len(dag_all):
     save_table(dag_all, run.out, "04_pe_dag_cases")
     display(dag_all.groupby(["group", "kind"])[["share_edges", "mean_enhancement"]].mean().round(3))
 if case_idx is not None:
-    dag_nodes, dag_edges = C.pe_dag(bridge, results["+-"], case_idx, k=dag_k)
+    dag_nodes, dag_edges = pe_dag.pe_dag(bridge, results["+-"], case_idx, k=dag_k)
     save_table(dag_nodes, run.out, "04_pe_dag_nodes")
     save_table(dag_edges, run.out, "04_pe_dag_edges")
     save_figure(plots.pe_dag_plot(dag_nodes, dag_edges, f'{model}: prediction-enhancing DAG, "{case_text}" top {dag_k}'),
@@ -372,7 +376,7 @@ if case_idx is not None:
 # "attention layers 0-16" for neurons of layers 0-15 and key layer 17), and each
 # projection is put on the vocabulary through the final norm's weight and W_U. A neuron
 # qualifies at M when ANY of its projections has at least M distinct number/operation
-# concepts among its top-50 tokens. Concepts (`arithlib.cna.concept_of`): digit strings,
+# concepts among its top-50 tokens. Concepts (`arithlib.shallow_neurons.concept_of`): digit strings,
 # English number words 0..19, tens, hundred, thousand, and operator symbols and words
 # (+ plus add sum ...; - minus subtract difference ...; * × times product ...; / ÷ divide
 # ratio quotient ...); not foreign or Roman numerals, ordinals or multiples. M = 0 is
@@ -394,17 +398,17 @@ examples = pd.DataFrame()
 root = None
 if case_idx is not None:
     top = results["+-"].top(case_idx, dag_k)
-    root = C.lowest_neuron(top, results["+-"].importance_a[case_idx])
-    key = C.effective_key(bridge, root[0], root[1], results["+-"].run_a.resid_mid[case_idx, root[0]])
+    root = masking.lowest_neuron(top, results["+-"].importance_a[case_idx])
+    key = pe_dag.effective_key(bridge, root[0], root[1], results["+-"].run_a.resid_mid[case_idx, root[0]])
     if heads["+-"][0] >= 1:
-        examples = C.shallow_neuron_examples(bridge, pm, case_idx, key, heads["+-"][0], n=5)
+        examples = shallow_neurons.shallow_neuron_examples(bridge, pm, case_idx, key, heads["+-"][0], n=5)
         save_table(examples.assign(root=f"{root[0]}_{root[1]}"), run.out, "04_hidden_examples")
         display(examples[["name", "operand", "score", "tokens_before", "tokens_after_attention"]])
 
 # %%
 sweeps = []
 counts_by_layer = {}
-concepts = C.concept_tokens(tok, bridge.cfg.d_vocab)
+concepts = shallow_neurons.concept_tokens(tok, bridge.cfg.d_vocab)
 t0, r0 = time.time(), store.reused_seconds
 for g in active:
     layer = heads[g][0]
@@ -413,13 +417,13 @@ for g in active:
         continue
     if layer not in counts_by_layer:
         t1, r1 = time.time(), store.reused_seconds
-        counts_by_layer[layer] = store(f"shallow concept counts {layer}", lambda: C.shallow_concept_counts(
+        counts_by_layer[layer] = store(f"shallow concept counts {layer}", lambda: shallow_neurons.shallow_concept_counts(
             bridge, tok, layer, k=concept_top, concepts=concepts, cap=max(ms) + 1, seed=seed),
             code=cna_code, model=bridge, layer=layer, k=concept_top, concepts=concepts, cap=max(ms) + 1, seed=seed)
         step = f"shallow concept counts (key layer {layer})"
         timings[step], reused[step] = time.time() - t1, store.reused_seconds - r1
     counts = counts_by_layer[layer]
-    sweeps.append(store(f"shallow M sweep {g}", lambda: C.hidden_interpretable_table(
+    sweeps.append(store(f"shallow M sweep {g}", lambda: shallow_neurons.hidden_interpretable_table(
         bridge, cases[g], counts, ms, seed=seed, n_seeds=n_random_seeds, control_ms=control_ms, batch_size=batch_size,
         targets=results[g].targets), code=cna_code, counts=counts, ms=ms, seed=seed, n_seeds=n_random_seeds,
         control_ms=control_ms, **cna_inputs(g)).assign(group=g, ov_layers=f"l+1..{layer}"))
@@ -472,7 +476,7 @@ for g in active:
            f"fallback head, mean drop {r.score:.1%} over the 1-3 digit settings")
     lines.append(f"- {g}: key head L{heads[g][0]}.H{heads[g][1]} ({how}); {len(cases[g])} correct cases; "
                  f"first-token accuracy {results[g].run_a.accuracy:.0%} → {results[g].run_b.accuracy:.0%} with it "
-                 f"zeroed; CNA scored (and 'keep' keeps) layers {C.layer_span(results[g].layers)}.")
+                 f"zeroed; CNA scored (and 'keep' keeps) layers {masking.layer_span(results[g].layers)}.")
 if case_idx is not None:
     t4 = table4.head(n_show)
     lines.append(f'- "{case_text}" → "{case_answer}": top neurons '

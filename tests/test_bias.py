@@ -12,6 +12,7 @@ import torch
 
 import arithlib.ablation as A
 import arithlib.bias as B
+import arithlib.answer_runs as AR
 import arithlib.cna as C
 import arithlib.datasets as ds
 from arithlib.engine import last_position_logits
@@ -181,7 +182,7 @@ def test_next_token_logprobs_match_evaluate(tiny):
 
 def _captures(model, texts):
     ps = B._prompt_set(model.tokenizer, texts)
-    return C.run_last_position(model.bridge, ps, None, targets=torch.zeros(len(texts), dtype=torch.long),
+    return AR.run_last_position(model.bridge, ps, None, targets=torch.zeros(len(texts), dtype=torch.long),
                                share_prefix=False)
 
 

@@ -14,6 +14,11 @@ import pytest
 import torch
 
 import arithlib.ablation as A
+import arithlib.answer_runs as AR
+import arithlib.mask_keep as MK
+import arithlib.neurons as N
+import arithlib.pe_dag as DAG
+import arithlib.shallow_neurons as SN
 import arithlib.cna as C
 import arithlib.datasets as ds
 from arithlib.evaluate import evaluate, greedy_answers
@@ -38,21 +43,21 @@ def _prompts(model, ops=("+",), n=6, fewshot=2):
 
 
 def _runs(model, ps, head=(1, 0)):
-    a = C.run_last_position(model.bridge, ps)
-    b = C.run_last_position(model.bridge, ps, A.zero_heads_hooks([head]))
+    a = AR.run_last_position(model.bridge, ps)
+    b = AR.run_last_position(model.bridge, ps, A.zero_heads_hooks([head]))
     return a, b
 
 
 def test_run_conditions_stacked_equal_separate_full_runs(tiny):
     b = tiny.bridge
     ps = _prompts(tiny, ops=("+", "-"))
-    masks = C.neuron_masks([[(0, i % 5), (1, 2)] for i in range(len(ps))], 2, tiny.info.d_mlp)
+    masks = MK.neuron_masks([[(0, i % 5), (1, 2)] for i in range(len(ps))], 2, tiny.info.d_mlp)
     conds = {"plain": None, "head": A.zero_heads_hooks([(0, 1)]), "neurons": A.zero_neurons_hooks([(1, 3), (0, 7)]),
-             "per-prompt": C.rowwise_neuron_hooks(masks, position=None)}
+             "per-prompt": MK.rowwise_neuron_hooks(masks, position=None)}
     for max_rows in (1, 1000):   # one condition per pass, all in one pass
-        runs = C.run_conditions(b, ps, conds, max_rows=max_rows)
+        runs = AR.run_conditions(b, ps, conds, max_rows=max_rows)
         for name, hooks in conds.items():
-            ref = C.run_last_position(b, ps, hooks, share_prefix=False)
+            ref = AR.run_last_position(b, ps, hooks, share_prefix=False)
             assert torch.equal(runs[name].pred, ref.pred)
             assert torch.allclose(runs[name].logprob, ref.logprob, atol=1e-4)
             assert torch.allclose(runs[name].resid_mid, ref.resid_mid, atol=1e-4)
@@ -73,8 +78,8 @@ def test_shared_prefix_gives_full_forward_results_for_every_hook(tiny):
     means = A.mean_activations(b, ps, [A.post_hook(0)])
     mean = {"mean": A.mean_neurons_hooks([(0, j) for j in range(0, d_mlp, 2)], means)}
     for cs in (conds, mean):   # the prefix pass would look up a mean for the prefix's length
-        shared = C.run_conditions(b, ps, cs, share_prefix=True)
-        full = C.run_conditions(b, ps, cs, share_prefix=False)
+        shared = AR.run_conditions(b, ps, cs, share_prefix=True)
+        full = AR.run_conditions(b, ps, cs, share_prefix=False)
         for name in cs:
             assert torch.allclose(shared[name].logprob, full[name].logprob, atol=1e-4), name
             assert torch.allclose(shared[name].resid_mid, full[name].resid_mid, atol=1e-4), name
@@ -88,8 +93,8 @@ def test_capture_matches_full_forward_and_shared_prefix(tiny):
     b = tiny.bridge
     ps = _prompts(tiny, ops=("+", "-"))
     hooks = A.zero_heads_hooks([(0, 1)])
-    run = C.run_last_position(b, ps, hooks)
-    full = C.run_last_position(b, ps, hooks, share_prefix=False)
+    run = AR.run_last_position(b, ps, hooks)
+    full = AR.run_last_position(b, ps, hooks, share_prefix=False)
     assert torch.allclose(run.resid_mid, full.resid_mid, atol=1e-4)
     assert torch.allclose(run.coef, full.coef, atol=1e-4)
     # against the bridge's own forward with hooks
@@ -114,23 +119,23 @@ def test_capture_matches_full_forward_and_shared_prefix(tiny):
 def test_exact_importance_equals_per_neuron_loop(tiny):
     b = tiny.bridge
     ps = _prompts(tiny)
-    run = C.run_last_position(b, ps)
+    run = AR.run_last_position(b, ps)
     norm, (W_U, b_U) = final_norm(b), unembedding(b)
     t = ps.first_answer_ids
     for layer in range(tiny.info.n_layers):
         r, m = run.resid_mid[:, layer], run.coef[:, layer]
-        batched = C.exact_importance(r, m, C.mlp_values(b, layer), t, norm, W_U, b_U, vocab_chunk=100)
+        batched = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=100)
         loop = C.importance_loop(b, r, m, layer, t)
         assert torch.allclose(batched, loop, atol=1e-4), (batched - loop).abs().max()
-        blocked = C.exact_importance(r, m, C.mlp_values(b, layer), t, norm, W_U, b_U, vocab_chunk=64,
+        blocked = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=64,
                                      block_elems=64 * 128 * 2)  # two rows per block
         assert torch.allclose(blocked, loop, atol=1e-4)
         K = m.shape[1]
-        small = C.exact_importance(r, m, C.mlp_values(b, layer), t, norm, W_U, b_U, vocab_chunk=4096,
+        small = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=4096,
                                    block_elems=K * 50)  # one row's [K, 4096] block is over the bound
         assert torch.allclose(small, loop, atol=1e-4)
         rows, cols = torch.tensor([0, 2, 2, 1]), torch.tensor([5, 5, 7, 0])
-        pairs = C.exact_importance(r, m, C.mlp_values(b, layer), t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=77)
+        pairs = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=77)
         assert torch.allclose(pairs, loop[rows, cols], atol=1e-4)
 
 
@@ -139,7 +144,7 @@ def test_exact_importance_blocks_stay_within_block_elems(tiny, monkeypatch):
     block alone would (the vocabulary chunk shrinks)."""
     b = tiny.bridge
     ps = _prompts(tiny)
-    run = C.run_last_position(b, ps)
+    run = AR.run_last_position(b, ps)
     norm, (W_U, b_U) = final_norm(b), unembedding(b)
     r, m = run.resid_mid[:, 0], run.coef[:, 0]
     sizes = []
@@ -147,7 +152,7 @@ def test_exact_importance_blocks_stay_within_block_elems(tiny, monkeypatch):
     monkeypatch.setattr(C._Scratch, "get", lambda self, slot, shape, dtype: sizes.append(math.prod(shape))
                         or get(self, slot, shape, dtype))
     bound = m.shape[1] * 50
-    C.exact_importance(r, m, C.mlp_values(b, 0), ps.first_answer_ids, norm, W_U, b_U, vocab_chunk=4096,
+    C.exact_importance(r, m, N.w_out(b, 0), ps.first_answer_ids, norm, W_U, b_U, vocab_chunk=4096,
                        block_elems=bound)
     assert sizes and max(sizes) <= bound
 
@@ -155,13 +160,13 @@ def test_exact_importance_blocks_stay_within_block_elems(tiny, monkeypatch):
 def test_first_order_is_close_for_small_coefficients(qwen):
     b = qwen.bridge
     ps = _prompts(qwen)
-    run = C.run_last_position(b, ps)
+    run = AR.run_last_position(b, ps)
     norm, (W_U, b_U) = final_norm(b), unembedding(b)
     t = ps.first_answer_ids
     r, m = run.resid_mid[:, 1], run.coef[:, 1] * 1e-3
     stats, base = C.layer_stats(r, t, norm, W_U, b_U, vocab_chunk=100)
-    approx = C.first_order_importance(r, m, C.mlp_values(b, 1), t, norm, W_U, stats)
-    exact = C.exact_importance(r, m, C.mlp_values(b, 1), t, norm, W_U, b_U)
+    approx = C.first_order_importance(r, m, N.w_out(b, 1), t, norm, W_U, stats)
+    exact = C.exact_importance(r, m, N.w_out(b, 1), t, norm, W_U, b_U)
     assert torch.allclose(approx, exact, atol=1e-6, rtol=1e-2)
     loop_base = C.importance_loop(b, r, torch.zeros_like(m), 1, t)
     assert torch.allclose(loop_base, torch.zeros_like(loop_base), atol=1e-6)
@@ -200,7 +205,7 @@ def test_cna_compare_skips_layers_below_the_head(qwen):
     assert abs(frame.change[0] - (frame.imp_a[0] - frame.imp_b[0])) < 1e-6
     for j in range(len(ps)):  # one row, bit for bit the row of the whole change tensor
         assert torch.allclose(res.change_of(j), res.change[j], rtol=0, atol=0, equal_nan=True)
-    nodes, _ = C.pe_dag(b, res, i, k=3)
+    nodes, _ = DAG.pe_dag(b, res, i, k=3)
     assert nodes["change"].tolist() == [float(res.change[i][l, n]) for l, n in zip(nodes.layer, nodes.neuron)]
     two = C.cna_compare(b, ps, A.zero_heads_hooks([(1, 2)]), mode="two_stage", n_candidates=20, progress=False)
     for i in range(len(ps)):
@@ -211,23 +216,23 @@ def test_rowwise_hooks_equal_shared_hooks_row_by_row(tiny):
     b = tiny.bridge
     ps = _prompts(tiny)
     sets = [[(0, i), (1, 2 * i)] for i in range(len(ps))]
-    masks = C.neuron_masks(sets, tiny.info.n_layers, tiny.info.d_mlp)
-    keep_masks = C.neuron_masks(sets, tiny.info.n_layers, tiny.info.d_mlp, keep_layers=[1])
+    masks = MK.neuron_masks(sets, tiny.info.n_layers, tiny.info.d_mlp)
+    keep_masks = MK.neuron_masks(sets, tiny.info.n_layers, tiny.info.d_mlp, keep_layers=[1])
     heads = A.zero_heads_hooks([(1, 1)], position=-1)
-    conds = {"rows": C.rowwise_neuron_hooks(masks), "keep": C.rowwise_neuron_hooks(keep_masks), "heads": heads, "none": None}
-    runs = C.run_answer_conditions(b, ps, conds, capture=("coef",), max_rows=7)  # stacked in chunks
+    conds = {"rows": MK.rowwise_neuron_hooks(masks), "keep": MK.rowwise_neuron_hooks(keep_masks), "heads": heads, "none": None}
+    runs = AR.run_answer_conditions(b, ps, conds, capture=("coef",), max_rows=7)  # stacked in chunks
     keep = runs["keep"]
-    plain = C.run_last_position(b, ps, None)
+    plain = AR.run_last_position(b, ps, None)
     assert torch.allclose(runs["none"].logprob, plain.logprob, atol=1e-4)
-    ref_heads = C.run_last_position(b, ps, heads, share_prefix=False)
+    ref_heads = AR.run_last_position(b, ps, heads, share_prefix=False)
     assert torch.allclose(runs["heads"].logprob, ref_heads.logprob, atol=1e-4)
     for i in range(len(ps)):
         one = ps.subset([i])
-        ref = C.run_last_position(b, one, A.zero_neurons_hooks(sets[i], position=-1), share_prefix=False)
+        ref = AR.run_last_position(b, one, A.zero_neurons_hooks(sets[i], position=-1), share_prefix=False)
         assert torch.allclose(runs["rows"].logprob[i], ref.logprob[0], atol=1e-4)
         assert torch.allclose(runs["rows"].coef[i], ref.coef[0], atol=1e-4)
         assert runs["rows"].coef[i, 1, 2 * i] == 0
-        ref_keep = C.run_last_position(b, one, A.keep_neurons_hooks(sets[i], layers=[1], position=-1), share_prefix=False)
+        ref_keep = AR.run_last_position(b, one, A.keep_neurons_hooks(sets[i], layers=[1], position=-1), share_prefix=False)
         assert torch.allclose(keep.logprob[i], ref_keep.logprob[0], atol=1e-4)
 
 
@@ -237,10 +242,10 @@ def test_correct_mask_equals_greedy_verdict(qwen):
     # make the model's own greedy continuation the answer: all correct by "first"
     _, gen = greedy_answers(b, ps, extra_tokens=0)
     own = ds.PromptSet(ps.records, ps.input_ids, [g[:2] for g in gen], ps.cf_input_ids, ps.tokenizer)
-    assert C.correct_mask(b, own, "first").all()
+    assert AR.correct_mask(b, own, "first").all()
     frame = evaluate(b, own, full_answer=True)
-    assert C.correct_mask(b, own, "full").tolist() == frame.correct_full.tolist()
-    assert C.correct_mask(b, ps, "full").tolist() == evaluate(b, ps).correct_full.tolist()
+    assert AR.correct_mask(b, own, "full").tolist() == frame.correct_full.tolist()
+    assert AR.correct_mask(b, ps, "full").tolist() == evaluate(b, ps).correct_full.tolist()
 
 
 def test_concept_counts_equal_brute_force():
@@ -248,25 +253,25 @@ def test_concept_counts_equal_brute_force():
     W = torch.randn(16, 700)
     Y = torch.randn(300, 16)
     concepts = {i: f"num:{i % 7}" for i in range(0, 700, 9)}
-    got = C.concept_counts(Y, W, concepts, k=50, min_count=1, vocab_chunk=64)
+    got = SN.concept_counts(Y, W, concepts, k=50, min_count=1, vocab_chunk=64)
     top = (Y @ W).topk(50, dim=1).indices
     ref = [len({concepts[t] for t in row.tolist() if t in concepts}) for row in top]
     assert got.tolist() == ref
-    got2 = C.concept_counts(Y, W, concepts, k=50, min_count=2, vocab_chunk=64)
+    got2 = SN.concept_counts(Y, W, concepts, k=50, min_count=2, vocab_chunk=64)
     assert got2.tolist() == [r if r >= 2 else 0 for r in ref]
     # the scan order (sample-informed or random) does not change the result
-    assert C.concept_counts(Y, W, concepts, k=50, vocab_chunk=100, n_sample=0, row_chunk=77).tolist() == ref
+    assert SN.concept_counts(Y, W, concepts, k=50, vocab_chunk=100, n_sample=0, row_chunk=77).tolist() == ref
 
 
 def test_concept_of_counts_numbers_and_operations_only():
     """Yu Sec. 4.4's concepts "related to numbers or operations": digits, English number
     words, operators. Roman and foreign numerals, ordinals and multiples are not (the
     old list counted them and selected 12 % of the shallow neurons at M = 2)."""
-    assert C.concept_of(" 8") == "num:8" and C.concept_of("Eight") == "num:8" and C.concept_of("42") == "num:42"
-    assert C.concept_of(" hundred") == "num:100" and C.concept_of("nineteen") == "num:19"
-    assert C.concept_of(" plus") == "op:add" and C.concept_of("÷") == "op:div" and C.concept_of("-") == "op:sub"
+    assert SN.concept_of(" 8") == "num:8" and SN.concept_of("Eight") == "num:8" and SN.concept_of("42") == "num:42"
+    assert SN.concept_of(" hundred") == "num:100" and SN.concept_of("nineteen") == "num:19"
+    assert SN.concept_of(" plus") == "op:add" and SN.concept_of("÷") == "op:div" and SN.concept_of("-") == "op:sub"
     for text in ("VIII", "XV", "acht", "huit", "fifth", "first", "twice", "dozen", "I", "the", " "):
-        assert C.concept_of(text) is None, text
+        assert SN.concept_of(text) is None, text
 
 
 def test_concept_counts_per_row_min_count():
@@ -277,7 +282,7 @@ def test_concept_counts_per_row_min_count():
     top = (Y @ W).topk(50, dim=1).indices
     ref = torch.tensor([len({concepts[t] for t in row.tolist() if t in concepts}) for row in top])
     need = torch.randint(0, 7, (120,))
-    got = C.concept_counts(Y, W, concepts, k=50, min_count=need, vocab_chunk=32)
+    got = SN.concept_counts(Y, W, concepts, k=50, min_count=need, vocab_chunk=32)
     assert got.tolist() == torch.where(ref >= need, ref, torch.zeros_like(ref)).tolist()
 
 
@@ -293,7 +298,7 @@ def test_layer_ov_matches_value_and_output_projections(qwen):
         H, kv, dh = qwen.info.n_heads, qwen.info.n_kv_heads, qwen.info.d_head
         v = v.view(3, kv, dh).repeat_interleave(H // kv, dim=1).reshape(3, H * dh)
         ref = v @ attn.o_proj.weight.T
-    assert torch.allclose(x @ C.layer_ov(b, layer), ref, atol=1e-4)
+    assert torch.allclose(x @ SN.layer_ov(b, layer), ref, atol=1e-4)
 
 
 def _sweep_rows(drops: dict, logit: dict | None = None, ops=("+", "-", "/"), digits=(1,)) -> pd.DataFrame:
@@ -365,7 +370,7 @@ def test_coefficient_decrease_and_lowest_neuron():
     assert C.coefficient_decrease(torch.tensor([2.0]), torch.tensor([3.0])) == pytest.approx(-50.0)
     imp = torch.zeros(4, 10)
     imp[1, 3], imp[1, 5] = 0.2, 0.7
-    assert C.lowest_neuron([(3, 1), (1, 3), (1, 5), (2, 2)], imp) == (1, 5)
+    assert MK.lowest_neuron([(3, 1), (1, 3), (1, 5), (2, 2)], imp) == (1, 5)
     assert C.deep_layers(32) == list(range(17, 32)) and C.deep_layers(24) == list(range(13, 24))
 
 
@@ -382,50 +387,50 @@ def test_tables_run_on_tiny_model(qwen):
     b = qwen.bridge
     ps = _prompts(qwen, ops=("+", "-"), n=4)
     res = C.cna_compare(b, ps, A.zero_heads_hooks([(1, 0)]), mode="exact", progress=False)
-    table = C.mask_keep_table(b, ps, res, ks=(5, 2), n_seeds=2, progress=False)
+    table = MK.mask_keep_table(b, ps, res, ks=(5, 2), n_seeds=2, progress=False)
     assert set(table.intervention) == {"mask", "keep", "random mask", "random keep"} and len(table) == 2 * (2 + 2 * 2)
     assert sorted(table[table.intervention == "random mask"].seed.unique()) == [0, 1]
-    only = C.mask_keep_table(b, ps, res, ks=(5, 2), n_seeds=2, control_ks=[5], progress=False)
+    only = MK.mask_keep_table(b, ps, res, ks=(5, 2), n_seeds=2, control_ks=[5], progress=False)
     assert set(only[only.intervention.str.startswith("random")].K) == {5} and len(only) == 2 * 2 + 2 * 2
     for row in table.itertuples():
         assert decode_correct(row.correct_by_prompt).mean() == pytest.approx(row.accuracy)
     # zeroing a case's top neurons at the answer position matches zero_neurons_hooks there
     i, top = 0, res.top(0, 5)
-    ref = C.run_last_position(b, ps.subset([i]), A.zero_neurons_hooks(top, position=-1), capture=(), share_prefix=False)
-    runs = C.run_answer_conditions(b, ps, {"m": C.rowwise_neuron_hooks(C.neuron_masks([res.top(j, 5) for j in range(len(ps))], 2, qwen.info.d_mlp))})
+    ref = AR.run_last_position(b, ps.subset([i]), A.zero_neurons_hooks(top, position=-1), capture=(), share_prefix=False)
+    runs = AR.run_answer_conditions(b, ps, {"m": MK.rowwise_neuron_hooks(MK.neuron_masks([res.top(j, 5) for j in range(len(ps))], 2, qwen.info.d_mlp))})
     assert runs["m"].pred[i] == ref.pred[0]
     res0 = C.cna_compare(b, ps, A.zero_heads_hooks([(0, 1)]), mode="exact", progress=False)  # scores layers 0, 1
-    summary, per_case = C.lowest_neuron_table(b, ps, res0, ks=(5,), n_seeds=2, progress=False)
+    summary, per_case = MK.lowest_neuron_table(b, ps, res0, ks=(5,), n_seeds=2, progress=False)
     assert len(per_case) > 0
     assert list(summary.columns[:2]) == ["K", "coef_decrease"] and "random_coef_decrease" in summary
     rnd = per_case[per_case.kind == "random"]
     assert set(rnd.seed) <= {0, 1} and (rnd.lowest_layer == rnd.merge(per_case[per_case.kind == "lowest"][
         ["case", "lowest_layer"]], on="case", suffixes=("", "_l")).lowest_layer_l.to_numpy()).all()
-    dag = C.pe_dag_cases(b, res0, k=5, n_seeds=2, progress=False)
+    dag = DAG.pe_dag_cases(b, res0, k=5, n_seeds=2, progress=False)
     assert set(dag.kind) == {"top", "random"} and dag.case.nunique() == len(ps)
     # the 'top' rows agree with pe_dag's edges on case 0
-    _, edges0 = C.pe_dag(b, res0, 0, k=5)
+    _, edges0 = DAG.pe_dag(b, res0, 0, k=5)
     top0 = dag[(dag.case == 0) & (dag.kind == "top")].iloc[0]
     assert top0.n_pairs == len(edges0) and top0.n_edges == int(edges0.edge.sum())
-    nodes, edges = C.pe_dag(b, res, 0, k=5)
+    nodes, edges = DAG.pe_dag(b, res, 0, k=5)
     assert len(nodes) == 5
-    key = C.effective_key(b, 1, top[0][1], res.run_a.resid_mid[0, 1])
+    key = DAG.effective_key(b, 1, top[0][1], res.run_a.resid_mid[0, 1])
     assert key.shape == (qwen.info.d_model,)
     x = res.run_a.resid_mid[0, 1]
     eps = 1e-3 * key / key.norm()
-    m0 = C.mlp_coefficients(b, 1, x[None])[0, top[0][1]]
-    m1 = C.mlp_coefficients(b, 1, (x + eps)[None])[0, top[0][1]]
+    m0 = DAG.mlp_coefficients(b, 1, x[None])[0, top[0][1]]
+    m1 = DAG.mlp_coefficients(b, 1, (x + eps)[None])[0, top[0][1]]
     assert torch.allclose(m1 - m0, (key * eps).sum(), rtol=0.05, atol=1e-6)
-    counts = C.shallow_concept_counts(b, qwen.tokenizer, 1, progress=False)
+    counts = SN.shallow_concept_counts(b, qwen.tokenizer, 1, progress=False)
     assert len(counts) == qwen.info.d_mlp and set(counts.ov_layer) <= {-1, 1}
-    hid = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1), n_seeds=3, progress=False)
+    hid = SN.hidden_interpretable_table(b, ps, counts, ms=(0, 1), n_seeds=3, progress=False)
     assert set(hid.set) == {"hidden-interpretable", "random"} and len(hid) == 2 * (1 + 3)
     assert (hid.paper_n[hid.M == 1] == 10426).all() and (hid.n_shallow == qwen.info.d_mlp).all()
-    part = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1), n_seeds=3, control_ms=[1], progress=False)
+    part = SN.hidden_interpretable_table(b, ps, counts, ms=(0, 1), n_seeds=3, control_ms=[1], progress=False)
     assert part.groupby("M").size().to_dict() == {0: 2, 1: 4}
     for row in hid.itertuples():  # per-case correctness (the report's paired bootstrap) gives the accuracy back
         assert decode_correct(row.correct_by_prompt).mean() == pytest.approx(row.accuracy)
-    ex = C.shallow_neuron_examples(b, ps, 0, key, head_layer=1, n=3)
+    ex = SN.shallow_neuron_examples(b, ps, 0, key, head_layer=1, n=3)
     assert len(ex) == 3 + 2
 
 
@@ -436,27 +441,27 @@ def test_tables_refuse_fewer_scored_neurons_than_k(qwen):
     ps = _prompts(qwen, ops=("+",), n=3)
     res = C.cna_compare(b, ps, A.zero_heads_hooks([(1, 0)]), mode="two_stage", n_candidates=3, progress=False)
     with pytest.raises(ValueError, match="fewer than 5 finite CNA scores.*raise n_candidates to at least 5"):
-        C.mask_keep_table(b, ps, res, ks=(5,), progress=False)
+        MK.mask_keep_table(b, ps, res, ks=(5,), progress=False)
     with pytest.raises(ValueError, match="raise n_candidates to at least 4"):
-        C.lowest_neuron_table(b, ps, res, ks=(4,), progress=False)
-    table = C.mask_keep_table(b, ps, res, ks=(3,), n_seeds=1, progress=False)
+        MK.lowest_neuron_table(b, ps, res, ks=(4,), progress=False)
+    table = MK.mask_keep_table(b, ps, res, ks=(3,), n_seeds=1, progress=False)
     assert len(table) == 4
-    C.lowest_neuron_table(b, ps, res, ks=(3,), progress=False)
+    MK.lowest_neuron_table(b, ps, res, ks=(3,), progress=False)
 
 
 def test_operand_positions_need_one_token_operands(qwen):
     tok = qwen.tokenizer
     ps = _prompts(qwen)
-    pos = C.operand_positions(ps, 0)
+    pos = SN.operand_positions(ps, 0)
     texts = [tok.decode([t]).strip() for t in ps.input_ids[0]]
     assert texts[pos["A"]] == str(ps.records[0].a) and texts[pos["B"]] == str(ps.records[0].b) and pos["A"] < pos["B"]
     two = ds.PromptSet.build(ds.yu_prompts(["+"], n_digits=2, n_per_template=2, templates=[3], fewshot=2), tok)
     with pytest.raises(ValueError, match=r"operand \d+ of '\d+ \+ \d+ = ' is not a single token.*n_digits=1"):
-        C.operand_positions(two, 0)
+        SN.operand_positions(two, 0)
     words = ds.PromptSet.build(ds.yu_prompts(["+"], n_digits=1, numerals="words", n_per_template=2, templates=[3],
                                              fewshot=2), tok)
     with pytest.raises(ValueError, match="is not a token of its own.*numerals='digits'"):
-        C.operand_positions(words, 0)
+        SN.operand_positions(words, 0)
 
 
 def test_concept_tokens_skip_only_ids_past_the_tokenizer():
@@ -476,9 +481,9 @@ def test_concept_tokens_skip_only_ids_past_the_tokenizer():
                 raise RuntimeError("broken tokenizer")
             return ["8", "the", " plus"][ids[0]]
 
-    assert C.concept_tokens(Tok(), vocab_size=5) == {0: "num:8", 2: "op:add"}
+    assert SN.concept_tokens(Tok(), vocab_size=5) == {0: "num:8", 2: "op:add"}
     with pytest.raises(RuntimeError, match="broken"):
-        C.concept_tokens(Tok(broken=1), vocab_size=5)
+        SN.concept_tokens(Tok(broken=1), vocab_size=5)
 
 
 def test_hidden_interpretable_table_runs_each_neuron_set_once(qwen, monkeypatch):
@@ -487,19 +492,19 @@ def test_hidden_interpretable_table_runs_each_neuron_set_once(qwen, monkeypatch)
     K = qwen.info.d_mlp
     counts = pd.DataFrame({"layer": [0] * K, "neuron": list(range(K)), "n_concepts": [j % 3 for j in range(K)]})
     calls = []
-    real = C.run_conditions
+    real = AR.run_conditions
 
     def counted(*args, **kwargs):
         calls.append(list(args[2]))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(C, "run_conditions", counted)
-    hid = C.hidden_interpretable_table(b, ps, counts, ms=(0, 1, 2, 5), n_seeds=1, progress=False)
+    monkeypatch.setattr(SN, "run_conditions", counted)
+    hid = SN.hidden_interpretable_table(b, ps, counts, ms=(0, 1, 2, 5), n_seeds=1, progress=False)
     # base + M=0 (both sets = every neuron, run once) + M=1, M=2 (two sets each); M=5 selects nothing (= base)
     assert len(calls) == 1 and len(calls[0]) == 1 + 1 + 2 + 2
-    monkeypatch.setattr(C, "run_conditions", real)
-    every = C.run_last_position(b, ps, A.zero_neurons_hooks([(0, j) for j in range(K)]), capture=()).accuracy
-    base = C.run_last_position(b, ps, None, capture=()).accuracy
+    monkeypatch.setattr(SN, "run_conditions", real)
+    every = AR.run_last_position(b, ps, A.zero_neurons_hooks([(0, j) for j in range(K)]), capture=()).accuracy
+    base = AR.run_last_position(b, ps, None, capture=()).accuracy
     m0 = hid[hid.M == 0].set_index("set").accuracy
     assert m0["hidden-interpretable"] == m0["random"] == every
     assert (hid[hid.M == 5].accuracy == base).all() and (hid[hid.M == 5].n_neurons == 0).all()
@@ -515,28 +520,28 @@ def test_keep_zeroes_exactly_the_layers_cna_scored(qwen, monkeypatch):
         res = C.cna_compare(b, ps, A.zero_heads_hooks([head]), mode="exact", progress=False)
         assert res.layers == list(range(head[0], qwen.info.n_layers))
         seen = {}
-        real = C.run_answer_conditions
+        real = AR.run_answer_conditions
 
         def spy(model, prompts, conditions, **kw):
             seen.update(conditions)
             return real(model, prompts, conditions, **kw)
 
-        monkeypatch.setattr(C, "run_answer_conditions", spy)
-        table = C.mask_keep_table(b, ps, res, ks=(3,), n_seeds=1, progress=False)
-        monkeypatch.setattr(C, "run_answer_conditions", real)
+        monkeypatch.setattr(MK, "run_answer_conditions", spy)
+        table = MK.mask_keep_table(b, ps, res, ks=(3,), n_seeds=1, progress=False)
+        monkeypatch.setattr(MK, "run_answer_conditions", real)
         for name in ("keep|3|", "random keep|3|0"):
             hooks = seen[name](torch.arange(len(ps)))
             assert sorted(int(h.split(".")[1]) for h, _ in hooks) == res.layers
-        assert (table[table.intervention == "keep"].keep_layers == C.layer_span(res.layers)).all()
-    assert C.layer_span([13, 14, 15, 20]) == "13-15,20"
+        assert (table[table.intervention == "keep"].keep_layers == MK.layer_span(res.layers)).all()
+    assert MK.layer_span([13, 14, 15, 20]) == "13-15,20"
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_layer_ov_factors_multiply_to_the_ov_map(arch):
     b = load_model(str(random_model_dir(arch))).bridge
     for layer in range(b.cfg.n_layers):
-        A_, B_ = C.layer_ov_factors(b, layer)
-        assert torch.allclose(A_ @ B_, C.layer_ov(b, layer), atol=1e-5)
+        A_, B_ = SN.layer_ov_factors(b, layer)
+        assert torch.allclose(A_ @ B_, SN.layer_ov(b, layer), atol=1e-5)
 
 
 def test_ov_concept_counts_equal_brute_force_over_every_reading_layer():
@@ -554,14 +559,14 @@ def test_ov_concept_counts_equal_brute_force_over_every_reading_layer():
         top = (((vec @ A_ @ B_) * g) @ W_U).topk(20).indices.tolist()
         return len({concepts[t] for t in top if t in concepts})
 
-    best, where = C.ov_concept_counts(values, factors, g, W_U, concepts, k=20)
+    best, where = SN.ov_concept_counts(values, factors, g, W_U, concepts, k=20)
     for l in range(H):
         for n in range(K):
             per_j = {j: count(values[l][n], j) for j in range(l + 1, H + 1)}
             m = max(per_j.values())
             assert best[l * K + n] == m
             assert where[l * K + n] == (min(j for j, c in per_j.items() if c == m) if m > 0 else -1)
-    capped, _ = C.ov_concept_counts(values, factors, g, W_U, concepts, k=20, cap=2)
+    capped, _ = SN.ov_concept_counts(values, factors, g, W_U, concepts, k=20, cap=2)
     assert ((capped == best) | ((capped >= 2) & (best >= 2))).all()
     with pytest.raises(ValueError, match="attention layers 1..4"):
-        C.ov_concept_counts(values, factors[:3], g, W_U, concepts)
+        SN.ov_concept_counts(values, factors[:3], g, W_U, concepts)
