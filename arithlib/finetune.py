@@ -1,6 +1,9 @@
-"""Fine-tuning for arithmetic: LoRA in one attention layer (Yu & Ananiadou 2024, Sec. 5,
-Fig. 2, Tables 9-10), precise SFT of key heads (Zhang et al. 2024, Sec. 4.3, Alg. 2,
-Sec. 5.3, Tables 1, 2, 5) and full SFT as the comparison.
+"""The trainer under the papers' fine-tuning: LoRA in one attention layer
+(:mod:`arithlib.lora`; Yu & Ananiadou 2024, Sec. 5, Fig. 2, Tables 9-10), precise SFT of
+key heads and full SFT (:mod:`arithlib.sft`; Zhang et al. 2024, Sec. 4.3, Alg. 2, Sec. 5.3,
+Tables 1, 2, 5): weights shared with the bridge, data splits and batches, the answer-token
+loss under a shared few-shot prefix, the training loop with checkpoints, and trained
+weights kept on disk.
 
 Design
 ------
@@ -35,24 +38,9 @@ Design
   from ``seed`` (forked RNG); no dropout by default. Same seed -> identical weights on
   the CPU (tested).
 
-Precise SFT and grouped-query attention
----------------------------------------
-Zhang's head (i, j) owns four slices: rows of W_Q, W_K, W_V (d_head x d each) and
-columns of W_O. With GQA (Qwen2: 14 query heads share 2 KV heads, 7 per group) a query
-head has no K/V of its own; here a head's K/V slice is **the K/V rows of the KV group
-it reads** (``kv="group"``): selecting any head of a group trains that group's K/V
-rows, which all 7 heads of the group read, and a group shared by several selected heads
-is counted once. ``kv="none"`` trains only the Q and O slices. Biases of the selected
-rows (Qwen2 has q/k/v biases) are trained with them. The gradient of a layer's slices
-is multiplied by H/h (H heads in the layer, h of them selected), Zhang's rescaling
-(following Yu et al. 2023). Under Adam that factor cancels (Adam divides by the
-gradient's running RMS) except against ``eps``; with ``optimizer="sgd"`` (Alg. 2's
-literal update) it scales the step. Whole MLPs can be added (Zhang's Table 2/5); they
-are trained unscaled. Weight decay touches only the trained entries.
-
 Peft provides LoRA; nothing in peft or TransformerLens trains slices of a weight
-matrix with per-layer gradient scales or evaluates answer tokens under a shared
-few-shot prefix, hence the rest of this module.
+matrix with per-layer gradient scales (:mod:`arithlib.sft`) or evaluates answer tokens
+under a shared few-shot prefix, hence this module.
 """
 
 from __future__ import annotations
@@ -63,8 +51,6 @@ import gc
 import json
 import math
 import random
-import re
-import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
@@ -78,21 +64,19 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import datasets as ds
-from .components import Head, Neuron
 from .datasets import PromptRecord, PromptSet
 from .evaluate import continues_number
 from .fingerprints import data_fingerprint, fingerprint, model_fingerprint
 from .engine import (LayerInputs, can_start_late, clean_param_name, common_prefix, decoder_layers, hf_module as _hf,
                      input_device, module_device, run_decoder, select_cache_rows, shared_hf_model)
 from .stats import encode_correct
-from .papers import (KEY_HEAD_THRESHOLD, SFT_LR_GRID, YU_BANDS_32, YU_LR_GRID, YU_REFERENCE_LAYER_FRACTION,
-                     ZHANG_HEAD_COUNTS, ZHANG_MLP_COUNTS, ZHANG_SFT, ZHANG_TOTAL_HEADS)
 
 
 # --------------------------------------------------------------------------- model plumbing
 
 
-def _params_by_clean_name(model) -> dict[str, torch.nn.Parameter]:
+def params_by_clean_name(model) -> dict[str, torch.nn.Parameter]:
+    """``model``'s parameters by clean HF name (no bridge segments)."""
     return {clean_param_name(n): p for n, p in _hf(model).named_parameters()}
 
 
@@ -104,7 +88,7 @@ def use_weights(model, weights: Mapping[str, torch.Tensor] | None) -> Iterator[N
     if not weights:
         yield
         return
-    params = _params_by_clean_name(model)
+    params = params_by_clean_name(model)
     unknown = set(weights) - set(params)
     if unknown:
         raise KeyError(f"unknown parameter(s) {sorted(unknown)[:5]}")
@@ -125,7 +109,7 @@ def use_weights(model, weights: Mapping[str, torch.Tensor] | None) -> Iterator[N
 
 
 @contextlib.contextmanager
-def _training_state(model) -> Iterator[None]:
+def training_state(model) -> Iterator[None]:
     """Within the block the HF model behind ``model`` may change its parameters'
     ``requires_grad`` and ``.grad`` and its modules' train/eval modes; on exit (an
     exception included) every parameter and module present on entry gets them back.
@@ -184,17 +168,19 @@ LORA_TARGETS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _arch(model) -> str:
+def architecture(model) -> str:
+    """The HF ``model_type`` (``"qwen2"``, ``"llama"``): the key of the projection tables."""
     return str(_hf(model).config.model_type)
 
 
-def _get(module: torch.nn.Module, path: str) -> torch.nn.Module:
+def submodule(module: torch.nn.Module, path: str) -> torch.nn.Module:
+    """``module``'s submodule at the dotted ``path`` (``"mlp.down_proj"``)."""
     for part in path.split("."):
         module = getattr(module, part)
     return module
 
 
-def _layer_prefix(model, layer: int) -> str:
+def layer_prefix(model, layer: int) -> str:
     """Clean parameter-name prefix of block ``layer`` (e.g. ``model.layers.3.``)."""
     hf = _hf(model)
     block = decoder_layers(hf)[layer]
@@ -570,7 +556,7 @@ def _lr_lambda(config: TrainConfig, total: int) -> Callable[[int], float]:
     return f
 
 
-class _Trainable:
+class Trainable:
     """What a training run updates: named parameters, with optional gradient masks
     (entries outside are frozen) and per-parameter gradient scales."""
 
@@ -591,7 +577,7 @@ class _Trainable:
         return total
 
 
-def _state_of(trainable: _Trainable) -> dict[str, torch.Tensor]:
+def _state_of(trainable: Trainable) -> dict[str, torch.Tensor]:
     return {n: p.detach().cpu().clone() for n, p in trainable.params.items()}
 
 
@@ -626,7 +612,7 @@ def make_optimizer(params: Sequence[torch.nn.Parameter], config: TrainConfig,
                              **({"fused": True} if fused else {"foreach": False}))
 
 
-def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config: TrainConfig,
+def train_parameters(model, trainable: Trainable, train_set: PromptSet, config: TrainConfig,
                      val_set: PromptSet | None = None, *, progress: bool = True, desc: str = "train",
                      checkpoint_dir: str | Path | None = None, keep_state: bool = True,
                      inputs: LayerInputs | None = None, unchanged_below: int | None = None
@@ -649,7 +635,7 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
     trained parameters), as in :func:`teacher_forced_logits`: the same steps and weights bit
     for bit (training batches depend on the config's seed only). Every parameter's
     ``requires_grad`` and ``.grad`` and every module's train/eval mode are as before
-    on return, and on an error (:func:`_training_state`)."""
+    on return, and on an error (:func:`training_state`)."""
     if len(train_set) == 0:
         raise ValueError("empty training set")
     hf = _hf(model)
@@ -662,7 +648,7 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
                       stacklevel=2)
     n_layers = len(decoder_layers(hf))
     same_below = min(n_layers if unchanged_below is None else unchanged_below, first_changed_layer(hf, params))
-    with _training_state(hf):  # flags, grads and modes come back as they were, even on error
+    with training_state(hf):  # flags, grads and modes come back as they were, even on error
         for p in hf.parameters():
             p.requires_grad_(False)
         for p in params.values():
@@ -762,7 +748,7 @@ def train_parameters(model, trainable: _Trainable, train_set: PromptSet, config:
 # --------------------------------------------------------------------------- caching trained weights
 
 
-def _cached(cache_dir: str | Path | None, key: dict, build: Callable[[Path | None], FineTuned]) -> FineTuned:
+def cached_training(cache_dir: str | Path | None, key: dict, build: Callable[[Path | None], FineTuned]) -> FineTuned:
     """``build(checkpoint_dir)`` once per ``key``; its FineTuned is stored in
     ``cache_dir/<hash>/result.pt`` and loaded on later calls."""
     if cache_dir is None:
@@ -785,95 +771,14 @@ def _cached(cache_dir: str | Path | None, key: dict, build: Callable[[Path | Non
 TRAINING_CACHE_FORMAT = 4
 
 
-def _base_key(model, method: str, train_set: PromptSet, val_set: PromptSet | None, config: TrainConfig) -> dict:
+def training_key(model, method: str, train_set: PromptSet, val_set: PromptSet | None, config: TrainConfig) -> dict:
+    """What a trained result depends on: the method, the model's weights, the data and the
+    training settings (no source code: a refactor keeps trained weights)."""
     return {"method": method, "model": model_fingerprint(model), "train": data_fingerprint(train_set),
             "val": data_fingerprint(val_set), "config": asdict(config), "format": TRAINING_CACHE_FORMAT}
 
 
 # --------------------------------------------------------------------------- LoRA
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """LoRA hyper-parameters (Hu et al. 2021). Yu & Ananiadou do not give r or alpha;
-    their Sec. 6.1 LoRA in one layer of Llama-7B adds 0.015 % parameters, i.e. r = 32 on
-    q/k/v/o (1.0 M). The default here, r = 16 on q/k/v/o, is the same order of
-    magnitude for a 0.5B model (90 k = 0.018 %); ``targets=None`` picks the
-    architecture's attention projections (:data:`LORA_TARGETS`)."""
-
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    targets: tuple[str, ...] | None = None
-
-
-def train_lora(model, layer: int, train_set: PromptSet, config: TrainConfig, val_set: PromptSet | None = None,
-               lora: LoraSpec = LoraSpec(), *, progress: bool = True, cache_dir: str | Path | None = None,
-               inputs: LayerInputs | None = None, unchanged_below: int | None = None) -> FineTuned:
-    """Yu & Ananiadou Sec. 5: LoRA (peft) on the attention projections of block ``layer``
-    only (``layers_to_transform=[layer]``), trained on ``train_set``. ``model`` is an HF
-    model or a bridge (trained through :func:`shared_hf_model`; base weights untouched).
-    Returns the merged weights of the layer's projections (W + scaling * B A).
-    ``inputs``, ``unchanged_below``: as in :func:`train_parameters`."""
-    from peft import LoraConfig, get_peft_model
-
-    hf = shared_hf_model(model)
-    n_layers = model_shape(hf)["n_layers"]
-    if not 0 <= layer < n_layers:
-        raise ValueError(f"layer {layer} out of range 0..{n_layers - 1}")
-    arch = _arch(hf)
-    targets = lora.targets or LORA_TARGETS.get(arch)
-    if targets is None:
-        raise NotImplementedError(f"no LoRA target modules known for {arch!r}; pass LoraSpec(targets=...)")
-    leaf = sorted({t.split(".")[-1] for t in targets})
-    key = {**_base_key(hf, "lora", train_set, val_set, config), "layer": layer, "lora": asdict(lora)}
-
-    def build(ckdir: Path | None) -> FineTuned:
-        with _training_state(hf):  # peft freezes the base weights, unload() does not undo it
-            return _train_lora(ckdir)
-
-    def _train_lora(ckdir: Path | None) -> FineTuned:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)
-            peft_cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=leaf,
-                                  layers_to_transform=[layer], bias="none")
-            pm = get_peft_model(hf, peft_cfg)
-        try:
-            lora_params = {n: p for n, p in hf.named_parameters() if "lora_" in n}
-            if not lora_params:
-                raise RuntimeError(f"peft added no LoRA weights to layer {layer} for targets {leaf}")
-            trainable = _Trainable(lora_params)
-            state, record = train_parameters(hf, trainable, train_set, config, val_set, progress=progress,
-                                             desc=f"LoRA L{layer}", checkpoint_dir=ckdir, inputs=inputs,
-                                             unchanged_below=unchanged_below)
-            with torch.no_grad():
-                for n, v in state.items():
-                    lora_params[n].copy_(v.to(lora_params[n].device))
-            weights = _merged_lora_weights(hf, pm)
-            n_trainable = trainable.n_trainable()
-        finally:
-            pm.unload()
-        return FineTuned(method=f"lora_L{layer}", weights=weights, history=record["history"], epochs=record["epochs"],
-                         best_epoch=record["best_epoch"], n_trainable=n_trainable,
-                         samples_per_second=record["samples_per_second"], train_seconds=record["train_seconds"],
-                         n_samples=record["n_samples"], config=config,
-                         info={"layer": layer, "lora_r": lora.r, "lora_alpha": lora.alpha})
-
-    return _cached(cache_dir, key, build)
-
-
-def _merged_lora_weights(hf, peft_model) -> dict[str, torch.Tensor]:
-    """W + delta of every LoRA-wrapped linear layer (what ``merge_and_unload`` writes)."""
-    from peft.tuners.lora import LoraLayer
-
-    out = {}
-    for name, module in hf.named_modules():
-        if isinstance(module, LoraLayer) and module.active_adapters:
-            base = module.get_base_layer()
-            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
-            clean = clean_param_name(name)
-            out[f"{clean}.weight"] = (base.weight.detach() + delta.detach()).cpu().clone()
-    return out
 
 
 def select_lr(fit: Callable[[float], FineTuned], lrs: Sequence[float], val_set: PromptSet, evaluate_on: Callable,
@@ -940,95 +845,13 @@ def first_changed_layer(model, weights: Mapping[str, torch.Tensor] | None) -> in
         return len(blocks)
     index = {id(b): l for l, b in enumerate(blocks)}
     prefixes = [(clean_param_name(name) + ".", index[id(m)]) for name, m in _hf(model).named_modules()
-                if id(m) in index]  # one pass over the modules (not one per block, as _layer_prefix)
+                if id(m) in index]  # one pass over the modules (not one per block, as layer_prefix)
     return min(next((l for pre, l in prefixes if name.startswith(pre)), 0) for name in weights)
 
 
-def lora_layer_sweep(model, layers: Sequence[int], train_set: PromptSet, val_set: PromptSet | None,
-                     test_set: PromptSet, config: TrainConfig, lrs: Sequence[float] = YU_LR_GRID,
-                     lr_layers: Sequence[int] | None = None, lora: LoraSpec = LoraSpec(), *,
-                     cache_dir: str | Path | None = None, progress: bool = True
-                     ) -> tuple[pd.DataFrame, dict[int, FineTuned], pd.DataFrame]:
-    """Yu & Ananiadou Fig. 2: one LoRA model per attention layer in ``layers``, test
-    accuracy of each (``correct_full``) beside the original model's (layer -1).
-
-    Learning rate: from ``lrs`` by validation accuracy (Yu: 1e-3 / 5e-4 / 1e-4) for each
-    layer in ``lr_layers`` (default: every layer); the other layers reuse the lr chosen
-    most often there. One lr without ``val_set``: used as is.
-    Returns (per-layer table: layer, lr, accuracy, accuracy on negative / non-negative
-    answers, n_trainable, samples/s, best_epoch; the FineTuned per layer; the lr table)."""
-    layers = list(layers)
-    lr_layers = layers if lr_layers is None else [l for l in lr_layers]
-    lr_rows = []
-    fitted: dict[int, FineTuned] = {}
-
-    train_inputs = LayerInputs(layers)  # the original's stream entering the LoRA layers, per training batch
-
-    def fit_at(layer: int, lr: float) -> FineTuned:
-        return train_lora(model, layer, train_set, replace(config, lr=lr), val_set, lora, progress=progress,
-                          cache_dir=cache_dir, inputs=train_inputs)
-
-    search = len(lrs) > 1 and val_set is not None and len(val_set) > 0
-    for layer in tqdm([l for l in layers if l in lr_layers], desc="LoRA lr search", disable=not (progress and search)):
-        if search:
-            ft, table = choose_lr(model, lambda lr: fit_at(layer, lr), lrs, val_set, config.eval_batch_size)
-            lr_rows.append(table.assign(layer=layer))
-            fitted[layer] = ft
-    chosen_lrs = pd.concat(lr_rows)[lambda t: t.chosen]["lr"] if lr_rows else pd.Series([lrs[0]])
-    default_lr = float(chosen_lrs.mode().iloc[0]) if len(chosen_lrs) else float(lrs[0])
-    # deepest first: each run records the stream entering the shallower LoRA layers for the next
-    for layer in tqdm(sorted(layers, reverse=True), desc="LoRA per layer", disable=not progress):
-        if layer not in fitted:
-            fitted[layer] = fit_at(layer, default_lr)
-    inputs = {"test": LayerInputs(layers)}  # the original's stream entering each LoRA layer
-    base = evaluate_weights(model, None, {"test": test_set}, config.eval_batch_size, inputs=inputs)
-    rows = [_accuracy_row(base, layer=-1, lr=float("nan"), n_trainable=0, samples_per_second=float("nan"),
-                          best_epoch=0, model="original")]
-    for layer in layers:
-        ft = fitted[layer]
-        frame = evaluate_weights(model, ft.weights, {"test": test_set}, config.eval_batch_size, inputs=inputs)
-        rows.append(_accuracy_row(frame, layer=layer, lr=ft.config.lr, n_trainable=ft.n_trainable,
-                                  samples_per_second=ft.samples_per_second, best_epoch=ft.best_epoch,
-                                  model=f"LoRA L{layer}"))
-    lr_table = pd.concat(lr_rows, ignore_index=True) if lr_rows else pd.DataFrame(
-        {"lr": [default_lr], "val_accuracy": [float("nan")], "best_epoch": [0], "chosen": [True], "layer": [-1]})
-    return pd.DataFrame(rows), fitted, lr_table
-
-
-def learning_curve(model, layer: int, train_set: PromptSet, eval_set: PromptSet, sizes: Sequence[int],
-                   config: TrainConfig, lora: LoraSpec = LoraSpec(), *, cache_dir: str | Path | None = None,
-                   progress: bool = True) -> pd.DataFrame:
-    """Accuracy of the LoRA model of ``layer`` against the number of training prompts,
-    to choose a training-set size (Yu Sec. 5 trains on 18,000 sentences; a CPU run needs
-    the smallest size past which more data no longer changes the verdict). For each ``n``
-    of ``sizes``, LoRA is trained on the first ``n`` prompts of ``train_set`` (nested
-    subsets) with ``config`` (no validation set: every run trains ``config.epochs``
-    epochs) and scored on ``eval_set``, which should be the validation split, never the
-    test split the verdicts read. Rows: n_train, steps, accuracy with its exact binomial
-    95 % interval (low, high), train_seconds, samples_per_second; the first row (n_train
-    0) is the original model."""
-    from .stats import accuracy_ci
-
-    sizes = sorted({int(n) for n in sizes})
-    if not sizes or sizes[0] < 1 or sizes[-1] > len(train_set):
-        raise ValueError(f"sizes must lie in 1..{len(train_set)} (the training prompts), got {sizes}")
-    hf = shared_hf_model(model)
-    eval_inputs = {"eval": LayerInputs([layer])}  # every model differs from the original from ``layer`` on
-    base = evaluate_weights(hf, None, {"eval": eval_set}, config.eval_batch_size, inputs=eval_inputs)
-    ci = accuracy_ci(base.correct_full.to_numpy())
-    rows = [{"n_train": 0, "steps": 0, "accuracy": ci.estimate, "low": ci.low, "high": ci.high,
-             "train_seconds": 0.0, "samples_per_second": float("nan")}]
-    for n in tqdm(sizes, desc=f"learning curve L{layer}", disable=not progress):
-        ft = train_lora(hf, layer, train_set.subset(list(range(n))), config, None, lora, progress=False,
-                        cache_dir=cache_dir)
-        frame = evaluate_weights(hf, ft.weights, {"eval": eval_set}, config.eval_batch_size, inputs=eval_inputs)
-        ci = accuracy_ci(frame.correct_full.to_numpy())
-        rows.append({"n_train": n, "steps": len(ft.history), "accuracy": ci.estimate, "low": ci.low, "high": ci.high,
-                     "train_seconds": ft.train_seconds, "samples_per_second": ft.samples_per_second})
-    return pd.DataFrame(rows)
-
-
-def _accuracy_row(frame: pd.DataFrame, **extra) -> dict:
+def accuracy_row(frame: pd.DataFrame, **extra) -> dict:
+    """One row of accuracies from an :func:`evaluate_weights` frame (all prompts, first
+    token, negative and non-negative answers), with ``extra`` columns."""
     neg = frame[frame.negative]
     pos = frame[~frame.negative]
     return {**extra, "accuracy": float(frame.correct_full.mean()), "accuracy_first": float(frame.correct_first.mean()),
@@ -1042,367 +865,13 @@ def _accuracy_row(frame: pd.DataFrame, **extra) -> dict:
 # --------------------------------------------------------------------------- layer bands (Yu Fig. 2, Table 10)
 
 
-def yu_bands(n_layers: int) -> dict[str, list[int]]:
-    """Yu's LoRA-layer bands (1-9, 10-16, 17-30 of 32) scaled to ``n_layers``: band edges
-    at round(edge / 32 * n_layers); the first and last layer stay outside as in the
-    paper. Empty bands are dropped."""
-    out = {}
-    for name, (lo, hi) in YU_BANDS_32.items():
-        a = int(math.floor(lo / 32 * n_layers + 0.5))
-        b = int(math.floor(hi / 32 * n_layers + 0.5))
-        a, b = max(a, 1 if n_layers > 2 else 0), min(b, n_layers - 1 if n_layers > 2 else n_layers)
-        layers = list(range(a, b))
-        if layers:
-            out[name] = layers
-    return out
-
-
-def reference_layer(n_layers: int) -> int:
-    """Yu's reference LoRA layer (9 of 32, Sec. 6.1) scaled to ``n_layers``."""
-    return min(n_layers - 1, int(math.floor(YU_REFERENCE_LAYER_FRACTION * n_layers + 0.5)))
-
-
-def accuracy_bands(frame: pd.DataFrame, bands: Mapping[str, Sequence[int]]) -> pd.DataFrame:
-    """Fig. 2's description as numbers: per band of LoRA layers, the mean test accuracy,
-    its minimum and maximum, the slope of accuracy vs layer (least squares, accuracy
-    points per layer) and the mean gain over the original model (layer -1 row)."""
-    base = float(frame.loc[frame.layer == -1, "accuracy"].iloc[0]) if (frame.layer == -1).any() else float("nan")
-    rows = []
-    for name, layers in bands.items():
-        sub = frame[frame.layer.isin(layers)].sort_values("layer")
-        if sub.empty:
-            continue
-        slope = float(np.polyfit(sub.layer, sub.accuracy, 1)[0]) if len(sub) > 1 else float("nan")
-        rows.append({"band": name, "layers": f"{min(layers)}-{max(layers)}", "n_models": len(sub),
-                     "mean_accuracy": float(sub.accuracy.mean()), "min_accuracy": float(sub.accuracy.min()),
-                     "max_accuracy": float(sub.accuracy.max()), "slope_per_layer": slope,
-                     "mean_gain_over_original": float(sub.accuracy.mean()) - base})
-    for name, layer in (("first", 0), ("last", int(frame.layer.max()))):
-        sub = frame[frame.layer == layer]
-        if len(sub) and layer >= 0 and not any(layer in ls for ls in bands.values()):
-            rows.append({"band": name, "layers": str(layer), "n_models": 1, "mean_accuracy": float(sub.accuracy.iloc[0]),
-                         "min_accuracy": float(sub.accuracy.iloc[0]), "max_accuracy": float(sub.accuracy.iloc[0]),
-                         "slope_per_layer": float("nan"), "mean_gain_over_original": float(sub.accuracy.iloc[0]) - base})
-    return pd.DataFrame(rows)
-
-
 # --------------------------------------------------------------------------- CNA on LoRA models (Tables 9, 10)
-
-
-def yu_cna_cases(tokenizer, ops: Sequence[str] = ("+", "-"), fewshot: int = 2, n_cases: int | None = None,
-                 seed: int = 0, must_include: str = "3+5") -> PromptSet:
-    """Yu's 1D+ and 1D- cases in the symbolic template "n1 + n2 =" (Table 14, last
-    template) with the few-shot prefix; a random ``n_cases`` of them (``seed``), always
-    including ``must_include`` ("3+5": Table 9's case)."""
-    records = ds.yu_prompts(ops=ops, n_digits=1, n_per_template=None, seed=seed, fewshot=fewshot, templates=[3])
-    rng = random.Random(seed)
-    a, op, b = re.match(r"(\d+)\s*([+\-*/])\s*(\d+)", must_include).groups()
-    first = [r for r in records if (r.op, r.a, r.b) == (op, int(a), int(b))]
-    rest = [r for r in records if r not in first]
-    rng.shuffle(rest)
-    if n_cases is not None:
-        rest = rest[: max(0, n_cases - len(first))]
-    return PromptSet.build(first + rest, tokenizer)
-
-
-def _mlp_weight_names(model) -> list[str]:
-    return [n for n in _params_by_clean_name(model) if ".mlp." in n or n.startswith("lm_head") or "norm.weight" in n]
-
-
-def _last_position_run(bridge, prompts: PromptSet, weights, batch_size: int):
-    from .answer_runs import run_last_position
-
-    with use_weights(bridge, weights):
-        return run_last_position(bridge, prompts, None, capture=("resid_mid", "coef"), batch_size=batch_size)
-
-
-def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.Tensor]], *,
-             ks: Sequence[int] = (50, 30, 20, 10), layers: Sequence[int] | None = None, mode: str = "auto",
-             n_candidates: int = 200, batch_size: int = 16, progress: bool = True) -> tuple[pd.DataFrame, dict]:
-    """Yu & Ananiadou Sec. 5 (Tables 9-10): CNA between each fine-tuned model and the
-    original on ``cases`` (target: each case's correct first answer token).
-
-    For model M and case i, every FFN neuron's importance (Sec. 4.1) is computed in M
-    and in the original from their own answer-position residual streams
-    (``cna.importance_from_runs``; the FFN values, final norm and unembedding are the
-    original's, which LoRA in attention leaves unchanged: checked). Top-k neurons per
-    case by two rules: ``select="cna"``, the largest importance increase imp_M - imp_orig
-    (Yu's CNA between the two models), and ``select="original"``, the most important
-    neurons of the original model (independent of M). Neurons are ranked within
-    ``layers`` (default ``cna.deep_layers``: Yu's important neurons, Tables 4 and 9, are
-    deep FFN neurons; shallow layers' importance through the final norm is large and
-    not what the paper compares). For each, the coefficient increase
-    (%) of those neurons from the original to M, sign-aware:
-    100 * sum sign(m0) (m1 - m0) / sum |m0| over cases and neurons (the negative of
-    ``cna.coefficient_decrease``). Returns (rows: model, selection, k, coef_increase,
-    n_cases, accuracy_original, accuracy_model; details: runs and importances, and
-    ``"per_case"``: rows model, selection, k, case, num = sum sign(m0) (m1 - m0), den =
-    sum |m0| over the case's top-k neurons, so coef_increase = 100 sum num / sum den
-    and the report can bootstrap it over cases)."""
-    from . import cna
-
-    names = _mlp_weight_names(bridge)
-    for model_name, weights in models.items():
-        touched = set(weights) & set(names)
-        if touched:
-            raise ValueError(f"{model_name} changes FFN/unembedding weights ({sorted(touched)[:3]}): lora_cna compares "
-                             "models that differ in attention only")
-    targets = cases.first_answer_ids
-    n_layers = int(bridge.cfg.n_layers)
-    layers = cna.deep_layers(n_layers) if layers is None else sorted(int(l) for l in layers)
-    run_orig = _last_position_run(bridge, cases, None, batch_size)
-    orig_imp = cna.importance_from_runs(bridge, [run_orig], targets, mode=mode, n_candidates=n_candidates,
-                                        select="score", layers=layers)["importance"][0]
-    rows, details = [], {"original": {"run": run_orig, "importance": orig_imp}, "layers": layers}
-    per_case: list[dict] = []
-    for model_name, weights in tqdm(models.items(), desc="CNA per model", disable=not progress):
-        run_m = _last_position_run(bridge, cases, weights, batch_size)
-        out = cna.importance_from_runs(bridge, [run_m, run_orig], targets, mode=mode, n_candidates=n_candidates,
-                                       select="change", layers=layers)
-        imp_m, imp_o = out["importance"][0], out["importance"][1]
-        change = imp_m - imp_o
-        details[model_name] = {"run": run_m, "importance": imp_m, "importance_orig": imp_o}
-        for select, scores in (("cna", change), ("original", orig_imp)):
-            for k in ks:
-                before, after, cases_with_top = [], [], []
-                for i in range(len(cases)):
-                    top = cna.top_neurons(scores[i], k)
-                    if not top:
-                        continue
-                    cases_with_top.append(i)
-                    L = torch.tensor([l for l, _ in top])
-                    N = torch.tensor([n for _, n in top])
-                    before.append(run_orig.coef[i, L, N])
-                    after.append(run_m.coef[i, L, N])
-                for i, (b0, b1) in zip(cases_with_top, zip(before, after)):  # the ratio's parts per case
-                    per_case.append({"model": model_name, "selection": select, "k": k, "case": i,
-                                     "num": float((torch.sign(b0.float()) * (b1.float() - b0.float())).sum()),
-                                     "den": float(b0.float().abs().sum())})
-                inc = (-cna.coefficient_decrease(torch.cat(before), torch.cat(after))) if before else float("nan")
-                rows.append({"model": model_name, "selection": select, "k": k, "coef_increase": inc,
-                             "n_cases": len(cases), "accuracy_original": run_orig.accuracy,
-                             "accuracy_model": run_m.accuracy})
-    details["per_case"] = pd.DataFrame(per_case, columns=["model", "selection", "k", "case", "num", "den"])
-    return pd.DataFrame(rows), details
-
-
-def coefficient_table(bridge, case: PromptSet, models: Mapping[str, Mapping[str, torch.Tensor] | None],
-                      neurons: Sequence[Neuron], batch_size: int = 1) -> pd.DataFrame:
-    """Yu Table 9: the coefficient scores (``mlp.hook_post`` at the answer position) of
-    ``neurons`` for one case in each model (name -> weights; None = the original).
-    Rows: neuron name ("layer_index"), one column per model."""
-    if len(case) != 1:
-        raise ValueError("coefficient_table takes a PromptSet with one case")
-    table = {"neuron": [f"{l}_{n}" for l, n in neurons], "layer": [l for l, _ in neurons]}
-    for name, weights in models.items():
-        run = _last_position_run(bridge, case, weights, batch_size)
-        table[name] = [float(run.coef[0, l, n]) for l, n in neurons]
-    return pd.DataFrame(table)
-
-
-def band_increase_table(rows: pd.DataFrame, layer_of: Mapping[str, int], bands: Mapping[str, Sequence[int]],
-                        selection: str = "cna") -> pd.DataFrame:
-    """Yu Table 10: mean coefficient increase (%) of the top-k neurons over the LoRA
-    models of each band of layers, one column per k (``rows`` from :func:`lora_cna`)."""
-    sub = rows[rows["selection"] == selection].copy()
-    sub["layer"] = sub.model.map(layer_of)
-    out = []
-    for band, layers in bands.items():
-        part = sub[sub.layer.isin(layers)]
-        if part.empty:
-            continue
-        row = {"band": band, "layers": f"{min(layers)}-{max(layers)}", "n_models": part.model.nunique()}
-        for k, g in part.groupby("k"):
-            row[f"top{k}"] = float(g.coef_increase.mean())
-        out.append(row)
-    frame = pd.DataFrame(out)
-    ks = sorted([c for c in frame.columns if c.startswith("top")], key=lambda c: -int(c[3:]))
-    return frame[["band", "layers", "n_models", *ks]] if len(frame) else frame
 
 
 # --------------------------------------------------------------------------- key heads from notebook 01
 
 
-def rank_components(path: str | Path | pd.DataFrame, threshold: float = KEY_HEAD_THRESHOLD
-                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Heads and MLPs ranked by Zhang's path-patching effect (notebook 01's
-    ``01_path_patching.csv``: layer, head, op, effect, and ``kind`` "head"/"mlp" or
-    head = -1 for MLPs): mean of the per-operator mean effects (rows with op "all",
-    pooled over operators, are left out), most negative first. Heads get a
-    ``key`` flag (mean effect < ``threshold``, Zhang's -5 %). Raises FileNotFoundError
-    telling the user to run notebook 01 when the file is missing."""
-    if isinstance(path, pd.DataFrame):
-        frame = path
-    else:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(
-                f"{path} not found. Precise SFT tunes the key heads found by Zhang's path patching in notebook 01; "
-                "run notebook 01 (notebooks/01_identify_heads.ipynb) with the same model and out_dir first (it writes "
-                "01_path_patching.csv next to this notebook's outputs).")
-        frame = pd.read_csv(path)
-    need = {"layer", "head", "effect"}
-    if need - set(frame.columns):
-        raise ValueError(f"{path}: path-patching table lacks columns {sorted(need - set(frame.columns))}")
-    op_col = "op" if "op" in frame.columns else None
-    if op_col and (frame[op_col] != "all").any():
-        frame = frame[frame[op_col] != "all"]  # notebook 01 adds rows pooled over operators (op "all")
-    if "kind" in frame.columns:
-        is_head = frame["kind"].astype(str).str.lower() == "head"
-        is_mlp = frame["kind"].astype(str).str.lower() == "mlp"
-    else:
-        heads_col = pd.to_numeric(frame["head"], errors="coerce")
-        is_head = heads_col >= 0
-        is_mlp = heads_col.isna() | (heads_col < 0)
-
-    def rank(part: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-        if part.empty:
-            return pd.DataFrame(columns=keys + ["effect", "n_ops"])
-        if op_col:
-            per_op = part.groupby(keys + [op_col])["effect"].mean().reset_index()
-            g = per_op.groupby(keys)["effect"]
-            out = g.mean().reset_index().merge(g.size().rename("n_ops").reset_index(), on=keys)
-        else:
-            out = part.groupby(keys)["effect"].mean().reset_index().assign(n_ops=1)
-        out = out.sort_values(["effect"] + keys).reset_index(drop=True)
-        out["rank"] = np.arange(1, len(out) + 1)
-        return out
-
-    heads = rank(frame[is_head].assign(layer=lambda f: f.layer.astype(int), head=lambda f: f["head"].astype(int)),
-                 ["layer", "head"])
-    heads["key"] = heads["effect"] < threshold
-    mlps = rank(frame[is_mlp].assign(layer=lambda f: f.layer.astype(int)), ["layer"])
-    return heads, mlps
-
-
-def scaled_head_counts(counts: Sequence[int], total_heads: int, reference_total: int = ZHANG_TOTAL_HEADS
-                       ) -> dict[int, int]:
-    """Zhang's head counts (out of LLaMA2-7B's 1024 heads) scaled to a model with
-    ``total_heads`` heads, keeping the fraction: k -> max(1, round_half_up(k * total /
-    1024)). Returns {paper count: scaled count}."""
-    return {k: max(1, int(math.floor(k * total_heads / reference_total + 0.5))) for k in counts}
-
-
 # --------------------------------------------------------------------------- precise and full SFT
-
-
-def head_slices(model, heads: Sequence[Head], kv: str = "group") -> tuple[dict[str, torch.Tensor], dict[str, float],
-                                                                      dict]:
-    """Masks over the attention weights that precise SFT trains (Zhang Alg. 2) for
-    ``heads`` (layer, head): per parameter (clean name) a 0/1 mask of its shape, the
-    per-layer gradient factor H/h, and counts. Q: the head's d_head rows of W_Q (and
-    of its bias); O: its d_head columns of W_O; K and V: with ``kv="group"`` the rows
-    of the KV group the head reads (GQA; its own rows without GQA), with ``"none"``
-    none. Separate q/k/v/o projections only (Llama, Mistral, Qwen2, GPT-J)."""
-    if kv not in ("group", "none"):
-        raise ValueError("kv must be 'group' or 'none'")
-    hf = _hf(model)
-    arch = _arch(hf)
-    if arch not in ATTENTION_PROJECTIONS:
-        raise NotImplementedError(f"precise SFT needs separate q/k/v/o projections; {arch!r} fuses them")
-    shape = model_shape(hf)
-    H, Hkv, dh = shape["n_heads"], shape["n_kv_heads"], shape["d_head"]
-    group = H // Hkv
-    params = _params_by_clean_name(hf)
-    q, k, v, o = ATTENTION_PROJECTIONS[arch]
-    by_layer: dict[int, set[int]] = {}
-    for layer, head in heads:
-        if not (0 <= layer < shape["n_layers"] and 0 <= head < H):
-            raise ValueError(f"head ({layer}, {head}) out of range ({shape['n_layers']} layers x {H} heads)")
-        by_layer.setdefault(int(layer), set()).add(int(head))
-    masks: dict[str, torch.Tensor] = {}
-    scales: dict[str, float] = {}
-    n_q = n_kv = 0
-    for layer, hs in sorted(by_layer.items()):
-        pre = _layer_prefix(hf, layer)
-        factor = H / len(hs)
-        groups = sorted({h // group for h in hs})
-        for proj, units, size in ((q, sorted(hs), dh), (k, groups, dh), (v, groups, dh), (o, sorted(hs), dh)):
-            if kv == "none" and proj in (k, v):
-                continue
-            for suffix in ("weight", "bias"):
-                name = f"{pre}{proj}.{suffix}"
-                if name not in params:
-                    continue
-                p = params[name]
-                m = torch.zeros(p.shape, dtype=torch.bool)
-                for u in units:
-                    sl = slice(u * size, (u + 1) * size)
-                    if proj == o and suffix == "weight":
-                        m[:, sl] = True
-                    elif proj == o:
-                        continue  # the output bias is shared by all heads: not a head's
-                    else:
-                        m[sl] = True
-                if m.any():
-                    masks[name] = m
-                    scales[name] = factor
-        n_q += len(hs)
-        n_kv += len(groups) if kv == "group" else 0
-    return masks, scales, {"n_heads": len(heads), "n_layers_touched": len(by_layer), "n_kv_groups": n_kv}
-
-
-def mlp_parameters(model, layers: Sequence[int]) -> list[str]:
-    """Clean names of every parameter of the MLPs of ``layers``."""
-    hf = _hf(model)
-    names = []
-    for layer in layers:
-        pre = _layer_prefix(hf, layer)
-        found = [n for n in _params_by_clean_name(hf) if n.startswith(pre) and (".mlp." in n[len(pre) - 1:])]
-        if not found:
-            raise NotImplementedError(f"no '.mlp.' parameters in block {layer} of {type(hf).__name__}")
-        names.extend(found)
-    return names
-
-
-def precise_sft(model, heads: Sequence[Head], train_set: PromptSet, config: TrainConfig,
-                val_set: PromptSet | None = None, mlps: Sequence[int] = (), kv: str = "group",
-                rescale: bool = True, *, progress: bool = True, cache_dir: str | Path | None = None,
-                inputs: LayerInputs | None = None) -> FineTuned:
-    """Zhang et al. Alg. 2: train only the Q/K/V/O slices of ``heads`` (see
-    :func:`head_slices` for GQA), their gradients multiplied by H/h per layer
-    (``rescale``), plus every parameter of the MLPs of layers ``mlps``. The model's
-    weights are restored afterwards; the trained ones are returned. ``inputs``: as in
-    :func:`train_parameters`."""
-    hf = shared_hf_model(model)
-    masks, scales, counts = head_slices(hf, heads, kv)
-    if not rescale:
-        scales = {}
-    mlp_names = mlp_parameters(hf, mlps) if mlps else []
-    params = _params_by_clean_name(hf)
-    chosen = {n: params[n] for n in list(masks) + mlp_names}
-    if not chosen:
-        raise ValueError("precise SFT needs at least one head or MLP")
-    key = {**_base_key(hf, "precise", train_set, val_set, config), "heads": sorted(map(list, heads)),
-           "mlps": sorted(mlps), "kv": kv, "rescale": rescale}
-
-    def build(ckdir: Path | None) -> FineTuned:
-        backup = {n: p.detach().clone() for n, p in chosen.items()}
-        trainable = _Trainable(chosen, masks=masks, scales=scales)
-        try:
-            state, record = train_parameters(hf, trainable, train_set, config, val_set, progress=progress,
-                                             desc=f"precise SFT {len(heads)}h+{len(mlps)}mlp", checkpoint_dir=ckdir,
-                                             inputs=inputs)
-        finally:
-            with torch.no_grad():
-                for n, v in backup.items():
-                    chosen[n].copy_(v)
-        return FineTuned(method=f"precise_{len(heads)}h_{len(mlps)}mlp", weights=state, history=record["history"],
-                         epochs=record["epochs"], best_epoch=record["best_epoch"], n_trainable=trainable.n_trainable(),
-                         samples_per_second=record["samples_per_second"], train_seconds=record["train_seconds"],
-                         n_samples=record["n_samples"], config=config,
-                         info={"n_heads": len(heads), "n_mlps": len(mlps), "kv": kv,
-                               "n_layers_touched": counts["n_layers_touched"], "n_kv_groups": counts["n_kv_groups"]})
-
-    return _cached(cache_dir, key, build)
-
-
-def precise_param_count(model, heads: Sequence[Head], mlps: Sequence[int] = (), kv: str = "group") -> int:
-    """Number of weights precise SFT trains for ``heads`` and ``mlps`` (without training)."""
-    hf = _hf(model)
-    masks, _, _ = head_slices(hf, heads, kv)
-    params = _params_by_clean_name(hf)
-    return int(sum(int(m.sum()) for m in masks.values())) + sum(params[n].numel() for n in mlp_parameters(hf, mlps))
 
 
 def available_memory() -> int | None:
@@ -1431,214 +900,3 @@ def release_free_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-
-
-def full_sft_memory(model, optimizer: str = "adamw") -> int:
-    """Extra bytes full SFT allocates on top of the model: gradients plus, for AdamW, its
-    two moment estimates (one copy of every weight each), plus 10 % slack. The original
-    weights wait on disk meanwhile, and the trained copy is made after the optimizer is
-    gone."""
-    hf = _hf(model)
-    nbytes = sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in hf.parameters()}.values())
-    copies = 3 if optimizer == "adamw" else 1
-    return int(1.1 * copies * nbytes)
-
-
-def full_sft(model, train_set: PromptSet, config: TrainConfig, val_set: PromptSet | None = None, *,
-             progress: bool = True, check_memory: bool = True, cache_dir: str | Path | None = None) -> FineTuned:
-    """Full SFT, Zhang's comparison: every parameter trained with the same loop, the
-    last epoch's weights kept (Zhang trains a fixed 2 epochs). Like the other methods
-    it returns the trained weights (every parameter, clean HF names) and leaves the
-    model as it was (the original weights wait in a temporary file while it trains), so
-    several learning rates can be tried on one model (:func:`choose_lr`). Memory:
-    :func:`full_sft_memory`; with ``check_memory`` a MemoryError says so before training
-    when the machine has less available after :func:`release_free_memory` (a process
-    killed for memory half-way through says nothing). Cached under ``cache_dir`` like
-    the others (one copy of the model per key; a cached result needs no check)."""
-    hf = shared_hf_model(model)
-    params = _params_by_clean_name(hf)
-    key = _base_key(hf, "full", train_set, val_set, config)
-
-    def build(_ckdir: Path | None) -> FineTuned:  # no per-epoch checkpoints: each would hold AdamW's two moments
-        if check_memory:
-            release_free_memory()
-            need, have = full_sft_memory(hf, config.optimizer), available_memory()
-            if have is not None and need > have:
-                raise MemoryError(
-                    f"full SFT needs about {need / 2**30:.1f} GiB more memory (gradients"
-                    f"{' and AdamW moments' if config.optimizer == 'adamw' else ''}) but {have / 2**30:.1f} GiB are "
-                    "available; free memory, use a larger machine or a GPU, or pass check_memory=False to try anyway.")
-        with tempfile.TemporaryDirectory(prefix="arithlib-full-sft-") as tmp:
-            original = Path(tmp) / "original.pt"
-            torch.save({n: p.detach() for n, p in params.items()}, original)
-            try:
-                _, record = train_parameters(hf, _Trainable(params), train_set, config, val_set, progress=progress,
-                                             desc="full SFT", keep_state=False)
-                weights = {n: p.detach().cpu().clone() for n, p in params.items()}
-            finally:
-                saved = torch.load(original, map_location="cpu", mmap=True, weights_only=True)
-                with torch.no_grad():
-                    for n, v in saved.items():
-                        params[n].copy_(v)
-                del saved
-        return FineTuned(method="full_sft", weights=weights, history=record["history"], epochs=record["epochs"],
-                         best_epoch=record["best_epoch"], n_trainable=count_parameters(hf),
-                         samples_per_second=record["samples_per_second"], train_seconds=record["train_seconds"],
-                         n_samples=record["n_samples"], config=config, info={})
-
-    return _cached(cache_dir, key, build)
-
-
-# --------------------------------------------------------------------------- scales of notebooks 05 and 08
-
-#: Sizes of notebooks 05 (LoRA) and 08 (precise and full SFT) at three scales. "paper": Yu Sec. 5 (18,000 / 2,000 sentences,
-#: lr grid per layer, up to 4 epochs) and Zhang Sec. 5.3 (lr 2e-5, batch 128, 2 epochs,
-#: warm-up 0.02, weight decay 0.1; 8-64 heads, 1-6 MLPs) - for a GPU. "cpu" (what "auto"
-#: gives on a CPU; the scale the report judges there): every layer; ``n_test`` = 385 =
-#: ``stats.n_for_half_width(0.5, 0.05)``, a 95 % half-width of 5 points, the smallest
-#: threshold of the 05/06 rules (:data:`JUDGED_HALF_WIDTH`); ``n_train`` = 512 for one
-#: epoch: the smallest size of the measured learning curve of one layer at which the LoRA
-#: model's validation accuracy interval lies above the original's, on the model that
-#: gains least (``scripts/lora_learning_curve.py``: SmolLM2-135M, layer 8 of 30, 0.5 % ->
-#: 7.3 % [4.0, 11.9]; benchmarks/RESULTS.md; notebook 05's "Scale" section);
-#: the lr grid searched on 192 validation sentences at Yu's reference layer; SFT's lr
-#: chosen per method (precise, full) from :data:`SFT_LR_GRID` on the same validation
-#: sentences, since one epoch of ~35 steps is not Zhang's ~300 (a fixed 1e-4 made full
-#: SFT diverge, a fixed 2e-5 may barely move the heads); 24 CNA cases. "quick": layer 0
-#: and one layer per Yu band, a few steps, one precise-SFT setting - a smoke test of
-#: every section (minutes), never judged.
-#: The 95 % half-width (5 points) the "cpu" scale's test split is sized for: the smallest
-#: threshold of the 05/06 rules (papers.NOISE_GAP, papers.ZHANG_PRECISE_MARGIN).
-JUDGED_HALF_WIDTH = 0.05
-#: "cpu-bands": the "cpu" scale's data sizes, lr search and test split, with LoRA on layer 0,
-#: Yu's reference layer and the centre layer of each band (as "quick") instead of every
-#: layer, and precise SFT of the (scaled) top-32 heads only (Zhang's Table 1 setting), no
-#: MLP variants. "auto" picks it on a CPU for models above this many parameters, where the
-#: "cpu" scale's 30 LoRA trainings would take longer than the two hours issue 29 sets for a
-#: judged CPU run (Qwen2.5-Coder-1.5B: benchmarks/RESULTS.md).
-CPU_FULL_SCALE_MAX_PARAMS = 1_000_000_000
-
-FINETUNE_SCALES: dict[str, dict] = {
-    "paper": dict(n_train=18_000, n_val=1_000, n_test=2_000, layers="all", lr_search="per_layer", lora_epochs=4,
-                  lora_batch=16, cna_cases=None, n_candidates=200, word_train=300, word_test=132,
-                  sft_lrs=(ZHANG_SFT["lr"],), sft_batch=128, sft_epochs=2, sft_warmup=0.02, sft_weight_decay=0.1,
-                  head_counts=ZHANG_HEAD_COUNTS, mlp_counts=ZHANG_MLP_COUNTS, prose_chunks=32),
-    "cpu": dict(n_train=512, n_val=192, n_test=385, layers="all", lr_search="reference", lora_epochs=1,
-                lora_batch=16, cna_cases=24, n_candidates=100, word_train=48, word_test=48,
-                sft_lrs=SFT_LR_GRID, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
-                head_counts=ZHANG_HEAD_COUNTS, mlp_counts=(1, 3), prose_chunks=4),
-    "quick": dict(n_train=48, n_val=0, n_test=48, layers="bands", lr_search="none", lora_epochs=1,
-                  lora_batch=16, cna_cases=6, n_candidates=50, word_train=16, word_test=24,
-                  sft_lrs=(1e-4,), sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
-                  head_counts=(32,), mlp_counts=(), prose_chunks=2),
-}
-# the cpu scale on fewer layers and SFT settings: what "auto" picks on a CPU above
-# CPU_FULL_SCALE_MAX_PARAMS (issue 29 allows a smaller stated scale for the 1.5B model)
-FINETUNE_SCALES["cpu-bands"] = dict(FINETUNE_SCALES["cpu"], layers="bands", head_counts=(32,), mlp_counts=())
-
-
-def resolve_scale(scale: str, device: str, quick: bool, auto_cpu: str = "cpu", n_params: int | None = None) -> str:
-    """The scale a run uses: "quick" when ``quick``; for "auto", "paper" on a GPU and
-    ``auto_cpu`` on a CPU ("cpu", the judged CPU scale; runs before issue 29 resolved it
-    to "quick", which the report passes for their tables), "cpu-bands" instead of "cpu"
-    for a model of more than :data:`CPU_FULL_SCALE_MAX_PARAMS` parameters (``n_params``);
-    else ``scale`` as given."""
-    if quick:
-        return "quick"
-    if scale == "auto":
-        if str(device).startswith("cuda"):
-            return "paper"
-        if auto_cpu == "cpu" and n_params is not None and n_params > CPU_FULL_SCALE_MAX_PARAMS:
-            return "cpu-bands"
-        return auto_cpu
-    return scale
-
-
-def scale_settings(scale: str, device: str, quick: bool, n_layers: int, n_params: int | None = None) -> dict:
-    """The settings of ``scale`` ("auto": :func:`resolve_scale`; ``quick`` forces
-    "quick"), with ``layers`` resolved to a list for a model of ``n_layers``
-    ("bands": layer 0, Yu's reference layer and the centre layer of each other band
-    of :func:`yu_bands`; every layer when there are at most 4)."""
-    scale = resolve_scale(scale, device, quick, n_params=n_params)
-    if scale not in FINETUNE_SCALES:
-        raise ValueError(f"scale must be 'auto' or one of {sorted(FINETUNE_SCALES)}, got {scale!r}")
-    s = dict(FINETUNE_SCALES[scale], scale=scale)
-    if s["layers"] == "all":
-        s["layers"] = list(range(n_layers))
-    elif s["layers"] == "bands":
-        if n_layers <= 4:
-            s["layers"] = list(range(n_layers))
-        else:
-            ref = reference_layer(n_layers)
-            centres = {b[len(b) // 2] for b in yu_bands(n_layers).values() if ref not in b}
-            s["layers"] = sorted({0, ref} | centres)
-    return s
-
-
-# --------------------------------------------------------------------------- comparison rows and findings
-
-
-def evaluate_method(model, tokenizer, weights: Mapping[str, torch.Tensor] | None, math_sets: Mapping[str, PromptSet],
-                    prose=None, facts=None, *, chunk_tokens: int = 128, max_chunks: int | None = 4,
-                    benchmarks: Mapping[str, str | Path | None] | None = None, batch_size: int = 32,
-                    inputs: Mapping[str, LayerInputs] | None = None) -> dict:
-    """One row of Zhang's Table 1/2 for a model (``weights`` swapped into ``model``;
-    None = as it is): ``correct_full`` accuracy on each of ``math_sets`` (column =
-    set name) and the general-ability numbers of
-    :func:`arithlib.general_ability.general_ability` (LM loss on the prose sample,
-    factual recall, and GSM8K/SVAMP/MMLU when ``benchmarks`` gives their paths), with
-    each math set's per-prompt correctness (``<set>_by_prompt``) and each fact's
-    (``facts_by_prompt``) as ``stats.encode_correct`` cells.
-    ``inputs``: a :class:`~arithlib.engine.LayerInputs` per math set, recorded
-    from ``model`` as it is (pass none once ``model`` itself has changed, e.g. after
-    :func:`full_sft`): the math sets' passes start at the first block ``weights``
-    change (:func:`evaluate_weights`)."""
-    from . import general_ability as ga
-
-    hf = shared_hf_model(model)
-    row: dict = {}
-    frame = evaluate_weights(hf, weights, math_sets, batch_size, inputs=inputs)
-    for name, ps in math_sets.items():
-        part = frame.loc[frame.set == name, "correct_full"] if len(frame) else pd.Series(dtype=bool)
-        row[name] = float(part.mean()) if len(ps) else float("nan")
-        # per prompt, in the set's order: the paired intervals of the report (zhang_precise_sft)
-        row[f"{name}_by_prompt"] = encode_correct(part.to_numpy()) if len(ps) else ""
-    with use_weights(hf, weights):
-        bench = dict(benchmarks or {})
-        row.update(ga.general_ability(hf, tokenizer, prose, facts, chunk_tokens=chunk_tokens, max_chunks=max_chunks,
-                                      gsm8k=bench.get("gsm8k"), svamp=bench.get("svamp"), mmlu=bench.get("mmlu"),
-                                      per_item=True))
-    return row
-
-
-def curve_shape(frame: pd.DataFrame, bands: Mapping[str, Sequence[int]], tolerance: float = 0.02) -> dict:
-    """Yu Fig. 2's claims checked on an accuracy-vs-layer table (:func:`lora_layer_sweep`):
-    ``all_above_original`` (every LoRA model beats the original), the best and worst
-    layers, band means, ``bands_decreasing`` (each band's mean at most the previous
-    one's + ``tolerance``, in shallow -> middle -> deep order), ``slopes`` per band, and
-    for the first and last layer their gap to the mean of their two nearest swept
-    neighbours (``edge_gaps``; the paper calls layers 0 and 31 "special")."""
-    base = float(frame.loc[frame.layer == -1, "accuracy"].iloc[0])
-    lora = frame[frame.layer >= 0].sort_values("layer").reset_index(drop=True)
-    out: dict = {"original": base, "n_models": len(lora)}
-    if lora.empty:
-        return out
-    out["all_above_original"] = bool((lora.accuracy > base).all())
-    out["share_above_original"] = float((lora.accuracy > base).mean())
-    best, worst = lora.loc[lora.accuracy.idxmax()], lora.loc[lora.accuracy.idxmin()]
-    out.update(best_layer=int(best.layer), best_accuracy=float(best.accuracy), worst_layer=int(worst.layer),
-               worst_accuracy=float(worst.accuracy))
-    summary = accuracy_bands(frame, bands)
-    main = summary[summary.band.isin(list(bands))]
-    out["band_means"] = dict(zip(main.band, main.mean_accuracy))
-    out["slopes"] = dict(zip(main.band, main.slope_per_layer))
-    means = [m for m in main.mean_accuracy]
-    out["bands_decreasing"] = bool(len(means) >= 2 and all(b <= a + tolerance for a, b in zip(means, means[1:])))
-    gaps = {}
-    for pos in (0, len(lora) - 1):
-        neighbours = lora.drop(index=pos)
-        near = neighbours.iloc[(neighbours.layer - lora.layer[pos]).abs().argsort()[:2]]
-        if len(near):
-            gaps[int(lora.layer[pos])] = float(lora.accuracy[pos] - near.accuracy.mean())
-    out["edge_gaps"] = gaps
-    return out

@@ -59,9 +59,10 @@ from tqdm.auto import tqdm
 
 from . import cna as C
 from . import finetune as FT
+from . import lora as LO
 from .answer_runs import run_last_position
 from .datasets import PromptSet
-from .engine import LayerInputs, decoder_layers, forward, input_device, shared_hf_model
+from .engine import LayerInputs, decoder_layers, forward, hf_module, input_device, shared_hf_model
 from .papers import YU_DEEP_NEURONS, YU_TABLE11, YU_TOP_K
 
 Keep = Mapping[int, Sequence[int] | torch.Tensor]  # pruned layer -> indices of the neurons kept
@@ -133,7 +134,7 @@ FFN_LAYOUTS: dict[str, FFNLayout] = {
 
 def ffn_layout(model) -> FFNLayout:
     """The :class:`FFNLayout` of an HF model (or a bridge's)."""
-    arch = str(FT._hf(model).config.model_type)
+    arch = str(hf_module(model).config.model_type)
     if arch not in FFN_LAYOUTS:
         raise NotImplementedError(f"no FFN layout known for {arch!r} (known: {sorted(FFN_LAYOUTS)})")
     return FFN_LAYOUTS[arch]
@@ -152,7 +153,7 @@ def ffn_width(model, layer: int) -> int:
     """Number of FFN neurons of block ``layer`` (read from its weights)."""
     hf = shared_hf_model(model)
     lay = ffn_layout(hf)
-    mod = FT._get(decoder_layers(hf)[layer], lay.output)
+    mod = FT.submodule(decoder_layers(hf)[layer], lay.output)
     return int(mod.weight.shape[_neuron_dim(mod, "output")])
 
 
@@ -230,7 +231,7 @@ def prune_ffn(model, keep: Keep, share_weights: bool = True) -> torch.nn.Module:
         index = _as_index(idx, width)
         for path, role in [*[(p, "input") for p in lay.inputs], (lay.output, "output")]:
             parent_path, _, leaf = path.rpartition(".")
-            parent = FT._get(block, parent_path) if parent_path else block
+            parent = FT.submodule(block, parent_path) if parent_path else block
             setattr(parent, leaf, _sliced(getattr(parent, leaf), index, role))
         widths[int(layer)] = int(index.numel())
     pruned.config.arithlib_pruned_ffn = {"widths": {str(l): w for l, w in sorted(widths.items())},
@@ -251,8 +252,8 @@ def mask_weights(model, keep: Keep) -> dict[str, torch.Tensor]:
     lay = ffn_layout(hf)
     out = {}
     for layer, idx in keep.items():
-        prefix = FT._layer_prefix(hf, int(layer))
-        mod = FT._get(decoder_layers(hf)[int(layer)], lay.output)
+        prefix = FT.layer_prefix(hf, int(layer))
+        mod = FT.submodule(decoder_layers(hf)[int(layer)], lay.output)
         dim = _neuron_dim(mod, "output")
         width = mod.weight.shape[dim]
         drop = torch.ones(width, dtype=torch.bool)
@@ -282,8 +283,8 @@ def parameter_counts(model, layers: Sequence[int]) -> dict[str, int]:
     lay = ffn_layout(hf)
 
     def mlp_params(block) -> int:
-        return sum(FT._get(block, p).weight.numel() + (FT._get(block, p).bias.numel()
-                                                       if getattr(FT._get(block, p), "bias", None) is not None else 0)
+        return sum(FT.submodule(block, p).weight.numel() + (FT.submodule(block, p).bias.numel()
+                                                       if getattr(FT.submodule(block, p), "bias", None) is not None else 0)
                    for p in (*lay.inputs, lay.output))
 
     return {"n_params": FT.count_parameters(hf), "n_ffn_params": sum(mlp_params(b) for b in blocks),
@@ -378,7 +379,7 @@ def lora_cna_scores(bridge, cases: PromptSet, lora_weights: Mapping[str, torch.T
     token, for every FFN neuron of ``layers``. LoRA in attention leaves the FFN values,
     final norm and unembedding unchanged, so one importance formula serves both
     models (checked: the weights may not touch MLPs, norms or the unembedding)."""
-    names = FT._mlp_weight_names(bridge)
+    names = LO._mlp_weight_names(bridge)
     touched = set(lora_weights) & set(names)
     if touched:
         raise ValueError(f"the LoRA weights change FFN/norm/unembedding weights ({sorted(touched)[:3]})")
@@ -515,7 +516,7 @@ def evaluate_row(model, weights: Mapping[str, torch.Tensor] | None, test_set: Pr
     hf = shared_hf_model(model)
     frame = FT.evaluate_weights(hf, weights, {"test": test_set}, batch_size, inputs=inputs,
                                 unchanged_below=unchanged_below)
-    row = FT._accuracy_row(frame)
+    row = FT.accuracy_row(frame)
     row.update(parameter_counts(hf, layers))
     if tokens is not None:
         with FT.use_weights(hf, weights):
@@ -524,7 +525,7 @@ def evaluate_row(model, weights: Mapping[str, torch.Tensor] | None, test_set: Pr
 
 
 def lora_on(model, layer: int, train_set: PromptSet, config: FT.TrainConfig, *, val_set: PromptSet | None = None,
-            lrs: Sequence[float] = (), lora: FT.LoraSpec = FT.LoraSpec(), cache_dir: str | Path | None = None,
+            lrs: Sequence[float] = (), lora: LO.LoraSpec = LO.LoraSpec(), cache_dir: str | Path | None = None,
             progress: bool = False, inputs: LayerInputs | None = None, unchanged_below: int | None = None
             ) -> FT.FineTuned:
     """Yu Sec. 6.1's last step: LoRA on attention layer ``layer`` of ``model`` (a pruned
@@ -533,7 +534,7 @@ def lora_on(model, layer: int, train_set: PromptSet, config: FT.TrainConfig, *, 
     one is given. ``finetune.train_lora``; cached under ``cache_dir``; ``inputs`` and
     ``unchanged_below`` as there."""
     def fit(lr: float) -> FT.FineTuned:
-        return FT.train_lora(model, layer, train_set, replace(config, lr=lr), val_set, lora, progress=progress,
+        return LO.train_lora(model, layer, train_set, replace(config, lr=lr), val_set, lora, progress=progress,
                              cache_dir=cache_dir, inputs=inputs, unchanged_below=unchanged_below)
 
     search = len(lrs) > 1 and val_set is not None and len(val_set) > 0
@@ -542,7 +543,7 @@ def lora_on(model, layer: int, train_set: PromptSet, config: FT.TrainConfig, *, 
 
 def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test_set: PromptSet,
                        config: FT.TrainConfig, *, fine_tune: bool = True, val_set: PromptSet | None = None,
-                       lrs: Sequence[float] = (), lora: FT.LoraSpec = FT.LoraSpec(),
+                       lrs: Sequence[float] = (), lora: LO.LoraSpec = LO.LoraSpec(),
                        cache_dir: str | Path | None = None, tokens: torch.Tensor | None = None, repeats: int = 3,
                        batch_size: int = 32, progress: bool = False, return_model: bool = False,
                        inputs: Mapping[str, LayerInputs] | None = None):
@@ -558,7 +559,7 @@ def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test
     layers = sorted(int(l) for l in keep)
     pruned = prune_ffn(model, keep)
     same = dict(inputs=inputs, unchanged_below=min(layers, default=None))  # evaluate_weights reads "test"
-    before = FT._accuracy_row(FT.evaluate_weights(pruned, None, {"test": test_set}, batch_size, **same))
+    before = FT.accuracy_row(FT.evaluate_weights(pruned, None, {"test": test_set}, batch_size, **same))
     row = {"n_kept": sum(int(torch.as_tensor(v).numel()) for v in keep.values()), "keep_digest": keep_digest(keep),
            "accuracy_pruned": before["accuracy"], "accuracy_first_pruned": before["accuracy_first"]}
     row.update(parameter_counts(pruned, layers))
@@ -568,7 +569,7 @@ def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test
     if fine_tune:
         ft = lora_on(pruned, layer, train_set, config, val_set=val_set, lrs=lrs, lora=lora, cache_dir=cache_dir,
                      progress=progress, inputs=(inputs or {}).get("train"), unchanged_below=same["unchanged_below"])
-        after = FT._accuracy_row(FT.evaluate_weights(pruned, ft.weights, {"test": test_set}, batch_size, **same))
+        after = FT.accuracy_row(FT.evaluate_weights(pruned, ft.weights, {"test": test_set}, batch_size, **same))
         row.update(after)
         row.update(n_lora=ft.n_trainable, lr=ft.config.lr, train_seconds=ft.train_seconds)
     else:
@@ -590,7 +591,7 @@ def recorded_streams(lora_layer: int, layers: Sequence[int]) -> dict[str, LayerI
 def table11(model, ranking: pd.DataFrame, share: float, layers: Sequence[int], lora_layer: int,
             lora_weights: Mapping[str, torch.Tensor], train_set: PromptSet, test_set: PromptSet,
             config: FT.TrainConfig, *, random_seeds: Sequence[int] = (0, 1, 2), lrs: Sequence[float] = (),
-            val_set: PromptSet | None = None, lora: FT.LoraSpec = FT.LoraSpec(), cache_dir: str | Path | None = None,
+            val_set: PromptSet | None = None, lora: LO.LoraSpec = LO.LoraSpec(), cache_dir: str | Path | None = None,
             tokens: torch.Tensor | None = None, repeats: int = 3, batch_size: int = 32, n_lora_reference: int = 0,
             progress: bool = True, inputs: Mapping[str, LayerInputs] | None = None
             ) -> tuple[pd.DataFrame, dict[str, dict[int, torch.Tensor]]]:
@@ -666,7 +667,7 @@ def table11(model, ranking: pd.DataFrame, share: float, layers: Sequence[int], l
 def share_sweep(model, ranking: pd.DataFrame, shares: Sequence[float], layers: Sequence[int], lora_layer: int,
                 train_set: PromptSet, test_set: PromptSet, config: FT.TrainConfig, *, random_seeds: Sequence[int] = (0,),
                 fine_tune: bool | Sequence[float] = True, lrs: Sequence[float] = (), val_set: PromptSet | None = None,
-                lora: FT.LoraSpec = FT.LoraSpec(), cache_dir: str | Path | None = None, batch_size: int = 32,
+                lora: LO.LoraSpec = LO.LoraSpec(), cache_dir: str | Path | None = None, batch_size: int = 32,
                 progress: bool = True, inputs: Mapping[str, LayerInputs] | None = None
                 ) -> tuple[pd.DataFrame, dict[tuple, dict[int, torch.Tensor]]]:
     """Table 11 and its sweep: for each share of the deep neurons kept, the CNA union

@@ -54,10 +54,10 @@ def perturbed(hf, layer: int) -> dict[str, torch.Tensor]:
     """Every weight matrix of block ``layer``, slightly changed (what an adapter or a
     pruning there changes); the noise is drawn on the CPU (the same on every device) and
     added on the parameter's device in its dtype."""
-    prefix = FT._layer_prefix(hf, layer)
+    prefix = FT.layer_prefix(hf, layer)
     gen = torch.Generator().manual_seed(layer)
     return {n: p.detach() + (1e-3 * torch.randn(p.shape, generator=gen)).to(p.device, p.dtype)
-            for n, p in FT._params_by_clean_name(hf).items() if n.startswith(prefix) and p.dim() == 2}
+            for n, p in FT.params_by_clean_name(hf).items() if n.startswith(prefix) and p.dim() == 2}
 
 
 def compare(full, late, dtype: str) -> dict:

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_model  # noqa: E402
 import arithlib.datasets as ds  # noqa: E402
 import arithlib.finetune as FT  # noqa: E402
+import arithlib.lora as LO  # noqa: E402
 
 
 def main() -> None:
@@ -41,7 +42,7 @@ def main() -> None:
     print("| layer | train (s) | s per sentence | evaluate (s) |\n|---|---|---|---|")
     for layer in args.layers:
         t0 = time.perf_counter()
-        ft = FT.train_lora(loaded.bridge, layer, train, FT.TrainConfig(lr=1e-3, epochs=1, batch_size=16),
+        ft = LO.train_lora(loaded.bridge, layer, train, FT.TrainConfig(lr=1e-3, epochs=1, batch_size=16),
                            progress=False)
         t_train = time.perf_counter() - t0
         t0 = time.perf_counter()

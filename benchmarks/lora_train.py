@@ -39,6 +39,7 @@ import bench_model  # noqa: E402
 import results  # noqa: E402
 import arithlib.datasets as ds  # noqa: E402
 import arithlib.finetune as FT  # noqa: E402
+import arithlib.lora as LO  # noqa: E402
 from arithlib.engine import LayerInputs  # noqa: E402
 
 
@@ -60,12 +61,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     train = ds.PromptSet.build(FT.yu_lora_data(n_train=n, n_test=0, seed=0, fewshot=2)["train"], loaded.tokenizer)
     cfg = FT.TrainConfig(lr=1e-3, epochs=1, batch_size=a.batch_size, seed=0)
     inputs = LayerInputs(layers)
-    FT.train_lora(hf, max(layers), train, cfg, progress=False, inputs=inputs)  # records every layer's input
+    LO.train_lora(hf, max(layers), train, cfg, progress=False, inputs=inputs)  # records every layer's input
 
     def per_step(layer: int, late: bool) -> tuple[float, FT.FineTuned]:
         best = None
         for _ in range(a.repeats):
-            ft = FT.train_lora(hf, layer, train, cfg, progress=False, inputs=inputs if late else None)
+            ft = LO.train_lora(hf, layer, train, cfg, progress=False, inputs=inputs if late else None)
             t = ft.train_seconds / max(1, len(ft.history))
             best = (t, ft) if best is None or t < best[0] else best
         return best

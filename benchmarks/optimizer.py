@@ -54,8 +54,8 @@ def stepped_weights(hf, blocks: int | None) -> list[torch.Tensor]:
     or those of its first ``blocks`` decoder blocks, found by their names' block prefix."""
     if blocks is None:
         return [p.detach() for p in {p.data_ptr(): p for p in hf.parameters()}.values()]
-    prefixes = tuple(FT._layer_prefix(hf, layer) for layer in range(min(blocks, len(FT.decoder_layers(hf)))))
-    chosen = {p.data_ptr(): p for n, p in FT._params_by_clean_name(hf).items() if n.startswith(prefixes)}
+    prefixes = tuple(FT.layer_prefix(hf, layer) for layer in range(min(blocks, len(FT.decoder_layers(hf)))))
+    chosen = {p.data_ptr(): p for n, p in FT.params_by_clean_name(hf).items() if n.startswith(prefixes)}
     return [p.detach() for p in chosen.values()]
 
 

@@ -99,8 +99,10 @@ from IPython.display import Markdown, display
 import arithlib.cna as C
 import arithlib.datasets as ds
 import arithlib.finetune as FT
+import arithlib.lora as lora
 import arithlib.plots.finetune as plots
 import arithlib.report as R
+import arithlib.scales as scales
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
 from arithlib.runs import start_run
@@ -111,13 +113,13 @@ run = start_run("05_lora_mechanism", model, device, seed, out_dir, quick, dtype=
                 lora_r=lora_r, lora_alpha=lora_alpha, lrs=lrs, top_ks=top_ks)
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 n_params = FT.count_parameters(bridge)  # "auto" takes the smaller "cpu-bands" scale above 1 B on a CPU
-S = FT.scale_settings(scale, run.model.device, quick, info.n_layers, n_params=n_params)
+S = scales.scale_settings(scale, run.model.device, quick, info.n_layers, n_params=n_params)
 run.record(n_params=n_params, scale_resolved=S["scale"])  # what the report judges by
 cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
 store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)  # the CNA section
-lora_spec = FT.LoraSpec(r=lora_r, alpha=lora_alpha)
-bands = FT.yu_bands(info.n_layers)
-ref_layer = FT.reference_layer(info.n_layers)
+lora_spec = lora.LoraSpec(r=lora_r, alpha=lora_alpha)
+bands = lora.yu_bands(info.n_layers)
+ref_layer = lora.reference_layer(info.n_layers)
 timings = []
 print(info)
 print(f"scale: {S['scale']}; LoRA layers: {S['layers']}; bands: {bands}; reference layer {ref_layer}")
@@ -181,15 +183,15 @@ t0 = time.time()
 config = FT.TrainConfig(epochs=S["lora_epochs"], batch_size=S["lora_batch"], seed=seed, eval_batch_size=batch_size)
 lr_grid = lrs if S["lr_search"] != "none" else lrs[:1]
 lr_layers = None if S["lr_search"] == "per_layer" else [ref_layer if ref_layer in S["layers"] else S["layers"][0]]
-acc_by_layer, lora_models, lr_table = FT.lora_layer_sweep(
+acc_by_layer, lora_models, lr_table = lora.lora_layer_sweep(
     bridge, S["layers"], train_set, val_set if len(val_set) else None, test_set, config, lrs=lr_grid,
     lr_layers=lr_layers, lora=lora_spec, cache_dir=cache_dir)
 timings.append({"section": "1 LoRA per layer", "wall_s": time.time() - t0})
 save_table(acc_by_layer, run.out, "05_lora_accuracy_by_layer")
 save_table(lr_table, run.out, "05_lora_lr_selection")
-band_acc = FT.accuracy_bands(acc_by_layer, bands)
+band_acc = lora.accuracy_bands(acc_by_layer, bands)
 save_table(band_acc, run.out, "05_lora_accuracy_bands")
-shape = FT.curve_shape(acc_by_layer, bands)
+shape = lora.curve_shape(acc_by_layer, bands)
 fig = plots.lora_accuracy_curve(acc_by_layer, bands, title=f"{model}: LoRA in one attention layer, test accuracy "
                              f"(n = {len(test_set)}, {S['scale']} scale)")
 save_figure(fig, run.out, "05_lora_accuracy_by_layer")
@@ -210,19 +212,19 @@ band_acc
 
 # %%
 t0 = time.time()
-cases = FT.yu_cna_cases(tok, fewshot=fewshot, n_cases=S["cna_cases"], seed=seed)
+cases = lora.yu_cna_cases(tok, fewshot=fewshot, n_cases=S["cna_cases"], seed=seed)
 lora_weights = {f"LoRA L{l}": lora_models[l].weights for l in S["layers"]}
 ks = [k for k in top_ks if k <= info.n_layers * info.d_mlp]
 deep = C.deep_layers(info.n_layers)
-coef_rows, cna_details = store("CNA on the LoRA models", lambda: FT.lora_cna(
+coef_rows, cna_details = store("CNA on the LoRA models", lambda: lora.lora_cna(
     bridge, cases, lora_weights, ks=ks, layers=deep, mode="auto", n_candidates=S["n_candidates"], batch_size=batch_size),
-    code=["finetune", "cna"], model=bridge, cases=cases, weights=lora_weights, ks=ks, layers=deep,
+    code=["lora"], model=bridge, cases=cases, weights=lora_weights, ks=ks, layers=deep,
     n_candidates=S["n_candidates"], batch_size=batch_size)
 layer_of = {f"LoRA L{l}": l for l in S["layers"]}
 coef_rows["layer"] = coef_rows.model.map(layer_of)
 save_table(coef_rows, run.out, "05_cna_coef_increase")
 save_table(cna_details["per_case"], run.out, "05_cna_coef_per_case")  # per case: the report's interval
-table10 = pd.concat([FT.band_increase_table(coef_rows, layer_of, bands, selection=s).assign(selection=s)
+table10 = pd.concat([lora.band_increase_table(coef_rows, layer_of, bands, selection=s).assign(selection=s)
                      for s in ("cna", "original")], ignore_index=True)
 save_table(table10, run.out, "05_cna_coef_increase_by_band")
 timings.append({"section": "2 CNA", "wall_s": time.time() - t0, "reused_s": store.reused_seconds})
@@ -244,7 +246,7 @@ case_idx = 0  # "3 + 5 =" is the first case
 orig_imp = cna_details["original"]["importance"][case_idx]
 neurons = C.top_neurons(orig_imp, n_table9)
 models9 = {"original": None, **{name: w for name, w in lora_weights.items()}}
-table9 = FT.coefficient_table(bridge, cases.subset([case_idx]), models9, neurons)
+table9 = lora.coefficient_table(bridge, cases.subset([case_idx]), models9, neurons)
 table9.insert(2, "importance_original", [float(orig_imp[l, n]) for l, n in neurons])
 save_table(table9, run.out, "05_cna_table9")
 fig = plots.coefficient_bars(table9, list(models9), title=f"{model}: coefficients of the top neurons of "

@@ -89,9 +89,11 @@ from IPython.display import Markdown, display
 import arithlib.cna as C
 import arithlib.datasets as ds
 import arithlib.finetune as FT
+import arithlib.lora as lora
 import arithlib.plots.pruning as plots
 import arithlib.pruning as pruning
 import arithlib.report as R
+import arithlib.scales as scales
 from arithlib import papers
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
@@ -120,16 +122,16 @@ for key, mine in (("quick", quick), ("seed", seed)):
         print(f"note: notebook 05 ran with {key}={p05.get(key)!r}, this run has {key}={mine!r}: its data differ, so the "
               "reference LoRA model is trained again here rather than read from the cache")
 # the scale notebook 05 ran at (recorded since issue 29; before, "auto" meant "quick" on a CPU)
-scale05 = p05.get("scale_resolved") or FT.resolve_scale(p05.get("scale", "auto"), run.model.device, quick,
+scale05 = p05.get("scale_resolved") or scales.resolve_scale(p05.get("scale", "auto"), run.model.device, quick,
                                                         auto_cpu="quick")
-S05 = FT.scale_settings(scale05, run.model.device, quick, info.n_layers)
+S05 = scales.scale_settings(scale05, run.model.device, quick, info.n_layers)
 S = pruning.pruning_scale(S05["scale"])
 for name, value in (("cases_per_op", cases_per_op), ("n_candidates", n_candidates), ("random_seeds", random_seeds),
                     ("sweep_seeds", sweep_seeds), ("sweep_lora", sweep_lora)):
     if value != "auto":
         S[name] = value
 deep = C.deep_layers(info.n_layers)
-ref_layer = FT.reference_layer(info.n_layers)
+ref_layer = lora.reference_layer(info.n_layers)
 widths = {l: pruning.ffn_width(bridge, l) for l in deep}
 n_deep = sum(widths.values())
 k_scaled = pruning.scaled_top_k(n_deep)
@@ -200,8 +202,8 @@ if row05.empty:
                      "rerun notebook 05")
 config = FT.TrainConfig(lr=float(row05.lr.iloc[0]), epochs=S05["lora_epochs"], batch_size=S05["lora_batch"], seed=seed,
                         eval_batch_size=batch_size)
-lora_spec = FT.LoraSpec(r=int(p05["lora_r"]), alpha=int(p05["lora_alpha"]))
-lora_ref = FT.train_lora(bridge, ref_layer, train_set, config, val, lora_spec, progress=False, cache_dir=cache_dir)
+lora_spec = lora.LoraSpec(r=int(p05["lora_r"]), alpha=int(p05["lora_alpha"]))
+lora_ref = lora.train_lora(bridge, ref_layer, train_set, config, val, lora_spec, progress=False, cache_dir=cache_dir)
 lrs = list(p05["lrs"]) if S["lr_search"] else []
 timings.append({"section": "data + reference LoRA", "wall_s": time.time() - t0})
 print(f"{len(train_set)} train / {len(val_set)} val / {len(test_set)} test sentences; reference LoRA: layer {ref_layer}, "
@@ -314,7 +316,7 @@ by_layer.pivot_table(index="layer", columns="selection", values="n_kept")
 timings.append({"section": "total (incl. loading)", "wall_s": time.time() - t_start})
 save_table(pd.DataFrame(timings), run.out, "06_timings")
 t = table.set_index("model", drop=False)
-orig, lora = t.loc["original"], t.loc["LoRA"]
+orig, lora_full = t.loc["original"], t.loc["LoRA"]
 pruned, masked = t.loc["LoRA on CNA-pruned"], t.loc["LoRA on CNA-masked"]
 rand = table[table.model == "LoRA on random-pruned"]
 r_mean, r_sd = float(rand.accuracy.mean()), float(rand.accuracy.std()) if len(rand) > 1 else float("nan")
@@ -326,7 +328,7 @@ lines.append(f"- CNA (LoRA vs original, {scores.mode}" + (f", {scores.n_candidat
              f"the union of every case's top-{k_main}; Yu's top-500, scaled to this model (top-{k_scaled}), would keep "
              f"{union_scaled / n_deep:.1%} (Yu: about 5 %).")
 lines.append(f"- Table 11 (2-digit test accuracy, whole answer): original {orig.accuracy:.1%} [Yu 62.9 %], LoRA "
-             f"{lora.accuracy:.1%} [89.3 %], LoRA on the CNA-pruned model {pruned.accuracy:.1%} [82.3 %], LoRA on "
+             f"{lora_full.accuracy:.1%} [89.3 %], LoRA on the CNA-pruned model {pruned.accuracy:.1%} [82.3 %], LoRA on "
              f"randomly pruned models {r_mean:.1%}" + (f" ± {r_sd:.1%} (sd over {len(rand)} seeds)" if len(rand) > 1
                                                         else "") + " [17.1 %].")
 lines.append(f"- Before fine-tuning, the pruned models score {pruned.accuracy_pruned:.1%} (CNA) and "
@@ -338,8 +340,8 @@ verdicts.append(f"the CNA-pruned model {'beats' if pruned.accuracy > r_mean else
                 f"({100 * (pruned.accuracy - r_mean):+.1f} points; Yu: +65.2)")
 verdicts.append(f"{'beats' if pruned.accuracy > orig.accuracy else 'does NOT beat'} the unpruned original "
                 f"({100 * (pruned.accuracy - orig.accuracy):+.1f}; Yu: +19.4)")
-verdicts.append(f"{'stays below' if pruned.accuracy < lora.accuracy else 'reaches'} LoRA on the full model "
-                f"({100 * (pruned.accuracy - lora.accuracy):+.1f}; Yu: -7.0)")
+verdicts.append(f"{'stays below' if pruned.accuracy < lora_full.accuracy else 'reaches'} LoRA on the full model "
+                f"({100 * (pruned.accuracy - lora_full.accuracy):+.1f}; Yu: -7.0)")
 lines.append("- After LoRA, " + "; ".join(verdicts) + ".")
 lines.append(f"- Size: {int(orig.n_params):,} -> {int(pruned.n_params):,} parameters "
              f"({100 * (pruned.params_share - 1):+.1f} %); deep FFN parameters {int(orig.n_deep_ffn_params):,} -> "

@@ -104,6 +104,8 @@ import arithlib.finetune as FT
 import arithlib.general_ability as GA
 import arithlib.plots.finetune as plots
 import arithlib.report as R
+import arithlib.scales as scales
+import arithlib.sft as sft
 from arithlib.engine import LayerInputs
 from arithlib.outputs import save_figure, save_table
 from arithlib.paths import cache_root
@@ -114,7 +116,7 @@ run = start_run("08_precise_sft", model, device, seed, out_dir, quick, dtype=dty
                 fewshot=fewshot, scale=scale, ops=ops, kv=kv)
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 n_params = FT.count_parameters(bridge)  # "auto" takes the smaller "cpu-bands" scale above 1 B on a CPU
-S = FT.scale_settings(scale, run.model.device, quick, info.n_layers, n_params=n_params)
+S = scales.scale_settings(scale, run.model.device, quick, info.n_layers, n_params=n_params)
 run.record(n_params=n_params, scale_resolved=S["scale"],  # what the report judges by
            sft_lrs=list(S["sft_lrs"]))
 cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
@@ -170,9 +172,9 @@ sizes
 # 1024)).
 
 # %%
-heads_ranked, mlps_ranked = FT.rank_components(run.out / "01_path_patching.csv")
+heads_ranked, mlps_ranked = sft.rank_components(run.out / "01_path_patching.csv")
 total_heads = info.n_layers * info.n_heads
-counts = FT.scaled_head_counts(S["head_counts"], total_heads)
+counts = sft.scaled_head_counts(S["head_counts"], total_heads)
 top32 = counts.get(32, max(counts.values()))
 head_list = [(int(r.layer), int(r.head)) for r in heads_ranked.itertuples()]
 mlp_list = [int(r.layer) for r in mlps_ranked.itertuples()]
@@ -203,7 +205,7 @@ def row_for(name, ft_result, inputs=None, role="other"):
     """One row of Zhang's Table 1/2; ``role``: "original", "precise" (the scaled top-32 heads, the
     report's zhang_precise_sft), "full" or "other"."""
     weights = ft_result.weights if ft_result is not None else None
-    r = FT.evaluate_method(bridge, tok, weights, math_sets, prose, facts, max_chunks=S["prose_chunks"],
+    r = sft.evaluate_method(bridge, tok, weights, math_sets, prose, facts, max_chunks=S["prose_chunks"],
                            benchmarks=bench, batch_size=batch_size, inputs=inputs)
     cost = ft_result.summary() if ft_result is not None else {"n_trainable": 0, "samples_per_second": float("nan")}
     return {"method": name, "role": role, **{k: cost.get(k) for k in ("n_trainable", "samples_per_second", "lr",
@@ -216,12 +218,12 @@ eval_inputs = {name: LayerInputs(record_at) for name in math_sets}
 rows, histories = [row_for("original", None, eval_inputs, role="original")], {}
 # the lr of each judged method chosen on the validation split from the scale's grid
 judged, lr_choice = FT.choose_lr(
-    bridge, lambda lr: FT.precise_sft(bridge, head_list[:top32], sft_train, replace(sft_config, lr=lr), kv=kv,
+    bridge, lambda lr: sft.precise_sft(bridge, head_list[:top32], sft_train, replace(sft_config, lr=lr), kv=kv,
                                       cache_dir=cache_dir, inputs=train_inputs), S["sft_lrs"], val_set, batch_size)
 lr_tables = [lr_choice.assign(method=f"precise top-{top32} heads")]
 sft_config = replace(sft_config, lr=judged.config.lr)  # the other precise settings: the top-32 heads' lr
 for paper_k, k in counts.items():
-    res = judged if k == top32 else FT.precise_sft(bridge, head_list[:k], sft_train, sft_config, kv=kv,
+    res = judged if k == top32 else sft.precise_sft(bridge, head_list[:k], sft_train, sft_config, kv=kv,
                                                    cache_dir=cache_dir, inputs=train_inputs)
     rows.append(row_for(f"precise top-{k} heads (paper {paper_k})", res, eval_inputs,
                         role="precise" if paper_k == 32 else "other"))
@@ -230,14 +232,14 @@ for m in S["mlp_counts"]:
     if m > len(mlp_list):
         print(f"only {len(mlp_list)} MLP effects in 01_path_patching.csv: +{m} MLPs skipped")
         continue
-    res = FT.precise_sft(bridge, head_list[:top32], sft_train, sft_config, mlps=mlp_list[:m], kv=kv,
+    res = sft.precise_sft(bridge, head_list[:top32], sft_train, sft_config, mlps=mlp_list[:m], kv=kv,
                          cache_dir=cache_dir, inputs=train_inputs)
     rows.append(row_for(f"precise top-{top32} heads + top-{m} MLPs", res, eval_inputs))
     histories[f"precise {top32}h+{m}mlp"] = res.history
 # full SFT changes the embeddings, so no pass of it starts from the recorded streams: free them (up to 1 GiB each)
 train_inputs = eval_inputs = None
 try:
-    res, lr_choice = FT.choose_lr(bridge, lambda lr: FT.full_sft(bridge, sft_train, replace(sft_config, lr=lr),
+    res, lr_choice = FT.choose_lr(bridge, lambda lr: sft.full_sft(bridge, sft_train, replace(sft_config, lr=lr),
                                                                  cache_dir=cache_dir), S["sft_lrs"], val_set, batch_size)
 except MemoryError as err:  # reported, not hidden: the table then has no full-SFT row
     full_sft_skipped = str(err)

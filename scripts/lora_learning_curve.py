@@ -25,6 +25,8 @@ import torch  # noqa: E402
 
 import arithlib.datasets as ds  # noqa: E402
 import arithlib.finetune as FT  # noqa: E402
+import arithlib.lora as LO  # noqa: E402
+import arithlib.scales as SC  # noqa: E402
 from arithlib import papers  # noqa: E402
 from arithlib.models import load_model  # noqa: E402
 
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256, 512])
-    ap.add_argument("--n-val", type=int, default=FT.FINETUNE_SCALES["cpu"]["n_val"])
+    ap.add_argument("--n-val", type=int, default=SC.FINETUNE_SCALES["cpu"]["n_val"])
     ap.add_argument("--lr", type=float, default=papers.YU_LR_GRID[0])
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -45,13 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     m = load_model(a.model)
     n_layers = m.info.n_layers
-    layer = FT.reference_layer(n_layers) if a.layer is None else a.layer
-    s = FT.FINETUNE_SCALES["cpu"]
+    layer = LO.reference_layer(n_layers) if a.layer is None else a.layer
+    s = SC.FINETUNE_SCALES["cpu"]
     splits = FT.yu_lora_data(n_train=max(a.sizes), n_test=s["n_test"], n_val=a.n_val, seed=0, fewshot=a.fewshot)
     train, val = (ds.PromptSet.build(splits[k], m.tokenizer) for k in ("train", "val"))
     cfg = FT.TrainConfig(lr=a.lr, epochs=a.epochs, batch_size=a.batch_size, seed=0)
     t0 = time.time()
-    curve = FT.learning_curve(m.bridge, layer, train, val, a.sizes, cfg)
+    curve = LO.learning_curve(m.bridge, layer, train, val, a.sizes, cfg)
     print(f"{a.model}: LoRA layer {layer} of {n_layers}, lr {a.lr:g}, {a.epochs} epoch(s), batch {a.batch_size}, "
           f"{len(val)} validation prompts, {a.threads} thread(s), {time.time() - t0:.0f} s")
     print(curve.to_string(index=False))

@@ -76,7 +76,7 @@ def test_layer_inputs_perturbation_keeps_the_parameters_device_and_dtype():
     bl = _load("layer_inputs")
     hf = FT.shared_hf_model(load_random_model("llama", "tiny", dtype=torch.bfloat16).bridge)
     w = bl.perturbed(hf, 1)
-    params = FT._params_by_clean_name(hf)
+    params = FT.params_by_clean_name(hf)
     assert w and all(n.startswith("model.layers.1.") for n in w)
     assert all(v.dtype == params[n].dtype == torch.bfloat16 and v.device == params[n].device for n, v in w.items())
 

@@ -289,7 +289,7 @@ def test_sft_of_bf16_weights_warns_and_lora_would_not(both):
         backup = param.detach().clone()
         try:
             with pytest.warns(UserWarning, match="float32") if warns else _no_warning():
-                FT.train_parameters(plain, FT._Trainable({name: param}), train, cfg, None, progress=False,
+                FT.train_parameters(plain, FT.Trainable({name: param}), train, cfg, None, progress=False,
                                     keep_state=False)
         finally:
             with torch.no_grad():

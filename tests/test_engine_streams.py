@@ -9,6 +9,8 @@ import torch
 
 import arithlib.datasets as ds
 import arithlib.finetune as ft
+import arithlib.lora as LO
+import arithlib.sft as SFT
 from arithlib.engine import LayerInputs
 from arithlib.models import load_model, random_model_dir
 
@@ -98,10 +100,10 @@ def test_lora_training_from_recorded_stream_gives_the_same_weights(tiny_qwen2):
     train = ds.PromptSet.build(ft.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], tiny_qwen2.tokenizer)
     cfg = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
     inputs = LayerInputs([1])
-    ft.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)  # records
+    LO.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)  # records
     assert len(inputs) == len(ft.answer_batches(train, 8))
-    late = ft.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
-    full = ft.train_lora(hf, 1, train, cfg, progress=False)
+    late = LO.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
+    full = LO.train_lora(hf, 1, train, cfg, progress=False)
     assert late.history["loss"].equals(full.history["loss"])
     assert all(torch.equal(late.weights[n], full.weights[n]) for n in full.weights)
 
@@ -128,13 +130,13 @@ def test_precise_sft_and_its_row_from_recorded_streams(tiny_qwen2, test_set):
     train = ds.PromptSet.build(ft.yu_lora_data(n_train=16, n_test=0, seed=1, fewshot=2)["train"], tiny_qwen2.tokenizer)
     cfg = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
     train_inputs, eval_inputs = LayerInputs([1]), {"test": LayerInputs([1])}
-    ft.evaluate_method(hf, tiny_qwen2.tokenizer, None, {"test": test_set}, inputs=eval_inputs)  # the original records
-    ft.train_lora(hf, 1, train, cfg, progress=False, inputs=train_inputs)               # so does this run
-    late = ft.precise_sft(hf, [(1, 0)], train, cfg, progress=False, inputs=train_inputs)
-    full = ft.precise_sft(hf, [(1, 0)], train, cfg, progress=False)
+    SFT.evaluate_method(hf, tiny_qwen2.tokenizer, None, {"test": test_set}, inputs=eval_inputs)  # the original records
+    LO.train_lora(hf, 1, train, cfg, progress=False, inputs=train_inputs)               # so does this run
+    late = SFT.precise_sft(hf, [(1, 0)], train, cfg, progress=False, inputs=train_inputs)
+    full = SFT.precise_sft(hf, [(1, 0)], train, cfg, progress=False)
     assert all(torch.equal(late.weights[n], full.weights[n]) for n in full.weights)
-    row_late = ft.evaluate_method(hf, tiny_qwen2.tokenizer, late.weights, {"test": test_set}, inputs=eval_inputs)
-    row_full = ft.evaluate_method(hf, tiny_qwen2.tokenizer, late.weights, {"test": test_set})
+    row_late = SFT.evaluate_method(hf, tiny_qwen2.tokenizer, late.weights, {"test": test_set}, inputs=eval_inputs)
+    row_full = SFT.evaluate_method(hf, tiny_qwen2.tokenizer, late.weights, {"test": test_set})
     assert row_late == row_full
 
 
@@ -161,10 +163,10 @@ def test_lora_epochs_reuse_one_recording_and_equal_full_passes(arch):
     assert sorted(map(sorted, first)) == sorted(map(sorted, second))  # the same batches every epoch ...
     assert any(ft.epoch_batches(train, 8, 0, e) != first for e in range(1, 6))  # ... in a new order
     inputs = LayerInputs([1])
-    recording = ft.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
+    recording = LO.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
     assert len(inputs) == len(first)  # once per batch, not once per epoch
-    late = ft.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
-    full = ft.train_lora(hf, 1, train, cfg, progress=False)
+    late = LO.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
+    full = LO.train_lora(hf, 1, train, cfg, progress=False)
     assert len(full.history) == 2 * len(first)
     for other in (late, recording):
         assert other.history["loss"].equals(full.history["loss"])

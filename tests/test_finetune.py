@@ -16,6 +16,10 @@ import torch
 
 import arithlib.datasets as ds
 import arithlib.finetune as ft
+from arithlib import papers
+import arithlib.lora as LO
+import arithlib.scales as SC
+import arithlib.sft as SFT
 from arithlib.evaluate import answer_logits as eval_answer_logits
 from arithlib.models import load_model, random_model_dir
 from arithlib.stats import decode_correct
@@ -198,8 +202,8 @@ def test_answer_accuracy_agrees_with_evaluate(tiny_qwen2, data):
 def test_lora_deterministic_and_local(tiny_qwen2, data):
     plain = ft.shared_hf_model(tiny_qwen2.bridge)
     before = {n: p.detach().clone() for n, p in plain.named_parameters()}
-    a = ft.train_lora(tiny_qwen2.bridge, 1, data["train"], CFG, data["val"], progress=False)
-    b = ft.train_lora(tiny_qwen2.bridge, 1, data["train"], CFG, data["val"], progress=False)
+    a = LO.train_lora(tiny_qwen2.bridge, 1, data["train"], CFG, data["val"], progress=False)
+    b = LO.train_lora(tiny_qwen2.bridge, 1, data["train"], CFG, data["val"], progress=False)
     assert set(a.weights) == {f"model.layers.1.self_attn.{p}_proj.weight" for p in "qkvo"}
     assert all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)
     assert any(not torch.equal(a.weights[k], before[k]) for k in a.weights)
@@ -207,7 +211,7 @@ def test_lora_deterministic_and_local(tiny_qwen2, data):
     assert set(after) == set(before) and all(torch.equal(before[n], after[n]) for n in before)
     assert a.n_trainable == 16 * (64 + 64) * 2 + 16 * (64 + 32) * 2  # r (in + out) for q, o (64x64), k, v (32x64)
     assert list(a.epochs.epoch) == [1] and a.samples_per_second > 0
-    c = ft.train_lora(tiny_qwen2.bridge, 1, data["train"], replace(CFG, seed=1), progress=False)
+    c = LO.train_lora(tiny_qwen2.bridge, 1, data["train"], replace(CFG, seed=1), progress=False)
     assert any(not torch.equal(a.weights[k], c.weights[k]) for k in a.weights)
 
 
@@ -224,14 +228,14 @@ def test_lora_merged_weights_equal_peft_forward(tiny_qwen2, data):
                 p.normal_(0, 0.1)
         x = torch.tensor([[5, 6, 7, 8, 9, 10]])
         expected = plain(x).logits
-        merged = ft._merged_lora_weights(plain, pm)
+        merged = LO._merged_lora_weights(plain, pm)
     pm.unload()
     with torch.no_grad(), ft.use_weights(plain, merged):
         assert torch.allclose(plain(x).logits, expected, atol=1e-5)
 
 
 def test_lora_layer_sweep_and_lr_selection(tiny_qwen2, data):
-    frame, fitted, lr_table = ft.lora_layer_sweep(tiny_qwen2.bridge, [0, 1], data["train"], data["val"], data["test"], CFG,
+    frame, fitted, lr_table = LO.lora_layer_sweep(tiny_qwen2.bridge, [0, 1], data["train"], data["val"], data["test"], CFG,
                                                   lrs=(1e-2, 1e-3), lr_layers=[1], progress=False)
     assert list(frame.layer) == [-1, 0, 1]
     assert set(fitted) == {0, 1}
@@ -254,7 +258,7 @@ def test_checkpoint_resume_gives_same_weights(tiny_qwen2, data, tmp_path):
         params = {n: p for n, p in plain.named_parameters() if n in names}
         backup = {n: p.detach().clone() for n, p in params.items()}
         try:
-            state, record = ft.train_parameters(plain, ft._Trainable(params), data["train"], cfg, None, progress=False,
+            state, record = ft.train_parameters(plain, ft.Trainable(params), data["train"], cfg, None, progress=False,
                                                 checkpoint_dir=ckdir)
         finally:
             with torch.no_grad():
@@ -271,9 +275,9 @@ def test_checkpoint_resume_gives_same_weights(tiny_qwen2, data, tmp_path):
 
 
 def test_cached_training_is_reused(tiny_qwen2, data, tmp_path):
-    a = ft.train_lora(tiny_qwen2.bridge, 0, data["train"], CFG, progress=False, cache_dir=tmp_path)
+    a = LO.train_lora(tiny_qwen2.bridge, 0, data["train"], CFG, progress=False, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("*/result.pt"))) == 1
-    b = ft.train_lora(tiny_qwen2.bridge, 0, data["train"], CFG, progress=False, cache_dir=tmp_path)
+    b = LO.train_lora(tiny_qwen2.bridge, 0, data["train"], CFG, progress=False, cache_dir=tmp_path)
     assert all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)
     assert not list(tmp_path.glob("*/checkpoints/epoch-*.pt"))
 
@@ -285,7 +289,7 @@ def test_head_slices_gqa_counts(tiny_qwen2):
     plain = ft.shared_hf_model(tiny_qwen2.bridge)
     d, dh = 64, 16
     # heads 0 and 1 read KV group 0, head 2 reads group 1 (4 heads, 2 KV heads)
-    masks, scales, counts = ft.head_slices(plain, [(0, 0), (0, 1), (0, 2)])
+    masks, scales, counts = SFT.head_slices(plain, [(0, 0), (0, 1), (0, 2)])
     q = masks["model.layers.0.self_attn.q_proj.weight"]
     assert q.sum() == 3 * dh * d and q[:3 * dh].all() and not q[3 * dh:].any()
     k = masks["model.layers.0.self_attn.k_proj.weight"]
@@ -296,12 +300,12 @@ def test_head_slices_gqa_counts(tiny_qwen2):
     assert counts["n_kv_groups"] == 2
     per_head = dh * d + dh + d * dh  # Q rows (+ bias) and O columns
     per_group = 2 * (dh * d + dh)  # K and V rows (+ biases)
-    assert ft.precise_param_count(plain, [(0, 0), (0, 1)]) == 2 * per_head + 1 * per_group
-    assert ft.precise_param_count(plain, [(0, 0), (0, 1)], kv="none") == 2 * per_head
+    assert SFT.precise_param_count(plain, [(0, 0), (0, 1)]) == 2 * per_head + 1 * per_group
+    assert SFT.precise_param_count(plain, [(0, 0), (0, 1)], kv="none") == 2 * per_head
     mlp = sum(p.numel() for n, p in plain.named_parameters() if n.startswith("model.layers.1.mlp."))
-    assert ft.precise_param_count(plain, [(0, 0)], mlps=[1]) == per_head + per_group + mlp
+    assert SFT.precise_param_count(plain, [(0, 0)], mlps=[1]) == per_head + per_group + mlp
     with pytest.raises(ValueError):
-        ft.head_slices(plain, [(5, 0)])
+        SFT.head_slices(plain, [(5, 0)])
 
 
 def test_precise_sft_trains_only_slices_and_restores(tiny_qwen2, data):
@@ -309,15 +313,15 @@ def test_precise_sft_trains_only_slices_and_restores(tiny_qwen2, data):
     before = {n: p.detach().clone() for n, p in plain.named_parameters()}
     heads = [(1, 3)]
     cfg = replace(CFG, weight_decay=0.1)
-    res = ft.precise_sft(tiny_qwen2.bridge, heads, data["train"], cfg, progress=False)
-    masks, _, _ = ft.head_slices(plain, heads)
+    res = SFT.precise_sft(tiny_qwen2.bridge, heads, data["train"], cfg, progress=False)
+    masks, _, _ = SFT.head_slices(plain, heads)
     assert set(res.weights) == set(masks)
     for n, w in res.weights.items():
         changed = w != before[n]
         assert changed.any()
         assert not (changed & ~masks[n]).any(), f"{n} changed outside the head's slice"
     assert all(torch.equal(p, before[n]) for n, p in plain.named_parameters())
-    assert res.n_trainable == ft.precise_param_count(plain, heads)
+    assert res.n_trainable == SFT.precise_param_count(plain, heads)
 
 
 def test_precise_sft_gradient_rescale_with_sgd(tiny_qwen2, data):
@@ -327,8 +331,8 @@ def test_precise_sft_gradient_rescale_with_sgd(tiny_qwen2, data):
     before = dict(plain.named_parameters())[name].detach().clone()
     cfg = ft.TrainConfig(lr=1e-3, epochs=1, batch_size=64, max_steps=1, optimizer="sgd", grad_clip=None,
                          schedule="constant")
-    a = ft.precise_sft(tiny_qwen2.bridge, [(0, 1)], data["train"], cfg, rescale=True, progress=False)
-    b = ft.precise_sft(tiny_qwen2.bridge, [(0, 1)], data["train"], cfg, rescale=False, progress=False)
+    a = SFT.precise_sft(tiny_qwen2.bridge, [(0, 1)], data["train"], cfg, rescale=True, progress=False)
+    b = SFT.precise_sft(tiny_qwen2.bridge, [(0, 1)], data["train"], cfg, rescale=False, progress=False)
     da, db = a.weights[name] - before, b.weights[name] - before
     assert torch.allclose(da, 4.0 * db, atol=1e-7)  # H = 4 heads, h = 1 selected
 
@@ -337,13 +341,13 @@ def test_full_sft_trains_everything_and_returns_the_weights_leaving_the_model_as
     """Full SFT returns every trained weight and restores the model (it trained it in
     place before, which left no way to try a second lr on the same model)."""
     plain = ft.shared_hf_model(tiny_qwen2.bridge)
-    before = {n: p.detach().clone() for n, p in ft._params_by_clean_name(plain).items()}
-    res = ft.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False)
+    before = {n: p.detach().clone() for n, p in ft.params_by_clean_name(plain).items()}
+    res = SFT.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False)
     assert res.n_trainable == ft.count_parameters(plain)
     assert set(res.weights) == set(before)
     assert all(not torch.equal(res.weights[n], before[n]) for n in before)  # every weight trained
-    assert all(torch.equal(p, before[n]) for n, p in ft._params_by_clean_name(plain).items())  # model restored
-    again = ft.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False)  # from the same start: the same weights
+    assert all(torch.equal(p, before[n]) for n, p in ft.params_by_clean_name(plain).items())  # model restored
+    again = SFT.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False)  # from the same start: the same weights
     assert all(torch.equal(again.weights[n], res.weights[n]) for n in before)
     swapped = ft.evaluate_weights(tiny_qwen2.bridge, res.weights, {"test": data["test"]})
     assert len(swapped) == len(data["test"])
@@ -358,7 +362,7 @@ def test_sft_lr_is_chosen_per_method_on_the_validation_split(tiny_qwen2, data):
 
     def fit(lr):
         fits.append(lr)
-        return ft.full_sft(tiny_qwen2.bridge, data["train"], replace(CFG, lr=lr), progress=False)
+        return SFT.full_sft(tiny_qwen2.bridge, data["train"], replace(CFG, lr=lr), progress=False)
 
     best, table = ft.choose_lr(tiny_qwen2.bridge, fit, (1e-2, 1e-4), data["val"])
     assert fits == [1e-2, 1e-4] and table.chosen.sum() == 1 and best.config.lr == table[table.chosen].lr.iloc[0]
@@ -368,8 +372,8 @@ def test_sft_lr_is_chosen_per_method_on_the_validation_split(tiny_qwen2, data):
     fits.clear()
     one, table = ft.choose_lr(tiny_qwen2.bridge, fit, (1e-2, 1e-4), None)
     assert fits == [1e-2] and one.config.lr == 1e-2 and table.val_accuracy.isna().all() and table.chosen.all()
-    assert ft.ZHANG_SFT["lr"] in ft.FINETUNE_SCALES["cpu"]["sft_lrs"] and len(ft.FINETUNE_SCALES["cpu"]["sft_lrs"]) > 1
-    assert ft.FINETUNE_SCALES["paper"]["sft_lrs"] == (ft.ZHANG_SFT["lr"],)
+    assert papers.ZHANG_SFT["lr"] in SC.FINETUNE_SCALES["cpu"]["sft_lrs"] and len(SC.FINETUNE_SCALES["cpu"]["sft_lrs"]) > 1
+    assert SC.FINETUNE_SCALES["paper"]["sft_lrs"] == (papers.ZHANG_SFT["lr"],)
 
 
 # --------------------------------------------------------------------------- model state after training
@@ -397,13 +401,13 @@ def _entry_point(method: str, tiny_qwen2, data) -> Iterator[tuple[torch.nn.Modul
     owner = load_model(str(random_model_dir("qwen2"))) if method == "full" else tiny_qwen2  # full SFT: a fresh copy
     target = owner.bridge if method == "bridge" else ft.shared_hf_model(owner.bridge)
     name = "model.layers.1.self_attn.q_proj.weight"
-    weight = ft._params_by_clean_name(target)[name]
+    weight = ft.params_by_clean_name(target)[name]
     calls = {
-        "lora": lambda: ft.train_lora(tiny_qwen2.bridge, 1, data["train"], STEPS, data["val"], progress=False),
-        "precise": lambda: ft.precise_sft(tiny_qwen2.bridge, [(1, 0)], data["train"], STEPS, data["val"], mlps=[0],
+        "lora": lambda: LO.train_lora(tiny_qwen2.bridge, 1, data["train"], STEPS, data["val"], progress=False),
+        "precise": lambda: SFT.precise_sft(tiny_qwen2.bridge, [(1, 0)], data["train"], STEPS, data["val"], mlps=[0],
                                           progress=False),
-        "full": lambda: ft.full_sft(owner.bridge, data["train"], STEPS, data["val"], progress=False),
-        "bridge": lambda: ft.train_parameters(tiny_qwen2.bridge, ft._Trainable({name: weight}), data["train"], STEPS,
+        "full": lambda: SFT.full_sft(owner.bridge, data["train"], STEPS, data["val"], progress=False),
+        "bridge": lambda: ft.train_parameters(tiny_qwen2.bridge, ft.Trainable({name: weight}), data["train"], STEPS,
                                               data["val"], progress=False),
     }
     saved, backup = _state(target), weight.detach().clone()
@@ -474,50 +478,50 @@ def test_rank_components(tmp_path):
     rows.append({"op": "all", "kind": "head", "layer": 1, "head": 0, "effect": -9.0})  # pooled row: ignored
     path = tmp_path / "01_path_patching.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
-    heads, mlps = ft.rank_components(path)
+    heads, mlps = SFT.rank_components(path)
     assert list(zip(heads.layer, heads["head"])) == [(0, 1), (1, 2), (1, 0)]
     assert heads.effect.iloc[0] == pytest.approx(-0.19)
     assert heads.key.tolist() == [True, True, False]
     assert mlps.layer.tolist() == [1, 0]
     with pytest.raises(FileNotFoundError, match="notebook 01"):
-        ft.rank_components(tmp_path / "missing" / "01_path_patching.csv")
+        SFT.rank_components(tmp_path / "missing" / "01_path_patching.csv")
 
 
 def test_scaled_head_counts_and_bands():
-    assert ft.scaled_head_counts(ft.ZHANG_HEAD_COUNTS, 1024) == {k: k for k in ft.ZHANG_HEAD_COUNTS}
-    assert ft.scaled_head_counts((8, 32, 64), 336) == {8: 3, 32: 11, 64: 21}
-    assert ft.yu_bands(32) == {"shallow": list(range(1, 10)), "middle": list(range(10, 17)),
+    assert SFT.scaled_head_counts(papers.ZHANG_HEAD_COUNTS, 1024) == {k: k for k in papers.ZHANG_HEAD_COUNTS}
+    assert SFT.scaled_head_counts((8, 32, 64), 336) == {8: 3, 32: 11, 64: 21}
+    assert LO.yu_bands(32) == {"shallow": list(range(1, 10)), "middle": list(range(10, 17)),
                                "deep": list(range(17, 31))}
-    assert ft.reference_layer(32) == 9
-    assert ft.scale_settings("auto", "cpu", False, 24)["scale"] == "cpu"  # the judged CPU scale (issue 29)
-    s = ft.scale_settings("cpu", "cpu", False, 24)
+    assert LO.reference_layer(32) == 9
+    assert SC.scale_settings("auto", "cpu", False, 24)["scale"] == "cpu"  # the judged CPU scale (issue 29)
+    s = SC.scale_settings("cpu", "cpu", False, 24)
     assert s["scale"] == "cpu" and s["layers"] == list(range(24))
-    assert ft.scale_settings("auto", "cuda", False, 24)["n_train"] == 18_000
-    assert ft.scale_settings("cpu", "cpu", True, 24)["scale"] == "quick"
+    assert SC.scale_settings("auto", "cuda", False, 24)["n_train"] == 18_000
+    assert SC.scale_settings("cpu", "cpu", True, 24)["scale"] == "quick"
     with pytest.raises(ValueError):
-        ft.scale_settings("huge", "cpu", False, 24)
+        SC.scale_settings("huge", "cpu", False, 24)
 
 
 def test_curve_shape_and_bands():
     bands = {"shallow": [1, 2], "middle": [3, 4], "deep": [5, 6]}
     acc = {-1: 0.5, 0: 0.6, 1: 0.9, 2: 0.9, 3: 0.8, 4: 0.7, 5: 0.6, 6: 0.55, 7: 0.95}
     frame = pd.DataFrame({"layer": list(acc), "accuracy": list(acc.values())})
-    shape = ft.curve_shape(frame, bands)
+    shape = LO.curve_shape(frame, bands)
     assert shape["all_above_original"] and shape["bands_decreasing"]
     assert shape["best_layer"] == 7 and shape["worst_layer"] == 6
     assert shape["slopes"]["middle"] == pytest.approx(-0.1)
     assert shape["edge_gaps"][7] == pytest.approx(0.95 - (0.55 + 0.6) / 2)
-    table = ft.accuracy_bands(frame, bands)
+    table = LO.accuracy_bands(frame, bands)
     assert table.set_index("band").loc["shallow", "mean_gain_over_original"] == pytest.approx(0.4)
 
 
 def test_lora_cna_zero_change_and_guard(tiny_qwen2):
-    cases = ft.yu_cna_cases(tiny_qwen2.tokenizer, n_cases=4)
+    cases = LO.yu_cna_cases(tiny_qwen2.tokenizer, n_cases=4)
     assert cases.records[0].text.strip() == "3 + 5 ="
     plain = ft.shared_hf_model(tiny_qwen2.bridge)
     same = {"model.layers.1.self_attn.q_proj.weight": dict(plain.named_parameters())[
         "model.layers.1.self_attn.q_proj.weight"].detach().clone()}
-    rows, details = ft.lora_cna(tiny_qwen2.bridge, cases, {"same": same}, ks=(5,), progress=False)
+    rows, details = LO.lora_cna(tiny_qwen2.bridge, cases, {"same": same}, ks=(5,), progress=False)
     assert set(rows["selection"]) == {"cna", "original"}
     assert np.allclose(rows.coef_increase, 0.0)
     per = details["per_case"]  # the ratio's parts per case give the table's increase back
@@ -528,33 +532,33 @@ def test_lora_cna_zero_change_and_guard(tiny_qwen2):
     mlp = {"model.layers.1.mlp.down_proj.weight": dict(plain.named_parameters())[
         "model.layers.1.mlp.down_proj.weight"].detach().clone()}
     with pytest.raises(ValueError, match="attention only"):
-        ft.lora_cna(tiny_qwen2.bridge, cases, {"mlp": mlp}, progress=False)
-    table = ft.coefficient_table(tiny_qwen2.bridge, cases.subset([0]), {"original": None, "same": same}, [(1, 3), (0, 2)])
+        LO.lora_cna(tiny_qwen2.bridge, cases, {"mlp": mlp}, progress=False)
+    table = LO.coefficient_table(tiny_qwen2.bridge, cases.subset([0]), {"original": None, "same": same}, [(1, 3), (0, 2)])
     assert np.allclose(table.original, table.same)
     layer_of = {"same": 1}
-    t10 = ft.band_increase_table(rows, layer_of, {"deep": [1]})
+    t10 = LO.band_increase_table(rows, layer_of, {"deep": [1]})
     assert list(t10.columns) == ["band", "layers", "n_models", "top5"]
 
 
 def test_full_sft_memory_guard(tiny_qwen2, data, monkeypatch):
-    monkeypatch.setattr(ft, "available_memory", lambda: 1024)
+    monkeypatch.setattr(SFT, "available_memory", lambda: 1024)
     with pytest.raises(MemoryError, match="GiB"):
-        ft.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False)
+        SFT.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False)
     nbytes = sum(p.numel() * p.element_size() for p in ft.shared_hf_model(tiny_qwen2.bridge).parameters())
     # gradients and AdamW's two moments (the original weights wait on disk)
-    assert ft.full_sft_memory(tiny_qwen2.bridge, "adamw") == pytest.approx(1.1 * 3 * nbytes, rel=0.01)
-    assert ft.full_sft_memory(tiny_qwen2.bridge, "sgd") == pytest.approx(1.1 * 1 * nbytes, rel=0.01)
+    assert SFT.full_sft_memory(tiny_qwen2.bridge, "adamw") == pytest.approx(1.1 * 3 * nbytes, rel=0.01)
+    assert SFT.full_sft_memory(tiny_qwen2.bridge, "sgd") == pytest.approx(1.1 * 1 * nbytes, rel=0.01)
 
 
 def test_a_cached_full_sft_loads_without_the_memory_check(tiny_qwen2, data, tmp_path, monkeypatch):
     """The memory guard is for training: a result in the cache loads however little
     memory is free (the guard refused it before, and notebook 08 lost its full-SFT rows)."""
-    first = ft.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False, cache_dir=tmp_path)
-    monkeypatch.setattr(ft, "available_memory", lambda: 1024)
-    again = ft.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False, cache_dir=tmp_path)
+    first = SFT.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False, cache_dir=tmp_path)
+    monkeypatch.setattr(SFT, "available_memory", lambda: 1024)
+    again = SFT.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False, cache_dir=tmp_path)
     assert all(torch.equal(again.weights[n], w) for n, w in first.weights.items())
     with pytest.raises(MemoryError):
-        ft.full_sft(tiny_qwen2.bridge, data["train"], replace(CFG, lr=CFG.lr / 2), progress=False, cache_dir=tmp_path)
+        SFT.full_sft(tiny_qwen2.bridge, data["train"], replace(CFG, lr=CFG.lr / 2), progress=False, cache_dir=tmp_path)
 
 
 def test_make_optimizer_decays_only_the_decayed_parameters():
@@ -572,13 +576,13 @@ def test_cpu_scale_is_the_default_on_a_cpu_and_sized_for_a_five_point_interval()
     test), with every layer and a test split sized by stats.n_for_half_width."""
     from arithlib.stats import n_for_half_width
 
-    assert ft.resolve_scale("auto", "cpu", False) == "cpu" and ft.resolve_scale("auto", "cpu", True) == "quick"
-    assert ft.resolve_scale("auto", "cuda", False) == "paper"
-    assert ft.resolve_scale("auto", "cpu", False, auto_cpu="quick") == "quick"  # how runs before it resolved
-    s = ft.scale_settings("auto", "cpu", False, 24)
+    assert SC.resolve_scale("auto", "cpu", False) == "cpu" and SC.resolve_scale("auto", "cpu", True) == "quick"
+    assert SC.resolve_scale("auto", "cuda", False) == "paper"
+    assert SC.resolve_scale("auto", "cpu", False, auto_cpu="quick") == "quick"  # how runs before it resolved
+    s = SC.scale_settings("auto", "cpu", False, 24)
     assert s["scale"] == "cpu" and s["layers"] == list(range(24))
-    assert s["n_test"] == n_for_half_width(0.5, ft.JUDGED_HALF_WIDTH) == 385
-    assert s["n_train"] > ft.FINETUNE_SCALES["quick"]["n_train"] and s["n_val"] > 0 and s["lr_search"] != "none"
+    assert s["n_test"] == n_for_half_width(0.5, SC.JUDGED_HALF_WIDTH) == 385
+    assert s["n_train"] > SC.FINETUNE_SCALES["quick"]["n_train"] and s["n_val"] > 0 and s["lr_search"] != "none"
 
 
 def test_auto_takes_the_stated_smaller_scale_above_one_billion_parameters_on_a_cpu():
@@ -588,17 +592,17 @@ def test_auto_takes_the_stated_smaller_scale_above_one_billion_parameters_on_a_c
     stays "cpu" at or below it, "paper" on a GPU and "quick" in quick mode."""
     from arithlib import pruning
 
-    big, small = ft.CPU_FULL_SCALE_MAX_PARAMS + 1, ft.CPU_FULL_SCALE_MAX_PARAMS
-    assert ft.resolve_scale("auto", "cpu", False, n_params=big) == "cpu-bands"
-    assert ft.resolve_scale("auto", "cpu", False, n_params=small) == "cpu"
-    assert ft.resolve_scale("auto", "cuda", False, n_params=big) == "paper"
-    assert ft.resolve_scale("auto", "cpu", True, n_params=big) == "quick"
-    assert ft.resolve_scale("cpu", "cpu", False, n_params=big) == "cpu"  # a scale asked for by name is kept
-    s = ft.scale_settings("auto", "cpu", False, 28, n_params=big)
-    assert s["scale"] == "cpu-bands" and s["layers"] == ft.scale_settings("cpu", "cpu", True, 28)["layers"]
-    assert ft.reference_layer(28) in s["layers"] and 0 in s["layers"] and len(s["layers"]) < 28
+    big, small = SC.CPU_FULL_SCALE_MAX_PARAMS + 1, SC.CPU_FULL_SCALE_MAX_PARAMS
+    assert SC.resolve_scale("auto", "cpu", False, n_params=big) == "cpu-bands"
+    assert SC.resolve_scale("auto", "cpu", False, n_params=small) == "cpu"
+    assert SC.resolve_scale("auto", "cuda", False, n_params=big) == "paper"
+    assert SC.resolve_scale("auto", "cpu", True, n_params=big) == "quick"
+    assert SC.resolve_scale("cpu", "cpu", False, n_params=big) == "cpu"  # a scale asked for by name is kept
+    s = SC.scale_settings("auto", "cpu", False, 28, n_params=big)
+    assert s["scale"] == "cpu-bands" and s["layers"] == SC.scale_settings("cpu", "cpu", True, 28)["layers"]
+    assert LO.reference_layer(28) in s["layers"] and 0 in s["layers"] and len(s["layers"]) < 28
     for k in ("n_train", "n_val", "n_test", "lr_search", "lora_epochs", "sft_lrs", "cna_cases"):
-        assert s[k] == ft.FINETUNE_SCALES["cpu"][k], k
+        assert s[k] == SC.FINETUNE_SCALES["cpu"][k], k
     assert s["head_counts"] == (32,) and s["mlp_counts"] == ()
     assert pruning.pruning_scale("cpu-bands") == {**pruning.pruning_scale("cpu"), "scale": "cpu-bands"}
 
@@ -626,7 +630,7 @@ def test_lr_is_chosen_on_the_validation_split(tiny_qwen2, data, monkeypatch):
         return real(fit, lrs, val_set, evaluate_on)
 
     monkeypatch.setattr(ft, "select_lr", spy)
-    _, fitted, lr_table = ft.lora_layer_sweep(tiny_qwen2.bridge, [1], data["train"], data["val"], data["test"], CFG,
+    _, fitted, lr_table = LO.lora_layer_sweep(tiny_qwen2.bridge, [1], data["train"], data["val"], data["test"], CFG,
                                               lrs=(1e-2, 1e-3), progress=False)
     assert len(seen) == 1 and seen[0] is data["val"]
     chosen = lr_table[lr_table.chosen].iloc[0]

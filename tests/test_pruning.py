@@ -13,6 +13,7 @@ import torch
 import arithlib.ablation as A
 import arithlib.datasets as ds
 import arithlib.finetune as FT
+import arithlib.lora as LO
 import arithlib.pruning as P
 from arithlib import papers
 from arithlib.models import load_model, random_model_dir
@@ -222,7 +223,7 @@ def test_lora_cna_scores_match_finetune_lora_cna(qwen):
     weights = {name: w.detach() * 1.5}
     scores = P.lora_cna_scores(qwen.bridge, cases, weights, [1], mode="exact", progress=False)
     assert scores.change.shape == (8, 1, qwen.info.d_mlp) and torch.isfinite(scores.change).all()
-    _, details = FT.lora_cna(qwen.bridge, cases, {"m": weights}, ks=(5,), layers=[1], mode="exact", progress=False)
+    _, details = LO.lora_cna(qwen.bridge, cases, {"m": weights}, ks=(5,), layers=[1], mode="exact", progress=False)
     ref = details["m"]["importance"] - details["m"]["importance_orig"]
     assert torch.allclose(scores.change[:, 0], ref[:, 1], atol=1e-5)
     with pytest.raises(ValueError):

@@ -168,7 +168,7 @@ def _fewshot(P: Params, nb: str) -> str:
 def _ft_scale(P: Params, nb: str = "05") -> dict:
     """Notebook ``nb``'s resolved fine-tuning scale and its sizes (``finetune.FINETUNE_SCALES``):
     05's (which 06 reuses) or 08's."""
-    from ..finetune import FINETUNE_SCALES, resolve_scale
+    from ..scales import FINETUNE_SCALES, resolve_scale
 
     p = _nb(P, nb)  # the scale the run recorded (since issue 29); before, "auto" was "quick" on a CPU
     name = p.get("scale_resolved") or resolve_scale(str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")),

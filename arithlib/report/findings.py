@@ -205,7 +205,7 @@ def smoke_test_reason(finding: Finding, tables: Tables) -> str | None:
         return f"notebook {finding.notebook} ran in quick mode (smoke-test sizes)"
     tuned_by = {"05": "05", "06": "05", "08": "08"}.get(finding.notebook)
     if tuned_by is not None and "scale" in params.get(tuned_by, {}):
-        from ..finetune import FINETUNE_SCALES, resolve_scale
+        from ..scales import FINETUNE_SCALES, resolve_scale
 
         p = params[tuned_by]
         # the scale the run used: recorded since issue 29; before, "auto" meant "quick" on a CPU

@@ -36,7 +36,7 @@ def _nikankin_faithfulness(t: Tables) -> Outcome:
     if missing:
         raise NotRun(f"03_circuit_faithfulness_prompts.csv lacks the conditions {sorted(missing)}")
     op = _op_codes(wide.index.get_level_values("op"))
-    from ..patching import faithfulness_by_operator
+    from ..activation_patching import faithfulness_by_operator
 
     ci = bootstrap_ci(faithfulness_by_operator, wide["circuit"].to_numpy(), wide["full"].to_numpy(),
                       wide["ablated"].to_numpy(), op, groups=op)
