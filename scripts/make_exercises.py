@@ -11,7 +11,7 @@ A source ``notebooks/exercises/NN_name.py`` is a percent-format script (jupytext
 
 A cell whose header carries ``tags=["solution"]`` (or ``["exercise"]``) appears only in
 that version (e.g. the answer to a question). Both notebooks start with a note naming
-the source, so they are never edited by hand; ``tests/test_exercises.py`` fails when
+the source, so they are never edited by hand; ``tests/notebooks/test_exercises.py`` fails when
 they differ from what this script writes.
 
     python scripts/make_exercises.py           # write every exercise and solution notebook

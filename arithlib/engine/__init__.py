@@ -8,7 +8,7 @@ method: the few-shot prefix is shared by the rows of a batch (its keys and value
 computed once, :func:`prefix_cache`, :class:`PrefixRunner`), and an intervention at
 block L leaves the stream below L as it was (a pass starts at block L from the recorded
 stream, :func:`run_blocks`, :class:`LayerInputs`). Each fast pass is tested equal to
-the plain full pass (``tests/test_engine_*.py`` and the methods' equivalence tests).
+the plain full pass (``tests/equivalence/test_engine_*.py`` and the methods' equivalence tests).
 
 Modules:
 
@@ -18,7 +18,7 @@ Modules:
 * :mod:`.streams`: residual streams recorded per batch for later passes.
 
 Methods import from ``arithlib.engine`` only what is listed in ``__all__``;
-``tests/test_engine_boundary.py`` fails when a module outside the engine reaches into
+``tests/project/test_engine_boundary.py`` fails when a module outside the engine reaches into
 the libraries' internals.
 """
 

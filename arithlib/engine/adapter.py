@@ -3,7 +3,7 @@
 Everything arithlib does with a key/value cache, a causal mask or a decoder block called
 on its own goes through these functions, so that a release of either library that
 renames an argument or changes a cache's layout is met here, in one small module with
-its own tests (``tests/test_engine_adapter.py``), and nowhere else.
+its own tests (``tests/unit/test_engine_adapter.py``), and nowhere else.
 
 What differs between the releases this module supports:
 

@@ -4,7 +4,7 @@ keys and values, and a pass that starts at a decoder block from a recorded strea
 Each is the HF model's own computation (its decoder, its blocks, its mask and rotary
 embeddings), so bridge hooks attached with ``bridge.hooks(...)`` act in all of them and
 a pass that starts late equals the full pass when given the full pass's stream (tested
-in ``tests/test_engine_*.py``). Why not TransformerLens's ``run_with_cache``: it runs
+in ``tests/equivalence/test_engine_*.py``). Why not TransformerLens's ``run_with_cache``: it runs
 every prompt from the embeddings and has no pass that starts at a block or reuses a
 prefix's keys and values, which is where the CPU time of notebooks 01-08 goes.
 """

@@ -123,7 +123,7 @@ def verdict_markdown(fig_dirs: Sequence[str | os.PathLike], link_from: str | os.
     """:func:`verdict_table` of ``fig_dirs`` (models from the smallest up) as Markdown;
     with ``link_from`` (the folder of the file that shows it) the model names link to
     their reports. The README's verdict block is this with ``link_from`` its folder
-    (``tests/test_report.py`` checks the committed one)."""
+    (``tests/notebooks/test_report.py`` checks the committed one)."""
     fig_dirs = sorted(fig_dirs, key=lambda d: _size_key(Tables(d)))
     return _verdict_markdown(cross_model_table(fig_dirs), fig_dirs, link_from)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("run_key", ROOT / "scripts" / "run_key.py")
 run_key = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run_key)

@@ -18,7 +18,7 @@ import arithlib.report as R
 from arithlib.report.render import _summary_counts as summary_counts
 from arithlib.report.rules import _pct as pct
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n" + b"not really an image, only bytes to inline"
 
 

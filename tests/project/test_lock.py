@@ -13,7 +13,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCKS = {kind: ROOT / "requirements" / f"lock-{kind}.txt" for kind in ("cpu", "cuda")}
 
 

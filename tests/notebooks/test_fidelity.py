@@ -127,7 +127,7 @@ def _current_params() -> dict:
     import json
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "scripts"))
     import notebook_files as nf
 

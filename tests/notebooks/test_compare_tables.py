@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("compare_tables", ROOT / "scripts" / "compare_tables.py")
 CT = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(CT)

@@ -18,7 +18,7 @@ import torch
 
 import arithlib.exercises as ex
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 _spec = importlib.util.spec_from_file_location("make_exercises", ROOT / "scripts" / "make_exercises.py")
 mx = importlib.util.module_from_spec(_spec)

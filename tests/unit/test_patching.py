@@ -26,7 +26,7 @@ from arithlib.evaluate import answer_logits
 from arithlib.models import load_model, random_model_dir
 
 TOL = 1e-4
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "gpt2"])

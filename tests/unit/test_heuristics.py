@@ -232,7 +232,7 @@ def _parameters(notebook: str) -> dict:
     import json
     from pathlib import Path
 
-    nb = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / notebook).read_text())
+    nb = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / notebook).read_text())
     cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
     ns: dict = {}
     exec("".join(cell["source"]), ns)

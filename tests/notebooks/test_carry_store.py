@@ -12,7 +12,7 @@ import torch
 
 from arithlib.stored import Store
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("carry_store", ROOT / "scripts" / "carry_store.py")
 cs = importlib.util.module_from_spec(spec)
 sys.modules["carry_store"] = cs

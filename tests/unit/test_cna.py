@@ -356,7 +356,7 @@ def test_key_head_fallback_when_no_head_lowers_1d_accuracy():
 
 
 def test_key_head_from_committed_smollm2_sweep():
-    path = Path(__file__).resolve().parent.parent / "figures" / "smollm2-135m" / "01_yu_head_sweep.csv"
+    path = Path(__file__).resolve().parents[2] / "figures" / "smollm2-135m" / "01_yu_head_sweep.csv"
     if not path.exists():
         pytest.skip("no committed SmolLM2 sweep")
     sel = C.select_key_heads(path)

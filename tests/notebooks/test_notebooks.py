@@ -12,7 +12,7 @@ from pathlib import Path
 import papermill as pm
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 sys.path.insert(0, str(ROOT / "scripts"))
 from notebook_files import outputs_in, pair_drift  # noqa: E402
