@@ -119,6 +119,16 @@ def test_code_fingerprint_covers_subpackages(tmp_path):
     assert code_fingerprint(["a"], tmp_path) != k
 
 
+def test_a_subpackage_module_is_keyed_by_its_own_code():
+    """``store(..., code=arithlib.engine.passes)``: the key holds that module's code (the old
+    key took the last name part, "passes", found no such top-level file and hashed nothing)."""
+    import importlib
+
+    passes, heads = (importlib.import_module(m) for m in ("arithlib.engine.passes", "arithlib.plots.heads"))
+    assert key_value(passes) == code_fingerprint(["engine/passes"]) != key_value(heads)
+    assert "engine/passes" in module_closure(["engine/passes"]) and "engine/adapter" in module_closure(["engine/passes"])
+
+
 def test_code_must_be_named(tmp_path):
     with pytest.raises(TypeError):
         Store(tmp_path)("x", Counter(), n=1)  # the code the result depends on is part of every key
