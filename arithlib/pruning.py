@@ -71,7 +71,7 @@ Keep = Mapping[int, Sequence[int] | torch.Tensor]  # pruned layer -> indices of 
 DEFAULT_SHARES: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2)
 
 #: Sizes of notebook 06 per scale (the data and LoRA settings are notebook 05's,
-#: ``finetune.FINETUNE_SCALES``). ``cases_per_op``: 1D cases per operator for CNA (None: all 336);
+#: ``scales.FINETUNE_SCALES``). ``cases_per_op``: 1D cases per operator for CNA (None: all 336);
 #: ``n_candidates``: exact CNA scores per case in two-stage mode; ``random_seeds``: random
 #: prunings at the main share (LoRA-tuned); ``sweep_seeds``: random prunings per share
 #: in the sweep; ``sweep_lora``: fine-tune LoRA at every share of the sweep (else the
@@ -98,7 +98,7 @@ PRUNING_SCALES["cpu-bands"] = PRUNING_SCALES["cpu"]  # 06 trains LoRA on the ref
 
 
 def pruning_scale(scale: str) -> dict:
-    """Notebook 06's sizes for a resolved scale name (``finetune.scale_settings(...)["scale"]``)."""
+    """Notebook 06's sizes for a resolved scale name (``scales.scale_settings(...)["scale"]``)."""
     if scale not in PRUNING_SCALES:
         raise ValueError(f"scale must be one of {sorted(PRUNING_SCALES)}, got {scale!r}")
     return dict(PRUNING_SCALES[scale], scale=scale)
@@ -208,7 +208,7 @@ def prune_ffn(model, keep: Keep, share_weights: bool = True) -> torch.nn.Module:
 
     ``share_weights`` (default): every unchanged tensor is the original's (the module
     tree is copied, the parameters are not), so a pruned copy of a 0.5B model costs
-    only its new MLP matrices; ``finetune.train_lora`` leaves base weights untouched,
+    only its new MLP matrices; ``lora.train_lora`` leaves base weights untouched,
     and the shared tensors keep their ``requires_grad`` (the copy's own are frozen).
     ``False``: a fully independent copy. The config records the widths and a digest
     of the keep set (``config.arithlib_pruned_ffn``), so ``finetune``'s cache keys
@@ -531,7 +531,7 @@ def lora_on(model, layer: int, train_set: PromptSet, config: FT.TrainConfig, *, 
     """Yu Sec. 6.1's last step: LoRA on attention layer ``layer`` of ``model`` (a pruned
     HF model or the original), trained on ``train_set`` with ``config`` (its lr), or
     with the lr of ``lrs`` that scores best on ``val_set`` (Yu's grid) when more than
-    one is given. ``finetune.train_lora``; cached under ``cache_dir``; ``inputs`` and
+    one is given. ``lora.train_lora``; cached under ``cache_dir``; ``inputs`` and
     ``unchanged_below`` as there."""
     def fit(lr: float) -> FT.FineTuned:
         return LO.train_lora(model, layer, train_set, replace(config, lr=lr), val_set, lora, progress=progress,

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     T = len(ps.input_ids[0])
     table = ["| engine | seconds | ratio to one full forward per head |", "|---|---|---|",
              f"| one full forward per head (measured on {args.full_heads}, scaled) | {t_full:.1f} | 1.00 |",
-             f"| every position recomputed from the head's layer (patching.head_sweep) | {t_base:.1f} | "
+             f"| every position recomputed from the head's layer (knockouts.head_sweep) | {t_base:.1f} | "
              f"{t_full / t_base:.2f} |",
              f"| prefix once per head + query tokens from the head's layer (head_sweep) | {t_fast:.1f} | "
              f"{t_full / t_fast:.2f} |"]

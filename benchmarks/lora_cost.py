@@ -2,7 +2,7 @@
 """Benchmark: what one LoRA model of notebook 05 costs on this machine - the seconds to
 train it on ``--n`` training sentences (full passes, batch 16, one epoch, lr 1e-3) and to
 evaluate it on ``--n`` test sentences, at layers ``--layers``. The "cpu-bands" scale
-(``finetune.CPU_FULL_SCALE_MAX_PARAMS``) rests on this for Qwen2.5-Coder-1.5B. Prints the
+(``scales.CPU_FULL_SCALE_MAX_PARAMS``) rests on this for Qwen2.5-Coder-1.5B. Prints the
 table; benchmarks/RESULTS.md holds the committed one.
 
     python benchmarks/lora_cost.py --model qwen2.5-coder-1.5b --threads 2

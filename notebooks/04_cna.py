@@ -330,7 +330,7 @@ if len(mask_keep):
 # the upper coefficient when the lower neuron's sub-value m fc2 is removed from the
 # upper layer's input (recomputed exactly through ln2 and the MLP; direct path only).
 # An edge is drawn when it is at least 5 %. The DAG is drawn for the case; the same test
-# runs on **every** case (`cna.pe_dag_cases`): the share of lower -> upper pairs among
+# runs on **every** case (`pe_dag.pe_dag_cases`): the share of lower -> upper pairs among
 # each case's top-`dag_k` neurons that are edges, beside the same share when each lower
 # neuron is replaced by a random neuron of its layer (`n_random_seeds` draws).
 
@@ -386,7 +386,7 @@ if case_idx is not None:
 # The counts are exact: the OV maps through their rank-r factors (r = KV heads x head
 # size), every neuron of a layer in one matrix product per attention layer, the top-50
 # over the vocabulary in chunks, a neuron dropped from a layer's scan as soon as it can
-# no longer beat its best count (`cna.shallow_concept_counts`).
+# no longer beat its best count (`shallow_neurons.shallow_concept_counts`).
 #
 # **Table 7** shows, for the case, the shallow neurons on the operand positions whose
 # OV-carried sub-value (OV of the key head's layer) has the largest inner product with

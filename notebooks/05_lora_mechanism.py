@@ -152,7 +152,7 @@ display(pd.DataFrame([{k: str(v) for k, v in S.items()}]).T.rename(columns={0: "
 # more data (the paper's 18,000), which this CPU scale does not claim to reach.
 #
 # `scale="cpu-bands"` (what `"auto"` gives on a CPU for a model of more than 1 B parameters,
-# `finetune.CPU_FULL_SCALE_MAX_PARAMS`): the same data, lr search and test split on fewer
+# `scales.CPU_FULL_SCALE_MAX_PARAMS`): the same data, lr search and test split on fewer
 # layers: layer 0, Yu's reference layer and the centre layer of each band. One LoRA training
 # sentence of Qwen2.5-Coder-1.5B takes 0.73 s on 2 cores, so the `cpu` scale's 30 trainings
 # would take about 3 hours of training alone, beyond the two hours issue 29 allows a judged CPU

@@ -148,7 +148,7 @@ display(pd.DataFrame([{**{f"05: {k}": str(v) for k, v in S05.items() if k in ("s
 # ## Scale of this run and differences from the paper
 # * **Model and layers.** Yu use Llama-7B (32 layers, 11,008 FFN neurons each): deep layers
 #   17-31, LoRA on layer 9. Here both are scaled by depth: deep layers from round(17/32 x L)
-#   (`cna.deep_layers`), LoRA on round(9/32 x L) (`finetune.reference_layer`), as notebooks 04
+#   (`cna.deep_layers`), LoRA on round(9/32 x L) (`lora.reference_layer`), as notebooks 04
 #   and 05 do.
 # * **How many neurons.** Yu keep the union of every case's top-500, "about 5 %". The size of
 #   such a union depends on the number of cases and the model, so here the **share** is the

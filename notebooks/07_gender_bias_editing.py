@@ -256,7 +256,7 @@ else:
 # %% [markdown]
 # ## 3 · Zeroing the neurons: bias before and after (Table 13), with random controls
 # Bias on all 8 prompts, on the model's own list and on the paper's Table 23; random sets
-# have as many neurons in the same layers (`cna.random_layer_matched`), `n_random_seeds`
+# have as many neurons in the same layers (`mask_keep.random_layer_matched`), `n_random_seeds`
 # seeds per size. Besides the edit set: the top-`edit_k` from layers >= `early_layers`
 # (`cna_late`) and the edit set less its early neurons (`cna_drop`), each with its own
 # layer-matched random sets. Intervals: `bias.reduction_intervals` (bootstrap over

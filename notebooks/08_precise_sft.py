@@ -41,7 +41,7 @@
 #   answer tokens only, teacher-forced. Accuracy: the whole answer is the greedy continuation and
 #   the model then stops writing digits.
 # * *Learning rate*: chosen for each judged method (precise SFT of the top-32 heads; full SFT) on
-#   the validation split, from the scale's grid (`finetune.FINETUNE_SCALES`; at the `cpu` scale Zhang's
+#   the validation split, from the scale's grid (`scales.FINETUNE_SCALES`; at the `cpu` scale Zhang's
 #   2e-5 and a factor 5 either side). The other precise settings use the top-32 heads' lr.
 # * *General ability without downloads*: LM loss (nats/token) on a fixed English sample of the
 #   Python reference manual that ships with Python (`pydoc_data.topics`), and 55 one-token
@@ -140,7 +140,7 @@ display(pd.DataFrame([{k: str(v) for k, v in S.items() if k in (
 # search was first run (`papers.SFT_LR_GRID`). Ties go to the larger lr (the grid's order).
 #
 # `scale="cpu-bands"` (what `"auto"` gives on a CPU for a model of more than 1 B parameters,
-# `finetune.CPU_FULL_SCALE_MAX_PARAMS`): the `cpu` scale's data, lr grid and test split for the
+# `scales.CPU_FULL_SCALE_MAX_PARAMS`): the `cpu` scale's data, lr grid and test split for the
 # judged pair only, precise SFT of the scaled top-32 heads and full SFT; the other head counts
 # and the MLP variants are left out.
 #

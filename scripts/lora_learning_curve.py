@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The measured learning curve behind notebook 05's "cpu" training size: validation
 accuracy of the LoRA model of Yu's reference layer against the number of training
-prompts (``finetune.learning_curve``), on Yu's 2-digit data with negative results
+prompts (``lora.learning_curve``), on Yu's 2-digit data with negative results
 (notebook 05's split, 2-shot prefix). Prints the table and writes it as CSV.
 
     python scripts/lora_learning_curve.py --model smollm2-135m --sizes 64 128 256 512

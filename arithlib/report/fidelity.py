@@ -166,7 +166,7 @@ def _fewshot(P: Params, nb: str) -> str:
 
 
 def _ft_scale(P: Params, nb: str = "05") -> dict:
-    """Notebook ``nb``'s resolved fine-tuning scale and its sizes (``finetune.FINETUNE_SCALES``):
+    """Notebook ``nb``'s resolved fine-tuning scale and its sizes (``scales.FINETUNE_SCALES``):
     05's (which 06 reuses) or 08's."""
     from ..scales import FINETUNE_SCALES, resolve_scale
 

@@ -239,7 +239,7 @@ def _coef_increase_stats(per_case: pd.DataFrame, layer_of: dict[str, int], bands
                          ) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray, np.ndarray], dict[str, float]]]:
     """Notebook 05's per-case coefficient parts (cases x (model, k) arrays of num and den)
     and the function giving each band's mean increase (%) over its models and k from them,
-    as ``finetune.band_increase_table`` does from all cases."""
+    as ``lora.band_increase_table`` does from all cases."""
     pc = per_case.assign(layer=per_case["model"].map(layer_of)).dropna(subset=["layer"])
     num = pc.pivot_table(index="case", columns=["model", "k"], values="num", aggfunc="sum").fillna(0.0)
     den = pc.pivot_table(index="case", columns=["model", "k"], values="den", aggfunc="sum").reindex_like(num).fillna(0.0)
