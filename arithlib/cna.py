@@ -39,15 +39,12 @@ modes:
 Layers where both runs have bit-identical inputs at the answer position (those
 below an ablated head) have zero change; :func:`cna_compare` skips them.
 
-Other pieces: the key head from notebook 01's exact sweep (:func:`select_key_heads`),
-interventions on per-prompt neuron sets at the answer position with a cached prompt
-prefix (mask / keep, Table 5; the lowest-neuron test, Table 6; the PE-DAG on every
-case), each with random controls over several seeds, the vocabulary projection of
-neuron values (Geva et al. 2022: softmax(E_u v)), the projection through the OV
-matrices of every attention layer that can read a shallow neuron (hidden-interpretable
-neurons, Tables 7-8) and an exact, pruned count of number/operation concepts among a
-projection's top tokens. TransformerLens gives the hooks and weights; it has no CNA, no per-prompt
-neuron interventions and no vocabulary-pruned top-k, hence this module.
+Also here: the key head from notebook 01's exact sweep (:func:`select_key_heads`) and the
+coefficient decrease. The runs CNA reads are :mod:`arithlib.answer_runs`'s; the sections
+that build on CNA sit in their own modules: mask / keep and the lowest-neuron test
+(Tables 5-6, :mod:`arithlib.mask_keep`), the PE-DAG (:mod:`arithlib.pe_dag`) and the
+hidden-interpretable shallow neurons (Tables 7-8, :mod:`arithlib.shallow_neurons`).
+TransformerLens gives the hooks and weights; it has no CNA, hence this module.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Batched evaluation at the answer position: logits, accuracy, the correct subset.
 
 Every prompt set is run in same-length batches of prompts that share a few-shot
-prefix (:func:`prefix_batches`), so no padding is needed and the answer position is
+prefix (:func:`arithlib.engine.prefix_batches`), so no padding is needed and the answer position is
 the last token; the shared prefix is computed once per group when no hook is attached. Only the last
 position is unembedded (``logits_to_keep=1``): on the CPU the unembedding of every
 position is a large part of a forward pass for these vocabularies.

@@ -489,7 +489,7 @@ def _forward_suffix(model, run: CleanRun, start: int, entry: Sequence[int]) -> t
 
         def join(l: int, device: torch.device) -> torch.Tensor | None:
             """Rows of the copies that join at layer ``l``, from the clean stream."""
-            joining = present[l] - present[max(l - 1, first)] if l > first else 0
+            joining = present[l] - present[l - 1] if l > first else 0
             return run.resid[l][:, start:].to(device).repeat(joining, 1, 1) if joining else None
 
         hidden, _ = run_blocks(model, hidden, first=first, position_ids=position_ids, cache=cache, join=join)
