@@ -17,8 +17,9 @@ from tqdm.auto import tqdm
 from . import datasets as ds
 from .datasets import PromptSet
 from .engine import input_device
-from .patching import (Component, Edit, RunCache, Unembed, grouped_clean_run, head_components, heads_and_mlps,
-                       mlp_components, prefix_groups, run_interventions, run_variants)
+from .engine import RunCache, grouped_clean_run, prefix_groups
+from .patching import (Component, Edit, Unembed, head_components, heads_and_mlps, mlp_components, run_interventions,
+                       run_variants)
 
 
 def counterfactual_answer_ids(prompts: PromptSet) -> torch.Tensor:

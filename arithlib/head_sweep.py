@@ -50,10 +50,11 @@ from tqdm.auto import tqdm
 
 from .datasets import PromptSet
 from .fingerprints import fingerprint, model_fingerprint, tensor_fingerprint
-from .engine import cache_layers, common_prefix, decoder_norm, empty_cache, input_device, layer_device, resumable, run_blocks
+from .engine import (cache_layers, clean_run, common_prefix, decoder_norm, empty_cache, input_device, layer_device, resumable,
+                     run_blocks)
 from .knockouts import head_sweep
 from .components import Head
-from .patching import Component, Edit, Unembed, clean_run, variant_hooks
+from .patching import Component, Edit, Unembed, variant_hooks
 from .stored import Store
 
 #: Rows x positions of one batched pass (heads x prompts x query tokens); bounds memory.

@@ -14,7 +14,8 @@ import torch
 
 from .components import Head, z_hook
 from .datasets import PromptSet
-from .patching import Component, Edit, RunCache, ablation_edits, resolve_position, run_interventions
+from .engine import RunCache
+from .patching import Component, Edit, ablation_edits, resolve_position, run_interventions
 from .positions import locate_operands
 
 

@@ -25,8 +25,8 @@ from .datasets import PromptSet
 from .engine import input_device, layer_device, module_device, resumable
 from .metrics import relative_logit_change
 from .papers import KEY_HEAD_THRESHOLD
-from .patching import (CleanRun, Component, Edit, RunCache, Unembed, cache_activations, grouped_clean_run, heads_and_mlps,
-                       prefix_groups, run_edits_full, run_variants)
+from .engine import CleanRun, RunCache, grouped_clean_run, prefix_groups
+from .patching import Component, Edit, Unembed, cache_activations, heads_and_mlps, run_edits_full, run_variants
 
 
 def _check_senders(senders: Sequence[Component]) -> None:

@@ -10,7 +10,7 @@ Baselines (same model, prompts, heads, metric = the answer token's logit):
 * ``own``: the same loop with :func:`arithlib.patching.run_edits_full` (one forward per
   head, logits at the last position only).
 
-The fast path (:func:`arithlib.patching.clean_run` + :func:`arithlib.patching.run_variants`)
+The fast path (:func:`arithlib.engine.clean_run` + :func:`arithlib.patching.run_variants`)
 runs the clean and the counterfactual prompts once, then every head's patch as one
 token per prompt over the reused KV cache, from the head's layer up, all heads batched.
 
@@ -51,6 +51,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import arithlib.patching as P  # noqa: E402
+import arithlib.engine as E  # noqa: E402
 from arithlib.models import load_model, load_random_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -147,8 +148,8 @@ def run_benchmark(mode: str = "cpu", model: str = "qwen2.5-coder-0.5b", arch: st
 
     def fast():
         with torch.no_grad():
-            run = P.clean_run(b, clean)
-            src = P.clean_run(b, cf, {n: (lambda a: a[:, -1]) for n in z_names}).captured
+            run = E.clean_run(b, clean)
+            src = E.clean_run(b, cf, {n: (lambda a: a[:, -1]) for n in z_names}).captured
             variants = [[P.Edit(c, -1, src[c.hook_name][:, c.index])] for c in heads]
             h = P.run_variants(b, run, variants, max_rows=max_rows)
             return un.token_logits(h, answers)

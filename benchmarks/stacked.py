@@ -9,7 +9,7 @@ once, against the one-at-a-time baseline in the same run.
 * ``cna.run_conditions`` (notebook 04's runs a/b and M sweep): the same number of
   neuron sets zeroed at every position of Yu's 1-digit prompts, against one
   ``run_last_position`` per set.
-* ``patching.grouped_clean_run`` (notebook 01's path patching, sweeps and knockouts):
+* ``engine.grouped_clean_run`` (notebook 01's path patching, sweeps and knockouts):
   a same-length batch of 2-shot Zhang prompts (several templates and operators) with
   each few-shot prefix run once, against the whole batch.
 
@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import arithlib.ablation as A  # noqa: E402
 import arithlib.answer_runs as AR  # noqa: E402
 import arithlib.datasets as ds  # noqa: E402
+import arithlib.engine as E  # noqa: E402
 import arithlib.heuristics as H  # noqa: E402
 import arithlib.neurons as N  # noqa: E402
 import arithlib.path_patching as PP  # noqa: E402
@@ -148,10 +149,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         # 01: clean runs sharing each few-shot prefix.
         zh = ds.PromptSet.build(ds.zhang_prompts(ops=["+", "-"], n_per_template=4, seed=0, fewshot=2), tok)
         batch = max(zh.batches(16, device), key=lambda x: len(x.index))
-        groups = P.prefix_groups(zh, batch.index)
+        groups = E.prefix_groups(zh, batch.index)
         spec = PP.path_end_captures(cfg.n_layers, attention=True)
-        one = roofline.measure(lambda: P.clean_run(b, batch.tokens, spec, share_prefix=False), args.repeats, device)
-        many = roofline.measure(lambda: P.grouped_clean_run(b, batch.tokens, groups, spec), args.repeats, device)
+        one = roofline.measure(lambda: E.clean_run(b, batch.tokens, spec, share_prefix=False), args.repeats, device)
+        many = roofline.measure(lambda: E.grouped_clean_run(b, batch.tokens, groups, spec), args.repeats, device)
         pairs = [(one[2].final, many[2].final)] + ([] if one[2].resid is None else [(one[2].resid, many[2].resid)])
         atol = tol if not low else tol * scale([x for x, _ in pairs])
         same = all(torch.allclose(x, y, atol=atol) for x, y in pairs)

@@ -15,6 +15,8 @@ Modules:
 * :mod:`.adapter`: the library internals (cache layouts, argument names, devices);
 * :mod:`.passes`: whole passes, passes on a cached prefix, passes from a block;
 * :mod:`.prefix`: the shared-prefix batching plan and the greedy/teacher-forced runner;
+* :mod:`.recorded`: a clean run recorded (keys, values, every block's input) and the
+  passes that resume from it at a position and a block (the patching fast path);
 * :mod:`.streams`: residual streams recorded per batch for later passes.
 
 Methods import from ``arithlib.engine`` only what is listed in ``__all__``;
@@ -29,10 +31,13 @@ from .passes import (Pass, can_start_late, decoder_norm, decoder_pass, empty_cac
                      n_blocks, prefix_cache,
                      resumable, run_blocks, run_decoder)
 from .prefix import MIN_SHARED_PREFIX, PrefixRunner, common_prefix, hooks_attached, prefix_batches
+from .recorded import (MIN_SAVED_POSITIONS, CleanRun, RunCache, capture_hooks, clean_run, grouped_clean_run, prefix_groups,
+                       resume)
 from .streams import LayerInputs
 
 __all__ = [
-    "LayerInputs", "MIN_SHARED_PREFIX", "Pass", "PrefixRunner", "cache_layers", "can_start_late", "clean_param_name",
+    "CleanRun", "LayerInputs", "MIN_SAVED_POSITIONS", "RunCache", "capture_hooks", "clean_run", "grouped_clean_run",
+    "prefix_groups", "resume", "MIN_SHARED_PREFIX", "Pass", "PrefixRunner", "cache_layers", "can_start_late", "clean_param_name",
     "common_prefix", "decoder_layers", "decoder_norm", "decoder_pass", "empty_cache", "filled_cache_layers", "fix_bridge_cache",
     "forward", "hf_module", "hooks_attached", "input_device", "last_position_logits", "layer_device", "module_device", "n_blocks",
     "output_device", "prefix_batches", "prefix_cache", "repeat_cache", "repeat_rows_", "resumable", "run_blocks", "run_decoder",

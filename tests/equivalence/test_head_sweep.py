@@ -11,6 +11,7 @@ import torch
 
 import arithlib.ablation as A
 import arithlib.datasets as ds
+import arithlib.engine as E
 import arithlib.head_sweep as HS
 import arithlib.knockouts as KO
 import arithlib.patching as P
@@ -53,7 +54,7 @@ def test_zeroed_head_states_equal_full_forward_at_every_position(tiny):
     for j, hd in enumerate(heads):
         torch.testing.assert_close(got[j], _full_forward_states(b, tokens, hd), atol=TOL, rtol=0)
     # the old answer-position screen is a different intervention: it differs for an early head
-    old = P.run_variants(b, P.clean_run(b, tokens), [P.ablation_edits([(0, 1)], 0.0, position=-1)])[0]
+    old = P.run_variants(b, E.clean_run(b, tokens), [P.ablation_edits([(0, 1)], 0.0, position=-1)])[0]
     assert (old - got[0]).abs().max() > 1e-3
 
 

@@ -80,7 +80,7 @@ def test_every_arithlib_name_the_code_uses_exists():
 def test_the_check_sees_a_missing_name(tmp_path):
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "notebooks" / "nb.py").write_text("import arithlib.patching as patching\n"
-                                                   "patching.clean_run\npatching.no_such_function\n"
+                                                   "patching.run_variants\npatching.no_such_function\n"
                                                    "from arithlib.engine import forward, no_such_name\n")
     assert unresolved(["notebooks/nb.py"], tmp_path) == [
         ("notebooks/nb.py", 4, "arithlib.engine.no_such_name"), ("notebooks/nb.py", 3, "patching.no_such_function")]

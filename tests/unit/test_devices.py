@@ -20,6 +20,7 @@ import torch
 
 import arithlib.ablation as A
 import arithlib.datasets as ds
+import arithlib.engine as E
 import arithlib.activation_patching as AP
 import arithlib.patching as P
 from arithlib import cna as C
@@ -95,10 +96,10 @@ def test_kv_caches_and_recorded_streams_go_to_their_layers_device(toy, monkeypat
     device, and the stream each block receives (the clean stream a variant joins from,
     its mask and positions) is on that block's device."""
     b = toy.bridge
-    run = P.clean_run(b, _tokens(b))            # a real run on the CPU
+    run = E.clean_run(b, _tokens(b))            # a real run on the CPU
     hf = b.original_model
     _fake_split(b, monkeypatch)
-    cache = P._make_cache(hf, run, 5, [1, 2])
+    cache = E.recorded._make_cache(hf, run, 5, [1, 2])
     from arithlib.engine.adapter import cache_layers
 
     kv = cache_layers(cache)
@@ -117,7 +118,7 @@ def test_kv_caches_and_recorded_streams_go_to_their_layers_device(toy, monkeypat
 
     monkeypatch.setattr(passes, "run_block", spy)
     monkeypatch.setattr(passes, "causal_mask", lambda *a, **k: None)
-    P._forward_suffix(b, run, 5, [0, 1])
+    E.resume(b, run, 5, [0, 1])
     assert seen[0] == (0, CPU, CPU, {CPU}, CPU)
     assert seen[1] == (1, META, META, {META}, META), seen[1]
 

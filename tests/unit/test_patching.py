@@ -17,6 +17,7 @@ import transformer_lens.patching as tlp
 
 import arithlib.ablation as A
 import arithlib.datasets as ds
+import arithlib.engine as E
 import arithlib.activation_patching as AP
 import arithlib.knockouts as KO
 import arithlib.path_patching as PP
@@ -56,7 +57,7 @@ def test_clean_run_sharing_a_prefix_equals_one_pass(tiny):
     tokens[:, :7] = tokens[0, :7]                       # a 7-token prefix common to all rows
     spec = {"blocks.0.attn.hook_z": None, "blocks.1.hook_attn_out": lambda a: a[:, -1],
             "blocks.1.attn.hook_pattern": lambda a: a[:, :, -1, :]}
-    shared, plain = P.clean_run(b, tokens, spec), P.clean_run(b, tokens, spec, share_prefix=False)
+    shared, plain = E.clean_run(b, tokens, spec), E.clean_run(b, tokens, spec, share_prefix=False)
     for x, y in zip(shared.keys + shared.values, plain.keys + plain.values):
         assert x.shape == y.shape and torch.allclose(x, y, atol=TOL)
     assert (shared.resid is None) == (plain.resid is None)
@@ -67,7 +68,7 @@ def test_clean_run_sharing_a_prefix_equals_one_pass(tiny):
         assert shared.captured[k].shape == plain.captured[k].shape and torch.allclose(shared.captured[k], plain.captured[k], atol=TOL)
     variants = [P.ablation_edits([(1, 0)], 0.0, -1), P.ablation_edits([(0, 1)], 0.0, None)]
     assert torch.allclose(P.run_variants(b, shared, variants), P.run_variants(b, plain, variants), atol=TOL)
-    full_map = P.clean_run(b, tokens, {"blocks.1.attn.hook_pattern": None})   # a whole map: no sharing
+    full_map = E.clean_run(b, tokens, {"blocks.1.attn.hook_pattern": None})   # a whole map: no sharing
     assert full_map.captured["blocks.1.attn.hook_pattern"].shape[-2:] == (11, 11)
 
 
@@ -78,9 +79,9 @@ def test_grouped_clean_run_equals_one_pass(tiny):
     tokens[[0, 2, 3], :6] = tokens[0, :6]               # rows 0, 2, 3 share a 6-token prefix
     tokens[[1, 4], :5] = tokens[1, :5]                   # rows 1, 4 another of 5
     spec = {"blocks.1.attn.hook_z": None, "blocks.0.attn.hook_pattern": lambda a: a[:, :, -1, :]}
-    plain = P.clean_run(b, tokens, spec, share_prefix=False)
+    plain = E.clean_run(b, tokens, spec, share_prefix=False)
     for groups in ([[0, 2, 3], [1, 4]], [[1, 4], [0], [2, 3]], None):
-        run = P.grouped_clean_run(b, tokens, groups, spec)
+        run = E.grouped_clean_run(b, tokens, groups, spec)
         assert torch.equal(run.tokens, tokens)
         for x, y in zip(run.keys + run.values, plain.keys + plain.values):
             assert torch.allclose(x, y, atol=TOL)
@@ -89,8 +90,8 @@ def test_grouped_clean_run_equals_one_pass(tiny):
             assert torch.allclose(run.resid, plain.resid, atol=TOL)
         for k in spec:
             assert torch.allclose(run.captured[k], plain.captured[k], atol=TOL)
-    cache = P.RunCache()
-    cache.add(P.clean_run(b, tokens[[2]]))
+    cache = E.RunCache()
+    cache.add(E.clean_run(b, tokens[[2]]))
     got = cache.get(b, tokens, [[0, 2, 3], [1, 4]])       # row 2 from the cache, the others grouped
     assert torch.allclose(got.final, plain.final, atol=TOL) and len(cache) == 5
 
@@ -101,11 +102,11 @@ def test_prefix_groups():
     ids = [(long if p == "p" else short if p == "r" else [200 + i]) + [7, i] for i, p in enumerate(prefixes)]
     ps = SimpleNamespace(records=[SimpleNamespace(prefix=p) for p in prefixes], input_ids=ids)
     # "p": 3 rows x 40 tokens save 80 positions (a group of its own); "r": 2 x 10 save 10; singletons save 0
-    assert P.prefix_groups(ps, [4, 3, 2, 1, 0, 5, 6]) == [[1, 2, 4], [0, 3, 5, 6]]
+    assert E.prefix_groups(ps, [4, 3, 2, 1, 0, 5, 6]) == [[1, 2, 4], [0, 3, 5, 6]]
 
 
 def _fast_patch(model, clean, cf, comps, pos):
-    run = P.clean_run(model, clean)
+    run = E.clean_run(model, clean)
     src = P.cache_activations(model, cf, {c.hook_name for c in comps})
     p = pos % clean.shape[1]
     variants = []
@@ -177,7 +178,7 @@ def test_fast_patching_mid_and_all_positions_equal_full_forward(tiny):
         torch.testing.assert_close(_fast_patch(b, clean, cf, comps, pos), ref, atol=TOL, rtol=0)
     # every position: start at 0, the fast path still resumes from the edited layer
     ref = P.activation_patch_full(b, clean, cf, comps, position=None)
-    run = P.clean_run(b, clean)
+    run = E.clean_run(b, clean)
     src = P.cache_activations(b, cf, {c.hook_name for c in comps})
     variants = [[P.Edit(c, p, src[c.hook_name][:, p, c.index] if c.index is not None else src[c.hook_name][:, p])
                  for p in range(clean.shape[1])] for c in comps]
@@ -200,8 +201,8 @@ def test_path_patching_fast_equals_full(tiny):
     senders = P.heads_and_mlps(b)
     full = PP.path_patch_full(b, clean, cf, senders, answers)
     n = b.cfg.n_layers
-    crun = P.clean_run(b, clean, PP.path_end_captures(n))
-    frun = P.clean_run(b, cf, [f"blocks.{l}.attn.hook_z" for l in range(n)] + [f"blocks.{l}.hook_mlp_out" for l in range(n)])
+    crun = E.clean_run(b, clean, PP.path_end_captures(n))
+    frun = E.clean_run(b, cf, [f"blocks.{l}.attn.hook_z" for l in range(n)] + [f"blocks.{l}.hook_mlp_out" for l in range(n)])
     cf_end = {k: v[:, -1] for k, v in frun.captured.items()}
     fast = PP.path_patch_answer(b, crun, crun.captured, cf_end, senders, answers)
     assert (full - full[:1]).abs().max() > 1e-4
@@ -253,10 +254,10 @@ def test_path_patching_freezes_other_heads(tiny):
 def test_run_cache_reassembles_clean_runs(tiny):
     b = tiny.bridge
     clean, _ = _pair(tiny.info.d_vocab, B=4, seed=7)
-    cache = P.RunCache()
-    cache.add(P.clean_run(b, clean[[2, 0]]))
+    cache = E.RunCache()
+    cache.add(E.clean_run(b, clean[[2, 0]]))
     got = cache.get(b, clean)          # two cached, two computed
-    ref = P.clean_run(b, clean)
+    ref = E.clean_run(b, clean)
     assert len(cache) == 4
     torch.testing.assert_close(got.final, ref.final, atol=TOL, rtol=0)
     for k1, k2 in zip(got.keys, ref.keys):
@@ -270,7 +271,7 @@ def test_run_cache_reassembles_clean_runs(tiny):
 def test_top1_is_exact(tiny):
     b = tiny.bridge
     clean, _ = _pair(tiny.info.d_vocab, seed=5)
-    run = P.clean_run(b, clean)
+    run = E.clean_run(b, clean)
     un = P.Unembed(b)
     g = torch.Generator().manual_seed(0)
     for scale in (1e-3, 1e-1, 10.0):  # small perturbations prune, large ones fall back
@@ -287,7 +288,7 @@ def test_zero_and_mean_ablation_edits_equal_ablation_hooks(tiny, digit_tokenizer
     heads = [(0, 1), (1, 2), (1, 0)]
     with torch.no_grad(), b.hooks(fwd_hooks=A.zero_heads_hooks(heads)):
         ref = b(clean, logits_to_keep=1)[:, -1]
-    run = P.clean_run(b, clean)
+    run = E.clean_run(b, clean)
     un = P.Unembed(b)
     fast = un.logits(P.run_variants(b, run, [P.ablation_edits(heads, 0.0, None)]))[0]
     torch.testing.assert_close(fast, ref, atol=TOL, rtol=0)
@@ -300,7 +301,7 @@ def test_zero_and_mean_ablation_edits_equal_ablation_hooks(tiny, digit_tokenizer
     with torch.no_grad(), b.hooks(fwd_hooks=A.mean_heads_hooks(heads, means, position=-1)):
         ref = b(toks, logits_to_keep=1)[:, -1]
     end_means = {l: means[A.z_hook(l)][T][-1] for l in (0, 1)}
-    fast = un.logits(P.run_variants(b, P.clean_run(b, toks), [P.ablation_edits(heads, end_means, -1)]))[0]
+    fast = un.logits(P.run_variants(b, E.clean_run(b, toks), [P.ablation_edits(heads, end_means, -1)]))[0]
     torch.testing.assert_close(fast, ref, atol=TOL, rtol=0)
 
 
@@ -459,7 +460,7 @@ def test_toy_activation_patching_per_position(toy):
     ref = P.activation_patch_full(b, batch.tokens, batch.cf_tokens, comps[:3], position=pos["op1"][i])
     un = P.Unembed(b)
     a = int(batch.answer_ids[0])
-    clean_logit = un.logits(P.clean_run(b, batch.tokens).final)[0, a]
+    clean_logit = un.logits(E.clean_run(b, batch.tokens).final)[0, a]
     got = frame[(frame.prompt == i) & (frame.position == "op1")].set_index("component")
     for j, c in enumerate(comps[:3]):
         assert got.loc[c.label, "answer_logit_change"] == pytest.approx(float(ref[j, 0, a] - clean_logit), abs=TOL)
@@ -679,7 +680,7 @@ def test_run_variants_joins_each_variant_at_its_own_layer(tiny):
     b = tiny.bridge
     cfg = b.cfg
     clean, _ = _pair(cfg.d_vocab, B=2, T=7)
-    run = P.clean_run(b, clean)
+    run = E.clean_run(b, clean)
     variants = [[], P.ablation_edits([(cfg.n_layers - 1, 0)], 0.0, -1), P.ablation_edits([(0, 1)], 0.0, -2),
                 P.ablation_edits([(1, 0)], 0.0, None), [P.Edit(P.Component("mlp", 1), -1, 0.0)],
                 P.ablation_edits([(0, 0), (cfg.n_layers - 1, 1)], 0.0, -1)]
