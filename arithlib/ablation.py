@@ -178,27 +178,3 @@ def mean_neurons_hooks(neurons: Iterable[Neuron], means: MeanCache, position: in
             return act
         hooks.append((name, fn))
     return hooks
-
-
-def stacked_hooks(per_condition: Sequence[list[Hook]], batch_size: int) -> list[Hook]:
-    """Several interventions in one batch: condition ``c`` holds rows
-    ``c*batch_size .. (c+1)*batch_size - 1`` (condition-major) and its hooks see, and
-    edit, only those rows. One hook per hook point."""
-    by_name: dict[str, list[tuple[int, Callable]]] = {}
-    for c, hooks in enumerate(per_condition):
-        for name, fn in hooks:
-            by_name.setdefault(name, []).append((c, fn))
-
-    def make(entries):
-        def fn(act, hook):
-            act = act if act.is_contiguous() else act.contiguous()
-            blocks = act.view(-1, batch_size, *act.shape[1:])
-            for c, f in entries:
-                part = blocks[c]
-                res = f(part, hook)
-                if res is not None and res.data_ptr() != part.data_ptr():
-                    blocks[c] = res
-            return act
-        return fn
-
-    return [(name, make(entries)) for name, entries in by_name.items()]

@@ -17,10 +17,11 @@ from typing import Mapping, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .ablation import is_position_invariant, stacked_hooks
+from .ablation import is_position_invariant
 from .components import Hook, RowHooks
 from .datasets import PromptSet
-from .engine import common_prefix, forward, input_device, prefix_cache, repeat_cache
+from .engine import (answer_pass, common_prefix, condition_pass, input_device, shared_prefix_cache, shared_prefix_logits,
+                     stacked_hooks)
 from .evaluate import continues_number
 
 
@@ -79,19 +80,6 @@ class _Capture:
             out["coef"] = torch.stack([self.store[("coef", l)].to(dev) for l in range(self.n_layers)], 1)
         self.store = {}
         return out
-
-
-def _prefix_cache(model, tokens: torch.Tensor):
-    """KV cache of ``tokens`` [B, T] (bridge hooks active), computing the rows' common
-    prefix once at batch 1 and expanding it."""
-    B, T = tokens.shape
-    n = common_prefix(tokens.tolist()) if B > 1 else 0
-    if n > 0:
-        cache = prefix_cache(model, tokens[:1, :n], B)
-        if n < T:
-            forward(model, tokens[:, n:], cache=cache, keep=1)
-        return cache
-    return forward(model, tokens, keep=1, keep_cache=True).cache
 
 
 def answer_targets(prompts: PromptSet, targets: torch.Tensor | None) -> torch.Tensor:
@@ -161,22 +149,13 @@ def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook
         per_chunk = max(1, max_rows // B)
         for c0 in range(0, len(names), per_chunk):
             chunk = names[c0:c0 + per_chunk]
-            nc = len(chunk)
             conds = [conditions[name] for name in chunk]
             per = [(c(batch.index) if callable(c) else list(c or [])) for c in conds]
             shared = (share_prefix and B > 1 and not any(callable(c) for c in conds)
                       and all(is_position_invariant(fn) for hooks in per for _, fn in hooks))
             n = min(common_prefix(tokens.tolist()), tokens.shape[1] - 1) if shared else 0
-            if n > 0:
-                with model.hooks(fwd_hooks=stacked_hooks(per, 1)):
-                    # condition-major: B copies of each condition's prefix
-                    cache = prefix_cache(model, tokens[:1, :n].repeat(nc, 1), B)
-                with model.hooks(fwd_hooks=stacked_hooks(per, B) + cap.hooks()):
-                    out = forward(model, tokens[:, n:].repeat(nc, 1), cache=cache, keep=1)
-            else:
-                with model.hooks(fwd_hooks=stacked_hooks(per, B) + cap.hooks()):
-                    out = forward(model, tokens.repeat(nc, 1), keep=1)
-            _split_conditions(out.logits[:, -1].float(), cap.collect(), t, batch.index, chunk, parts)
+            logits = condition_pass(model, tokens, per, n, cap.hooks())
+            _split_conditions(logits.float(), cap.collect(), t, batch.index, chunk, parts)
     return {name: _assemble(len(prompts), p, targets) for name, p in parts.items()}
 
 
@@ -211,7 +190,7 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
                       leave=False):
         tokens = batch.tokens
         B = tokens.shape[0]
-        base = _prefix_cache(model, tokens[:, :-1]) if tokens.shape[1] > 1 else None
+        base = shared_prefix_cache(model, tokens[:, :-1]) if tokens.shape[1] > 1 else None
         t = targets[batch.index].to(device)
         per_chunk = max(1, max_rows // B)
         for c0 in range(0, len(names), per_chunk):
@@ -219,13 +198,9 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
             nc = len(chunk)
             hooks = stacked_hooks([(cond(batch.index) if callable(cond) else list(cond or []))
                                    for cond in (conditions[name] for name in chunk)], B)
-            last = tokens[:, -1:].repeat(nc, 1)
             with model.hooks(fwd_hooks=hooks + cap.hooks()):
-                if base is not None:
-                    out = forward(model, last, cache=repeat_cache(model, base, nc))
-                else:
-                    out = forward(model, last)
-            _split_conditions(out.logits[:, -1].float(), cap.collect(), t, batch.index, chunk, parts)
+                logits = answer_pass(model, tokens[:, -1:], base, nc)
+            _split_conditions(logits.float(), cap.collect(), t, batch.index, chunk, parts)
     return {name: _assemble(len(prompts), p, targets) for name, p in parts.items()}
 
 
@@ -254,11 +229,7 @@ def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size:
         inputs = tokens if criterion == "full" else tokens[:, :length]
         n = min(common_prefix(inputs.tolist()), inputs.shape[1] - 1) if len(idx) > 1 else 0
         n = min(n, length - 1)
-        if n > 0:
-            cache = prefix_cache(model, inputs[:1, :n], len(idx))
-            logits = forward(model, inputs[:, n:], cache=cache, keep=n_keep).logits
-        else:
-            logits = forward(model, inputs, keep=n_keep).logits
+        logits = shared_prefix_logits(model, inputs, n, n_keep)
         pred = logits.argmax(-1).cpu()  # [B, n_keep]: predictions at positions length-1 .. length-1+n_ans
         for row, i in enumerate(idx):
             ans = prompts.answer_ids[i]

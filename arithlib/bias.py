@@ -45,11 +45,11 @@ from tqdm.auto import tqdm
 
 from . import cna as C
 from . import general_ability as GA
-from .ablation import is_position_invariant, stacked_hooks, zero_neurons_hooks
+from .ablation import is_position_invariant, zero_neurons_hooks
 from .answer_runs import LastPosition, correct_mask, run_last_position
 from .components import Hook, Neuron
 from .datasets import PromptRecord, PromptSet, load_gender_data
-from .engine import input_device, last_position_logits
+from .engine import input_device, last_position_logits, stacked_hooks
 from .mask_keep import random_layer_matched
 from .neurons import w_out
 from .paths import data_path
@@ -236,7 +236,7 @@ def next_token_logprobs_many(model, tokenizer, texts: Sequence[str], conditions:
     """:func:`next_token_logprobs` under each condition (hooks active at every position),
     one [n, vocab] tensor per condition. The conditions share forward passes: a batch is
     repeated once per condition (condition-major, at most ``max_rows`` rows) and each
-    condition's hooks act on its own rows (:func:`arithlib.ablation.stacked_hooks`); a few
+    condition's hooks act on its own rows (:func:`arithlib.engine.stacked_hooks`); a few
     short prompts per pass would otherwise read every weight for a handful of rows."""
     if not texts:
         raise ValueError("no texts")

@@ -38,6 +38,7 @@ from . import neurons as N
 from .ablation import mean_neurons_hooks
 from .components import Neuron
 from .datasets import PromptRecord, PromptSet, apply_op, fewshot_prefix, load_json
+from .engine import AnswerPositionRunner
 
 HEURISTIC_KINDS: tuple[str, ...] = ("operand_range", "operand_mod", "operand_digit", "identical_operands",
                           "result_range", "result_mod", "result_digit")
@@ -346,7 +347,7 @@ def prompt_heuristic_neurons(matches: pd.DataFrame, heuristics: Sequence[Heurist
 # --------------------------------------------------------------------------- ablations (Sec. 4.2, 4.3)
 
 
-def heuristic_ablation_prompts(runner: N.AnswerPositionRunner, matches: pd.DataFrame, heuristics: Sequence[Heuristic],
+def heuristic_ablation_prompts(runner: AnswerPositionRunner, matches: pd.DataFrame, heuristics: Sequence[Heuristic],
                                layers: Sequence[int], means: torch.Tensor, min_prompts: int = 3,
                                max_heuristics: int | None = None, progress: bool = False) -> pd.DataFrame:
     """Nikankin Fig. 7, per prompt: for each heuristic with classified neurons (every
@@ -386,7 +387,7 @@ def heuristic_ablation_prompts(runner: N.AnswerPositionRunner, matches: pd.DataF
     return pd.concat(frames, ignore_index=True)[cols]
 
 
-def heuristic_ablation(runner: N.AnswerPositionRunner, matches: pd.DataFrame, heuristics: Sequence[Heuristic],
+def heuristic_ablation(runner: AnswerPositionRunner, matches: pd.DataFrame, heuristics: Sequence[Heuristic],
                        layers: Sequence[int], means: torch.Tensor, min_prompts: int = 3,
                        max_heuristics: int | None = None, progress: bool = False) -> pd.DataFrame:
     """Nikankin Fig. 7 per heuristic: :func:`summarise_heuristic_ablation` of
@@ -414,7 +415,7 @@ def summarise_heuristic_ablation(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
-def prompt_ablation(runner: N.AnswerPositionRunner, per_prompt: Sequence[Sequence[Neuron]], circuit: Sequence[Neuron],
+def prompt_ablation(runner: AnswerPositionRunner, per_prompt: Sequence[Sequence[Neuron]], circuit: Sequence[Neuron],
                     layers: Sequence[int], means: torch.Tensor, seed: int = 0) -> pd.DataFrame:
     """Nikankin Fig. 8: for each prompt, mean-ablate its associated heuristic neurons, and,
     separately, as many random circuit neurons not associated with it (seeded; from the
@@ -491,11 +492,11 @@ class OperatorAnalysis:
     grid_correct_first: np.ndarray   # first answer token is the argmax
     grid_correct_full: np.ndarray    # greedy decoding writes the whole answer
     analysis_index: list[int]
-    runner: N.AnswerPositionRunner | None = None
+    runner: AnswerPositionRunner | None = None
     #: correct prompts disjoint from the analysed ones: the circuit is chosen on the
     #: analysed prompts and scored (ablations) on these
     heldout_index: list[int] = field(default_factory=list)
-    heldout_runner: N.AnswerPositionRunner | None = None
+    heldout_runner: AnswerPositionRunner | None = None
     attribution: torch.Tensor | None = None   # [N_analysis, L, d_mlp]
     scores: torch.Tensor | None = None        # [L, d_mlp] mean |attribution|
     circuit: list[Neuron] | None = None
@@ -523,7 +524,7 @@ def neuron_matrix(acts: torch.Tensor, neurons: Sequence[Neuron], layers: Sequenc
 def prepare_operator(model, grid: PromptSet, layers: Sequence[int], n_analysis: int | None = None,
                      criterion: str | None = "full", seed: int = 0, batch_size: int = 64,
                      n_heldout: int | None = 0) -> OperatorAnalysis:
-    """One clean pass over an operator's grid (:class:`arithlib.neurons.AnswerPositionRunner`
+    """One clean pass over an operator's grid (:class:`arithlib.engine.AnswerPositionRunner`
     with the layers' neuron activations and the final-norm scale recorded), greedy
     correctness, and the analysed prompts: up to ``n_analysis`` (seeded sample) of those
     answered correctly (``criterion`` "full" or "first"; None: all prompts). The
@@ -535,7 +536,7 @@ def prepare_operator(model, grid: PromptSet, layers: Sequence[int], n_analysis: 
     if criterion not in ("full", "first", None):
         raise ValueError("criterion must be 'full', 'first' or None")
     names = [N.post_hook(x) for x in layers]
-    grid_runner = N.AnswerPositionRunner(model, grid, batch_size=batch_size, record=names + ["ln_final.hook_scale"])
+    grid_runner = AnswerPositionRunner(model, grid, batch_size=batch_size, record=names + ["ln_final.hook_scale"])
     clean = grid_runner.clean
     acts = torch.stack([clean[n] for n in names], 1)
     first = N.correct_first(clean["logits"], grid.first_answer_ids).numpy()

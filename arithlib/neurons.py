@@ -2,8 +2,9 @@
 
 What is here, and the paper's counterpart:
 
-* :class:`AnswerPositionRunner`: runs every prompt's prefix once (KV cache) and then
-  re-runs only the answer (last) position under interventions. All of Nikankin's
+* :class:`arithlib.engine.AnswerPositionRunner` (the engine's): runs every prompt's
+  prefix once (KV cache) and then re-runs only the answer (last) position under
+  interventions. All of Nikankin's
   neuron-level interventions act on the MLP neurons at the last position, and in a
   causal model nothing at earlier positions depends on the last one, so this is
   exact (tested against a full forward pass) and about ``prompt length`` times
@@ -42,23 +43,18 @@ indexed by position in ``layers``. A neuron is ``(layer, index)``. ``means`` is 
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .ablation import mean_neurons_hooks, stacked_hooks
+from .ablation import mean_neurons_hooks
 from .components import Hook, Neuron, post_hook
 from .datasets import PromptSet, single_token_numbers
-from .engine import forward, input_device, last_position_logits, repeat_cache, select_cache_rows, truncate_cache
+from .engine import AnswerPositionRunner, HookFactory, input_device, last_position_logits
 from .readout import final_norm, unembedding
-
-#: Hooks for a batch, given the indices (in the runner's PromptSet) of its prompts.
-HookFactory = Callable[[torch.Tensor], list[Hook]]
-
 
 def default_layers(n_layers: int) -> list[int]:
     """Nikankin's "middle and late MLPs": the second half of the layers, ``n//2 .. n-1``."""
@@ -80,176 +76,6 @@ def _check_layers(model, layers: Sequence[int]) -> list[int]:
 
 
 # --------------------------------------------------------------------------- runner
-
-
-class AnswerPositionRunner:
-    """Re-run only the answer position of a prompt set under interventions.
-
-    At construction every same-length batch's prefix (all tokens but the last) is run
-    once and its key/value cache kept; each later pass feeds only the last token
-    through the HF model, whose bridge hook points fire as in a full pass (hooks see
-    ``[B, 1, ...]`` activations). The cache is cropped back after every pass. With
-    ``record`` (hook names) the clean pass is run once at construction and its
-    answer-position activations and logits kept in ``clean``. Memory: the KV cache of
-    every prompt.
-    """
-
-    def __init__(self, model, prompts: PromptSet, batch_size: int = 64, record: Sequence[str] = (),
-                 progress: bool = False, _batches: list | None = None):
-        if len(prompts) == 0:
-            raise ValueError("AnswerPositionRunner needs at least one prompt")
-        self.model = model
-        self.prompts = prompts
-        self.answers = prompts.first_answer_ids
-        self.clean: dict[str, torch.Tensor] | None = None
-        if _batches is not None:
-            self._batches = _batches
-            return
-        device = input_device(model)
-        self._batches: list[tuple[torch.Tensor, object, torch.Tensor, int]] = []
-        with torch.no_grad():
-            for batch in tqdm(list(prompts.batches(batch_size, device)), desc="prefix cache", disable=not progress,
-                              leave=False):
-                past, prefix_len = None, batch.tokens.shape[1] - 1
-                if prefix_len > 0:
-                    past = forward(model, batch.tokens[:, :-1], keep=1, keep_cache=True).cache
-                self._batches.append((batch.index, past, batch.tokens[:, -1:], prefix_len))
-        if record:
-            self.clean = self.collect(record)
-
-    def __len__(self) -> int:
-        return len(self.prompts)
-
-    def subset(self, index: Sequence[int]) -> "AnswerPositionRunner":
-        """A runner on the prompts at ``index`` (in that order), reusing this runner's KV
-        cache (copied); ``clean`` is subset too."""
-        index = [int(i) for i in index]
-        if not index:
-            raise ValueError("subset needs at least one prompt")
-        new_pos = {old: new for new, old in enumerate(index)}
-        batches = []
-        for bidx, past, last, prefix_len in self._batches:
-            rows = [r for r, i in enumerate(bidx.tolist()) if i in new_pos]
-            if not rows:
-                continue
-            sel = torch.tensor(rows)
-            sub_past = None if past is None else select_cache_rows(self.model, past, sel.to(last.device))
-            batches.append((torch.tensor([new_pos[int(bidx[r])] for r in rows]), sub_past, last[sel], prefix_len))
-        out = AnswerPositionRunner(self.model, self.prompts.subset(index), _batches=batches)
-        if self.clean is not None:
-            out.clean = {k: v[index] for k, v in self.clean.items()}
-        return out
-
-    @staticmethod
-    def _restore(past, prefix_len: int) -> None:
-        """Crop the cache back to the prefix and drop any autograd history a gradient
-        pass left on it (the cropped tensors are views of the concatenated ones)."""
-        if past is not None:
-            truncate_cache(past, prefix_len)
-
-    def _last(self, past, last: torch.Tensor, prefix_len: int) -> torch.Tensor:
-        try:
-            out = forward(self.model, last, cache=past, keep=1)
-        finally:
-            self._restore(past, prefix_len)
-        return out.logits[:, -1].float()
-
-    def passes(self, hooks: HookFactory | list[Hook] | None = None, grad: bool = False, progress: bool = False,
-               desc: str = "answer position"):
-        """Yield ``(index, logits[B, vocab])`` per batch with ``hooks`` active (a list,
-        or a factory called with the batch's prompt indices)."""
-        for index, past, last, prefix_len in tqdm(self._batches, desc=desc, disable=not progress, leave=False):
-            hk = hooks(index) if callable(hooks) else hooks
-            ctx = self.model.hooks(fwd_hooks=hk) if hk else nullcontext()
-            with ctx, (torch.enable_grad() if grad else torch.no_grad()):
-                yield index, self._last(past, last, prefix_len)
-
-    def logits(self, hooks: HookFactory | list[Hook] | None = None, progress: bool = False) -> torch.Tensor:
-        """Answer-position logits of every prompt, [N, vocab] (float32, CPU)."""
-        out = None
-        for index, logits in self.passes(hooks, progress=progress):
-            if out is None:
-                out = torch.empty(len(self), logits.shape[-1])
-            out[index] = logits.cpu()
-        return out
-
-    @torch.no_grad()
-    def logits_many(self, conditions: Sequence[HookFactory | list[Hook] | None], max_rows: int = 512,
-                    progress: bool = False) -> list[torch.Tensor]:
-        """:meth:`logits` under each of several interventions (each as :meth:`logits`
-        takes it): one [N, vocab] tensor per condition. Several conditions share one
-        single-token pass: the batch is repeated once per condition (condition-major
-        rows, at most ``max_rows`` per pass) over a copy of its key/value cache, and
-        each condition's hooks see only their own rows. One pass of 10 x 50 rows instead
-        of ten of 50: on the CPU a pass with few rows is bound by reading the weights.
-        Equal to separate :meth:`logits` calls up to float rounding (tested)."""
-        conditions = list(conditions)
-        out = [torch.empty(len(self), 0) for _ in conditions]
-        for index, past, last, prefix_len in tqdm(self._batches, desc="answer position", disable=not progress,
-                                                  leave=False):
-            B = len(index)
-            step = max(1, max_rows // B)
-            for c0 in range(0, len(conditions), step):
-                chunk = conditions[c0:c0 + step]
-                C = len(chunk)
-                copies = None if past is None else repeat_cache(self.model, past, C)
-                hooks = stacked_hooks([hk(index) if callable(hk) else list(hk or []) for hk in chunk], B)
-                with (self.model.hooks(fwd_hooks=hooks) if hooks else nullcontext()):
-                    logits = forward(self.model, last.repeat(C, 1), cache=copies,
-                                     keep=1).logits[:, -1].float().cpu().view(C, B, -1)
-                for j in range(C):
-                    if out[c0 + j].shape[1] == 0:
-                        out[c0 + j] = torch.empty(len(self), logits.shape[-1])
-                    out[c0 + j][index] = logits[j]
-        return out
-
-    def collect(self, hook_names: Sequence[str], hooks: HookFactory | list[Hook] | None = None) -> dict[str, torch.Tensor]:
-        """Answer-position activations of ``hook_names`` for every prompt ({name: [N, ...]}),
-        plus ``"logits"``."""
-        store: dict[str, list] = {h: [] for h in hook_names}
-        order, logit_chunks = [], []
-
-        def rec(name):
-            def fn(act, hook):
-                store[name].append(act[:, -1].detach().float().cpu())
-                return act
-            return fn
-
-        recorders = [(h, rec(h)) for h in hook_names]
-        for index, logits in self.passes(lambda idx: (hooks(idx) if callable(hooks) else list(hooks or [])) + recorders):
-            order.append(index)
-            logit_chunks.append(logits.cpu())
-        index = torch.cat(order)
-        inv = torch.empty_like(index)
-        inv[index] = torch.arange(len(index))
-        out = {h: torch.cat(v)[inv] for h, v in store.items()}
-        out["logits"] = torch.cat(logit_chunks)[inv]
-        return out
-
-    @torch.no_grad()
-    def greedy_correct(self) -> np.ndarray:
-        """Per prompt: does greedy decoding write the whole answer and then stop writing
-        digits (``arithlib.evaluate``'s ``correct_full``)? Decodes from the cache, which is
-        cropped back afterwards."""
-        tok = self.prompts.tokenizer
-        out = np.zeros(len(self), dtype=bool)
-        for index, past, last, prefix_len in self._batches:
-            answers = [self.prompts.answer_ids[i] for i in index.tolist()]
-            steps = max(len(a) for a in answers) + 1
-            gen, nxt = [], last
-            try:
-                for _ in range(steps):
-                    o = forward(self.model, nxt, cache=past, keep=1, keep_cache=True)
-                    past = o.cache
-                    nxt = o.logits[:, -1].argmax(-1, keepdim=True)
-                    gen.append(nxt[:, 0].cpu())
-            finally:
-                self._restore(past, prefix_len)
-            g = torch.stack(gen, 1).tolist()
-            for row, (i, ans) in enumerate(zip(index.tolist(), answers)):
-                after = tok.decode([g[row][len(ans)]])
-                out[i] = g[row][: len(ans)] == ans and not (after[:1].isdigit() or after[:1] == ".")
-        return out
 
 
 @torch.no_grad()

@@ -2,7 +2,7 @@
 """Benchmark: several interventions per forward pass, and a batch's few-shot prefix run
 once, against the one-at-a-time baseline in the same run.
 
-* ``neurons.AnswerPositionRunner.logits_many`` (notebook 03's heuristic ablations,
+* ``engine.AnswerPositionRunner.logits_many`` (notebook 03's heuristic ablations,
   faithfulness curve and exact effects): ``--conditions`` mean ablations of random
   neuron sets of the second half of the layers, on the answer position of ``--n``
   grid prompts ``a+b=`` (2-shot), against one ``logits`` call per condition.
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         # activation's dtype), so no hook copies them from the host on every pass.
         grid = ds.PromptSet.build(H.grid_records("+", (0, 9), fewshot=2), tok)
         grid = grid.subset(list(range(min(args.n, len(grid)))))
-        runner = N.AnswerPositionRunner(b, grid, batch_size=64)
+        runner = E.AnswerPositionRunner(b, grid, batch_size=64)
         means = torch.zeros(len(layers), cfg.d_mlp, device=device)
         cache = N.runner_means(means, layers)
         sets = neuron_sets(layers, cfg.d_mlp, args.conditions - 1, 200, seed=0)

@@ -2,7 +2,7 @@
 """Benchmark: one vs two torch CPU threads for notebook 03's answer-position passes.
 
 Notebook 03 used to pin ``threads = 1`` (chosen on a machine whose cores other jobs
-shared); this measurement made its default torch's own (a thread per core). It times :class:`arithlib.neurons.AnswerPositionRunner` (its prefix cache, then five
+shared); this measurement made its default torch's own (a thread per core). It times :class:`arithlib.engine.AnswerPositionRunner` (its prefix cache, then five
 answer-position passes) on the first ``--n-prompts`` Nikankin prompts (2-shot) with each
 thread count in turn, twice, and prints the times; the ratio is the result.
 
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import arithlib.engine as E  # noqa: E402
 import arithlib.datasets as ds  # noqa: E402
-import arithlib.neurons as N  # noqa: E402
 from arithlib.models import load_model  # noqa: E402
 
 
@@ -33,7 +33,7 @@ def time_runner(bridge, prompts: ds.PromptSet, threads: int, passes: int = 5) ->
     torch.set_num_threads(threads)
     try:
         t0 = time.perf_counter()
-        runner = N.AnswerPositionRunner(bridge, prompts, batch_size=64)
+        runner = E.AnswerPositionRunner(bridge, prompts, batch_size=64)
         t1 = time.perf_counter()
         for _ in range(passes):
             runner.logits()

@@ -87,6 +87,16 @@ def prefix_cache(model, prefix: torch.Tensor, rows: int):
     return repeat_rows_(forward(model, prefix, keep=1, keep_cache=True).cache, rows)
 
 
+def shared_prefix_logits(model, tokens: torch.Tensor, shared: int, keep: int) -> torch.Tensor:
+    """Logits at the last ``keep`` positions of ``tokens`` [B, T] whose first ``shared``
+    positions are common to every row: those run once at batch 1 and are reused through
+    the KV cache (0: one plain pass). Equal to a plain pass up to float rounding."""
+    if shared > 0:
+        cache = prefix_cache(model, tokens[:1, :shared], tokens.shape[0])
+        return forward(model, tokens[:, shared:], cache=cache, keep=keep).logits
+    return forward(model, tokens, keep=keep).logits
+
+
 def empty_cache(model, layers: Sequence[tuple[torch.Tensor, torch.Tensor] | None] = ()):
     """A key/value cache for ``model`` holding ``layers[l]`` = (keys, values) in layer
     ``l`` ([B, kv_heads, T, d_head]; None leaves the layer empty)."""

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+import arithlib.engine as E
 import arithlib.ablation as A
 import arithlib.heuristics as H
 import arithlib.neurons as N
@@ -32,7 +33,7 @@ def grid(tiny):
 @pytest.fixture(scope="module")
 def setup(tiny, grid):
     layers = [0, 1]
-    runner = N.AnswerPositionRunner(tiny.bridge, grid, batch_size=16)
+    runner = E.AnswerPositionRunner(tiny.bridge, grid, batch_size=16)
     acts = N.neuron_activations(tiny.bridge, grid, layers)
     means = N.last_position_means(acts)
     return runner, layers, acts, means
@@ -251,6 +252,6 @@ def test_subset_and_greedy(tiny, grid, setup):
     frame = evaluate(tiny.bridge, grid)
     assert (runner.greedy_correct() == frame["correct_full"].to_numpy()).all()
     assert torch.allclose(runner.logits(), answer_logits(tiny.bridge, grid), atol=1e-4)   # cache restored
-    rec = N.AnswerPositionRunner(tiny.bridge, grid, batch_size=16, record=[A.post_hook(1)])
+    rec = E.AnswerPositionRunner(tiny.bridge, grid, batch_size=16, record=[A.post_hook(1)])
     assert torch.allclose(rec.clean[A.post_hook(1)], acts[:, 1], atol=1e-4)
     assert torch.allclose(rec.subset(idx).clean["logits"], rec.clean["logits"][idx])
