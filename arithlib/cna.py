@@ -64,7 +64,7 @@ from . import datasets as ds
 from .answer_runs import LastPosition, answer_targets, run_conditions, run_last_position
 from .components import Head, Hook, Neuron
 from .datasets import PromptRecord, PromptSet
-from .engine import forward, input_device
+from .engine import input_device
 from .neurons import w_out
 from .papers import DEEP_FROM_FRACTION, YU_GROUPS
 from .readout import FinalNorm, final_norm, top_tokens, unembedding

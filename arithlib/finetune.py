@@ -67,8 +67,8 @@ from . import datasets as ds
 from .datasets import PromptRecord, PromptSet
 from .evaluate import continues_number
 from .fingerprints import data_fingerprint, fingerprint, model_fingerprint
-from .engine import (LayerInputs, can_start_late, clean_param_name, common_prefix, decoder_layers, hf_module as _hf,
-                     input_device, module_device, run_decoder, select_cache_rows, shared_hf_model)
+from .engine import (LayerInputs, clean_param_name, common_prefix, decoder_layers, hf_module as _hf, input_device,
+                     module_device, rows_on_prefixes, shared_hf_model)
 from .stats import encode_correct
 
 
@@ -333,17 +333,6 @@ def _row_prefix_lengths(prompts: PromptSet, index: Sequence[int], seqs: Sequence
     return lengths
 
 
-def _padded(rows: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded token ids [len(rows), longest] and their validity mask (1 = token)."""
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for k, r in enumerate(rows):
-        ids[k, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[k, : len(r)] = 1
-    return ids.to(device), mask.to(device)
-
-
 def teacher_forced_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 0, share_prefix: bool = True,
                           inputs: LayerInputs | None = None, same_below: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced logits at the answer positions of prompts ``index``: row i reads
@@ -351,7 +340,8 @@ def teacher_forced_logits(model, prompts: PromptSet, index: Sequence[int], extra
     ``extra=1``, the token after the answer). Returns ``(logits [B, A, vocab] float32,
     mask [B, A] bool)``, A = longest answer + extra. Differentiable.
 
-    With ``share_prefix`` the rows run in two passes: first the distinct prefixes
+    With ``share_prefix`` the rows run in two passes
+    (:func:`arithlib.engine.rows_on_prefixes`): first the distinct prefixes
     (:func:`_row_prefix_lengths`: a few-shot group's common tokens, once per group),
     right-padded into one batch; then every row's remaining tokens on top of its
     prefix's keys and values (gathered per row; padded keys masked out, positions
@@ -365,43 +355,14 @@ def teacher_forced_logits(model, prompts: PromptSet, index: Sequence[int], extra
     batch, and record the layers of ``inputs`` up to L they compute (bit-identical to
     the full pass; Llama-style decoders only, others run in full)."""
     hf = _hf(model)
-    device = input_device(hf)
     unembed = hf.get_output_embeddings()
     seqs = [prompts.input_ids[i] + prompts.answer_ids[i] for i in index]
     starts = [len(prompts.input_ids[i]) - 1 for i in index]  # position predicting answer token 0
     n_keep = [len(prompts.answer_ids[i]) + extra for i in index]  # the token after the answer is
     B = len(seqs)                                                   # predicted at the last answer token
     plen = _row_prefix_lengths(prompts, index, seqs, starts) if share_prefix else [0] * B
-    suffix, suffix_mask = _padded([s[p:] for s, p in zip(seqs, plen)], device)
-    key = (tuple(index), extra, share_prefix)
-    late = inputs is not None and can_start_late(hf)
-    start = inputs.start(key, same_below) if late else 0
-    record = inputs.wanted(key, start, same_below) if late else []
-    recorded: dict[int, dict[str, torch.Tensor]] = {}  # layer -> pass -> stream entering it
-
-    def run(part: str, **kw):
-        h0 = inputs.get(key, start, part) if start else None
-        hidden, past, rec = run_decoder(hf, start=start, hidden=h0, record=record, **kw)
-        for layer, h in rec.items():
-            recorded.setdefault(layer, {})[part] = h
-        return hidden, past
-
-    if any(plen):
-        keys = [tuple(s[:p]) for s, p in zip(seqs, plen)]
-        distinct = list(dict.fromkeys(q for q in keys if q))
-        which = {q: k for k, q in enumerate(distinct)}
-        prefix, prefix_mask = _padded(distinct, device)
-        _, cache = run("prefix", input_ids=prefix, attention_mask=prefix_mask, keep_cache=True)
-        rows = torch.tensor([which.get(q, 0) for q in keys], device=device)  # rows without a prefix: masked below
-        row_prefix_mask = prefix_mask.index_select(0, rows) * torch.tensor(
-            [p > 0 for p in plen], dtype=torch.long, device=device)[:, None]
-        positions = torch.tensor(plen, device=device)[:, None] + torch.arange(suffix.shape[1], device=device)
-        hidden, _ = run("rows", input_ids=suffix, attention_mask=torch.cat([row_prefix_mask, suffix_mask], 1),
-                        position_ids=positions, past=select_cache_rows(hf.config, cache, rows), keep_cache=True)
-    else:  # right padding needs no mask: a causal model's real tokens never see it
-        hidden, _ = run("rows", input_ids=suffix)
-    for layer, parts in recorded.items():
-        inputs.put(key, layer, parts)
+    hidden = rows_on_prefixes(hf, seqs, plen, inputs=inputs, key=(tuple(index), extra, share_prefix),
+                              same_below=same_below)
     A = max(n_keep)
     gather = torch.zeros(B, A, dtype=torch.long)
     mask = torch.zeros(B, A, dtype=torch.bool)

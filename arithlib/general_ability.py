@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .paths import DATA_DIR
-from .engine import forward, input_device
+from .engine import forward, greedy_tokens, input_device
 
 FACTS_FILE = DATA_DIR / "factual_recall.json"
 
@@ -273,16 +273,13 @@ def word_problem_accuracy(model, tokenizer, items: Sequence[dict], max_new_token
     rows = []
     for item in tqdm(items, desc="word problems", disable=not progress, leave=False):
         ids = torch.tensor([tokenizer(prompt_format.format(question=item["question"]))["input_ids"]], device=device)
-        out = forward(model, ids, keep_cache=True)
-        past, nxt, gen = out.cache, out.logits[:, -1].argmax(-1), []
-        for _ in range(max_new_tokens):
+        gen: list[int] = []
+        for _, nxt in zip(range(max_new_tokens), greedy_tokens(model, ids)):
             gen.append(int(nxt))
             if tokenizer.eos_token_id is not None and int(nxt) == tokenizer.eos_token_id:
                 break
             if "\n\n" in tokenizer.decode(gen):
                 break
-            out = forward(model, nxt[:, None], cache=past)
-            past, nxt = out.cache, out.logits[:, -1].argmax(-1)
         text = tokenizer.decode(gen).split("\n\n")[0]
         value = _final_number(text)
         rows.append({"question": item["question"][:80], "answer": item["answer"], "generated": text,

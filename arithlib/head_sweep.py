@@ -50,8 +50,8 @@ from tqdm.auto import tqdm
 
 from .datasets import PromptSet
 from .fingerprints import fingerprint, model_fingerprint, tensor_fingerprint
-from .engine import (cache_layers, clean_run, common_prefix, decoder_norm, empty_cache, input_device, layer_device, resumable,
-                     run_blocks)
+from .engine import (cache_of, clean_run, common_prefix, decoder_norm, input_device, keys_values_from, layer_device,
+                     resumable, run_from)
 from .knockouts import head_sweep
 from .components import Head
 from .patching import Component, Edit, Unembed, variant_hooks
@@ -73,13 +73,6 @@ def _zero_variants(layer: int, heads: Sequence[int], positions: Sequence[int] | 
             for h in heads]
 
 
-def _run_layers(model, hidden: torch.Tensor, first: int, start: int, cache) -> torch.Tensor:
-    """Blocks ``first..L-1`` on ``hidden`` [R, t, d] at positions ``start..start+t-1``
-    after ``cache``'s keys and values (which the blocks extend); the last block's output."""
-    position_ids = torch.arange(start, start + hidden.shape[1], device=hidden.device).unsqueeze(0)
-    return run_blocks(model, hidden, first=first, position_ids=position_ids, cache=cache)[0]
-
-
 @torch.no_grad()
 def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_tokens: int = MAX_TOKENS,
                        prefix_cache: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +92,6 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
     B, T = tokens.shape
     rows = tokens.tolist()
     n = min(common_prefix(rows), T - 1)
-    n_layers = model.cfg.n_layers
     full = clean_run(model, tokens)               # resid [L, B, T, d] (prefix shared inside)
     pre = clean_run(model, tokens[:1, :n], share_prefix=False) if n else None  # (cheap: one row)
     q = T - n
@@ -114,25 +106,21 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
             chunk = idx[s:s + per_pass]
             V = len(chunk)
             hs = [int(heads[i][1]) for i in chunk]
-            kv: list = [None] * n_layers
+            prefix_kv = None
             if n:  # the prefix with the head zeroed, one row per head
                 key = (tuple(rows[0][:n]), layer, tuple(hs))
                 prefix_kv = prefix_cache.get(key) if prefix_cache is not None else None
                 if prefix_kv is None:
-                    cache = empty_cache(model)
                     with model.hooks(fwd_hooks=variant_hooks(model, _zero_variants(layer, hs, None), 1, 0, n)):
-                        _run_layers(model, pre.resid[layer].to(layer_device(model, layer)).repeat(V, 1, 1), layer, 0,
-                                    cache)
-                    prefix_kv = cache_layers(cache)
+                        prefix_kv = keys_values_from(model, pre.resid[layer].to(layer_device(model, layer)).repeat(V, 1, 1),
+                                                     layer)
                     if prefix_cache is not None:
                         prefix_cache[key] = prefix_kv
-                kv = [None if l < layer or e is None else (e[0].repeat_interleave(B, 0), e[1].repeat_interleave(B, 0))
-                      for l, e in enumerate(prefix_kv)]
-            cache = empty_cache(model, kv)
+            cache = cache_of(model, prefix_kv, first=layer, rows=B)
             hidden = full.resid[layer][:, n:].to(layer_device(model, layer)).repeat(V, 1, 1)   # variant-major
             hooks = variant_hooks(model, _zero_variants(layer, hs, range(n, T)), B, n, T)
             with model.hooks(fwd_hooks=hooks):
-                h = _run_layers(model, hidden, layer, n, cache)
+                h = run_from(model, hidden, layer, n, cache)
             out[chunk] = decoder_norm(model, h[:, -1:])[:, 0].view(V, B, -1).to(out.device)
     return out, full.final
 

@@ -31,10 +31,10 @@ from .adapter import (cache_layers, clean_param_name, decoder_layers, filled_cac
                       shared_hf_model, truncate_cache, wrapped)
 from .answer import (AnswerPositionRunner, HookFactory, answer_pass, condition_pass, shared_prefix_cache,
                      stacked_hooks)
-from .passes import (Pass, can_start_late, decoder_norm, decoder_pass, empty_cache, forward, last_position_logits,
+from .passes import (Pass, cache_of, can_start_late, decoder_norm, decoder_pass, empty_cache, forward, greedy_tokens, keys_values_from, last_position_logits,
                      n_blocks, prefix_cache,
-                     resumable, run_blocks, run_decoder, shared_prefix_logits)
-from .prefix import MIN_SHARED_PREFIX, PrefixRunner, common_prefix, hooks_attached, prefix_batches
+                     resumable, run_blocks, run_decoder, run_from, shared_prefix_logits)
+from .prefix import MIN_SHARED_PREFIX, PrefixRunner, common_prefix, hooks_attached, padded, prefix_batches, rows_on_prefixes
 from .recorded import (MIN_SAVED_POSITIONS, CleanRun, RunCache, capture_hooks, clean_run, grouped_clean_run, prefix_groups,
                        resume)
 from .streams import LayerInputs
@@ -42,9 +42,9 @@ from .streams import LayerInputs
 __all__ = [
     "AnswerPositionRunner", "HookFactory", "answer_pass", "condition_pass", "shared_prefix_cache", "stacked_hooks",
     "CleanRun", "LayerInputs", "MIN_SAVED_POSITIONS", "RunCache", "capture_hooks", "clean_run", "grouped_clean_run",
-    "prefix_groups", "resume", "MIN_SHARED_PREFIX", "Pass", "PrefixRunner", "cache_layers", "can_start_late", "clean_param_name",
+    "prefix_groups", "resume", "cache_of", "keys_values_from", "run_from", "padded", "rows_on_prefixes", "MIN_SHARED_PREFIX", "Pass", "PrefixRunner", "cache_layers", "can_start_late", "clean_param_name",
     "common_prefix", "decoder_layers", "decoder_norm", "decoder_pass", "empty_cache", "filled_cache_layers", "fix_bridge_cache",
-    "forward", "hf_module", "hooks_attached", "input_device", "last_position_logits", "layer_device", "module_device", "n_blocks",
+    "forward", "greedy_tokens", "hf_module", "hooks_attached", "input_device", "last_position_logits", "layer_device", "module_device", "n_blocks",
     "output_device", "prefix_batches", "prefix_cache", "repeat_cache", "repeat_rows_", "resumable", "run_blocks", "run_decoder",
     "select_cache_rows", "send", "shared_prefix_logits", "shared_hf_model", "truncate_cache", "wrapped",
 ]

@@ -11,11 +11,11 @@ prefix's keys and values, which is where the CPU time of notebooks 01-08 goes.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 
-from .adapter import (cache_kwargs, causal_mask, decoder_layers, hf_module, layer_device, module_device,
+from .adapter import (cache_kwargs, cache_layers, causal_mask, decoder_layers, hf_module, layer_device, module_device,
                       new_cache, output_cache, repeat_rows_, run_block, send)
 
 
@@ -87,6 +87,17 @@ def prefix_cache(model, prefix: torch.Tensor, rows: int):
     return repeat_rows_(forward(model, prefix, keep=1, keep_cache=True).cache, rows)
 
 
+def greedy_tokens(model, tokens: torch.Tensor) -> Iterator[torch.Tensor]:
+    """Greedy decoding of ``tokens`` [B, T]: yields each next token [B] in turn (argmax of
+    the logits), feeding it back on the growing KV cache; the caller stops it."""
+    out = forward(model, tokens, keep_cache=True)
+    past, nxt = out.cache, out.logits[:, -1].argmax(-1)
+    while True:
+        yield nxt
+        out = forward(model, nxt[:, None], cache=past)
+        past, nxt = out.cache, out.logits[:, -1].argmax(-1)
+
+
 def shared_prefix_logits(model, tokens: torch.Tensor, shared: int, keep: int) -> torch.Tensor:
     """Logits at the last ``keep`` positions of ``tokens`` [B, T] whose first ``shared``
     positions are common to every row: those run once at batch 1 and are reused through
@@ -150,6 +161,35 @@ def run_blocks(model, hidden: torch.Tensor, *, first: int, position_ids: torch.T
         hidden = run_block(decoder.layers[l], hidden, mask=mask, position_embeddings=pos_emb,
                            position_ids=position_ids, cache=cache, use_cache=keep_cache)
     return hidden, captured
+
+
+def run_from(model, hidden: torch.Tensor, first: int, start: int = 0, cache=None) -> torch.Tensor:
+    """:func:`run_blocks` from block ``first`` on ``hidden`` [R, t, d] at positions
+    ``start..start+t-1`` after ``cache``'s keys and values (which the blocks extend); the
+    last block's output."""
+    position_ids = torch.arange(start, start + hidden.shape[1], device=hidden.device).unsqueeze(0)
+    return run_blocks(model, hidden, first=first, position_ids=position_ids, cache=cache)[0]
+
+
+def keys_values_from(model, hidden: torch.Tensor, first: int) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+    """Each block's keys and values for ``hidden`` [R, t, d] (positions ``0..t-1``, the
+    stream entering block ``first``) run through blocks ``first..L-1``; None below
+    ``first``. For :func:`cache_of` (e.g. a prefix computed once under an intervention)."""
+    cache = empty_cache(model)
+    run_from(model, hidden, first, 0, cache)
+    return cache_layers(cache)
+
+
+def cache_of(model, layers: Sequence[tuple[torch.Tensor, torch.Tensor] | None] | None = None, first: int = 0,
+             rows: int = 1):
+    """A KV cache from :func:`keys_values_from`'s ``layers``, each row repeated ``rows``
+    times in a row (``repeat_interleave``), layers below ``first`` left empty;
+    ``layers`` None: an empty cache of every layer."""
+    if layers is None:
+        return empty_cache(model, [None] * n_blocks(model))
+    return empty_cache(model, [None if l < first or e is None else (e[0].repeat_interleave(rows, 0),
+                                                                   e[1].repeat_interleave(rows, 0))
+                               for l, e in enumerate(layers)])
 
 
 def run_decoder(hf, *, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

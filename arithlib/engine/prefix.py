@@ -1,6 +1,8 @@
 """Prompts that share a few-shot prefix, run with the prefix's keys and values computed
-once: the batching plan (:func:`prefix_batches`) and the runner of greedy decoding and
-teacher forcing on top of it (:class:`PrefixRunner`).
+once: the batching plan (:func:`prefix_batches`), the runner of greedy decoding and
+teacher forcing on top of it (:class:`PrefixRunner`), and the differentiable two-pass
+run of token rows on their distinct prefixes that fine-tuning trains through
+(:func:`rows_on_prefixes`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import torch
 from transformer_lens.hook_points import HookPoint
 
 from ..datasets import PromptSet
-from .adapter import cache_kwargs, filled_cache_layers, hf_module, input_device, new_cache, output_cache
+from .adapter import (cache_kwargs, filled_cache_layers, hf_module, input_device, new_cache, output_cache,
+                      select_cache_rows)
+from .passes import can_start_late, run_decoder
 
 
 def hooks_attached(model) -> bool:
@@ -167,3 +171,60 @@ class PrefixRunner:
     def n_new(self, index: list[int], extra_tokens: int = 1) -> int:
         """Greedy steps that spell the longest answer of the batch, plus ``extra_tokens``."""
         return max(len(self.prompts.answer_ids[i]) for i in index) + extra_tokens
+
+
+def padded(rows: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded token ids [len(rows), longest] and their validity mask (1 = token)."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for k, r in enumerate(rows):
+        ids[k, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[k, : len(r)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def rows_on_prefixes(hf, seqs: Sequence[Sequence[int]], plen: Sequence[int], *, inputs=None, key=None,
+                     same_below: int = 0) -> torch.Tensor:
+    """Final-normed hidden states [B, t, d_model] of token rows ``seqs`` (differentiable),
+    row ``r``'s tokens from ``plen[r]`` on, right-padded: ``hidden[r, j]`` is token
+    ``plen[r] + j``. Two passes: the distinct prefixes ``seqs[r][:plen[r]]`` once each,
+    right-padded into one batch, then every row's remaining tokens on top of its
+    prefix's keys and values (gathered per row; padded keys masked out, positions those
+    of the unpadded text). All ``plen`` 0: one pass of the rows.
+
+    ``inputs`` (a :class:`~arithlib.engine.LayerInputs`, rows keyed by ``key``) with
+    ``same_below`` = L: both passes start at the highest block <= L recorded for this
+    batch and record the blocks up to L they compute (Llama-style decoders only,
+    :func:`~arithlib.engine.can_start_late`; others run in full)."""
+    device = input_device(hf)
+    suffix, suffix_mask = padded([s[p:] for s, p in zip(seqs, plen)], device)
+    late = inputs is not None and can_start_late(hf)
+    start = inputs.start(key, same_below) if late else 0
+    record = inputs.wanted(key, start, same_below) if late else []
+    recorded: dict[int, dict[str, torch.Tensor]] = {}  # layer -> pass -> stream entering it
+
+    def run(part: str, **kw):
+        h0 = inputs.get(key, start, part) if start else None
+        hidden, past, rec = run_decoder(hf, start=start, hidden=h0, record=record, **kw)
+        for layer, h in rec.items():
+            recorded.setdefault(layer, {})[part] = h
+        return hidden, past
+
+    if any(plen):
+        keys = [tuple(s[:p]) for s, p in zip(seqs, plen)]
+        distinct = list(dict.fromkeys(q for q in keys if q))
+        which = {q: k for k, q in enumerate(distinct)}
+        prefix, prefix_mask = padded(distinct, device)
+        _, cache = run("prefix", input_ids=prefix, attention_mask=prefix_mask, keep_cache=True)
+        rows = torch.tensor([which.get(q, 0) for q in keys], device=device)  # rows without a prefix: masked below
+        row_prefix_mask = prefix_mask.index_select(0, rows) * torch.tensor(
+            [p > 0 for p in plen], dtype=torch.long, device=device)[:, None]
+        positions = torch.tensor(plen, device=device)[:, None] + torch.arange(suffix.shape[1], device=device)
+        hidden, _ = run("rows", input_ids=suffix, attention_mask=torch.cat([row_prefix_mask, suffix_mask], 1),
+                        position_ids=positions, past=select_cache_rows(hf.config, cache, rows), keep_cache=True)
+    else:  # right padding needs no mask: a causal model's real tokens never see it
+        hidden, _ = run("rows", input_ids=suffix)
+    for layer, parts in recorded.items():
+        inputs.put(key, layer, parts)
+    return hidden

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import arithlib.datasets as ds
+import arithlib.engine.prefix as engine_prefix
 import arithlib.finetune as ft
 import arithlib.lora as LO
 import arithlib.sft as SFT
@@ -56,13 +57,13 @@ def test_evaluate_weights_uses_the_first_changed_layer(tiny_qwen2, test_set, mon
     recorded = len(inputs["test"])
     assert recorded > 0
     starts = []
-    real = ft.run_decoder
+    real = engine_prefix.run_decoder  # the two-pass run of teacher_forced_logits (rows_on_prefixes)
 
     def spy(*a, **kw):
         starts.append(kw.get("start", 0))
         return real(*a, **kw)
 
-    monkeypatch.setattr(ft, "run_decoder", spy)
+    monkeypatch.setattr(engine_prefix, "run_decoder", spy)
     late = ft.evaluate_weights(hf, changed(hf, 1), {"test": test_set}, 8, inputs=inputs)
     full = ft.evaluate_weights(hf, changed(hf, 1), {"test": test_set}, 8)
     assert set(starts[: len(starts) // 2]) == {1} and set(starts[len(starts) // 2:]) == {0}
