@@ -75,13 +75,13 @@ def _zero_variants(layer: int, heads: Sequence[int], positions: Sequence[int] | 
 
 @torch.no_grad()
 def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_tokens: int = MAX_TOKENS,
-                       prefix_cache: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       prefix_store: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Final-normed hidden state at the last position of every prompt of ``tokens``
     [B, T] (same-length rows) with each head of ``heads`` zeroed at every position:
     ``[len(heads), B, d_model]``, and the clean states ``[B, d_model]``.
 
     The rows' common prefix (the few-shot lines) runs once per head; each head's pass
-    starts at its layer from the clean residual stream. ``prefix_cache`` (a dict) keeps
+    starts at its layer from the clean residual stream. ``prefix_store`` (a dict) keeps
     each head's ablated prefix keys and values for later calls whose rows share the same
     prefix (e.g. 1-, 2- and 3-digit prompts of one operator). Llama-style models only
     (:func:`arithlib.engine.resumable`)."""
@@ -109,13 +109,13 @@ def zeroed_head_states(model, tokens: torch.Tensor, heads: Sequence[Head], max_t
             prefix_kv = None
             if n:  # the prefix with the head zeroed, one row per head
                 key = (tuple(rows[0][:n]), layer, tuple(hs))
-                prefix_kv = prefix_cache.get(key) if prefix_cache is not None else None
+                prefix_kv = prefix_store.get(key) if prefix_store is not None else None
                 if prefix_kv is None:
                     with model.hooks(fwd_hooks=variant_hooks(model, _zero_variants(layer, hs, None), 1, 0, n)):
                         prefix_kv = keys_values_from(model, pre.resid[layer].to(layer_device(model, layer)).repeat(V, 1, 1),
                                                      layer)
-                    if prefix_cache is not None:
-                        prefix_cache[key] = prefix_kv
+                    if prefix_store is not None:
+                        prefix_store[key] = prefix_kv
             cache = cache_of(model, prefix_kv, first=layer, rows=B)
             hidden = full.resid[layer][:, n:].to(layer_device(model, layer)).repeat(V, 1, 1)   # variant-major
             hooks = variant_hooks(model, _zero_variants(layer, hs, range(n, T)), B, n, T)
@@ -152,23 +152,23 @@ def exact_head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = N
     unembed = Unembed(model)
     frames = []
     batches = list(prompts.batches(batch_size, by_prefix=True))
-    prefix_cache: dict = {}
+    prefix_store: dict = {}
     store = cache_dir if isinstance(cache_dir, Store) else Store(cache_dir)
     model_fp = model_fingerprint(model) if store.directory is not None else ""
     for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
         path = (store.directory / f"{_batch_key(model_fp, model, batch, heads)}.pkl"
                 if store.directory is not None else None)
         # a stopped run never leaves half a batch (Store writes atomically)
-        frames.append(store.at(path, lambda: _batch_rows(model, prompts, batch, heads, unembed, prefix_cache)))
+        frames.append(store.at(path, lambda: _batch_rows(model, prompts, batch, heads, unembed, prefix_store)))
     rows = pd.concat(frames, ignore_index=True)
     return rows.sort_values(["layer", "head", "prompt"]).reset_index(drop=True)
 
 
 def _batch_rows(model, prompts: PromptSet, batch, heads: Sequence[Head], unembed: Unembed,
-                prefix_cache: dict) -> pd.DataFrame:
+                prefix_store: dict) -> pd.DataFrame:
     """The sweep's rows of one batch (:func:`exact_head_sweep`)."""
     batch_frames = []
-    h, clean = zeroed_head_states(model, batch.tokens, heads, prefix_cache=prefix_cache)
+    h, clean = zeroed_head_states(model, batch.tokens, heads, prefix_store=prefix_store)
     ans = batch.answer_ids.to(unembed.device)
     clean_logits = unembed.logits(clean)
     pred, _ = unembed.top1(h, clean, clean_logits, hint_ids=ans)

@@ -3,48 +3,68 @@ touches the internals of transformers and TransformerLens (key/value caches, cau
 masks, decoder blocks called on their own, the HF model under a bridge, devices of a
 split model).
 
-Two facts make the notebooks' passes cheap, and the engine exploits them once for every
+Two facts make the notebooks' passes cheap, and the engine exploits them for every
 method: the few-shot prefix is shared by the rows of a batch (its keys and values are
-computed once, :func:`prefix_cache`, :class:`PrefixRunner`), and an intervention at
-block L leaves the stream below L as it was (a pass starts at block L from the recorded
-stream, :func:`run_blocks`, :class:`LayerInputs`). Each fast pass is tested equal to
-the plain full pass (``tests/equivalence/test_engine_*.py`` and the methods' equivalence tests).
+computed once), and an intervention at position p or block L leaves every earlier
+position and every lower block as it was (a pass starts there from what a clean run
+recorded). The methods hold what the engine returns (logits, hidden states, recorded
+runs) and never a cache they build or edit themselves.
+
+The runs, each tested equal to the plain full pass (``tests/equivalence/``, and the
+methods' fast-versus-literal tests in ``tests/unit/``):
+
+* :func:`forward`, :func:`last_position_logits`: the plain pass, which shares nothing:
+  the reference (every method, every equivalence test);
+* :class:`PrefixRunner`: each distinct few-shot prefix once, gathered per row; greedy
+  and teacher-forced accuracy (evaluate, probing);
+* :func:`shared_prefix_logits`: the rows' common prefix once; correct-answer masks
+  (answer_runs);
+* :class:`AnswerPositionRunner`: every position but the last, kept per batch, with
+  conditions stacked; Nikankin's neuron ablations (neurons, heuristics);
+* :func:`condition_pass`, :func:`answer_pass`: the common prefix per condition, or all
+  but the last position, with conditions stacked; runs under many conditions
+  (answer_runs, for cna, mask_keep, shallow_neurons, bias, lora, pruning);
+* :func:`clean_run` + :func:`resume`: positions before the edit and blocks below it,
+  from a recorded clean run; path patching, knockouts, activation patching (patching);
+* :func:`keys_values_from`, :func:`cache_of`, :func:`run_from`: an ablated prefix's keys
+  and values, once per head; the exact head sweep (head_sweep);
+* :func:`rows_on_prefixes`: each distinct prefix, and the blocks below a change
+  (:class:`LayerInputs`), with gradients; LoRA, precise SFT, pruning (finetune);
+* :func:`greedy_tokens`: the growing sequence; word-problem accuracy (general_ability).
 
 Modules:
 
 * :mod:`.adapter`: the library internals (cache layouts, argument names, devices);
-* :mod:`.passes`: whole passes, passes on a cached prefix, passes from a block;
-* :mod:`.prefix`: the shared-prefix batching plan and the greedy/teacher-forced runner;
+* :mod:`.passes`: whole passes, passes on a cached prefix, passes from a block, greedy decoding;
+* :mod:`.prefix`: the shared-prefix batching plan, the greedy/teacher-forced runner, and
+  the differentiable run of rows on their prefixes;
 * :mod:`.answer`: passes that re-read the answer position on the prompts' cached
   earlier positions, several interventions stacked in one batch;
 * :mod:`.recorded`: a clean run recorded (keys, values, every block's input) and the
   passes that resume from it at a position and a block (the patching fast path);
 * :mod:`.streams`: residual streams recorded per batch for later passes.
 
-Methods import from ``arithlib.engine`` only what is listed in ``__all__``;
-``tests/project/test_engine_boundary.py`` fails when a module outside the engine reaches into
-the libraries' internals.
+Methods import from ``arithlib.engine`` only what ``__all__`` lists (the cache-level
+helpers stay in the submodules, for the engine and its tests);
+``tests/project/test_engine_boundary.py`` fails when a module outside the engine reaches
+into the libraries' internals or handles a key/value cache.
 """
 
-from .adapter import (cache_layers, clean_param_name, decoder_layers, filled_cache_layers, fix_bridge_cache, hf_module, input_device,
-                      layer_device, module_device, output_device, repeat_cache, repeat_rows_, select_cache_rows, send,
-                      shared_hf_model, truncate_cache, wrapped)
+from .adapter import clean_param_name, decoder_layers, hf_module, input_device, layer_device, module_device, output_device, wrapped
+from .adapter import shared_hf_model
 from .answer import (AnswerPositionRunner, HookFactory, answer_pass, condition_pass, shared_prefix_cache,
                      stacked_hooks)
-from .passes import (Pass, cache_of, can_start_late, decoder_norm, decoder_pass, empty_cache, forward, greedy_tokens, keys_values_from, last_position_logits,
-                     n_blocks, prefix_cache,
-                     resumable, run_blocks, run_decoder, run_from, shared_prefix_logits)
-from .prefix import MIN_SHARED_PREFIX, PrefixRunner, common_prefix, hooks_attached, padded, prefix_batches, rows_on_prefixes
-from .recorded import (MIN_SAVED_POSITIONS, CleanRun, RunCache, capture_hooks, clean_run, grouped_clean_run, prefix_groups,
-                       resume)
+from .passes import (cache_of, can_start_late, decoder_norm, forward, greedy_tokens, keys_values_from, last_position_logits,
+                     n_blocks, resumable, run_from, shared_prefix_logits)
+from .prefix import PrefixRunner, common_prefix, hooks_attached, prefix_batches, rows_on_prefixes
+from .recorded import CleanRun, RunCache, capture_hooks, clean_run, grouped_clean_run, prefix_groups, resume
 from .streams import LayerInputs
 
 __all__ = [
-    "AnswerPositionRunner", "HookFactory", "answer_pass", "condition_pass", "shared_prefix_cache", "stacked_hooks",
-    "CleanRun", "LayerInputs", "MIN_SAVED_POSITIONS", "RunCache", "capture_hooks", "clean_run", "grouped_clean_run",
-    "prefix_groups", "resume", "cache_of", "keys_values_from", "run_from", "padded", "rows_on_prefixes", "MIN_SHARED_PREFIX", "Pass", "PrefixRunner", "cache_layers", "can_start_late", "clean_param_name",
-    "common_prefix", "decoder_layers", "decoder_norm", "decoder_pass", "empty_cache", "filled_cache_layers", "fix_bridge_cache",
-    "forward", "greedy_tokens", "hf_module", "hooks_attached", "input_device", "last_position_logits", "layer_device", "module_device", "n_blocks",
-    "output_device", "prefix_batches", "prefix_cache", "repeat_cache", "repeat_rows_", "resumable", "run_blocks", "run_decoder",
-    "select_cache_rows", "send", "shared_prefix_logits", "shared_hf_model", "truncate_cache", "wrapped",
+    "AnswerPositionRunner", "CleanRun", "HookFactory", "LayerInputs", "PrefixRunner", "RunCache", "answer_pass",
+    "cache_of", "can_start_late", "capture_hooks", "clean_param_name", "clean_run", "common_prefix", "condition_pass",
+    "decoder_layers", "decoder_norm", "forward", "greedy_tokens", "grouped_clean_run", "hf_module", "hooks_attached",
+    "input_device", "keys_values_from", "last_position_logits", "layer_device", "module_device", "n_blocks",
+    "output_device", "prefix_batches", "prefix_groups", "resumable", "resume", "rows_on_prefixes", "run_from",
+    "shared_hf_model", "shared_prefix_cache", "shared_prefix_logits", "stacked_hooks", "wrapped",
 ]

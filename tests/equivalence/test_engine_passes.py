@@ -10,6 +10,8 @@ import torch
 
 import arithlib.datasets as ds
 from arithlib import engine
+from arithlib.engine import adapter, passes
+from arithlib.engine import prefix as prefix_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -48,7 +50,7 @@ def test_a_pass_on_a_shared_prefix_equals_the_full_pass(model, tokens):
     n = engine.common_prefix(tokens.tolist())
     assert n == 7
     with torch.no_grad():
-        cache = engine.prefix_cache(model, tokens[:1, :n], len(tokens))
+        cache = passes.prefix_cache(model, tokens[:1, :n], len(tokens))
         out = engine.forward(model, tokens[:, n:], cache=cache, keep=1)
     torch.testing.assert_close(out.logits[:, -1], ref[:, -1], rtol=0, atol=1e-5)
     assert out.cache is cache  # extended in place
@@ -61,16 +63,16 @@ def test_a_pass_from_block_l_equals_the_full_pass(model, tokens):
     n_layers = engine.n_blocks(model)
     with torch.no_grad():
         full = hf.base_model(input_ids=tokens, use_cache=False).last_hidden_state
-        _, _, streams = engine.run_decoder(hf, input_ids=tokens, record=range(n_layers))
+        _, _, streams = passes.run_decoder(hf, input_ids=tokens, record=range(n_layers))
         positions = torch.arange(tokens.shape[1]).unsqueeze(0)
         for first in range(n_layers):
-            hidden, _ = engine.run_blocks(model, streams[first], first=first, position_ids=positions,
-                                          cache=engine.empty_cache(model), keep_cache=True)
+            hidden, _ = passes.run_blocks(model, streams[first], first=first, position_ids=positions,
+                                          cache=passes.empty_cache(model), keep_cache=True)
             assert torch.equal(engine.decoder_norm(model, hidden), full)
         # two copies of the batch: one from block 0, one joining at the last block
         last = n_layers - 1
-        hidden, _ = engine.run_blocks(model, streams[0], first=0, position_ids=positions,
-                                      cache=engine.empty_cache(model), keep_cache=False,
+        hidden, _ = passes.run_blocks(model, streams[0], first=0, position_ids=positions,
+                                      cache=passes.empty_cache(model), keep_cache=False,
                                       join=lambda l, d: streams[l] if l == last else None)
         both = engine.decoder_norm(model, hidden)
     assert both.shape[0] == 2 * len(tokens)
@@ -81,10 +83,10 @@ def test_a_pass_from_block_l_equals_the_full_pass(model, tokens):
 def test_decoder_pass_is_the_base_model(model, tokens):
     hf = engine.hf_module(model)
     with torch.no_grad():
-        hidden, cache = engine.decoder_pass(model, tokens)
+        hidden, cache = passes.decoder_pass(model, tokens)
         ref = hf.base_model(input_ids=tokens, use_cache=False).last_hidden_state
     assert torch.equal(hidden, ref)
-    assert len(engine.filled_cache_layers(cache)) == engine.n_blocks(model)
+    assert len(adapter.filled_cache_layers(cache)) == engine.n_blocks(model)
 
 
 def test_the_prefix_runner_equals_full_passes(tiny_qwen2, model):
@@ -95,10 +97,67 @@ def test_the_prefix_runner_equals_full_passes(tiny_qwen2, model):
     prompts = ds.PromptSet.build(ft.yu_lora_data(n_train=0, n_test=12, seed=0, fewshot=2)["test"],
                                  tiny_qwen2.tokenizer)
     runner = engine.PrefixRunner(model, prompts, batch_size=8)
-    assert any(p >= engine.MIN_SHARED_PREFIX for p, _ in runner.plan)  # the prefix is shared
+    assert any(p >= prefix_plan.MIN_SHARED_PREFIX for p, _ in runner.plan)  # the prefix is shared
     with torch.no_grad():
         for p, index in runner.plan:
             logits, _ = runner.first_step(p, index)
             for row, i in enumerate(index):
                 ref = reference_logits(model, torch.tensor([prompts.input_ids[i]]))[0, -1].float()
                 torch.testing.assert_close(logits[row], ref, rtol=0, atol=1e-5)
+
+
+def test_greedy_tokens_equal_hf_generate(model, tokens):
+    """greedy_tokens (decoding on the growing KV cache) against transformers' generate."""
+    hf = engine.hf_module(model)
+    ids = tokens[:1]
+    with torch.no_grad():
+        ref = hf.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+        got = [int(t) for _, t in zip(range(6), engine.greedy_tokens(model, ids))]
+    assert got == ref.tolist()
+
+
+def test_shared_prefix_logits_equal_the_full_pass(model, tokens):
+    ref = reference_logits(model, tokens)
+    with torch.no_grad():
+        for shared in (0, 4, 7):
+            out = engine.shared_prefix_logits(model, tokens, shared, keep=2)
+            torch.testing.assert_close(out, ref[:, -2:], rtol=0, atol=1e-5)
+
+
+def test_stacked_conditions_equal_one_full_pass_each(model, tokens):
+    """condition_pass and answer_pass (conditions stacked along the batch, prefix shared)
+    against one full pass per condition with the condition's hooks."""
+    def scale(f):
+        def fn(act, hook):
+            return act * f
+        fn.position_invariant = True
+        return fn
+
+    conditions = [[], [("blocks.0.hook_mlp_out", scale(0.0))], [("blocks.1.hook_attn_out", scale(2.0))]]
+    refs = []
+    for hooks in conditions:
+        with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+            refs.append(reference_logits(model, tokens)[:, -1])
+    ref = torch.cat(refs)
+    with torch.no_grad():
+        for shared in (0, 7):
+            torch.testing.assert_close(engine.condition_pass(model, tokens, conditions, shared), ref, rtol=0, atol=1e-5)
+    # answer_pass: hooks at the last position only, on the cached earlier positions
+    last_only = [[(n, _last(f)) for n, f in c] for c in conditions]
+    refs = []
+    for hooks in last_only:
+        with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+            refs.append(reference_logits(model, tokens)[:, -1])
+    with torch.no_grad():
+        base = engine.shared_prefix_cache(model, tokens[:, :-1])
+        with model.hooks(fwd_hooks=engine.stacked_hooks(last_only, len(tokens))):
+            got = engine.answer_pass(model, tokens[:, -1:], base, len(conditions))
+    torch.testing.assert_close(got, torch.cat(refs), rtol=0, atol=1e-5)
+
+
+def _last(fn):
+    """``fn`` applied at the last position only."""
+    def last(act, hook):
+        act[:, -1:] = fn(act[:, -1:], hook)
+        return act
+    return last

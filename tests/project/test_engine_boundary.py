@@ -1,7 +1,8 @@
 """The engine is the only code that touches the internals of transformers and
 TransformerLens (issue 31): key/value caches, causal masks, rotary embeddings, decoder
 blocks called on their own, forward arguments such as ``logits_to_keep``, and the HF
-model's or the bridge's private attributes. Every method runs its passes through
+model's or the bridge's private attributes; nor does any build, copy, crop or keep a
+key/value cache through the engine's cache-level helpers. Every method runs its passes through
 ``arithlib.engine``; this test fails when a module outside it reaches past the engine.
 
 Two modules own a model rather than run a method on one and are listed: ``models.py``
@@ -25,6 +26,13 @@ INTERNALS = [
     r"rotary_emb", r"causal_mask", r"\brun_block\b", r"\bcache_kwargs\b", r"\boutput_cache\b", r"\bnew_cache\b",
     r"\.base_model\b", r"get_decoder\(", r"\boriginal_model\b", r"_original_component", r"register_forward_(pre_)?hook",
     r"hf_compat", r"engine\.adapter", r"from \.adapter", r"\.layers\[",
+]
+
+#: Key/value caches are the engine's: no method builds, copies, crops or keeps one (the
+#: engine's runs hand back logits, hidden states and recorded runs instead).
+CACHES = [
+    r"\bkeep_cache\b", r"\b(cache_layers|filled_cache_layers|empty_cache|prefix_cache|repeat_cache|repeat_rows_)\b",
+    r"\b(select_cache_rows|truncate_cache|decoder_pass|run_blocks|run_decoder)\b", r"engine\.(passes|prefix|answer|recorded)\b",
 ]
 
 
@@ -58,7 +66,7 @@ def offenders() -> dict[str, list[str]]:
         if rel.parts[0] == "engine" or str(rel) in OWNERS:
             continue
         code = _code(path)
-        hits = [p for p in INTERNALS if re.search(p, code)]
+        hits = [p for p in INTERNALS + CACHES if re.search(p, code)]
         if hits:
             found[str(rel)] = hits
     return found
@@ -75,10 +83,12 @@ def test_the_check_sees_an_offender(tmp_path):
     (bad / "engine").mkdir(parents=True)
     (bad / "method.py").write_text('"""uses logits_to_keep in a docstring only"""\n'
                                    "def f(hf, x):\n    return hf(x, use_cache=True, logits_to_keep=1)\n")
+    (bad / "kv.py").write_text("from .engine import forward\n"
+                               "def h(model, x):\n    return forward(model, x, keep_cache=True).cache\n")
     (bad / "clean.py").write_text('"""names past_key_values in a docstring"""\n# and rotary_emb in a comment\n'
                                   "def g(model, x):\n    return model(x)\n")
     globals()["ROOT"], old = bad, ROOT
     try:
-        assert set(offenders()) == {"method.py"}
+        assert set(offenders()) == {"method.py", "kv.py"}
     finally:
         globals()["ROOT"] = old
