@@ -346,7 +346,7 @@ def smallest_faithful_k(curve: pd.DataFrame, target: float = 0.9, column: str = 
 
 
 def masked_mean_hooks(masks: dict[int, torch.Tensor], means: torch.Tensor, layers: Sequence[int]) -> HookFactory:
-    """A hook factory for :class:`AnswerPositionRunner` that mean-ablates, at the answer
+    """A hook factory for :class:`arithlib.engine.AnswerPositionRunner` that mean-ablates, at the answer
     position, a different set of neurons for each prompt: ``masks[layer]`` is a bool
     [N, d_mlp] over the runner's prompts (True = ablate)."""
     pos = {int(x): i for i, x in enumerate(layers)}

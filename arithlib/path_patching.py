@@ -169,7 +169,7 @@ def path_patch_end(model, resid: torch.Tensor, attn_out: torch.Tensor, z_clean: 
 
 
 def path_end_captures(n_layers: int, attention: bool = False) -> dict[str, Callable]:
-    """Capture spec for :func:`clean_run` of the clean prompts in path patching: z and
+    """Capture spec for :func:`arithlib.engine.clean_run` of the clean prompts in path patching: z and
     attention output of every layer at the last position (and the END query's
     attention pattern ``[B, H, T]`` when ``attention``)."""
     spec: dict[str, Callable] = {}
