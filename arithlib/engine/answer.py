@@ -1,15 +1,16 @@
 """Runs that re-read the answer (last) position under interventions: the prompts'
 earlier positions run once and are kept as keys and values, and each intervention costs
 one token per prompt. In a causal model nothing before the last position depends on it,
-so this equals a full pass with the intervention at the last position (tested,
-``tests/unit/test_neurons.py``, ``tests/unit/test_cna.py``).
+so this equals a full pass with the intervention at the last position (tested:
+``tests/equivalence/test_engine_passes.py``, ``tests/unit/test_neurons.py``,
+``tests/unit/test_cna.py``).
 
 Several interventions (*conditions*) share one pass: the batch is repeated once per
 condition (condition-major rows, :func:`stacked_hooks`), so the weights are read once
 for all of them (a pass of few rows is bound by reading the weights on a CPU).
 
 * :class:`AnswerPositionRunner`: every prompt's prefix once, kept per batch, for many
-  later passes (Nikankin's neuron ablations, notebook 03; the LoRA/SFT readouts);
+  later passes (Nikankin's neuron ablations and circuits, notebook 03);
 * :func:`shared_prefix_cache`, :func:`answer_pass`, :func:`condition_pass`: the passes of
   :mod:`arithlib.answer_runs` (CNA's runs under many conditions, Yu & Ananiadou Sec. 4).
 """
