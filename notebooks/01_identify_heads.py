@@ -115,6 +115,7 @@ import torch
 from IPython.display import Markdown, display
 
 import arithlib.datasets as ds
+import arithlib.engine as engine
 import arithlib.head_sweep as HS
 import arithlib.activation_patching as activation_patching
 import arithlib.knockouts as knockouts
@@ -207,7 +208,7 @@ with timed("1 path patching"):
     save_table(zhang_acc, run.out, "01_zhang_accuracy")
     print(f"{len(cand)} candidates, {len(correct)} answered correctly, {len(xr)} used for path patching")
     has_zhang = len(xr) > 0
-    xr_cache = patching.RunCache()  # clean runs of X_r, reused by the knockout
+    xr_cache = engine.RunCache()  # clean runs of X_r, reused by the knockout
     if has_zhang:
         # how much calculation X_c still carries: the new prefix vs the old one (true answers), same X_r
         key_of = lambda r: (r.op, r.template_id, r.a, r.b)  # noqa: E731
@@ -401,9 +402,9 @@ if has_zhang:
 # head on every prompt of one setting (`yu_recall_setting`), and on the toy model in the
 # tests.
 #
-# The engine (`arithlib.head_sweep`) runs the shared few-shot prefix once per head, then
-# only the query tokens, starting at the head's layer from the recorded residual stream,
-# all heads of a layer in one batch; it is tested equal to a full forward pass with the
+# The sweep (`arithlib.head_sweep`, on the engine's `run_from`) runs the shared few-shot
+# prefix once per head, then only the query tokens, starting at the head's layer from the
+# recorded residual stream, all heads of a layer in one batch; it is tested equal to a full forward pass with the
 # head zeroed (`tests/equivalence/test_head_sweep.py`).
 
 # %%
@@ -531,7 +532,7 @@ with timed("6 circuit patching"):
     if has_nk:
         names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
         pos = positions.named_positions(positions.locate_operands(nk), names)
-        nk_cache = patching.RunCache()
+        nk_cache = engine.RunCache()
         nk_args = dict(code=["activation_patching"], model=bridge, prompts=nk, positions=pos, batch_size=batch_size, max_rows=max_rows)
         ie_all = store("coarse-to-fine patching", lambda: activation_patching.coarse_to_fine_patching(
             bridge, nk, pos, nikankin_refine, batch_size=batch_size, max_rows=max_rows, cache=nk_cache),

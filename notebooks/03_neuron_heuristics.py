@@ -110,6 +110,7 @@ import torch
 from IPython.display import Markdown, display
 
 import arithlib.datasets as ds
+import arithlib.engine as engine
 import arithlib.heuristics as H
 import arithlib.neurons as N
 import arithlib.activation_patching as activation_patching
@@ -146,7 +147,7 @@ print("analysed MLP layers:", layers)
 
 # %% [markdown]
 # `threads`: the interventions below re-run only the answer position (one token per prompt,
-# `arithlib.neurons.AnswerPositionRunner`), which is many small matrix products. On free
+# `arithlib.engine.AnswerPositionRunner`), which is many small matrix products. On free
 # cores torch's default (a thread per core) was the faster choice in `benchmarks/threads.py`
 # (the measured times are in `benchmarks/RESULTS.md`, in the paragraph on notebook 03's
 # `threads`). On a CPU that other jobs share, one thread can be faster; set `threads = 1`
@@ -309,7 +310,7 @@ for op in analyses:
     cand += ds.nikankin_prompts([op], max_operand=operand_ranges[op][1], n_per_op=circuit_candidates, seed=seed,
                                 fewshot=fewshot)
 cand = ds.PromptSet.build([r for r in cand if (r.op, r.a, r.b) not in held_keys], tok)
-cand_ok = cand.subset(np.flatnonzero(N.AnswerPositionRunner(bridge, cand, batch_size=batch_size).greedy_correct()).tolist())
+cand_ok = cand.subset(np.flatnonzero(engine.AnswerPositionRunner(bridge, cand, batch_size=batch_size).greedy_correct()).tolist())
 sel = positions.sample_per_group(cand_ok, circuit_select_per_op, ("op",), seed) if len(cand_ok) else cand_ok
 print(f"head patching: {len(cand)} candidate prompts (held-out ones removed), {len(cand_ok)} correct, {len(sel)} used")
 if not len(sel):
