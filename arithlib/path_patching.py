@@ -309,3 +309,20 @@ def key_heads(mean_frame: pd.DataFrame, threshold: float = KEY_HEAD_THRESHOLD) -
     sorted by effect (most negative first)."""
     heads = mean_frame[mean_frame["kind"] == "head"]
     return heads[heads["effect"] < threshold].sort_values("effect").reset_index(drop=True)
+
+
+def stored_key_heads(table: pd.DataFrame, threshold: float = KEY_HEAD_THRESHOLD) -> pd.DataFrame:
+    """The key heads notebook 01 reports, read back from its stored table
+    (``01_path_patching.csv``: :func:`mean_effects` per operator plus the rows pooled
+    over operators, ``op`` "all"; MLP rows have ``kind`` "mlp" and ``head`` -1):
+    :func:`key_heads` of the pooled rows. Other notebooks (02) read key heads through
+    this, so one rule defines them."""
+    missing = {"op", "kind", "layer", "head", "effect"} - set(table.columns)
+    if missing:
+        raise ValueError(f"path-patching table lacks column(s) {sorted(missing)}; expected notebook 01's "
+                         "01_path_patching.csv (rerun notebook 01 to write it)")
+    pooled = table[table["op"].astype(str) == "all"]
+    if pooled.empty:
+        raise ValueError("path-patching table has no rows pooled over operators (op 'all'); expected notebook "
+                         "01's 01_path_patching.csv (rerun notebook 01 to write it)")
+    return key_heads(pooled, threshold)

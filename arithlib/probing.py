@@ -47,7 +47,6 @@ from tqdm.auto import tqdm
 from .datasets import PromptSet
 from .engine import PrefixRunner
 from .evaluate import continues_number
-from .papers import KEY_HEAD_THRESHOLD
 from .readout import unembedding
 
 #: Activation kinds cached at the answer position and the bridge hook of each
@@ -444,24 +443,6 @@ def stratified_indices(prompts: PromptSet, n_total: int, by: str = "op", seed: i
         idx = groups[key]
         out += rng.choice(idx, size=min(per, len(idx)), replace=False).tolist() if len(idx) > per else list(idx)
     return sorted(int(i) for i in out)
-
-
-def key_head_layers(frame: pd.DataFrame, threshold: float = KEY_HEAD_THRESHOLD) -> pd.DataFrame:
-    """Key heads of a path-patching table (Zhang et al. Sec. 4: effect below -5 %):
-    rows of ``frame`` (columns ``layer``, ``head`` and ``effect``; a ``head`` of "mlp"
-    marks an MLP row and is skipped) with ``effect < threshold``, one row per
-    (layer, head) with its most negative effect, sorted by layer."""
-    missing = {"layer", "head", "effect"} - set(frame.columns)
-    if missing:
-        raise ValueError(f"path-patching table lacks column(s) {sorted(missing)}")
-    heads = frame[frame["head"].astype(str).str.lower() != "mlp"].copy()
-    heads = heads[pd.to_numeric(heads["effect"], errors="coerce") < threshold]
-    if heads.empty:
-        return pd.DataFrame(columns=["layer", "head", "effect"])
-    heads["layer"] = heads["layer"].astype(int)
-    heads["head"] = heads["head"].astype(int)
-    out = heads.groupby(["layer", "head"], as_index=False)["effect"].min()
-    return out.sort_values(["layer", "head"]).reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- Fig. 6c single case

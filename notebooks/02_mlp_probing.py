@@ -103,6 +103,7 @@ from IPython.display import Markdown, display
 
 import arithlib.datasets as ds
 import arithlib.lens as lens
+import arithlib.path_patching as path_patching
 import arithlib.plots.probing as plots
 import arithlib.probing as probing
 from arithlib.models import load_model
@@ -168,8 +169,8 @@ def key_layers_of(out: Path) -> tuple[pd.DataFrame | None, list[int]]:
     path = out / "01_path_patching.csv"
     if not path.exists():
         return None, []
-    heads = probing.key_head_layers(pd.read_csv(path))  # Zhang's -5 %
-    return heads, sorted(heads.layer.unique().tolist())
+    heads = path_patching.stored_key_heads(pd.read_csv(path))  # notebook 01's key heads (Zhang's -5 %, pooled)
+    return heads, sorted(int(layer) for layer in heads.layer.unique())
 
 
 def cosine_study(loaded, ps, cache):
@@ -190,7 +191,7 @@ if key_heads is None:
     print("01_path_patching.csv is absent from", run.out, "- the comparison with key-head layers is skipped "
           "(run notebook 01 first to get it).")
 else:
-    print(f"key heads (effect < -5 %) from notebook 01: {len(key_heads)} in layers {key_layers}")
+    print(f"key heads of notebook 01 (pooled effect < -5 %): {len(key_heads)} in layers {key_layers}")
 if cos_results[model] is None:
     print("no correct prompts: section 1 is skipped")
 else:
@@ -455,6 +456,8 @@ def findings(name: str) -> list[str]:
                 out.append(f"- Key heads of notebook 01 sit in layers {key_layers}; {len(inside)} of those "
                            f"{len(key_layers)} layers lie in the climb of {probing.COSINE_MEASURES[m][2]} "
                            f"(layers {int(r.start)}..{int(r.peak)}).")
+        elif name == model and key_heads is not None:
+            out.append("- Notebook 01 found no key heads (pooled effect < -5 %): no comparison with key-head layers.")
         elif name == model:
             out.append("- No 01_path_patching.csv in the figures folder: no comparison with key-head layers.")
     for res, (vec, c2f) in [(res, pair) for res in case_results[name]

@@ -778,3 +778,39 @@ def test_knockout_screen_agreement_counts_what_the_screen_also_breaks():
     assert out.loc["effect", "broken_by_query"] == 2 and out.loc["effect", "recall_of_end"] == 0.5
     assert out.loc["effect", "agreement"] == 0.5 and out.loc["effect", "accuracy_end"] == 0.5
     assert out.loc["none", "recall_of_end"] == 0.0 and out.loc["none", "agreement"] == 1.0
+
+
+def _stored_path_patching_table() -> pd.DataFrame:
+    """A table laid out as notebook 01 stores ``01_path_patching.csv``: per-operator
+    rows, rows pooled over operators (op "all"), MLP rows with kind "mlp" and head -1."""
+    rows = [
+        # op, kind, layer, head, effect
+        ("+", "head", 2, 1, -0.09), ("-", "head", 2, 1, -0.03), ("all", "head", 2, 1, -0.06),  # key (pooled)
+        ("+", "head", 3, 0, -0.12), ("-", "head", 3, 0, 0.02), ("all", "head", 3, 0, -0.04),   # key for "+" only
+        ("+", "mlp", 4, -1, -0.20), ("-", "mlp", 4, -1, -0.10), ("all", "mlp", 4, -1, -0.15),  # an MLP
+        ("+", "head", 1, 3, -0.06), ("-", "head", 1, 3, -0.08), ("all", "head", 1, 3, -0.07),  # key (pooled)
+    ]
+    frame = pd.DataFrame(rows, columns=["op", "kind", "layer", "head", "effect"])
+    frame["component"] = [f"MLP{r.layer}" if r.kind == "mlp" else f"L{r.layer}H{r.head}" for r in frame.itertuples()]
+    return frame
+
+
+def test_stored_key_heads_are_notebook_01s_pooled_key_heads():
+    """Notebook 02 reads notebook 01's key heads from the stored table; they are the
+    pooled rule's heads (what notebook 01 reports), never an MLP row (head -1) nor a head
+    below the threshold for one operator only. (The rule notebook 02 used before
+    counted both: it called Qwen-0.5B's MLPs 15-20 key heads where notebook 01 found none.)"""
+    table = _stored_path_patching_table()
+    got = PP.stored_key_heads(table)
+    want = PP.key_heads(table[table.op == "all"])
+    assert got[["layer", "head"]].values.tolist() == want[["layer", "head"]].values.tolist() == [[1, 3], [2, 1]]
+    assert (got["kind"] == "head").all()
+    assert got["effect"].tolist() == [-0.07, -0.06]
+
+
+def test_stored_key_heads_rejects_a_table_that_is_not_notebook_01s():
+    table = _stored_path_patching_table()
+    with pytest.raises(ValueError, match="lacks column"):
+        PP.stored_key_heads(table.drop(columns="kind"))
+    with pytest.raises(ValueError, match="pooled over operators"):
+        PP.stored_key_heads(table[table.op != "all"])

@@ -161,16 +161,6 @@ def test_curve_points_monotone_and_fall():
         P.curve_points([0, 1], direction="up")
 
 
-def test_key_head_layers():
-    frame = pd.DataFrame({"layer": [3, 3, 5, 7, 7], "head": ["1", "mlp", "2", "0", "0"],
-                          "op": ["+", "+", "+", "+", "-"], "effect": [-0.2, -0.5, -0.01, -0.06, -0.1]})
-    k = P.key_head_layers(frame)
-    assert k[["layer", "head"]].values.tolist() == [[3, 1], [7, 0]]
-    assert k.loc[k.layer == 7, "effect"].item() == -0.1
-    with pytest.raises(ValueError, match="lacks"):
-        P.key_head_layers(frame.drop(columns="effect"))
-
-
 def test_number_projection_and_coarse_to_fine():
     d, layers = 10, 4
     W_U = torch.eye(d)
