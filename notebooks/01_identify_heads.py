@@ -404,8 +404,8 @@ if has_zhang:
 #
 # The sweep (`arithlib.head_sweep`, on the engine's `run_from`) runs the shared few-shot
 # prefix once per head, then only the query tokens, starting at the head's layer from the
-# recorded residual stream, all heads of a layer in one batch; it is tested equal to a full forward pass with the
-# head zeroed (`tests/equivalence/test_head_sweep.py`).
+# recorded residual stream, all heads of a layer in one batch; it is tested equal to a
+# full forward pass with the head zeroed (`tests/equivalence/test_head_sweep.py`).
 
 # %%
 with timed("5 head sweep"):
