@@ -35,8 +35,15 @@ N_BOOT = 2000
 BOOT_SEED = 0
 
 REPRODUCED, PARTLY, NOT_REPRODUCED = "reproduced", "partly", "not reproduced"
-#: The interval straddles a threshold of the rule: more prompts are needed to decide.
+#: The interval straddles a threshold of the rule and more prompts from the same population
+#: would decide (the report estimates how many: :func:`prompts_to_decide`).
 INCONCLUSIVE = "inconclusive"
+#: The interval straddles a threshold and the population of prompts is exhausted (every
+#: 1-digit operand pair, every profession of a fixed list): this model cannot decide it.
+UNDECIDABLE = "undecidable here"
+#: A premise the finding builds on failed on this model (named in the text): the test does
+#: not apply, which is not the same as "not reproduced".
+NOT_APPLICABLE = "not applicable"
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,28 @@ def interval_verdict(ci: Interval, full: float, partial: float, higher_is_better
     if lo >= partial and hi < full:
         return PARTLY
     return INCONCLUSIVE
+
+
+def prompts_to_decide(ci: Interval, thresholds: Sequence[float]) -> int | None:
+    """Prompts an interval would need to stop straddling the ``thresholds`` that lie inside
+    it, if its estimate stayed put and each side shrank as 1/sqrt(n): ``n * max_t
+    (side_t / |estimate - t|)^2`` over the thresholds t inside [low, high], where side_t is
+    the interval's reach from the estimate towards t. ``ci.n`` when no threshold lies
+    inside; None when the interval is not finite or the estimate sits on a threshold (no
+    number of prompts separates them)."""
+    est, lo, hi = ci.estimate, ci.low, ci.high
+    if not all(np.isfinite(x) for x in (est, lo, hi)) or ci.n < 1:
+        return None
+    factor = 1.0
+    for t in thresholds:
+        if not lo <= t <= hi:
+            continue
+        dist = abs(est - t)
+        side = (est - lo) if t < est else (hi - est)
+        if dist == 0 or side <= 0:
+            return None
+        factor = max(factor, (side / dist) ** 2)
+    return int(np.ceil(round(ci.n * factor, 6)))  # round: no extra prompt from float noise
 
 
 def n_for_half_width(p: float, half_width: float, level: float = LEVEL) -> int:

@@ -32,7 +32,7 @@ import argparse
 from typing import Sequence
 
 from ..papers import CLEAR_GAP, HALF, NOISE_GAP, PAPERS, PAPERS_SHORT
-from ..stats import INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED
+from ..stats import INCONCLUSIVE, NOT_APPLICABLE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE
 from .cross_model import (CROSS_CURVES, CROSS_METRICS, README_END, README_START, TOY_FOLDER, cross_model_curves,
                           cross_model_metrics, cross_model_table, model_folders, n_params, replace_readme_block,
                           size_order, size_trend, size_trends, verdict_markdown, verdict_table, write_cross_model)
@@ -40,12 +40,12 @@ from .findings import FINDINGS, findings_table, judge, smoke_test_reason
 from .render import (RULES_TEXT, _summary_counts, environment_lines, markdown_table, notebook_anchor, notebook_links, notebook_verdicts,
                      report_html, report_markdown, write_report)
 from .rules import Finding, Outcome
-from .tables import ERROR, NOT_JUDGED, NOT_RUN, NOTEBOOKS, VERDICTS, MissingTable, NotRun, Tables
+from .tables import ERROR, NOT_JUDGED, NOT_RUN, NOTEBOOKS, VERDICTS, MissingTable, NotApplicable, NotRun, Tables
 
 __all__ = ["CLEAR_GAP", "CROSS_CURVES", "CROSS_METRICS", "ERROR", "FINDINGS", "HALF", "INCONCLUSIVE", "NOISE_GAP",
-           "NOTEBOOKS", "NOT_JUDGED", "NOT_REPRODUCED", "NOT_RUN", "PAPERS", "PAPERS_SHORT", "PARTLY",
-           "README_END", "README_START", "REPRODUCED", "RULES_TEXT", "TOY_FOLDER", "VERDICTS", "Finding",
-           "MissingTable", "NotRun", "Outcome", "Tables", "cross_model_curves", "cross_model_metrics",
+           "NOTEBOOKS", "NOT_APPLICABLE", "NOT_JUDGED", "NOT_REPRODUCED", "NOT_RUN", "PAPERS", "PAPERS_SHORT", "PARTLY",
+           "README_END", "README_START", "REPRODUCED", "RULES_TEXT", "TOY_FOLDER", "UNDECIDABLE", "VERDICTS",
+           "Finding", "MissingTable", "NotApplicable", "NotRun", "Outcome", "Tables", "cross_model_curves", "cross_model_metrics",
            "cross_model_table", "environment_lines", "findings_table", "judge", "main", "markdown_table",
            "model_folders", "n_params", "notebook_anchor", "notebook_links", "notebook_verdicts",
            "replace_readme_block", "report_html", "report_markdown", "size_order", "size_trend", "size_trends",

@@ -11,8 +11,9 @@ import pandas as pd
 from ..papers import (FAITHFULNESS_TARGET, HALF, NIKANKIN_FAITHFULNESS, NIKANKIN_MATCH_T, NIKANKIN_NEURON_SHARE,
                       NIKANKIN_TXT, PAPERS, YU_TXT, ZHANG_PRECISE_MARGIN, ZHANG_TXT)
 from .nikankin import _nikankin_faithfulness, _nikankin_heuristic_ablation, _nikankin_prompt_ablation
-from .rules import Finding, Outcome, _interval_cell
-from .tables import ERROR, NOT_JUDGED, NOT_RUN, NotRun, Tables
+from ..stats import NOT_APPLICABLE
+from .rules import Finding, Outcome, _interval_cell, settle_inconclusive
+from .tables import ERROR, NOT_JUDGED, NOT_RUN, NotApplicable, NotRun, Tables
 from .yu import _yu_gender, _yu_lora_coef, _yu_lora_layers, _yu_mask_keep, _yu_pruning, _yu_shallow, _yu_single_head
 from .zhang import (_zhang_key_heads, _zhang_knockout, _zhang_late_mlps, _zhang_mlp_answer, _zhang_precise_sft,
                     _zhang_transfer)
@@ -219,15 +220,21 @@ def smoke_test_reason(finding: Finding, tables: Tables) -> str | None:
 
 
 def judge(finding: Finding, tables: Tables) -> Outcome:
-    """Apply one finding to a folder; a missing table or a skipped study is 'not run', an
-    exception in the computation is 'error' (also printed to stderr), and numbers measured
-    at smoke-test sizes (:func:`smoke_test_reason`) are shown but 'not judged'."""
+    """Apply one finding to a folder; a missing table or a skipped study is 'not run', a
+    failed premise 'not applicable', an exception in the computation is 'error' (also
+    printed to stderr), and numbers measured at smoke-test sizes
+    (:func:`smoke_test_reason`) are shown but 'not judged'. An inconclusive interval is
+    told apart from an undecidable one (:func:`settle_inconclusive`)."""
     try:
         out = finding.compute(tables)
         reason = smoke_test_reason(finding, tables)
-        return out if reason is None else Outcome(f"{reason}: {out.ours}", NOT_JUDGED, out.metrics, out.interval)
+        if reason is not None:
+            return Outcome(f"{reason}: {out.ours}", NOT_JUDGED, out.metrics, out.interval)
+        return settle_inconclusive(out)
     except NotRun as err:
         return Outcome(str(err), NOT_RUN)
+    except NotApplicable as err:
+        return Outcome(str(err), NOT_APPLICABLE)
     except Exception as err:  # a malformed table must not stop the report: shown, not hidden
         print(f"arithlib.report: {finding.id}: {type(err).__name__}: {err}", file=sys.stderr)
         return Outcome(f"could not compute ({type(err).__name__}: {err})", ERROR)

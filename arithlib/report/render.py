@@ -97,7 +97,11 @@ RULES_TEXT = ("Verdicts are computed, never typed in: each finding's rule is fix
               f"{100 * NOISE_GAP:.0f} points in the paper's direction is 'partly'. Each rule is judged on the 95 % "
               "interval of the number it reads (exact binomial for an accuracy, a bootstrap over prompts otherwise): "
               "a verdict is given only when the whole interval lies on one side of every threshold, and an interval "
-              "that straddles a threshold gives 'inconclusive' (more prompts would decide). Missing tables give "
+              "that straddles a threshold gives 'inconclusive' when more prompts from the same population would decide "
+              "(the report estimates how many) and 'undecidable here' when that population is exhausted (every "
+              "1-digit operand pair, a fixed list of professions). A finding whose premise fails on the model (no "
+              "arithmetic-specific head, a baseline accuracy that cannot carry the test) is 'not applicable', with "
+              "the premise named. Missing tables give "
               "'not run'; numbers measured at smoke-test sizes (a notebook's quick mode, fine-tuning at scale "
               "'quick') are shown but 'not judged'; a computation that fails gives 'error'.")
 

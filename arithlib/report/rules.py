@@ -4,15 +4,15 @@ and per-prompt correctness matrices."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from ..papers import NOISE_GAP
-from ..stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, binomial_ci, decode_correct,
-                     interval_verdict)
+from ..stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE, Interval, binomial_ci,
+                     decode_correct, interval_verdict, prompts_to_decide)
 from .tables import Tables
 
 # --------------------------------------------------------------------------- findings
@@ -29,6 +29,13 @@ class Outcome:
     #: 95 % interval of the headline metric (the first of ``metrics``) that the verdict reads;
     #: None only for a finding whose rule reads no estimate (not run, error).
     interval: Interval | None = None
+    #: The rule's thresholds on the headline interval, in its units: where the interval
+    #: straddles one, :func:`settle_inconclusive` estimates the prompts that would decide.
+    thresholds: tuple[float, ...] = ()
+    #: The size of the population the interval's unit is drawn from when it is finite and
+    #: known (every 1-digit operand pair, a fixed list of professions); None when more
+    #: prompts can always be drawn.
+    population: int | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,25 @@ class Finding:
     notebook: str         # "01"...
     compute: Callable[[Tables], Outcome]
     figures: tuple[str, ...] = ()  # the PNGs (names without suffix) that show it, beside it in REPORT.md
+
+
+def settle_inconclusive(out: Outcome) -> Outcome:
+    """An *inconclusive* outcome told apart: *undecidable here* when the prompts that would
+    decide (:func:`arithlib.stats.prompts_to_decide` on the headline interval and the
+    rule's thresholds) exceed the population the unit is drawn from, else *inconclusive*
+    with that estimate in the text. Other verdicts pass unchanged."""
+    if out.verdict != INCONCLUSIVE or out.interval is None:
+        return out
+    ci = out.interval
+    need = prompts_to_decide(ci, out.thresholds) if out.thresholds else None
+    if out.population is not None and (need is None or need > out.population):
+        return replace(out, ours=f"{out.ours}; undecidable here: the interval straddles a threshold with {ci.n} of "
+                                 f"the {out.population} possible cases measured"
+                                 + (f" and about {need:,} needed" if need is not None else ""),
+                       verdict=UNDECIDABLE)
+    if need is not None and need > ci.n:
+        return replace(out, ours=f"{out.ours}; about {need:,} prompts (now {ci.n:,}) would decide")
+    return replace(out, ours=f"{out.ours}; more prompts would decide")
 
 
 def _grade(full: bool, partial: bool) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..stats import INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED
+from ..stats import INCONCLUSIVE, NOT_APPLICABLE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE
 
 NOT_RUN = "not run"
 #: A finding measured at smoke-test sizes (a notebook's ``quick`` mode, or fine-tuning at
@@ -16,9 +16,10 @@ NOT_RUN = "not run"
 NOT_JUDGED = "not judged"
 #: A finding whose computation raised (a bug or a malformed table), kept apart from "not run".
 ERROR = "error"
-VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, INCONCLUSIVE, NOT_RUN, NOT_JUDGED, ERROR)
+VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, INCONCLUSIVE, UNDECIDABLE, NOT_APPLICABLE, NOT_RUN, NOT_JUDGED,
+            ERROR)
 #: Verdicts counted in a summary only where some finding has them.
-_RARE_VERDICTS = (NOT_JUDGED, ERROR)
+_RARE_VERDICTS = (UNDECIDABLE, NOT_APPLICABLE, NOT_JUDGED, ERROR)
 
 NOTEBOOKS: dict[str, str] = {
     "00": "Model accuracy",
@@ -38,6 +39,11 @@ NOTEBOOKS: dict[str, str] = {
 
 class NotRun(Exception):
     """A finding cannot be computed from this folder (the reason is the message)."""
+
+
+class NotApplicable(Exception):
+    """A premise the finding builds on failed on this model (the message names it and gives
+    the numbers that show it): the verdict is *not applicable*, not *not reproduced*."""
 
 
 class MissingTable(NotRun):

@@ -1089,3 +1089,33 @@ def test_precise_sft_rule_does_not_judge_against_a_full_sft_that_did_not_train(t
     _sft_table(tmp_path, 0.45, 0.68, 0.0)
     out = _outcome("zhang_precise_sft", tmp_path)
     assert out.verdict == R.NOT_RUN and "full SFT did not train" in out.ours
+
+
+def test_inconclusive_is_told_apart_from_undecidable_and_carries_the_prompts_that_would_decide():
+    from arithlib.report.rules import settle_inconclusive
+
+    from arithlib.stats import Interval
+
+    ci = Interval(0.30, 0.20, 0.40, 100, "bootstrap")
+    more = settle_inconclusive(R.Outcome("x", R.INCONCLUSIVE, {"m": 0.3}, ci, thresholds=(0.25,)))
+    assert more.verdict == R.INCONCLUSIVE and "about 400 prompts (now 100) would decide" in more.ours
+    spent = settle_inconclusive(R.Outcome("x", R.INCONCLUSIVE, {"m": 0.3}, ci, thresholds=(0.25,), population=100))
+    assert spent.verdict == R.UNDECIDABLE and "100 of the 100 possible cases" in spent.ours
+    enough = settle_inconclusive(R.Outcome("x", R.INCONCLUSIVE, {"m": 0.3}, ci, thresholds=(0.25,), population=1000))
+    assert enough.verdict == R.INCONCLUSIVE
+    unknown = settle_inconclusive(R.Outcome("x", R.INCONCLUSIVE, {"m": 0.3}, ci))
+    assert unknown.verdict == R.INCONCLUSIVE and unknown.ours.endswith("more prompts would decide")
+    done = R.Outcome("x", R.REPRODUCED, {"m": 0.3}, ci, thresholds=(0.25,), population=10)
+    assert settle_inconclusive(done) is done
+
+
+def test_a_failed_premise_is_not_applicable_not_not_reproduced(tmp_path):
+    from arithlib.report.findings import judge
+
+    def premise_fails(t):
+        raise R.NotApplicable("premise failed: the top head also cuts x by 77 %")
+
+    f = R.Finding("x", "yu", "Sec. 4", "claim", "1", "src", "rule", "04", premise_fails)
+    out = judge(f, R.Tables(tmp_path))
+    assert out.verdict == R.NOT_APPLICABLE and "77 %" in out.ours
+    assert R.NOT_APPLICABLE in R.VERDICTS and R.UNDECIDABLE in R.VERDICTS

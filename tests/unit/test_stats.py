@@ -82,3 +82,13 @@ def test_crossed_bootstrap_resamples_rows_and_seeds():
     assert S.bootstrap_ci(lambda x: float(x.mean()), spread).half_width == 0.0  # rows only: no spread at all
     with pytest.raises(ValueError):
         S.crossed_bootstrap_ci(stat, np.ones(3), replicates=same)
+
+
+def test_prompts_to_decide_scales_the_side_towards_the_threshold():
+    ci = S.Interval(0.30, 0.20, 0.40, 100, "bootstrap")
+    assert S.prompts_to_decide(ci, [0.25]) == 400            # (0.10 / 0.05)^2 x 100
+    assert S.prompts_to_decide(ci, [0.35, 0.25]) == 400      # the farther-reaching side decides both
+    assert S.prompts_to_decide(ci, [0.5]) == 100             # no threshold inside: already decided
+    assert S.prompts_to_decide(S.Interval(0.30, 0.10, 0.32, 50, "bootstrap"), [0.31]) == 200  # upper side 0.02 / 0.01
+    assert S.prompts_to_decide(ci, [0.30]) is None           # the estimate on the threshold
+    assert S.prompts_to_decide(S.Interval(0.3, float("nan"), 0.4, 10, "none"), [0.35]) is None
