@@ -28,13 +28,16 @@ from .evaluate import continues_number
 @dataclass
 class LastPosition:
     """What one run leaves at the answer position: prediction, log-probability of the
-    target, and (if captured) resid_mid [N, L, d] and coefficients [N, L, d_mlp]."""
+    target, and (if captured) resid_mid [N, L, d], coefficients [N, L, d_mlp] and, with
+    resid_mid, the final hidden state [N, d] (the last block's output, the final norm's
+    input: CNA's fixed norm scale is read from it)."""
 
     targets: torch.Tensor
     pred: torch.Tensor
     logprob: torch.Tensor
     resid_mid: torch.Tensor | None = None
     coef: torch.Tensor | None = None
+    final_resid: torch.Tensor | None = None
 
     @property
     def correct(self) -> torch.Tensor:
@@ -47,7 +50,8 @@ class LastPosition:
 
 class _Capture:
     """Forward hooks that record resid_mid (resid_pre + attn_out) and MLP coefficients
-    at the last position of every layer; the last call wins."""
+    at the last position of every layer, and with resid_mid the last block's output
+    (``final_resid``); the last call wins."""
 
     def __init__(self, n_layers: int, what: Sequence[str]):
         self.n_layers, self.what, self.store = n_layers, set(what), {}
@@ -60,6 +64,8 @@ class _Capture:
                 hooks.append((f"blocks.{layer}.hook_attn_out", self._save(("attn", layer))))
             if "coef" in self.what:
                 hooks.append((f"blocks.{layer}.mlp.hook_post", self._save(("coef", layer))))
+        if "resid_mid" in self.what:
+            hooks.append((f"blocks.{self.n_layers - 1}.hook_resid_post", self._save(("final",))))
         return hooks
 
     def _save(self, key):
@@ -76,6 +82,7 @@ class _Capture:
         if "resid_mid" in self.what:
             out["resid_mid"] = torch.stack([(self.store[("pre", l)] + self.store[("attn", l)]).to(dev)
                                             for l in range(self.n_layers)], 1)
+            out["final_resid"] = self.store[("final",)].to(dev)
         if "coef" in self.what:
             out["coef"] = torch.stack([self.store[("coef", l)].to(dev) for l in range(self.n_layers)], 1)
         self.store = {}
@@ -101,7 +108,8 @@ def _assemble(n: int, parts: list[tuple[torch.Tensor, dict]], targets: torch.Ten
     if not parts:
         fields = {"pred": torch.empty(0, dtype=torch.long), "logprob": torch.empty(0)}
     return LastPosition(targets=targets, pred=fields.pop("pred"), logprob=fields.pop("logprob"),
-                        resid_mid=fields.get("resid_mid"), coef=fields.get("coef"))
+                        resid_mid=fields.get("resid_mid"), coef=fields.get("coef"),
+                        final_resid=fields.get("final_resid"))
 
 
 def _split_conditions(logits: torch.Tensor, captured: dict[str, torch.Tensor], targets: torch.Tensor,

@@ -47,6 +47,7 @@ from . import cna as C
 from . import general_ability as GA
 from .ablation import is_position_invariant, zero_neurons_hooks
 from .answer_runs import LastPosition, correct_mask, run_last_position
+from .cna_norm import check_norm_reading, run_scales
 from .components import Hook, Neuron
 from .datasets import PromptRecord, PromptSet, load_gender_data
 from .engine import input_device, last_position_logits, stacked_hooks
@@ -432,7 +433,8 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
                             rows_b: Sequence[int], targets: torch.Tensor, *, groups: Sequence[str] | None = None,
                             n_candidates: int | None = 20,
                             n_aggregate: int = 200, exact_layers: Sequence[int] = (), vocab_chunk: int = 8192,
-                            block_elems: int = 2 ** 24, progress: bool = False) -> dict[str, torch.Tensor]:
+                            block_elems: int = 2 ** 24, progress: bool = False,
+                            scale: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """CNA importance (Sec. 4.1) when many cases share few inputs: ``resid`` [G, L, d] and
     ``coef`` [G, L, K] are the answer-position captures of G distinct prompts; case i
     compares input ``rows_a[i]`` with ``rows_b[i]`` for target token ``targets[i]``.
@@ -451,6 +453,8 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
     cost does not grow with the number of cases: about the cost of one prompt in
     :func:`arithlib.cna.exact_importance`). ``exact_layers``: every neuron of these layers
     is exact besides the screen's candidates (to measure the screen's recall there).
+    ``scale`` [G]: each input's fixed final norm scale (``cna.final_scale`` of its own
+    run, the authors' reading); None: each vector's own RMS (the "own" variant).
 
     Returns ``importance`` and ``approx`` [2, N, L, K] (side a, side b; importance NaN
     outside the candidates) and ``base_logprob`` [2, N, L]."""
@@ -471,11 +475,12 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
     approx = torch.full((2, N, L, K), torch.nan)
     base = torch.full((2, N, L), torch.nan)
     stats_by_layer = {}
+    scale = None if scale is None else scale.float().to(device)
     for layer in tqdm(range(L), desc="stage 1", disable=not progress, leave=False):
         r = resid[:, layer].to(device).float()
         m = coef[:, layer].to(device).float()
         stats, _ = C.layer_stats(r, torch.zeros(G, dtype=torch.long, device=device), norm, W_U, b_U,
-                                 vocab_chunk=max(vocab_chunk, 16384))
+                                 vocab_chunk=max(vocab_chunk, 16384), scale=scale)
         gr = C._centre(r, norm) * norm.weight  # [G, d]
         A_t = gr @ w_cols.T  # [G, N]: target logits before scaling, every input x every target
         stats_by_layer[layer] = (stats, A_t)
@@ -484,7 +489,8 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
             g = sides[s]
             st = C.LayerStats(sigma0=stats.sigma0[g], A_w=A_t[g, torch.arange(N)], lse0=stats.lse0[g],
                               pA=stats.pA[g], q=stats.q[g])
-            approx[s, :, layer] = C.first_order_importance(r[g], m[g], values, t, norm, W_U, st).cpu()
+            approx[s, :, layer] = C.first_order_importance(r[g], m[g], values, t, norm, W_U, st,
+                                                           None if scale is None else scale[g]).cpu()
             base[s, :, layer] = (st.A_w / st.sigma0 + beta[t] - st.lse0).cpu()
     # candidates: the screen's, or every neuron
     if n_candidates is None:
@@ -500,7 +506,7 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
         r = resid[:, layer].to(device).float()
         m = coef[:, layer].to(device).float()[:, idx]  # [G, U]
         values = w_out(model, layer).to(device)[idx]
-        rc, v, sigma = C._pair_terms(r, m, values, norm)  # sigma [G, U]
+        rc, v, sigma = C._pair_terms(r, m, values, norm, scale)  # sigma [G, U]
         gr, gv = rc * norm.weight, v * norm.weight
         lse = C.log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems)  # [G, U]
         B_t = gv @ w_cols.T  # [U, N]
@@ -516,7 +522,7 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
 
 def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, genders: Sequence[str] = GENDERS, *,
                n_candidates: int | None = None, n_aggregate: int = 200, exact_layers: Sequence[int] = (),
-               progress: bool = True) -> C.CNAResult:
+               progress: bool = True, norm_reading: str = "final") -> C.CNAResult:
     """CNA between the genders (Sec. 6.2) on Table-22 prompt ``prompt_id``, one case per
     row of ``biased``: run a = the prompt with the row's bias gender, run b = with the
     other gender, target = the profession token; ``result.change[i]`` ranks the
@@ -524,7 +530,10 @@ def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, gende
     are run once and every case shares their captures (:func:`shared_input_importance`).
     ``n_candidates=None`` (default): the exact importance of every neuron (mode "exact");
     an int: the two-stage screen (:func:`screen_candidates`), plus every neuron of
-    ``exact_layers``."""
+    ``exact_layers``. ``norm_reading`` "final": each prompt's vectors are read with its own
+    run's final norm scale (each gender's prompt is its own original run); "own": each
+    vector's own RMS (``cna.NORM_READINGS``)."""
+    check_norm_reading(norm_reading)
     if len(biased) == 0:
         raise ValueError("no biased professions: nothing to compare")
     genders = list(genders)
@@ -537,20 +546,21 @@ def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, gende
     other = [1 - i for i in own]
     out = shared_input_importance(model, run.resid_mid, run.coef, own, other, targets,
                                   groups=list(biased.bias_gender), n_candidates=n_candidates,
-                                  n_aggregate=n_aggregate, exact_layers=exact_layers, progress=progress)
+                                  n_aggregate=n_aggregate, exact_layers=exact_layers, progress=progress,
+                                  scale=run_scales([run], final_norm(model), norm_reading, None)[0])
     lp_final = {}
     with torch.no_grad():
         lp_all = next_token_logprobs(model, tokenizer, texts)
     for side, rows in (("a", own), ("b", other)):
         lp_final[side] = LastPosition(targets=targets, pred=lp_all[rows].argmax(-1),
                                         logprob=lp_all[rows, targets], resid_mid=run.resid_mid[rows],
-                                        coef=run.coef[rows])
+                                        coef=run.coef[rows], final_resid=run.final_resid[rows])
     imp, approx, base = out["importance"], out["approx"], out["base_logprob"]
     return C.CNAResult(importance_a=imp[0], importance_b=imp[1], approx_a=approx[0], approx_b=approx[1],
                        coef_a=run.coef[own], coef_b=run.coef[other], base_logprob_a=base[0], base_logprob_b=base[1],
                        run_a=lp_final["a"], run_b=lp_final["b"], targets=targets,
                        mode="exact" if n_candidates is None else "two_stage",
-                       n_candidates=n_candidates, layers=list(range(run.coef.shape[1])))
+                       n_candidates=n_candidates, layers=list(range(run.coef.shape[1])), norm_reading=norm_reading)
 
 
 def balanced_mean(x: torch.Tensor, groups: Sequence[str] | None = None) -> torch.Tensor:

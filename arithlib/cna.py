@@ -7,10 +7,15 @@ position (Sec. 4.1) is
 
 where x^{l-1} + A^l is the residual stream after layer l's attention ("resid_mid"),
 m_k the neuron's coefficient (its activation, ``blocks.l.mlp.hook_post``) and fc2_k
-its value vector (row k of ``W_out``); p is read through the final norm and the
-unembedding the model actually applies (``ln_final`` with its weight, ``W_U``,
-``b_U``). CNA compares the same neuron between two runs (the original model and a
-model with the key head zeroed, or two inputs) and ranks neurons by the change.
+its value vector (row k of ``W_out``). CNA compares the same neuron between two runs
+(the original model and a model with the key head zeroed, or two inputs) and ranks
+neurons by the change.
+
+How p reads a vector (``norm_reading``, :mod:`arithlib.cna_norm`): every vector, r + m v
+as well as r alone, goes through the final norm with ONE fixed scale per case, s, the RMS
+of the original run's final hidden state at the answer position, for every layer and
+for the compared run (the authors' code; ``"final"``, what the verdicts read); ``"own"``
+normalises each vector by its own RMS (a sensitivity variant).
 
 Computing it for every neuron at once
 -------------------------------------
@@ -18,7 +23,10 @@ With an RMSNorm final norm (LayerNorm: the same after centring), for r = resid_m
 and v = fc2_k::
 
     logits(r + m v) = (A + m B_k) / sigma_k + beta,   A = (g*r) W_U,  B_k = (g*v) W_U,
-    sigma_k^2 = (|r|^2 + 2 m r.v + m^2 |v|^2) / d + eps,   beta = b_U (+ b_ln W_U).
+    beta = b_U (+ b_ln W_U),
+
+where sigma_k = s, the fixed final scale of the case, in the ``"final"`` reading, and
+sigma_k^2 = (|r|^2 + 2 m r.v + m^2 |v|^2) / d + eps in the ``"own"`` reading.
 
 B is prompt-independent ([d_mlp, vocab] per layer), sigma_k is cheap for all neurons,
 but the log-partition needs one pass over the vocabulary per (neuron, prompt). Two
@@ -67,6 +75,7 @@ from .datasets import PromptRecord, PromptSet
 from .engine import input_device
 from .neurons import w_out
 from .papers import DEEP_FROM_FRACTION, YU_GROUPS
+from .cna_norm import check_norm_reading, run_scales
 from .readout import FinalNorm, final_norm, top_tokens, unembedding
 
 
@@ -216,9 +225,6 @@ def key_head_table(sweep: str | Path | pd.DataFrame, selected: pd.DataFrame,
     return pd.DataFrame(rows)
 
 
-# --------------------------------------------------------------------------- forward passes
-
-
 # --------------------------------------------------------------------------- importance: the math
 
 
@@ -244,13 +250,14 @@ class LayerStats:
 
 
 def layer_stats(resid: torch.Tensor, targets: torch.Tensor, norm: FinalNorm, W_U: torch.Tensor, b_U: torch.Tensor,
-                vocab_chunk: int = 16384) -> tuple[LayerStats, torch.Tensor]:
+                vocab_chunk: int = 16384, scale: torch.Tensor | None = None) -> tuple[LayerStats, torch.Tensor]:
     """Baseline statistics of rows ``resid`` [R, d] (one pass over the vocabulary with an
-    online softmax) and log p(target | resid) [R]."""
+    online softmax) and log p(target | resid) [R]. ``scale`` [R]: the fixed norm scale of
+    each row ("final" reading); None: each row's own RMS ("own")."""
     r = _centre(resid.float(), norm)
     d = r.shape[-1]
     gr = r * norm.weight
-    sigma0 = torch.sqrt(r.pow(2).sum(-1) / d + norm.eps)
+    sigma0 = torch.sqrt(r.pow(2).sum(-1) / d + norm.eps) if scale is None else scale.float().to(r.device)
     beta = _beta(norm, W_U, b_U)
     R = r.shape[0]
     m = torch.full((R,), -torch.inf, device=r.device)
@@ -275,25 +282,32 @@ def layer_stats(resid: torch.Tensor, targets: torch.Tensor, norm: FinalNorm, W_U
     return LayerStats(sigma0, A_w, lse0, pA, q), base
 
 
-def _pair_terms(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, norm: FinalNorm):
-    """Centred r and v, r.v [R, K], |r|^2 [R], |v|^2 [K] and sigma [R, K] of r + m v."""
+def _pair_terms(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, norm: FinalNorm,
+                scale: torch.Tensor | None = None):
+    """Centred r and v and the norm scale sigma [R, K] of r + m v: its own RMS, or the
+    row's fixed ``scale`` [R] for every neuron ("final" reading)."""
     r = _centre(resid.float(), norm)
     v = _centre(values.float(), norm)
+    m = coef.float()
+    if scale is not None:
+        return r, v, scale.float().to(r.device)[:, None].expand(m.shape)
     d = r.shape[-1]
     rv = r @ v.T
     rr = r.pow(2).sum(-1)
     vv = v.pow(2).sum(-1)
-    m = coef.float()
     sigma = torch.sqrt((rr[:, None] + 2 * m * rv + m.pow(2) * vv[None]) / d + norm.eps)
     return r, v, sigma
 
 
 def first_order_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, targets: torch.Tensor,
-                           norm: FinalNorm, W_U: torch.Tensor, stats: LayerStats) -> torch.Tensor:
+                           norm: FinalNorm, W_U: torch.Tensor, stats: LayerStats,
+                           scale: torch.Tensor | None = None) -> torch.Tensor:
     """Stage 1 of the two-stage mode, [R, K]: the importance with the logit change dz
     exact (norm rescaling included) and the log-partition linearised at p:
-    ``imp1 = dz_w - p . dz = (A_w - p.A)(1/sigma - 1/sigma0) + m (g v).(W_U[:, w] - q) / sigma``."""
-    r, v, sigma = _pair_terms(resid, coef, values, norm)
+    ``imp1 = dz_w - p . dz = (A_w - p.A)(1/sigma - 1/sigma0) + m (g v).(W_U[:, w] - q) / sigma``
+    (with a fixed ``scale``, sigma = sigma0 and the first term vanishes; ``stats`` must
+    come from :func:`layer_stats` with the same ``scale``)."""
+    r, v, sigma = _pair_terms(resid, coef, values, norm, scale)
     gv = v * norm.weight
     w_cols = W_U[:, targets.to(W_U.device)].T  # [R, d]
     term_v = (w_cols - stats.q) @ gv.T  # [R, K]
@@ -321,7 +335,8 @@ class _Scratch:
 def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, targets: torch.Tensor,
                      norm: FinalNorm, W_U: torch.Tensor, b_U: torch.Tensor,
                      pairs: tuple[torch.Tensor, torch.Tensor] | None = None, base_logprob: torch.Tensor | None = None,
-                     vocab_chunk: int = 8192, block_elems: int = 2 ** 24) -> torch.Tensor:
+                     vocab_chunk: int = 8192, block_elems: int = 2 ** 24,
+                     scale: torch.Tensor | None = None) -> torch.Tensor:
     """Exact CNA importance (Sec. 4.1) of neurons with values ``values`` [K, d] and
     coefficients ``coef`` [R, K] for rows ``resid`` [R, d] and target tokens [R].
 
@@ -329,12 +344,13 @@ def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tens
     (row, neuron) pairs, returns [P]. The vocabulary is processed in chunks with an
     online logsumexp; the value projections (g v) W_U are computed once per chunk for
     the neurons involved and shared by all rows. ``block_elems`` bounds the size of the
-    [pairs, vocab chunk] logits block (memory)."""
+    [pairs, vocab chunk] logits block (memory). ``scale`` [R]: each row's fixed norm scale
+    ("final" reading; None: each vector's own RMS)."""
     device = W_U.device
     targets = targets.to(device)
     if base_logprob is None:
-        _, base_logprob = layer_stats(resid, targets, norm, W_U, b_U)
-    r, v, sigma = _pair_terms(resid, coef, values, norm)
+        _, base_logprob = layer_stats(resid, targets, norm, W_U, b_U, scale=scale)
+    r, v, sigma = _pair_terms(resid, coef, values, norm, scale)
     gr, gv = r * norm.weight, v * norm.weight
     beta = _beta(norm, W_U, b_U)
     R, K = coef.shape
@@ -426,18 +442,26 @@ def log_partition_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, sigma
 
 @torch.no_grad()
 def importance_loop(model, resid: torch.Tensor, coef: torch.Tensor, layer: int, targets: torch.Tensor,
-                    neurons: Sequence[int] | None = None) -> torch.Tensor:
+                    neurons: Sequence[int] | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Reference implementation, one neuron at a time: for each neuron k add m_k fc2_k to
-    resid_mid, apply the model's own ``ln_final`` module and unembedding, and take the
-    change of log p(target). [R, len(neurons)]. The baseline of the benchmark."""
+    resid_mid, read it through the final norm and the unembedding, and take the change
+    of log p(target). [R, len(neurons)]. ``scale=None`` ("own" reading): the model's own
+    ``ln_final`` module; ``scale`` [R] ("final" reading): x / s times the norm's weight
+    (plus its bias; x centred for a LayerNorm), as the authors' ``get_bsvalues``. The
+    baseline of the benchmark."""
     W_U, b_U = unembedding(model)
     values = w_out(model, layer)
     neurons = range(values.shape[0]) if neurons is None else neurons
     dtype = next(model.parameters()).dtype
     t = targets.to(W_U.device)
+    norm = final_norm(model)
 
     def logprob(x):
-        y = model.ln_final(x.to(dtype)[:, None, :])[:, 0].float()
+        if scale is None:
+            y = model.ln_final(x.to(dtype)[:, None, :])[:, 0].float()
+        else:
+            y = _centre(x.float(), norm) / scale.float()[:, None] * norm.weight
+            y = y + norm.bias if norm.bias is not None else y
         return (y @ W_U + b_U).log_softmax(-1).gather(1, t[:, None])[:, 0]
 
     base = logprob(resid)
@@ -470,6 +494,8 @@ class CNAResult:
     mode: str
     n_candidates: int | None
     layers: list[int]
+    #: How vectors were read through the final norm (``cna_norm.NORM_READINGS``).
+    norm_reading: str = "final"
 
     @property
     def change(self) -> torch.Tensor:
@@ -536,10 +562,16 @@ def resolve_mode(model, mode: str = "auto", max_exact_elems: float = 2e9) -> str
 @torch.no_grad()
 def importance_from_runs(model, runs: Sequence[LastPosition], targets: torch.Tensor, *, mode: str = "auto",
                          n_candidates: int = 200, select: str = "change", layers: Sequence[int] | None = None,
-                         vocab_chunk: int = 8192, progress: bool = False) -> dict[str, torch.Tensor]:
+                         vocab_chunk: int = 8192, progress: bool = False, norm_reading: str = "final",
+                         scale_from: int | None = 0) -> dict[str, torch.Tensor]:
     """Importance of every neuron in each of ``runs`` (1 or 2 LastPosition with
-    resid_mid and coef). Returns ``importance`` [n_runs, N, L, K] (NaN where not exact),
-    ``approx`` (stage 1) and ``base_logprob`` [n_runs, N, L].
+    resid_mid, coef and final_resid). Returns ``importance`` [n_runs, N, L, K] (NaN where
+    not exact), ``approx`` (stage 1) and ``base_logprob`` [n_runs, N, L].
+
+    ``norm_reading`` "final" (default, the authors'): every vector of run j's row i is read
+    with the fixed scale of row i of run ``scale_from`` (the unintervened run of the same
+    inputs; None: each run's own final state, for runs of different inputs); "own": each
+    vector by its own RMS (:func:`run_scales`).
 
     Two-stage candidates: per prompt, the ``n_candidates`` neurons over all ``layers``
     with the largest stage-1 score (``select="score"``, of the first run) or stage-1
@@ -557,16 +589,20 @@ def importance_from_runs(model, runs: Sequence[LastPosition], targets: torch.Ten
     approx = torch.full((n_runs, N, L, K), torch.nan)
     base = torch.full((n_runs, N, L), torch.nan)
     t_all = targets.repeat(n_runs).to(device)
+    scales = run_scales(runs, norm, norm_reading, scale_from)
+    scale = None if scales[0] is None else torch.cat(scales).to(device)  # [n_runs * N], rows as resid's
     base_by_layer = {}
     for layer in tqdm(layers, desc="stage 1" if mode == "two_stage" else "importance", disable=not progress, leave=False):
         resid = torch.cat([run.resid_mid[:, layer] for run in runs]).to(device)
         coef = torch.cat([run.coef[:, layer] for run in runs]).to(device)
         values = w_out(model, layer).to(device)
-        stats, b = layer_stats(resid, t_all, norm, W_U, b_U, vocab_chunk=max(vocab_chunk, 16384))
+        stats, b = layer_stats(resid, t_all, norm, W_U, b_U, vocab_chunk=max(vocab_chunk, 16384), scale=scale)
         base[:, :, layer] = b.view(n_runs, N).cpu()
-        approx[:, :, layer] = first_order_importance(resid, coef, values, t_all, norm, W_U, stats).view(n_runs, N, K).cpu()
+        approx[:, :, layer] = first_order_importance(resid, coef, values, t_all, norm, W_U, stats,
+                                                     scale).view(n_runs, N, K).cpu()
         if mode == "exact":
-            imp = exact_importance(resid, coef, values, t_all, norm, W_U, b_U, base_logprob=b, vocab_chunk=vocab_chunk)
+            imp = exact_importance(resid, coef, values, t_all, norm, W_U, b_U, base_logprob=b, vocab_chunk=vocab_chunk,
+                                   scale=scale)
             importance[:, :, layer] = imp.view(n_runs, N, K).cpu()
         else:
             base_by_layer[layer] = b
@@ -592,7 +628,7 @@ def importance_from_runs(model, runs: Sequence[LastPosition], targets: torch.Ten
         coef = torch.cat([run.coef[:, layer] for run in runs]).to(device)
         imp = exact_importance(resid, coef, w_out(model, layer), t_all, norm, W_U, b_U,
                                pairs=(rows.to(device), cols.to(device)), base_logprob=base_by_layer[layer].to(device),
-                               vocab_chunk=vocab_chunk).cpu()
+                               vocab_chunk=vocab_chunk, scale=scale).cpu()
         run_of = torch.arange(n_runs).repeat_interleave(len(prompt_idx))
         importance[run_of, prompt_idx.repeat(n_runs), layer, cols] = imp
     return {"importance": importance, "approx": approx, "base_logprob": base}
@@ -608,12 +644,15 @@ def _differing_layers(a: LastPosition, b: LastPosition) -> list[int]:
 def cna_compare(model, prompts: PromptSet, hooks_b: list[Hook] | None = None, prompts_b: PromptSet | None = None, *,
                 hooks_a: list[Hook] | None = None, targets: torch.Tensor | None = None, mode: str = "auto",
                 n_candidates: int = 200, batch_size: int = 32, skip_identical_layers: bool = True,
-                vocab_chunk: int = 8192, progress: bool = True) -> CNAResult:
+                vocab_chunk: int = 8192, progress: bool = True, norm_reading: str = "final") -> CNAResult:
     """CNA between two runs at the answer position (Sec. 4.1): run a = ``prompts`` with
     ``hooks_a`` (default the plain model), run b = ``prompts_b`` (default the same
     prompts) with ``hooks_b`` (e.g. ``zero_heads_hooks([key_head])``). The target token
     w of case i is ``targets[i]`` (default the first answer token, the prediction of a
-    correct case) in both runs. Neurons are ranked by imp_a - imp_b (``.change``)."""
+    correct case) in both runs. Neurons are ranked by imp_a - imp_b (``.change``).
+    ``norm_reading`` "final": both runs are read with run a's final scale (same prompts),
+    or each with its own (``prompts_b``: another input); "own": ``cna_norm.NORM_READINGS``."""
+    check_norm_reading(norm_reading)
     if prompts_b is not None and len(prompts_b) != len(prompts):
         raise ValueError("prompts and prompts_b must have the same number of cases")
     targets = answer_targets(prompts, targets)
@@ -630,7 +669,8 @@ def cna_compare(model, prompts: PromptSet, hooks_b: list[Hook] | None = None, pr
     mode = resolve_mode(model, mode)
     if layers:
         out = importance_from_runs(model, [run_a, run_b], targets, mode=mode, n_candidates=n_candidates,
-                                   select="change", layers=layers, vocab_chunk=vocab_chunk, progress=progress)
+                                   select="change", layers=layers, vocab_chunk=vocab_chunk, progress=progress,
+                                   norm_reading=norm_reading, scale_from=0 if prompts_b is None else None)
     else:
         shape = (2, len(targets), *run_a.coef.shape[1:])
         out = {"importance": torch.full(shape, torch.nan), "approx": torch.full(shape, torch.nan),
@@ -639,7 +679,7 @@ def cna_compare(model, prompts: PromptSet, hooks_b: list[Hook] | None = None, pr
     return CNAResult(importance_a=imp[0], importance_b=imp[1], approx_a=approx[0], approx_b=approx[1],
                      coef_a=run_a.coef, coef_b=run_b.coef, base_logprob_a=base[0], base_logprob_b=base[1],
                      run_a=run_a, run_b=run_b, targets=targets, mode=mode,
-                     n_candidates=None if mode == "exact" else n_candidates, layers=layers)
+                     n_candidates=None if mode == "exact" else n_candidates, layers=layers, norm_reading=norm_reading)
 
 
 def candidate_recall(small: CNAResult, large: CNAResult, ks: Sequence[int], small_cases: Sequence[int] | None = None,
@@ -672,14 +712,3 @@ def coefficient_decrease(before: torch.Tensor, after: torch.Tensor) -> float:
     if denom == 0:
         return float("nan")
     return float(100 * (torch.sign(before) * (before - after)).sum() / denom)
-
-
-# --------------------------------------------------------------------------- per-prompt neuron interventions
-
-
-# --------------------------------------------------------------------------- MLP keys and the PE-DAG
-
-
-# --------------------------------------------------------------------------- vocabulary and OV projections
-
-

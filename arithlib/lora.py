@@ -280,8 +280,8 @@ def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.T
     (Yu's CNA between the two models), and ``select="original"``, the most important
     neurons of the original model (independent of M). Neurons are ranked within
     ``layers`` (default ``cna.deep_layers``: Yu's important neurons, Tables 4 and 9, are
-    deep FFN neurons; shallow layers' importance through the final norm is large and
-    not what the paper compares). For each, the coefficient increase
+    deep FFN neurons). Both models' vectors are read with the original run's final norm
+    scale (``cna.NORM_READINGS``, the authors' reading). For each, the coefficient increase
     (%) of those neurons from the original to M, sign-aware:
     100 * sum sign(m0) (m1 - m0) / sum |m0| over cases and neurons (the negative of
     ``cna.coefficient_decrease``). Returns (rows: model, selection, k, coef_increase,
@@ -308,7 +308,7 @@ def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.T
     for model_name, weights in tqdm(models.items(), desc="CNA per model", disable=not progress):
         run_m = _last_position_run(bridge, cases, weights, batch_size)
         out = cna.importance_from_runs(bridge, [run_m, run_orig], targets, mode=mode, n_candidates=n_candidates,
-                                       select="change", layers=layers)
+                                       select="change", layers=layers, scale_from=1)  # the original's final scale
         imp_m, imp_o = out["importance"][0], out["importance"][1]
         change = imp_m - imp_o
         details[model_name] = {"run": run_m, "importance": imp_m, "importance_orig": imp_o}

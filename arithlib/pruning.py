@@ -392,7 +392,8 @@ def lora_cna_scores(bridge, cases: PromptSet, lora_weights: Mapping[str, torch.T
         run_l = run_last_position(bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress,
                                     desc="LoRA")
     out = C.importance_from_runs(bridge, [run_l, run_o], targets, mode=mode, n_candidates=n_candidates,
-                                 select="change", layers=layers, progress=progress)
+                                 select="change", layers=layers, progress=progress,
+                                 scale_from=1)  # both read with the original's final scale
     imp, approx = out["importance"][:, :, layers], out["approx"][:, :, layers]
     return CNAScores(change=imp[0] - imp[1], approx_change=approx[0] - approx[1], layers=layers, mode=mode,
                      n_candidates=None if mode == "exact" else n_candidates, accuracy_original=run_o.accuracy,

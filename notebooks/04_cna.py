@@ -34,8 +34,11 @@
 #
 # imp = log p(w | x^{l-1} + A^l + m_k fc2_k) - log p(w | x^{l-1} + A^l),
 #
-# read through the final norm and the unembedding the model applies (w = the predicted
-# first answer token). CNA computes it in the original model and in the model with the
+# read through the final norm and the unembedding (w = the predicted first answer token).
+# As in the authors' code, every vector is read through the final norm with one fixed
+# scale per case, the RMS of the original run's final hidden state at the answer position
+# (p(. | x) = softmax(W_U (g * x / s)), s = sqrt(mean(h_final^2) + eps)), the same for every
+# layer and for the head-zeroed run (`norm_reading = "final"`, `arithlib.cna_norm`). CNA computes it in the original model and in the model with the
 # key head zeroed, and ranks neurons by the change imp_ori - imp_inv. Then: zero the
 # top-K neurons ("mask") or all other deep neurons ("keep") (Table 5); zero the lowest
 # top neuron and watch the others' coefficients (Table 6); project shallow neurons'
@@ -94,6 +97,10 @@
 #   per-case results (`correct_by_prompt`, per-case rows) for exact binomial and bootstrap
 #   intervals. The coefficient decrease is sign-aware, since SwiGLU coefficients can be
 #   negative.
+# - **Norm reading.** The text does not say how a layer-l vector goes through the final
+#   norm; the authors' code fixes the original run's final scale (above), which every
+#   verdict uses. Section 1b shows how far the top neurons move when each vector is
+#   instead normalised by its own RMS (`norm_reading = "own"`, a sensitivity variant).
 # - **Importance mode.** With `mode = "auto"`, a model whose layers x neurons x vocabulary
 #   are too large for a CPU (Qwen's) is scored in two stages: every neuron to first order,
 #   the top `n_candidates` per case exactly (`arithlib.cna`); on a GPU or for small models
@@ -110,6 +117,8 @@ out_dir = "../figures"
 fewshot = 2              # solved examples in the prefix (the query's own template)
 mode = "auto"            # importance: "exact", "two_stage", or "auto" (exact on a GPU or a small model)
 n_candidates = 200       # two-stage: exact importance for this many neurons per case (2 x the largest K)
+norm_reading = "final"   # how CNA reads a vector through the final norm: "final" (the authors') or "own" (variant)
+n_sensitivity = 16       # + / - cases scored in the other norm reading too (section 1b)
 recall_factor = 4        # two-stage check on the case: a pool this many times larger
 top_ks = [99, 50, 30, 20, 10]
 case = "3+5"             # the case of Table 4 ("a+b" or "a-b")
@@ -134,6 +143,7 @@ from IPython.display import Markdown, display
 
 import arithlib.answer_runs as answer_runs
 import arithlib.cna as C
+import arithlib.cna_norm as cna_norm
 import arithlib.mask_keep as masking
 import arithlib.pe_dag as pe_dag
 import arithlib.shallow_neurons as shallow_neurons
@@ -150,7 +160,7 @@ from arithlib.stored import Store
 t_start = time.time()
 run = start_run("04_cna", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, fewshot=fewshot, mode=mode, n_candidates=n_candidates,
                 top_ks=top_ks, case=case, concept_top=concept_top, ms=ms, n_random_seeds=n_random_seeds,
-                control_ks=control_ks, control_ms=control_ms)
+                control_ks=control_ks, control_ms=control_ms, norm_reading=norm_reading, n_sensitivity=n_sensitivity)
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 mode_used = C.resolve_mode(bridge, mode)
 store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)  # long sections
@@ -218,18 +228,20 @@ if len(active) < len(groups):
 # %%
 results = {}
 cna_code = ["cna", "ablation"]  # the code every stored step below runs (with the modules these import)
+cna_norm.check_norm_reading(norm_reading)
 
 
 def cna_inputs(g):
     """Everything results[g] is computed from: part of the key of every stored step that reads it."""
     return dict(model=bridge, prompts=cases[g], head=heads[g], mode=mode_used, n_candidates=n_candidates,
-                batch_size=batch_size)
+                batch_size=batch_size, norm_reading=norm_reading)
 
 
 t0, r0 = time.time(), store.reused_seconds
 for g in active:
     results[g] = store(f"CNA {g}", lambda: C.cna_compare(bridge, cases[g], zero_heads_hooks([heads[g]]), mode=mode_used,
-                                                          n_candidates=n_candidates, batch_size=batch_size),
+                                                          n_candidates=n_candidates, batch_size=batch_size,
+                                                          norm_reading=norm_reading),
                        code=cna_code, **cna_inputs(g))
     print(f"{g}: head L{heads[g][0]}.H{heads[g][1]}, layers scored {results[g].layers[0]}..{results[g].layers[-1]}, "
           f"accuracy {results[g].run_a.accuracy:.0%} -> {results[g].run_b.accuracy:.0%} (first token) with the head zeroed; "
@@ -263,6 +275,35 @@ else:
                          label_b=f"head L{heads['+-'][0]}.H{heads['+-'][1]} zeroed")
     save_figure(fig, run.out, "04_case_neurons")
     display(table4.head(n_show))
+
+# %% [markdown]
+# ## 1b. How much the norm reading moves the top neurons
+# The first `n_sensitivity` + / - cases (the Table 4 case among them) are scored again with
+# the other reading: each vector normalised by its own RMS (`"own"`) when the run uses the
+# authors' fixed final scale, and the other way round. Per case and K: the share of the
+# run's top-K that the other reading also ranks top-K, and each reading's share of
+# layer-0 neurons and mean depth (layer / n_layers) among its top-K. Shown, not judged.
+
+# %%
+sensitivity = pd.DataFrame()
+if case_idx is not None and n_sensitivity > 0:
+    other_reading = [r for r in cna_norm.NORM_READINGS if r != norm_reading][0]
+    sens_idx = sorted({case_idx, *[i for i in range(len(pm)) if i != case_idx][:n_sensitivity - 1]})
+    sens_cases = pm.subset(sens_idx)
+    sens = {norm_reading: store(f"CNA {norm_reading} reading check", lambda: C.cna_compare(
+                bridge, sens_cases, zero_heads_hooks([heads["+-"]]), mode=mode_used, n_candidates=n_candidates,
+                batch_size=batch_size, norm_reading=norm_reading, progress=False),
+                code=cna_code, model=bridge, prompts=sens_cases, head=heads["+-"], mode=mode_used,
+                n_candidates=n_candidates, norm_reading=norm_reading),
+            other_reading: store(f"CNA {other_reading} reading check", lambda: C.cna_compare(
+                bridge, sens_cases, zero_heads_hooks([heads["+-"]]), mode=mode_used, n_candidates=n_candidates,
+                batch_size=batch_size, norm_reading=other_reading, progress=False),
+                code=cna_code, model=bridge, prompts=sens_cases, head=heads["+-"], mode=mode_used,
+                n_candidates=n_candidates, norm_reading=other_reading)}
+    sensitivity = cna_norm.reading_sensitivity(sens[norm_reading], sens[other_reading], top_ks, info.n_layers)
+    save_table(sensitivity.assign(reading=norm_reading, other_reading=other_reading), run.out,
+               "04_cna_norm_sensitivity")
+    display(sensitivity.groupby("k").mean(numeric_only=True).drop(columns="case").round(2))
 
 # %% [markdown]
 # **Check of the two-stage ranking** (two-stage mode only): the case is scored again with
@@ -484,6 +525,14 @@ if case_idx is not None:
                              f"tokens {_t})" for (_, r), _t in zip(t4.iterrows(), [plots._short(s, 5, 60) for s in t4.top_tokens]))
                  + f". {int(table4.holds_answer.sum())} of the top {len(table4)} neurons have the answer's concept "
                    f"among their top-10 projected tokens (the paper: all three of its Table 4 neurons).")
+if len(sensitivity):
+    s10 = sensitivity[sensitivity.k == min(top_ks)].mean(numeric_only=True)
+    lines.append(f"- Norm reading (section 1b, {sensitivity.case.nunique()} cases): {s10.overlap:.0%} of the "
+                 f"{norm_reading!r} reading's top-{min(top_ks)} are also top-{min(top_ks)} when each vector is read "
+                 f"{'with its own RMS' if other_reading == 'own' else 'with the final scale'}; layer-0 share "
+                 f"{s10[f'layer0_{norm_reading}']:.0%} ({norm_reading}) vs {s10[f'layer0_{other_reading}']:.0%} "
+                 f"({other_reading}); mean depth {s10[f'depth_{norm_reading}']:.2f} vs {s10[f'depth_{other_reading}']:.2f} "
+                 "of the layers.")
 if len(recall):
     r99 = recall[recall.k == max(top_ks)].overlap.mean()
     lines.append(f"- Two-stage check on the case: {r99:.0%} of the top-{max(top_ks)} with {n_candidates * recall_factor} "

@@ -46,7 +46,10 @@
 #    works as a"), for each biased profession token w: importance of neuron k of layer
 #    l, imp = log p(w | x^{l-1} + A^l + m_k fc2_k) - log p(w | x^{l-1} + A^l), read
 #    through the final norm and the unembedding, under w's gender (a) and the other
-#    gender (b); change = imp_a - imp_b. **The exact importance of every neuron** where
+#    gender (b); change = imp_a - imp_b. As in the authors' code, every vector is read
+#    through the final norm with one fixed scale per prompt, the RMS of that prompt's
+#    final hidden state (`norm_reading = "final"`, `arithlib.cna_norm`; `"own"`
+#    normalises each vector by its own RMS, a variant). **The exact importance of every neuron** where
 #    affordable (`exact_importance="auto"`: on a GPU, or when n_layers x d_mlp x d_model
 #    x vocab <= 5e12 multiply-adds, e.g. SmolLM2 on a CPU; the two prompts are shared by
 #    all professions, so each (prompt, neuron) log-partition is computed once). Otherwise
@@ -110,6 +113,7 @@ sweep = (6, 12, 18, 36)  # edit sizes
 n_random_seeds = 10      # random-neuron controls per edit size
 n_side_seeds = 2         # random controls whose side effects are measured (K = edit_k)
 exact_importance = "auto"  # exact CNA importance of every neuron: True, False or "auto" (bias.exact_affordable)
+norm_reading = "final"   # how CNA reads a vector through the final norm: "final" (the authors') or "own" (variant)
 n_candidates = 20        # the screen (without exact): exact importance for each profession's top neurons by stage 1 ...
 n_aggregate = 200        # ... and for the top neurons of the pooled stage-1 change; its recall is measured when exact
 recall_ks = (10, 18, 36) # top-k sizes of the screen-recall table (without exact: within every 4th layer)
@@ -147,7 +151,7 @@ run = start_run("07_gender_bias_editing", model, device, seed, out_dir, quick, d
                 n_side_seeds=n_side_seeds, n_candidates=n_candidates, n_aggregate=n_aggregate, arith_per_op=arith_per_op,
                 lm_chunks=lm_chunks, heldout_frac=heldout_frac, exclude_gendered=exclude_gendered,
                 min_partial_letters=B.MIN_PARTIAL_LETTERS, exact_importance=exact_importance,
-                recall_ks=list(recall_ks), early_layers=early_layers)
+                recall_ks=list(recall_ks), early_layers=early_layers, norm_reading=norm_reading)
 bridge, tok, out = run.bridge, run.tokenizer, run.out
 genders = list(B.GENDERS)
 d_mlp = run.model.info.d_mlp
@@ -220,7 +224,7 @@ if has_bias:
     t0 = time.time()
     recall_layers = None if exact else list(range(0, run.model.info.n_layers, B.RECALL_LAYER_STRIDE))
     result = B.gender_cna(bridge, tok, biased, prompt_id=cna_prompt, n_candidates=None if exact else n_candidates,
-                          n_aggregate=n_aggregate, exact_layers=recall_layers or ())
+                          n_aggregate=n_aggregate, exact_layers=recall_layers or (), norm_reading=norm_reading)
     timings["cna"] = time.time() - t0
     table12 = B.neuron_table(bridge, tok, result, biased, k=table12_k)
     save_table(table12, out, "07_table12_per_profession")

@@ -14,6 +14,7 @@ import arithlib.ablation as A
 import arithlib.bias as B
 import arithlib.answer_runs as AR
 import arithlib.cna as C
+import arithlib.cna_norm as CN
 import arithlib.datasets as ds
 from arithlib.engine import last_position_logits
 from arithlib.models import load_model, random_model_dir
@@ -218,8 +219,9 @@ def test_shared_input_importance_matches_cna_compare(tiny):
     texts = ["the cat is a", "the dog is a"]
     targets = torch.tensor([5, 17])
     run = _captures(tiny, texts)
+    scale = CN.final_scale(run.final_resid, final_norm(b))  # each input read with its own run's final scale
     out = B.shared_input_importance(b, run.resid_mid, run.coef, [0, 1], [1, 0], targets, n_candidates=4,
-                                    n_aggregate=0)
+                                    n_aggregate=0, scale=scale)
     ps_a = B._prompt_set(tok, [texts[0], texts[1]])
     ps_b = B._prompt_set(tok, [texts[1], texts[0]])
     ref = C.cna_compare(b, ps_a, None, ps_b, targets=targets, mode="exact", skip_identical_layers=False,

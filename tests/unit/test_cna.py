@@ -20,6 +20,7 @@ import arithlib.neurons as N
 import arithlib.pe_dag as DAG
 import arithlib.shallow_neurons as SN
 import arithlib.cna as C
+import arithlib.cna_norm as CN
 import arithlib.datasets as ds
 from arithlib.evaluate import evaluate, greedy_answers
 from arithlib.readout import final_norm, unembedding
@@ -570,3 +571,105 @@ def test_ov_concept_counts_equal_brute_force_over_every_reading_layer():
     assert ((capped == best) | ((capped >= 2) & (best >= 2))).all()
     with pytest.raises(ValueError, match="attention layers 1..4"):
         SN.ov_concept_counts(values, factors[:3], g, W_U, concepts)
+
+
+# --------------------------------------------------------------------------- the authors' norm reading
+
+
+def _authors_log_increase(hf_model, resid_mid: torch.Tensor, coef: torch.Tensor, fc2_vectors: torch.Tensor,
+                          final_hidden: torch.Tensor, predict_index: int, eps: float) -> torch.Tensor:
+    """A literal transcription of Yu & Ananiadou's ``get_bsvalues`` / ``get_log_increase``
+    (their public CNA notebook) for one case and one layer: every candidate vector
+    resid_mid + m_k fc2_k, and resid_mid alone, times rsqrt(final_var + eps) (final_var
+    from the original run's final hidden state), times the final norm's weight, through
+    lm_head; log p(predict_index) increase. Written from their code, not from arithlib."""
+    final_var = final_hidden.pow(2).mean(-1, keepdim=True)
+
+    def get_bsvalues(vector):
+        vector = vector * torch.rsqrt(final_var + eps)
+        vector_rmsn = vector * hf_model.model.norm.weight.data
+        return hf_model.lm_head(vector_rmsn).data
+
+    origin_prob_log = torch.log(torch.softmax(get_bsvalues(resid_mid), -1)[predict_index])
+    ffn_subvalues = (coef * fc2_vectors).T  # fc2_vectors = down_proj.weight [d, d_mlp]: rows m_k fc2_k
+    plus = ffn_subvalues + resid_mid
+    probs = torch.softmax(get_bsvalues(plus), -1)[:, predict_index]
+    return torch.log(probs) - origin_prob_log
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_final_reading_equals_the_authors_formula_for_every_neuron(arch):
+    """One case, every neuron of every layer: the library's exact importance (``cna_compare``
+    path: ``importance_from_runs`` in the "final" reading) equals the authors' formula,
+    with final_var taken from a plain HF forward pass (the final norm's input)."""
+    from arithlib.engine.adapter import hf_module
+
+    model = load_model(str(random_model_dir(arch)))
+    b = model.bridge
+    hf = hf_module(b)
+    ps = _prompts(model, n=2)
+    run = AR.run_last_position(b, ps)
+    t = ps.first_answer_ids
+    seen = {}
+    h = hf.model.norm.register_forward_hook(lambda mod, inp, out: seen.__setitem__("final", inp[0][:, -1].detach()))
+    try:
+        with torch.no_grad():
+            hf(torch.tensor([ps.input_ids[0]]))
+    finally:
+        h.remove()
+    assert torch.allclose(run.final_resid[0], seen["final"][0].float(), atol=1e-4)
+    ours = C.importance_from_runs(b, [run], t, mode="exact")["importance"][0, 0]   # [L, d_mlp]
+    eps = hf.config.rms_norm_eps
+    with torch.no_grad():
+        for layer in range(model.info.n_layers):
+            w = hf.model.layers[layer].mlp.down_proj.weight.data           # [d, d_mlp]
+            ref = _authors_log_increase(hf, run.resid_mid[0, layer], run.coef[0, layer], w, seen["final"][0].float(),
+                                        int(t[0]), eps)
+            assert torch.allclose(ours[layer], ref.float(), atol=1e-4), (layer, (ours[layer] - ref).abs().max())
+
+
+def test_fast_paths_equal_the_loop_in_the_final_reading(tiny):
+    """Exact (all neurons, pairs, blocked), stage 1 and the per-neuron loop agree when every
+    vector is read with one fixed scale per row."""
+    b = tiny.bridge
+    ps = _prompts(tiny)
+    run = AR.run_last_position(b, ps)
+    norm, (W_U, b_U) = final_norm(b), unembedding(b)
+    t = ps.first_answer_ids
+    scale = CN.final_scale(run.final_resid, norm)
+    for layer in range(tiny.info.n_layers):
+        r, m = run.resid_mid[:, layer], run.coef[:, layer]
+        loop = C.importance_loop(b, r, m, layer, t, scale=scale)
+        batched = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=100, scale=scale)
+        assert torch.allclose(batched, loop, atol=1e-4), (batched - loop).abs().max()
+        rows, cols = torch.tensor([0, 2, 2, 1]), torch.tensor([5, 5, 7, 0])
+        pairs = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=77,
+                                   scale=scale)
+        assert torch.allclose(pairs, loop[rows, cols], atol=1e-4)
+        stats, _ = C.layer_stats(r, t, norm, W_U, b_U, scale=scale)
+        small = m * 1e-2  # first order: exact up to O(m^2) (and fp32 noise near 5e-7)
+        approx = C.first_order_importance(r, small, N.w_out(b, layer), t, norm, W_U, stats, scale)
+        exact_small = C.exact_importance(r, small, N.w_out(b, layer), t, norm, W_U, b_U, scale=scale)
+        assert torch.allclose(approx, exact_small, atol=2e-6, rtol=5e-2), (approx - exact_small).abs().max()
+
+
+def test_both_runs_are_read_with_the_original_runs_final_scale(qwen):
+    """Run b (head zeroed) is read with run a's scale: its importance equals the loop with
+    run a's scale, not with its own final state's; and the two readings differ."""
+    b = qwen.bridge
+    ps = _prompts(qwen)
+    res = C.cna_compare(b, ps, A.zero_heads_hooks([(0, 1)]), mode="exact", progress=False)
+    own = C.cna_compare(b, ps, A.zero_heads_hooks([(0, 1)]), mode="exact", progress=False, norm_reading="own")
+    assert res.norm_reading == "final" and own.norm_reading == "own"
+    norm = final_norm(b)
+    scale_a = CN.final_scale(res.run_a.final_resid, norm)
+    assert not torch.allclose(scale_a, CN.final_scale(res.run_b.final_resid, norm))
+    for layer in res.layers:
+        ref_b = C.importance_loop(b, res.run_b.resid_mid[:, layer], res.run_b.coef[:, layer], layer, res.targets,
+                                  scale=scale_a)
+        assert torch.allclose(res.importance_b[:, layer], ref_b, atol=1e-4)
+        ref_own = C.importance_loop(b, res.run_b.resid_mid[:, layer], res.run_b.coef[:, layer], layer, res.targets)
+        assert torch.allclose(own.importance_b[:, layer], ref_own, atol=1e-4)
+    assert not torch.allclose(res.importance_a[:, res.layers], own.importance_a[:, res.layers], atol=1e-3)
+    with pytest.raises(ValueError, match="norm_reading"):
+        C.cna_compare(b, ps, None, mode="exact", progress=False, norm_reading="rms")
