@@ -66,6 +66,12 @@ SFT_LR_GRID: tuple[float, ...] = (1e-4, 2e-5, 4e-6)
 YU_OPERAND_RANGES: dict[int, tuple[int, int]] = {1: (0, 9), 2: (10, 99), 3: (100, 999)}
 #: Table 2: relative 1D accuracy decrease (%) when the top head is zeroed, per operator.
 YU_TABLE2 = {"+": 46.5, "-": 62.2, "/": 54.9, "*": 6.8}
+#: Table 1 (2-digit prompts, Llama-7B): accuracy (%) of the original model and with the + / - head
+#: 17^22 or the / head 14^19 zeroed. Each head leaves the other operators nearly intact: 17^22
+#: lowers 2D* by 10.8 % (relative) against a mean of 39.5 % on 2D+ and 2D-.
+YU_TABLE1 = {"original": {"+": 96.8, "-": 94.4, "*": 56.6, "/": 51.4},
+             "17^22": {"+": 42.9, "-": 72.3, "*": 50.5, "/": 48.2},
+             "14^19": {"+": 92.5, "-": 93.2, "*": 51.3, "/": 13.8}}
 #: Operator groups of Sec. 4 / App. B: + and - share one key head (17^22), / has its own (14^19).
 YU_GROUPS: dict[str, tuple[str, ...]] = {"+-": ("+", "-"), "/": ("/",)}
 #: The deep FFN layers, 17..31 of Llama-7B's 32 (the layers from the key head 17^22 up):

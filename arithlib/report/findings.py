@@ -90,9 +90,14 @@ FINDINGS: tuple[Finding, ...] = (
             f"{YU_TXT}: Table 2",
             "the head of largest accuracy drop per operator, zeroed at every position on every 1D prompt (exact "
             "stage of the two-stage sweep); mean over +, -, / of its relative accuracy decrease (1 - after / before, "
-            "as in the paper's table), 95 % interval by a bootstrap over prompts within each operator; reproduced if "
-            "the interval lies above 27 % (half of the paper's mean 54.5 %), partly if it lies in 5-27 %, not "
-            "reproduced if below 5 %, inconclusive if it straddles 5 % or 27 %",
+            "as in the paper's table), 95 % interval by a bootstrap over prompts within each operator; and each such "
+            "head's pattern (Table 1: 17^22 lowers 2D* by 10.8 % against 39.5 % on 2D+/2D-): specific if its "
+            "relative 1D * decrease is at most half its decrease on its own operators (own - 2 x (*) >= 0, bootstrap "
+            "over prompts) and its factual-recall accuracy drop lies within 5 points (our control); reproduced if "
+            "the mean's interval lies above 27 % (half of the paper's mean 54.5 %) and every top head is specific, "
+            "partly if the mean's interval lies >= 5 % (a generic head that also breaks * is 'partly'), not "
+            "reproduced if below 5 %; every 1D operand pair is measured, so an interval that straddles a threshold "
+            "is 'undecidable here'",
             "01", _yu_single_head, figures=("01_yu_head_sweep",)),
     Finding("nikankin_faithfulness", "nikankin", "Sec. 2-3, Fig. 4b",
             "A sparse circuit (a few heads, about 1 % of the neurons of each middle/late MLP) reproduces the "
@@ -136,7 +141,10 @@ FINDINGS: tuple[Finding, ...] = (
             "seeds (notebook 04's n_random_seeds draws); mask OK if the mask decrease's interval lies >= 50 % and "
             "its low end > 2x the random mask's high end (at least 1 %); keep OK if the keep decrease's interval "
             "lies <= 50 %; reproduced if both, partly if one; inconclusive when an interval straddles a threshold "
-            "and the verdict depends on it; not run for tables from before issue 29 (rerun notebook 04)",
+            "and the verdict depends on it (undecidable here: every correct 1D case is used); not applicable when "
+            "the key head is a fallback (no head lowers 1D accuracy) or is not an arithmetic-specific head (the "
+            "single-head finding's pattern: it cuts 1D * by more than half its own decrease, or factual recall by "
+            "more than 5 points); not run for tables from before issue 29 (rerun notebook 04)",
             "04", _yu_mask_keep, figures=("04_mask_keep",)),
     Finding("yu_shallow_neurons", "yu", "Sec. 4.4, Table 8",
             "Zeroing the hidden-interpretable shallow neurons (M = 2) hurts far more than random ones.",
@@ -149,23 +157,29 @@ FINDINGS: tuple[Finding, ...] = (
             "+ / - key head is in layer 0 and has no FFN layer below it), 95 % interval by a bootstrap over the "
             "cases and the random sets' seeds (per-case correctness in 04_hidden_m_sweep's correct_by_prompt); "
             "reproduced if the interval lies >= 25.7 points (half of 51.3); partly if it lies in [5, 25.7); not "
-            "reproduced if below 5; else inconclusive; not run for tables from before issue 29 (rerun notebook 04)",
+            "reproduced if below 5; else undecidable here (every correct 1D case is used); not applicable when the "
+            "key head it builds on is a fallback or not arithmetic-specific (as for mask / keep); not run for "
+            "tables from before issue 29 (rerun notebook 04)",
             "04", _yu_shallow, figures=("04_hidden_m_sweep",)),
     Finding("yu_lora_layers", "yu", "Sec. 5, Fig. 2",
             "LoRA in any single attention layer beats the original; shallow layers most.",
             "all 32 LoRA models > original 62.96 %; layers 1-9 about 90 %, falling from layer 10",
             f"{YU_TXT}: Sec. 5 (text under Fig. 2)",
-            "share of LoRA layers whose test accuracy beats the original's, 95 % interval by a paired bootstrap over "
-            "the test prompts (correct_by_prompt of 05_lora_accuracy_by_layer); reproduced if the interval lies at 1 "
-            "(every layer beats it) and the shallow minus deep band accuracy's interval lies > 0; partly if the "
-            "share's interval lies >= 0.5; inconclusive when the verdict depends on where in an interval the value is "
-            "(or without per-prompt columns)",
+            "premise: the original's 2-digit accuracy interval reaches 5 % (else not applicable); share of LoRA "
+            "layers whose test accuracy beats the original's by >= 5 points (a margin stated in advance), 95 % "
+            "interval by a bootstrap over the test prompts crossed with the layers (the unit of the claim; "
+            "correct_by_prompt of 05_lora_accuracy_by_layer; one training per layer, so the interval excludes "
+            "training variance); reproduced if the interval lies >= 0.9 (nearly every layer) and the shallow minus "
+            "deep band accuracy's interval lies > 0; partly if the share's interval lies >= 0.5; inconclusive when "
+            "the verdict depends on where in an interval the value is",
             "05", _yu_lora_layers, figures=("05_lora_accuracy_by_layer",)),
     Finding("yu_lora_coef", "yu", "Sec. 5, Table 10",
             "LoRA amplifies the answer neurons' coefficients, more for shallow LoRA layers.",
             "+42-59 % (layers 1-9), +29-53 % (10-16), +2-28 % (17-30)",
             f"{YU_TXT}: Table 10",
-            "intervals by a bootstrap over the CNA cases (05_cna_coef_per_case): reproduced if the smallest band "
+            "premise: the original's 2-digit accuracy interval reaches 5 % (else not applicable); intervals by a "
+            "bootstrap over the CNA cases (05_cna_coef_per_case; one training per layer, so they exclude training "
+            "variance): reproduced if the smallest band "
             "mean, shallow minus deep, lie > 0 and shallow >= 21 % (half of the paper's smallest shallow value, 42 %); "
             "partly if the mean over bands lies >= 5 %; inconclusive when an interval straddles a threshold the "
             "verdict depends on (or without the per-case table)",
@@ -174,8 +188,10 @@ FINDINGS: tuple[Finding, ...] = (
             "LoRA on a model keeping only the CNA neurons of the deep FFN (5 %) works; on a random one it fails.",
             "original 62.9, LoRA9 89.3, LoRA9-p 82.3, LoRA9-r 17.1 %",
             f"{YU_TXT}: Table 11",
-            "gap = CNA-pruned minus random-pruned (mean over seeds) accuracy after LoRA, 95 % interval by a paired "
-            "bootstrap over the test prompts (correct_by_prompt of 06_table11); reproduced if the gap's interval lies "
+            "premise: the original's 2-digit accuracy interval reaches 5 % (else not applicable); gap = CNA-pruned "
+            "minus random-pruned (mean over seeds) accuracy after LoRA, 95 % interval by a paired bootstrap over the "
+            "test prompts and the random prunings (correct_by_prompt of 06_table11; one LoRA training per arm, so "
+            "the interval excludes training variance); reproduced if the gap's interval lies "
             ">= 32.6 points (half of 65.2) and CNA-pruned minus original lies > 0; partly if the gap lies >= 5 "
             "points; inconclusive when the verdict depends on where in an interval the value is (or without "
             "per-prompt columns)",

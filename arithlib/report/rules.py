@@ -36,6 +36,9 @@ class Outcome:
     #: known (every 1-digit operand pair, a fixed list of professions); None when more
     #: prompts can always be drawn.
     population: int | None = None
+    #: The unit whose number would decide an inconclusive interval, when it is not the
+    #: prompts (e.g. "LoRA layers"): the text then names it, with no estimate of how many.
+    unit: str = "prompts"
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ def settle_inconclusive(out: Outcome) -> Outcome:
     with that estimate in the text. Other verdicts pass unchanged."""
     if out.verdict != INCONCLUSIVE or out.interval is None:
         return out
+    if out.unit != "prompts":
+        return replace(out, ours=f"{out.ours}; more {out.unit} would decide")
     ci = out.interval
     need = prompts_to_decide(ci, out.thresholds) if out.thresholds else None
     if out.population is not None and (need is None or need > out.population):

@@ -3,17 +3,18 @@ coefficient, pruning, gender bias; each function reads a figures folder and retu
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from .. import papers
-from ..papers import HALF, NOISE_GAP
-from ..stats import INCONCLUSIVE, Interval, bootstrap_ci, crossed_bootstrap_ci, decode_correct, interval_verdict
+from ..papers import HALF, NOISE_GAP, YU_GROUPS
+from ..stats import (INCONCLUSIVE, UNDECIDABLE, Interval, binomial_ci, bootstrap_ci, crossed_bootstrap_ci, decode_correct,
+                     interval_verdict)
 from .rules import (RERUN_PER_PROMPT, Outcome, _above_zero, _ci_text, _correct_matrix, _decrease_ci, _grade, _judged,
                     _pct, _possible, _seed_resampled_gap)
-from .tables import MissingTable, NotRun, Tables
+from .tables import MissingTable, NotApplicable, NotRun, Tables
 
 _YU_04_STALE = ("{name}.csv predates issue 29 (key head from notebook 01's exact sweep, 'keep' on the layers CNA "
                 "scored, shallow neurons through every attention layer that reads them, random controls over seeds "
@@ -22,6 +23,92 @@ _YU_04_STALE = ("{name}.csv predates issue 29 (key head from notebook 01's exact
 
 def _yu_op(op: str) -> str:
     return {"add": "+", "sub": "-", "mul": "*", "div": "/"}.get(str(op), str(op))
+
+
+def _relative_drops(ops: np.ndarray, correct: np.ndarray, clean: np.ndarray, own: Sequence[str]) -> float:
+    """Mean over the operators ``own`` of the relative accuracy decrease 1 - after / before
+    (Table 2's measure) minus twice the decrease on * (the specificity statistic of
+    :func:`_head_pattern`; no * rows: the mean decrease alone)."""
+    def drop(o: str) -> float:
+        before = clean[ops == o].sum()
+        return 1 - correct[ops == o].sum() / before if before > 0 else float("nan")
+
+    mean_own = float(np.nanmean([drop(o) for o in own]))
+    return mean_own - 2 * drop("*") if (ops == "*").any() else mean_own
+
+
+def _head_pattern(t: Tables, layer: int, head: int, own: Sequence[str]) -> tuple[set[bool], str, dict[str, float]]:
+    """Whether head (``layer``, ``head``) is arithmetic-operator-specific, as Yu's heads are
+    (Table 1: 17^22 lowers 2D* by 10.8 % against 39.5 % on its own 2D+ and 2D-; no other
+    task is reported, the factual-recall control is ours):
+
+    * **operator-specific**: its relative 1D decrease on * is at most half its mean relative
+      decrease on its own operators ``own``: the statistic own - 2 x (*) >= 0, with a
+      bootstrap over the 1D prompts stratified by operator (01_yu_head_sweep_rows). A
+      head the sweep did not measure on * (not among the screen's top heads there) is
+      taken as specific, and the text says so;
+    * **leaves factual recall intact**: its factual-recall accuracy drop (01_yu_specificity,
+      paired bootstrap over the facts) lies within 5 points.
+
+    Returns the possible truth values of "specific" (both when an interval straddles), a
+    text with the numbers and intervals, and the metrics."""
+    rows = t.csv("01_yu_head_sweep_rows")
+    rows = rows.assign(op=rows["op"].map(_yu_op))
+    mine = rows[(rows["n_digits"] == 1) & (rows["layer"] == layer) & (rows["head"] == head)
+                & rows["op"].isin([*own, "*"])]
+    ops = mine["op"].to_numpy()
+    correct, clean = mine["correct"].astype(bool).to_numpy(), mine["clean_correct"].astype(bool).to_numpy()
+    name, metrics = f"L{layer}H{head}", {}
+    own_ci = bootstrap_ci(lambda o, c, k: _relative_drops(o[o != "*"], c[o != "*"], k[o != "*"], own),
+                          ops, correct, clean, groups=ops)
+    text = f"{name} lowers its own 1D {', '.join(own)} by {_pct(own_ci.estimate, 0)}{_ci_text(own_ci.scaled(100))}"
+    if (ops == "*").any():
+        times = bootstrap_ci(lambda c, k: 1 - c.sum() / k.sum() if k.sum() else float("nan"),
+                             correct[ops == "*"], clean[ops == "*"])
+        spec = bootstrap_ci(lambda o, c, k: _relative_drops(o, c, k, own), ops, correct, clean, groups=ops)
+        operator = _possible(spec, 0.0)  # * decrease at most half the own decrease
+        metrics["relative 1D * decrease from the head"] = times.estimate
+        text += (f" and 1D * by {_pct(times.estimate, 0)}{_ci_text(times.scaled(100))} (specific if at most half "
+                 f"of its own: own - 2 x (*) = {_pct(spec.estimate, 0)}{_ci_text(spec.scaled(100))})")
+    else:
+        operator = {True}
+        text += " (not measured on *: not among the sweep's top heads for *, taken as specific)"
+    intact: set[bool] = {True}
+    if t.has("01_yu_specificity"):
+        sp = t.csv("01_yu_specificity")
+        sp = sp[(sp["layer"] == layer) & (sp["head"] == head)].drop_duplicates("prompt")
+        if len(sp):
+            fact = bootstrap_ci(lambda c, k: float(k.mean() - c.mean()), sp["correct"].astype(float).to_numpy(),
+                                sp["clean_correct"].astype(float).to_numpy())
+            intact = _possible(fact, NOISE_GAP, higher=False)
+            metrics["factual-recall accuracy drop from the head"] = fact.estimate
+            text += (f"; factual recall {_pct(float(sp['clean_correct'].mean()), 0)} -> "
+                     f"{_pct(float(sp['correct'].mean()), 0)} (drop {_pct(fact.estimate, 0)}"
+                     f"{_ci_text(fact.scaled(100))}; intact if within 5 points)")
+    else:  # a sweep from before the control: judged on * alone, and said
+        intact = {True}
+        text += "; no factual-recall control (01_yu_specificity.csv missing)"
+    return {a and b for a in operator for b in intact}, text, metrics
+
+
+def _yu_head_premise(t: Tables, group: str) -> str:
+    """The premise of the findings that build on a key head (mask / keep, shallow neurons):
+    ``group``'s key head in 04_key_heads.csv lowers 1D accuracy and is an arithmetic head
+    (:func:`_head_pattern`). Raises NotApplicable, naming the failed premise, when the head
+    is a fallback (no head lowers 1D accuracy) or is clearly not specific; returns the
+    pattern's text otherwise ("" without a key-head table)."""
+    r = _yu_key_head(t, group)
+    if r is None or not t.has("01_yu_head_sweep_rows"):
+        return ""
+    name = f"L{int(r['layer'])}H{int(r['head'])}"
+    if "lowers_1d" in r and str(r["lowers_1d"]).lower() != "true":
+        raise NotApplicable(f"premise failed: no head lowers 1D {' / '.join(YU_GROUPS[group])} accuracy in notebook "
+                            f"01's exact sweep (key head {name} is the fallback), so there is no arithmetic head "
+                            "whose neurons to analyse")
+    specific, text, _ = _head_pattern(t, int(r["layer"]), int(r["head"]), YU_GROUPS[group])
+    if specific == {False}:
+        raise NotApplicable(f"premise failed: key head {name} is not an arithmetic-specific head ({text})")
+    return f"premise: {text}; "
 
 
 def _yu_single_head(t: Tables) -> Outcome:
@@ -51,18 +138,20 @@ def _yu_single_head(t: Tables) -> Outcome:
                       groups=ops)
     per_op = ", ".join(f"{r.op} L{int(r.layer)}H{int(r.head)} {_pct(r.relative_drop, 0)} (n = {int(r.n)})"
                        for r in top.itertuples())
-    spec = ""
-    if t.has("01_yu_specificity"):
-        sp = t.csv("01_yu_specificity")
-        if len(sp):
-            sp["op"] = sp["op"].map(_yu_op)
-            g = sp.groupby("op").agg(before=("clean_correct", "mean"), after=("correct", "mean"))
-            spec = ("; factual recall with that head zeroed: "
-                    + ", ".join(f"{o} {_pct(r.before, 0)} -> {_pct(r.after, 0)}" for o, r in g.iterrows()))
+    full = HALF * (papers.YU_TABLE2["+"] + papers.YU_TABLE2["-"] + papers.YU_TABLE2["/"]) / 300
+    metrics = {"mean top-head relative 1D accuracy decrease (+ - /)": ci.estimate}
+    specific: set[bool] = {True}
+    patterns = []
+    for (layer, head), own in top.groupby(["layer", "head"])["op"]:
+        s, text, m = _head_pattern(t, int(layer), int(head), sorted(own))
+        specific = {a and b for a in specific for b in s}
+        patterns.append(text)
+        metrics.update({f"{k} ({', '.join(sorted(own))})": v for k, v in m.items()})
+    verdict = _judged(lambda big, spec, some: _grade(big and spec, some),
+                      _possible(ci, full), specific, _possible(ci, NOISE_GAP))
     return Outcome(f"largest relative 1D accuracy decrease from one head (every position, all 1D prompts): {per_op}; "
-                   f"mean {ci.text()}{spec}",
-                   interval_verdict(ci, HALF * (papers.YU_TABLE2["+"] + papers.YU_TABLE2["-"] + papers.YU_TABLE2["/"]) / 300, NOISE_GAP),
-                   {"mean top-head relative 1D accuracy decrease (+ - /)": ci.estimate}, ci)
+                   f"mean {ci.text()}; " + "; ".join(patterns),
+                   verdict, metrics, ci, thresholds=(full, NOISE_GAP), population=ci.n)  # every 1D operand pair
 
 
 
@@ -95,6 +184,7 @@ def _yu_mask_keep(t: Tables) -> Outcome:
         raise NotRun("no correct 1D + / - cases")
     if not {"seed", "correct_by_prompt"} <= set(mk.columns):
         raise NotRun(_YU_04_STALE.format(name="04_mask_keep"))
+    premise = _yu_head_premise(t, "+-")
     K = 99 if (mk["K"] == 99).any() else int(mk["K"].max())
     at = mk[mk["K"] == K]
 
@@ -129,7 +219,7 @@ def _yu_mask_keep(t: Tables) -> Outcome:
     layers = at.loc[at["intervention"] == "keep", "keep_layers"] if "keep_layers" in at else pd.Series(dtype=str)
     span = str(layers.iloc[0]) if len(layers) else "n/a"
     span = span[:-2] if span.endswith(".0") else span  # one layer, read back as a number
-    return Outcome(f"{_yu_key_head_text(t, '+-')}top-{K}: mask {txt(mask)}, keep {txt(keep)} (layers "
+    return Outcome(f"{premise}{_yu_key_head_text(t, '+-')}top-{K}: mask {txt(mask)}, keep {txt(keep)} (layers "
                    f"{span}), random mask {txt(rnd)}, random keep {txt(rkeep)} "
                    f"accuracy decrease ({mask.n} correct cases; exact binomial 95 % intervals, random controls over "
                    f"{n_seeds} seeds by a bootstrap over cases and seeds)",
@@ -137,7 +227,7 @@ def _yu_mask_keep(t: Tables) -> Outcome:
                    {"mask accuracy decrease (%)": mask.estimate, "keep accuracy decrease (%)": keep.estimate,
                     "random-mask accuracy decrease (%)": rnd.estimate if rnd is not None else nan,
                     "random-keep accuracy decrease (%)": rkeep.estimate if rkeep is not None else nan, "K": float(K)},
-                   mask)
+                   mask, thresholds=(50.0,), population=mask.n)
 
 
 def _yu_shallow_group(t: Tables, sweep: pd.DataFrame) -> tuple[str, str]:
@@ -158,6 +248,7 @@ def _yu_shallow(t: Tables) -> Outcome:
         raise NotRun("notebook 04 wrote no M sweep (key head in layer 0: no shallow FFN layer below it)")
     sweep = t.csv("04_hidden_m_sweep")
     group, lead = _yu_shallow_group(t, sweep)
+    lead += _yu_head_premise(t, group)
     m = sweep[(sweep["group"].astype(str) == group) & (sweep["M"] == 2)]
     if not {"seed", "paper_n", "correct_by_prompt"} <= set(m.columns):
         raise NotRun(_YU_04_STALE.format(name="04_hidden_m_sweep"))
@@ -175,6 +266,7 @@ def _yu_shallow(t: Tables) -> Outcome:
     share = float(h["share_of_shallow"])
     ci = crossed_bootstrap_ci(lambda a, d: 100 * (d.mean() - a.mean()) / base, hm[:, 0].astype(float),
                               replicates=rm.astype(float))
+    full = 100 * HALF * (papers.YU_CNA_TABLES["M2"]["+-"][1] - papers.YU_CNA_TABLES["M2"]["+-"][2]) / 100
     metrics = {"hidden minus random accuracy decrease (points)": ci.estimate,
                "hidden-interpretable share of shallow neurons": share,
                "hidden-interpretable accuracy decrease (%)": float(h["accuracy_decrease"]),
@@ -185,8 +277,30 @@ def _yu_shallow(t: Tables) -> Outcome:
                    f"{h['accuracy_decrease']:.1f} % decrease vs random {r:.1f} % ({rnd['seed'].nunique()} seeds); "
                    f"gap {ci.estimate:.1f} points{_ci_text(ci)} "
                    f"(bootstrap over {ci.n} cases and the seeds)",
-                   interval_verdict(ci, 100 * HALF * (papers.YU_CNA_TABLES["M2"]["+-"][1] - papers.YU_CNA_TABLES["M2"]["+-"][2]) / 100,
-                                    100 * NOISE_GAP), metrics, ci)
+                   interval_verdict(ci, full, 100 * NOISE_GAP), metrics, ci, thresholds=(full, 100 * NOISE_GAP),
+                   population=ci.n)  # every correct 1D case
+
+
+def _baseline_premise(rows: pd.DataFrame, what: str) -> None:
+    """The premise of the fine-tuning findings: the original model answers the 2-digit test
+    prompts often enough to carry an accuracy change of the rules' smallest size. Raises
+    NotApplicable, with the numbers, when the exact binomial interval of the original's
+    accuracy (``rows``' first row: ``correct_by_prompt``, else ``accuracy`` and ``n_test``)
+    lies wholly below 5 % (``NOISE_GAP``, the 'partly' gap): at about 1 % (SmolLM2) every
+    arm stays near zero whatever the mechanism."""
+    if rows.empty:
+        return
+    r = rows.iloc[0]
+    c = decode_correct(r.get("correct_by_prompt"))
+    k, n = (int(c.sum()), len(c)) if c is not None else (int(round(float(r["accuracy"]) * int(r["n_test"]))),
+                                                         int(r["n_test"])) if "n_test" in r else (0, 0)
+    if n == 0:
+        return
+    ci = binomial_ci(k, n)
+    if ci.high < NOISE_GAP:
+        raise NotApplicable(f"premise failed: the original model answers {_pct(ci.estimate)} "
+                            f"[{100 * ci.low:.1f}, {100 * ci.high:.1f}] of the {n} 2-digit test prompts, below the "
+                            f"{100 * NOISE_GAP:.0f}-point gap the rule reads, so {what} cannot show the paper's effect")
 
 
 def _band_layers(text: object) -> list[int]:
@@ -195,30 +309,42 @@ def _band_layers(text: object) -> list[int]:
     return list(range(int(lo), int(hi or lo) + 1))
 
 
+#: A LoRA layer "beats" the original when its accuracy is higher by at least this margin (the
+#: 'partly' gap, stated before any run): one prompt more is not an improvement.
+LORA_MARGIN = NOISE_GAP
+#: "Every layer beats the original" judged on a share of layers resampled with the prompts:
+#: reproduced when the interval lies at >= 0.9 (at most one layer in ten falls short).
+LORA_NEARLY_ALL = 0.9
+
+
 def _yu_lora_layers(t: Tables) -> Outcome:
     acc = t.csv("05_lora_accuracy_by_layer")
     base_rows = acc[acc["layer"] == -1]
     lora = acc[acc["layer"] >= 0]
     if base_rows.empty or lora.empty:
         raise NotRun("no original row or no LoRA model")
+    _baseline_premise(base_rows, "LoRA on one layer")
     base = float(base_rows["accuracy"].iloc[0])
-    above = float((lora["accuracy"] > base).mean())
+    above = float((lora["accuracy"] >= base + LORA_MARGIN).mean())
     bands = t.csv("05_lora_accuracy_bands") if t.has("05_lora_accuracy_bands") else pd.DataFrame()
     means = bands.set_index("band")["mean_accuracy"] if len(bands) else pd.Series(dtype=float)
     has_bands = {"shallow", "deep"} <= set(means.index)
     L = t.n_layers(acc["layer"])
     best = lora.loc[lora["accuracy"].idxmax()]
     band_txt = ", ".join(f"{b} {_pct(v, 0)}" for b, v in means.items())
-    text = (f"original {_pct(base, 0)}; {_pct(above, 0)} of {len(lora)} LoRA layers beat it; best layer "
+    text = (f"original {_pct(base, 0)}; {_pct(above, 0)} of {len(lora)} LoRA layers beat it by >= "
+            f"{100 * LORA_MARGIN:.0f} points; best layer "
             f"{int(best['layer'])} ({_pct(best['accuracy'], 0)})" + (f"; bands: {band_txt}" if band_txt else ""))
-    metrics = {"share of LoRA layers beating the original": above,
+    metrics = {"share of LoRA layers beating the original by the margin": above,
                "best LoRA layer / n_layers": float(best["layer"]) / L,
                "shallow minus deep band accuracy": float(means["shallow"] - means["deep"]) if has_bands
                else float("nan")}
     mat = _correct_matrix(pd.concat([base_rows.iloc[:1], lora]))
     if mat is None:
         raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='05', table='05_lora_accuracy_by_layer')}")
-    share = bootstrap_ci(lambda x: float((x[:, 1:].mean(0) > x[:, 0].mean()).mean()), mat)
+    # the unit of the claim is the layer: prompts and layers resampled (crossed bootstrap)
+    share = crossed_bootstrap_ci(lambda orig, x: float((x.mean(0) >= orig.mean() + LORA_MARGIN).mean()),
+                                 mat[:, 0].astype(float), replicates=mat[:, 1:].astype(float))
     falls: set[bool] = {False}
     if has_bands and "layers" in bands:
         layers = lora["layer"].astype(int).tolist()
@@ -228,11 +354,15 @@ def _yu_lora_layers(t: Tables) -> Outcome:
                            mat)
         falls = _above_zero(gap)
         text += f" (shallow minus deep {_pct(gap.estimate, 0)}{_ci_text(gap.scaled(100))})"
-    return Outcome(f"{text}; share beating the original {_pct(share.estimate, 0)}{_ci_text(share.scaled(100))} "
-                   f"(paired bootstrap over {share.n} test prompts)",
-                   _judged(lambda full, half, f: _grade(full and f, half),
-                           _possible(share, 1.0), _possible(share, 0.5), falls),
-                   metrics, share)
+    verdict = _judged(lambda full, half, f: _grade(full and f, half),
+                      _possible(share, LORA_NEARLY_ALL), _possible(share, 0.5), falls)
+    text = (f"{text}; share beating the original by the margin {_pct(share.estimate, 0)}{_ci_text(share.scaled(100))} "
+            f"(bootstrap over {share.n} test prompts crossed with the {len(lora)} layers; one LoRA training per layer: "
+            "the interval excludes training variance)")
+    if verdict == INCONCLUSIVE and len(lora) >= L:  # every layer of the model is trained: nothing left to add
+        return Outcome(f"{text}; undecidable here: all {L} layers are trained", UNDECIDABLE, metrics, share)
+    return Outcome(text, verdict, metrics, share, thresholds=(LORA_NEARLY_ALL, 0.5),
+                   unit=f"LoRA layers (now {len(lora)} of {L})")
 
 
 def _coef_increase_stats(per_case: pd.DataFrame, layer_of: dict[str, int], bands: dict[str, list[int]]
@@ -259,6 +389,9 @@ def _coef_increase_stats(per_case: pd.DataFrame, layer_of: dict[str, int], bands
 
 
 def _yu_lora_coef(t: Tables) -> Outcome:
+    if t.has("05_lora_accuracy_by_layer"):
+        acc = t.csv("05_lora_accuracy_by_layer")
+        _baseline_premise(acc[acc["layer"] == -1], "the LoRA models' coefficient changes on its correct cases")
     tab = t.csv("05_cna_coef_increase_by_band")
     if "selection" in tab:
         tab = tab[tab["selection"] == "cna"]
@@ -286,16 +419,18 @@ def _yu_lora_coef(t: Tables) -> Outcome:
         big = _possible(bootstrap_ci(lambda n, d: band_means(n, d)["shallow"], num, den), HALF * papers.YU_SHALLOW_COEF_MIN)
     else:
         falls = big = {False}
-    return Outcome(f"{text}; mean over bands {mean.estimate:+.1f} %{_ci_text(mean)} (bootstrap over {mean.n} cases)",
+    return Outcome(f"{text}; mean over bands {mean.estimate:+.1f} %{_ci_text(mean)} (bootstrap over {mean.n} cases; "
+                   "one LoRA training per layer: the interval excludes training variance)",
                    _judged(lambda pos, f, b, half: _grade(pos and f and b, half),
                            _above_zero(low), falls, big, _possible(mean, 100 * NOISE_GAP)),
-                   metrics, mean)
+                   metrics, mean, thresholds=(100 * NOISE_GAP,))
 
 
 
 
 def _yu_pruning(t: Tables) -> Outcome:
     tab = t.csv("06_table11")
+    _baseline_premise(tab[tab["model"] == "original"], "pruning and retraining")
     acc = tab.groupby("model")["accuracy"].mean()
     needed = {"original", "LoRA on CNA-pruned", "LoRA on random-pruned"}
     if not needed <= set(acc.index):
@@ -313,13 +448,15 @@ def _yu_pruning(t: Tables) -> Outcome:
     if mat is None:
         raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='06', table='06_table11')}")
     ci = bootstrap_ci(_seed_resampled_gap(n_seeds), mat)
+    full = HALF * (papers.YU_TABLE11["LoRA on CNA-pruned"] - papers.YU_TABLE11["LoRA on random-pruned"]) / 100
     vs_orig = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), mat)
     return Outcome(f"{text}; CNA minus random {_pct(ci.estimate)}{_ci_text(ci.scaled(100))}, minus original "
                    f"{_pct(vs_orig.estimate)}{_ci_text(vs_orig.scaled(100))} (paired bootstrap over {ci.n} test "
-                   f"prompts{f' and the {n_seeds} random prunings' if n_seeds > 1 else ''})",
+                   f"prompts{f' and the {n_seeds} random prunings' if n_seeds > 1 else ''}; one LoRA training per "
+                   "arm: the interval excludes training variance)",
                    _judged(lambda big, above, half: _grade(big and above, half),
-                           _possible(ci, HALF * (papers.YU_TABLE11["LoRA on CNA-pruned"] - papers.YU_TABLE11["LoRA on random-pruned"]) / 100), _above_zero(vs_orig), _possible(ci, NOISE_GAP)),
-                   metrics, ci)
+                           _possible(ci, full), _above_zero(vs_orig), _possible(ci, NOISE_GAP)),
+                   metrics, ci, thresholds=(full, NOISE_GAP))
 
 
 
@@ -383,4 +520,5 @@ def _yu_gender(t: Tables) -> Outcome:
         return Outcome(text + "; no random control", INCONCLUSIVE, metrics, ci)
     return Outcome(text, _judged(lambda big, above: _grade(big and above, above),
                                  _possible(ci, HALF * papers.YU_BIAS_REDUCTION_PCT), _possible(diff, 100 * NOISE_GAP)),
-                   metrics, ci)
+                   metrics, ci, thresholds=(HALF * papers.YU_BIAS_REDUCTION_PCT,),
+                   population=ci.n)  # the model's biased professions: the lexicon's whole list

@@ -259,7 +259,7 @@ def _mask_keep(d: Path, mask: float, keep: float, rnd: float, n: int, n_seeds: i
 @pytest.mark.parametrize("mask, keep, rnd, n, verdict", [
     (100, 3.9, 2, 1000, R.REPRODUCED), (40, 10, 2, 1000, R.PARTLY), (90, 60, 2, 1000, R.PARTLY),
     (60, 10, 40, 1000, R.PARTLY), (10, 80, 2, 1000, R.NOT_REPRODUCED),
-    (55, 10, 2, 20, R.INCONCLUSIVE)])   # 9 of 20 cases kept: the mask decrease's interval straddles 50 %
+    (55, 10, 2, 20, R.UNDECIDABLE)])   # 9 of 20 cases kept: straddles 50 %, and every correct 1D case is used
 def test_mask_keep_rule(tmp_path: Path, mask: float, keep: float, rnd: float, n: int, verdict: str):
     _mask_keep(tmp_path, mask, keep, rnd, n)
     out = _outcome("yu_mask_keep", tmp_path)
@@ -324,7 +324,7 @@ def _m_sweep(d: Path, hidden: float, random: float, n: int = 200, n_seeds: int =
 
 @pytest.mark.parametrize("hidden, random, verdict", [(53.9, 2.6, R.REPRODUCED), (60.0, 5.0, R.REPRODUCED),
                                                      (20.0, 5.0, R.PARTLY), (6.0, 5.0, R.NOT_REPRODUCED),
-                                                     (28.0, 2.0, R.INCONCLUSIVE)])  # gap 26 +- 6 straddles 25.7
+                                                     (28.0, 2.0, R.UNDECIDABLE)])  # gap 26 +- 6 straddles 25.7; all cases used
 def test_shallow_neuron_rule(tmp_path: Path, hidden: float, random: float, verdict: str):
     _m_sweep(tmp_path, hidden, random)
     out = _outcome("yu_shallow_neurons", tmp_path)
@@ -492,13 +492,13 @@ def _bias_scores(d: Path, cna: float, rnd: float, k: int = 18, noise: float = 0.
 @pytest.mark.parametrize("cna, rnd, verdict", [(35.7, 0.0, R.REPRODUCED), (25.0, 10.0, R.REPRODUCED),
                                                (25.0, 22.0, R.NOT_REPRODUCED), (12.0, 2.0, R.PARTLY),
                                                (10.0, 8.0, R.NOT_REPRODUCED),
-                                               (18.0, 0.0, R.INCONCLUSIVE)])  # straddles 17.85 % (half of 35.7)
+                                               (18.0, 0.0, R.UNDECIDABLE)])  # straddles 17.85 %; every biased profession used
 def test_gender_bias_rule(tmp_path: Path, cna: float, rnd: float, verdict: str):
-    _bias_scores(tmp_path, cna, rnd, noise=0.05 if verdict != R.INCONCLUSIVE else 0.3)
+    _bias_scores(tmp_path, cna, rnd, noise=0.05 if verdict != R.UNDECIDABLE else 0.3)
     out = _outcome("yu_gender_bias", tmp_path)
     assert out.verdict == verdict and out.interval.n == 20  # professions, each with its 10 prompts
     assert out.interval.estimate == pytest.approx(out.metrics["CNA bias reduction (%)"])
-    assert out.metrics["CNA minus random (points)"] == pytest.approx(cna - rnd, abs=1.5 if verdict != R.INCONCLUSIVE else 5)
+    assert out.metrics["CNA minus random (points)"] == pytest.approx(cna - rnd, abs=1.5 if verdict != R.UNDECIDABLE else 5)
     assert out.metrics["edited neurons in early layers"] == 16 and "16 of the 18 edited neurons" in out.ours
     assert "Table 23" in out.ours and "without the early layers" in out.ours and "10 seeds" in out.ours
 
@@ -537,16 +537,30 @@ def _lora_layers(d: Path, orig: float, accs: list, bands: dict, n: int = 200, st
 @pytest.mark.parametrize("orig, accs, bands, starts, verdict", [
     (0.6, [0.9, 0.8, 0.75], {"shallow": ("0", 0.9), "deep": ("2", 0.75)}, None, R.REPRODUCED),
     (0.6, [0.75, 0.8, 0.9], {"shallow": ("0", 0.75), "deep": ("2", 0.9)}, None, R.PARTLY),
-    (0.6, [0.9, 0.6, 0.7], {"shallow": ("0", 0.9), "deep": ("2", 0.7)}, None, R.PARTLY),  # one layer ties the original
-    (0.6, [0.5, 0.5, 0.7], {"shallow": ("0", 0.5), "deep": ("2", 0.7)}, None, R.NOT_REPRODUCED),
-    # layer 2 beats the original by 2 points on 200 prompts: "every layer beats it" is not decided
-    (0.6, [0.9, 0.9, 0.62], {"shallow": ("0", 0.9), "deep": ("2", 0.62)}, [0, 0, 10], R.INCONCLUSIVE)])
+    # one layer of three ties the original: resampling the three layers cannot decide, and every layer is trained
+    (0.6, [0.9, 0.6, 0.7], {"shallow": ("0", 0.9), "deep": ("2", 0.7)}, None, R.UNDECIDABLE),
+    (0.6, [0.5, 0.5, 0.7], {"shallow": ("0", 0.5), "deep": ("2", 0.7)}, None, R.UNDECIDABLE),
+    # layer 2 leads by 2 points, below the 5-point margin: it does not beat the original
+    (0.6, [0.9, 0.9, 0.62], {"shallow": ("0", 0.9), "deep": ("2", 0.62)}, [0, 0, 10], R.UNDECIDABLE)])
 def test_lora_layer_rule(tmp_path: Path, orig: float, accs: list, bands: dict, starts, verdict: str):
     _lora_layers(tmp_path, orig, accs, bands, starts=starts)
     _params(tmp_path, n_layers=3)
     out = _outcome("yu_lora_layers", tmp_path)
     assert out.verdict == verdict and out.interval.n == 200
-    assert out.interval.estimate == pytest.approx(out.metrics["share of LoRA layers beating the original"])
+    assert out.interval.estimate == pytest.approx(out.metrics["share of LoRA layers beating the original by the margin"])
+
+
+def test_lora_layers_need_the_margin_and_resample_the_layers(tmp_path: Path):
+    """A layer one prompt above the original does not beat it, and the interval is over
+    layers too: 16 of 20 layers well above and 4 one prompt above give a share of 0.8
+    with an interval that reaches below 0.9, judged inconclusive with the layers named as
+    what would decide (a bootstrap over prompts alone gave [1, 1], reproduced)."""
+    accs = [0.9] * 16 + [0.605] * 4
+    _lora_layers(tmp_path, 0.6, accs, {"shallow": ("0-9", 0.9), "deep": ("10-19", 0.8)})
+    _params(tmp_path, n_layers=24)
+    out = _outcome("yu_lora_layers", tmp_path)
+    assert out.interval.estimate == pytest.approx(0.8) and out.interval.low < 0.9 and out.interval.high > 0.5
+    assert out.verdict == R.INCONCLUSIVE and "more LoRA layers (now 20 of 24) would decide" in out.ours
 
 
 def test_lora_layer_rule_without_per_prompt_columns_is_not_run(tmp_path: Path):
@@ -660,11 +674,12 @@ def test_yu_single_head_compares_relative_decreases_as_the_paper_does(tmp_path: 
     assert "+ L0H0 52 %" in out.ours and out.interval.low > 0.27
 
 
-def test_yu_single_head_is_inconclusive_when_its_interval_straddles_a_threshold(tmp_path: Path):
-    # the same 52 % decrease on 6 prompts per operator cannot be told from 27 %
+def test_yu_single_head_is_undecidable_when_its_interval_straddles_a_threshold(tmp_path: Path):
+    # the same 52 % decrease on 6 prompts per operator cannot be told from 27 %, and the 1D
+    # operand pairs are all measured: more prompts of the same kind do not exist
     _yu_sweep(tmp_path, 6, 4, 2)
     out = _outcome("yu_single_head", tmp_path)
-    assert out.verdict == R.INCONCLUSIVE, out.ours
+    assert out.verdict == R.UNDECIDABLE, out.ours
     assert out.interval.low < 0.27 < out.interval.high
 
 
@@ -1119,3 +1134,60 @@ def test_a_failed_premise_is_not_applicable_not_not_reproduced(tmp_path):
     out = judge(f, R.Tables(tmp_path))
     assert out.verdict == R.NOT_APPLICABLE and "77 %" in out.ours
     assert R.NOT_APPLICABLE in R.VERDICTS and R.UNDECIDABLE in R.VERDICTS
+
+
+# --------------------------------------------------------------------------- Yu: premises and the head's pattern
+
+
+def _head_rows(d: Path, layer: int, head: int, drops: dict, n: int = 40, facts: tuple[int, int] | None = (40, 40)) -> None:
+    """01_yu_head_sweep(_rows) where head (layer, head) is every operator's top head and cuts
+    each operator's 1D accuracy by ``drops[op]`` (a fraction of ``n`` prompts, all answered
+    before); 01_yu_specificity with ``facts`` = (correct before, after) of 40 facts."""
+    _csv(d, "01_yu_head_sweep", [{"op": op, "n_digits": 1, "layer": layer, "head": head, "rank": 1, "n": n,
+                                  "accuracy": 1 - v, "baseline_accuracy": 1.0, "accuracy_drop": v,
+                                  "relative_drop": v} for op, v in drops.items()])
+    _csv(d, "01_yu_head_sweep_rows", [{"op": op, "n_digits": 1, "layer": layer, "head": head, "prompt": i,
+                                       "correct": i >= round(v * n), "clean_correct": True}
+                                      for op, v in drops.items() for i in range(n)])
+    if facts is not None:
+        before, after = facts
+        _csv(d, "01_yu_specificity", [{"op": "+", "layer": layer, "head": head, "prompt": f"fact {i}",
+                                       "correct": i < after, "clean_correct": i < before} for i in range(40)])
+
+
+def test_a_head_that_also_breaks_multiplication_is_only_partly_yus_head(tmp_path: Path):
+    _head_rows(tmp_path, 0, 8, {"+": 0.6, "-": 0.7, "/": 0.6, "*": 0.75})
+    generic = _outcome("yu_single_head", tmp_path)
+    assert generic.verdict == R.PARTLY and "1D * by 75 %" in generic.ours
+    _head_rows(tmp_path, 0, 8, {"+": 0.6, "-": 0.7, "/": 0.6, "*": 0.05})
+    specific = _outcome("yu_single_head", tmp_path)
+    assert specific.verdict == R.REPRODUCED, specific.ours
+
+
+def test_a_head_that_breaks_factual_recall_is_not_specific(tmp_path: Path):
+    _head_rows(tmp_path, 0, 8, {"+": 0.6, "-": 0.7, "/": 0.6, "*": 0.05}, facts=(40, 20))
+    out = _outcome("yu_single_head", tmp_path)
+    assert out.verdict == R.PARTLY and "factual recall 100 % -> 50 %" in out.ours
+
+
+@pytest.mark.parametrize("times, lowers, verdict, words", [
+    (0.75, True, R.NOT_APPLICABLE, "not an arithmetic-specific head"),
+    (0.05, True, R.REPRODUCED, "premise: L0H8"),
+    (0.05, False, R.NOT_APPLICABLE, "no head lowers 1D + / - accuracy")])
+def test_mask_keep_first_checks_that_its_key_head_is_an_arithmetic_head(tmp_path: Path, times, lowers, verdict,
+                                                                        words):
+    _head_rows(tmp_path, 0, 8, {"+": 0.6, "-": 0.7, "*": times})
+    _csv(tmp_path, "04_key_heads", [{"group": "+-", "layer": 0, "head": 8, "lowers_1d": lowers, "op": op}
+                                    for op in "+-"])
+    _mask_keep(tmp_path, 100, 3.9, 2, 1000)
+    out = _outcome("yu_mask_keep", tmp_path)
+    assert out.verdict == verdict and words in out.ours, out.ours
+
+
+def test_fine_tuning_findings_are_not_applicable_when_the_original_cannot_carry_them(tmp_path: Path):
+    _lora_layers(tmp_path, 0.01, [0.03, 0.02, 0.04], {"shallow": ("0", 0.03), "deep": ("2", 0.04)}, n=385)
+    _params(tmp_path, n_layers=3)
+    out = _outcome("yu_lora_layers", tmp_path)
+    assert out.verdict == R.NOT_APPLICABLE and "premise failed: the original model answers 1.0 %" in out.ours
+    _lora_layers(tmp_path, 0.10, [0.3, 0.3, 0.3], {"shallow": ("0", 0.3), "deep": ("2", 0.3)}, n=385)
+    assert _outcome("yu_lora_layers", tmp_path).verdict != R.NOT_APPLICABLE

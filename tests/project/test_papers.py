@@ -17,6 +17,9 @@ def test_numbers_the_papers_derive_from_each_other_agree():
     m2_neurons, m2_decrease, _ = papers.YU_CNA_TABLES["M2"]["+-"]
     assert m2_neurons == papers.YU_CNA_TABLES["M_neurons"][2]
     assert m2_decrease == papers.YU_CNA_TABLES["M_decrease"]["+-"][2]
+    t1 = papers.YU_TABLE1
+    rel = {op: 100 * (1 - t1["17^22"][op] / t1["original"][op]) for op in "+-*"}
+    assert round(rel["*"], 1) == 10.8 and round((rel["+"] + rel["-"]) / 2, 1) == 39.5  # as its comment says
     assert papers.ZHANG_HEAD_COUNTS[2] == 32 and max(papers.ZHANG_HEAD_COUNTS) < papers.ZHANG_TOTAL_HEADS
     assert papers.ZHANG_SFT["lr"] in papers.SFT_LR_GRID  # the CPU grid brackets Zhang's lr
     assert papers.FAITHFULNESS_TARGET < papers.NIKANKIN_FAITHFULNESS
