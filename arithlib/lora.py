@@ -268,7 +268,8 @@ def _last_position_run(bridge, prompts: PromptSet, weights, batch_size: int):
 
 def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.Tensor]], *,
              ks: Sequence[int] = (50, 30, 20, 10), layers: Sequence[int] | None = None, mode: str = "auto",
-             n_candidates: int = 200, batch_size: int = 16, progress: bool = True) -> tuple[pd.DataFrame, dict]:
+             n_candidates: int = 200, batch_size: int = 16, progress: bool = True,
+             norm_reading: str = "final") -> tuple[pd.DataFrame, dict]:
     """Yu & Ananiadou Sec. 5 (Tables 9-10): CNA between each fine-tuned model and the
     original on ``cases`` (target: each case's correct first answer token).
 
@@ -280,8 +281,8 @@ def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.T
     (Yu's CNA between the two models), and ``select="original"``, the most important
     neurons of the original model (independent of M). Neurons are ranked within
     ``layers`` (default ``cna.deep_layers``: Yu's important neurons, Tables 4 and 9, are
-    deep FFN neurons). Both models' vectors are read with the original run's final norm
-    scale (``cna.NORM_READINGS``, the authors' reading). For each, the coefficient increase
+    deep FFN neurons). ``norm_reading`` "final": both models' vectors are read with the
+    original run's final norm scale (the authors' reading; ``cna_norm.NORM_READINGS``). For each, the coefficient increase
     (%) of those neurons from the original to M, sign-aware:
     100 * sum sign(m0) (m1 - m0) / sum |m0| over cases and neurons (the negative of
     ``cna.coefficient_decrease``). Returns (rows: model, selection, k, coef_increase,
@@ -302,13 +303,14 @@ def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.T
     layers = cna.deep_layers(n_layers) if layers is None else sorted(int(l) for l in layers)
     run_orig = _last_position_run(bridge, cases, None, batch_size)
     orig_imp = cna.importance_from_runs(bridge, [run_orig], targets, mode=mode, n_candidates=n_candidates,
-                                        select="score", layers=layers)["importance"][0]
+                                        select="score", layers=layers, norm_reading=norm_reading)["importance"][0]
     rows, details = [], {"original": {"run": run_orig, "importance": orig_imp}, "layers": layers}
     per_case: list[dict] = []
     for model_name, weights in tqdm(models.items(), desc="CNA per model", disable=not progress):
         run_m = _last_position_run(bridge, cases, weights, batch_size)
         out = cna.importance_from_runs(bridge, [run_m, run_orig], targets, mode=mode, n_candidates=n_candidates,
-                                       select="change", layers=layers, scale_from=1)  # the original's final scale
+                                       select="change", layers=layers, norm_reading=norm_reading,
+                                       scale_from=1)  # the original's final scale
         imp_m, imp_o = out["importance"][0], out["importance"][1]
         change = imp_m - imp_o
         details[model_name] = {"run": run_m, "importance": imp_m, "importance_orig": imp_o}

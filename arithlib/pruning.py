@@ -373,12 +373,13 @@ class CNAScores:
 @torch.no_grad()
 def lora_cna_scores(bridge, cases: PromptSet, lora_weights: Mapping[str, torch.Tensor], layers: Sequence[int], *,
                     mode: str = "auto", n_candidates: int = 300, batch_size: int = 32,
-                    progress: bool = True) -> CNAScores:
+                    progress: bool = True, norm_reading: str = "final") -> CNAScores:
     """Yu Sec. 6.1: CNA (Sec. 4.1) between the LoRA model (``lora_weights`` swapped into
     ``bridge``) and the original on ``cases``, target = each case's correct first answer
     token, for every FFN neuron of ``layers``. LoRA in attention leaves the FFN values,
     final norm and unembedding unchanged, so one importance formula serves both
-    models (checked: the weights may not touch MLPs, norms or the unembedding)."""
+    models (checked: the weights may not touch MLPs, norms or the unembedding); with
+    ``norm_reading`` "final" both are read with the original run's final norm scale."""
     names = LO._mlp_weight_names(bridge)
     touched = set(lora_weights) & set(names)
     if touched:
@@ -392,8 +393,8 @@ def lora_cna_scores(bridge, cases: PromptSet, lora_weights: Mapping[str, torch.T
         run_l = run_last_position(bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress,
                                     desc="LoRA")
     out = C.importance_from_runs(bridge, [run_l, run_o], targets, mode=mode, n_candidates=n_candidates,
-                                 select="change", layers=layers, progress=progress,
-                                 scale_from=1)  # both read with the original's final scale
+                                 select="change", layers=layers, progress=progress, norm_reading=norm_reading,
+                                 scale_from=1)  # "final": both read with the original's final scale
     imp, approx = out["importance"][:, :, layers], out["approx"][:, :, layers]
     return CNAScores(change=imp[0] - imp[1], approx_change=approx[0] - approx[1], layers=layers, mode=mode,
                      n_candidates=None if mode == "exact" else n_candidates, accuracy_original=run_o.accuracy,

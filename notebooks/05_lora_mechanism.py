@@ -85,6 +85,7 @@ lora_r = 16
 lora_alpha = 32
 lrs = [1e-3, 5e-4, 1e-4]  # Yu Sec. 5's learning-rate grid
 top_ks = [50, 30, 20, 10] # Yu Table 10
+norm_reading = "final"    # CNA through the final norm: "final" (the authors': the original run's final scale) or "own"
 n_table9 = 3              # neurons of the case 3+5 shown in Table 9
 use_cache = True          # reuse trained weights from the cache (keyed by model, data and settings), and the CNA
                           # section's results (arithlib.stored): a stopped run resumes there
@@ -110,7 +111,7 @@ from arithlib.stored import Store
 
 t_start = time.time()
 run = start_run("05_lora_mechanism", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, fewshot=fewshot, scale=scale, ops=ops,
-                lora_r=lora_r, lora_alpha=lora_alpha, lrs=lrs, top_ks=top_ks)
+                lora_r=lora_r, lora_alpha=lora_alpha, lrs=lrs, top_ks=top_ks, norm_reading=norm_reading)
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 n_params = FT.count_parameters(bridge)  # "auto" takes the smaller "cpu-bands" scale above 1 B on a CPU
 S = scales.scale_settings(scale, run.model.device, quick, info.n_layers, n_params=n_params)
@@ -217,9 +218,10 @@ lora_weights = {f"LoRA L{l}": lora_models[l].weights for l in S["layers"]}
 ks = [k for k in top_ks if k <= info.n_layers * info.d_mlp]
 deep = C.deep_layers(info.n_layers)
 coef_rows, cna_details = store("CNA on the LoRA models", lambda: lora.lora_cna(
-    bridge, cases, lora_weights, ks=ks, layers=deep, mode="auto", n_candidates=S["n_candidates"], batch_size=batch_size),
+    bridge, cases, lora_weights, ks=ks, layers=deep, mode="auto", n_candidates=S["n_candidates"], batch_size=batch_size,
+    norm_reading=norm_reading),
     code=["lora"], model=bridge, cases=cases, weights=lora_weights, ks=ks, layers=deep,
-    n_candidates=S["n_candidates"], batch_size=batch_size)
+    n_candidates=S["n_candidates"], batch_size=batch_size, norm_reading=norm_reading)
 layer_of = {f"LoRA L{l}": l for l in S["layers"]}
 coef_rows["layer"] = coef_rows.model.map(layer_of)
 save_table(coef_rows, run.out, "05_cna_coef_increase")

@@ -72,6 +72,7 @@ shares = [0.01, 0.02, 0.05, 0.1, 0.2]  # the sweep over the share kept
 mode = "auto"                          # CNA importance: "exact", "two_stage", or "auto" (exact on a GPU or a small model)
 cases_per_op = "auto"                  # 1D cases per operator for CNA: an int, None (all), or "auto" (the scale's)
 n_candidates = "auto"                  # two-stage mode: exact CNA scores per case ("auto": the scale's)
+norm_reading = "final"                 # CNA through the final norm: "final" (the authors') or "own" (a variant)
 random_seeds = "auto"                  # random prunings at main_share, each LoRA-tuned ("auto": the scale's)
 sweep_seeds = "auto"                   # random prunings per share in the sweep ("auto": the scale's)
 sweep_lora = "auto"                    # fine-tune LoRA at every share of the sweep (True/False/"auto")
@@ -103,7 +104,7 @@ warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # ra
 t_start = time.time()
 run = start_run("06_pruning", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, main_share=main_share, shares=shares, mode=mode,
                 cases_per_op=cases_per_op, n_candidates=n_candidates, random_seeds=random_seeds,
-                sweep_seeds=sweep_seeds, sweep_lora=sweep_lora, batch_size=batch_size)
+                sweep_seeds=sweep_seeds, sweep_lora=sweep_lora, batch_size=batch_size, norm_reading=norm_reading)
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
 timings = []
@@ -217,7 +218,7 @@ print(f"{len(train_set)} train / {len(val_set)} val / {len(test_set)} test sente
 t0 = time.time()
 cases = pruning.yu_1d_cases(tok, fewshot=p05["fewshot"], per_op=S["cases_per_op"], seed=seed)
 scores = pruning.lora_cna_scores(bridge, cases, lora_ref.weights, deep, mode=mode_used, n_candidates=S["n_candidates"],
-                           batch_size=batch_size)
+                           batch_size=batch_size, norm_reading=norm_reading)
 ranking = pruning.union_ranking(scores)
 curve = pruning.union_size_curve(ranking)
 n_main = pruning.n_for_share(main_share, n_deep)

@@ -33,6 +33,9 @@ _ZHANG_DATA = ("X_r: sentences of 36 templates (Equation, Statement, Question-An
                "symbol replaced ('nothing', '@', ...); zero-shot")
 _YU_MODEL = "Llama-7B (32 layers x 32 heads, 11,008 FFN neurons per layer; GPT-J in App. C)"
 _YU_1D = "all 1D+ and 1D- cases the model answers (4 prompts per operator, Table 14), zero-shot"
+#: How the authors' code reads a vector for CNA (get_bsvalues in their public CNA notebook).
+_YU_CNA_READING = ("every vector read through the final RMSNorm with the original run's final-state variance at the "
+                   "answer position (the authors' code; the text does not say)")
 _YU_2D = ("2-digit + - * / sentences of the 4 Table-14 prompts incl. negative results: 18,000 train / 2,000 test "
           "(Sec. 5), zero-shot")
 _NIK_MODEL = "Llama3-8B (32 layers, 14,336 neurons per MLP; Llama3-70B, Pythia-6.9B, GPT-J too)"
@@ -85,7 +88,7 @@ PAPER: dict[str, dict[str, str]] = {
         positions="top-K CNA neurons (original vs head 17.22 zeroed) zeroed at the last position; keep: every other "
                   "neuron of FFN layers 17-31 zeroed",
         metric="accuracy decrease (%) at K = 99, 50, 30, 20, 10 (Table 5)",
-        scale="exact CNA importance of every FFN neuron"),
+        scale="exact CNA importance of every FFN neuron, " + _YU_CNA_READING),
     "yu_shallow_neurons": dict(
         model=_YU_MODEL, prompts=_YU_1D,
         positions="FFN neurons of layers 0-15 projected through the OV matrices of attention layers 0-16; those with "
@@ -101,18 +104,18 @@ PAPER: dict[str, dict[str, str]] = {
         model=_YU_MODEL, prompts="1D cases (CNA between each LoRA model and the original)",
         positions="top CNA neurons of the deep FFN layers, last position",
         metric="coefficient increase (%) of the top-k neurons by LoRA layer band (Table 10)",
-        scale="the 32 LoRA models of Fig. 2"),
+        scale="the 32 LoRA models of Fig. 2; CNA " + _YU_CNA_READING),
     "yu_pruning": dict(
         model=_YU_MODEL, prompts="CNA on all 1D + - * / cases (top-500 per case); LoRA data as Sec. 5 (18,000 / 2,000)",
         positions="the union of the cases' top-500 kept in FFN layers 17-31 (5 %), the rest pruned; LoRA on layer 9",
         metric="2D test accuracy after LoRA: CNA-pruned vs randomly pruned (Table 11)",
-        scale="one random pruning reported"),
+        scale="one random pruning reported; CNA " + _YU_CNA_READING),
     "yu_gender_bias": dict(
         model=_YU_MODEL, prompts="8 prompts x {man, woman} (App. D, Table 22; Sec. 6.2 says four); 32 professions from "
                                  "the top-100 predictions (Table 23); CNA on the first prompt",
         positions="top-18 CNA neurons zeroed (parameters set to zero)",
         metric="mean |log p(prof | woman) - log p(prof | man)| over prompts and professions (Table 13: 1.26 -> 0.81)",
-        scale="18 neurons; no random control reported"),
+        scale="18 neurons; no random control reported; CNA " + _YU_CNA_READING),
     "nikankin_faithfulness": dict(
         model=_NIK_MODEL, prompts=_NIK_DATA,
         positions="activation patching per component and position (op1, op, op2, '='), then neurons of the "
@@ -218,6 +221,14 @@ def _yu_key_head(P) -> str:
     return _YU_KEY_HEAD
 
 
+def _cna_reading(P: Params, nb: str) -> str:
+    """How notebook ``nb``'s CNA read its vectors through the final norm (its ``norm_reading``
+    parameter; a run that does not record one read each vector by its own RMS)."""
+    reading = _nb(P, nb).get("norm_reading", "own")
+    return ("CNA read with the original run's final scale (the authors' reading)" if reading == "final" else
+            "CNA read with each vector's own RMS (not the authors' reading: rerun for it)")
+
+
 def _nik_prompts(P: Params, per_op_key: str, nb: str) -> str:
     p = _nb(P, nb)
     cap = f", operands 0-{p['nikankin_max_operand']} capped at single tokens" if "nikankin_max_operand" in p else \
@@ -304,7 +315,7 @@ OURS: dict[str, dict[str, Getter]] = {
         metric=lambda P: f"accuracy decrease at K in {_nb(P, '04')['top_ks']} (exact binomial intervals); random mask "
                          f"and random keep over {_nb(P, '04')['n_random_seeds']} seeds",
         scale=lambda P: f"importance mode {_nb(P, '04')['mode']!r} ({_nb(P, '04')['n_candidates']} exact candidates "
-                        f"per case in two-stage mode); {_quick(P, '04')}"),
+                        f"per case in two-stage mode); {_cna_reading(P, '04')}; {_quick(P, '04')}"),
     "yu_shallow_neurons": dict(
         model=lambda P: _model(P, "04") + "; " + _yu_key_head(P),
         prompts=lambda P: _yu_1d(P, "04") + "; the correct 1D / cases with the division key head (Yu App. B, "
@@ -331,7 +342,7 @@ OURS: dict[str, dict[str, Getter]] = {
         positions=lambda P: f"top CNA neurons of FFN layers {_depth(17, _layers(P, '05'))}-{_layers(P, '05') - 1}, "
                             "last position",
         metric=lambda P: f"coefficient increase (%) of the top-k (k in {_nb(P, '05')['top_ks']}) by band",
-        scale=_ft_text),
+        scale=lambda P: f"{_ft_text(P)}; {_cna_reading(P, '05')}"),
     "yu_pruning": dict(
         model=lambda P: _model(P, "06"),
         prompts=lambda P: f"CNA on 1D + - * / cases ({_nb(P, '06')['cases_per_op']} per operator); LoRA data as "
@@ -340,7 +351,7 @@ OURS: dict[str, dict[str, Getter]] = {
                             f"{_depth(17, _layers(P, '06'))}-{_layers(P, '06') - 1}) kept; LoRA on layer "
                             f"{_depth(9, _layers(P, '06'))}",
         metric=lambda P: "test accuracy after LoRA: CNA-pruned vs randomly pruned (mean over seeds)",
-        scale=lambda P: f"{_ft_text(P)}; random prunings {_nb(P, '06')['random_seeds']!r}"),
+        scale=lambda P: f"{_ft_text(P)}; random prunings {_nb(P, '06')['random_seeds']!r}; {_cna_reading(P, '06')}"),
     "zhang_precise_sft": dict(
         model=lambda P: _model(P, "08"),
         prompts=lambda P: f"notebook 05's 2-digit training split ({_ft_scale(P, '08')['n_train']}) plus "
@@ -367,7 +378,7 @@ OURS: dict[str, dict[str, Getter]] = {
         scale=lambda P: f"edit sizes {list(_nb(P, '07')['sweep'])}; {_gender_scoring(P)}; "
                         f"{_nb(P, '07')['n_random_seeds']} layer-matched random sets per size; also the top-"
                         f"{_nb(P, '07')['edit_k']} from layers >= {_nb(P, '07')['early_layers']} and the edit set "
-                        f"less its early neurons; {_quick(P, '07')}"),
+                        f"less its early neurons; {_cna_reading(P, '07')}; {_quick(P, '07')}"),
     "nikankin_faithfulness": dict(
         model=lambda P: _model(P, "03"),
         prompts=lambda P: _nik_prompts(P, "n_analysis", "03"),
