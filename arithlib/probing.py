@@ -10,9 +10,10 @@ Implements the "Key MLPs behavior" analysis of Zhang et al. 2024 (Sec. 5.2, Fig.
   layer, plus the final norm's scale (for direct logit attribution) and whether the
   model answers each prompt (first token, and the whole answer by greedy decoding).
 * :func:`unembed_cosines`: cos(MLP_in, W_U[A]), cos(MLP_in, W_U[B]), cos(MLP_out, ...),
-  cos(MLP_out - MLP_in, W_U[C]) and cos(MLP_out - MLP_in, W_U[other numbers]) per
-  prompt and layer (Fig. 6a, 6b, 13, 14); :func:`summarise_curves` gives the mean and
-  a confidence band; :func:`curve_points` finds where a curve starts, turns and ends.
+  cos(MLP write, W_U[C]) and cos(MLP write, W_U[other numbers]) with the MLP's write
+  resid_post - resid_mid, and the same for the literal MLP_out - MLP_in, per prompt and
+  layer (Fig. 6a, 6b, 13, 14); :func:`summarise_curves` gives the mean and a confidence
+  band; :func:`curve_points` finds where a curve starts, turns and ends.
 * :func:`number_projection` / :func:`top_numbers` / :func:`coarse_to_fine`: the
   single-case view of Fig. 6c; :func:`distance_profile` the same over many prompts.
 * :func:`linear_probes`: per-layer scikit-learn probes with a held-out split grouped by
@@ -22,9 +23,13 @@ Naming. ``MLP_in`` is the MLP module's input, hook ``blocks.L.mlp.hook_in``: the
 residual stream after the attention sublayer (``resid_mid``) passed through the
 block's second norm *including its learned weight* (``blocks.L.ln2.hook_normalized``
 is the same vector before the weight, so it is not the MLP's input). ``MLP_out`` is
-the MLP module's output, ``blocks.L.hook_mlp_out``. So ``MLP_out - MLP_in`` is
-Zhang et al.'s quantity exactly as they define it; ``cos(MLP_out, W_U[C])`` (the
-MLP's own write to the residual stream) is reported beside it.
+the MLP module's output, ``blocks.L.hook_mlp_out``. Zhang et al. (Sec. 4.2) take
+MLP_in as what the MLP receives from the residual stream and MLP_out as what it adds
+back, and subtract them "to isolate the specific contribution of MLP": the isolated
+contribution is the MLP's *write*, ``resid_post - resid_mid`` (measures ``write_*``,
+read by the report's verdict; equal to ``MLP_out`` in a sequential block). The
+literal ``MLP_out - MLP_in`` (output minus the normalised input; measures ``delta_*``)
+is kept as a sensitivity reading: on Qwen2.5 the normalised input dominates it.
 
 W_U direction of a number: the unembedding column ``W_U[:, t]`` of the number's first
 token ``t``, tokenized without a leading space (per-digit tokenizers such as Qwen's
@@ -228,11 +233,15 @@ COSINE_MEASURES: dict[str, tuple[str, str, str]] = {
     "delta_other": ("delta", "other", "cos(MLP_out - MLP_in, W_U[other])"),
     "out_C": ("mlp_out", "C", "cos(MLP_out, W_U[C])"),
     "out_other": ("mlp_out", "other", "cos(MLP_out, W_U[other])"),
+    # the MLP's write into the residual stream (Zhang Sec. 4.2's isolated contribution)
+    "write_C": ("write", "C", "cos(resid_post - resid_mid, W_U[C])"),
+    "write_other": ("write", "other", "cos(resid_post - resid_mid, W_U[other])"),
     # excess over the other numbers: cos(v, W_U[X]) - mean over numbers n != X of cos(v, W_U[n])
     "in_A_x": ("mlp_in", "A-other", "cos(MLP_in, W_U[A]) - mean cos(MLP_in, W_U[n != A])"),
     "in_B_x": ("mlp_in", "B-other", "cos(MLP_in, W_U[B]) - mean cos(MLP_in, W_U[n != B])"),
     "delta_C_x": ("delta", "C-other", "cos(MLP_out - MLP_in, W_U[C]) - mean over n != C"),
     "out_C_x": ("mlp_out", "C-other", "cos(MLP_out, W_U[C]) - mean over n != C"),
+    "write_C_x": ("write", "C-other", "cos(resid_post - resid_mid, W_U[C]) - mean over n != C"),
 }
 
 
@@ -243,8 +252,9 @@ def _unit(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 def unembed_cosines(cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor,
                     numbers: Mapping[int, int]) -> pd.DataFrame:
     """Zhang et al. Sec. 5.2 (Fig. 6a/b, 13, 14): per prompt and layer, the cosine of
-    MLP_in, MLP_out and MLP_out - MLP_in with the unembedding directions of operand A,
-    operand B, the answer C (its first token) and the other candidate numbers.
+    MLP_in, MLP_out, MLP_out - MLP_in and the MLP's write resid_post - resid_mid with
+    the unembedding directions of operand A, operand B, the answer C (its first token)
+    and the other candidate numbers.
 
     ``W_U[other]`` is the mean cosine over the number tokens in ``numbers``
     (:func:`arithlib.datasets.single_token_numbers`) other than C's first token. The ``*_x`` measures are the
@@ -252,7 +262,8 @@ def unembed_cosines(cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor,
     (not in the paper: a control for the direction that all number tokens share, which
     dominates raw cosines when the embeddings are tied, as in Qwen2.5). Returns a long frame:
     ``prompt, op, template_id, a, b, answer, layer, measure, value`` (measures:
-    :data:`COSINE_MEASURES`).
+    :data:`COSINE_MEASURES`; the ``write_*`` ones only when the cache holds ``resid_mid``
+    and ``resid_post``).
     """
     for kind in ("mlp_in", "mlp_out"):
         if kind not in cache.acts:
@@ -268,6 +279,8 @@ def unembed_cosines(cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor,
     WU = _unit(W_U.float(), dim=0)  # unit columns
     vecs = {"mlp_in": _unit(cache.acts["mlp_in"]), "mlp_out": _unit(cache.acts["mlp_out"]),
             "delta": _unit(cache.acts["mlp_out"] - cache.acts["mlp_in"])}
+    if "resid_post" in cache.acts and "resid_mid" in cache.acts:
+        vecs["write"] = _unit(cache.acts["resid_post"] - cache.acts["resid_mid"])
     dirs = {"A": WU[:, a_ids].T, "B": WU[:, b_ids].T, "C": WU[:, c_ids].T}  # [N, d]
     num_dirs = WU[:, num_ids]  # [d, K]
     ids = {"A": a_ids, "B": b_ids, "C": c_ids}
@@ -280,6 +293,8 @@ def unembed_cosines(cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor,
 
     frames = []
     for key, (vec, target, _) in COSINE_MEASURES.items():
+        if vec not in vecs:
+            continue
         v = vecs[vec]  # [N, L, d]
         if target == "other":
             vals = mean_other(vec, "C")
@@ -401,7 +416,8 @@ def curve_points(y: Sequence[float], direction: str = "rise", frac: float = 0.1,
 #: operand and answer similarities rise, the similarity with other numbers falls.
 CURVE_DIRECTIONS: dict[str, str] = {"in_A": "rise", "in_B": "rise", "out_A": "rise", "out_B": "rise",
                                     "delta_C": "rise", "delta_other": "fall", "out_C": "rise", "out_other": "fall",
-                                    "in_A_x": "rise", "in_B_x": "rise", "delta_C_x": "rise", "out_C_x": "rise"}
+                                    "in_A_x": "rise", "in_B_x": "rise", "delta_C_x": "rise", "out_C_x": "rise",
+                                    "write_C": "rise", "write_other": "fall", "write_C_x": "rise"}
 
 
 def curve_point_table(summary: pd.DataFrame, directions: Mapping[str, str] = CURVE_DIRECTIONS,

@@ -30,14 +30,17 @@
 # token) only.
 # 1. Per layer, over the prompts the model answers correctly (Zhang's templates, 4
 #    operators, operands 1..9, 2-shot prefix): cos(MLP_in, W_U[A]), cos(MLP_in, W_U[B]),
-#    the same for MLP_out, and cos(MLP_out − MLP_in, W_U[C]) against the mean of
-#    cos(MLP_out − MLP_in, W_U[n]) over the other candidate numbers n (Zhang Fig. 6a, b),
+#    the same for MLP_out, and the cosine of the MLP's contribution with W_U[C] against
+#    its mean cosine with W_U[n] over the other candidate numbers n (Zhang Fig. 6a, b),
 #    with 95 % confidence bands, and (our control, not in the paper) each target's
 #    cosine minus the mean cosine with the other numbers; the start / inflection / peak /
-#    end of each curve by the
-#    rule of `arithlib.probing.curve_points` (layer 0 left out, see below), compared with
-#    the layers of the key heads found by notebook 01. The verdict reads where the answer
-#    curve's climb begins, with a 95 % interval by a bootstrap over prompts.
+#    end of each curve by the rule of `arithlib.probing.curve_points` (layer 0 left out,
+#    see below), compared with the layers of the key heads found by notebook 01. The
+#    MLP's contribution is read two ways (see **Which reading the verdict takes**): its
+#    write into the residual stream, resid_post − resid_mid (the verdict's), and the
+#    literal MLP_out − MLP_in with the normalised input (a sensitivity reading). The
+#    verdict reads where the write's answer curve climbs, with 95 % intervals by a
+#    bootstrap over prompts.
 # 2. Single cases ("4+3=" as in Fig. 6c, and "8-5="): cos(MLP_out − MLP_in, W_U[n]) for
 #    every number n at every layer; the same over all prompts as a function of |n − C|.
 # 3. Logit lens (residual stream after each layer through the final norm and W_U):
@@ -52,7 +55,8 @@
 # **Definitions.** MLP_in is the MLP module's input, hook `blocks.L.mlp.hook_in` (the
 # residual stream after attention, `resid_mid`, through the block's second norm
 # *including* its weight; `ln2.hook_normalized` is the vector before the weight);
-# MLP_out is `blocks.L.hook_mlp_out`. W_U[n] is the unembedding column of the first
+# MLP_out is `blocks.L.hook_mlp_out`; the MLP's write is `blocks.L.hook_resid_post` −
+# `blocks.L.hook_resid_mid`. W_U[n] is the unembedding column of the first
 # token of n written without a space: with the per-digit tokenizers of Qwen and SmolLM2
 # operands 1..9 are single tokens and a two-digit answer is read through its first
 # digit (the token the model must produce first); the toy model has a token per
@@ -67,7 +71,8 @@
 # share a large common direction in W_U, so raw cosines with W_U[A] partly measure "a
 # number is here" rather than "A is here"; panel (c) of the cosine figure subtracts the
 # mean over the other numbers to separate the two. Section 2 also shows the MLP's own
-# write (MLP_out alone): MLP_out − MLP_in mixes the MLP's write with minus its input.
+# write (MLP_out alone): the literal MLP_out − MLP_in mixes the MLP's write with minus
+# its normalised input.
 
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
@@ -197,8 +202,10 @@ if cos_results[model] is None:
 else:
     cos_frame, cos_summary, cos_points, numbers = cos_results[model]
     save_table(cos_summary, run.out, "02_mlp_cosines")
-    # per prompt and layer, the curves the verdict reads (the report bootstraps the onset over prompts)
-    save_table(cos_frame[cos_frame.measure.isin(["delta_C", "delta_other"])], run.out, "02_mlp_cosines_per_prompt")
+    # per prompt and layer, the curves the verdict reads (the MLP's write) and its sensitivity reading (the
+    # literal MLP_out - MLP_in): the report bootstraps the climb and its onset over prompts
+    save_table(cos_frame[cos_frame.measure.isin(["write_C", "write_other", "delta_C", "delta_other"])], run.out,
+               "02_mlp_cosines_per_prompt")
     save_table(cos_points, run.out, "02_mlp_cosine_points")
     fig = plots.cosine_curves({model: cos_summary}, {model: key_layers}, {model: cos_points})
     save_figure(fig, run.out, "02_mlp_cosines")
@@ -216,16 +223,26 @@ else:
 # from layer 1: *peak* is the layer of the maximum; *start* the layer after the last one
 # before the peak that is within 0.1 R of the minimum; *inflection* the steepest one-layer
 # rise between start and peak; *end* the first layer from the inflection on after which the
-# curve stays within 0.1 R of its last value. For cos(MLP_out − MLP_in, W_U[other]) the
+# curve stays within 0.1 R of its last value. For the cosines with W_U[other] the
 # rule is applied to the negated curve (its fall). Zhang's (start-inflection-end) for
 # LLaMA2-7B are (13-18-28) of 32 layers, and the same points in Fig. 13 and 14.
 #
-# **Which point the verdict reads (changed, issue 28).** Zhang describe the answer curve
-# cos(MLP_out − MLP_in, W_U[C]) as "initial stabilization followed by an increase" (App. C,
-# Fig. 14) that begins "from the 17th layer" (Sec. 5.2): their inflection (18 of 32) is
-# where the plateau turns into the climb, i.e. our *start*, not the steepest step. MLP_in is
-# read as the MLP module's input (after the block's second norm, with its weight), so
-# MLP_out − MLP_in is the change the paper names. **Layer 0 is left out** of every
+# **Which reading the verdict takes.** Zhang Sec. 4.2: "the MLP layer initially receives
+# its input from the residual stream (MLP_in), subsequently adding its output back into
+# that stream (MLP_out)", and they subtract the two "to isolate the specific contribution
+# of MLP". What the MLP adds to the residual stream is resid_post − resid_mid, its write,
+# so the verdict reads cos(resid_post − resid_mid, W_U[C]) (solid curves of panel b). The
+# literal reading, the MLP module's output minus its input after the block's second norm
+# (with its weight), is kept as a sensitivity reading (dashed): on Qwen2.5 that normalised
+# input is far larger than the MLP's output, so the literal curve is close to
+# −cos(MLP_in, W_U[C]). The report gives both, each with its interval.
+#
+# **Which point the verdict reads.** Zhang describe the answer curve as "initial
+# stabilization followed by an increase" (App. C, Fig. 14) that begins "from the 17th
+# layer" (Sec. 5.2): their inflection (18 of 32) is where the plateau turns into the climb,
+# i.e. our *start*, not the steepest step. Whether the curve climbs at all is itself
+# judged on the bootstrap (a climb that only some resamples show is inconclusive, not
+# "not reproduced"). **Layer 0 is left out** of every
 # curve-point search (`probing.FIRST_CURVE_LAYER`, fixed in advance): the MLP of layer 0
 # reads the token embedding after one attention layer, and with tied embeddings its cosine
 # with a W_U column is the embedding's similarity with itself (on Qwen-0.5B the answer curve
@@ -439,16 +456,20 @@ def findings(name: str) -> list[str]:
         out.append(f"- Operands over the other numbers (excess cosine): MLP_in·A {fmt('in_A_x')}; "
                    f"MLP_in·B {fmt('in_B_x')}.")
         out.append(f"- cos(MLP_out, W_U[A]): {fmt('out_A')}; cos(MLP_out, W_U[B]): {fmt('out_B')}.")
-        out.append(f"- cos(MLP_out − MLP_in, W_U[C]): {fmt('delta_C')}; the falling curve "
-                   f"cos(MLP_out − MLP_in, W_U[other]) (rule on its negation): {fmt('delta_other')}.")
-        out.append(f"- Answer over the other numbers (excess cosine): MLP_out − MLP_in {fmt('delta_C_x')}; "
-                   f"MLP_out alone {fmt('out_C_x')}.")
-        c_last = summ[(summ.measure == "delta_C")].sort_values("layer")["mean"].to_numpy()
-        o_last = summ[(summ.measure == "delta_other")].sort_values("layer")["mean"].to_numpy()
-        above = [i for i in range(len(c_last)) if c_last[i] > o_last[i]]
-        out.append(f"- (MLP_out − MLP_in) is more aligned with W_U[C] than with the mean other number at "
-                   f"{len(above)} of {len(c_last)} layers; largest gap {max(c_last - o_last):.3f} at layer "
-                   f"{int((c_last - o_last).argmax())}.")
+        out.append(f"- The MLP's write, cos(resid_post − resid_mid, W_U[C]) (the verdict's reading): "
+                   f"{fmt('write_C')}; the falling curve cos(resid_post − resid_mid, W_U[other]) (rule on its "
+                   f"negation): {fmt('write_other')}.")
+        out.append(f"- Literal cos(MLP_out − MLP_in, W_U[C]) (sensitivity reading): {fmt('delta_C')}; the falling "
+                   f"curve cos(MLP_out − MLP_in, W_U[other]) (rule on its negation): {fmt('delta_other')}.")
+        out.append(f"- Answer over the other numbers (excess cosine): the MLP's write {fmt('write_C_x')}; "
+                   f"MLP_out − MLP_in {fmt('delta_C_x')}.")
+        for vec, c_m, o_m in (("the MLP's write", "write_C", "write_other"), ("MLP_out − MLP_in", "delta_C", "delta_other")):
+            c_last = summ[(summ.measure == c_m)].sort_values("layer")["mean"].to_numpy()
+            o_last = summ[(summ.measure == o_m)].sort_values("layer")["mean"].to_numpy()
+            above = [i for i in range(len(c_last)) if c_last[i] > o_last[i]]
+            out.append(f"- {vec[0].upper() + vec[1:]} is more aligned with W_U[C] than with the mean other number at "
+                       f"{len(above)} of {len(c_last)} layers; largest gap {max(c_last - o_last):.3f} at layer "
+                       f"{int((c_last - o_last).argmax())}.")
         if name == model and key_layers:
             for m in ("in_A", "in_A_x", "in_B_x"):
                 r = pts.loc[m]

@@ -16,15 +16,20 @@ from ..probing import COSINE_MEASURES, PROBE_TARGETS
 
 sns.set_theme(context="notebook", style="whitegrid")
 
-#: Panels of Zhang et al. Fig. 6 (a: operands, b: answer) as lists of measures.
+#: Panels of Zhang et al. Fig. 6 (a: operands, b: answer) as lists of measures. Panel (b)
+#: draws the MLP's write (resid_post - resid_mid, solid: the reading the report's verdict
+#: takes, Zhang Sec. 4.2 "to isolate the specific contribution of MLP") beside the literal
+#: MLP_out - MLP_in with the normalised input (dashed: the sensitivity reading), each with
+#: its band.
 PANELS: dict[str, list[str]] = {
     "(a) operands in MLP input/output": ["in_A", "in_B", "out_A", "out_B"],
-    "(b) MLP_out - MLP_in vs answer and other numbers": ["delta_C", "delta_other", "out_C"],
-    "(c) excess over the other numbers' mean": ["in_A_x", "in_B_x", "delta_C_x", "out_C_x"],
+    "(b) answer: MLP write (solid), MLP_out - MLP_in (dashed)": ["write_C", "write_other", "delta_C", "delta_other"],
+    "(c) excess over the other numbers' mean": ["in_A_x", "in_B_x", "write_C_x", "delta_C_x"],
 }
 _STYLE = {"in_A": ("C3", "-"), "in_B": ("C0", "-"), "out_A": ("C3", ":"), "out_B": ("C0", ":"),
-          "delta_C": ("C2", "-"), "delta_other": ("C7", "-"), "out_C": ("C2", ":"), "out_other": ("C7", ":"),
-          "in_A_x": ("C3", "-"), "in_B_x": ("C0", "-"), "delta_C_x": ("C2", "-"), "out_C_x": ("C2", ":")}
+          "delta_C": ("C2", "--"), "delta_other": ("C7", "--"), "out_C": ("C2", ":"), "out_other": ("C7", ":"),
+          "in_A_x": ("C3", "-"), "in_B_x": ("C0", "-"), "delta_C_x": ("C2", "--"), "out_C_x": ("C2", ":"),
+          "write_C": ("C2", "-"), "write_other": ("C7", "-"), "write_C_x": ("C2", "-")}
 _POINT_MARKERS = {"start": "^", "inflection": "s", "peak": "o", "end": "v"}
 
 

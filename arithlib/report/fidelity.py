@@ -63,7 +63,9 @@ PAPER: dict[str, dict[str, str]] = {
     "zhang_mlp_answer": dict(
         model=_ZHANG_MODEL, prompts="1,000 X_r samples (Sec. 5.2, Fig. 6)",
         positions="MLP input and output at the END token, every layer",
-        metric="cos(MLP_out - MLP_in, W_U[C]) per layer: start-inflection-end 13-18-28 of 32",
+        metric="cos(MLP_out - MLP_in, W_U[C]) per layer: start-inflection-end 13-18-28 of 32; MLP_in is what the "
+               "MLP receives from the residual stream, MLP_out what it adds back, subtracted 'to isolate the "
+               "specific contribution of MLP' (Sec. 4.2)",
         scale="all 32 layers"),
     "zhang_transfer": dict(
         model=_ZHANG_MODEL, prompts="SVAMP, multi-digit integers, rational numbers, dates (Sec. 5.1, Fig. 4; App. D, E)",
@@ -284,9 +286,14 @@ OURS: dict[str, dict[str, Getter]] = {
         model=lambda P: _model(P, "02"),
         prompts=lambda P: f"{_nb(P, '02')['n_per_template']} prompts per template and operator (8 templates x 4 "
                           f"operators), correct only; {_fewshot(P, '02')}",
-        positions=lambda P: f"MLP in / out ({_nb(P, '02')['mlp_in_hook']}, {_nb(P, '02')['mlp_out_hook']}) at the "
-                            "last position, every layer",
-        metric=lambda P: "cos(MLP_out - MLP_in, W_U[C]) per layer; inflection at depth >= 17/32",
+        positions=lambda P: f"the residual stream before and after each MLP (blocks.L.hook_resid_mid, "
+                            f"blocks.L.hook_resid_post) and MLP in / out ({_nb(P, '02')['mlp_in_hook']}, "
+                            f"{_nb(P, '02')['mlp_out_hook']}) at the last position, every layer",
+        metric=lambda P: "the verdict reads cos(MLP write, W_U[C]) with the write resid_post - resid_mid, because "
+                         "the paper subtracts 'to isolate the specific contribution of MLP' (Sec. 4.2), which is what "
+                         "the MLP writes; the literal MLP module output minus its normalised input (ln2 with its "
+                         "weight) is a sensitivity reading, not judged; the climb must be settled and begin at "
+                         "depth >= 17/32",
         scale=lambda P: f"every layer; {_quick(P, '02')}"),
     "zhang_transfer": dict(
         model=lambda P: _model(P, "01"),

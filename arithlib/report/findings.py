@@ -26,7 +26,11 @@ FINDINGS: tuple[Finding, ...] = (
             "key-head share = share of heads whose mean path-patching effect over the prompts is below -5 %, its "
             "95 % interval by a bootstrap over prompts (stratified by operator, 01_path_patching_per_prompt.csv); "
             "reproduced if the interval lies in (0, 5 %]; partly if in (0, 10 %) and not within 5 %; not reproduced "
-            "if above 10 % or if no resample has a key head; inconclusive if it straddles 0, 5 % or 10 %",
+            "if above 10 % or if no resample has a key head; inconclusive if it straddles 0, 5 % or 10 %. Shown "
+            "beside it, not judged: the share of the total |mean effect| carried by the top 5 % of heads, with its "
+            "95 % bootstrap interval, against the same share with the head labels permuted within each prompt "
+            "(1,000 seeded permutations: what the top heads would carry if no head were consistently more "
+            "important than another), so the text says whether the effect is sparse where no head crosses -5 %",
             "01", _zhang_key_heads, figures=("01_path_patching",)),
     Finding("zhang_knockout", "zhang", "Sec. 1; Sec. 5.1 'Validation of key components', Fig. 3",
             "Knocking out heads in effect order breaks arithmetic; in random order it barely matters.",
@@ -37,7 +41,12 @@ FINDINGS: tuple[Finding, ...] = (
             "is left intact); gap = effect-rank relative accuracy drop minus the mean "
             "random-rank drop (random sets of 10 heads), 95 % interval by a bootstrap over prompts stratified by "
             "operator (01_knockout_per_prompt.csv); reproduced if the interval is >= 34 points (half of 70 - 2); "
-            "partly if within [5, 34); not reproduced if below 5; else inconclusive",
+            "partly if within [5, 34); not reproduced if below 5; else inconclusive. Held out: notebook 01 ranks the "
+            "heads by path patching on the same prompts it knocks them out on, so the prompts are split in two "
+            "(seeded, stratified by operator); when the top 10 by mean path-patching effect on one half are the "
+            "knockout's 10, only the other half is scored; otherwise all prompts are, and the text says the heads "
+            "were selected on them. The text also says how many of the 10 are key heads (none where no head "
+            "crosses -5 %)",
             "01", _zhang_knockout, figures=("01_knockout",)),
     Finding("zhang_late_mlps", "zhang", "Sec. 5.1 'Location of key MLPs', Fig. 2 (last column)",
             "MLPs before the key heads have no effect on the answer; MLPs from layer 17 of 32 on do.",
@@ -52,13 +61,19 @@ FINDINGS: tuple[Finding, ...] = (
             "cos(MLP_out - MLP_in, W_U[C]) rises from layer 17 of 32 on: late MLPs write the answer.",
             "start-inflection-end (13-18-28) of 32 layers (LLaMA2-7B)",
             f"{ZHANG_TXT}: Sec. 5.2; App. C (Fig. 13, 14)",
-            "the paper's inflection of this curve is where its initial plateau turns into the climb (App. C, Fig. 14; "
-            "Sec. 5.2 'starting from the 17th layer'): the start of the climb to the maximum by the rule of "
-            "probing.curve_points, searched from layer 1 (layer 0's MLP reads the raw embedding; rule fixed in "
-            "advance); depth = that layer / n_layers with a 95 % interval by a bootstrap over prompts (stratified by "
-            "operator, 02_mlp_cosines_per_prompt.csv); reproduced if the interval is >= 17/32; partly if within "
-            "[13/32, 17/32) (13 is the paper's start); not reproduced if below 13/32 or if the curve does not climb; "
-            "else inconclusive",
+            "the curve read is cos(MLP write, W_U[C]) with the MLP's write resid_post - resid_mid: Zhang Sec. 4.2 "
+            "names MLP_in what the MLP receives from the residual stream and MLP_out what it adds back, and "
+            "subtracts them 'to isolate the specific contribution of MLP' (the literal module output minus its "
+            "normalised input is shown as a sensitivity reading, not judged). The paper's inflection of this curve "
+            "is where its initial plateau turns into the climb (App. C, Fig. 14; Sec. 5.2 'starting from the 17th "
+            "layer'): the start of the climb to the maximum by the rule of probing.curve_points, searched from "
+            "layer 1 (layer 0's MLP reads the raw embedding; rule fixed in advance); 95 % intervals by one "
+            "bootstrap over prompts (stratified by operator, 02_mlp_cosines_per_prompt.csv) for whether the mean "
+            "curve climbs at all and for depth = the climb's first layer / n_layers; not reproduced if the curve "
+            "climbs in at most 2.5 % of the resamples; inconclusive if the bootstrap cannot settle whether it "
+            "climbs; for a curve that climbs, reproduced if the depth's interval is >= 17/32, partly if within "
+            "[13/32, 17/32) (13 is the paper's start), not reproduced if below 13/32, else inconclusive; not run "
+            "for a run without the per-prompt write curve (rerun notebook 02)",
             "02", _zhang_mlp_answer, figures=("02_mlp_cosines",)),
     Finding("zhang_transfer", "zhang", "Sec. 5.1, Fig. 4; App. D, E",
             "Knocking out the key heads also breaks other formats (SVAMP, multi-digit, decimals...).",
@@ -68,7 +83,9 @@ FINDINGS: tuple[Finding, ...] = (
             "heads by path-patching effect, the k of the knockout finding, minus the drop after knocking out as many "
             "random heads), 95 % interval by a bootstrap over prompts stratified by format "
             "(01_transfer_per_prompt.csv); reproduced if the interval is >= 33 points (half of 66 %); partly if "
-            "within [5, 33); not reproduced if below 5; else inconclusive",
+            "within [5, 33); not reproduced if below 5; else inconclusive. The heads are selected on notebook 01's "
+            "Zhang prompts and scored on other formats; the text says how many of the 10 are key heads (none where "
+            "no head crosses -5 %)",
             "01", _zhang_transfer, figures=("01_transfer",)),
     Finding("zhang_precise_sft", "zhang", "Sec. 4.3 (Alg. 2), Sec. 5.3, Table 1",
             "Fine-tuning only the key heads improves arithmetic about as much as full SFT and keeps general ability.",

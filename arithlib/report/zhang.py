@@ -3,12 +3,15 @@ transfer, precise SFT; each function reads a figures folder and returns an Outco
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from .. import papers
 from ..papers import HALF, KEY_HEAD_THRESHOLD, KNOCKOUT_K, NOISE_GAP, ZHANG_PRECISE_MARGIN
-from ..stats import INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, bootstrap_ci, interval_verdict
+from ..stats import INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, bootstrap_ci, interval_verdict
 from .rules import (RERUN_PER_PROMPT, Outcome, _above_zero, _ci_text, _correct_matrix, _grade, _judged, _paper_depth,
                     _pct, _possible)
 from .tables import NotRun, Tables
@@ -33,9 +36,77 @@ def _pooled(t: Tables, kind: str) -> tuple[np.ndarray, np.ndarray, list[tuple[in
     return wide.to_numpy(float), ops, [(int(l), int(h)) for l, h in wide.columns]
 
 
+def _zhang_population(ops: list[str] | None = None) -> int:
+    """Zhang prompts that could ever be drawn: every operand pair 1-9 of every template
+    (8 per operator) of ``ops`` (default: all four), results non-negative integers
+    (:func:`arithlib.datasets.zhang_prompts` with no sampling). The correct ones a verdict
+    reads are a subset, so a verdict called undecidable against this number is one that
+    even every candidate prompt could not decide."""
+    from ..datasets import OPS, zhang_prompts
+
+    return len(zhang_prompts(ops=tuple(ops) if ops else OPS))
+
+
+def _population_01(t: Tables) -> int:
+    """:func:`_zhang_population` of notebook 01's operators (its params' ``ops``)."""
+    ops = t.params().get("01", {}).get("ops")
+    return _zhang_population(list(ops) if isinstance(ops, list) and ops else None)
+
+
 def _key_share(effects: np.ndarray) -> float:
     """Share of heads whose mean effect over the prompts (rows) is below -5 % (Zhang Sec. 5.1)."""
     return float((effects.mean(0) < KEY_HEAD_THRESHOLD).mean())
+
+
+def _top_count(n_heads: int) -> int:
+    """Heads in the "top 5 %": as many as make up at most 5 % of the heads (at least one)."""
+    return max(1, math.floor(papers.ZHANG_KEY_HEAD_SHARE * n_heads))
+
+
+def top_share(effects: np.ndarray, top: int) -> float:
+    """Share of the total |mean effect| over the heads (columns; mean over the prompts,
+    rows, as Zhang Fig. 2's per-head effect) carried by the ``top`` heads of largest
+    |mean effect|: 1 when they carry all of it, ``top / n_heads`` when every head carries
+    as much. A scale-free measure of how sparse the heads' effect is, whatever its size."""
+    a = np.abs(effects.mean(0))
+    total = a.sum()
+    return float(np.sort(a)[::-1][:top].sum() / total) if total > 0 else float("nan")
+
+
+#: Permutations of the null of :func:`permuted_top_share`, and their seed.
+N_PERMUTATIONS, PERMUTATION_SEED = 1000, 0
+
+
+def permuted_top_share(effects: np.ndarray, top: int, n_perm: int = N_PERMUTATIONS,
+                       seed: int = PERMUTATION_SEED) -> np.ndarray:
+    """The null of :func:`top_share`: the same share after the head labels are permuted
+    at random within each prompt (row), independently per prompt (seeded).
+
+    Why this null: Zhang's claim (Sec. 5.1) is that the *same* few heads carry the effect.
+    A within-prompt permutation keeps every prompt's set of effect sizes (how large they
+    are, and how unevenly they fall on that prompt's heads) and destroys only which head
+    carries them, so the null share is what the top heads would carry if no head were
+    consistently more important than another. (A sign-flip null would test whether the
+    effects have a consistent sign, not whether they are concentrated.) Returns the
+    ``n_perm`` permuted shares."""
+    rng = np.random.default_rng(seed)
+    return np.array([top_share(rng.permuted(effects, axis=1), top) for _ in range(n_perm)])
+
+
+def _concentration(eff: np.ndarray, ops: np.ndarray) -> tuple[str, dict[str, float]]:
+    """Text and metrics of the top-5 % heads' share of |effect| (:func:`top_share`, its 95 %
+    bootstrap interval over prompts stratified by operator) beside its permutation null
+    (:func:`permuted_top_share`: mean and central 95 %)."""
+    top = _top_count(eff.shape[1])
+    ci = bootstrap_ci(lambda x: top_share(x, top), eff, groups=ops)
+    null = permuted_top_share(eff, top)
+    lo, hi = np.quantile(null, [0.025, 0.975])
+    null_text = Interval(float(null.mean()), float(lo), float(hi), len(null), "permutation").text()
+    text = (f"; shown, not judged: the top 5 % of heads ({top} of {eff.shape[1]}) carry {ci.text()} of the total "
+            f"|mean effect|, against {null_text} with the head labels permuted within each prompt ({len(null):,} "
+            f"permutations, central 95 %; {_pct(top / eff.shape[1], 1)} if every head carried as much)")
+    return text, {"top-5 % heads' share of |effect|": ci.estimate,
+                  "top-5 % heads' share of |effect|, head labels permuted": float(null.mean())}
 
 
 def _zhang_key_heads(t: Tables) -> Outcome:
@@ -53,17 +124,93 @@ def _zhang_key_heads(t: Tables) -> Outcome:
         verdict = INCONCLUSIVE    # "some key heads" is itself undecided
     else:
         verdict = interval_verdict(ci, papers.ZHANG_KEY_HEAD_SHARE, 2 * papers.ZHANG_KEY_HEAD_SHARE, higher_is_better=False)
+    sparse, sparse_metrics = _concentration(eff, ops)
     return Outcome(f"{len(key)} of {len(comps)} heads = {ci.text(digits=1)} (layers {layers or 'none'}; "
-                   f"{eff.shape[0]} prompts)",
+                   f"{eff.shape[0]} prompts){sparse}",
                    verdict,
                    {"key-head share": share, "key heads": float(len(key)),
-                    "mean key-head layer / n_layers": depth}, ci)
+                    "mean key-head layer / n_layers": depth, **sparse_metrics}, ci,
+                   thresholds=(papers.ZHANG_KEY_HEAD_SHARE, 2 * papers.ZHANG_KEY_HEAD_SHARE),
+                   population=_population_01(t))
 
 
 def _knockout_k(t: Tables) -> int:
     info = t.info()
     n = int(info.get("n_layers", 0)) * int(info.get("n_heads", 0))
     return min(KNOCKOUT_K, n // 2) if n else KNOCKOUT_K
+
+
+def _key_head_note(t: Tables, k: int) -> str:
+    """How many of the ``k`` heads of largest path-patching effect (the knocked-out ones) are
+    key heads by notebook 01's rule (:func:`arithlib.path_patching.stored_key_heads`, the
+    pooled rows of 01_path_patching.csv): where no head crosses -5 % they are not key heads."""
+    if not t.has("01_path_patching"):
+        return ""
+    from ..path_patching import stored_key_heads
+
+    n_key = len(stored_key_heads(t.csv("01_path_patching")))
+    if n_key >= k:
+        return f"; all {k} are key heads (path-patching effect below -5 %)"
+    if n_key == 0:
+        return (f"; no head crosses -5 %, so these are the top-{k} heads by path-patching effect and none of them is "
+                "a key head")
+    return f"; only {n_key} of the {k} are key heads (effect below -5 %), the other {k - n_key} are not"
+
+
+#: Seed of the split of notebook 01's prompts into a half that selects the knockout's heads
+#: and a half that scores the knockout (:func:`selection_half`).
+SPLIT_SEED = 0
+
+
+def selection_half(ops: np.ndarray, seed: int = SPLIT_SEED) -> np.ndarray:
+    """Half A of prompts (rows) whose operators are ``ops``: per operator, floor(n / 2) of
+    its prompts drawn at random (seeded); True marks half A (selection), False half B
+    (scoring)."""
+    ops = np.asarray(ops).astype(str)
+    rng = np.random.default_rng(seed)
+    a = np.zeros(len(ops), dtype=bool)
+    for op in sorted(set(ops.tolist())):
+        idx = np.flatnonzero(ops == op)
+        a[rng.permutation(idx)[: len(idx) // 2]] = True
+    return a
+
+
+def _top_heads(effects: np.ndarray, comps: list[tuple[int, int]], k: int) -> set[tuple[int, int]]:
+    """The ``k`` heads of most negative mean effect over the rows (notebook 01's effect order)."""
+    return {comps[i] for i in np.argsort(effects.mean(0), kind="stable")[:k]}
+
+
+def _knockout_split(t: Tables, ko: pd.DataFrame, k: int) -> tuple[np.ndarray | None, str]:
+    """Which knockout prompts score the gap, and what the text says about it.
+
+    Notebook 01 ranks the heads by path patching and knocks them out on the same prompts
+    (both on its X_r). Held-out scoring: split those prompts in two (:func:`selection_half`);
+    when the top-``k`` heads by mean path-patching effect over half A are the knockout's
+    set (the top ``k`` over all prompts), the knockout's result on half B is a score on
+    prompts its heads were not selected on, and only half B is scored (returned: its prompt
+    ids). Otherwise (the sets differ, or the tables cannot be matched prompt by prompt) all
+    prompts are scored (None) and the text says that heads were selected on them."""
+    same = "; heads selected and scored on the same prompts"
+    if not t.has("01_path_patching_per_prompt"):
+        return None, f"{same} (no per-prompt path-patching table to split)"
+    pp = t.csv("01_path_patching_per_prompt")
+    pp = pp[pp["kind"] == "head"]
+    wide = pp.pivot_table(index="prompt", columns=["layer", "head"], values="effect", aggfunc="first")
+    cols = ["op", "template_id"]
+    meta_pp = pp.groupby("prompt")[cols].first().astype(str)
+    meta_ko = ko.groupby("prompt")[cols].first().astype(str)
+    if wide.isna().any().any() or not meta_pp.index.equals(meta_ko.index) or not meta_pp.equals(meta_ko):
+        return None, f"{same} (the knockout's prompts could not be matched to the path-patching prompts)"
+    effects = wide.to_numpy(float)
+    comps = [(int(l), int(h)) for l, h in wide.columns]
+    half_a = selection_half(meta_pp["op"].to_numpy())
+    chosen, used = _top_heads(effects[half_a], comps, k), _top_heads(effects, comps, k)
+    if chosen == used:
+        return (wide.index[~half_a].to_numpy(),
+                f"; held out: the top-{k} heads by path-patching effect on half A of the prompts ({int(half_a.sum())}, "
+                f"a seeded split stratified by operator) are the knockout's {k}, so the gap is scored on half B only")
+    return None, (f"{same}: the top-{k} on half A of the prompts (a seeded split by operator) share only "
+                  f"{len(chosen & used)} of the knockout's {k} heads, so no held-out half scores them")
 
 
 def _zhang_knockout(t: Tables) -> Outcome:
@@ -76,6 +223,11 @@ def _zhang_knockout(t: Tables) -> Outcome:
     if "none" not in wide or "effect" not in wide or not rand:
         raise NotRun("01_knockout_per_prompt.csv lacks the none / effect / random conditions")
     k = int(ko.loc[ko["condition"] == "effect", "n_heads"].iloc[0])
+    scored, split_text = _knockout_split(t, ko, k)
+    population = _population_01(t)
+    if scored is not None:
+        wide = wide.loc[scored]
+        population //= 2  # a held-out half of every candidate prompt at most
     ops = ko.groupby("prompt")["op"].first().loc[wide.index].astype(str).to_numpy()
     m = np.stack([wide["none"], wide["effect"], wide[rand].mean(axis=1)], 1)  # [N, 3]: before, effect-rank, random-rank
 
@@ -88,12 +240,15 @@ def _zhang_knockout(t: Tables) -> Outcome:
         raise NotRun("zero accuracy before knockout")
     drop_e, drop_r = 1 - m[:, 1].mean() / base, 1 - m[:, 2].mean() / base
     ci = bootstrap_ci(gap, m, groups=ops)
+    full, partial = HALF * (papers.ZHANG_KNOCKOUT_DROP - papers.ZHANG_RANDOM_KNOCKOUT_WITHIN), NOISE_GAP
     return Outcome(f"k = {k} heads mean-ablated at every query position: effect-rank {_pct(-drop_e, 0)}, random-rank "
                    f"{_pct(-drop_r, 0)} ({len(rand)} random sets; accuracy {base:.0%} before, {len(m)} prompts); "
-                   f"gap {ci.text()}",
-                   interval_verdict(ci, HALF * (papers.ZHANG_KNOCKOUT_DROP - papers.ZHANG_RANDOM_KNOCKOUT_WITHIN), NOISE_GAP),
+                   f"gap {ci.text()}{split_text}{_key_head_note(t, k)}",
+                   interval_verdict(ci, full, partial),
                    {"effect-rank minus random-rank accuracy drop": gap(m), "effect-rank drop": drop_e,
-                    "random-rank drop": drop_r, "k knocked out": float(k)}, ci)
+                    "random-rank drop": drop_r, "k knocked out": float(k),
+                    "held-out scoring (1 = heads selected on other prompts)": float(scored is not None)}, ci,
+                   thresholds=(partial, full), population=population)
 
 
 def _late_early(effects: np.ndarray, late: np.ndarray) -> tuple[float, float]:
@@ -128,45 +283,149 @@ def _zhang_late_mlps(t: Tables) -> Outcome:
                    verdict,
                    {"late / early MLP mean |effect|": l_ / e if e > 0 else float("inf"),
                     "late MLP mean |effect|": l_, "early MLP mean |effect|": e,
-                    "strongest MLP layer / n_layers": top[0] / L}, ci)
+                    "strongest MLP layer / n_layers": top[0] / L}, ci,
+                   thresholds=(1.0, 2.0), population=_population_01(t))
+
+
+#: The answer curve the verdict reads, and the one kept as its sensitivity reading
+#: (measures of 02_mlp_cosines_per_prompt.csv, :data:`arithlib.probing.COSINE_MEASURES`).
+#: Zhang Sec. 4.2 subtracts the MLP's input from its output "to isolate the specific
+#: contribution of MLP", having named MLP_in what the MLP receives from the residual stream
+#: and MLP_out what it adds back into it: the isolated contribution is the MLP's write,
+#: resid_post - resid_mid. The literal "module output minus normalised input" is shown.
+ANSWER_MEASURE, LITERAL_MEASURE = "write_C", "delta_C"
+_ANSWER_LABEL = {ANSWER_MEASURE: "cos(MLP write = resid_post - resid_mid, W_U[C])",
+                 LITERAL_MEASURE: "literal cos(MLP_out - MLP_in, W_U[C]) with the normalised input"}
 
 
 def _answer_curve_points(curves: np.ndarray):
     """Curve points (:func:`arithlib.probing.curve_points`, layer 0 left out) of the mean
-    cos(MLP_out - MLP_in, W_U[C]) curve over the prompts (rows) of ``curves`` [N, L]."""
+    answer curve over the prompts (rows) of ``curves`` [N, L]."""
     from ..probing import curve_points
 
     return curve_points(curves.mean(0), "rise")
 
 
+def _climbs(curves: np.ndarray) -> float:
+    """1.0 when the mean curve climbs to its maximum (its peak lies after the layer where
+    the climb begins, :func:`arithlib.probing.curve_points`), else 0.0 (its maximum is at
+    its first searched layer, or a single step)."""
+    pts = _answer_curve_points(curves)
+    return float(pts.rise > 0 and pts.peak > pts.start)
+
+
+@dataclass(frozen=True)
+class CurveReading:
+    """An answer curve judged by the onset rule: its points, the onset depth's and the
+    climb indicator's 95 % bootstrap intervals, the verdict and what to say about the climb."""
+
+    points: object  # arithlib.probing.CurvePoints of the mean curve
+    onset: Interval
+    climb: Interval
+    verdict: str
+    note: str
+    n_layers: int
+
+
+def read_answer_curve(curves: np.ndarray, ops: np.ndarray, n_layers: int) -> CurveReading:
+    """The onset rule on per-prompt curves [N, L] (Zhang App. C, Fig. 14: "initial
+    stabilization followed by an increase"; Sec. 5.2 "starting from the 17th layer").
+
+    Both parts are judged on 95 % bootstrap intervals over prompts (stratified by operator,
+    the same resamples): first whether the mean curve climbs at all (:func:`_climbs`): not
+    reproduced if it climbs in at most 2.5 % of the resamples (interval [0, 0]), inconclusive
+    if the bootstrap cannot settle it (interval [0, 1]); then, for a curve that climbs,
+    where the climb begins (depth = start / L): reproduced if the interval is >= 17/32,
+    partly if within [13/32, 17/32), not reproduced if below 13/32, else inconclusive."""
+    L = n_layers
+    pts = _answer_curve_points(curves)
+    onset = bootstrap_ci(lambda x: _answer_curve_points(x).start / L, curves, groups=ops)
+    climb = bootstrap_ci(_climbs, curves, groups=ops)
+    if climb.high == 0:
+        return CurveReading(pts, onset, climb, NOT_REPRODUCED, "; the curve does not climb (its maximum is at its "
+                            "first searched layer, or a single step) in at least 97.5 % of the bootstrap resamples",
+                            L)
+    if climb.low == 0:
+        mean = "climbs" if climb.estimate else "does not climb"
+        return CurveReading(pts, onset, climb, INCONCLUSIVE, f"; the mean curve {mean}, but whether it climbs at all "
+                            "is not settled by the bootstrap (a climb in more than 2.5 % and fewer than 97.5 % of "
+                            "the resamples)", L)
+    verdict = interval_verdict(onset, papers.ZHANG_MLP_CURVE_CLIMB_32 / 32, papers.ZHANG_MLP_CURVE_START_32 / 32)
+    return CurveReading(pts, onset, climb, verdict, "", L)
+
+
+def _answer_curves(cur: pd.DataFrame, measure: str) -> tuple[np.ndarray, np.ndarray, pd.Index] | None:
+    """Per-prompt curves [N, L] of ``measure``, the prompts' operators and the layers; None without rows."""
+    rows = cur[cur["measure"] == measure]
+    if rows.empty:
+        return None
+    wide = rows.pivot_table(index="prompt", columns="layer", values="value", aggfunc="first").sort_index(axis=1)
+    ops = rows.groupby("prompt")["op"].first().loc[wide.index].astype(str).to_numpy()
+    return wide.to_numpy(float), ops, wide.columns
+
+
+def _reading_text(measure: str, r: CurveReading, n: int) -> str:
+    p, L = r.points, r.n_layers
+    return (f"{_ANSWER_LABEL[measure]} (layer 0 left out): climb begins at layer {p.start} (depth "
+            f"{r.onset.text(pct=False)}; paper 18/32 = 0.56), steepest step {p.inflection}, peak {p.peak} of {L} "
+            f"layers ({n} prompts){r.note}")
+
+
+def _literal_text(cur: pd.DataFrame, L: int) -> str:
+    """The sensitivity reading (the literal MLP_out - MLP_in) with the verdict it would give."""
+    lit = _answer_curves(cur, LITERAL_MEASURE)
+    if lit is None:
+        return ""
+    r = read_answer_curve(lit[0], lit[1], L)
+    return f"; sensitivity, not judged: {_reading_text(LITERAL_MEASURE, r, len(lit[0]))}: would read '{r.verdict}'"
+
+
+def _summary_write_text(t: Tables) -> str:
+    """What an older run's summary table shows of the MLP's write (the mean curve of
+    cos(MLP_out, W_U[C]), the same vector in a sequential block), without an interval."""
+    if not t.has("02_mlp_cosines"):
+        return ""
+    from ..probing import curve_points
+
+    s = t.csv("02_mlp_cosines")
+    curve = s[s["measure"] == "out_C"].sort_values("layer")["mean"].to_numpy(float)
+    if len(curve) < 3:
+        return ""
+    p = curve_points(curve, "rise")
+    return (f"; its summary's mean curve of cos(MLP_out, W_U[C]) (the MLP's write in a sequential block; no "
+            f"per-prompt values, so no interval) climbs from layer {p.start} to its peak at layer {p.peak} of "
+            f"{len(curve)}")
+
+
 def _zhang_mlp_answer(t: Tables) -> Outcome:
     cur = t.csv("02_mlp_cosines_per_prompt")
-    cur = cur[cur["measure"] == "delta_C"]
     if cur.empty:
-        raise NotRun("no delta_C curve (no correct prompts)")
-    wide = cur.pivot_table(index="prompt", columns="layer", values="value", aggfunc="first").sort_index(axis=1)
-    ops = cur.groupby("prompt")["op"].first().loc[wide.index].astype(str).to_numpy()
-    curves = wide.to_numpy(float)
-    L = t.n_layers(pd.Series(wide.columns))
+        raise NotRun("no answer curve (no correct prompts)")
+    got = _answer_curves(cur, ANSWER_MEASURE)
+    if got is None:
+        L = t.n_layers(cur["layer"]) if "layer" in cur else 0
+        raise NotRun("02_mlp_cosines_per_prompt.csv has no per-prompt curve of the MLP's write, cos(resid_post - "
+                     "resid_mid, W_U[C]), which the verdict reads (older run): rerun notebook 02"
+                     + _summary_write_text(t) + (_literal_text(cur, L) if L >= 3 else ""))
+    curves, ops, layers = got
+    L = t.n_layers(pd.Series(layers))
     if L < 3:
         raise NotRun(f"{L} layers: no answer curve after layer 0 (the rule leaves layer 0 out)")
-    pts = _answer_curve_points(curves)
-
-    def onset(x: np.ndarray) -> float:
-        return _answer_curve_points(x).start / L
-
-    ci = bootstrap_ci(onset, curves, groups=ops)
-    rises = pts.rise > 0 and pts.peak > pts.start  # a curve whose maximum is its first searched layer has no climb
-    verdict = interval_verdict(ci, papers.ZHANG_MLP_CURVE_CLIMB_32 / 32, papers.ZHANG_MLP_CURVE_START_32 / 32) if rises else NOT_REPRODUCED
-    return Outcome(f"cos(MLP_out - MLP_in, W_U[C]) (layer 0 left out): climb begins at layer {pts.start} "
-                   f"(depth {ci.text(pct=False)}; paper 18/32 = 0.56), steepest step {pts.inflection}, "
-                   f"peak {pts.peak} of {L} layers ({curves.shape[0]} prompts)"
-                   + ("" if rises else "; the curve does not climb (maximum at its first searched layer)"),
-                   verdict,
+    r = read_answer_curve(curves, ops, L)
+    pts = r.points
+    settled = r.climb.low == 1 or r.climb.high == 0
+    return Outcome(_reading_text(ANSWER_MEASURE, r, curves.shape[0]) + _literal_text(cur, L),
+                   r.verdict,
                    {"answer-writing inflection layer / n_layers": pts.start / L,
                     "answer-writing start layer / n_layers": pts.start / L,
                     "answer-writing steepest layer / n_layers": pts.inflection / L,
-                    "answer-writing peak layer / n_layers": pts.peak / L}, ci)
+                    "answer-writing peak layer / n_layers": pts.peak / L,
+                    "answer curve climbs (mean curve)": r.climb.estimate}, r.onset,
+                   # an unsettled climb has no threshold on the onset's interval to count prompts against,
+                   # and is never undecidable for want of prompts: more would settle it
+                   thresholds=(papers.ZHANG_MLP_CURVE_START_32 / 32, papers.ZHANG_MLP_CURVE_CLIMB_32 / 32)
+                   if settled else (),
+                   population=_zhang_population() if settled else None)
 
 
 def _transfer_gap(x: np.ndarray, fmt: np.ndarray) -> float:
@@ -208,13 +467,14 @@ def _zhang_transfer(t: Tables) -> Outcome:
                      f"({_pct(m[:, 2].mean() / b - 1, 0, signed=True)})")
     drops = [1 - x[fmt == f, 1].mean() / x[fmt == f, 0].mean() for f in answered]
     drops_r = [1 - x[fmt == f, 2].mean() / x[fmt == f, 0].mean() for f in answered]
+    full = HALF * papers.ZHANG_TRANSFER_DROP
     return Outcome(f"relative accuracy change after knocking out the top-{k} heads by path-patching effect (as many "
-                   f"random heads): {'; '.join(parts)}; mean gap {ci.text()}",
-                   interval_verdict(ci, HALF * papers.ZHANG_TRANSFER_DROP, NOISE_GAP),
+                   f"random heads): {'; '.join(parts)}; mean gap {ci.text()}{_key_head_note(t, k)}",
+                   interval_verdict(ci, full, NOISE_GAP),
                    {"transfer: relative drop minus random-heads drop": _transfer_gap(x, fmt),
                     "mean relative accuracy drop on transfer formats": float(np.mean(drops)),
                     "mean relative drop with random heads": float(np.mean(drops_r)),
-                    "formats": float(len(answered))}, ci)
+                    "formats": float(len(answered))}, ci, thresholds=(NOISE_GAP, full))
 
 
 
@@ -268,4 +528,4 @@ def _zhang_precise_sft(t: Tables) -> Outcome:
                "precise minus full factual recall": kept.estimate}
     verdict = _judged(lambda up, close, general: _grade(up and close and general, up and (close or general)),
                       _above_zero(gain_p), _possible(diff, -m), _possible(kept, -m))
-    return Outcome(text, verdict, metrics, diff)
+    return Outcome(text, verdict, metrics, diff, thresholds=(-m,))

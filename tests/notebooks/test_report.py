@@ -95,6 +95,26 @@ def test_key_head_share_is_judged_on_its_interval(tmp_path: Path):
     assert out.interval.low <= 0.05 and out.verdict == R.INCONCLUSIVE
 
 
+def test_key_heads_show_how_concentrated_the_effect_is_beside_a_null(tmp_path: Path):
+    """Beside the -5 % verdict (unchanged), the share of the total |mean effect| carried by
+    the top 5 % of heads and its head-label-permutation null: three heads at -4 % (no key
+    head) carry all of the effect (sparse), far above the null; equal effects are not."""
+    _params(tmp_path, n_layers=10, n_heads=10)
+    _path_patching(tmp_path, [-0.04] * 3 + [0.0] * 97, [0.0] * 10, n_heads=10)
+    out = _outcome("zhang_key_heads", tmp_path)
+    assert out.verdict == R.NOT_REPRODUCED  # no head crosses -5 %
+    m = out.metrics
+    assert m["top-5 % heads' share of |effect|"] == pytest.approx(1.0)
+    assert m["top-5 % heads' share of |effect|, head labels permuted"] < 0.3
+    assert "the top 5 % of heads (5 of 100) carry 100 % [100, 100]" in out.ours and "permuted" in out.ours
+    dense = tmp_path / "dense"
+    _params(dense, n_layers=10, n_heads=10)
+    _path_patching(dense, [-0.01] * 100, [0.0] * 10, n_heads=10)
+    m = _outcome("zhang_key_heads", dense).metrics
+    assert m["top-5 % heads' share of |effect|"] == pytest.approx(0.05)
+    assert m["top-5 % heads' share of |effect|, head labels permuted"] == pytest.approx(0.05)
+
+
 def _knockout(d: Path, eff_acc: float, rnd_acc: float, n: int = 200, k: int = 10, n_random: int = 2) -> None:
     rows = []
     for cond, rate in [("none", 1.0), ("effect", eff_acc)] + [(f"random{i}", rnd_acc) for i in range(n_random)]:
@@ -132,6 +152,72 @@ def test_knockout_reads_every_position_only(tmp_path: Path):
     _knockout(tmp_path, 0.2, 1.0)
     out = _outcome("zhang_knockout", tmp_path)
     assert out.verdict == R.REPRODUCED and "every query position" in out.ours
+
+
+def _knockout_matched(d: Path, effect_correct: list[bool], n_random: int = 2, k: int = 10) -> None:
+    """01_knockout_per_prompt.csv on the prompts of :func:`_path_patching` (same ids,
+    operators and templates, as notebook 01 writes them): nothing broken before or by the
+    random sets; ``effect_correct`` per prompt after the effect-rank knockout."""
+    rows = []
+    for p, ok in enumerate(effect_correct):
+        for cond in ["none", "effect"] + [f"random{i}" for i in range(n_random)]:
+            rows.append({"prompt": p, "op": OPS4[(p // 2) % 4], "template_id": 0, "condition": cond,
+                         "n_heads": 0 if cond == "none" else k, "position": "query",
+                         "correct": bool(ok) if cond == "effect" else True})
+    _csv(d, "01_knockout_per_prompt", rows)
+
+
+def test_knockout_is_scored_on_prompts_its_heads_were_not_selected_on(tmp_path: Path):
+    """Notebook 01 ranks heads by path patching and knocks them out on the same prompts. The
+    top 10 on half A of the prompts (seeded, by operator) are the knockout's 10 here, so only
+    half B scores the gap: the effect-rank knockout breaks half A only, which the old rule
+    (scored on every prompt) read as a 50-point gap."""
+    from arithlib.report.zhang import selection_half
+
+    n = 200
+    _params(tmp_path, n_layers=2, n_heads=8)
+    _path_patching(tmp_path, [-0.3 + 0.01 * i for i in range(10)] + [0.0] * 6, [0.0, 0.0], n_heads=8, n_prompts=n)
+    half_a = selection_half(np.array([OPS4[(p // 2) % 4] for p in range(n)]))
+    assert half_a.sum() == n // 2
+    _knockout_matched(tmp_path, list(~half_a))
+    out = _outcome("zhang_knockout", tmp_path)
+    assert out.interval.n == n // 2 and "held out" in out.ours
+    assert out.metrics["effect-rank minus random-rank accuracy drop"] == 0.0
+    assert out.verdict == R.NOT_REPRODUCED
+
+
+def test_knockout_says_when_half_a_selects_other_heads(tmp_path: Path):
+    """When the top 10 on half A are not the knockout's 10, no half is held out: every
+    prompt is scored, and the text says the heads were selected on them."""
+    from arithlib.report.zhang import selection_half
+
+    n, H = 40, 8
+    ops = np.array([OPS4[(p // 2) % 4] for p in range(n)])
+    half_a = selection_half(ops)
+    per = []
+    for p in range(n):
+        eff = [-0.3] * 9 + ([-0.2, 0.0] if half_a[p] else [0.0, -0.5]) + [0.0] * 5  # head 9 on A, head 10 overall
+        per += [{"prompt": p, "op": ops[p], "template_id": 0, "component": f"L{i // H}H{i % H}", "kind": "head",
+                 "layer": i // H, "head": i % H, "effect": e} for i, e in enumerate(eff)]
+    _params(tmp_path, n_layers=2, n_heads=H)
+    _csv(tmp_path, "01_path_patching_per_prompt", per)
+    _knockout_matched(tmp_path, [p % 5 != 0 for p in range(n)])
+    out = _outcome("zhang_knockout", tmp_path)
+    assert out.interval.n == n
+    assert "heads selected and scored on the same prompts" in out.ours and "share only 9 of the knockout's 10" in out.ours
+
+
+def test_knockout_and_transfer_say_their_heads_are_not_key_heads(tmp_path: Path):
+    """Where no head crosses -5 %, the knocked-out top-10 heads are not key heads, and the
+    knockout and transfer texts say so (read with notebook 01's rule, stored_key_heads)."""
+    _params(tmp_path, n_layers=2, n_heads=8)
+    _path_patching(tmp_path, [-0.04] * 16, [0.0, 0.0])
+    _knockout(tmp_path, 0.2, 1.0)
+    _transfer(tmp_path, 0.3, 0.96)
+    for fid in ("zhang_knockout", "zhang_transfer"):
+        assert "none of them is a key head" in _outcome(fid, tmp_path).ours, fid
+    _path_patching(tmp_path, [-0.3, -0.2] + [-0.04] * 14, [0.0, 0.0])
+    assert "only 2 of the 10 are key heads" in _outcome("zhang_knockout", tmp_path).ours
 
 
 def _transfer(d: Path, after: float, rnd: float, n: int = 100) -> None:
@@ -203,10 +289,14 @@ def test_late_mlp_split_scales_with_depth(tmp_path: Path):
     assert out.metrics["strongest MLP layer / n_layers"] == pytest.approx(13 / 24)
 
 
-def _cosines(d: Path, curve: list[float], n: int = 40, spread: float = 0.0) -> None:
-    rows = [{"prompt": p, "op": OPS4[p % 4], "template_id": 0, "layer": layer, "measure": "delta_C",
+def _cosines(d: Path, curve: list[float] | None, n: int = 40, spread: float = 0.0,
+             literal: list[float] | None = None) -> None:
+    """Notebook 02's per-prompt answer curves: the MLP's write (``write_C``, the verdict's
+    reading) and, if given, the literal MLP_out - MLP_in (``delta_C``, the sensitivity one)."""
+    rows = [{"prompt": p, "op": OPS4[p % 4], "template_id": 0, "layer": layer, "measure": measure,
              "value": v + (spread if p % 2 else -spread) * (layer > 0)}
-            for p in range(n) for layer, v in enumerate(curve)]
+            for measure, c in (("write_C", curve), ("delta_C", literal)) if c is not None
+            for p in range(n) for layer, v in enumerate(c)]
     _csv(d, "02_mlp_cosines_per_prompt", rows)
 
 
@@ -230,6 +320,52 @@ def test_mlp_answer_layer_0_outlier_does_not_decide(tmp_path: Path):
     _cosines(tmp_path, [-0.49, -0.03, -0.06, -0.03] + [-0.05] * 16 + [-0.15, -0.15, -0.26, -0.26])
     out = _outcome("zhang_mlp_answer", tmp_path)
     assert out.verdict == R.NOT_REPRODUCED and "does not climb" in out.ours
+
+
+def test_mlp_answer_reads_the_mlps_write_not_the_literal_difference(tmp_path: Path):
+    """Zhang Sec. 4.2 subtracts MLP_in from MLP_out 'to isolate the specific contribution of
+    MLP': the verdict reads the MLP's write (resid_post - resid_mid), which here climbs from
+    layer 20 of 32; the literal output minus normalised input (here about -input, falling) is
+    shown as a sensitivity reading with the verdict it would give, not judged."""
+    _params(tmp_path, "02", n_layers=32, n_heads=1)
+    write = [-0.5] + [0.0] * 19 + [0.5 + 0.02 * i for i in range(12)]
+    literal = [-0.5] + [-0.03 - 0.01 * i for i in range(31)]
+    _cosines(tmp_path, write, literal=literal)
+    out = _outcome("zhang_mlp_answer", tmp_path)
+    assert out.verdict == R.REPRODUCED
+    assert out.metrics["answer-writing start layer / n_layers"] == pytest.approx(20 / 32)
+    assert out.ours.startswith("cos(MLP write = resid_post - resid_mid, W_U[C])")
+    assert "sensitivity, not judged: literal cos(MLP_out - MLP_in, W_U[C])" in out.ours
+    assert "would read 'not reproduced'" in out.ours
+
+
+def test_mlp_answer_without_the_write_curve_is_not_run(tmp_path: Path):
+    """An older notebook-02 run stored only the literal MLP_out - MLP_in per prompt: the
+    verdict's curve is missing, so 'not run' (rerun notebook 02), with the literal reading
+    still shown."""
+    _params(tmp_path, "02", n_layers=32, n_heads=1)
+    _cosines(tmp_path, None, literal=[-0.5] + [0.0] * 19 + [0.5 + 0.02 * i for i in range(12)])
+    out = _outcome("zhang_mlp_answer", tmp_path)
+    assert out.verdict == R.NOT_RUN and "rerun notebook 02" in out.ours
+    assert "would read 'reproduced'" in out.ours
+
+
+def test_mlp_answer_climb_is_judged_on_its_interval(tmp_path: Path):
+    """Whether the curve climbs at all is judged on the bootstrap: here the mean curve's
+    maximum is (just) at its first searched layer, but about half the resamples climb to a
+    late peak, so the verdict is inconclusive, not 'not reproduced' (the old rule's reading
+    of the point estimate). The same curve is stored under both readings."""
+    _params(tmp_path, "02", n_layers=32, n_heads=1)
+    rows = []
+    for p in range(40):
+        bump = 0.09 + (0.3 if (p // 4) % 2 else -0.3)  # varies within every operator
+        curve = [-0.5] + [-0.01 * layer for layer in range(1, 29)] + [-0.29 + bump * i for i in (1, 2, 3)]
+        rows += [{"prompt": p, "op": OPS4[p % 4], "template_id": 0, "layer": layer, "measure": m, "value": v}
+                 for m in ("write_C", "delta_C") for layer, v in enumerate(curve)]
+    _csv(tmp_path, "02_mlp_cosines_per_prompt", rows)
+    out = _outcome("zhang_mlp_answer", tmp_path)
+    assert out.verdict == R.INCONCLUSIVE and "not settled by the bootstrap" in out.ours
+    assert out.metrics["answer curve climbs (mean curve)"] == 0.0
 
 
 def _bits(n_true: int, n: int, start: int = 0) -> str:
@@ -1122,6 +1258,38 @@ def test_inconclusive_is_told_apart_from_undecidable_and_carries_the_prompts_tha
     assert unknown.verdict == R.INCONCLUSIVE and unknown.ours.endswith("more prompts would decide")
     done = R.Outcome("x", R.REPRODUCED, {"m": 0.3}, ci, thresholds=(0.25,), population=10)
     assert settle_inconclusive(done) is done
+
+
+def test_zhang_rules_carry_their_thresholds_and_population(tmp_path: Path):
+    """Every Zhang rule gives its thresholds in the headline interval's units, so an
+    inconclusive verdict says how many prompts would decide it; the rules on Zhang's prompts
+    (operands 1-9, 8 templates per operator) carry that finite population."""
+    _params(tmp_path, n_layers=2, n_heads=8)
+    _path_patching(tmp_path, [-0.3, -0.2] + [0.0] * 14, [0.0, 0.0])
+    _knockout(tmp_path, 0.60, 0.98)  # gap 0.38, interval holds 0.34
+    out = _outcome("zhang_knockout", tmp_path)
+    assert out.verdict == R.INCONCLUSIVE and re.search(r"about [\d,]+ prompts \(now 200\) would decide", out.ours)
+    finding = {f.id: f for f in R.FINDINGS}
+    t = R.Tables(tmp_path)
+    assert finding["zhang_knockout"].compute(t).thresholds == pytest.approx((0.05, 0.34))
+    assert finding["zhang_key_heads"].compute(t).thresholds == pytest.approx((0.05, 0.10))
+    pop = (81 + 45 + 81 + 23) * 8  # operand pairs 1-9 with non-negative integer results, 8 templates each
+    assert finding["zhang_key_heads"].compute(t).population == pop
+    _transfer(tmp_path, 0.62, 0.96)
+    assert finding["zhang_transfer"].compute(t).thresholds == pytest.approx((0.05, 0.33))
+    late = tmp_path / "late"
+    _params(late, n_layers=32, n_heads=1)
+    _path_patching(late, [0.0] * 32, [0.01] * 17 + [-0.1] * 15, n_heads=1)
+    got = finding["zhang_late_mlps"].compute(R.Tables(late))
+    assert got.thresholds == (1.0, 2.0) and got.population == pop
+    curve = tmp_path / "curve"
+    _params(curve, "02", n_layers=32, n_heads=1)
+    _cosines(curve, [-0.5] + [0.0] * 15 + [0.5 + 0.02 * i for i in range(16)])
+    got = finding["zhang_mlp_answer"].compute(R.Tables(curve))
+    assert got.thresholds == pytest.approx((13 / 32, 17 / 32)) and got.population == pop
+    sft = tmp_path / "sft"
+    _sft_table(sft, 0.3, 0.5, 0.52)
+    assert finding["zhang_precise_sft"].compute(R.Tables(sft)).thresholds == pytest.approx((-0.05,))
 
 
 def test_a_failed_premise_is_not_applicable_not_not_reproduced(tmp_path):

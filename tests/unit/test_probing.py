@@ -62,6 +62,32 @@ def test_mlp_in_is_the_mlp_modules_input(tiny, prompts):
     assert torch.allclose(cache.acts["mlp_in"][:, 1], expected, atol=1e-5)
 
 
+def test_write_measure_is_the_mlps_write_of_a_full_forward_pass(tiny, prompts):
+    """The verdict's answer curve is cos(resid_post - resid_mid, W_U[C]) (Zhang Sec. 4.2: the
+    MLP's isolated contribution is what it adds to the residual stream): computed here
+    literally, per prompt, from a full forward pass with hooks and the model's own lm_head,
+    it equals unembed_cosines' write_C (from the prefix-sharing answer-position cache); the
+    literal delta_C (output minus the normalised input) is a different quantity."""
+    b = tiny.bridge
+    cache = P.cache_answer_position(b, prompts, batch_size=4, progress=False)
+    numbers = ds.single_token_numbers(tiny.tokenizer, 9)
+    frame = P.unembed_cosines(cache, prompts, P.unembed_matrix(b), numbers)
+    got = frame[frame.measure == "write_C"].pivot(index="prompt", columns="layer", values="value")
+    assert got.shape == (len(prompts), 2)
+    names = [f"blocks.{layer}.{h}" for layer in range(2) for h in ("hook_resid_mid", "hook_resid_post", "hook_mlp_out")]
+    ref = _reference(b, prompts, names)
+    W_U = b.original_model.lm_head.weight.detach().float().T  # [d_model, vocab]
+    answer = torch.as_tensor(prompts.first_answer_ids)
+    for layer in range(2):
+        write = ref[f"blocks.{layer}.hook_resid_post"] - ref[f"blocks.{layer}.hook_resid_mid"]
+        expected = torch.nn.functional.cosine_similarity(write, W_U[:, answer].T, dim=-1)
+        assert np.allclose(got[layer].to_numpy(), expected.numpy(), atol=1e-4), layer
+        # a sequential block: the write is the MLP module's output (so old runs' out_C is the same vector)
+        assert torch.allclose(write, ref[f"blocks.{layer}.hook_mlp_out"], atol=1e-5)
+    literal = frame[frame.measure == "delta_C"].pivot(index="prompt", columns="layer", values="value")
+    assert not np.allclose(literal.to_numpy(), got.to_numpy(), atol=1e-2)
+
+
 def test_correctness_matches_evaluate(tiny, prompts):
     cache = P.cache_answer_position(tiny.bridge, prompts, kinds=["resid_post"], batch_size=3, progress=False)
     frame = evaluate(tiny.bridge, prompts)
@@ -124,7 +150,8 @@ def test_unembed_cosines_on_known_vectors(digit_tokenizer):
     m2 = frame2.groupby("measure")["value"].mean()
     assert m2["in_A"] > 0.3 and m2["in_A_x"] == pytest.approx(0.0, abs=1e-6)
     assert set(frame.columns) >= {"prompt", "op", "layer", "measure", "value"}
-    assert len(frame) == n * 2 * len(P.COSINE_MEASURES)
+    # without resid_mid / resid_post in the cache the MLP's write is not measured
+    assert len(frame) == n * 2 * len([m for m, v in P.COSINE_MEASURES.items() if v[0] != "write"])
 
 
 def test_summarise_curves_band():
