@@ -12,6 +12,7 @@ import torch
 
 import arithlib.heuristics as H
 import arithlib.neurons as N
+import arithlib.prompt_knockout as PK
 from arithlib.datasets import PromptSet
 from arithlib.models import load_model, random_model_dir
 
@@ -159,11 +160,8 @@ def test_pipeline_on_tiny_model(tiny):
     assert len(rows) == len(abl) * len(an.runner) and set(rows.columns) >= {"prompt", "associated", "correct"}
     pd.testing.assert_frame_equal(H.summarise_heuristic_ablation(rows), abl)
     per = H.prompt_heuristic_neurons(matches, an.heuristics, an.analysis.records)
-    pa = H.prompt_ablation(an.runner, per, an.circuit, layers, means, seed=0)
+    pa = PK.prompt_knockout(an.runner, matches, an.heuristics, an.circuit, layers, [4], tiny.info.d_mlp, 8, seed=0)
     assert len(pa) == 12 and (pa.n_assoc_neurons == [len(x) for x in per]).all()
-    # ablating nothing changes nothing
-    none = H.prompt_ablation(an.runner, [[] for _ in per], an.circuit, layers, means)
-    assert (none.correct_heuristic_ablated == none.correct_full).all()
     an.matches = matches
     ci = H.correct_vs_incorrect(b, an, layers)
     assert len(ci) == 36 and set(ci.columns) >= {"correct", "n_assoc_neurons", "assoc_contribution"}
