@@ -6,20 +6,22 @@ the share of the neuron's s_h top-activating grid prompts that satisfy h). On a 
 many rules pass t by chance, so a label must also beat a null.
 
 Null hypothesis for a neuron: its activations are unrelated to the operands, i.e. every
-assignment of its activations to the grid's operand pairs is equally likely. Test: B
-seeded permutations pi_b of the grid's prompts (shuffled-operand grids). The neuron's
-top-s_h set is fixed by its activations; under pi_b it is scored against the permuted rule
-column assoc[h, pi_b], which equals the score of its activations shuffled over the operand
-pairs. The statistic is the neuron's best score over every usable rule, so a p-value is
-adjusted for the number of rules tried (single-step max-T, Westfall & Young 1993):
+assignment of its activations to the grid's operand pairs is equally likely. Test: its
+match scores on B seeded shuffled-operand grids (the operand pairs permuted over the
+prompts). The statistic is the neuron's best score over every usable rule, so a p-value
+is adjusted for the number of rules tried (single-step max-T, Westfall & Young 1993):
 
     p(n, h) = (1 + #{b : max_h' S_b(n, h') >= S(n, h)}) / (B + 1),     p(n) = min_h p(n, h).
+
+A score reads only the order of the prompts by activation, and on a shuffled grid that
+order is uniformly random whatever the neuron, so the B shuffled grids give every neuron
+the same null distribution and are scored once (:func:`null_best_scores`).
 
 Benjamini-Hochberg (:func:`scipy.stats.false_discovery_control`) over every circuit neuron's
 p(n) at level ``fdr`` (default 5 %) decides which neurons are *labelled*: q(n) <= fdr and
 their best score >= t. A labelled neuron keeps the rules with S(n, h) >= t and p(n, h) at or
 below the BH cut-off (the largest p(n) among the labelled neurons). The same permutations
-serve every neuron of an operator (each neuron's test is a permutation test on its own).
+serve every neuron of an operator (each neuron's test is an exact permutation test on its own).
 
 The null's share: the same procedure run on each neuron's activations shuffled once over the
 grid (seeded), so "labelled share" is set against what the procedure labels when there is
@@ -35,7 +37,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .heuristics import _ranks, match_scores
+from .heuristics import match_scores
 
 #: False-discovery rate at which a label must beat the shuffled-operand null (ours: the usual 5 %).
 LABEL_FDR = 0.05
@@ -75,43 +77,37 @@ class LabelTest:
         return float(self.labelled.mean()) if len(self.labelled) else float("nan")
 
 
-def permutation_best_scores(acts: np.ndarray | torch.Tensor, assoc: np.ndarray, n_permutations: int = N_PERMUTATIONS,
-                            seed: int = 0, rank_seed: int = 0, min_std: float = 1e-6, chunk: int = 200,
-                            device: str | torch.device = "cpu") -> np.ndarray:
-    """[M, B]: each neuron's best match score over the rules (rows of ``assoc`` [H, N]) on B
-    shuffled-operand grids: the neuron's top-s_h prompts (ranked as :func:`match_scores`
-    with ``rank_seed``) scored against ``assoc[:, pi_b]`` for seeded permutations pi_b of
-    the N prompts. Constant neurons (std < ``min_std``) score 0, as in :func:`match_scores`.
-    ``device``: where the products run (the result does not depend on it)."""
-    acts = np.asarray(acts, dtype=np.float64)
-    n, m = acts.shape
-    if assoc.shape[1] != n:
-        raise ValueError(f"acts must be [N, M] with N = {assoc.shape[1]} prompts, got {acts.shape}")
-    rng = np.random.default_rng(seed)
-    perms = np.stack([rng.permutation(n) for _ in range(n_permutations)]) if n_permutations else np.zeros((0, n), int)
-    best = np.zeros((m, n_permutations))
-    if not assoc.shape[0] or not m:
+def null_best_scores(assoc: np.ndarray, n_permutations: int, seed: int = 0, chunk: int | None = None) -> np.ndarray:
+    """[B]: the best match score over the rules (rows of ``assoc`` [H, N]) of a neuron on B
+    shuffled-operand grids. A neuron's score reads only the order of the prompts by its
+    activation (ties broken at random); on a grid whose operand pairs are permuted at random
+    that order is a uniformly random one whatever the activations, so one set of B seeded
+    random orders pi_b serves every neuron: S_b(h) = #{r < s_h : assoc[h, pi_b(r)]} / s_h,
+    the neuron's top-s_h prompts being the first s_h of pi_b (what :func:`match_scores` gives a
+    neuron whose activations fall along pi_b). ``chunk``: orders per step (None: about 2e7
+    entries of the permuted rule matrix); it does not change the result."""
+    h, n = assoc.shape
+    best = np.zeros(n_permutations)
+    sizes = assoc.sum(1).astype(int)
+    rows = np.nonzero(sizes > 0)[0]
+    if not len(rows) or not n_permutations:
         return best
-    ranks = torch.from_numpy(_ranks(acts, rank_seed)).to(device)  # [M, N]
-    sizes = assoc.sum(1)
-    a = torch.from_numpy(assoc.astype(np.float32)).to(device)
-    groups = [(int(s), torch.from_numpy(np.nonzero(sizes == s)[0]).to(device)) for s in np.unique(sizes) if s > 0]
-    tops = [(ranks < s).float() for s, _ in groups]               # [M, N] per rule size
+    rng = np.random.default_rng(seed)
+    perms = np.stack([rng.permutation(n) for _ in range(n_permutations)])
+    a = torch.from_numpy(assoc[rows].astype(np.float32))                   # [h, N]
+    at = torch.from_numpy(sizes[rows] - 1)                                  # prefix end of each rule
+    denom = torch.from_numpy(sizes[rows].astype(np.float32))[:, None]
+    chunk = max(1, min(n_permutations, int(2e7 // (len(rows) * n)))) if chunk is None else int(chunk)
     for c0 in range(0, n_permutations, chunk):
-        p = torch.from_numpy(perms[c0:c0 + chunk]).to(device)    # [C, N]
-        shuffled = a[:, p]                                        # [H, C, N]
-        out = torch.zeros(m, p.shape[0], device=device)
-        for (s, rows), top in zip(groups, tops):
-            got = (top @ shuffled[rows].reshape(-1, n).T).reshape(m, len(rows), -1)  # [M, h, C] hit counts
-            out = torch.maximum(out, got.max(1).values / s)
-        best[:, c0:c0 + chunk] = out.cpu().numpy()
-    best[acts.std(0) < min_std] = 0.0
+        p = torch.from_numpy(perms[c0:c0 + chunk])                          # [C, N]
+        hits = a[:, p].cumsum(-1)                                           # [h, C, N] hits among the first r + 1
+        got = hits.gather(-1, at[:, None, None].expand(-1, p.shape[0], 1)).squeeze(-1) / denom  # [h, C]
+        best[c0:c0 + chunk] = got.max(0).values.numpy()
     return best
 
 
 def label_test(acts: np.ndarray | torch.Tensor, assoc: np.ndarray, t: float = 0.6, fdr: float = LABEL_FDR,
-               n_permutations: int | None = None, seed: int = 0, rank_seed: int = 0,
-               device: str | torch.device = "cpu") -> LabelTest:
+               n_permutations: int | None = None, seed: int = 0, rank_seed: int = 0) -> LabelTest:
     """The permutation test and BH control of the module docstring for the neurons of
     ``acts`` [N prompts, M neurons] against the rules ``assoc`` [H, N] (scores ranked with
     ``rank_seed``, as :func:`match_scores` with ``seed=rank_seed``). ``n_permutations``:
@@ -125,15 +121,16 @@ def label_test(acts: np.ndarray | torch.Tensor, assoc: np.ndarray, t: float = 0.
     if n_permutations < 1:
         raise ValueError("n_permutations must be at least 1")
     scores = match_scores(acts, assoc, seed=rank_seed)
-    null = permutation_best_scores(acts, assoc, n_permutations, seed, rank_seed, device=device)
+    null = np.sort(null_best_scores(assoc, n_permutations, seed))
     m, h = scores.shape
     if m == 0:
         e = np.zeros(0)
         return LabelTest(scores, np.ones((0, h)), e, e, e.astype(bool), 0.0, t, fdr, n_permutations)
-    # p(n, h): the share of permutations whose best score reaches S(n, h) (1e-9: float noise)
-    null_sorted = np.sort(null, axis=1)
-    reach = n_permutations - np.stack([np.searchsorted(null_sorted[i], scores[i] - 1e-9, side="left")
-                                       for i in range(m)]) if h else np.zeros((m, 0))
+    # p(n, h): the share of shuffled grids whose best score reaches S(n, h) (1e-9: float noise);
+    # a constant neuron scores 0 everywhere and gets p = 1
+    reach = n_permutations - np.searchsorted(null, scores - 1e-9, side="left")
+    const = np.asarray(acts, dtype=np.float64).std(0) < 1e-6
+    reach[const] = n_permutations
     p_label = (1.0 + reach) / (n_permutations + 1.0)
     p_neuron = p_label.min(1) if h else np.ones(m)
     q = false_discovery_control(p_neuron, method="bh")
@@ -144,8 +141,7 @@ def label_test(acts: np.ndarray | torch.Tensor, assoc: np.ndarray, t: float = 0.
 
 
 def null_label_test(acts: np.ndarray | torch.Tensor, assoc: np.ndarray, t: float = 0.6, fdr: float = LABEL_FDR,
-                    n_permutations: int | None = None, seed: int = 0,
-                    device: str | torch.device = "cpu") -> LabelTest:
+                    n_permutations: int | None = None, seed: int = 0) -> LabelTest:
     """:func:`label_test` on each neuron's activations shuffled once over the grid (seeded,
     independently per neuron): what the procedure labels when no neuron relates to the
     operands."""
@@ -153,7 +149,7 @@ def null_label_test(acts: np.ndarray | torch.Tensor, assoc: np.ndarray, t: float
     rng = np.random.default_rng([seed, 1])
     for j in range(acts.shape[1]):
         acts[:, j] = acts[rng.permutation(acts.shape[0]), j]
-    return label_test(acts, assoc, t, fdr, n_permutations, seed=seed + 2, rank_seed=seed + 3, device=device)
+    return label_test(acts, assoc, t, fdr, n_permutations, seed=seed + 2, rank_seed=seed + 3)
 
 
 def annotate_matches(matches: pd.DataFrame, neurons: list, test: LabelTest) -> pd.DataFrame:

@@ -436,8 +436,8 @@ rows, summaries, shares = [], [], []
 for op, an in analyses.items():
     H.classify_circuit(an, layers, k_circuit, t, max_base_rate, seed)
     acts_c = H.neuron_matrix(an.grid_acts, an.circuit, layers)
-    test = HN.label_test(acts_c, an.assoc, t, label_fdr, n_permutations, seed=seed, rank_seed=seed, device=device)
-    null_test = HN.null_label_test(acts_c, an.assoc, t, label_fdr, n_permutations, seed=seed, device=device)
+    test = HN.label_test(acts_c, an.assoc, t, label_fdr, n_permutations, seed=seed, rank_seed=seed)
+    null_test = HN.null_label_test(acts_c, an.assoc, t, label_fdr, n_permutations, seed=seed)
     an.matches = HN.annotate_matches(an.matches, an.circuit, test)
     rows.append(an.matches.assign(op=op))
     s = H.neuron_summary(an.circuit_scores, an.circuit, an.heuristics, an.assoc, t)

@@ -240,6 +240,15 @@ def _label_null(P: Params) -> str:
             f"{'max(1000, neurons / FDR)' if b is None else b} shuffles, BH at FDR {p['label_fdr']:.0%})")
 
 
+def _nik03_prompts(P: Params) -> str:
+    """Notebook 03's prompts: its operand grid where the run records one, else as before."""
+    p = _nb(P, "03")
+    if "operand_ranges" not in p:
+        return f"{_nik_prompts(P, 'n_analysis', '03')}; {_nik_grid(P)}"
+    return (f"'{{x}}{{op}}{{y}}=' prompts of the {_nik_grid(P)}; {p['n_analysis']} correct per operator select the "
+            f"circuit, other correct ones score it; {_fewshot(P, '03')}")
+
+
 def _nik_prompts(P: Params, per_op_key: str, nb: str) -> str:
     p = _nb(P, nb)
     cap = f", operands 0-{p['nikankin_max_operand']} capped at single tokens" if "nikankin_max_operand" in p else \
@@ -392,7 +401,7 @@ OURS: dict[str, dict[str, Getter]] = {
                         f"less its early neurons; {_quick(P, '07')}"),
     "nikankin_faithfulness": dict(
         model=lambda P: _model(P, "03"),
-        prompts=lambda P: f"{_nik_prompts(P, 'n_analysis', '03')}; {_nik_grid(P)}",
+        prompts=lambda P: _nik03_prompts(P),
         positions=lambda P: "neurons of the analysed late MLPs at the last position; only those MLPs' other neurons "
                             "mean-ablated",
         metric=lambda P: f"faithfulness (paper's normalisation), target {_nb(P, '03')['target_faithfulness']}; an "
@@ -401,14 +410,14 @@ OURS: dict[str, dict[str, Getter]] = {
         scale=lambda P: f"a grid of shares per layer; {_quick(P, '03')}"),
     "nikankin_heuristic_ablation": dict(
         model=lambda P: _model(P, "03"),
-        prompts=lambda P: f"{_nik_prompts(P, 'n_analysis', '03')}; {_nik_grid(P)}",
+        prompts=lambda P: _nik03_prompts(P),
         positions=lambda P: f"the neurons of one heuristic (match >= {_nb(P, '03')['t']}, {_label_null(P)}) "
                             "mean-ablated at the last position",
         metric=lambda P: "accuracy on associated vs other prompts",
         scale=lambda P: f"up to {_nb(P, '03')['max_ablated_heuristics']} heuristics per operator; {_quick(P, '03')}"),
     "nikankin_prompt_ablation": dict(
         model=lambda P: _model(P, "03"),
-        prompts=lambda P: f"{_nik_prompts(P, 'n_analysis', '03')}; {_nik_grid(P)}",
+        prompts=lambda P: _nik03_prompts(P),
         positions=lambda P: f"as the authors' code (cap per layer, ranked by the prompt's heuristics, control per layer "
                             f"from the layer's other circuit neurons, zeroed), labels {_label_null(P)}; differences: "
                             "zeroed at the answer position only; ranking ties to the larger summed match score; a "

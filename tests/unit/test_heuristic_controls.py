@@ -59,18 +59,25 @@ def test_labels_must_beat_a_shuffled_operand_null():
     assert row["matched_share"] > 0.2 and row["matched_share_null"] > 0.2
 
 
-def test_permutation_scores_are_scores_on_shuffled_operand_grids():
-    """Each permutation's best score is the best match score of the same activations
-    against rules evaluated on a grid whose operand pairs are shuffled over the prompts."""
+def test_null_scores_are_best_scores_on_shuffled_operand_grids():
+    """The b-th null score is the best match score on the grid whose operand pairs are permuted
+    by the b-th permutation, for any neuron whose activations fall along the prompts' order;
+    a neuron's scores on shuffled grids have that distribution whatever its activations."""
     recs, heur, assoc = _grid_rules()
-    acts = np.random.default_rng(1).normal(size=(len(recs), 5))
-    null = HN.permutation_best_scores(acts, assoc, n_permutations=3, seed=4)
+    n = len(recs)
+    null = HN.null_best_scores(assoc, n_permutations=4, seed=4)
     rng = np.random.default_rng(4)
-    for b in range(3):
-        p = rng.permutation(len(recs))
-        shuffled = [recs[i] for i in p]                       # prompt j now carries the operands of prompt p[j]
-        s = H.match_scores(acts, H.association_matrix(heur, shuffled), seed=0).max(1)
-        assert np.allclose(null[:, b], s)
+    falling = np.arange(n, 0, -1.0)[:, None]              # prompt 0 highest, no ties
+    for b in range(4):
+        p = rng.permutation(n)
+        shuffled = [recs[i] for i in p]                     # prompt j now carries the operands of prompt p[j]
+        assert H.match_scores(falling, H.association_matrix(heur, shuffled)).max() == pytest.approx(null[b])
+    # any neuron, shuffled over the grid: the same distribution (means of 600 draws within 0.01)
+    x = np.random.default_rng(5).normal(size=n)
+    draws = [H.match_scores(x[np.random.default_rng(100 + i).permutation(n)][:, None], assoc).max()
+             for i in range(600)]
+    assert abs(np.mean(draws) - HN.null_best_scores(assoc, 600, seed=9).mean()) < 0.01
+    assert np.array_equal(HN.null_best_scores(assoc, 7, seed=1, chunk=2), HN.null_best_scores(assoc, 7, seed=1))
 
 
 def test_label_p_values_and_benjamini_hochberg():
@@ -84,9 +91,10 @@ def test_label_p_values_and_benjamini_hochberg():
     acts = np.stack([(a <= 4) + 0.3 * rng.normal(size=len(recs)) for _ in range(3)]
                     + [rng.normal(size=len(recs)) for _ in range(5)], 1)
     test = HN.label_test(acts, assoc, n_permutations=50, seed=3)
-    null = HN.permutation_best_scores(acts, assoc, 50, seed=3)
-    i, h = 0, int(np.argmax(test.scores[0]))
-    assert test.p_label[i, h] == pytest.approx((1 + (null[i] >= test.scores[i, h] - 1e-9).sum()) / 51)
+    null = HN.null_best_scores(assoc, 50, seed=3)
+    for i in (0, 4):
+        h = int(np.argmax(test.scores[i]))
+        assert test.p_label[i, h] == pytest.approx((1 + (null >= test.scores[i, h] - 1e-9).sum()) / 51)
     assert np.allclose(test.q_neuron, false_discovery_control(test.p_neuron, method="bh"))
     assert np.array_equal(test.labelled, (test.q_neuron <= 0.05) & (test.scores.max(1) >= 0.6))
     matches = H.classify_neurons(test.scores, [(3, k) for k in range(8)], heur, assoc, 0.6)

@@ -250,3 +250,17 @@ def test_notebook_defaults_follow_the_paper_and_the_intervals():
     assert p03["n_exact_check"] >= 32 and p03["t"] == NIKANKIN_MATCH_T
     p01 = _parameters("01_identify_heads.ipynb")
     assert p01["nikankin_per_op"] >= 8 and p01["nikankin_recall_per_op"] >= 1
+
+
+def test_notebook_measures_on_larger_grids_and_tests_the_labels():
+    """Notebook 03 gives per-digit tokenizers 2-digit operands (a subsample of 0..99 per
+    operator, more prompts per rule than the 10 x 10 grid of 1-digit operands), tests the
+    labels at a stated false-discovery rate and sweeps the knockout cap up to half of the
+    circuit's neurons per layer, including the cap the report reads."""
+    from arithlib.papers import NIKANKIN_KNOCKOUT_CAP_SHARE
+
+    p03 = _parameters("03_neuron_heuristics.ipynb")
+    assert p03["per_digit_operand_max"] == 99 and p03["max_grid_prompts"] >= 1000
+    assert p03["label_fdr"] == 0.05
+    shares = p03["knockout_cap_shares"]
+    assert NIKANKIN_KNOCKOUT_CAP_SHARE in shares and max(shares) <= 0.5
