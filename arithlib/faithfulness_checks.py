@@ -51,7 +51,8 @@ def kept(wide: pd.DataFrame, table: pd.DataFrame | None = None) -> pd.DataFrame:
     return wide[[str(o) in keep for o in wide.index.get_level_values("op")]]
 
 
-def faithfulness_by_operator(y_circuit: np.ndarray, y_full: np.ndarray, y_ablated: np.ndarray, op: np.ndarray) -> float:
+def faithfulness_of_kept_operators(y_circuit: np.ndarray, y_full: np.ndarray, y_ablated: np.ndarray,
+                                   op: np.ndarray) -> float:
     """Mean over operators (integer codes ``op``) of F, the means over each operator's prompts
     (:func:`arithlib.activation_patching.faithfulness_by_operator`), leaving out an operator
     whose denominator is within :data:`FLAT_TOLERANCE` of zero (in a bootstrap resample as

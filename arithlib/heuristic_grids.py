@@ -16,9 +16,9 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from .datasets import PromptRecord
+from .datasets import OPS, PromptRecord
 
-OPS = ("+", "-", "*", "/")
+
 #: The toy model's training ranges (arithlib.toy), and a corner of them for smoke tests.
 TOY_RANGES = {"+": (0, 99), "-": (0, 99), "*": (0, 31), "/": (0, 31)}
 TOY_QUICK_RANGES = {"+": (0, 29), "-": (0, 29), "*": (0, 15), "/": (0, 15)}

@@ -377,7 +377,7 @@ wide = held_rows.pivot_table(index=["op", "prompt"], columns="circuit", values="
 denoms = FC.denominators(wide).set_index("op")  # an operator whose ablation changes nothing has no F: excluded
 wide_kept = FC.kept(wide, denoms.reset_index())
 op_codes = pd.factorize(wide_kept.index.get_level_values("op"))[0]
-full_ci = (S.bootstrap_ci(FC.faithfulness_by_operator, wide_kept["circuit"].to_numpy(), wide_kept["full"].to_numpy(),
+full_ci = (S.bootstrap_ci(FC.faithfulness_of_kept_operators, wide_kept["circuit"].to_numpy(), wide_kept["full"].to_numpy(),
                           wide_kept["ablated"].to_numpy(), op_codes, groups=op_codes) if len(wide_kept)
            else S.Interval(float("nan"), float("nan"), float("nan"), 0, "none"))
 flat_ops = denoms[denoms.excluded]

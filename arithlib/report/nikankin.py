@@ -71,7 +71,7 @@ def _labels_beat_null(t: Tables) -> str:
 
 
 def _nikankin_faithfulness(t: Tables) -> Outcome:
-    from ..faithfulness_checks import denominators, faithfulness_by_operator, kept
+    from ..faithfulness_checks import denominators, faithfulness_of_kept_operators, kept
 
     fp = t.csv("03_circuit_faithfulness_prompts")
     if fp.empty:
@@ -88,7 +88,7 @@ def _nikankin_faithfulness(t: Tables) -> Outcome:
     if wide.empty:
         raise NotApplicable(f"no operator has a faithfulness: {excluded}")
     op = _op_codes(wide.index.get_level_values("op"))
-    ci = bootstrap_ci(faithfulness_by_operator, wide["circuit"].to_numpy(), wide["full"].to_numpy(),
+    ci = bootstrap_ci(faithfulness_of_kept_operators, wide["circuit"].to_numpy(), wide["full"].to_numpy(),
                       wide["ablated"].to_numpy(), op, groups=op)
     pooled = meta[meta["op"].astype(str) == "all"].iloc[0] if (meta["op"].astype(str) == "all").any() else meta.iloc[0]
     share, n_heads = float(pooled["share_per_layer"]), float(pooled["n_heads"])

@@ -261,7 +261,7 @@ def test_operators_whose_ablation_changes_nothing_have_no_faithfulness():
     assert not table.set_index("op").loc["+", "excluded"]
     assert set(FC.kept(wide, table).index.get_level_values("op")) == {"+"}
     op = pd.factorize(wide.index.get_level_values("op"))[0]
-    f = FC.faithfulness_by_operator(wide["circuit"], wide["full"], wide["ablated"], op)
+    f = FC.faithfulness_of_kept_operators(wide["circuit"], wide["full"], wide["ablated"], op)
     assert 0.5 < f < 1.0        # the flat operator (float noise 3e-8) is left out, not averaged
 
 
