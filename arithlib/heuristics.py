@@ -1,6 +1,9 @@
 """Heuristic neurons (Nikankin et al. 2025, ICLR, Sec. 4-5): a catalogue of heuristic
-types as data, the classification of circuit neurons by match score, the ablations
-of Sec. 4.2-4.3 and the training-dynamics summary of Sec. 5.
+types as data, the classification of circuit neurons by match score, the heuristic
+ablation of Sec. 4.2 (Fig. 7), Sec. 4.3 and the training-dynamics summary of Sec. 5.
+The test of the labels against a shuffled-operand null is in
+:mod:`arithlib.heuristic_nulls`, the prompt knockout of Fig. 8 in
+:mod:`arithlib.prompt_knockout`.
 
 Catalogue (Sec. 4.1). A :class:`Heuristic` is a rule on a prompt's operands and
 result: operand ranges, operand modulo and digit patterns, identical operands,
@@ -413,31 +416,6 @@ def summarise_heuristic_ablation(rows: pd.DataFrame) -> pd.DataFrame:
                         acc_other=float(c[~a].mean()), base_acc_assoc=float(b[a].mean()),
                         base_acc_other=float(b[~a].mean())))
     return pd.DataFrame(out, columns=cols)
-
-
-def prompt_ablation(runner: AnswerPositionRunner, per_prompt: Sequence[Sequence[Neuron]], circuit: Sequence[Neuron],
-                    layers: Sequence[int], means: torch.Tensor, seed: int = 0) -> pd.DataFrame:
-    """Nikankin Fig. 8: for each prompt, mean-ablate its associated heuristic neurons, and,
-    separately, as many random circuit neurons not associated with it (seeded; from the
-    whole circuit when too few remain). The three runs share single-token passes. Columns: n_assoc_neurons,
-    correct_full, correct_heuristic_ablated, correct_random_ablated (first answer token)."""
-    if len(per_prompt) != len(runner):
-        raise ValueError("per_prompt needs one neuron list per prompt of the runner")
-    rng = random.Random(seed)
-    circuit = sorted({(int(a), int(b)) for a, b in circuit})
-    randoms = []
-    for assoc in per_prompt:
-        own = set(assoc)
-        pool = [n for n in circuit if n not in own]
-        if len(pool) < len(own):
-            pool = circuit
-        randoms.append(rng.sample(pool, min(len(own), len(pool))))
-    d_mlp = means.shape[-1]
-    full, heur, rand = (N.correct_first(x, runner.answers) for x in runner.logits_many(
-        [None] + [N.masked_mean_hooks(N.prompt_neuron_masks(sets, layers, d_mlp), means, layers) for sets in (per_prompt, randoms)]))
-    frame = runner.prompts.to_frame()[["op", "a", "b", "answer"]]
-    return frame.assign(n_assoc_neurons=[len(x) for x in per_prompt], correct_full=full.numpy(),
-                        correct_heuristic_ablated=heur.numpy(), correct_random_ablated=rand.numpy())
 
 
 def associated_contributions(contrib: torch.Tensor, per_prompt: Sequence[Sequence[Neuron]],

@@ -135,6 +135,11 @@ NIKANKIN_FAITHFULNESS = 0.96
 #: Sec. 2-3: the circuit keeps about 1 % of the neurons of each middle/late MLP (about
 #: 200 of Llama3-8B's 14,336).
 NIKANKIN_NEURON_SHARE = 0.01
+#: Sec. 4.2 (Fig. 8), Sec. 5 (Fig. 10c): the prompt knockout zeroes at most a fixed number of a
+#: prompt's heuristic neurons per layer; "ablating 25 heuristic neurons per layer is enough to
+#: cause near-zero accuracy" (Pythia-6.9B, 200 circuit neurons per layer). The verdict reads the
+#: cap at this share of the circuit's neurons per layer (25 of 200).
+NIKANKIN_KNOCKOUT_CAP_SHARE = 25 / 200
 #: Ours: faithfulness a circuit must reach to be called faithful (the paper's 96 % rounded
 #: down); the head count of the full circuit is the smallest reaching it on the selection
 #: prompts.

@@ -157,20 +157,22 @@ def heuristic_ablation_plot(abl: pd.DataFrame, title: str = ""):
     return fig
 
 
-def prompt_ablation_plot(summary: pd.DataFrame, title: str = ""):
-    """Nikankin Fig. 8: accuracy per operator with each prompt's associated heuristic neurons
-    ablated vs as many random circuit neurons."""
-    long = summary.melt(id_vars=["op"], value_vars=["acc_full", "acc_heuristic_ablated", "acc_random_ablated"],
-                        var_name="condition", value_name="accuracy")
-    long["condition"] = long.condition.map({"acc_full": "no ablation", "acc_heuristic_ablated": "associated heuristic neurons",
-                                            "acc_random_ablated": "as many random circuit neurons"})
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    sns.barplot(data=long.assign(accuracy=long.accuracy * 100), x="op", y="accuracy", hue="condition", ax=ax, errorbar=None)
-    ax.set_xlabel("operator")
+def prompt_ablation_plot(summary: pd.DataFrame, title: str = "", verdict_cap: int | None = None):
+    """Nikankin Fig. 8: accuracy per operator against the cap (neurons zeroed per layer), with
+    each prompt's heuristic neurons zeroed (full lines) vs the layer-matched random control
+    (dashed), over the testable prompts (:func:`arithlib.prompt_knockout.summarise`)."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for i, (op, g) in enumerate(summary.sort_values("cap").groupby("op", sort=False)):
+        color = f"C{i}"
+        ax.plot(g.cap, 100 * g.acc_heuristic_ablated, marker="o", color=color, label=f"{op} heuristic neurons")
+        ax.plot(g.cap, 100 * g.acc_random_ablated, marker="o", ls="--", color=color, label=f"{op} random (control)")
+    if verdict_cap is not None:
+        ax.axvline(verdict_cap, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("neurons zeroed per layer (cap)")
     ax.set_ylabel("first-token accuracy (%)")
     ax.set_ylim(0, 105)
     ax.set_title(title)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=6, ncol=2, loc="lower left")
     fig.tight_layout()
     return fig
 

@@ -125,15 +125,17 @@ PAPER: dict[str, dict[str, str]] = {
         metric="faithfulness: correct-token logit / max logit, 0 = fully mean-ablated, 1 = full model (about 96 %)",
         scale="about 200 neurons per layer (about 1 %)"),
     "nikankin_heuristic_ablation": dict(
-        model=_NIK_MODEL, prompts=_NIK_DATA + "; the operand grid for the heuristics",
-        positions="the neurons of one heuristic (match score >= 0.6) ablated",
+        model=_NIK_MODEL, prompts=_NIK_DATA + "; the operand grid (operands 0-299, one token each) for the heuristics",
+        positions="the neurons of one heuristic (match score >= 0.6; the authors' code: >= 0.55) zeroed",
         metric="accuracy on the heuristic's associated prompts vs other prompts (Fig. 7)",
         scale="circuit neurons of the middle/late MLPs"),
     "nikankin_prompt_ablation": dict(
         model=_NIK_MODEL, prompts=_NIK_DATA,
-        positions="a prompt's associated heuristic neurons vs as many random neurons, ablated",
-        metric="accuracy after each ablation (Fig. 8)",
-        scale="circuit neurons of the middle/late MLPs"),
+        positions="per layer at most a cap of the prompt's associated heuristic neurons (ranked by how many of its "
+                  "heuristics they carry), zeroed at every position; control: per layer as many drawn from that "
+                  "layer's circuit neurons minus the zeroed ones (heuristics_analysis.prompt_knockout_experiment)",
+        metric="accuracy after each knockout against the cap (Fig. 8; no test, labels at t alone)",
+        scale="caps 0-100 of 200 circuit neurons per layer in steps of 5 (the authors' script; Fig. 8 shows 0-80)"),
 }
 
 
@@ -229,6 +231,35 @@ def _cna_reading(P: Params, nb: str) -> str:
     reading = _nb(P, nb).get("norm_reading", "own")
     return ("CNA read with the original run's final scale (the authors' reading)" if reading == "final" else
             "CNA read with each vector's own RMS (not the authors' reading: rerun for it)")
+
+
+def _nik_grid(P: Params) -> str:
+    """Notebook 03's operand grids (recorded by runs that have them), e.g. "operand grid + 0-99
+    (2,000 of 10,000 pairs, seeded subsample), ..."."""
+    p = _nb(P, "03")
+    if "operand_ranges" not in p:
+        return "operand grid not recorded (an older run)"
+    ranges, n, full = p["operand_ranges"], p["grid_prompts"], p["grid_full"]
+    parts = [f"{op} {lo}-{hi}" + (f" ({n[op]:,} of {full[op]:,} pairs, seeded subsample)" if n[op] < full[op]
+                                  else f" (all {full[op]:,} pairs)") for op, (lo, hi) in ranges.items()]
+    return "operand grid " + ", ".join(parts)
+
+
+def _label_null(P: Params) -> str:
+    """Notebook 03's label test, in words."""
+    p = _nb(P, "03")
+    b = p["n_permutations"]
+    return (f"beating shuffled-operand grids (permutation test, "
+            f"{'max(1000, neurons / FDR)' if b is None else b} shuffles, BH at FDR {p['label_fdr']:.0%})")
+
+
+def _nik03_prompts(P: Params) -> str:
+    """Notebook 03's prompts: its operand grid where the run records one, else as before."""
+    p = _nb(P, "03")
+    if "operand_ranges" not in p:
+        return f"{_nik_prompts(P, 'n_analysis', '03')}; {_nik_grid(P)}"
+    return (f"'{{x}}{{op}}{{y}}=' prompts of the {_nik_grid(P)}; {p['n_analysis']} correct per operator select the "
+            f"circuit, other correct ones score it; {_fewshot(P, '03')}")
 
 
 def _nik_prompts(P: Params, per_op_key: str, nb: str) -> str:
@@ -388,24 +419,31 @@ OURS: dict[str, dict[str, Getter]] = {
                         f"less its early neurons; {_cna_reading(P, '07')}; {_quick(P, '07')}"),
     "nikankin_faithfulness": dict(
         model=lambda P: _model(P, "03"),
-        prompts=lambda P: _nik_prompts(P, "n_analysis", "03"),
+        prompts=lambda P: _nik03_prompts(P),
         positions=lambda P: "neurons of the analysed late MLPs at the last position; only those MLPs' other neurons "
                             "mean-ablated",
-        metric=lambda P: f"faithfulness (paper's normalisation), target {_nb(P, '03')['target_faithfulness']}",
+        metric=lambda P: f"faithfulness (paper's normalisation), target {_nb(P, '03')['target_faithfulness']}; an "
+                         "operator whose denominator is not above 0 at 95 % is excluded with its reason (the paper "
+                         "averages every operator)",
         scale=lambda P: f"a grid of shares per layer; {_quick(P, '03')}"),
     "nikankin_heuristic_ablation": dict(
         model=lambda P: _model(P, "03"),
-        prompts=lambda P: _nik_prompts(P, "n_analysis", "03") + "; the operand grid",
-        positions=lambda P: f"the neurons of one heuristic (match >= {_nb(P, '03')['t']}) mean-ablated at the last "
-                            "position",
+        prompts=lambda P: _nik03_prompts(P),
+        positions=lambda P: f"the neurons of one heuristic (match >= {_nb(P, '03')['t']}, {_label_null(P)}) "
+                            "mean-ablated at the last position",
         metric=lambda P: "accuracy on associated vs other prompts",
         scale=lambda P: f"up to {_nb(P, '03')['max_ablated_heuristics']} heuristics per operator; {_quick(P, '03')}"),
     "nikankin_prompt_ablation": dict(
         model=lambda P: _model(P, "03"),
-        prompts=lambda P: _nik_prompts(P, "n_analysis", "03"),
-        positions=lambda P: "a prompt's heuristic neurons vs as many random circuit neurons, mean-ablated",
-        metric=lambda P: "accuracy after each ablation",
-        scale=lambda P: f"labels {_nb(P, '03')['labels']!r}; {_quick(P, '03')}"),
+        prompts=lambda P: _nik03_prompts(P),
+        positions=lambda P: f"as the authors' code (cap per layer, ranked by the prompt's heuristics, control per layer "
+                            f"from the layer's other circuit neurons, zeroed), labels {_label_null(P)}; differences: "
+                            "zeroed at the answer position only; ranking ties to the larger summed match score; a "
+                            "prompt without a disjoint pool is counted as not testable",
+        metric=lambda P: "control minus heuristic first-token accuracy on the testable prompts, at one cap (25 of 200 "
+                         "per layer, Sec. 5)",
+        scale=lambda P: f"caps at {', '.join(f'{x:.3g}' for x in _nb(P, '03')['knockout_cap_shares'])} of the "
+                        f"circuit's neurons per layer; labels {_nb(P, '03')['labels']!r}; {_quick(P, '03')}"),
 }
 
 
@@ -461,8 +499,8 @@ FORCED: dict[str, dict[str, Getter]] = {
     "yu_gender_bias": dict(model=lambda P: _OFFLINE),
     "nikankin_faithfulness": dict(model=lambda P: _OFFLINE, prompts=lambda P: f"{_NIK_TOKENS}; {_prefix(P, '03')}"),
     "nikankin_heuristic_ablation": dict(model=lambda P: _OFFLINE,
-                                        prompts=lambda P: f"{_NIK_TOKENS} (a 10 x 10 operand grid); "
-                                                          f"{_prefix(P, '03')}"),
+                                        prompts=lambda P: f"{_NIK_TOKENS}: the grid has 2-digit (multi-token) operands, "
+                                                          f"the answer's first token as target; {_prefix(P, '03')}"),
     "nikankin_prompt_ablation": dict(model=lambda P: _OFFLINE, prompts=lambda P: f"{_NIK_TOKENS}; {_prefix(P, '03')}"),
 }
 

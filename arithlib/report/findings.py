@@ -8,8 +8,8 @@ import sys
 
 import pandas as pd
 
-from ..papers import (FAITHFULNESS_TARGET, HALF, NIKANKIN_FAITHFULNESS, NIKANKIN_MATCH_T, NIKANKIN_NEURON_SHARE,
-                      NIKANKIN_TXT, PAPERS, YU_TXT, ZHANG_PRECISE_MARGIN, ZHANG_TXT)
+from ..papers import (FAITHFULNESS_TARGET, HALF, NIKANKIN_FAITHFULNESS, NIKANKIN_KNOCKOUT_CAP_SHARE, NIKANKIN_MATCH_T,
+                      NIKANKIN_NEURON_SHARE, NIKANKIN_TXT, PAPERS, YU_TXT, ZHANG_PRECISE_MARGIN, ZHANG_TXT)
 from .nikankin import _nikankin_faithfulness, _nikankin_heuristic_ablation, _nikankin_prompt_ablation
 from ..stats import NOT_APPLICABLE
 from .rules import Finding, Outcome, _interval_cell, settle_inconclusive
@@ -17,6 +17,11 @@ from .tables import ERROR, NOT_JUDGED, NOT_RUN, NotApplicable, NotRun, Tables
 from .yu import _yu_gender, _yu_lora_coef, _yu_lora_layers, _yu_mask_keep, _yu_pruning, _yu_shallow, _yu_single_head
 from .zhang import (_zhang_key_heads, _zhang_knockout, _zhang_late_mlps, _zhang_mlp_answer, _zhang_precise_sft,
                     _zhang_transfer)
+
+#: The label test both Nikankin ablations read (:mod:`arithlib.heuristic_nulls`), in words.
+_LABEL_NULL = ("per neuron a permutation test of its best match score against shuffled-operand grids, p-values "
+               "max-T adjusted over the rules, Benjamini-Hochberg over the circuit's neurons at the FDR notebook 03 "
+               "states (5 %)")
 
 FINDINGS: tuple[Finding, ...] = (
     Finding("zhang_key_heads", "zhang", "Abstract; Sec. 5.1 'Location of key heads', Fig. 2",
@@ -125,28 +130,44 @@ FINDINGS: tuple[Finding, ...] = (
             f"faithfulness {FAITHFULNESS_TARGET} on the selection prompts, plus the neurons at the grid share nearest "
             f"{NIKANKIN_NEURON_SHARE:.0%} of each analysed MLP at '='; every other head and neuron mean-ablated at op1, "
             "operator, op2 and '='; F (Eq. 2, means over prompts first) per operator on held-out prompts, averaged "
-            "over operators, 95 % bootstrap interval over prompts (stratified by operator); reproduced if the whole "
+            "over operators, 95 % bootstrap interval over prompts (stratified by operator); an operator whose "
+            "denominator (full minus fully ablated normalised logit) has a 95 % interval reaching 0 (up to float32 "
+            "noise, 1e-6) has no F (the "
+            "ablated model answers as the full one) and is excluded, with its reason, not averaged; not applicable "
+            "if every operator is; reproduced if the whole "
             f"interval >= {FAITHFULNESS_TARGET}; partly if it lies in [{HALF * NIKANKIN_FAITHFULNESS:.2f}, "
             f"{FAITHFULNESS_TARGET}) (half of the paper's 0.96); not reproduced if below "
-            f"{HALF * NIKANKIN_FAITHFULNESS:.2f}; inconclusive if it straddles a threshold",
+            f"{HALF * NIKANKIN_FAITHFULNESS:.2f}; inconclusive if it straddles a threshold (undecidable here when "
+            "more prompts than the grid's correct held-out ones would be needed)",
             "03", _nikankin_faithfulness, figures=("03_circuit_faithfulness", "03_faithfulness_curve")),
     Finding("nikankin_heuristic_ablation", "nikankin", "Sec. 4.2, Fig. 7",
             "Ablating one heuristic's neurons hurts the prompts it covers more than other prompts.",
             "no number in the available text: associated prompts drop much more (baseline about 0.95)",
             f"{NIKANKIN_TXT}: authors' answers on Fig. 7",
-            f"a neuron is associated with every heuristic it matches at t = {NIKANKIN_MATCH_T}; gap = mean over the ablated "
+            f"a neuron is associated with every heuristic it matches at t = {NIKANKIN_MATCH_T} whose label beats the "
+            f"shuffled-operand null ({_LABEL_NULL}); not applicable if no label does; gap = mean over the ablated "
             "heuristics of (accuracy on other held-out prompts minus on associated ones), 95 % paired bootstrap "
             "interval over prompts (stratified by operator); reproduced if the whole interval >= 10 points; partly "
-            "if it lies in [5, 10) points; not reproduced if below 5 points; inconclusive if it straddles 5 or 10",
+            "if it lies in [5, 10) points; not reproduced if below 5 points; inconclusive if it straddles 5 or 10 "
+            "(undecidable here when more prompts than the grid's correct held-out ones would be needed); not run "
+            "for tables without the label test (rerun notebook 03)",
             "03", _nikankin_heuristic_ablation, figures=("03_heuristic_ablation",)),
     Finding("nikankin_prompt_ablation", "nikankin", "Sec. 4.2, Fig. 8",
             "Ablating a prompt's heuristic neurons hurts it much more than ablating as many random neurons.",
             "no number in the available text: random neurons affect prompts 'much less'",
             f"{NIKANKIN_TXT}: authors' answer on Fig. 8",
-            "gap = accuracy with as many random circuit neurons ablated minus with the prompt's heuristic neurons "
-            "ablated, on held-out prompts, 95 % paired bootstrap interval over prompts (stratified by operator); "
-            "reproduced if the whole interval >= 10 points; partly if it lies in [5, 10) points; not reproduced if "
-            "below 5 points; inconclusive if it straddles 5 or 10",
+            "per held-out prompt (the authors' prompt_knockout_experiment): its associated neurons (labels at "
+            f"t = {NIKANKIN_MATCH_T} that beat the shuffled-operand null, {_LABEL_NULL}), per layer at most "
+            f"cap = round({NIKANKIN_KNOCKOUT_CAP_SHARE:.3f} x circuit neurons per layer) of them (25 of 200, Sec. 5), "
+            "ranked by how many of the prompt's heuristics they carry, zeroed at the answer position; control: in "
+            "each layer as many neurons drawn at random from that layer's circuit neurons minus the zeroed ones "
+            "(disjoint, layer-matched); a prompt whose layer has too few such neurons is not testable, counted, "
+            "and left out (never filled from the tested set); gap = control minus heuristic accuracy on the "
+            "testable prompts, 95 % paired bootstrap interval over prompts (stratified by operator); not applicable "
+            "if no label beats the null or no prompt is testable; reproduced if the whole interval >= 10 points; "
+            "partly if it lies in [5, 10) points; not reproduced if below 5 points; inconclusive if it straddles 5 "
+            "or 10 (undecidable here when more prompts than the grid's correct held-out ones would be needed); not "
+            "run for tables without the cap and the control (rerun notebook 03)",
             "03", _nikankin_prompt_ablation, figures=("03_prompt_ablation",)),
     Finding("yu_mask_keep", "yu", "Sec. 4.2, Table 5",
             "The top CNA neurons hold the answer: masking them breaks 1D +/-, keeping only them preserves it.",

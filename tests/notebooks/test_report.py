@@ -539,19 +539,109 @@ def test_faithfulness_rule_ignores_the_neuron_only_curve(tmp_path: Path):
     assert out.verdict == R.NOT_REPRODUCED and out.metrics["smallest share per layer reaching 0.9"] == 0.01
 
 
+def _matched_share(d: Path, labelled: float = 0.5, n_circuit: int = 100) -> None:
+    """03_matched_share with the label test's columns (two operators)."""
+    _csv(d, "03_matched_share", [{"op": op, "n_circuit": n_circuit, "n_rules": 50, "matched_share": 0.96,
+                                  "matched_share_null": 0.36, "labelled_share": labelled, "labelled_share_null": 0.0,
+                                  "n_labelled": int(round(labelled * n_circuit)), "label_fdr": 0.05,
+                                  "n_permutations": 2000} for op in "+-"])
+
+
+def _knockout_rows(n: int, heur: int, rnd: int, k: int = 40, testable=None) -> list[dict]:
+    """03_prompt_ablation rows at the cap the rule reads (5 of 40 per layer) and at a larger
+    cap: prompts 0..heur-1 survive the heuristic knockout, 0..rnd-1 the control."""
+    rows = []
+    for cap in (5, 20):
+        for i in range(n):
+            ok = True if testable is None else bool(testable(i))
+            rows.append({"op": "+-"[i % 2], "a": i, "b": 1, "answer": i + 1, "cap": cap, "k_per_layer": k,
+                         "n_assoc_neurons": 30, "n_ablated": min(cap, 30), "n_control": min(cap, 30) if ok else 0,
+                         "testable": ok, "correct_full": 1.0,
+                         "correct_heuristic_ablated": float(i < heur) if ok else float("nan"),
+                         "correct_random_ablated": float(i < rnd) if ok else float("nan")})
+    return rows
+
+
+def test_faithfulness_of_an_operator_whose_ablation_changes_nothing_is_excluded(tmp_path: Path):
+    """As SmolLM2's division: the fully ablated model answers every held-out prompt as the full one, so F's
+    denominator is float noise and F = 737,124; that operator is excluded with its reason, not averaged."""
+    _circuit_faithfulness(tmp_path, 0.95, 100, 0.02)
+    rows = pd.read_csv(tmp_path / "03_circuit_faithfulness_prompts.csv").to_dict("records")
+    for i in range(4):
+        rows += [{"op": "/", "prompt": i, "circuit": "full", "normalized_logit": 1.0, "correct": True},
+                 {"op": "/", "prompt": i, "circuit": "ablated", "normalized_logit": 1.0 - 3e-8, "correct": True},
+                 {"op": "/", "prompt": i, "circuit": "circuit", "normalized_logit": 1.0 + 0.02, "correct": True}]
+    _csv(tmp_path, "03_circuit_faithfulness_prompts", rows)
+    out = _outcome("nikankin_faithfulness", tmp_path)
+    assert out.verdict == R.REPRODUCED and abs(out.interval.estimate - 0.95) < 0.05
+    assert "/ excluded" in out.ours and out.metrics["operators excluded (F's denominator not above 0)"] == 1
+    assert out.thresholds == (0.9, 0.48)
+    _csv(tmp_path, "03_circuit_faithfulness_prompts", [r for r in rows if r["op"] == "/"])
+    out = _outcome("nikankin_faithfulness", tmp_path)
+    assert out.verdict == R.NOT_APPLICABLE and "no operator has a faithfulness" in out.ours
+
+
 @pytest.mark.parametrize("n, heur, rnd, verdict", [(400, 200, 360, R.REPRODUCED), (20, 15, 18, R.INCONCLUSIVE),
                                                    (2000, 1850, 2000, R.PARTLY), (400, 360, 360, R.NOT_REPRODUCED),
                                                    (400, 380, 360, R.NOT_REPRODUCED)])
 def test_prompt_ablation_rule(tmp_path: Path, n: int, heur: int, rnd: int, verdict: str):
     """Issue 28: a 15-point gap on 20 prompts (old rule: reproduced) is inconclusive; the interval decides.
     Paired: prompts 0..heur-1 survive the heuristic ablation, 0..rnd-1 the random one."""
-    rows = [{"op": "+-"[i % 2], "a": i, "b": 1, "correct_full": 1.0, "correct_heuristic_ablated": float(i < heur),
-             "correct_random_ablated": float(i < rnd), "n_assoc_neurons": 2} for i in range(n)]
-    _csv(tmp_path, "03_prompt_ablation", rows)
+    _matched_share(tmp_path)
+    _csv(tmp_path, "03_prompt_ablation", _knockout_rows(n, heur, rnd))
     out = _outcome("nikankin_prompt_ablation", tmp_path)
     assert out.verdict == verdict
     assert out.metrics["random minus heuristic-ablated accuracy"] == pytest.approx((rnd - heur) / n)
-    assert out.interval.n == n
+    assert out.interval.n == n and out.metrics["neurons zeroed per layer (cap)"] == 5
+
+
+def test_prompt_knockout_reads_its_cap_and_counts_untestable_prompts(tmp_path: Path):
+    """The rule reads the cap at 25/200 of the circuit's neurons per layer, and prompts without a disjoint,
+    layer-matched control are counted and left out, never scored from the tested set."""
+    _matched_share(tmp_path)
+    rows = _knockout_rows(400, 200, 360, testable=lambda i: i % 4 != 3)
+    _csv(tmp_path, "03_prompt_ablation", rows)
+    out = _outcome("nikankin_prompt_ablation", tmp_path)
+    assert out.interval.n == 300 and out.metrics["prompts not testable"] == 100
+    assert "100 not testable" in out.ours and out.thresholds == (0.10, 0.05)
+    _csv(tmp_path, "03_prompt_ablation", _knockout_rows(50, 0, 50, testable=lambda i: False))
+    out = _outcome("nikankin_prompt_ablation", tmp_path)
+    assert out.verdict == R.NOT_APPLICABLE and "disjoint" in out.ours and "50 prompts not testable" in out.ours
+
+
+def test_ablations_need_labels_that_beat_the_shuffled_operand_null(tmp_path: Path):
+    """96 % of the neurons match at t, but no label beats the null: both ablations are not applicable;
+    a table from before the label test says to rerun notebook 03."""
+    _csv(tmp_path, "03_prompt_ablation", _knockout_rows(400, 200, 360))
+    _heuristic_rows(tmp_path, 400, 0.5, 0.9)
+    _csv(tmp_path, "03_matched_share", [{"op": op, "n_circuit": 588, "n_rules": 144, "matched_share": 0.96,
+                                         "matched_share_null": 0.36} for op in "+-"])   # an older run's table
+    for fid in ("nikankin_prompt_ablation", "nikankin_heuristic_ablation"):
+        out = _outcome(fid, tmp_path)
+        assert out.verdict == R.NOT_RUN and "rerun notebook 03" in out.ours
+    _matched_share(tmp_path, labelled=0.0)
+    for fid in ("nikankin_prompt_ablation", "nikankin_heuristic_ablation"):
+        out = _outcome(fid, tmp_path)
+        assert out.verdict == R.NOT_APPLICABLE and "beats the shuffled-operand null" in out.ours and "96 %" in out.ours
+    _matched_share(tmp_path, labelled=0.3)
+    out = _outcome("nikankin_heuristic_ablation", tmp_path)
+    assert out.verdict == R.REPRODUCED and "30 %" in out.ours and out.thresholds == (0.10, 0.05)
+
+
+def test_nikankin_rules_know_the_population_of_held_out_prompts(tmp_path: Path):
+    """On a full 1-digit grid the held-out prompts come from a finite population (the correct prompts not used
+    for selection): a straddling interval that would need more is undecidable here, not inconclusive."""
+    _matched_share(tmp_path)
+    _csv(tmp_path, "03_prompt_ablation", _knockout_rows(20, 15, 18))
+    _csv(tmp_path, "03_grids", [{"op": op, "operands": "0..9", "n_prompts": 100, "subsampled": False} for op in "+-"])
+    _csv(tmp_path, "03_grid_accuracy", [{"op": op, "n_grid": 100, "accuracy_first_token": 0.4,
+                                         "accuracy_full_answer": 0.4, "n_analysed": 25, "n_heldout": 10}
+                                        for op in "+-"])
+    out = _outcome("nikankin_prompt_ablation", tmp_path)
+    assert out.population == 30 and out.verdict == R.UNDECIDABLE
+    _csv(tmp_path, "03_grids", [{"op": op, "operands": "0..99", "n_prompts": 2000, "subsampled": True} for op in "+-"])
+    out = _outcome("nikankin_prompt_ablation", tmp_path)
+    assert out.population is None and out.verdict == R.INCONCLUSIVE and "would decide" in out.ours
 
 
 def test_path_patching_with_the_leaking_counterfactual_is_not_judged(tmp_path: Path):
@@ -573,11 +663,7 @@ def test_prompt_ablation_of_a_run_without_held_out_prompts_is_not_judged(tmp_pat
     assert out.verdict == R.NOT_RUN and "rerun notebook 03" in out.ours
 
 
-@pytest.mark.parametrize("n, acc_assoc, acc_other, verdict", [(400, 0.5, 0.9, R.REPRODUCED),
-                                                              (12, 0.5, 0.9, R.INCONCLUSIVE),
-                                                              (400, 0.9, 0.9, R.NOT_REPRODUCED)])
-def test_heuristic_ablation_rule(tmp_path: Path, n: int, acc_assoc: float, acc_other: float, verdict: str):
-    """Issue 28: per-prompt rows (one per heuristic and prompt), gap with a paired bootstrap interval."""
+def _heuristic_rows(d: Path, n: int, acc_assoc: float, acc_other: float) -> None:
     rows = []
     for op in "+-":
         for h in ("op1 in [0, 4]", "result mod 2 = 0"):
@@ -587,7 +673,16 @@ def test_heuristic_ablation_rule(tmp_path: Path, n: int, acc_assoc: float, acc_o
                 ok = j < round((acc_assoc if assoc else acc_other) * n / 2)
                 rows.append({"op": op, "heuristic": h, "kind": "x", "n_neurons": 3, "prompt": i, "associated": assoc,
                              "correct": ok, "correct_base": True})
-    _csv(tmp_path, "03_heuristic_ablation_prompts", rows)
+    _csv(d, "03_heuristic_ablation_prompts", rows)
+
+
+@pytest.mark.parametrize("n, acc_assoc, acc_other, verdict", [(400, 0.5, 0.9, R.REPRODUCED),
+                                                              (12, 0.5, 0.9, R.INCONCLUSIVE),
+                                                              (400, 0.9, 0.9, R.NOT_REPRODUCED)])
+def test_heuristic_ablation_rule(tmp_path: Path, n: int, acc_assoc: float, acc_other: float, verdict: str):
+    """Issue 28: per-prompt rows (one per heuristic and prompt), gap with a paired bootstrap interval."""
+    _matched_share(tmp_path)
+    _heuristic_rows(tmp_path, n, acc_assoc, acc_other)
     out = _outcome("nikankin_heuristic_ablation", tmp_path)
     assert out.verdict == verdict
     assert out.metrics["other minus associated accuracy"] == pytest.approx(acc_other - acc_assoc, abs=0.07)

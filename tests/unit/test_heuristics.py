@@ -12,6 +12,7 @@ import torch
 
 import arithlib.heuristics as H
 import arithlib.neurons as N
+import arithlib.prompt_knockout as PK
 from arithlib.datasets import PromptSet
 from arithlib.models import load_model, random_model_dir
 
@@ -159,11 +160,8 @@ def test_pipeline_on_tiny_model(tiny):
     assert len(rows) == len(abl) * len(an.runner) and set(rows.columns) >= {"prompt", "associated", "correct"}
     pd.testing.assert_frame_equal(H.summarise_heuristic_ablation(rows), abl)
     per = H.prompt_heuristic_neurons(matches, an.heuristics, an.analysis.records)
-    pa = H.prompt_ablation(an.runner, per, an.circuit, layers, means, seed=0)
+    pa = PK.prompt_knockout(an.runner, matches, an.heuristics, an.circuit, layers, [4], tiny.info.d_mlp, 8, seed=0)
     assert len(pa) == 12 and (pa.n_assoc_neurons == [len(x) for x in per]).all()
-    # ablating nothing changes nothing
-    none = H.prompt_ablation(an.runner, [[] for _ in per], an.circuit, layers, means)
-    assert (none.correct_heuristic_ablated == none.correct_full).all()
     an.matches = matches
     ci = H.correct_vs_incorrect(b, an, layers)
     assert len(ci) == 36 and set(ci.columns) >= {"correct", "n_assoc_neurons", "assoc_contribution"}
@@ -252,3 +250,17 @@ def test_notebook_defaults_follow_the_paper_and_the_intervals():
     assert p03["n_exact_check"] >= 32 and p03["t"] == NIKANKIN_MATCH_T
     p01 = _parameters("01_identify_heads.ipynb")
     assert p01["nikankin_per_op"] >= 8 and p01["nikankin_recall_per_op"] >= 1
+
+
+def test_notebook_measures_on_larger_grids_and_tests_the_labels():
+    """Notebook 03 gives per-digit tokenizers 2-digit operands (a subsample of 0..99 per
+    operator, more prompts per rule than the 10 x 10 grid of 1-digit operands), tests the
+    labels at a stated false-discovery rate and sweeps the knockout cap up to half of the
+    circuit's neurons per layer, including the cap the report reads."""
+    from arithlib.papers import NIKANKIN_KNOCKOUT_CAP_SHARE
+
+    p03 = _parameters("03_neuron_heuristics.ipynb")
+    assert p03["per_digit_operand_max"] == 99 and p03["max_grid_prompts"] >= 1000
+    assert p03["label_fdr"] == 0.05
+    shares = p03["knockout_cap_shares"]
+    assert NIKANKIN_KNOCKOUT_CAP_SHARE in shares and max(shares) <= 0.5
