@@ -57,14 +57,14 @@ def test_a_half_written_file_is_not_a_result(tmp_path):
 
 def _stored_once(tmp_path):
     store, f = Store(tmp_path), Counter()
-    store("knockout at end", f, code=[], n=1, value=7)
+    store("knockout at end", lambda: f(7), code=[], n=1)
     return store.path("knockout at end", code=[], n=1), f
 
 
 def _again(tmp_path, caplog) -> tuple[dict, Counter]:
     f = Counter()
     with caplog.at_level(logging.WARNING, logger="arithlib.stored"):
-        result = Store(tmp_path)("knockout at end", f, code=[], n=1, value=7)
+        result = Store(tmp_path)("knockout at end", lambda: f(7), code=[], n=1)
     return result, f
 
 
@@ -83,7 +83,7 @@ def test_a_garbled_stored_result_is_reported_deleted_and_computed_again(tmp_path
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and str(path) in warnings[0] and "\n" not in warnings[0]
     assert "checksum" in warnings[0]
-    assert Store(tmp_path)("knockout at end", Counter(), code=[], n=1, value=7)["value"] == 7  # stored anew
+    assert Store(tmp_path)("knockout at end", Counter(), code=[], n=1)["value"] == 7  # stored anew, loaded
 
 
 def test_a_truncated_stored_result_is_reported_deleted_and_computed_again(tmp_path, caplog):
