@@ -62,7 +62,17 @@ done
 "$ROOT/scripts/setup.sh"
 PY="${ARITHLIB_VENV:-$ROOT/.venv}/bin/python"
 # Fail early, with the library's own message, on an unknown model or a missing GPU.
-RESOLVED="$("$PY" -c "from arithlib.models import check_model_name, resolve_device; check_model_name('$MODEL'); print(resolve_device('$DEVICE'))")"
+# An installed model whose weight files changed since install is refused here (arithlib.weights).
+RESOLVED="$("$PY" -c "
+import sys
+from arithlib.models import check_model_name, resolve_device
+from arithlib.weights import ModelFilesChanged, check_installed
+check_model_name('$MODEL')
+try:
+    check_installed('$MODEL')
+except ModelFilesChanged as err:
+    sys.exit(f'run_all.sh: {err}')
+print(resolve_device('$DEVICE'))")"
 
 # The notebooks, two at a time on a CPU (scripts/run_notebooks.py says why and how), on
 # the resolved device. Writes outputs/<model>/timings.csv (this run) and $FIG/timings.csv

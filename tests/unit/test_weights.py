@@ -57,6 +57,10 @@ def test_a_weight_file_changed_after_install_is_refused_with_the_reinstall_comma
     assert f"python -m arithlib.weights reinstall {PACKAGED}" in message
     with pytest.raises(RuntimeError, match="changed after the model was installed"):
         models.load_model(PACKAGED)
+    from arithlib.weights import check_installed
+
+    with pytest.raises(RuntimeError, match="reinstall"):  # run_all.sh's check before any notebook starts
+        check_installed(PACKAGED)
 
 
 def test_an_untouched_model_passes_the_cheap_check_and_a_touched_one_the_full_hash(tmp_cache, monkeypatch):
