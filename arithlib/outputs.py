@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .atomic import atomic_write
+from .atomic import atomic_write, write_text  # noqa: F401  (write_text: the report writes through here)
 
 
 def save_table(frame: pd.DataFrame, out: str | os.PathLike, name: str, float_format: str = "%.6g") -> Path:
@@ -28,11 +28,6 @@ def save_figure(fig, out: str | os.PathLike, name: str, dpi: int = 150) -> Path:
     png = atomic_write(Path(out) / f"{name}.png", lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png"))
     atomic_write(Path(out) / f"{name}.pdf", lambda tmp: fig.savefig(tmp, bbox_inches="tight", format="pdf"))
     return png
-
-
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically; return the path."""
-    return atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def save_json(data: dict, out: str | os.PathLike, name: str) -> Path:

@@ -44,7 +44,7 @@ from .fingerprints import data_fingerprint, fingerprint, model_fingerprint, tens
 from .sources import code_fingerprint
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 
 def key_value(obj: Any) -> Any:
@@ -140,7 +140,7 @@ def stored_seconds(path: Path) -> float:
 
 def discard(path: Path, reason: str) -> None:
     """Delete the stored file ``path`` and its sidecar, with a one-line warning naming it."""
-    log.warning("stored result %s %s: deleted, computing it again", path, reason)
+    _log.warning("stored result %s %s: deleted, computing it again", path, reason)
     Path(path).unlink(missing_ok=True)
     sidecar(path).unlink(missing_ok=True)
 

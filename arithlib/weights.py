@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .atomic import sha256_file, write_text
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 #: The record of a folder's weight files, written at install.
 MANIFEST = "weights.json"
@@ -71,7 +71,7 @@ def verify_weights(folder: str | Path, reinstall: str) -> None:
     try:
         record = json.loads((folder / MANIFEST).read_text())
     except FileNotFoundError:
-        log.info("recording the weight files of %s (installed before they were recorded)", folder)
+        _log.info("recording the weight files of %s (installed before they were recorded)", folder)
         record_weights(folder)
         return
     except ValueError:

@@ -4,6 +4,7 @@
                      [--quick Q] [--seed S] [--param NAME VALUE ...]
                      [--figures FIG] [--out OUT] [--only NN,NN] [--force] [--jobs N]
                      [--threads T] [--notebooks DIR] [--progress-every S] [--print-figures]
+                     [--report]
 
 Why several at once: on a CPU a notebook's kernel keeps its cores busy only while it
 runs large matrix products; tokenising, Python loops, small passes and each kernel's
@@ -460,11 +461,20 @@ class Runner:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second signal: stop as well, once
                 signal.signal(sig, signal.SIG_IGN)
             self._stop_running()
+        except OSError as err:  # a full disk while staging, say: stop what runs, keep what finished
+            signum = None
+            self._stop_running()
+            self.failed = self.failed or "(the run)"
+            say(f"run_all.sh: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}; the run stopped; "
+                f"{self.fig} keeps the outputs of the notebooks that finished", err=True)
         else:
             signum = None
         for thread in self.publishing:  # the notebooks that finished keep their outputs and timings
             thread.join()
-        self._write_timings()
+        try:
+            self._write_timings()
+        except OSError as err:
+            say(f"run_all.sh: could not write the timings ({err.strerror or err}: {err.filename})", err=True)
         if signum is not None:
             say(f"run_all.sh: stopped ({signal.Signals(signum).name}); the running notebooks were stopped and keep "
                 f"no key; their figures folder keeps its last successful outputs (what they wrote is in "
