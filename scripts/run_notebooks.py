@@ -242,7 +242,7 @@ def progress_line(name: str, cells: tuple[int, int] | None, elapsed_s: float, ex
 
 
 class Interrupted(Exception):
-    """The run received a signal that stops it (SIGTERM, SIGHUP)."""
+    """The run received a signal that stops it (SIGINT, SIGTERM, SIGHUP)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -437,8 +437,15 @@ class Runner:
         def stop(signum, frame):  # a kill of run_all.sh, or its terminal closing, stops the notebooks too
             raise Interrupted(signum)
 
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, stop)
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
+        """:meth:`run` under its signal handlers."""
         try:
             while self.pending or self.running:
                 for name in list(self.running):
