@@ -192,18 +192,19 @@ def test_a_full_disk_mid_promote_keeps_the_previous_outputs(tmp_path, monkeypatc
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP], ids=["SIGKILL", "SIGHUP"])
 def test_no_notebook_outlives_a_killed_run(tmp_path, sig):
     """A SIGKILL of the runner, or its terminal closing (SIGHUP), stops the notebook's
-    kernel and papermill too: nothing goes on writing into the cache and staging folder
-    that a rerun uses."""
+    kernel, papermill and the memory sampler too: nothing goes on writing into the cache
+    and staging folder that a rerun uses."""
     nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
     nb_dir.mkdir()
     pids = tmp_path / "pids"
-    _notebook(nb_dir / "00_a.ipynb", "import os, time\nfrom pathlib import Path\n"
-              f"Path({str(pids)!r}).write_text(f'{{os.getpid()}} {{os.getppid()}}')\ntime.sleep(300)\n")
+    _notebook(nb_dir / "00_a.ipynb", "import os, time, psutil\nfrom pathlib import Path\n"
+              "sampler = psutil.Process(os.getppid()).ppid()  # papermill's parent: peak_memory.py\n"
+              f"Path({str(pids)!r}).write_text(f'{{os.getpid()}} {{os.getppid()}} {{sampler}}')\ntime.sleep(300)\n")
     run = _start(_args(nb_dir, out, fig), "./run_all.sh")
     found: list[int] = []
     try:
-        assert _wait_for(lambda: pids.is_file() and len(pids.read_text().split()) == 2), run.stderr.read()
-        found = [int(p) for p in pids.read_text().split()]  # the kernel, papermill
+        assert _wait_for(lambda: pids.is_file() and len(pids.read_text().split()) == 3), run.stderr.read()
+        found = [int(p) for p in pids.read_text().split()]  # the kernel, papermill, the memory sampler
         assert all(_alive(p) for p in found)
         os.kill(run.pid, sig)
         run.communicate(timeout=60)
