@@ -6,7 +6,9 @@ start time, locked with ``flock`` (the operating system's advisory lock; the sta
 library's :mod:`fcntl`). The kernel releases it when the process ends, however it ends,
 so a lock file left by a run that was killed is simply taken over (and said so); a
 second run while the first is alive stops at once with one line naming it. A run
-removes its lock file when it ends. The lock is advisory: it keeps run_all.sh runs
+removes its lock file when it ends. run_notebooks.py hands the lock to each notebook's
+``peak_memory.py`` as well, so the lock of a killed run lasts until its notebooks have
+stopped. The lock is advisory: it keeps run_all.sh runs
 apart, not other programs.
 """
 
@@ -83,6 +85,9 @@ class RunLock:
             except BlockingIOError:
                 holder = _read(fd)
                 os.close(fd)
+                if holder and not _alive(holder.get("pid")):  # its notebooks hold the lock while they stop
+                    raise Locked(f"a run that was stopped is still ending its notebooks in {self.folder} "
+                                 f"({_describe(holder)}); try again in a minute") from None
                 raise Locked(f"another run is using {self.folder} ({_describe(holder)}); wait for it to end "
                              f"or stop it (kill {holder.get('pid', '<pid>')})") from None
             try:  # the file may have been removed by its last holder while we waited: lock the one in place

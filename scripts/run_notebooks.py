@@ -327,8 +327,9 @@ class Runner:
         env = dict(os.environ, ARITHLIB_RUNNER_PID=str(os.getpid()))  # peak_memory.py ends with this run
         if a.threads:
             env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+        # peak_memory.py holds this run's locks too: they outlast a killed run until its notebooks are stopped
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, pass_fds=getattr(a, "lock_fds", ()))
         echo = a.jobs == 1
         log_path = self.out / f"{name}.log"
 
@@ -657,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         if is_quick(args.quick):
             for line in quick_report(paths, by_notebook):
                 say(f"=== {line}")
+        args.lock_fds = [lock.fd for lock in locks]
         status = Runner(args, paths, by_notebook).run()
         if status == 0 and args.report:
             status = write_reports(figures, figures / safe)
