@@ -3,11 +3,11 @@
 # each after the notebooks whose tables it reads. Figures and tables go to
 # figures/<model>/, the executed notebooks (outputs kept, widget state dropped) to
 # figures/<model>/notebooks/ (.ipynb and .html), keys, logs and raw copies to
-# outputs/<model>/. A notebook writes into outputs/<model>/staging/ first; only when it
-# succeeds do its files replace its old ones in figures/<model>/ (a failed or stopped one
-# leaves them as they were). After a failing notebook (named, with its log) no other
-# starts; what the others produced is kept.
-#
+# outputs/<model>/. A notebook writes into this run's own staging folder first; only when it
+# succeeds do its files replace its old ones in figures/<model>/, whole or not at all (a failed
+# or stopped one, or a full disk, leaves them as they were). After a failing notebook (named,
+# with its log) no other starts; what the others produced is kept. One run at a time per
+# outputs and figures folder: a second one stops at once, naming the first.
 #   ./run_all.sh [--model NAME] [--device auto|cpu|cuda] [--quick] [--seed N]
 #                [--dtype auto|float32|bfloat16] [--device-map auto|balanced|JSON]
 #                [-p NAME VALUE ...] [--figures DIR] [--only NN[,NN...]] [--force]
@@ -17,9 +17,9 @@
 # --dtype: auto (default) is bfloat16 on a GPU, float32 on a CPU. --device-map splits the
 # model across devices through TransformerLens/accelerate ('{"model.layers.0": 0, ...}'
 # names HF modules); an unknown value, or a device that does not exist, stops the run.
-# -p NAME VALUE: set a variable of the notebooks' parameters cell (VALUE a Python literal,
-# else a string), e.g. ./run_all.sh --only 01 -p key_threshold -0.1; an unknown NAME is
-# an error listing the valid ones.
+# -p NAME VALUE: set a variable of the notebooks' parameters cell, typed as its default
+# (true/false for a boolean, any case), e.g. ./run_all.sh --only 01 -p key_threshold -0.1;
+# an unknown NAME is an error listing the valid ones. --quick never overrides a -p value.
 # A run with changed settings (--quick, --seed other than 0, any -p) writes to
 # outputs/scratch/figures/<model>/ (first a copy of figures/<model>/), never over the
 # committed figures/, unless --figures DIR says where.
@@ -33,6 +33,8 @@
 # successful run is skipped (key in outputs/<model>/<notebook>.key); --force reruns it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# this command as typed: a second run on the same folders names it (scripts/run_lock.py)
+export ARITHLIB_RUN_COMMAND="$0${*:+ $*}"
 MODEL="qwen2.5-coder-0.5b"; DEVICE="auto"; QUICK="False"; SEED=0; DTYPE="auto"; DEVICE_MAP=""
 FIGURES=""; ONLY=""; FORCE=""; JOBS=""; THREADS=""; PARAMS=()
 usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -60,7 +62,17 @@ done
 "$ROOT/scripts/setup.sh"
 PY="${ARITHLIB_VENV:-$ROOT/.venv}/bin/python"
 # Fail early, with the library's own message, on an unknown model or a missing GPU.
-RESOLVED="$("$PY" -c "from arithlib.models import check_model_name, resolve_device; check_model_name('$MODEL'); print(resolve_device('$DEVICE'))")"
+# An installed model whose weight files changed since install is refused here (arithlib.weights).
+RESOLVED="$("$PY" -c "
+import sys
+from arithlib.models import check_model_name, resolve_device
+from arithlib.weights import ModelFilesChanged, check_installed
+check_model_name('$MODEL')
+try:
+    check_installed('$MODEL')
+except ModelFilesChanged as err:
+    sys.exit(f'run_all.sh: {err}')
+print(resolve_device('$DEVICE'))")"
 
 # The notebooks, two at a time on a CPU (scripts/run_notebooks.py says why and how), on
 # the resolved device. Writes outputs/<model>/timings.csv (this run) and $FIG/timings.csv
@@ -70,13 +82,10 @@ RUN=("$PY" "$ROOT/scripts/run_notebooks.py" --model "$MODEL" --device "$RESOLVED
      --seed "$SEED" --only "$ONLY" ${FIGURES:+--figures "$FIGURES"} ${JOBS:+--jobs "$JOBS"}
      ${THREADS:+--threads "$THREADS"} ${PARAMS[@]+"${PARAMS[@]}"})
 # Checks -p, --only, --dtype and --device-map before anything runs, and names the figures folder (the scratch rule above).
-FIGURES="$("${RUN[@]}" --print-figures)"
-FIG="$FIGURES/${MODEL//\//__}"
-"${RUN[@]}" $FORCE
-"$PY" -m arithlib.report "$FIG"  # REPORT.md / REPORT.html from the tables above
-# Findings across every model run into $FIGURES so far (not the toy model): CROSS_MODEL.md/.csv/.png
+"${RUN[@]}" --print-figures >/dev/null
+# The notebooks, then (--report) REPORT.md / REPORT.html from their tables and the findings
+# across every model run into the figures root so far (not the toy model): CROSS_MODEL.md/.csv/.png
 # there; the README's verdict table shows the committed runs, so it is rewritten only for the
-# repository's own figures/.
-README_ARG=()
-if [ "$(cd "$FIGURES" && pwd)" = "$ROOT/figures" ]; then README_ARG=(--readme "$ROOT/README.md"); fi
-"$PY" -m arithlib.report --cross-in "$FIGURES" ${README_ARG[@]+"${README_ARG[@]}"}
+# repository's own figures/. All under one lock on the outputs and figures folders: a second run
+# on them stops at once, naming this one.
+exec "${RUN[@]}" $FORCE --report

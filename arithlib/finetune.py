@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import io
 import json
 import math
 import random
@@ -64,12 +65,14 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import datasets as ds
+from .atomic import write_text
 from .datasets import PromptRecord, PromptSet
 from .evaluate import continues_number
 from .fingerprints import data_fingerprint, fingerprint, model_fingerprint
 from .engine import (LayerInputs, clean_param_name, common_prefix, decoder_layers, hf_module as _hf, input_device,
                      module_device, rows_on_prefixes, shared_hf_model)
 from .stats import encode_correct
+from .stored import discard, read_verified, sidecar, write_verified
 
 
 # --------------------------------------------------------------------------- model plumbing
@@ -547,10 +550,24 @@ def _checkpoint_path(checkpoint_dir: Path | None, name: str) -> Path | None:
 
 
 def _save(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
+    """``torch.save`` ``obj`` to ``path`` atomically, with its checksum beside it
+    (:func:`arithlib.stored.write_verified`)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_verified(path, buffer.getvalue())
+
+
+def _load(path: Path):
+    """What :func:`_save` wrote to ``path``, or None: no file, or one that fails its
+    checksum or cannot be loaded (then discarded with a warning naming it)."""
+    data = read_verified(path)
+    if data is None:
+        return None
+    try:
+        return torch.load(io.BytesIO(data), weights_only=False)
+    except Exception as exc:  # passed its checksum but not torch.load: written by other code
+        discard(path, f"cannot be loaded ({type(exc).__name__}: {exc})")
+        return None
 
 
 def make_optimizer(params: Sequence[torch.nn.Parameter], config: TrainConfig,
@@ -639,9 +656,8 @@ def train_parameters(model, trainable: Trainable, train_set: PromptSet, config: 
         best = (-1.0, 0, None)  # (val acc, epoch, state)
         step, start_epoch, busy, n_samples = 0, 0, 0.0, 0
         if ckdir is not None:
-            done = sorted(ckdir.glob("epoch-*.pt"))
-            if done:
-                ck = torch.load(done[-1], weights_only=False)
+            ck = next((c for c in map(_load, sorted(ckdir.glob("epoch-*.pt"), reverse=True)) if c is not None), None)
+            if ck is not None:  # the newest checkpoint that passes its checksum
                 with torch.no_grad():
                     for n, v in ck["params"].items():
                         params[n].copy_(v.to(params[n].device))
@@ -716,13 +732,15 @@ def cached_training(cache_dir: str | Path | None, key: dict, build: Callable[[Pa
         return build(None)
     folder = Path(cache_dir) / fingerprint(key)
     path = folder / "result.pt"
-    if path.exists():
-        return torch.load(path, weights_only=False)
+    stored = _load(path)
+    if stored is not None:
+        return stored
     result = build(folder / "checkpoints")
     _save(path, result)
-    (folder / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
+    write_text(folder / "key.json", json.dumps(key, indent=1, sort_keys=True, default=str))
     for ck in (folder / "checkpoints").glob("epoch-*.pt"):
         ck.unlink()
+        sidecar(ck).unlink(missing_ok=True)
     return result
 
 

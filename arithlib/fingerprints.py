@@ -1,6 +1,6 @@
 """Hashes that key cached results, so that a long run interrupted part-way resumes from
 what it already computed and never reuses a result computed from something else: a
-JSON-able key, a prompt set's token ids, a model's config and weights."""
+JSON-able key, a prompt set's token ids, a model's config and every weight."""
 
 from __future__ import annotations
 
@@ -38,13 +38,29 @@ def tensor_fingerprint(*tensors: torch.Tensor) -> str:
     return h.hexdigest()[:16]
 
 
+def _fast_hasher():
+    """A hash object for bulk weights and its name: xxh3-128 (the xxhash package, about
+    ten times sha256's speed) where installed, else sha256."""
+    try:
+        import xxhash
+
+        return xxhash.xxh3_128(), "xxh3_128"
+    except ImportError:
+        return hashlib.sha256(), "sha256"
+
+
 def model_fingerprint(model) -> str:
-    """A hash of an HF model's (or a bridge's) config and a sample of its weights: the
-    first 256 values of every k-th parameter by clean name (about 16 tensors)."""
+    """A hash of an HF model's (or a bridge's) config and every one of its weights: each
+    parameter's clean name, shape, dtype and all of its values, as they are in memory
+    now (so a weight changed in place, by training or by hand, changes it; a 0.5 B-parameter
+    model takes a fraction of a second). The weight files a model is loaded from are
+    checked against their install record separately (:mod:`arithlib.weights`)."""
     hf = hf_module(model)
-    h = hashlib.sha256(hf.config.to_json_string().encode())
-    params = {clean_param_name(n): p for n, p in hf.named_parameters()}
-    for name, p in sorted(params.items())[:: max(1, len(list(hf.parameters())) // 16)]:
-        h.update(name.encode())
-        h.update(p.detach().flatten()[:256].float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
+    h, algorithm = _fast_hasher()
+    h.update(algorithm.encode())
+    h.update(hf.config.to_json_string().encode())
+    for name, p in sorted({clean_param_name(n): p for n, p in hf.named_parameters()}.items()):
+        t = p.detach()
+        h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
+    return hashlib.sha256(h.digest()).hexdigest()[:16]

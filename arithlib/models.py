@@ -48,6 +48,7 @@ import torch
 
 from arithlib.engine.adapter import as_device, clean_param_name, fix_bridge_cache, hf_module, input_device
 from arithlib.paths import cache_root
+from arithlib.weights import MANIFEST, ModelFilesChanged, record_weights, reinstall_command, verify_weights  # noqa: F401
 
 if TYPE_CHECKING:  # heavy imports stay lazy
     from transformer_lens.model_bridge import TransformerBridge
@@ -552,6 +553,7 @@ def _packaged_model_dir(name: str) -> Path:
         try:
             assemble_chunks(chunks, gguf, spec.sha256, spec.size, spec.packages)
             _dequantize_gguf(base, spec.gguf_file, tmp)
+            record_weights(tmp)  # the model's identity, checked on every load (arithlib.weights)
             (tmp / _MARKER).write_text(
                 json.dumps({"name": name, "gguf_sha256": spec.sha256, "packages": list(spec.packages)})
             )
@@ -578,6 +580,7 @@ def _toy_checkpoint_dir(step: int) -> Path:
         raise ValueError(
             f"toy-arith has no checkpoint at step {step}; available steps: {sorted(dirs)}."
         )
+    verify_weights(dirs[step], reinstall_command(TOY_MODEL))
     return Path(dirs[step])
 
 
@@ -594,11 +597,14 @@ def model_dir(name: str) -> Path:
     trained by :mod:`arithlib.toy` if missing. Raises ValueError for other names.
     """
     if name in PACKAGED_MODELS:
-        return _packaged_model_dir(name)
-    if name == TOY_MODEL:
+        path = _packaged_model_dir(name)
+    elif name == TOY_MODEL:
         toy = _toy()
-        return Path(toy.toy_model_dir(toy.ToyConfig()))
-    raise ValueError(_unknown_name_message(name))
+        path = Path(toy.toy_model_dir(toy.ToyConfig()))
+    else:
+        raise ValueError(_unknown_name_message(name))
+    verify_weights(path, reinstall_command(name))  # ModelFilesChanged if its weights changed after install
+    return path
 
 
 def _unknown_name_message(name: str) -> str:
@@ -643,6 +649,8 @@ def _resolve(name: str, checkpoint: int | None) -> tuple[str, str, str | None]:
             )
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} has no config.json; it is not an HF model directory.")
+        if (path / MANIFEST).is_file():  # a folder arithlib wrote (a random model): rebuilt when deleted
+            verify_weights(path, f"rm -r {path} (it is built again on first use)")
         return str(path.resolve()), "local", None
     if _looks_like_hub_id(name):
         return name, "hub", None if checkpoint is None else f"step{checkpoint}"
@@ -1059,6 +1067,7 @@ def random_model_dir(arch: str, shape: str = "tiny", seed: int = 0) -> Path:
         with_weights = shape == "tiny"
         if with_weights:
             _build_random(config, seed, "cpu", torch.float32).save_pretrained(str(tmp), safe_serialization=True)
+            record_weights(tmp)
         else:
             config.save_pretrained(str(tmp))
         random_tokenizer().save_pretrained(str(tmp))

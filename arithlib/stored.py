@@ -8,19 +8,24 @@ included), tensors and tables by value, plain parameters as JSON, the device, dt
 thread count the model runs with, and the code: the source of the arithlib modules
 named, with every arithlib module they import (:func:`arithlib.sources.code_fingerprint`).
 Editing any of that code computes the result anew. Files are written atomically (a
-temporary file renamed), so a run stopped mid-write leaves no half result.
+temporary file of its own, flushed and renamed: :mod:`arithlib.atomic`), so a run stopped
+mid-write leaves no half result, and each is verified when loaded: its sidecar records
+the pickle's sha256 (and the arithlib version that wrote it), and a file that does not
+match it, or that cannot be unpickled, is named in a warning, deleted and computed again.
 
 Notebooks 01, 04 and 05 store their long sections this way (``use_cache``); the head
 sweep stores each batch (:func:`arithlib.head_sweep.exact_head_sweep`). Beside each
-result a small JSON file keeps the seconds it took to compute, so that a run resumed
-over several sessions can still report what its sections cost
+result a small JSON file keeps its checksum and the seconds it took to compute, so that
+a run resumed over several sessions can still report what its sections cost
 (:attr:`Store.reused_seconds`). Fine-tuning keeps its own folder per trained model, with
 mid-training checkpoints (:func:`arithlib.finetune.train_parameters`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import pickle
 import re
 import time
@@ -32,11 +37,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from . import __version__
+from .atomic import write_bytes, write_text
 from .datasets import PromptSet
 from .fingerprints import data_fingerprint, fingerprint, model_fingerprint, tensor_fingerprint
 from .sources import code_fingerprint
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 def key_value(obj: Any) -> Any:
@@ -97,34 +105,80 @@ class Store:
 
     def at(self, path: Path | None, compute: Callable[[], T]) -> T:
         """``compute()`` once for a file ``path`` whose name the caller keyed itself (e.g.
-        the head sweep's batches), with the same bookkeeping; None: always computed."""
-        if path is not None and path.is_file():
-            with path.open("rb") as f:
-                result = pickle.load(f)
-            self.reused_seconds += stored_seconds(path)
-            return result
+        the head sweep's batches), with the same bookkeeping; None: always computed. A
+        stored file that fails its checksum or cannot be unpickled is reported (one
+        warning naming it), deleted and computed again."""
+        data = read_verified(path) if path is not None else None
+        if data is not None:
+            try:
+                result = pickle.loads(data)
+            except Exception as exc:  # a file that passed its checksum but not pickle: written by other code
+                discard(path, f"cannot be unpickled ({type(exc).__name__}: {exc})")
+            else:
+                self.reused_seconds += stored_seconds(path)
+                return result
         t0 = time.perf_counter()
         result = compute()
         if path is not None:
-            save_atomic(path, result)
-            seconds = path.with_suffix(".json")
-            seconds.write_text(json.dumps({"seconds": time.perf_counter() - t0}))
+            save_atomic(path, result, seconds=time.perf_counter() - t0)
         return result
+
+
+def sidecar(path: Path) -> Path:
+    """The JSON file beside a stored result: its checksum, the library version that wrote
+    it and the seconds it took to compute."""
+    return Path(path).with_suffix(".json")
 
 
 def stored_seconds(path: Path) -> float:
     """Seconds the result stored at ``path`` took to compute (0 when not recorded)."""
-    side = Path(path).with_suffix(".json")
     try:
-        return float(json.loads(side.read_text())["seconds"])
+        return float(json.loads(sidecar(path).read_text())["seconds"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0.0
 
 
-def save_atomic(path: Path, obj: Any) -> None:
-    """Pickle ``obj`` to ``path`` through a temporary file renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
-    tmp.replace(path)
+def discard(path: Path, reason: str) -> None:
+    """Delete the stored file ``path`` and its sidecar, with a one-line warning naming it."""
+    _log.warning("stored result %s %s: deleted, computing it again", path, reason)
+    Path(path).unlink(missing_ok=True)
+    sidecar(path).unlink(missing_ok=True)
+
+
+def write_verified(path: Path, data: bytes, **meta: Any) -> None:
+    """Write ``data`` to ``path`` and then its sidecar (``meta``, the sha256 of ``data``
+    and the arithlib version), each atomically: a file without a matching sidecar is
+    never read back (:func:`read_verified`)."""
+    write_bytes(path, data)
+    record = {**meta, "sha256": hashlib.sha256(data).hexdigest(), "arithlib": __version__}
+    write_text(sidecar(path), json.dumps(record, sort_keys=True))
+
+
+def read_verified(path: Path) -> bytes | None:
+    """The bytes stored at ``path`` if they match the sha256 of its sidecar; None when
+    there is no file, or when the checksum is missing (a file written before checksums
+    were recorded, or its sidecar lost) or wrong: then the file is discarded
+    (:func:`discard`)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        recorded = json.loads(sidecar(path).read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        discard(path, "has no recorded checksum (written by an older version, or its .json is missing)")
+        return None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != recorded:
+        discard(path, f"does not match its checksum (sha256 {actual[:16]}, recorded {str(recorded)[:16]}): "
+                      "the file was changed or damaged")
+        return None
+    return data
+
+
+def save_atomic(path: Path, obj: Any, seconds: float | None = None) -> None:
+    """Pickle ``obj`` to ``path`` with its checksum (:func:`write_verified`), and the
+    ``seconds`` it took to compute when given."""
+    meta = {"seconds": seconds} if seconds is not None else {}
+    write_verified(Path(path), pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), **meta)

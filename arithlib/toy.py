@@ -45,6 +45,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrai
 from .datasets import apply_op, load_json
 from .engine import input_device
 from .paths import cache_root
+from .weights import record_weights
 
 # --------------------------------------------------------------------------- constants
 
@@ -478,6 +479,7 @@ def _save_checkpoint(
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
+        record_weights(tmp)  # checked whenever it is loaded (arithlib.weights)
         tokenizer.save_pretrained(tmp)
         if extra is not None:
             torch.save(extra, tmp / TRAINING_STATE)

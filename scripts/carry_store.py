@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from arithlib.atomic import atomic_write  # noqa: E402
 from arithlib.paths import cache_root  # noqa: E402
 from arithlib.stored import stored_seconds  # noqa: E402
 
@@ -47,7 +48,7 @@ from arithlib.stored import stored_seconds  # noqa: E402
 STORES = ("sections", "head_sweep")
 #: The fine-tuning cache: one folder per trained model, its result in ``result.pt``.
 FINETUNE = "finetune"
-FINETUNE_FILES = ("result.pt", "key.json")
+FINETUNE_FILES = ("result.pt", "result.json", "key.json")
 #: Default size limit of one carried result (MiB).
 MAX_MIB = 8
 
@@ -147,10 +148,7 @@ def restore(model: str, cache: Path, src: Path) -> int:
         dst = _cache_path(cache, model, e.rel)
         if dst.is_file():
             continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(dst.name + ".tmp")
-        shutil.copyfile(src / e.rel, tmp)
-        tmp.replace(dst)
+        atomic_write(dst, lambda tmp, src_file=src / e.rel: shutil.copyfile(src_file, tmp))
         n += 1
     return n
 

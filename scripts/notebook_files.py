@@ -32,12 +32,18 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's arithlib
+from arithlib.atomic import write_text  # noqa: E402  (the standard library only)
+
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 #: Output types dropped where the same output has a PNG.
 PNG_DUPLICATES = ("application/pdf", "image/svg+xml", "text/html")
 #: The first markdown cell's line that links results (arithlib.report.notebook_links).
 RESULTS_LINE = "**Results**"
+#: Parameters run_all.sh sets itself, and the option that sets each.
+RUN_PARAMETERS = {"model": "--model", "device": "--device", "quick": "--quick", "seed": "--seed",
+                  "out_dir": "--figures", "dtype": "--dtype", "device_map": "--device-map"}
 
 
 def _read(path: Path) -> dict:
@@ -69,12 +75,150 @@ def notebook_parameters(path: str | Path) -> dict[str, str]:
 
 def parse_value(text: str):
     """A ``-p NAME VALUE`` value as the notebook gets it: a Python literal (``3``, ``0.5``,
-    ``True``, ``None``, ``[1, 2]``, ``"a b"``) when it parses as one, else the text itself
-    (``-p scale cpu`` gives the string "cpu")."""
+    ``True``, ``None``, ``[1, 2]``, ``"a b"``) when it parses as one, ``true`` / ``false``
+    in any case as a boolean, else the text itself (``-p scale cpu`` gives the string "cpu")."""
+    if text.strip().lower() in ("true", "false"):
+        return text.strip().lower() == "true"
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return text
+
+
+def typed_value(name: str, text: str, default: str):
+    """``-p name text`` typed as the notebook's default ``default`` (its source) is: a
+    boolean default takes only true or false (any case), an integer one a whole number,
+    a float one any number (as a float); other defaults (text, None, lists) take
+    :func:`parse_value`'s reading. ValueError with a one-line message otherwise."""
+    try:
+        like = ast.literal_eval(default)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return parse_value(text)
+    value = parse_value(text)
+    if isinstance(like, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"-p {name} takes true or false (default {default}), not {text!r}")
+    elif isinstance(like, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"-p {name} takes a whole number (default {default}), not {text!r}")
+    elif isinstance(like, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"-p {name} takes a number (default {default}), not {text!r}")
+        value = float(value)
+    return value
+
+
+def _quick_blocks(source: str) -> list[tuple[int, int, dict[str, str]]]:
+    """``(last line, indent, {name: value source})`` of each ``if quick:`` statement in a
+    cell's ``source``: the variables quick mode sets there (plain and tuple assignments
+    in its body). A cell Python cannot parse (an IPython magic) has none."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    blocks = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "quick"):
+            continue
+        sets: dict[str, str] = {}
+        for stmt in node.body:
+            if not isinstance(stmt, ast.Assign):
+                continue
+            for target in stmt.targets:
+                if isinstance(target, ast.Name):
+                    sets[target.id] = ast.get_source_segment(source, stmt.value) or ""
+                elif isinstance(target, ast.Tuple) and isinstance(stmt.value, ast.Tuple) \
+                        and len(target.elts) == len(stmt.value.elts):
+                    for t, v in zip(target.elts, stmt.value.elts):
+                        if isinstance(t, ast.Name):
+                            sets[t.id] = ast.get_source_segment(source, v) or ""
+        blocks.append((node.end_lineno or node.lineno, node.col_offset, sets))
+    return blocks
+
+
+def quick_settings(path: str | Path) -> dict[str, str]:
+    """Name -> value (source) of every variable the notebook's ``if quick:`` blocks set."""
+    out: dict[str, str] = {}
+    for cell in _read(Path(path))["cells"]:
+        if cell.get("cell_type") == "code":
+            for _, _, sets in _quick_blocks(_source(cell)):
+                out.update(sets)
+    return out
+
+
+def keep_over_quick(nb: dict, params: dict[str, object]) -> dict:
+    """A copy of notebook ``nb`` in which each ``if quick:`` block that sets one of
+    ``params`` (the run's ``-p`` values) is followed by that value again, so quick mode
+    never replaces a value the user gave."""
+    nb = copy.deepcopy(nb)
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        lines = _source(cell).split("\n")
+        for end, indent, sets in sorted(_quick_blocks(_source(cell)), reverse=True):
+            kept = [f"{' ' * indent}{n} = {params[n]!r}  # -p {n}: kept over quick mode's {v}"
+                    for n, v in sets.items() if n in params]
+            lines[end:end] = kept
+        cell["source"] = "\n".join(lines)
+    return nb
+
+
+def params_by_notebook(params: dict[str, str], paths: list[Path]) -> dict[str, dict[str, object]]:
+    """Notebook name -> the ``params`` (name -> the text given with ``-p``) its
+    ``parameters`` cell declares, each typed as the notebook's default
+    (:func:`notebook_files.typed_value`: a boolean takes only true or false). A name
+    run_all.sh sets itself, one that none of ``paths`` declares, or a value of the wrong
+    type is an error (the first two list the names they do declare; papermill would only
+    warn and inject it anyway)."""
+    for name in params:
+        if name in RUN_PARAMETERS:
+            raise SystemExit(f"run_all.sh: -p {name}: set it with {RUN_PARAMETERS[name]}, not -p")
+    declared = {p.stem: notebook_parameters(p) for p in paths}
+    unknown = [n for n in params if not any(n in d for d in declared.values())]
+    if unknown:
+        lines = [f"  {nb}: {', '.join(n for n in d if n not in RUN_PARAMETERS) or '(none)'}"
+                 for nb, d in declared.items()]
+        raise SystemExit(f"run_all.sh: unknown parameter{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(unknown)} for notebook{'s' if len(paths) > 1 else ''} "
+                         f"{', '.join(declared)}. Valid names (each notebook's parameters cell):\n"
+                         + "\n".join(lines))
+    try:
+        return {nb: {n: typed_value(n, v, d[n]) for n, v in params.items() if n in d} for nb, d in declared.items()}
+    except ValueError as err:
+        raise SystemExit(f"run_all.sh: {err}") from None
+
+
+def quick_report(paths: list[Path], params: dict[str, dict[str, object]]) -> list[str]:
+    """One line per notebook saying which values ``--quick`` sets in it, and which of
+    them the run's ``-p`` values keep instead."""
+    lines = []
+    for p in paths:
+        sets = quick_settings(p)
+        if not sets:
+            continue
+        given = params.get(p.stem, {})
+        kept = [n for n in sets if n in given]
+        line = f"--quick sets in {p.stem}: " + ", ".join(f"{n}={v}" for n, v in sets.items() if n not in given)
+        if kept:
+            line += "; kept from -p: " + ", ".join(f"{n}={given[n]!r}" for n in kept)
+        lines.append(line)
+    return lines
+
+
+def _plain(value):
+    """``value`` with tuples as lists (YAML's safe dumper takes no tuple)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def yaml_parameters(params: dict[str, object]) -> str:
+    """``params`` as the YAML papermill's ``-y`` reads (floats such as 1e-05 stay floats)."""
+    import yaml
+
+    return yaml.safe_dump(_plain(params), default_flow_style=True).strip()
 
 
 def outputs_in(path: str | Path) -> list[str]:
@@ -166,12 +310,6 @@ def to_html(nb: dict) -> str:
     return body
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def publish(executed: str | Path, dest_dir: str | Path, html: bool = True) -> list[Path]:
     """Write the stripped copy of ``executed`` to ``dest_dir/<its name>.ipynb`` and, with
     ``html``, its rendering to ``.html``; return the paths written."""
@@ -181,11 +319,11 @@ def publish(executed: str | Path, dest_dir: str | Path, html: bool = True) -> li
 
     nb = strip_for_publishing(_read(executed), executed.stem)
     ipynb = dest_dir / f"{executed.stem}.ipynb"
-    _write_atomic(ipynb, nbformat.writes(nbformat.from_dict(nb)) + "\n")
+    write_text(ipynb, nbformat.writes(nbformat.from_dict(nb)) + "\n")
     written = [ipynb]
     if html:
         page = dest_dir / f"{executed.stem}.html"
-        _write_atomic(page, to_html(nb))
+        write_text(page, to_html(nb))
         written.append(page)
     return written
 

@@ -4,6 +4,7 @@
                      [--quick Q] [--seed S] [--param NAME VALUE ...]
                      [--figures FIG] [--out OUT] [--only NN,NN] [--force] [--jobs N]
                      [--threads T] [--notebooks DIR] [--progress-every S] [--print-figures]
+                     [--report]
 
 Why several at once: on a CPU a notebook's kernel keeps its cores busy only while it
 runs large matrix products; tokenising, Python loops, small passes and each kernel's
@@ -37,8 +38,11 @@ run before them. After a failure no new notebook starts; the ones
 running finish, and the script exits 1 naming the failed notebook and its log.
 
 Parameters: ``--param NAME VALUE`` (run_all.sh's ``-p``) sets a variable of the notebooks'
-``parameters`` cells, only in the notebooks that declare it; a name that no selected
-notebook declares is an error listing the names they do (papermill would only warn).
+``parameters`` cells, only in the notebooks that declare it, typed as its default there
+(a boolean takes only true or false, in any case); a name that no selected notebook
+declares is an error listing the names they do (papermill would only warn). ``--quick``
+says which values it sets in each notebook and never replaces a ``-p`` value: the
+notebook runs with that value restated after its ``if quick:`` block.
 
 Where results go: figures and tables to ``FIG/<model>/``, each executed notebook, without
 widget state, to ``FIG/<model>/notebooks/NN_name.ipynb`` and ``.html``
@@ -50,12 +54,25 @@ than 0, any ``--param``) writes, unless ``--figures`` is given, to
 scratch folder starts as a copy of the committed one, so a notebook run alone there
 finds the tables of the notebooks before it.
 
-Staging: a notebook writes into ``OUT/staging/<notebook>/<model>/``, a copy of
-``FIG/<model>/`` without that notebook's own files (``NN_*``) and without the executed
-copies. Only when it succeeds do its files replace its old ones in ``FIG/<model>/``
-(every ``NN_*`` file of its last run is removed first, so no stale table of an earlier
-configuration stays beside the new ones). A notebook that fails or is interrupted leaves
-the committed figures as they were; what it wrote stays in its staging folder.
+One run at a time: a run holds an exclusive lock on ``OUT`` and on ``FIG/<model>/``
+(``run_lock.py``) from its start to its end (the report included); a second run on
+either stops at once, naming the first (pid and command); the lock of a run that was
+killed is taken over.
+
+Staging: a notebook writes into ``OUT/staging/run-<time>-<pid>/<notebook>/<model>/``
+(this run's own folder), a copy of ``FIG/<model>/`` without that notebook's own files
+(``NN_*``) and without the executed copies. Only when it succeeds do its files replace
+its old ones in ``FIG/<model>/``, whole or not at all (``staging.py``: copied next to the
+figures, renamed into place, and only then is every ``NN_*`` file of its last run that it
+did not write again removed, so no stale table of an earlier configuration stays beside
+the new ones). A notebook that fails or is interrupted, or whose files cannot be moved
+in (a full disk: one line saying so), leaves the figures as they were; what it wrote
+stays in its staging folder until the next run.
+
+Stopping: SIGINT, SIGTERM and SIGHUP (a closed terminal) stop the running notebooks'
+process groups and wait for them; each notebook runs under ``peak_memory.py``, which
+also stops papermill and the kernel when this process ends in any other way (SIGKILL),
+so no notebook outlives its run.
 
 Progress: every ``--progress-every`` seconds (default 60) a line per running notebook
 gives its cells done (from papermill's progress bar) and its minutes so far against its
@@ -66,6 +83,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import re
 import shutil
@@ -79,14 +97,16 @@ from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
-from notebook_files import notebook_parameters, parse_value, publish  # noqa: E402
+from notebook_files import (RUN_PARAMETERS, keep_over_quick, params_by_notebook, publish, quick_report, quick_settings,  # noqa: E402
+                            yaml_parameters)
 from run_key import run_key, upstream  # noqa: E402
+from run_lock import Locked, lock_all  # noqa: E402
+from staging import CARRIED, PromoteError, promote, remove_leftovers, seed_scratch, stage  # noqa: E402,F401
+
+from arithlib.atomic import write_text  # noqa: E402  (the standard library only)
 
 ROOT = SCRIPTS.parent
 MEMORY_SHARE = 0.9  # of physical RAM that notebooks running side by side may take together
-#: Parameters run_all.sh sets itself, and the option that sets each.
-RUN_PARAMETERS = {"model": "--model", "device": "--device", "quick": "--quick", "seed": "--seed",
-                  "out_dir": "--figures", "dtype": "--dtype", "device_map": "--device-map"}
 #: papermill's progress bar ("Executing:  40%|####      | 12/30 [...]"): cells done, cells.
 _PROGRESS = re.compile(rb"Executing[^|\r\n]*\|[^|\r\n]*\|\s*(\d+)/(\d+)")
 
@@ -172,12 +192,6 @@ def physical_memory_mib() -> float | None:
         return None
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def select_notebooks(notebooks: str | Path, only: str = "") -> list[Path]:
     """The numbered notebooks of the folder ``notebooks``, those of ``only`` ("00,03")
     alone if given; an ``only`` that matches none is an error."""
@@ -190,25 +204,6 @@ def select_notebooks(notebooks: str | Path, only: str = "") -> list[Path]:
         raise SystemExit(f"run_all.sh: --only {only} matches no notebook in {notebooks} "
                          "(give two-digit numbers, e.g. --only 00,03)")
     return chosen
-
-
-def params_by_notebook(params: dict[str, object], paths: list[Path]) -> dict[str, dict[str, object]]:
-    """Notebook name -> the ``params`` its ``parameters`` cell declares. A name run_all.sh
-    sets itself, or one that none of ``paths`` declares, is an error that lists the names
-    they do declare (papermill would only warn and inject it anyway)."""
-    for name in params:
-        if name in RUN_PARAMETERS:
-            raise SystemExit(f"run_all.sh: -p {name}: set it with {RUN_PARAMETERS[name]}, not -p")
-    declared = {p.stem: notebook_parameters(p) for p in paths}
-    unknown = [n for n in params if not any(n in d for d in declared.values())]
-    if unknown:
-        lines = [f"  {nb}: {', '.join(n for n in d if n not in RUN_PARAMETERS) or '(none)'}"
-                 for nb, d in declared.items()]
-        raise SystemExit(f"run_all.sh: unknown parameter{'s' if len(unknown) > 1 else ''} "
-                         f"{', '.join(unknown)} for notebook{'s' if len(paths) > 1 else ''} "
-                         f"{', '.join(declared)}. Valid names (each notebook's parameters cell):\n"
-                         + "\n".join(lines))
-    return {nb: {n: v for n, v in params.items() if n in d} for nb, d in declared.items()}
 
 
 def changed_settings(quick: str, seed: int, params: dict[str, object]) -> list[str]:
@@ -231,64 +226,6 @@ def output_folders(root: Path, model: str, figures: str | None, out: str | None,
     return fig, out_dir
 
 
-#: ``figures/<model>/stored/``: a run in progress's stored results (scripts/carry_store.py),
-#: which no notebook reads from there; never copied into a scratch or staging folder.
-CARRIED = "stored"
-
-
-def seed_scratch(fig_model: Path, committed: Path) -> bool:
-    """Start a new scratch folder ``fig_model`` as a copy of the committed ``committed``
-    (the tables of notebooks not rerun; not the carried store); whether it copied (not if
-    it exists or there is nothing to copy)."""
-    if fig_model.exists() or not committed.is_dir():
-        return False
-    shutil.copytree(committed, fig_model, ignore=lambda d, names: [
-        n for n in names if Path(d) == committed and n == CARRIED])
-    return True
-
-
-def _own_files(folder: Path, name: str) -> list[Path]:
-    """The files of notebook ``name`` (stem ``NN_...``) in ``folder``: those named ``NN_*``."""
-    prefix = name[:3]
-    return sorted(p for p in folder.glob(f"{prefix}*") if p.is_file()) if folder.is_dir() else []
-
-
-def stage(fig_model: Path, staging_root: Path, model_dir: str, name: str) -> Path:
-    """A fresh staging folder ``staging_root/model_dir`` for notebook ``name``: a copy of
-    ``fig_model`` (the tables of the notebooks before it) without ``name``'s own files,
-    the executed copies (``notebooks/``) and the carried store (``stored/``). Returns the folder."""
-    if staging_root.exists():
-        shutil.rmtree(staging_root)
-    staged = staging_root / model_dir
-    if fig_model.is_dir():
-        prefix = name[:3]
-        shutil.copytree(fig_model, staged, ignore=lambda d, names: [
-            n for n in names if (Path(d) == fig_model and (n in ("notebooks", CARRIED) or n.startswith(prefix)))])
-    else:
-        staged.mkdir(parents=True)
-    return staged
-
-
-def promote(staged: Path, fig_model: Path, name: str, since: float) -> list[str]:
-    """Move notebook ``name``'s outputs from ``staged`` into ``fig_model``: its old
-    ``NN_*`` files there are removed, then every ``NN_*`` file of ``staged`` and every other
-    file it created or changed after ``since`` (seconds since the epoch) is moved in.
-    Returns the names moved."""
-    fig_model.mkdir(parents=True, exist_ok=True)
-    for old in _own_files(fig_model, name):
-        old.unlink()
-    moved = []
-    for src in sorted(p for p in staged.rglob("*") if p.is_file()):
-        rel = src.relative_to(staged)
-        own = len(rel.parts) == 1 and rel.name.startswith(name[:3])
-        if own or src.stat().st_mtime >= since:
-            dst = fig_model / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(src), str(dst))
-            moved.append(str(rel))
-    return moved
-
-
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f}"
 
@@ -302,6 +239,22 @@ def progress_line(name: str, cells: tuple[int, int] | None, elapsed_s: float, ex
     if elapsed_s <= expected_s:
         return f"{name}: {done}, {_minutes(elapsed_s)} of ~{_minutes(expected_s)} min"
     return f"{name}: {done}, {_minutes(elapsed_s)} min (the last run took {_minutes(expected_s)})"
+
+
+class Interrupted(Exception):
+    """The run received a signal that stops it (SIGINT, SIGTERM, SIGHUP)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def say(msg: str, err: bool = False) -> None:
+    """Print ``msg`` to the console (stderr with ``err``); a closed terminal is no error."""
+    try:
+        print(msg, file=sys.stderr if err else sys.stdout, flush=True)
+    except OSError:
+        pass
 
 
 class Runner:
@@ -340,9 +293,14 @@ class Runner:
         self.t0 = time.time()
         self.budget = physical_memory_mib()
         self.budget = self.budget * MEMORY_SHARE if self.budget else None
+        # this run's own staging folder; earlier runs' (kept for a look after a failure) go now
+        self.staging = self.out / "staging" / time.strftime(f"run-%Y%m%d-%H%M%S-{os.getpid()}")
+        for old in (self.out / "staging").glob("*") if (self.out / "staging").is_dir() else []:
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+        remove_leftovers(self.fig)
 
     def log(self, msg: str) -> None:
-        print(f"=== [{time.time() - self.t0:5.0f}s] {msg}", flush=True)
+        say(f"=== [{time.time() - self.t0:5.0f}s] {msg}")
 
     def _ready(self) -> list[str]:
         """Pending notebooks whose selected upstream notebooks have all finished."""
@@ -353,20 +311,25 @@ class Runner:
         a, nb = self.args, self.notebooks[name]
         (self.out / f"{name}.key").unlink(missing_ok=True)
         model_dir = self.fig.name
-        staged = stage(self.fig, self.out / "staging" / name, model_dir, name)
+        staged = stage(self.fig, self.staging / name, model_dir, name)
         self.staged[name] = (staged, time.time())
+        source = nb.path
+        if is_quick(a.quick) and nb.params and quick_settings(nb.path):  # quick mode keeps the -p values
+            source = self.staging / name / nb.path.name
+            source.write_text(json.dumps(keep_over_quick(json.loads(nb.path.read_text()), nb.params), indent=1))
         cmd = [sys.executable, str(SCRIPTS / "peak_memory.py"), str(self.out / f"{name}.peak_mib.tmp"),
-               sys.executable, "-m", "papermill", str(nb.path), str(self.out / f"{name}.ipynb"),
+               sys.executable, "-m", "papermill", str(source), str(self.out / f"{name}.ipynb"),
                "--cwd", str(nb.path.parent), "-k", "python3", "-p", "model", a.model, "-p", "device", a.device,
                "-p", "quick", a.quick, "-p", "seed", str(a.seed), "-p", "out_dir", str(staged.parent)]
         placement = placement_parameters(a.dtype, a.device_map_value)
         if nb.params or placement:  # YAML keeps their types (papermill's -p would make a list a string)
             cmd += ["-y", yaml_parameters({**placement, **nb.params})]
-        env = dict(os.environ)
+        env = dict(os.environ, ARITHLIB_RUNNER_PID=str(os.getpid()))  # peak_memory.py ends with this run
         if a.threads:
             env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+        # peak_memory.py holds this run's locks too: they outlast a killed run until its notebooks are stopped
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, pass_fds=getattr(a, "lock_fds", ()))
         echo = a.jobs == 1
         log_path = self.out / f"{name}.log"
 
@@ -426,11 +389,17 @@ class Runner:
         row = {"notebook": name, "seconds": secs, "start_s": round(start - self.t0), "end_s": round(end - self.t0)}
         staged, since = self.staged.pop(name)
         if status == 0:
-            promote(staged, self.fig, name, since)
+            try:
+                promote(staged, self.fig, name, since)
+            except PromoteError as err:
+                self.rows.append({**row, "status": "failed", "peak_rss_mib": peak})
+                self.failed = self.failed or name
+                say(f"run_all.sh: notebook {name} ran, but {err.strerror}", err=True)
+                return
             shutil.rmtree(staged.parent, ignore_errors=True)
-            _write_atomic(self.out / f"{name}.key", self.keys[name] + "\n")
-            (self.out / f"{name}.seconds").write_text(f"{secs}\n")
-            (self.out / f"{name}.peak_mib").write_text(peak + "\n")
+            write_text(self.out / f"{name}.key", self.keys[name] + "\n")
+            write_text(self.out / f"{name}.seconds", f"{secs}\n")
+            write_text(self.out / f"{name}.peak_mib", peak + "\n")
             tmp_peak.unlink(missing_ok=True)
             self.rows.append({**row, "status": "ok", "peak_rss_mib": peak})
             self.log(f"{name} done in {secs}s")
@@ -438,9 +407,9 @@ class Runner:
         else:
             self.rows.append({**row, "status": "failed", "peak_rss_mib": peak})
             self.failed = self.failed or name
-            print(f"run_all.sh: notebook {name} FAILED (exit {status}) after {secs}s; see {self.out / name}.ipynb and "
-                  f"{self.out / name}.log. {self.fig} keeps its last successful outputs; what this run wrote "
-                  f"is in {staged}.", file=sys.stderr, flush=True)
+            say(f"run_all.sh: notebook {name} FAILED (exit {status}) after {secs}s; see {self.out / name}.ipynb and "
+                f"{self.out / name}.log. {self.fig} keeps its last successful outputs; what this run wrote "
+                f"is in {staged}.", err=True)
 
     def _skip_unchanged(self) -> bool:
         """Compute the cache key of each newly ready notebook and mark it done if the key
@@ -464,10 +433,20 @@ class Runner:
         return skipped
 
     def run(self) -> int:
-        def stop(signum, frame):  # a kill of run_all.sh stops the notebooks too (they run in sessions of their own)
-            raise KeyboardInterrupt
+        """Run the notebooks; 0 when all succeeded, 1 after a failure, 128 + the signal
+        when stopped by SIGINT, SIGHUP or SIGTERM."""
+        def stop(signum, frame):  # a kill of run_all.sh, or its terminal closing, stops the notebooks too
+            raise Interrupted(signum)
 
-        signal.signal(signal.SIGTERM, stop)
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
+        """:meth:`run` under its signal handlers."""
         try:
             while self.pending or self.running:
                 for name in list(self.running):
@@ -485,26 +464,55 @@ class Runner:
                     continue
                 self._report_progress()
                 time.sleep(0.5)
-        except KeyboardInterrupt:
-            interrupted = True
-            for proc, *_ in self.running.values():
-                os.killpg(proc.pid, signal.SIGTERM)
+        except (Interrupted, KeyboardInterrupt) as exc:
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second signal: stop as well, once
+                signal.signal(sig, signal.SIG_IGN)
+            self._stop_running()
+        except OSError as err:  # a full disk while staging, say: stop what runs, keep what finished
+            signum = None
+            self._stop_running()
+            self.failed = self.failed or "(the run)"
+            say(f"run_all.sh: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}; the run stopped; "
+                f"{self.fig} keeps the outputs of the notebooks that finished", err=True)
         else:
-            interrupted = False
+            signum = None
         for thread in self.publishing:  # the notebooks that finished keep their outputs and timings
             thread.join()
-        self._write_timings()
-        if interrupted:
-            print("run_all.sh: interrupted; the running notebooks were stopped and keep no key; their figures "
-                  f"folder keeps its last successful outputs (what they wrote is in {self.out / 'staging'}); "
-                  "the notebooks that finished keep their outputs, keys and timings", file=sys.stderr)
-            return 130
+        try:
+            self._write_timings()
+        except OSError as err:
+            say(f"run_all.sh: could not write the timings ({err.strerror or err}: {err.filename})", err=True)
+        if signum is not None:
+            say(f"run_all.sh: stopped ({signal.Signals(signum).name}); the running notebooks were stopped and keep "
+                f"no key; their figures folder keeps its last successful outputs (what they wrote is in "
+                f"{self.staging}); the notebooks that finished keep their outputs, keys and timings", err=True)
+            return 128 + signum
         if self.failed:
-            print(f"run_all.sh: what the other notebooks produced is kept in {self.fig}/.", file=sys.stderr)
+            say(f"run_all.sh: what the other notebooks produced is kept in {self.fig}/.", err=True)
             return 1
         self.log(f"all notebooks done in {time.time() - self.t0:.0f}s (jobs={self.args.jobs}, "
                  f"threads={self.args.threads or 'default'}); timings in {self.out / 'timings.csv'}")
         return 0
+
+    def _stop_running(self, grace_s: float = 30.0) -> None:
+        """Stop every running notebook: SIGTERM to its process group (peak_memory.py, which
+        stops papermill and the kernel), SIGKILL to what is left after ``grace_s`` seconds."""
+        for proc, *_ in self.running.values():
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + grace_s
+        for proc, *_ in self.running.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
 
     def _write_timings(self) -> None:
         """This run's rows (``OUT/timings.csv``) and, beside the figures, every notebook's
@@ -512,7 +520,7 @@ class Runner:
         seconds from the start of this run)."""
         cols = ["notebook", "seconds", "status", "peak_rss_mib", "start_s", "end_s"]
         lines = [",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in self.rows]
-        _write_atomic(self.out / "timings.csv", "\n".join(lines) + "\n")
+        write_text(self.out / "timings.csv", "\n".join(lines) + "\n")
         ran = {r["notebook"]: r for r in self.rows if r["status"] == "ok"}
         out = ["notebook,seconds,this_run,peak_rss_mib,threads,start_s,end_s"]
         for p in sorted(Path(self.args.notebooks).glob("[0-9][0-9]_*.ipynb")):
@@ -529,23 +537,7 @@ class Runner:
                 seconds = sfile.read_text().strip() if sfile.is_file() else old["seconds"]
                 peak = pfile.read_text().strip() if pfile.is_file() else old.get("peak_rss_mib") or "NA"
                 out.append(f"{name},{seconds},cached,{peak},{old.get('threads') or 'NA'},,")
-        _write_atomic(self.fig / "timings.csv", "\n".join(out) + "\n")
-
-
-def _plain(value):
-    """``value`` with tuples as lists (YAML's safe dumper takes no tuple)."""
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def yaml_parameters(params: dict[str, object]) -> str:
-    """``params`` as the YAML papermill's ``-y`` reads (floats such as 1e-05 stay floats)."""
-    import yaml
-
-    return yaml.safe_dump(_plain(params), default_flow_style=True).strip()
+        write_text(self.fig / "timings.csv", "\n".join(out) + "\n")
 
 
 def placement_parameters(dtype: str, device_map) -> dict[str, object]:
@@ -624,8 +616,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines")
     ap.add_argument("--print-figures", action="store_true",
                     help="check the options, print the figures root this run would use, and exit")
+    ap.add_argument("--report", action="store_true",
+                    help="after the notebooks, write the report (and the cross-model one), still holding the lock")
     args = ap.parse_args(argv)
-    params = {name: parse_value(value) for name, value in args.param}
+    params = dict(args.param)
     args.dtype, args.device_map_value = check_placement(args.dtype, args.device_map)
     paths = select_notebooks(args.notebooks, args.only)
     by_notebook = params_by_notebook(params, paths)
@@ -645,13 +639,52 @@ def main(argv: list[str] | None = None) -> int:
         args.threads = max(1, cores // args.jobs) if args.jobs > 1 else 0
     if args.threads < 0:
         ap.error("--threads must be 0 (torch's default) or more")
-    if changes and not explicit:
-        safe = args.model.replace("/", "__")
-        seeded = seed_scratch(figures / safe, ROOT / "figures" / safe)
-        print(f"=== changed settings ({', '.join(changes)}): results go to {figures / safe}, not the committed "
-              f"figures/{safe}" + (" (started as a copy of it)" if seeded else "")
-              + "; --figures DIR chooses the folder", flush=True)
-    return Runner(args, paths, by_notebook).run()
+    safe = args.model.replace("/", "__")
+    try:
+        locks = lock_all([out, figures / safe])
+    except Locked as err:
+        raise SystemExit(f"run_all.sh: {err}") from None
+    except OSError as err:
+        raise SystemExit(f"run_all.sh: cannot lock {err.filename or out} ({err.strerror or err})") from None
+    try:
+        for lock in locks:
+            if lock.took_over:
+                say(f"=== {lock.folder}: taking over the lock of a run that ended without releasing it "
+                    f"(pid {lock.took_over.get('pid')}: {lock.took_over.get('command')})")
+        if changes and not explicit:
+            seeded = seed_scratch(figures / safe, ROOT / "figures" / safe)
+            say(f"=== changed settings ({', '.join(changes)}): results go to {figures / safe}, not the committed "
+                f"figures/{safe}" + (" (started as a copy of it)" if seeded else "") + "; --figures DIR chooses the folder")
+        if is_quick(args.quick):
+            for line in quick_report(paths, by_notebook):
+                say(f"=== {line}")
+        args.lock_fds = [lock.fd for lock in locks]
+        status = Runner(args, paths, by_notebook).run()
+        if status == 0 and args.report:
+            status = write_reports(figures, figures / safe)
+        return status
+    except OSError as err:  # a full disk, a folder that cannot be written: one line, the figures as they were
+        raise SystemExit(f"run_all.sh: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}; "
+                         "stopped; the figures folder keeps what the notebooks that finished wrote") from None
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+def is_quick(quick: str) -> bool:
+    """Whether ``--quick``'s value turns quick mode on."""
+    return str(quick).strip().lower() in ("true", "1")
+
+
+def write_reports(figures: Path, fig_model: Path) -> int:
+    """``REPORT.md`` / ``.html`` of ``fig_model``, then the findings across every model in
+    ``figures`` (the README's verdict table too when ``figures`` is the repository's own);
+    the first non-zero exit status, else 0."""
+    status = subprocess.call([sys.executable, "-m", "arithlib.report", str(fig_model)], cwd=ROOT)
+    if status:
+        return status
+    readme = ["--readme", str(ROOT / "README.md")] if figures.resolve() == (ROOT / "figures").resolve() else []
+    return subprocess.call([sys.executable, "-m", "arithlib.report", "--cross-in", str(figures), *readme], cwd=ROOT)
 
 
 if __name__ == "__main__":

@@ -142,14 +142,15 @@ def test_outputs_reach_the_figures_only_when_the_notebook_succeeds(tmp_path, cap
     assert "keeps its last successful outputs" in capsys.readouterr().err
     assert (model / "01_a_table.csv").read_text() == "old\n"  # untouched by the failed run
     assert (model / "01_a_stale.csv").exists()
-    assert (out / "staging" / "01_a" / "m" / "01_a_table.csv").read_text() == "new\n"  # kept for a look
+    staged = list((out / "staging").glob("run-*/01_a/m/01_a_table.csv"))  # kept for a look, in this run's folder
+    assert len(staged) == 1 and staged[0].read_text() == "new\n"
 
     _notebook(nb_dir / "01_a.ipynb", body)
     assert rn.main(args) == 0
     assert (model / "01_a_table.csv").read_text() == "new\n"
     assert not (model / "01_a_stale.csv").exists()  # not written by this run: removed
     assert (model / "00_up.csv").read_text() == "upstream\n"
-    assert not (out / "staging" / "01_a").exists()
+    assert not list((out / "staging").glob("*/01_a"))  # promoted: its staging folder is gone
 
 
 def test_an_interrupted_run_keeps_the_timings_of_the_notebooks_that_finished(tmp_path, monkeypatch, capsys):
@@ -163,8 +164,11 @@ def test_an_interrupted_run_keeps_the_timings_of_the_notebooks_that_finished(tmp
             "--jobs", "1", "--threads", "1"]
     real_sleep = rn.time.sleep
 
-    def sleep(seconds):  # stop the run once 01_a has finished and 02_b is running
-        if (out / "01_a.key").is_file() and (out / "02_b.log").is_file():
+    stopped = []
+
+    def sleep(seconds):  # stop the run (once) when 01_a has finished and 02_b is running
+        if not stopped and (out / "01_a.key").is_file() and (out / "02_b.log").is_file():
+            stopped.append(True)
             raise KeyboardInterrupt
         real_sleep(seconds)
 
@@ -202,7 +206,7 @@ def test_unknown_parameter_is_an_error_listing_the_valid_names(tmp_path):
         rn.main(base + ["--param", "seed", "1"])
     # a name is passed to the notebooks that declare it (02_b has no n_items), with its type
     paths = rn.select_notebooks(nb_dir)
-    assert rn.params_by_notebook({"n_items": 8, "scale": "cpu"}, paths) == {"01_a": {"n_items": 8}, "02_b": {"scale": "cpu"}}
+    assert rn.params_by_notebook({"n_items": "8", "scale": "cpu"}, paths) == {"01_a": {"n_items": 8}, "02_b": {"scale": "cpu"}}
     assert rn.yaml_parameters({"lrs": (1e-05, 0.5), "scale": "cpu", "k": None}) == "{k: null, lrs: [1.0e-05, 0.5], scale: cpu}"
 
 

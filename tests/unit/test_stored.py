@@ -4,7 +4,11 @@ and the code of the modules named; a half-written file is never read back."""
 
 from __future__ import annotations
 
+import json
+import logging
+import pickle
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,6 +53,88 @@ def test_a_half_written_file_is_not_a_result(tmp_path):
     path.with_name(path.name + ".tmp").write_bytes(b"half")  # a run stopped mid-write
     store("x", f, code=[], n=1)
     assert f.calls == 1 and path.is_file()
+
+
+def _stored_once(tmp_path):
+    store, f = Store(tmp_path), Counter()
+    store("knockout at end", lambda: f(7), code=[], n=1)
+    return store.path("knockout at end", code=[], n=1), f
+
+
+def _again(tmp_path, caplog) -> tuple[dict, Counter]:
+    f = Counter()
+    with caplog.at_level(logging.WARNING, logger="arithlib.stored"):
+        result = Store(tmp_path)("knockout at end", lambda: f(7), code=[], n=1)
+    return result, f
+
+
+def test_a_garbled_stored_result_is_reported_deleted_and_computed_again(tmp_path, caplog):
+    """Bytes changed inside a stored section (the pickle still loads, with other numbers)
+    are caught by the checksum: one warning naming the file, and the result is computed
+    anew instead of loaded."""
+    path, _ = _stored_once(tmp_path)
+    data = bytearray(path.read_bytes())
+    where = data.index(b"K\x07", data.index(b"value"))  # the stored value 7 (pickle's BININT1 7)
+    data[where + 1] = 8  # now it unpickles as 8
+    path.write_bytes(bytes(data))
+    assert pickle.loads(path.read_bytes())["value"] == 8  # still a valid pickle: only the checksum can tell
+    result, f = _again(tmp_path, caplog)
+    assert f.calls == 1 and result["value"] == 7
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(path) in warnings[0] and "\n" not in warnings[0]
+    assert "checksum" in warnings[0]
+    assert Store(tmp_path)("knockout at end", Counter(), code=[], n=1)["value"] == 7  # stored anew, loaded
+
+
+def test_a_truncated_stored_result_is_reported_deleted_and_computed_again(tmp_path, caplog):
+    path, _ = _stored_once(tmp_path)
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    result, f = _again(tmp_path, caplog)
+    assert f.calls == 1 and result["value"] == 7
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(path) in warnings[0]
+
+
+def test_a_stored_result_that_cannot_be_unpickled_is_computed_again(tmp_path, caplog):
+    """Even with a matching checksum (written by other code), a pickle that fails to load
+    is discarded with a warning instead of stopping every rerun."""
+    path, _ = _stored_once(tmp_path)
+    from arithlib.stored import write_verified
+
+    write_verified(path, b"not a pickle", seconds=1.0)
+    result, f = _again(tmp_path, caplog)
+    assert f.calls == 1 and result["value"] == 7
+    assert any("cannot be unpickled" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
+
+
+def test_a_stored_result_without_a_checksum_is_computed_again(tmp_path, caplog):
+    """A result stored before checksums were recorded (its sidecar holds only seconds) is
+    not trusted: one warning, computed again."""
+    path, _ = _stored_once(tmp_path)
+    path.with_suffix(".json").write_text(json.dumps({"seconds": 1.0}))
+    result, f = _again(tmp_path, caplog)
+    assert f.calls == 1 and result["value"] == 7
+    assert any("no recorded checksum" in r.getMessage() for r in caplog.records)
+
+
+def test_temporary_files_have_names_of_their_own(tmp_path, monkeypatch):
+    """Two writers of the same result never share a temporary file (each is unique,
+    beside the result), and none is left behind."""
+    from arithlib import atomic
+
+    seen = []
+    real = atomic.tempfile.mkstemp
+
+    def mkstemp(**kw):
+        fd, name = real(**kw)
+        seen.append(name)
+        return fd, name
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", mkstemp)
+    path, _ = _stored_once(tmp_path)
+    Store(tmp_path).at(path.with_name("other.pkl"), lambda: 1)
+    assert len(seen) == len(set(seen)) == 4 and all(Path(n).parent == tmp_path for n in seen)
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*"))
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +233,7 @@ def test_a_loaded_result_reports_the_seconds_it_took_when_computed(tmp_path):
     later = Store(tmp_path)  # a resumed run: a new store on the same folder
     assert later("x", slow, code=[], n=1) == 1
     assert later.reused_seconds >= 0.05
-    later.path("x", code=[], n=1).with_suffix(".json").unlink()  # a result stored before times were kept
+    later.path("x", code=[], n=1).with_suffix(".json").unlink()  # a result without its record: computed again
     again = Store(tmp_path)
     again("x", slow, code=[], n=1)
     assert again.reused_seconds == 0.0
