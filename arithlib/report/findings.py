@@ -182,7 +182,7 @@ FINDINGS: tuple[Finding, ...] = (
             "and the verdict depends on it (undecidable here: every correct 1D case is used); not applicable when "
             "the key head is a fallback (no head lowers 1D accuracy) or is not an arithmetic-specific head (the "
             "single-head finding's pattern: it cuts 1D * by more than half its own decrease, or factual recall by "
-            "more than 5 points); not run for tables from before issue 29 (rerun notebook 04)",
+            "more than 5 points); not run for tables of an older notebook-04 method (rerun notebook 04)",
             "04", _yu_mask_keep, figures=("04_mask_keep",)),
     Finding("yu_shallow_neurons", "yu", "Sec. 4.4, Table 8",
             "Zeroing the hidden-interpretable shallow neurons (M = 2) hurts far more than random ones.",
@@ -197,7 +197,7 @@ FINDINGS: tuple[Finding, ...] = (
             "reproduced if the interval lies >= 25.7 points (half of 51.3); partly if it lies in [5, 25.7); not "
             "reproduced if below 5; else undecidable here (every correct 1D case is used); not applicable when the "
             "key head it builds on is a fallback or not arithmetic-specific (as for mask / keep); not run for "
-            "tables from before issue 29 (rerun notebook 04)",
+            "tables of an older notebook-04 method (rerun notebook 04)",
             "04", _yu_shallow, figures=("04_hidden_m_sweep",)),
     Finding("yu_lora_layers", "yu", "Sec. 5, Fig. 2",
             "LoRA in any single attention layer beats the original; shallow layers most.",
@@ -245,7 +245,7 @@ FINDINGS: tuple[Finding, ...] = (
             "lies >= 17.85 % (half of 35.7) and the difference lies >= 5 points; partly if the difference lies >= 5 "
             "points; not reproduced if it lies below; inconclusive when an interval straddles a threshold the "
             "verdict depends on. Shown, not judged: the same on Table 23's professions, the edit without the early "
-            "layers (layer 0), the edit set's early neurons; runs before issue 29 are not run (rerun notebook 07)",
+            "layers (layer 0), the edit set's early neurons; runs of an older notebook-07 method are not run (rerun notebook 07)",
             "07", _yu_gender, figures=("07_table13",)),
 )
 
@@ -254,7 +254,7 @@ def smoke_test_reason(finding: Finding, tables: Tables) -> str | None:
     """Why ``finding`` was measured at smoke-test sizes in this folder, or None: its
     notebook ran with ``quick``, or it rests on fine-tuning at scale "quick" (notebook
     05's for notebooks 05 and 06, notebook 08's own; "quick" is what ``scale="auto"``
-    gave on a CPU before issue 29), which shows the pipeline, not the paper's numbers."""
+    gave on a CPU in runs that do not record scale_resolved), which shows the pipeline, not the paper's numbers."""
     params = tables.params()
     if params.get(finding.notebook, {}).get("quick"):
         return f"notebook {finding.notebook} ran in quick mode (smoke-test sizes)"
@@ -263,7 +263,7 @@ def smoke_test_reason(finding: Finding, tables: Tables) -> str | None:
         from ..scales import FINETUNE_SCALES, resolve_scale
 
         p = params[tuned_by]
-        # the scale the run used: recorded since issue 29; before, "auto" meant "quick" on a CPU
+        # the scale the run used: recorded as scale_resolved; where it is not, "auto" meant "quick" on a CPU
         used = p.get("scale_resolved") or resolve_scale(str(p["scale"]), str(p.get("device", "cpu")),
                                                         bool(p.get("quick")), auto_cpu="quick")
         if used == "quick":

@@ -16,7 +16,7 @@ from .rules import (RERUN_PER_PROMPT, Outcome, _above_zero, _ci_text, _correct_m
                     _pct, _possible, _seed_resampled_gap)
 from .tables import MissingTable, NotApplicable, NotRun, Tables
 
-_YU_04_STALE = ("{name}.csv predates issue 29 (key head from notebook 01's exact sweep, 'keep' on the layers CNA "
+_YU_04_STALE = ("{name}.csv predates the current notebook-04 method (key head from notebook 01's exact sweep, 'keep' on the layers CNA "
                 "scored, shallow neurons through every attention layer that reads them, random controls over seeds "
                 "with per-case correctness): rerun notebook 04")
 
@@ -469,7 +469,7 @@ def _yu_gender(t: Tables) -> Outcome:
     p07 = t.params().get("07")
     if (p07 is not None and "early_layers" not in p07) or not t.has("07_bias_scores") \
             or not t.has("07_paper_bias_scores"):
-        raise NotRun("07's tables predate issue 29 (edit set from a 20-per-profession screen, 3 random seeds, no "
+        raise NotRun("07's tables predate the current notebook-07 method (edit set from a 20-per-profession screen, 3 random seeds, no "
                      "Table-23 professions, no early-layer check): rerun notebook 07")
     from ..bias import reduction_intervals
 
