@@ -18,8 +18,14 @@ model) gets the verdict "not run"; one whose computation raises (a bug, a malfor
 table) gets "error" with the exception in its text, so a crash never passes for a
 study that was not run.
 
+The report is written to be read in five minutes: one summary line per finding, then a short
+section per finding (claim, our number, rule, one captioned figure, the differences the
+offline model forces) and a line per notebook; the full fidelity table goes to FIDELITY.md
+and the run's provenance, the full rules and each notebook's own findings to DETAILS.md,
+both linked from it (:mod:`.render`, :mod:`.appendix`).
+
 Usage: ``python -m arithlib.report figures/<model> [figures/<model2> ...]`` writes
-``REPORT.md`` and ``REPORT.html`` into each folder and, for two or more folders,
+``REPORT.md``, ``REPORT.html``, ``FIDELITY.md`` and ``DETAILS.md`` into each folder and, for two or more folders,
 ``CROSS_MODEL.md`` / ``CROSS_MODEL.csv`` next to them (layer positions as
 layer / n_layers, so models of different depth compare). ``python -m arithlib.report
 --cross-in figures --readme README.md`` (what ``run_all.sh`` calls) writes the cross-model
@@ -37,19 +43,22 @@ from .cross_model import (CROSS_CURVES, CROSS_METRICS, README_END, README_START,
                           cross_model_metrics, cross_model_table, model_folders, n_params, replace_readme_block,
                           size_order, size_trend, size_trends, verdict_markdown, verdict_table, write_cross_model)
 from .findings import FINDINGS, findings_table, judge, smoke_test_reason
-from .render import (RULES_TEXT, _summary_counts, environment_lines, markdown_table, notebook_anchor, notebook_links, notebook_verdicts,
-                     report_html, report_markdown, write_report)
+from .appendix import DETAILS_FILE, FIDELITY_FILE, details_markdown, fidelity_markdown
+from .links import broken_links, committed_pages
+from .render import (RULES_TEXT, _summary_counts, commit_summary, environment_lines, markdown_table, notebook_anchor,
+                     notebook_links, notebook_verdicts, report_html, report_markdown, summary_frame, write_report)
 from .rules import Finding, Outcome
 from .tables import ERROR, NOT_JUDGED, NOT_RUN, NOTEBOOKS, VERDICTS, MissingTable, NotApplicable, NotRun, Tables
 
-__all__ = ["CLEAR_GAP", "CROSS_CURVES", "CROSS_METRICS", "ERROR", "FINDINGS", "HALF", "INCONCLUSIVE", "NOISE_GAP",
+__all__ = ["CLEAR_GAP", "CROSS_CURVES", "CROSS_METRICS", "DETAILS_FILE", "ERROR", "FIDELITY_FILE", "FINDINGS", "HALF", "INCONCLUSIVE", "NOISE_GAP",
            "NOTEBOOKS", "NOT_APPLICABLE", "NOT_JUDGED", "NOT_REPRODUCED", "NOT_RUN", "PAPERS", "PAPERS_SHORT", "PARTLY",
            "README_END", "README_START", "REPRODUCED", "RULES_TEXT", "TOY_FOLDER", "UNDECIDABLE", "VERDICTS",
-           "Finding", "MissingTable", "NotApplicable", "NotRun", "Outcome", "Tables", "cross_model_curves", "cross_model_metrics",
-           "cross_model_table", "environment_lines", "findings_table", "judge", "main", "markdown_table",
+           "Finding", "MissingTable", "NotApplicable", "NotRun", "Outcome", "Tables", "broken_links", "commit_summary",
+           "committed_pages", "cross_model_curves", "cross_model_metrics", "cross_model_table", "details_markdown",
+           "environment_lines", "fidelity_markdown", "findings_table", "judge", "main", "markdown_table",
            "model_folders", "n_params", "notebook_anchor", "notebook_links", "notebook_verdicts",
            "replace_readme_block", "report_html", "report_markdown", "size_order", "size_trend", "size_trends",
-           "smoke_test_reason", "verdict_markdown", "verdict_table", "write_cross_model", "write_report"]
+           "smoke_test_reason", "summary_frame", "verdict_markdown", "verdict_table", "write_cross_model", "write_report"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for d in [] if args.cross_only else args.fig_dirs:
         md, page = write_report(d)
         table = findings_table(d)
-        print(f"{md} and {page.name} written ({_summary_counts(table)})")
+        print(f"{md}, {page.name}, {FIDELITY_FILE} and {DETAILS_FILE} written ({_summary_counts(table)})")
     if len(args.fig_dirs) >= 2:
         md, csv = write_cross_model(args.fig_dirs, args.cross_out, args.readme)
         print(f"{md} and {csv.name} written" + (f"; verdict table into {args.readme}" if args.readme else ""))

@@ -157,7 +157,7 @@ def _metric(finding_id: str, **series: str) -> Callable[[Tables, dict[str, dict]
     return values
 
 
-#: The quantities compared across model sizes (issue: a size axis), one panel each:
+#: The quantities compared across model sizes (a size axis), one panel each:
 #: (panel title, y-axis label, values from a folder's tables and its findings' metrics).
 CROSS_METRICS: tuple[tuple[str, str, Callable[[Tables, dict[str, dict]], dict[str, float]]], ...] = (
     ("Key heads (Zhang Sec. 5.1)", "share of heads",

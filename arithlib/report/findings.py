@@ -296,7 +296,8 @@ def judge(finding: Finding, tables: Tables) -> Outcome:
 
 def findings_table(fig_dir: str | os.PathLike) -> pd.DataFrame:
     """One row per finding: paper, where, claim, paper number, ours, verdict, rule, source,
-    the headline number (``value``) and all metrics (``metrics``, a dict)."""
+    the headline number (``value``), the estimate, ends and size of the interval the verdict
+    reads (``ci_estimate``, ``ci_low``, ``ci_high``, ``ci_n``) and all metrics (``metrics``, a dict)."""
     tables = Tables(fig_dir)
     rows = []
     for f in FINDINGS:
@@ -306,6 +307,7 @@ def findings_table(fig_dir: str | os.PathLike) -> pd.DataFrame:
         rows.append({"id": f.id, "paper": PAPERS[f.paper], "where": f.where, "notebook": f.notebook, "claim": f.claim,
                      "paper_number": f.paper_number, "ours": out.ours, "verdict": out.verdict, "rule": f.rule,
                      "source": f.source, "value": value,
+                     "ci_estimate": ci.estimate if ci is not None else float("nan"),
                      "ci_low": ci.low if ci is not None else float("nan"),
                      "ci_high": ci.high if ci is not None else float("nan"),
                      "ci_n": ci.n if ci is not None else 0,

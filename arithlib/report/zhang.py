@@ -23,7 +23,7 @@ def _pooled(t: Tables, kind: str) -> tuple[np.ndarray, np.ndarray, list[tuple[in
     operator [N] for stratified bootstraps, the components [(layer, head)], head -1 for MLPs)."""
     p01 = t.params().get("01")
     if p01 is not None and "knockout_k" not in p01:
-        raise NotRun("01_path_patching_per_prompt.csv predates issue 28: its X_c prefix kept the true answers, so "
+        raise NotRun("01_path_patching_per_prompt.csv predates the corrected counterfactual: its X_c prefix kept the true answers, so "
                      "the counterfactual still carried the calculation: rerun notebook 01")
     pp = t.csv("01_path_patching_per_prompt")
     rows = pp[pp["kind"] == kind]

@@ -61,17 +61,17 @@ def test_fine_tuning_scale_is_the_resolved_one():
     assert "scale 'paper'" in rows["scale"]["ours"] and rows["scale"]["forced by the offline model"] == ""
 
 
-def test_report_shows_the_fidelity_section(tmp_path: Path):
+def test_fidelity_table_is_its_own_page_linked_per_finding(tmp_path: Path):
     (tmp_path / "07_gender_bias_editing_params.json").write_text(json.dumps(
         _p("07", top_k=100, cna_prompt=0, edit_k=18, n_random_seeds=3, sweep=[6, 18])))
     md, page = R.write_report(tmp_path)
-    text = md.read_text()
-    head = text.index("## Fidelity: the paper's setting beside ours")
-    assert text.index("## Findings") < head < text.index('<a id="notebook-00">')
-    assert "| yu_gender_bias | positions | top-18 CNA neurons zeroed (parameters set to zero) | top-18 CNA neurons " \
-           "zeroed (and 3 random sets) |" in text
-    assert "| zhang_key_heads | model |" in text and F.NOT_RECORDED in text
-    assert "Fidelity: the paper&#x27;s setting beside ours" in page.read_text()
+    text, fid = md.read_text(), (tmp_path / R.FIDELITY_FILE).read_text()
+    assert "| aspect | paper |" not in text and "(FIDELITY.md#yu_gender_bias)" in text
+    assert "| positions | top-18 CNA neurons zeroed (parameters set to zero) | top-18 CNA neurons " \
+           "zeroed (and 3 random sets) |" in fid
+    assert fid.count("| model |") == len(R.FINDINGS) and F.NOT_RECORDED in fid
+    assert all(f'<a id="{f.id}"></a>' in fid for f in R.FINDINGS)
+    assert 'href="FIDELITY.md#yu_gender_bias"' in page.read_text()
 
 
 def test_notebook_04_entries_name_key_head_rule_keep_layers_ov_layers_and_seeds():

@@ -25,7 +25,7 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"not really an image, only bytes to inline"
 def _params(d: Path, nb: str = "01", n_layers: int = 4, n_heads: int = 4, quick: bool = False) -> None:
     d.mkdir(parents=True, exist_ok=True)
     info = {"n_layers": n_layers, "n_heads": n_heads, "d_mlp": 64, "name": d.name}
-    extra = {"knockout_k": 10} if nb == "01" else {}  # a notebook-01 run with issue 28's X_c (see below)
+    extra = {"knockout_k": 10} if nb == "01" else {}  # a notebook-01 run with the corrected X_c (see below)
     (d / f"{nb}_x_params.json").write_text(json.dumps({"model": d.name, "quick": quick, "model_info": info, **extra}))
 
 
@@ -645,7 +645,7 @@ def test_nikankin_rules_know_the_population_of_held_out_prompts(tmp_path: Path):
 
 
 def test_path_patching_with_the_leaking_counterfactual_is_not_judged(tmp_path: Path):
-    # a notebook-01 run from before issue 28 (no knockout_k parameter) patched from the old X_c
+    # a notebook-01 run from before the corrected X_c (no knockout_k parameter) patched from the old X_c
     _small_model_dir(tmp_path, 4)
     info = {"n_layers": 4, "n_heads": 2, "d_mlp": 64, "name": tmp_path.name}
     (tmp_path / "01_x_params.json").write_text(json.dumps({"model": tmp_path.name, "model_info": info}))
@@ -655,7 +655,7 @@ def test_path_patching_with_the_leaking_counterfactual_is_not_judged(tmp_path: P
 
 
 def test_prompt_ablation_of_a_run_without_held_out_prompts_is_not_judged(tmp_path: Path):
-    # a notebook-03 run from before issue 28 chose and ablated its neurons on the same prompts
+    # a notebook-03 run of an older method chose and ablated its neurons on the same prompts
     _params(tmp_path, "03")
     _csv(tmp_path, "03_prompt_ablation", [{"op": "+", "correct_heuristic_ablated": 0.0, "correct_random_ablated": 1.0}
                                           for _ in range(50)])
@@ -945,12 +945,99 @@ def test_write_report_files(tmp_path: Path):
     d = _small_model_dir(tmp_path / "m", 4)
     md, page = R.write_report(d)
     text, doc = md.read_text(), page.read_text()
-    assert "| zhang_key_heads |" in text and "(01_path_patching.png)" in text
-    assert "QUICK mode" in text and "a line <with> markup" in text
-    assert '<img alt="01_path_patching" src="01_path_patching.png">' in doc
-    assert "a line &lt;with&gt; markup" in doc and "<img" in doc
+    details, fidelity = (d / R.DETAILS_FILE).read_text(), (d / R.FIDELITY_FILE).read_text()
+    assert "| [zhang_key_heads](#zhang_key_heads) |" in text and "(01_path_patching.png)" in text
+    assert "QUICK mode" in text and "a line <with> markup" in details and "a line" not in text
+    assert '<img alt="zhang_key_heads: figure" src="01_path_patching.png">' in doc and "<figcaption>" in doc
+    assert "not run for this model" in text and "Not run for this model." in details  # notebooks 02-08
+    assert '<a id="zhang_key_heads"></a>' in fidelity and "| model |" in fidelity
     assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
-    assert "Not run for this model." in text  # notebooks 02-07
+    for page_ in (md, page, d / R.DETAILS_FILE, d / R.FIDELITY_FILE):
+        assert R.broken_links(page_) == [], page_.name
+
+
+def test_summary_has_one_line_per_finding(tmp_path: Path):
+    """The report opens with the summary: one table row per finding, in FINDINGS order, each
+    with its paper, claim, our number with its interval (or why there is none) and verdict."""
+    d = _small_model_dir(tmp_path / "m", 4)
+    _bias_scores(d, 35.7, 0.0)
+    text = R.report_markdown(d)
+    assert text.index("## Summary") < text.index("## Findings") < text.index("## Notebooks")
+    summary = text[text.index("## Summary"):text.index("## Findings")]
+    rows = [line for line in summary.splitlines() if line.startswith("| [")]
+    assert [re.match(r"\| \[([a-z_]+)\]", r).group(1) for r in rows] == [f.id for f in R.FINDINGS]
+    table = R.findings_table(d).set_index("id")
+    for f, row in zip(R.FINDINGS, rows):
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert cells[1] == R.PAPERS_SHORT[f.paper] and cells[2] == f.claim and cells[4] == table.at[f.id, "verdict"]
+    gender = next(r for r in rows if r.startswith("| [yu_gender_bias]"))
+    ci = _outcome("yu_gender_bias", d).interval
+    assert f"[{ci.low:.1f}, {ci.high:.1f}], n = {ci.n}" in gender
+    assert "no interval (see its section)" in next(r for r in rows if r.startswith("| [yu_pruning]"))  # not run
+    for f in R.FINDINGS:  # then one section per finding
+        assert text.count(f'<a id="{f.id}"></a>') == 1 and f"### {f.id}: " in text
+    assert len(R.summary_frame(R.findings_table(d))) == len(R.FINDINGS)
+
+
+def test_report_names_its_commits_compactly_and_says_which_were_dirty(tmp_path: Path):
+    for nb, commit in (("00", "a" * 40 + "+dirty"), ("01", "b" * 40), ("02", "b" * 40)):
+        (tmp_path / f"{nb}_x_params.json").write_text(json.dumps({"model": "m", "environment": {"git_commit": commit}}))
+    (tmp_path / "03_x_params.json").write_text(json.dumps({"model": "m"}))
+    line = R.commit_summary(R.Tables(tmp_path).params())
+    assert "results from 2 commits" in line and "notebook 00 ran with uncommitted changes" in line
+    assert "notebook 03 recorded no commit" in line and "DETAILS.md#provenance" in line and "a" * 40 not in line
+    (tmp_path / "00_x_params.json").unlink()
+    (tmp_path / "03_x_params.json").unlink()
+    assert R.commit_summary(R.Tables(tmp_path).params()).startswith("**Code:** results from commit bbbbbbb;")
+    details = R.details_markdown(R.Tables(tmp_path), R.findings_table(tmp_path))
+    assert f"commit {'b' * 40} (notebooks 01, 02)" in details
+
+
+def test_reports_do_not_link_an_executed_notebooks_untracked_html(tmp_path: Path):
+    d = _small_model_dir(tmp_path / "m", 4)
+    (d / "notebooks").mkdir()
+    (d / "notebooks" / "01_identify_heads.ipynb").write_text("{}")
+    (d / "notebooks" / "01_identify_heads.html").write_text("<html></html>")  # run_all.sh writes it; git ignores it
+    md, page = R.write_report(d)
+    for text in (md.read_text(), page.read_text(), (d / R.DETAILS_FILE).read_text()):
+        assert "notebooks/01_identify_heads.ipynb" in text and "01_identify_heads.html" not in text
+
+
+def _committed_report_pages() -> list[Path]:
+    pages = R.committed_pages(ROOT, ("REPORT.md", "REPORT.html", R.FIDELITY_FILE, R.DETAILS_FILE))
+    if not pages:
+        pytest.skip("no committed report (or not a git checkout)")
+    return pages
+
+
+def test_committed_reports_link_only_committed_files():
+    """Every link of every model folder's REPORT.md / REPORT.html (and the pages they link)
+    leads to a file git tracks, and every #anchor exists: what a clean clone shows."""
+    tracked = R.links.tracked_files(ROOT)
+    pages = _committed_report_pages()
+    names = {p.name for p in pages}
+    assert {"REPORT.md", "REPORT.html"} <= names
+    bad = {p.relative_to(ROOT).as_posix(): R.broken_links(p, exists=lambda q: q in tracked) for p in pages}
+    assert not {k: v for k, v in bad.items() if v}, bad
+
+
+def test_committed_reports_hold_no_process_words():
+    """No tracker issue numbers or working-session dates in the generated pages."""
+    for page in _committed_report_pages():
+        text = page.read_text()
+        assert not re.search(r"\bissues? #?\d+", text, re.I), page
+        assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), page
+
+
+def test_committed_report_is_short():
+    """REPORT.md of the default model reads in minutes: the summary comes first and the long
+    tables live in FIDELITY.md / DETAILS.md."""
+    text = (ROOT / "figures" / "qwen2.5-coder-0.5b" / "REPORT.md").read_text()
+    visible = re.sub(r"<details>.*?</details>", "", text, flags=re.S)
+    assert len(visible.split()) < 5000 and "More figures" not in text and "## Fidelity" not in text
+    rows = [line for line in text[text.index("## Summary"):text.index("## Findings")].splitlines()
+            if line.startswith("| [")]
+    assert len(rows) == len(R.FINDINGS) and sorted(len(r) for r in rows)[len(rows) // 2] < 300
 
 
 def test_cross_model_table_normalises_depth(tmp_path: Path):
@@ -1169,22 +1256,26 @@ def test_report_on_toy_model_outputs(tmp_path: Path):
         assert "could not compute" not in row.ours, (f.id, row.ours)
     assert (table.set_index("id").loc[["zhang_key_heads", "zhang_knockout"], "verdict"] != R.NOT_RUN).all()
     md, page = R.write_report(d)
-    n_png = len(list(d.glob("*.png")))
-    assert page.read_text().count("<img ") == n_png > 0
+    srcs = re.findall(r'<img [^>]*src="([^"]+)"', page.read_text())
+    assert srcs and all((d / s).is_file() for s in srcs)
     twin = shutil.copytree(d, tmp_path / "toy-copy")
     frame = R.cross_model_table([d, twin])
     verdicts = frame[frame.quantity == "verdict"]
     assert (verdicts["toy-arith"] == verdicts["toy-copy"]).all()
 
 
-def test_report_html_links_every_figure_beside_it(tmp_path: Path):
+def test_every_figure_is_shown_or_linked(tmp_path: Path):
+    """REPORT.html shows each finding's figure (linked PNGs, not embedded); every other figure
+    is linked from DETAILS.md, so no figure is lost."""
     d = _small_model_dir(tmp_path / "m", 4)
     for name in ("01_key_heads.png", "04_cna_mask.png"):
         (d / name).write_bytes(PNG)
-    page = R.report_html(d)
+    R.write_report(d)
+    page = (d / "REPORT.html").read_text()
     srcs = re.findall(r'<img [^>]*src="([^"]+)"', page)
-    assert sorted(srcs) == sorted(p.name for p in d.glob("[0-9][0-9]_*.png"))
-    assert all((d / s).is_file() for s in srcs) and "base64" not in page
+    assert srcs == ["01_path_patching.png"] and "base64" not in page
+    details = (d / R.DETAILS_FILE).read_text()
+    assert all(f"({p.name})" in details for p in d.glob("[0-9][0-9]_*.png"))
 
 
 def test_notebook_verdicts_are_the_reports(tmp_path: Path):
@@ -1201,26 +1292,28 @@ def test_notebook_verdicts_are_the_reports(tmp_path: Path):
 # --------------------------------------------------------------------------- figures inline, links between files
 
 
-def test_report_md_shows_each_findings_figure_beside_it(tmp_path: Path):
+def test_report_md_shows_each_findings_figure_with_a_caption(tmp_path: Path):
     d = _small_model_dir(tmp_path / "m", 4)
     for name in ("01_knockout.png", "01_key_head_attention.png", "04_mask_keep.png"):
         (d / name).write_bytes(PNG)
     (d / "notebooks").mkdir()
     (d / "notebooks" / "01_identify_heads.ipynb").write_text("{}")
     text = R.report_markdown(d)
-    section = text[text.index('<a id="notebook-01"></a>'):text.index('<a id="notebook-02"></a>')]
-    assert "Executed notebook, with its outputs: [notebooks/01_identify_heads.ipynb](notebooks/01_identify_heads.ipynb)" \
-        in section
-    pos = {k: section.index(k) for k in ("- zhang_key_heads:", "![01_path_patching](01_path_patching.png)",
-                                          "- zhang_knockout:", "![01_knockout](01_knockout.png)", "- zhang_late_mlps:",
-                                          "More figures:", "![01_key_head_attention](01_key_head_attention.png)")}
-    assert list(pos.values()) == sorted(pos.values())  # each finding's figure right after it, then the others
-    assert section.count("![01_path_patching]") == 1 and "(figure above: [01_path_patching](01_path_patching.png))" in section
-    for png in d.glob("*.png"):  # every figure inline, none only linked
-        assert text.count(f"![{png.stem}]({png.name})") == 1
-    assert "Figures: [" not in text and "\n\n\n" not in text
+    pos = {k: text.index(k) for k in ('<a id="zhang_key_heads"></a>', "![zhang_key_heads: figure](01_path_patching.png)",
+                                      '<a id="zhang_knockout"></a>', "![zhang_knockout: figure](01_knockout.png)",
+                                      '<a id="zhang_late_mlps"></a>')}
+    assert list(pos.values()) == sorted(pos.values())  # each finding's figure in its own section
+    assert f"*{R.captions.caption('01_knockout')}*" in text and "A figure of notebook" not in text
+    assert "01_key_head_attention" not in text and "More figures" not in text and "\n\n\n" not in text
+    assert "[executed notebook](notebooks/01_identify_heads.ipynb)" in text
+    assert "(DETAILS.md#notebook-01)" in text and '<a id="notebook-01"></a>' in text
     page = R.report_html(d)
-    assert '<h2 id="notebook-01">' in page and 'href="notebooks/01_identify_heads.ipynb"' in page
+    assert '<li id="notebook-01">' in page and 'href="notebooks/01_identify_heads.ipynb"' in page
+
+
+def test_every_findings_figure_has_a_caption():
+    for f in R.FINDINGS:
+        assert f.figures[0] in R.captions.CAPTIONS and f.id in R.captions.HEADLINES, f.id
 
 
 def test_findings_name_figures_the_committed_run_has():
@@ -1264,7 +1357,9 @@ def test_report_states_the_environment(tmp_path):
     (tmp_path / "01_identify_heads_params.json").write_text(json.dumps({"model": "m"}))
     lines = report.environment_lines(report.Tables(tmp_path).params())
     assert any("notebooks 01: not recorded" in line for line in lines)
-    assert "Environment" in report.report_markdown(tmp_path)
+    tables = report.Tables(tmp_path)
+    assert "Environment" in report.details_markdown(tables, report.findings_table(tmp_path))
+    assert "**Code:**" in report.report_markdown(tmp_path)
 
 
 def test_per_prompt_correctness_round_trips_through_a_csv_cell(tmp_path: Path):
