@@ -73,7 +73,17 @@ def _forced_text(pairs: list[tuple[str, str]]) -> str:
     return "; ".join(f"*{aspect}*: {text}" for aspect, text in pairs)
 
 
-def _section_markdown(r, tables: Tables, forced: list[tuple[str, str]]) -> list[str]:
+def _shown_before(tables: Tables, table: pd.DataFrame, finding_id: str) -> str | None:
+    """The id of an earlier finding whose section already shows this finding's figure, or None."""
+    fig = _figure(tables, finding_id)
+    ids = list(table["id"])
+    for other in ids[:ids.index(finding_id)]:
+        if fig is not None and _figure(tables, other) == fig and table.loc[table["id"] == other, "verdict"].item() != NOT_RUN:
+            return other
+    return None
+
+
+def _section_markdown(r, tables: Tables, forced: list[tuple[str, str]], earlier: str | None = None) -> list[str]:
     anchor = section_anchor(r.id)
     out = [f'<a id="{anchor}"></a>', "", f"### {r.id}: {r.verdict}", "",
            f"**Claim** ({r.paper}, {r.where}): {r.claim} **Paper's number:** {_sentence(r.paper_number)}", "",
@@ -82,7 +92,9 @@ def _section_markdown(r, tables: Tables, forced: list[tuple[str, str]]) -> list[
            "<details><summary>Rule</summary>", "", f"{_sentence(r.rule)} Paper's number from: {_sentence(r.source)}", "",
            "</details>", ""]
     fig = _figure(tables, r.id)
-    if fig is not None and r.verdict != NOT_RUN:
+    if fig is not None and earlier is not None and r.verdict != NOT_RUN:
+        out += [f"Figure: the one shown under [{earlier}](#{section_anchor(earlier)}).", ""]
+    elif fig is not None and r.verdict != NOT_RUN:
         out += [f"![{r.id}: figure]({fig.name})", "", f"*{caption(fig.stem)}*", ""]
     elif fig is not None:  # its tables could not be judged: the figure of the older run only linked
         out += [f"Figure of the tables this verdict could not use: [{fig.name}]({fig.name}).", ""]
@@ -127,7 +139,7 @@ def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = Non
     if common:
         out += [f"Every finding differs from its paper by what the offline model forces: {_forced_text(common)}.", ""]
     for r in table.itertuples():
-        out += _section_markdown(r, tables, forced.get(r.id, []))
+        out += _section_markdown(r, tables, forced.get(r.id, []), _shown_before(tables, table, r.id))
     out += ["## Notebooks", ""] + [_notebook_markdown(tables, table, nb, title) for nb, title in NOTEBOOKS.items()]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).rstrip("\n") + "\n"  # one blank line between blocks
 
@@ -156,7 +168,7 @@ def _md_links_to_html(text: str) -> str:
     return re.sub(r"\*([^*]+)\*", r"<i>\1</i>", html.escape(text))
 
 
-def _section_html(r, tables: Tables, forced: list[tuple[str, str]]) -> str:
+def _section_html(r, tables: Tables, forced: list[tuple[str, str]], earlier: str | None = None) -> str:
     e = html.escape
     anchor = e(section_anchor(r.id), quote=True)
     parts = [f'<h3 id="{anchor}">{e(r.id)}: <span class="{str(r.verdict).replace(" ", "-")}">{e(r.verdict)}</span></h3>',
@@ -167,7 +179,9 @@ def _section_html(r, tables: Tables, forced: list[tuple[str, str]]) -> str:
              f"<details><summary>Rule</summary><p>{e(_sentence(r.rule))} Paper's number from: "
              f"{e(_sentence(r.source))}</p></details>"]
     fig = _figure(tables, r.id)
-    if fig is not None and r.verdict != NOT_RUN:
+    if fig is not None and earlier is not None and r.verdict != NOT_RUN:
+        parts.append(f'<p>Figure: the one shown under <a href="#{e(section_anchor(earlier), quote=True)}">{e(earlier)}</a>.</p>')
+    elif fig is not None and r.verdict != NOT_RUN:
         name = e(fig.name, quote=True)
         parts.append(f'<figure><img alt="{e(r.id)}: figure" src="{name}"><figcaption>{e(caption(fig.stem))}'
                      "</figcaption></figure>")
@@ -212,7 +226,8 @@ def report_html(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -
     if common:
         parts.append("<p>Every finding differs from its paper by what the offline model forces: "
                      f"{_md_links_to_html(_forced_text(common))}.</p>")
-    parts += [_section_html(r, tables, forced.get(r.id, [])) for r in table.itertuples()]
+    parts += [_section_html(r, tables, forced.get(r.id, []), _shown_before(tables, table, r.id))
+              for r in table.itertuples()]
     parts += ["<h2 id='notebooks'>Notebooks</h2>", "<ul>"]
     parts += [_md_inline_to_html(_notebook_markdown(tables, table, nb, title)) for nb, title in NOTEBOOKS.items()]
     parts += ["</ul>", "</body></html>"]
