@@ -1300,10 +1300,12 @@ def test_report_md_shows_each_findings_figure_with_a_caption(tmp_path: Path):
     (d / "notebooks" / "01_identify_heads.ipynb").write_text("{}")
     text = R.report_markdown(d)
     pos = {k: text.index(k) for k in ('<a id="zhang_key_heads"></a>', "![zhang_key_heads: figure](01_path_patching.png)",
-                                      '<a id="zhang_knockout"></a>', "![zhang_knockout: figure](01_knockout.png)",
-                                      '<a id="zhang_late_mlps"></a>')}
+                                      '<a id="zhang_knockout"></a>', "could not use: [01_knockout.png](01_knockout.png)",
+                                      '<a id="zhang_late_mlps"></a>', "the one shown under [zhang_key_heads]",
+                                      '<a id="zhang_mlp_answer"></a>')}
     assert list(pos.values()) == sorted(pos.values())  # each finding's figure in its own section
-    assert f"*{R.captions.caption('01_knockout')}*" in text and "A figure of notebook" not in text
+    assert R.findings_table(d).set_index("id").at["zhang_knockout", "verdict"] == R.NOT_RUN  # its figure only linked
+    assert f"*{R.captions.caption('01_path_patching')}*" in text and "A figure of notebook" not in text
     assert "01_key_head_attention" not in text and "More figures" not in text and "\n\n\n" not in text
     assert "[executed notebook](notebooks/01_identify_heads.ipynb)" in text
     assert "(DETAILS.md#notebook-01)" in text and '<a id="notebook-01"></a>' in text
