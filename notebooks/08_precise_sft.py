@@ -18,6 +18,13 @@
 #
 # **Results** (qwen2.5-coder-0.5b, the committed run): [this notebook executed, with its outputs](../figures/qwen2.5-coder-0.5b/notebooks/08_precise_sft.ipynb) · [its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-08)
 #
+# **Running it.** Run as it is (Run All), this notebook takes about 22 minutes on qwen2.5-coder-0.5b
+# (a 2-core CPU: `figures/qwen2.5-coder-0.5b/timings.csv`) and writes to
+# `outputs/scratch/figures/<model>/` (first made as a copy of the committed `figures/<model>/`,
+# whose tables later notebooks read), never to the committed `figures/`. For a short run on
+# the small toy model, set `model = "toy-arith"` and `quick = True` in the parameters cell.
+# Only `./run_all.sh` writes the committed figures.
+#
 # **Question.** Zhang et al. (2024, Sec. 4.3, 5.3) fine-tune only the Q/K/V/O slices of the
 # 32 key heads found by path patching ("precise SFT", Alg. 2). Math accuracy rises as much as
 # with full SFT (every weight tuned), while general ability (MMLU, CSQA) is kept, with ~1 % of
@@ -68,10 +75,10 @@
 #   1024), and with grouped-query attention a head's K/V slice is its KV group's.
 # * General ability is measured offline (factual recall, LM loss on pydoc prose) instead of MMLU /
 #   CSQA.
-# * Until issue 29 this study was section 3 of notebook 05, with one fixed lr of 1e-4 for both
-#   methods. Full SFT diverged at it on Qwen2.5-Coder-0.5B (LM loss 3.30 -> 7.91 nats/token,
-#   arithmetic -44.7 points). It is its own notebook now so that it can be rerun without
-#   notebook 05's LoRA models (hours on a CPU); LoRA is notebook 05's study.
+# * One fixed lr of 1e-4 for both methods is not used: full SFT diverged at it on
+#   Qwen2.5-Coder-0.5B (LM loss 3.30 -> 7.91 nats/token, arithmetic -44.7 points). This study
+#   is its own notebook so that it can be rerun without notebook 05's LoRA models (hours on a
+#   CPU); LoRA is notebook 05's study.
 
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
@@ -80,7 +87,7 @@ dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "floa
 device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
-out_dir = "../figures"
+out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
 fewshot = 2               # solved examples in the prefix of every prompt (train and test)
 scale = "auto"            # "paper" (Zhang's settings, for a GPU), "cpu" (judged sizes), "cpu-bands" (top-32 heads only), "quick" (smoke test); auto: paper on cuda, else cpu (cpu-bands above 1 B parameters)
 ops = ["+", "-", "*", "/"]  # operators of the 2-digit data set
