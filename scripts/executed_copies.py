@@ -436,8 +436,13 @@ def check(paths: list[Path], root: Path = ROOT) -> dict[str, list[str]]:
             continue
         cells = source_at(path.stem, commit, root)
         if cells is None:
-            bad[str(path)] = [f"commit {commit} (or notebooks/{path.stem}.py in it) is not in this clone's history; "
-                              "fetch the full history (git fetch --unshallow) to check it"]
+            shallow = (git("rev-parse", "--is-shallow-repository", root=root) or "").strip() == "true"
+            bad[str(path)] = [f"commit {commit} (or notebooks/{path.stem}.py in it) is not in this clone's history"
+                              + ("; this is a shallow clone: git fetch --unshallow" if shallow else
+                                 "; was the run's commit never pushed or merged?")]
+            continue
+        if git("merge-base", "--is-ancestor", commit.removesuffix("+dirty"), "HEAD", root=root) is None:
+            bad[str(path)] = [f"commit {commit} is not in HEAD's history: a fresh clone would not have it"]
             continue
         drift = code_drift(nb, cells)
         if drift:
