@@ -81,6 +81,22 @@ def test_committed_copies_fit_their_size_budget():
     assert total <= COPIES_BUDGET, f"{total / 2**20:.1f} MiB of executed copies (budget 5 MiB); largest: {biggest}"
 
 
+def test_figures_linked_from_committed_copies_are_committed():
+    """Each figure a copy shows by reference (``../NN_name.png``) is a tracked file."""
+    import re
+
+    tracked = {p.resolve() for p in _tracked("figures")}
+    missing = []
+    for path in COPIES:
+        for cell in json.loads(path.read_text())["cells"]:
+            for out in cell.get("outputs", []):
+                md = "".join((out.get("data") or {}).get("text/markdown", ""))
+                for target in re.findall(r"\]\((\.\./[^)]+\.png)\)", md):
+                    if (path.parent / target).resolve() not in tracked:
+                        missing.append(f"{path.relative_to(ROOT)} -> {target}")
+    assert not missing, missing
+
+
 # --------------------------------------------------------------------------- notebooks run as they are
 
 
@@ -273,3 +289,30 @@ def test_publish_writes_a_copy_with_provenance_and_no_machine_path(tmp_path):
     assert nb["metadata"]["papermill"]["parameters"]["out_dir"] == "../figures"
     assert not ec.MACHINE_PATH.search(ipynb.read_text())
     assert ec.check([ipynb]) == {}
+
+
+def test_token_labels_outside_the_font_are_escaped_not_drawn_as_boxes():
+    """Notebook 07's edit-set figure (and 04's neuron figures) label neurons with tokens of
+    any script: those the font lacks are written as \\uXXXX, with no "Glyph missing" warning."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from arithlib.plots import bias, cna, font_safe
+
+    assert font_safe("she, она, 她的\n") == "she, она, \\u5979\\u7684\\n"
+    table = pd.DataFrame({"name": ["22_2592", "20_848"], "mean_change": [0.02, 0.01],
+                          "top_tokens": ["herself, 她, 她的, she", "computer, 计算机, software"]})
+    frame = pd.DataFrame({"name": ["20_2448"], "top_tokens": ["three, 三个方面, drei"], "imp_a": [3.0], "imp_b": [0.5],
+                          "coef_a": [1.0], "coef_b": [2.0]})
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=r"Glyph .* missing from font")
+        for fig in (bias.edit_set(table, "t"), cna.case_neurons(frame, "t")):
+            fig.canvas.draw()
+            labels = [t.get_text() for ax in fig.axes for t in ax.get_yticklabels() + ax.get_xticklabels()]
+            assert any("\\u" in s for s in labels), labels
+            plt.close(fig)
