@@ -32,7 +32,7 @@ Rules, in the order applied:
    the copy does not embed it again. A cell's ``image/png`` outputs are replaced by one
    markdown output that shows and links those files (``../NN_name.png``, relative to the
    copy), when the files the cell saves (its ``save_figure`` calls read with Python's
-   parser, an f-string's fields matching any text) exist beside the copy and are at
+   parser; an f-string's field matches a name part without `_`) exist beside the copy and are at
    least as many as its images. A JupyterLab or Jupyter viewer opened on the copy shows
    the same PNG inline; a code host shows the link. Images of a cell that does not save
    them all stay embedded.
@@ -45,7 +45,6 @@ naming copies whose code cells are not their source at the recorded commit.
 from __future__ import annotations
 
 import ast
-import fnmatch
 import json
 import re
 import subprocess
@@ -193,8 +192,10 @@ def drop_noise_warnings(nb: dict) -> None:
 
 
 def saved_figures(source: str) -> list[str]:
-    """Glob patterns of the names a cell saves with ``save_figure(fig, out, name)`` (or
-    ``name=``), in the order written; an f-string's fields become ``*``."""
+    """Patterns (regular expressions) of the names a cell saves with
+    ``save_figure(fig, out, name)`` (or ``name=``), in the order written; an f-string's
+    field matches a run of letters, digits, dots and dashes (no ``_``, so
+    ``f"02_case{i}"`` does not take ``02_case1_mlp_out``, another cell's figure)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -205,9 +206,10 @@ def saved_figures(source: str) -> list[str]:
             continue
         arg = node.args[2] if len(node.args) >= 3 else next((k.value for k in node.keywords if k.arg == "name"), None)
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-            names.append((getattr(arg, "lineno", 0), getattr(arg, "col_offset", 0), arg.value))
+            names.append((getattr(arg, "lineno", 0), getattr(arg, "col_offset", 0), re.escape(arg.value)))
         elif isinstance(arg, ast.JoinedStr):
-            pattern = "".join(v.value if isinstance(v, ast.Constant) else "*" for v in arg.values)
+            pattern = "".join(re.escape(v.value) if isinstance(v, ast.Constant) else r"[A-Za-z0-9.\-]+"
+                              for v in arg.values)
             names.append((arg.lineno, arg.col_offset, pattern))
     return [n for _, _, n in sorted(names)]
 
@@ -233,7 +235,7 @@ def link_figures(nb: dict, model_dir: Path) -> int:
             continue
         files = []
         for pattern in saved_figures(_source(cell)):
-            files += [f for f in fnmatch.filter(pngs, f"{pattern}.png") if f not in files]
+            files += [f for f in pngs if re.fullmatch(rf"{pattern}\.png", f) and f not in files]
         if not files or len(files) < len(images):
             continue
         outputs, placed = [], False
