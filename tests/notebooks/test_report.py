@@ -1330,6 +1330,28 @@ def test_precise_sft_rule(tmp_path: Path, orig, precise, full, facts, verdict):
     assert out.interval.estimate == pytest.approx(out.metrics["precise minus full arithmetic accuracy"])
 
 
+def test_precise_sft_rule_resamples_training_seeds(tmp_path: Path):
+    """With the judged pair trained on several seeds, the estimate averages the seeds and the
+    interval resamples them (crossed with the prompts), so seed-to-seed spread widens it; with
+    one seed the text says the interval excludes training variance."""
+    _sft_table(tmp_path / "one", 0.5, 0.8, 0.8)
+    one = _outcome("zhang_precise_sft", tmp_path / "one")
+    assert "excludes training variance" in one.ours and one.metrics["training seeds per arm"] == 1
+    n, n_facts = 400, 55
+    rows = [{"method": "original", "role": "original", "train_seed": 0, "arithmetic_2d": 0.5, "factual_recall": 0.8,
+             "lm_loss": 3.5, "arithmetic_2d_by_prompt": _bits(200, n), "facts_by_prompt": _bits(44, n_facts)}]
+    for seed, precise in ((0, 0.8), (1, 0.6), (2, 0.95)):
+        for role, acc in (("precise", precise), ("full", 0.8)):
+            rows.append({"method": f"{role} {seed}", "role": role, "train_seed": seed, "arithmetic_2d": acc,
+                         "factual_recall": 0.8, "lm_loss": 3.5, "arithmetic_2d_by_prompt": _bits(round(acc * n), n),
+                         "facts_by_prompt": _bits(44, n_facts)})
+    _csv(tmp_path / "three", "08_sft_comparison", rows)
+    three = _outcome("zhang_precise_sft", tmp_path / "three")
+    assert three.metrics["training seeds per arm"] == 3 and "3 training seeds per arm" in three.ours
+    assert three.interval.estimate == pytest.approx((0.0 - 0.2 + 0.15) / 3)
+    assert three.interval.high - three.interval.low > one.interval.high - one.interval.low + 0.1
+
+
 def test_precise_sft_rule_needs_per_prompt_columns_and_full_sft(tmp_path: Path):
     _sft_table(tmp_path / "old", 0.5, 0.8, 0.8, per_prompt=False)
     out = _outcome("zhang_precise_sft", tmp_path / "old")
