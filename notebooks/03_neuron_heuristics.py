@@ -130,6 +130,7 @@ import arithlib.datasets as ds
 import arithlib.engine as engine
 import arithlib.faithfulness_checks as FC
 import arithlib.heuristic_grids as HG
+import arithlib.heuristic_dynamics as HD
 import arithlib.heuristic_nulls as HN
 import arithlib.heuristics as H
 import arithlib.prompt_knockout as PK
@@ -606,9 +607,11 @@ ci_summary
 # At each saved checkpoint: first-token accuracy on the grids; the circuit re-discovered
 # at that checkpoint with the same k per layer (attribution on `dynamics_n_analysis` sampled
 # grid prompts per operator, correct or not, since early checkpoints answer few); its
-# pooled faithfulness on those prompts; the share of its neurons matching a heuristic
-# (with the shuffled chance level); and the share of the final checkpoint's matched rules
-# already matched. The toy model's checkpoints are used for `toy-arith`; for a hub model
+# pooled faithfulness on those prompts; the share of its neurons labelled with a heuristic
+# that passes t and beats the shuffled-operand null at `label_fdr`, as in section 2 (with
+# the same procedure on shuffled activations as its null; the share passing t alone is
+# kept in the table); and the share of the final checkpoint's labelled rules already
+# labelled. The toy model's checkpoints are used for `toy-arith`; for a hub model
 # with step revisions (Pythia) pass `dynamics_steps`.
 
 # %%
@@ -625,10 +628,11 @@ if model == "toy-arith" or dynamics_steps:
     if quick:
         steps = sorted({steps[0], steps[len(steps) // 2], steps[-1]})
     dyn_grids = {op: grids[op] for op in analyses}
-    dyn = H.training_dynamics(lambda s: load_model(model, device=device, dtype=dtype, checkpoint=s).bridge, steps, dyn_grids, layers,
-                              k_circuit, dynamics_n_analysis, t, candidates, seed, max_base_rate=max_base_rate,
-                              labels=labels)
-    overlap = H.heuristic_overlap(dyn)
+    dyn = HD.training_dynamics(lambda s: load_model(model, device=device, dtype=dtype, checkpoint=s).bridge, steps,
+                               dyn_grids, layers, k_circuit, dynamics_n_analysis, t, candidates, seed,
+                               max_base_rate=max_base_rate, labels=labels, label_fdr=label_fdr,
+                               n_permutations=n_permutations)
+    overlap = HD.heuristic_overlap(dyn)
     save_table(dyn, run.out, "03_training_dynamics")
     save_table(overlap, run.out, "03_training_overlap")
     save_figure(plots.dynamics_plot(dyn, overlap, f"{model}: heuristics over training (k = {k_circuit} per layer)"),
