@@ -19,7 +19,8 @@
 # **Results** (qwen2.5-coder-0.5b, the committed run): [this notebook executed, with its outputs](../figures/qwen2.5-coder-0.5b/notebooks/08_precise_sft.ipynb) · [its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-08)
 #
 # **Running it.** Run as it is (Run All), this notebook takes about 22 minutes on qwen2.5-coder-0.5b
-# (a 2-core CPU: `figures/qwen2.5-coder-0.5b/timings.csv`) and writes to
+# with one training seed of the judged pair (a 2-core CPU: `figures/qwen2.5-coder-0.5b/timings.csv`);
+# the default's 3 seeds add two more trainings of that pair. It writes to
 # `outputs/scratch/figures/<model>/` (first made as a copy of the committed `figures/<model>/`,
 # whose tables later notebooks read), never to the committed `figures/`. For a short run on
 # the small toy model, set `model = "toy-arith"` and `quick = True` in the parameters cell.
