@@ -16,6 +16,11 @@ Rules, in the order applied:
    a copy shows an older version of the notebook until the next run replaces it.
    ``tests/notebooks/test_executed_copies.py`` checks that every committed copy's code
    cells are its source at the recorded commit (papermill's injected parameters aside).
+   It needs that commit in the clone's history and in HEAD's: a shallow clone, or a run
+   at a commit that was never merged, fails the check, naming the cause; it is not
+   skipped, since a copy whose code cannot be checked is what the check exists to catch.
+   (A ``--quick`` run with ``-p`` values runs a source with those values restated, so
+   its copy would not pass; such runs write to ``outputs/scratch/``, not committed.)
 2. **No machine paths.** Every path of the machine that ran the notebook is rewritten
    (:func:`scrub_text`), in the outputs' text, the injected parameters cell and
    papermill's metadata: the checkout's own prefix is dropped (paths become relative to
