@@ -177,7 +177,7 @@ def _ft_scale(P: Params, nb: str = "05") -> dict:
     05's (which 06 reuses) or 08's."""
     from ..scales import FINETUNE_SCALES, resolve_scale
 
-    p = _nb(P, nb)  # the scale the run recorded (newer runs); before, "auto" was "quick" on a CPU
+    p = _nb(P, nb)  # the scale the run recorded; in older runs "auto" was "quick" on a CPU
     name = p.get("scale_resolved") or resolve_scale(str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")),
                                                     auto_cpu="quick")
     return dict(FINETUNE_SCALES[name], scale=name)
