@@ -149,7 +149,8 @@ _CSS = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 
         "vertical-align:top}th{background:#eee}img{max-width:100%;margin:0.5em 0}figcaption{font-style:italic}"
         "details{margin:0.5em 0}summary{cursor:pointer}"
         ".reproduced{background:#d4f4d4}.partly{background:#fff3c4}.not-reproduced{background:#f8d0d0}"
-        ".not-run{background:#e8e8e8}.error{background:#f0a0a0}.inconclusive{background:#dde6f8}")
+        ".not-run{background:#e8e8e8}.error{background:#f0a0a0}.inconclusive{background:#dde6f8}"
+        ".undecidable-here{background:#e6dcf5}.not-applicable{background:#f0f0f0}")
 
 
 def _html_summary(table: pd.DataFrame) -> str:
