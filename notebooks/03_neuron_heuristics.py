@@ -609,8 +609,8 @@ dyn = overlap = None
 if model == "toy-arith" or dynamics_steps:
     from arithlib.models import load_model
     if model == "toy-arith":
-        from arithlib.toy import toy_checkpoint_dirs
-        steps = sorted(toy_checkpoint_dirs())
+        from arithlib.toy import toy_checkpoint_steps
+        steps = toy_checkpoint_steps()  # trained on demand when loaded, only as far as the step
         if dynamics_steps:
             steps = [s for s in steps if s in set(dynamics_steps)]
     else:
