@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Compare the CSV tables of two figures folders (issue 31's check that a refactor changes
+"""Compare the CSV tables of two figures folders (the check that a refactor changes
 no result): every table in either folder (``*.csv``, or ``*.csv.gz`` for a row-level one: a
 table stored plainly on one side and compressed on the other is compared by its contents,
 :func:`arithlib.outputs.read_table`) is reported as identical (byte for byte, uncompressed),
