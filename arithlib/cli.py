@@ -123,8 +123,8 @@ RUN_HELP = ("Execute the numbered notebooks (papermill), each after the notebook
 # --------------------------------------------------------------------------- the command
 
 
-app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
-                  context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False, context_settings=CONTEXT)
 
 
 @app.callback()
@@ -181,7 +181,7 @@ def list_params(paths: list[Path]) -> list[str]:
     return lines
 
 
-@app.command("run", help=RUN_HELP)
+@app.command("run", help=RUN_HELP, context_settings=CONTEXT)
 def run(
     model: Annotated[str, typer.Option(metavar="NAME", help="the model (see Models below)")] = DEFAULT_MODEL,
     device: Annotated[str, typer.Option(

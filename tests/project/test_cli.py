@@ -210,6 +210,16 @@ def test_python_m_arithlib_with_a_quote_in_the_model_name_is_one_line():
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "unknown model \"it's\"" in proc.stderr
 
 
+def test_run_all_sh_help_lists_the_models_and_notebooks():
+    venv = Path(sys.prefix)
+    if not _setup_is_a_no_op(venv):
+        pytest.skip(f"scripts/setup.sh would install into {venv} first")
+    proc = subprocess.run(["./run_all.sh", "-h"], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, ARITHLIB_VENV=str(venv)), timeout=300)
+    assert proc.returncode == 0 and "Usage: ./run_all.sh [OPTIONS]" in proc.stdout, proc.stderr
+    assert all(stem in proc.stdout for stem in NOTEBOOKS) and "toy-arith" in proc.stdout
+
+
 @pytest.mark.parametrize("argv,message", [(["--model", "it's"], "unknown model \"it's\""),
                                           (["--only", "01", "--model"], "'--model' requires an argument")],
                          ids=["quote-in-model", "missing-value"])
