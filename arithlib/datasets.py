@@ -207,7 +207,7 @@ def no_operation_answers(pairs: Sequence[tuple[int, int]], true_answers: Sequenc
 
 #: How X_c's few-shot prefix is built: "no-operation" (answers by :func:`no_operation_answers`,
 #: the default) or "true-answers" (the prefix of X_r with the operator replaced; the
-#: construction before issue 28, kept to measure how much it leaks).
+#: older construction, kept to measure how much it leaks).
 XC_PREFIXES: tuple[str, ...] = ("no-operation", "true-answers")
 
 

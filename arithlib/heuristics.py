@@ -1,9 +1,9 @@
 """Heuristic neurons (Nikankin et al. 2025, ICLR, Sec. 4-5): a catalogue of heuristic
 types as data, the classification of circuit neurons by match score, the heuristic
-ablation of Sec. 4.2 (Fig. 7), Sec. 4.3 and the training-dynamics summary of Sec. 5.
-The test of the labels against a shuffled-operand null is in
-:mod:`arithlib.heuristic_nulls`, the prompt knockout of Fig. 8 in
-:mod:`arithlib.prompt_knockout`.
+ablation of Sec. 4.2 (Fig. 7) and Sec. 4.3. The test of the labels against a
+shuffled-operand null is in :mod:`arithlib.heuristic_nulls`, the prompt knockout of
+Fig. 8 in :mod:`arithlib.prompt_knockout`, the training dynamics of Sec. 5 in
+:mod:`arithlib.heuristic_dynamics`.
 
 Catalogue (Sec. 4.1). A :class:`Heuristic` is a rule on a prompt's operands and
 result: operand ranges, operand modulo and digit patterns, identical operands,
@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from . import neurons as N
 from .ablation import mean_neurons_hooks
@@ -596,73 +595,3 @@ def faithfulness_curves(analyses: dict[str, OperatorAnalysis], layers: Sequence[
     frames = [N.faithfulness_curve(an.runner, an.scores, layers, means, ks, progress).assign(op=op)
               for op, an in analyses.items() if an.runner is not None]
     return pd.concat(frames, ignore_index=True)
-
-
-# --------------------------------------------------------------------------- training dynamics (Sec. 5)
-
-
-def checkpoint_summary(model, grids: dict[str, PromptSet], layers: Sequence[int], k_per_layer: int,
-                       n_analysis: int | None = None, t: float = 0.6, max_base_rate: float = 0.5,
-                       candidates: torch.Tensor | None = None, seed: int = 0, batch_size: int = 64,
-                       labels: str = "best") -> pd.DataFrame:
-    """Nikankin Sec. 5 / Fig. 10 at one checkpoint, per operator: first-token accuracy on the
-    grid, the circuit (top ``k_per_layer`` per layer by attribution on ``n_analysis``
-    sampled grid prompts, correct or not, since early checkpoints answer few), its
-    faithfulness on them, the share of its neurons that match a heuristic (and the chance
-    level), the share whose best rule is a result rule (``result_label_share``), and the
-    names of the heuristics its neurons are labelled with (``heuristic_set``,
-    :func:`neuron_labels` mode ``labels``)."""
-    analyses = {op: prepare_operator(model, g, layers, n_analysis, None, seed, batch_size) for op, g in grids.items()}
-    means = reference_means(analyses)
-    rows = []
-    for op, an in analyses.items():
-        attribute(an, layers, means, candidates)
-        classify_circuit(an, layers, k_per_layer, t, max_base_rate, seed)
-        faith = N.neuron_circuit_faithfulness(an.runner, an.circuit, layers, means)
-        lab = neuron_labels(an.matches, labels)
-        hset = sorted(set(lab["heuristic"])) if lab is not None and not lab.empty else []
-        best = neuron_labels(an.matches, "best")
-        n_result = int((best["family"] == "result").sum()) if best is not None and not best.empty else 0
-        rows.append({"op": op, "accuracy": float(an.grid_correct_first.mean()), "n_circuit": len(an.circuit),
-                     "faithfulness": faith["faithfulness"], "faithfulness_per_prompt": faith["faithfulness_per_prompt"],
-                     "circuit_accuracy": faith["accuracy"], "matched_share": matched_share(an, t),
-                     "matched_share_null": matched_share(an, t, null=True),
-                     "result_label_share": n_result / len(an.circuit) if an.circuit else float("nan"),
-                     "n_heuristics_matched": len(hset),
-                     "heuristic_set": "|".join(hset)})
-        an.runner = None  # free the KV cache
-    return pd.DataFrame(rows)
-
-
-def heuristic_overlap(dynamics: pd.DataFrame, final_step: int | None = None) -> pd.DataFrame:
-    """Per step and operator: the share of the final checkpoint's matched heuristics (by
-    name) that are matched at that step (Fig. 10's "heuristics appear early")."""
-    final_step = dynamics["step"].max() if final_step is None else final_step
-
-    def names(x) -> set:
-        return set(filter(None, x.split("|"))) if isinstance(x, str) else set()
-
-    final = {r.op: names(r.heuristic_set) for r in dynamics[dynamics.step == final_step].itertuples()}
-    rows = []
-    for r in dynamics.itertuples():
-        ref = final.get(r.op, set())
-        rows.append({"step": r.step, "op": r.op,
-                     "final_heuristics_present": len(names(r.heuristic_set) & ref) / len(ref) if ref else float("nan")})
-    return pd.DataFrame(rows)
-
-
-def training_dynamics(load: Callable[[int], object], steps: Sequence[int], grids: dict[str, PromptSet],
-                      layers: Sequence[int], k_per_layer: int, n_analysis: int | None = None, t: float = 0.6,
-                      candidates: torch.Tensor | None = None, seed: int = 0, progress: bool = True,
-                      max_base_rate: float = 0.5, labels: str = "best") -> pd.DataFrame:
-    """:func:`checkpoint_summary` at every training step; ``load(step)`` returns the model
-    (a bridge) of that checkpoint, which must share the grids' tokenizer. One row per
-    (step, operator)."""
-    frames = []
-    for step in tqdm(list(steps), desc="checkpoints", disable=not progress):
-        model = load(step)
-        frames.append(checkpoint_summary(model, grids, layers, k_per_layer, n_analysis, t, max_base_rate,
-                                         candidates=candidates, seed=seed, labels=labels).assign(step=step))
-        del model
-    out = pd.concat(frames, ignore_index=True)
-    return out[["step"] + [c for c in out.columns if c != "step"]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -72,7 +73,10 @@ def train_lora(model, layer: int, train_set: PromptSet, config: TrainConfig, val
             torch.manual_seed(config.seed)
             peft_cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=leaf,
                                   layers_to_transform=[layer], bias="none")
-            pm = get_peft_model(hf, peft_cfg)
+            with warnings.catch_warnings():  # peft asks transformers' deprecated alias; nothing to act on here
+                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                        category=FutureWarning)
+                pm = get_peft_model(hf, peft_cfg)
         try:
             lora_params = {n: p for n, p in hf.named_parameters() if "lora_" in n}
             if not lora_params:

@@ -800,7 +800,7 @@ def load_model(
 ) -> LoadedModel:
     """Load ``name`` as a :class:`TransformerBridge` in eval mode on ``device``.
 
-    Placement and precision (issue 32): ``device`` (default ``"cpu"``) puts the whole
+    Placement and precision: ``device`` (default ``"cpu"``) puts the whole
     model on one device; instead ``device_map`` (``"auto"``, ``"balanced"``, a dict
     ``{module name: device}`` or its JSON text, :func:`parse_device_map`), ``n_devices``
     and ``max_memory`` (``{0: "70GiB", ...}``) split it across devices through

@@ -4,6 +4,7 @@ folder and record the run's parameters next to its tables."""
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,11 @@ from . import __version__
 from .environment import environment
 from .models import LoadedModel, load_model
 from .outputs import save_json
-from .paths import figure_dir
+from .paths import REPO_ROOT, figure_dir
+
+#: Where a notebook run as it is (JupyterLab's Run All) writes: its ``out_dir`` default,
+#: ``../outputs/scratch/figures`` from ``notebooks/``. Only run_all.sh writes ``figures/``.
+SCRATCH_FIGURES = REPO_ROOT / "outputs" / "scratch" / "figures"
 
 
 def seed_everything(seed: int) -> None:
@@ -49,7 +54,24 @@ class Run:
         save_json(self.params, self.out, f"{self.notebook}_params")
 
 
-def start_run(notebook: str, model: str, device: str = "cpu", seed: int = 0, out_dir: str = "../figures",
+def seed_scratch(out_dir: str | Path, model_dir: str, committed_root: Path = REPO_ROOT / "figures") -> bool:
+    """When ``out_dir`` is the scratch folder (:data:`SCRATCH_FIGURES`) and its
+    ``model_dir`` folder is new (or empty), start that folder as a copy of the committed
+    ``figures/<model_dir>/`` (its tables and figures; not the executed copies, the carried
+    store or hidden files), so a notebook run alone there finds the tables of the
+    notebooks before it, as under run_all.sh. Whether it copied."""
+    target = Path(out_dir).absolute() / model_dir
+    committed = committed_root / model_dir
+    if Path(out_dir).resolve() != SCRATCH_FIGURES.resolve() or not committed.is_dir():
+        return False
+    if target.is_dir() and any(target.iterdir()):
+        return False
+    shutil.copytree(committed, target, dirs_exist_ok=True, ignore=lambda d, names: [
+        n for n in names if Path(d) == committed and (n in ("notebooks", "stored") or n.startswith("."))])
+    return True
+
+
+def start_run(notebook: str, model: str, device: str = "cpu", seed: int = 0, out_dir: str = "../outputs/scratch/figures",
               quick: bool = False, dtype: str | torch.dtype = "auto", device_map: str | dict | None = None,
               **params) -> Run:
     """Seed, load ``model`` on ``device`` and write ``<out_dir>/<model>/<notebook>_params.json``
@@ -65,12 +87,15 @@ def start_run(notebook: str, model: str, device: str = "cpu", seed: int = 0, out
         loaded = load_model(model, dtype=dtype, device_map=device_map)
     else:
         loaded = load_model(model, device=device, dtype=dtype)
-    out = figure_dir(out_dir, model if not Path(model).exists() else Path(model).name)
+    model_dir = (model if not Path(model).exists() else Path(model).name).replace("/", "__")
+    seeded = seed_scratch(out_dir, model_dir)
+    out = figure_dir(out_dir, model_dir)
     placement = {"device_map": loaded.device_map} if loaded.device_map else {}
     record = {"notebook": notebook, "model": model, "device": loaded.device, "seed": seed, "quick": quick,
               "dtype": str(loaded.dtype), **placement, "arithlib_version": __version__,
               "model_info": loaded.info.__dict__, **params, "environment": environment()}
-    print(f"loaded {model} on {loaded.device} in {time.time() - t0:.1f}s; outputs in {out}")
+    print(f"loaded {model} on {loaded.device} in {time.time() - t0:.1f}s; outputs in {out}"
+          + (f" (started as a copy of figures/{model_dir})" if seeded else ""))
     run = Run(notebook, loaded, out, record)
     run.record()  # the params JSON, rewritten by later calls with what loading decides
     return run

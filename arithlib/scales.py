@@ -33,8 +33,8 @@ JUDGED_HALF_WIDTH = 0.05
 #: Yu's reference layer and the centre layer of each band (as "quick") instead of every
 #: layer, and precise SFT of the (scaled) top-32 heads only (Zhang's Table 1 setting), no
 #: MLP variants. "auto" picks it on a CPU for models above this many parameters, where the
-#: "cpu" scale's 30 LoRA trainings would take longer than the two hours issue 29 sets for a
-#: judged CPU run (Qwen2.5-Coder-1.5B: benchmarks/RESULTS.md).
+#: "cpu" scale's 30 LoRA trainings would take longer than two hours for a judged CPU run
+#: (Qwen2.5-Coder-1.5B: benchmarks/RESULTS.md).
 CPU_FULL_SCALE_MAX_PARAMS = 1_000_000_000
 
 
@@ -42,26 +42,27 @@ FINETUNE_SCALES: dict[str, dict] = {
     "paper": dict(n_train=18_000, n_val=1_000, n_test=2_000, layers="all", lr_search="per_layer", lora_epochs=4,
                   lora_batch=16, cna_cases=None, n_candidates=200, word_train=300, word_test=132,
                   sft_lrs=(ZHANG_SFT["lr"],), sft_batch=128, sft_epochs=2, sft_warmup=0.02, sft_weight_decay=0.1,
-                  head_counts=ZHANG_HEAD_COUNTS, mlp_counts=ZHANG_MLP_COUNTS, prose_chunks=32),
+                  head_counts=ZHANG_HEAD_COUNTS, mlp_counts=ZHANG_MLP_COUNTS, prose_chunks=32, sft_train_seeds=3),
     "cpu": dict(n_train=512, n_val=192, n_test=385, layers="all", lr_search="reference", lora_epochs=1,
                 lora_batch=16, cna_cases=24, n_candidates=100, word_train=48, word_test=48,
                 sft_lrs=SFT_LR_GRID, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
-                head_counts=ZHANG_HEAD_COUNTS, mlp_counts=(1, 3), prose_chunks=4),
+                head_counts=ZHANG_HEAD_COUNTS, mlp_counts=(1, 3), prose_chunks=4, sft_train_seeds=3),
     "quick": dict(n_train=48, n_val=0, n_test=48, layers="bands", lr_search="none", lora_epochs=1,
                   lora_batch=16, cna_cases=6, n_candidates=50, word_train=16, word_test=24,
                   sft_lrs=(1e-4,), sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
-                  head_counts=(32,), mlp_counts=(), prose_chunks=2),
+                  head_counts=(32,), mlp_counts=(), prose_chunks=2, sft_train_seeds=2),
 }
 
 
 # the cpu scale on fewer layers and SFT settings: what "auto" picks on a CPU above
-# CPU_FULL_SCALE_MAX_PARAMS (issue 29 allows a smaller stated scale for the 1.5B model)
-FINETUNE_SCALES["cpu-bands"] = dict(FINETUNE_SCALES["cpu"], layers="bands", head_counts=(32,), mlp_counts=())
+# CPU_FULL_SCALE_MAX_PARAMS (a smaller stated scale for the 1.5B model)
+FINETUNE_SCALES["cpu-bands"] = dict(FINETUNE_SCALES["cpu"], layers="bands", head_counts=(32,), mlp_counts=(),
+                                    sft_train_seeds=1)
 
 
 def resolve_scale(scale: str, device: str, quick: bool, auto_cpu: str = "cpu", n_params: int | None = None) -> str:
     """The scale a run uses: "quick" when ``quick``; for "auto", "paper" on a GPU and
-    ``auto_cpu`` on a CPU ("cpu", the judged CPU scale; runs before issue 29 resolved it
+    ``auto_cpu`` on a CPU ("cpu", the judged CPU scale; older runs resolved it
     to "quick", which the report passes for their tables), "cpu-bands" instead of "cpu"
     for a model of more than :data:`CPU_FULL_SCALE_MAX_PARAMS` parameters (``n_params``);
     else ``scale`` as given."""

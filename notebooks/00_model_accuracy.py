@@ -18,6 +18,13 @@
 #
 # **Results** (qwen2.5-coder-0.5b, the committed run): [this notebook executed, with its outputs](../figures/qwen2.5-coder-0.5b/notebooks/00_model_accuracy.ipynb) · [its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-00)
 #
+# **Running it.** Run as it is (Run All), this notebook takes about 13 minutes on qwen2.5-coder-0.5b
+# (a 2-core CPU: `figures/qwen2.5-coder-0.5b/timings.csv`) and writes to
+# `outputs/scratch/figures/<model>/` (first made as a copy of the committed `figures/<model>/`,
+# whose tables later notebooks read), never to the committed `figures/`. For a short run on
+# the small toy model, set `model = "toy-arith"` and `quick = True` in the parameters cell.
+# Only `./run_all.sh` writes the committed figures.
+#
 # **Question.** Before looking inside a model we need to know what it can do: which of the
 # three papers' prompt formats it answers, for which operators and operand sizes, and
 # whether it needs a few-shot prefix. The prompts it answers correctly form the
@@ -55,11 +62,11 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16" (issue 32)
+dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
 device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
-out_dir = "../figures"
+out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
 fewshot = 2              # solved examples in the prefix of every analysis prompt
 n_per_template = 10      # prompts per template and operator (Yu, Zhang, word problems): 40-80 per table cell
 

@@ -18,6 +18,13 @@
 #
 # **Results** (qwen2.5-coder-0.5b, the committed run): [this notebook executed, with its outputs](../figures/qwen2.5-coder-0.5b/notebooks/01_identify_heads.ipynb) · [its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-01)
 #
+# **Running it.** Run as it is (Run All), this notebook takes about 2.3 hours on qwen2.5-coder-0.5b
+# (a 2-core CPU: `figures/qwen2.5-coder-0.5b/timings.csv`) and writes to
+# `outputs/scratch/figures/<model>/` (first made as a copy of the committed `figures/<model>/`,
+# whose tables later notebooks read), never to the committed `figures/`. For a short run on
+# the small toy model, set `model = "toy-arith"` and `quick = True` in the parameters cell.
+# Only `./run_all.sh` writes the committed figures.
+#
 # **Question.** Zhang et al. (2024) find that fewer than 5 % of the attention heads of
 # LLaMA2-7B carry the arithmetic: they attend to the operands and the operator at the
 # answer position, knocking them out breaks arithmetic in many formats, and later MLPs
@@ -63,11 +70,11 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16" (issue 32)
+dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
 device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
-out_dir = "../figures"
+out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
 fewshot = 2                  # solved examples in the prefix of every analysis prompt
 batch_size = 16              # prompts per fast-path batch
 max_rows = 1024              # variants x prompts per fast-path chunk
@@ -180,17 +187,17 @@ print(info)
 # $s_h = (\mathrm{logit}_C(\text{h patched from } X_c,\ \text{other heads frozen at } X_r) - \mathrm{logit}_C(X_r)) / \mathrm{logit}_C(X_r)$
 # at END, averaged over prompts; key heads: $\bar s_h < -5\%$.
 #
-# **X_c (changed, issue 28).** Zhang Sec. 3: X_c keeps the sentence structure and carries
+# **X_c.** Zhang Sec. 3: X_c keeps the sentence structure and carries
 # *no calculation logic*. The operator word/symbol is replaced in the query and in the
-# prefix, as before; the prefix lines used to keep their true results (`3 @ 4 = 7`), and
+# prefix; a prefix whose lines kept their true results (`3 @ 4 = 7`) would let its
 # two solved examples teach the model what the nonsense operator means. The prefix lines
-# of X_c now show answers that follow no operation: a seeded draw (once per operator and
+# of X_c therefore show answers that follow no operation: a seeded draw (once per operator and
 # template) among the numbers with as many digits as the true result that are none of
 # a + b, a − b, b − a, a · b, a / b, b / a, a^b, b^a, a, b (`datasets.no_operation_answers`).
 # The construction follows from the principle, not from the rate below. **Measured:**
 # `01_xc_answer_rate.csv` gives, per operator, how often the model's top-1 token after X_c
-# is C's first token (`answer_rate`, exact binomial 95 % interval), for the new prefix and
-# for the old one, against the reference a model without the operation gives: how often
+# is C's first token (`answer_rate`, exact binomial 95 % interval), for this prefix and
+# for one with the true results, against the reference a model without the operation gives: how often
 # it is the first token of a decoy answer C', the answer of another prompt of the same
 # operator with a different first token (`decoy_rate`).
 
@@ -210,7 +217,7 @@ with timed("1 path patching"):
     has_zhang = len(xr) > 0
     xr_cache = engine.RunCache()  # clean runs of X_r, reused by the knockout
     if has_zhang:
-        # how much calculation X_c still carries: the new prefix vs the old one (true answers), same X_r
+        # how much calculation X_c still carries: this prefix vs one with the true answers, same X_r
         key_of = lambda r: (r.op, r.template_id, r.a, r.b)  # noqa: E731
         old_cf = {key_of(r): r.counterfactual for r in
                   ds.zhang_prompts(ops, (1, 9), zhang_per_template, seed, fewshot, xc_prefix="true-answers")}
@@ -250,7 +257,7 @@ else:
 # %% [markdown]
 # ## 2 · Knockout: effect order vs random order (Zhang Fig. 3, Table 4)
 # Zhang Sec. 4.1 knocks heads out by mean ablation, replacing a head's output by its mean
-# over X_c. **The judged knockout (changed, issue 28).** One k for the verdict and the
+# over X_c. **The judged knockout.** One k for the verdict and the
 # transfer test, fixed from the paper: Table 4 knocks out the top-10 heads (−69 %, the
 # "around 70 %" of Sec. 1), so `knockout_k` = 10 heads of largest path-patching effect, against
 # the first 10 heads of each of `n_random_orders` seeded random orders (Zhang's random-rank).
@@ -308,7 +315,7 @@ if has_zhang:
 # %% [markdown]
 # ## 3 · Transfer: knock out the same heads on other formats (Zhang Fig. 4, App. D-E)
 # The `knockout_k` = 10 heads of largest path-patching effect (the k of section 2, Zhang
-# Table 4; before issue 28 the key heads, or these 10 when there were none) are mean-ablated
+# Table 4) are mean-ablated
 # on 2-digit addition and subtraction (Yu 2D + and -, "{A} + {B} =" and "{A} - {B} ="),
 # word problems (Zhang Fig. 10), exponentiation (App. D), decimals and dates
 # (`arithlib.transfer_sets`), `transfer_n` prompts per format. First-token accuracy over all
@@ -510,7 +517,7 @@ else:
 # the four positions are kept, heads are added in order of their median indirect effect,
 # everything else at the four positions is mean-ablated (means over the same prompts).
 #
-# **Checks (issue 28).** *Screen recall*: on `nikankin_recall_per_op` of the prompts per
+# **Checks.** *Screen recall*: on `nikankin_recall_per_op` of the prompts per
 # operator every head is also patched exactly at every position; `01_nikankin_screen_recall.csv`
 # gives, for each k, the share of the exact top-k (head, position) pairs that the
 # coarse-to-fine ranking also puts in its top k. *Stability*: the prompts are split at random

@@ -18,6 +18,13 @@
 #
 # **Results** (qwen2.5-coder-0.5b, the committed run): [this notebook executed, with its outputs](../figures/qwen2.5-coder-0.5b/notebooks/02_mlp_probing.ipynb) · [its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-02)
 #
+# **Running it.** Run as it is (Run All), this notebook takes about 7 minutes on qwen2.5-coder-0.5b
+# (a 2-core CPU: `figures/qwen2.5-coder-0.5b/timings.csv`) and writes to
+# `outputs/scratch/figures/<model>/` (first made as a copy of the committed `figures/<model>/`,
+# whose tables later notebooks read), never to the committed `figures/`. For a short run on
+# the small toy model, set `model = "toy-arith"` and `quick = True` in the parameters cell.
+# Only `./run_all.sh` writes the committed figures.
+#
 # **Question.** Zhang et al. (2024, Sec. 5.2 "Key MLPs behavior", Fig. 6, 13, 14) find
 # that at the last position of an arithmetic prompt the MLP *inputs* pick up the
 # operands A and B in the layers where the key attention heads sit, and that later
@@ -77,11 +84,11 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16" (issue 32)
+dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
 device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
-out_dir = "../figures"
+out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
 fewshot = 2                 # solved examples in the prefix of every prompt (query's own template)
 n_per_template = 8          # Zhang prompts per template and operator (8 templates x 4 operators, 256 in all):
                             # the verdict's onset depth must be told apart at 13/32 and 17/32 (0.125 apart), so
@@ -246,7 +253,7 @@ else:
 # curve-point search (`probing.FIRST_CURVE_LAYER`, fixed in advance): the MLP of layer 0
 # reads the token embedding after one attention layer, and with tied embeddings its cosine
 # with a W_U column is the embedding's similarity with itself (on Qwen-0.5B the answer curve
-# jumps from −0.49 at layer 0 to −0.03 at layer 1, which alone used to decide the verdict).
+# jumps from −0.49 at layer 0 to −0.03 at layer 1, a jump that alone would decide the verdict).
 
 # %% [markdown]
 # ## 2 · Single cases: top numbers of MLP_out − MLP_in per layer (Zhang Fig. 6c)

@@ -18,6 +18,13 @@
 #
 # **Results** (qwen2.5-coder-0.5b, the committed run): [this notebook executed, with its outputs](../figures/qwen2.5-coder-0.5b/notebooks/03_neuron_heuristics.ipynb) · [its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-03)
 #
+# **Running it.** Run as it is (Run All), this notebook takes about 25 minutes on qwen2.5-coder-0.5b
+# (a 2-core CPU: `figures/qwen2.5-coder-0.5b/timings.csv`) and writes to
+# `outputs/scratch/figures/<model>/` (first made as a copy of the committed `figures/<model>/`,
+# whose tables later notebooks read), never to the committed `figures/`. For a short run on
+# the small toy model, set `model = "toy-arith"` and `quick = True` in the parameters cell.
+# Only `./run_all.sh` writes the committed figures.
+#
 # **Question** (Nikankin et al. 2025, ICLR, "Arithmetic without algorithms"). At the answer
 # position, the middle and late MLPs produce the result. Is that done by a sparse set of
 # neurons (about 1 % of each layer), and does each of those neurons implement a simple
@@ -70,20 +77,20 @@
 #    the control per layer from that layer's other circuit neurons (`arithlib.prompt_knockout`).
 #    *Training dynamics* (Sec. 5) on saved checkpoints.
 #
-# **Changed for issue 28.** Faithfulness was judged on late-MLP neurons alone and on the
-# prompts the circuit was chosen on; neurons were labelled with their best rule only;
-# sample sizes were not derived from the intervals. Now: the full circuit above, scored on
-# held-out prompts; `labels = "all"`; held-out sizes from `heldout_half_width`; every number
-# the report judges comes with a 95 % interval from the per-prompt tables saved here.
+# **What is judged.** Faithfulness of the full circuit above (not of late-MLP neurons
+# alone), scored on held-out prompts (not on the prompts the circuit was chosen on);
+# neurons labelled with every rule they match (`labels = "all"`, not only their best one);
+# held-out sizes derived from the intervals (`heldout_half_width`); every number the
+# report judges comes with a 95 % interval from the per-prompt tables saved here.
 
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16" (issue 32)
+dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
 device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
-out_dir = "../figures"
+out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
 fewshot = 2                  # solved examples in the prefix of every prompt
 threads = 0                  # torch CPU threads (0: torch's default, one per core); see the note below
 n_analysis = 50              # correct prompts analysed per operator (the paper: about 50 per operator and seed): selection
@@ -123,6 +130,7 @@ import arithlib.datasets as ds
 import arithlib.engine as engine
 import arithlib.faithfulness_checks as FC
 import arithlib.heuristic_grids as HG
+import arithlib.heuristic_dynamics as HD
 import arithlib.heuristic_nulls as HN
 import arithlib.heuristics as H
 import arithlib.prompt_knockout as PK
@@ -599,9 +607,11 @@ ci_summary
 # At each saved checkpoint: first-token accuracy on the grids; the circuit re-discovered
 # at that checkpoint with the same k per layer (attribution on `dynamics_n_analysis` sampled
 # grid prompts per operator, correct or not, since early checkpoints answer few); its
-# pooled faithfulness on those prompts; the share of its neurons matching a heuristic
-# (with the shuffled chance level); and the share of the final checkpoint's matched rules
-# already matched. The toy model's checkpoints are used for `toy-arith`; for a hub model
+# pooled faithfulness on those prompts; the share of its neurons labelled with a heuristic
+# that passes t and beats the shuffled-operand null at `label_fdr`, as in section 2 (with
+# the same procedure on shuffled activations as its null; the share passing t alone is
+# kept in the table); and the share of the final checkpoint's labelled rules already
+# labelled. The toy model's checkpoints are used for `toy-arith`; for a hub model
 # with step revisions (Pythia) pass `dynamics_steps`.
 
 # %%
@@ -618,10 +628,11 @@ if model == "toy-arith" or dynamics_steps:
     if quick:
         steps = sorted({steps[0], steps[len(steps) // 2], steps[-1]})
     dyn_grids = {op: grids[op] for op in analyses}
-    dyn = H.training_dynamics(lambda s: load_model(model, device=device, dtype=dtype, checkpoint=s).bridge, steps, dyn_grids, layers,
-                              k_circuit, dynamics_n_analysis, t, candidates, seed, max_base_rate=max_base_rate,
-                              labels=labels)
-    overlap = H.heuristic_overlap(dyn)
+    dyn = HD.training_dynamics(lambda s: load_model(model, device=device, dtype=dtype, checkpoint=s).bridge, steps,
+                               dyn_grids, layers, k_circuit, dynamics_n_analysis, t, candidates, seed,
+                               max_base_rate=max_base_rate, labels=labels, label_fdr=label_fdr,
+                               n_permutations=n_permutations)
+    overlap = HD.heuristic_overlap(dyn)
     save_table(dyn, run.out, "03_training_dynamics")
     save_table(overlap, run.out, "03_training_overlap")
     save_figure(plots.dynamics_plot(dyn, overlap, f"{model}: heuristics over training (k = {k_circuit} per layer)"),

@@ -18,6 +18,13 @@
 #
 # **Results** (qwen2.5-coder-0.5b, the committed run): [this notebook executed, with its outputs](../figures/qwen2.5-coder-0.5b/notebooks/04_cna.ipynb) · [its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-04)
 #
+# **Running it.** Run as it is (Run All), this notebook takes about 1.3 hours on qwen2.5-coder-0.5b
+# (a 2-core CPU: `figures/qwen2.5-coder-0.5b/timings.csv`) and writes to
+# `outputs/scratch/figures/<model>/` (first made as a copy of the committed `figures/<model>/`,
+# whose tables later notebooks read), never to the committed `figures/`. For a short run on
+# the small toy model, set `model = "toy-arith"` and `quick = True` in the parameters cell.
+# Only `./run_all.sh` writes the committed figures.
+#
 # **Question.** Yu & Ananiadou (2024, Sec. 3) find that zeroing a single attention head
 # (17^22 of Llama-7B) cuts 1-digit addition and subtraction accuracy by 46-62 % (relative
 # decrease, Table 2; another head, 14^19, cuts 1-digit division by 55 %). Why does one
@@ -109,11 +116,11 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16" (issue 32)
+dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
 device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
-out_dir = "../figures"
+out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
 fewshot = 2              # solved examples in the prefix (the query's own template)
 mode = "auto"            # importance: "exact", "two_stage", or "auto" (exact on a GPU or a small model)
 n_candidates = 200       # two-stage: exact importance for this many neurons per case (2 x the largest K)

@@ -18,6 +18,13 @@
 #
 # **Results** (qwen2.5-coder-0.5b, the committed run): [this notebook executed, with its outputs](../figures/qwen2.5-coder-0.5b/notebooks/05_lora_mechanism.ipynb) · [its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-05)
 #
+# **Running it.** Run as it is (Run All), this notebook takes about 2.4 hours on qwen2.5-coder-0.5b
+# (a 2-core CPU: `figures/qwen2.5-coder-0.5b/timings.csv`) and writes to
+# `outputs/scratch/figures/<model>/` (first made as a copy of the committed `figures/<model>/`,
+# whose tables later notebooks read), never to the committed `figures/`. For a short run on
+# the small toy model, set `model = "toy-arith"` and `quick = True` in the parameters cell.
+# Only `./run_all.sh` writes the committed figures.
+#
 # **Question.** Yu & Ananiadou (2024, Sec. 5) fine-tune one LoRA model per attention
 # layer on 2-digit arithmetic with negative results ("13-71=-58") and find that every
 # LoRA model beats the original, shallow layers most (Fig. 2); comparing each LoRA model
@@ -73,11 +80,11 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16" (issue 32)
+dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
 device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
-out_dir = "../figures"
+out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
 fewshot = 2               # solved examples in the prefix of every prompt (train and test)
 scale = "auto"            # "paper" (Yu's sizes, for a GPU), "cpu" (every layer, judged sizes), "cpu-bands" (4-5 layers), "quick" (smoke test); auto: paper on cuda, else cpu (cpu-bands above 1 B parameters)
 ops = ["+", "-", "*", "/"]  # operators of the 2-digit data set (Yu's Table 14 has all four)
@@ -156,7 +163,7 @@ display(pd.DataFrame([{k: str(v) for k, v in S.items()}]).T.rename(columns={0: "
 # `scales.CPU_FULL_SCALE_MAX_PARAMS`): the same data, lr search and test split on fewer
 # layers: layer 0, Yu's reference layer and the centre layer of each band. One LoRA training
 # sentence of Qwen2.5-Coder-1.5B takes 0.73 s on 2 cores, so the `cpu` scale's 30 trainings
-# would take about 3 hours of training alone, beyond the two hours issue 29 allows a judged CPU
+# would take about 3 hours of training alone, beyond a two-hour budget for a judged CPU
 # run; the share of layers that beat the original is then a share of these layers.
 #
 # `scale="quick"` (`quick=True`): layer 0 and one layer per band, 48 training sentences, a few

@@ -18,6 +18,13 @@
 #
 # **Results** (qwen2.5-coder-0.5b, the committed run): [this notebook executed, with its outputs](../figures/qwen2.5-coder-0.5b/notebooks/06_pruning.ipynb) · [its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-06)
 #
+# **Running it.** Run as it is (Run All), this notebook takes about 20 minutes on qwen2.5-coder-0.5b
+# (a 2-core CPU: `figures/qwen2.5-coder-0.5b/timings.csv`) and writes to
+# `outputs/scratch/figures/<model>/` (first made as a copy of the committed `figures/<model>/`,
+# whose tables later notebooks read), never to the committed `figures/`. For a short run on
+# the small toy model, set `model = "toy-arith"` and `quick = True` in the parameters cell.
+# Only `./run_all.sh` writes the committed figures.
+#
 # **Question.** Yu & Ananiadou (2024, Sec. 6.1, Table 11) find (Sec. 4) that the information
 # for the final prediction is concentrated in a few deep FFN neurons, and that LoRA works by
 # amplifying them (Sec. 5). If so, a model whose deep FFN layers keep only the neurons CNA
@@ -62,11 +69,11 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16" (issue 32)
+dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
 device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
-out_dir = "../figures"
+out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
 main_share = 0.05                      # share of the deep FFN neurons kept in Table 11 (Yu: "only 5 %")
 shares = [0.01, 0.02, 0.05, 0.1, 0.2]  # the sweep over the share kept
 mode = "auto"                          # CNA importance: "exact", "two_stage", or "auto" (exact on a GPU or a small model)
@@ -122,7 +129,7 @@ for key, mine in (("quick", quick), ("seed", seed)):
     if p05.get(key) != mine:
         print(f"note: notebook 05 ran with {key}={p05.get(key)!r}, this run has {key}={mine!r}: its data differ, so the "
               "reference LoRA model is trained again here rather than read from the cache")
-# the scale notebook 05 ran at (recorded since issue 29; before, "auto" meant "quick" on a CPU)
+# the scale notebook 05 ran at (a params file without scale_resolved: "auto" meant "quick" on a CPU)
 scale05 = p05.get("scale_resolved") or scales.resolve_scale(p05.get("scale", "auto"), run.model.device, quick,
                                                         auto_cpu="quick")
 S05 = scales.scale_settings(scale05, run.model.device, quick, info.n_layers)

@@ -18,6 +18,13 @@
 #
 # **Results** (qwen2.5-coder-0.5b, the committed run): [this notebook executed, with its outputs](../figures/qwen2.5-coder-0.5b/notebooks/07_gender_bias_editing.ipynb) · [its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-07)
 #
+# **Running it.** Run as it is (Run All), this notebook takes about 14 minutes on qwen2.5-coder-0.5b
+# (a 2-core CPU: `figures/qwen2.5-coder-0.5b/timings.csv`) and writes to
+# `outputs/scratch/figures/<model>/` (first made as a copy of the committed `figures/<model>/`,
+# whose tables later notebooks read), never to the committed `figures/`. For a short run on
+# the small toy model, set `model = "toy-arith"` and `quick = True` in the parameters cell.
+# Only `./run_all.sh` writes the committed figures.
+#
 # **Question.** Yu & Ananiadou (2024, Sec. 6.2 and App. D) use Comparative Neuron
 # Analysis to find FFN neurons that make a model prefer some professions after
 # "woman" and others after "man", zero 18 of them and report that the bias falls by
@@ -100,11 +107,11 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16" (issue 32)
+dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
 device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
-out_dir = "../figures"
+out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
 fewshot = 2              # solved examples in the prefix of the arithmetic side-effect prompts
 top_k = 100              # App. D: top-100 next-token predictions per prompt and gender
 cna_prompt = 0           # App. D: CNA on the first Table-22 prompt

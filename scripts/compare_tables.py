@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Compare the CSV tables of two figures folders (issue 31's check that a refactor changes
+"""Compare the CSV tables of two figures folders (the check that a refactor changes
 no result): every ``*.csv`` in either folder is reported as identical (byte for byte),
 equal up to float rounding (same columns and rows, text cells equal, numbers within
 ``--rtol``/``--atol``), different, or missing on one side. Timing tables

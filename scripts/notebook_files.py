@@ -2,16 +2,19 @@
 ``parameters`` cell), the executed copy published beside the figures, and the check
 that the notebooks in ``notebooks/`` carry no outputs.
 
-Published copies (``figures/<model>/notebooks/NN_name.ipynb`` and ``.html``) are meant to
-be read on a code host, so :func:`strip_for_publishing` drops what only a live kernel
-can show or what repeats a figure:
+Published copies (``figures/<model>/notebooks/NN_name.ipynb``, committed, and ``.html``,
+not committed) are meant to be read on a code host, so :func:`strip_for_publishing` drops
+what only a live kernel can show or what repeats a figure:
 
 * widget state (``metadata.widgets``) and widget views (the notebooks' progress bars,
   whose saved text is the bar's first frame, "0/10");
 * PDF, SVG and HTML copies of an output that also has a PNG.
 
 and the first cell's "**Results**" line, which in ``notebooks/`` links the default
-model's executed copy, links the report section of the copy's own run instead.
+model's executed copy, links the report section of the copy's own run instead. Then
+:func:`executed_copies.finish_copy` (its docstring states the rules) makes the copy open
+with the commit it ran at, rewrites the machine's paths, drops noise warnings and replaces
+each embedded PNG that is committed beside the copy by a link to that file.
 
 Each notebook of ``notebooks/`` is authored as a percent-format script ``NN_name.py``
 paired with ``NN_name.ipynb`` by jupytext (``formats: ipynb,py:percent`` in the notebook's
@@ -19,7 +22,8 @@ metadata): edit either, in JupyterLab with jupytext or in an editor, then
 ``jupytext --sync notebooks/NN_name.ipynb`` writes the other. :func:`pair_drift` names
 the cells where the two differ.
 
-Usage: ``notebook_files.py publish EXECUTED.ipynb DEST_DIR`` (writes both files) or
+Usage: ``notebook_files.py publish EXECUTED.ipynb DEST_DIR`` (writes both files; after the
+run's tables are in ``DEST_DIR/..``, whose ``NN_name_params.json`` gives the commit) or
 ``notebook_files.py check notebooks/NN_*.ipynb`` (exit 1 naming notebooks with outputs, or
 whose ``.py`` pair is missing or holds other cells).
 """
@@ -36,6 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's arithlib
 from arithlib.atomic import write_text  # noqa: E402  (the standard library only)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from executed_copies import FIGURES_FROM_NOTEBOOKS, finish_copy  # noqa: E402
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -401,15 +408,19 @@ def to_html(nb: dict) -> str:
     return body
 
 
-def publish(executed: str | Path, dest_dir: str | Path, html: bool = True) -> list[Path]:
+def publish(executed: str | Path, dest_dir: str | Path, html: bool = True, figures: str = FIGURES_FROM_NOTEBOOKS,
+            commit: str | None = None) -> list[Path]:
     """Write the stripped copy of ``executed`` to ``dest_dir/<its name>.ipynb`` and, with
-    ``html``, its rendering to ``.html``; return the paths written."""
+    ``html``, its rendering to ``.html``; return the paths written. ``figures``: the
+    figures root as seen from ``notebooks/`` (what the run's staging ``out_dir`` is
+    recorded as); ``commit``: the commit it ran at (default: its run's params JSON in
+    ``dest_dir/..``). See :func:`executed_copies.finish_copy`."""
     executed, dest_dir = Path(executed), Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     import nbformat
 
-    nb = strip_for_publishing(_read(executed), executed.stem)
     ipynb = dest_dir / f"{executed.stem}.ipynb"
+    nb = finish_copy(strip_for_publishing(_read(executed), executed.stem), ipynb, commit=commit, figures=figures)
     write_text(ipynb, nbformat.writes(nbformat.from_dict(nb)) + "\n")
     written = [ipynb]
     if html:

@@ -325,7 +325,8 @@ class Runner:
         cmd = [sys.executable, str(SCRIPTS / "peak_memory.py"), str(self.out / f"{name}.peak_mib.tmp"),
                sys.executable, "-m", "papermill", str(source), str(self.out / f"{name}.ipynb"),
                "--cwd", str(nb.path.parent), "-k", "python3", "-p", "model", a.model, "-p", "device", a.device,
-               "-p", "quick", a.quick, "-p", "seed", str(a.seed), "-p", "out_dir", str(staged.parent)]
+               "-p", "quick", a.quick, "-p", "seed", str(a.seed),
+               "-p", "out_dir", os.path.relpath(staged.parent, nb.path.parent)]  # relative: no machine path recorded
         placement = placement_parameters(a.dtype, a.device_map_value)
         if nb.params or placement:  # YAML keeps their types (papermill's -p would make a list a string)
             cmd += ["-y", yaml_parameters({**placement, **nb.params})]
@@ -364,7 +365,8 @@ class Runner:
         (``FIG/<model>/notebooks/``), in the background; a failure is reported, not fatal."""
         def work() -> None:
             try:
-                publish(self.out / f"{name}.ipynb", self.fig / "notebooks")
+                publish(self.out / f"{name}.ipynb", self.fig / "notebooks",
+                        figures=os.path.relpath(self.args.figures, self.args.notebooks))
             except Exception as err:  # the tables are written: say what is missing, go on
                 print(f"run_all.sh: could not write {name}'s executed copy to {self.fig / 'notebooks'} "
                       f"({type(err).__name__}: {err}); rerun scripts/notebook_files.py publish "

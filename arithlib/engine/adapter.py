@@ -213,7 +213,7 @@ def fix_bridge_cache(bridge) -> int:
 
 
 
-# --------------------------------------------------------------------------- devices (issue 32)
+# --------------------------------------------------------------------------- devices
 #
 # A model split across devices by accelerate (``load_model(..., device_map=...)``) runs
 # each decoder block on its own device; accelerate's hooks move a block's *inputs*

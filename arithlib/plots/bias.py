@@ -10,6 +10,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from . import font_safe
+
 GENDER_COLORS = {"woman": "#c44e52", "man": "#4c72b0"}
 KIND_COLORS = {"original": "#7f7f7f", "cna": "#dd8452", "random": "#55a868"}
 
@@ -109,7 +111,7 @@ def profession_shift(before: pd.DataFrame, after: pd.DataFrame, title: str) -> p
     ax.barh(y - 0.2, frame.original, 0.4, color=KIND_COLORS["original"], label="original")
     ax.barh(y + 0.2, frame.edited, 0.4, color=KIND_COLORS["cna"], label="CNA edit")
     ax.set_yticks(y)
-    ax.set_yticklabels([f"{t} ({g[0].upper()})" for t, g in zip(frame.token, frame.bias_gender)], fontsize=7)
+    ax.set_yticklabels([font_safe(f"{t} ({g[0].upper()})") for t, g in zip(frame.token, frame.bias_gender)], fontsize=7)
     ax.axvline(0, color="black", lw=0.5)
     ax.set_xlabel("log p(w | its gender) - log p(w | other gender), mean over prompts (nats)")
     ax.set_title(title)
@@ -183,7 +185,8 @@ def edit_set(table: pd.DataFrame, title: str, n_tokens: int = 4) -> plt.Figure:
     else:
         y = np.arange(len(table))[::-1]
         ax.barh(y, table.mean_change, color=KIND_COLORS["cna"])
-        labels = [f"{r.name}: " + ", ".join(str(r.top_tokens).split(", ")[:n_tokens])[:40] for r in table.itertuples()]
+        labels = [font_safe(f"{r.name}: " + ", ".join(str(r.top_tokens).split(", ")[:n_tokens])[:40])
+                  for r in table.itertuples()]  # tokens outside the font as \uXXXX, not empty boxes
         ax.set_yticks(y)
         ax.set_yticklabels(labels, fontsize=7)
     ax.set_xlabel("mean CNA change imp(own gender) - imp(other gender) (nats)")

@@ -5,15 +5,13 @@ axes; the notebook saves them with :func:`arithlib.outputs.save_figure`."""
 from __future__ import annotations
 
 import textwrap
-import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-# token labels include scripts DejaVu Sans lacks (CJK): they render as boxes; do not warn for each glyph
-warnings.filterwarnings("ignore", message=r"Glyph .* missing from font")
+from . import font_safe
 
 COLORS = {"a": "#1f77b4", "b": "#d62728", "mask": "#d62728", "keep": "#2ca02c", "random mask": "#7f7f7f",
           "hidden-interpretable": "#9467bd", "random": "#7f7f7f"}
@@ -24,11 +22,17 @@ def _short(tokens: str, n: int = 4, width: int = 28) -> str:
     return textwrap.shorten(", ".join(parts), width=width, placeholder="…")
 
 
+def _label(tokens: str, n: int = 4, width: int = 28) -> str:
+    """:func:`_short` for a figure: tokens in scripts the font lacks (CJK) escaped
+    (:func:`arithlib.plots.font_safe`), not drawn as empty boxes."""
+    return font_safe(_short(tokens, n, width))
+
+
 def case_neurons(frame: pd.DataFrame, title: str, label_a: str = "original", label_b: str = "head zeroed") -> plt.Figure:
     """Table 4 as bars: importance and coefficient of a case's top CNA neurons in both runs."""
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(frame) + 4), 4.2))
     x = np.arange(len(frame))
-    labels = [f"{r['name']}\n{_short(r.get('top_tokens', ''), 3, 22)}" for _, r in frame.iterrows()]
+    labels = [f"{r['name']}\n{_label(r.get('top_tokens', ''), 3, 22)}" for _, r in frame.iterrows()]
     for ax, (col, ylabel) in zip(axes, [("imp", "importance Δ log p(w) (nats)"), ("coef", "coefficient m_k (activation)")]):
         ax.bar(x - 0.2, frame[f"{col}_a"], 0.4, label=label_a, color=COLORS["a"])
         ax.bar(x + 0.2, frame[f"{col}_b"], 0.4, label=label_b, color=COLORS["b"])
@@ -178,8 +182,8 @@ def logic_chain(case_text: str, answer: str, shallow: pd.DataFrame, head: tuple[
     sh = shallow.head(4).reset_index(drop=True)
     ys_sh = np.linspace(0.78, 0.2, max(1, len(sh)))
     for y, (_, r) in zip(ys_sh, sh.iterrows()):
-        box(0.5, y, f"{r['name']} @ operand {r['operand']}\nbefore: {_short(r['tokens_before'])}", "#e8e8e8")
-        box(1.5, y, f"after OV L{ov_layer}:\n{_short(r['tokens_after_attention'])}", "#d9ecf7")
+        box(0.5, y, f"{r['name']} @ operand {r['operand']}\nbefore: {_label(r['tokens_before'])}", "#e8e8e8")
+        box(1.5, y, f"after OV L{ov_layer}:\n{_label(r['tokens_after_attention'])}", "#d9ecf7")
         arrow((0.95, y), (1.05, y))
         arrow((1.95, y), (2.2, 0.5), color="#555555", lw=0.6)
     box(2.5, 0.5, f"head L{head[0]}.H{head[1]}\nzeroing it: accuracy -{head_drop:.0f} pts (1D)", "#fde0c5", w=0.6, h=0.16)
@@ -189,7 +193,7 @@ def logic_chain(case_text: str, answer: str, shallow: pd.DataFrame, head: tuple[
     for y, (_, r) in zip(ys_dp, dp.iterrows()):
         ypos[r["name"]] = y
         box(3.45, y, f"{r['name']}: imp {r['imp_a']:.2f}→{r['imp_b']:.2f}, coef {r['coef_a']:.2f}→{r['coef_b']:.2f}\n"
-                     f"{_short(r.get('top_tokens', ''), 5, 40)}", "#d8f0d2", w=0.95)
+                     f"{_label(r.get('top_tokens', ''), 5, 40)}", "#d8f0d2", w=0.95)
         arrow((2.8, 0.5), (2.97, y), color="#d62728", lw=0.8)
     if len(edges):
         for _, e in edges[edges["edge"]].iterrows():

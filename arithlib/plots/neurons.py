@@ -195,10 +195,14 @@ def correct_incorrect_plot(frame: pd.DataFrame, title: str = ""):
 
 
 def dynamics_plot(dyn: pd.DataFrame, overlap: pd.DataFrame | None = None, title: str = ""):
-    """Sec. 5 / Fig. 10: accuracy, share of circuit neurons matching a heuristic (with the
-    shuffled-activation chance level), share labelled with a result rule, faithfulness and
-    the share of the final model's heuristics present, over training steps, per operator."""
-    panels = [("accuracy", "grid accuracy (%)", 100), ("matched_share", "circuit neurons\nmatching a heuristic (%)", 100),
+    """Sec. 5 / Fig. 10: accuracy, share of circuit neurons labelled with a heuristic that
+    beats the shuffled-operand null (dotted: the same procedure on shuffled activations;
+    tables without the test show the share passing t alone), share labelled with a result
+    rule, faithfulness and the share of the final model's heuristics present, over training
+    steps, per operator."""
+    share = ("labelled_share", "circuit neurons labelled\n(t and null, FDR) (%)") if "labelled_share" in dyn \
+        else ("matched_share", "circuit neurons\nmatching a heuristic at t (%)")
+    panels = [("accuracy", "grid accuracy (%)", 100), (share[0], share[1], 100),
               ("result_label_share", "circuit neurons whose best\nrule is a result rule (%)", 100),
               ("faithfulness", "faithfulness of the circuit", 1)]
     if overlap is not None:
@@ -210,8 +214,8 @@ def dynamics_plot(dyn: pd.DataFrame, overlap: pd.DataFrame | None = None, title:
     for ax, (col, label, scale) in zip(axes, panels):
         for op, sub in dyn.assign(x=x).groupby("op"):
             line, = ax.plot(sub.x, sub[col] * scale, marker="o", label=op)
-            if col == "matched_share":
-                ax.plot(sub.x, sub.matched_share_null * scale, ls=":", color=line.get_color())
+            if col == share[0]:
+                ax.plot(sub.x, sub[col + "_null"] * scale, ls=":", color=line.get_color())
         ax.set_xscale("log")
         ax.set_xlabel("training step (log; step 0 shown at 1)")
         ax.set_ylabel(label)

@@ -144,9 +144,15 @@ def n_params(info: dict) -> float:
 
 
 def _heuristic_share(t: Tables, _metrics: dict[str, dict]) -> dict[str, float]:
+    """Share of circuit neurons with a label that passes t and beats the shuffled-operand null
+    (Nikankin Sec. 4.1 with the null of :mod:`arithlib.heuristic_nulls`), against the same
+    procedure on shuffled activations; NaN for a run older than the test (its share at t alone
+    is no label)."""
     ms = t.csv("03_matched_share")
-    return {"circuit neurons matching a heuristic": float(ms["matched_share"].mean()),
-            "shuffled-activation null": float(ms["matched_share_null"].mean())}
+    if "labelled_share" not in ms:
+        return {"labelled (t and null)": float("nan"), "labelled, shuffled activations": float("nan")}
+    return {"labelled (t and null)": float(ms["labelled_share"].mean()),
+            "labelled, shuffled activations": float(ms["labelled_share_null"].mean())}
 
 
 def _metric(finding_id: str, **series: str) -> Callable[[Tables, dict[str, dict]], dict[str, float]]:
@@ -183,8 +189,9 @@ CROSS_METRICS: tuple[tuple[str, str, Callable[[Tables, dict[str, dict]], dict[st
 CROSS_CURVES: dict[str, tuple[str, str | None, str | None, str, str]] = {
     "LoRA in one attention layer (Yu Fig. 2)": ("05_lora_accuracy_by_layer", None, None, "accuracy",
                                                 "test accuracy"),
-    "cos(MLP_out - MLP_in, W_U[C]) (Zhang Fig. 6b)": ("02_mlp_cosines", "measure", "delta_C", "mean",
-                                                       "mean cosine"),
+    "cos(MLP write, W_U[C]) (Zhang Fig. 6b)": ("02_mlp_cosines", "measure", "write_C", "mean", "mean cosine"),
+    "cos(MLP_out - ln2(MLP_in), W_U[C]), literal reading": ("02_mlp_cosines", "measure", "delta_C", "mean",
+                                                             "mean cosine"),
     "Logit lens: answer probability (Zhang Sec. 5.2)": ("02_logit_lens", None, None, "mean_prob", "mean p(answer)"),
 }
 

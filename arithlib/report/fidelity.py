@@ -177,7 +177,7 @@ def _ft_scale(P: Params, nb: str = "05") -> dict:
     05's (which 06 reuses) or 08's."""
     from ..scales import FINETUNE_SCALES, resolve_scale
 
-    p = _nb(P, nb)  # the scale the run recorded (since issue 29); before, "auto" was "quick" on a CPU
+    p = _nb(P, nb)  # the scale the run recorded; in older runs "auto" was "quick" on a CPU
     name = p.get("scale_resolved") or resolve_scale(str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")),
                                                     auto_cpu="quick")
     return dict(FINETUNE_SCALES[name], scale=name)
@@ -219,7 +219,7 @@ _YU_KEY_HEAD = ("key head of each operator group from notebook 01's exact every-
 
 
 def _yu_key_head(P) -> str:
-    """:data:`_YU_KEY_HEAD` for a notebook-04 run of issue 29's method (it records
+    """:data:`_YU_KEY_HEAD` for a notebook-04 run of the current method (it records
     ``n_random_seeds``); a KeyError (shown as 'not recorded') for an older run."""
     _nb(P, "04")["n_random_seeds"]
     return _YU_KEY_HEAD

@@ -274,11 +274,9 @@ def report_html(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -
             parts.append("<p>Not run for this model.</p>")
             continue
         executed = _executed_notebook(tables, nb)
-        if executed is not None:  # and its HTML rendering, where run_all.sh wrote one (not committed)
-            links = [e(p.relative_to(tables.dir).as_posix(), quote=True)
-                     for p in (executed, executed.with_suffix(".html")) if p.is_file()]
-            parts.append("<p>Executed notebook, with its outputs: "
-                         + " · ".join(f'<a href="{rel}">{rel}</a>' for rel in links) + "</p>")
+        if executed is not None:  # not its HTML rendering: not committed, a link to it would break in a clone
+            rel = e(executed.relative_to(tables.dir).as_posix(), quote=True)
+            parts.append(f'<p>Executed notebook, with its outputs: <a href="{rel}">{rel}</a></p>')
         if len(sub):
             parts.append("<ul>" + "".join(f"<li>{e(r.id)}: <b>{e(r.verdict)}</b> — {e(r.ours)}</li>"
                                           for r in sub.itertuples()) + "</ul>")

@@ -157,7 +157,7 @@ def _correct_matrix(rows: pd.DataFrame) -> np.ndarray | None:
     return np.stack(cols, axis=1)
 
 
-#: Notebook 04 tables from before issue 29 (key head from notebook 01's exact sweep, keep =
+#: Notebook 04 tables of the older method (key head from notebook 01's exact sweep, keep =
 #: the layers CNA scored, shallow sets through every reading attention layer with the
 #: number/operation concept list, random controls over seeds) are not judged.
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from .. import papers
 from ..papers import HALF, KEY_HEAD_THRESHOLD, KNOCKOUT_K, NOISE_GAP, ZHANG_PRECISE_MARGIN
-from ..stats import INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, bootstrap_ci, interval_verdict
+from ..stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, bootstrap_ci, crossed_bootstrap_ci,
+                     interval_verdict)
 from .rules import (RERUN_PER_PROMPT, Outcome, _above_zero, _ci_text, _correct_matrix, _grade, _judged, _paper_depth,
                     _pct, _possible)
 from .tables import NotRun, Tables
@@ -23,7 +25,7 @@ def _pooled(t: Tables, kind: str) -> tuple[np.ndarray, np.ndarray, list[tuple[in
     operator [N] for stratified bootstraps, the components [(layer, head)], head -1 for MLPs)."""
     p01 = t.params().get("01")
     if p01 is not None and "knockout_k" not in p01:
-        raise NotRun("01_path_patching_per_prompt.csv predates issue 28: its X_c prefix kept the true answers, so "
+        raise NotRun("01_path_patching_per_prompt.csv comes from an older run: its X_c prefix kept the true answers, so "
                      "the counterfactual still carried the calculation: rerun notebook 01")
     pp = t.csv("01_path_patching_per_prompt")
     rows = pp[pp["kind"] == kind]
@@ -498,22 +500,41 @@ def _zhang_precise_sft(t: Tables) -> Outcome:
             ci = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), own.astype(float))
             gain = f" (precise SFT's own arithmetic gain: {_pct(ci.estimate)}{_ci_text(ci.scaled(100))}, {ci.n} test prompts)"
         raise NotRun(f"notebook 08 ran no full SFT (not enough memory): nothing to compare precise SFT with{gain}")
-    rows = roles.loc[["original", "precise", "full"]]
-    arith = _correct_matrix(rows.rename(columns={"arithmetic_2d_by_prompt": "correct_by_prompt"}))
-    facts = _correct_matrix(rows.rename(columns={"facts_by_prompt": "correct_by_prompt"}))
-    if arith is None or facts is None:
-        raise NotRun(RERUN_PER_PROMPT.format(nb="08", table="08_sft_comparison"))
-    a = arith.astype(float)
-    f = facts.astype(float)
-    gain_p = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), a)
-    gain_f = bootstrap_ci(lambda x: float(x[:, 2].mean() - x[:, 0].mean()), a)
+    seed_of = tab["train_seed"] if "train_seed" in tab else pd.Series(0, index=tab.index)
+    seeds = [x for x in dict.fromkeys(seed_of[tab.role == "precise"]) if ((tab.role == "full") & (seed_of == x)).any()]
+    if not seeds:
+        raise NotRun("08_sft_comparison has no training seed with both a precise-SFT and a full-SFT row")
+    per_seed = []  # [prompts, (original, precise, full)] per training seed, arithmetic and facts
+    for x in seeds:
+        rows = pd.concat([tab[tab.role == "original"].iloc[:1], tab[(tab.role == "precise") & (seed_of == x)].iloc[:1],
+                          tab[(tab.role == "full") & (seed_of == x)].iloc[:1]]).set_index("role")
+        arith = _correct_matrix(rows.rename(columns={"arithmetic_2d_by_prompt": "correct_by_prompt"}))
+        facts = _correct_matrix(rows.rename(columns={"facts_by_prompt": "correct_by_prompt"}))
+        if arith is None or facts is None:
+            raise NotRun(RERUN_PER_PROMPT.format(nb="08", table="08_sft_comparison"))
+        per_seed.append((arith.astype(float), facts.astype(float)))
+    rows = pd.concat([tab[tab.role == "original"].iloc[:1], tab[(tab.role == "precise") & (seed_of == seeds[0])].iloc[:1],
+                      tab[(tab.role == "full") & (seed_of == seeds[0])].iloc[:1]]).set_index("role")
+    a = np.stack([x[0] for x in per_seed], axis=-1)  # [prompts, arm, seed]
+    f = np.stack([x[1] for x in per_seed], axis=-1)
+
+    def arm_gap(i: int, j: int) -> Callable[[np.ndarray], float]:
+        return lambda x: float(x[:, i].mean() - x[:, j].mean())
+
+    def interval(stat: Callable[[np.ndarray], float], x: np.ndarray) -> Interval:
+        """Over the prompts, and over the training seeds when there are several (crossed)."""
+        return bootstrap_ci(stat, x[..., 0]) if x.shape[-1] == 1 else crossed_bootstrap_ci(stat, replicates=x)
+
+    gain_p, gain_f = interval(arm_gap(1, 0), a), interval(arm_gap(2, 0), a)
     if gain_f.high < 0:  # Zhang's full SFT is a working reference (Table 1: +2.8 to +23.2 points)
         raise NotRun(f"full SFT did not train: its arithmetic accuracy changed by {_pct(gain_f.estimate)}"
                      f"{_ci_text(gain_f.scaled(100))}, so it cannot stand in for Zhang's full-SFT reference "
                      f"(precise SFT's own gain: {_pct(gain_p.estimate)}{_ci_text(gain_p.scaled(100))}); rerun "
                      "notebook 08 with a full-SFT setting that trains")
-    diff = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2].mean()), a)
-    kept = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 2].mean()), f)  # precise minus full, facts
+    diff = interval(arm_gap(1, 2), a)
+    kept = interval(arm_gap(1, 2), f)  # precise minus full, facts
+    seeds_text = (f", {len(seeds)} training seeds per arm (interval over prompts and seeds)" if len(seeds) > 1 else
+                  ", one training seed per arm (the interval excludes training variance)")
     m = ZHANG_PRECISE_MARGIN
     precise = str(rows.loc["precise", "method"]) if "method" in rows else "precise SFT"
     lm = (f"; LM loss change precise {float(rows.loc['precise', 'lm_loss'] - rows.loc['original', 'lm_loss']):+.3f}, "
@@ -521,11 +542,11 @@ def _zhang_precise_sft(t: Tables) -> Outcome:
           if "lm_loss" in rows else "")
     text = (f"{precise}: arithmetic gain {_pct(gain_p.estimate)}{_ci_text(gain_p.scaled(100))}, full SFT "
             f"{_pct(gain_f.estimate)}{_ci_text(gain_f.scaled(100))}, precise minus full {_pct(diff.estimate)}"
-            f"{_ci_text(diff.scaled(100))} ({diff.n} test prompts); factual recall precise minus full "
+            f"{_ci_text(diff.scaled(100))} ({diff.n} test prompts{seeds_text}); factual recall precise minus full "
             f"{_pct(kept.estimate)}{_ci_text(kept.scaled(100))} ({kept.n} facts){lm}")
     metrics = {"precise SFT arithmetic gain": gain_p.estimate, "full SFT arithmetic gain": gain_f.estimate,
                "precise minus full arithmetic accuracy": diff.estimate,
-               "precise minus full factual recall": kept.estimate}
+               "precise minus full factual recall": kept.estimate, "training seeds per arm": float(len(seeds))}
     verdict = _judged(lambda up, close, general: _grade(up and close and general, up and (close or general)),
                       _above_zero(gain_p), _possible(diff, -m), _possible(kept, -m))
     return Outcome(text, verdict, metrics, diff, thresholds=(-m,))

@@ -1113,6 +1113,31 @@ def test_cross_model_curves_on_normalised_depth(tmp_path: Path):
     assert (curves["layer"] >= 0).all()
 
 
+def test_cross_model_heuristic_share_reads_labels_that_beat_the_null(tmp_path: Path):
+    """The cross-model heuristic panel compares the labelled share (t and the null) with the
+    null's, not the share passing t alone; a run without the test gives NaN, not its t share."""
+    from arithlib.report import cross_model
+    d = tmp_path / "m"
+    _csv(d, "03_matched_share", [{"op": "+", "matched_share": 0.96, "matched_share_null": 0.36,
+                                  "labelled_share": 0.40, "labelled_share_null": 0.02}])
+    got = cross_model._heuristic_share(R.Tables(d), {})
+    assert got == {"labelled (t and null)": pytest.approx(0.40), "labelled, shuffled activations": pytest.approx(0.02)}
+    _csv(d, "03_matched_share", [{"op": "+", "matched_share": 0.96, "matched_share_null": 0.36}])
+    assert all(np.isnan(v) for v in cross_model._heuristic_share(R.Tables(d), {}).values())
+
+
+def test_cross_model_mlp_curve_is_the_mlps_write(tmp_path: Path):
+    """The cross-model MLP curve draws what the verdict reads, cos(MLP write, W_U[C])
+    (``write_C``); the literal MLP_out - ln2(MLP_in) (``delta_C``) is a separate, named curve."""
+    d = tmp_path / "m"
+    _params(d, "02", n_layers=2)
+    _csv(d, "02_mlp_cosines", [{"measure": m, "layer": l, "mean": v + l}
+                               for m, v in (("write_C", 0.1), ("delta_C", -0.5)) for l in range(2)])
+    curves = R.cross_model_curves([d]).set_index(["curve", "layer"])["value"]
+    assert curves[("cos(MLP write, W_U[C]) (Zhang Fig. 6b)", 0)] == pytest.approx(0.1)
+    assert curves[("cos(MLP_out - ln2(MLP_in), W_U[C]), literal reading", 1)] == pytest.approx(0.5)
+
+
 @pytest.mark.parametrize("values, trend", [
     ([0.1, 0.2, 0.4], "rises with size"),
     ([0.4, 0.2, 0.1], "falls with size"),
@@ -1303,6 +1328,28 @@ def test_precise_sft_rule(tmp_path: Path, orig, precise, full, facts, verdict):
     out = _outcome("zhang_precise_sft", tmp_path)
     assert out.verdict == verdict and out.interval.n == 400
     assert out.interval.estimate == pytest.approx(out.metrics["precise minus full arithmetic accuracy"])
+
+
+def test_precise_sft_rule_resamples_training_seeds(tmp_path: Path):
+    """With the judged pair trained on several seeds, the estimate averages the seeds and the
+    interval resamples them (crossed with the prompts), so seed-to-seed spread widens it; with
+    one seed the text says the interval excludes training variance."""
+    _sft_table(tmp_path / "one", 0.5, 0.8, 0.8)
+    one = _outcome("zhang_precise_sft", tmp_path / "one")
+    assert "excludes training variance" in one.ours and one.metrics["training seeds per arm"] == 1
+    n, n_facts = 400, 55
+    rows = [{"method": "original", "role": "original", "train_seed": 0, "arithmetic_2d": 0.5, "factual_recall": 0.8,
+             "lm_loss": 3.5, "arithmetic_2d_by_prompt": _bits(200, n), "facts_by_prompt": _bits(44, n_facts)}]
+    for seed, precise in ((0, 0.8), (1, 0.6), (2, 0.95)):
+        for role, acc in (("precise", precise), ("full", 0.8)):
+            rows.append({"method": f"{role} {seed}", "role": role, "train_seed": seed, "arithmetic_2d": acc,
+                         "factual_recall": 0.8, "lm_loss": 3.5, "arithmetic_2d_by_prompt": _bits(round(acc * n), n),
+                         "facts_by_prompt": _bits(44, n_facts)})
+    _csv(tmp_path / "three", "08_sft_comparison", rows)
+    three = _outcome("zhang_precise_sft", tmp_path / "three")
+    assert three.metrics["training seeds per arm"] == 3 and "3 training seeds per arm" in three.ours
+    assert three.interval.estimate == pytest.approx((0.0 - 0.2 + 0.15) / 3)
+    assert three.interval.high - three.interval.low > one.interval.high - one.interval.low + 0.1
 
 
 def test_precise_sft_rule_needs_per_prompt_columns_and_full_sft(tmp_path: Path):

@@ -253,6 +253,9 @@ def test_runs_with_changed_settings_go_to_the_scratch_folder(tmp_path, monkeypat
     assert "widgets" not in copy["metadata"]
     assert not [o for c in copy["cells"] for o in c.get("outputs", []) if nf.WIDGET_VIEW in o.get("data", {})]
     assert copy["metadata"]["papermill"]["parameters"]["n"] == 3
+    # recorded as the figures root it went to, relative to notebooks/; no path of this machine
+    assert copy["metadata"]["papermill"]["parameters"]["out_dir"] == "../outputs/scratch/figures"
+    assert str(tmp_path) not in json.dumps(copy) and copy["cells"][0]["metadata"]["tags"] == ["provenance"]
 
 
 # --------------------------------------------------------------------------- executed copies

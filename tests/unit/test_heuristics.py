@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+import arithlib.heuristic_dynamics as HD
 import arithlib.heuristics as H
 import arithlib.neurons as N
 import arithlib.prompt_knockout as PK
@@ -185,12 +186,20 @@ def test_training_dynamics_on_tiny_models(tiny):
     layers = [1]
     grids = {"+": PromptSet.build(H.grid_records("+", (0, 4), fewshot=2), tok)}
     models = {0: load_model(str(random_model_dir("llama", seed=1))).bridge, 10: tiny.bridge}
-    dyn = H.training_dynamics(lambda s: models[s], [0, 10], grids, layers, k_per_layer=4, n_analysis=10, progress=False)
+    dyn = HD.training_dynamics(lambda s: models[s], [0, 10], grids, layers, k_per_layer=4, n_analysis=10,
+                               progress=False, n_permutations=50)
     assert list(dyn.step) == [0, 10] and set(dyn.columns) >= {"accuracy", "faithfulness", "matched_share",
-                                                               "matched_share_null", "heuristic_set"}
-    overlap = H.heuristic_overlap(dyn)
+                                                               "matched_share_null", "labelled_share",
+                                                               "labelled_share_null", "heuristic_set"}
+    overlap = HD.heuristic_overlap(dyn)
     final = overlap[overlap.step == 10].final_heuristics_present
     assert final.isna().all() or (final == 1.0).all()
+    # a label must beat the null: at a false-discovery rate no p-value can reach, nothing is
+    # labelled and no heuristic is counted, whatever passes t alone
+    strict = HD.training_dynamics(lambda s: models[s], [10], grids, layers, k_per_layer=4, n_analysis=10,
+                                  progress=False, n_permutations=50, label_fdr=1e-6)
+    assert (strict.labelled_share == 0).all() and (strict.heuristic_set == "").all()
+    assert (strict.n_heuristics_matched == 0).all()
 
 
 def test_sample_indices():
