@@ -74,7 +74,7 @@ def model_lines() -> list[str]:
     lines = []
     for name in models.known_models():
         packaged = models.PACKAGED_MODELS.get(name)
-        what = packaged.description if packaged else "the small arithmetic model trained by arithlib.toy on first use"
+        what = packaged.description if packaged else "the small arithmetic model of arithlib.toy (its weights ship in data/toy/)"
         lines.append(f"  {name:<20} {what}{' (default)' if name == DEFAULT_MODEL else ''}")
     return lines
 
