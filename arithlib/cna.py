@@ -74,6 +74,7 @@ from .components import Head, Hook, Neuron
 from .datasets import PromptRecord, PromptSet
 from .engine import input_device
 from .neurons import w_out
+from .outputs import find_table, read_table
 from .papers import DEEP_FROM_FRACTION, YU_GROUPS
 from .cna_norm import check_norm_reading, run_scales
 from .readout import FinalNorm, final_norm, top_tokens, unembedding
@@ -122,11 +123,11 @@ def _read_sweep(sweep: str | Path | pd.DataFrame) -> pd.DataFrame:
     if isinstance(sweep, pd.DataFrame):
         frame = sweep.copy()
     else:
-        path = Path(sweep)
-        if not path.exists():
-            raise FileNotFoundError(f"{path} not found: notebook 04 needs notebook 01's head sweep. Run "
+        path = find_table(sweep)  # .csv or .csv.gz
+        if path is None:
+            raise FileNotFoundError(f"{sweep} not found: notebook 04 needs notebook 01's head sweep. Run "
                                     "notebooks/01 (Yu head sweep) with the same model and out_dir first.")
-        frame = pd.read_csv(path)
+        frame = read_table(path)
     missing = {"op", "n_digits", "layer", "head", "accuracy", "baseline_accuracy", "accuracy_drop",
                "logit_drop"} - set(frame.columns)
     if missing:

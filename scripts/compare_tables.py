@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Compare the CSV tables of two figures folders (the check that a refactor changes
-no result): every ``*.csv`` in either folder is reported as identical (byte for byte),
+no result): every table in either folder (``*.csv``, or ``*.csv.gz`` for a row-level one: a
+table stored plainly on one side and compressed on the other is compared by its contents,
+:func:`arithlib.outputs.read_table`) is reported as identical (byte for byte, uncompressed),
 equal up to float rounding (same columns and rows, text cells equal, numbers within
 ``--rtol``/``--atol``), different, or missing on one side. Timing tables
 (``*timings*.csv``) and columns that hold run-time measurements (``--skip-columns``) are
@@ -12,22 +14,32 @@ left out. Exit status: the number of tables that differ or are missing.
 from __future__ import annotations
 
 import argparse
+import gzip
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's arithlib
+from arithlib.outputs import find_table, read_table, table_name  # noqa: E402
+
 #: Columns that measure the run, not the result (seconds, rates, memory).
 RUN_COLUMNS = ("seconds", "wall_s", "reused_s", "samples_per_second", "train_seconds", "forward_min_s",
                "forward_s", "speedup", "peak_rss_mib", "start_s", "end_s", "this_run", "threads")
 
 
+def _text(path: Path) -> bytes:
+    """A table file's bytes, uncompressed."""
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.name.endswith(".gz") else data
+
+
 def compare(a: Path, b: Path, rtol: float, atol: float, skip: set[str]) -> str:
     """"identical", "rounding" or a one-line description of the first difference."""
-    if a.read_bytes() == b.read_bytes():
+    if _text(a) == _text(b):
         return "identical"
-    fa, fb = pd.read_csv(a), pd.read_csv(b)
+    fa, fb = read_table(a), read_table(b)
     fa, fb = fa.drop(columns=[c for c in fa if c in skip]), fb.drop(columns=[c for c in fb if c in skip])
     if list(fa.columns) != list(fb.columns):
         return f"columns differ: {sorted(set(fa.columns) ^ set(fb.columns))}"
@@ -55,13 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--atol", type=float, default=1e-8)
     ap.add_argument("--skip-columns", nargs="*", default=list(RUN_COLUMNS))
     args = ap.parse_args(argv)
-    names = sorted({p.name for d in (args.a, args.b) for p in d.glob("*.csv") if "timings" not in p.name})
+    names = sorted({table_name(p) for d in (args.a, args.b) for pattern in ("*.csv", "*.csv.gz") for p in d.glob(pattern)
+                    if "timings" not in p.name})
     counts: dict[str, int] = {}
     bad = 0
-    for name in names:
-        pa, pb = args.a / name, args.b / name
-        if not (pa.exists() and pb.exists()):
-            verdict = f"missing in {args.b if pa.exists() else args.a}"
+    for table in names:
+        pa, pb = find_table(args.a, table), find_table(args.b, table)
+        name = (pa or pb).name
+        if not (pa and pb):
+            verdict = f"missing in {args.b if pa else args.a}"
         else:
             verdict = compare(pa, pb, args.rtol, args.atol, set(args.skip_columns))
         kind = verdict if verdict in ("identical", "rounding") else "different"

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import ast
 import copy
+import difflib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -80,39 +82,124 @@ def notebook_parameters(path: str | Path) -> dict[str, str]:
     return {}
 
 
+_INT = re.compile(r"[+-]?\d+")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_LITERAL_ERRORS = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
+
+
 def parse_value(text: str):
-    """A ``-p NAME VALUE`` value as the notebook gets it: a Python literal (``3``, ``0.5``,
-    ``True``, ``None``, ``[1, 2]``, ``"a b"``) when it parses as one, ``true`` / ``false``
-    in any case as a boolean, else the text itself (``-p scale cpu`` gives the string "cpu")."""
-    if text.strip().lower() in ("true", "false"):
-        return text.strip().lower() == "true"
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return text
+    """A ``-p NAME VALUE`` value for a parameter whose default is text or None: a whole
+    number (``3``) or a number (``-0.1``, ``1e-3``) as such, ``true`` / ``false`` in any case
+    as a boolean, ``None`` / ``none`` as None, a list, tuple or dict written as a Python
+    literal (``[1, 2]``; read by ``ast.literal_eval``, never run) as such, a quoted text
+    (``'a b'``, ``"-1"``) as the text inside the quotes, else the text as typed (``-p scale
+    cpu`` gives "cpu")."""
+    t = text.strip()
+    if t.lower() in ("true", "false"):
+        return t.lower() == "true"
+    if t in ("None", "none"):
+        return None
+    if _INT.fullmatch(t):
+        return int(t)
+    if _NUMBER.fullmatch(t):
+        return float(t)
+    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
+        return t[1:-1]
+    if t[:1] in "[({":
+        try:
+            return ast.literal_eval(t)
+        except _LITERAL_ERRORS:
+            pass
+    return text
+
+
+def _kind(like) -> str:
+    """What a value typed as ``like`` (a parameter's default, or an item of one) takes."""
+    if isinstance(like, bool):
+        return "true or false"
+    if isinstance(like, int):
+        return "a whole number"
+    if isinstance(like, float):
+        return "a number"
+    if isinstance(like, (list, tuple)):
+        return "a list"
+    if isinstance(like, dict):
+        return "a dict"
+    return "text" if isinstance(like, str) else "any value"
+
+
+def _conform(value, like, where: str = ""):
+    """``value`` (a parsed literal) as the type of ``like``: the same type (an integer for a
+    float, as a float; a list for a tuple, as a tuple), list items each like the default's
+    items (a default of mixed items, like ["+", 4, 3], item by item). ValueError naming the
+    first item that is not."""
+    if like is None or isinstance(like, str) and isinstance(value, str):
+        return value
+    ok = {bool: lambda v: isinstance(v, bool),
+          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda v: isinstance(v, str),
+          dict: lambda v: isinstance(v, dict)}
+    if isinstance(like, (list, tuple)):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where or 'the value'} is not a list")
+        kinds = {type(x) for x in like}
+        if kinds <= {int, float} and float in kinds:
+            kinds = {float}
+        if len(kinds) == 1 or not like:  # items of one kind: each like the first
+            out = [_conform(v, float(like[0]) if kinds == {float} else like[0], f"item {i}")
+                   for i, v in enumerate(value)] if like else list(value)
+        else:  # a record such as ["+", 4, 3]: the same length, item by item
+            if len(value) != len(like):
+                raise ValueError(f"{where or 'the value'} has {len(value)} items, not {len(like)}")
+            out = [_conform(v, x, f"item {i}") for i, (v, x) in enumerate(zip(value, like))]
+        return tuple(out) if isinstance(like, tuple) else out
+    check = next((f for t, f in ok.items() if type(like) is t), None)
+    if check is None:
+        return value
+    if not check(value):
+        raise ValueError(f"{where or 'the value'} is {value!r}, not {_kind(like)}")
+    return float(value) if isinstance(like, float) else value
 
 
 def typed_value(name: str, text: str, default: str):
     """``-p name text`` typed as the notebook's default ``default`` (its source) is: a
     boolean default takes only true or false (any case), an integer one a whole number,
-    a float one any number (as a float); other defaults (text, None, lists) take
-    :func:`parse_value`'s reading. ValueError with a one-line message otherwise."""
+    a float one any number (as a float), a list or tuple (dict) one a Python literal of
+    that kind whose items are each of the type of the default's items (read with
+    ``ast.literal_eval``, never run); a text or None default takes :func:`parse_value`'s
+    reading, a text default that reads as a number (``"-1"``) the text as typed. ValueError
+    with a one-line message otherwise."""
     try:
         like = ast.literal_eval(default)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    except _LITERAL_ERRORS:
         return parse_value(text)
-    value = parse_value(text)
+    t = text.strip()
+    if isinstance(like, str) and not isinstance(parse_value(like), str):
+        return text  # a text default that reads as a number ("-1"): text, as typed
+    if like is None or isinstance(like, str):
+        return parse_value(text)
     if isinstance(like, bool):
-        if not isinstance(value, bool):
+        if t.lower() not in ("true", "false"):
             raise ValueError(f"-p {name} takes true or false (default {default}), not {text!r}")
-    elif isinstance(like, int):
-        if isinstance(value, bool) or not isinstance(value, int):
+        return t.lower() == "true"
+    if isinstance(like, int):
+        if not _INT.fullmatch(t):
             raise ValueError(f"-p {name} takes a whole number (default {default}), not {text!r}")
-    elif isinstance(like, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return int(t)
+    if isinstance(like, float):
+        if not _NUMBER.fullmatch(t):
             raise ValueError(f"-p {name} takes a number (default {default}), not {text!r}")
-        value = float(value)
-    return value
+        return float(t)
+    try:
+        value = ast.literal_eval(t)
+    except _LITERAL_ERRORS:
+        value = text
+    try:
+        return _conform(value, like)
+    except ValueError as err:
+        raise ValueError(f"-p {name} takes {_kind(like)} like its default {default}, written as a Python "
+                         f"literal ({err}), not {text!r}") from None
 
 
 def _quick_blocks(source: str) -> list[tuple[int, int, dict[str, str]]]:
@@ -175,20 +262,24 @@ def params_by_notebook(params: dict[str, str], paths: list[Path]) -> dict[str, d
     ``parameters`` cell declares, each typed as the notebook's default
     (:func:`notebook_files.typed_value`: a boolean takes only true or false). A name
     run_all.sh sets itself, one that none of ``paths`` declares, or a value of the wrong
-    type is an error (the first two list the names they do declare; papermill would only
-    warn and inject it anyway)."""
+    type is an error, in one line (an unknown name: the closest valid one, and the valid
+    names of a single notebook; papermill would only warn and inject it anyway)."""
     for name in params:
         if name in RUN_PARAMETERS:
             raise SystemExit(f"run_all.sh: -p {name}: set it with {RUN_PARAMETERS[name]}, not -p")
     declared = {p.stem: notebook_parameters(p) for p in paths}
     unknown = [n for n in params if not any(n in d for d in declared.values())]
-    if unknown:
-        lines = [f"  {nb}: {', '.join(n for n in d if n not in RUN_PARAMETERS) or '(none)'}"
-                 for nb, d in declared.items()]
+    if unknown:  # one line: the names of one notebook, else where to find them
+        valid = sorted({n for d in declared.values() for n in d if n not in RUN_PARAMETERS})
+        near = difflib.get_close_matches(unknown[0], valid, n=1)
+        if len(declared) == 1:
+            (nb, d), = declared.items()
+            names = f"valid names for {nb}: {', '.join(n for n in d if n not in RUN_PARAMETERS) or '(none)'}"
+        else:
+            names = "--list-params lists each notebook's parameters and defaults"
         raise SystemExit(f"run_all.sh: unknown parameter{'s' if len(unknown) > 1 else ''} "
                          f"{', '.join(unknown)} for notebook{'s' if len(paths) > 1 else ''} "
-                         f"{', '.join(declared)}. Valid names (each notebook's parameters cell):\n"
-                         + "\n".join(lines))
+                         f"{', '.join(declared)}{f' (did you mean {near[0]}?)' if near else ''}; {names}")
     try:
         return {nb: {n: typed_value(n, v, d[n]) for n, v in params.items() if n in d} for nb, d in declared.items()}
     except ValueError as err:

@@ -1,4 +1,6 @@
-"""Execute the numbered notebooks with papermill, several at once, for run_all.sh.
+"""Execute the numbered notebooks with papermill, several at once, for run_all.sh
+(``python -m arithlib run``: arithlib/cli.py checks the options and calls :func:`check`
+and :func:`run`; ``main`` below is this script's own argparse front end).
 
     run_notebooks.py --model M --device D [--dtype T] [--device-map MAP]
                      [--quick Q] [--seed S] [--param NAME VALUE ...]
@@ -14,10 +16,12 @@ notebooks 03 and 07 take 248 s one after the other with two threads each and 202
 side by side with one thread each). ``--jobs 1`` runs them one after the other.
 
 Determinism: every notebook runs with the same number of torch threads (``--threads``,
-default: the cores divided by ``--jobs``), whatever runs beside it, and that number is
+default: the cores divided by ``--jobs``, or every core when one notebook runs at a time:
+``--jobs 1`` or a single notebook selected), whatever runs beside it, and that number is
 part of the notebook's cache key, since the rounding of float sums depends on it. So
-the same command on the same machine gives the same tables, and ``--only 03`` gives the
-tables that notebook gets in the full run.
+the same command on the same machine gives the same tables, and ``--only 03`` with the
+full run's ``--threads`` (1 on two cores) gives the tables that notebook gets in the
+full run.
 
 Order: a notebook starts once the notebooks whose tables it reads (``run_key.upstream``)
 have finished; among those ready, the one heading the longest remaining chain of
@@ -40,7 +44,8 @@ running finish, and the script exits 1 naming the failed notebook and its log.
 Parameters: ``--param NAME VALUE`` (run_all.sh's ``-p``) sets a variable of the notebooks'
 ``parameters`` cells, only in the notebooks that declare it, typed as its default there
 (a boolean takes only true or false, in any case); a name that no selected notebook
-declares is an error listing the names they do (papermill would only warn). ``--quick``
+declares is an error naming the closest one (papermill would only warn); a list's
+items are each checked against the default's (``notebook_files.typed_value``). ``--quick``
 says which values it sets in each notebook and never replaces a ``-p`` value: the
 notebook runs with that value restated after its ``if quick:`` block.
 
@@ -594,7 +599,17 @@ def default_jobs(device: str, cores: int) -> int:
     return 2 if device == "cpu" and cores >= 2 else 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def default_threads(jobs: int, cores: int, n_notebooks: int) -> int:
+    """Torch threads per notebook when ``--threads`` is not given: every core when one
+    notebook runs at a time (``--jobs 1``, or a single notebook selected), else the cores
+    divided by ``jobs``."""
+    if min(jobs, n_notebooks) <= 1:
+        return max(1, cores)
+    return max(1, cores // jobs)
+
+
+def parser() -> argparse.ArgumentParser:
+    """This script's own arguments (``arithlib.cli`` builds the same namespace itself)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None,
                     help="keys, logs, raw executed notebooks (default: outputs/<model>, or outputs/scratch/<model>)")
@@ -608,19 +623,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", default="False")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--param", "-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                    help="set a notebook parameter (a Python literal, else a string); repeatable")
+                    help="set a notebook parameter, typed as its default there; repeatable")
     ap.add_argument("--only", default="")
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--jobs", type=int, default=None, help="notebooks at once (default: 2 on a CPU, 1 on a GPU)")
     ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads per notebook (default: cores // jobs; 0: torch's default)")
+                    help="torch threads per notebook (default: every core for one notebook at a time, else "
+                         "cores // jobs; 0: torch's default)")
     ap.add_argument("--notebooks", default=str(ROOT / "notebooks"))
     ap.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines")
     ap.add_argument("--print-figures", action="store_true",
                     help="check the options, print the figures root this run would use, and exit")
     ap.add_argument("--report", action="store_true",
                     help="after the notebooks, write the report (and the cross-model one), still holding the lock")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return run(args, check(args))
+
+
+@dataclass
+class Plan:
+    """What :func:`check` makes of a run's options."""
+
+    paths: list[Path]  # the selected notebooks
+    by_notebook: dict[str, dict[str, object]]  # each notebook's --param values, typed
+    changes: list[str]  # how the run differs from the committed configuration
+    explicit: bool  # --figures was given
+    figures: Path
+    out: Path
+
+
+def check(args: argparse.Namespace) -> Plan:
+    """Check every option before anything runs or is written, and fill in the defaults
+    of ``args`` (``jobs``, ``threads``, ``device_map_value``): SystemExit with a one-line
+    message for a bad value."""
     params = dict(args.param)
     args.dtype, args.device_map_value = check_placement(args.dtype, args.device_map)
     paths = select_notebooks(args.notebooks, args.only)
@@ -628,19 +667,26 @@ def main(argv: list[str] | None = None) -> int:
     changes = changed_settings(args.quick, args.seed, params)
     explicit = args.figures is not None
     figures, out = output_folders(ROOT, args.model, args.figures, args.out, changes)
-    if args.print_figures:
-        print(figures)
-        return 0
-    args.figures, args.out = str(figures), str(out)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if args.jobs is None:
         args.jobs = default_jobs(args.resolved_device or args.device, cores)
     if args.jobs < 1:
-        ap.error("--jobs must be at least 1")
+        raise SystemExit(f"run_all.sh: --jobs must be at least 1, not {args.jobs}")
     if args.threads is None:
-        args.threads = max(1, cores // args.jobs) if args.jobs > 1 else 0
+        args.threads = default_threads(args.jobs, cores, len(paths))
     if args.threads < 0:
-        ap.error("--threads must be 0 (torch's default) or more")
+        raise SystemExit(f"run_all.sh: --threads must be 0 (torch's default) or more, not {args.threads}")
+    return Plan(paths, by_notebook, changes, explicit, figures, out)
+
+
+def run(args: argparse.Namespace, plan: Plan) -> int:
+    """Run the notebooks of ``plan`` (:func:`check`'s) under the lock, then the report
+    (``--report``); the exit status."""
+    paths, by_notebook, changes, figures, out = plan.paths, plan.by_notebook, plan.changes, plan.figures, plan.out
+    if args.print_figures:
+        print(figures)
+        return 0
+    args.figures, args.out = str(figures), str(out)
     safe = args.model.replace("/", "__")
     try:
         locks = lock_all([out, figures / safe])
@@ -653,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
             if lock.took_over:
                 say(f"=== {lock.folder}: taking over the lock of a run that ended without releasing it "
                     f"(pid {lock.took_over.get('pid')}: {lock.took_over.get('command')})")
-        if changes and not explicit:
+        if changes and not plan.explicit:
             seeded = seed_scratch(figures / safe, ROOT / "figures" / safe)
             say(f"=== changed settings ({', '.join(changes)}): results go to {figures / safe}, not the committed "
                 f"figures/{safe}" + (" (started as a copy of it)" if seeded else "") + "; --figures DIR chooses the folder")

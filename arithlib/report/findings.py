@@ -29,7 +29,7 @@ FINDINGS: tuple[Finding, ...] = (
             "< 5 % of heads (LLaMA2-7B; key heads in layers 12-17 of 32)",
             f"{ZHANG_TXT}: Abstract; Sec. 1; Sec. 5.1 'Location of key heads'",
             "key-head share = share of heads whose mean path-patching effect over the prompts is below -5 %, its "
-            "95 % interval by a bootstrap over prompts (stratified by operator, 01_path_patching_per_prompt.csv); "
+            "95 % interval by a bootstrap over prompts (stratified by operator, 01_path_patching_per_prompt.csv.gz); "
             "reproduced if the interval lies in (0, 5 %]; partly if in (0, 10 %) and not within 5 %; not reproduced "
             "if above 10 % or if no resample has a key head; inconclusive if it straddles 0, 5 % or 10 %. Shown "
             "beside it, not judged: the share of the total |mean effect| carried by the top 5 % of heads, with its "
@@ -45,7 +45,7 @@ FINDINGS: tuple[Finding, ...] = (
             "position of the query (per-position means over X_c; the few-shot prefix, which the paper's prompts lack, "
             "is left intact); gap = effect-rank relative accuracy drop minus the mean "
             "random-rank drop (random sets of 10 heads), 95 % interval by a bootstrap over prompts stratified by "
-            "operator (01_knockout_per_prompt.csv); reproduced if the interval is >= 34 points (half of 70 - 2); "
+            "operator (01_knockout_per_prompt.csv.gz); reproduced if the interval is >= 34 points (half of 70 - 2); "
             "partly if within [5, 34); not reproduced if below 5; else inconclusive. Held out: notebook 01 ranks the "
             "heads by path patching on the same prompts it knocks them out on, so the prompts are split in two "
             "(seeded, stratified by operator); when the top 10 by mean path-patching effect on one half are the "
@@ -73,7 +73,7 @@ FINDINGS: tuple[Finding, ...] = (
             "is where its initial plateau turns into the climb (App. C, Fig. 14; Sec. 5.2 'starting from the 17th "
             "layer'): the start of the climb to the maximum by the rule of probing.curve_points, searched from "
             "layer 1 (layer 0's MLP reads the raw embedding; rule fixed in advance); 95 % intervals by one "
-            "bootstrap over prompts (stratified by operator, 02_mlp_cosines_per_prompt.csv) for whether the mean "
+            "bootstrap over prompts (stratified by operator, 02_mlp_cosines_per_prompt.csv.gz) for whether the mean "
             "curve climbs at all and for depth = the climb's first layer / n_layers; not reproduced if the curve "
             "climbs in at most 2.5 % of the resamples; inconclusive if the bootstrap cannot settle whether it "
             "climbs; for a curve that climbs, reproduced if the depth's interval is >= 17/32, partly if within "
@@ -87,7 +87,7 @@ FINDINGS: tuple[Finding, ...] = (
             "over the formats the model answers, gap = mean of (relative accuracy drop after knocking out the top-10 "
             "heads by path-patching effect, the k of the knockout finding, minus the drop after knocking out as many "
             "random heads), 95 % interval by a bootstrap over prompts stratified by format "
-            "(01_transfer_per_prompt.csv); reproduced if the interval is >= 33 points (half of 66 %); partly if "
+            "(01_transfer_per_prompt.csv.gz); reproduced if the interval is >= 33 points (half of 66 %); partly if "
             "within [5, 33); not reproduced if below 5; else inconclusive. The heads are selected on notebook 01's "
             "Zhang prompts and scored on other formats; the text says how many of the 10 are key heads (none where "
             "no head crosses -5 %)",

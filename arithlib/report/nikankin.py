@@ -80,7 +80,7 @@ def _nikankin_faithfulness(t: Tables) -> Outcome:
     wide = fp.pivot_table(index=["op", "prompt"], columns="circuit", values="normalized_logit")
     missing = {"circuit", "full", "ablated"} - set(wide.columns)
     if missing:
-        raise NotRun(f"03_circuit_faithfulness_prompts.csv lacks the conditions {sorted(missing)}")
+        raise NotRun(f"03_circuit_faithfulness_prompts.csv.gz lacks the conditions {sorted(missing)}")
     dens = denominators(wide)
     out = dens[dens["excluded"]]
     excluded = "; ".join(f"{r.op} excluded: {r.reason}" for r in out.itertuples())

@@ -1,4 +1,4 @@
-"""Reading a figures folder: its CSV tables and params, and the verdict names."""
+"""Reading a figures folder: its tables (CSV, row-level ones gzipped) and params, and the verdict names."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..outputs import find_table, read_table, table_file
 from ..stats import INCONCLUSIVE, NOT_APPLICABLE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE
 
 NOT_RUN = "not run"
@@ -60,16 +61,16 @@ class Tables:
         self._params: dict[str, dict] | None = None
 
     def has(self, name: str) -> bool:
-        return (self.dir / f"{name}.csv").exists()
+        return find_table(self.dir, name) is not None
 
     def csv(self, name: str) -> pd.DataFrame:
-        """``<dir>/<name>.csv``; raises :class:`MissingTable` when absent."""
+        """Table ``name`` (``<dir>/<name>.csv`` or ``.csv.gz``: :func:`arithlib.outputs.read_table`);
+        raises :class:`MissingTable` when absent."""
         if name not in self._cache:
-            path = self.dir / f"{name}.csv"
-            if not path.exists():
-                raise MissingTable(f"{name}.csv missing")
+            if not self.has(name):
+                raise MissingTable(f"{table_file(name)} missing")
             try:
-                self._cache[name] = pd.read_csv(path, keep_default_na=True)
+                self._cache[name] = read_table(self.dir, name, keep_default_na=True)
             except pd.errors.EmptyDataError:
                 self._cache[name] = pd.DataFrame()
         return self._cache[name].copy()

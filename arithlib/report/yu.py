@@ -113,7 +113,7 @@ def _yu_head_premise(t: Tables, group: str) -> str:
 
 def _yu_single_head(t: Tables) -> Outcome:
     if not t.has("01_yu_head_sweep_rows"):
-        raise NotRun("01_yu_head_sweep_rows.csv missing: this run's sweep predates the exact every-position sweep "
+        raise NotRun("01_yu_head_sweep_rows.csv.gz missing: this run's sweep predates the exact every-position sweep "
                      "(rerun notebook 01)")
     sw = t.csv("01_yu_head_sweep")
     rows = t.csv("01_yu_head_sweep_rows")

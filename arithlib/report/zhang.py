@@ -21,19 +21,19 @@ from .tables import NotRun, Tables
 
 def _pooled(t: Tables, kind: str) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
     """Per-prompt path-patching effects of one ``kind`` ("head" / "mlp"), from
-    01_path_patching_per_prompt.csv: (effects [N prompts, C components], each prompt's
+    01_path_patching_per_prompt.csv.gz: (effects [N prompts, C components], each prompt's
     operator [N] for stratified bootstraps, the components [(layer, head)], head -1 for MLPs)."""
     p01 = t.params().get("01")
     if p01 is not None and "knockout_k" not in p01:
-        raise NotRun("01_path_patching_per_prompt.csv comes from an older run: its X_c prefix kept the true answers, so "
+        raise NotRun("01_path_patching_per_prompt.csv.gz comes from an older run: its X_c prefix kept the true answers, so "
                      "the counterfactual still carried the calculation: rerun notebook 01")
     pp = t.csv("01_path_patching_per_prompt")
     rows = pp[pp["kind"] == kind]
     if rows.empty:
-        raise NotRun(f"no per-prompt {kind} effects in 01_path_patching_per_prompt.csv (no correct Zhang prompts)")
+        raise NotRun(f"no per-prompt {kind} effects in 01_path_patching_per_prompt.csv.gz (no correct Zhang prompts)")
     wide = rows.pivot_table(index="prompt", columns=["layer", "head"], values="effect", aggfunc="first")
     if wide.isna().any().any():
-        raise ValueError(f"01_path_patching_per_prompt.csv: some {kind} effects missing (NaN)")
+        raise ValueError(f"01_path_patching_per_prompt.csv.gz: some {kind} effects missing (NaN)")
     ops = rows.groupby("prompt")["op"].first().loc[wide.index].astype(str).to_numpy()
     return wide.to_numpy(float), ops, [(int(l), int(h)) for l, h in wide.columns]
 
@@ -219,11 +219,11 @@ def _zhang_knockout(t: Tables) -> Outcome:
     ko = t.csv("01_knockout_per_prompt")
     ko = ko[ko["position"].astype(str) == "query"]
     if ko.empty:
-        raise NotRun("no knockout at every query position in 01_knockout_per_prompt.csv")
+        raise NotRun("no knockout at every query position in 01_knockout_per_prompt.csv.gz")
     wide = ko.pivot_table(index="prompt", columns="condition", values="correct", aggfunc="first").astype(float)
     rand = [c for c in wide.columns if str(c).startswith("random")]
     if "none" not in wide or "effect" not in wide or not rand:
-        raise NotRun("01_knockout_per_prompt.csv lacks the none / effect / random conditions")
+        raise NotRun("01_knockout_per_prompt.csv.gz lacks the none / effect / random conditions")
     k = int(ko.loc[ko["condition"] == "effect", "n_heads"].iloc[0])
     scored, split_text = _knockout_split(t, ko, k)
     population = _population_01(t)
@@ -290,7 +290,7 @@ def _zhang_late_mlps(t: Tables) -> Outcome:
 
 
 #: The answer curve the verdict reads, and the one kept as its sensitivity reading
-#: (measures of 02_mlp_cosines_per_prompt.csv, :data:`arithlib.probing.COSINE_MEASURES`).
+#: (measures of 02_mlp_cosines_per_prompt.csv.gz, :data:`arithlib.probing.COSINE_MEASURES`).
 #: Zhang Sec. 4.2 subtracts the MLP's input from its output "to isolate the specific
 #: contribution of MLP", having named MLP_in what the MLP receives from the residual stream
 #: and MLP_out what it adds back into it: the isolated contribution is the MLP's write,
@@ -406,7 +406,7 @@ def _zhang_mlp_answer(t: Tables) -> Outcome:
     got = _answer_curves(cur, ANSWER_MEASURE)
     if got is None:
         L = t.n_layers(cur["layer"]) if "layer" in cur else 0
-        raise NotRun("02_mlp_cosines_per_prompt.csv has no per-prompt curve of the MLP's write, cos(resid_post - "
+        raise NotRun("02_mlp_cosines_per_prompt.csv.gz has no per-prompt curve of the MLP's write, cos(resid_post - "
                      "resid_mid, W_U[C]), which the verdict reads (older run): rerun notebook 02"
                      + _summary_write_text(t) + (_literal_text(cur, L) if L >= 3 else ""))
     curves, ops, layers = got
@@ -450,7 +450,7 @@ def _zhang_transfer(t: Tables) -> Outcome:
     wide = tr.pivot_table(index=["format", "prompt"], columns="condition", values="correct", aggfunc="first")
     rand = [c for c in wide.columns if str(c).startswith("random")]
     if "none" not in wide or "knockout" not in wide or not rand:
-        raise NotRun("01_transfer_per_prompt.csv lacks the none / knockout / random conditions")
+        raise NotRun("01_transfer_per_prompt.csv.gz lacks the none / knockout / random conditions")
     wide = wide.astype(float)
     fmt = wide.index.get_level_values("format").astype(str).to_numpy()
     x = np.stack([wide["none"], wide["knockout"], wide[rand].mean(axis=1)], 1)

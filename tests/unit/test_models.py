@@ -224,7 +224,8 @@ def test_toy_model_and_checkpoints(random_cache: Path, monkeypatch: pytest.Monke
     toy = types.ModuleType("arithlib.toy")
     toy.ToyConfig = lambda: object()  # type: ignore[attr-defined]
     toy.toy_model_dir = lambda cfg: final  # type: ignore[attr-defined]
-    toy.toy_checkpoint_dirs = lambda cfg: {0: early, 500: final}  # type: ignore[attr-defined]
+    toy.toy_checkpoint_steps = lambda cfg: [0, 500]  # type: ignore[attr-defined]
+    toy.toy_checkpoint_dir = lambda cfg, step: {0: early, 500: final}[step]  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "arithlib.toy", toy)
 
     assert models.model_dir("toy-arith") == final
