@@ -27,7 +27,7 @@ from arithlib.models import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent  # a checkout: scripts/ and notebooks/ beside arithlib/
 SCRIPTS = ROOT / "scripts"
-NOTEBOOKS = ROOT / "notebooks"
+NOTEBOOK_DIR = ROOT / "notebooks"
 #: The name in the usage line and in error messages: run_all.sh sets it to its own.
 PROG_ENV = "ARITHLIB_PROG"
 
@@ -50,7 +50,7 @@ def _run_notebooks():
 # --------------------------------------------------------------------------- what --help lists
 
 
-def notebook_titles(folder: Path = NOTEBOOKS) -> dict[str, str]:
+def notebook_titles(folder: Path = NOTEBOOK_DIR) -> dict[str, str]:
     """Notebook name -> its title (the first markdown cell's first line, less "# NN · ")."""
     out = {}
     for path in sorted(Path(folder).glob("[0-9][0-9]_*.ipynb")):
@@ -230,7 +230,7 @@ def run(
         "--print-figures", show_default="off",
         help="check the options, print the figures root this run would use, and exit")] = False,
     notebooks: Annotated[Path, typer.Option(metavar="DIR", show_default="notebooks",
-                                            help="where the numbered notebooks are")] = NOTEBOOKS,
+                                            help="where the numbered notebooks are")] = NOTEBOOK_DIR,
     progress_every: Annotated[float, typer.Option(min=1.0, metavar="SECONDS",
                                                   help="seconds between progress lines")] = 60.0,
 ) -> int:

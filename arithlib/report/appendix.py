@@ -24,7 +24,7 @@ FIDELITY_TEXT = ("Each finding's setting in its paper beside ours, aspect by asp
                  "folder's params JSONs (\"not recorded\" where a run predates a parameter); the last column names "
                  "the differences the small offline models force. Every other difference is a choice of this "
                  "reimplementation, shown so it can be judged.")
-FORCED = "forced by the offline model"
+FORCED_COLUMN = "forced by the offline model"
 
 
 def report_fidelity(tables: Tables, table: pd.DataFrame) -> pd.DataFrame:
@@ -44,8 +44,8 @@ def report_fidelity(tables: Tables, table: pd.DataFrame) -> pd.DataFrame:
 def forced_differences(fid: pd.DataFrame) -> tuple[list[tuple[str, str]], dict[str, list[tuple[str, str]]]]:
     """The differences the offline models force, from :func:`report_fidelity`'s rows: those
     every finding shares (aspect, text), stated once, and per finding id the others."""
-    rows = fid[fid[FORCED].astype(str).str.len() > 0]
-    pairs = {f: list(zip(g["aspect"], g[FORCED])) for f, g in rows.groupby("finding", sort=False)}
+    rows = fid[fid[FORCED_COLUMN].astype(str).str.len() > 0]
+    pairs = {f: list(zip(g["aspect"], g[FORCED_COLUMN])) for f, g in rows.groupby("finding", sort=False)}
     ids = list(dict.fromkeys(fid["finding"]))
     common = [p for p in pairs.get(ids[0], []) if all(p in pairs.get(i, []) for i in ids)] if ids else []
     return common, {i: [p for p in pairs.get(i, []) if p not in common] for i in ids}
@@ -60,7 +60,7 @@ def fidelity_markdown(tables: Tables, table: pd.DataFrame) -> str:
     for fid_id, rows in fid.groupby("finding", sort=False):
         out += [f'<a id="{section_anchor(fid_id)}"></a>', "",
                 f"## {fid_id} ([{verdict.get(fid_id, '')}](REPORT.md#{section_anchor(fid_id)}))", "",
-                markdown_table(rows[["aspect", "paper", "ours", FORCED]]), ""]
+                markdown_table(rows[["aspect", "paper", "ours", FORCED_COLUMN]]), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
