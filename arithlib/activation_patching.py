@@ -203,17 +203,6 @@ def full_circuit_faithfulness(model, prompts: PromptSet,
 
     built: dict[tuple, list] = {}  # the edits depend only on the length and the positions
 
-    def variants_for(batch, run):
-        T = batch.tokens.shape[1]
-        i0 = int(batch.index[0])
-        pos = {n: positions[n][i0] for n in names}
-        if any(positions[n][int(i)] != pos[n] for n in names for i in batch.index):
-            raise ValueError("prompts of one length must share the named positions; group them with locate_operands")
-        key = (T, *pos.values())
-        if key not in built:
-            built[key] = build(T, pos)
-        return built[key]
-
     def build(T: int, pos: dict[str, int]) -> list:
         def mean(c: Component, n: str) -> torch.Tensor:
             m = means[c.hook_name][T][pos[n]]
@@ -237,9 +226,27 @@ def full_circuit_faithfulness(model, prompts: PromptSet,
             out.append(edits)
         return out
 
-    ro = run_interventions(model, prompts, variants_for, batch_size, max_rows, progress=progress,
-                           desc="circuit faithfulness", cache=cache)
-    y, ok = ro.normalized_logit, ro.correct
+    # prompts of one token length can place the operands differently (per-digit tokens: "12+3=" and
+    # "1+23="); the edits are built per (length, positions), so each such group runs on its own
+    groups: dict[tuple, list[int]] = {}
+    for i in range(len(prompts)):
+        groups.setdefault((len(prompts.input_ids[i]), *(positions[n][i] for n in names)), []).append(i)
+    y = np.zeros((len(specs), len(prompts)))
+    ok = np.zeros((len(specs), len(prompts)), dtype=bool)
+    for (_, *where), idx in groups.items():
+        pos = dict(zip(names, where))
+
+        def variants_for(batch, run, pos=pos):
+            key = (batch.tokens.shape[1], *pos.values())
+            if key not in built:
+                built[key] = build(batch.tokens.shape[1], pos)
+            return built[key]
+
+        sub = prompts if len(groups) == 1 else prompts.subset(idx)
+        ro = run_interventions(model, sub, variants_for, batch_size, max_rows, progress=progress,
+                               desc="circuit faithfulness", cache=cache)
+        y[:, idx] = np.asarray(ro.normalized_logit, dtype=float)
+        ok[:, idx] = np.asarray(ro.correct, dtype=bool)
     ops = [r.op for r in prompts.records]
     rows = [{"circuit": name, "prompt": i, "op": ops[i], "normalized_logit": float(y[j, i]), "correct": bool(ok[j, i])}
             for j, name in enumerate(specs) for i in range(len(prompts))]

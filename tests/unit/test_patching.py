@@ -692,6 +692,30 @@ def test_run_variants_joins_each_variant_at_its_own_layer(tiny):
     assert all((together[j] - run.final).abs().max() > 1e-4 for j in range(1, len(variants)))
 
 
+def test_full_circuit_faithfulness_groups_prompts_of_one_length_by_their_positions(toy):
+    """Per-digit tokens place the operands of equally long prompts differently ("12+3=",
+    "1+23="): each (length, positions) group is run with its own edits, as if alone."""
+    b = toy.bridge
+    nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=3, fewshot=2), toy.tokenizer)
+    names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
+    pos = POS.named_positions(POS.locate_operands(nk), names)
+    assert len({len(x) for x in nk.input_ids}) == 1  # one length: the old code needed one set of positions
+    moved = {n: list(v) for n, v in pos.items()}
+    moved["op1"][1] = moved["op1"][1] - 1            # prompt 1 reads its first operand one token earlier
+    L = b.cfg.n_layers
+    nl = [L - 1]
+    hooks = sorted({c.hook_name for c in P.heads_and_mlps(b)} | {f"blocks.{l}.mlp.hook_post" for l in nl})
+    means = A.mean_activations(b, nk, hooks)
+    circuit = {"c": ({(P.Component("head", 0, 1), "=")}, [(L - 1, 3)])}
+    together = AP.full_circuit_faithfulness(b, nk, circuit, moved, means, nl, progress=False)
+    for i in range(len(nk)):
+        alone = AP.full_circuit_faithfulness(b, nk.subset([i]), circuit, {n: [v[i]] for n, v in moved.items()},
+                                             means, nl, progress=False)
+        got = together[together.prompt == i].set_index("circuit").normalized_logit
+        assert np.allclose(got.to_numpy(), alone.set_index("circuit").normalized_logit.loc[got.index].to_numpy(),
+                           atol=1e-5)
+
+
 def test_toy_full_circuit_faithfulness_ablates_heads_and_neurons(toy):
     """Issue 28: the full circuit's faithfulness mean-ablates every head and every MLP
     neuron outside the circuit (not only late-MLP neurons); checked against a full
