@@ -504,17 +504,20 @@ def _zhang_precise_sft(t: Tables) -> Outcome:
     seeds = [x for x in dict.fromkeys(seed_of[tab.role == "precise"]) if ((tab.role == "full") & (seed_of == x)).any()]
     if not seeds:
         raise NotRun("08_sft_comparison has no training seed with both a precise-SFT and a full-SFT row")
+    def pair_rows(x) -> pd.DataFrame:
+        """The original row and training seed x's precise and full rows, indexed by role."""
+        return pd.concat([tab[tab.role == "original"].iloc[:1], tab[(tab.role == "precise") & (seed_of == x)].iloc[:1],
+                          tab[(tab.role == "full") & (seed_of == x)].iloc[:1]]).set_index("role")
+
     per_seed = []  # [prompts, (original, precise, full)] per training seed, arithmetic and facts
     for x in seeds:
-        rows = pd.concat([tab[tab.role == "original"].iloc[:1], tab[(tab.role == "precise") & (seed_of == x)].iloc[:1],
-                          tab[(tab.role == "full") & (seed_of == x)].iloc[:1]]).set_index("role")
-        arith = _correct_matrix(rows.rename(columns={"arithmetic_2d_by_prompt": "correct_by_prompt"}))
-        facts = _correct_matrix(rows.rename(columns={"facts_by_prompt": "correct_by_prompt"}))
+        seed_rows = pair_rows(x)
+        arith = _correct_matrix(seed_rows.rename(columns={"arithmetic_2d_by_prompt": "correct_by_prompt"}))
+        facts = _correct_matrix(seed_rows.rename(columns={"facts_by_prompt": "correct_by_prompt"}))
         if arith is None or facts is None:
             raise NotRun(RERUN_PER_PROMPT.format(nb="08", table="08_sft_comparison"))
         per_seed.append((arith.astype(float), facts.astype(float)))
-    rows = pd.concat([tab[tab.role == "original"].iloc[:1], tab[(tab.role == "precise") & (seed_of == seeds[0])].iloc[:1],
-                      tab[(tab.role == "full") & (seed_of == seeds[0])].iloc[:1]]).set_index("role")
+    rows = pair_rows(seeds[0])  # the first seed's rows: the method name and LM loss in the text
     a = np.stack([x[0] for x in per_seed], axis=-1)  # [prompts, arm, seed]
     f = np.stack([x[1] for x in per_seed], axis=-1)
 
