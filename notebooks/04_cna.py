@@ -138,6 +138,7 @@ control_ks = [99, 10]   # K with random mask / keep / lowest-neuron controls (ea
 control_ms = [2]        # M with n_random_seeds random shallow sets (the others: one, as Table 8; each a full pass)
 n_quick = 24             # cases per operator group in quick mode
 batch_size = 64
+specific_head_chain = True  # also run the chain on a group's best arithmetic-specific head when its key head is not one
 use_cache = True         # store each long section in ~/.cache/arithlib/sections: a stopped run resumes there
                          # (arithlib.stored; the key holds the model, cases, parameters and code)
 
@@ -155,6 +156,9 @@ import arithlib.mask_keep as masking
 import arithlib.pe_dag as pe_dag
 import arithlib.shallow_neurons as shallow_neurons
 import arithlib.datasets as ds
+import arithlib.head_specificity as HSP
+import arithlib.head_sweep as HS
+import arithlib.transfer_sets as TS
 import arithlib.plots.cna as plots
 import arithlib.report as R
 from arithlib import papers
@@ -222,6 +226,47 @@ save_table(case_table, run.out, "04_cases")
 active = [g for g in groups if len(cases[g]) > 0]
 if len(active) < len(groups):
     print("no correct prompts for:", [g for g in groups if g not in active], "- those sections are skipped")
+
+# %% [markdown]
+# ## Is the key head an arithmetic head? The best specific head
+# Yu's key heads are operator-specific (Table 1: head 17^22 lowers 2D + and 2D - by 39.5 %,
+# 2D * by 10.8 %), and the chain below is about such a head. Every head that lowers the
+# group's 1D accuracy in notebook 01's exact sweep (and the key head) is zeroed at every
+# position on all 1D prompts of the group's operators and of *, and on the factual-recall
+# prompts. A head is **specific** when its relative 1D * decrease is at most half its mean
+# relative decrease on its own operators (own - 2 x (*) >= 0) and it costs factual recall
+# at most 5 points (`arithlib.head_specificity`). The best specific head is the one with
+# the largest own decrease among those that pass. When it is not the key head, the whole
+# chain (CNA, mask / keep, the lowest neuron and PE-DAG, the shallow neurons) also runs on
+# it, as group "+- specific" (or "/ specific"): the report shows both chains.
+
+# %%
+pattern_ops = sorted({o for ops in groups.values() for o in ops} | {HSP.OTHER_OPERATOR})
+candidate_heads = HSP.candidate_heads(sweep_path, groups)
+candidate_heads = {g: sorted(set(hs) | {heads[g]}) for g, hs in candidate_heads.items()}
+measured = sorted({h for hs in candidate_heads.values() for h in hs})
+pattern_ps, _ = TS.build_tolerant(ds.yu_prompts(pattern_ops, n_digits=1, n_per_template=None, seed=seed, fewshot=fewshot,
+                                                templates=[3]), tok)
+pattern_rows = HS.exact_head_sweep(bridge, pattern_ps, heads=measured, progress=False)
+pattern_facts = HS.specificity(bridge, tok, {f"L{l}H{h}": (l, h) for l, h in measured})
+patterns = HSP.head_patterns(pattern_rows, pattern_facts, groups, candidate_heads)
+specific_heads = HSP.best_specific_heads(patterns, heads)
+save_table(pattern_rows, run.out, "04_head_pattern_rows")
+save_table(pattern_facts, run.out, "04_head_pattern_facts")
+save_table(patterns, run.out, "04_head_patterns")
+save_table(specific_heads, run.out, "04_specific_heads")
+chain_of = {}  # chain group -> the operator group whose cases and paper numbers it uses
+for r in specific_heads.itertuples():
+    lowers = bool(selected.set_index("group").loc[r.group, "lowers_1d"])
+    if specific_head_chain and r.layer >= 0 and not r.is_key_head and lowers and r.group in active:
+        sg = HSP.specific_chain_group(r.group)
+        heads[sg], cases[sg], chain_of[sg] = (int(r.layer), int(r.head)), cases[r.group], r.group
+        active.append(sg)
+        print(f"{r.group}: key head L{heads[r.group][0]}H{heads[r.group][1]} is not the best specific head; the chain also "
+              f"runs on L{r.layer}H{r.head} (own 1D drop {r.own_drop:.0%}, * {r.times_drop:.0%}, factual recall "
+              f"{r.factual_drop:+.0%}) as group {sg!r}")
+paper_group = {g: chain_of.get(g, g) for g in active}
+patterns.round(3)
 
 # %% [markdown]
 # ## CNA: original model vs key head zeroed
@@ -518,6 +563,13 @@ lines = [f"- Model `{model}`, seed {seed}, {'quick' if quick else 'full'} run, {
          + f"; random controls over {n_random_seeds} seeds."]
 sel = selected.set_index("group")
 for g in active:
+    if g in chain_of:
+        s = specific_heads.set_index("group").loc[chain_of[g]]
+        lines.append(f"- {g}: the best arithmetic-specific head of {chain_of[g]}, L{heads[g][0]}.H{heads[g][1]} (own 1D "
+                     f"drop {s.own_drop:.0%}, * {s.times_drop:.0%}, factual recall {s.factual_drop:+.0%}); "
+                     f"first-token accuracy {results[g].run_a.accuracy:.0%} → {results[g].run_b.accuracy:.0%} with it "
+                     f"zeroed; CNA scored layers {masking.layer_span(results[g].layers)}.")
+        continue
     r = sel.loc[g]
     how = (f"lowers 1D accuracy by {r.score:.1%} on average in notebook 01's exact sweep" if r.lowers_1d else
            "**no head of notebook 01's exact sweep lowers 1D accuracy**, so Yu's premise does not hold here; "
@@ -552,14 +604,15 @@ for g in active:
         v = sub[(sub.intervention == kind) & (sub.K == k)][col]
         return float(v.mean()) if len(v) else float("nan")
     kmax, kmin = max(top_ks), min(top_ks)
-    pk = PAPER["mask"][g]
+    pg = paper_group[g]
+    pk = PAPER["mask"][pg]
     lines.append(f"- {g} mask: accuracy decrease {val('mask', kmax):.1f} % (top{kmax}) and {val('mask', kmin):.1f} % "
                  f"(top{kmin}) [paper {pk[99]} / {pk[10]}]; layer-matched random mask {val('random mask', kmax):.1f} / "
                  f"{val('random mask', kmin):.1f} % (mean of {n_random_seeds} seeds). Keep: {val('keep', kmax):.1f} / "
                  f"{val('keep', kmin):.1f} % (random keep {val('random keep', kmax):.1f} / {val('random keep', kmin):.1f} %) "
-                 f"[paper {PAPER['keep'][g][99]} / {PAPER['keep'][g][10]}]. Coefficient decrease with the head zeroed "
+                 f"[paper {PAPER['keep'][pg][99]} / {PAPER['keep'][pg][10]}]. Coefficient decrease with the head zeroed "
                  f"{val('mask', kmax, 'coef_decrease'):.1f} / {val('mask', kmin, 'coef_decrease'):.1f} % "
-                 f"[paper {PAPER['coef'][g][99]} / {PAPER['coef'][g][10]}].")
+                 f"[paper {PAPER['coef'][pg][99]} / {PAPER['coef'][pg][10]}].")
 for g in active:
     sub = lowest[lowest.group == g] if len(lowest) else lowest
     if len(sub):
@@ -567,7 +620,7 @@ for g in active:
                      + ", ".join(f"top{int(r.K)} {r.coef_decrease:.1f} %" + (
                                  f" (random neuron of its layer {r.random_coef_decrease:.1f} %)"
                                  if pd.notna(r.random_coef_decrease) else "") for _, r in sub.iterrows())
-                     + f" [paper top99 {PAPER['lowest'][g][99]}, top10 {PAPER['lowest'][g][10]}].")
+                     + f" [paper top99 {PAPER['lowest'][paper_group[g]][99]}, top10 {PAPER['lowest'][paper_group[g]][10]}].")
 for g in (dag_all.group.unique() if len(dag_all) else []):
     sub = dag_all[(dag_all.group == g) & (dag_all.n_pairs > 0)]
     d = sub.groupby("kind")["share_edges"].mean()
@@ -593,10 +646,10 @@ for g in m_table.group.unique() if len(m_table) else []:
         r = sub[(sub.M == m) & (sub.set == "random")]
         parts.append(f"M={m}: {int(h.n_neurons):,} neurons ({h.share_of_shallow:.1%}; paper {int(h.paper_n):,} = "
                      f"{h.paper_share:.1%}), {h.accuracy_decrease:.1f} % vs random {r.accuracy_decrease.mean():.1f} % "
-                     f"[paper {PAPER['M_decrease'][g].get(m, 'n/a')} %]")
+                     f"[paper {PAPER['M_decrease'][paper_group[g]].get(m, 'n/a')} %]")
     lines.append(f"- {g} hidden-interpretable neurons of layers 0-{heads[g][0] - 1} (OV of every attention layer up to "
                  f"{heads[g][0]}): " + "; ".join(parts)
-                 + (f"; random at M=2 in the paper {PAPER['M2'][g][2]} %" if g in PAPER["M2"] else "") + ".")
+                 + (f"; random at M=2 in the paper {PAPER['M2'][paper_group[g]][2]} %" if paper_group[g] in PAPER["M2"] else "") + ".")
 lines.append("- Differences from the paper: Qwen/Llama-style gated MLPs (key defined by the direct enhancement, W_gate/W_in "
              "inner products reported); interventions on deep neurons at the answer position only (where CNA scores "
              "them), shallow sets at every position; the key head from notebook 01's exact sweep by a stated rule; "

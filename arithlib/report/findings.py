@@ -183,7 +183,10 @@ FINDINGS: tuple[Finding, ...] = (
             "and the verdict depends on it (undecidable here: every correct 1D case is used); not applicable when "
             "the key head is a fallback (no head lowers 1D accuracy) or is not an arithmetic-specific head (the "
             "single-head finding's pattern: it cuts 1D * by more than half its own decrease, or factual recall by "
-            "more than 5 points); not run for tables of an older notebook-04 method (rerun notebook 04)",
+            "more than 5 points); where the key head is not the best arithmetic-specific head (the specific head "
+            "with the largest own 1D decrease, notebook 04's 04_specific_heads), the same rule on that head's chain "
+            "is shown beside the key head's result, not judged; not run for tables of an older notebook-04 method "
+            "(rerun notebook 04)",
             "04", _yu_mask_keep, figures=("04_mask_keep",)),
     Finding("yu_shallow_neurons", "yu", "Sec. 4.4, Table 8",
             "Zeroing the hidden-interpretable shallow neurons (M = 2) hurts far more than random ones.",
@@ -197,7 +200,8 @@ FINDINGS: tuple[Finding, ...] = (
             "cases and the random sets' seeds (per-case correctness in 04_hidden_m_sweep's correct_by_prompt); "
             "reproduced if the interval lies >= 25.7 points (half of 51.3); partly if it lies in [5, 25.7); not "
             "reproduced if below 5; else undecidable here (every correct 1D case is used); not applicable when the "
-            "key head it builds on is a fallback or not arithmetic-specific (as for mask / keep); not run for "
+            "key head it builds on is a fallback or not arithmetic-specific (as for mask / keep); the chain on the "
+            "best arithmetic-specific head is shown beside, not judged (as for mask / keep); not run for "
             "tables of an older notebook-04 method (rerun notebook 04)",
             "04", _yu_shallow, figures=("04_hidden_m_sweep",)),
     Finding("yu_lora_layers", "yu", "Sec. 5, Fig. 2",

@@ -3,12 +3,14 @@ coefficient, pruning, gender bias; each function reads a figures folder and retu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from .. import papers
+from ..head_specificity import own_drop, specific_chain_group, specificity_statistic
 from ..papers import HALF, NOISE_GAP, YU_GROUPS
 from ..stats import (INCONCLUSIVE, UNDECIDABLE, Interval, binomial_ci, bootstrap_ci, crossed_bootstrap_ci, decode_correct,
                      interval_verdict)
@@ -25,47 +27,36 @@ def _yu_op(op: str) -> str:
     return {"add": "+", "sub": "-", "mul": "*", "div": "/"}.get(str(op), str(op))
 
 
-def _relative_drops(ops: np.ndarray, correct: np.ndarray, clean: np.ndarray, own: Sequence[str]) -> float:
-    """Mean over the operators ``own`` of the relative accuracy decrease 1 - after / before
-    (Table 2's measure) minus twice the decrease on * (the specificity statistic of
-    :func:`_head_pattern`; no * rows: the mean decrease alone)."""
-    def drop(o: str) -> float:
-        before = clean[ops == o].sum()
-        return 1 - correct[ops == o].sum() / before if before > 0 else float("nan")
-
-    mean_own = float(np.nanmean([drop(o) for o in own]))
-    return mean_own - 2 * drop("*") if (ops == "*").any() else mean_own
-
-
-def _head_pattern(t: Tables, layer: int, head: int, own: Sequence[str]) -> tuple[set[bool], str, dict[str, float]]:
+def _head_pattern(t: Tables, layer: int, head: int, own: Sequence[str], rows_table: str = "01_yu_head_sweep_rows",
+                  facts_table: str = "01_yu_specificity") -> tuple[set[bool], str, dict[str, float]]:
     """Whether head (``layer``, ``head``) is arithmetic-operator-specific, as Yu's heads are
     (Table 1: 17^22 lowers 2D* by 10.8 % against 39.5 % on its own 2D+ and 2D-; no other
     task is reported, the factual-recall control is ours):
 
     * **operator-specific**: its relative 1D decrease on * is at most half its mean relative
       decrease on its own operators ``own``: the statistic own - 2 x (*) >= 0, with a
-      bootstrap over the 1D prompts stratified by operator (01_yu_head_sweep_rows). A
+      bootstrap over the 1D prompts stratified by operator (``rows_table``; the statistic is
+      :func:`arithlib.head_specificity.specificity_statistic`). A
       head the sweep did not measure on * (not among the screen's top heads there) is
       taken as specific, and the text says so;
-    * **leaves factual recall intact**: its factual-recall accuracy drop (01_yu_specificity,
+    * **leaves factual recall intact**: its factual-recall accuracy drop (``facts_table``,
       paired bootstrap over the facts) lies within 5 points.
 
     Returns the possible truth values of "specific" (both when an interval straddles), a
     text with the numbers and intervals, and the metrics."""
-    rows = t.csv("01_yu_head_sweep_rows")
+    rows = t.csv(rows_table)
     rows = rows.assign(op=rows["op"].map(_yu_op))
     mine = rows[(rows["n_digits"] == 1) & (rows["layer"] == layer) & (rows["head"] == head)
                 & rows["op"].isin([*own, "*"])]
     ops = mine["op"].to_numpy()
     correct, clean = mine["correct"].astype(bool).to_numpy(), mine["clean_correct"].astype(bool).to_numpy()
     name, metrics = f"L{layer}H{head}", {}
-    own_ci = bootstrap_ci(lambda o, c, k: _relative_drops(o[o != "*"], c[o != "*"], k[o != "*"], own),
-                          ops, correct, clean, groups=ops)
+    own_ci = bootstrap_ci(lambda o, c, k: own_drop(o, c, k, own), ops, correct, clean, groups=ops)
     text = f"{name} lowers its own 1D {', '.join(own)} by {_pct(own_ci.estimate, 0)}{_ci_text(own_ci.scaled(100))}"
     if (ops == "*").any():
         times = bootstrap_ci(lambda c, k: 1 - c.sum() / k.sum() if k.sum() else float("nan"),
                              correct[ops == "*"], clean[ops == "*"])
-        spec = bootstrap_ci(lambda o, c, k: _relative_drops(o, c, k, own), ops, correct, clean, groups=ops)
+        spec = bootstrap_ci(lambda o, c, k: specificity_statistic(o, c, k, own), ops, correct, clean, groups=ops)
         operator = _possible(spec, 0.0)  # * decrease at most half the own decrease
         metrics["relative 1D * decrease from the head"] = times.estimate
         text += (f" and 1D * by {_pct(times.estimate, 0)}{_ci_text(times.scaled(100))} (specific if at most half "
@@ -74,8 +65,8 @@ def _head_pattern(t: Tables, layer: int, head: int, own: Sequence[str]) -> tuple
         operator = {True}
         text += " (not measured on *: not among the sweep's top heads for *, taken as specific)"
     intact: set[bool] = {True}
-    if t.has("01_yu_specificity"):
-        sp = t.csv("01_yu_specificity")
+    if t.has(facts_table):
+        sp = t.csv(facts_table)
         sp = sp[(sp["layer"] == layer) & (sp["head"] == head)].drop_duplicates("prompt")
         if len(sp):
             fact = bootstrap_ci(lambda c, k: float(k.mean() - c.mean()), sp["correct"].astype(float).to_numpy(),
@@ -87,7 +78,7 @@ def _head_pattern(t: Tables, layer: int, head: int, own: Sequence[str]) -> tuple
                      f"{_ci_text(fact.scaled(100))}; intact if within 5 points)")
     else:  # a sweep from before the control: judged on * alone, and said
         intact = {True}
-        text += "; no factual-recall control (01_yu_specificity.csv missing)"
+        text += f"; no factual-recall control ({facts_table}.csv missing)"
     return {a and b for a in operator for b in intact}, text, metrics
 
 
@@ -98,17 +89,65 @@ def _yu_head_premise(t: Tables, group: str) -> str:
     is a fallback (no head lowers 1D accuracy) or is clearly not specific; returns the
     pattern's text otherwise ("" without a key-head table)."""
     r = _yu_key_head(t, group)
-    if r is None or not t.has("01_yu_head_sweep_rows"):
+    chain = _chain_base(group) is not None
+    rows_table, facts_table = (("04_head_pattern_rows", "04_head_pattern_facts") if chain else
+                               ("01_yu_head_sweep_rows", "01_yu_specificity"))
+    if r is None or not t.has(rows_table):
         return ""
     name = f"L{int(r['layer'])}H{int(r['head'])}"
     if "lowers_1d" in r and str(r["lowers_1d"]).lower() != "true":
         raise NotApplicable(f"premise failed: no head lowers 1D {' / '.join(YU_GROUPS[group])} accuracy in notebook "
                             f"01's exact sweep (key head {name} is the fallback), so there is no arithmetic head "
                             "whose neurons to analyse")
-    specific, text, _ = _head_pattern(t, int(r["layer"]), int(r["head"]), YU_GROUPS[group])
+    own = YU_GROUPS[_chain_base(group) or group]
+    specific, text, _ = _head_pattern(t, int(r["layer"]), int(r["head"]), own, rows_table, facts_table)
     if specific == {False}:
         raise NotApplicable(f"premise failed: key head {name} is not an arithmetic-specific head ({text})")
     return f"premise: {text}; "
+
+
+def _chain_base(group: str) -> str | None:
+    """The operator group whose best specific head a chain group ("+- specific") runs on, or
+    None for a key-head group."""
+    return next((g for g in YU_GROUPS if specific_chain_group(g) == group), None)
+
+
+def _specific_chain(compute: Callable[[Tables, str], Outcome], t: Tables, group: str) -> str:
+    """What the same rule finds on ``group``'s best arithmetic-specific head (notebook 04's
+    chain group, :mod:`arithlib.head_specificity`), as a sentence to append to the key head's
+    result; "" when notebook 04 measured no head patterns or the key head is itself the best
+    specific head. Shown beside the key head's verdict, never in its place: the verdict
+    follows Yu's procedure, whose head is the key head."""
+    if not t.has("04_specific_heads"):
+        return ""
+    sh = t.csv("04_specific_heads")
+    r = sh[sh["group"].astype(str) == group]
+    if r.empty or str(r.iloc[0]["is_key_head"]).lower() == "true":
+        return ""
+    r = r.iloc[0]
+    if int(r["layer"]) < 0:
+        return (f". No head that lowers 1D {' / '.join(YU_GROUPS[group])} accuracy passes the specificity tests "
+                "(04_head_patterns), so there is no arithmetic-specific head to run the chain on")
+    name = f"L{int(r['layer'])}H{int(r['head'])}"
+    try:
+        out = compute(t, specific_chain_group(group))
+    except NotApplicable as err:
+        return f". On the best arithmetic-specific head {name}: not applicable ({err})"
+    except NotRun as err:
+        return f". The chain on the best arithmetic-specific head {name} was not run ({err})"
+    return (f". The chain on the best arithmetic-specific head {name} (shown, not judged: {r['selection']}): "
+            f"{out.ours}; the same rule gives '{out.verdict}' there")
+
+
+def _with_specific_chain(compute: Callable[[Tables, str], Outcome], t: Tables, group: str) -> Outcome:
+    """``compute`` on ``group``'s key head, with the result on its best specific head appended
+    (:func:`_specific_chain`), also when the key head's premise fails."""
+    try:
+        out = compute(t, group)
+    except NotApplicable as err:
+        raise NotApplicable(f"{err}{_specific_chain(compute, t, group)}") from None
+    extra = _specific_chain(compute, t, group)
+    return replace(out, ours=out.ours + extra) if extra else out
 
 
 def _yu_single_head(t: Tables) -> Outcome:
@@ -157,7 +196,15 @@ def _yu_single_head(t: Tables) -> Outcome:
 
 
 def _yu_key_head(t: Tables, group: str) -> pd.Series | None:
-    """The row of ``group``'s key head in 04_key_heads.csv, or None without one."""
+    """The row of ``group``'s key head in 04_key_heads.csv (of a chain group: its base group's
+    best specific head in 04_specific_heads.csv), or None without one."""
+    base = _chain_base(group)
+    if base is not None:
+        if not t.has("04_specific_heads"):
+            return None
+        sh = t.csv("04_specific_heads")
+        sh = sh[sh["group"].astype(str) == base]
+        return None if sh.empty else sh.iloc[0].copy().rename(None).combine_first(pd.Series({"lowers_1d": "True"}))
     if not t.has("04_key_heads"):
         return None
     kh = t.csv("04_key_heads")
@@ -170,6 +217,8 @@ def _yu_key_head_text(t: Tables, group: str) -> str:
     r = _yu_key_head(t, group)
     if r is None or "lowers_1d" not in r:
         return ""
+    if _chain_base(group) is not None:
+        return f"best arithmetic-specific head L{int(r['layer'])}H{int(r['head'])}; "
     lowers = str(r["lowers_1d"]).lower() == "true"
     return (f"key head L{int(r['layer'])}H{int(r['head'])} "
             + ("(lowers 1D accuracy in notebook 01's exact sweep)" if lowers else
@@ -178,13 +227,17 @@ def _yu_key_head_text(t: Tables, group: str) -> str:
 
 
 def _yu_mask_keep(t: Tables) -> Outcome:
+    return _with_specific_chain(_yu_mask_keep_group, t, "+-")
+
+
+def _yu_mask_keep_group(t: Tables, group: str) -> Outcome:
     mk = t.csv("04_mask_keep")
-    mk = mk[mk["group"].astype(str) == "+-"]
+    mk = mk[mk["group"].astype(str) == group]
     if mk.empty:
-        raise NotRun("no correct 1D + / - cases")
+        raise NotRun(f"no correct 1D + / - cases for group {group}")
     if not {"seed", "correct_by_prompt"} <= set(mk.columns):
         raise NotRun(_YU_04_STALE.format(name="04_mask_keep"))
-    premise = _yu_head_premise(t, "+-")
+    premise = _yu_head_premise(t, group)
     K = 99 if (mk["K"] == 99).any() else int(mk["K"].max())
     at = mk[mk["K"] == K]
 
@@ -219,7 +272,7 @@ def _yu_mask_keep(t: Tables) -> Outcome:
     layers = at.loc[at["intervention"] == "keep", "keep_layers"] if "keep_layers" in at else pd.Series(dtype=str)
     span = str(layers.iloc[0]) if len(layers) else "n/a"
     span = span[:-2] if span.endswith(".0") else span  # one layer, read back as a number
-    return Outcome(f"{premise}{_yu_key_head_text(t, '+-')}top-{K}: mask {txt(mask)}, keep {txt(keep)} (layers "
+    return Outcome(f"{premise}{_yu_key_head_text(t, group)}top-{K}: mask {txt(mask)}, keep {txt(keep)} (layers "
                    f"{span}), random mask {txt(rnd)}, random keep {txt(rkeep)} "
                    f"accuracy decrease ({mask.n} correct cases; exact binomial 95 % intervals, random controls over "
                    f"{n_seeds} seeds by a bootstrap over cases and seeds)",
@@ -248,6 +301,17 @@ def _yu_shallow(t: Tables) -> Outcome:
         raise NotRun("notebook 04 wrote no M sweep (key head in layer 0: no shallow FFN layer below it)")
     sweep = t.csv("04_hidden_m_sweep")
     group, lead = _yu_shallow_group(t, sweep)
+    # judged on / when the + / - key head sits in layer 0; + / -'s own specific head is shown too
+    extra = _specific_chain(lambda tt, g: _yu_shallow_on(tt, sweep, g, ""), t, "+-") if group != "+-" else ""
+    try:
+        out = _with_specific_chain(lambda tt, g: _yu_shallow_on(tt, sweep, g, lead if g == group else ""), t, group)
+    except NotApplicable as err:
+        raise NotApplicable(f"{err}{extra}") from None
+    return replace(out, ours=out.ours + extra) if extra else out
+
+
+def _yu_shallow_on(t: Tables, sweep: pd.DataFrame, group: str, lead: str) -> Outcome:
+    """The shallow-neuron rule on ``group``'s rows of the M sweep (``lead``: why that group)."""
     lead += _yu_head_premise(t, group)
     m = sweep[(sweep["group"].astype(str) == group) & (sweep["M"] == 2)]
     if not {"seed", "paper_n", "correct_by_prompt"} <= set(m.columns):

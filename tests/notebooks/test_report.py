@@ -1591,6 +1591,51 @@ def test_mask_keep_first_checks_that_its_key_head_is_an_arithmetic_head(tmp_path
     assert out.verdict == verdict and words in out.ours, out.ours
 
 
+def _specific_chain(d: Path, layer: int = 16, head: int = 8, times: float = 0.0, facts_after: int = 40) -> None:
+    """Notebook 04's head patterns: (layer, head) is + / -'s best specific head, measured on
+    1D + (10 %), - (30 %) and * (``times``) and on 40 facts; its chain's mask / keep rows are
+    those of :func:`_mask_keep` under group "+- specific"."""
+    _csv(d, "04_head_pattern_rows", [{"op": op, "n_digits": 1, "layer": layer, "head": head, "prompt": i,
+                                      "correct": i >= round(v * 40), "clean_correct": True}
+                                     for op, v in {"+": 0.1, "-": 0.3, "*": times}.items() for i in range(40)])
+    _csv(d, "04_head_pattern_facts", [{"op": f"L{layer}H{head}", "layer": layer, "head": head, "prompt": f"fact {i}",
+                                       "correct": i < facts_after, "clean_correct": True} for i in range(40)])
+    _csv(d, "04_specific_heads", [{"group": "+-", "layer": layer, "head": head, "is_key_head": False,
+                                   "selection": "largest own 1D drop among the heads that pass the specificity tests"},
+                                  {"group": "/", "layer": -1, "head": -1, "is_key_head": False, "selection": "none"}])
+    rows = pd.read_csv(d / "04_mask_keep.csv")
+    pm = rows[rows.group == "+-"].assign(group="+- specific")
+    pd.concat([rows, pm]).to_csv(d / "04_mask_keep.csv", index=False)
+
+
+def test_mask_keep_shows_the_chain_on_the_best_specific_head_beside_the_key_heads(tmp_path: Path):
+    """A generic key head (L0H8 also cuts 1D * by 75 %): its verdict stays 'not applicable',
+    and the same rule on the chain of the best specific head (L16H8) is shown beside it."""
+    _head_rows(tmp_path, 0, 8, {"+": 0.6, "-": 0.7, "*": 0.75})
+    _csv(tmp_path, "04_key_heads", [{"group": "+-", "layer": 0, "head": 8, "lowers_1d": True, "op": op} for op in "+-"])
+    _mask_keep(tmp_path, 100, 3.9, 2, 1000)
+    assert "best arithmetic-specific head" not in _outcome("yu_mask_keep", tmp_path).ours  # no patterns: nothing added
+    _specific_chain(tmp_path)
+    out = _outcome("yu_mask_keep", tmp_path)
+    assert out.verdict == R.NOT_APPLICABLE and "not an arithmetic-specific head" in out.ours, out.ours
+    assert "The chain on the best arithmetic-specific head L16H8" in out.ours
+    assert "premise: L16H8 lowers its own 1D +, - by 20 %" in out.ours
+    assert f"the same rule gives '{R.REPRODUCED}' there" in out.ours
+    _specific_chain(tmp_path, facts_after=10)  # the chosen head fails its own premise: said, not judged
+    out = _outcome("yu_mask_keep", tmp_path)
+    assert out.verdict == R.NOT_APPLICABLE and "On the best arithmetic-specific head L16H8: not applicable" in out.ours
+
+
+def test_mask_keep_says_when_no_head_is_arithmetic_specific(tmp_path: Path):
+    _head_rows(tmp_path, 0, 8, {"+": 0.6, "-": 0.7, "*": 0.75})
+    _csv(tmp_path, "04_key_heads", [{"group": "+-", "layer": 0, "head": 8, "lowers_1d": True, "op": op} for op in "+-"])
+    _mask_keep(tmp_path, 100, 3.9, 2, 1000)
+    _csv(tmp_path, "04_specific_heads", [{"group": "+-", "layer": -1, "head": -1, "is_key_head": False,
+                                          "selection": "no head"}])
+    out = _outcome("yu_mask_keep", tmp_path)
+    assert out.verdict == R.NOT_APPLICABLE and "no arithmetic-specific head to run the chain on" in out.ours
+
+
 def test_fine_tuning_findings_are_not_applicable_when_the_original_cannot_carry_them(tmp_path: Path):
     _lora_layers(tmp_path, 0.01, [0.03, 0.02, 0.04], {"shallow": ("0", 0.03), "deep": ("2", 0.04)}, n=385)
     _params(tmp_path, n_layers=3)
