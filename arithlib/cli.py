@@ -23,7 +23,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from arithlib.models import DEFAULT_MODEL
+from arithlib.core.models import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent  # a checkout: scripts/ and notebooks/ beside arithlib/
 SCRIPTS = ROOT / "scripts"
@@ -68,13 +68,13 @@ def notebook_titles(folder: Path = NOTEBOOK_DIR) -> dict[str, str]:
 
 
 def model_lines() -> list[str]:
-    """One line per registry model (``arithlib.models.known_models``), with what it is."""
-    from arithlib import models
+    """One line per registry model (``arithlib.core.models.known_models``), with what it is."""
+    from arithlib.core import models
 
     lines = []
     for name in models.known_models():
         packaged = models.PACKAGED_MODELS.get(name)
-        what = packaged.description if packaged else "the small arithmetic model of arithlib.toy (its weights ship in data/toy/)"
+        what = packaged.description if packaged else "the small arithmetic model of arithlib.core.toy (its weights ship in data/toy/)"
         lines.append(f"  {name:<20} {what}{' (default)' if name == DEFAULT_MODEL else ''}")
     return lines
 
@@ -138,8 +138,9 @@ def _options(model: str, device: str, dtype: str, device_map: Optional[str], qui
              print_figures: bool) -> argparse.Namespace:
     """The namespace ``run_notebooks.run`` takes, after the checks that need the library:
     the model's name (and its installed weights) and the device."""
-    from arithlib.models import check_model_name, resolve_device
-    from arithlib.weights import ModelFilesChanged, check_installed
+    from arithlib.core.models import check_model_name, resolve_device
+    from arithlib.core.install import check_installed
+    from arithlib.core.weights import ModelFilesChanged
 
     try:
         check_model_name(model)

@@ -24,13 +24,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import datasets as ds
-from . import lens as L
-from . import path_patching as PP
-from . import patching as P
-from . import probing as PR
-from .metrics import relative_logit_change
-from .models import LoadedModel, load_model
+from .core import datasets as ds
+from .zhang import lens as L
+from .zhang import path_patching as PP
+from .methods import patching as P
+from .zhang import probing as PR
+from .core.metrics import relative_logit_change
+from .core.models import LoadedModel, load_model
 
 #: The model every check runs on.
 CHECK_MODEL = "toy-arith"
@@ -117,14 +117,14 @@ def check_relative_logit_change(fn: Callable) -> None:
     patched = clean + torch.randn(3, 7, generator=g)
     mine = _as_tensor(fn(patched, clean), "relative_logit_change")
     _compare(mine, relative_logit_change(patched, clean), "relative_logit_change([3, 7], [7])", 1e-6)
-    _ok("relative_logit_change matches arithlib.metrics.relative_logit_change")
+    _ok("relative_logit_change matches arithlib.core.metrics.relative_logit_change")
 
 
 def check_zero_head_logits(fn: Callable) -> None:
     """``fn(bridge, tokens, layer, head)``: last-position logits [B, vocab] with the head's
     output z zeroed at every position (Yu & Ananiadou's W_O-slice ablation), for every
-    head of the toy model; reference :func:`arithlib.patching.run_edits_full` with
-    :func:`arithlib.patching.ablation_edits`."""
+    head of the toy model; reference :func:`arithlib.methods.patching.run_edits_full` with
+    :func:`arithlib.methods.patching.ablation_edits`."""
     bridge, batch = check_model().bridge, patching_batch()
     for layer, head in _heads(bridge):
         ref = P.run_edits_full(bridge, batch.tokens, P.ablation_edits([(layer, head)], 0.0, position=None)).cpu()
@@ -137,7 +137,7 @@ def check_zero_head_logits(fn: Callable) -> None:
 def check_patch_head_logits(fn: Callable) -> None:
     """``fn(bridge, tokens, cf_tokens, layer, head)``: last-position logits [B, vocab] with
     the head's z at the last position set to its value on ``cf_tokens`` (activation
-    patching); reference :func:`arithlib.patching.activation_patch_full`."""
+    patching); reference :func:`arithlib.methods.patching.activation_patch_full`."""
     bridge, batch = check_model().bridge, patching_batch()
     comps = [P.Component("head", layer, head) for layer, head in _heads(bridge)]
     refs = P.activation_patch_full(bridge, batch.tokens, batch.cf_tokens, comps, position=-1).cpu()
@@ -146,14 +146,14 @@ def check_patch_head_logits(fn: Callable) -> None:
             mine = _as_tensor(fn(bridge, batch.tokens.clone(), batch.cf_tokens.clone(), c.layer, c.index),
                               "patch_head_logits")
         _compare(mine, ref, f"patch_head_logits(layer={c.layer}, head={c.index})")
-    _ok(f"patch_head_logits matches arithlib.patching.activation_patch_full on all {len(comps)} heads")
+    _ok(f"patch_head_logits matches arithlib.methods.patching.activation_patch_full on all {len(comps)} heads")
 
 
 def check_path_patch_logit(fn: Callable) -> None:
     """``fn(bridge, tokens, cf_tokens, answer_ids, layer, head)``: the answer-token logit
     [B] under Zhang's path patching of the head at the last position (every other head
     frozen at its clean output, MLPs recomputed); reference
-    :func:`arithlib.path_patching.path_patch_full`."""
+    :func:`arithlib.zhang.path_patching.path_patch_full`."""
     bridge, batch = check_model().bridge, patching_batch()
     comps = [P.Component("head", layer, head) for layer, head in _heads(bridge)]
     refs = PP.path_patch_full(bridge, batch.tokens, batch.cf_tokens, comps, batch.answer_ids).cpu()
@@ -171,13 +171,13 @@ def check_path_patch_logit(fn: Callable) -> None:
                                   "clean output (all positions) so the change reaches the logits only through "
                                   "the MLPs and the residual stream") from None
             raise
-    _ok(f"path_patch_logit matches arithlib.path_patching.path_patch_full on all {len(comps)} heads")
+    _ok(f"path_patch_logit matches arithlib.zhang.path_patching.path_patch_full on all {len(comps)} heads")
 
 
 def check_head_effects(fn: Callable) -> None:
     """``fn(bridge, tokens, cf_tokens, answer_ids)``: Zhang's path-patching effect of every
     head, the mean over prompts of the relative logit change, as [n_layers, n_heads];
-    reference :func:`arithlib.path_patching.path_patching` (the fast path of notebook 01)."""
+    reference :func:`arithlib.zhang.path_patching.path_patching` (the fast path of notebook 01)."""
     bridge, batch = check_model().bridge, patching_batch()
     res = PP.path_patching(bridge, batch.prompts, senders=P.head_components(bridge.cfg.n_layers, bridge.cfg.n_heads),
                           capture_attention=False, progress=False)
@@ -189,7 +189,7 @@ def check_head_effects(fn: Callable) -> None:
         mine = _as_tensor(fn(bridge, batch.tokens.clone(), batch.cf_tokens.clone(), batch.answer_ids.clone()),
                           "head_effects")
     _compare(mine, ref, "head_effects")
-    _ok("head_effects matches the path-patching effects of arithlib.path_patching.path_patching")
+    _ok("head_effects matches the path-patching effects of arithlib.zhang.path_patching.path_patching")
 
 
 # --------------------------------------------------------------------------- notebook 02
@@ -198,7 +198,7 @@ def check_head_effects(fn: Callable) -> None:
 @dataclass(frozen=True)
 class AnswerBatch:
     """Prompts the toy model answers correctly (Zhang's ``A + B =`` and ``A - B =``,
-    2-shot), their answer-position cache (:class:`arithlib.probing.AnswerCache`) and
+    2-shot), their answer-position cache (:class:`arithlib.zhang.probing.AnswerCache`) and
     the answer's first token ``answer_ids`` [N]."""
 
     prompts: ds.PromptSet
@@ -223,7 +223,7 @@ def check_logit_lens(fn: Callable) -> None:
     embedding, then the residual stream after each block, at the answer position):
     ``(logprob, rank)``, each [N, n_layers + 1], of the answer token when each row is read
     through the final norm and the unembedding (rank 0 = top prediction); reference
-    :func:`arithlib.lens.logit_lens_answer`."""
+    :func:`arithlib.zhang.lens.logit_lens_answer`."""
     bridge, data = check_model().bridge, answer_batch()
     ref = L.logit_lens_answer(bridge, data.cache, data.prompts).sort_values(["prompt", "layer"])
     stack, layers = L.lens_stack(data.cache)
@@ -244,13 +244,13 @@ def check_logit_lens(fn: Callable) -> None:
                               "final norm (bridge.ln_final) first") from None
         raise
     _compare(rank, torch.tensor(ref["rank"].to_numpy()).reshape(shape).float(), "logit_lens rank", 0.0)
-    _ok("logit_lens matches arithlib.lens.logit_lens_answer (log-probabilities and ranks)")
+    _ok("logit_lens matches arithlib.zhang.lens.logit_lens_answer (log-probabilities and ranks)")
 
 
 def check_delta_cosine(fn: Callable) -> None:
     """``fn(mlp_in, mlp_out, W_U, answer_ids)`` with activations [N, n_layers, d_model]:
     cos(MLP_out - MLP_in, W_U[:, C]) [N, n_layers] (Zhang et al. Fig. 6b); reference the
-    ``delta_C`` measure of :func:`arithlib.probing.unembed_cosines`."""
+    ``delta_C`` measure of :func:`arithlib.zhang.probing.unembed_cosines`."""
     model, data = check_model(), answer_batch()
     W_U = PR.unembed_matrix(model.bridge)
     numbers = ds.single_token_numbers(model.tokenizer, 30)
@@ -260,14 +260,14 @@ def check_delta_cosine(fn: Callable) -> None:
     mine = _as_tensor(fn(data.cache.acts["mlp_in"].clone(), data.cache.acts["mlp_out"].clone(), W_U.clone(),
                          data.answer_ids.clone()), "delta_cosine")
     _compare(mine, ref, "delta_cosine", 1e-5)
-    _ok("delta_cosine matches the delta_C measure of arithlib.probing.unembed_cosines")
+    _ok("delta_cosine matches the delta_C measure of arithlib.zhang.probing.unembed_cosines")
 
 
 @dataclass(frozen=True)
 class ProbeData:
     """Answer-position residual streams of Yu's 2-digit + and - prompts (2-shot):
     ``acts`` [N, n_layers + 1, d_model] (the embedding first), ``layers`` (-1 = the
-    embedding), ``labels`` (:func:`arithlib.probing.probe_labels`: a, b, result, group)
+    embedding), ``labels`` (:func:`arithlib.zhang.probing.probe_labels`: a, b, result, group)
     and the grouped ``train`` / ``test`` rows (operand pairs never on both sides)."""
 
     acts: torch.Tensor
@@ -294,7 +294,7 @@ def probe_data() -> ProbeData:
 def check_probe_r2(fn: Callable) -> None:
     """``fn(x_train, y_train, x_test, y_test)`` (numpy; x [n, d_model], y [n]): the held-out
     R^2 of a linear probe fitted on the training rows. Checked on the operands and the
-    result at every layer: within :data:`PROBE_TOL` of :func:`arithlib.probing.linear_probes`
+    result at every layer: within :data:`PROBE_TOL` of :func:`arithlib.zhang.probing.linear_probes`
     (standardised features, ridge regression with alpha chosen by cross-validation)."""
     data = probe_data()
     ref = PR.linear_probes(data.acts, data.labels, ["a", "b", "result"], layer_labels=data.layers, progress=False)
@@ -313,5 +313,5 @@ def check_probe_r2(fn: Callable) -> None:
     if len(bad):
         raise CheckFailed(f"probe_r2 is more than {PROBE_TOL} away from the reference (StandardScaler, then RidgeCV "
                           f"over alphas 10^-1..10^5) for:\n{bad.round(3).to_string(index=False)}")
-    _ok(f"probe_r2 is within {PROBE_TOL} of arithlib.probing.linear_probes on {len(table)} probes "
+    _ok(f"probe_r2 is within {PROBE_TOL} of arithlib.zhang.probing.linear_probes on {len(table)} probes "
         f"(largest difference {table['difference'].max():.3f})")

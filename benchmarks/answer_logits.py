@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Benchmark: the teacher-forced answer pass of notebooks 05 and 06
-(``arithlib.finetune.teacher_forced_logits``) with each few-shot group's prefix run once per
+(``arithlib.methods.finetune.teacher_forced_logits``) with each few-shot group's prefix run once per
 batch (``share_prefix=True``, the default) against every row's whole prompt
 (``share_prefix=False``), on the test and training sets of notebook 05's quick scale
 (Yu's 2-digit prompts, 2-shot, 4 templates x 3 operators: groups of a few prompts, so
@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import arithlib.datasets as ds  # noqa: E402
-import arithlib.finetune as FT  # noqa: E402
+import arithlib.core.datasets as ds  # noqa: E402
+import arithlib.methods.finetune as FT  # noqa: E402
 import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402

@@ -1,10 +1,10 @@
 """Which model a benchmark runs on, named by one ``--model`` string:
 
-* a registry name or a local directory (:func:`arithlib.models.load_model`);
+* a registry name or a local directory (:func:`arithlib.core.models.load_model`);
 * ``random-<arch>``: a tiny random-weight model of that architecture (2 layers; the
   test suite's code-path check);
 * ``random-<arch>:<shape>``: a random-weight model of a full-size shape from
-  :data:`arithlib.models.FULL_SHAPES` (``random-llama:llama3-8b``), built directly on
+  :data:`arithlib.core.models.FULL_SHAPES` (``random-llama:llama3-8b``), built directly on
   the device in the given dtype: how the GPU benchmarks run a paper-sized model
   without its weights.
 
@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from arithlib.models import FULL_SHAPES, LoadedModel, load_model, load_random_model
+from arithlib.core.models import FULL_SHAPES, LoadedModel, load_model, load_random_model
 
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Benchmark: CNA importance (Yu & Ananiadou 2024, Sec. 4.1) of every FFN neuron for N
-prompts, batched (``arithlib.cna.exact_importance``: shared value projections, vocabulary
+prompts, batched (``arithlib.yu.cna.exact_importance``: shared value projections, vocabulary
 in chunks, online logsumexp) against the per-neuron loop through the model's own
-``ln_final`` and unembedding (``arithlib.cna.importance_loop``). Both are exact; the
+``ln_final`` and unembedding (``arithlib.yu.cna.importance_loop``). Both are exact; the
 script checks they agree (within a tolerance scaled to the model's dtype: the loop
 rounds the residual stream and the final norm's output to it), prints a markdown table
 and appends it, with the command, to ``benchmarks/RESULTS.md``.
@@ -35,14 +35,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import arithlib.answer_runs as AR  # noqa: E402
-import arithlib.neurons as N  # noqa: E402
-import arithlib.cna as C  # noqa: E402
+import arithlib.methods.answer_runs as AR  # noqa: E402
+import arithlib.methods.neurons as N  # noqa: E402
+import arithlib.yu.cna as C  # noqa: E402
 import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
-import arithlib.datasets as ds  # noqa: E402
-from arithlib.readout import final_norm, unembedding  # noqa: E402
+import arithlib.core.datasets as ds  # noqa: E402
+from arithlib.core.readout import final_norm, unembedding  # noqa: E402
 
 #: Allowed |batched - loop| per unit of logit spread, by the model's dtype: the batched
 #: path is float32 throughout, the loop feeds ``ln_final`` in the model's dtype (the

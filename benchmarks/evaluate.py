@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: whole-answer evaluation of a prompt set, greedy decoding step by step
-(``arithlib.evaluate.greedy_answers``: one forward call per answer token) against the
-one-pass teacher-forced check (``arithlib.evaluate.checked_answers``: the prompt, then
+(``arithlib.core.evaluate.greedy_answers``: one forward call per answer token) against the
+one-pass teacher-forced check (``arithlib.core.evaluate.checked_answers``: the prompt, then
 the whole answer in one call). Both share the few-shot prefix. Each is timed with
 ``roofline.best_time`` (the GPU synchronised around each call) and its FLOPs counted
 by ``roofline.counted_flops`` (one extra, untimed call); the table gives GFLOP,
@@ -32,11 +32,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import arithlib.datasets as ds  # noqa: E402
+import arithlib.core.datasets as ds  # noqa: E402
 import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
-from arithlib.evaluate import checked_answers, continues_number, greedy_answers  # noqa: E402
+from arithlib.core.evaluate import checked_answers, continues_number, greedy_answers  # noqa: E402
 
 
 def _correct(prompts: ds.PromptSet, generated: list[list[int]]) -> list[bool]:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Benchmark: Yu's head sweep (every head zeroed at every position), the engine of
-:func:`arithlib.head_sweep.exact_head_sweep` against the baseline of one pass per head
+:func:`arithlib.yu.head_sweep.exact_head_sweep` against the baseline of one pass per head
 that recomputes every position of every prompt from the head's layer up
-(:func:`arithlib.knockouts.head_sweep` with ``position=None``), and against one full
+(:func:`arithlib.methods.knockouts.head_sweep` with ``position=None``), and against one full
 forward pass per head (the literal intervention; its time is the baseline pass time x
 n_layers / (n_layers - mean head layer), measured directly on ``--full-heads`` heads).
 
@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import arithlib.ablation as A  # noqa: E402
-import arithlib.datasets as ds  # noqa: E402
-import arithlib.head_sweep as HS  # noqa: E402
-import arithlib.knockouts as KO  # noqa: E402
-from arithlib.evaluate import answer_logits  # noqa: E402
-from arithlib.models import load_model  # noqa: E402
+import arithlib.methods.ablation as A  # noqa: E402
+import arithlib.core.datasets as ds  # noqa: E402
+import arithlib.yu.head_sweep as HS  # noqa: E402
+import arithlib.methods.knockouts as KO  # noqa: E402
+from arithlib.core.evaluate import answer_logits  # noqa: E402
+from arithlib.core.models import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import append, section  # noqa: E402

@@ -7,7 +7,7 @@ pair the tokens after the shared few-shot prefix must pass through every layer f
 head's own layer up. This counts exactly those token-layers for the pairs notebook 01's
 committed run swept (stage 1: every head on ``yu_screen_n`` prompts per setting; stage 2:
 the rows of ``01_yu_head_sweep_rows.csv``; the recall check: every head on the
-``yu_recall_setting`` prompts), batched as :func:`arithlib.head_sweep.exact_head_sweep`
+``yu_recall_setting`` prompts), batched as :func:`arithlib.yu.head_sweep.exact_head_sweep`
 batches them, and multiplies by the FLOPs of one token through one layer's weight
 matrices (2 per multiply-add). That is a lower bound: it leaves out the ablated prefix,
 the clean runs, attention scores and the readout. Divided by the best matrix-product
@@ -34,11 +34,11 @@ import roofline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import arithlib.datasets as ds  # noqa: E402
-import arithlib.head_sweep as HS  # noqa: E402
-import arithlib.transfer_sets as TS  # noqa: E402
+import arithlib.core.datasets as ds  # noqa: E402
+import arithlib.yu.head_sweep as HS  # noqa: E402
+import arithlib.zhang.transfer_sets as TS  # noqa: E402
 from arithlib.engine import common_prefix  # noqa: E402
-from arithlib.models import load_model  # noqa: E402
+from arithlib.core.models import load_model  # noqa: E402
 
 
 def layer_macs(cfg) -> int:

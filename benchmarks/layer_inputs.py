@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
-import arithlib.datasets as ds  # noqa: E402
-import arithlib.finetune as FT  # noqa: E402
+import arithlib.core.datasets as ds  # noqa: E402
+import arithlib.methods.finetune as FT  # noqa: E402
 from arithlib.engine import LayerInputs  # noqa: E402
 
 #: Allowed |full - late| of a log-probability, by the model's dtype (see the docstring):

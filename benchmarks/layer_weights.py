@@ -4,7 +4,7 @@
 The bridge's ``W_out`` / ``W_in`` / ``W_gate`` / ``W_V`` / ``W_O`` properties stack the
 parameter of every layer into a new tensor on each access, so ``bridge.W_out[layer]``
 copies all layers to return one (and the returned view keeps the whole copy alive).
-:func:`arithlib.neurons.w_out` reads ``bridge.blocks[layer].mlp.W_out`` instead. This
+:func:`arithlib.methods.neurons.w_out` reads ``bridge.blocks[layer].mlp.W_out`` instead. This
 times both for every layer of a registry model (same values, checked) and appends the
 row to benchmarks/RESULTS.md.
 
@@ -27,8 +27,8 @@ if str(ROOT) not in sys.path:
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import results  # noqa: E402
-from arithlib.neurons import w_out  # noqa: E402
-from arithlib.models import load_model, load_random_model  # noqa: E402
+from arithlib.methods.neurons import w_out  # noqa: E402
+from arithlib.core.models import load_model, load_random_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 

@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_model  # noqa: E402
 import results  # noqa: E402
-import arithlib.datasets as ds  # noqa: E402
-import arithlib.finetune as FT  # noqa: E402
-import arithlib.lora as LO  # noqa: E402
+import arithlib.core.datasets as ds  # noqa: E402
+import arithlib.methods.finetune as FT  # noqa: E402
+import arithlib.yu.lora as LO  # noqa: E402
 from arithlib.engine import LayerInputs  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: one AdamW step over every weight of a model (full SFT's optimizer step).
 
-``arithlib.finetune.make_optimizer`` uses torch's fused AdamW kernel, one pass over each
+``arithlib.methods.finetune.make_optimizer`` uses torch's fused AdamW kernel, one pass over each
 parameter and its two moments; the baseline is the single-tensor loop
 (``foreach=False``), a pass per elementwise operation. Both step the model's own
 parameters (copies) with the same random gradients (drawn on the CPU, then moved to the
@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
-import arithlib.finetune as FT  # noqa: E402
-from arithlib.finetune import TrainConfig, make_optimizer  # noqa: E402
+import arithlib.methods.finetune as FT  # noqa: E402
+from arithlib.methods.finetune import TrainConfig, make_optimizer  # noqa: E402
 
 LR = 1e-4
 

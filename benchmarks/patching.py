@@ -1,16 +1,16 @@
 #!/usr/bin/env python
 """Benchmark: activation patching of every attention head at the answer position,
-the fast path of :mod:`arithlib.patching` against one full forward pass per head.
+the fast path of :mod:`arithlib.methods.patching` against one full forward pass per head.
 
 Baselines (same model, prompts, heads, metric = the answer token's logit):
 
 * ``tl``:  TransformerLens 4.3 ``transformer_lens.patching.generic_activation_patch``
   (the engine of ``get_act_patch_attn_head_out_by_pos``) restricted to the answer
   position: one ``run_with_hooks`` per head, full logits at every position.
-* ``own``: the same loop with :func:`arithlib.patching.run_edits_full` (one forward per
+* ``own``: the same loop with :func:`arithlib.methods.patching.run_edits_full` (one forward per
   head, logits at the last position only).
 
-The fast path (:func:`arithlib.engine.clean_run` + :func:`arithlib.patching.run_variants`)
+The fast path (:func:`arithlib.engine.clean_run` + :func:`arithlib.methods.patching.run_variants`)
 runs the clean and the counterfactual prompts once, then every head's patch as one
 token per prompt over the reused KV cache, from the head's layer up, all heads batched.
 
@@ -50,9 +50,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import arithlib.patching as P  # noqa: E402
+import arithlib.methods.patching as P  # noqa: E402
 import arithlib.engine as E  # noqa: E402
-from arithlib.models import load_model, load_random_model  # noqa: E402
+from arithlib.core.models import load_model, load_random_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from roofline import gpu_datasheet, measure_peak, sync  # noqa: E402
@@ -85,7 +85,7 @@ def full_forward_flops(cfg, B: int, T: int, unembed_positions: int) -> float:
 
 def fast_cost(cfg, B: int, T: int, layers: list[int], max_rows: int, bytes_per: int) -> tuple[float, float]:
     """(FLOPs, bytes) of the variant phase of the fast path, mirroring
-    :func:`arithlib.patching.run_variants`'s sorting and chunking; bytes count the
+    :func:`arithlib.methods.patching.run_variants`'s sorting and chunking; bytes count the
     weights of the layers each chunk runs and the expanded KV cache it writes and reads."""
     per_chunk = max(1, max_rows // B)
     order = sorted(layers)

@@ -38,14 +38,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import arithlib.ablation as A  # noqa: E402
-import arithlib.answer_runs as AR  # noqa: E402
-import arithlib.datasets as ds  # noqa: E402
+import arithlib.methods.ablation as A  # noqa: E402
+import arithlib.methods.answer_runs as AR  # noqa: E402
+import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.engine as E  # noqa: E402
-import arithlib.heuristics as H  # noqa: E402
-import arithlib.neurons as N  # noqa: E402
-import arithlib.path_patching as PP  # noqa: E402
-import arithlib.patching as P  # noqa: E402
+import arithlib.nikankin.heuristics as H  # noqa: E402
+import arithlib.methods.neurons as N  # noqa: E402
+import arithlib.zhang.path_patching as PP  # noqa: E402
+import arithlib.methods.patching as P  # noqa: E402
 import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402

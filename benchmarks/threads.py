@@ -23,8 +23,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import arithlib.engine as E  # noqa: E402
-import arithlib.datasets as ds  # noqa: E402
-from arithlib.models import load_model  # noqa: E402
+import arithlib.core.datasets as ds  # noqa: E402
+from arithlib.core.models import load_model  # noqa: E402
 
 
 def time_runner(bridge, prompts: ds.PromptSet, threads: int, passes: int = 5) -> tuple[float, float]:

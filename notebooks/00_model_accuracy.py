@@ -51,7 +51,7 @@
 # token {C} and keep the samples the model predicts correctly (Sec. 3); Yu & Ananiadou
 # "take accuracy as metric" (Sec. 3.2) without describing the decoding. Here decoding is
 # greedy and `correct_full` asks for the whole, possibly multi-token, answer followed by a
-# token that does not continue the number (`arithlib.evaluate.evaluate`, checked in one
+# token that does not continue the number (`arithlib.core.evaluate.evaluate`, checked in one
 # teacher-forced pass that gives greedy decoding's verdict); `correct_first` is the
 # single-token criterion. *Sizes:* `n_per_template` prompts per template and operator
 # instead of Zhang's 10,000 addition samples or Yu's 1,600 two-digit sentences; Nikankin's
@@ -71,11 +71,11 @@ fewshot = 2              # solved examples in the prefix of every analysis promp
 n_per_template = 10      # prompts per template and operator (Yu, Zhang, word problems): 40-80 per table cell
 
 # %%
-import arithlib.datasets as ds
-from arithlib.evaluate import accuracy, evaluate_sets
-from arithlib.outputs import save_figure, save_table
+import arithlib.core.datasets as ds
+from arithlib.core.evaluate import accuracy, evaluate_sets
+from arithlib.run.outputs import save_figure, save_table
 from arithlib.plots.accuracy import accuracy_bars, heatmap
-from arithlib.runs import start_run
+from arithlib.run.runs import start_run
 
 if quick:
     n_per_template = 4

@@ -33,7 +33,7 @@
 # sparse circuit (few heads, many MLP neurons) that reproduces ~96 % of the model's
 # behaviour. Does the same hold here?
 #
-# **Methods** (all in `arithlib.patching` / `arithlib.metrics`, tested against
+# **Methods** (all in `arithlib.methods.patching` / `arithlib.core.metrics`, tested against
 # TransformerLens' patcher):
 # 1. *Path patching* (Zhang Alg. 1, App. B). For each head h (and each MLP), its output at
 #    the END position is replaced by its value on the counterfactual prompt X_c (operator
@@ -101,7 +101,7 @@ yu_top_k = 10                # stage 2: screened heads per setting zeroed at eve
 yu_recall_setting = "-1"     # "{op}{digits}" swept exactly for every head, to measure the screen's recall ("" skips)
 yu_case_prompts = 50         # 2D prompts per operator for memorize vs change-one
 use_cache = True             # store the head sweep batch by batch, and each long section, in ~/.cache/arithlib:
-                             # a stopped run resumes there (arithlib.stored)
+                             # a stopped run resumes there (arithlib.run.stored)
 # 6. circuit (Nikankin)
 nikankin_max_operand = 99    # capped at the tokenizer's single-token range
 nikankin_candidates = 20     # candidate prompts per operator
@@ -121,22 +121,22 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-import arithlib.datasets as ds
+import arithlib.core.datasets as ds
 import arithlib.engine as engine
-import arithlib.head_sweep as HS
-import arithlib.activation_patching as activation_patching
-import arithlib.knockouts as knockouts
-import arithlib.patching as patching
-import arithlib.path_patching as path_patching
-import arithlib.positions as positions
+import arithlib.yu.head_sweep as HS
+import arithlib.nikankin.activation_patching as activation_patching
+import arithlib.methods.knockouts as knockouts
+import arithlib.methods.patching as patching
+import arithlib.zhang.path_patching as path_patching
+import arithlib.core.positions as positions
 import arithlib.plots.heads as plots
-import arithlib.transfer_sets as TS
-from arithlib.ablation import mean_activations
-from arithlib.evaluate import accuracy, evaluate
-from arithlib.outputs import save_figure, save_json, save_table
-from arithlib.paths import cache_root
-from arithlib.runs import start_run
-from arithlib.stored import Store
+import arithlib.zhang.transfer_sets as TS
+from arithlib.methods.ablation import mean_activations
+from arithlib.core.evaluate import accuracy, evaluate
+from arithlib.run.outputs import save_figure, save_json, save_table
+from arithlib.run.paths import cache_root
+from arithlib.run.runs import start_run
+from arithlib.run.stored import Store
 
 if quick:
     zhang_per_template, zhang_per_op = 2, 6
@@ -206,7 +206,7 @@ from dataclasses import replace
 
 with timed("1 path patching"):
     cand = ds.PromptSet.build(ds.zhang_prompts(ops, (1, 9), zhang_per_template, seed, fewshot), tok)
-    ev = store("X_r candidates evaluated", lambda: evaluate(bridge, cand, batch_size=batch_size), code=["evaluate"],
+    ev = store("X_r candidates evaluated", lambda: evaluate(bridge, cand, batch_size=batch_size), code=["core.evaluate"],
                model=bridge, prompts=cand, batch_size=batch_size)
     ok = ev["correct_full"].to_numpy() & (ev["answer_logit"].to_numpy() > 0)
     correct = cand.subset([i for i, good in enumerate(ok) if good])
@@ -225,10 +225,10 @@ with timed("1 path patching"):
         xc_rates = store("X_c answer rates", lambda: pd.concat(
             [knockouts.answer_rate_table(knockouts.counterfactual_answer_rate(bridge, s, seed, batch_size)).assign(xc_prefix=name)
              for name, s in (("no-operation", xr), ("true-answers", xr_old))], ignore_index=True),
-            code=["knockouts"], model=bridge, prompts=[xr, xr_old], seed=seed, batch_size=batch_size)
+            code=["methods.knockouts"], model=bridge, prompts=[xr, xr_old], seed=seed, batch_size=batch_size)
         save_table(xc_rates, run.out, "01_xc_answer_rate")
         pp = store("path patching", lambda: path_patching.path_patching(bridge, xr, batch_size=batch_size, cache=xr_cache),
-                   code=["path_patching"], model=bridge, prompts=xr, batch_size=batch_size)
+                   code=["zhang.path_patching"], model=bridge, prompts=xr, batch_size=batch_size)
 display(zhang_acc)
 if has_zhang:
     display(xc_rates)
@@ -286,7 +286,7 @@ if has_zhang:
         ranking = [(int(r.layer), int(r.head)) for r in pooled[pooled.kind == "head"].sort_values("effect").itertuples()]
         K = min(knockout_k, N_HEADS // 2)  # cap (tiny models): as many other heads must remain for the random control
         ks = [0] + [k for k in knockout_ks if k <= N_HEADS]
-        ko_args = dict(code=["knockouts"], model=bridge, prompts=xr, batch_size=batch_size, max_rows=max_rows)
+        ko_args = dict(code=["methods.knockouts"], model=bridge, prompts=xr, batch_size=batch_size, max_rows=max_rows)
         curves = store("knockout curves", lambda: knockouts.knockout_curves(
             bridge, xr, ranking, ks, pp.end_means(), n_random_orders, seed, batch_size=batch_size, max_rows=max_rows,
             cache=xr_cache), ranking=ranking, ks=ks, means=pp.end_means(), n_random=n_random_orders, seed=seed, **ko_args)
@@ -318,7 +318,7 @@ if has_zhang:
 # Table 4) are mean-ablated
 # on 2-digit addition and subtraction (Yu 2D + and -, "{A} + {B} =" and "{A} - {B} ="),
 # word problems (Zhang Fig. 10), exponentiation (App. D), decimals and dates
-# (`arithlib.transfer_sets`), `transfer_n` prompts per format. First-token accuracy over all
+# (`arithlib.zhang.transfer_sets`), `transfer_n` prompts per format. First-token accuracy over all
 # prompts of each format, before and after. **Position:** at END only, with the mean over
 # Zhang's X_c at END: X_c has no prompts of these formats, so a per-position mean exists only
 # at the one position every format shares with X_c (the answer position); section 2's
@@ -344,7 +344,7 @@ if has_zhang:
         transfer, examples, transfer_pp = store("transfer", lambda: TS.transfer_knockout(
             bridge, tok, rng_sets, ko_heads, pp.end_means(), n=transfer_n, n_random=n_random_orders, seed=seed,
             n_layers=L, n_heads=H, batch_size=batch_size, max_rows=max_rows),
-            code=["transfer_sets"], model=bridge, sets=rng_sets, heads=ko_heads, means=pp.end_means(), n=transfer_n,
+            code=["zhang.transfer_sets"], model=bridge, sets=rng_sets, heads=ko_heads, means=pp.end_means(), n=transfer_n,
             n_random=n_random_orders, seed=seed, batch_size=batch_size, max_rows=max_rows)
     save_table(transfer, run.out, "01_transfer")
     save_table(examples, run.out, "01_transfer_examples")
@@ -360,7 +360,7 @@ if has_zhang:
 # The END query's attention (clean runs of section 1) summed over the tokens of operand A,
 # operand B, the operator (located from the tokenizer's offsets in the final query line),
 # the rest of the query and the few-shot prefix, averaged over prompts (per operator, then
-# over operators). For the head type (`arithlib.positions.classify_heads`) the five classes
+# over operators). For the head type (`arithlib.core.positions.classify_heads`) the five classes
 # are merged into three: the operands (A + B), the operator, and everything else (rest of
 # the query + prefix). A head is an *operand head*, an *operator head* or *other* by which
 # of the three gets the largest mean attention (after Zhang Sec. 4.2: "the type of token
@@ -409,7 +409,7 @@ if has_zhang:
 # head on every prompt of one setting (`yu_recall_setting`), and on the toy model in the
 # tests.
 #
-# The sweep (`arithlib.head_sweep`, on the engine's `run_from`) runs the shared few-shot
+# The sweep (`arithlib.yu.head_sweep`, on the engine's `run_from`) runs the shared few-shot
 # prefix once per head, then only the query tokens, starting at the head's layer from the
 # recorded residual stream, all heads of a layer in one batch; it is tested equal to a
 # full forward pass with the head zeroed (`tests/equivalence/test_head_sweep.py`).
@@ -540,7 +540,7 @@ with timed("6 circuit patching"):
         names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
         pos = positions.named_positions(positions.locate_operands(nk), names)
         nk_cache = engine.RunCache()
-        nk_args = dict(code=["activation_patching"], model=bridge, prompts=nk, positions=pos, batch_size=batch_size, max_rows=max_rows)
+        nk_args = dict(code=["nikankin.activation_patching"], model=bridge, prompts=nk, positions=pos, batch_size=batch_size, max_rows=max_rows)
         ie_all = store("coarse-to-fine patching", lambda: activation_patching.coarse_to_fine_patching(
             bridge, nk, pos, nikankin_refine, batch_size=batch_size, max_rows=max_rows, cache=nk_cache),
             refine=nikankin_refine, **nk_args)

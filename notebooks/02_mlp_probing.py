@@ -41,7 +41,7 @@
 #    its mean cosine with W_U[n] over the other candidate numbers n (Zhang Fig. 6a, b),
 #    with 95 % confidence bands, and (our control, not in the paper) each target's
 #    cosine minus the mean cosine with the other numbers; the start / inflection / peak /
-#    end of each curve by the rule of `arithlib.probing.curve_points` (layer 0 left out,
+#    end of each curve by the rule of `arithlib.zhang.probing.curve_points` (layer 0 left out,
 #    see below), compared with the layers of the key heads found by notebook 01. The
 #    MLP's contribution is read two ways (see **Which reading the verdict takes**): its
 #    write into the residual stream, resid_post − resid_mid (the verdict's), and the
@@ -113,14 +113,14 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-import arithlib.datasets as ds
-import arithlib.lens as lens
-import arithlib.path_patching as path_patching
+import arithlib.core.datasets as ds
+import arithlib.zhang.lens as lens
+import arithlib.zhang.path_patching as path_patching
 import arithlib.plots.probing as plots
-import arithlib.probing as probing
-from arithlib.models import load_model
-from arithlib.outputs import find_table, read_table, save_figure, save_table
-from arithlib.runs import start_run
+import arithlib.zhang.probing as probing
+from arithlib.core.models import load_model
+from arithlib.run.outputs import find_table, read_table, save_figure, save_table
+from arithlib.run.runs import start_run
 
 if quick:
     n_per_template, lens_max_prompts, probe_n_per_template = 2, 24, 60

@@ -52,29 +52,29 @@
 #    reviewer in the OpenReview thread describes Eq. 2 as "averaging the percentage change
 #    in logits") does not say whether the ratio is taken before or after averaging over
 #    prompts, so both are computed: **F** (`faithfulness`, the main number here) takes the
-#    means over prompts first (`arithlib.metrics.faithfulness`); the mean of per-prompt
+#    means over prompts first (`arithlib.core.metrics.faithfulness`); the mean of per-prompt
 #    ratios (`faithfulness_per_prompt`) is reported beside it (it is unstable when a
 #    prompt's denominator is near 0). Since y = 1 whenever the model's top token is the answer, F
 #    mostly measures how many answers survive. This neuron-only curve (selection prompts)
 #    picks the circuit size used for the heuristics; the verdict reads the next point.
 # 3b. *Full-circuit faithfulness* (what the paper measures). Circuit = the heads of largest
 #    activation-patching indirect effect (per position op1 / operator / op2 / "=", Nikankin
-#    Sec. 2; `arithlib.activation_patching.coarse_to_fine_patching` on Nikankin prompts, as notebook
+#    Sec. 2; `arithlib.nikankin.activation_patching.coarse_to_fine_patching` on Nikankin prompts, as notebook
 #    01) + the top neurons (about 1 % of each analysed MLP, the paper's size) at "="; every
 #    head and every MLP neuron outside it is mean-ablated at the four positions. Heads and
 #    neurons are chosen on selection prompts; F is scored on **held-out** grid prompts with
 #    a 95 % bootstrap interval.
-# 4. *Heuristics* (Sec. 4.1). A catalogue of rules (`arithlib.heuristics`); a neuron's match
+# 4. *Heuristics* (Sec. 4.1). A catalogue of rules (`arithlib.nikankin.heuristics`); a neuron's match
 #    score with rule h = share of its s_h top-activating grid prompts that satisfy h
 #    (s_h = number of prompts satisfying h); it implements h when the score is >= t = 0.6
 #    **and** the label beats a null: a permutation test of the neuron's best score against
 #    shuffled-operand grids (p-values adjusted over the rules), with the false-discovery
 #    rate over the circuit's neurons controlled at `label_fdr` by Benjamini-Hochberg
-#    (`arithlib.heuristic_nulls`).
+#    (`arithlib.nikankin.heuristic_nulls`).
 # 5. *Ablations* (Sec. 4.2-4.3) on the held-out prompts, a neuron associated with every
 #    heuristic it matches at t whose label beats the null. The prompt knockout (Fig. 8)
 #    follows the authors' code: per layer at most a cap of the prompt's neurons, zeroed;
-#    the control per layer from that layer's other circuit neurons (`arithlib.prompt_knockout`).
+#    the control per layer from that layer's other circuit neurons (`arithlib.nikankin.prompt_knockout`).
 #    *Training dynamics* (Sec. 5) on saved checkpoints.
 #
 # **What is judged.** Faithfulness of the full circuit above (not of late-MLP neurons
@@ -126,24 +126,24 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-import arithlib.datasets as ds
+import arithlib.core.datasets as ds
 import arithlib.engine as engine
-import arithlib.faithfulness_checks as FC
-import arithlib.heuristic_grids as HG
-import arithlib.heuristic_dynamics as HD
-import arithlib.heuristic_nulls as HN
-import arithlib.heuristics as H
-import arithlib.prompt_knockout as PK
-import arithlib.neurons as N
-import arithlib.activation_patching as activation_patching
-import arithlib.patching as patching
-import arithlib.positions as positions
-import arithlib.stats as S
+import arithlib.nikankin.faithfulness_checks as FC
+import arithlib.nikankin.heuristic_grids as HG
+import arithlib.nikankin.heuristic_dynamics as HD
+import arithlib.nikankin.heuristic_nulls as HN
+import arithlib.nikankin.heuristics as H
+import arithlib.nikankin.prompt_knockout as PK
+import arithlib.methods.neurons as N
+import arithlib.nikankin.activation_patching as activation_patching
+import arithlib.methods.patching as patching
+import arithlib.core.positions as positions
+import arithlib.core.stats as S
 import arithlib.plots.neurons as plots
-from arithlib.outputs import save_figure, save_table
-from arithlib.ablation import mean_activations
-from arithlib.runs import start_run
-from arithlib.papers import FAITHFULNESS_TARGET, NIKANKIN_KNOCKOUT_CAP_SHARE, NIKANKIN_NEURON_SHARE
+from arithlib.run.outputs import save_figure, save_table
+from arithlib.methods.ablation import mean_activations
+from arithlib.run.runs import start_run
+from arithlib.core.papers import FAITHFULNESS_TARGET, NIKANKIN_KNOCKOUT_CAP_SHARE, NIKANKIN_NEURON_SHARE
 
 t_start = time.time()
 if threads:
@@ -330,7 +330,7 @@ curve.pivot_table(index="k_per_layer", columns="op", values=["faithfulness", "fa
 # `03_circuit_faithfulness_prompts.csv.gz`. The interval covers the choice of held-out prompts,
 # not the choice of the circuit (heads and neurons are fixed before scoring). An operator
 # whose denominator $\bar y_{full} - \bar y_{abl}$ is not above zero at 95 % (the fully
-# ablated model answers as the full one; `arithlib.faithfulness_checks`) has no F: it is
+# ablated model answers as the full one; `arithlib.nikankin.faithfulness_checks`) has no F: it is
 # excluded from the mean, with its reason, rather than averaged as an arbitrarily large ratio.
 
 # %%
@@ -617,9 +617,9 @@ ci_summary
 # %%
 dyn = overlap = None
 if model == "toy-arith" or dynamics_steps:
-    from arithlib.models import load_model
+    from arithlib.core.models import load_model
     if model == "toy-arith":
-        from arithlib.toy import toy_checkpoint_steps
+        from arithlib.core.toy import toy_checkpoint_steps
         steps = toy_checkpoint_steps()  # trained on demand when loaded, only as far as the step
         if dynamics_steps:
             steps = [s for s in steps if s in set(dynamics_steps)]

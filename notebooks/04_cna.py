@@ -45,7 +45,7 @@
 # As in the authors' code, every vector is read through the final norm with one fixed
 # scale per case, the RMS of the original run's final hidden state at the answer position
 # (p(. | x) = softmax(W_U (g * x / s)), s = sqrt(mean(h_final^2) + eps)), the same for every
-# layer and for the head-zeroed run (`norm_reading = "final"`, `arithlib.cna_norm`). CNA computes it in the original model and in the model with the
+# layer and for the head-zeroed run (`norm_reading = "final"`, `arithlib.yu.cna_norm`). CNA computes it in the original model and in the model with the
 # key head zeroed, and ranks neurons by the change imp_ori - imp_inv. Then: zero the
 # top-K neurons ("mask") or all other deep neurons ("keep") (Table 5); zero the lowest
 # top neuron and watch the others' coefficients (Table 6); project shallow neurons'
@@ -110,7 +110,7 @@
 #   instead normalised by its own RMS (`norm_reading = "own"`, a sensitivity variant).
 # - **Importance mode.** With `mode = "auto"`, a model whose layers x neurons x vocabulary
 #   are too large for a CPU (Qwen's) is scored in two stages: every neuron to first order,
-#   the top `n_candidates` per case exactly (`arithlib.cna`); on a GPU or for small models
+#   the top `n_candidates` per case exactly (`arithlib.yu.cna`); on a GPU or for small models
 #   every neuron is scored exactly.
 
 # %% tags=["parameters"]
@@ -140,7 +140,7 @@ n_quick = 24             # cases per operator group in quick mode
 batch_size = 64
 specific_head_chain = True  # also run the chain on a group's best arithmetic-specific head when its key head is not one
 use_cache = True         # store each long section in ~/.cache/arithlib/sections: a stopped run resumes there
-                         # (arithlib.stored; the key holds the model, cases, parameters and code)
+                         # (arithlib.run.stored; the key holds the model, cases, parameters and code)
 
 # %%
 import time
@@ -149,24 +149,24 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-import arithlib.answer_runs as answer_runs
-import arithlib.cna as C
-import arithlib.cna_norm as cna_norm
-import arithlib.mask_keep as masking
-import arithlib.pe_dag as pe_dag
-import arithlib.shallow_neurons as shallow_neurons
-import arithlib.datasets as ds
-import arithlib.head_specificity as HSP
-import arithlib.head_sweep as HS
-import arithlib.transfer_sets as TS
+import arithlib.methods.answer_runs as answer_runs
+import arithlib.yu.cna as C
+import arithlib.yu.cna_norm as cna_norm
+import arithlib.yu.mask_keep as masking
+import arithlib.yu.pe_dag as pe_dag
+import arithlib.yu.shallow_neurons as shallow_neurons
+import arithlib.core.datasets as ds
+import arithlib.yu.head_specificity as HSP
+import arithlib.yu.head_sweep as HS
+import arithlib.zhang.transfer_sets as TS
 import arithlib.plots.cna as plots
 import arithlib.report as R
-from arithlib import papers
-from arithlib.ablation import zero_heads_hooks
-from arithlib.outputs import save_figure, save_table
-from arithlib.paths import cache_root
-from arithlib.runs import start_run
-from arithlib.stored import Store
+from arithlib.core import papers
+from arithlib.methods.ablation import zero_heads_hooks
+from arithlib.run.outputs import save_figure, save_table
+from arithlib.run.paths import cache_root
+from arithlib.run.runs import start_run
+from arithlib.run.stored import Store
 
 t_start = time.time()
 run = start_run("04_cna", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, fewshot=fewshot, mode=mode, n_candidates=n_candidates,
@@ -235,7 +235,7 @@ if len(active) < len(groups):
 # position on all 1D prompts of the group's operators and of *, and on the factual-recall
 # prompts. A head is **specific** when its relative 1D * decrease is at most half its mean
 # relative decrease on its own operators (own - 2 x (*) >= 0) and it costs factual recall
-# at most 5 points (`arithlib.head_specificity`). The best specific head is the one with
+# at most 5 points (`arithlib.yu.head_specificity`). The best specific head is the one with
 # the largest own decrease among those that pass. When it is not the key head, the whole
 # chain (CNA, mask / keep, the lowest neuron and PE-DAG, the shallow neurons) also runs on
 # it, as group "+- specific" (or "/ specific"): the report shows both chains.
@@ -279,7 +279,7 @@ patterns.round(3)
 
 # %%
 results = {}
-cna_code = ["cna", "ablation"]  # the code every stored step below runs (with the modules these import)
+cna_code = ["yu.cna", "methods.ablation"]  # the code every stored step below runs (with the modules these import)
 cna_norm.check_norm_reading(norm_reading)
 
 
@@ -469,7 +469,7 @@ if case_idx is not None:
 # "attention layers 0-16" for neurons of layers 0-15 and key layer 17), and each
 # projection is put on the vocabulary through the final norm's weight and W_U. A neuron
 # qualifies at M when ANY of its projections has at least M distinct number/operation
-# concepts among its top-50 tokens. Concepts (`arithlib.shallow_neurons.concept_of`): digit strings,
+# concepts among its top-50 tokens. Concepts (`arithlib.yu.shallow_neurons.concept_of`): digit strings,
 # English number words 0..19, tens, hundred, thousand, and operator symbols and words
 # (+ plus add sum ...; - minus subtract difference ...; * × times product ...; / ÷ divide
 # ratio quotient ...); not foreign or Roman numerals, ordinals or multiples. M = 0 is

@@ -95,7 +95,7 @@ top_ks = [50, 30, 20, 10] # Yu Table 10
 norm_reading = "final"    # CNA through the final norm: "final" (the authors': the original run's final scale) or "own"
 n_table9 = 3              # neurons of the case 3+5 shown in Table 9
 use_cache = True          # reuse trained weights from the cache (keyed by model, data and settings), and the CNA
-                          # section's results (arithlib.stored): a stopped run resumes there
+                          # section's results (arithlib.run.stored): a stopped run resumes there
 batch_size = 32           # evaluation batch size
 
 # %%
@@ -104,17 +104,17 @@ import time
 import pandas as pd
 from IPython.display import Markdown, display
 
-import arithlib.cna as C
-import arithlib.datasets as ds
-import arithlib.finetune as FT
-import arithlib.lora as lora
+import arithlib.yu.cna as C
+import arithlib.core.datasets as ds
+import arithlib.methods.finetune as FT
+import arithlib.yu.lora as lora
 import arithlib.plots.finetune as plots
 import arithlib.report as R
-import arithlib.scales as scales
-from arithlib.outputs import save_figure, save_table
-from arithlib.paths import cache_root
-from arithlib.runs import start_run
-from arithlib.stored import Store
+import arithlib.run.scales as scales
+from arithlib.run.outputs import save_figure, save_table
+from arithlib.run.paths import cache_root
+from arithlib.run.runs import start_run
+from arithlib.run.stored import Store
 
 t_start = time.time()
 run = start_run("05_lora_mechanism", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, fewshot=fewshot, scale=scale, ops=ops,
@@ -227,7 +227,7 @@ deep = C.deep_layers(info.n_layers)
 coef_rows, cna_details = store("CNA on the LoRA models", lambda: lora.lora_cna(
     bridge, cases, lora_weights, ks=ks, layers=deep, mode="auto", n_candidates=S["n_candidates"], batch_size=batch_size,
     norm_reading=norm_reading),
-    code=["lora"], model=bridge, cases=cases, weights=lora_weights, ks=ks, layers=deep,
+    code=["yu.lora"], model=bridge, cases=cases, weights=lora_weights, ks=ks, layers=deep,
     n_candidates=S["n_candidates"], batch_size=batch_size, norm_reading=norm_reading)
 layer_of = {f"LoRA L{l}": l for l in S["layers"]}
 coef_rows["layer"] = coef_rows.model.map(layer_of)

@@ -49,7 +49,7 @@
 #   set with best rank <= K, so sorting by best rank (ties: mean rank over cases) gives one
 #   order whose prefixes are these unions. Table 11 keeps the first `main_share` (Yu's
 #   "only 5 %") of the deep neurons in that order; the sweep keeps other shares.
-# * *Pruning*: every other neuron of the deep layers is **removed** (`arithlib.pruning.prune_ffn`:
+# * *Pruning*: every other neuron of the deep layers is **removed** (`arithlib.yu.pruning.prune_ffn`:
 #   smaller gate/up/down matrices, a model with fewer parameters), not masked; a masked
 #   copy (same neurons zeroed in the full-size model) is evaluated beside it as a check.
 # * *Fine-tuning*: LoRA on the reference layer of the pruned model, trained on notebook 05's
@@ -94,18 +94,18 @@ import warnings
 import pandas as pd
 from IPython.display import Markdown, display
 
-import arithlib.cna as C
-import arithlib.datasets as ds
-import arithlib.finetune as FT
-import arithlib.lora as lora
+import arithlib.yu.cna as C
+import arithlib.core.datasets as ds
+import arithlib.methods.finetune as FT
+import arithlib.yu.lora as lora
 import arithlib.plots.pruning as plots
-import arithlib.pruning as pruning
+import arithlib.yu.pruning as pruning
 import arithlib.report as R
-import arithlib.scales as scales
-from arithlib import papers
-from arithlib.outputs import find_table, read_table, save_figure, save_table
-from arithlib.paths import cache_root
-from arithlib.runs import start_run
+import arithlib.run.scales as scales
+from arithlib.core import papers
+from arithlib.run.outputs import find_table, read_table, save_figure, save_table
+from arithlib.run.paths import cache_root
+from arithlib.run.runs import start_run
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # raised by peft on every LoRA model
 t_start = time.time()
@@ -196,7 +196,7 @@ display(pd.DataFrame([{**{f"05: {k}": str(v) for k, v in S05.items() if k in ("s
 # * **Timing** is wall time on this machine (shared CPU cores are noisy); the pruned model
 #   is a plain Hugging Face model with smaller MLP matrices, executed by the same code as the
 #   original. A TransformerBridge cannot represent per-layer FFN widths in its stacked weight
-#   views, so the pruned models are evaluated and fine-tuned through `arithlib.finetune`.
+#   views, so the pruned models are evaluated and fine-tuned through `arithlib.methods.finetune`.
 
 # %%
 t0 = time.time()

@@ -55,7 +55,7 @@
 #    through the final norm and the unembedding, under w's gender (a) and the other
 #    gender (b); change = imp_a - imp_b. As in the authors' code, every vector is read
 #    through the final norm with one fixed scale per prompt, the RMS of that prompt's
-#    final hidden state (`norm_reading = "final"`, `arithlib.cna_norm`; `"own"`
+#    final hidden state (`norm_reading = "final"`, `arithlib.yu.cna_norm`; `"own"`
 #    normalises each vector by its own RMS, a variant). **The exact importance of every neuron** where
 #    affordable (`exact_importance="auto"`: on a GPU, or when n_layers x d_mlp x d_model
 #    x vocab <= 5e12 multiply-adds, e.g. SmolLM2 on a CPU; the two prompts are shared by
@@ -88,7 +88,7 @@
 #    and without the early layers: the top-18 from layers >= 1 (refilled) and the top-18
 #    less its early neurons; both are reported, neither replaces the main edit.
 # 4. *Side effects:* LM loss on fixed English prose (`pydoc_data.topics`,
-#    `arithlib.general_ability`), exact-answer accuracy on Yu's 1-digit prompts with
+#    `arithlib.methods.general_ability`), exact-answer accuracy on Yu's 1-digit prompts with
 #    the few-shot prefix, and the profession tokens' probability on the gender-free
 #    prompts ("A person works as a", ...).
 # 5. *Held-out:* the 7 prompts not used by CNA, and professions not used to choose the
@@ -139,14 +139,14 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-import arithlib.bias as B
-import arithlib.datasets as ds
+import arithlib.yu.bias as B
+import arithlib.core.datasets as ds
 import arithlib.plots.bias as plots
 import arithlib.report as R
-from arithlib import papers
-from arithlib.general_ability import pydoc_prose
-from arithlib.outputs import save_figure, save_table
-from arithlib.runs import start_run
+from arithlib.core import papers
+from arithlib.methods.general_ability import pydoc_prose
+from arithlib.run.outputs import save_figure, save_table
+from arithlib.run.runs import start_run
 
 if quick:
     sweep, n_random_seeds, n_side_seeds = (6, 18), 2, 1

@@ -109,17 +109,17 @@ from dataclasses import replace
 import pandas as pd
 from IPython.display import Markdown, display
 
-import arithlib.datasets as ds
-import arithlib.finetune as FT
-import arithlib.general_ability as GA
+import arithlib.core.datasets as ds
+import arithlib.methods.finetune as FT
+import arithlib.methods.general_ability as GA
 import arithlib.plots.finetune as plots
 import arithlib.report as R
-import arithlib.scales as scales
-import arithlib.sft as sft
+import arithlib.run.scales as scales
+import arithlib.zhang.sft as sft
 from arithlib.engine import LayerInputs
-from arithlib.outputs import save_figure, save_table
-from arithlib.paths import cache_root
-from arithlib.runs import start_run
+from arithlib.run.outputs import save_figure, save_table
+from arithlib.run.paths import cache_root
+from arithlib.run.runs import start_run
 
 t_start = time.time()
 run = start_run("08_precise_sft", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map,

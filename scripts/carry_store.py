@@ -3,7 +3,7 @@
 
 A notebook stopped part-way resumes from the results it stored under ``$ARITHLIB_CACHE``
 (default ``~/.cache/arithlib``): the sections and head-sweep batches of
-:mod:`arithlib.stored`, and the fine-tuned models of :mod:`arithlib.finetune`. A fresh
+:mod:`arithlib.run.stored`, and the fine-tuned models of :mod:`arithlib.methods.finetune`. A fresh
 machine starts with an empty cache, so a run longer than one working session (Qwen-1.5B's
 notebook 01 takes some 7 hours on 2 CPU cores) never finishes there. This script copies a
 model's stored results into ``figures/<model>/stored/``, where they can be committed with
@@ -40,9 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from arithlib.atomic import atomic_write  # noqa: E402
-from arithlib.paths import cache_root  # noqa: E402
-from arithlib.stored import stored_seconds  # noqa: E402
+from arithlib.run.atomic import atomic_write  # noqa: E402
+from arithlib.run.paths import cache_root  # noqa: E402
+from arithlib.run.stored import stored_seconds  # noqa: E402
 
 #: Cache subfolders (each holding one folder per model) whose files are all carried.
 STORES = ("sections", "head_sweep")
@@ -155,15 +155,15 @@ def restore(model: str, cache: Path, src: Path) -> int:
 
 def folder_seconds(folder: Path) -> float:
     """Compute seconds recorded beside the stored results in ``folder`` (the ``*.json``
-    sidecars that :func:`arithlib.stored.stored_seconds` reads)."""
+    sidecars that :func:`arithlib.run.stored.stored_seconds` reads)."""
     return sum(stored_seconds(p.with_suffix(".pkl")) for p in folder.rglob("*.json"))
 
 
 def readme(model: str) -> str:
     return (f"# Stored results of a run of `{model}` in progress\n\n"
             "Written by `scripts/carry_store.py save`: the results a stopped notebook resumes from\n"
-            "(sections and head-sweep batches of `arithlib/stored.py`, finished fine-tuned models of\n"
-            "`arithlib/finetune.py`), committed so that the next working session, on a fresh machine,\n"
+            "(sections and head-sweep batches of `arithlib/run/stored.py`, finished fine-tuned models of\n"
+            "`arithlib/methods/finetune.py`), committed so that the next working session, on a fresh machine,\n"
             "resumes the run instead of starting it over. Each file is named by the hash of all it\n"
             "depends on; one that the code or the run no longer matches is never loaded. They are\n"
             "pickles written by this repository's own code: load them only from a checkout you trust.\n\n"

@@ -2,7 +2,7 @@
 """Compare the CSV tables of two figures folders (the check that a refactor changes
 no result): every table in either folder (``*.csv``, or ``*.csv.gz`` for a row-level one: a
 table stored plainly on one side and compressed on the other is compared by its contents,
-:func:`arithlib.outputs.read_table`) is reported as identical (byte for byte, uncompressed),
+:func:`arithlib.run.outputs.read_table`) is reported as identical (byte for byte, uncompressed),
 equal up to float rounding (same columns and rows, text cells equal, numbers within
 ``--rtol``/``--atol``), different, or missing on one side. Timing tables
 (``*timings*.csv``) and columns that hold run-time measurements (``--skip-columns``) are
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's arithlib
-from arithlib.outputs import find_table, read_table, table_name  # noqa: E402
+from arithlib.run.outputs import find_table, read_table, table_name  # noqa: E402
 
 #: Columns that measure the run, not the result (seconds, rates, memory).
 RUN_COLUMNS = ("seconds", "wall_s", "reused_s", "samples_per_second", "train_seconds", "forward_min_s",

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Store the tables of figures folders as arithlib stores them: row-level tables
 gzip-compressed (``<name>.csv.gz``), summary tables plain (``<name>.csv``); the rule is
-:func:`arithlib.outputs.is_row_level`, the compressed bytes those
-:func:`arithlib.outputs.save_table` writes (deterministic: the same table gives the same
+:func:`arithlib.run.outputs.is_row_level`, the compressed bytes those
+:func:`arithlib.run.outputs.save_table` writes (deterministic: the same table gives the same
 bytes). For folders written by a run of older code, which wrote every table as plain
 CSV, and for the committed figures. Idempotent: a folder that follows the rule is left
 as it is.
@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's arithlib
-from arithlib.atomic import write_bytes  # noqa: E402
-from arithlib.outputs import gzip_bytes, is_row_level, table_name  # noqa: E402
+from arithlib.run.atomic import write_bytes  # noqa: E402
+from arithlib.run.outputs import gzip_bytes, is_row_level, table_name  # noqa: E402
 
 
 def _text(path: Path) -> bytes:

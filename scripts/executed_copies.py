@@ -9,7 +9,7 @@ Rules, in the order applied:
    model and the commit the notebook ran at, and how to rerun it; the commit is also
    stored as ``metadata.arithlib.git_commit``. The commit is the run's own record: its
    ``NN_name_params.json`` (``environment.git_commit``, written by
-   :func:`arithlib.runs.start_run` from the checkout the notebook ran in), found beside
+   :func:`arithlib.run.runs.start_run` from the checkout the notebook ran in), found beside
    the copy's folder. ``+dirty`` (tracked files other than ``figures/`` were edited) is
    kept and said. Where the notebook's source in this checkout (``notebooks/NN_name.py``)
    differs from its source at that commit, the cell says so, and in which sections; such
@@ -65,7 +65,7 @@ FIGURES_FROM_NOTEBOOKS = "../figures"
 #: Patterns of warnings dropped from an executed copy's stderr (rule 3). Each one is also
 #: handled where it is raised: glyphs by :func:`arithlib.plots.font_safe` (token labels
 #: outside the font are written as ``\\uXXXX``), the deprecation by
-#: :func:`arithlib.lora.train_lora` silencing it around its call into peft.
+#: :func:`arithlib.yu.lora.train_lora` silencing it around its call into peft.
 NOISE_WARNINGS = (
     re.compile(r"UserWarning: Glyph \d+ .* missing from font"),
     re.compile(r"FutureWarning: `is_gradient_checkpointing` is deprecated"),
@@ -414,7 +414,7 @@ def refresh(paths: list[Path]) -> list[Path]:
     import nbformat
 
     sys.path.insert(0, str(ROOT))
-    from arithlib.atomic import write_text
+    from arithlib.run.atomic import write_text
 
     done = []
     for path in paths:

@@ -23,12 +23,12 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-import arithlib.datasets as ds  # noqa: E402
-import arithlib.finetune as FT  # noqa: E402
-import arithlib.lora as LO  # noqa: E402
-import arithlib.scales as SC  # noqa: E402
-from arithlib import papers  # noqa: E402
-from arithlib.models import load_model  # noqa: E402
+import arithlib.core.datasets as ds  # noqa: E402
+import arithlib.methods.finetune as FT  # noqa: E402
+import arithlib.yu.lora as LO  # noqa: E402
+import arithlib.run.scales as SC  # noqa: E402
+from arithlib.core import papers  # noqa: E402
+from arithlib.core.models import load_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's arithlib
-from arithlib.atomic import write_text  # noqa: E402  (the standard library only)
+from arithlib.run.atomic import write_text  # noqa: E402  (the standard library only)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from executed_copies import FIGURES_FROM_NOTEBOOKS, finish_copy  # noqa: E402

@@ -4,7 +4,7 @@ The key hashes the library modules the notebook imports (directly or through oth
 arithlib modules), the data files (data/), the notebook itself, the run's parameters,
 the last successful keys of the notebooks whose tables it reads (a name such as
 "01_path_patching" in its code), and the Python version and the versions of the packages
-that compute the tables (``arithlib.environment.COMPUTE_PACKAGES``). So editing a
+that compute the tables (``arithlib.run.environment.COMPUTE_PACKAGES``). So editing a
 notebook reruns it and the notebooks that read its tables, editing a library module reruns the notebooks that use it, and
 upgrading a package such as torch or transformers reruns them all.
 Usage: run_key.py NOTEBOOK OUTPUT_DIR PARAM...   (OUTPUT_DIR holds the NN_*.key files)
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "arithlib"
 _NOTEBOOK_IMPORT = re.compile(r"(?:from|import)[ \t]+arithlib(?:\.([\w.]+))?(?:[ \t]+import[ \t]+([\w \t,(]+))?")
 sys.path.insert(0, str(ROOT))  # this checkout's arithlib (sources only: no torch is imported)
-from arithlib.sources import imported_names, module_closure  # noqa: E402
+from arithlib.run.sources import imported_names, module_closure  # noqa: E402
 
 
 def notebook_modules(notebook: Path) -> set[str]:
@@ -73,7 +73,7 @@ def environment_key() -> str:
     """Python's version and the compute packages' versions, as one string."""
     sys.path.insert(0, str(ROOT))
     try:
-        from arithlib.environment import package_versions
+        from arithlib.run.environment import package_versions
     finally:
         sys.path.pop(0)
     return f"python={platform.python_version()};" + ";".join(f"{k}={v}" for k, v in package_versions().items())

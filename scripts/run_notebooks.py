@@ -35,7 +35,7 @@ is skipped (``--force`` reruns it).
 
 Placement and precision (issue 32): ``--dtype`` (auto: bfloat16 on a GPU, float32 on a
 CPU) and ``--device-map`` (auto, balanced, or a JSON object ``{module: device}``) become the notebooks' ``dtype`` and
-``device_map`` parameters (``arithlib.models.load_model`` splits the model through
+``device_map`` parameters (``arithlib.core.models.load_model`` splits the model through
 TransformerLens/accelerate). A bad value stops the run before any notebook starts. They
 enter the cache key only when they differ from float32 on one device, the setting of every
 run before them. After a failure no new notebook starts; the ones
@@ -108,7 +108,7 @@ from run_key import run_key, upstream  # noqa: E402
 from run_lock import Locked, lock_all  # noqa: E402
 from staging import CARRIED, PromoteError, promote, remove_leftovers, seed_scratch, stage  # noqa: E402,F401
 
-from arithlib.atomic import write_text  # noqa: E402  (the standard library only)
+from arithlib.run.atomic import write_text  # noqa: E402  (the standard library only)
 
 ROOT = SCRIPTS.parent
 MEMORY_SHARE = 0.9  # of physical RAM that notebooks running side by side may take together
@@ -563,7 +563,7 @@ def placement_key(device: str, dtype: str, device_map) -> list[str]:
     one device (every run before issue 32), else the resolved dtype and the map."""
     sys.path.insert(0, str(ROOT))
     try:
-        from arithlib.models import resolve_dtype
+        from arithlib.core.models import resolve_dtype
     finally:
         sys.path.pop(0)
     key = []
@@ -579,10 +579,10 @@ def placement_key(device: str, dtype: str, device_map) -> list[str]:
 
 def check_placement(dtype: str, device_map: str | None) -> tuple[str, str | dict | None]:
     """``(dtype, device map as the notebooks get it)`` after checking them with
-    :mod:`arithlib.models`' own parsers: SystemExit with its message for a bad value."""
+    :mod:`arithlib.core.models`' own parsers: SystemExit with its message for a bad value."""
     sys.path.insert(0, str(ROOT))
     try:
-        from arithlib.models import parse_device_map, resolve_dtype
+        from arithlib.core.models import parse_device_map, resolve_dtype
     finally:
         sys.path.pop(0)
     try:

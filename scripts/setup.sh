@@ -72,12 +72,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ "$where" != "$(cd 
     fi
     pip_q --no-deps --no-build-isolation -e "$ROOT"
     # pip check, less the undeclared dependencies of the packages that carry model weights
-    # (installed with --no-deps by load_model; arithlib.environment.pip_check_problems)
-    if ! (cd / && "$VPY" -c 'import sys; from arithlib.environment import pip_check_problems as p
+    # (installed with --no-deps by load_model; arithlib.run.environment.pip_check_problems)
+    if ! (cd / && "$VPY" -c 'import sys; from arithlib.run.environment import pip_check_problems as p
 e = p(); print(*e, sep="\n", file=sys.stderr); sys.exit(1 if e else 0)'); then
         echo "[setup] ERROR: the venv's packages are inconsistent (above); remove $VENV and rerun." >&2
         exit 1
     fi
     echo "$want" > "$stamp"
 fi
-"$VPY" -c "from arithlib.environment import environment_line; print('[setup]', environment_line())"
+"$VPY" -c "from arithlib.run.environment import environment_line; print('[setup]', environment_line())"

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's arithlib
-from arithlib.atomic import fsync_dir  # noqa: E402  (the standard library only)
+from arithlib.run.atomic import fsync_dir  # noqa: E402  (the standard library only)
 
 #: ``figures/<model>/stored/``: a run in progress's stored results (scripts/carry_store.py),
 #: which no notebook reads from there; never copied into a scratch or staging folder.

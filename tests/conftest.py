@@ -10,8 +10,8 @@ import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, decoders, trainers
 from transformers import PreTrainedTokenizerFast
 
-import arithlib.datasets as ds
-from arithlib.models import load_model, random_model_dir
+import arithlib.core.datasets as ds
+from arithlib.core.models import load_model, random_model_dir
 
 
 def _corpus() -> list[str]:
@@ -52,6 +52,6 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny_qwen2():
-    """A random-weight Qwen2 (``arithlib.models.random_model_dir("qwen2")``), one per test
+    """A random-weight Qwen2 (``arithlib.core.models.random_model_dir("qwen2")``), one per test
     module (a module may train it in place)."""
     return load_model(str(random_model_dir("qwen2")))

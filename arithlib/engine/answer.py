@@ -12,7 +12,7 @@ for all of them (a pass of few rows is bound by reading the weights on a CPU).
 * :class:`AnswerPositionRunner`: every prompt's prefix once, kept per batch, for many
   later passes (Nikankin's neuron ablations and circuits, notebook 03);
 * :func:`shared_prefix_cache`, :func:`answer_pass`, :func:`condition_pass`: the passes of
-  :mod:`arithlib.answer_runs` (CNA's runs under many conditions, Yu & Ananiadou Sec. 4).
+  :mod:`arithlib.methods.answer_runs` (CNA's runs under many conditions, Yu & Ananiadou Sec. 4).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..components import Hook
-from ..datasets import PromptSet
+from ..core.components import Hook
+from ..core.datasets import PromptSet
 from .adapter import input_device, repeat_cache, select_cache_rows, truncate_cache
 from .passes import forward, prefix_cache
 from .prefix import common_prefix
@@ -203,7 +203,7 @@ class AnswerPositionRunner:
     @torch.no_grad()
     def greedy_correct(self) -> np.ndarray:
         """Per prompt: does greedy decoding write the whole answer and then stop writing
-        digits (``arithlib.evaluate``'s ``correct_full``)? Decodes from the cache, which is
+        digits (``arithlib.core.evaluate``'s ``correct_full``)? Decodes from the cache, which is
         cropped back afterwards."""
         tok = self.prompts.tokenizer
         out = np.zeros(len(self), dtype=bool)

@@ -1,5 +1,5 @@
 """A clean run recorded for later passes, and the passes that resume from it: the fast
-path under every patching method (:mod:`arithlib.patching`).
+path under every patching method (:mod:`arithlib.methods.patching`).
 
 An intervention at position p leaves positions < p untouched, so the clean run's keys
 and values there are reused (:func:`_make_cache`) and only positions p..T-1 are
@@ -20,8 +20,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from ..components import Hook
-from ..datasets import PromptSet
+from ..core.components import Hook
+from ..core.datasets import PromptSet
 from .adapter import filled_cache_layers, input_device, layer_device, repeat_rows_
 from .passes import decoder_norm, decoder_pass, empty_cache, resumable, run_blocks
 from .prefix import MIN_SHARED_PREFIX, common_prefix

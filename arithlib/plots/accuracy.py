@@ -1,5 +1,5 @@
 """Figures from tables. Each function takes a DataFrame (the table a notebook also
-saves as CSV) and returns a matplotlib Figure; saving is :func:`arithlib.outputs.save_figure`."""
+saves as CSV) and returns a matplotlib Figure; saving is :func:`arithlib.run.outputs.save_figure`."""
 
 from __future__ import annotations
 

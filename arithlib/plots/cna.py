@@ -1,6 +1,6 @@
 """Figures of the CNA study (Yu & Ananiadou 2024, Sec. 4; notebook 04). Each takes the
-tables that :mod:`arithlib.cna` returns and gives a matplotlib Figure with labelled
-axes; the notebook saves them with :func:`arithlib.outputs.save_figure`."""
+tables that :mod:`arithlib.yu.cna` returns and gives a matplotlib Figure with labelled
+axes; the notebook saves them with :func:`arithlib.run.outputs.save_figure`."""
 
 from __future__ import annotations
 

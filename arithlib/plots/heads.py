@@ -1,6 +1,6 @@
 """Figures of notebook 01 (identify heads). Each function takes the DataFrame the
 notebook also saves as CSV and returns a matplotlib Figure (save with
-:func:`arithlib.outputs.save_figure`)."""
+:func:`arithlib.run.outputs.save_figure`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 
-from ..papers import KEY_HEAD_THRESHOLD
+from ..core.papers import KEY_HEAD_THRESHOLD
 
 CLASS_COLORS = {"A": "#d62728", "B": "#ff7f0e", "operator": "#2ca02c", "other": "#9e9e9e", "prefix": "#d9d9d9"}
 
@@ -93,7 +93,7 @@ def transfer_plot(transfer: pd.DataFrame, heads_label: str, title: str = ""):
     """Zhang et al. Fig. 4 with its control: first-token accuracy per format before any
     knockout, after knocking out ``heads_label``, and after knocking out as many random
     heads (mean, error bar = sd over the random sets); ``transfer`` is the table of
-    :func:`arithlib.transfer_sets.transfer_knockout`."""
+    :func:`arithlib.zhang.transfer_sets.transfer_knockout`."""
     tr = transfer.dropna(subset=["accuracy_before"]).reset_index(drop=True)
     bars = [("no knockout", "accuracy_before", None, "#4c72b0"), (heads_label, "accuracy_after", None, "#d62728"),
             ("as many random heads", "accuracy_random", "accuracy_random_sd", "#9e9e9e")]

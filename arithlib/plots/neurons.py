@@ -160,7 +160,7 @@ def heuristic_ablation_plot(abl: pd.DataFrame, title: str = ""):
 def prompt_ablation_plot(summary: pd.DataFrame, title: str = "", verdict_cap: int | None = None):
     """Nikankin Fig. 8: accuracy per operator against the cap (neurons zeroed per layer), with
     each prompt's heuristic neurons zeroed (full lines) vs the layer-matched random control
-    (dashed), over the testable prompts (:func:`arithlib.prompt_knockout.summarise`)."""
+    (dashed), over the testable prompts (:func:`arithlib.nikankin.prompt_knockout.summarise`)."""
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for i, (op, g) in enumerate(summary.sort_values("cap").groupby("op", sort=False)):
         color = f"C{i}"

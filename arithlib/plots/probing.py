@@ -1,7 +1,7 @@
 """Figures of notebook 02 (MLP probing). Each function takes the tables the notebook
 also saves (one per model, in a dict keyed by model name, so two models are drawn
 side by side) and returns a matplotlib Figure; saving is
-:func:`arithlib.outputs.save_figure`."""
+:func:`arithlib.run.outputs.save_figure`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from ..probing import COSINE_MEASURES, PROBE_TARGETS
+from ..zhang.probing import COSINE_MEASURES, PROBE_TARGETS
 
 sns.set_theme(context="notebook", style="whitegrid")
 
@@ -54,7 +54,7 @@ def cosine_curves(summaries: Mapping[str, pd.DataFrame], key_layers: Mapping[str
                   level: float = 0.95):
     """Zhang et al. Fig. 6a/6b (13, 14): mean cosine per layer with its confidence
     band, one row per model, one column per panel. ``summaries[model]`` is a
-    :func:`arithlib.probing.summarise_curves` frame; ``key_layers[model]`` are marked
+    :func:`arithlib.zhang.probing.summarise_curves` frame; ``key_layers[model]`` are marked
     as vertical bands; ``points[model]`` (columns ``measure, start, inflection, peak,
     end``) are marked on their curves."""
     fig, axes = _grid(len(summaries), len(panels))

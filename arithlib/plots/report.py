@@ -11,8 +11,6 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from ..report import size_order
-
 sns.set_theme(context="notebook", style="whitegrid")
 
 
@@ -20,12 +18,13 @@ def _label(model: str, size: float) -> str:
     return f"{model}\n({size / 1e6:.0f} M)" if np.isfinite(size) else model
 
 
-def cross_model_figure(metrics: pd.DataFrame, curves: pd.DataFrame, ncols: int = 4):
-    """One panel per quantity: bars per model (ordered by parameter count; one bar per
-    series) for ``metrics``, and per-layer lines on normalised depth (layer / n_layers)
-    for ``curves``. A model whose study did not run has no bar (the panel says so)."""
+def cross_model_figure(metrics: pd.DataFrame, curves: pd.DataFrame, order: list[str], ncols: int = 4):
+    """One panel per quantity: bars per model (in ``order``: the report's, by parameter
+    count, :func:`arithlib.report.cross_model.size_order`; one bar per series) for
+    ``metrics``, and per-layer lines on normalised depth (layer / n_layers) for
+    ``curves``. A model whose study did not run has no bar (the panel says so)."""
     sizes = metrics.drop_duplicates("model").set_index("model")["n_params"]
-    order = size_order(metrics)
+    order = list(order)
     labels = {m: _label(m, sizes[m]) for m in order}
     panels = list(dict.fromkeys(metrics["panel"]))
     curve_titles = list(dict.fromkeys(curves["curve"])) if len(curves) else []

@@ -37,8 +37,8 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from ..papers import CLEAR_GAP, HALF, NOISE_GAP, PAPERS, PAPERS_SHORT
-from ..stats import INCONCLUSIVE, NOT_APPLICABLE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE
+from ..core.papers import CLEAR_GAP, HALF, NOISE_GAP, PAPERS, PAPERS_SHORT
+from ..core.stats import INCONCLUSIVE, NOT_APPLICABLE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE
 from .cross_model import (CROSS_CURVES, CROSS_METRICS, README_END, README_START, TOY_FOLDER, cross_model_curves,
                           cross_model_metrics, cross_model_table, model_folders, n_params, replace_readme_block,
                           size_order, size_trend, size_trends, verdict_markdown, verdict_table, write_cross_model)

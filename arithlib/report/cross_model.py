@@ -10,8 +10,8 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from ..outputs import write_text
-from ..papers import PAPERS, PAPERS_SHORT
+from ..run.outputs import write_text
+from ..core.papers import PAPERS, PAPERS_SHORT
 from .findings import FINDINGS, findings_table
 from .render import RULES_TEXT, markdown_table
 from .tables import VERDICTS, NotRun, Tables
@@ -92,7 +92,7 @@ def replace_readme_block(text: str, block: str) -> str:
     return head + "\n" + block.rstrip("\n") + "\n" + text[end:]
 
 
-TOY_FOLDER = "toy-arith"  # arithlib.models.TOY_MODEL (not imported: the report needs no torch)
+TOY_FOLDER = "toy-arith"  # arithlib.core.models.TOY_MODEL (not imported: the report needs no torch)
 
 
 def model_folders(figures: str | os.PathLike) -> list[Path]:
@@ -145,7 +145,7 @@ def n_params(info: dict) -> float:
 
 def _heuristic_share(t: Tables, _metrics: dict[str, dict]) -> dict[str, float]:
     """Share of circuit neurons with a label that passes t and beats the shuffled-operand null
-    (Nikankin Sec. 4.1 with the null of :mod:`arithlib.heuristic_nulls`), against the same
+    (Nikankin Sec. 4.1 with the null of :mod:`arithlib.nikankin.heuristic_nulls`), against the same
     procedure on shuffled activations; NaN for a run older than the test (its share at t alone
     is no label)."""
     ms = t.csv("03_matched_share")
@@ -312,7 +312,7 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
     ordered by size) into ``out_dir`` (default: the folder holding the first model
     folder); with ``readme``, the same verdict table goes into that file's verdict block
     (:func:`replace_readme_block`); return the paths of the Markdown and the CSV."""
-    from ..outputs import save_figure, save_table
+    from ..run.outputs import save_figure, save_table
     from ..plots.report import cross_model_figure
 
     out = Path(out_dir) if out_dir is not None else Path(fig_dirs[0]).resolve().parent
@@ -321,7 +321,7 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
     metrics, curves = cross_model_metrics(fig_dirs), cross_model_curves(fig_dirs)
     save_table(metrics, out, "CROSS_MODEL_metrics")
     save_table(curves, out, "CROSS_MODEL_curves")
-    save_figure(cross_model_figure(metrics, curves), out, "CROSS_MODEL")
+    save_figure(cross_model_figure(metrics, curves, size_order(metrics)), out, "CROSS_MODEL")
     sizes = metrics.drop_duplicates("model").set_index("model")["n_params"]
     papers = {f.id: f"{PAPERS[f.paper]}, {f.where}: {f.paper_number}" for f in FINDINGS}
     md = ["# Findings across models", "", RULES_TEXT, "",

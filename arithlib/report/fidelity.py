@@ -10,7 +10,7 @@ tokenizer, a few-shot prefix for instruct models, fewer layers so layer indices 
 scaled by depth). A value the params do not hold (an older run, a renamed key) reads
 "not recorded"; nothing here raises on a folder.
 
-Only the fine-tuning scale (notebooks 05 and 08) reads :mod:`arithlib.finetune` (its
+Only the fine-tuning scale (notebooks 05 and 08) reads :mod:`arithlib.methods.finetune` (its
 ``FINETUNE_SCALES``), lazily, as ``report.smoke_test_reason`` does.
 """
 
@@ -175,7 +175,7 @@ def _fewshot(P: Params, nb: str) -> str:
 def _ft_scale(P: Params, nb: str = "05") -> dict:
     """Notebook ``nb``'s resolved fine-tuning scale and its sizes (``scales.FINETUNE_SCALES``):
     05's (which 06 reuses) or 08's."""
-    from ..scales import FINETUNE_SCALES, resolve_scale
+    from ..run.scales import FINETUNE_SCALES, resolve_scale
 
     p = _nb(P, nb)  # the scale the run recorded; in older runs "auto" was "quick" on a CPU
     name = p.get("scale_resolved") or resolve_scale(str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")),
@@ -276,7 +276,7 @@ def _gender_scoring(P: Params) -> str:
     """Notebook 07's CNA scoring: the exact importance of every neuron or the two-stage
     screen, as its ``exact_importance`` resolved (``bias.exact_affordable`` from the model's
     sizes; quick mode: a 20x smaller budget)."""
-    from ..bias import MAX_EXACT_MACS
+    from ..yu.bias import MAX_EXACT_MACS
 
     p = _nb(P, "07")
     how = p["exact_importance"]
@@ -286,7 +286,7 @@ def _gender_scoring(P: Params) -> str:
         how = p.get("device") == "cuda" or i["n_layers"] * i["d_mlp"] * i["d_model"] * i["d_vocab"] <= budget
     if how:
         return "candidate scoring: exact importance of every neuron (the screen's recall measured against it)"
-    from ..bias import RECALL_LAYER_STRIDE
+    from ..yu.bias import RECALL_LAYER_STRIDE
 
     return (f"candidate scoring: two-stage screen, exact for {p['n_candidates']} per profession + pooled "
             f"{p['n_aggregate']} (its recall measured on every neuron of every {RECALL_LAYER_STRIDE}th layer)")

@@ -8,17 +8,17 @@ import sys
 
 import pandas as pd
 
-from ..papers import (FAITHFULNESS_TARGET, HALF, NIKANKIN_FAITHFULNESS, NIKANKIN_KNOCKOUT_CAP_SHARE, NIKANKIN_MATCH_T,
+from ..core.papers import (FAITHFULNESS_TARGET, HALF, NIKANKIN_FAITHFULNESS, NIKANKIN_KNOCKOUT_CAP_SHARE, NIKANKIN_MATCH_T,
                       NIKANKIN_NEURON_SHARE, NIKANKIN_TXT, PAPERS, YU_TXT, ZHANG_PRECISE_MARGIN, ZHANG_TXT)
 from .nikankin import _nikankin_faithfulness, _nikankin_heuristic_ablation, _nikankin_prompt_ablation
-from ..stats import NOT_APPLICABLE
+from ..core.stats import NOT_APPLICABLE
 from .rules import Finding, Outcome, _interval_cell, settle_inconclusive
 from .tables import ERROR, NOT_JUDGED, NOT_RUN, NotApplicable, NotRun, Tables
 from .yu import _yu_gender, _yu_lora_coef, _yu_lora_layers, _yu_mask_keep, _yu_pruning, _yu_shallow, _yu_single_head
 from .zhang import (_zhang_key_heads, _zhang_knockout, _zhang_late_mlps, _zhang_mlp_answer, _zhang_precise_sft,
                     _zhang_transfer)
 
-#: The label test both Nikankin ablations read (:mod:`arithlib.heuristic_nulls`), in words.
+#: The label test both Nikankin ablations read (:mod:`arithlib.nikankin.heuristic_nulls`), in words.
 _LABEL_NULL = ("per neuron a permutation test of its best match score against shuffled-operand grids, p-values "
                "max-T adjusted over the rules, Benjamini-Hochberg over the circuit's neurons at the FDR notebook 03 "
                "states (5 %)")
@@ -265,7 +265,7 @@ def smoke_test_reason(finding: Finding, tables: Tables) -> str | None:
         return f"notebook {finding.notebook} ran in quick mode (smoke-test sizes)"
     tuned_by = {"05": "05", "06": "05", "08": "08"}.get(finding.notebook)
     if tuned_by is not None and "scale" in params.get(tuned_by, {}):
-        from ..scales import FINETUNE_SCALES, resolve_scale
+        from ..run.scales import FINETUNE_SCALES, resolve_scale
 
         p = params[tuned_by]
         # the scale the run used: recorded as scale_resolved; where it is not, "auto" meant "quick" on a CPU

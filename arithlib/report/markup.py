@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..papers import CLEAR_GAP, HALF, NOISE_GAP
+from ..core.papers import CLEAR_GAP, HALF, NOISE_GAP
 from .links import is_tracked
 from .tables import _RARE_VERDICTS, VERDICTS, Tables
 
@@ -72,7 +72,7 @@ def notebook_links(stem: str, model: str | None = None) -> str:
     without ``.ipynb``): links, relative to ``notebooks/``, to its executed copy and to its
     section of the report of ``model`` (default: the default model's committed run)."""
     if model is None:
-        from ..models import DEFAULT_MODEL as model
+        from ..core.models import DEFAULT_MODEL as model
     folder = f"../figures/{model.replace('/', '__')}"
     return (f"**Results** ({model}, the committed run): [this notebook executed, with its outputs]"
             f"({folder}/notebooks/{stem}.ipynb) · [its section of the report]"

@@ -1,17 +1,17 @@
 """Nikankin et al. 2025's findings: circuit faithfulness, heuristic and prompt ablations;
 each function reads a figures folder and returns an Outcome. Both ablations read only the
-heuristic labels that beat a shuffled-operand null (:mod:`arithlib.heuristic_nulls`); the
+heuristic labels that beat a shuffled-operand null (:mod:`arithlib.nikankin.heuristic_nulls`); the
 prompt knockout's control is disjoint from the tested neurons and matched to them layer by
-layer (:mod:`arithlib.prompt_knockout`); an operator whose faithfulness has a denominator
-not above zero is excluded with its reason (:mod:`arithlib.faithfulness_checks`)."""
+layer (:mod:`arithlib.nikankin.prompt_knockout`); an operator whose faithfulness has a denominator
+not above zero is excluded with its reason (:mod:`arithlib.nikankin.faithfulness_checks`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from ..papers import CLEAR_GAP, FAITHFULNESS_TARGET, HALF, NIKANKIN_FAITHFULNESS, NIKANKIN_KNOCKOUT_CAP_SHARE, NOISE_GAP
-from ..stats import bootstrap_ci, interval_verdict
+from ..core.papers import CLEAR_GAP, FAITHFULNESS_TARGET, HALF, NIKANKIN_FAITHFULNESS, NIKANKIN_KNOCKOUT_CAP_SHARE, NOISE_GAP
+from ..core.stats import bootstrap_ci, interval_verdict
 from .rules import Outcome, _pct
 from .tables import NotApplicable, NotRun, Tables
 
@@ -71,7 +71,7 @@ def _labels_beat_null(t: Tables) -> str:
 
 
 def _nikankin_faithfulness(t: Tables) -> Outcome:
-    from ..faithfulness_checks import denominators, faithfulness_of_kept_operators, kept
+    from ..nikankin.faithfulness_checks import denominators, faithfulness_of_kept_operators, kept
 
     fp = t.csv("03_circuit_faithfulness_prompts")
     if fp.empty:
@@ -147,7 +147,7 @@ def _nikankin_heuristic_ablation(t: Tables) -> Outcome:
 
 
 def _nikankin_prompt_ablation(t: Tables) -> Outcome:
-    from ..prompt_knockout import verdict_cap
+    from ..nikankin.prompt_knockout import verdict_cap
 
     pa = t.csv("03_prompt_ablation")
     if not {"cap", "testable", "k_per_layer"} <= set(pa.columns):

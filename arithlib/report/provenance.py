@@ -4,7 +4,7 @@ for DETAILS.md."""
 
 from __future__ import annotations
 
-from ..environment import environment_line
+from ..run.environment import environment_line
 
 NOT_RECORDED_ENV = "not recorded (run before arithlib recorded its environment)"
 DIRTY = "+dirty"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..outputs import write_text
-from ..papers import PAPERS_SHORT
+from ..run.outputs import write_text
+from ..core.papers import PAPERS_SHORT
 from .appendix import (DETAILS_FILE, FIDELITY_FILE, FIDELITY_TEXT, FIDELITY_TITLE, details_markdown,  # noqa: F401
                        fidelity_markdown, forced_differences, report_fidelity)
 from .captions import caption, headline

@@ -10,8 +10,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from ..papers import NOISE_GAP
-from ..stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE, Interval, binomial_ci,
+from ..core.papers import NOISE_GAP
+from ..core.stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE, Interval, binomial_ci,
                      decode_correct, interval_verdict, prompts_to_decide)
 from .tables import Tables
 
@@ -59,7 +59,7 @@ class Finding:
 
 def settle_inconclusive(out: Outcome) -> Outcome:
     """An *inconclusive* outcome told apart: *undecidable here* when the prompts that would
-    decide (:func:`arithlib.stats.prompts_to_decide` on the headline interval and the
+    decide (:func:`arithlib.core.stats.prompts_to_decide` on the headline interval and the
     rule's thresholds) exceed the population the unit is drawn from, else *inconclusive*
     with that estimate in the text. Other verdicts pass unchanged."""
     if out.verdict != INCONCLUSIVE or out.interval is None:

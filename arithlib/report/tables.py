@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..outputs import find_table, read_table, table_file
-from ..stats import INCONCLUSIVE, NOT_APPLICABLE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE
+from ..run.outputs import find_table, read_table, table_file
+from ..core.stats import INCONCLUSIVE, NOT_APPLICABLE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE
 
 NOT_RUN = "not run"
 #: A finding measured at smoke-test sizes (a notebook's ``quick`` mode, or fine-tuning at
@@ -64,7 +64,7 @@ class Tables:
         return find_table(self.dir, name) is not None
 
     def csv(self, name: str) -> pd.DataFrame:
-        """Table ``name`` (``<dir>/<name>.csv`` or ``.csv.gz``: :func:`arithlib.outputs.read_table`);
+        """Table ``name`` (``<dir>/<name>.csv`` or ``.csv.gz``: :func:`arithlib.run.outputs.read_table`);
         raises :class:`MissingTable` when absent."""
         if name not in self._cache:
             if not self.has(name):

@@ -9,10 +9,10 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from .. import papers
-from ..head_specificity import own_drop, specific_chain_group, specificity_statistic
-from ..papers import HALF, NOISE_GAP, YU_GROUPS
-from ..stats import (INCONCLUSIVE, UNDECIDABLE, Interval, binomial_ci, bootstrap_ci, crossed_bootstrap_ci, decode_correct,
+from ..core import papers
+from ..yu.head_specificity import own_drop, specific_chain_group, specificity_statistic
+from ..core.papers import HALF, NOISE_GAP, YU_GROUPS
+from ..core.stats import (INCONCLUSIVE, UNDECIDABLE, Interval, binomial_ci, bootstrap_ci, crossed_bootstrap_ci, decode_correct,
                      interval_verdict)
 from .rules import (RERUN_PER_PROMPT, Outcome, _above_zero, _ci_text, _correct_matrix, _decrease_ci, _grade, _judged,
                     _pct, _possible, _seed_resampled_gap)
@@ -36,7 +36,7 @@ def _head_pattern(t: Tables, layer: int, head: int, own: Sequence[str], rows_tab
     * **operator-specific**: its relative 1D decrease on * is at most half its mean relative
       decrease on its own operators ``own``: the statistic own - 2 x (*) >= 0, with a
       bootstrap over the 1D prompts stratified by operator (``rows_table``; the statistic is
-      :func:`arithlib.head_specificity.specificity_statistic`). A
+      :func:`arithlib.yu.head_specificity.specificity_statistic`). A
       head the sweep did not measure on * (not among the screen's top heads there) is
       taken as specific, and the text says so;
     * **leaves factual recall intact**: its factual-recall accuracy drop (``facts_table``,
@@ -114,7 +114,7 @@ def _chain_base(group: str) -> str | None:
 
 def _specific_chain(compute: Callable[[Tables, str], Outcome], t: Tables, group: str) -> str:
     """What the same rule finds on ``group``'s best arithmetic-specific head (notebook 04's
-    chain group, :mod:`arithlib.head_specificity`), as a sentence to append to the key head's
+    chain group, :mod:`arithlib.yu.head_specificity`), as a sentence to append to the key head's
     result; "" when notebook 04 measured no head patterns or the key head is itself the best
     specific head. Shown beside the key head's verdict, never in its place: the verdict
     follows Yu's procedure, whose head is the key head."""
@@ -535,7 +535,7 @@ def _yu_gender(t: Tables) -> Outcome:
             or not t.has("07_paper_bias_scores"):
         raise NotRun("07's tables predate the current notebook-07 method (edit set from a 20-per-profession screen, 3 random seeds, no "
                      "Table-23 professions, no early-layer check): rerun notebook 07")
-    from ..bias import reduction_intervals
+    from ..yu.bias import reduction_intervals
 
     t13 = t.csv("07_table13")
     cna = t13[t13["model"].astype(str).str.startswith("CNA")]

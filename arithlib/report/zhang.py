@@ -10,9 +10,9 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .. import papers
-from ..papers import HALF, KEY_HEAD_THRESHOLD, KNOCKOUT_K, NOISE_GAP, ZHANG_PRECISE_MARGIN
-from ..stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, bootstrap_ci, crossed_bootstrap_ci,
+from ..core import papers
+from ..core.papers import HALF, KEY_HEAD_THRESHOLD, KNOCKOUT_K, NOISE_GAP, ZHANG_PRECISE_MARGIN
+from ..core.stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, bootstrap_ci, crossed_bootstrap_ci,
                      interval_verdict)
 from .rules import (RERUN_PER_PROMPT, Outcome, _above_zero, _ci_text, _correct_matrix, _grade, _judged, _paper_depth,
                     _pct, _possible)
@@ -41,10 +41,10 @@ def _pooled(t: Tables, kind: str) -> tuple[np.ndarray, np.ndarray, list[tuple[in
 def _zhang_population(ops: list[str] | None = None) -> int:
     """Zhang prompts that could ever be drawn: every operand pair 1-9 of every template
     (8 per operator) of ``ops`` (default: all four), results non-negative integers
-    (:func:`arithlib.datasets.zhang_prompts` with no sampling). The correct ones a verdict
+    (:func:`arithlib.core.datasets.zhang_prompts` with no sampling). The correct ones a verdict
     reads are a subset, so a verdict called undecidable against this number is one that
     even every candidate prompt could not decide."""
-    from ..datasets import OPS, zhang_prompts
+    from ..core.datasets import OPS, zhang_prompts
 
     return len(zhang_prompts(ops=tuple(ops) if ops else OPS))
 
@@ -144,11 +144,11 @@ def _knockout_k(t: Tables) -> int:
 
 def _key_head_note(t: Tables, k: int) -> str:
     """How many of the ``k`` heads of largest path-patching effect (the knocked-out ones) are
-    key heads by notebook 01's rule (:func:`arithlib.path_patching.stored_key_heads`, the
+    key heads by notebook 01's rule (:func:`arithlib.zhang.path_patching.stored_key_heads`, the
     pooled rows of 01_path_patching.csv): where no head crosses -5 % they are not key heads."""
     if not t.has("01_path_patching"):
         return ""
-    from ..path_patching import stored_key_heads
+    from ..zhang.path_patching import stored_key_heads
 
     n_key = len(stored_key_heads(t.csv("01_path_patching")))
     if n_key >= k:
@@ -290,7 +290,7 @@ def _zhang_late_mlps(t: Tables) -> Outcome:
 
 
 #: The answer curve the verdict reads, and the one kept as its sensitivity reading
-#: (measures of 02_mlp_cosines_per_prompt.csv.gz, :data:`arithlib.probing.COSINE_MEASURES`).
+#: (measures of 02_mlp_cosines_per_prompt.csv.gz, :data:`arithlib.zhang.probing.COSINE_MEASURES`).
 #: Zhang Sec. 4.2 subtracts the MLP's input from its output "to isolate the specific
 #: contribution of MLP", having named MLP_in what the MLP receives from the residual stream
 #: and MLP_out what it adds back into it: the isolated contribution is the MLP's write,
@@ -301,16 +301,16 @@ _ANSWER_LABEL = {ANSWER_MEASURE: "cos(MLP write = resid_post - resid_mid, W_U[C]
 
 
 def _answer_curve_points(curves: np.ndarray):
-    """Curve points (:func:`arithlib.probing.curve_points`, layer 0 left out) of the mean
+    """Curve points (:func:`arithlib.zhang.probing.curve_points`, layer 0 left out) of the mean
     answer curve over the prompts (rows) of ``curves`` [N, L]."""
-    from ..probing import curve_points
+    from ..zhang.probing import curve_points
 
     return curve_points(curves.mean(0), "rise")
 
 
 def _climbs(curves: np.ndarray) -> float:
     """1.0 when the mean curve climbs to its maximum (its peak lies after the layer where
-    the climb begins, :func:`arithlib.probing.curve_points`), else 0.0 (its maximum is at
+    the climb begins, :func:`arithlib.zhang.probing.curve_points`), else 0.0 (its maximum is at
     its first searched layer, or a single step)."""
     pts = _answer_curve_points(curves)
     return float(pts.rise > 0 and pts.peak > pts.start)
@@ -321,7 +321,7 @@ class CurveReading:
     """An answer curve judged by the onset rule: its points, the onset depth's and the
     climb indicator's 95 % bootstrap intervals, the verdict and what to say about the climb."""
 
-    points: object  # arithlib.probing.CurvePoints of the mean curve
+    points: object  # arithlib.zhang.probing.CurvePoints of the mean curve
     onset: Interval
     climb: Interval
     verdict: str
@@ -387,7 +387,7 @@ def _summary_write_text(t: Tables) -> str:
     cos(MLP_out, W_U[C]), the same vector in a sequential block), without an interval."""
     if not t.has("02_mlp_cosines"):
         return ""
-    from ..probing import curve_points
+    from ..zhang.probing import curve_points
 
     s = t.csv("02_mlp_cosines")
     curve = s[s["measure"] == "out_C"].sort_values("layer")["mean"].to_numpy(float)

@@ -2,7 +2,7 @@
 # # Exercise 01 · Which attention heads does the model use for arithmetic?
 #
 # The teaching companion of `notebooks/01_identify_heads.ipynb`. You write, in a few lines
-# each, the interventions that notebook gets from `arithlib.patching`:
+# each, the interventions that notebook gets from `arithlib.methods.patching`:
 #
 # 1. Zhang et al.'s metric, the **relative logit change** of the answer token;
 # 2. **zero-ablating** one attention head (Yu & Ananiadou, Sec. 3.2);

@@ -3,7 +3,7 @@
 #
 # The teaching companion of `notebooks/02_mlp_probing.ipynb`. You write three readouts of
 # the residual stream at the answer position (the last token), which that notebook gets
-# from `arithlib.lens` and `arithlib.probing`:
+# from `arithlib.zhang.lens` and `arithlib.zhang.probing`:
 #
 # 1. the **logit lens**: read each layer's residual stream through the final norm and the
 #    unembedding, as if the model stopped there;
@@ -16,7 +16,7 @@
 # integer). After each function, a check compares yours with arithlib's and prints ✓, or
 # says what differs.
 #
-# **Data.** `arithlib.probing.cache_answer_position` has run the prompts once and kept, at
+# **Data.** `arithlib.zhang.probing.cache_answer_position` has run the prompts once and kept, at
 # the answer position, `cache.acts[kind]` `[prompts, layers, d_model]` for `resid_pre`,
 # `resid_post` (the stream before and after each block), `mlp_in` and `mlp_out` (the MLP's
 # input, after its norm, and its output). `lens.lens_stack(cache)` stacks the embedding
@@ -29,8 +29,8 @@ import pandas as pd
 import torch
 
 import arithlib.exercises as ex
-import arithlib.lens as lens
-import arithlib.probing as P
+import arithlib.zhang.lens as lens
+import arithlib.zhang.probing as P
 
 torch.set_grad_enabled(False)
 torch.set_num_threads(1)   # the toy model is tiny: one thread runs it fastest, most of all on a busy machine

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import arithlib.datasets as ds
+import arithlib.core.datasets as ds
 from arithlib import engine
 from arithlib.engine import adapter, passes
 from arithlib.engine import prefix as prefix_plan
@@ -92,7 +92,7 @@ def test_decoder_pass_is_the_base_model(model, tokens):
 def test_the_prefix_runner_equals_full_passes(tiny_qwen2, model):
     """First-step logits of PrefixRunner's plan (shared few-shot prefixes) equal each
     prompt's own full pass."""
-    import arithlib.finetune as ft
+    import arithlib.methods.finetune as ft
 
     prompts = ds.PromptSet.build(ft.yu_lora_data(n_train=0, n_test=12, seed=0, fewshot=2)["test"],
                                  tiny_qwen2.tokenizer)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import arithlib.datasets as ds
+import arithlib.core.datasets as ds
 import arithlib.engine.prefix as engine_prefix
-import arithlib.finetune as ft
-import arithlib.lora as LO
-import arithlib.sft as SFT
+import arithlib.methods.finetune as ft
+import arithlib.yu.lora as LO
+import arithlib.zhang.sft as SFT
 from arithlib.engine import LayerInputs
-from arithlib.models import load_model, random_model_dir
+from arithlib.core.models import load_model, random_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,14 +9,14 @@ import pandas as pd
 import pytest
 import torch
 
-import arithlib.ablation as A
-import arithlib.datasets as ds
+import arithlib.methods.ablation as A
+import arithlib.core.datasets as ds
 import arithlib.engine as E
-import arithlib.head_sweep as HS
-import arithlib.knockouts as KO
-import arithlib.patching as P
-from arithlib.evaluate import answer_logits
-from arithlib.models import load_model, random_model_dir
+import arithlib.yu.head_sweep as HS
+import arithlib.methods.knockouts as KO
+import arithlib.methods.patching as P
+from arithlib.core.evaluate import answer_logits
+from arithlib.core.models import load_model, random_model_dir
 
 TOL = 1e-4
 
@@ -147,7 +147,7 @@ def test_cached_sweep_resumes_with_the_same_rows(toy, tmp_path, monkeypatch):
 def test_a_store_counts_the_reused_batches_compute_time(toy, tmp_path):
     """Given a Store, a resumed sweep adds what its loaded batches took to reused_seconds
     (notebook 01's timings over several sessions)."""
-    from arithlib.stored import Store
+    from arithlib.run.stored import Store
 
     recs = ds.yu_prompts(["+"], n_digits=1, n_per_template=4, seed=0, fewshot=2, templates=[3])
     ps = ds.PromptSet.build(recs, toy.tokenizer)

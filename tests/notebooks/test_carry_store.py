@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from arithlib.stored import Store
+from arithlib.run.stored import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("carry_store", ROOT / "scripts" / "carry_store.py")
@@ -25,8 +25,8 @@ def _fill(cache: Path) -> None:
     """A cache with a section, a head-sweep batch, a small and a large finished fine-tuned
     model, one still training, and another model's section."""
     slug = cs.model_slug(MODEL)
-    Store(cache / "sections" / slug)("a section", lambda: {"x": 1}, code=["stats"], n=3)
-    Store(cache / "sections" / slug)("a large section", lambda: b"x" * 2 * 2**20, code=["stats"], n=3)
+    Store(cache / "sections" / slug)("a section", lambda: {"x": 1}, code=["core.stats"], n=3)
+    Store(cache / "sections" / slug)("a large section", lambda: b"x" * 2 * 2**20, code=["core.stats"], n=3)
     (cache / "head_sweep" / slug / "sub").mkdir(parents=True)
     (cache / "head_sweep" / slug / "sub" / "batch-1.pkl").write_bytes(b"b1")
     ft = cache / "finetune" / slug
@@ -63,14 +63,14 @@ def test_save_carries_the_stores_and_small_finished_models_only(tmp_path):
 def test_a_restored_result_is_loaded_not_recomputed_on_a_new_machine(tmp_path):
     old, new, dest = tmp_path / "old", tmp_path / "new", tmp_path / "stored"
     value = {"t": torch.arange(3), "s": "ok"}
-    Store(old / "sections" / cs.model_slug(MODEL))("section", lambda: value, code=["stats"], k=1)
+    Store(old / "sections" / cs.model_slug(MODEL))("section", lambda: value, code=["core.stats"], k=1)
     cs.save(MODEL, old, dest, max_bytes=2**20)
     assert cs.restore(MODEL, new, dest) == 2  # the result and its seconds
     store = Store(new / "sections" / cs.model_slug(MODEL))
 
     def recompute():
         raise AssertionError("the carried result was not used")
-    got = store("section", recompute, code=["stats"], k=1)
+    got = store("section", recompute, code=["core.stats"], k=1)
     assert torch.equal(got["t"], value["t"]) and got["s"] == "ok"
     assert store.reused_seconds >= 0
     assert cs.restore(MODEL, new, dest) == 0  # present files are left alone

@@ -114,7 +114,7 @@ def test_notebook_run_as_it_is_writes_to_the_scratch_folder(notebook: Path):
 def test_notebook_opens_with_its_run_time_and_the_toy_model(notebook: Path):
     """The first cell says, near the top, how long a run as it is takes on the default
     model and how to make it a short one on the toy model."""
-    from arithlib.models import DEFAULT_MODEL, TOY_MODEL
+    from arithlib.core.models import DEFAULT_MODEL, TOY_MODEL
 
     first = "".join(json.loads(notebook.read_text())["cells"][0]["source"])
     paragraphs = first.split("\n\n")
@@ -129,14 +129,14 @@ def test_notebook_opens_with_its_run_time_and_the_toy_model(notebook: Path):
 def test_start_run_defaults_to_the_scratch_folder():
     import inspect
 
-    from arithlib.runs import SCRATCH_FIGURES, start_run
+    from arithlib.run.runs import SCRATCH_FIGURES, start_run
 
     default = inspect.signature(start_run).parameters["out_dir"].default
     assert (ROOT / "notebooks" / default).resolve() == SCRATCH_FIGURES.resolve()
 
 
 def test_scratch_folder_starts_as_a_copy_of_the_committed_run(tmp_path, monkeypatch):
-    import arithlib.runs as runs
+    import arithlib.run.runs as runs
 
     committed = tmp_path / "figures" / "m"
     (committed / "notebooks").mkdir(parents=True)
@@ -162,11 +162,11 @@ def test_scrub_text_rewrites_every_kind_of_machine_path():
         f"outputs in {out}/qwen": "outputs in ../figures/qwen",
         "/work/rerun/.venv/lib/python3.11/site-packages/transformers/modeling_utils.py:12: FutureWarning: x":
             "transformers/modeling_utils.py:12: FutureWarning: x",
-        "/work/rerun/arithlib/outputs.py:3: UserWarning": "arithlib/outputs.py:3: UserWarning",
+        "/work/rerun/arithlib/run/outputs.py:3: UserWarning": "arithlib/run/outputs.py:3: UserWarning",
         "/tmp/ipykernel_15607/3053041968.py:5: UserWarning: dropped": "<cell>:5: UserWarning: dropped",
         "/work/wt15/outputs/m/staging/run-20261127-1-2/05_lora_mechanism/m": "../figures/m",
-        "/work/other/arithlib/bias.py:1": "arithlib/bias.py:1",
-        "/root/.cache/arithlib/models/x": "~/.cache/arithlib/models/x",
+        "/work/other/arithlib/yu/bias.py:1": "arithlib/yu/bias.py:1",
+        "/root/.cache/arithlib/core/models/x": "~/.cache/arithlib/core/models/x",
         "/usr/lib/python3.11/warnings.py:1": "warnings.py:1",
         "no path here: 3/4 = 0.75": "no path here: 3/4 = 0.75",
     }
@@ -179,7 +179,7 @@ def test_scrub_text_rewrites_every_kind_of_machine_path():
 
 
 def test_noise_warnings_are_dropped_and_others_kept():
-    text = ("/x/arithlib/outputs.py:42: UserWarning: Glyph 20013 (\\N{CJK UNIFIED IDEOGRAPH-4E2D}) missing from "
+    text = ("/x/arithlib/run/outputs.py:42: UserWarning: Glyph 20013 (\\N{CJK UNIFIED IDEOGRAPH-4E2D}) missing from "
             "font(s) DejaVu Sans.\n  png = _atomic_write(...)\n"
             "<cell>:5: UserWarning: PromptSet.build dropped 2 of 10 prompts\n  return build()\n"
             "transformers/modeling_utils.py:1: FutureWarning: `is_gradient_checkpointing` is deprecated\n"

@@ -51,7 +51,7 @@ def test_missing_params_read_not_recorded_without_raising():
 def test_fine_tuning_scale_is_the_resolved_one():
     cpu = {"05": _p("05", scale="cpu", ops=["+"], lora_r=16, lora_alpha=32, top_ks=[50])}
     rows = _rows(F.fidelity_table(cpu), "yu_lora_layers")
-    from arithlib.scales import FINETUNE_SCALES
+    from arithlib.run.scales import FINETUNE_SCALES
 
     sizes = f"{FINETUNE_SCALES['cpu']['n_train']} train / {FINETUNE_SCALES['cpu']['n_test']} test"
     assert "scale 'cpu'" in rows["scale"]["ours"] and sizes in rows["scale"]["ours"]

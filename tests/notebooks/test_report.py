@@ -1122,7 +1122,7 @@ def test_cli_cross_in_writes_readme_table_and_skips_the_toy_model(tmp_path: Path
 
 
 def test_toy_folder_is_the_toy_model():
-    from arithlib.models import TOY_MODEL
+    from arithlib.core.models import TOY_MODEL
     assert R.TOY_FOLDER == TOY_MODEL
 
 
@@ -1374,7 +1374,7 @@ def test_report_states_the_environment(tmp_path):
     import json
 
     from arithlib import report
-    from arithlib.environment import environment
+    from arithlib.run.environment import environment
 
     env = environment()
     (tmp_path / "00_model_accuracy_params.json").write_text(json.dumps({"model": "m", "environment": env}))
@@ -1390,7 +1390,7 @@ def test_report_states_the_environment(tmp_path):
 
 
 def test_per_prompt_correctness_round_trips_through_a_csv_cell(tmp_path: Path):
-    from arithlib.stats import decode_correct, encode_correct
+    from arithlib.core.stats import decode_correct, encode_correct
 
     bits = np.array([False, True, True, False, False])
     _csv(tmp_path, "t", [{"correct_by_prompt": encode_correct(bits)}, {"correct_by_prompt": ""}])
@@ -1484,7 +1484,7 @@ def test_precise_sft_rule_does_not_judge_against_a_full_sft_that_did_not_train(t
 def test_inconclusive_is_told_apart_from_undecidable_and_carries_the_prompts_that_would_decide():
     from arithlib.report.rules import settle_inconclusive
 
-    from arithlib.stats import Interval
+    from arithlib.core.stats import Interval
 
     ci = Interval(0.30, 0.20, 0.40, 100, "bootstrap")
     more = settle_inconclusive(R.Outcome("x", R.INCONCLUSIVE, {"m": 0.3}, ci, thresholds=(0.25,)))

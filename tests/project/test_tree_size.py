@@ -49,7 +49,7 @@ def test_the_tracked_tree_is_under_its_budget():
 
 
 def test_committed_tables_follow_the_storage_rule():
-    """Row-level tables are .csv.gz, summary tables .csv (arithlib.outputs.is_row_level);
+    """Row-level tables are .csv.gz, summary tables .csv (arithlib.run.outputs.is_row_level);
     scripts/compress_tables.py converts a folder that does not follow the rule."""
     sys.path.insert(0, str(ROOT / "scripts"))
     try:

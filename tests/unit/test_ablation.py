@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 
-import arithlib.ablation as A
-from arithlib.models import load_model, random_model_dir
+import arithlib.methods.ablation as A
+from arithlib.core.models import load_model, random_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,8 @@ def test_keep_neurons_keeps_only_listed(tiny):
 
 
 def test_mean_ablation_uses_reference_mean(tiny, digit_tokenizer):
-    import arithlib.datasets as ds
-    from arithlib.datasets import PromptSet
+    import arithlib.core.datasets as ds
+    from arithlib.core.datasets import PromptSet
     # a prompt set with token ids inside the tiny model's vocabulary
     ps = PromptSet.build(ds.nikankin_prompts(["+"], n_per_op=6), digit_tokenizer)
     ps.input_ids = [[i % 100 for i in ids] for ids in ps.input_ids]

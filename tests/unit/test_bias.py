@@ -10,15 +10,15 @@ import pandas as pd
 import pytest
 import torch
 
-import arithlib.ablation as A
-import arithlib.bias as B
-import arithlib.answer_runs as AR
-import arithlib.cna as C
-import arithlib.cna_norm as CN
-import arithlib.datasets as ds
+import arithlib.methods.ablation as A
+import arithlib.yu.bias as B
+import arithlib.methods.answer_runs as AR
+import arithlib.yu.cna as C
+import arithlib.yu.cna_norm as CN
+import arithlib.core.datasets as ds
 from arithlib.engine import last_position_logits
-from arithlib.models import load_model, random_model_dir
-from arithlib.readout import final_norm
+from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.readout import final_norm
 
 
 class FakeTokenizer:
@@ -214,7 +214,7 @@ def test_shared_input_importance_matches_reference_loop(tiny):
 
 
 def test_shared_input_importance_matches_cna_compare(tiny):
-    """Stage 1 and the exact scores equal arithlib.cna's on the same (a, b, target) cases."""
+    """Stage 1 and the exact scores equal arithlib.yu.cna's on the same (a, b, target) cases."""
     b, tok = tiny.bridge, tiny.tokenizer
     texts = ["the cat is a", "the dog is a"]
     targets = torch.tensor([5, 17])

@@ -13,19 +13,19 @@ import pandas as pd
 import pytest
 import torch
 
-import arithlib.ablation as A
-import arithlib.answer_runs as AR
-import arithlib.mask_keep as MK
-import arithlib.neurons as N
-import arithlib.pe_dag as DAG
-import arithlib.shallow_neurons as SN
-import arithlib.cna as C
-import arithlib.cna_norm as CN
-import arithlib.datasets as ds
-from arithlib.evaluate import evaluate, greedy_answers
-from arithlib.readout import final_norm, unembedding
-from arithlib.models import load_model, random_model_dir
-from arithlib.stats import decode_correct
+import arithlib.methods.ablation as A
+import arithlib.methods.answer_runs as AR
+import arithlib.yu.mask_keep as MK
+import arithlib.methods.neurons as N
+import arithlib.yu.pe_dag as DAG
+import arithlib.yu.shallow_neurons as SN
+import arithlib.yu.cna as C
+import arithlib.yu.cna_norm as CN
+import arithlib.core.datasets as ds
+from arithlib.core.evaluate import evaluate, greedy_answers
+from arithlib.core.readout import final_norm, unembedding
+from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.stats import decode_correct
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])

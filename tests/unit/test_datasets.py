@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-import arithlib.datasets as ds
+import arithlib.core.datasets as ds
 
 
 def test_digit_tokenizer_splits_like_qwen(digit_tokenizer):

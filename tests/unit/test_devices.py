@@ -18,15 +18,15 @@ import pandas as pd
 import pytest
 import torch
 
-import arithlib.ablation as A
-import arithlib.datasets as ds
+import arithlib.methods.ablation as A
+import arithlib.core.datasets as ds
 import arithlib.engine as E
-import arithlib.activation_patching as AP
-import arithlib.patching as P
-from arithlib import cna as C
-from arithlib import head_sweep as HS
-from arithlib.evaluate import accuracy, evaluate
-from arithlib.models import load_model
+import arithlib.nikankin.activation_patching as AP
+import arithlib.methods.patching as P
+from arithlib.yu import cna as C
+from arithlib.yu import head_sweep as HS
+from arithlib.core.evaluate import accuracy, evaluate
+from arithlib.core.models import load_model
 
 META = torch.device("meta")
 CPU = torch.device("cpu")
@@ -201,7 +201,7 @@ def test_bad_placements_fail_before_loading(kwargs, message, monkeypatch):
 
 
 def test_dtype_defaults():
-    from arithlib.models import default_dtype, resolve_dtype
+    from arithlib.core.models import default_dtype, resolve_dtype
 
     assert default_dtype("cpu") == torch.float32 and default_dtype("cuda:0") == torch.bfloat16
     assert resolve_dtype("auto", "cpu") == torch.float32 and resolve_dtype("auto", "cuda") == torch.bfloat16
@@ -278,7 +278,7 @@ def test_sft_of_bf16_weights_warns_and_lora_would_not(both):
     warning says so and what to do (LoRA adapters are fp32, peft's default upcast)."""
     from dataclasses import replace
 
-    import arithlib.finetune as FT
+    import arithlib.methods.finetune as FT
 
     fp32, bf16, ps = both
     train = ps.subset(range(16))

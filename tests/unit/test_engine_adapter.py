@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from arithlib.engine import adapter as hc
-from arithlib.models import load_model, random_model_dir
+from arithlib.core.models import load_model, random_model_dir
 
 
 @pytest.fixture(scope="module")

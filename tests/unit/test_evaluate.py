@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import arithlib.datasets as ds
-from arithlib.ablation import zero_heads_hooks
-from arithlib.evaluate import (accuracy, answer_logits, correct_subset, evaluate, greedy_answers,
+import arithlib.core.datasets as ds
+from arithlib.methods.ablation import zero_heads_hooks
+from arithlib.core.evaluate import (accuracy, answer_logits, correct_subset, evaluate, greedy_answers,
                                intervention_accuracy)
-from arithlib.models import load_model, random_model_dir
+from arithlib.core.models import load_model, random_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_checked_answers_equal_greedy_up_to_the_first_wrong_token(tiny):
     (some fully right, some right then wrong) exercise both branches."""
     from dataclasses import replace
 
-    from arithlib.evaluate import checked_answers
+    from arithlib.core.evaluate import checked_answers
 
     ps = _tiny_prompts(tiny.tokenizer)
     _, greedy = greedy_answers(tiny.bridge, ps, extra_tokens=3, batch_size=4)

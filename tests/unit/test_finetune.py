@@ -1,4 +1,4 @@
-"""Tests of arithlib.finetune on a tiny_qwen2 random Qwen2 model (GQA: 4 query heads, 2 KV
+"""Tests of arithlib.methods.finetune on a tiny_qwen2 random Qwen2 model (GQA: 4 query heads, 2 KV
 heads, q/k/v biases): answer-position forward, data splits, LoRA per layer
 (determinism, merged weights, base untouched), precise SFT (slices, GQA counting,
 H/h rescaling), full SFT, checkpoints, CNA on LoRA models, key heads from notebook 01."""
@@ -14,15 +14,15 @@ import pandas as pd
 import pytest
 import torch
 
-import arithlib.datasets as ds
-import arithlib.finetune as ft
-from arithlib import papers
-import arithlib.lora as LO
-import arithlib.scales as SC
-import arithlib.sft as SFT
-from arithlib.evaluate import answer_logits as eval_answer_logits
-from arithlib.models import load_model, random_model_dir
-from arithlib.stats import decode_correct
+import arithlib.core.datasets as ds
+import arithlib.methods.finetune as ft
+from arithlib.core import papers
+import arithlib.yu.lora as LO
+import arithlib.run.scales as SC
+import arithlib.zhang.sft as SFT
+from arithlib.core.evaluate import answer_logits as eval_answer_logits
+from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.stats import decode_correct
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -69,7 +69,7 @@ def test_use_weights_swaps_and_restores(tiny_qwen2):
 
 
 def test_to_loaded_model_boots_bridge(tiny_qwen2):
-    from arithlib.models import random_model
+    from arithlib.core.models import random_model
 
     loaded = ft.to_loaded_model(random_model("qwen2"), tiny_qwen2.tokenizer, name="copy")
     x = torch.tensor([[5, 6, 7, 8]])
@@ -574,7 +574,7 @@ def test_make_optimizer_decays_only_the_decayed_parameters():
 def test_cpu_scale_is_the_default_on_a_cpu_and_sized_for_a_five_point_interval():
     """Issue 29: "auto" on a CPU is the judged "cpu" scale (quick=True stays the smoke
     test), with every layer and a test split sized by stats.n_for_half_width."""
-    from arithlib.stats import n_for_half_width
+    from arithlib.core.stats import n_for_half_width
 
     assert SC.resolve_scale("auto", "cpu", False) == "cpu" and SC.resolve_scale("auto", "cpu", True) == "quick"
     assert SC.resolve_scale("auto", "cuda", False) == "paper"
@@ -590,7 +590,7 @@ def test_auto_takes_the_stated_smaller_scale_above_one_billion_parameters_on_a_c
     "cpu-bands" (the cpu scale's data on layer 0, the reference layer and each band's
     centre; precise SFT of the top-32 heads only) above CPU_FULL_SCALE_MAX_PARAMS, and
     stays "cpu" at or below it, "paper" on a GPU and "quick" in quick mode."""
-    from arithlib import pruning
+    from arithlib.yu import pruning
 
     big, small = SC.CPU_FULL_SCALE_MAX_PARAMS + 1, SC.CPU_FULL_SCALE_MAX_PARAMS
     assert SC.resolve_scale("auto", "cpu", False, n_params=big) == "cpu-bands"
@@ -611,7 +611,7 @@ def test_run_record_adds_parameters_to_the_params_json(tmp_path):
     """Parameters known only after loading (the resolved scale) reach the params JSON."""
     import json
 
-    from arithlib.runs import Run
+    from arithlib.run.runs import Run
 
     run = Run("05_lora_mechanism", None, tmp_path, {"notebook": "05_lora_mechanism", "scale": "auto"})
     run.record(scale_resolved="cpu-bands", n_params=1_543_714_304)

@@ -1,4 +1,4 @@
-"""Tests of arithlib.general_ability: the fixed prose sample, LM loss, the factual-recall
+"""Tests of arithlib.methods.general_ability: the fixed prose sample, LM loss, the factual-recall
 set and its scorer, and the loaders/scorers of users' GSM8K / SVAMP / MMLU files
 (tiny fixture files, tiny random model)."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-import arithlib.general_ability as ga
-from arithlib.models import load_model, random_model_dir
-from arithlib.paths import cache_root
+import arithlib.methods.general_ability as ga
+from arithlib.core.models import load_model, random_model_dir
+from arithlib.run.paths import cache_root
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import arithlib.head_specificity as HSP
+import arithlib.yu.head_specificity as HSP
 
 GROUPS = {"+-": ["+", "-"], "/": ["/"]}
 

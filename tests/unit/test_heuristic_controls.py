@@ -1,9 +1,9 @@
 """The controls of Nikankin's heuristic analysis: labels tested against a shuffled-operand
-null with the FDR controlled (arithlib.heuristic_nulls), the prompt knockout with a
-disjoint, layer-matched control and zero ablation (arithlib.prompt_knockout, checked
+null with the FDR controlled (arithlib.nikankin.heuristic_nulls), the prompt knockout with a
+disjoint, layer-matched control and zero ablation (arithlib.nikankin.prompt_knockout, checked
 against a transcription of the authors' prompt_knockout_experiment), the operators whose
-faithfulness has no denominator (arithlib.faithfulness_checks), and the operand grids
-(arithlib.heuristic_grids)."""
+faithfulness has no denominator (arithlib.nikankin.faithfulness_checks), and the operand grids
+(arithlib.nikankin.heuristic_grids)."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ import pandas as pd
 import pytest
 import torch
 
-import arithlib.faithfulness_checks as FC
-import arithlib.heuristic_grids as HG
-import arithlib.heuristic_nulls as HN
-import arithlib.heuristics as H
-import arithlib.neurons as N
-import arithlib.prompt_knockout as PK
-from arithlib.datasets import PromptSet
+import arithlib.nikankin.faithfulness_checks as FC
+import arithlib.nikankin.heuristic_grids as HG
+import arithlib.nikankin.heuristic_nulls as HN
+import arithlib.nikankin.heuristics as H
+import arithlib.methods.neurons as N
+import arithlib.nikankin.prompt_knockout as PK
+from arithlib.core.datasets import PromptSet
 from arithlib.engine import AnswerPositionRunner
-from arithlib.evaluate import answer_logits
-from arithlib.models import load_model, random_model_dir
+from arithlib.core.evaluate import answer_logits
+from arithlib.core.models import load_model, random_model_dir
 
 
 def _grid_rules(op="+", hi=9):

@@ -1,4 +1,4 @@
-"""Heuristic catalogue, match scores and classification (arithlib.heuristics): rules
+"""Heuristic catalogue, match scores and classification (arithlib.nikankin.heuristics): rules
 select the right prompts, a neuron built to fire on a rule matches it with score 1 and
 shuffled activations match at chance, and the ablation / dynamics pipeline runs end to
 end on a tiny random-weight Llama."""
@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 import torch
 
-import arithlib.heuristic_dynamics as HD
-import arithlib.heuristics as H
-import arithlib.neurons as N
-import arithlib.prompt_knockout as PK
-from arithlib.datasets import PromptSet
-from arithlib.models import load_model, random_model_dir
+import arithlib.nikankin.heuristic_dynamics as HD
+import arithlib.nikankin.heuristics as H
+import arithlib.methods.neurons as N
+import arithlib.nikankin.prompt_knockout as PK
+from arithlib.core.datasets import PromptSet
+from arithlib.core.models import load_model, random_model_dir
 
 
 def _grid(op="+", lo=0, hi=9):
@@ -254,7 +254,7 @@ def test_notebook_defaults_follow_the_paper_and_the_intervals():
     p03 = _parameters("03_neuron_heuristics.ipynb")
     assert p03["labels"] == "all"
     assert p03["n_heldout"] is None and 0 < p03["heldout_half_width"] <= 0.05
-    from arithlib.papers import NIKANKIN_MATCH_T
+    from arithlib.core.papers import NIKANKIN_MATCH_T
 
     assert p03["n_exact_check"] >= 32 and p03["t"] == NIKANKIN_MATCH_T
     p01 = _parameters("01_identify_heads.ipynb")
@@ -266,7 +266,7 @@ def test_notebook_measures_on_larger_grids_and_tests_the_labels():
     operator, more prompts per rule than the 10 x 10 grid of 1-digit operands), tests the
     labels at a stated false-discovery rate and sweeps the knockout cap up to half of the
     circuit's neurons per layer, including the cap the report reads."""
-    from arithlib.papers import NIKANKIN_KNOCKOUT_CAP_SHARE
+    from arithlib.core.papers import NIKANKIN_KNOCKOUT_CAP_SHARE
 
     p03 = _parameters("03_neuron_heuristics.ipynb")
     assert p03["per_digit_operand_max"] == 99 and p03["max_grid_prompts"] >= 1000

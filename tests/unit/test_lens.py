@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 import torch
 
-import arithlib.datasets as ds
-import arithlib.lens as Lens
-import arithlib.probing as P
-from arithlib.evaluate import answer_logits
-from arithlib.models import load_model, random_model_dir
+import arithlib.core.datasets as ds
+import arithlib.zhang.lens as Lens
+import arithlib.zhang.probing as P
+from arithlib.core.evaluate import answer_logits
+from arithlib.core.models import load_model, random_model_dir
 
 
 def _perturb_norms(model, seed: int = 0) -> None:
@@ -70,7 +70,7 @@ def test_dla_needs_its_activations(setup):
 
 
 def test_dla_refuses_a_final_norm_of_unknown_kind(setup):
-    """DLA reads the final norm through arithlib.readout, which names a norm it cannot write
+    """DLA reads the final norm through arithlib.core.readout, which names a norm it cannot write
     as a formula rather than guess (centring and bias would be dropped without a word)."""
     m, ps, cache = setup
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-import arithlib.metrics as M
+import arithlib.core.metrics as M
 
 
 def test_relative_logit_change_is_zhangs_ratio():

@@ -1,4 +1,4 @@
-"""Tests of arithlib.models: random-weight models of each architecture boot through
+"""Tests of arithlib.core.models: random-weight models of each architecture boot through
 the bridge, names resolve, errors say what to do, and GGUF chunks are verified."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from arithlib import models
-from arithlib.models import (
+from arithlib.core import models
+from arithlib.core.models import (
     ChecksumError,
     ModelInfo,
     PackagedModel,
@@ -219,14 +219,14 @@ def test_hub_unreachable_gives_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_toy_model_and_checkpoints(random_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``toy-arith`` goes through arithlib.toy (replaced here by a stub)."""
+    """``toy-arith`` goes through arithlib.core.toy (replaced here by a stub)."""
     final, early = random_model_dir("gpt2", seed=0), random_model_dir("gpt2", seed=1)
-    toy = types.ModuleType("arithlib.toy")
+    toy = types.ModuleType("arithlib.core.toy")
     toy.ToyConfig = lambda: object()  # type: ignore[attr-defined]
     toy.toy_model_dir = lambda cfg: final  # type: ignore[attr-defined]
     toy.toy_checkpoint_steps = lambda cfg: [0, 500]  # type: ignore[attr-defined]
     toy.toy_checkpoint_dir = lambda cfg, step: {0: early, 500: final}[step]  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "arithlib.toy", toy)
+    monkeypatch.setitem(sys.modules, "arithlib.core.toy", toy)
 
     assert models.model_dir("toy-arith") == final
     lm = load_model("toy-arith", checkpoint=0)
@@ -322,7 +322,7 @@ def test_qwen_greedy_next_token() -> None:
 
 
 def test_check_model_name_without_loading(tmp_path):
-    from arithlib.models import check_model_name
+    from arithlib.core.models import check_model_name
     check_model_name("qwen2.5-coder-0.5b")
     check_model_name("EleutherAI/pythia-6.9b")
     with pytest.raises(ValueError, match="Known models"):

@@ -1,4 +1,4 @@
-"""Neuron-level attribution, faithfulness and logit lens (arithlib.neurons) on a tiny
+"""Neuron-level attribution, faithfulness and logit lens (arithlib.methods.neurons) on a tiny
 random-weight Llama: the answer-position runner equals full forward passes, attribution
 patching approximates exact mean ablation, faithfulness is 0 and 1 at its ends, and the
 logit lens reproduces the model's own unembedding."""
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import arithlib.engine as E
-import arithlib.ablation as A
-import arithlib.heuristics as H
-import arithlib.neurons as N
-from arithlib.datasets import PromptSet
-from arithlib.evaluate import answer_logits
-from arithlib.models import load_model, random_model_dir
+import arithlib.methods.ablation as A
+import arithlib.nikankin.heuristics as H
+import arithlib.methods.neurons as N
+from arithlib.core.datasets import PromptSet
+from arithlib.core.evaluate import answer_logits
+from arithlib.core.models import load_model, random_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +242,7 @@ def test_bad_layers(tiny, setup):
 
 
 def test_subset_and_greedy(tiny, grid, setup):
-    from arithlib.evaluate import evaluate
+    from arithlib.core.evaluate import evaluate
     runner, layers, acts, means = setup
     idx = [5, 0, len(grid) - 1, 7]
     N.neuron_attribution(runner, [1], means=means[1:])     # a gradient pass must leave the cache copyable

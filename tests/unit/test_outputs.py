@@ -1,4 +1,4 @@
-"""arithlib.outputs: which tables are stored compressed, the one reader that finds a table
+"""arithlib.run.outputs: which tables are stored compressed, the one reader that finds a table
 in either form, the deterministic writer, and scripts/compress_tables.py."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from arithlib import outputs
-from arithlib.outputs import (AmbiguousTable, TableNotFound, find_table, is_row_level, read_table, save_table,
+from arithlib.run import outputs
+from arithlib.run.outputs import (AmbiguousTable, TableNotFound, find_table, is_row_level, read_table, save_table,
                               table_file)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,16 +15,16 @@ import pytest
 import torch
 import transformer_lens.patching as tlp
 
-import arithlib.ablation as A
-import arithlib.datasets as ds
+import arithlib.methods.ablation as A
+import arithlib.core.datasets as ds
 import arithlib.engine as E
-import arithlib.activation_patching as AP
-import arithlib.knockouts as KO
-import arithlib.path_patching as PP
-import arithlib.positions as POS
-import arithlib.patching as P
-from arithlib.evaluate import answer_logits
-from arithlib.models import load_model, random_model_dir
+import arithlib.nikankin.activation_patching as AP
+import arithlib.methods.knockouts as KO
+import arithlib.zhang.path_patching as PP
+import arithlib.core.positions as POS
+import arithlib.methods.patching as P
+from arithlib.core.evaluate import answer_logits
+from arithlib.core.models import load_model, random_model_dir
 
 TOL = 1e-4
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,7 +225,7 @@ def test_path_patching_prompt_sets_pool_lengths(tiny):
 
 def test_stored_path_patching_attention_holds_only_its_own_prompt(tiny):
     """Each prompt's attention map is its own tensor, not a view of its batch: pickled (as
-    arithlib.stored keeps a section) the maps take about their own size, not the batch's
+    arithlib.run.stored keeps a section) the maps take about their own size, not the batch's
     for every prompt (Qwen-1.5B's stored result was 150 MB for 7 MB of maps)."""
     import pickle
 
@@ -367,7 +367,7 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
     assert set(curves["order_name"]) == {"effect", "random0", "random1"}
     assert set(curves["group"]) == {"all", "+", "-"}
     assert curves.loc[curves.k == 0, "accuracy"].nunique() <= 3
-    # every-position knockout equals arithlib.ablation's mean hooks with a full forward
+    # every-position knockout equals arithlib.methods.ablation's mean hooks with a full forward
     allpos = KO.knockout_curves(b, ps, ranking, [3], res.cf_means, n_random=0, position=None, progress=False)
     with torch.no_grad(), b.hooks(fwd_hooks=A.mean_heads_hooks(ranking[:3], res.cf_means)):
         lg = answer_logits(b, ps)
@@ -575,8 +575,8 @@ def test_benchmark_gpu_mode_code_path_on_cpu():
 
 
 def test_transfer_sets_are_correct_and_tokenize(digit_tokenizer):
-    import arithlib.transfer_sets as TS
-    from arithlib.toy import build_tokenizer
+    import arithlib.zhang.transfer_sets as TS
+    from arithlib.core.toy import build_tokenizer
 
     dec = TS.decimal_prompts(("+", "-"), n_per_op=10, seed=1, fewshot=2)
     for r in dec:
@@ -598,7 +598,7 @@ def test_transfer_sets_are_correct_and_tokenize(digit_tokenizer):
 
 
 def test_random_head_sets_are_seeded_distinct_and_exclude_the_knocked_out_heads():
-    import arithlib.transfer_sets as TS
+    import arithlib.zhang.transfer_sets as TS
 
     knocked = [(0, 0), (2, 3)]
     sets = TS.random_head_sets(3, 4, 5, n_sets=3, seed=1, exclude=knocked)
@@ -616,7 +616,7 @@ def test_transfer_knockout_equals_one_run_per_head_set(toy):
     """Each column of the transfer table is the accuracy of its own head set knocked out
     alone (the random column the mean over the sets), formats the tokenizer cannot split
     give a row with a note, and the same seed gives the same table."""
-    import arithlib.transfer_sets as TS
+    import arithlib.zhang.transfer_sets as TS
 
     b, tok = toy.bridge, toy.tokenizer
     formats = {"sums": ds.yu_prompts(["+", "-"], n_digits=2, n_per_template=6, seed=0, fewshot=2, templates=[3]),

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
-import arithlib.datasets as ds
-import arithlib.probing as P
-from arithlib.evaluate import evaluate
-from arithlib.models import load_model, random_model_dir
+import arithlib.core.datasets as ds
+import arithlib.zhang.probing as P
+from arithlib.core.evaluate import evaluate
+from arithlib.core.models import load_model, random_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_cache_rejects_bad_input(tiny, prompts):
 
 
 def test_single_token_numbers(digit_tokenizer):
-    import arithlib.neurons as N
+    import arithlib.methods.neurons as N
 
     ids = ds.single_token_numbers(digit_tokenizer, 20)
     assert sorted(ids) == list(range(10))  # per-digit: only 0..9 are single tokens

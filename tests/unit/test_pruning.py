@@ -1,4 +1,4 @@
-"""Tests of arithlib.pruning (Yu & Ananiadou 2024, Sec. 6.1) on tiny random-weight
+"""Tests of arithlib.yu.pruning (Yu & Ananiadou 2024, Sec. 6.1) on tiny random-weight
 models: pruning that keeps every neuron reproduces the original logits; a pruned model
 equals the full-size model with the same neurons zeroed (hooks and weight masking);
 parameter counts; the original stays untouched; the union ranking is Yu's union of
@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import arithlib.ablation as A
-import arithlib.datasets as ds
-import arithlib.finetune as FT
-import arithlib.lora as LO
-import arithlib.pruning as P
-from arithlib import papers
-from arithlib.models import load_model, random_model_dir
+import arithlib.methods.ablation as A
+import arithlib.core.datasets as ds
+import arithlib.methods.finetune as FT
+import arithlib.yu.lora as LO
+import arithlib.yu.pruning as P
+from arithlib.core import papers
+from arithlib.core.models import load_model, random_model_dir
 
 TOL = 1e-4
 

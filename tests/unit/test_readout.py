@@ -1,4 +1,4 @@
-"""arithlib.readout: the final norm as a formula and the unembedding reproduce the
+"""arithlib.core.readout: the final norm as a formula and the unembedding reproduce the
 model's own logits, for RMSNorm and LayerNorm models and each architecture's epsilon;
 every method that unembeds reads them from here."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from arithlib.models import RANDOM_ARCHS, load_model, random_model_dir
-from arithlib.readout import final_norm, unembedding
+from arithlib.core.models import RANDOM_ARCHS, load_model, random_model_dir
+from arithlib.core.readout import final_norm, unembedding
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])

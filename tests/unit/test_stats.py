@@ -1,11 +1,11 @@
-"""Intervals and the verdict they give (arithlib.stats)."""
+"""Intervals and the verdict they give (arithlib.core.stats)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-import arithlib.stats as S
+import arithlib.core.stats as S
 
 
 def test_binomial_ci_is_the_exact_clopper_pearson_interval():
@@ -53,7 +53,7 @@ def test_sample_size_for_a_half_width():
 
 
 def test_crossed_bootstrap_ci_carries_the_spread_across_random_draws():
-    from arithlib.stats import crossed_bootstrap_ci
+    from arithlib.core.stats import crossed_bootstrap_ci
 
     rng = np.random.default_rng(0)
     same = np.tile(rng.random((200, 1)) < 0.5, (1, 10)).astype(float)     # every draw alike

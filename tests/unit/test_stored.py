@@ -1,4 +1,4 @@
-"""arithlib.stored: a result is computed once per key and loaded after; the key moves
+"""arithlib.run.stored: a result is computed once per key and loaded after; the key moves
 with the model's weights, the prompts (counterfactuals included), tensors, parameters
 and the code of the modules named; a half-written file is never read back."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import arithlib.datasets as ds
-from arithlib.sources import code_fingerprint, module_closure
-from arithlib.stored import Store, key_value
+import arithlib.core.datasets as ds
+from arithlib.run.sources import code_fingerprint, module_closure
+from arithlib.run.stored import Store, key_value
 
 
 class Counter:
@@ -29,13 +29,13 @@ class Counter:
 
 def test_computed_once_per_key_and_loaded_after(tmp_path):
     store, f = Store(tmp_path), Counter()
-    first = store("a section", f, code=["patching"], n=3, means={0: torch.ones(2)})
-    again = store("a section", f, code=["patching"], n=3, means={0: torch.ones(2)})
+    first = store("a section", f, code=["methods.patching"], n=3, means={0: torch.ones(2)})
+    again = store("a section", f, code=["methods.patching"], n=3, means={0: torch.ones(2)})
     assert f.calls == 1 and again["value"] == first["value"] and torch.equal(again["tensor"], first["tensor"])
-    store("a section", f, code=["patching"], n=4, means={0: torch.ones(2)})            # a parameter
-    store("a section", f, code=["patching"], n=3, means={0: torch.full((2,), 2.0)})    # a tensor's values
-    store("a section", f, code=["evaluate"], n=3, means={0: torch.ones(2)})            # other code
-    store("another section", f, code=["patching"], n=3, means={0: torch.ones(2)})
+    store("a section", f, code=["methods.patching"], n=4, means={0: torch.ones(2)})            # a parameter
+    store("a section", f, code=["methods.patching"], n=3, means={0: torch.full((2,), 2.0)})    # a tensor's values
+    store("a section", f, code=["core.evaluate"], n=3, means={0: torch.ones(2)})            # other code
+    store("another section", f, code=["methods.patching"], n=3, means={0: torch.ones(2)})
     assert f.calls == 5
     assert len(list(tmp_path.glob("*.pkl"))) == 5 and not list(tmp_path.glob("*.tmp"))
 
@@ -63,7 +63,7 @@ def _stored_once(tmp_path):
 
 def _again(tmp_path, caplog) -> tuple[dict, Counter]:
     f = Counter()
-    with caplog.at_level(logging.WARNING, logger="arithlib.stored"):
+    with caplog.at_level(logging.WARNING, logger="arithlib.run.stored"):
         result = Store(tmp_path)("knockout at end", lambda: f(7), code=[], n=1)
     return result, f
 
@@ -99,7 +99,7 @@ def test_a_stored_result_that_cannot_be_unpickled_is_computed_again(tmp_path, ca
     """Even with a matching checksum (written by other code), a pickle that fails to load
     is discarded with a warning instead of stopping every rerun."""
     path, _ = _stored_once(tmp_path)
-    from arithlib.stored import write_verified
+    from arithlib.run.stored import write_verified
 
     write_verified(path, b"not a pickle", seconds=1.0)
     result, f = _again(tmp_path, caplog)
@@ -120,7 +120,7 @@ def test_a_stored_result_without_a_checksum_is_computed_again(tmp_path, caplog):
 def test_temporary_files_have_names_of_their_own(tmp_path, monkeypatch):
     """Two writers of the same result never share a temporary file (each is unique,
     beside the result), and none is left behind."""
-    from arithlib import atomic
+    from arithlib.run import atomic
 
     seen = []
     real = atomic.tempfile.mkstemp
@@ -139,7 +139,7 @@ def test_temporary_files_have_names_of_their_own(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def toy():
-    from arithlib.models import load_model
+    from arithlib.core.models import load_model
 
     return load_model("toy-arith")
 
@@ -247,3 +247,14 @@ def test_a_table_keys_by_its_values_and_columns():
     assert key_value(frame) != key_value(frame.assign(b=[3.0, 5.0]))
     assert key_value(frame) != key_value(frame.rename(columns={"b": "c"}))
     assert key_value(frame.a) != key_value(frame.a.rename("z"))
+
+
+def test_a_code_name_that_names_no_module_is_refused():
+    """A name that resolves to nothing (a module moved to a subpackage: ``"cna"`` for
+    ``"yu.cna"``) would drop its code from the key: refused, naming the form expected."""
+    with pytest.raises(ValueError, match="yu.cna"):
+        code_fingerprint(["cna"])
+    assert module_closure(["yu.cna"]) == module_closure(["yu/cna"]) and "yu/cna" in module_closure(["yu.cna"])
+    import arithlib.yu.cna as cna
+
+    assert key_value(cna) == code_fingerprint(["yu/cna"])

@@ -1,4 +1,4 @@
-"""Tests of arithlib.toy: tokenizer, data, a tiny deterministic training run, the shipped
+"""Tests of arithlib.core.toy: tokenizer, data, a tiny deterministic training run, the shipped
 weights of the default model (checksums, install, refusal of a changed file), the
 default model's accuracy, and (slow) that training it again reproduces the shipped
 accuracies."""
@@ -15,9 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import arithlib.toy as toy
-from arithlib.paths import DATA_DIR
-from arithlib.toy import (
+import arithlib.core.toy as toy
+from arithlib.run.paths import DATA_DIR
+from arithlib.core.toy import (
     TOY_TEMPLATES,
     TOY_WORDS,
     ToyConfig,
@@ -278,7 +278,7 @@ def test_the_default_config_has_shipped_weights_that_match_their_checksums():
     cfg = ToyConfig()
     shipped = toy.shipped_dir(cfg)
     assert shipped is not None and shipped == DATA_DIR / "toy" / cfg.key(), \
-        f"no shipped toy model for the default config key {cfg.key()} (python -m arithlib.toy --ship writes it)"
+        f"no shipped toy model for the default config key {cfg.key()} (python -m arithlib.core.toy --ship writes it)"
     sums = toy.verify_shipped(shipped)
     assert set(sums) == set(toy.SHIPPED_FILES)
     info = json.loads((shipped / toy.TOY_INFO).read_text())
@@ -311,7 +311,7 @@ def test_loading_uses_the_shipped_weights_without_training(shipped_copy, monkeyp
         toy.read_sums(shipped_copy)["model.safetensors"]
     assert toy_model_dir(cfg) == folder  # installed once
     assert toy_checkpoint_dir(cfg, cfg.steps) == folder  # the last checkpoint is the shipped model
-    from arithlib import models
+    from arithlib.core import models
 
     assert models.model_dir("toy-arith") == folder
 
@@ -325,7 +325,7 @@ def test_a_changed_shipped_file_is_refused_in_one_line(shipped_copy):
         toy_model_dir(ToyConfig())
     msg = str(err.value)
     assert "\n" not in msg and "model.safetensors" in msg and "SHA-256" in msg
-    assert "git checkout" in msg and "python -m arithlib.toy --train" in msg
+    assert "git checkout" in msg and "python -m arithlib.core.toy --train" in msg
     weights.unlink()
     with pytest.raises(toy.ShippedWeightsChanged, match="missing"):
         toy_model_dir(ToyConfig())

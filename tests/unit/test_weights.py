@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from arithlib import models
-from arithlib.fingerprints import model_fingerprint
+from arithlib.core import models
+from arithlib.run.fingerprints import model_fingerprint
 
 PACKAGED = "qwen2.5-coder-0.5b"
 
@@ -54,17 +54,17 @@ def test_a_weight_file_changed_after_install_is_refused_with_the_reinstall_comma
         models.model_dir(PACKAGED)
     message = str(err.value)
     assert "\n" not in message and str(hf / "model.safetensors") in message
-    assert f"python -m arithlib.weights reinstall {PACKAGED}" in message
+    assert f"python -m arithlib.core.install reinstall {PACKAGED}" in message
     with pytest.raises(RuntimeError, match="changed after the model was installed"):
         models.load_model(PACKAGED)
-    from arithlib.weights import check_installed
+    from arithlib.core.install import check_installed
 
     with pytest.raises(RuntimeError, match="reinstall"):  # run_all.sh's check before any notebook starts
         check_installed(PACKAGED)
 
 
 def test_an_untouched_model_passes_the_cheap_check_and_a_touched_one_the_full_hash(tmp_cache, monkeypatch):
-    from arithlib import weights
+    from arithlib.core import weights
 
     hf = _installed_packaged_model(tmp_cache)
     models.model_dir(PACKAGED)
@@ -114,7 +114,7 @@ def test_the_fingerprint_covers_every_weight_value(tmp_cache):
 
 
 def test_a_trained_toy_model_records_its_weights(tmp_cache, monkeypatch):
-    from arithlib import toy
+    from arithlib.core import toy
 
     monkeypatch.setattr(toy, "toy_accuracy_table", lambda *args: {})  # the full evaluation is slow
     cfg = toy.ToyConfig(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_mlp=32, max_operand=9, max_mul_operand=4,
