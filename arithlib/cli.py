@@ -19,7 +19,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -74,7 +74,11 @@ def model_lines() -> list[str]:
     lines = []
     for name in models.known_models():
         packaged = models.PACKAGED_MODELS.get(name)
-        what = packaged.description if packaged else "the small arithmetic model of arithlib.core.toy (its weights ship in data/toy/)"
+        what = (
+            packaged.description
+            if packaged
+            else "the small arithmetic model of arithlib.core.toy (its weights ship in data/toy/)"
+        )
         lines.append(f"  {name:<20} {what}{' (default)' if name == DEFAULT_MODEL else ''}")
     return lines
 
@@ -83,41 +87,46 @@ def _epilog() -> str:
     """The end of ``--help``: models, notebooks, how -p values are read, where results go."""
     models = model_lines()
     notebooks = [f"  {name[:2]}  {name:<24} {title}" for name, title in notebook_titles().items()]
-    return "\n\n".join([
-        "\b\nModels (--model):\n" + "\n".join(models)
-        + "\n  or a local folder holding an HF model, or a hub id such as EleutherAI/pythia-6.9b",
-        "\b\nNotebooks (--only takes their numbers; each runs after the notebooks whose tables it reads):\n"
-        + "\n".join(notebooks),
-        "\b\n-p NAME VALUE sets a variable of the notebooks' parameters cell (--list-params lists them\n"
-        "with their defaults), in the notebooks that declare it, typed as its default there:\n"
-        "  True/False default    true or false, in any case\n"
-        "  whole-number default  a whole number (e.g. 3)\n"
-        "  number default        any number (e.g. -0.1, 1e-3), as a float\n"
-        "  list or tuple default a Python literal list (e.g. '[\"+\", \"-\"]'), each item of the type\n"
-        "                        of the default's items (read with ast.literal_eval, never run)\n"
-        "  text or None default  a number, true/false, None or a [list] as such (the \"auto\"\n"
-        "                        settings take a count), a quoted text ('\"8\"') as text, else the\n"
-        "                        text as typed; a text default that reads as a number (\"-1\")\n"
-        "                        takes the text as typed\n"
-        "A name no selected notebook declares, one set by an option (model, device, dtype,\n"
-        "device_map, quick, seed, out_dir) or a value of the wrong type stops the run before it\n"
-        "starts. --quick never overrides a -p value.",
-        "\b\nWhere results go: figures and tables to FIG/<model>/ (FIG: figures/, or --figures), the\n"
-        "executed notebooks to FIG/<model>/notebooks/ (.ipynb and .html), keys, logs and raw\n"
-        "copies to outputs/<model>/. A run with changed settings (--quick, --seed other than 0,\n"
-        "any -p) writes to outputs/scratch/figures/<model>/ (first a copy of figures/<model>/),\n"
-        "never over the committed figures, unless --figures says where. A notebook writes into\n"
-        "its own staging folder; only when it succeeds do its files replace its old ones, whole\n"
-        "or not at all. After a failing notebook (named, with its log) no other starts. A\n"
-        "notebook whose code, data, parameters and input tables are unchanged since its last\n"
-        "successful run is skipped (--force reruns it). One run at a time per outputs and\n"
-        "figures folder: a second one stops at once, naming the first. Every minute the console\n"
-        "shows each running notebook's cells done and its minutes against its last run's.",
-    ])
+    return "\n\n".join(
+        [
+            "\b\nModels (--model):\n"
+            + "\n".join(models)
+            + "\n  or a local folder holding an HF model, or a hub id such as EleutherAI/pythia-6.9b",
+            "\b\nNotebooks (--only takes their numbers; each runs after the notebooks whose tables it reads):\n"
+            + "\n".join(notebooks),
+            "\b\n-p NAME VALUE sets a variable of the notebooks' parameters cell (--list-params lists them\n"
+            "with their defaults), in the notebooks that declare it, typed as its default there:\n"
+            "  True/False default    true or false, in any case\n"
+            "  whole-number default  a whole number (e.g. 3)\n"
+            "  number default        any number (e.g. -0.1, 1e-3), as a float\n"
+            '  list or tuple default a Python literal list (e.g. \'["+", "-"]\'), each item of the type\n'
+            "                        of the default's items (read with ast.literal_eval, never run)\n"
+            '  text or None default  a number, true/false, None or a [list] as such (the "auto"\n'
+            "                        settings take a count), a quoted text ('\"8\"') as text, else the\n"
+            '                        text as typed; a text default that reads as a number ("-1")\n'
+            "                        takes the text as typed\n"
+            "A name no selected notebook declares, one set by an option (model, device, dtype,\n"
+            "device_map, quick, seed, out_dir) or a value of the wrong type stops the run before it\n"
+            "starts. --quick never overrides a -p value.",
+            "\b\nWhere results go: figures and tables to FIG/<model>/ (FIG: figures/, or --figures), the\n"
+            "executed notebooks to FIG/<model>/notebooks/ (.ipynb and .html), keys, logs and raw\n"
+            "copies to outputs/<model>/. A run with changed settings (--quick, --seed other than 0,\n"
+            "any -p) writes to outputs/scratch/figures/<model>/ (first a copy of figures/<model>/),\n"
+            "never over the committed figures, unless --figures says where. A notebook writes into\n"
+            "its own staging folder; only when it succeeds do its files replace its old ones, whole\n"
+            "or not at all. After a failing notebook (named, with its log) no other starts. A\n"
+            "notebook whose code, data, parameters and input tables are unchanged since its last\n"
+            "successful run is skipped (--force reruns it). One run at a time per outputs and\n"
+            "figures folder: a second one stops at once, naming the first. Every minute the console\n"
+            "shows each running notebook's cells done and its minutes against its last run's.",
+        ]
+    )
 
 
-RUN_HELP = ("Execute the numbered notebooks (papermill), each after the notebooks whose tables it "
-            "reads, then (unless --no-report) write REPORT.md / REPORT.html and the findings across models.")
+RUN_HELP = (
+    "Execute the numbered notebooks (papermill), each after the notebooks whose tables it "
+    "reads, then (unless --no-report) write REPORT.md / REPORT.html and the findings across models."
+)
 
 
 # --------------------------------------------------------------------------- the command
@@ -132,14 +141,29 @@ def _group() -> None:
     """arithlib: reimplementations of three papers on how language models do arithmetic."""
 
 
-def _options(model: str, device: str, dtype: str, device_map: Optional[str], quick: bool, seed: int,
-             param: list[tuple[str, str]], figures: Optional[Path], out: Optional[Path], only: str, force: bool,
-             jobs: Optional[int], threads: Optional[int], report: bool, notebooks: Path, progress_every: float,
-             print_figures: bool) -> argparse.Namespace:
+def _options(
+    model: str,
+    device: str,
+    dtype: str,
+    device_map: str | None,
+    quick: bool,
+    seed: int,
+    param: list[tuple[str, str]],
+    figures: Path | None,
+    out: Path | None,
+    only: str,
+    force: bool,
+    jobs: int | None,
+    threads: int | None,
+    report: bool,
+    notebooks: Path,
+    progress_every: float,
+    print_figures: bool,
+) -> argparse.Namespace:
     """The namespace ``run_notebooks.run`` takes, after the checks that need the library:
     the model's name (and its installed weights) and the device."""
-    from arithlib.core.models import check_model_name, resolve_device
     from arithlib.core.install import check_installed
+    from arithlib.core.models import check_model_name, resolve_device
     from arithlib.core.weights import ModelFilesChanged
 
     try:
@@ -152,11 +176,25 @@ def _options(model: str, device: str, dtype: str, device_map: Optional[str], qui
     except (ValueError, RuntimeError) as err:
         raise Bad(str(err)) from None
     return argparse.Namespace(
-        model=model, device=resolved, resolved_device=resolved, dtype=dtype, device_map=device_map,
-        quick="True" if quick else "False", seed=seed, param=[tuple(p) for p in param],
-        figures=None if figures is None else str(figures), out=None if out is None else str(out),
-        only=only, force=force, jobs=jobs, threads=threads, notebooks=str(notebooks),
-        progress_every=progress_every, print_figures=print_figures, report=report)
+        model=model,
+        device=resolved,
+        resolved_device=resolved,
+        dtype=dtype,
+        device_map=device_map,
+        quick="True" if quick else "False",
+        seed=seed,
+        param=[tuple(p) for p in param],
+        figures=None if figures is None else str(figures),
+        out=None if out is None else str(out),
+        only=only,
+        force=force,
+        jobs=jobs,
+        threads=threads,
+        notebooks=str(notebooks),
+        progress_every=progress_every,
+        print_figures=print_figures,
+        report=report,
+    )
 
 
 def list_params(paths: list[Path]) -> list[str]:
@@ -185,55 +223,115 @@ def list_params(paths: list[Path]) -> list[str]:
 @app.command("run", help=RUN_HELP, context_settings=CONTEXT)
 def run(
     model: Annotated[str, typer.Option(metavar="NAME", help="the model (see Models below)")] = DEFAULT_MODEL,
-    device: Annotated[str, typer.Option(
-        metavar="auto|cpu|cuda|cuda:N|mps",
-        help="auto takes the GPU when torch sees one, else the CPU; a device torch does not see stops the "
-             "run")] = "auto",
-    dtype: Annotated[str, typer.Option(
-        metavar="auto|float32|bfloat16|float16",
-        help="auto is bfloat16 on a GPU, float32 on a CPU")] = "auto",
-    device_map: Annotated[Optional[str], typer.Option(
-        metavar="auto|balanced|balanced_low_0|sequential|JSON", show_default="none: the whole model on --device",
-        help="split the model across devices (TransformerLens/accelerate); JSON: '{\"model.layers.0\": 0, ...}' "
-             "names HF modules")] = None,
-    quick: Annotated[bool, typer.Option(
-        "--quick", show_default="off",
-        help="the notebooks' quick sizes, for a smoke test (writes to the scratch folder)")] = False,
-    seed: Annotated[int, typer.Option(min=0, metavar="N",
-                                      help="random seed; other than 0 writes to the scratch folder")] = 0,
-    param: Annotated[Optional[list[tuple]], typer.Option(  # NAME VALUE: two values each (_command)
-        "--param", "-p", metavar="NAME VALUE", show_default="none",
-        help="set a notebook parameter, typed as its default (see below); repeatable")] = None,
-    only: Annotated[str, typer.Option(metavar="NN[,NN...]", show_default="every notebook",
-                                      help="run these notebooks only (two-digit numbers, see Notebooks below)")] = "",
-    force: Annotated[bool, typer.Option("--force", show_default="off",
-                                        help="rerun notebooks whose inputs are unchanged")] = False,
-    jobs: Annotated[Optional[int], typer.Option(
-        min=1, metavar="N", show_default="2 on a CPU with 2+ cores, else 1",
-        help="notebooks run at once")] = None,
-    threads: Annotated[Optional[int], typer.Option(
-        min=0, metavar="N",
-        show_default="every core when one notebook runs at a time (--jobs 1 or one notebook selected), "
-                     "else cores // jobs",
-        help="torch threads per notebook (part of the cache key); 0: torch's default")] = None,
-    figures: Annotated[Optional[Path], typer.Option(
-        metavar="DIR", show_default="figures, or outputs/scratch/figures for a run with changed settings",
-        help="the figures root (results go to DIR/<model>/)")] = None,
-    out: Annotated[Optional[Path], typer.Option(
-        metavar="DIR", show_default="outputs/<model>, or outputs/scratch/<model>",
-        help="keys, logs and raw executed notebooks")] = None,
-    report: Annotated[bool, typer.Option(help="after the notebooks, write the model's report and the "
-                                              "cross-model findings, still holding the lock")] = True,
-    list_params_: Annotated[bool, typer.Option(
-        "--list-params", show_default="off",
-        help="print the selected notebooks' parameters (-p names) with their defaults, and exit")] = False,
-    print_figures: Annotated[bool, typer.Option(
-        "--print-figures", show_default="off",
-        help="check the options, print the figures root this run would use, and exit")] = False,
-    notebooks: Annotated[Path, typer.Option(metavar="DIR", show_default="notebooks",
-                                            help="where the numbered notebooks are")] = NOTEBOOK_DIR,
-    progress_every: Annotated[float, typer.Option(min=1.0, metavar="SECONDS",
-                                                  help="seconds between progress lines")] = 60.0,
+    device: Annotated[
+        str,
+        typer.Option(
+            metavar="auto|cpu|cuda|cuda:N|mps",
+            help="auto takes the GPU when torch sees one, else the CPU; a device torch does not see stops the run",
+        ),
+    ] = "auto",
+    dtype: Annotated[
+        str, typer.Option(metavar="auto|float32|bfloat16|float16", help="auto is bfloat16 on a GPU, float32 on a CPU")
+    ] = "auto",
+    device_map: Annotated[
+        str | None,
+        typer.Option(
+            metavar="auto|balanced|balanced_low_0|sequential|JSON",
+            show_default="none: the whole model on --device",
+            help="split the model across devices (TransformerLens/accelerate); JSON: '{\"model.layers.0\": 0, ...}' "
+            "names HF modules",
+        ),
+    ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            show_default="off",
+            help="the notebooks' quick sizes, for a smoke test (writes to the scratch folder)",
+        ),
+    ] = False,
+    seed: Annotated[
+        int, typer.Option(min=0, metavar="N", help="random seed; other than 0 writes to the scratch folder")
+    ] = 0,
+    param: Annotated[
+        list[tuple] | None,
+        typer.Option(  # NAME VALUE: two values each (_command)
+            "--param",
+            "-p",
+            metavar="NAME VALUE",
+            show_default="none",
+            help="set a notebook parameter, typed as its default (see below); repeatable",
+        ),
+    ] = None,
+    only: Annotated[
+        str,
+        typer.Option(
+            metavar="NN[,NN...]",
+            show_default="every notebook",
+            help="run these notebooks only (two-digit numbers, see Notebooks below)",
+        ),
+    ] = "",
+    force: Annotated[
+        bool, typer.Option("--force", show_default="off", help="rerun notebooks whose inputs are unchanged")
+    ] = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option(min=1, metavar="N", show_default="2 on a CPU with 2+ cores, else 1", help="notebooks run at once"),
+    ] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            metavar="N",
+            show_default="every core when one notebook runs at a time (--jobs 1 or one notebook selected), "
+            "else cores // jobs",
+            help="torch threads per notebook (part of the cache key); 0: torch's default",
+        ),
+    ] = None,
+    figures: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            show_default="figures, or outputs/scratch/figures for a run with changed settings",
+            help="the figures root (results go to DIR/<model>/)",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            show_default="outputs/<model>, or outputs/scratch/<model>",
+            help="keys, logs and raw executed notebooks",
+        ),
+    ] = None,
+    report: Annotated[
+        bool,
+        typer.Option(
+            help="after the notebooks, write the model's report and the cross-model findings, still holding the lock"
+        ),
+    ] = True,
+    list_params_: Annotated[
+        bool,
+        typer.Option(
+            "--list-params",
+            show_default="off",
+            help="print the selected notebooks' parameters (-p names) with their defaults, and exit",
+        ),
+    ] = False,
+    print_figures: Annotated[
+        bool,
+        typer.Option(
+            "--print-figures",
+            show_default="off",
+            help="check the options, print the figures root this run would use, and exit",
+        ),
+    ] = False,
+    notebooks: Annotated[
+        Path, typer.Option(metavar="DIR", show_default="notebooks", help="where the numbered notebooks are")
+    ] = NOTEBOOK_DIR,
+    progress_every: Annotated[
+        float, typer.Option(min=1.0, metavar="SECONDS", help="seconds between progress lines")
+    ] = 60.0,
 ) -> int:
     rn = _run_notebooks()
     if list_params_:  # needs no model: the notebooks' own cells
@@ -243,8 +341,25 @@ def run(
             raise Bad(str(err)) from None
         print("\n".join(list_params(paths)))
         return 0
-    args = _options(model, device, dtype, device_map, quick, seed, param or [], figures, out, only, force, jobs,
-                    threads, report, notebooks, progress_every, print_figures)
+    args = _options(
+        model,
+        device,
+        dtype,
+        device_map,
+        quick,
+        seed,
+        param or [],
+        figures,
+        out,
+        only,
+        force,
+        jobs,
+        threads,
+        report,
+        notebooks,
+        progress_every,
+        print_figures,
+    )
     try:
         plan = rn.check(args)
     except SystemExit as err:
@@ -272,7 +387,7 @@ def _command(with_epilog: bool = False):
     return group
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); the exit status. With
     ``$ARITHLIB_PROG`` set (run_all.sh sets it), ``run`` is the whole command and its usage
     line and messages carry that name."""

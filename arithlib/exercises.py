@@ -16,21 +16,21 @@ and :func:`check_probe_r2` (a linear probe).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 import torch
 
 from .core import datasets as ds
-from .zhang import lens as L
-from .zhang import path_patching as PP
-from .methods import patching as P
-from .zhang import probing as PR
 from .core.metrics import relative_logit_change
 from .core.models import LoadedModel, load_model
+from .methods import patching as P
+from .zhang import lens as L
+from .zhang import path_patching as PP
+from .zhang import probing as PR
 
 #: The model every check runs on.
 CHECK_MODEL = "toy-arith"
@@ -73,8 +73,11 @@ def patching_batch() -> PatchingBatch:
     with torch.no_grad():
         logits = model.bridge(batch.tokens)[:, -1]
     answer = logits.gather(1, batch.answer_ids[:, None]).squeeze(1)
-    keep = [int(i) for i, (pred, a, logit) in enumerate(zip(logits.argmax(-1), batch.answer_ids, answer))
-            if pred == a and logit > 0]
+    keep = [
+        int(i)
+        for i, (pred, a, logit) in enumerate(zip(logits.argmax(-1), batch.answer_ids, answer))
+        if pred == a and logit > 0
+    ]
     ps = ps.subset([int(batch.index[i]) for i in keep])
     batch = next(ps.batches(len(ps)))
     return PatchingBatch(ps, batch.tokens, batch.cf_tokens, batch.answer_ids)
@@ -143,8 +146,9 @@ def check_patch_head_logits(fn: Callable) -> None:
     refs = P.activation_patch_full(bridge, batch.tokens, batch.cf_tokens, comps, position=-1).cpu()
     for c, ref in zip(comps, refs):
         with torch.no_grad():
-            mine = _as_tensor(fn(bridge, batch.tokens.clone(), batch.cf_tokens.clone(), c.layer, c.index),
-                              "patch_head_logits")
+            mine = _as_tensor(
+                fn(bridge, batch.tokens.clone(), batch.cf_tokens.clone(), c.layer, c.index), "patch_head_logits"
+            )
         _compare(mine, ref, f"patch_head_logits(layer={c.layer}, head={c.index})")
     _ok(f"patch_head_logits matches arithlib.methods.patching.activation_patch_full on all {len(comps)} heads")
 
@@ -161,15 +165,19 @@ def check_path_patch_logit(fn: Callable) -> None:
     act = act.gather(2, batch.answer_ids[None, :, None].expand(len(comps), -1, 1)).squeeze(-1)
     for j, (c, ref) in enumerate(zip(comps, refs)):
         with torch.no_grad():
-            mine = _as_tensor(fn(bridge, batch.tokens.clone(), batch.cf_tokens.clone(), batch.answer_ids.clone(),
-                                 c.layer, c.index), "path_patch_logit")
+            mine = _as_tensor(
+                fn(bridge, batch.tokens.clone(), batch.cf_tokens.clone(), batch.answer_ids.clone(), c.layer, c.index),
+                "path_patch_logit",
+            )
         try:
             _compare(mine, ref, f"path_patch_logit(layer={c.layer}, head={c.index})")
         except CheckFailed as err:
             if mine.shape == act[j].shape and float((mine - act[j]).abs().max()) <= TOL:
-                raise CheckFailed(f"{err}; your values equal activation patching: freeze every other head at its "
-                                  "clean output (all positions) so the change reaches the logits only through "
-                                  "the MLPs and the residual stream") from None
+                raise CheckFailed(
+                    f"{err}; your values equal activation patching: freeze every other head at its "
+                    "clean output (all positions) so the change reaches the logits only through "
+                    "the MLPs and the residual stream"
+                ) from None
             raise
     _ok(f"path_patch_logit matches arithlib.zhang.path_patching.path_patch_full on all {len(comps)} heads")
 
@@ -179,15 +187,21 @@ def check_head_effects(fn: Callable) -> None:
     head, the mean over prompts of the relative logit change, as [n_layers, n_heads];
     reference :func:`arithlib.zhang.path_patching.path_patching` (the fast path of notebook 01)."""
     bridge, batch = check_model().bridge, patching_batch()
-    res = PP.path_patching(bridge, batch.prompts, senders=P.head_components(bridge.cfg.n_layers, bridge.cfg.n_heads),
-                          capture_attention=False, progress=False)
+    res = PP.path_patching(
+        bridge,
+        batch.prompts,
+        senders=P.head_components(bridge.cfg.n_layers, bridge.cfg.n_heads),
+        capture_attention=False,
+        progress=False,
+    )
     means = PP.mean_effects(res.effects, [])
     ref = torch.zeros(bridge.cfg.n_layers, bridge.cfg.n_heads)
     for r in means.itertuples():
         ref[int(r.layer), int(r.head)] = float(r.effect)
     with torch.no_grad():
-        mine = _as_tensor(fn(bridge, batch.tokens.clone(), batch.cf_tokens.clone(), batch.answer_ids.clone()),
-                          "head_effects")
+        mine = _as_tensor(
+            fn(bridge, batch.tokens.clone(), batch.cf_tokens.clone(), batch.answer_ids.clone()), "head_effects"
+        )
     _compare(mine, ref, "head_effects")
     _ok("head_effects matches the path-patching effects of arithlib.zhang.path_patching.path_patching")
 
@@ -240,8 +254,10 @@ def check_logit_lens(fn: Callable) -> None:
             raw = (stack @ bridge.W_U.detach().float() + bridge.b_U.detach().float()).log_softmax(-1)
         raw = raw.gather(-1, data.answer_ids[:, None, None].expand(-1, shape[1], 1)).squeeze(-1)
         if logprob.shape == raw.shape and float((logprob - raw).abs().max()) <= 1e-3:
-            raise CheckFailed(f"{err}; your values are the unembedding of the raw residual stream: apply the "
-                              "final norm (bridge.ln_final) first") from None
+            raise CheckFailed(
+                f"{err}; your values are the unembedding of the raw residual stream: apply the "
+                "final norm (bridge.ln_final) first"
+            ) from None
         raise
     _compare(rank, torch.tensor(ref["rank"].to_numpy()).reshape(shape).float(), "logit_lens rank", 0.0)
     _ok("logit_lens matches arithlib.zhang.lens.logit_lens_answer (log-probabilities and ranks)")
@@ -257,8 +273,10 @@ def check_delta_cosine(fn: Callable) -> None:
     cos = PR.unembed_cosines(data.cache, data.prompts, W_U, numbers)
     ref = cos[cos.measure == "delta_C"].sort_values(["prompt", "layer"])["value"].to_numpy()
     ref = torch.tensor(ref).reshape(len(data.prompts), -1).float()
-    mine = _as_tensor(fn(data.cache.acts["mlp_in"].clone(), data.cache.acts["mlp_out"].clone(), W_U.clone(),
-                         data.answer_ids.clone()), "delta_cosine")
+    mine = _as_tensor(
+        fn(data.cache.acts["mlp_in"].clone(), data.cache.acts["mlp_out"].clone(), W_U.clone(), data.answer_ids.clone()),
+        "delta_cosine",
+    )
     _compare(mine, ref, "delta_cosine", 1e-5)
     _ok("delta_cosine matches the delta_C measure of arithlib.zhang.probing.unembed_cosines")
 
@@ -283,8 +301,9 @@ def probe_data() -> ProbeData:
     model = check_model()
     recs = ds.yu_prompts(ops=["+", "-"], n_digits=2, n_per_template=60, seed=0, fewshot=2, templates=[3])
     ps = ds.PromptSet.build(recs, model.tokenizer)
-    cache = PR.cache_answer_position(model.bridge, ps, kinds=["resid_pre", "resid_post"], check_full_answer=False,
-                                     progress=False)
+    cache = PR.cache_answer_position(
+        model.bridge, ps, kinds=["resid_pre", "resid_post"], check_full_answer=False, progress=False
+    )
     acts, layers = L.lens_stack(cache)
     labels = PR.probe_labels(ps, ["a", "b", "result"])
     train, test = PR.grouped_split(labels["group"].to_numpy(), 0.25, 0)
@@ -311,7 +330,11 @@ def check_probe_r2(fn: Callable) -> None:
     table["difference"] = (table["yours"] - table["reference"]).abs()
     bad = table[~(table["difference"] <= PROBE_TOL)]
     if len(bad):
-        raise CheckFailed(f"probe_r2 is more than {PROBE_TOL} away from the reference (StandardScaler, then RidgeCV "
-                          f"over alphas 10^-1..10^5) for:\n{bad.round(3).to_string(index=False)}")
-    _ok(f"probe_r2 is within {PROBE_TOL} of arithlib.zhang.probing.linear_probes on {len(table)} probes "
-        f"(largest difference {table['difference'].max():.3f})")
+        raise CheckFailed(
+            f"probe_r2 is more than {PROBE_TOL} away from the reference (StandardScaler, then RidgeCV "
+            f"over alphas 10^-1..10^5) for:\n{bad.round(3).to_string(index=False)}"
+        )
+    _ok(
+        f"probe_r2 is within {PROBE_TOL} of arithlib.zhang.probing.linear_probes on {len(table)} probes "
+        f"(largest difference {table['difference'].max():.3f})"
+    )

@@ -31,15 +31,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import arithlib.core.datasets as ds  # noqa: E402
-import arithlib.methods.finetune as FT  # noqa: E402
 import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
 
+import arithlib.core.datasets as ds  # noqa: E402
+import arithlib.methods.finetune as FT  # noqa: E402
 
-def time_both(model, train: ds.PromptSet, test: ds.PromptSet, batch_size: int, train_batch: int,
-              repeats: int = 2, flops: bool = True) -> dict:
+
+def time_both(
+    model,
+    train: ds.PromptSet,
+    test: ds.PromptSet,
+    batch_size: int,
+    train_batch: int,
+    repeats: int = 2,
+    flops: bool = True,
+) -> dict:
     """Per ``share_prefix`` (False, True): best-of-``repeats`` seconds of an evaluation
     and of a training step (``eval_s``, ``step_s``), their FLOPs (``eval_flops``,
     ``step_flops``, counted in one extra call each, which also warms up; 0 without
@@ -56,6 +64,7 @@ def time_both(model, train: ds.PromptSet, test: ds.PromptSet, batch_size: int, t
             p.requires_grad_(False)  # gradients for the one matrix only, as in LoRA / precise SFT
         weight.requires_grad_(True)
         for share in (False, True):
+
             def evaluate():
                 with torch.no_grad():
                     return FT.answer_accuracy(hf, test, batch_size, share_prefix=share)
@@ -70,10 +79,15 @@ def time_both(model, train: ds.PromptSet, test: ds.PromptSet, batch_size: int, t
             eval_s, frame = roofline.best_time(evaluate, repeats, device)
             step_flops = roofline.counted_flops(step) if flops else 0.0
             step_s, loss = roofline.best_time(step, repeats, device)
-            out[share] = {"eval_s": max(eval_s, 1e-9), "step_s": max(step_s, 1e-9),
-                          "eval_flops": eval_flops, "step_flops": step_flops,
-                          "accuracy": float(frame.correct_full.mean()),
-                          "logprob": float(frame.answer_logprob.sum()), "loss": loss.item()}
+            out[share] = {
+                "eval_s": max(eval_s, 1e-9),
+                "step_s": max(step_s, 1e-9),
+                "eval_flops": eval_flops,
+                "step_flops": step_flops,
+                "accuracy": float(frame.correct_full.mean()),
+                "logprob": float(frame.answer_logprob.sum()),
+                "loss": loss.item(),
+            }
     finally:
         weight.grad = None
         for p, flag in flags.items():
@@ -122,33 +136,54 @@ def main(argv: list[str] | None = None) -> list[dict]:
     peak, source = roofline.flop_peak(device, dtype, cfg.d_model, cfg.d_mlp)
     label, dname = roofline.device_label(device), roofline.dtype_name(dtype)
     rows = []
-    for key, what in (("eval", f"evaluate {len(test)} prompts, batch {args.batch_size}"),
-                      ("step", f"one training step, batch {args.train_batch}")):
-        row = {"model": args.model, "device": label, "dtype": dname, "pass": what,
-               "whole_s": whole[f"{key}_s"], "shared_s": shared[f"{key}_s"],
-               "speedup": whole[f"{key}_s"] / shared[f"{key}_s"],
-               "whole_flops": whole[f"{key}_flops"], "shared_flops": shared[f"{key}_flops"],
-               "peak_tflops": peak, "peak_source": source, "same": same, "compared": compared,
-               "accuracy": shared["accuracy"], "loss": shared["loss"]}
+    for key, what in (
+        ("eval", f"evaluate {len(test)} prompts, batch {args.batch_size}"),
+        ("step", f"one training step, batch {args.train_batch}"),
+    ):
+        row = {
+            "model": args.model,
+            "device": label,
+            "dtype": dname,
+            "pass": what,
+            "whole_s": whole[f"{key}_s"],
+            "shared_s": shared[f"{key}_s"],
+            "speedup": whole[f"{key}_s"] / shared[f"{key}_s"],
+            "whole_flops": whole[f"{key}_flops"],
+            "shared_flops": shared[f"{key}_flops"],
+            "peak_tflops": peak,
+            "peak_source": source,
+            "same": same,
+            "compared": compared,
+            "accuracy": shared["accuracy"],
+            "loss": shared["loss"],
+        }
         for v in ("whole", "shared"):
             row[f"{v}_tflops"], row[f"{v}_fraction"] = roofline.rate(row[f"{v}_flops"], row[f"{v}_s"], peak)
         rows.append(row)
     table = results.section(
-        "Teacher-forced answer pass (notebooks 05, 06): one prefix per few-shot group vs whole rows", [
+        "Teacher-forced answer pass (notebooks 05, 06): one prefix per few-shot group vs whole rows",
+        [
             "| model | device | dtype | pass | whole rows (s) | prefix per group (s) | speedup | whole rows GFLOP | "
             "prefix per group GFLOP | whole rows TFLOP/s | prefix per group TFLOP/s | whole rows / peak | "
             "prefix per group / peak | same accuracy and loss |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-            *[f"| {args.model} | {x['device']} | {x['dtype']} | {x['pass']} | {x['whole_s']:.2f} | {x['shared_s']:.2f} | "
-              f"{x['speedup']:.1f}x | {roofline.num(x['whole_flops'] / 1e9)} | {roofline.num(x['shared_flops'] / 1e9)} | "
-              f"{roofline.num(x['whole_tflops'])} | {roofline.num(x['shared_tflops'])} | {roofline.pct(x['whole_fraction'])} | "
-              f"{roofline.pct(x['shared_fraction'])} | {x['same']} |" for x in rows]],
+            *[
+                f"| {args.model} | {x['device']} | {x['dtype']} | {x['pass']} | {x['whole_s']:.2f} | {x['shared_s']:.2f} | "
+                f"{x['speedup']:.1f}x | {roofline.num(x['whole_flops'] / 1e9)} | {roofline.num(x['shared_flops'] / 1e9)} | "
+                f"{roofline.num(x['whole_tflops'])} | {roofline.num(x['shared_tflops'])} | {roofline.pct(x['whole_fraction'])} | "
+                f"{roofline.pct(x['shared_fraction'])} | {x['same']} |"
+                for x in rows
+            ],
+        ],
         argv=argv,
         note=f"FLOP peak (TFLOP/s, {dname}): {roofline.peak_cell(peak, source)}. FLOPs counted by torch's FlopCounterMode "
-             f"(matrix products and attention; the step's backward included). Compared: {compared}.")
+        f"(matrix products and attention; the step's backward included). Compared: {compared}.",
+    )
     print(table)
-    print(f"accuracy {whole['accuracy']:.4f} / {shared['accuracy']:.4f}; summed answer log p {whole['logprob']:.5f} / "
-          f"{shared['logprob']:.5f}; loss {whole['loss']:.6f} / {shared['loss']:.6f}")
+    print(
+        f"accuracy {whole['accuracy']:.4f} / {shared['accuracy']:.4f}; summed answer log p {whole['logprob']:.5f} / "
+        f"{shared['logprob']:.5f}; loss {whole['loss']:.6f} / {shared['loss']:.6f}"
+    )
     if not same:
         raise SystemExit("the two passes disagree: not appended")
     if not args.no_append:

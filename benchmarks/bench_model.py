@@ -55,8 +55,11 @@ def allowed_flips(n: int, dtype: torch.dtype) -> int:
 
 def add_arguments(ap: argparse.ArgumentParser, default_model: str) -> None:
     """``--model``, ``--device`` and ``--dtype``, as every benchmark takes them."""
-    ap.add_argument("--model", default=default_model,
-                    help="registry name, local dir, random-<arch> (tiny) or random-<arch>:<shape> "
-                         "(full size, e.g. random-llama:llama3-8b)")
+    ap.add_argument(
+        "--model",
+        default=default_model,
+        help="registry name, local dir, random-<arch> (tiny) or random-<arch>:<shape> "
+        "(full size, e.g. random-llama:llama3-8b)",
+    )
     ap.add_argument("--device", default="cpu", help="cpu or cuda (an error if no GPU is visible)")
     ap.add_argument("--dtype", default="float32", choices=DTYPES)

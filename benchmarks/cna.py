@@ -35,20 +35,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import arithlib.methods.answer_runs as AR  # noqa: E402
-import arithlib.methods.neurons as N  # noqa: E402
-import arithlib.yu.cna as C  # noqa: E402
 import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
+
 import arithlib.core.datasets as ds  # noqa: E402
+import arithlib.methods.answer_runs as AR  # noqa: E402
+import arithlib.methods.neurons as N  # noqa: E402
+import arithlib.yu.cna as C  # noqa: E402
 from arithlib.core.readout import final_norm, unembedding  # noqa: E402
 
 #: Allowed |batched - loop| per unit of logit spread, by the model's dtype: the batched
 #: path is float32 throughout, the loop feeds ``ln_final`` in the model's dtype (the
 #: residual r + m v and the normed vector are rounded to it), so a log-probability may be
 #: off by a few roundings of the logits. float32: the paths differ in summation order only.
-TOLERANCE = {"float32": 1e-4, "bfloat16": 8 * 2.0 ** -7, "float16": 8 * 2.0 ** -10}
+TOLERANCE = {"float32": 1e-4, "bfloat16": 8 * 2.0**-7, "float16": 8 * 2.0**-10}
 #: The smallest logit spread the tolerance is scaled by (float32's summation errors do
 #: not shrink with the logits).
 MIN_SPREAD = 0.1
@@ -67,9 +68,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n-prompts", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--vocab-chunk", type=int, default=8192)
-    ap.add_argument("--loop-neurons", type=int, default=None,
-                    help="time the per-neuron loop on this many evenly spaced neurons per layer and extrapolate "
-                         "(default: all neurons)")
+    ap.add_argument(
+        "--loop-neurons",
+        type=int,
+        default=None,
+        help="time the per-neuron loop on this many evenly spaced neurons per layer and extrapolate "
+        "(default: all neurons)",
+    )
     ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     args = ap.parse_args(argv)
     if args.loop_neurons is not None and args.loop_neurons < 1:
@@ -92,12 +97,20 @@ def main(argv: list[str] | None = None) -> dict:
     scale = (info.d_mlp + 1) / (k + 1)  # log-prob evaluations per layer: all neurons / the timed ones
 
     def batched():
-        return torch.stack([C.exact_importance(resid[:, l], coef[:, l], N.w_out(b, l), t, norm, W_U, b_U,
-                                               vocab_chunk=args.vocab_chunk) for l in range(info.n_layers)], 1)
+        return torch.stack(
+            [
+                C.exact_importance(
+                    resid[:, l], coef[:, l], N.w_out(b, l), t, norm, W_U, b_U, vocab_chunk=args.vocab_chunk
+                )
+                for l in range(info.n_layers)
+            ],
+            1,
+        )
 
     def loop():
-        return torch.stack([C.importance_loop(b, resid[:, l], coef[:, l], l, t, neurons=idx)
-                            for l in range(info.n_layers)], 1)
+        return torch.stack(
+            [C.importance_loop(b, resid[:, l], coef[:, l], l, t, neurons=idx) for l in range(info.n_layers)], 1
+        )
 
     with torch.no_grad():
         flops_b, t_batched, imp_b = roofline.measure(batched, args.repeats, dev)
@@ -114,32 +127,63 @@ def main(argv: list[str] | None = None) -> dict:
     tf_b, frac_b = roofline.rate(flops_b, t_batched, peak)
     tf_l, frac_l = roofline.rate(flops_l, t_loop, peak)
     n_neurons = info.n_layers * info.d_mlp
-    row = {"model": args.model, "device": roofline.device_label(dev), "dtype": args.dtype, "prompts": len(ps),
-           "layers": info.n_layers, "d_mlp": info.d_mlp, "neurons": n_neurons, "vocab": info.d_vocab,
-           "loop_neurons": k, "batched_s": t_batched, "loop_s": t_loop, "loop_timed_s": t_sub,
-           "speedup": t_loop / t_batched, "flops_batched": flops_b, "flops_loop": flops_l,
-           "tflops_batched": tf_b, "tflops_loop": tf_l, "frac_batched": frac_b, "frac_loop": frac_l,
-           "peak_tflops": peak, "peak_source": source, "max_abs_diff": diff, "tolerance": tol,
-           "logit_spread": spread, "max_abs_importance": float(imp_l.float().abs().max()),
-           "close": bool(diff <= tol)}
+    row = {
+        "model": args.model,
+        "device": roofline.device_label(dev),
+        "dtype": args.dtype,
+        "prompts": len(ps),
+        "layers": info.n_layers,
+        "d_mlp": info.d_mlp,
+        "neurons": n_neurons,
+        "vocab": info.d_vocab,
+        "loop_neurons": k,
+        "batched_s": t_batched,
+        "loop_s": t_loop,
+        "loop_timed_s": t_sub,
+        "speedup": t_loop / t_batched,
+        "flops_batched": flops_b,
+        "flops_loop": flops_l,
+        "tflops_batched": tf_b,
+        "tflops_loop": tf_l,
+        "frac_batched": frac_b,
+        "frac_loop": frac_l,
+        "peak_tflops": peak,
+        "peak_source": source,
+        "max_abs_diff": diff,
+        "tolerance": tol,
+        "logit_spread": spread,
+        "max_abs_importance": float(imp_l.float().abs().max()),
+        "close": bool(diff <= tol),
+    }
     loop_note = "" if idx is None else f" (timed on {k} per layer, extrapolated)"
-    compared = (f"importance of {'all' if idx is None else k} neurons/layer x {len(ps)} prompts x {info.n_layers} "
-                f"layers (max abs importance {row['max_abs_importance']:.2g}), tol {TOLERANCE[args.dtype]:.0e} x "
-                f"logit std {max(MIN_SPREAD, spread):.2f}")
-    header = ("| model | device | dtype | prompts | neurons (L x d_mlp) | vocab | batched (s) | per-neuron loop (s) "
-              "| speedup | batched GFLOP | loop GFLOP | batched TFLOP/s | loop TFLOP/s | batched / peak | loop / peak "
-              "| float32 peak TFLOP/s | compared | max abs diff | within tol |\n|" + "---|" * 19)
-    line = (f"| {args.model} | {row['device']} | {args.dtype} | {len(ps)} | {info.n_layers} x {info.d_mlp} = "
-            f"{n_neurons} | {info.d_vocab} | {t_batched:.3f} | {t_loop:.3f}{loop_note} | {row['speedup']:.1f}x "
-            f"| {flops_b / 1e9:.3g} | {flops_l / 1e9:.3g} | {tf_b:.3g} | {tf_l:.3g} | {frac_b:.1%} | {frac_l:.1%} "
-            f"| {roofline.peak_cell(peak, source)} | {compared} | {diff:.1e} | {row['close']} |")
+    compared = (
+        f"importance of {'all' if idx is None else k} neurons/layer x {len(ps)} prompts x {info.n_layers} "
+        f"layers (max abs importance {row['max_abs_importance']:.2g}), tol {TOLERANCE[args.dtype]:.0e} x "
+        f"logit std {max(MIN_SPREAD, spread):.2f}"
+    )
+    header = (
+        "| model | device | dtype | prompts | neurons (L x d_mlp) | vocab | batched (s) | per-neuron loop (s) "
+        "| speedup | batched GFLOP | loop GFLOP | batched TFLOP/s | loop TFLOP/s | batched / peak | loop / peak "
+        "| float32 peak TFLOP/s | compared | max abs diff | within tol |\n|" + "---|" * 19
+    )
+    line = (
+        f"| {args.model} | {row['device']} | {args.dtype} | {len(ps)} | {info.n_layers} x {info.d_mlp} = "
+        f"{n_neurons} | {info.d_vocab} | {t_batched:.3f} | {t_loop:.3f}{loop_note} | {row['speedup']:.1f}x "
+        f"| {flops_b / 1e9:.3g} | {flops_l / 1e9:.3g} | {tf_b:.3g} | {tf_l:.3g} | {frac_b:.1%} | {frac_l:.1%} "
+        f"| {roofline.peak_cell(peak, source)} | {compared} | {diff:.1e} | {row['close']} |"
+    )
     print(header)
     print(line)
     if not math.isfinite(diff):
         print("warning: non-finite difference between batched and loop importances")
     if not args.no_append:
-        results.append(results.section("CNA importance, all neurons x prompts: batched vs per-neuron loop",
-                                       [*header.split("\n"), line], argv=argv))
+        results.append(
+            results.section(
+                "CNA importance, all neurons x prompts: batched vs per-neuron loop",
+                [*header.split("\n"), line],
+                argv=argv,
+            )
+        )
         print(f"appended to {results.RESULTS}")
     return row
 

@@ -32,17 +32,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import arithlib.core.datasets as ds  # noqa: E402
 import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
+
+import arithlib.core.datasets as ds  # noqa: E402
 from arithlib.core.evaluate import checked_answers, continues_number, greedy_answers  # noqa: E402
 
 
 def _correct(prompts: ds.PromptSet, generated: list[list[int]]) -> list[bool]:
     tok = prompts.tokenizer
-    return [g[: len(a)] == a and len(g) > len(a) and not continues_number(tok, g[len(a)])
-            for g, a in zip(generated, prompts.answer_ids)]
+    return [
+        g[: len(a)] == a and len(g) > len(a) and not continues_number(tok, g[len(a)])
+        for g, a in zip(generated, prompts.answer_ids)
+    ]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -78,22 +81,44 @@ def main(argv: list[str] | None = None) -> dict:
     peak, source = roofline.flop_peak(device, dtype, cfg.d_model, cfg.d_mlp)
     tf_g, frac_g = roofline.rate(flops_greedy, t_greedy, peak)
     tf_c, frac_c = roofline.rate(flops_checked, t_checked, peak)
-    row = {"model": args.model, "device": roofline.device_label(device), "dtype": roofline.dtype_name(dtype),
-           "prompts": len(ps), "answer_tokens": answer_tokens, "greedy_s": t_greedy, "checked_s": t_checked,
-           "speedup": t_greedy / t_checked, "greedy_flops": flops_greedy, "checked_flops": flops_checked,
-           "greedy_tflops": tf_g, "checked_tflops": tf_c, "greedy_fraction": frac_g, "checked_fraction": frac_c,
-           "peak_tflops": peak, "peak_source": source, "accuracy": sum(ok_c) / len(ps),
-           "same_verdicts": same, "allowed_flips": flips, "same": len(ps) - same <= flips}
-    table = results.section("Whole-answer evaluation: step-by-step greedy vs one teacher-forced pass", [
-        "| model | device | dtype | prompts | mean answer tokens | greedy (s) | teacher-forced (s) | speedup | "
-        "greedy GFLOP | teacher-forced GFLOP | greedy TFLOP/s | teacher-forced TFLOP/s | greedy / peak | "
-        "teacher-forced / peak | FLOP peak (TFLOP/s) | accuracy | same verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        f"| {args.model} | {row['device']} | {row['dtype']} | {len(ps)} (Yu {args.digits}-digit, 2-shot) | "
-        f"{answer_tokens:.1f} | {t_greedy:.1f} | {t_checked:.1f} | {row['speedup']:.1f}x | {roofline.num(flops_greedy / 1e9)} | "
-        f"{roofline.num(flops_checked / 1e9)} | {roofline.num(tf_g)} | {roofline.num(tf_c)} | {roofline.pct(frac_g)} | {roofline.pct(frac_c)} | "
-        f"{roofline.peak_cell(peak, source)} | {row['accuracy']:.0%} | {same} of {len(ps)}"
-        + (f" (up to {flips} may differ in {row['dtype']})" if flips else "") + " |"], argv=argv)
+    row = {
+        "model": args.model,
+        "device": roofline.device_label(device),
+        "dtype": roofline.dtype_name(dtype),
+        "prompts": len(ps),
+        "answer_tokens": answer_tokens,
+        "greedy_s": t_greedy,
+        "checked_s": t_checked,
+        "speedup": t_greedy / t_checked,
+        "greedy_flops": flops_greedy,
+        "checked_flops": flops_checked,
+        "greedy_tflops": tf_g,
+        "checked_tflops": tf_c,
+        "greedy_fraction": frac_g,
+        "checked_fraction": frac_c,
+        "peak_tflops": peak,
+        "peak_source": source,
+        "accuracy": sum(ok_c) / len(ps),
+        "same_verdicts": same,
+        "allowed_flips": flips,
+        "same": len(ps) - same <= flips,
+    }
+    table = results.section(
+        "Whole-answer evaluation: step-by-step greedy vs one teacher-forced pass",
+        [
+            "| model | device | dtype | prompts | mean answer tokens | greedy (s) | teacher-forced (s) | speedup | "
+            "greedy GFLOP | teacher-forced GFLOP | greedy TFLOP/s | teacher-forced TFLOP/s | greedy / peak | "
+            "teacher-forced / peak | FLOP peak (TFLOP/s) | accuracy | same verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            f"| {args.model} | {row['device']} | {row['dtype']} | {len(ps)} (Yu {args.digits}-digit, 2-shot) | "
+            f"{answer_tokens:.1f} | {t_greedy:.1f} | {t_checked:.1f} | {row['speedup']:.1f}x | {roofline.num(flops_greedy / 1e9)} | "
+            f"{roofline.num(flops_checked / 1e9)} | {roofline.num(tf_g)} | {roofline.num(tf_c)} | {roofline.pct(frac_g)} | {roofline.pct(frac_c)} | "
+            f"{roofline.peak_cell(peak, source)} | {row['accuracy']:.0%} | {same} of {len(ps)}"
+            + (f" (up to {flips} may differ in {row['dtype']})" if flips else "")
+            + " |",
+        ],
+        argv=argv,
+    )
     print(table)
     if not row["same"]:
         raise SystemExit("the two methods disagree on some prompt: not appended")

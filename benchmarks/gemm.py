@@ -26,13 +26,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
+
 #: (d_model, d_mlp) of the MLP up-projection, by model (the registry's shapes).
-SHAPES = {"smollm2-135m": (576, 1536), "qwen2.5-coder-0.5b": (896, 4864), "qwen2.5-coder-1.5b": (1536, 8960),
-          "llama3-8b": (4096, 14336)}
+SHAPES = {
+    "smollm2-135m": (576, 1536),
+    "qwen2.5-coder-0.5b": (896, 4864),
+    "qwen2.5-coder-1.5b": (1536, 8960),
+    "llama3-8b": (4096, 14336),
+}
 
 
-def gemm_rate(m: int, k: int, n: int, seconds: float = 1.0, dtype: torch.dtype = torch.float32,
-              device: str = "cpu") -> float:
+def gemm_rate(
+    m: int, k: int, n: int, seconds: float = 1.0, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> float:
     """GFLOP/s of ``F.linear([m, k], [n, k])`` on ``device``, repeated for about ``seconds``
     (on a GPU, in rounds of 10 launches between synchronisations)."""
     g = torch.Generator().manual_seed(0)
@@ -70,8 +76,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append({"model": model, "shape": f"{k} x {n}", "rates": rates, "best": best})
     cols = " | ".join(f"M = {m}" for m in a.rows)
     header = f"| model | MLP matrix | {cols} |\n|---|---|" + "---|" * len(a.rows)
-    lines = [f"| {r['model']} | {r['shape']} | " + " | ".join(f"{v:.0f} ({v / r['best']:.0%})" for v in r["rates"].values())
-             + " |" for r in rows]
+    lines = [
+        f"| {r['model']} | {r['shape']} | "
+        + " | ".join(f"{v:.0f} ({v / r['best']:.0%})" for v in r["rates"].values())
+        + " |"
+        for r in rows
+    ]
     text = "\n".join([header, *lines])
     print(text)
     if not a.no_write:
@@ -79,9 +89,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             where = f"{torch.cuda.get_device_name(a.device)}, torch {torch.__version__}"
         else:
             where = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
-        results.append(results.section(f"{a.dtype} matrix product rate by rows per call", text.split("\n"), where=where,
-                                       argv=argv, note="GFLOP/s of `[M, d_model] @ [d_model, d_mlp]` (share of the best "
-                                       "M in parentheses)."))
+        results.append(
+            results.section(
+                f"{a.dtype} matrix product rate by rows per call",
+                text.split("\n"),
+                where=where,
+                argv=argv,
+                note="GFLOP/s of `[M, d_model] @ [d_model, d_mlp]` (share of the best M in parentheses).",
+            )
+        )
     return rows
 
 

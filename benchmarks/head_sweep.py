@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import arithlib.methods.ablation as A  # noqa: E402
 import arithlib.core.datasets as ds  # noqa: E402
-import arithlib.yu.head_sweep as HS  # noqa: E402
+import arithlib.methods.ablation as A  # noqa: E402
 import arithlib.methods.knockouts as KO  # noqa: E402
+import arithlib.yu.head_sweep as HS  # noqa: E402
 from arithlib.core.evaluate import answer_logits  # noqa: E402
 from arithlib.core.models import load_model  # noqa: E402
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     L, H = b.cfg.n_layers, b.cfg.n_heads
     every = [(l, h) for l in range(L) for h in range(H)]
     heads = [every[i] for i in np.linspace(0, len(every) - 1, args.heads).round().astype(int)]
-    HS.exact_head_sweep(b, ps.subset([0]), heads[:1], progress=False)        # warm-up
+    HS.exact_head_sweep(b, ps.subset([0]), heads[:1], progress=False)  # warm-up
     t = time.perf_counter()
     fast = HS.exact_head_sweep(b, ps, heads, progress=False)
     t_fast = time.perf_counter() - t
@@ -64,19 +64,24 @@ def main(argv: list[str] | None = None) -> int:
     t_base = time.perf_counter() - t
     same = bool((fast["correct"].to_numpy() == base["correct"].to_numpy()).all())
     t = time.perf_counter()
-    for hd in heads[:args.full_heads]:
+    for hd in heads[: args.full_heads]:
         with b.hooks(fwd_hooks=A.zero_heads_hooks([hd])):
             answer_logits(b, ps)
     t_full = (time.perf_counter() - t) / args.full_heads * len(heads)
     T = len(ps.input_ids[0])
-    table = ["| engine | seconds | ratio to one full forward per head |", "|---|---|---|",
-             f"| one full forward per head (measured on {args.full_heads}, scaled) | {t_full:.1f} | 1.00 |",
-             f"| every position recomputed from the head's layer (knockouts.head_sweep) | {t_base:.1f} | "
-             f"{t_full / t_base:.2f} |",
-             f"| prefix once per head + query tokens from the head's layer (head_sweep) | {t_fast:.1f} | "
-             f"{t_full / t_fast:.2f} |"]
-    note = (f"{args.model}, {len(ps)} prompts of {T} tokens (1D {args.op}, 2-shot prefix), {len(heads)} heads evenly "
-            f"spaced over {L} x {H}; the two fast engines agree on every prompt's correctness: {same}.")
+    table = [
+        "| engine | seconds | ratio to one full forward per head |",
+        "|---|---|---|",
+        f"| one full forward per head (measured on {args.full_heads}, scaled) | {t_full:.1f} | 1.00 |",
+        f"| every position recomputed from the head's layer (knockouts.head_sweep) | {t_base:.1f} | "
+        f"{t_full / t_base:.2f} |",
+        f"| prefix once per head + query tokens from the head's layer (head_sweep) | {t_fast:.1f} | "
+        f"{t_full / t_fast:.2f} |",
+    ]
+    note = (
+        f"{args.model}, {len(ps)} prompts of {T} tokens (1D {args.op}, 2-shot prefix), {len(heads)} heads evenly "
+        f"spaced over {L} x {H}; the two fast engines agree on every prompt's correctness: {same}."
+    )
     text = section("Yu head sweep: every head zeroed at every position", table, note=note, argv=argv)
     print(text)
     if not args.no_append:

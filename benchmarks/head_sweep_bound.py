@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.yu.head_sweep as HS  # noqa: E402
 import arithlib.zhang.transfer_sets as TS  # noqa: E402
-from arithlib.engine import common_prefix  # noqa: E402
 from arithlib.core.models import load_model  # noqa: E402
+from arithlib.engine import common_prefix  # noqa: E402
 
 
 def layer_macs(cfg) -> int:
@@ -87,8 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     seed, fewshot = int(params.get("seed", 0)), int(params["fewshot"])
     records = []
     for n in (1, 2, 3):
-        records += ds.yu_prompts(params["ops"], n_digits=n, n_per_template=None if n == 1 else
-                                 params["yu_multi_per_setting"], seed=seed, fewshot=fewshot, templates=[3])
+        records += ds.yu_prompts(
+            params["ops"],
+            n_digits=n,
+            n_per_template=None if n == 1 else params["yu_multi_per_setting"],
+            seed=seed,
+            fewshot=fewshot,
+            templates=[3],
+        )
     yu_ps, _ = TS.build_tolerant(records, tok)
     screen = HS.sample_settings(yu_ps, int(params["yu_screen_n"]), seed)
     parts = {"stage 1 (every head, screen prompts)": token_layers(screen, every_layer, L)}
@@ -102,15 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     setting = params.get("yu_recall_setting") or ""
     if setting:
         parts[f"recall check (every head, {setting})"] = token_layers(
-            yu_ps.where(op=setting[:-1], n_digits=int(setting[-1])), every_layer, L)
+            yu_ps.where(op=setting[:-1], n_digits=int(setting[-1])), every_layer, L
+        )
     flop_per = 2 * layer_macs(cfg)
     peak, _ = roofline.measure_peak(cfg.d_model, cfg.d_mlp, "cpu", torch.float32)
     timings = pd.read_csv(fig / "01_timings.csv").set_index("section")["wall_s"]
     sweep_parts = {"stage 1 (every head, screen prompts)", "stage 2 (top heads, every prompt)"}  # one timed section
     sweep_s = float(timings.get("5 head sweep", float("nan")))
     recall_s = float(timings.get("5 screen recall", float("nan")))
-    table = ["| part | token-layers | TFLOP (lower bound) | least seconds at the measured peak | measured seconds "
-             "(01_timings.csv) | measured / least |", "|---|---|---|---|---|---|"]
+    table = [
+        "| part | token-layers | TFLOP (lower bound) | least seconds at the measured peak | measured seconds "
+        "(01_timings.csv) | measured / least |",
+        "|---|---|---|---|---|---|",
+    ]
     sweep_bound = 0.0
     for name, tl in parts.items():
         tf = tl * flop_per / 1e12
@@ -121,17 +131,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cells = [f"{recall_s:,.0f}", f"{recall_s / least:.1f}x"]
         table.append(f"| {name} | {tl:,} | {tf:.1f} | {least:,.0f} | {cells[0]} | {cells[1]} |")
-    table.append(f"| head sweep section (stages 1 + 2) | | | {sweep_bound:,.0f} | {sweep_s:,.0f} | "
-                 f"{sweep_s / sweep_bound:.1f}x |")
+    table.append(
+        f"| head sweep section (stages 1 + 2) | | | {sweep_bound:,.0f} | {sweep_s:,.0f} | "
+        f"{sweep_s / sweep_bound:.1f}x |"
+    )
     runs = pd.read_csv(fig / "timings.csv").set_index("notebook")
     threads = runs.loc["01_identify_heads", "threads"] if "01_identify_heads" in runs.index else "?"
-    note = (f"{args.model}: {L} layers x {H} heads, {layer_macs(cfg) / 1e6:.1f} M multiply-adds per token and layer; "
-            f"peak {peak * 1e3:.0f} GFLOP/s (float32, {torch.get_num_threads()} threads, best of the MLP product at "
-            f"256-4096 rows, measured in this run); measured seconds from the committed run of notebook 01 "
-            f"({threads} torch thread(s), the cores shared part of the time, so the ratio is an upper bound on the "
-            f"engine's overhead). The bound counts only the query tokens through the blocks' weight matrices.")
-    text = results.section("Yu head sweep: least time its arithmetic needs vs the committed run", table, note=note,
-                           argv=argv)
+    note = (
+        f"{args.model}: {L} layers x {H} heads, {layer_macs(cfg) / 1e6:.1f} M multiply-adds per token and layer; "
+        f"peak {peak * 1e3:.0f} GFLOP/s (float32, {torch.get_num_threads()} threads, best of the MLP product at "
+        f"256-4096 rows, measured in this run); measured seconds from the committed run of notebook 01 "
+        f"({threads} torch thread(s), the cores shared part of the time, so the ratio is an upper bound on the "
+        f"engine's overhead). The bound counts only the query tokens through the blocks' weight matrices."
+    )
+    text = results.section(
+        "Yu head sweep: least time its arithmetic needs vs the committed run", table, note=note, argv=argv
+    )
     print(text)
     if not args.no_append:
         results.append(text)

@@ -39,13 +39,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
+
 import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
 from arithlib.engine import LayerInputs  # noqa: E402
 
 #: Allowed |full - late| of a log-probability, by the model's dtype (see the docstring):
 #: float32 must be bit-identical.
-TOLERANCE = {"float32": 0.0, "bfloat16": 4 * 2.0 ** -7, "float16": 4 * 2.0 ** -10}
+TOLERANCE = {"float32": 0.0, "bfloat16": 4 * 2.0**-7, "float16": 4 * 2.0**-10}
 LOGPROBS = ("answer_logprob", "first_logprob")
 VERDICTS = ("correct_first", "correct_full")
 
@@ -56,8 +57,11 @@ def perturbed(hf, layer: int) -> dict[str, torch.Tensor]:
     added on the parameter's device in its dtype."""
     prefix = FT.layer_prefix(hf, layer)
     gen = torch.Generator().manual_seed(layer)
-    return {n: p.detach() + (1e-3 * torch.randn(p.shape, generator=gen)).to(p.device, p.dtype)
-            for n, p in FT.params_by_clean_name(hf).items() if n.startswith(prefix) and p.dim() == 2}
+    return {
+        n: p.detach() + (1e-3 * torch.randn(p.shape, generator=gen)).to(p.device, p.dtype)
+        for n, p in FT.params_by_clean_name(hf).items()
+        if n.startswith(prefix) and p.dim() == 2
+    }
 
 
 def compare(full, late, dtype: str) -> dict:
@@ -75,8 +79,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bench_model.add_arguments(ap, "qwen2.5-coder-0.5b")
     ap.add_argument("--n", type=int, default=48, help="test prompts (05's quick scale)")
     ap.add_argument("--batch-size", type=int, default=32, help="evaluation batch (05's)")
-    ap.add_argument("--layers", type=float, nargs="+", default=[9 / 32, 17 / 32],
-                    help="start layers as fractions of the depth (default: Yu's LoRA layer and first deep layer)")
+    ap.add_argument(
+        "--layers",
+        type=float,
+        nargs="+",
+        default=[9 / 32, 17 / 32],
+        help="start layers as fractions of the depth (default: Yu's LoRA layer and first deep layer)",
+    )
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     a = ap.parse_args(argv)
@@ -88,50 +97,77 @@ def main(argv: list[str] | None = None) -> list[dict]:
     starts = sorted({min(n_layers - 1, max(1, round(f * n_layers))) for f in a.layers})
     test = ds.PromptSet.build(FT.yu_lora_data(n_train=0, n_test=a.n, seed=0, fewshot=2)["test"], loaded.tokenizer)
     inputs = {"test": LayerInputs(starts)}
-    t_record, _ = roofline.best_time(lambda: FT.evaluate_weights(hf, None, {"test": test}, a.batch_size,
-                                                                 inputs=inputs), 1, dev)
+    t_record, _ = roofline.best_time(
+        lambda: FT.evaluate_weights(hf, None, {"test": test}, a.batch_size, inputs=inputs), 1, dev
+    )
     peak, source = roofline.flop_peak(dev, loaded.dtype, cfg.d_model, cfg.d_mlp)
     rows = []
     for layer in starts:
         w = perturbed(hf, layer)
 
         def full_pass():
-            return FT.evaluate_weights(hf, w, {"test": test}, a.batch_size)
+            return FT.evaluate_weights(hf, w, {"test": test}, a.batch_size)  # noqa: F821 (the loop's w)
 
         def late_pass():
-            return FT.evaluate_weights(hf, w, {"test": test}, a.batch_size, inputs=inputs)
+            return FT.evaluate_weights(hf, w, {"test": test}, a.batch_size, inputs=inputs)  # noqa: F821
 
         flops_full, t_full, full = roofline.measure(full_pass, a.repeats, dev)
         flops_late, t_late, late = roofline.measure(late_pass, a.repeats, dev)
         tf_full, frac_full = roofline.rate(flops_full, t_full, peak)
         tf_late, frac_late = roofline.rate(flops_late, t_late, peak)
-        rows.append({"layer": layer, "full": t_full, "late": t_late, "speedup": t_full / t_late,
-                     "flops_full": flops_full, "flops_late": flops_late, "tflops_full": tf_full,
-                     "tflops_late": tf_late, "frac_full": frac_full, "frac_late": frac_late,
-                     "peak_tflops": peak, "peak_source": source, **compare(full, late, a.dtype)})
+        rows.append(
+            {
+                "layer": layer,
+                "full": t_full,
+                "late": t_late,
+                "speedup": t_full / t_late,
+                "flops_full": flops_full,
+                "flops_late": flops_late,
+                "tflops_full": tf_full,
+                "tflops_late": tf_late,
+                "frac_full": frac_full,
+                "frac_late": frac_late,
+                "peak_tflops": peak,
+                "peak_source": source,
+                **compare(full, late, a.dtype),
+            }
+        )
         del w
     label = roofline.device_label(dev)
-    lines = ["| model | device | dtype | prompts | start block (of n) | full pass (s) | from recorded stream (s) | "
-             "speedup | full GFLOP | late GFLOP | full TFLOP/s | late TFLOP/s | full / peak | late / peak | "
-             "peak TFLOP/s | bit-identical | max abs diff of log p (answer, first token) | verdicts changed | "
-             "within tol |", "|" + "---|" * 19]
+    lines = [
+        "| model | device | dtype | prompts | start block (of n) | full pass (s) | from recorded stream (s) | "
+        "speedup | full GFLOP | late GFLOP | full TFLOP/s | late TFLOP/s | full / peak | late / peak | "
+        "peak TFLOP/s | bit-identical | max abs diff of log p (answer, first token) | verdicts changed | "
+        "within tol |",
+        "|" + "---|" * 19,
+    ]
     tol = f"tol {TOLERANCE[a.dtype]:.0e}" + (", bit-identical required" if TOLERANCE[a.dtype] == 0 else "")
-    lines += [f"| {a.model} | {label} | {a.dtype} | {len(test)} | {r['layer']} of {n_layers} | {r['full']:.3g} | "
-              f"{r['late']:.3g} | {r['speedup']:.2f}x | {r['flops_full'] / 1e9:.3g} | {r['flops_late'] / 1e9:.3g} | "
-              f"{r['tflops_full']:.3g} | {r['tflops_late']:.3g} | {r['frac_full']:.1%} | {r['frac_late']:.1%} | "
-              f"{roofline.peak_cell(peak, source)} | {r['same']} | {r['max_diff']:.1e} | {r['flips']} | "
-              f"{r['ok']} ({tol}) |"
-              for r in rows]
-    note = (f"The original's evaluation, recording the stream entering blocks {starts}, took {t_record:.2f} s; "
-            "it is needed anyway (every table has the original's row).")
+    lines += [
+        f"| {a.model} | {label} | {a.dtype} | {len(test)} | {r['layer']} of {n_layers} | {r['full']:.3g} | "
+        f"{r['late']:.3g} | {r['speedup']:.2f}x | {r['flops_full'] / 1e9:.3g} | {r['flops_late'] / 1e9:.3g} | "
+        f"{r['tflops_full']:.3g} | {r['tflops_late']:.3g} | {r['frac_full']:.1%} | {r['frac_late']:.1%} | "
+        f"{roofline.peak_cell(peak, source)} | {r['same']} | {r['max_diff']:.1e} | {r['flips']} | "
+        f"{r['ok']} ({tol}) |"
+        for r in rows
+    ]
+    note = (
+        f"The original's evaluation, recording the stream entering blocks {starts}, took {t_record:.2f} s; "
+        "it is needed anyway (every table has the original's row)."
+    )
     print("\n".join(lines))
     print(note)
     if not all(r["ok"] for r in rows):
         raise SystemExit("a late start changed the results: not appended")
     if not a.no_append:
-        results.append(results.section("Evaluating a model changed from block L on: full pass vs start at L",
-                                       lines, where=f"{platform.machine()}, {torch.get_num_threads()} threads",
-                                       argv=argv, note=note))
+        results.append(
+            results.section(
+                "Evaluating a model changed from block L on: full pass vs start at L",
+                lines,
+                where=f"{platform.machine()}, {torch.get_num_threads()} threads",
+                argv=argv,
+                note=note,
+            )
+        )
     return rows
 
 

@@ -27,8 +27,9 @@ if str(ROOT) not in sys.path:
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import results  # noqa: E402
-from arithlib.methods.neurons import w_out  # noqa: E402
+
 from arithlib.core.models import load_model, load_random_model  # noqa: E402
+from arithlib.methods.neurons import w_out  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -63,16 +64,29 @@ def main(argv: list[str] | None = None) -> dict:
     same = all(torch.equal(stacked_values(bridge, layer), w_out(bridge, layer)) for layer in range(L))
     t_stacked = time_all_layers(stacked_values, bridge, L, a.repeats)
     t_layer = time_all_layers(w_out, bridge, L, a.repeats)
-    row = {"model": a.model, "layers": L, "stacked": t_stacked, "per_layer": t_layer,
-           "speedup": t_stacked / t_layer, "same": same}
-    table = ("| model | layers | bridge.W_out[l], all layers (s) | blocks[l].mlp.W_out, all layers (s) | speedup | "
-             "same values |\n|---|---|---|---|---|---|\n"
-             f"| {a.model} | {L} | {t_stacked:.3f} | {t_layer:.4f} | {row['speedup']:.0f}x | {same} |")
+    row = {
+        "model": a.model,
+        "layers": L,
+        "stacked": t_stacked,
+        "per_layer": t_layer,
+        "speedup": t_stacked / t_layer,
+        "same": same,
+    }
+    table = (
+        "| model | layers | bridge.W_out[l], all layers (s) | blocks[l].mlp.W_out, all layers (s) | speedup | "
+        "same values |\n|---|---|---|---|---|---|\n"
+        f"| {a.model} | {L} | {t_stacked:.3f} | {t_layer:.4f} | {row['speedup']:.0f}x | {same} |"
+    )
     print(table)
     if not a.no_append:
-        results.append(results.section("One layer's MLP weights from the bridge: stacked property vs the block's own",
-                                       table.split("\n"), where=f"{platform.machine()}, {torch.get_num_threads()} threads",
-                                       argv=argv))
+        results.append(
+            results.section(
+                "One layer's MLP weights from the bridge: stacked property vs the block's own",
+                table.split("\n"),
+                where=f"{platform.machine()}, {torch.get_num_threads()} threads",
+                argv=argv,
+            )
+        )
     return row
 
 

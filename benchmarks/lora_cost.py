@@ -23,6 +23,7 @@ if str(ROOT) not in sys.path:
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_model  # noqa: E402
+
 import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
 import arithlib.yu.lora as LO  # noqa: E402
@@ -42,8 +43,9 @@ def main() -> None:
     print("| layer | train (s) | s per sentence | evaluate (s) |\n|---|---|---|---|")
     for layer in args.layers:
         t0 = time.perf_counter()
-        ft = LO.train_lora(loaded.bridge, layer, train, FT.TrainConfig(lr=1e-3, epochs=1, batch_size=16),
-                           progress=False)
+        ft = LO.train_lora(
+            loaded.bridge, layer, train, FT.TrainConfig(lr=1e-3, epochs=1, batch_size=16), progress=False
+        )
         t_train = time.perf_counter() - t0
         t0 = time.perf_counter()
         FT.evaluate_weights(loaded.bridge, ft.weights, {"test": test}, 32)

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_model  # noqa: E402
 import results  # noqa: E402
+
 import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
 import arithlib.yu.lora as LO  # noqa: E402
@@ -48,8 +49,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bench_model.add_arguments(ap, "smollm2-135m")
     ap.add_argument("--steps", type=int, default=3, help="optimizer steps timed per run")
     ap.add_argument("--batch-size", type=int, default=16, help="training batch (05's)")
-    ap.add_argument("--layers", type=float, nargs="+", default=[0.0, 9 / 32, 17 / 32, 28 / 32],
-                    help="LoRA layers as fractions of the depth (default: first, Yu's reference, first deep, late)")
+    ap.add_argument(
+        "--layers",
+        type=float,
+        nargs="+",
+        default=[0.0, 9 / 32, 17 / 32, 28 / 32],
+        help="LoRA layers as fractions of the depth (default: first, Yu's reference, first deep, late)",
+    )
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     a = ap.parse_args(argv)
@@ -79,19 +85,32 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append({"layer": layer, "full": t_full, "late": t_late, "ratio": t_late / t_full, "same": same})
     mean_full = sum(r["full"] for r in rows) / len(rows)
     mean_late = sum(r["late"] for r in rows) / len(rows)
-    lines = ["| model | threads | prompts x steps | LoRA layer (of n) | full fwd+bwd (s/step) | "
-             "from recorded stream (s/step) | late / full | speedup | same weights |", "|" + "---|" * 9]
-    lines += [f"| {a.model} | {torch.get_num_threads()} | {a.batch_size} x {a.steps} | {r['layer']} of {n_layers} | "
-              f"{r['full']:.3g} | {r['late']:.3g} | {r['ratio']:.2f} | {1 / r['ratio']:.2f}x | {r['same']} |"
-              for r in rows]
-    lines.append(f"| {a.model} | {torch.get_num_threads()} | | mean of the {len(rows)} layers | {mean_full:.3g} | "
-                 f"{mean_late:.3g} | {mean_late / mean_full:.2f} | {mean_full / mean_late:.2f}x | |")
+    lines = [
+        "| model | threads | prompts x steps | LoRA layer (of n) | full fwd+bwd (s/step) | "
+        "from recorded stream (s/step) | late / full | speedup | same weights |",
+        "|" + "---|" * 9,
+    ]
+    lines += [
+        f"| {a.model} | {torch.get_num_threads()} | {a.batch_size} x {a.steps} | {r['layer']} of {n_layers} | "
+        f"{r['full']:.3g} | {r['late']:.3g} | {r['ratio']:.2f} | {1 / r['ratio']:.2f}x | {r['same']} |"
+        for r in rows
+    ]
+    lines.append(
+        f"| {a.model} | {torch.get_num_threads()} | | mean of the {len(rows)} layers | {mean_full:.3g} | "
+        f"{mean_late:.3g} | {mean_late / mean_full:.2f} | {mean_full / mean_late:.2f}x | |"
+    )
     print("\n".join(lines))
     if not all(r["same"] for r in rows):
         raise SystemExit("a late start changed the trained weights: not appended")
     if not a.no_append:
-        results.append(results.section("LoRA training step on layer L: full forward+backward vs start at L", lines,
-                                       where=f"{platform.machine()}, {torch.get_num_threads()} threads", argv=argv))
+        results.append(
+            results.section(
+                "LoRA training step on layer L: full forward+backward vs start at L",
+                lines,
+                where=f"{platform.machine()}, {torch.get_num_threads()} threads",
+                argv=argv,
+            )
+        )
     rows.append({"layer": "mean", "full": mean_full, "late": mean_late, "ratio": mean_late / mean_full, "same": True})
     return rows
 

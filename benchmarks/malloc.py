@@ -41,8 +41,12 @@ def run_once(cmd: list[str], env: dict[str, str]) -> dict:
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"wall": wall, "sys": after.ru_stime - before.ru_stime, "faults": after.ru_minflt - before.ru_minflt,
-            "peak_mib": after.ru_maxrss / 1024}
+    return {
+        "wall": wall,
+        "sys": after.ru_stime - before.ru_stime,
+        "faults": after.ru_minflt - before.ru_minflt,
+        "peak_mib": after.ru_maxrss / 1024,
+    }
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -58,16 +62,31 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for name, env in (("glibc default", base), ("MALLOC_ENV (kept memory)", {**base, **MALLOC_ENV})):
         rows.append({"setting": name, **run_once(cmd, env)})
-    lines = ["| workload | malloc | wall (s) | kernel time (s) | minor page faults | peak memory (MiB) |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| `{a.script} {' '.join(a.script_args)}`".rstrip() + f" | {r['setting']} | {r['wall']:.1f} | "
-              f"{r['sys']:.1f} | {r['faults']:,} | {r['peak_mib']:,.0f} |" for r in rows]
+    lines = [
+        "| workload | malloc | wall (s) | kernel time (s) | minor page faults | peak memory (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| `{a.script} {' '.join(a.script_args)}`".rstrip() + f" | {r['setting']} | {r['wall']:.1f} | "
+        f"{r['sys']:.1f} | {r['faults']:,} | {r['peak_mib']:,.0f} |"
+        for r in rows
+    ]
     print("\n".join(lines))
     if not a.no_append:
-        note = ("`MALLOC_ENV` = " + ", ".join(f"`{k}={v}`" for k, v in MALLOC_ENV.items())
-                + f"; {a.threads} thread(s). Wall time includes loading the model.")
-        results.append(results.section("Keeping freed memory in the process (glibc malloc settings)", lines,
-                                       where=platform.machine(), argv=argv, note=note))
+        note = (
+            "`MALLOC_ENV` = "
+            + ", ".join(f"`{k}={v}`" for k, v in MALLOC_ENV.items())
+            + f"; {a.threads} thread(s). Wall time includes loading the model."
+        )
+        results.append(
+            results.section(
+                "Keeping freed memory in the process (glibc malloc settings)",
+                lines,
+                where=platform.machine(),
+                argv=argv,
+                note=note,
+            )
+        )
     return rows
 
 

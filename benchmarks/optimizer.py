@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
+
 import arithlib.methods.finetune as FT  # noqa: E402
 from arithlib.methods.finetune import TrainConfig, make_optimizer  # noqa: E402
 
@@ -77,16 +78,20 @@ def step_bytes(opt: torch.optim.Optimizer) -> int:
     return total
 
 
-def run_steps(weights: list[torch.Tensor], grads: list[torch.Tensor], fused: bool, steps: int
-              ) -> tuple[float, float, list[torch.Tensor], int]:
+def run_steps(
+    weights: list[torch.Tensor], grads: list[torch.Tensor], fused: bool, steps: int
+) -> tuple[float, float, list[torch.Tensor], int]:
     """(first step s, mean of the later steps s, the parameters after ``steps``, bytes
     moved per step)."""
     params = [torch.nn.Parameter(w.clone()) for w in weights]
     for p, g in zip(params, grads):
         p.grad = g
     config = TrainConfig(lr=LR)
-    opt = make_optimizer(params, config) if fused else torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0,
-                                                                         foreach=False)
+    opt = (
+        make_optimizer(params, config)
+        if fused
+        else torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, foreach=False)
+    )
     device = params[0].device
     times = [roofline.best_time(opt.step, 1, device)[0] for _ in range(steps)]
     nbytes = step_bytes(opt)
@@ -99,8 +104,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bench_model.add_arguments(ap, "qwen2.5-coder-0.5b")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps (the first allocates AdamW's moments)")
-    ap.add_argument("--blocks", type=int, default=None,
-                    help="step only the parameters of the first N decoder blocks (default: every parameter)")
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=None,
+        help="step only the parameters of the first N decoder blocks (default: every parameter)",
+    )
     ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     a = ap.parse_args(argv)
     if a.steps < 2:
@@ -125,25 +134,50 @@ def main(argv: list[str] | None = None) -> dict:
     peak, source = roofline.bandwidth_peak(dev, loaded.dtype, cfg.d_model, cfg.d_mlp)
     gbs_loop, gbs_fused = nbytes / later_loop / 1e9, nbytes / later_fused / 1e9
     which = "all" if a.blocks is None else f"blocks 0-{min(a.blocks, n_blocks) - 1} of {n_blocks}"
-    row = {"model": a.model, "device": roofline.device_label(dev), "dtype": a.dtype, "blocks": a.blocks,
-           "stepped": which, "params": n, "first_loop": first_loop, "later_loop": later_loop,
-           "first_fused": first_fused, "later_fused": later_fused, "speedup": later_loop / later_fused,
-           "bytes_per_step": nbytes, "gbs_loop": gbs_loop, "gbs_fused": gbs_fused,
-           "frac_loop": gbs_loop / (peak * 1e3), "frac_fused": gbs_fused / (peak * 1e3),
-           "peak_gbs": peak * 1e3, "peak_source": source, "max_diff": diff, "tolerance": tol, "ok": bool(diff <= tol)}
-    table = ("| model | device | dtype | parameters stepped | single-tensor: first step (s) | later steps (s) | "
-             "fused: first step (s) | later steps (s) | speedup (later steps) | MB moved per step | "
-             "single-tensor GB/s | fused GB/s | single-tensor / peak | fused / peak | peak GB/s | compared | "
-             "max abs diff | within tol |\n|" + "---|" * 18 + "\n"
-             f"| {a.model} | {row['device']} | {a.dtype} | {n / 1e6:.4g} M ({which}) | {first_loop:.3g} | "
-             f"{later_loop:.3g} | {first_fused:.3g} | {later_fused:.3g} | {row['speedup']:.1f}x | {nbytes / 1e6:.4g} | "
-             f"{gbs_loop:.3g} | {gbs_fused:.3g} | {row['frac_loop']:.1%} | {row['frac_fused']:.1%} | "
-             f"{peak * 1e3:.4g} ({source}) | parameters after {a.steps} steps, tol {a.steps} x eps({a.dtype}) x "
-             f"(max abs weight {largest:.3g} + 8 lr) = {tol:.1e} | {diff:.1e} | {row['ok']} |")
+    row = {
+        "model": a.model,
+        "device": roofline.device_label(dev),
+        "dtype": a.dtype,
+        "blocks": a.blocks,
+        "stepped": which,
+        "params": n,
+        "first_loop": first_loop,
+        "later_loop": later_loop,
+        "first_fused": first_fused,
+        "later_fused": later_fused,
+        "speedup": later_loop / later_fused,
+        "bytes_per_step": nbytes,
+        "gbs_loop": gbs_loop,
+        "gbs_fused": gbs_fused,
+        "frac_loop": gbs_loop / (peak * 1e3),
+        "frac_fused": gbs_fused / (peak * 1e3),
+        "peak_gbs": peak * 1e3,
+        "peak_source": source,
+        "max_diff": diff,
+        "tolerance": tol,
+        "ok": bool(diff <= tol),
+    }
+    table = (
+        "| model | device | dtype | parameters stepped | single-tensor: first step (s) | later steps (s) | "
+        "fused: first step (s) | later steps (s) | speedup (later steps) | MB moved per step | "
+        "single-tensor GB/s | fused GB/s | single-tensor / peak | fused / peak | peak GB/s | compared | "
+        "max abs diff | within tol |\n|" + "---|" * 18 + "\n"
+        f"| {a.model} | {row['device']} | {a.dtype} | {n / 1e6:.4g} M ({which}) | {first_loop:.3g} | "
+        f"{later_loop:.3g} | {first_fused:.3g} | {later_fused:.3g} | {row['speedup']:.1f}x | {nbytes / 1e6:.4g} | "
+        f"{gbs_loop:.3g} | {gbs_fused:.3g} | {row['frac_loop']:.1%} | {row['frac_fused']:.1%} | "
+        f"{peak * 1e3:.4g} ({source}) | parameters after {a.steps} steps, tol {a.steps} x eps({a.dtype}) x "
+        f"(max abs weight {largest:.3g} + 8 lr) = {tol:.1e} | {diff:.1e} | {row['ok']} |"
+    )
     print(table)
     if not a.no_append:
-        results.append(results.section("Full SFT's AdamW step: fused kernel vs single-tensor loop", table.split("\n"),
-                                       where=f"{platform.machine()}, {torch.get_num_threads()} threads", argv=argv))
+        results.append(
+            results.section(
+                "Full SFT's AdamW step: fused kernel vs single-tensor loop",
+                table.split("\n"),
+                where=f"{platform.machine()}, {torch.get_num_threads()} threads",
+                argv=argv,
+            )
+        )
     return row
 
 

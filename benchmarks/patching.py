@@ -39,7 +39,7 @@ import math
 import shlex
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import arithlib.methods.patching as P  # noqa: E402
 import arithlib.engine as E  # noqa: E402
+import arithlib.methods.patching as P  # noqa: E402
 from arithlib.core.models import load_model, load_random_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -92,7 +92,7 @@ def fast_cost(cfg, B: int, T: int, layers: list[int], max_rows: int, bytes_per: 
     flops = bytes_ = 0.0
     kv = cfg.n_key_value_heads or cfg.n_heads
     for s in range(0, len(order), per_chunk):
-        chunk = order[s:s + per_chunk]
+        chunk = order[s : s + per_chunk]
         first = chunk[0]
         rows = len(chunk) * B
         n = cfg.n_layers - first
@@ -110,11 +110,23 @@ def _timed(fn, device: str):
     return out, time.perf_counter() - w0, time.process_time() - c0
 
 
-def run_benchmark(mode: str = "cpu", model: str = "qwen2.5-coder-0.5b", arch: str = "llama", shape: str = "llama3-8b",
-                  device: str = "cpu", dtype: str = "float32", n_prompts: int = 8, n_tokens: int = 16,
-                  max_components: int | None = None, loop_components: int | None = None, max_rows: int = 1024,
-                  loop: str = "both", seed: int = 0, peak_tflops: float | None = None,
-                  bandwidth_tbs: float | None = None) -> dict:
+def run_benchmark(
+    mode: str = "cpu",
+    model: str = "qwen2.5-coder-0.5b",
+    arch: str = "llama",
+    shape: str = "llama3-8b",
+    device: str = "cpu",
+    dtype: str = "float32",
+    n_prompts: int = 8,
+    n_tokens: int = 16,
+    max_components: int | None = None,
+    loop_components: int | None = None,
+    max_rows: int = 1024,
+    loop: str = "both",
+    seed: int = 0,
+    peak_tflops: float | None = None,
+    bandwidth_tbs: float | None = None,
+) -> dict:
     """Time the fast path and the full-forward loop(s); return one result row (dict)."""
     import transformer_lens.patching as tlp
 
@@ -168,15 +180,31 @@ def run_benchmark(mode: str = "cpu", model: str = "qwen2.5-coder-0.5b", arch: st
             _, cache = b.run_with_cache(cf)
             idx = pd.DataFrame([(c.layer, T - 1, c.index) for c in loop_heads], columns=["layer", "pos", "head"])
             res = tlp.generic_activation_patch(
-                b, clean, cache, lambda logits: logits[:, -1].gather(1, answers[:, None])[:, 0].float(),
-                patch_setter=tlp.layer_pos_head_vector_patch_setter, activation_name="z", index_df=idx, reduce="none")
+                b,
+                clean,
+                cache,
+                lambda logits: logits[:, -1].gather(1, answers[:, None])[:, 0].float(),
+                patch_setter=tlp.layer_pos_head_vector_patch_setter,
+                activation_name="z",
+                index_df=idx,
+                reduce="none",
+            )
             return res.values
 
     fast()  # warm-up (allocations, kernels)
     fast_out, fast_s, fast_cpu = _timed(fast, device)
-    row: dict = {"mode": mode, "model": name, "device": device, "dtype": dtype, "prompts": n_prompts,
-                 "tokens": n_tokens, "components": len(heads), "loop_components": n_loop,
-                 "fast_s": fast_s, "fast_cpu_s": fast_cpu}
+    row: dict = {
+        "mode": mode,
+        "model": name,
+        "device": device,
+        "dtype": dtype,
+        "prompts": n_prompts,
+        "tokens": n_tokens,
+        "components": len(heads),
+        "loop_components": n_loop,
+        "fast_s": fast_s,
+        "fast_cpu_s": fast_cpu,
+    }
     pos = {c: i for i, c in enumerate(heads)}
     sel = [pos[c] for c in loop_heads]
     scale = len(heads) / n_loop
@@ -209,8 +237,9 @@ def run_benchmark(mode: str = "cpu", model: str = "qwen2.5-coder-0.5b", arch: st
     row["peak_tflops"], row["bandwidth_tbs"] = peak_tflops, bandwidth_tbs
     if peak_tflops and bandwidth_tbs:
         weights = cfg.n_layers * layer_param_count(cfg) * bytes_per
-        t_lower = (max(var_flops / (peak_tflops * 1e12), var_bytes / (bandwidth_tbs * 1e12))
-                   + max(base_flops / (peak_tflops * 1e12), 2 * weights / (bandwidth_tbs * 1e12)))
+        t_lower = max(var_flops / (peak_tflops * 1e12), var_bytes / (bandwidth_tbs * 1e12)) + max(
+            base_flops / (peak_tflops * 1e12), 2 * weights / (bandwidth_tbs * 1e12)
+        )
         row["roofline_s"] = t_lower
         row["roofline_tflops"] = row["flops_fast"] / t_lower / 1e12
         row["fraction_of_roofline"] = t_lower / fast_s
@@ -224,19 +253,28 @@ def markdown_row(row: dict, command: str) -> str:
     def f(key, fmt="{:.2f}"):
         v = row.get(key)
         return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
     peak = f" ({row['peak_source']})" if row.get("peak_source") else ""
-    loop_note = "" if row["loop_components"] == row["components"] else f" (loop timed on {row['loop_components']}, extrapolated)"
-    return (f"| {row['mode']} | {row['model']} | {row['device']} {row['dtype']} | {row['prompts']}x{row['tokens']} | "
-            f"{row['components']}{loop_note} | {f('fast_s')} | {f('loop_own_s')} | {f('loop_tl_s')} | "
-            f"{f('ratio_own', '{:.1f}x')} | {f('ratio_tl', '{:.1f}x')} | {f('ratio_own_cpu', '{:.1f}x')} | "
-            f"{f('achieved_tflops', '{:.3f}')} | {f('roofline_tflops', '{:.3f}')}{peak} | {f('fraction_of_roofline', '{:.0%}')} | "
-            f"{f('max_abs_diff', '{:.1e}')} | "
-            f"`{command}` |")
+    loop_note = (
+        ""
+        if row["loop_components"] == row["components"]
+        else f" (loop timed on {row['loop_components']}, extrapolated)"
+    )
+    return (
+        f"| {row['mode']} | {row['model']} | {row['device']} {row['dtype']} | {row['prompts']}x{row['tokens']} | "
+        f"{row['components']}{loop_note} | {f('fast_s')} | {f('loop_own_s')} | {f('loop_tl_s')} | "
+        f"{f('ratio_own', '{:.1f}x')} | {f('ratio_tl', '{:.1f}x')} | {f('ratio_own_cpu', '{:.1f}x')} | "
+        f"{f('achieved_tflops', '{:.3f}')} | {f('roofline_tflops', '{:.3f}')}{peak} | {f('fraction_of_roofline', '{:.0%}')} | "
+        f"{f('max_abs_diff', '{:.1e}')} | "
+        f"`{command}` |"
+    )
 
 
-HEADER = ("| mode | model | device | prompts x tokens | heads | fast (s) | loop own (s) | loop TL (s) | "
-          "speed-up vs own | speed-up vs TL | speed-up vs own (CPU time) | achieved TFLOP/s | roofline TFLOP/s | "
-          "achieved / roofline | max abs diff | command |\n|" + "---|" * 16)
+HEADER = (
+    "| mode | model | device | prompts x tokens | heads | fast (s) | loop own (s) | loop TL (s) | "
+    "speed-up vs own | speed-up vs TL | speed-up vs own (CPU time) | achieved TFLOP/s | roofline TFLOP/s | "
+    "achieved / roofline | max abs diff | command |\n|" + "---|" * 16
+)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -250,8 +288,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompts", type=int, default=None, help="default: 8 (cpu), 100 (gpu)")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--max-components", type=int, default=None, help="patch only this many heads (evenly spaced)")
-    ap.add_argument("--loop-components", type=int, default=None,
-                    help="time the loop on this many heads and extrapolate (default: all; cpu default 24)")
+    ap.add_argument(
+        "--loop-components",
+        type=int,
+        default=None,
+        help="time the loop on this many heads and extrapolate (default: all; cpu default 24)",
+    )
     ap.add_argument("--max-rows", type=int, default=None, help="rows per fast-path chunk (default 1024 cpu, 4096 gpu)")
     ap.add_argument("--loop", choices=["both", "own", "tl"], default="both")
     ap.add_argument("--seed", type=int, default=0)
@@ -261,25 +303,38 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     gpu = a.mode == "gpu"
     row = run_benchmark(
-        mode=a.mode, model=a.model, arch=a.arch, shape=a.shape, device=a.device or ("cuda" if gpu else "cpu"),
-        dtype=a.dtype or ("bfloat16" if gpu else "float32"), n_prompts=a.prompts or (100 if gpu else 8),
-        n_tokens=a.tokens, max_components=a.max_components,
+        mode=a.mode,
+        model=a.model,
+        arch=a.arch,
+        shape=a.shape,
+        device=a.device or ("cuda" if gpu else "cpu"),
+        dtype=a.dtype or ("bfloat16" if gpu else "float32"),
+        n_prompts=a.prompts or (100 if gpu else 8),
+        n_tokens=a.tokens,
+        max_components=a.max_components,
         loop_components=a.loop_components if a.loop_components is not None else (None if gpu else 24),
-        max_rows=a.max_rows or (4096 if gpu else 1024), loop=a.loop, seed=a.seed,
-        peak_tflops=a.peak_tflops, bandwidth_tbs=a.bandwidth_tbs)
-    command = "python benchmarks/patching.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+        max_rows=a.max_rows or (4096 if gpu else 1024),
+        loop=a.loop,
+        seed=a.seed,
+        peak_tflops=a.peak_tflops,
+        bandwidth_tbs=a.bandwidth_tbs,
+    )
+    command = "python benchmarks/patching.py " + " ".join(
+        shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:])
+    )
     line = markdown_row(row, command.strip())
     print(HEADER)
     print(line)
     print()
     print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
     if not a.no_write:
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d")
         if not RESULTS.exists():
-            RESULTS.write_text("# Benchmark results\n\nActivation patching of every head at the answer position: "
-                               "fast path vs one full forward per head (`benchmarks/patching.py`). "
-                               "Times in seconds (wall clock); loops timed on a subset are extrapolated linearly.\n\n"
-                               + HEADER + "\n")
+            RESULTS.write_text(
+                "# Benchmark results\n\nActivation patching of every head at the answer position: "
+                "fast path vs one full forward per head (`benchmarks/patching.py`). "
+                "Times in seconds (wall clock); loops timed on a subset are extrapolated linearly.\n\n" + HEADER + "\n"
+            )
         insert_row(RESULTS, line.replace("| `python", f"| ({stamp}) `python", 1))
     return row
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import platform
 import shlex
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -19,11 +19,12 @@ def command(argv: list[str] | None = None) -> str:
     return "python " + " ".join(shlex.quote(a) for a in [f"benchmarks/{Path(sys.argv[0]).name}", *args])
 
 
-def section(title: str, table: list[str], *, where: str | None = None, argv: list[str] | None = None,
-            note: str | None = None) -> str:
+def section(
+    title: str, table: list[str], *, where: str | None = None, argv: list[str] | None = None, note: str | None = None
+) -> str:
     """``## title (time, where)`` (``where`` defaults to the machine type), the
     command, an optional note, and the table's lines."""
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = [f"## {title} ({stamp}, {where or platform.machine()})", "", f"`{command(argv)}`", ""]
     return "\n".join(head + ([note, ""] if note else []) + [*table, ""])
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -75,8 +76,15 @@ def gpu_datasheet(device: str | torch.device) -> tuple[str, dict[str, float]] | 
     return next(((key, peaks) for key, peaks in GPU_PEAKS.items() if key in name), None)
 
 
-def measure_peak(d_model: int, d_mlp: int, device: str | torch.device, dtype: torch.dtype,
-                 rows: tuple[int, ...] = (256, 1024, 4096), reps: int = 5, copy_mb: int = 64) -> tuple[float, float]:
+def measure_peak(
+    d_model: int,
+    d_mlp: int,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    rows: tuple[int, ...] = (256, 1024, 4096),
+    reps: int = 5,
+    copy_mb: int = 64,
+) -> tuple[float, float]:
     """(TFLOP/s, TB/s) this machine reaches, measured now: the best rate of the MLP's
     product ``[rows, d_model] @ [d_model, d_mlp]`` and of a ``copy_mb`` MB copy (read +
     write)."""

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import arithlib.engine as E  # noqa: E402
 import arithlib.core.datasets as ds  # noqa: E402
+import arithlib.engine as E  # noqa: E402
 from arithlib.core.models import load_model  # noqa: E402
 
 

@@ -62,24 +62,35 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
-device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
+dtype = "auto"  # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
+device_map = None  # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
 out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
-fewshot = 2              # solved examples in the prefix of every analysis prompt
-n_per_template = 10      # prompts per template and operator (Yu, Zhang, word problems): 40-80 per table cell
+fewshot = 2  # solved examples in the prefix of every analysis prompt
+n_per_template = 10  # prompts per template and operator (Yu, Zhang, word problems): 40-80 per table cell
 
 # %%
 import arithlib.core.datasets as ds
 from arithlib.core.evaluate import accuracy, evaluate_sets
-from arithlib.run.outputs import save_figure, save_table
 from arithlib.plots.accuracy import accuracy_bars, heatmap
+from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.runs import start_run
 
 if quick:
     n_per_template = 4
-run = start_run("00_model_accuracy", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, fewshot=fewshot, n_per_template=n_per_template)
+run = start_run(
+    "00_model_accuracy",
+    model,
+    device,
+    seed,
+    out_dir,
+    quick,
+    dtype=dtype,
+    device_map=device_map,
+    fewshot=fewshot,
+    n_per_template=n_per_template,
+)
 tok = run.tokenizer
 max_operand = min(ds.single_token_max(tok), 300)
 print(run.model.info)
@@ -91,10 +102,13 @@ print("largest single-token operand:", max_operand)
 # Each builder returns tokenizer-free records; `PromptSet.build` tokenizes them and
 # checks that prompt and answer split at a token boundary.
 
+
 # %%
 def build_sets(k: int) -> dict[str, ds.PromptSet]:
     sets = {
-        "nikankin": ds.nikankin_prompts(max_operand=max_operand, n_per_op=None if not quick else 10, seed=seed, fewshot=k),
+        "nikankin": ds.nikankin_prompts(
+            max_operand=max_operand, n_per_op=None if not quick else 10, seed=seed, fewshot=k
+        ),
         "zhang": ds.zhang_prompts(n_per_template=n_per_template, seed=seed, fewshot=k),
         "power": ds.power_prompts(seed=seed, fewshot=k),
     }
@@ -104,8 +118,11 @@ def build_sets(k: int) -> dict[str, ds.PromptSet]:
         sets["word_problems"] = ds.zhang_word_problems(n_per_template=n_per_template, seed=seed)
     # Word problems end inside a number ("... to the year 197" -> "8"); a tokenizer with
     # whole-number tokens cannot split them, and those prompts are left out (with a warning).
-    return {name: ds.PromptSet.build(records, tok, drop_unsplittable=name == "word_problems")
-            for name, records in sets.items()}
+    return {
+        name: ds.PromptSet.build(records, tok, drop_unsplittable=name == "word_problems")
+        for name, records in sets.items()
+    }
+
 
 shot_settings = sorted({0, fewshot})
 frames = []
@@ -113,6 +130,7 @@ for k in shot_settings:
     frame = evaluate_sets(run.bridge, build_sets(k))
     frames.append(frame.assign(fewshot=k))
 import pandas as pd
+
 results = pd.concat(frames, ignore_index=True)
 results[["set", "fewshot", "op", "text", "answer_text", "generated", "correct_first", "correct_full"]].head()
 
@@ -121,14 +139,21 @@ results[["set", "fewshot", "op", "text", "answer_text", "generated", "correct_fi
 
 # %%
 by_set = accuracy(results, ["set", "op", "fewshot"])
-by_set_first = accuracy(results, ["set", "op", "fewshot"], column="correct_first").rename(columns={"accuracy": "accuracy_first_token"})
+by_set_first = accuracy(results, ["set", "op", "fewshot"], column="correct_first").rename(
+    columns={"accuracy": "accuracy_first_token"}
+)
 table = by_set.merge(by_set_first[["set", "op", "fewshot", "accuracy_first_token"]], on=["set", "op", "fewshot"])
 save_table(table, run.out, "00_accuracy_by_set")
 table
 
 # %%
-fig = accuracy_bars(by_set.assign(setting=by_set["set"] + " " + by_set["op"]), x="setting", hue="fewshot",
-                    title=f"{model}: exact-answer accuracy", xlabel="prompt set and operator")
+fig = accuracy_bars(
+    by_set.assign(setting=by_set["set"] + " " + by_set["op"]),
+    x="setting",
+    hue="fewshot",
+    title=f"{model}: exact-answer accuracy",
+    xlabel="prompt set and operator",
+)
 fig.axes[0].tick_params(axis="x", rotation=90)
 save_figure(fig, run.out, "00_accuracy_by_set")
 
@@ -138,9 +163,14 @@ save_figure(fig, run.out, "00_accuracy_by_set")
 # %%
 templ = accuracy(results[results.fewshot == fewshot], ["set", "op", "template_id"])
 save_table(templ, run.out, "00_accuracy_by_template")
-fig = heatmap(templ.assign(acc=templ.accuracy * 100, row=templ["set"] + " t" + templ.template_id.astype(str)),
-              index="row", columns="op", values="acc", title=f"{model}: accuracy by template (%), {fewshot}-shot",
-              cbar_label="accuracy (%)")
+fig = heatmap(
+    templ.assign(acc=templ.accuracy * 100, row=templ["set"] + " t" + templ.template_id.astype(str)),
+    index="row",
+    columns="op",
+    values="acc",
+    title=f"{model}: accuracy by template (%), {fewshot}-shot",
+    cbar_label="accuracy (%)",
+)
 save_figure(fig, run.out, "00_accuracy_by_template")
 
 # %% [markdown]
@@ -158,4 +188,5 @@ for name in ["nikankin", "yu_1d", "yu_2d", "yu_3d", "zhang"]:
         parts = ", ".join(f"{r.op} {r.accuracy:.0%}" for r in sub.itertuples())
         lines.append(f"- {name}, {fewshot}-shot: {parts}.")
 from IPython.display import Markdown
+
 Markdown("\n".join(lines))

@@ -70,45 +70,45 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
-device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
+dtype = "auto"  # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
+device_map = None  # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
 out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
-fewshot = 2                  # solved examples in the prefix of every analysis prompt
-batch_size = 16              # prompts per fast-path batch
-max_rows = 1024              # variants x prompts per fast-path chunk
+fewshot = 2  # solved examples in the prefix of every analysis prompt
+batch_size = 16  # prompts per fast-path batch
+max_rows = 1024  # variants x prompts per fast-path chunk
 ops = ["+", "-", "*", "/"]
 # 1. path patching (Zhang)
-zhang_per_template = 12      # candidate prompts per template and operator (8 templates; 96 per operator)
-zhang_per_op = 32            # correct prompts per operator (128 in all) for path patching, the X_c answer rate
-                             # and the knockout: the knockout gap, a paired difference of two accuracies (variance
-                             # <= ~0.23 at the accuracies seen), then has a 95 % half-width <= ~0.08, enough to
-                             # tell its bands (5 and 34 points) apart away from them; the key-head share and the
-                             # MLP ratio are bootstrapped over the same prompts
-key_threshold = -0.05        # Zhang: key heads lower the answer logit by more than 5 %
+zhang_per_template = 12  # candidate prompts per template and operator (8 templates; 96 per operator)
+zhang_per_op = 32  # correct prompts per operator (128 in all) for path patching, the X_c answer rate
+# and the knockout: the knockout gap, a paired difference of two accuracies (variance
+# <= ~0.23 at the accuracies seen), then has a 95 % half-width <= ~0.08, enough to
+# tell its bands (5 and 34 points) apart away from them; the key-head share and the
+# MLP ratio are bootstrapped over the same prompts
+key_threshold = -0.05  # Zhang: key heads lower the answer logit by more than 5 %
 # 2. knockout
-knockout_k = 10              # heads knocked out for the verdict and the transfer test (Zhang Table 4: top-10, -69 %)
-knockout_ks = [1, 2, 3, 5, 7, 10, 14, 20, 28, 40, 56, 80]   # END-only curve (figure, screen)
-n_random_orders = 4          # random-rank orders; their first knockout_k heads are the random control sets
+knockout_k = 10  # heads knocked out for the verdict and the transfer test (Zhang Table 4: top-10, -69 %)
+knockout_ks = [1, 2, 3, 5, 7, 10, 14, 20, 28, 40, 56, 80]  # END-only curve (figure, screen)
+n_random_orders = 4  # random-rank orders; their first knockout_k heads are the random control sets
 # 3. transfer
-transfer_n = 40              # prompts per transfer format (5 formats, 200 in all): half-width of the mean gap
-                             # about 0.07 / accuracy before (12 per format gave about +-0.25)
+transfer_n = 40  # prompts per transfer format (5 formats, 200 in all): half-width of the mean gap
+# about 0.07 / accuracy before (12 per format gave about +-0.25)
 # 5. head sweep (Yu)
-yu_multi_per_setting = 100   # 2D and 3D prompts per operator (1D: every operand pair the operator allows)
-yu_screen_n = 8              # stage 1: prompts per setting on which every head is zeroed at every position
-yu_top_k = 10                # stage 2: screened heads per setting zeroed at every position on all its prompts
-yu_recall_setting = "-1"     # "{op}{digits}" swept exactly for every head, to measure the screen's recall ("" skips)
-yu_case_prompts = 50         # 2D prompts per operator for memorize vs change-one
-use_cache = True             # store the head sweep batch by batch, and each long section, in ~/.cache/arithlib:
-                             # a stopped run resumes there (arithlib.run.stored)
+yu_multi_per_setting = 100  # 2D and 3D prompts per operator (1D: every operand pair the operator allows)
+yu_screen_n = 8  # stage 1: prompts per setting on which every head is zeroed at every position
+yu_top_k = 10  # stage 2: screened heads per setting zeroed at every position on all its prompts
+yu_recall_setting = "-1"  # "{op}{digits}" swept exactly for every head, to measure the screen's recall ("" skips)
+yu_case_prompts = 50  # 2D prompts per operator for memorize vs change-one
+use_cache = True  # store the head sweep batch by batch, and each long section, in ~/.cache/arithlib:
+# a stopped run resumes there (arithlib.run.stored)
 # 6. circuit (Nikankin)
-nikankin_max_operand = 99    # capped at the tokenizer's single-token range
-nikankin_candidates = 20     # candidate prompts per operator
-nikankin_per_op = 8          # correct prompts per operator used for patching (was 4; stability: split-half agreement)
-nikankin_recall_per_op = 1   # of those, prompts per operator also patched exactly (every head at every position)
-nikankin_splits = 20         # random split-halves of the prompts for the stability of the top-k head set
-nikankin_refine = 4          # attention blocks at op1/operator/op2 resolved into heads
+nikankin_max_operand = 99  # capped at the tokenizer's single-token range
+nikankin_candidates = 20  # candidate prompts per operator
+nikankin_per_op = 8  # correct prompts per operator used for patching (was 4; stability: split-half agreement)
+nikankin_recall_per_op = 1  # of those, prompts per operator also patched exactly (every head at every position)
+nikankin_splits = 20  # random split-halves of the prompts for the stability of the top-k head set
+nikankin_refine = 4  # attention blocks at op1/operator/op2 resolved into heads
 faithfulness_ks = [0, 1, 2, 4, 8, 16, 32, 64]
 faithfulness_target = 0.9
 
@@ -122,17 +122,17 @@ import torch
 from IPython.display import Markdown, display
 
 import arithlib.core.datasets as ds
+import arithlib.core.positions as positions
 import arithlib.engine as engine
-import arithlib.yu.head_sweep as HS
-import arithlib.nikankin.activation_patching as activation_patching
 import arithlib.methods.knockouts as knockouts
 import arithlib.methods.patching as patching
-import arithlib.zhang.path_patching as path_patching
-import arithlib.core.positions as positions
+import arithlib.nikankin.activation_patching as activation_patching
 import arithlib.plots.heads as plots
+import arithlib.yu.head_sweep as HS
+import arithlib.zhang.path_patching as path_patching
 import arithlib.zhang.transfer_sets as TS
-from arithlib.methods.ablation import mean_activations
 from arithlib.core.evaluate import accuracy, evaluate
+from arithlib.methods.ablation import mean_activations
 from arithlib.run.outputs import save_figure, save_json, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
@@ -144,15 +144,32 @@ if quick:
     transfer_n, yu_multi_per_setting, yu_screen_n, yu_top_k, yu_case_prompts = 4, 6, 4, 3, 3
     nikankin_candidates, nikankin_per_op, nikankin_refine = 12, 3, 2
     faithfulness_ks = [0, 1, 2, 4, 8]
-params = dict(fewshot=fewshot, batch_size=batch_size, max_rows=max_rows, ops=ops, zhang_per_template=zhang_per_template,
-              zhang_per_op=zhang_per_op, key_threshold=key_threshold, knockout_ks=knockout_ks,
-              n_random_orders=n_random_orders, knockout_k=knockout_k,
-              transfer_n=transfer_n, yu_multi_per_setting=yu_multi_per_setting, yu_screen_n=yu_screen_n,
-              yu_top_k=yu_top_k, yu_recall_setting=yu_recall_setting, yu_case_prompts=yu_case_prompts,
-              nikankin_max_operand=nikankin_max_operand,
-              nikankin_candidates=nikankin_candidates, nikankin_per_op=nikankin_per_op,
-              nikankin_recall_per_op=nikankin_recall_per_op, nikankin_splits=nikankin_splits,
-              nikankin_refine=nikankin_refine, faithfulness_ks=faithfulness_ks, faithfulness_target=faithfulness_target)
+params = dict(
+    fewshot=fewshot,
+    batch_size=batch_size,
+    max_rows=max_rows,
+    ops=ops,
+    zhang_per_template=zhang_per_template,
+    zhang_per_op=zhang_per_op,
+    key_threshold=key_threshold,
+    knockout_ks=knockout_ks,
+    n_random_orders=n_random_orders,
+    knockout_k=knockout_k,
+    transfer_n=transfer_n,
+    yu_multi_per_setting=yu_multi_per_setting,
+    yu_screen_n=yu_screen_n,
+    yu_top_k=yu_top_k,
+    yu_recall_setting=yu_recall_setting,
+    yu_case_prompts=yu_case_prompts,
+    nikankin_max_operand=nikankin_max_operand,
+    nikankin_candidates=nikankin_candidates,
+    nikankin_per_op=nikankin_per_op,
+    nikankin_recall_per_op=nikankin_recall_per_op,
+    nikankin_splits=nikankin_splits,
+    nikankin_refine=nikankin_refine,
+    faithfulness_ks=faithfulness_ks,
+    faithfulness_target=faithfulness_target,
+)
 t_start = time.perf_counter()
 sweep_cache = Store(cache_root() / "head_sweep" / model.replace("/", "__") if use_cache else None)  # its batches
 store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)  # long sections
@@ -171,10 +188,22 @@ def timed(section):
     w, c, r = time.perf_counter(), time.process_time(), store.reused_seconds + sweep_cache.reused_seconds
     yield
     # reused_s: what the results loaded from the stores took in the earlier run that computed them
-    timings.append({"section": section, "wall_s": time.perf_counter() - w, "cpu_s": time.process_time() - c,
-                    "reused_s": store.reused_seconds + sweep_cache.reused_seconds - r})
-    print(f"[{section}] {timings[-1]['wall_s']:.1f} s wall, {timings[-1]['cpu_s']:.1f} s CPU"
-          + (f" (+ {timings[-1]['reused_s']:.0f} s of stored results computed earlier)" if timings[-1]["reused_s"] else ""))
+    timings.append(
+        {
+            "section": section,
+            "wall_s": time.perf_counter() - w,
+            "cpu_s": time.process_time() - c,
+            "reused_s": store.reused_seconds + sweep_cache.reused_seconds - r,
+        }
+    )
+    print(
+        f"[{section}] {timings[-1]['wall_s']:.1f} s wall, {timings[-1]['cpu_s']:.1f} s CPU"
+        + (
+            f" (+ {timings[-1]['reused_s']:.0f} s of stored results computed earlier)"
+            if timings[-1]["reused_s"]
+            else ""
+        )
+    )
 
 
 print(info)
@@ -206,8 +235,14 @@ from dataclasses import replace
 
 with timed("1 path patching"):
     cand = ds.PromptSet.build(ds.zhang_prompts(ops, (1, 9), zhang_per_template, seed, fewshot), tok)
-    ev = store("X_r candidates evaluated", lambda: evaluate(bridge, cand, batch_size=batch_size), code=["core.evaluate"],
-               model=bridge, prompts=cand, batch_size=batch_size)
+    ev = store(
+        "X_r candidates evaluated",
+        lambda: evaluate(bridge, cand, batch_size=batch_size),
+        code=["core.evaluate"],
+        model=bridge,
+        prompts=cand,
+        batch_size=batch_size,
+    )
     ok = ev["correct_full"].to_numpy() & (ev["answer_logit"].to_numpy() > 0)
     correct = cand.subset([i for i, good in enumerate(ok) if good])
     xr = positions.sample_per_group(correct, zhang_per_op, ("op",), seed) if len(correct) else correct
@@ -219,16 +254,37 @@ with timed("1 path patching"):
     if has_zhang:
         # how much calculation X_c still carries: this prefix vs one with the true answers, same X_r
         key_of = lambda r: (r.op, r.template_id, r.a, r.b)  # noqa: E731
-        old_cf = {key_of(r): r.counterfactual for r in
-                  ds.zhang_prompts(ops, (1, 9), zhang_per_template, seed, fewshot, xc_prefix="true-answers")}
+        old_cf = {
+            key_of(r): r.counterfactual
+            for r in ds.zhang_prompts(ops, (1, 9), zhang_per_template, seed, fewshot, xc_prefix="true-answers")
+        }
         xr_old = ds.PromptSet.build([replace(r, counterfactual=old_cf[key_of(r)]) for r in xr.records], tok)
-        xc_rates = store("X_c answer rates", lambda: pd.concat(
-            [knockouts.answer_rate_table(knockouts.counterfactual_answer_rate(bridge, s, seed, batch_size)).assign(xc_prefix=name)
-             for name, s in (("no-operation", xr), ("true-answers", xr_old))], ignore_index=True),
-            code=["methods.knockouts"], model=bridge, prompts=[xr, xr_old], seed=seed, batch_size=batch_size)
+        xc_rates = store(
+            "X_c answer rates",
+            lambda: pd.concat(
+                [
+                    knockouts.answer_rate_table(
+                        knockouts.counterfactual_answer_rate(bridge, s, seed, batch_size)
+                    ).assign(xc_prefix=name)
+                    for name, s in (("no-operation", xr), ("true-answers", xr_old))
+                ],
+                ignore_index=True,
+            ),
+            code=["methods.knockouts"],
+            model=bridge,
+            prompts=[xr, xr_old],
+            seed=seed,
+            batch_size=batch_size,
+        )
         save_table(xc_rates, run.out, "01_xc_answer_rate")
-        pp = store("path patching", lambda: path_patching.path_patching(bridge, xr, batch_size=batch_size, cache=xr_cache),
-                   code=["zhang.path_patching"], model=bridge, prompts=xr, batch_size=batch_size)
+        pp = store(
+            "path patching",
+            lambda: path_patching.path_patching(bridge, xr, batch_size=batch_size, cache=xr_cache),
+            code=["zhang.path_patching"],
+            model=bridge,
+            prompts=xr,
+            batch_size=batch_size,
+        )
 display(zhang_acc)
 if has_zhang:
     display(xc_rates)
@@ -241,8 +297,14 @@ if has_zhang:
     save_table(effects, run.out, "01_path_patching")
     save_table(pp.effects, run.out, "01_path_patching_per_prompt")
     panels = [o for o in ops if o in set(by_op.op)] + ["all"]
-    fig = plots.effect_heatmaps(effects, L, H, panels=panels, threshold=key_threshold,
-                             title=f"{model}: path patching at END (n = {len(xr)} prompts)")
+    fig = plots.effect_heatmaps(
+        effects,
+        L,
+        H,
+        panels=panels,
+        threshold=key_threshold,
+        title=f"{model}: path patching at END (n = {len(xr)} prompts)",
+    )
     save_figure(fig, run.out, "01_path_patching")
     key = path_patching.key_heads(pooled, key_threshold)
     key_by_op = {o: path_patching.key_heads(by_op[by_op.op == o], key_threshold) for o in panels[:-1]}
@@ -283,21 +345,69 @@ else:
 # %%
 if has_zhang:
     with timed("2 knockout"):
-        ranking = [(int(r.layer), int(r.head)) for r in pooled[pooled.kind == "head"].sort_values("effect").itertuples()]
+        ranking = [
+            (int(r.layer), int(r.head)) for r in pooled[pooled.kind == "head"].sort_values("effect").itertuples()
+        ]
         K = min(knockout_k, N_HEADS // 2)  # cap (tiny models): as many other heads must remain for the random control
         ks = [0] + [k for k in knockout_ks if k <= N_HEADS]
         ko_args = dict(code=["methods.knockouts"], model=bridge, prompts=xr, batch_size=batch_size, max_rows=max_rows)
-        curves = store("knockout curves", lambda: knockouts.knockout_curves(
-            bridge, xr, ranking, ks, pp.end_means(), n_random_orders, seed, batch_size=batch_size, max_rows=max_rows,
-            cache=xr_cache), ranking=ranking, ks=ks, means=pp.end_means(), n_random=n_random_orders, seed=seed, **ko_args)
-        ko_sets = {"effect": ranking[:K],
-                   **{name: order[:K] for name, order in knockouts.random_orders(L, H, n_random_orders, seed).items()}}
-        ko_query = store("knockout at every query position", lambda: knockouts.knockout_per_prompt(
-            bridge, xr, ko_sets, pp.cf_means, position=None, batch_size=batch_size, max_rows=max_rows, cache=xr_cache),
-            sets=ko_sets, means=pp.cf_means, **ko_args)
-        ko_end = store("knockout at END", lambda: knockouts.knockout_per_prompt(
-            bridge, xr, ko_sets, pp.end_means(), position=-1, batch_size=batch_size, max_rows=max_rows, cache=xr_cache),
-            sets=ko_sets, means=pp.end_means(), **ko_args)
+        curves = store(
+            "knockout curves",
+            lambda: knockouts.knockout_curves(
+                bridge,
+                xr,
+                ranking,
+                ks,
+                pp.end_means(),
+                n_random_orders,
+                seed,
+                batch_size=batch_size,
+                max_rows=max_rows,
+                cache=xr_cache,
+            ),
+            ranking=ranking,
+            ks=ks,
+            means=pp.end_means(),
+            n_random=n_random_orders,
+            seed=seed,
+            **ko_args,
+        )
+        ko_sets = {
+            "effect": ranking[:K],
+            **{name: order[:K] for name, order in knockouts.random_orders(L, H, n_random_orders, seed).items()},
+        }
+        ko_query = store(
+            "knockout at every query position",
+            lambda: knockouts.knockout_per_prompt(
+                bridge,
+                xr,
+                ko_sets,
+                pp.cf_means,
+                position=None,
+                batch_size=batch_size,
+                max_rows=max_rows,
+                cache=xr_cache,
+            ),
+            sets=ko_sets,
+            means=pp.cf_means,
+            **ko_args,
+        )
+        ko_end = store(
+            "knockout at END",
+            lambda: knockouts.knockout_per_prompt(
+                bridge,
+                xr,
+                ko_sets,
+                pp.end_means(),
+                position=-1,
+                batch_size=batch_size,
+                max_rows=max_rows,
+                cache=xr_cache,
+            ),
+            sets=ko_sets,
+            means=pp.end_means(),
+            **ko_args,
+        )
     del xr_cache
     save_table(curves, run.out, "01_knockout")
     ko_per_prompt = pd.concat([ko_query, ko_end], ignore_index=True)
@@ -307,8 +417,12 @@ if has_zhang:
     save_table(ko_screen, run.out, "01_knockout_screen")
     fig = plots.knockout_plot(curves[curves.group == "all"], title=f"{model}: knockout at END, {len(xr)} prompts")
     save_figure(fig, run.out, "01_knockout")
-    summary = (curves[curves.group == "all"].groupby(["order", "k"])["accuracy"].agg(["mean", "std", "min", "max"])
-               .reset_index())
+    summary = (
+        curves[curves.group == "all"]
+        .groupby(["order", "k"])["accuracy"]
+        .agg(["mean", "std", "min", "max"])
+        .reset_index()
+    )
     display(summary[summary.k.isin([0, 5, 10, 20])])
     display(ko_screen)
 
@@ -334,23 +448,52 @@ if has_zhang:
         ko_heads = ranking[:K]
         ko_source = f"heads of largest path-patching effect ({len(key)} key heads)"
         rng_sets = {
-            "multi-digit (Yu 2D + -)": ds.yu_prompts(["+", "-"], n_digits=2, n_per_template=max(1, transfer_n // 2),
-                                                     seed=seed, fewshot=fewshot, templates=[3]),
+            "multi-digit (Yu 2D + -)": ds.yu_prompts(
+                ["+", "-"],
+                n_digits=2,
+                n_per_template=max(1, transfer_n // 2),
+                seed=seed,
+                fewshot=fewshot,
+                templates=[3],
+            ),
             "word problems": ds.zhang_word_problems(n_per_template=max(1, transfer_n // 12), seed=seed),
             "exponentiation": ds.power_prompts(seed=seed, fewshot=fewshot),
             "decimals": TS.decimal_prompts(("+",), transfer_n, seed, fewshot),
             "dates": TS.date_prompts(transfer_n, seed, fewshot),
         }
-        transfer, examples, transfer_pp = store("transfer", lambda: TS.transfer_knockout(
-            bridge, tok, rng_sets, ko_heads, pp.end_means(), n=transfer_n, n_random=n_random_orders, seed=seed,
-            n_layers=L, n_heads=H, batch_size=batch_size, max_rows=max_rows),
-            code=["zhang.transfer_sets"], model=bridge, sets=rng_sets, heads=ko_heads, means=pp.end_means(), n=transfer_n,
-            n_random=n_random_orders, seed=seed, batch_size=batch_size, max_rows=max_rows)
+        transfer, examples, transfer_pp = store(
+            "transfer",
+            lambda: TS.transfer_knockout(
+                bridge,
+                tok,
+                rng_sets,
+                ko_heads,
+                pp.end_means(),
+                n=transfer_n,
+                n_random=n_random_orders,
+                seed=seed,
+                n_layers=L,
+                n_heads=H,
+                batch_size=batch_size,
+                max_rows=max_rows,
+            ),
+            code=["zhang.transfer_sets"],
+            model=bridge,
+            sets=rng_sets,
+            heads=ko_heads,
+            means=pp.end_means(),
+            n=transfer_n,
+            n_random=n_random_orders,
+            seed=seed,
+            batch_size=batch_size,
+            max_rows=max_rows,
+        )
     save_table(transfer, run.out, "01_transfer")
     save_table(examples, run.out, "01_transfer_examples")
     save_table(transfer_pp, run.out, "01_transfer_per_prompt")
-    fig = plots.transfer_plot(transfer, f"{len(ko_heads)} {ko_source}",
-                           title=f"{model}: knocking out {len(ko_heads)} {ko_source}")
+    fig = plots.transfer_plot(
+        transfer, f"{len(ko_heads)} {ko_source}", title=f"{model}: knocking out {len(ko_heads)} {ko_source}"
+    )
     save_figure(fig, run.out, "01_transfer")
     display(transfer)
     display(examples)
@@ -418,8 +561,14 @@ if has_zhang:
 with timed("5 head sweep"):
     yu_records = []
     for n in (1, 2, 3):
-        yu_records += ds.yu_prompts(ops, n_digits=n, n_per_template=None if n == 1 else yu_multi_per_setting,
-                                    seed=seed, fewshot=fewshot, templates=[3])
+        yu_records += ds.yu_prompts(
+            ops,
+            n_digits=n,
+            n_per_template=None if n == 1 else yu_multi_per_setting,
+            seed=seed,
+            fewshot=fewshot,
+            templates=[3],
+        )
     yu_ps, yu_dropped = TS.build_tolerant(yu_records, tok)
     sweep = HS.yu_head_sweep(bridge, yu_ps, yu_screen_n, yu_top_k, seed=seed, cache_dir=sweep_cache)
 yu_exact, top5 = sweep.exact, sweep.top(5)
@@ -427,13 +576,32 @@ save_table(yu_exact, run.out, "01_yu_head_sweep")
 save_table(sweep.rows, run.out, "01_yu_head_sweep_rows")
 save_table(sweep.screen, run.out, "01_yu_head_screen")
 save_table(top5, run.out, "01_yu_top5")
-fig = plots.sweep_heatmaps(sweep.screen, L, H, title=f"{model}: accuracy drop when one head is zeroed at every position "
-                                                  f"(stage 1: {yu_screen_n} prompts per panel)")
+fig = plots.sweep_heatmaps(
+    sweep.screen,
+    L,
+    H,
+    title=f"{model}: accuracy drop when one head is zeroed at every position "
+    f"(stage 1: {yu_screen_n} prompts per panel)",
+)
 save_figure(fig, run.out, "01_yu_head_sweep")
 display(yu_ps.to_frame().groupby(["n_digits", "op"]).size().unstack().rename_axis(index="prompts per setting"))
 display(top5.pivot_table(index=["op", "n_digits"], columns="rank", values="head_label", aggfunc="first"))
-display(yu_exact[yu_exact["rank"] == 1][["op", "n_digits", "layer", "head", "n", "baseline_accuracy", "accuracy",
-                                          "accuracy_low", "accuracy_high", "relative_drop"]])
+display(
+    yu_exact[yu_exact["rank"] == 1][
+        [
+            "op",
+            "n_digits",
+            "layer",
+            "head",
+            "n",
+            "baseline_accuracy",
+            "accuracy",
+            "accuracy_low",
+            "accuracy_high",
+            "relative_drop",
+        ]
+    ]
+)
 
 # %% [markdown]
 # ### Does the screen find the exact top heads? And are they arithmetic heads?
@@ -450,9 +618,16 @@ yu_recall = pd.DataFrame()
 if yu_recall_setting:
     with timed("5 screen recall"):
         r_op, r_n = yu_recall_setting[:-1], int(yu_recall_setting[-1])
-        yu_exact_all = HS.rank_heads(HS.setting_accuracy(HS.exact_head_sweep(
-            bridge, yu_ps.where(op=r_op, n_digits=r_n), desc=f"every head, {yu_recall_setting}",
-            cache_dir=sweep_cache)))
+        yu_exact_all = HS.rank_heads(
+            HS.setting_accuracy(
+                HS.exact_head_sweep(
+                    bridge,
+                    yu_ps.where(op=r_op, n_digits=r_n),
+                    desc=f"every head, {yu_recall_setting}",
+                    cache_dir=sweep_cache,
+                )
+            )
+        )
         yu_recall = HS.sweep_recall(sweep.screen, yu_exact_all, yu_top_k)
     save_table(yu_exact_all, run.out, "01_yu_exact_all_heads")
     save_table(yu_recall, run.out, "01_yu_screen_recall")
@@ -462,9 +637,11 @@ with timed("5 specificity"):
     yu_spec = HS.specificity(bridge, tok, {r.op: (int(r.layer), int(r.head)) for r in top1.itertuples()})
 save_table(yu_spec, run.out, "01_yu_specificity")
 if len(yu_spec):
-    yu_spec_summary = (yu_spec.groupby(["op", "layer", "head"])
-                    .agg(n=("correct", "size"), clean_accuracy=("clean_correct", "mean"), accuracy=("correct", "mean"))
-                    .reset_index())
+    yu_spec_summary = (
+        yu_spec.groupby(["op", "layer", "head"])
+        .agg(n=("correct", "size"), clean_accuracy=("clean_correct", "mean"), accuracy=("correct", "mean"))
+        .reset_index()
+    )
     display(yu_spec_summary)
 else:
     yu_spec_summary = pd.DataFrame()
@@ -480,19 +657,27 @@ else:
 # %%
 with timed("5 memorize vs change-one"):
     case_rows = []
-    top_head = (yu_exact.groupby(["op", "layer", "head"])["accuracy_drop"].mean().reset_index()
-                .sort_values(["accuracy_drop", "layer", "head"], ascending=[False, True, True]).groupby("op").head(1))
+    top_head = (
+        yu_exact.groupby(["op", "layer", "head"])["accuracy_drop"]
+        .mean()
+        .reset_index()
+        .sort_values(["accuracy_drop", "layer", "head"], ascending=[False, True, True])
+        .groupby("op")
+        .head(1)
+    )
     for r in top_head.itertuples():
-        recs = ds.yu_prompts([r.op], n_digits=2, n_per_template=yu_case_prompts, seed=seed + 1, fewshot=fewshot,
-                             templates=[3])
+        recs = ds.yu_prompts(
+            [r.op], n_digits=2, n_per_template=yu_case_prompts, seed=seed + 1, fewshot=fewshot, templates=[3]
+        )
         ps2, _ = TS.build_tolerant(recs, tok)
         try:
             expanded = ds.expand_answer_tokens(ps2)
         except ValueError as err:
             print(f"{r.op}: no per-token cases ({err})")
             continue
-        case_sweep = HS.exact_head_sweep(bridge, expanded, [(int(r.layer), int(r.head))], progress=False,
-                                        cache_dir=sweep_cache)
+        case_sweep = HS.exact_head_sweep(
+            bridge, expanded, [(int(r.layer), int(r.head))], progress=False, cache_dir=sweep_cache
+        )
         case_rows.append(HS.setting_accuracy(case_sweep, ["op", "case"]))
     cases = pd.concat(case_rows, ignore_index=True) if case_rows else pd.DataFrame()
 if len(cases):
@@ -529,8 +714,9 @@ else:
 # %%
 with timed("6 circuit patching"):
     max_operand = min(ds.single_token_max(tok), nikankin_max_operand)
-    nk_all = ds.PromptSet.build(ds.nikankin_prompts(ops, max_operand=max_operand, n_per_op=nikankin_candidates,
-                                                    seed=seed, fewshot=fewshot), tok)
+    nk_all = ds.PromptSet.build(
+        ds.nikankin_prompts(ops, max_operand=max_operand, n_per_op=nikankin_candidates, seed=seed, fewshot=fewshot), tok
+    )
     nk_ev = evaluate(bridge, nk_all, batch_size=batch_size)
     nk_ok = nk_all.subset([i for i, good in enumerate(nk_ev["correct_full"]) if good])
     nk = positions.sample_per_group(nk_ok, nikankin_per_op, ("op",), seed) if len(nk_ok) else nk_ok
@@ -540,31 +726,67 @@ with timed("6 circuit patching"):
         names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
         pos = positions.named_positions(positions.locate_operands(nk), names)
         nk_cache = engine.RunCache()
-        nk_args = dict(code=["nikankin.activation_patching"], model=bridge, prompts=nk, positions=pos, batch_size=batch_size, max_rows=max_rows)
-        ie_all = store("coarse-to-fine patching", lambda: activation_patching.coarse_to_fine_patching(
-            bridge, nk, pos, nikankin_refine, batch_size=batch_size, max_rows=max_rows, cache=nk_cache),
-            refine=nikankin_refine, **nk_args)
+        nk_args = dict(
+            code=["nikankin.activation_patching"],
+            model=bridge,
+            prompts=nk,
+            positions=pos,
+            batch_size=batch_size,
+            max_rows=max_rows,
+        )
+        ie_all = store(
+            "coarse-to-fine patching",
+            lambda: activation_patching.coarse_to_fine_patching(
+                bridge, nk, pos, nikankin_refine, batch_size=batch_size, max_rows=max_rows, cache=nk_cache
+            ),
+            refine=nikankin_refine,
+            **nk_args,
+        )
         ie_mean = activation_patching.summarise_indirect_effects(ie_all)
-        save_table(ie_all.groupby(["op", "position", "component", "kind", "layer", "head"])["ie"].median().reset_index(),
-                   run.out, "01_nikankin_patching_by_op")
+        save_table(
+            ie_all.groupby(["op", "position", "component", "kind", "layer", "head"])["ie"].median().reset_index(),
+            run.out,
+            "01_nikankin_patching_by_op",
+        )
         save_table(ie_mean, run.out, "01_nikankin_patching")
         if quick:
             nikankin_recall_per_op, nikankin_splits = 1, 5
-        rec_index = [i for op in ops for i in [j for j, r in enumerate(nk.records) if r.op == op][:nikankin_recall_per_op]]
+        rec_index = [
+            i for op in ops for i in [j for j, r in enumerate(nk.records) if r.op == op][:nikankin_recall_per_op]
+        ]
         rec = nk.subset(rec_index)
         # every head at op1/operator/op2 exactly; at "=" the screen already patched every head (same function)
-        exact_ie = store("exact activation patching", lambda: activation_patching.activation_patching(
-            bridge, rec, patching.head_components(L, H), {n: [pos[n][i] for i in rec_index] for n in pos if n != "="},
-            batch_size=batch_size, max_rows=max_rows), rec_index=rec_index, **nk_args)
+        exact_ie = store(
+            "exact activation patching",
+            lambda: activation_patching.activation_patching(
+                bridge,
+                rec,
+                patching.head_components(L, H),
+                {n: [pos[n][i] for i in rec_index] for n in pos if n != "="},
+                batch_size=batch_size,
+                max_rows=max_rows,
+            ),
+            rec_index=rec_index,
+            **nk_args,
+        )
         exact_ie["prompt"] = [rec_index[i] for i in exact_ie["prompt"]]
-        exact_ie = pd.concat([exact_ie, ie_all[ie_all.prompt.isin(rec_index) & (ie_all.kind == "head")
-                                              & (ie_all.position == "=")]], ignore_index=True)
-        recall = activation_patching.screen_recall(ie_all[ie_all.prompt.isin(rec_index)], exact_ie, [1, 2, 4, 8, 16, 32, 64])
+        exact_ie = pd.concat(
+            [exact_ie, ie_all[ie_all.prompt.isin(rec_index) & (ie_all.kind == "head") & (ie_all.position == "=")]],
+            ignore_index=True,
+        )
+        recall = activation_patching.screen_recall(
+            ie_all[ie_all.prompt.isin(rec_index)], exact_ie, [1, 2, 4, 8, 16, 32, 64]
+        )
         save_table(recall, run.out, "01_nikankin_screen_recall")
         display(recall)
 if has_nk:
-    fig = plots.ie_heatmaps(ie_mean[ie_mean.kind.isin(["head", "mlp"])], L, H, list(names.values()),
-                         title=f"{model}: activation patching, operand counterfactual (n = {len(nk)})")
+    fig = plots.ie_heatmaps(
+        ie_mean[ie_mean.kind.isin(["head", "mlp"])],
+        L,
+        H,
+        list(names.values()),
+        title=f"{model}: activation patching, operand counterfactual (n = {len(nk)})",
+    )
     save_figure(fig, run.out, "01_nikankin_patching")
     display(ie_mean.sort_values("ie", ascending=False).head(15))
 else:
@@ -577,21 +799,26 @@ if has_nk:
         means_nk = mean_activations(bridge, nk, sorted({c.hook_name for c in comps_all}))
         ranked_pairs = activation_patching.ranked_head_positions(ie_mean)
         circuits = activation_patching.head_count_circuits(ranked_pairs, L, names.values(), faithfulness_ks)
-        faith = activation_patching.circuit_faithfulness(bridge, nk, circuits, pos, means_nk, comps_all,
-                                       batch_size=batch_size, max_rows=max_rows, cache=nk_cache)
+        faith = activation_patching.circuit_faithfulness(
+            bridge, nk, circuits, pos, means_nk, comps_all, batch_size=batch_size, max_rows=max_rows, cache=nk_cache
+        )
         del nk_cache
     faith["k"] = activation_patching.circuit_head_counts(faith)
     save_table(faith, run.out, "01_nikankin_faithfulness")
     curve = faith.dropna(subset=["k"]).assign(curve="all MLPs + top-k heads")
-    fig = plots.faithfulness_plot(curve, title=f"{model}: circuit faithfulness (n = {len(nk)})", target=faithfulness_target)
+    fig = plots.faithfulness_plot(
+        curve, title=f"{model}: circuit faithfulness (n = {len(nk)})", target=faithfulness_target
+    )
     save_figure(fig, run.out, "01_nikankin_faithfulness")
     heads_needed = activation_patching.heads_needed(faith, faithfulness_target)
     circuit_heads = [f"{c.label}@{n}" for c, n in ranked_pairs[: heads_needed or 0]]
     k_stable = heads_needed or 10
     stability = activation_patching.split_half_agreement(ie_all, k_stable, nikankin_splits, seed)
     save_table(stability, run.out, "01_nikankin_stability")
-    print(f"split-half agreement of the top-{k_stable} head set: mean Jaccard {stability.jaccard.mean():.2f} "
-          f"(min {stability.jaccard.min():.2f}, {nikankin_splits} splits of {len(nk)} prompts)")
+    print(
+        f"split-half agreement of the top-{k_stable} head set: mean Jaccard {stability.jaccard.mean():.2f} "
+        f"(min {stability.jaccard.min():.2f}, {nikankin_splits} splits of {len(nk)} prompts)"
+    )
     display(faith)
 
 # %% [markdown]
@@ -634,8 +861,14 @@ if has_nk:
 # ## Timings
 
 # %%
-timings.append({"section": "total (incl. loading)", "wall_s": time.perf_counter() - t_start, "cpu_s": float("nan"),
-                "reused_s": store.reused_seconds + sweep_cache.reused_seconds})
+timings.append(
+    {
+        "section": "total (incl. loading)",
+        "wall_s": time.perf_counter() - t_start,
+        "cpu_s": float("nan"),
+        "reused_s": store.reused_seconds + sweep_cache.reused_seconds,
+    }
+)
 timing_frame = pd.DataFrame(timings)
 save_table(timing_frame, run.out, "01_timings")
 display(timing_frame)
@@ -644,34 +877,53 @@ display(timing_frame)
 # %% [markdown]
 # ## What this run found
 
+
 # %%
 def pct(x):
     return "n/a" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.0%}"
 
 
-lines = [f"- Model `{model}` ({L} layers x {H} heads = {N_HEADS} heads), seed {seed}, {fewshot}-shot prefix"
-         f"{', quick mode' if quick else ''}; total time {timing_frame.wall_s.iloc[-1]:.0f} s."]
+lines = [
+    f"- Model `{model}` ({L} layers x {H} heads = {N_HEADS} heads), seed {seed}, {fewshot}-shot prefix"
+    f"{', quick mode' if quick else ''}; total time {timing_frame.wall_s.iloc[-1]:.0f} s."
+]
 if has_zhang:
     import arithlib.report as R
 
     tables = R.Tables(run.out)
     zf = {f.id: R.judge(f, tables) for f in R.FINDINGS if f.paper == "zhang" and f.notebook == "01"}
-    lines.append(f"- Zhang prompts: {len(cand)} candidates, {len(correct)} answered correctly, path patching on "
-                 f"{len(xr)} ({', '.join(f'{o}: {n}' for o, n in xr.to_frame().op.value_counts().sort_index().items())}).")
+    lines.append(
+        f"- Zhang prompts: {len(cand)} candidates, {len(correct)} answered correctly, path patching on "
+        f"{len(xr)} ({', '.join(f'{o}: {n}' for o, n in xr.to_frame().op.value_counts().sort_index().items())})."
+    )
     xa = xc_rates.set_index(["xc_prefix", "op"])
-    lines.append("- **X_c still gives C** (top-1 after X_c is C's first token; decoy reference in brackets): "
-                 + "; ".join(f"{o}: {xa.loc[('no-operation', o), 'answer_rate']:.0%} "
-                             f"[{xa.loc[('no-operation', o), 'answer_rate_low']:.0%}, {xa.loc[('no-operation', o), 'answer_rate_high']:.0%}]"
-                             f" ({xa.loc[('no-operation', o), 'decoy_rate']:.0%}; old prefix {xa.loc[('true-answers', o), 'answer_rate']:.0%})"
-                             for o in [*sorted(set(xc_rates.op) - {'all'}), 'all']) + ".")
+    lines.append(
+        "- **X_c still gives C** (top-1 after X_c is C's first token; decoy reference in brackets): "
+        + "; ".join(
+            f"{o}: {xa.loc[('no-operation', o), 'answer_rate']:.0%} "
+            f"[{xa.loc[('no-operation', o), 'answer_rate_low']:.0%}, {xa.loc[('no-operation', o), 'answer_rate_high']:.0%}]"
+            f" ({xa.loc[('no-operation', o), 'decoy_rate']:.0%}; old prefix {xa.loc[('true-answers', o), 'answer_rate']:.0%})"
+            for o in [*sorted(set(xc_rates.op) - {"all"}), "all"]
+        )
+        + "."
+    )
     share = len(key) / N_HEADS
-    lines.append(f"- **Key heads** (pooled effect < {key_threshold:.0%}): {zf['zhang_key_heads'].ours} → "
-                 f"*{zf['zhang_key_heads'].verdict}*. Per operator: "
-                 + ", ".join(f"{o}: {len(k)}" for o, k in key_by_op.items()) + ". Strongest: "
-                 + ", ".join(f"{r.component} ({r.effect:+.1%})" for r in pooled[pooled.kind == 'head'].sort_values('effect').head(5).itertuples())
-                 + ".")
-    lines.append("- Strongest MLPs: " + ", ".join(f"{r.component} ({r.effect:+.1%})" for r in mlp_effects.head(4).itertuples())
-                 + f"; {zf['zhang_late_mlps'].ours} → *{zf['zhang_late_mlps'].verdict}*.")
+    lines.append(
+        f"- **Key heads** (pooled effect < {key_threshold:.0%}): {zf['zhang_key_heads'].ours} → "
+        f"*{zf['zhang_key_heads'].verdict}*. Per operator: "
+        + ", ".join(f"{o}: {len(k)}" for o, k in key_by_op.items())
+        + ". Strongest: "
+        + ", ".join(
+            f"{r.component} ({r.effect:+.1%})"
+            for r in pooled[pooled.kind == "head"].sort_values("effect").head(5).itertuples()
+        )
+        + "."
+    )
+    lines.append(
+        "- Strongest MLPs: "
+        + ", ".join(f"{r.component} ({r.effect:+.1%})" for r in mlp_effects.head(4).itertuples())
+        + f"; {zf['zhang_late_mlps'].ours} → *{zf['zhang_late_mlps'].verdict}*."
+    )
     s_all = curves[curves.group == "all"]
     parts = []
     for k in [k for k in (5, 10, 20) if k in set(s_all.k)] or sorted(k for k in set(s_all.k) if k > 0):
@@ -679,73 +931,115 @@ if has_zhang:
         r_ = s_all[(s_all.order == "random") & (s_all.k == k)].accuracy
         if len(e):
             parts.append(f"k={k}: effect-rank {e.iloc[0]:.0%} vs random-rank {r_.mean():.0%} ± {r_.std(ddof=0):.0%}")
-    lines.append(f"- **Knockout** (judged: {zf['zhang_knockout'].ours} → *{zf['zhang_knockout'].verdict}*). "
-                 "END-only curve: " + "; ".join(parts) + f" ({n_random_orders} random orders, mean ± sd). "
-                 "Zhang: -70 % in effect order, within 2 % in random order.")
+    lines.append(
+        f"- **Knockout** (judged: {zf['zhang_knockout'].ours} → *{zf['zhang_knockout'].verdict}*). "
+        "END-only curve: " + "; ".join(parts) + f" ({n_random_orders} random orders, mean ± sd). "
+        "Zhang: -70 % in effect order, within 2 % in random order."
+    )
     sc = ko_screen.set_index("condition")
-    lines.append(f"- END-only screen vs every query position at k = {K}: per-prompt agreement "
-                 + ", ".join(f"{c} {sc.loc[c, 'agreement']:.0%}" for c in sc.index if c != "none")
-                 + f"; the END screen also breaks {sc.loc['effect', 'recall_of_end']:.0%} of the "
-                 f"{int(sc.loc['effect', 'broken_by_query'])} prompts the judged effect-rank knockout breaks.")
+    lines.append(
+        f"- END-only screen vs every query position at k = {K}: per-prompt agreement "
+        + ", ".join(f"{c} {sc.loc[c, 'agreement']:.0%}" for c in sc.index if c != "none")
+        + f"; the END screen also breaks {sc.loc['effect', 'recall_of_end']:.0%} of the "
+        f"{int(sc.loc['effect', 'broken_by_query'])} prompts the judged effect-rank knockout breaks."
+    )
     tr = transfer.dropna(subset=["accuracy_before"]) if "accuracy_before" in transfer else transfer.iloc[0:0]
-    lines.append(f"- **Transfer** (knock out the {len(ko_heads)} {ko_source} at END; in brackets, as many random heads, "
-                 f"mean of {n_random_orders} sets): "
-                 + "; ".join(f"{r.format} {r.accuracy_before:.0%} → {r.accuracy_after:.0%} ({r.accuracy_random:.0%})"
-                             for r in tr.itertuples())
-                 + f"; mean gap (relative drop minus random-heads drop) "
-                 f"{zf['zhang_transfer'].interval.text() if zf['zhang_transfer'].interval else 'n/a'} → "
-                 f"*{zf['zhang_transfer'].verdict}*. Zhang: SVAMP -66 % relative (no random control).")
+    lines.append(
+        f"- **Transfer** (knock out the {len(ko_heads)} {ko_source} at END; in brackets, as many random heads, "
+        f"mean of {n_random_orders} sets): "
+        + "; ".join(
+            f"{r.format} {r.accuracy_before:.0%} → {r.accuracy_after:.0%} ({r.accuracy_random:.0%})"
+            for r in tr.itertuples()
+        )
+        + f"; mean gap (relative drop minus random-heads drop) "
+        f"{zf['zhang_transfer'].interval.text() if zf['zhang_transfer'].interval else 'n/a'} → "
+        f"*{zf['zhang_transfer'].verdict}*. Zhang: SVAMP -66 % relative (no random control)."
+    )
     kt = head_attn[head_attn.key]
     if len(kt):
-        lines.append(f"- **Attention of the key heads**: {int((kt.type == 'operand').sum())} operand heads, "
-                     f"{int((kt.type == 'operator').sum())} operator heads, {int((kt.type == 'other').sum())} attend mostly elsewhere "
-                     f"(by task tokens only: {int((kt.task_type == 'operand').sum())} operand-leaning, "
-                     f"{int((kt.task_type == 'operator').sum())} operator-leaning). Mean attention of key heads to A+B "
-                     f"{(kt.A + kt.B).mean():.0%}, operator {kt.operator.mean():.0%}, prefix {kt.prefix.mean():.0%}.")
+        lines.append(
+            f"- **Attention of the key heads**: {int((kt.type == 'operand').sum())} operand heads, "
+            f"{int((kt.type == 'operator').sum())} operator heads, {int((kt.type == 'other').sum())} attend mostly elsewhere "
+            f"(by task tokens only: {int((kt.task_type == 'operand').sum())} operand-leaning, "
+            f"{int((kt.task_type == 'operator').sum())} operator-leaning). Mean attention of key heads to A+B "
+            f"{(kt.A + kt.B).mean():.0%}, operator {kt.operator.mean():.0%}, prefix {kt.prefix.mean():.0%}."
+        )
     else:
-        lines.append(f"- No key heads, so no key-head attention types; 01_key_head_attention.csv holds the attention of the "
-                     f"{len(head_attn)} heads of largest effect.")
+        lines.append(
+            f"- No key heads, so no key-head attention types; 01_key_head_attention.csv holds the attention of the "
+            f"{len(head_attn)} heads of largest effect."
+        )
 else:
     lines.append("- Zhang prompts: the model answered none correctly; sections 1-4 skipped.")
 OPN = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
 tops = yu_exact[yu_exact["rank"] == 1]
-lines.append("- **Yu head sweep** (exact top head per setting, zeroed at every position on all the setting's prompts; "
-             "accuracy before → after [95 % interval], relative decrease): "
-             + "; ".join(f"{OPN.get(r.op, r.op)} {r.n_digits}D (n = {r.n}): L{r.layer}H{r.head} {r.baseline_accuracy:.0%} → "
-                         f"{r.accuracy:.0%} [{r.accuracy_low:.0%}, {r.accuracy_high:.0%}], {pct(r.relative_drop)}"
-                         for r in tops.sort_values(['op', 'n_digits']).itertuples())
-             + ". Yu (Llama-7B, Table 2): the top head lowers accuracy by 46-72 % (relative decrease) on + - /, 7-11 % on *.")
+lines.append(
+    "- **Yu head sweep** (exact top head per setting, zeroed at every position on all the setting's prompts; "
+    "accuracy before → after [95 % interval], relative decrease): "
+    + "; ".join(
+        f"{OPN.get(r.op, r.op)} {r.n_digits}D (n = {r.n}): L{r.layer}H{r.head} {r.baseline_accuracy:.0%} → "
+        f"{r.accuracy:.0%} [{r.accuracy_low:.0%}, {r.accuracy_high:.0%}], {pct(r.relative_drop)}"
+        for r in tops.sort_values(["op", "n_digits"]).itertuples()
+    )
+    + ". Yu (Llama-7B, Table 2): the top head lowers accuracy by 46-72 % (relative decrease) on + - /, 7-11 % on *."
+)
 if len(yu_recall):
-    lines.append(f"- Screen recall on {yu_recall_setting} (every head swept exactly): "
-                 + ", ".join(f"top-{r.k} {r.recall:.0%}" for r in yu_recall.itertuples())
-                 + f" of the exact top heads are among the screen's {yu_top_k} ({yu_screen_n} prompts per setting).")
+    lines.append(
+        f"- Screen recall on {yu_recall_setting} (every head swept exactly): "
+        + ", ".join(f"top-{r.k} {r.recall:.0%}" for r in yu_recall.itertuples())
+        + f" of the exact top heads are among the screen's {yu_top_k} ({yu_screen_n} prompts per setting)."
+    )
 if len(yu_spec_summary):
-    lines.append("- Specificity (top 1D head zeroed; factual recall accuracy before → after): "
-                 + "; ".join(f"{OPN.get(r.op, r.op)} L{r.layer}H{r.head} {r.clean_accuracy:.0%} → {r.accuracy:.0%} (n = {r.n})"
-                             for r in yu_spec_summary.itertuples()) + ".")
+    lines.append(
+        "- Specificity (top 1D head zeroed; factual recall accuracy before → after): "
+        + "; ".join(
+            f"{OPN.get(r.op, r.op)} L{r.layer}H{r.head} {r.clean_accuracy:.0%} → {r.accuracy:.0%} (n = {r.n})"
+            for r in yu_spec_summary.itertuples()
+        )
+        + "."
+    )
 answered = tops[tops.baseline_accuracy > 0]
-same = {OPN.get(o, o): g[["layer", "head"]].drop_duplicates().shape[0] == 1 for o, g in answered.groupby("op") if len(g) > 1}
-lines.append("- Same top head for all digit counts the model answers (Yu Sec. 3.4: yes for every operator; "
-             "but its App. E Tables 25-26 rank 16^1 first on 2D- and 3D-, and 3^5, 15^9, 3^5 first on 1D/2D/3D *): "
-             + (", ".join(f"{o}: {'yes' if v else 'no'}" for o, v in same.items()) or "n/a") + ".")
+same = {
+    OPN.get(o, o): g[["layer", "head"]].drop_duplicates().shape[0] == 1 for o, g in answered.groupby("op") if len(g) > 1
+}
+lines.append(
+    "- Same top head for all digit counts the model answers (Yu Sec. 3.4: yes for every operator; "
+    "but its App. E Tables 25-26 rank 16^1 first on 2D- and 3D-, and 3^5, 15^9, 3^5 first on 1D/2D/3D *): "
+    + (", ".join(f"{o}: {'yes' if v else 'no'}" for o, v in same.items()) or "n/a")
+    + "."
+)
 if len(cases):
-    lines.append("- Memorize vs change-one (top head per operator zeroed): "
-                 + "; ".join(f"{OPN.get(r.op, r.op)} {r.case} {r.baseline_accuracy:.0%} → {r.accuracy:.0%}" for r in cases.itertuples()) + ".")
+    lines.append(
+        "- Memorize vs change-one (top head per operator zeroed): "
+        + "; ".join(
+            f"{OPN.get(r.op, r.op)} {r.case} {r.baseline_accuracy:.0%} → {r.accuracy:.0%}" for r in cases.itertuples()
+        )
+        + "."
+    )
 if has_nk:
     fk = faith.set_index("circuit")
-    lines.append(f"- **Nikankin circuit** ({len(nk)} prompts): all MLPs at op1/operator/op2/= and no heads give faithfulness "
-                 f"{pct(fk.loc['k=0', 'faithfulness'])}; "
-                 + "; ".join(f"{c}: {pct(fk.loc[c, 'faithfulness'])}" for c in fk.index if c.startswith("k=") and c != "k=0")
-                 + f". Heads needed for {faithfulness_target:.0%}: "
-                 + (f"{heads_needed} ({', '.join(circuit_heads)})" if heads_needed is not None else "not reached in the grid")
-                 + ". Nikankin: ~96 % with a few heads (Llama3-8B).")
+    lines.append(
+        f"- **Nikankin circuit** ({len(nk)} prompts): all MLPs at op1/operator/op2/= and no heads give faithfulness "
+        f"{pct(fk.loc['k=0', 'faithfulness'])}; "
+        + "; ".join(f"{c}: {pct(fk.loc[c, 'faithfulness'])}" for c in fk.index if c.startswith("k=") and c != "k=0")
+        + f". Heads needed for {faithfulness_target:.0%}: "
+        + (f"{heads_needed} ({', '.join(circuit_heads)})" if heads_needed is not None else "not reached in the grid")
+        + ". Nikankin: ~96 % with a few heads (Llama3-8B)."
+    )
     r_at = recall.set_index("k").recall
-    lines.append(f"- Coarse-to-fine screen vs exact per-head patching at every position ({len(rec_index)} prompts): recall of "
-                 "the exact top-k (head, position) pairs " + ", ".join(f"k={k}: {v:.0%}" for k, v in r_at.items())
-                 + f". Split-half agreement of the top-{k_stable} head set ({nikankin_splits} random halves of {len(nk)} "
-                 f"prompts): mean Jaccard {stability.jaccard.mean():.2f} (min {stability.jaccard.min():.2f}).")
+    lines.append(
+        f"- Coarse-to-fine screen vs exact per-head patching at every position ({len(rec_index)} prompts): recall of "
+        "the exact top-k (head, position) pairs "
+        + ", ".join(f"k={k}: {v:.0%}" for k, v in r_at.items())
+        + f". Split-half agreement of the top-{k_stable} head set ({nikankin_splits} random halves of {len(nk)} "
+        f"prompts): mean Jaccard {stability.jaccard.mean():.2f} (min {stability.jaccard.min():.2f})."
+    )
     top_ie = ie_mean.sort_values("ie", ascending=False).head(5)
-    lines.append("- Largest indirect effects: " + ", ".join(f"{r.component}@{r.position} {r.ie:.2f}" for r in top_ie.itertuples()) + ".")
+    lines.append(
+        "- Largest indirect effects: "
+        + ", ".join(f"{r.component}@{r.position} {r.ie:.2f}" for r in top_ie.itertuples())
+        + "."
+    )
 else:
     lines.append("- Nikankin prompts: none answered correctly; circuit section skipped.")
 save_json({"lines": lines}, run.out, "01_findings")

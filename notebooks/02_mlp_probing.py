@@ -84,25 +84,25 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
-device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
+dtype = "auto"  # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
+device_map = None  # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
 out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
-fewshot = 2                 # solved examples in the prefix of every prompt (query's own template)
-n_per_template = 8          # Zhang prompts per template and operator (8 templates x 4 operators, 256 in all):
-                            # the verdict's onset depth must be told apart at 13/32 and 17/32 (0.125 apart), so
-                            # its bootstrap interval must be narrower than ~+-0.06 (1.5 of 24 layers); at ~230
-                            # correct prompts the mean curve's per-layer 95 % band is ~+-0.005 cos, far below the
-                            # steps that define the onset (the report gives the onset's interval)
-cases = [["+", 4, 3], ["-", 8, 5]]   # single cases of section 2 (Zhang template 0: A + B =)
-lens_max_prompts = 128      # prompts read through the full-vocabulary logit lens (stratified by operator)
-probe_ops = ["+", "-"]      # operators of the probe set (Yu 2-digit prompts)
-probe_templates = [3]       # Yu Table 14 template indices (3: A + B =)
+fewshot = 2  # solved examples in the prefix of every prompt (query's own template)
+n_per_template = 8  # Zhang prompts per template and operator (8 templates x 4 operators, 256 in all):
+# the verdict's onset depth must be told apart at 13/32 and 17/32 (0.125 apart), so
+# its bootstrap interval must be narrower than ~+-0.06 (1.5 of 24 layers); at ~230
+# correct prompts the mean curve's per-layer 95 % band is ~+-0.005 cos, far below the
+# steps that define the onset (the report gives the onset's interval)
+cases = [["+", 4, 3], ["-", 8, 5]]  # single cases of section 2 (Zhang template 0: A + B =)
+lens_max_prompts = 128  # prompts read through the full-vocabulary logit lens (stratified by operator)
+probe_ops = ["+", "-"]  # operators of the probe set (Yu 2-digit prompts)
+probe_templates = [3]  # Yu Table 14 template indices (3: A + B =)
 probe_n_per_template = 250  # operand pairs per operator and template for the probes
-probe_test_frac = 0.25      # held-out share of operand pairs
+probe_test_frac = 0.25  # held-out share of operand pairs
 batch_size = 32
-compare_model = None        # e.g. "smollm2-135m": run everything on it too and draw both side by side
+compare_model = None  # e.g. "smollm2-135m": run everything on it too and draw both side by side
 
 # %%
 import time
@@ -114,9 +114,9 @@ import torch
 from IPython.display import Markdown, display
 
 import arithlib.core.datasets as ds
+import arithlib.plots.probing as plots
 import arithlib.zhang.lens as lens
 import arithlib.zhang.path_patching as path_patching
-import arithlib.plots.probing as plots
 import arithlib.zhang.probing as probing
 from arithlib.core.models import load_model
 from arithlib.run.outputs import find_table, read_table, save_figure, save_table
@@ -126,10 +126,20 @@ if quick:
     n_per_template, lens_max_prompts, probe_n_per_template = 2, 24, 60
 timings: dict[str, float] = {}
 t_start = time.perf_counter()
-params = dict(fewshot=fewshot, n_per_template=n_per_template, cases=cases, lens_max_prompts=lens_max_prompts,
-              probe_ops=probe_ops, probe_templates=probe_templates, probe_n_per_template=probe_n_per_template,
-              probe_test_frac=probe_test_frac, batch_size=batch_size, compare_model=compare_model,
-              mlp_in_hook="blocks.L.mlp.hook_in", mlp_out_hook="blocks.L.hook_mlp_out")
+params = dict(
+    fewshot=fewshot,
+    n_per_template=n_per_template,
+    cases=cases,
+    lens_max_prompts=lens_max_prompts,
+    probe_ops=probe_ops,
+    probe_templates=probe_templates,
+    probe_n_per_template=probe_n_per_template,
+    probe_test_frac=probe_test_frac,
+    batch_size=batch_size,
+    compare_model=compare_model,
+    mlp_in_hook="blocks.L.mlp.hook_in",
+    mlp_out_hook="blocks.L.hook_mlp_out",
+)
 run = start_run("02_mlp_probing", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, **params)
 torch.set_grad_enabled(False)
 models = {model: run.model}
@@ -142,6 +152,7 @@ timings["load"] = time.perf_counter() - t_start
 # prefix; one forward pass per prompt caches the answer-position activations and greedy
 # decoding (from the same key/value cache) decides whether the model answers the whole
 # number correctly. Only correct prompts are analysed (Zhang's reference set X_r).
+
 
 # %%
 def zhang_set(tokenizer):
@@ -176,6 +187,7 @@ print(f"{len(ps_ok)} of {len(ps_all)} Zhang prompts answered correctly ({len(ps_
 # %% [markdown]
 # ## 1 · Operands in the MLP input, answer in the MLP output (Zhang Fig. 6a, 6b)
 
+
 # %%
 def key_layers_of(out: Path) -> tuple[pd.DataFrame | None, list[int]]:
     path = find_table(out, "01_path_patching")  # .csv or .csv.gz
@@ -200,8 +212,11 @@ key_heads, key_layers = key_layers_of(run.out)
 cos_results = {name: cosine_study(models[name], sets[name][2], sets[name][3]) for name in models}
 timings["cosines"] = time.perf_counter() - t0
 if key_heads is None:
-    print("01_path_patching.csv is absent from", run.out, "- the comparison with key-head layers is skipped "
-          "(run notebook 01 first to get it).")
+    print(
+        "01_path_patching.csv is absent from",
+        run.out,
+        "- the comparison with key-head layers is skipped (run notebook 01 first to get it).",
+    )
 else:
     print(f"key heads of notebook 01 (pooled effect < -5 %): {len(key_heads)} in layers {key_layers}")
 if cos_results[model] is None:
@@ -211,8 +226,11 @@ else:
     save_table(cos_summary, run.out, "02_mlp_cosines")
     # per prompt and layer, the curves the verdict reads (the MLP's write) and its sensitivity reading (the
     # literal MLP_out - MLP_in): the report bootstraps the climb and its onset over prompts
-    save_table(cos_frame[cos_frame.measure.isin(["write_C", "write_other", "delta_C", "delta_other"])], run.out,
-               "02_mlp_cosines_per_prompt")
+    save_table(
+        cos_frame[cos_frame.measure.isin(["write_C", "write_other", "delta_C", "delta_other"])],
+        run.out,
+        "02_mlp_cosines_per_prompt",
+    )
     save_table(cos_points, run.out, "02_mlp_cosine_points")
     fig = plots.cosine_curves({model: cos_summary}, {model: key_layers}, {model: cos_points})
     save_figure(fig, run.out, "02_mlp_cosines")
@@ -263,10 +281,14 @@ else:
 # answers them (stated below). The heatmap's columns are the single-token numbers
 # 0..max(9, C + 5).
 
+
 # %%
 def case_study(loaded, op, a, b):
-    recs = [replace(r, counterfactual=None) for r in ds.zhang_prompts(ops=[op], templates=[0], fewshot=fewshot)
-            if r.a == a and r.b == b]
+    recs = [
+        replace(r, counterfactual=None)
+        for r in ds.zhang_prompts(ops=[op], templates=[0], fewshot=fewshot)
+        if r.a == a and r.b == b
+    ]
     if not recs:
         raise ValueError(f"{a} {op} {b} is not a Zhang prompt with operands 1..9")
     ps = ds.PromptSet.build(recs, loaded.tokenizer)
@@ -278,9 +300,17 @@ def case_study(loaded, op, a, b):
     proj = probing.number_projection(cache, 0, W_U, numbers)
     proj_out = probing.number_projection(cache, 0, W_U, numbers, vector="mlp_out")
     c_num = c if c in numbers else int(str(c)[0])  # per-digit tokenizers: the answer's first digit
-    return {"text": recs[0].text, "answer": c, "answer_number": c_num, "correct": bool(cache.correct[0]),
-            "projection": proj, "top": probing.top_numbers(proj, 3), "c2f": probing.coarse_to_fine(proj, c_num),
-            "projection_out": proj_out, "c2f_out": probing.coarse_to_fine(proj_out, c_num)}
+    return {
+        "text": recs[0].text,
+        "answer": c,
+        "answer_number": c_num,
+        "correct": bool(cache.correct[0]),
+        "projection": proj,
+        "top": probing.top_numbers(proj, 3),
+        "c2f": probing.coarse_to_fine(proj, c_num),
+        "projection_out": proj_out,
+        "c2f_out": probing.coarse_to_fine(proj_out, c_num),
+    }
 
 
 t0 = time.perf_counter()
@@ -289,18 +319,37 @@ timings["cases"] = time.perf_counter() - t0
 case_rows = []
 for i, res in enumerate(case_results[model]):
     tag = f"case{i + 1}"
-    save_table(pd.concat([res["projection"].assign(vector="MLP_out - MLP_in"),
-                          res["projection_out"].assign(vector="MLP_out")]).assign(case=res["text"].strip()),
-               run.out, f"02_case_projection_{tag}")
-    title = f"{plots.short_name(model)}: '{res['text'].strip()}' (answer {res['answer']}, model correct: {res['correct']})"
-    save_figure(plots.number_heatmap(res["projection"], res["answer_number"], title=title), run.out, f"02_case_heatmap_{tag}")
-    save_figure(plots.number_heatmap(res["projection_out"], res["answer_number"], title=title, vector_label="MLP_out"),
-                run.out, f"02_case_heatmap_{tag}_mlp_out")
+    save_table(
+        pd.concat(
+            [res["projection"].assign(vector="MLP_out - MLP_in"), res["projection_out"].assign(vector="MLP_out")]
+        ).assign(case=res["text"].strip()),
+        run.out,
+        f"02_case_projection_{tag}",
+    )
+    title = (
+        f"{plots.short_name(model)}: '{res['text'].strip()}' (answer {res['answer']}, model correct: {res['correct']})"
+    )
+    save_figure(
+        plots.number_heatmap(res["projection"], res["answer_number"], title=title), run.out, f"02_case_heatmap_{tag}"
+    )
+    save_figure(
+        plots.number_heatmap(res["projection_out"], res["answer_number"], title=title, vector_label="MLP_out"),
+        run.out,
+        f"02_case_heatmap_{tag}_mlp_out",
+    )
     for vec, c2f in (("MLP_out - MLP_in", res["c2f"]), ("MLP_out", res["c2f_out"])):
-        case_rows.append({"case": res["text"].strip(), "vector": vec, "answer": res["answer"], "model_correct": res["correct"],
-                          "answer_rank_by_layer": c2f["rank_by_layer"],
-                          "first_layer_answer_top1_to_end": c2f["first_top1"],
-                          "neighbour_in_top3_before": c2f["neighbour_top_layers"], "coarse_to_fine": c2f["coarse_to_fine"]})
+        case_rows.append(
+            {
+                "case": res["text"].strip(),
+                "vector": vec,
+                "answer": res["answer"],
+                "model_correct": res["correct"],
+                "answer_rank_by_layer": c2f["rank_by_layer"],
+                "first_layer_answer_top1_to_end": c2f["first_top1"],
+                "neighbour_in_top3_before": c2f["neighbour_top_layers"],
+                "coarse_to_fine": c2f["coarse_to_fine"],
+            }
+        )
     display(res["top"].set_index("layer").T)
 case_table = pd.DataFrame(case_rows)
 save_table(case_table, run.out, "02_case_summary")
@@ -317,7 +366,9 @@ profiles = {}
 for name, loaded in models.items():
     if cos_results[name] is None:
         continue
-    profiles[name] = probing.distance_profile(sets[name][3], sets[name][2], probing.unembed_matrix(loaded.bridge), cos_results[name][3])
+    profiles[name] = probing.distance_profile(
+        sets[name][3], sets[name][2], probing.unembed_matrix(loaded.bridge), cos_results[name][3]
+    )
 if profiles:
     save_table(profiles[model], run.out, "02_distance_profile")
     fig = plots.distance_curves({model: profiles[model]})
@@ -331,6 +382,7 @@ if profiles:
 # needs only the answer's column of W_U and runs on all correct prompts. The DLA
 # contributions of each prompt sum to its answer logit (checked below).
 
+
 # %%
 def lens_study(loaded, ps, cache):
     if len(ps) == 0:
@@ -339,7 +391,13 @@ def lens_study(loaded, ps, cache):
     lens_frame = lens.logit_lens_answer(loaded.bridge, cache.subset(idx), ps.subset(idx))
     dla = lens.direct_logit_attribution_answer(loaded.bridge, cache, ps)
     err = lens.dla_reconstruction_error(dla, cache)
-    return lens_frame, lens.lens_summary(lens_frame), dla, probing.summarise_curves(dla, by=("component", "layer"), value="dla"), err
+    return (
+        lens_frame,
+        lens.lens_summary(lens_frame),
+        dla,
+        probing.summarise_curves(dla, by=("component", "layer"), value="dla"),
+        err,
+    )
 
 
 t0 = time.perf_counter()
@@ -354,8 +412,10 @@ else:
     save_table(dla_sum, run.out, "02_dla")
     save_figure(plots.lens_curves({model: lens_sum}), run.out, "02_logit_lens")
     save_figure(plots.dla_curves({model: dla_sum}, {model: key_layers}), run.out, "02_dla")
-    print(f"logit lens on {lens_frame.prompt.nunique()} prompts; DLA on {dla.prompt.nunique()} prompts, "
-          f"largest |sum of contributions - answer logit| = {dla_err:.2e}")
+    print(
+        f"logit lens on {lens_frame.prompt.nunique()} prompts; DLA on {dla.prompt.nunique()} prompts, "
+        f"largest |sum of contributions - answer logit| = {dla_err:.2e}"
+    )
 
 
 # %% [markdown]
@@ -369,10 +429,17 @@ else:
 # out (grouped split: a pair never sits on both sides). The baseline is the same probe
 # trained on shuffled labels.
 
+
 # %%
 def probe_study(loaded):
-    recs = ds.yu_prompts(ops=probe_ops, n_digits=2, n_per_template=probe_n_per_template, seed=seed,
-                         fewshot=fewshot, templates=probe_templates)
+    recs = ds.yu_prompts(
+        ops=probe_ops,
+        n_digits=2,
+        n_per_template=probe_n_per_template,
+        seed=seed,
+        fewshot=fewshot,
+        templates=probe_templates,
+    )
     ps = ds.PromptSet.build(recs, loaded.tokenizer)
     cache = probing.cache_answer_position(loaded.bridge, ps, kinds=["resid_pre", "resid_post"], batch_size=batch_size)
     stack, layer_ids = lens.lens_stack(cache)
@@ -389,8 +456,10 @@ save_table(probes, run.out, "02_probes")
 best = probing.best_layers(probes)
 save_table(best, run.out, "02_probes_best")
 save_figure(plots.probe_curves({model: probes}), run.out, "02_probes")
-print(f"{n_probe} probe prompts ({int(best.n_train[0])} train / {int(best.n_test[0])} held out); "
-      f"model accuracy on them {probe_acc:.0%}")
+print(
+    f"{n_probe} probe prompts ({int(best.n_train[0])} train / {int(best.n_test[0])} held out); "
+    f"model accuracy on them {probe_acc:.0%}"
+)
 display(best)
 
 # %% [markdown]
@@ -410,26 +479,44 @@ if compare_model:
     lens_results[compare_model] = lens_study(other, sets[compare_model][2], sets[compare_model][3])
     probe_results[compare_model] = probe_study(other)
     if cos_results[compare_model] is not None:
-        profiles[compare_model] = probing.distance_profile(sets[compare_model][3], sets[compare_model][2],
-                                                     probing.unembed_matrix(other.bridge), cos_results[compare_model][3])
+        profiles[compare_model] = probing.distance_profile(
+            sets[compare_model][3],
+            sets[compare_model][2],
+            probing.unembed_matrix(other.bridge),
+            cos_results[compare_model][3],
+        )
     timings[f"compare model {compare_model}"] = time.perf_counter() - t0
     both = [m for m in models if cos_results[m] is not None]
     if len(both) == 2:
-        save_figure(plots.cosine_curves({m: cos_results[m][1] for m in both}, {model: key_layers},
-                                     {m: cos_results[m][2] for m in both}), run.out, "02_compare_mlp_cosines")
+        save_figure(
+            plots.cosine_curves(
+                {m: cos_results[m][1] for m in both}, {model: key_layers}, {m: cos_results[m][2] for m in both}
+            ),
+            run.out,
+            "02_compare_mlp_cosines",
+        )
         save_figure(plots.distance_curves({m: profiles[m] for m in both}), run.out, "02_compare_distance_profile")
         save_table(pd.concat([cos_results[m][2].assign(model=m) for m in both]), run.out, "02_compare_cosine_points")
     lensed = [m for m in models if lens_results[m] is not None]
     save_figure(plots.lens_curves({m: lens_results[m][1] for m in lensed}), run.out, "02_compare_logit_lens")
     save_figure(plots.dla_curves({m: lens_results[m][3] for m in lensed}), run.out, "02_compare_dla")
     save_figure(plots.probe_curves({m: probe_results[m][0] for m in models}), run.out, "02_compare_probes")
-    save_table(pd.concat([probing.best_layers(probe_results[m][0]).assign(model=m) for m in models]), run.out,
-               "02_compare_probes_best")
+    save_table(
+        pd.concat([probing.best_layers(probe_results[m][0]).assign(model=m) for m in models]),
+        run.out,
+        "02_compare_probes_best",
+    )
     for i in range(len(cases)):
         res = case_results[compare_model][i]
-        save_figure(plots.number_heatmap(res["projection"], res["answer_number"],
-                                      title=f"{plots.short_name(compare_model)}: '{res['text'].strip()}' (model correct: {res['correct']})"),
-                    run.out, f"02_compare_case_heatmap_case{i + 1}")
+        save_figure(
+            plots.number_heatmap(
+                res["projection"],
+                res["answer_number"],
+                title=f"{plots.short_name(compare_model)}: '{res['text'].strip()}' (model correct: {res['correct']})",
+            ),
+            run.out,
+            f"02_compare_case_heatmap_case{i + 1}",
+        )
 else:
     print("compare_model is None: section 5 is skipped")
 
@@ -443,77 +530,117 @@ timing_table
 # %% [markdown]
 # ## What this run found
 
+
 # %%
 def findings(name: str) -> list[str]:
     out = [f"**{name}** ({models[name].info.n_layers} layers)"]
-    ps_a, cache_a, ps_k = sets[name][0], sets[name][1], sets[name][2]
-    out.append(f"- Reference set: {len(ps_k)} of {len(ps_a)} Zhang prompts answered correctly "
-               f"({len(ps_k) / len(ps_a):.0%}), {fewshot}-shot.")
+    ps_a, ps_k = sets[name][0], sets[name][2]
+    out.append(
+        f"- Reference set: {len(ps_k)} of {len(ps_a)} Zhang prompts answered correctly "
+        f"({len(ps_k) / len(ps_a):.0%}), {fewshot}-shot."
+    )
     cr = cos_results[name]
     if cr is None:
         out.append("- No correct prompts, so the cosine curves, the logit lens and DLA were skipped.")
     else:
         summ, pts = cr[1], cr[2].set_index("measure")
+
         def fmt(m):
             r = pts.loc[m]
             peak_val = summ[(summ.measure == m) & (summ.layer == r.peak)]["mean"].item()
-            return (f"start {int(r.start)}, inflection {int(r.inflection)}, peak {int(r.peak)} "
-                    f"(mean cos {peak_val:.3f}), end {int(r.end)}")
+            return (
+                f"start {int(r.start)}, inflection {int(r.inflection)}, peak {int(r.peak)} "
+                f"(mean cos {peak_val:.3f}), end {int(r.end)}"
+            )
+
         out.append(f"- cos(MLP_in, W_U[A]): {fmt('in_A')}; cos(MLP_in, W_U[B]): {fmt('in_B')}.")
-        out.append(f"- Operands over the other numbers (excess cosine): MLP_in·A {fmt('in_A_x')}; "
-                   f"MLP_in·B {fmt('in_B_x')}.")
+        out.append(
+            f"- Operands over the other numbers (excess cosine): MLP_in·A {fmt('in_A_x')}; MLP_in·B {fmt('in_B_x')}."
+        )
         out.append(f"- cos(MLP_out, W_U[A]): {fmt('out_A')}; cos(MLP_out, W_U[B]): {fmt('out_B')}.")
-        out.append(f"- The MLP's write, cos(resid_post − resid_mid, W_U[C]) (the verdict's reading): "
-                   f"{fmt('write_C')}; the falling curve cos(resid_post − resid_mid, W_U[other]) (rule on its "
-                   f"negation): {fmt('write_other')}.")
-        out.append(f"- Literal cos(MLP_out − MLP_in, W_U[C]) (sensitivity reading): {fmt('delta_C')}; the falling "
-                   f"curve cos(MLP_out − MLP_in, W_U[other]) (rule on its negation): {fmt('delta_other')}.")
-        out.append(f"- Answer over the other numbers (excess cosine): the MLP's write {fmt('write_C_x')}; "
-                   f"MLP_out − MLP_in {fmt('delta_C_x')}.")
-        for vec, c_m, o_m in (("the MLP's write", "write_C", "write_other"), ("MLP_out − MLP_in", "delta_C", "delta_other")):
+        out.append(
+            f"- The MLP's write, cos(resid_post − resid_mid, W_U[C]) (the verdict's reading): "
+            f"{fmt('write_C')}; the falling curve cos(resid_post − resid_mid, W_U[other]) (rule on its "
+            f"negation): {fmt('write_other')}."
+        )
+        out.append(
+            f"- Literal cos(MLP_out − MLP_in, W_U[C]) (sensitivity reading): {fmt('delta_C')}; the falling "
+            f"curve cos(MLP_out − MLP_in, W_U[other]) (rule on its negation): {fmt('delta_other')}."
+        )
+        out.append(
+            f"- Answer over the other numbers (excess cosine): the MLP's write {fmt('write_C_x')}; "
+            f"MLP_out − MLP_in {fmt('delta_C_x')}."
+        )
+        for vec, c_m, o_m in (
+            ("the MLP's write", "write_C", "write_other"),
+            ("MLP_out − MLP_in", "delta_C", "delta_other"),
+        ):
             c_last = summ[(summ.measure == c_m)].sort_values("layer")["mean"].to_numpy()
             o_last = summ[(summ.measure == o_m)].sort_values("layer")["mean"].to_numpy()
             above = [i for i in range(len(c_last)) if c_last[i] > o_last[i]]
-            out.append(f"- {vec[0].upper() + vec[1:]} is more aligned with W_U[C] than with the mean other number at "
-                       f"{len(above)} of {len(c_last)} layers; largest gap {max(c_last - o_last):.3f} at layer "
-                       f"{int((c_last - o_last).argmax())}.")
+            out.append(
+                f"- {vec[0].upper() + vec[1:]} is more aligned with W_U[C] than with the mean other number at "
+                f"{len(above)} of {len(c_last)} layers; largest gap {max(c_last - o_last):.3f} at layer "
+                f"{int((c_last - o_last).argmax())}."
+            )
         if name == model and key_layers:
             for m in ("in_A", "in_A_x", "in_B_x"):
                 r = pts.loc[m]
                 inside = [layer for layer in key_layers if r.start <= layer <= r.peak]
-                out.append(f"- Key heads of notebook 01 sit in layers {key_layers}; {len(inside)} of those "
-                           f"{len(key_layers)} layers lie in the climb of {probing.COSINE_MEASURES[m][2]} "
-                           f"(layers {int(r.start)}..{int(r.peak)}).")
+                out.append(
+                    f"- Key heads of notebook 01 sit in layers {key_layers}; {len(inside)} of those "
+                    f"{len(key_layers)} layers lie in the climb of {probing.COSINE_MEASURES[m][2]} "
+                    f"(layers {int(r.start)}..{int(r.peak)})."
+                )
         elif name == model and key_heads is not None:
             out.append("- Notebook 01 found no key heads (pooled effect < -5 %): no comparison with key-head layers.")
         elif name == model:
             out.append("- No 01_path_patching.csv in the figures folder: no comparison with key-head layers.")
-    for res, (vec, c2f) in [(res, pair) for res in case_results[name]
-                            for pair in (("MLP_out − MLP_in", res["c2f"]), ("MLP_out", res["c2f_out"]))]:
-        when = (f"is the top-1 number of {vec} from layer {c2f['first_top1']} to the last layer"
-                if c2f["first_top1"] is not None else f"is not the top-1 number of {vec} at the last layer")
-        out.append(f"- Case '{res['text'].strip()}' (answer {res['answer']}, model correct: {res['correct']}): the answer "
-                   f"{res['answer_number']} {when} (its rank among the numbers per layer: {c2f['rank_by_layer']}); "
-                   f"a neighbour (C ± 1) is in the top 3 before that at layers {c2f['neighbour_top_layers'] or 'none'}; "
-                   f"coarse-to-fine by the stated rule: {c2f['coarse_to_fine']}.")
+    for res, (vec, c2f) in [  # noqa: B020 (res: each case's result, paired)
+        (res, pair)
+        for res in case_results[name]
+        for pair in (("MLP_out − MLP_in", res["c2f"]), ("MLP_out", res["c2f_out"]))
+    ]:
+        when = (
+            f"is the top-1 number of {vec} from layer {c2f['first_top1']} to the last layer"
+            if c2f["first_top1"] is not None
+            else f"is not the top-1 number of {vec} at the last layer"
+        )
+        out.append(
+            f"- Case '{res['text'].strip()}' (answer {res['answer']}, model correct: {res['correct']}): the answer "
+            f"{res['answer_number']} {when} (its rank among the numbers per layer: {c2f['rank_by_layer']}); "
+            f"a neighbour (C ± 1) is in the top 3 before that at layers {c2f['neighbour_top_layers'] or 'none'}; "
+            f"coarse-to-fine by the stated rule: {c2f['coarse_to_fine']}."
+        )
     lr = lens_results[name]
     if lr is not None:
         ls, dsum = lr[1], lr[3]
         first = lens.first_layer_reaching(ls, "top1", 0.5)
-        out.append(f"- Logit lens: the answer is the top-1 token for at least half of the prompts from layer "
-                   f"{first} on; at the last layer for {ls.sort_values('layer').top1.iloc[-1]:.0%}; median rank at "
-                   f"the middle layer {int(ls.sort_values('layer').median_rank.iloc[len(ls) // 2])}.")
+        out.append(
+            f"- Logit lens: the answer is the top-1 token for at least half of the prompts from layer "
+            f"{first} on; at the last layer for {ls.sort_values('layer').top1.iloc[-1]:.0%}; median rank at "
+            f"the middle layer {int(ls.sort_values('layer').median_rank.iloc[len(ls) // 2])}."
+        )
         mlp = dsum[dsum.component == "mlp"].sort_values("mean", ascending=False).head(3)
         attn = dsum[dsum.component == "attn"].sort_values("mean", ascending=False).head(3)
-        out.append("- DLA: largest mean MLP contributions to the answer logit at layers "
-                   + ", ".join(f"{int(r.layer)} ({r['mean']:+.2f})" for _, r in mlp.iterrows())
-                   + "; attention at layers " + ", ".join(f"{int(r.layer)} ({r['mean']:+.2f})" for _, r in attn.iterrows()) + ".")
+        out.append(
+            "- DLA: largest mean MLP contributions to the answer logit at layers "
+            + ", ".join(f"{int(r.layer)} ({r['mean']:+.2f})" for _, r in mlp.iterrows())
+            + "; attention at layers "
+            + ", ".join(f"{int(r.layer)} ({r['mean']:+.2f})" for _, r in attn.iterrows())
+            + "."
+        )
     pr, n_pr, acc_pr = probe_results[name]
     bl = probing.best_layers(pr)
-    parts = [f"{probing.PROBE_TARGETS[r.target][1]}: {r.metric} {r.score:.2f} at layer {int(r.layer)} (shuffled {r.baseline:.2f})"
-             for _, r in bl.iterrows()]
-    out.append(f"- Probes ({n_pr} Yu 2-digit prompts, {', '.join(probe_ops)}; model accuracy {acc_pr:.0%}): "
-               + "; ".join(parts) + ".")
+    parts = [
+        f"{probing.PROBE_TARGETS[r.target][1]}: {r.metric} {r.score:.2f} at layer {int(r.layer)} (shuffled {r.baseline:.2f})"
+        for _, r in bl.iterrows()
+    ]
+    out.append(
+        f"- Probes ({n_pr} Yu 2-digit prompts, {', '.join(probe_ops)}; model accuracy {acc_pr:.0%}): "
+        + "; ".join(parts)
+        + "."
+    )
     return out
 
 

@@ -116,31 +116,31 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
-device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
+dtype = "auto"  # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
+device_map = None  # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
 out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
-fewshot = 2              # solved examples in the prefix (the query's own template)
-mode = "auto"            # importance: "exact", "two_stage", or "auto" (exact on a GPU or a small model)
-n_candidates = 200       # two-stage: exact importance for this many neurons per case (2 x the largest K)
-norm_reading = "final"   # how CNA reads a vector through the final norm: "final" (the authors') or "own" (variant)
-n_sensitivity = 16       # + / - cases scored in the other norm reading too (section 1b)
-recall_factor = 4        # two-stage check on the case: a pool this many times larger
+fewshot = 2  # solved examples in the prefix (the query's own template)
+mode = "auto"  # importance: "exact", "two_stage", or "auto" (exact on a GPU or a small model)
+n_candidates = 200  # two-stage: exact importance for this many neurons per case (2 x the largest K)
+norm_reading = "final"  # how CNA reads a vector through the final norm: "final" (the authors') or "own" (variant)
+n_sensitivity = 16  # + / - cases scored in the other norm reading too (section 1b)
+recall_factor = 4  # two-stage check on the case: a pool this many times larger
 top_ks = [99, 50, 30, 20, 10]
-case = "3+5"             # the case of Table 4 ("a+b" or "a-b")
-n_show = 3               # neurons shown in Table 4
-dag_k = 10               # neurons in the case's prediction-enhancing DAG
-concept_top = 50         # Yu Sec. 4.4: concepts counted among the top-50 projected tokens
+case = "3+5"  # the case of Table 4 ("a+b" or "a-b")
+n_show = 3  # neurons shown in Table 4
+dag_k = 10  # neurons in the case's prediction-enhancing DAG
+concept_top = 50  # Yu Sec. 4.4: concepts counted among the top-50 projected tokens
 ms = [0, 1, 2, 3]
-n_random_seeds = 10     # random controls: independent draws per K / M (mask, keep, lowest neuron, PE-DAG, shallow)
-control_ks = [99, 10]   # K with random mask / keep / lowest-neuron controls (each K: 3 x n_random_seeds more passes)
-control_ms = [2]        # M with n_random_seeds random shallow sets (the others: one, as Table 8; each a full pass)
-n_quick = 24             # cases per operator group in quick mode
+n_random_seeds = 10  # random controls: independent draws per K / M (mask, keep, lowest neuron, PE-DAG, shallow)
+control_ks = [99, 10]  # K with random mask / keep / lowest-neuron controls (each K: 3 x n_random_seeds more passes)
+control_ms = [2]  # M with n_random_seeds random shallow sets (the others: one, as Table 8; each a full pass)
+n_quick = 24  # cases per operator group in quick mode
 batch_size = 64
 specific_head_chain = True  # also run the chain on a group's best arithmetic-specific head when its key head is not one
-use_cache = True         # store each long section in ~/.cache/arithlib/sections: a stopped run resumes there
-                         # (arithlib.run.stored; the key holds the model, cases, parameters and code)
+use_cache = True  # store each long section in ~/.cache/arithlib/sections: a stopped run resumes there
+# (arithlib.run.stored; the key holds the model, cases, parameters and code)
 
 # %%
 import time
@@ -149,18 +149,18 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
+import arithlib.core.datasets as ds
 import arithlib.methods.answer_runs as answer_runs
+import arithlib.plots.cna as plots
+import arithlib.report as R
 import arithlib.yu.cna as C
 import arithlib.yu.cna_norm as cna_norm
+import arithlib.yu.head_specificity as HSP
+import arithlib.yu.head_sweep as HS
 import arithlib.yu.mask_keep as masking
 import arithlib.yu.pe_dag as pe_dag
 import arithlib.yu.shallow_neurons as shallow_neurons
-import arithlib.core.datasets as ds
-import arithlib.yu.head_specificity as HSP
-import arithlib.yu.head_sweep as HS
 import arithlib.zhang.transfer_sets as TS
-import arithlib.plots.cna as plots
-import arithlib.report as R
 from arithlib.core import papers
 from arithlib.methods.ablation import zero_heads_hooks
 from arithlib.run.outputs import save_figure, save_table
@@ -169,15 +169,37 @@ from arithlib.run.runs import start_run
 from arithlib.run.stored import Store
 
 t_start = time.time()
-run = start_run("04_cna", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, fewshot=fewshot, mode=mode, n_candidates=n_candidates,
-                top_ks=top_ks, case=case, concept_top=concept_top, ms=ms, n_random_seeds=n_random_seeds,
-                control_ks=control_ks, control_ms=control_ms, norm_reading=norm_reading, n_sensitivity=n_sensitivity)
+run = start_run(
+    "04_cna",
+    model,
+    device,
+    seed,
+    out_dir,
+    quick,
+    dtype=dtype,
+    device_map=device_map,
+    fewshot=fewshot,
+    mode=mode,
+    n_candidates=n_candidates,
+    top_ks=top_ks,
+    case=case,
+    concept_top=concept_top,
+    ms=ms,
+    n_random_seeds=n_random_seeds,
+    control_ks=control_ks,
+    control_ms=control_ms,
+    norm_reading=norm_reading,
+    n_sensitivity=n_sensitivity,
+)
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 mode_used = C.resolve_mode(bridge, mode)
 store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)  # long sections
 timings, reused = {}, {}  # per step: seconds in this run; seconds its results took when stored by an earlier run
 print(info)
-print(f"importance mode: {mode_used}" + (f" ({n_candidates} exact candidates per case)" if mode_used == "two_stage" else ""))
+print(
+    f"importance mode: {mode_used}"
+    + (f" ({n_candidates} exact candidates per case)" if mode_used == "two_stage" else "")
+)
 print(f"random controls: {n_random_seeds} seeds")
 
 # %% [markdown]
@@ -192,12 +214,16 @@ head_table = C.key_head_table(sweep_path, selected, groups, n_digits=1)
 save_table(head_table, run.out, "04_key_heads")
 for r in selected.itertuples():
     if r.lowers_1d:
-        print(f"{r.group}: key head L{r.layer}H{r.head}, mean 1D accuracy drop {r.score:.1%} over {r.settings_measured} "
-              f"of {r.settings_total} operators (notebook 01's exact sweep)")
+        print(
+            f"{r.group}: key head L{r.layer}H{r.head}, mean 1D accuracy drop {r.score:.1%} over {r.settings_measured} "
+            f"of {r.settings_total} operators (notebook 01's exact sweep)"
+        )
     else:
-        print(f"{r.group}: NO head of notebook 01's exact sweep lowers 1D accuracy: Yu's premise does not hold for "
-              f"{model}. Comparison head by the fallback rule: L{r.layer}H{r.head}, mean accuracy drop {r.score:.1%} "
-              f"over {r.settings_measured} of {r.settings_total} settings (1-3 digits).")
+        print(
+            f"{r.group}: NO head of notebook 01's exact sweep lowers 1D accuracy: Yu's premise does not hold for "
+            f"{model}. Comparison head by the fallback rule: L{r.layer}H{r.head}, mean accuracy drop {r.score:.1%} "
+            f"over {r.settings_measured} of {r.settings_total} settings (1-3 digits)."
+        )
 head_table
 
 # %% [markdown]
@@ -208,16 +234,20 @@ head_table
 # answers correctly (whole answer, then stop) are kept; w is the first answer token.
 
 # %%
-records = {"+-": ds.yu_prompts(ops=["+", "-"], n_digits=1, n_per_template=None, templates=[3], fewshot=fewshot),
-           "/": C.yu_division_1d(fewshot=fewshot)}
+records = {
+    "+-": ds.yu_prompts(ops=["+", "-"], n_digits=1, n_per_template=None, templates=[3], fewshot=fewshot),
+    "/": C.yu_division_1d(fewshot=fewshot),
+}
 cases = {}
 for g, recs in records.items():
     ps = ds.PromptSet.build(recs, tok)
     ok = answer_runs.correct_mask(bridge, ps, "full", batch_size=batch_size)
     sub = ps.subset(ok)
     if quick and len(sub) > n_quick:
-        keep = sorted(set(torch.linspace(0, len(sub) - 1, n_quick).round().long().tolist())
-                      | {i for i, r in enumerate(sub.records) if f"{r.a}{r.op}{r.b}" == case})
+        keep = sorted(
+            set(torch.linspace(0, len(sub) - 1, n_quick).round().long().tolist())
+            | {i for i, r in enumerate(sub.records) if f"{r.a}{r.op}{r.b}" == case}
+        )
         sub = sub.subset(keep)
     cases[g] = sub
     print(f"{g}: {int(ok.sum())} of {len(ps)} correct; analysing {len(sub)}")
@@ -245,8 +275,9 @@ pattern_ops = sorted({o for ops in groups.values() for o in ops} | {HSP.OTHER_OP
 candidate_heads = HSP.candidate_heads(sweep_path, groups)
 candidate_heads = {g: sorted(set(hs) | {heads[g]}) for g, hs in candidate_heads.items()}
 measured = sorted({h for hs in candidate_heads.values() for h in hs})
-pattern_ps, _ = TS.build_tolerant(ds.yu_prompts(pattern_ops, n_digits=1, n_per_template=None, seed=seed, fewshot=fewshot,
-                                                templates=[3]), tok)
+pattern_ps, _ = TS.build_tolerant(
+    ds.yu_prompts(pattern_ops, n_digits=1, n_per_template=None, seed=seed, fewshot=fewshot, templates=[3]), tok
+)
 pattern_rows = HS.exact_head_sweep(bridge, pattern_ps, heads=measured, progress=False)
 pattern_facts = HS.specificity(bridge, tok, {f"L{l}H{h}": (l, h) for l, h in measured})
 patterns = HSP.head_patterns(pattern_rows, pattern_facts, groups, candidate_heads)
@@ -262,9 +293,11 @@ for r in specific_heads.itertuples():
         sg = HSP.specific_chain_group(r.group)
         heads[sg], cases[sg], chain_of[sg] = (int(r.layer), int(r.head)), cases[r.group], r.group
         active.append(sg)
-        print(f"{r.group}: key head L{heads[r.group][0]}H{heads[r.group][1]} is not the best specific head; the chain also "
-              f"runs on L{r.layer}H{r.head} (own 1D drop {r.own_drop:.0%}, * {r.times_drop:.0%}, factual recall "
-              f"{r.factual_drop:+.0%}) as group {sg!r}")
+        print(
+            f"{r.group}: key head L{heads[r.group][0]}H{heads[r.group][1]} is not the best specific head; the chain also "
+            f"runs on L{r.layer}H{r.head} (own 1D drop {r.own_drop:.0%}, * {r.times_drop:.0%}, factual recall "
+            f"{r.factual_drop:+.0%}) as group {sg!r}"
+        )
 paper_group = {g: chain_of.get(g, g) for g in active}
 patterns.round(3)
 
@@ -285,22 +318,43 @@ cna_norm.check_norm_reading(norm_reading)
 
 def cna_inputs(g):
     """Everything results[g] is computed from: part of the key of every stored step that reads it."""
-    return dict(model=bridge, prompts=cases[g], head=heads[g], mode=mode_used, n_candidates=n_candidates,
-                batch_size=batch_size, norm_reading=norm_reading)
+    return dict(
+        model=bridge,
+        prompts=cases[g],
+        head=heads[g],
+        mode=mode_used,
+        n_candidates=n_candidates,
+        batch_size=batch_size,
+        norm_reading=norm_reading,
+    )
 
 
 t0, r0 = time.time(), store.reused_seconds
 for g in active:
-    results[g] = store(f"CNA {g}", lambda: C.cna_compare(bridge, cases[g], zero_heads_hooks([heads[g]]), mode=mode_used,
-                                                          n_candidates=n_candidates, batch_size=batch_size,
-                                                          norm_reading=norm_reading),
-                       code=cna_code, **cna_inputs(g))
-    print(f"{g}: head L{heads[g][0]}.H{heads[g][1]}, layers scored {results[g].layers[0]}..{results[g].layers[-1]}, "
-          f"accuracy {results[g].run_a.accuracy:.0%} -> {results[g].run_b.accuracy:.0%} (first token) with the head zeroed; "
-          f"'keep' keeps these layers")
+    results[g] = store(
+        f"CNA {g}",
+        lambda: C.cna_compare(
+            bridge,
+            cases[g],
+            zero_heads_hooks([heads[g]]),
+            mode=mode_used,
+            n_candidates=n_candidates,
+            batch_size=batch_size,
+            norm_reading=norm_reading,
+        ),
+        code=cna_code,
+        **cna_inputs(g),
+    )
+    print(
+        f"{g}: head L{heads[g][0]}.H{heads[g][1]}, layers scored {results[g].layers[0]}..{results[g].layers[-1]}, "
+        f"accuracy {results[g].run_a.accuracy:.0%} -> {results[g].run_b.accuracy:.0%} (first token) with the head zeroed; "
+        f"'keep' keeps these layers"
+    )
 cna_seconds = timings["CNA"] = time.time() - t0
 reused["CNA"] = store.reused_seconds - r0
-print(f"CNA took {cna_seconds:.0f} s" + (f" (+ {reused['CNA']:.0f} s in an earlier run, loaded)" if reused["CNA"] else ""))
+print(
+    f"CNA took {cna_seconds:.0f} s" + (f" (+ {reused['CNA']:.0f} s in an earlier run, loaded)" if reused["CNA"] else "")
+)
 
 # %% [markdown]
 # ## 1. Table 4: the case's top neurons
@@ -321,10 +375,15 @@ else:
     case_text, case_answer = rec.text.strip(), tok.decode([int(results["+-"].targets[case_idx])])
     table4 = results["+-"].top_frame(case_idx, max(n_show, dag_k), tokenizer=tok, model=bridge)
     answer_concept = shallow_neurons.concept_of(case_answer)
-    table4["holds_answer"] = [answer_concept in {shallow_neurons.concept_of(t) for t in s.split(", ")} for s in table4.top_tokens]
+    table4["holds_answer"] = [
+        answer_concept in {shallow_neurons.concept_of(t) for t in s.split(", ")} for s in table4.top_tokens
+    ]
     save_table(table4, run.out, "04_case_top_neurons")
-    fig = plots.case_neurons(table4.head(max(n_show, 5)), f'{model}: top CNA neurons for "{case_text}" → "{case_answer}"',
-                         label_b=f"head L{heads['+-'][0]}.H{heads['+-'][1]} zeroed")
+    fig = plots.case_neurons(
+        table4.head(max(n_show, 5)),
+        f'{model}: top CNA neurons for "{case_text}" → "{case_answer}"',
+        label_b=f"head L{heads['+-'][0]}.H{heads['+-'][1]} zeroed",
+    )
     save_figure(fig, run.out, "04_case_neurons")
     display(table4.head(n_show))
 
@@ -340,21 +399,54 @@ else:
 sensitivity = pd.DataFrame()
 if case_idx is not None and n_sensitivity > 0:
     other_reading = [r for r in cna_norm.NORM_READINGS if r != norm_reading][0]
-    sens_idx = sorted({case_idx, *[i for i in range(len(pm)) if i != case_idx][:n_sensitivity - 1]})
+    sens_idx = sorted({case_idx, *[i for i in range(len(pm)) if i != case_idx][: n_sensitivity - 1]})
     sens_cases = pm.subset(sens_idx)
-    sens = {norm_reading: store(f"CNA {norm_reading} reading check", lambda: C.cna_compare(
-                bridge, sens_cases, zero_heads_hooks([heads["+-"]]), mode=mode_used, n_candidates=n_candidates,
-                batch_size=batch_size, norm_reading=norm_reading, progress=False),
-                code=cna_code, model=bridge, prompts=sens_cases, head=heads["+-"], mode=mode_used,
-                n_candidates=n_candidates, norm_reading=norm_reading),
-            other_reading: store(f"CNA {other_reading} reading check", lambda: C.cna_compare(
-                bridge, sens_cases, zero_heads_hooks([heads["+-"]]), mode=mode_used, n_candidates=n_candidates,
-                batch_size=batch_size, norm_reading=other_reading, progress=False),
-                code=cna_code, model=bridge, prompts=sens_cases, head=heads["+-"], mode=mode_used,
-                n_candidates=n_candidates, norm_reading=other_reading)}
+    sens = {
+        norm_reading: store(
+            f"CNA {norm_reading} reading check",
+            lambda: C.cna_compare(
+                bridge,
+                sens_cases,
+                zero_heads_hooks([heads["+-"]]),
+                mode=mode_used,
+                n_candidates=n_candidates,
+                batch_size=batch_size,
+                norm_reading=norm_reading,
+                progress=False,
+            ),
+            code=cna_code,
+            model=bridge,
+            prompts=sens_cases,
+            head=heads["+-"],
+            mode=mode_used,
+            n_candidates=n_candidates,
+            norm_reading=norm_reading,
+        ),
+        other_reading: store(
+            f"CNA {other_reading} reading check",
+            lambda: C.cna_compare(
+                bridge,
+                sens_cases,
+                zero_heads_hooks([heads["+-"]]),
+                mode=mode_used,
+                n_candidates=n_candidates,
+                batch_size=batch_size,
+                norm_reading=other_reading,
+                progress=False,
+            ),
+            code=cna_code,
+            model=bridge,
+            prompts=sens_cases,
+            head=heads["+-"],
+            mode=mode_used,
+            n_candidates=n_candidates,
+            norm_reading=other_reading,
+        ),
+    }
     sensitivity = cna_norm.reading_sensitivity(sens[norm_reading], sens[other_reading], top_ks, info.n_layers)
-    save_table(sensitivity.assign(reading=norm_reading, other_reading=other_reading), run.out,
-               "04_cna_norm_sensitivity")
+    save_table(
+        sensitivity.assign(reading=norm_reading, other_reading=other_reading), run.out, "04_cna_norm_sensitivity"
+    )
     display(sensitivity.groupby("k").mean(numeric_only=True).drop(columns="case").round(2))
 
 # %% [markdown]
@@ -366,11 +458,25 @@ if case_idx is not None and n_sensitivity > 0:
 recall = pd.DataFrame()
 if case_idx is not None and mode_used == "two_stage":
     one = pm.subset([case_idx])
-    big = store("CNA recall check", lambda: C.cna_compare(bridge, one, zero_heads_hooks([heads["+-"]]), mode="two_stage",
-                                                          n_candidates=n_candidates * recall_factor, progress=False),
-                code=cna_code, model=bridge, prompts=one, head=heads["+-"], n_candidates=n_candidates * recall_factor)
+    big = store(
+        "CNA recall check",
+        lambda: C.cna_compare(
+            bridge,
+            one,
+            zero_heads_hooks([heads["+-"]]),
+            mode="two_stage",
+            n_candidates=n_candidates * recall_factor,
+            progress=False,
+        ),
+        code=cna_code,
+        model=bridge,
+        prompts=one,
+        head=heads["+-"],
+        n_candidates=n_candidates * recall_factor,
+    )
     recall = C.candidate_recall(results["+-"], big, top_ks, [case_idx], [0]).assign(
-        n_candidates=n_candidates, n_candidates_large=n_candidates * recall_factor)
+        n_candidates=n_candidates, n_candidates_large=n_candidates * recall_factor
+    )
     save_table(recall, run.out, "04_candidate_check")
 recall
 
@@ -394,19 +500,46 @@ recall
 mk = []
 t0, r0 = time.time(), store.reused_seconds
 for g in active:
-    mk.append(store(f"mask keep {g}", lambda: masking.mask_keep_table(bridge, cases[g], results[g], top_ks, seed=seed,
-                                                                n_seeds=n_random_seeds, control_ks=control_ks,
-                                                                batch_size=batch_size),
-                    code=cna_code, top_ks=top_ks, seed=seed, n_seeds=n_random_seeds, control_ks=control_ks,
-                    **cna_inputs(g)).assign(group=g))
+    mk.append(
+        store(
+            f"mask keep {g}",
+            lambda: masking.mask_keep_table(
+                bridge,
+                cases[g],
+                results[g],
+                top_ks,
+                seed=seed,
+                n_seeds=n_random_seeds,
+                control_ks=control_ks,
+                batch_size=batch_size,
+            ),
+            code=cna_code,
+            top_ks=top_ks,
+            seed=seed,
+            n_seeds=n_random_seeds,
+            control_ks=control_ks,
+            **cna_inputs(g),
+        ).assign(group=g)
+    )
 timings["mask / keep"], reused["mask / keep"] = time.time() - t0, store.reused_seconds - r0
 mask_keep = pd.concat(mk, ignore_index=True) if mk else pd.DataFrame()
 if len(mask_keep):
     save_table(mask_keep, run.out, "04_mask_keep")
-    save_figure(plots.mask_keep(mask_keep, f"{model}: mask / keep the top CNA neurons (Yu Tables 5, 15)"), run.out, "04_mask_keep")
-    display(mask_keep.pivot_table(index=["group", "intervention"], columns="K", values="accuracy_decrease",
-                                  aggfunc="mean").round(1))
-    display(mask_keep[mask_keep.intervention == "mask"].pivot_table(index="group", columns="K", values="coef_decrease").round(1))
+    save_figure(
+        plots.mask_keep(mask_keep, f"{model}: mask / keep the top CNA neurons (Yu Tables 5, 15)"),
+        run.out,
+        "04_mask_keep",
+    )
+    display(
+        mask_keep.pivot_table(
+            index=["group", "intervention"], columns="K", values="accuracy_decrease", aggfunc="mean"
+        ).round(1)
+    )
+    display(
+        mask_keep[mask_keep.intervention == "mask"]
+        .pivot_table(index="group", columns="K", values="coef_decrease")
+        .round(1)
+    )
 
 # %% [markdown]
 # ## 3. Table 6 (+, -) and Table 16 (/): prediction enhancing among deep neurons
@@ -431,23 +564,49 @@ if len(mask_keep):
 low, low_cases, dag_cases = [], [], []
 t0, r0 = time.time(), store.reused_seconds
 for g in active:
-    s, pc = store(f"lowest neuron {g}", lambda: masking.lowest_neuron_table(bridge, cases[g], results[g], top_ks, seed=seed,
-                                                                      n_seeds=n_random_seeds, control_ks=control_ks,
-                                                                      batch_size=batch_size),
-                  code=cna_code, top_ks=top_ks, seed=seed, n_seeds=n_random_seeds, control_ks=control_ks, **cna_inputs(g))
+    s, pc = store(
+        f"lowest neuron {g}",
+        lambda: masking.lowest_neuron_table(
+            bridge,
+            cases[g],
+            results[g],
+            top_ks,
+            seed=seed,
+            n_seeds=n_random_seeds,
+            control_ks=control_ks,
+            batch_size=batch_size,
+        ),
+        code=cna_code,
+        top_ks=top_ks,
+        seed=seed,
+        n_seeds=n_random_seeds,
+        control_ks=control_ks,
+        **cna_inputs(g),
+    )
     low.append(s.assign(group=g))
     low_cases.append(pc.assign(group=g))
-    dag_cases.append(store(f"PE-DAG cases {g}", lambda: pe_dag.pe_dag_cases(bridge, results[g], k=dag_k, seed=seed,
-                                                                       n_seeds=n_random_seeds),
-                           code=cna_code, k=dag_k, seed=seed, n_seeds=n_random_seeds, **cna_inputs(g)).assign(group=g))
+    dag_cases.append(
+        store(
+            f"PE-DAG cases {g}",
+            lambda: pe_dag.pe_dag_cases(bridge, results[g], k=dag_k, seed=seed, n_seeds=n_random_seeds),
+            code=cna_code,
+            k=dag_k,
+            seed=seed,
+            n_seeds=n_random_seeds,
+            **cna_inputs(g),
+        ).assign(group=g)
+    )
 timings["lowest neuron, PE-DAG"], reused["lowest neuron, PE-DAG"] = time.time() - t0, store.reused_seconds - r0
 lowest = pd.concat(low, ignore_index=True) if low else pd.DataFrame()
 dag_all = pd.concat(dag_cases, ignore_index=True) if dag_cases else pd.DataFrame()
 if len(lowest):
     save_table(lowest, run.out, "04_lowest_neuron")
     save_table(pd.concat(low_cases, ignore_index=True), run.out, "04_lowest_neuron_per_case")
-    save_figure(plots.lowest_neuron_plot(lowest, f"{model}: zeroing the lowest top neuron (Yu Tables 6, 16)"), run.out,
-                "04_lowest_neuron")
+    save_figure(
+        plots.lowest_neuron_plot(lowest, f"{model}: zeroing the lowest top neuron (Yu Tables 6, 16)"),
+        run.out,
+        "04_lowest_neuron",
+    )
     display(lowest.pivot_table(index="group", columns="K", values=["coef_decrease", "random_coef_decrease"]).round(1))
 if len(dag_all):
     save_table(dag_all, run.out, "04_pe_dag_cases")
@@ -456,8 +615,11 @@ if case_idx is not None:
     dag_nodes, dag_edges = pe_dag.pe_dag(bridge, results["+-"], case_idx, k=dag_k)
     save_table(dag_nodes, run.out, "04_pe_dag_nodes")
     save_table(dag_edges, run.out, "04_pe_dag_edges")
-    save_figure(plots.pe_dag_plot(dag_nodes, dag_edges, f'{model}: prediction-enhancing DAG, "{case_text}" top {dag_k}'),
-                run.out, "04_pe_dag")
+    save_figure(
+        plots.pe_dag_plot(dag_nodes, dag_edges, f'{model}: prediction-enhancing DAG, "{case_text}" top {dag_k}'),
+        run.out,
+        "04_pe_dag",
+    )
     display(dag_edges.sort_values("enhancement", ascending=False).head(8) if len(dag_edges) else dag_edges)
 
 # %% [markdown]
@@ -510,30 +672,78 @@ for g in active:
         continue
     if layer not in counts_by_layer:
         t1, r1 = time.time(), store.reused_seconds
-        counts_by_layer[layer] = store(f"shallow concept counts {layer}", lambda: shallow_neurons.shallow_concept_counts(
-            bridge, tok, layer, k=concept_top, concepts=concepts, cap=max(ms) + 1, seed=seed),
-            code=cna_code, model=bridge, layer=layer, k=concept_top, concepts=concepts, cap=max(ms) + 1, seed=seed)
+        counts_by_layer[layer] = store(
+            f"shallow concept counts {layer}",
+            lambda: shallow_neurons.shallow_concept_counts(
+                bridge, tok, layer, k=concept_top, concepts=concepts, cap=max(ms) + 1, seed=seed
+            ),
+            code=cna_code,
+            model=bridge,
+            layer=layer,
+            k=concept_top,
+            concepts=concepts,
+            cap=max(ms) + 1,
+            seed=seed,
+        )
         step = f"shallow concept counts (key layer {layer})"
         timings[step], reused[step] = time.time() - t1, store.reused_seconds - r1
     counts = counts_by_layer[layer]
-    sweeps.append(store(f"shallow M sweep {g}", lambda: shallow_neurons.hidden_interpretable_table(
-        bridge, cases[g], counts, ms, seed=seed, n_seeds=n_random_seeds, control_ms=control_ms, batch_size=batch_size,
-        targets=results[g].targets), code=cna_code, counts=counts, ms=ms, seed=seed, n_seeds=n_random_seeds,
-        control_ms=control_ms, **cna_inputs(g)).assign(group=g, ov_layers=f"l+1..{layer}"))
+    sweeps.append(
+        store(
+            f"shallow M sweep {g}",
+            lambda: shallow_neurons.hidden_interpretable_table(
+                bridge,
+                cases[g],
+                counts,
+                ms,
+                seed=seed,
+                n_seeds=n_random_seeds,
+                control_ms=control_ms,
+                batch_size=batch_size,
+                targets=results[g].targets,
+            ),
+            code=cna_code,
+            counts=counts,
+            ms=ms,
+            seed=seed,
+            n_seeds=n_random_seeds,
+            control_ms=control_ms,
+            **cna_inputs(g),
+        ).assign(group=g, ov_layers=f"l+1..{layer}")
+    )
 m_table = pd.concat(sweeps, ignore_index=True) if sweeps else pd.DataFrame()
 hidden_seconds = timings["shallow neurons (counts and M sweep)"] = time.time() - t0
 reused["shallow neurons (counts and M sweep)"] = store.reused_seconds - r0
 if len(m_table):
     save_table(m_table, run.out, "04_hidden_m_sweep")
-    by_ov = pd.concat([c[c.n_concepts >= 1].groupby(["ov_layer", "n_concepts"]).size().rename("n_neurons")
-                       .reset_index().assign(key_layer=l) for l, c in counts_by_layer.items()], ignore_index=True)
+    by_ov = pd.concat(
+        [
+            c[c.n_concepts >= 1]
+            .groupby(["ov_layer", "n_concepts"])
+            .size()
+            .rename("n_neurons")
+            .reset_index()
+            .assign(key_layer=l)
+            for l, c in counts_by_layer.items()
+        ],
+        ignore_index=True,
+    )
     save_table(by_ov, run.out, "04_hidden_ov_layers")
-    save_figure(plots.m_sweep(m_table, f"{model}: zeroing hidden-interpretable shallow neurons (Yu Tables 8, 17)"),
-                run.out, "04_hidden_m_sweep")
-    display(m_table.pivot_table(index=["group", "set"], columns="M", values=["n_neurons", "accuracy_decrease"],
-                                aggfunc="mean").round(1))
-    display(m_table[m_table.set == "hidden-interpretable"][["group", "M", "n_neurons", "share_of_shallow", "n_more_than_m",
-                                                            "paper_n", "paper_share"]])
+    save_figure(
+        plots.m_sweep(m_table, f"{model}: zeroing hidden-interpretable shallow neurons (Yu Tables 8, 17)"),
+        run.out,
+        "04_hidden_m_sweep",
+    )
+    display(
+        m_table.pivot_table(
+            index=["group", "set"], columns="M", values=["n_neurons", "accuracy_decrease"], aggfunc="mean"
+        ).round(1)
+    )
+    display(
+        m_table[m_table.set == "hidden-interpretable"][
+            ["group", "M", "n_neurons", "share_of_shallow", "n_more_than_m", "paper_n", "paper_share"]
+        ]
+    )
 
 # %% [markdown]
 # ## 5. The logic chain of the case (Yu Fig. 1, Sec. 4.5)
@@ -542,8 +752,17 @@ if len(m_table):
 if case_idx is not None and len(examples):
     shallow_rows = examples[examples.layer >= 0]
     hd = 100 * head_table[(head_table.group == "+-")].accuracy_drop.mean()  # a fraction in the table; points here
-    fig = plots.logic_chain(case_text, case_answer, shallow_rows, heads["+-"], hd, table4.head(4),
-                        dag_edges, heads["+-"][0], f"{model}: internal logic chain for \"{case_text}\"")
+    fig = plots.logic_chain(
+        case_text,
+        case_answer,
+        shallow_rows,
+        heads["+-"],
+        hd,
+        table4.head(4),
+        dag_edges,
+        heads["+-"][0],
+        f'{model}: internal logic chain for "{case_text}"',
+    )
     save_figure(fig, run.out, "04_logic_chain")
 
 # %% [markdown]
@@ -553,106 +772,157 @@ if case_idx is not None and len(examples):
 PAPER = papers.YU_CNA_TABLES  # the paper's numbers for the comparisons below
 timings["all"], reused["all"] = time.time() - t_start, store.reused_seconds
 # seconds: this run; reused_seconds: what the results it loaded from the store took in the run that computed them
-save_table(pd.DataFrame([{"step": k, "seconds": v, "reused_seconds": reused.get(k, 0.0)} for k, v in timings.items()]),
-           run.out, "04_timings")
-lines = [f"- Model `{model}`, seed {seed}, {'quick' if quick else 'full'} run, {timings['all']:.0f} s in all"
-         + (f" (and {reused['all']:.0f} s in earlier runs whose stored results it resumed from)" if reused["all"] else "")
-         + " ("
-         + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items() if k != "all") + f"). Importance mode **{mode_used}**"
-         + (f" with {n_candidates} exact candidates per case" if mode_used == "two_stage" else " (every neuron)")
-         + f"; random controls over {n_random_seeds} seeds."]
+save_table(
+    pd.DataFrame([{"step": k, "seconds": v, "reused_seconds": reused.get(k, 0.0)} for k, v in timings.items()]),
+    run.out,
+    "04_timings",
+)
+lines = [
+    f"- Model `{model}`, seed {seed}, {'quick' if quick else 'full'} run, {timings['all']:.0f} s in all"
+    + (f" (and {reused['all']:.0f} s in earlier runs whose stored results it resumed from)" if reused["all"] else "")
+    + " ("
+    + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items() if k != "all")
+    + f"). Importance mode **{mode_used}**"
+    + (f" with {n_candidates} exact candidates per case" if mode_used == "two_stage" else " (every neuron)")
+    + f"; random controls over {n_random_seeds} seeds."
+]
 sel = selected.set_index("group")
 for g in active:
     if g in chain_of:
         s = specific_heads.set_index("group").loc[chain_of[g]]
-        lines.append(f"- {g}: the best arithmetic-specific head of {chain_of[g]}, L{heads[g][0]}.H{heads[g][1]} (own 1D "
-                     f"drop {s.own_drop:.0%}, * {s.times_drop:.0%}, factual recall {s.factual_drop:+.0%}); "
-                     f"first-token accuracy {results[g].run_a.accuracy:.0%} → {results[g].run_b.accuracy:.0%} with it "
-                     f"zeroed; CNA scored layers {masking.layer_span(results[g].layers)}.")
+        lines.append(
+            f"- {g}: the best arithmetic-specific head of {chain_of[g]}, L{heads[g][0]}.H{heads[g][1]} (own 1D "
+            f"drop {s.own_drop:.0%}, * {s.times_drop:.0%}, factual recall {s.factual_drop:+.0%}); "
+            f"first-token accuracy {results[g].run_a.accuracy:.0%} → {results[g].run_b.accuracy:.0%} with it "
+            f"zeroed; CNA scored layers {masking.layer_span(results[g].layers)}."
+        )
         continue
     r = sel.loc[g]
-    how = (f"lowers 1D accuracy by {r.score:.1%} on average in notebook 01's exact sweep" if r.lowers_1d else
-           "**no head of notebook 01's exact sweep lowers 1D accuracy**, so Yu's premise does not hold here; "
-           f"fallback head, mean drop {r.score:.1%} over the 1-3 digit settings")
-    lines.append(f"- {g}: key head L{heads[g][0]}.H{heads[g][1]} ({how}); {len(cases[g])} correct cases; "
-                 f"first-token accuracy {results[g].run_a.accuracy:.0%} → {results[g].run_b.accuracy:.0%} with it "
-                 f"zeroed; CNA scored (and 'keep' keeps) layers {masking.layer_span(results[g].layers)}.")
+    how = (
+        f"lowers 1D accuracy by {r.score:.1%} on average in notebook 01's exact sweep"
+        if r.lowers_1d
+        else "**no head of notebook 01's exact sweep lowers 1D accuracy**, so Yu's premise does not hold here; "
+        f"fallback head, mean drop {r.score:.1%} over the 1-3 digit settings"
+    )
+    lines.append(
+        f"- {g}: key head L{heads[g][0]}.H{heads[g][1]} ({how}); {len(cases[g])} correct cases; "
+        f"first-token accuracy {results[g].run_a.accuracy:.0%} → {results[g].run_b.accuracy:.0%} with it "
+        f"zeroed; CNA scored (and 'keep' keeps) layers {masking.layer_span(results[g].layers)}."
+    )
 if case_idx is not None:
     t4 = table4.head(n_show)
-    lines.append(f'- "{case_text}" → "{case_answer}": top neurons '
-                 + "; ".join(f"{r['name']} (imp {r.imp_a:.2f}→{r.imp_b:.2f}, coef {r.coef_a:.2f}→{r.coef_b:.2f}; "
-                             f"tokens {_t})" for (_, r), _t in zip(t4.iterrows(), [plots._short(s, 5, 60) for s in t4.top_tokens]))
-                 + f". {int(table4.holds_answer.sum())} of the top {len(table4)} neurons have the answer's concept "
-                   f"among their top-10 projected tokens (the paper: all three of its Table 4 neurons).")
+    lines.append(
+        f'- "{case_text}" → "{case_answer}": top neurons '
+        + "; ".join(
+            f"{r['name']} (imp {r.imp_a:.2f}→{r.imp_b:.2f}, coef {r.coef_a:.2f}→{r.coef_b:.2f}; tokens {_t})"
+            for (_, r), _t in zip(t4.iterrows(), [plots._short(s, 5, 60) for s in t4.top_tokens])
+        )
+        + f". {int(table4.holds_answer.sum())} of the top {len(table4)} neurons have the answer's concept "
+        f"among their top-10 projected tokens (the paper: all three of its Table 4 neurons)."
+    )
 if len(sensitivity):
     s10 = sensitivity[sensitivity.k == min(top_ks)].mean(numeric_only=True)
-    lines.append(f"- Norm reading (section 1b, {sensitivity.case.nunique()} cases): {s10.overlap:.0%} of the "
-                 f"{norm_reading!r} reading's top-{min(top_ks)} are also top-{min(top_ks)} when each vector is read "
-                 f"{'with its own RMS' if other_reading == 'own' else 'with the final scale'}; layer-0 share "
-                 f"{s10[f'layer0_{norm_reading}']:.0%} ({norm_reading}) vs {s10[f'layer0_{other_reading}']:.0%} "
-                 f"({other_reading}); mean depth {s10[f'depth_{norm_reading}']:.2f} vs {s10[f'depth_{other_reading}']:.2f} "
-                 "of the layers.")
+    lines.append(
+        f"- Norm reading (section 1b, {sensitivity.case.nunique()} cases): {s10.overlap:.0%} of the "
+        f"{norm_reading!r} reading's top-{min(top_ks)} are also top-{min(top_ks)} when each vector is read "
+        f"{'with its own RMS' if other_reading == 'own' else 'with the final scale'}; layer-0 share "
+        f"{s10[f'layer0_{norm_reading}']:.0%} ({norm_reading}) vs {s10[f'layer0_{other_reading}']:.0%} "
+        f"({other_reading}); mean depth {s10[f'depth_{norm_reading}']:.2f} vs {s10[f'depth_{other_reading}']:.2f} "
+        "of the layers."
+    )
 if len(recall):
     r99 = recall[recall.k == max(top_ks)].overlap.mean()
-    lines.append(f"- Two-stage check on the case: {r99:.0%} of the top-{max(top_ks)} with {n_candidates * recall_factor} "
-                 f"candidates are found with {n_candidates}; top-10 overlap {recall[recall.k == 10].overlap.mean():.0%}.")
+    lines.append(
+        f"- Two-stage check on the case: {r99:.0%} of the top-{max(top_ks)} with {n_candidates * recall_factor} "
+        f"candidates are found with {n_candidates}; top-10 overlap {recall[recall.k == 10].overlap.mean():.0%}."
+    )
 for g in active:
     sub = mask_keep[mask_keep.group == g]
     if not len(sub):
         continue
+
     def val(kind, k, col="accuracy_decrease"):  # mean over the seeds for the random controls
         v = sub[(sub.intervention == kind) & (sub.K == k)][col]
         return float(v.mean()) if len(v) else float("nan")
+
     kmax, kmin = max(top_ks), min(top_ks)
     pg = paper_group[g]
     pk = PAPER["mask"][pg]
-    lines.append(f"- {g} mask: accuracy decrease {val('mask', kmax):.1f} % (top{kmax}) and {val('mask', kmin):.1f} % "
-                 f"(top{kmin}) [paper {pk[99]} / {pk[10]}]; layer-matched random mask {val('random mask', kmax):.1f} / "
-                 f"{val('random mask', kmin):.1f} % (mean of {n_random_seeds} seeds). Keep: {val('keep', kmax):.1f} / "
-                 f"{val('keep', kmin):.1f} % (random keep {val('random keep', kmax):.1f} / {val('random keep', kmin):.1f} %) "
-                 f"[paper {PAPER['keep'][pg][99]} / {PAPER['keep'][pg][10]}]. Coefficient decrease with the head zeroed "
-                 f"{val('mask', kmax, 'coef_decrease'):.1f} / {val('mask', kmin, 'coef_decrease'):.1f} % "
-                 f"[paper {PAPER['coef'][pg][99]} / {PAPER['coef'][pg][10]}].")
+    lines.append(
+        f"- {g} mask: accuracy decrease {val('mask', kmax):.1f} % (top{kmax}) and {val('mask', kmin):.1f} % "
+        f"(top{kmin}) [paper {pk[99]} / {pk[10]}]; layer-matched random mask {val('random mask', kmax):.1f} / "
+        f"{val('random mask', kmin):.1f} % (mean of {n_random_seeds} seeds). Keep: {val('keep', kmax):.1f} / "
+        f"{val('keep', kmin):.1f} % (random keep {val('random keep', kmax):.1f} / {val('random keep', kmin):.1f} %) "
+        f"[paper {PAPER['keep'][pg][99]} / {PAPER['keep'][pg][10]}]. Coefficient decrease with the head zeroed "
+        f"{val('mask', kmax, 'coef_decrease'):.1f} / {val('mask', kmin, 'coef_decrease'):.1f} % "
+        f"[paper {PAPER['coef'][pg][99]} / {PAPER['coef'][pg][10]}]."
+    )
 for g in active:
     sub = lowest[lowest.group == g] if len(lowest) else lowest
     if len(sub):
-        lines.append(f"- {g} lowest-neuron test: coefficient decrease of the higher top-K neurons "
-                     + ", ".join(f"top{int(r.K)} {r.coef_decrease:.1f} %" + (
-                                 f" (random neuron of its layer {r.random_coef_decrease:.1f} %)"
-                                 if pd.notna(r.random_coef_decrease) else "") for _, r in sub.iterrows())
-                     + f" [paper top99 {PAPER['lowest'][paper_group[g]][99]}, top10 {PAPER['lowest'][paper_group[g]][10]}].")
-for g in (dag_all.group.unique() if len(dag_all) else []):
+        lines.append(
+            f"- {g} lowest-neuron test: coefficient decrease of the higher top-K neurons "
+            + ", ".join(
+                f"top{int(r.K)} {r.coef_decrease:.1f} %"
+                + (
+                    f" (random neuron of its layer {r.random_coef_decrease:.1f} %)"
+                    if pd.notna(r.random_coef_decrease)
+                    else ""
+                )
+                for _, r in sub.iterrows()
+            )
+            + f" [paper top99 {PAPER['lowest'][paper_group[g]][99]}, top10 {PAPER['lowest'][paper_group[g]][10]}]."
+        )
+for g in dag_all.group.unique() if len(dag_all) else []:
     sub = dag_all[(dag_all.group == g) & (dag_all.n_pairs > 0)]
     d = sub.groupby("kind")["share_edges"].mean()
     if "top" in d.index and "random" in d.index:
-        lines.append(f"- {g} PE-DAG on every case (top {dag_k}): {d['top']:.0%} of lower→upper pairs are edges "
-                     f"(direct enhancement >= 5 %); with random lower neurons of the same layers {d['random']:.0%} "
-                     f"(mean of {n_random_seeds} seeds).")
+        lines.append(
+            f"- {g} PE-DAG on every case (top {dag_k}): {d['top']:.0%} of lower→upper pairs are edges "
+            f"(direct enhancement >= 5 %); with random lower neurons of the same layers {d['random']:.0%} "
+            f"(mean of {n_random_seeds} seeds)."
+        )
 if case_idx is not None and len(dag_edges):
     n_edges = int(dag_edges.edge.sum())
-    lines.append(f"- PE-DAG of the case (top {dag_k}): {n_edges} of {len(dag_edges)} lower→upper pairs have a direct "
-                 f"enhancement >= 5 %; largest {dag_edges.enhancement.max():.0%} "
-                 f"({dag_edges.sort_values('enhancement').iloc[-1].lower}→{dag_edges.sort_values('enhancement').iloc[-1].upper}).")
+    lines.append(
+        f"- PE-DAG of the case (top {dag_k}): {n_edges} of {len(dag_edges)} lower→upper pairs have a direct "
+        f"enhancement >= 5 %; largest {dag_edges.enhancement.max():.0%} "
+        f"({dag_edges.sort_values('enhancement').iloc[-1].lower}→{dag_edges.sort_values('enhancement').iloc[-1].upper})."
+    )
 if len(examples):
     ex = examples[examples.layer >= 0].head(2)
-    lines.append(f"- Table 7: the shallow neurons most aligned with the root {root[0]}_{root[1]}'s key are "
-                 + "; ".join(f"{r['name']} at operand {r.operand} (before: {plots._short(r.tokens_before, 4, 50)}; after OV: "
-                             f"{plots._short(r.tokens_after_attention, 4, 50)})" for _, r in ex.iterrows()) + ".")
+    lines.append(
+        f"- Table 7: the shallow neurons most aligned with the root {root[0]}_{root[1]}'s key are "
+        + "; ".join(
+            f"{r['name']} at operand {r.operand} (before: {plots._short(r.tokens_before, 4, 50)}; after OV: "
+            f"{plots._short(r.tokens_after_attention, 4, 50)})"
+            for _, r in ex.iterrows()
+        )
+        + "."
+    )
 for g in m_table.group.unique() if len(m_table) else []:
     sub = m_table[m_table.group == g]
     parts = []
     for m in ms:
         h = sub[(sub.M == m) & (sub.set == "hidden-interpretable")].iloc[0]
         r = sub[(sub.M == m) & (sub.set == "random")]
-        parts.append(f"M={m}: {int(h.n_neurons):,} neurons ({h.share_of_shallow:.1%}; paper {int(h.paper_n):,} = "
-                     f"{h.paper_share:.1%}), {h.accuracy_decrease:.1f} % vs random {r.accuracy_decrease.mean():.1f} % "
-                     f"[paper {PAPER['M_decrease'][paper_group[g]].get(m, 'n/a')} %]")
-    lines.append(f"- {g} hidden-interpretable neurons of layers 0-{heads[g][0] - 1} (OV of every attention layer up to "
-                 f"{heads[g][0]}): " + "; ".join(parts)
-                 + (f"; random at M=2 in the paper {PAPER['M2'][paper_group[g]][2]} %" if paper_group[g] in PAPER["M2"] else "") + ".")
-lines.append("- Differences from the paper: Qwen/Llama-style gated MLPs (key defined by the direct enhancement, W_gate/W_in "
-             "inner products reported); interventions on deep neurons at the answer position only (where CNA scores "
-             "them), shallow sets at every position; the key head from notebook 01's exact sweep by a stated rule; "
-             "random controls over seeds; sign-aware coefficient decrease.")
+        parts.append(
+            f"M={m}: {int(h.n_neurons):,} neurons ({h.share_of_shallow:.1%}; paper {int(h.paper_n):,} = "
+            f"{h.paper_share:.1%}), {h.accuracy_decrease:.1f} % vs random {r.accuracy_decrease.mean():.1f} % "
+            f"[paper {PAPER['M_decrease'][paper_group[g]].get(m, 'n/a')} %]"
+        )
+    lines.append(
+        f"- {g} hidden-interpretable neurons of layers 0-{heads[g][0] - 1} (OV of every attention layer up to "
+        f"{heads[g][0]}): "
+        + "; ".join(parts)
+        + (f"; random at M=2 in the paper {PAPER['M2'][paper_group[g]][2]} %" if paper_group[g] in PAPER["M2"] else "")
+        + "."
+    )
+lines.append(
+    "- Differences from the paper: Qwen/Llama-style gated MLPs (key defined by the direct enhancement, W_gate/W_in "
+    "inner products reported); interventions on deep neurons at the answer position only (where CNA scores "
+    "them), shallow sets at every position; the key head from notebook 01's exact sweep by a stated rule; "
+    "random controls over seeds; sign-aware coefficient decrease."
+)
 lines += R.notebook_verdicts(run.out, "04")  # the report's rules, from the tables saved above
 Markdown("\n".join(lines))

@@ -80,23 +80,23 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
-device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
+dtype = "auto"  # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
+device_map = None  # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
 out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
-fewshot = 2               # solved examples in the prefix of every prompt (train and test)
-scale = "auto"            # "paper" (Yu's sizes, for a GPU), "cpu" (every layer, judged sizes), "cpu-bands" (4-5 layers), "quick" (smoke test); auto: paper on cuda, else cpu (cpu-bands above 1 B parameters)
+fewshot = 2  # solved examples in the prefix of every prompt (train and test)
+scale = "auto"  # "paper" (Yu's sizes, for a GPU), "cpu" (every layer, judged sizes), "cpu-bands" (4-5 layers), "quick" (smoke test); auto: paper on cuda, else cpu (cpu-bands above 1 B parameters)
 ops = ["+", "-", "*", "/"]  # operators of the 2-digit data set (Yu's Table 14 has all four)
 lora_r = 16
 lora_alpha = 32
 lrs = [1e-3, 5e-4, 1e-4]  # Yu Sec. 5's learning-rate grid
-top_ks = [50, 30, 20, 10] # Yu Table 10
-norm_reading = "final"    # CNA through the final norm: "final" (the authors': the original run's final scale) or "own"
-n_table9 = 3              # neurons of the case 3+5 shown in Table 9
-use_cache = True          # reuse trained weights from the cache (keyed by model, data and settings), and the CNA
-                          # section's results (arithlib.run.stored): a stopped run resumes there
-batch_size = 32           # evaluation batch size
+top_ks = [50, 30, 20, 10]  # Yu Table 10
+norm_reading = "final"  # CNA through the final norm: "final" (the authors': the original run's final scale) or "own"
+n_table9 = 3  # neurons of the case 3+5 shown in Table 9
+use_cache = True  # reuse trained weights from the cache (keyed by model, data and settings), and the CNA
+# section's results (arithlib.run.stored): a stopped run resumes there
+batch_size = 32  # evaluation batch size
 
 # %%
 import time
@@ -104,21 +104,37 @@ import time
 import pandas as pd
 from IPython.display import Markdown, display
 
-import arithlib.yu.cna as C
 import arithlib.core.datasets as ds
 import arithlib.methods.finetune as FT
-import arithlib.yu.lora as lora
 import arithlib.plots.finetune as plots
 import arithlib.report as R
 import arithlib.run.scales as scales
+import arithlib.yu.cna as C
+import arithlib.yu.lora as lora
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
 from arithlib.run.stored import Store
 
 t_start = time.time()
-run = start_run("05_lora_mechanism", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, fewshot=fewshot, scale=scale, ops=ops,
-                lora_r=lora_r, lora_alpha=lora_alpha, lrs=lrs, top_ks=top_ks, norm_reading=norm_reading)
+run = start_run(
+    "05_lora_mechanism",
+    model,
+    device,
+    seed,
+    out_dir,
+    quick,
+    dtype=dtype,
+    device_map=device_map,
+    fewshot=fewshot,
+    scale=scale,
+    ops=ops,
+    lora_r=lora_r,
+    lora_alpha=lora_alpha,
+    lrs=lrs,
+    top_ks=top_ks,
+    norm_reading=norm_reading,
+)
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 n_params = FT.count_parameters(bridge)  # "auto" takes the smaller "cpu-bands" scale above 1 B on a CPU
 S = scales.scale_settings(scale, run.model.device, quick, info.n_layers, n_params=n_params)
@@ -172,12 +188,21 @@ display(pd.DataFrame([{k: str(v) for k, v in S.items()}]).T.rename(columns={0: "
 
 # %%
 t0 = time.time()
-splits = FT.yu_lora_data(n_train=S["n_train"], n_test=S["n_test"], n_val=S["n_val"], ops=ops, seed=seed,
-                         fewshot=fewshot)
+splits = FT.yu_lora_data(
+    n_train=S["n_train"], n_test=S["n_test"], n_val=S["n_val"], ops=ops, seed=seed, fewshot=fewshot
+)
 train_set, val_set, test_set = (ds.PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))
-sizes = pd.DataFrame([{"split": k, "n": len(p), "negative_results": sum(r.answer < 0 for r in p.records),
-                       **{f"op {o}": sum(r.op == o for r in p.records) for o in ops}}
-                      for k, p in (("train", train_set), ("val", val_set), ("test", test_set))])
+sizes = pd.DataFrame(
+    [
+        {
+            "split": k,
+            "n": len(p),
+            "negative_results": sum(r.answer < 0 for r in p.records),
+            **{f"op {o}": sum(r.op == o for r in p.records) for o in ops},
+        }
+        for k, p in (("train", train_set), ("val", val_set), ("test", test_set))
+    ]
+)
 save_table(sizes, run.out, "05_data_sizes")
 example = train_set.records[0]
 print(repr(example.full_text + example.answer_text))
@@ -192,20 +217,35 @@ config = FT.TrainConfig(epochs=S["lora_epochs"], batch_size=S["lora_batch"], see
 lr_grid = lrs if S["lr_search"] != "none" else lrs[:1]
 lr_layers = None if S["lr_search"] == "per_layer" else [ref_layer if ref_layer in S["layers"] else S["layers"][0]]
 acc_by_layer, lora_models, lr_table = lora.lora_layer_sweep(
-    bridge, S["layers"], train_set, val_set if len(val_set) else None, test_set, config, lrs=lr_grid,
-    lr_layers=lr_layers, lora=lora_spec, cache_dir=cache_dir)
+    bridge,
+    S["layers"],
+    train_set,
+    val_set if len(val_set) else None,
+    test_set,
+    config,
+    lrs=lr_grid,
+    lr_layers=lr_layers,
+    lora=lora_spec,
+    cache_dir=cache_dir,
+)
 timings.append({"section": "1 LoRA per layer", "wall_s": time.time() - t0})
 save_table(acc_by_layer, run.out, "05_lora_accuracy_by_layer")
 save_table(lr_table, run.out, "05_lora_lr_selection")
 band_acc = lora.accuracy_bands(acc_by_layer, bands)
 save_table(band_acc, run.out, "05_lora_accuracy_bands")
 shape = lora.curve_shape(acc_by_layer, bands)
-fig = plots.lora_accuracy_curve(acc_by_layer, bands, title=f"{model}: LoRA in one attention layer, test accuracy "
-                             f"(n = {len(test_set)}, {S['scale']} scale)")
+fig = plots.lora_accuracy_curve(
+    acc_by_layer,
+    bands,
+    title=f"{model}: LoRA in one attention layer, test accuracy (n = {len(test_set)}, {S['scale']} scale)",
+)
 save_figure(fig, run.out, "05_lora_accuracy_by_layer")
 display(lr_table)
-display(acc_by_layer[["model", "layer", "lr", "best_epoch", "accuracy", "accuracy_negative", "accuracy_nonnegative",
-                      "n_trainable"]])
+display(
+    acc_by_layer[
+        ["model", "layer", "lr", "best_epoch", "accuracy", "accuracy_negative", "accuracy_nonnegative", "n_trainable"]
+    ]
+)
 band_acc
 
 # %% [markdown]
@@ -224,28 +264,55 @@ cases = lora.yu_cna_cases(tok, fewshot=fewshot, n_cases=S["cna_cases"], seed=see
 lora_weights = {f"LoRA L{l}": lora_models[l].weights for l in S["layers"]}
 ks = [k for k in top_ks if k <= info.n_layers * info.d_mlp]
 deep = C.deep_layers(info.n_layers)
-coef_rows, cna_details = store("CNA on the LoRA models", lambda: lora.lora_cna(
-    bridge, cases, lora_weights, ks=ks, layers=deep, mode="auto", n_candidates=S["n_candidates"], batch_size=batch_size,
-    norm_reading=norm_reading),
-    code=["yu.lora"], model=bridge, cases=cases, weights=lora_weights, ks=ks, layers=deep,
-    n_candidates=S["n_candidates"], batch_size=batch_size, norm_reading=norm_reading)
+coef_rows, cna_details = store(
+    "CNA on the LoRA models",
+    lambda: lora.lora_cna(
+        bridge,
+        cases,
+        lora_weights,
+        ks=ks,
+        layers=deep,
+        mode="auto",
+        n_candidates=S["n_candidates"],
+        batch_size=batch_size,
+        norm_reading=norm_reading,
+    ),
+    code=["yu.lora"],
+    model=bridge,
+    cases=cases,
+    weights=lora_weights,
+    ks=ks,
+    layers=deep,
+    n_candidates=S["n_candidates"],
+    batch_size=batch_size,
+    norm_reading=norm_reading,
+)
 layer_of = {f"LoRA L{l}": l for l in S["layers"]}
 coef_rows["layer"] = coef_rows.model.map(layer_of)
 save_table(coef_rows, run.out, "05_cna_coef_increase")
 save_table(cna_details["per_case"], run.out, "05_cna_coef_per_case")  # per case: the report's interval
-table10 = pd.concat([lora.band_increase_table(coef_rows, layer_of, bands, selection=s).assign(selection=s)
-                     for s in ("cna", "original")], ignore_index=True)
+table10 = pd.concat(
+    [
+        lora.band_increase_table(coef_rows, layer_of, bands, selection=s).assign(selection=s)
+        for s in ("cna", "original")
+    ],
+    ignore_index=True,
+)
 save_table(table10, run.out, "05_cna_coef_increase_by_band")
 timings.append({"section": "2 CNA", "wall_s": time.time() - t0, "reused_s": store.reused_seconds})
-print(f"{len(cases)} cases, neurons ranked in layers {deep[0]}..{deep[-1]}; original first-token accuracy: "
-      f"{cna_details['original']['run'].accuracy:.0%}; importance mode {C.resolve_mode(bridge, 'auto')}")
+print(
+    f"{len(cases)} cases, neurons ranked in layers {deep[0]}..{deep[-1]}; original first-token accuracy: "
+    f"{cna_details['original']['run'].accuracy:.0%}; importance mode {C.resolve_mode(bridge, 'auto')}"
+)
 display(coef_rows.pivot_table(index=["layer"], columns=["selection", "k"], values="coef_increase").round(1))
 table10
 
 # %%
 if len(table10[table10.selection == "cna"]):
-    fig = plots.band_increase_bars(table10[table10.selection == "cna"].drop(columns="selection"),
-                                title=f"{model}: coefficient increase of the top CNA neurons (LoRA vs original)")
+    fig = plots.band_increase_bars(
+        table10[table10.selection == "cna"].drop(columns="selection"),
+        title=f"{model}: coefficient increase of the top CNA neurons (LoRA vs original)",
+    )
     save_figure(fig, run.out, "05_cna_coef_increase_by_band")
 else:
     print("no LoRA layer falls in a band: Table 10 is empty")
@@ -258,8 +325,12 @@ models9 = {"original": None, **{name: w for name, w in lora_weights.items()}}
 table9 = lora.coefficient_table(bridge, cases.subset([case_idx]), models9, neurons)
 table9.insert(2, "importance_original", [float(orig_imp[l, n]) for l, n in neurons])
 save_table(table9, run.out, "05_cna_table9")
-fig = plots.coefficient_bars(table9, list(models9), title=f"{model}: coefficients of the top neurons of "
-                          f"{cases.records[case_idx].text.strip()!r} (original's most important deep neurons)")
+fig = plots.coefficient_bars(
+    table9,
+    list(models9),
+    title=f"{model}: coefficients of the top neurons of "
+    f"{cases.records[case_idx].text.strip()!r} (original's most important deep neurons)",
+)
 save_figure(fig, run.out, "05_cna_table9")
 table9
 
@@ -269,40 +340,67 @@ table9
 # %%
 timings.append({"section": "total (incl. loading)", "wall_s": time.time() - t_start})
 save_table(pd.DataFrame(timings), run.out, "05_timings")
-lines = [f"- Model `{model}`, {S['scale']} scale: {len(train_set)} training / {len(test_set)} test sentences "
-         f"({sizes.loc[sizes.split == 'test', 'negative_results'].iloc[0]} test answers negative), seed {seed}, "
-         f"{fewshot}-shot prefix; LoRA in layers {S['layers']}."]
-lines.append(f"- Original model: {shape['original']:.1%} test accuracy. LoRA models: best layer {shape.get('best_layer')} "
-             f"({shape.get('best_accuracy', float('nan')):.1%}), worst layer {shape.get('worst_layer')} "
-             f"({shape.get('worst_accuracy', float('nan')):.1%}); {shape.get('share_above_original', 0):.0%} of them beat "
-             f"the original (Yu: all 32 beat 62.96 %).")
+lines = [
+    f"- Model `{model}`, {S['scale']} scale: {len(train_set)} training / {len(test_set)} test sentences "
+    f"({sizes.loc[sizes.split == 'test', 'negative_results'].iloc[0]} test answers negative), seed {seed}, "
+    f"{fewshot}-shot prefix; LoRA in layers {S['layers']}."
+]
+lines.append(
+    f"- Original model: {shape['original']:.1%} test accuracy. LoRA models: best layer {shape.get('best_layer')} "
+    f"({shape.get('best_accuracy', float('nan')):.1%}), worst layer {shape.get('worst_layer')} "
+    f"({shape.get('worst_accuracy', float('nan')):.1%}); {shape.get('share_above_original', 0):.0%} of them beat "
+    f"the original (Yu: all 32 beat 62.96 %)."
+)
 if shape.get("band_means"):
-    bm = ", ".join(f"{b} {v:.1%} (slope {shape['slopes'][b] * 100:+.1f} points/layer)" for b, v in shape["band_means"].items())
-    verdict = ("falls from shallow to deep bands as in Yu's Fig. 2" if shape["bands_decreasing"]
-               else "does NOT fall from shallow to deep bands as in Yu's Fig. 2")
+    bm = ", ".join(
+        f"{b} {v:.1%} (slope {shape['slopes'][b] * 100:+.1f} points/layer)" for b, v in shape["band_means"].items()
+    )
+    verdict = (
+        "falls from shallow to deep bands as in Yu's Fig. 2"
+        if shape["bands_decreasing"]
+        else "does NOT fall from shallow to deep bands as in Yu's Fig. 2"
+    )
     lines.append(f"- Band means: {bm}; the curve {verdict}.")
 if shape.get("edge_gaps"):
-    lines.append("- First/last layer vs their nearest swept neighbours: " + ", ".join(
-        f"layer {l}: {g * 100:+.1f} points" for l, g in shape["edge_gaps"].items()) + " (Yu: layers 0 and 31 'special').")
+    lines.append(
+        "- First/last layer vs their nearest swept neighbours: "
+        + ", ".join(f"layer {l}: {g * 100:+.1f} points" for l, g in shape["edge_gaps"].items())
+        + " (Yu: layers 0 and 31 'special')."
+    )
 t10 = table10[table10.selection == "cna"]
 if len(t10):
     kcols = [c for c in t10.columns if c.startswith("top")]
-    lines.append("- Coefficient increase of the top CNA neurons (LoRA vs original; Yu Table 10: 42-59 % shallow, "
-                 "29-53 % middle, 2-28 % deep): " + "; ".join(
-                     f"{r.band} ({r.layers}): " + ", ".join(f"{c} {getattr(r, c):+.0f} %" for c in kcols)
-                     for r in t10.itertuples()) + ".")
+    lines.append(
+        "- Coefficient increase of the top CNA neurons (LoRA vs original; Yu Table 10: 42-59 % shallow, "
+        "29-53 % middle, 2-28 % deep): "
+        + "; ".join(
+            f"{r.band} ({r.layers}): " + ", ".join(f"{c} {getattr(r, c):+.0f} %" for c in kcols)
+            for r in t10.itertuples()
+        )
+        + "."
+    )
     t10o = table10[table10.selection == "original"]
     if len(t10o):
-        lines.append("- Same for the original model's own top neurons (no selection on the change): " + "; ".join(
-            f"{r.band}: " + ", ".join(f"{c} {getattr(r, c):+.0f} %" for c in kcols) for r in t10o.itertuples()) + ".")
+        lines.append(
+            "- Same for the original model's own top neurons (no selection on the change): "
+            + "; ".join(
+                f"{r.band}: " + ", ".join(f"{c} {getattr(r, c):+.0f} %" for c in kcols) for r in t10o.itertuples()
+            )
+            + "."
+        )
 t9 = []
 for _, r in table9.iterrows():
     t9.append(f"neuron {r.neuron}: original {r.original:.2f}, " + ", ".join(f"{m} {r[m]:.2f}" for m in lora_weights))
-lines.append(f"- Table 9 ({cases.records[case_idx].text.strip()!r}, the original's most important deep neurons): "
-             + "; ".join(t9) + ".")
+lines.append(
+    f"- Table 9 ({cases.records[case_idx].text.strip()!r}, the original's most important deep neurons): "
+    + "; ".join(t9)
+    + "."
+)
 lines += R.notebook_verdicts(run.out, "05")  # the report's rule, from the tables saved above
 lines.append(f"- Wall time {time.time() - t_start:.0f} s on {run.model.device}.")
 if S["scale"] == "quick":
-    lines.append("- Quick mode: a few training steps on a few dozen prompts; these numbers test the pipeline, "
-                 "not the papers' claims.")
+    lines.append(
+        "- Quick mode: a few training steps on a few dozen prompts; these numbers test the pipeline, "
+        "not the papers' claims."
+    )
 Markdown("\n".join(lines))

@@ -69,22 +69,22 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
-device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
+dtype = "auto"  # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
+device_map = None  # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
 out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
-main_share = 0.05                      # share of the deep FFN neurons kept in Table 11 (Yu: "only 5 %")
+main_share = 0.05  # share of the deep FFN neurons kept in Table 11 (Yu: "only 5 %")
 shares = [0.01, 0.02, 0.05, 0.1, 0.2]  # the sweep over the share kept
-mode = "auto"                          # CNA importance: "exact", "two_stage", or "auto" (exact on a GPU or a small model)
-cases_per_op = "auto"                  # 1D cases per operator for CNA: an int, None (all), or "auto" (the scale's)
-n_candidates = "auto"                  # two-stage mode: exact CNA scores per case ("auto": the scale's)
-norm_reading = "final"                 # CNA through the final norm: "final" (the authors') or "own" (a variant)
-random_seeds = "auto"                  # random prunings at main_share, each LoRA-tuned ("auto": the scale's)
-sweep_seeds = "auto"                   # random prunings per share in the sweep ("auto": the scale's)
-sweep_lora = "auto"                    # fine-tune LoRA at every share of the sweep (True/False/"auto")
-use_cache = True                       # reuse trained LoRA weights (keyed by model, data and settings)
-batch_size = 32                        # evaluation batch size (notebook 05's; part of its cache key)
+mode = "auto"  # CNA importance: "exact", "two_stage", or "auto" (exact on a GPU or a small model)
+cases_per_op = "auto"  # 1D cases per operator for CNA: an int, None (all), or "auto" (the scale's)
+n_candidates = "auto"  # two-stage mode: exact CNA scores per case ("auto": the scale's)
+norm_reading = "final"  # CNA through the final norm: "final" (the authors') or "own" (a variant)
+random_seeds = "auto"  # random prunings at main_share, each LoRA-tuned ("auto": the scale's)
+sweep_seeds = "auto"  # random prunings per share in the sweep ("auto": the scale's)
+sweep_lora = "auto"  # fine-tune LoRA at every share of the sweep (True/False/"auto")
+use_cache = True  # reuse trained LoRA weights (keyed by model, data and settings)
+batch_size = 32  # evaluation batch size (notebook 05's; part of its cache key)
 
 # %%
 import json
@@ -94,14 +94,14 @@ import warnings
 import pandas as pd
 from IPython.display import Markdown, display
 
-import arithlib.yu.cna as C
 import arithlib.core.datasets as ds
 import arithlib.methods.finetune as FT
-import arithlib.yu.lora as lora
 import arithlib.plots.pruning as plots
-import arithlib.yu.pruning as pruning
 import arithlib.report as R
 import arithlib.run.scales as scales
+import arithlib.yu.cna as C
+import arithlib.yu.lora as lora
+import arithlib.yu.pruning as pruning
 from arithlib.core import papers
 from arithlib.run.outputs import find_table, read_table, save_figure, save_table
 from arithlib.run.paths import cache_root
@@ -109,9 +109,26 @@ from arithlib.run.runs import start_run
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # raised by peft on every LoRA model
 t_start = time.time()
-run = start_run("06_pruning", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, main_share=main_share, shares=shares, mode=mode,
-                cases_per_op=cases_per_op, n_candidates=n_candidates, random_seeds=random_seeds,
-                sweep_seeds=sweep_seeds, sweep_lora=sweep_lora, batch_size=batch_size, norm_reading=norm_reading)
+run = start_run(
+    "06_pruning",
+    model,
+    device,
+    seed,
+    out_dir,
+    quick,
+    dtype=dtype,
+    device_map=device_map,
+    main_share=main_share,
+    shares=shares,
+    mode=mode,
+    cases_per_op=cases_per_op,
+    n_candidates=n_candidates,
+    random_seeds=random_seeds,
+    sweep_seeds=sweep_seeds,
+    sweep_lora=sweep_lora,
+    batch_size=batch_size,
+    norm_reading=norm_reading,
+)
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
 timings = []
@@ -120,22 +137,32 @@ timings = []
 p05_path, acc05_path = run.out / "05_lora_mechanism_params.json", find_table(run.out, "05_lora_accuracy_by_layer")
 missing = ([] if p05_path.exists() else [p05_path.name]) + ([] if acc05_path else ["05_lora_accuracy_by_layer.csv"])
 if missing:
-    raise FileNotFoundError(f"{', '.join(missing)} not found in {run.out}: notebook 06 starts from notebook 05's LoRA "
-                            "model and training settings. Run notebooks/05_lora_mechanism.ipynb with the same model and "
-                            "out_dir first.")
+    raise FileNotFoundError(
+        f"{', '.join(missing)} not found in {run.out}: notebook 06 starts from notebook 05's LoRA "
+        "model and training settings. Run notebooks/05_lora_mechanism.ipynb with the same model and "
+        "out_dir first."
+    )
 p05 = json.loads(p05_path.read_text())
 acc05 = read_table(acc05_path)
 for key, mine in (("quick", quick), ("seed", seed)):
     if p05.get(key) != mine:
-        print(f"note: notebook 05 ran with {key}={p05.get(key)!r}, this run has {key}={mine!r}: its data differ, so the "
-              "reference LoRA model is trained again here rather than read from the cache")
+        print(
+            f"note: notebook 05 ran with {key}={p05.get(key)!r}, this run has {key}={mine!r}: its data differ, so the "
+            "reference LoRA model is trained again here rather than read from the cache"
+        )
 # the scale notebook 05 ran at (a params file without scale_resolved: "auto" meant "quick" on a CPU)
-scale05 = p05.get("scale_resolved") or scales.resolve_scale(p05.get("scale", "auto"), run.model.device, quick,
-                                                        auto_cpu="quick")
+scale05 = p05.get("scale_resolved") or scales.resolve_scale(
+    p05.get("scale", "auto"), run.model.device, quick, auto_cpu="quick"
+)
 S05 = scales.scale_settings(scale05, run.model.device, quick, info.n_layers)
 S = pruning.pruning_scale(S05["scale"])
-for name, value in (("cases_per_op", cases_per_op), ("n_candidates", n_candidates), ("random_seeds", random_seeds),
-                    ("sweep_seeds", sweep_seeds), ("sweep_lora", sweep_lora)):
+for name, value in (
+    ("cases_per_op", cases_per_op),
+    ("n_candidates", n_candidates),
+    ("random_seeds", random_seeds),
+    ("sweep_seeds", sweep_seeds),
+    ("sweep_lora", sweep_lora),
+):
     if value != "auto":
         S[name] = value
 deep = C.deep_layers(info.n_layers)
@@ -145,12 +172,25 @@ n_deep = sum(widths.values())
 k_scaled = pruning.scaled_top_k(n_deep)
 mode_used = C.resolve_mode(bridge, mode)
 print(info)
-print(f"deep layers {deep[0]}..{deep[-1]} of 0..{info.n_layers - 1} (Yu: 17..31 of 32), {n_deep:,} deep FFN neurons "
-      f"(Yu: {papers.YU_DEEP_NEURONS:,}); LoRA layer {ref_layer} (Yu: 9 of 32); Yu's top-500 scaled to this depth: "
-      f"top-{k_scaled}; CNA mode {mode_used}")
-display(pd.DataFrame([{**{f"05: {k}": str(v) for k, v in S05.items() if k in ("scale", "n_train", "n_val", "n_test",
-                                                                               "lora_epochs", "lora_batch")},
-                       **{k: str(v) for k, v in S.items()}}]).T.rename(columns={0: "setting"}))
+print(
+    f"deep layers {deep[0]}..{deep[-1]} of 0..{info.n_layers - 1} (Yu: 17..31 of 32), {n_deep:,} deep FFN neurons "
+    f"(Yu: {papers.YU_DEEP_NEURONS:,}); LoRA layer {ref_layer} (Yu: 9 of 32); Yu's top-500 scaled to this depth: "
+    f"top-{k_scaled}; CNA mode {mode_used}"
+)
+display(
+    pd.DataFrame(
+        [
+            {
+                **{
+                    f"05: {k}": str(v)
+                    for k, v in S05.items()
+                    if k in ("scale", "n_train", "n_val", "n_test", "lora_epochs", "lora_batch")
+                },
+                **{k: str(v) for k, v in S.items()},
+            }
+        ]
+    ).T.rename(columns={0: "setting"})
+)
 
 # %% [markdown]
 # ## Scale of this run and differences from the paper
@@ -200,23 +240,32 @@ display(pd.DataFrame([{**{f"05: {k}": str(v) for k, v in S05.items() if k in ("s
 
 # %%
 t0 = time.time()
-splits = FT.yu_lora_data(n_train=S05["n_train"], n_test=S05["n_test"], n_val=S05["n_val"], ops=p05["ops"], seed=seed,
-                         fewshot=p05["fewshot"])
+splits = FT.yu_lora_data(
+    n_train=S05["n_train"], n_test=S05["n_test"], n_val=S05["n_val"], ops=p05["ops"], seed=seed, fewshot=p05["fewshot"]
+)
 train_set, val_set, test_set = (ds.PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))
 val = val_set if len(val_set) else None
 row05 = acc05[acc05.layer == ref_layer]
 if row05.empty:
-    raise ValueError(f"05_lora_accuracy_by_layer.csv has no LoRA model of layer {ref_layer} (the reference layer); "
-                     "rerun notebook 05")
-config = FT.TrainConfig(lr=float(row05.lr.iloc[0]), epochs=S05["lora_epochs"], batch_size=S05["lora_batch"], seed=seed,
-                        eval_batch_size=batch_size)
+    raise ValueError(
+        f"05_lora_accuracy_by_layer.csv has no LoRA model of layer {ref_layer} (the reference layer); rerun notebook 05"
+    )
+config = FT.TrainConfig(
+    lr=float(row05.lr.iloc[0]),
+    epochs=S05["lora_epochs"],
+    batch_size=S05["lora_batch"],
+    seed=seed,
+    eval_batch_size=batch_size,
+)
 lora_spec = lora.LoraSpec(r=int(p05["lora_r"]), alpha=int(p05["lora_alpha"]))
 lora_ref = lora.train_lora(bridge, ref_layer, train_set, config, val, lora_spec, progress=False, cache_dir=cache_dir)
 lrs = list(p05["lrs"]) if S["lr_search"] else []
 timings.append({"section": "data + reference LoRA", "wall_s": time.time() - t0})
-print(f"{len(train_set)} train / {len(val_set)} val / {len(test_set)} test sentences; reference LoRA: layer {ref_layer}, "
-      f"lr {config.lr:g}, {lora_ref.n_trainable:,} LoRA parameters; notebook 05 reported test accuracy "
-      f"{float(row05.accuracy.iloc[0]):.1%} ({time.time() - t0:.0f} s here)")
+print(
+    f"{len(train_set)} train / {len(val_set)} val / {len(test_set)} test sentences; reference LoRA: layer {ref_layer}, "
+    f"lr {config.lr:g}, {lora_ref.n_trainable:,} LoRA parameters; notebook 05 reported test accuracy "
+    f"{float(row05.accuracy.iloc[0]):.1%} ({time.time() - t0:.0f} s here)"
+)
 
 # %% [markdown]
 # ## 1. CNA between the LoRA model and the original on the 1D cases
@@ -224,8 +273,16 @@ print(f"{len(train_set)} train / {len(val_set)} val / {len(test_set)} test sente
 # %%
 t0 = time.time()
 cases = pruning.yu_1d_cases(tok, fewshot=p05["fewshot"], per_op=S["cases_per_op"], seed=seed)
-scores = pruning.lora_cna_scores(bridge, cases, lora_ref.weights, deep, mode=mode_used, n_candidates=S["n_candidates"],
-                           batch_size=batch_size, norm_reading=norm_reading)
+scores = pruning.lora_cna_scores(
+    bridge,
+    cases,
+    lora_ref.weights,
+    deep,
+    mode=mode_used,
+    n_candidates=S["n_candidates"],
+    batch_size=batch_size,
+    norm_reading=norm_reading,
+)
 ranking = pruning.union_ranking(scores)
 curve = pruning.union_size_curve(ranking)
 n_main = pruning.n_for_share(main_share, n_deep)
@@ -233,23 +290,39 @@ k_main = pruning.k_of_prefix(ranking, n_main)
 union_scaled = len(pruning.union_top_k(ranking, k_scaled))
 cna_seconds = time.time() - t0
 timings.append({"section": "1 CNA", "wall_s": cna_seconds})
-case_frame = cases.to_frame()[["op", "a", "b", "answer"]].assign(correct_original=scores.correct_original.numpy(),
-                                                                    correct_lora=scores.correct_lora.numpy())
-case_summary = case_frame.groupby("op", sort=False).agg(
-    n_cases=("a", "size"), first_token_accuracy_original=("correct_original", "mean"),
-    first_token_accuracy_lora=("correct_lora", "mean")).reset_index()
+case_frame = cases.to_frame()[["op", "a", "b", "answer"]].assign(
+    correct_original=scores.correct_original.numpy(), correct_lora=scores.correct_lora.numpy()
+)
+case_summary = (
+    case_frame.groupby("op", sort=False)
+    .agg(
+        n_cases=("a", "size"),
+        first_token_accuracy_original=("correct_original", "mean"),
+        first_token_accuracy_lora=("correct_lora", "mean"),
+    )
+    .reset_index()
+)
 save_table(case_summary, run.out, "06_cna_cases")
 save_table(ranking.head(pruning.n_for_share(max(shares), n_deep)), run.out, "06_neuron_ranking")
 save_table(curve, run.out, "06_union_size")
-fig = plots.union_size(curve, main=(k_main, n_main / n_deep), scaled_k=k_scaled,
-                    title=f"{model}: union of the cases' top-K CNA neurons ({len(cases)} cases, layers {deep[0]}-{deep[-1]})")
+fig = plots.union_size(
+    curve,
+    main=(k_main, n_main / n_deep),
+    scaled_k=k_scaled,
+    title=f"{model}: union of the cases' top-K CNA neurons ({len(cases)} cases, layers {deep[0]}-{deep[-1]})",
+)
 save_figure(fig, run.out, "06_union_size")
-print(f"{len(cases)} cases; first-token accuracy on them: original {scores.accuracy_original:.0%}, LoRA "
-      f"{scores.accuracy_lora:.0%}; CNA {scores.mode}" + (f" ({scores.n_candidates} exact per case)" if scores.n_candidates else "")
-      + f", {cna_seconds:.0f} s")
-print(f"keeping {main_share:.0%} = {n_main:,} of {n_deep:,} deep neurons = the union of every case's top-{k_main} "
-      f"(completed in order); Yu's top-500 scaled (top-{k_scaled}) gives {union_scaled:,} neurons = "
-      f"{union_scaled / n_deep:.1%}")
+print(
+    f"{len(cases)} cases; first-token accuracy on them: original {scores.accuracy_original:.0%}, LoRA "
+    f"{scores.accuracy_lora:.0%}; CNA {scores.mode}"
+    + (f" ({scores.n_candidates} exact per case)" if scores.n_candidates else "")
+    + f", {cna_seconds:.0f} s"
+)
+print(
+    f"keeping {main_share:.0%} = {n_main:,} of {n_deep:,} deep neurons = the union of every case's top-{k_main} "
+    f"(completed in order); Yu's top-500 scaled (top-{k_scaled}) gives {union_scaled:,} neurons = "
+    f"{union_scaled / n_deep:.1%}"
+)
 ranking.head(10)
 
 # %% [markdown]
@@ -264,18 +337,53 @@ tokens = pruning.timing_tokens(test_set, S["timing_batch"])
 seeds = [seed * 1000 + i for i in range(int(S["random_seeds"]))]
 if not seeds:
     raise ValueError("random_seeds must be at least 1: Table 11 compares the CNA-pruned model with random prunings")
-table, keeps = pruning.table11(bridge, ranking, main_share, deep, ref_layer, lora_ref.weights, train_set, test_set, config,
-                         random_seeds=seeds, lrs=lrs, val_set=val, lora=lora_spec, cache_dir=cache_dir, tokens=tokens,
-                         repeats=S["timing_repeats"], batch_size=batch_size, n_lora_reference=lora_ref.n_trainable)
+table, keeps = pruning.table11(
+    bridge,
+    ranking,
+    main_share,
+    deep,
+    ref_layer,
+    lora_ref.weights,
+    train_set,
+    test_set,
+    config,
+    random_seeds=seeds,
+    lrs=lrs,
+    val_set=val,
+    lora=lora_spec,
+    cache_dir=cache_dir,
+    tokens=tokens,
+    repeats=S["timing_repeats"],
+    batch_size=batch_size,
+    n_lora_reference=lora_ref.n_trainable,
+)
 timings.append({"section": "2 Table 11", "wall_s": time.time() - t0})
 save_table(table, run.out, "06_table11")
-fig = plots.table11_plot(table, title=f"{model}: Yu Table 11 ({main_share:.0%} of the deep FFN neurons of layers "
-                 f"{deep[0]}-{deep[-1]} kept, LoRA on layer {ref_layer}; {len(test_set)} test sentences, "
-                 f"{S['scale']} scale; timing: batch {tuple(tokens.shape)})")
+fig = plots.table11_plot(
+    table,
+    title=f"{model}: Yu Table 11 ({main_share:.0%} of the deep FFN neurons of layers "
+    f"{deep[0]}-{deep[-1]} kept, LoRA on layer {ref_layer}; {len(test_set)} test sentences, "
+    f"{S['scale']} scale; timing: batch {tuple(tokens.shape)})",
+)
 save_figure(fig, run.out, "06_table11")
-print(f"timing batch {tuple(tokens.shape)} (prompts x tokens), {S['timing_repeats']} passes, fastest (forward_min_s) compared")
-table[["model", "seed", "n_kept", "accuracy_pruned", "accuracy", "paper", "n_params", "n_deep_ffn_params", "n_lora",
-       "forward_min_s", "speedup"]]
+print(
+    f"timing batch {tuple(tokens.shape)} (prompts x tokens), {S['timing_repeats']} passes, fastest (forward_min_s) compared"
+)
+table[
+    [
+        "model",
+        "seed",
+        "n_kept",
+        "accuracy_pruned",
+        "accuracy",
+        "paper",
+        "n_params",
+        "n_deep_ffn_params",
+        "n_lora",
+        "forward_min_s",
+        "speedup",
+    ]
+]
 
 # %% [markdown]
 # ## 3. Sweep over the share of deep neurons kept, CNA vs random
@@ -287,21 +395,42 @@ table[["model", "seed", "n_kept", "accuracy_pruned", "accuracy", "paper", "n_par
 t0 = time.time()
 others = [s for s in shares if abs(s - main_share) > 1e-12]
 sweep_seed_list = [seed * 1000 + i for i in range(int(S["sweep_seeds"]))]
-sweep_rest, sweep_keeps = pruning.share_sweep(bridge, ranking, others, deep, ref_layer, train_set, test_set, config,
-                                        random_seeds=sweep_seed_list, fine_tune=bool(S["sweep_lora"]), lrs=lrs,
-                                        val_set=val, lora=lora_spec, cache_dir=cache_dir, batch_size=batch_size)
+sweep_rest, sweep_keeps = pruning.share_sweep(
+    bridge,
+    ranking,
+    others,
+    deep,
+    ref_layer,
+    train_set,
+    test_set,
+    config,
+    random_seeds=sweep_seed_list,
+    fine_tune=bool(S["sweep_lora"]),
+    lrs=lrs,
+    val_set=val,
+    lora=lora_spec,
+    cache_dir=cache_dir,
+    batch_size=batch_size,
+)
 main_rows = table[table.selection.isin(["cna", "random"])]
-sweep = pd.concat([main_rows[[c for c in sweep_rest.columns if c in main_rows.columns]], sweep_rest],
-                  ignore_index=True).sort_values(["selection", "share", "seed"]).reset_index(drop=True)
+sweep = (
+    pd.concat([main_rows[[c for c in sweep_rest.columns if c in main_rows.columns]], sweep_rest], ignore_index=True)
+    .sort_values(["selection", "share", "seed"])
+    .reset_index(drop=True)
+)
 sweep["share_pct"] = 100 * sweep.share
 summary = pruning.summarize_sweep(sweep)
 timings.append({"section": "3 sweep", "wall_s": time.time() - t0})
 save_table(sweep, run.out, "06_share_sweep")
 save_table(summary, run.out, "06_share_sweep_summary")
 acc = dict(zip(table.model, table.accuracy))
-fig = plots.share_sweep_plot(sweep, reference={"original": acc["original"], f"LoRA L{ref_layer}": acc["LoRA"]},
-                     main_share=main_share, paper=papers.YU_TABLE11,
-                     title=f"{model}: pruning the deep FFN layers {deep[0]}-{deep[-1]}, CNA union vs random")
+fig = plots.share_sweep_plot(
+    sweep,
+    reference={"original": acc["original"], f"LoRA L{ref_layer}": acc["LoRA"]},
+    main_share=main_share,
+    paper=papers.YU_TABLE11,
+    title=f"{model}: pruning the deep FFN layers {deep[0]}-{deep[-1]}, CNA union vs random",
+)
 save_figure(fig, run.out, "06_share_sweep")
 summary.pivot_table(index="share", columns="selection", values=["accuracy_pruned", "accuracy"]).round(3)
 
@@ -328,47 +457,74 @@ orig, lora_full = t.loc["original"], t.loc["LoRA"]
 pruned, masked = t.loc["LoRA on CNA-pruned"], t.loc["LoRA on CNA-masked"]
 rand = table[table.model == "LoRA on random-pruned"]
 r_mean, r_sd = float(rand.accuracy.mean()), float(rand.accuracy.std()) if len(rand) > 1 else float("nan")
-lines = [f"- Model `{model}`, {S['scale']} scale, seed {seed}: {len(train_set)} training / {len(test_set)} test "
-         f"sentences (notebook 05's split), LoRA (r = {lora_spec.r}) on layer {ref_layer}, deep layers "
-         f"{deep[0]}-{deep[-1]} ({n_deep:,} FFN neurons)."]
-lines.append(f"- CNA (LoRA vs original, {scores.mode}" + (f", {scores.n_candidates} exact per case" if scores.n_candidates
-             else "") + f") on {len(cases)} 1D cases of + - * /. Keeping {main_share:.0%} = {n_main:,} neurons takes "
-             f"the union of every case's top-{k_main}; Yu's top-500, scaled to this model (top-{k_scaled}), would keep "
-             f"{union_scaled / n_deep:.1%} (Yu: about 5 %).")
-lines.append(f"- Table 11 (2-digit test accuracy, whole answer): original {orig.accuracy:.1%} [Yu 62.9 %], LoRA "
-             f"{lora_full.accuracy:.1%} [89.3 %], LoRA on the CNA-pruned model {pruned.accuracy:.1%} [82.3 %], LoRA on "
-             f"randomly pruned models {r_mean:.1%}" + (f" ± {r_sd:.1%} (sd over {len(rand)} seeds)" if len(rand) > 1
-                                                        else "") + " [17.1 %].")
-lines.append(f"- Before fine-tuning, the pruned models score {pruned.accuracy_pruned:.1%} (CNA) and "
-             f"{float(rand.accuracy_pruned.mean()):.1%} (random, mean): LoRA adds "
-             f"{100 * (pruned.accuracy - pruned.accuracy_pruned):+.1f} and "
-             f"{100 * (r_mean - float(rand.accuracy_pruned.mean())):+.1f} points.")
+lines = [
+    f"- Model `{model}`, {S['scale']} scale, seed {seed}: {len(train_set)} training / {len(test_set)} test "
+    f"sentences (notebook 05's split), LoRA (r = {lora_spec.r}) on layer {ref_layer}, deep layers "
+    f"{deep[0]}-{deep[-1]} ({n_deep:,} FFN neurons)."
+]
+lines.append(
+    f"- CNA (LoRA vs original, {scores.mode}"
+    + (f", {scores.n_candidates} exact per case" if scores.n_candidates else "")
+    + f") on {len(cases)} 1D cases of + - * /. Keeping {main_share:.0%} = {n_main:,} neurons takes "
+    f"the union of every case's top-{k_main}; Yu's top-500, scaled to this model (top-{k_scaled}), would keep "
+    f"{union_scaled / n_deep:.1%} (Yu: about 5 %)."
+)
+lines.append(
+    f"- Table 11 (2-digit test accuracy, whole answer): original {orig.accuracy:.1%} [Yu 62.9 %], LoRA "
+    f"{lora_full.accuracy:.1%} [89.3 %], LoRA on the CNA-pruned model {pruned.accuracy:.1%} [82.3 %], LoRA on "
+    f"randomly pruned models {r_mean:.1%}"
+    + (f" ± {r_sd:.1%} (sd over {len(rand)} seeds)" if len(rand) > 1 else "")
+    + " [17.1 %]."
+)
+lines.append(
+    f"- Before fine-tuning, the pruned models score {pruned.accuracy_pruned:.1%} (CNA) and "
+    f"{float(rand.accuracy_pruned.mean()):.1%} (random, mean): LoRA adds "
+    f"{100 * (pruned.accuracy - pruned.accuracy_pruned):+.1f} and "
+    f"{100 * (r_mean - float(rand.accuracy_pruned.mean())):+.1f} points."
+)
 verdicts = []
-verdicts.append(f"the CNA-pruned model {'beats' if pruned.accuracy > r_mean else 'does NOT beat'} the random ones "
-                f"({100 * (pruned.accuracy - r_mean):+.1f} points; Yu: +65.2)")
-verdicts.append(f"{'beats' if pruned.accuracy > orig.accuracy else 'does NOT beat'} the unpruned original "
-                f"({100 * (pruned.accuracy - orig.accuracy):+.1f}; Yu: +19.4)")
-verdicts.append(f"{'stays below' if pruned.accuracy < lora_full.accuracy else 'reaches'} LoRA on the full model "
-                f"({100 * (pruned.accuracy - lora_full.accuracy):+.1f}; Yu: -7.0)")
+verdicts.append(
+    f"the CNA-pruned model {'beats' if pruned.accuracy > r_mean else 'does NOT beat'} the random ones "
+    f"({100 * (pruned.accuracy - r_mean):+.1f} points; Yu: +65.2)"
+)
+verdicts.append(
+    f"{'beats' if pruned.accuracy > orig.accuracy else 'does NOT beat'} the unpruned original "
+    f"({100 * (pruned.accuracy - orig.accuracy):+.1f}; Yu: +19.4)"
+)
+verdicts.append(
+    f"{'stays below' if pruned.accuracy < lora_full.accuracy else 'reaches'} LoRA on the full model "
+    f"({100 * (pruned.accuracy - lora_full.accuracy):+.1f}; Yu: -7.0)"
+)
 lines.append("- After LoRA, " + "; ".join(verdicts) + ".")
-lines.append(f"- Size: {int(orig.n_params):,} -> {int(pruned.n_params):,} parameters "
-             f"({100 * (pruned.params_share - 1):+.1f} %); deep FFN parameters {int(orig.n_deep_ffn_params):,} -> "
-             f"{int(pruned.n_deep_ffn_params):,} ({pruned.deep_ffn_share:.1%} kept; Yu: 5 %); LoRA adds "
-             f"{int(pruned.n_lora):,} parameters ({100 * pruned.lora_share:.3f} % of the original; Yu: 0.015 %).")
-lines.append(f"- Forward pass (batch {tuple(tokens.shape)}, fastest of {S['timing_repeats']}): original "
-             f"{1000 * orig.forward_min_s:.1f} ms, CNA-pruned {1000 * pruned.forward_min_s:.1f} ms ({pruned.speedup:.2f}x), "
-             f"masked {1000 * masked.forward_min_s:.1f} ms ({masked.speedup:.2f}x). The masked model matches the pruned "
-             f"one's accuracy ({masked.accuracy:.1%} vs {pruned.accuracy:.1%}: "
-             f"{'equal' if abs(masked.accuracy - pruned.accuracy) < 1e-9 else 'DIFFERENT'}) without saving anything.")
+lines.append(
+    f"- Size: {int(orig.n_params):,} -> {int(pruned.n_params):,} parameters "
+    f"({100 * (pruned.params_share - 1):+.1f} %); deep FFN parameters {int(orig.n_deep_ffn_params):,} -> "
+    f"{int(pruned.n_deep_ffn_params):,} ({pruned.deep_ffn_share:.1%} kept; Yu: 5 %); LoRA adds "
+    f"{int(pruned.n_lora):,} parameters ({100 * pruned.lora_share:.3f} % of the original; Yu: 0.015 %)."
+)
+lines.append(
+    f"- Forward pass (batch {tuple(tokens.shape)}, fastest of {S['timing_repeats']}): original "
+    f"{1000 * orig.forward_min_s:.1f} ms, CNA-pruned {1000 * pruned.forward_min_s:.1f} ms ({pruned.speedup:.2f}x), "
+    f"masked {1000 * masked.forward_min_s:.1f} ms ({masked.speedup:.2f}x). The masked model matches the pruned "
+    f"one's accuracy ({masked.accuracy:.1%} vs {pruned.accuracy:.1%}: "
+    f"{'equal' if abs(masked.accuracy - pruned.accuracy) < 1e-9 else 'DIFFERENT'}) without saving anything."
+)
 rows = []
 for share, g in summary.groupby("share"):
     c, r = g[g.selection == "cna"], g[g.selection == "random"]
     if len(c) and len(r):
-        after = (f"after LoRA CNA {float(c.accuracy.iloc[0]):.1%} vs random {float(r.accuracy.iloc[0]):.1%}, "
-                 if pd.notna(c.accuracy.iloc[0]) else "")
-        rows.append(f"{100 * share:g} %: {after}before LoRA {float(c.accuracy_pruned.iloc[0]):.1%} vs "
-                    f"{float(r.accuracy_pruned.iloc[0]):.1%}")
-lines.append("- Sweep (share of deep neurons kept; CNA vs random, random averaged over seeds): " + "; ".join(rows) + ".")
+        after = (
+            f"after LoRA CNA {float(c.accuracy.iloc[0]):.1%} vs random {float(r.accuracy.iloc[0]):.1%}, "
+            if pd.notna(c.accuracy.iloc[0])
+            else ""
+        )
+        rows.append(
+            f"{100 * share:g} %: {after}before LoRA {float(c.accuracy_pruned.iloc[0]):.1%} vs "
+            f"{float(r.accuracy_pruned.iloc[0]):.1%}"
+        )
+lines.append(
+    "- Sweep (share of deep neurons kept; CNA vs random, random averaged over seeds): " + "; ".join(rows) + "."
+)
 wins = summary.pivot_table(index="share", columns="selection", values="accuracy_pruned")
 if {"cna", "random"} <= set(wins.columns):
     n_win = int((wins["cna"] > wins["random"]).sum())
@@ -376,6 +532,8 @@ if {"cna", "random"} <= set(wins.columns):
 lines += R.notebook_verdicts(run.out, "06")  # the report's rule, from the tables saved above
 lines.append(f"- Wall time {time.time() - t_start:.0f} s on {run.model.device} (CNA {cna_seconds:.0f} s).")
 if S["scale"] == "quick":
-    lines.append("- Quick mode: a few training steps on a few dozen prompts and few cases; these numbers test the "
-                 "pipeline, not the paper's claims.")
+    lines.append(
+        "- Quick mode: a few training steps on a few dozen prompts and few cases; these numbers test the "
+        "pipeline, not the paper's claims."
+    )
 Markdown("\n".join(lines))

@@ -107,42 +107,41 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
-device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
+dtype = "auto"  # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
+device_map = None  # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
 out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
-fewshot = 2              # solved examples in the prefix of the arithmetic side-effect prompts
-top_k = 100              # App. D: top-100 next-token predictions per prompt and gender
-cna_prompt = 0           # App. D: CNA on the first Table-22 prompt
-edit_k = 18              # Sec. 6.2: 18 neurons zeroed
+fewshot = 2  # solved examples in the prefix of the arithmetic side-effect prompts
+top_k = 100  # App. D: top-100 next-token predictions per prompt and gender
+cna_prompt = 0  # App. D: CNA on the first Table-22 prompt
+edit_k = 18  # Sec. 6.2: 18 neurons zeroed
 sweep = (6, 12, 18, 36)  # edit sizes
-n_random_seeds = 10      # random-neuron controls per edit size
-n_side_seeds = 2         # random controls whose side effects are measured (K = edit_k)
+n_random_seeds = 10  # random-neuron controls per edit size
+n_side_seeds = 2  # random controls whose side effects are measured (K = edit_k)
 exact_importance = "auto"  # exact CNA importance of every neuron: True, False or "auto" (bias.exact_affordable)
-norm_reading = "final"   # how CNA reads a vector through the final norm: "final" (the authors') or "own" (variant)
-n_candidates = 20        # the screen (without exact): exact importance for each profession's top neurons by stage 1 ...
-n_aggregate = 200        # ... and for the top neurons of the pooled stage-1 change; its recall is measured when exact
-recall_ks = (10, 18, 36) # top-k sizes of the screen-recall table (without exact: within every 4th layer)
-early_layers = 1         # layers < this are "early" (bias.EARLY_LAYERS: layer 0), fixed before the run
-table12_k = 3            # neurons per profession in the Table-12 CSV
-arith_per_op = 8         # Yu 1-digit prompts per operator (template "n1 op n2 =", few-shot)
-lm_chunks = 2            # LM loss: chunks of 128 tokens of the prose sample
-heldout_frac = 0.5       # share of each gender's professions used to choose the held-out edit set
+norm_reading = "final"  # how CNA reads a vector through the final norm: "final" (the authors') or "own" (variant)
+n_candidates = 20  # the screen (without exact): exact importance for each profession's top neurons by stage 1 ...
+n_aggregate = 200  # ... and for the top neurons of the pooled stage-1 change; its recall is measured when exact
+recall_ks = (10, 18, 36)  # top-k sizes of the screen-recall table (without exact: within every 4th layer)
+early_layers = 1  # layers < this are "early" (bias.EARLY_LAYERS: layer 0), fixed before the run
+table12_k = 3  # neurons per profession in the Table-12 CSV
+arith_per_op = 8  # Yu 1-digit prompts per operator (template "n1 op n2 =", few-shot)
+lm_chunks = 2  # LM loss: chunks of 128 tokens of the prose sample
+heldout_frac = 0.5  # share of each gender's professions used to choose the held-out edit set
 exclude_gendered = True  # leave grammatically gendered forms out of the biased set
 
 # %%
 import time
 
-import numpy as np
 import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-import arithlib.yu.bias as B
 import arithlib.core.datasets as ds
 import arithlib.plots.bias as plots
 import arithlib.report as R
+import arithlib.yu.bias as B
 from arithlib.core import papers
 from arithlib.methods.general_ability import pydoc_prose
 from arithlib.run.outputs import save_figure, save_table
@@ -153,12 +152,34 @@ if quick:
     n_candidates, n_aggregate, arith_per_op, lm_chunks = 5, 50, 3, 1
     recall_ks = (5, 18)
 sweep = tuple(sorted(set(sweep) | {edit_k}))
-run = start_run("07_gender_bias_editing", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, fewshot=fewshot, top_k=top_k,
-                cna_prompt=cna_prompt, edit_k=edit_k, sweep=list(sweep), n_random_seeds=n_random_seeds,
-                n_side_seeds=n_side_seeds, n_candidates=n_candidates, n_aggregate=n_aggregate, arith_per_op=arith_per_op,
-                lm_chunks=lm_chunks, heldout_frac=heldout_frac, exclude_gendered=exclude_gendered,
-                min_partial_letters=B.MIN_PARTIAL_LETTERS, exact_importance=exact_importance,
-                recall_ks=list(recall_ks), early_layers=early_layers, norm_reading=norm_reading)
+run = start_run(
+    "07_gender_bias_editing",
+    model,
+    device,
+    seed,
+    out_dir,
+    quick,
+    dtype=dtype,
+    device_map=device_map,
+    fewshot=fewshot,
+    top_k=top_k,
+    cna_prompt=cna_prompt,
+    edit_k=edit_k,
+    sweep=list(sweep),
+    n_random_seeds=n_random_seeds,
+    n_side_seeds=n_side_seeds,
+    n_candidates=n_candidates,
+    n_aggregate=n_aggregate,
+    arith_per_op=arith_per_op,
+    lm_chunks=lm_chunks,
+    heldout_frac=heldout_frac,
+    exclude_gendered=exclude_gendered,
+    min_partial_letters=B.MIN_PARTIAL_LETTERS,
+    exact_importance=exact_importance,
+    recall_ks=list(recall_ks),
+    early_layers=early_layers,
+    norm_reading=norm_reading,
+)
 bridge, tok, out = run.bridge, run.tokenizer, run.out
 genders = list(B.GENDERS)
 d_mlp = run.model.info.d_mlp
@@ -205,16 +226,24 @@ fig = plots.profession_counts(top, biased, f"{model}: profession tokens in the t
 save_figure(fig, out, "07_profession_counts")
 has_bias = len(biased) > 0
 if not has_bias:
-    display(Markdown(f"**No profession token differs by gender in the top-{top_k} lists of `{model}`** "
-                     f"({int(top.is_profession.sum())} profession tokens in all lists). CNA, the edit and the "
-                     "held-out check need biased professions and are skipped; the side-effect section still "
-                     "measures the unedited model."))
+    display(
+        Markdown(
+            f"**No profession token differs by gender in the top-{top_k} lists of `{model}`** "
+            f"({int(top.is_profession.sum())} profession tokens in all lists). CNA, the edit and the "
+            "held-out check need biased professions and are skipped; the side-effect section still "
+            "measures the unedited model."
+        )
+    )
 for g in genders:
     print(f"{g}: " + ", ".join(biased.loc[biased.bias_gender == g, "token"]))
-print(f"Table 23: {int(paper_profs.used.sum())} of {len(paper_profs)} professions scored "
-      f"({int(paper_profs.multi_token.sum())} of several tokens, by their first); not scored: "
-      + (", ".join(f"{r.profession} ({r.reason}: '{r.token}')" for r in paper_profs[~paper_profs.used].itertuples())
-         or "none"))
+print(
+    f"Table 23: {int(paper_profs.used.sum())} of {len(paper_profs)} professions scored "
+    f"({int(paper_profs.multi_token.sum())} of several tokens, by their first); not scored: "
+    + (
+        ", ".join(f"{r.profession} ({r.reason}: '{r.token}')" for r in paper_profs[~paper_profs.used].itertuples())
+        or "none"
+    )
+)
 comparison
 
 # %% [markdown]
@@ -230,8 +259,16 @@ comparison
 if has_bias:
     t0 = time.time()
     recall_layers = None if exact else list(range(0, run.model.info.n_layers, B.RECALL_LAYER_STRIDE))
-    result = B.gender_cna(bridge, tok, biased, prompt_id=cna_prompt, n_candidates=None if exact else n_candidates,
-                          n_aggregate=n_aggregate, exact_layers=recall_layers or (), norm_reading=norm_reading)
+    result = B.gender_cna(
+        bridge,
+        tok,
+        biased,
+        prompt_id=cna_prompt,
+        n_candidates=None if exact else n_candidates,
+        n_aggregate=n_aggregate,
+        exact_layers=recall_layers or (),
+        norm_reading=norm_reading,
+    )
     timings["cna"] = time.time() - t0
     table12 = B.neuron_table(bridge, tok, result, biased, k=table12_k)
     save_table(table12, out, "07_table12_per_profession")
@@ -252,13 +289,21 @@ if has_bias:
     diag = B.layer_diagnostic(bridge, result, biased, neurons_by_k[edit_k])
     save_table(diag, out, "07_layer_diagnostic")
     timings["recall_and_diagnostic"] = time.time() - t0
-    save_figure(plots.layer_diagnostic_plot(diag, genders, f"{model}: what the CNA importance of each layer is read from"),
-                out, "07_layer_diagnostic")
+    save_figure(
+        plots.layer_diagnostic_plot(diag, genders, f"{model}: what the CNA importance of each layer is read from"),
+        out,
+        "07_layer_diagnostic",
+    )
     display(edit_layers.pivot_table(index="layer", columns="edit_set", values="n_neurons", fill_value=0))
     if len(recall):
         per_case = recall[recall.case != "pooled (edit set)"].groupby("k").recall.agg(["mean", "min"])
-        display(per_case.join(recall[recall.case == "pooled (edit set)"].set_index("k")[["recall", "edit_set_overlap"]]
-                              .add_prefix("edit set ")))
+        display(
+            per_case.join(
+                recall[recall.case == "pooled (edit set)"]
+                .set_index("k")[["recall", "edit_set_overlap"]]
+                .add_prefix("edit set ")
+            )
+        )
     display(table12.groupby("bias_gender").head(2 * table12_k))
 else:
     print("skipped: no biased professions")
@@ -277,8 +322,10 @@ else:
 # %%
 if has_bias:
     t0 = time.time()
-    random_by_k = {k: B.random_neuron_sets(neurons_by_k[k], d_mlp, [seed + 1000 * k + s for s in range(n_random_seeds)])
-                   for k in sweep}
+    random_by_k = {
+        k: B.random_neuron_sets(neurons_by_k[k], d_mlp, [seed + 1000 * k + s for s in range(n_random_seeds)])
+        for k in sweep
+    }
     conditions = B.edit_conditions(neurons_by_k, random_by_k)
     variants = {"cna_late": late_set, "cna_drop": drop_set}
     for j, (kind, ns) in enumerate(variants.items()):
@@ -297,18 +344,37 @@ if has_bias:
     t13_paper = B.table13(B.summarize_conditions(paper_scores), edit_k)
     save_table(t13_paper, out, "07_table13_paper_professions")
     kinds = ("cna", "cna_late", "cna_drop")
-    effects = pd.concat([B.reduction_intervals(scores, kinds).assign(professions="model's own"),
-                         B.reduction_intervals(paper_scores, kinds).assign(professions="Table 23")], ignore_index=True)
+    effects = pd.concat(
+        [
+            B.reduction_intervals(scores, kinds).assign(professions="model's own"),
+            B.reduction_intervals(paper_scores, kinds).assign(professions="Table 23"),
+        ],
+        ignore_index=True,
+    )
     save_table(effects, out, "07_edit_effects")
-    save_figure(plots.bias_before_after(t13, genders, f"{model}: gender bias before / after zeroing {edit_k} neurons"),
-                out, "07_table13")
+    save_figure(
+        plots.bias_before_after(t13, genders, f"{model}: gender bias before / after zeroing {edit_k} neurons"),
+        out,
+        "07_table13",
+    )
     save_figure(plots.bias_sweep(summary, f"{model}: bias vs number of zeroed neurons"), out, "07_bias_sweep")
-    save_figure(plots.edit_effects(effects[effects.K == edit_k], papers.YU_BIAS_REDUCTION_PCT,
-                               f"{model}: bias reduction with 95 % intervals (K = {edit_k})"), out, "07_edit_effects")
+    save_figure(
+        plots.edit_effects(
+            effects[effects.K == edit_k],
+            papers.YU_BIAS_REDUCTION_PCT,
+            f"{model}: bias reduction with 95 % intervals (K = {edit_k})",
+        ),
+        out,
+        "07_edit_effects",
+    )
     edited = scores[(scores.kind == "cna") & (scores.K == edit_k)]
-    save_figure(plots.profession_shift(scores[scores.kind == "original"], edited,
-                                   f"{model}: bias per profession, original vs CNA top-{edit_k}"),
-                out, "07_profession_shift")
+    save_figure(
+        plots.profession_shift(
+            scores[scores.kind == "original"], edited, f"{model}: bias per profession, original vs CNA top-{edit_k}"
+        ),
+        out,
+        "07_profession_shift",
+    )
     display(t13)
     display(effects[effects.K == edit_k])
 else:
@@ -332,8 +398,15 @@ if has_bias:
         side_conditions[("cna", k, -1)] = conditions[("cna", k, -1)]
     for s in list(random_by_k[edit_k])[:n_side_seeds]:
         side_conditions[("random", edit_k, s)] = conditions[("random", edit_k, s)]
-side = B.side_effects(bridge, tok, side_conditions, prose=prose.text, arith=arith,
-                      profession_ids=prof_tokens.token_id.tolist(), max_chunks=lm_chunks)
+side = B.side_effects(
+    bridge,
+    tok,
+    side_conditions,
+    prose=prose.text,
+    arith=arith,
+    profession_ids=prof_tokens.token_id.tolist(),
+    max_chunks=lm_chunks,
+)
 side["prose_sha256"] = prose.sha256
 save_table(side, out, "07_side_effects")
 save_figure(plots.side_effects_plot(side, f"{model}: side effects of zeroing neurons"), out, "07_side_effects")
@@ -361,10 +434,15 @@ if has_bias:
     if sel and held:
         neurons_sel = B.bias_neurons(result, edit_k, cases=sel, groups=groups)
         random_sel = B.random_neuron_sets(neurons_sel, d_mlp, [seed + 7 + s for s in range(n_random_seeds)])
-        conds_sel = {key: h for key, h in B.edit_conditions({edit_k: neurons_sel}, {edit_k: random_sel}).items()
-                     if key[0] != "original"}
-        scores_sel = pd.concat([scores[scores.kind == "original"],
-                                B.bias_under_conditions(bridge, tok, biased, conds_sel)], ignore_index=True)
+        conds_sel = {
+            key: h
+            for key, h in B.edit_conditions({edit_k: neurons_sel}, {edit_k: random_sel}).items()
+            if key[0] != "original"
+        }
+        scores_sel = pd.concat(
+            [scores[scores.kind == "original"], B.bias_under_conditions(bridge, tok, biased, conds_sel)],
+            ignore_index=True,
+        )
         save_table(scores_sel, out, "07_heldout_scores")
         ids_sel, ids_held = biased.token_id.iloc[sel].tolist(), biased.token_id.iloc[held].tolist()
         cells = []
@@ -375,8 +453,11 @@ if has_bias:
         heldout_table = pd.concat(cells, ignore_index=True)
         heldout_table["edit_set"] = ", ".join(f"{l}_{n}" for l, n in neurons_sel)
         save_table(heldout_table, out, "07_heldout")
-save_figure(plots.heldout(heldout_table, f"{model}: edit chosen on half the professions and prompt {cna_prompt + 1}"),
-            out, "07_heldout")
+save_figure(
+    plots.heldout(heldout_table, f"{model}: edit chosen on half the professions and prompt {cna_prompt + 1}"),
+    out,
+    "07_heldout",
+)
 heldout_prompts
 
 # %%
@@ -387,17 +468,23 @@ if len(heldout_table):
 # ## What this run found
 
 # %%
-lines = [f"- Model `{model}` (seed {seed}{', quick mode' if quick else ''}). Lexicon: {len(lexicon)} professions -> "
-         f"{len(prof_tokens)} profession tokens on this tokenizer ({len(dropped)} dropped)."]
+lines = [
+    f"- Model `{model}` (seed {seed}{', quick mode' if quick else ''}). Lexicon: {len(lexicon)} professions -> "
+    f"{len(prof_tokens)} profession tokens on this tokenizer ({len(dropped)} dropped)."
+]
 n_prof_top = int(top.is_profession.sum())
-lines.append(f"- Top-{top_k} lists of the 8 prompts x 2 genders hold {n_prof_top} profession-token entries; "
-             + ", ".join(f"prompt {p + 1}: {int(top[(top.prompt_id == p) & top.is_profession].shape[0])}"
-                         for p in range(8)) + ".")
+lines.append(
+    f"- Top-{top_k} lists of the 8 prompts x 2 genders hold {n_prof_top} profession-token entries; "
+    + ", ".join(f"prompt {p + 1}: {int(top[(top.prompt_id == p) & top.is_profession].shape[0])}" for p in range(8))
+    + "."
+)
 if not has_bias:
-    lines.append(f"- **No profession token differs by gender** in the top-{top_k} lists, so there is nothing to "
-                 "compare, edit or hold out; only the unedited model's side-effect measures were computed "
-                 f"(arithmetic accuracy {side.arith_accuracy.iloc[0]:.0%} on {len(arith)} prompts, LM loss "
-                 f"{side.lm_loss.iloc[0]:.2f} nats/token with {side.unk_share.iloc[0]:.0%} unknown tokens).")
+    lines.append(
+        f"- **No profession token differs by gender** in the top-{top_k} lists, so there is nothing to "
+        "compare, edit or hold out; only the unedited model's side-effect measures were computed "
+        f"(arithmetic accuracy {side.arith_accuracy.iloc[0]:.0%} on {len(arith)} prompts, LM loss "
+        f"{side.lm_loss.iloc[0]:.2f} nats/token with {side.unk_share.iloc[0]:.0%} unknown tokens)."
+    )
 else:
     for g in genders:
         toks = biased.loc[biased.bias_gender == g, "token"].tolist()
@@ -406,85 +493,131 @@ else:
     if len(gendered):
         lines.append(f"- Gendered forms left out: {', '.join(gendered.token)}.")
     for r in comparison.itertuples():
-        lines.append(f"- Paper's Table 23 {r.gender} list ({r.n_paper} professions): {r.same_gender} of its tokens are "
-                     f"in this model's {r.gender} list ({r.shared_tokens or 'none'}), {r.other_gender} in the other "
-                     "gender's.")
+        lines.append(
+            f"- Paper's Table 23 {r.gender} list ({r.n_paper} professions): {r.same_gender} of its tokens are "
+            f"in this model's {r.gender} list ({r.shared_tokens or 'none'}), {r.other_gender} in the other "
+            "gender's."
+        )
     top1 = edit_table.iloc[0]
     layers = pd.Series([l for l, _ in neurons_by_k[edit_k]]).value_counts().sort_index()
-    lines.append(f"- CNA edit set (top {edit_k}) by layer: " + ", ".join(f"L{l}: {c}" for l, c in layers.items())
-                 + f". Strongest: {top1['name']} (mean change {top1.mean_change:.2f} nats; coefficient "
-                 f"{top1.coef_woman:.2f} under woman vs {top1.coef_man:.2f} under man; top tokens: "
-                 f"{', '.join(str(top1.top_tokens).split(', ')[:5])}).")
-    cna_how = ("exact importance of every neuron" if exact else
-               f"two-stage screen ({n_candidates} per profession + pooled {n_aggregate}), plus every neuron of layers "
-               f"{', '.join(map(str, recall_layers))} for the recall")
-    lines.append(f"- CNA scoring: {cna_how}, {timings['cna']:.0f} s; screen recall and layer diagnostic "
-                 f"{timings['recall_and_diagnostic']:.0f} s; the {len(conditions)} bias conditions "
-                 f"({n_random_seeds} random seeds per edit) {timings['bias_conditions']:.0f} s.")
+    lines.append(
+        f"- CNA edit set (top {edit_k}) by layer: "
+        + ", ".join(f"L{l}: {c}" for l, c in layers.items())
+        + f". Strongest: {top1['name']} (mean change {top1.mean_change:.2f} nats; coefficient "
+        f"{top1.coef_woman:.2f} under woman vs {top1.coef_man:.2f} under man; top tokens: "
+        f"{', '.join(str(top1.top_tokens).split(', ')[:5])})."
+    )
+    cna_how = (
+        "exact importance of every neuron"
+        if exact
+        else f"two-stage screen ({n_candidates} per profession + pooled {n_aggregate}), plus every neuron of layers "
+        f"{', '.join(map(str, recall_layers))} for the recall"
+    )
+    lines.append(
+        f"- CNA scoring: {cna_how}, {timings['cna']:.0f} s; screen recall and layer diagnostic "
+        f"{timings['recall_and_diagnostic']:.0f} s; the {len(conditions)} bias conditions "
+        f"({n_random_seeds} random seeds per edit) {timings['bias_conditions']:.0f} s."
+    )
     if len(recall):
         pooled = recall[recall.case == "pooled (edit set)"].set_index("k")
         per_case = recall[recall.case != "pooled (edit set)"].groupby("k").recall
-        lines.append(f"- **Screen recall** against the exact ranking"
-                     + ("" if exact else f" within layers {recall.layers.iloc[0]}")
-                     + f" (screen: {n_candidates} per profession + pooled "
-                     f"{n_aggregate} = {int(recall.n_screened.iloc[0])} of {int(recall.n_neurons.iloc[0])} neurons): "
-                     + "; ".join(f"top-{k}: mean {per_case.mean()[k]:.0%} (min {per_case.min()[k]:.0%}) per profession, "
-                                 f"edit set {pooled.recall[k]:.0%} screened, {pooled.edit_set_overlap[k]:.0%} the same "
-                                 "neurons" for k in pooled.index) + ".")
+        lines.append(
+            "- **Screen recall** against the exact ranking"
+            + ("" if exact else f" within layers {recall.layers.iloc[0]}")
+            + f" (screen: {n_candidates} per profession + pooled "
+            f"{n_aggregate} = {int(recall.n_screened.iloc[0])} of {int(recall.n_neurons.iloc[0])} neurons): "
+            + "; ".join(
+                f"top-{k}: mean {per_case.mean()[k]:.0%} (min {per_case.min()[k]:.0%}) per profession, "
+                f"edit set {pooled.recall[k]:.0%} screened, {pooled.edit_set_overlap[k]:.0%} the same "
+                "neurons"
+                for k in pooled.index
+            )
+            + "."
+        )
     n_early = int(edit_layers[(edit_layers.edit_set == "cna") & (edit_layers.layer < early_layers)].n_neurons.sum())
-    lines.append(f"- **Edit set by layer** (top {edit_k}): " + ", ".join(
-        f"L{r.layer}: {r.n_neurons}" for r in edit_layers[edit_layers.edit_set == "cna"].itertuples())
-        + f"; {n_early} in the early layers (< {early_layers}).")
+    lines.append(
+        f"- **Edit set by layer** (top {edit_k}): "
+        + ", ".join(f"L{r.layer}: {r.n_neurons}" for r in edit_layers[edit_layers.edit_set == "cna"].itertuples())
+        + f"; {n_early} in the early layers (< {early_layers})."
+    )
     rms = diag[[f"resid_rms_{g}" for g in genders]].mean(axis=1)
     early_rows, later_rows = diag.layer < early_layers, diag.layer >= early_layers
-    lines.append(f"- **Early-layer diagnostic.** RMS of the residual the importance is read from: "
-                 f"{rms[early_rows].mean():.3g} in the early layers vs median {rms[later_rows].median():.3g} in the "
-                 f"others (x{rms[later_rows].median() / rms[early_rows].mean():.0f}); a neuron's write relative to it "
-                 f"(median): {diag.loc[early_rows, f'write_to_resid_{genders[0]}'].mean():.3g} vs "
-                 f"{diag.loc[later_rows, f'write_to_resid_{genders[0]}'].median():.3g}; mean |pooled change| "
-                 f"{diag.loc[early_rows, 'mean_abs_change'].mean():.3g} vs median "
-                 f"{diag.loc[later_rows, 'mean_abs_change'].median():.3g} nats.")
+    lines.append(
+        f"- **Early-layer diagnostic.** RMS of the residual the importance is read from: "
+        f"{rms[early_rows].mean():.3g} in the early layers vs median {rms[later_rows].median():.3g} in the "
+        f"others (x{rms[later_rows].median() / rms[early_rows].mean():.0f}); a neuron's write relative to it "
+        f"(median): {diag.loc[early_rows, f'write_to_resid_{genders[0]}'].mean():.3g} vs "
+        f"{diag.loc[later_rows, f'write_to_resid_{genders[0]}'].median():.3g}; mean |pooled change| "
+        f"{diag.loc[early_rows, 'mean_abs_change'].mean():.3g} vs median "
+        f"{diag.loc[later_rows, 'mean_abs_change'].median():.3g} nats."
+    )
     o = t13.iloc[0]
     c = t13[t13.model.str.startswith("CNA")].iloc[0]
     pt = papers.YU_TABLE13
-    lines.append(f"- **Table 13 (all 8 prompts, the model's {len(biased)} biased professions).** Original: total "
-                 f"{o.total:.2f}, woman {o.woman:.2f}, man {o.man:.2f} nats. CNA top-{edit_k} zeroed: total {c.total:.2f}, "
-                 f"woman {c.woman:.2f}, man {c.man:.2f}. Paper (Llama-7B): {pt['original']['total']} -> "
-                 f"{pt['edited']['total']} ({papers.YU_BIAS_REDUCTION_PCT} %).")
-    names = {"cna": f"CNA top-{edit_k}", "cna_late": f"top-{edit_k} from layers >= {early_layers}",
-             "cna_drop": f"top-{edit_k} less its {n_early} early neurons"}
+    lines.append(
+        f"- **Table 13 (all 8 prompts, the model's {len(biased)} biased professions).** Original: total "
+        f"{o.total:.2f}, woman {o.woman:.2f}, man {o.man:.2f} nats. CNA top-{edit_k} zeroed: total {c.total:.2f}, "
+        f"woman {c.woman:.2f}, man {c.man:.2f}. Paper (Llama-7B): {pt['original']['total']} -> "
+        f"{pt['edited']['total']} ({papers.YU_BIAS_REDUCTION_PCT} %)."
+    )
+    names = {
+        "cna": f"CNA top-{edit_k}",
+        "cna_late": f"top-{edit_k} from layers >= {early_layers}",
+        "cna_drop": f"top-{edit_k} less its {n_early} early neurons",
+    }
     for pro in ("model's own", "Table 23"):
         sub = effects[(effects.K == edit_k) & (effects.professions == pro)]
         if len(sub):
-            lines.append(f"- **Reduction, {pro} professions** ({int(sub.n_professions.iloc[0])} tokens x 8 prompts; "
-                         f"95 % intervals): " + "; ".join(
-                             f"{names[r.kind]}: {r.reduction_pct:.1f} % [{r.reduction_low:.1f}, {r.reduction_high:.1f}] vs "
-                             f"random {r.random_pct:.1f} % [{r.random_low:.1f}, {r.random_high:.1f}], difference "
-                             f"{r.diff_pts:.1f} [{r.diff_low:.1f}, {r.diff_high:.1f}] points" for r in sub.itertuples()) + ".")
+            lines.append(
+                f"- **Reduction, {pro} professions** ({int(sub.n_professions.iloc[0])} tokens x 8 prompts; "
+                f"95 % intervals): "
+                + "; ".join(
+                    f"{names[r.kind]}: {r.reduction_pct:.1f} % [{r.reduction_low:.1f}, {r.reduction_high:.1f}] vs "
+                    f"random {r.random_pct:.1f} % [{r.random_low:.1f}, {r.random_high:.1f}], difference "
+                    f"{r.diff_pts:.1f} [{r.diff_low:.1f}, {r.diff_high:.1f}] points"
+                    for r in sub.itertuples()
+                )
+                + "."
+            )
     tp = t13_paper.iloc[0]
-    lines.append(f"- Table 23's professions: {int(paper_profs.used.sum())} of {len(paper_profs)} scored "
-                 f"({int(paper_profs[paper_profs.used].multi_token.sum())} of several tokens, by their first), "
-                 f"{len(paper_set)} tokens; bias of the original model {tp.total:.2f} nats (woman {tp.woman:.2f}, "
-                 f"man {tp.man:.2f}; paper 1.26 / 1.45 / 1.08).")
+    lines.append(
+        f"- Table 23's professions: {int(paper_profs.used.sum())} of {len(paper_profs)} scored "
+        f"({int(paper_profs[paper_profs.used].multi_token.sum())} of several tokens, by their first), "
+        f"{len(paper_set)} tokens; bias of the original model {tp.total:.2f} nats (woman {tp.woman:.2f}, "
+        f"man {tp.man:.2f}; paper 1.26 / 1.45 / 1.08)."
+    )
     sw = summary[summary.kind == "cna"].sort_values("K")
     rw = summary[summary.kind == "random"].groupby("K").reduction_pct.mean()
-    lines.append("- Sweep (reduction %, CNA / random mean over seeds): " + "; ".join(
-        f"K={int(r.K)}: {r.reduction_pct:.1f} / {rw.get(r.K, float('nan')):.1f}" for r in sw.itertuples()) + ".")
+    lines.append(
+        "- Sweep (reduction %, CNA / random mean over seeds): "
+        + "; ".join(f"K={int(r.K)}: {r.reduction_pct:.1f} / {rw.get(r.K, float('nan')):.1f}" for r in sw.itertuples())
+        + "."
+    )
     rr = t13[t13.model.str.startswith("random")].iloc[0]
-    lines.append(f"- Signed bias towards the stereotype: {o.toward:.2f} -> {c.toward:.2f} nats (CNA), "
-                 f"{rr.toward:.2f} (random, mean of {n_random_seeds} seeds).")
+    lines.append(
+        f"- Signed bias towards the stereotype: {o.toward:.2f} -> {c.toward:.2f} nats (CNA), "
+        f"{rr.toward:.2f} (random, mean of {n_random_seeds} seeds)."
+    )
     hp = heldout_prompts[(heldout_prompts.kind == "cna") & (heldout_prompts.K == edit_k)]
-    lines.append("- Held-out prompts (edit chosen on prompt 1): " + "; ".join(
-        f"{r.prompts}: {r.reduction_pct:.1f} % reduction" for r in hp.itertuples()) + ".")
+    lines.append(
+        "- Held-out prompts (edit chosen on prompt 1): "
+        + "; ".join(f"{r.prompts}: {r.reduction_pct:.1f} % reduction" for r in hp.itertuples())
+        + "."
+    )
     if len(heldout_table):
         h = heldout_table.groupby(["professions", "prompts", "kind"], sort=False).reduction_pct.mean().unstack("kind")
-        lines.append("- Held-out professions (second edit set from half the professions), reduction % CNA / random: "
-                     + "; ".join(f"{f}, {p}: {r.cna:.1f} / {r.random:.1f}" for (f, p), r in h.iterrows()) + ".")
+        lines.append(
+            "- Held-out professions (second edit set from half the professions), reduction % CNA / random: "
+            + "; ".join(f"{f}, {p}: {r.cna:.1f} / {r.random:.1f}" for (f, p), r in h.iterrows())
+            + "."
+        )
 o_side = side[side.kind == "original"].iloc[0]
 for r in side[side.kind != "original"].itertuples():
-    lines.append(f"- Side effects, {r.kind} K={r.K}{'' if r.kind == 'cna' else f' (seed {r.seed})'}: LM loss "
-                 f"{r.lm_loss:.3f} vs {o_side.lm_loss:.3f} nats/token ({r.lm_loss_change:+.3f}); arithmetic accuracy "
-                 f"{r.arith_accuracy:.0%} vs {o_side.arith_accuracy:.0%}; P(profession) on 'A person ...' x"
-                 f"{r.profession_mass_ratio:.2f}.")
+    lines.append(
+        f"- Side effects, {r.kind} K={r.K}{'' if r.kind == 'cna' else f' (seed {r.seed})'}: LM loss "
+        f"{r.lm_loss:.3f} vs {o_side.lm_loss:.3f} nats/token ({r.lm_loss_change:+.3f}); arithmetic accuracy "
+        f"{r.arith_accuracy:.0%} vs {o_side.arith_accuracy:.0%}; P(profession) on 'A person ...' x"
+        f"{r.profession_mass_ratio:.2f}."
+    )
 lines += R.notebook_verdicts(out, "07")  # the report's rule, from the tables saved above
 Markdown("\n".join(lines))

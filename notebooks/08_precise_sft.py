@@ -84,23 +84,23 @@
 # %% tags=["parameters"]
 model = "qwen2.5-coder-0.5b"
 device = "cpu"
-dtype = "auto"           # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
-device_map = None        # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
+dtype = "auto"  # "auto": bfloat16 on a GPU, float32 on a CPU; or "float32", "bfloat16"
+device_map = None  # None: the whole model on `device`; "auto", "balanced" or {module: device} splits it across GPUs
 quick = False
 seed = 0
 out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
-fewshot = 2               # solved examples in the prefix of every prompt (train and test)
-scale = "auto"            # "paper" (Zhang's settings, for a GPU), "cpu" (judged sizes), "cpu-bands" (top-32 heads only), "quick" (smoke test); auto: paper on cuda, else cpu (cpu-bands above 1 B parameters)
+fewshot = 2  # solved examples in the prefix of every prompt (train and test)
+scale = "auto"  # "paper" (Zhang's settings, for a GPU), "cpu" (judged sizes), "cpu-bands" (top-32 heads only), "quick" (smoke test); auto: paper on cuda, else cpu (cpu-bands above 1 B parameters)
 ops = ["+", "-", "*", "/"]  # operators of the 2-digit data set
-kv = "group"              # precise SFT under GQA: "group" (K/V rows of the head's KV group) or "none"
-gsm8k_path = None         # optional local benchmark files (standard formats)
+kv = "group"  # precise SFT under GQA: "group" (K/V rows of the head's KV group) or "none"
+gsm8k_path = None  # optional local benchmark files (standard formats)
 svamp_path = None
 mmlu_path = None
 n_bench = 200
-use_cache = True          # reuse trained weights from the cache (keyed by model, data and settings)
-batch_size = 32           # evaluation batch size
-train_seeds = None        # training seeds of the judged pair (precise top-32 and full SFT); None: the scale's
-                          # count (sft_train_seeds) from `seed` on; the data, lr and test prompts stay the same
+use_cache = True  # reuse trained weights from the cache (keyed by model, data and settings)
+batch_size = 32  # evaluation batch size
+train_seeds = None  # training seeds of the judged pair (precise top-32 and full SFT); None: the scale's
+# count (sft_train_seeds) from `seed` on; the data, lr and test prompts stay the same
 
 # %%
 import time
@@ -122,22 +122,62 @@ from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
 
 t_start = time.time()
-run = start_run("08_precise_sft", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map,
-                fewshot=fewshot, scale=scale, ops=ops, kv=kv)
+run = start_run(
+    "08_precise_sft",
+    model,
+    device,
+    seed,
+    out_dir,
+    quick,
+    dtype=dtype,
+    device_map=device_map,
+    fewshot=fewshot,
+    scale=scale,
+    ops=ops,
+    kv=kv,
+)
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 n_params = FT.count_parameters(bridge)  # "auto" takes the smaller "cpu-bands" scale above 1 B on a CPU
 S = scales.scale_settings(scale, run.model.device, quick, info.n_layers, n_params=n_params)
 seeds = list(train_seeds) if train_seeds is not None else [seed + i for i in range(S["sft_train_seeds"])]
 if not seeds or seeds[0] != seed or len(set(seeds)) != len(seeds):
     raise ValueError(f"train_seeds must be distinct and start with seed={seed} (the lr is chosen on it), got {seeds}")
-run.record(n_params=n_params, scale_resolved=S["scale"],  # what the report judges by
-           sft_lrs=list(S["sft_lrs"]), train_seeds=seeds)
+run.record(
+    n_params=n_params,
+    scale_resolved=S["scale"],  # what the report judges by
+    sft_lrs=list(S["sft_lrs"]),
+    train_seeds=seeds,
+)
 cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
 timings = []
 print(info)
-display(pd.DataFrame([{k: str(v) for k, v in S.items() if k in (
-    "scale", "n_train", "n_val", "n_test", "word_train", "word_test", "sft_lrs", "sft_batch", "sft_epochs",
-    "sft_warmup", "sft_weight_decay", "head_counts", "mlp_counts", "prose_chunks")}]).T.rename(columns={0: "setting"}))
+display(
+    pd.DataFrame(
+        [
+            {
+                k: str(v)
+                for k, v in S.items()
+                if k
+                in (
+                    "scale",
+                    "n_train",
+                    "n_val",
+                    "n_test",
+                    "word_train",
+                    "word_test",
+                    "sft_lrs",
+                    "sft_batch",
+                    "sft_epochs",
+                    "sft_warmup",
+                    "sft_weight_decay",
+                    "head_counts",
+                    "mlp_counts",
+                    "prose_chunks",
+                )
+            }
+        ]
+    ).T.rename(columns={0: "setting"})
+)
 
 # %% [markdown]
 # ## Scale of this run
@@ -168,16 +208,29 @@ display(pd.DataFrame([{k: str(v) for k, v in S.items() if k in (
 
 # %%
 t0 = time.time()
-splits = FT.yu_lora_data(n_train=S["n_train"], n_test=S["n_test"], n_val=S["n_val"], ops=ops, seed=seed,
-                         fewshot=fewshot)
+splits = FT.yu_lora_data(
+    n_train=S["n_train"], n_test=S["n_test"], n_val=S["n_val"], ops=ops, seed=seed, fewshot=fewshot
+)
 train_set, val_set, test_set = (ds.PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))
 words = FT.word_problem_data(S["word_train"], S["word_test"], seed=seed)
 sft_train = train_set + ds.PromptSet.build(words["train"], tok, drop_unsplittable=True)
 math_sets = {"arithmetic_2d": test_set, "word_problems": ds.PromptSet.build(words["test"], tok, drop_unsplittable=True)}
-sizes = pd.DataFrame([{"split": k, "n": len(p), "negative_results": sum(r.answer < 0 for r in p.records),
-                       **{f"op {o}": sum(r.op == o for r in p.records) for o in ops}}
-                      for k, p in (("train (arithmetic + word problems)", sft_train), ("validation", val_set),
-                                   ("test: arithmetic_2d", test_set), ("test: word_problems", math_sets["word_problems"]))])
+sizes = pd.DataFrame(
+    [
+        {
+            "split": k,
+            "n": len(p),
+            "negative_results": sum(r.answer < 0 for r in p.records),
+            **{f"op {o}": sum(r.op == o for r in p.records) for o in ops},
+        }
+        for k, p in (
+            ("train (arithmetic + word problems)", sft_train),
+            ("validation", val_set),
+            ("test: arithmetic_2d", test_set),
+            ("test: word_problems", math_sets["word_problems"]),
+        )
+    ]
+)
 save_table(sizes, run.out, "08_data_sizes")
 example = sft_train.records[0]
 print(repr(example.full_text + example.answer_text))
@@ -215,55 +268,116 @@ t0 = time.time()
 prose = GA.pydoc_prose()
 facts = GA.load_facts()
 bench = {"gsm8k": gsm8k_path, "svamp": svamp_path, "mmlu": mmlu_path}
-sft_config = FT.TrainConfig(lr=S["sft_lrs"][0], epochs=S["sft_epochs"], batch_size=S["sft_batch"],
-                            warmup_ratio=S["sft_warmup"], weight_decay=S["sft_weight_decay"], seed=seed,
-                            eval_batch_size=batch_size)
+sft_config = FT.TrainConfig(
+    lr=S["sft_lrs"][0],
+    epochs=S["sft_epochs"],
+    batch_size=S["sft_batch"],
+    warmup_ratio=S["sft_warmup"],
+    weight_decay=S["sft_weight_decay"],
+    seed=seed,
+    eval_batch_size=batch_size,
+)
 
 
 def row_for(name, ft_result, inputs=None, role="other"):
     """One row of Zhang's Table 1/2; ``role``: "original", "precise" (the scaled top-32 heads, the
     report's zhang_precise_sft), "full" or "other"."""
     weights = ft_result.weights if ft_result is not None else None
-    r = sft.evaluate_method(bridge, tok, weights, math_sets, prose, facts, max_chunks=S["prose_chunks"],
-                           benchmarks=bench, batch_size=batch_size, inputs=inputs)
+    r = sft.evaluate_method(
+        bridge,
+        tok,
+        weights,
+        math_sets,
+        prose,
+        facts,
+        max_chunks=S["prose_chunks"],
+        benchmarks=bench,
+        batch_size=batch_size,
+        inputs=inputs,
+    )
     cost = ft_result.summary() if ft_result is not None else {"n_trainable": 0, "samples_per_second": float("nan")}
-    return {"method": name, "role": role, "train_seed": seed if ft_result is None else ft_result.config.seed,
-            **{k: cost.get(k) for k in ("n_trainable", "samples_per_second", "lr", "n_samples", "final_loss")}, **r}
+    return {
+        "method": name,
+        "role": role,
+        "train_seed": seed if ft_result is None else ft_result.config.seed,
+        **{k: cost.get(k) for k in ("n_trainable", "samples_per_second", "lr", "n_samples", "final_loss")},
+        **r,
+    }
 
 
-record_at = [min(l for l, _ in head_list[:max(counts.values())])]
+record_at = [min(l for l, _ in head_list[: max(counts.values())])]
 train_inputs = LayerInputs(record_at)
 eval_inputs = {name: LayerInputs(record_at) for name in math_sets}
 rows, histories = [row_for("original", None, eval_inputs, role="original")], {}
 # the lr of each judged method chosen on the validation split from the scale's grid
 judged, lr_choice = FT.choose_lr(
-    bridge, lambda lr: sft.precise_sft(bridge, head_list[:top32], sft_train, replace(sft_config, lr=lr), kv=kv,
-                                      cache_dir=cache_dir, inputs=train_inputs), S["sft_lrs"], val_set, batch_size)
+    bridge,
+    lambda lr: sft.precise_sft(
+        bridge,
+        head_list[:top32],
+        sft_train,
+        replace(sft_config, lr=lr),
+        kv=kv,
+        cache_dir=cache_dir,
+        inputs=train_inputs,
+    ),
+    S["sft_lrs"],
+    val_set,
+    batch_size,
+)
 lr_tables = [lr_choice.assign(method=f"precise top-{top32} heads")]
 sft_config = replace(sft_config, lr=judged.config.lr)  # the other precise settings: the top-32 heads' lr
 for paper_k, k in counts.items():
-    res = judged if k == top32 else sft.precise_sft(bridge, head_list[:k], sft_train, sft_config, kv=kv,
-                                                   cache_dir=cache_dir, inputs=train_inputs)
-    rows.append(row_for(f"precise top-{k} heads (paper {paper_k})", res, eval_inputs,
-                        role="precise" if paper_k == 32 else "other"))
+    res = (
+        judged
+        if k == top32
+        else sft.precise_sft(
+            bridge, head_list[:k], sft_train, sft_config, kv=kv, cache_dir=cache_dir, inputs=train_inputs
+        )
+    )
+    rows.append(
+        row_for(
+            f"precise top-{k} heads (paper {paper_k})", res, eval_inputs, role="precise" if paper_k == 32 else "other"
+        )
+    )
     histories[f"precise {k}h"] = res.history
 for m in S["mlp_counts"]:
     if m > len(mlp_list):
         print(f"only {len(mlp_list)} MLP effects in 01_path_patching.csv: +{m} MLPs skipped")
         continue
-    res = sft.precise_sft(bridge, head_list[:top32], sft_train, sft_config, mlps=mlp_list[:m], kv=kv,
-                         cache_dir=cache_dir, inputs=train_inputs)
+    res = sft.precise_sft(
+        bridge,
+        head_list[:top32],
+        sft_train,
+        sft_config,
+        mlps=mlp_list[:m],
+        kv=kv,
+        cache_dir=cache_dir,
+        inputs=train_inputs,
+    )
     rows.append(row_for(f"precise top-{top32} heads + top-{m} MLPs", res, eval_inputs))
     histories[f"precise {top32}h+{m}mlp"] = res.history
 for s_ in seeds[1:]:  # the judged precise arm again, on the other training seeds
-    res = sft.precise_sft(bridge, head_list[:top32], sft_train, replace(sft_config, seed=s_), kv=kv,
-                          cache_dir=cache_dir, inputs=train_inputs)
+    res = sft.precise_sft(
+        bridge,
+        head_list[:top32],
+        sft_train,
+        replace(sft_config, seed=s_),
+        kv=kv,
+        cache_dir=cache_dir,
+        inputs=train_inputs,
+    )
     rows.append(row_for(f"precise top-{top32} heads (paper 32), seed {s_}", res, eval_inputs, role="precise"))
 # full SFT changes the embeddings, so no pass of it starts from the recorded streams: free them (up to 1 GiB each)
 train_inputs = eval_inputs = None
 try:
-    res, lr_choice = FT.choose_lr(bridge, lambda lr: sft.full_sft(bridge, sft_train, replace(sft_config, lr=lr),
-                                                                 cache_dir=cache_dir), S["sft_lrs"], val_set, batch_size)
+    res, lr_choice = FT.choose_lr(
+        bridge,
+        lambda lr: sft.full_sft(bridge, sft_train, replace(sft_config, lr=lr), cache_dir=cache_dir),
+        S["sft_lrs"],
+        val_set,
+        batch_size,
+    )
 except MemoryError as err:  # reported, not hidden: the table then has no full-SFT row
     full_sft_skipped = str(err)
     print("full SFT skipped:", err)
@@ -289,9 +403,14 @@ for col in list(math_sets) + ["factual_recall", "lm_loss"]:
 save_table(sft_table, run.out, "08_sft_comparison")
 general_cols = ["factual_recall", "lm_loss"] + [c for c in ("gsm8k", "svamp", "mmlu") if c in sft_table]
 first_seed = sft_table[sft_table.train_seed == seed]  # the figure and the lines below: the first training seed
-fig = plots.sft_comparison(first_seed[first_seed.method != "original"].reset_index(drop=True), list(math_sets),
-                        general_cols, title=f"{model}: precise vs full SFT ({S['scale']} scale; original: "
-                        + ", ".join(f"{c} {orig[c]:.2f}" for c in list(math_sets) + general_cols) + ")")
+fig = plots.sft_comparison(
+    first_seed[first_seed.method != "original"].reset_index(drop=True),
+    list(math_sets),
+    general_cols,
+    title=f"{model}: precise vs full SFT ({S['scale']} scale; original: "
+    + ", ".join(f"{c} {orig[c]:.2f}" for c in list(math_sets) + general_cols)
+    + ")",
+)
 save_figure(fig, run.out, "08_sft_comparison")
 fig = plots.loss_curves(histories, title=f"{model}: training loss on the SFT data")
 save_figure(fig, run.out, "08_training_loss")
@@ -303,35 +422,49 @@ sft_table[["method", "lr", "n_trainable", "samples_per_second", *math_sets, "fac
 # %%
 timings.append({"section": "total (incl. loading)", "wall_s": time.time() - t_start})
 save_table(pd.DataFrame(timings), run.out, "08_timings")
-lines = [f"- Model `{model}`, {S['scale']} scale, seed {seed}, {fewshot}-shot prefix: {len(sft_train)} training "
-         f"sentences ({len(train_set)} arithmetic + word problems), {len(val_set)} validation, {len(test_set)} "
-         f"arithmetic and {len(math_sets['word_problems'])} word-problem test sentences; head counts (paper -> "
-         f"here) {counts}."]
+lines = [
+    f"- Model `{model}`, {S['scale']} scale, seed {seed}, {fewshot}-shot prefix: {len(sft_train)} training "
+    f"sentences ({len(train_set)} arithmetic + word problems), {len(val_set)} validation, {len(test_set)} "
+    f"arithmetic and {len(math_sets['word_problems'])} word-problem test sentences; head counts (paper -> "
+    f"here) {counts}."
+]
 for method, grid in sft_lr_table.groupby("method", sort=False):
     chosen = grid[grid.chosen].iloc[0]
     if grid.val_accuracy.notna().any():
-        lines.append(f"- {method}: lr {chosen.lr:g}, chosen on the validation split (accuracy there: " + ", ".join(
-            f"lr {x.lr:g} {x.val_accuracy:.1%}" for x in grid.itertuples()) + ").")
+        lines.append(
+            f"- {method}: lr {chosen.lr:g}, chosen on the validation split (accuracy there: "
+            + ", ".join(f"lr {x.lr:g} {x.val_accuracy:.1%}" for x in grid.itertuples())
+            + ")."
+        )
     else:
         lines.append(f"- {method}: lr {chosen.lr:g} (the scale's only lr; no search).")
 for _, r in first_seed[first_seed.method != "original"].iterrows():
-    lines.append(f"- {r.method}: {int(r.n_trainable):,} tuned parameters, {r.samples_per_second:.2f} samples/s; "
-                 f"arithmetic {r.arithmetic_2d:.1%} ({r.delta_arithmetic_2d * 100:+.1f}), word problems "
-                 f"{r.word_problems:.1%} ({r.delta_word_problems * 100:+.1f}); factual recall {r.factual_recall:.1%} "
-                 f"({r.delta_factual_recall * 100:+.1f}), LM loss {r.lm_loss:.3f} ({r.delta_lm_loss:+.3f}) nats/token.")
-lines.append(f"- Original: arithmetic {orig.arithmetic_2d:.1%}, word problems {orig.word_problems:.1%}, factual recall "
-             f"{orig.factual_recall:.1%}, LM loss {orig.lm_loss:.3f} nats/token (Zhang: precise SFT keeps MMLU, "
-             "full SFT loses ~5 points).")
+    lines.append(
+        f"- {r.method}: {int(r.n_trainable):,} tuned parameters, {r.samples_per_second:.2f} samples/s; "
+        f"arithmetic {r.arithmetic_2d:.1%} ({r.delta_arithmetic_2d * 100:+.1f}), word problems "
+        f"{r.word_problems:.1%} ({r.delta_word_problems * 100:+.1f}); factual recall {r.factual_recall:.1%} "
+        f"({r.delta_factual_recall * 100:+.1f}), LM loss {r.lm_loss:.3f} ({r.delta_lm_loss:+.3f}) nats/token."
+    )
+lines.append(
+    f"- Original: arithmetic {orig.arithmetic_2d:.1%}, word problems {orig.word_problems:.1%}, factual recall "
+    f"{orig.factual_recall:.1%}, LM loss {orig.lm_loss:.3f} nats/token (Zhang: precise SFT keeps MMLU, "
+    "full SFT loses ~5 points)."
+)
 if len(seeds) > 1:
     judged_rows = sft_table[sft_table.role.isin(["precise", "full"])]
     spread = judged_rows.groupby("role").arithmetic_2d.agg(["min", "max"])
-    lines.append(f"- Training seeds {seeds} for the judged pair: arithmetic accuracy over seeds " + ", ".join(
-        f"{role} {r['min']:.1%}-{r['max']:.1%}" for role, r in spread.iterrows()) + ".")
+    lines.append(
+        f"- Training seeds {seeds} for the judged pair: arithmetic accuracy over seeds "
+        + ", ".join(f"{role} {r['min']:.1%}-{r['max']:.1%}" for role, r in spread.iterrows())
+        + "."
+    )
 if full_sft_skipped:
     lines.append(f"- Full SFT was NOT run: {full_sft_skipped}")
 lines += R.notebook_verdicts(run.out, "08")  # the report's rule, from the tables saved above
 lines.append(f"- Wall time {time.time() - t_start:.0f} s on {run.model.device}.")
 if S["scale"] == "quick":
-    lines.append("- Quick mode: a few training steps on a few dozen prompts; these numbers test the pipeline, "
-                 "not the paper's claims.")
+    lines.append(
+        "- Quick mode: a few training steps on a few dozen prompts; these numbers test the pipeline, "
+        "not the paper's claims."
+    )
 Markdown("\n".join(lines))

@@ -56,6 +56,7 @@ MAX_MIB = 8
 @dataclass(frozen=True)
 class Entry:
     """One carried file: its path relative to the model's carried folder, and its size."""
+
     rel: Path
     size: int
 
@@ -83,8 +84,9 @@ def cache_entries(model: str, cache: Path, max_bytes: int) -> tuple[list[Entry],
         files = [p for p in sorted(base.rglob("*")) if p.is_file() and not p.name.endswith(".tmp")]
         big = {p.with_suffix("") for p in files if p.suffix != ".json" and p.stat().st_size > max_bytes}
         left += [p.relative_to(cache) for p in files if p.suffix != ".json" and p.with_suffix("") in big]
-        out += [Entry(Path(store) / p.relative_to(base), p.stat().st_size)
-                for p in files if p.with_suffix("") not in big]
+        out += [
+            Entry(Path(store) / p.relative_to(base), p.stat().st_size) for p in files if p.with_suffix("") not in big
+        ]
     base = cache / FINETUNE / slug
     if base.is_dir():
         for folder in sorted(p for p in base.iterdir() if p.is_dir()):
@@ -94,8 +96,11 @@ def cache_entries(model: str, cache: Path, max_bytes: int) -> tuple[list[Entry],
             if result.stat().st_size > max_bytes:
                 left.append(folder.relative_to(cache))
                 continue
-            out += [Entry(Path(FINETUNE) / folder.name / f, (folder / f).stat().st_size)
-                    for f in FINETUNE_FILES if (folder / f).is_file()]
+            out += [
+                Entry(Path(FINETUNE) / folder.name / f, (folder / f).stat().st_size)
+                for f in FINETUNE_FILES
+                if (folder / f).is_file()
+            ]
     return out, left
 
 
@@ -103,8 +108,11 @@ def carried_entries(dest: Path) -> list[Entry]:
     """The files under a carried folder (its README aside)."""
     if not dest.is_dir():
         return []
-    return [Entry(p.relative_to(dest), p.stat().st_size) for p in sorted(dest.rglob("*"))
-            if p.is_file() and p.relative_to(dest) != Path("README.md")]
+    return [
+        Entry(p.relative_to(dest), p.stat().st_size)
+        for p in sorted(dest.rglob("*"))
+        if p.is_file() and p.relative_to(dest) != Path("README.md")
+    ]
 
 
 def _cache_path(cache: Path, model: str, rel: Path) -> Path:
@@ -137,8 +145,7 @@ def save(model: str, cache: Path, dest: Path, max_bytes: int) -> dict:
         (dest / "README.md").write_text(readme(model))
     elif dest.is_dir():
         shutil.rmtree(dest)
-    return {"files": len(entries), "copied": copied, "removed": removed,
-            "left_behind": [str(p) for p in left]}
+    return {"files": len(entries), "copied": copied, "removed": removed, "left_behind": [str(p) for p in left]}
 
 
 def restore(model: str, cache: Path, src: Path) -> int:
@@ -160,16 +167,18 @@ def folder_seconds(folder: Path) -> float:
 
 
 def readme(model: str) -> str:
-    return (f"# Stored results of a run of `{model}` in progress\n\n"
-            "Written by `scripts/carry_store.py save`: the results a stopped notebook resumes from\n"
-            "(sections and head-sweep batches of `arithlib/run/stored.py`, finished fine-tuned models of\n"
-            "`arithlib/methods/finetune.py`), committed so that the next working session, on a fresh machine,\n"
-            "resumes the run instead of starting it over. Each file is named by the hash of all it\n"
-            "depends on; one that the code or the run no longer matches is never loaded. They are\n"
-            "pickles written by this repository's own code: load them only from a checkout you trust.\n\n"
-            f"    scripts/carry_store.py restore {model}   # before the run, on a new machine\n"
-            f"    scripts/carry_store.py save {model}      # after it, then commit this folder\n"
-            f"    scripts/carry_store.py drop {model}      # once every notebook of the run has finished\n")
+    return (
+        f"# Stored results of a run of `{model}` in progress\n\n"
+        "Written by `scripts/carry_store.py save`: the results a stopped notebook resumes from\n"
+        "(sections and head-sweep batches of `arithlib/run/stored.py`, finished fine-tuned models of\n"
+        "`arithlib/methods/finetune.py`), committed so that the next working session, on a fresh machine,\n"
+        "resumes the run instead of starting it over. Each file is named by the hash of all it\n"
+        "depends on; one that the code or the run no longer matches is never loaded. They are\n"
+        "pickles written by this repository's own code: load them only from a checkout you trust.\n\n"
+        f"    scripts/carry_store.py restore {model}   # before the run, on a new machine\n"
+        f"    scripts/carry_store.py save {model}      # after it, then commit this folder\n"
+        f"    scripts/carry_store.py drop {model}      # once every notebook of the run has finished\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("action", choices=["save", "restore", "status", "drop"])
     ap.add_argument("model")
     ap.add_argument("--dir", type=Path, default=None, help="carried folder (default figures/<model>/stored)")
-    ap.add_argument("--max-mib", type=float, default=MAX_MIB,
-                    help=f"largest result carried, MiB (default {MAX_MIB})")
+    ap.add_argument("--max-mib", type=float, default=MAX_MIB, help=f"largest result carried, MiB (default {MAX_MIB})")
     a = ap.parse_args(argv)
     dest = a.dir or carried_dir(a.model)
     cache = cache_root()
@@ -189,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in r["left_behind"]:
             path = cache / p
             took = stored_seconds(path)
-            print(f"[carry] left behind (over {a.max_mib:g} MiB; recomputed on the next machine"
-                  f"{f', {took:,.0f} s' if took else ''}): {path}")
+            print(
+                f"[carry] left behind (over {a.max_mib:g} MiB; recomputed on the next machine"
+                f"{f', {took:,.0f} s' if took else ''}): {path}"
+            )
     elif a.action == "restore":
         if not dest.is_dir():
             print(f"[carry] nothing to restore: {dest} does not exist")

@@ -25,8 +25,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 from arithlib.run.outputs import find_table, read_table, table_name  # noqa: E402
 
 #: Columns that measure the run, not the result (seconds, rates, memory).
-RUN_COLUMNS = ("seconds", "wall_s", "reused_s", "samples_per_second", "train_seconds", "forward_min_s",
-               "forward_s", "speedup", "peak_rss_mib", "start_s", "end_s", "this_run", "threads")
+RUN_COLUMNS = (
+    "seconds",
+    "wall_s",
+    "reused_s",
+    "samples_per_second",
+    "train_seconds",
+    "forward_min_s",
+    "forward_s",
+    "speedup",
+    "peak_rss_mib",
+    "start_s",
+    "end_s",
+    "this_run",
+    "threads",
+)
 
 
 def _text(path: Path) -> bytes:
@@ -36,7 +49,7 @@ def _text(path: Path) -> bytes:
 
 
 def compare(a: Path, b: Path, rtol: float, atol: float, skip: set[str]) -> str:
-    """"identical", "rounding" or a one-line description of the first difference."""
+    """ "identical", "rounding" or a one-line description of the first difference."""
     if _text(a) == _text(b):
         return "identical"
     fa, fb = read_table(a), read_table(b)
@@ -67,8 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--atol", type=float, default=1e-8)
     ap.add_argument("--skip-columns", nargs="*", default=list(RUN_COLUMNS))
     args = ap.parse_args(argv)
-    names = sorted({table_name(p) for d in (args.a, args.b) for pattern in ("*.csv", "*.csv.gz") for p in d.glob(pattern)
-                    if "timings" not in p.name})
+    names = sorted(
+        {
+            table_name(p)
+            for d in (args.a, args.b)
+            for pattern in ("*.csv", "*.csv.gz")
+            for p in d.glob(pattern)
+            if "timings" not in p.name
+        }
+    )
     counts: dict[str, int] = {}
     bad = 0
     for table in names:

@@ -53,8 +53,10 @@ def plan(folder: Path, replace: bool = False) -> tuple[list[tuple[Path, Path]], 
                 else:
                     remove.append(packed)
             else:
-                errors.append(f"{folder / name}: both .csv and .csv.gz exist and differ; keep the one the last run "
-                              "wrote (--replace keeps the plain .csv)")
+                errors.append(
+                    f"{folder / name}: both .csv and .csv.gz exist and differ; keep the one the last run "
+                    "wrote (--replace keeps the plain .csv)"
+                )
         elif other.is_file():
             convert.append((other, want))
     return convert, remove, errors
@@ -86,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="+", type=Path, help="figures folders (e.g. figures/<model>)")
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table does not follow the rule")
-    ap.add_argument("--replace", action="store_true",
-                    help="where a table is both plain and compressed, the plain CSV wins (a run of older code wrote it)")
+    ap.add_argument(
+        "--replace",
+        action="store_true",
+        help="where a table is both plain and compressed, the plain CSV wins (a run of older code wrote it)",
+    )
     args = ap.parse_args(argv)
     changed = errors = 0
     for folder in args.folders:

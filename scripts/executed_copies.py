@@ -90,12 +90,14 @@ def run_roots(nb: dict) -> list[str]:
     path = nb.get("metadata", {}).get("papermill", {}).get("input_path") or ""
     parts = Path(path).parts
     if path.startswith("/") and "notebooks" in parts:
-        roots.append(str(Path(*parts[:len(parts) - 1 - parts[::-1].index("notebooks")])))
+        roots.append(str(Path(*parts[: len(parts) - 1 - parts[::-1].index("notebooks")])))
     roots.append(str(ROOT))
     return sorted(set(roots), key=len, reverse=True)
 
 
-_STAGING = re.compile(r"(?:/[^\s\"':]*?/|(?:\.\./)+)?outputs/(?:scratch/)?[^/\s\"']+/staging/(?:run-[^/\s\"']+/)?\d\d_[A-Za-z0-9_]+")
+_STAGING = re.compile(
+    r"(?:/[^\s\"':]*?/|(?:\.\./)+)?outputs/(?:scratch/)?[^/\s\"']+/staging/(?:run-[^/\s\"']+/)?\d\d_[A-Za-z0-9_]+"
+)
 _SITE = re.compile(r"[^\s\"':]*/(?:site|dist)-packages/")
 _STDLIB = re.compile(r"[^\s\"':]*/lib/python3\.\d+/")
 _KERNEL_CELL = re.compile(r"/tmp/ipykernel_\d+/\d+\.py")
@@ -207,14 +209,17 @@ def saved_figures(source: str) -> list[str]:
         return []
     names = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "save_figure"):
+        if not (
+            isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "save_figure"
+        ):
             continue
         arg = node.args[2] if len(node.args) >= 3 else next((k.value for k in node.keywords if k.arg == "name"), None)
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
             names.append((getattr(arg, "lineno", 0), getattr(arg, "col_offset", 0), re.escape(arg.value)))
         elif isinstance(arg, ast.JoinedStr):
-            pattern = "".join(re.escape(v.value) if isinstance(v, ast.Constant) else r"[A-Za-z0-9.\-]+"
-                              for v in arg.values)
+            pattern = "".join(
+                re.escape(v.value) if isinstance(v, ast.Constant) else r"[A-Za-z0-9.\-]+" for v in arg.values
+            )
             names.append((arg.lineno, arg.col_offset, pattern))
     return [n for _, _, n in sorted(names)]
 
@@ -282,8 +287,11 @@ def recorded_commit(copy: Path, nb: dict | None = None) -> str | None:
 
 
 def _code_cells(nb_cells: list) -> list[str]:
-    return [_source(c).strip() for c in nb_cells if c.get("cell_type") == "code"
-            and INJECTED_TAG not in c.get("metadata", {}).get("tags", [])]
+    return [
+        _source(c).strip()
+        for c in nb_cells
+        if c.get("cell_type") == "code" and INJECTED_TAG not in c.get("metadata", {}).get("tags", [])
+    ]
 
 
 def source_at(stem: str, commit: str, root: Path = ROOT) -> list[dict] | None:
@@ -351,40 +359,55 @@ def current_source(stem: str, root: Path = ROOT) -> list[dict] | None:
     py = root / "notebooks" / f"{stem}.py"
     if not py.is_file():
         return None
-    return [{"cell_type": c.cell_type, "source": c.source, "metadata": dict(c.metadata)} for c in jupytext.read(py).cells]
+    return [
+        {"cell_type": c.cell_type, "source": c.source, "metadata": dict(c.metadata)} for c in jupytext.read(py).cells
+    ]
 
 
-def provenance_text(stem: str, model: str, commit: str | None, then: list[dict] | None,
-                    now: list[dict] | None) -> str:
+def provenance_text(stem: str, model: str, commit: str | None, then: list[dict] | None, now: list[dict] | None) -> str:
     """The markdown of the copy's first cell (rule 1)."""
-    dirty = " (`+dirty`: the checkout also had uncommitted edits to tracked files)" \
-        if commit and commit.endswith("+dirty") else ""
-    lines = [f"**Executed copy** of `notebooks/{stem}.ipynb` on **{model}**, "
-             + (f"run at commit `{commit[:12]}`{dirty}." if commit else "run at an unrecorded commit.")]
+    dirty = (
+        " (`+dirty`: the checkout also had uncommitted edits to tracked files)"
+        if commit and commit.endswith("+dirty")
+        else ""
+    )
+    lines = [
+        f"**Executed copy** of `notebooks/{stem}.ipynb` on **{model}**, "
+        + (f"run at commit `{commit[:12]}`{dirty}." if commit else "run at an unrecorded commit.")
+    ]
     if commit and then is not None and now is not None:
         code, text, where = changes_since(then, now)
         if code or text:
             parts = [f"{n} {kind} cell{'s' if n != 1 else ''}" for n, kind in ((code, "code"), (text, "text")) if n]
-            lines.append(f"The notebook's source has changed since that commit ({' and '.join(parts)} differ from "
-                         f"the current `notebooks/{stem}.py`"
-                         + (f"; in: {'; '.join(where[:6])}{'; ...' if len(where) > 6 else ''}" if where else "")
-                         + "): the code and outputs below are that commit's, not the current notebook's.")
+            lines.append(
+                f"The notebook's source has changed since that commit ({' and '.join(parts)} differ from "
+                f"the current `notebooks/{stem}.py`"
+                + (f"; in: {'; '.join(where[:6])}{'; ...' if len(where) > 6 else ''}" if where else "")
+                + "): the code and outputs below are that commit's, not the current notebook's."
+            )
     elif commit and then is None:
-        lines.append(f"(The source at that commit is not in this clone's history: `git fetch --unshallow`.)")
-    lines.append(f"Rerun: `./run_all.sh --model {model} --only {stem[:2]}` (writes `figures/{model}/`); "
-                 f"`git show {(commit or 'COMMIT').removesuffix('+dirty')[:12]}:notebooks/{stem}.py` shows the code that ran.")
+        lines.append("(The source at that commit is not in this clone's history: `git fetch --unshallow`.)")
+    lines.append(
+        f"Rerun: `./run_all.sh --model {model} --only {stem[:2]}` (writes `figures/{model}/`); "
+        f"`git show {(commit or 'COMMIT').removesuffix('+dirty')[:12]}:notebooks/{stem}.py` shows the code that ran."
+    )
     return "\n\n".join(lines)
 
 
-def add_provenance(nb: dict, stem: str, model: str, commit: str | None, root: Path = ROOT,
-                   compare: bool = True) -> None:
+def add_provenance(
+    nb: dict, stem: str, model: str, commit: str | None, root: Path = ROOT, compare: bool = True
+) -> None:
     """Rule 1 on ``nb`` in place: the first cell (replaced if already there) and
     ``metadata.arithlib``. With ``compare``, the source at ``commit`` is compared with
     this checkout's ``notebooks/<stem>.py``."""
     then = source_at(stem, commit, root) if commit and compare else None
     now = current_source(stem, root) if compare else None
-    cell = {"cell_type": "markdown", "id": "provenance", "metadata": {"tags": [PROVENANCE_TAG]},
-            "source": provenance_text(stem, model, commit, then, now)}
+    cell = {
+        "cell_type": "markdown",
+        "id": "provenance",
+        "metadata": {"tags": [PROVENANCE_TAG]},
+        "source": provenance_text(stem, model, commit, then, now),
+    }
     cells = [c for c in nb.get("cells", []) if PROVENANCE_TAG not in c.get("metadata", {}).get("tags", [])]
     nb["cells"] = [cell] + cells
     meta = nb.setdefault("metadata", {}).setdefault("arithlib", {})
@@ -396,8 +419,9 @@ def _model_of(nb: dict, copy: Path) -> str:
     return str(params.get("model") or copy.parent.parent.name)
 
 
-def finish_copy(nb: dict, copy: Path, commit: str | None = None, figures: str = FIGURES_FROM_NOTEBOOKS,
-                root: Path = ROOT) -> dict:
+def finish_copy(
+    nb: dict, copy: Path, commit: str | None = None, figures: str = FIGURES_FROM_NOTEBOOKS, root: Path = ROOT
+) -> dict:
     """Rules 1-4 on ``nb``, the executed copy to be written at ``copy``
     (``<figures>/<model>/notebooks/NN_name.ipynb``); ``commit`` defaults to the recorded
     one (:func:`recorded_commit`). Returns ``nb`` (changed in place)."""
@@ -444,9 +468,14 @@ def check(paths: list[Path], root: Path = ROOT) -> dict[str, list[str]]:
         cells = source_at(path.stem, commit, root)
         if cells is None:
             shallow = (git("rev-parse", "--is-shallow-repository", root=root) or "").strip() == "true"
-            bad[str(path)] = [f"commit {commit} (or notebooks/{path.stem}.py in it) is not in this clone's history"
-                              + ("; this is a shallow clone: git fetch --unshallow" if shallow else
-                                 "; was the run's commit never pushed or merged?")]
+            bad[str(path)] = [
+                f"commit {commit} (or notebooks/{path.stem}.py in it) is not in this clone's history"
+                + (
+                    "; this is a shallow clone: git fetch --unshallow"
+                    if shallow
+                    else "; was the run's commit never pushed or merged?"
+                )
+            ]
             continue
         if git("merge-base", "--is-ancestor", commit.removesuffix("+dirty"), "HEAD", root=root) is None:
             bad[str(path)] = [f"commit {commit} is not in HEAD's history: a fresh clone would not have it"]

@@ -25,8 +25,8 @@ import torch  # noqa: E402
 
 import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
-import arithlib.yu.lora as LO  # noqa: E402
 import arithlib.run.scales as SC  # noqa: E402
+import arithlib.yu.lora as LO  # noqa: E402
 from arithlib.core import papers  # noqa: E402
 from arithlib.core.models import load_model  # noqa: E402
 
@@ -54,8 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = FT.TrainConfig(lr=a.lr, epochs=a.epochs, batch_size=a.batch_size, seed=0)
     t0 = time.time()
     curve = LO.learning_curve(m.bridge, layer, train, val, a.sizes, cfg)
-    print(f"{a.model}: LoRA layer {layer} of {n_layers}, lr {a.lr:g}, {a.epochs} epoch(s), batch {a.batch_size}, "
-          f"{len(val)} validation prompts, {a.threads} thread(s), {time.time() - t0:.0f} s")
+    print(
+        f"{a.model}: LoRA layer {layer} of {n_layers}, lr {a.lr:g}, {a.epochs} epoch(s), batch {a.batch_size}, "
+        f"{len(val)} validation prompts, {a.threads} thread(s), {time.time() - t0:.0f} s"
+    )
     print(curve.to_string(index=False))
     out = Path(a.out or f"/tmp/lora_learning_curve_{a.model}.csv")
     curve.to_csv(out, index=False)

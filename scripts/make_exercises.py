@@ -80,7 +80,7 @@ def strip_solutions(body: str, where: str = "") -> str:
             out.append(f'{indent}raise NotImplementedError("exercise: write {what}")')
             inside = False
         elif stripped.startswith(HINT):
-            hints.append(stripped[len(HINT):])
+            hints.append(stripped[len(HINT) :])
     if inside:
         raise ValueError(f"{where}: {BEGIN} without {END}")
     return "\n".join(out) + ("\n" if body.endswith("\n") else "")
@@ -115,20 +115,26 @@ def render(text: str, variant: str, where: str = "") -> str:
 def _banner(source: Path, variant: str) -> str:
     rel = source.relative_to(ROOT).as_posix() if source.is_relative_to(ROOT) else source.name
     if variant == "exercise":
-        what = ("**Exercise version.** Fill in each function that raises `NotImplementedError`, then run the "
-                "cell after it: the check compares your function with arithlib's own implementation on the toy "
-                f"model. The answers are in `{source.stem}_solution.ipynb`.")
+        what = (
+            "**Exercise version.** Fill in each function that raises `NotImplementedError`, then run the "
+            "cell after it: the check compares your function with arithlib's own implementation on the toy "
+            f"model. The answers are in `{source.stem}_solution.ipynb`."
+        )
     else:
         what = f"**Solution version** of `{source.stem}_exercise.ipynb`."
-    return (f"{what}\n\n*Generated from `{rel}` by `scripts/make_exercises.py`; edit the source and rerun the "
-            "script, not this notebook.*")
+    return (
+        f"{what}\n\n*Generated from `{rel}` by `scripts/make_exercises.py`; edit the source and rerun the "
+        "script, not this notebook.*"
+    )
 
 
 def build(source: Path, variant: str) -> nbformat.NotebookNode:
     """The notebook of one variant, with fixed cell ids (so the output is reproducible)."""
     nb = jupytext.reads(render(source.read_text(encoding="utf-8"), variant, str(source)), fmt="py:percent")
-    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                   "language_info": {"name": "python"}}
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
     nb.cells.insert(0, nbformat.v4.new_markdown_cell(_banner(source, variant)))
     for i, cell in enumerate(nb.cells):
         cell.id = f"{variant}-{i:02d}"
@@ -144,8 +150,12 @@ def outputs(source: Path) -> dict[Path, str]:
 
 def stale(folder: Path = EXERCISES) -> list[Path]:
     """Generated notebooks that are missing or differ from what their source gives."""
-    return [path for src in sources(folder) for path, text in outputs(src).items()
-            if not path.exists() or path.read_text(encoding="utf-8") != text]
+    return [
+        path
+        for src in sources(folder)
+        for path, text in outputs(src).items()
+        if not path.exists() or path.read_text(encoding="utf-8") != text
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

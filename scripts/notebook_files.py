@@ -51,8 +51,15 @@ PNG_DUPLICATES = ("application/pdf", "image/svg+xml", "text/html")
 #: The first markdown cell's line that links results (arithlib.report.notebook_links).
 RESULTS_LINE = "**Results**"
 #: Parameters run_all.sh sets itself, and the option that sets each.
-RUN_PARAMETERS = {"model": "--model", "device": "--device", "quick": "--quick", "seed": "--seed",
-                  "out_dir": "--figures", "dtype": "--dtype", "device_map": "--device-map"}
+RUN_PARAMETERS = {
+    "model": "--model",
+    "device": "--device",
+    "quick": "--quick",
+    "seed": "--seed",
+    "out_dir": "--figures",
+    "dtype": "--dtype",
+    "device_map": "--device-map",
+}
 
 
 def _read(path: Path) -> dict:
@@ -73,8 +80,13 @@ def notebook_parameters(path: str | Path) -> dict[str, str]:
             source = _source(cell)
             out: dict[str, str] = {}
             for node in ast.parse(source).body:
-                targets = node.targets if isinstance(node, ast.Assign) else \
-                    [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else []
+                targets = (
+                    node.targets
+                    if isinstance(node, ast.Assign)
+                    else [node.target]
+                    if isinstance(node, ast.AnnAssign) and node.value is not None
+                    else []
+                )
                 for t in targets:
                     if isinstance(t, ast.Name):
                         out[t.id] = ast.get_source_segment(source, node.value) or ""
@@ -135,11 +147,13 @@ def _conform(value, like, where: str = ""):
     first item that is not."""
     if like is None or isinstance(like, str) and isinstance(value, str):
         return value
-    ok = {bool: lambda v: isinstance(v, bool),
-          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          str: lambda v: isinstance(v, str),
-          dict: lambda v: isinstance(v, dict)}
+    ok = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+        dict: lambda v: isinstance(v, dict),
+    }
     if isinstance(like, (list, tuple)):
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{where or 'the value'} is not a list")
@@ -147,8 +161,11 @@ def _conform(value, like, where: str = ""):
         if kinds <= {int, float} and float in kinds:
             kinds = {float}
         if len(kinds) == 1 or not like:  # items of one kind: each like the first
-            out = [_conform(v, float(like[0]) if kinds == {float} else like[0], f"item {i}")
-                   for i, v in enumerate(value)] if like else list(value)
+            out = (
+                [_conform(v, float(like[0]) if kinds == {float} else like[0], f"item {i}") for i, v in enumerate(value)]
+                if like
+                else list(value)
+            )
         else:  # a record such as ["+", 4, 3]: the same length, item by item
             if len(value) != len(like):
                 raise ValueError(f"{where or 'the value'} has {len(value)} items, not {len(like)}")
@@ -198,8 +215,10 @@ def typed_value(name: str, text: str, default: str):
     try:
         return _conform(value, like)
     except ValueError as err:
-        raise ValueError(f"-p {name} takes {_kind(like)} like its default {default}, written as a Python "
-                         f"literal ({err}), not {text!r}") from None
+        raise ValueError(
+            f"-p {name} takes {_kind(like)} like its default {default}, written as a Python "
+            f"literal ({err}), not {text!r}"
+        ) from None
 
 
 def _quick_blocks(source: str) -> list[tuple[int, int, dict[str, str]]]:
@@ -221,8 +240,11 @@ def _quick_blocks(source: str) -> list[tuple[int, int, dict[str, str]]]:
             for target in stmt.targets:
                 if isinstance(target, ast.Name):
                     sets[target.id] = ast.get_source_segment(source, stmt.value) or ""
-                elif isinstance(target, ast.Tuple) and isinstance(stmt.value, ast.Tuple) \
-                        and len(target.elts) == len(stmt.value.elts):
+                elif (
+                    isinstance(target, ast.Tuple)
+                    and isinstance(stmt.value, ast.Tuple)
+                    and len(target.elts) == len(stmt.value.elts)
+                ):
                     for t, v in zip(target.elts, stmt.value.elts):
                         if isinstance(t, ast.Name):
                             sets[t.id] = ast.get_source_segment(source, v) or ""
@@ -250,8 +272,11 @@ def keep_over_quick(nb: dict, params: dict[str, object]) -> dict:
             continue
         lines = _source(cell).split("\n")
         for end, indent, sets in sorted(_quick_blocks(_source(cell)), reverse=True):
-            kept = [f"{' ' * indent}{n} = {params[n]!r}  # -p {n}: kept over quick mode's {v}"
-                    for n, v in sets.items() if n in params]
+            kept = [
+                f"{' ' * indent}{n} = {params[n]!r}  # -p {n}: kept over quick mode's {v}"
+                for n, v in sets.items()
+                if n in params
+            ]
             lines[end:end] = kept
         cell["source"] = "\n".join(lines)
     return nb
@@ -273,13 +298,15 @@ def params_by_notebook(params: dict[str, str], paths: list[Path]) -> dict[str, d
         valid = sorted({n for d in declared.values() for n in d if n not in RUN_PARAMETERS})
         near = difflib.get_close_matches(unknown[0], valid, n=1)
         if len(declared) == 1:
-            (nb, d), = declared.items()
+            ((nb, d),) = declared.items()
             names = f"valid names for {nb}: {', '.join(n for n in d if n not in RUN_PARAMETERS) or '(none)'}"
         else:
             names = "--list-params lists each notebook's parameters and defaults"
-        raise SystemExit(f"run_all.sh: unknown parameter{'s' if len(unknown) > 1 else ''} "
-                         f"{', '.join(unknown)} for notebook{'s' if len(paths) > 1 else ''} "
-                         f"{', '.join(declared)}{f' (did you mean {near[0]}?)' if near else ''}; {names}")
+        raise SystemExit(
+            f"run_all.sh: unknown parameter{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(unknown)} for notebook{'s' if len(paths) > 1 else ''} "
+            f"{', '.join(declared)}{f' (did you mean {near[0]}?)' if near else ''}; {names}"
+        )
     try:
         return {nb: {n: typed_value(n, v, d[n]) for n, v in params.items() if n in d} for nb, d in declared.items()}
     except ValueError as err:
@@ -350,8 +377,12 @@ def pair_drift(ipynb: str | Path) -> list[str]:
     if not py.is_file():
         return [f"no {py.name} (jupytext --set-formats ipynb,py:percent {ipynb})"]
     a, b = _cells(jupytext.read(ipynb)), _cells(jupytext.read(py))
-    out = [f"cell {i}: {what} differs" for i, (x, y) in enumerate(zip(a, b))
-           for what, u, v in zip(("type", "source", "tags"), x, y) if u != v]
+    out = [
+        f"cell {i}: {what} differs"
+        for i, (x, y) in enumerate(zip(a, b))
+        for what, u, v in zip(("type", "source", "tags"), x, y)
+        if u != v
+    ]
     if len(a) != len(b):
         out.append(f"{len(a)} cells in {ipynb.name}, {len(b)} in {py.name}")
     return out
@@ -360,8 +391,10 @@ def pair_drift(ipynb: str | Path) -> list[str]:
 def copy_links(stem: str) -> str:
     """The "**Results**" line of the executed copy of notebook ``stem``, relative to
     ``figures/<model>/notebooks/`` (anchor as ``arithlib.report.notebook_anchor``)."""
-    return (f"{RESULTS_LINE}: [this run's section of the report](../REPORT.md#notebook-{stem[:2]}). This is "
-            f"`notebooks/{stem}.ipynb` as run for these figures, with its outputs.")
+    return (
+        f"{RESULTS_LINE}: [this run's section of the report](../REPORT.md#notebook-{stem[:2]}). This is "
+        f"`notebooks/{stem}.ipynb` as run for these figures, with its outputs."
+    )
 
 
 def _relink(nb: dict, stem: str) -> None:
@@ -408,8 +441,13 @@ def to_html(nb: dict) -> str:
     return body
 
 
-def publish(executed: str | Path, dest_dir: str | Path, html: bool = True, figures: str = FIGURES_FROM_NOTEBOOKS,
-            commit: str | None = None) -> list[Path]:
+def publish(
+    executed: str | Path,
+    dest_dir: str | Path,
+    html: bool = True,
+    figures: str = FIGURES_FROM_NOTEBOOKS,
+    commit: str | None = None,
+) -> list[Path]:
     """Write the stripped copy of ``executed`` to ``dest_dir/<its name>.ipynb`` and, with
     ``html``, its rendering to ``.html``; return the paths written. ``figures``: the
     figures root as seen from ``notebooks/`` (what the run's staging ``out_dir`` is
@@ -440,8 +478,11 @@ def main(argv: list[str] | None = None) -> int:
         bad = {p: outputs_in(p) for p in argv[1:]}
         bad = {p: f for p, f in bad.items() if f}
         for p, found in bad.items():
-            print(f"{p}: {'; '.join(found)} (clear them: Edit > Clear Outputs of All Cells in "
-                  f"JupyterLab, or jupyter nbconvert --clear-output --inplace {p})", file=sys.stderr)
+            print(
+                f"{p}: {'; '.join(found)} (clear them: Edit > Clear Outputs of All Cells in "
+                f"JupyterLab, or jupyter nbconvert --clear-output --inplace {p})",
+                file=sys.stderr,
+            )
         drift = {p: d for p in argv[1:] if (d := pair_drift(p))}
         for p, d in drift.items():
             print(f"{p}: its .py pair differs ({'; '.join(d[:3])}); run jupytext --sync {p}", file=sys.stderr)

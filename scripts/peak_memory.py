@@ -119,6 +119,7 @@ def main(argv: list[str]) -> int:
     if stopped:  # a signal between the check and the start
         stop_tree(child.pid)
     if not pdeathsig:  # no parent-death signal here: look for a new parent every second
+
         def watch() -> None:
             while child.poll() is None:
                 if os.getppid() != parent:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import re
 import sys
-import platform
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -72,7 +72,7 @@ class RunLock:
         #: the holder of a lock file this run took over from a process that had ended
         self.took_over: dict | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         """Take the lock without waiting; :class:`Locked` naming the holder if a live run
         has it."""
         import fcntl
@@ -86,10 +86,14 @@ class RunLock:
                 holder = _read(fd)
                 os.close(fd)
                 if holder and not _alive(holder.get("pid")):  # its notebooks hold the lock while they stop
-                    raise Locked(f"a run that was stopped is still ending its notebooks in {self.folder} "
-                                 f"({_describe(holder)}); try again in a minute") from None
-                raise Locked(f"another run is using {self.folder} ({_describe(holder)}); wait for it to end "
-                             f"or stop it (kill {holder.get('pid', '<pid>')})") from None
+                    raise Locked(
+                        f"a run that was stopped is still ending its notebooks in {self.folder} "
+                        f"({_describe(holder)}); try again in a minute"
+                    ) from None
+                raise Locked(
+                    f"another run is using {self.folder} ({_describe(holder)}); wait for it to end "
+                    f"or stop it (kill {holder.get('pid', '<pid>')})"
+                ) from None
             try:  # the file may have been removed by its last holder while we waited: lock the one in place
                 same = os.path.samestat(os.fstat(fd), os.stat(self.path))
             except FileNotFoundError:
@@ -117,7 +121,7 @@ class RunLock:
             os.close(self.fd)  # closing the file drops the flock
             self.fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

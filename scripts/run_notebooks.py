@@ -102,8 +102,15 @@ from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
-from notebook_files import (RUN_PARAMETERS, keep_over_quick, params_by_notebook, publish, quick_report, quick_settings,  # noqa: E402
-                            yaml_parameters)
+from notebook_files import (  # noqa: E402
+    RUN_PARAMETERS,  # noqa: F401
+    keep_over_quick,
+    params_by_notebook,
+    publish,
+    quick_report,
+    quick_settings,
+    yaml_parameters,
+)
 from run_key import run_key, upstream  # noqa: E402
 from run_lock import Locked, lock_all  # noqa: E402
 from staging import CARRIED, PromoteError, promote, remove_leftovers, seed_scratch, stage  # noqa: E402,F401
@@ -150,8 +157,9 @@ def remaining_chain(notebooks: dict[str, Notebook]) -> dict[str, float]:
     return {n: chain(n) for n in notebooks}
 
 
-def pick(ready: list[str], running: list[str], notebooks: dict[str, Notebook], jobs: int,
-         budget_mib: float | None) -> str | None:
+def pick(
+    ready: list[str], running: list[str], notebooks: dict[str, Notebook], jobs: int, budget_mib: float | None
+) -> str | None:
     """The ready notebook to start now, or None: the one with the longest remaining
     chain (ties: the lower number) if fewer than ``jobs`` run and its expected peak
     memory fits beside theirs in ``budget_mib`` (None: no limit)."""
@@ -206,8 +214,9 @@ def select_notebooks(notebooks: str | Path, only: str = "") -> list[Path]:
         return paths
     chosen = [p for p in paths if p.name[:2] in wanted]
     if not chosen:
-        raise SystemExit(f"run_all.sh: --only {only} matches no notebook in {notebooks} "
-                         "(give two-digit numbers, e.g. --only 00,03)")
+        raise SystemExit(
+            f"run_all.sh: --only {only} matches no notebook in {notebooks} (give two-digit numbers, e.g. --only 00,03)"
+        )
     return chosen
 
 
@@ -220,8 +229,9 @@ def changed_settings(quick: str, seed: int, params: dict[str, object]) -> list[s
     return changes + [f"-p {name}" for name in params]
 
 
-def output_folders(root: Path, model: str, figures: str | None, out: str | None,
-                   changes: list[str]) -> tuple[Path, Path]:
+def output_folders(
+    root: Path, model: str, figures: str | None, out: str | None, changes: list[str]
+) -> tuple[Path, Path]:
     """(figures root, outputs folder) of a run: those given, else ``root/figures`` and
     ``root/outputs/<model>``, or, for a run with ``changes``, their scratch twins
     ``root/outputs/scratch/figures`` and ``root/outputs/scratch/<model>``."""
@@ -283,9 +293,14 @@ class Runner:
         self.notebooks: dict[str, Notebook] = {}
         for p in paths:
             seconds, peak = costs.get(p.stem, (1.0, None))
-            self.notebooks[p.stem] = Notebook(p, [d.stem for d in upstream(p)], seconds,
-                                              peak if peak is not None else unknown_peak,
-                                              measured=p.stem in costs, params=params.get(p.stem, {}))
+            self.notebooks[p.stem] = Notebook(
+                p,
+                [d.stem for d in upstream(p)],
+                seconds,
+                peak if peak is not None else unknown_peak,
+                measured=p.stem in costs,
+                params=params.get(p.stem, {}),
+            )
         self.pending = list(self.notebooks)
         self.keys: dict[str, str] = {}  # computed once a notebook is ready: its inputs are final then
         self.running: dict[str, tuple[subprocess.Popen, float, threading.Thread]] = {}
@@ -322,11 +337,35 @@ class Runner:
         if is_quick(a.quick) and nb.params and quick_settings(nb.path):  # quick mode keeps the -p values
             source = self.staging / name / nb.path.name
             source.write_text(json.dumps(keep_over_quick(json.loads(nb.path.read_text()), nb.params), indent=1))
-        cmd = [sys.executable, str(SCRIPTS / "peak_memory.py"), str(self.out / f"{name}.peak_mib.tmp"),
-               sys.executable, "-m", "papermill", str(source), str(self.out / f"{name}.ipynb"),
-               "--cwd", str(nb.path.parent), "-k", "python3", "-p", "model", a.model, "-p", "device", a.device,
-               "-p", "quick", a.quick, "-p", "seed", str(a.seed),
-               "-p", "out_dir", os.path.relpath(staged.parent, nb.path.parent)]  # relative: no machine path recorded
+        cmd = [
+            sys.executable,
+            str(SCRIPTS / "peak_memory.py"),
+            str(self.out / f"{name}.peak_mib.tmp"),
+            sys.executable,
+            "-m",
+            "papermill",
+            str(source),
+            str(self.out / f"{name}.ipynb"),
+            "--cwd",
+            str(nb.path.parent),
+            "-k",
+            "python3",
+            "-p",
+            "model",
+            a.model,
+            "-p",
+            "device",
+            a.device,
+            "-p",
+            "quick",
+            a.quick,
+            "-p",
+            "seed",
+            str(a.seed),
+            "-p",
+            "out_dir",
+            os.path.relpath(staged.parent, nb.path.parent),
+        ]  # relative: no machine path recorded
         placement = placement_parameters(a.dtype, a.device_map_value)
         if nb.params or placement:  # YAML keeps their types (papermill's -p would make a list a string)
             cmd += ["-y", yaml_parameters({**placement, **nb.params})]
@@ -334,8 +373,14 @@ class Runner:
         if a.threads:
             env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
         # peak_memory.py holds this run's locks too: they outlast a killed run until its notebooks are stopped
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, pass_fds=getattr(a, "lock_fds", ()))
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            pass_fds=getattr(a, "lock_fds", ()),
+        )
         echo = a.jobs == 1
         log_path = self.out / f"{name}.log"
 
@@ -357,20 +402,30 @@ class Runner:
         reader.start()
         self.running[name] = (proc, time.time(), reader)
         extra = "".join(f" {k}={v!r}" for k, v in nb.params.items())
-        self.log(f"{name} started (model={a.model} device={a.device} quick={a.quick} seed={a.seed}{extra} "
-                 f"threads={a.threads or 'default'}; log {log_path})")
+        self.log(
+            f"{name} started (model={a.model} device={a.device} quick={a.quick} seed={a.seed}{extra} "
+            f"threads={a.threads or 'default'}; log {log_path})"
+        )
 
     def _publish(self, name: str) -> None:
         """Write ``name``'s executed notebook, stripped, and its HTML beside the figures
         (``FIG/<model>/notebooks/``), in the background; a failure is reported, not fatal."""
+
         def work() -> None:
             try:
-                publish(self.out / f"{name}.ipynb", self.fig / "notebooks",
-                        figures=os.path.relpath(self.args.figures, self.args.notebooks))
+                publish(
+                    self.out / f"{name}.ipynb",
+                    self.fig / "notebooks",
+                    figures=os.path.relpath(self.args.figures, self.args.notebooks),
+                )
             except Exception as err:  # the tables are written: say what is missing, go on
-                print(f"run_all.sh: could not write {name}'s executed copy to {self.fig / 'notebooks'} "
-                      f"({type(err).__name__}: {err}); rerun scripts/notebook_files.py publish "
-                      f"{self.out / name}.ipynb {self.fig / 'notebooks'}", file=sys.stderr, flush=True)
+                print(
+                    f"run_all.sh: could not write {name}'s executed copy to {self.fig / 'notebooks'} "
+                    f"({type(err).__name__}: {err}); rerun scripts/notebook_files.py publish "
+                    f"{self.out / name}.ipynb {self.fig / 'notebooks'}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
         thread = threading.Thread(target=work, daemon=True)
         thread.start()
@@ -414,9 +469,12 @@ class Runner:
         else:
             self.rows.append({**row, "status": "failed", "peak_rss_mib": peak})
             self.failed = self.failed or name
-            say(f"run_all.sh: notebook {name} FAILED (exit {status}) after {secs}s; see {self.out / name}.ipynb and "
+            say(
+                f"run_all.sh: notebook {name} FAILED (exit {status}) after {secs}s; see {self.out / name}.ipynb and "
                 f"{self.out / name}.log. {self.fig} keeps its last successful outputs; what this run wrote "
-                f"is in {staged}.", err=True)
+                f"is in {staged}.",
+                err=True,
+            )
 
     def _skip_unchanged(self) -> bool:
         """Compute the cache key of each newly ready notebook and mark it done if the key
@@ -431,8 +489,13 @@ class Runner:
             kfile, sfile = self.out / f"{name}.key", self.out / f"{name}.seconds"
             if not self.args.force and kfile.is_file() and kfile.read_text().strip() == key:
                 self.pending.remove(name)
-                self.rows.append({"notebook": name, "status": "cached",
-                                  "seconds": sfile.read_text().strip() if sfile.is_file() else "NA"})
+                self.rows.append(
+                    {
+                        "notebook": name,
+                        "status": "cached",
+                        "seconds": sfile.read_text().strip() if sfile.is_file() else "NA",
+                    }
+                )
                 self.log(f"{name} is up to date (key {key}); skipped (--force reruns it)")
                 if not (self.fig / "notebooks" / f"{name}.ipynb").is_file() and (self.out / f"{name}.ipynb").is_file():
                     self._publish(name)  # a run from before executed copies were published
@@ -442,6 +505,7 @@ class Runner:
     def run(self) -> int:
         """Run the notebooks; 0 when all succeeded, 1 after a failure, 128 + the signal
         when stopped by SIGINT, SIGHUP or SIGTERM."""
+
         def stop(signum, frame):  # a kill of run_all.sh, or its terminal closing, stops the notebooks too
             raise Interrupted(signum)
 
@@ -480,8 +544,11 @@ class Runner:
             signum = None
             self._stop_running()
             self.failed = self.failed or "(the run)"
-            say(f"run_all.sh: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}; the run stopped; "
-                f"{self.fig} keeps the outputs of the notebooks that finished", err=True)
+            say(
+                f"run_all.sh: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}; the run stopped; "
+                f"{self.fig} keeps the outputs of the notebooks that finished",
+                err=True,
+            )
         else:
             signum = None
         for thread in self.publishing:  # the notebooks that finished keep their outputs and timings
@@ -491,15 +558,20 @@ class Runner:
         except OSError as err:
             say(f"run_all.sh: could not write the timings ({err.strerror or err}: {err.filename})", err=True)
         if signum is not None:
-            say(f"run_all.sh: stopped ({signal.Signals(signum).name}); the running notebooks were stopped and keep "
+            say(
+                f"run_all.sh: stopped ({signal.Signals(signum).name}); the running notebooks were stopped and keep "
                 f"no key; their figures folder keeps its last successful outputs (what they wrote is in "
-                f"{self.staging}); the notebooks that finished keep their outputs, keys and timings", err=True)
+                f"{self.staging}); the notebooks that finished keep their outputs, keys and timings",
+                err=True,
+            )
             return 128 + signum
         if self.failed:
             say(f"run_all.sh: what the other notebooks produced is kept in {self.fig}/.", err=True)
             return 1
-        self.log(f"all notebooks done in {time.time() - self.t0:.0f}s (jobs={self.args.jobs}, "
-                 f"threads={self.args.threads or 'default'}); timings in {self.out / 'timings.csv'}")
+        self.log(
+            f"all notebooks done in {time.time() - self.t0:.0f}s (jobs={self.args.jobs}, "
+            f"threads={self.args.threads or 'default'}); timings in {self.out / 'timings.csv'}"
+        )
         return 0
 
     def _stop_running(self, grace_s: float = 30.0) -> None:
@@ -534,8 +606,10 @@ class Runner:
             name = p.stem
             if name in ran:
                 r = ran[name]
-                out.append(f"{name},{r['seconds']},ran,{r['peak_rss_mib']},{self.args.threads or 'default'},"
-                           f"{r['start_s']},{r['end_s']}")
+                out.append(
+                    f"{name},{r['seconds']},ran,{r['peak_rss_mib']},{self.args.threads or 'default'},"
+                    f"{r['start_s']},{r['end_s']}"
+                )
             elif (self.out / f"{name}.seconds").is_file() or self.previous.get(name, {}).get("seconds"):
                 # not run now: its last run's row, from this machine's outputs or else (a fresh
                 # clone with committed figures) from the timings.csv this run replaces
@@ -611,10 +685,16 @@ def default_threads(jobs: int, cores: int, n_notebooks: int) -> int:
 def parser() -> argparse.ArgumentParser:
     """This script's own arguments (``arithlib.cli`` builds the same namespace itself)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=None,
-                    help="keys, logs, raw executed notebooks (default: outputs/<model>, or outputs/scratch/<model>)")
-    ap.add_argument("--figures", default=None,
-                    help="figures root (default: figures, or outputs/scratch/figures for a run with changed settings)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="keys, logs, raw executed notebooks (default: outputs/<model>, or outputs/scratch/<model>)",
+    )
+    ap.add_argument(
+        "--figures",
+        default=None,
+        help="figures root (default: figures, or outputs/scratch/figures for a run with changed settings)",
+    )
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", required=True, help="the notebooks' device parameter (cpu, cuda, auto, ...)")
     ap.add_argument("--resolved-device", default=None, help="what --device resolves to here (picks the default --jobs)")
@@ -622,20 +702,37 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device-map", default=None, help="split the model: auto, balanced or a JSON {module: device}")
     ap.add_argument("--quick", default="False")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--param", "-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                    help="set a notebook parameter, typed as its default there; repeatable")
+    ap.add_argument(
+        "--param",
+        "-p",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="set a notebook parameter, typed as its default there; repeatable",
+    )
     ap.add_argument("--only", default="")
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--jobs", type=int, default=None, help="notebooks at once (default: 2 on a CPU, 1 on a GPU)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads per notebook (default: every core for one notebook at a time, else "
-                         "cores // jobs; 0: torch's default)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per notebook (default: every core for one notebook at a time, else "
+        "cores // jobs; 0: torch's default)",
+    )
     ap.add_argument("--notebooks", default=str(ROOT / "notebooks"))
     ap.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines")
-    ap.add_argument("--print-figures", action="store_true",
-                    help="check the options, print the figures root this run would use, and exit")
-    ap.add_argument("--report", action="store_true",
-                    help="after the notebooks, write the report (and the cross-model one), still holding the lock")
+    ap.add_argument(
+        "--print-figures",
+        action="store_true",
+        help="check the options, print the figures root this run would use, and exit",
+    )
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="after the notebooks, write the report (and the cross-model one), still holding the lock",
+    )
     return ap
 
 
@@ -697,12 +794,18 @@ def run(args: argparse.Namespace, plan: Plan) -> int:
     try:
         for lock in locks:
             if lock.took_over:
-                say(f"=== {lock.folder}: taking over the lock of a run that ended without releasing it "
-                    f"(pid {lock.took_over.get('pid')}: {lock.took_over.get('command')})")
+                say(
+                    f"=== {lock.folder}: taking over the lock of a run that ended without releasing it "
+                    f"(pid {lock.took_over.get('pid')}: {lock.took_over.get('command')})"
+                )
         if changes and not plan.explicit:
             seeded = seed_scratch(figures / safe, ROOT / "figures" / safe)
-            say(f"=== changed settings ({', '.join(changes)}): results go to {figures / safe}, not the committed "
-                f"figures/{safe}" + (" (started as a copy of it)" if seeded else "") + "; --figures DIR chooses the folder")
+            say(
+                f"=== changed settings ({', '.join(changes)}): results go to {figures / safe}, not the committed "
+                f"figures/{safe}"
+                + (" (started as a copy of it)" if seeded else "")
+                + "; --figures DIR chooses the folder"
+            )
         if is_quick(args.quick):
             for line in quick_report(paths, by_notebook):
                 say(f"=== {line}")
@@ -712,8 +815,10 @@ def run(args: argparse.Namespace, plan: Plan) -> int:
             status = write_reports(figures, figures / safe)
         return status
     except OSError as err:  # a full disk, a folder that cannot be written: one line, the figures as they were
-        raise SystemExit(f"run_all.sh: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}; "
-                         "stopped; the figures folder keeps what the notebooks that finished wrote") from None
+        raise SystemExit(
+            f"run_all.sh: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}; "
+            "stopped; the figures folder keeps what the notebooks that finished wrote"
+        ) from None
     finally:
         for lock in reversed(locks):
             lock.release()

@@ -47,8 +47,12 @@ def seed_scratch(fig_model: Path, committed: Path) -> bool:
     it exists, its run's lock aside, or there is nothing to copy)."""
     if not committed.is_dir() or (fig_model.is_dir() and any(not _hidden(p.name) for p in fig_model.iterdir())):
         return False
-    shutil.copytree(committed, fig_model, dirs_exist_ok=True, ignore=lambda d, names: [
-        n for n in names if Path(d) == committed and (n == CARRIED or _hidden(n))])
+    shutil.copytree(
+        committed,
+        fig_model,
+        dirs_exist_ok=True,
+        ignore=lambda d, names: [n for n in names if Path(d) == committed and (n == CARRIED or _hidden(n))],
+    )
     return True
 
 
@@ -68,9 +72,15 @@ def stage(fig_model: Path, staging_root: Path, model_dir: str, name: str) -> Pat
     staged = staging_root / model_dir
     if fig_model.is_dir():
         prefix = name[:3]
-        shutil.copytree(fig_model, staged, ignore=lambda d, names: [
-            n for n in names if Path(d) == fig_model
-            and (n in ("notebooks", CARRIED) or n.startswith(prefix) or _hidden(n))])
+        shutil.copytree(
+            fig_model,
+            staged,
+            ignore=lambda d, names: [
+                n
+                for n in names
+                if Path(d) == fig_model and (n in ("notebooks", CARRIED) or n.startswith(prefix) or _hidden(n))
+            ],
+        )
     else:
         staged.mkdir(parents=True)
     return staged
@@ -133,9 +143,11 @@ def promote(staged: Path, fig_model: Path, name: str, since: float) -> list[str]
         except OSError as err:
             restored = _roll_back(fig_model, previous, replaced)
             raise PromoteError(
-                err.errno, f"could not move {name}'s outputs into {fig_model}: {step} {rel} failed "
+                err.errno,
+                f"could not move {name}'s outputs into {fig_model}: {step} {rel} failed "
                 f"({err.strerror or err}); {fig_model} {'keeps its previous outputs' if restored else 'may hold a mix of old and new outputs'}; "
-                f"this run's are in {staged}") from err
+                f"this run's are in {staged}",
+            ) from err
         for rel in sorted(old - set(new)):  # 3. only now: the old files not written again
             (fig_model / rel).unlink(missing_ok=True)
         fsync_dir(fig_model)

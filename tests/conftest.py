@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers, decoders, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 import arithlib.core.datasets as ds
@@ -16,8 +16,13 @@ from arithlib.core.models import load_model, random_model_dir
 
 def _corpus() -> list[str]:
     texts = []
-    for records in (ds.nikankin_prompts(n_per_op=None), ds.yu_prompts(n_digits=2, numerals="both", fewshot=2),
-                    ds.zhang_prompts(fewshot=2), ds.zhang_word_problems(n_per_template=40), ds.power_prompts(fewshot=2)):
+    for records in (
+        ds.nikankin_prompts(n_per_op=None),
+        ds.yu_prompts(n_digits=2, numerals="both", fewshot=2),
+        ds.zhang_prompts(fewshot=2),
+        ds.zhang_word_problems(n_per_template=40),
+        ds.power_prompts(fewshot=2),
+    ):
         for r in records:
             texts.append(r.full_text + r.answer_text)
             if r.counterfactual:
@@ -30,10 +35,12 @@ def _corpus() -> list[str]:
 def digit_tokenizer() -> PreTrainedTokenizerFast:
     """WordLevel tokenizer over byte-level pieces with digits isolated (Qwen2-like)."""
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\d"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\d"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(_corpus(), trainers.WordLevelTrainer(special_tokens=["<unk>", "<pad>", "<eos>"]))
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")

@@ -6,7 +6,11 @@ TransformerLens ``(hook name, function)`` pair, as ``run_with_hooks`` takes them
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 #: An attention head: (layer, head index within the layer).
 Head = tuple[int, int]

@@ -29,15 +29,16 @@ import json
 import random
 import re
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
-from typing import Iterator, NamedTuple, Sequence
+from functools import cache
+from typing import NamedTuple
 
 import pandas as pd
 import torch
 
-from .papers import YU_OPERAND_RANGES
 from ..run.paths import data_path
+from .papers import YU_OPERAND_RANGES
 
 OPS: tuple[str, ...] = ("+", "-", "*", "/")
 OP_NAMES = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
@@ -60,7 +61,7 @@ def apply_op(a: int, b: int, op: str) -> int:
     raise ValueError(f"unknown operator {op!r}; expected one of + - * / ^")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_json(name: str) -> dict:
     """A JSON file of ``data/`` (templates, word lists, gender prompts), parsed once."""
     with open(data_path(name), encoding="utf-8") as f:
@@ -139,8 +140,15 @@ def _format_number(n: int, numerals: str) -> str:
     return number_to_words(n) if numerals == "words" else str(n)
 
 
-def fewshot_prefix(template: str, op: str, sep: str, k: int, numerals: str = "digits",
-                   op_word: str | None = None, answers: Sequence[int] | None = None) -> str:
+def fewshot_prefix(
+    template: str,
+    op: str,
+    sep: str,
+    k: int,
+    numerals: str = "digits",
+    op_word: str | None = None,
+    answers: Sequence[int] | None = None,
+) -> str:
     """k solved examples of the query's own template, one per line (operands from
     ``data/templates.json``'s ``fewshot_operands``); ``op_word`` renders the
     counterfactual version of the same prefix. ``answers`` replaces the k results
@@ -153,8 +161,12 @@ def fewshot_prefix(template: str, op: str, sep: str, k: int, numerals: str = "di
     lines = []
     for i, (a, b) in enumerate(pairs):
         c = apply_op(a, b, op) if answers is None else int(answers[i])
-        lines.append(_render(template, _format_number(a, numerals), _format_number(b, numerals), op_word)
-                     + sep + _format_number(c, numerals) + "\n")
+        lines.append(
+            _render(template, _format_number(a, numerals), _format_number(b, numerals), op_word)
+            + sep
+            + _format_number(c, numerals)
+            + "\n"
+        )
     return "".join(lines)
 
 
@@ -185,8 +197,9 @@ def operation_results(a: int, b: int) -> set[int]:
     return out
 
 
-def no_operation_answers(pairs: Sequence[tuple[int, int]], true_answers: Sequence[int],
-                         rng: random.Random) -> list[int]:
+def no_operation_answers(
+    pairs: Sequence[tuple[int, int]], true_answers: Sequence[int], rng: random.Random
+) -> list[int]:
     """Answers for the solved lines of X_c's few-shot prefix that follow no operation
     (Zhang Sec. 3: X_c carries no calculation logic). For each line (a, b) with true
     result c: a seeded uniform draw among the non-negative numbers with as many digits
@@ -263,10 +276,19 @@ def _sample(items: list, n: int | None, rng: random.Random) -> list:
 # --------------------------------------------------------------------------- builders
 
 
-def _records_from_templates(family: str, templates: dict, ops: Sequence[str], pairs_by_op: dict,
-                            numerals: str, fewshot: int, n_digits: int, cf_pool: dict | None,
-                            rng: random.Random, xc_prefix: str = "no-operation",
-                            xc_rng: random.Random | None = None) -> list[PromptRecord]:
+def _records_from_templates(
+    family: str,
+    templates: dict,
+    ops: Sequence[str],
+    pairs_by_op: dict,
+    numerals: str,
+    fewshot: int,
+    n_digits: int,
+    cf_pool: dict | None,
+    rng: random.Random,
+    xc_prefix: str = "no-operation",
+    xc_rng: random.Random | None = None,
+) -> list[PromptRecord]:
     if xc_prefix not in XC_PREFIXES:
         raise ValueError(f"xc_prefix must be one of {XC_PREFIXES}, got {xc_prefix!r}")
     sep = templates["sep"]
@@ -290,20 +312,38 @@ def _records_from_templates(family: str, templates: dict, ops: Sequence[str], pa
                     pool = cf_pool["symbols"] if not op_slot.isalpha() else cf_pool["words"]
                     word = rng.choice(pool)
                     answers = xc_answers.get((op, t_id))
-                    cf = (fewshot_prefix(template, op, sep, fewshot, numerals, op_word=word, answers=answers)
-                          + _render(template, sa, sb, word))
-                records.append(PromptRecord(
-                    family=family, op=op, a=a, b=b, answer=c, template_id=t_id, template=template,
-                    text=text + sep, answer_text=_format_number(c, numerals) if c >= 0 else "-" + _format_number(-c, numerals),
-                    prefix=prefix, counterfactual=None if cf is None else cf + sep, n_digits=n_digits,
-                    carry=bool(c >= 0 and carry_flags(a, b, op)[0]),
-                    meta=(("numerals", numerals),),
-                ))
+                    cf = fewshot_prefix(template, op, sep, fewshot, numerals, op_word=word, answers=answers) + _render(
+                        template, sa, sb, word
+                    )
+                records.append(
+                    PromptRecord(
+                        family=family,
+                        op=op,
+                        a=a,
+                        b=b,
+                        answer=c,
+                        template_id=t_id,
+                        template=template,
+                        text=text + sep,
+                        answer_text=_format_number(c, numerals) if c >= 0 else "-" + _format_number(-c, numerals),
+                        prefix=prefix,
+                        counterfactual=None if cf is None else cf + sep,
+                        n_digits=n_digits,
+                        carry=bool(c >= 0 and carry_flags(a, b, op)[0]),
+                        meta=(("numerals", numerals),),
+                    )
+                )
     return records
 
 
-def nikankin_prompts(ops: Sequence[str] = OPS, max_operand: int = 9, max_result: int | None = None,
-                     n_per_op: int | None = 50, seed: int = 0, fewshot: int = 0) -> list[PromptRecord]:
+def nikankin_prompts(
+    ops: Sequence[str] = OPS,
+    max_operand: int = 9,
+    max_result: int | None = None,
+    n_per_op: int | None = 50,
+    seed: int = 0,
+    fewshot: int = 0,
+) -> list[PromptRecord]:
     """Nikankin et al.'s "{x}{op}{y}=" prompts (no spaces), operands 0..max_operand,
     integer results 0..max_result (default max_operand: a single token when the
     operand range is the tokenizer's single-token range; see :func:`single_token_max`).
@@ -363,14 +403,26 @@ def _pair_operand_counterfactuals(records: list[PromptRecord], rng: random.Rando
             out.append(r)
             continue
         partner = rng.choice(pool)
-        out.append(replace(r, counterfactual=partner.full_text,
-                           meta=r.meta + (("cf_answer", partner.answer), ("cf_answer_text", partner.answer_text))))
+        out.append(
+            replace(
+                r,
+                counterfactual=partner.full_text,
+                meta=r.meta + (("cf_answer", partner.answer), ("cf_answer_text", partner.answer_text)),
+            )
+        )
     return out
 
 
-def yu_prompts(ops: Sequence[str] = OPS, n_digits: int = 1, numerals: str = "digits",
-               n_per_template: int | None = 100, allow_negative: bool = False, seed: int = 0,
-               fewshot: int = 0, templates: Sequence[int] | None = None) -> list[PromptRecord]:
+def yu_prompts(
+    ops: Sequence[str] = OPS,
+    n_digits: int = 1,
+    numerals: str = "digits",
+    n_per_template: int | None = 100,
+    allow_negative: bool = False,
+    seed: int = 0,
+    fewshot: int = 0,
+    templates: Sequence[int] | None = None,
+) -> list[PromptRecord]:
     """Yu & Ananiadou's arithmetic prompts (Table 14: 4 templates per operator).
 
     ``n_digits`` operands: 1 -> 0..9 (1..9 for /), 2 -> 10..99, 3 -> 100..999. With the
@@ -383,11 +435,14 @@ def yu_prompts(ops: Sequence[str] = OPS, n_digits: int = 1, numerals: str = "dig
     if numerals not in (*NUMERALS, "both"):
         raise ValueError(f"numerals must be one of {(*NUMERALS, 'both')}, got {numerals!r}")
     if n_digits not in YU_OPERAND_RANGES:
-        raise ValueError(f"n_digits must be one of {sorted(YU_OPERAND_RANGES)} (operands "
-                         f"{', '.join(f'{lo}..{hi}' for lo, hi in YU_OPERAND_RANGES.values())}), got {n_digits!r}")
+        raise ValueError(
+            f"n_digits must be one of {sorted(YU_OPERAND_RANGES)} (operands "
+            f"{', '.join(f'{lo}..{hi}' for lo, hi in YU_OPERAND_RANGES.values())}), got {n_digits!r}"
+        )
     if numerals == "both":
-        return (yu_prompts(ops, n_digits, "digits", n_per_template, allow_negative, seed, fewshot, templates)
-                + yu_prompts(ops, n_digits, "words", n_per_template, allow_negative, seed, fewshot, templates))
+        return yu_prompts(
+            ops, n_digits, "digits", n_per_template, allow_negative, seed, fewshot, templates
+        ) + yu_prompts(ops, n_digits, "words", n_per_template, allow_negative, seed, fewshot, templates)
     lo, hi = YU_OPERAND_RANGES[n_digits]
     rng = random.Random(seed)
     base = load_json("templates.json")["yu"]
@@ -405,9 +460,15 @@ def yu_prompts(ops: Sequence[str] = OPS, n_digits: int = 1, numerals: str = "dig
     return _records_from_templates("yu", chosen, ops, pairs, numerals, fewshot, n_digits, None, rng)
 
 
-def zhang_prompts(ops: Sequence[str] = OPS, operand_range: tuple[int, int] = (1, 9),
-                  n_per_template: int | None = None, seed: int = 0, fewshot: int = 0,
-                  templates: Sequence[int] | None = None, xc_prefix: str = "no-operation") -> list[PromptRecord]:
+def zhang_prompts(
+    ops: Sequence[str] = OPS,
+    operand_range: tuple[int, int] = (1, 9),
+    n_per_template: int | None = None,
+    seed: int = 0,
+    fewshot: int = 0,
+    templates: Sequence[int] | None = None,
+    xc_prefix: str = "no-operation",
+) -> list[PromptRecord]:
     """Zhang et al.'s templates (Fig. 8) with operands in ``operand_range`` (1..9 in
     the paper) and a counterfactual X_c per prompt: the operator word replaced by a random
     term of {none, nothing, ...}, a symbol by one of {<, >, @, ...}, in the prefix too,
@@ -424,12 +485,24 @@ def zhang_prompts(ops: Sequence[str] = OPS, operand_range: tuple[int, int] = (1,
     chosen["sep"] = zt["sep"]
     lo, hi = operand_range
     pairs = {op: _sample(_operand_pairs(op, lo, hi, None, False), n_per_template, rng) for op in ops}
-    return _records_from_templates("zhang", chosen, ops, pairs, "digits", fewshot, len(str(hi)),
-                                   base["zhang_counterfactual"], rng, xc_prefix, random.Random(f"xc-prefix/{seed}"))
+    return _records_from_templates(
+        "zhang",
+        chosen,
+        ops,
+        pairs,
+        "digits",
+        fewshot,
+        len(str(hi)),
+        base["zhang_counterfactual"],
+        rng,
+        xc_prefix,
+        random.Random(f"xc-prefix/{seed}"),
+    )
 
 
-def power_prompts(max_operand: int = 9, max_result: int = 999, seed: int = 0, fewshot: int = 0,
-                  xc_prefix: str = "no-operation") -> list[PromptRecord]:
+def power_prompts(
+    max_operand: int = 9, max_result: int = 999, seed: int = 0, fewshot: int = 0, xc_prefix: str = "no-operation"
+) -> list[PromptRecord]:
     """Exponentiation prompts of Zhang et al. App. D (Table 3) with counterfactuals
     (X_c prefix as in :func:`zhang_prompts`), operands 1..max_operand (exponent >= 1),
     results up to ``max_result``."""
@@ -437,8 +510,19 @@ def power_prompts(max_operand: int = 9, max_result: int = 999, seed: int = 0, fe
     base = load_json("templates.json")
     pt = base["zhang_power"]
     pairs = {"^": [(a, b) for a in range(1, max_operand + 1) for b in range(1, max_operand + 1) if a**b <= max_result]}
-    return _records_from_templates("power", pt, ["^"], pairs, "digits", fewshot, 1, base["zhang_counterfactual"], rng,
-                                   xc_prefix, random.Random(f"xc-prefix/{seed}"))
+    return _records_from_templates(
+        "power",
+        pt,
+        ["^"],
+        pairs,
+        "digits",
+        fewshot,
+        1,
+        base["zhang_counterfactual"],
+        rng,
+        xc_prefix,
+        random.Random(f"xc-prefix/{seed}"),
+    )
 
 
 def zhang_word_problems(n_per_template: int = 20, seed: int = 0) -> list[PromptRecord]:
@@ -466,11 +550,22 @@ def zhang_word_problems(n_per_template: int = 20, seed: int = 0) -> list[PromptR
             cf = re.sub(r"<OBJECT>", lambda m: next(obj_iter), cf)
             for key, value in slots.items():
                 cf = cf.replace(f"<{key}>", value)
-            records.append(PromptRecord(
-                family="word_problem", op="+", a=a, b=b, answer=a + b, template_id=t_id, template=template,
-                text=text + spec["sep"], answer_text=str(a + b), counterfactual=cf + spec["sep"], n_digits=1,
-                meta=tuple(sorted(slots.items())),
-            ))
+            records.append(
+                PromptRecord(
+                    family="word_problem",
+                    op="+",
+                    a=a,
+                    b=b,
+                    answer=a + b,
+                    template_id=t_id,
+                    template=template,
+                    text=text + spec["sep"],
+                    answer_text=str(a + b),
+                    counterfactual=cf + spec["sep"],
+                    n_digits=1,
+                    meta=tuple(sorted(slots.items())),
+                )
+            )
     return records
 
 
@@ -528,7 +623,7 @@ class AnswerSplit(NamedTuple):
 
     prompt: list[int]  # the prompt's tokens, ending with ``moved``
     answer: list[int]  # the answer's tokens, the first one not blank
-    moved: list[int]   # blank tokens that began the answer, moved to the prompt's end
+    moved: list[int]  # blank tokens that began the answer, moved to the prompt's end
 
 
 def split_answer(tokenizer, text: str, answer_text: str) -> AnswerSplit:
@@ -542,9 +637,11 @@ def split_answer(tokenizer, text: str, answer_text: str) -> AnswerSplit:
     stem = tokenizer(text.rstrip(" "))["input_ids"]
     full = tokenizer(text + answer_text)["input_ids"]
     if full[: len(stem)] != stem:
-        raise UnsplittableError(f"prompt {text!r} does not tokenize as a prefix of prompt + answer "
-                                f"{answer_text!r}; end the template at a token boundary")
-    answer = full[len(stem):]
+        raise UnsplittableError(
+            f"prompt {text!r} does not tokenize as a prefix of prompt + answer "
+            f"{answer_text!r}; end the template at a token boundary"
+        )
+    answer = full[len(stem) :]
     eos = tokenizer.eos_token_id
     if answer and eos is not None and answer[-1] == eos:
         answer = answer[:-1]
@@ -584,8 +681,9 @@ class PromptSet:
     tokenizer: object = field(repr=False)
 
     @classmethod
-    def build(cls, records: Sequence[PromptRecord], tokenizer, drop_misaligned: bool = True,
-              drop_unsplittable: bool = False) -> "PromptSet":
+    def build(
+        cls, records: Sequence[PromptRecord], tokenizer, drop_misaligned: bool = True, drop_unsplittable: bool = False
+    ) -> PromptSet:
         """Tokenize ``records``. Records whose counterfactual length differs from the
         prompt's are dropped (``drop_misaligned``) or raise a ValueError. A prompt that
         does not tokenize as a prefix of prompt + answer (``"... to the year 197"`` + ``"8"``
@@ -610,38 +708,56 @@ class PromptSet:
                     if drop_misaligned:
                         dropped += 1
                         continue
-                    raise ValueError(f"counterfactual {r.counterfactual!r} has {len(cf)} tokens, prompt has {len(prompt)}")
+                    raise ValueError(
+                        f"counterfactual {r.counterfactual!r} has {len(cf)} tokens, prompt has {len(prompt)}"
+                    )
             keep.append(r)
             inputs.append(prompt)
             answers.append(answer)
             cfs.append(cf)
         if dropped:
-            warnings.warn(f"PromptSet.build dropped {dropped} of {len(records)} prompts whose counterfactual "
-                          "has a different token count than the prompt", stacklevel=2)
+            warnings.warn(
+                f"PromptSet.build dropped {dropped} of {len(records)} prompts whose counterfactual "
+                "has a different token count than the prompt",
+                stacklevel=2,
+            )
         if unsplittable:
-            warnings.warn(f"PromptSet.build dropped {unsplittable} of {len(records)} prompts that do not tokenize "
-                          "apart from their answer under this tokenizer", stacklevel=2)
+            warnings.warn(
+                f"PromptSet.build dropped {unsplittable} of {len(records)} prompts that do not tokenize "
+                "apart from their answer under this tokenizer",
+                stacklevel=2,
+            )
         return cls(keep, inputs, answers, cfs, tokenizer)
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def subset(self, index: Sequence[int] | torch.Tensor) -> "PromptSet":
+    def subset(self, index: Sequence[int] | torch.Tensor) -> PromptSet:
         """The records at ``index`` (a list of ints or a bool mask), in that order."""
         if isinstance(index, torch.Tensor):
             index = index.nonzero().flatten().tolist() if index.dtype == torch.bool else index.tolist()
         index = list(index)
-        return PromptSet([self.records[i] for i in index], [self.input_ids[i] for i in index],
-                         [self.answer_ids[i] for i in index], [self.cf_input_ids[i] for i in index], self.tokenizer)
+        return PromptSet(
+            [self.records[i] for i in index],
+            [self.input_ids[i] for i in index],
+            [self.answer_ids[i] for i in index],
+            [self.cf_input_ids[i] for i in index],
+            self.tokenizer,
+        )
 
-    def where(self, **conditions) -> "PromptSet":
+    def where(self, **conditions) -> PromptSet:
         """Records whose fields equal the given values, e.g. ``where(op="+", template_id=3)``."""
         idx = [i for i, r in enumerate(self.records) if all(getattr(r, k) == v for k, v in conditions.items())]
         return self.subset(idx)
 
-    def __add__(self, other: "PromptSet") -> "PromptSet":
-        return PromptSet(self.records + other.records, self.input_ids + other.input_ids,
-                         self.answer_ids + other.answer_ids, self.cf_input_ids + other.cf_input_ids, self.tokenizer)
+    def __add__(self, other: PromptSet) -> PromptSet:
+        return PromptSet(
+            self.records + other.records,
+            self.input_ids + other.input_ids,
+            self.answer_ids + other.answer_ids,
+            self.cf_input_ids + other.cf_input_ids,
+            self.tokenizer,
+        )
 
     @property
     def first_answer_ids(self) -> torch.Tensor:
@@ -671,24 +787,29 @@ class PromptSet:
             groups.setdefault(len(ids), []).append(i)
         return dict(sorted(groups.items()))
 
-    def batches(self, batch_size: int = 64, device: str | torch.device = "cpu", by_prefix: bool = False
-                ) -> Iterator[Batch]:
+    def batches(
+        self, batch_size: int = 64, device: str | torch.device = "cpu", by_prefix: bool = False
+    ) -> Iterator[Batch]:
         """Same-length batches (no padding), covering every prompt once. With
         ``by_prefix`` a batch also holds one few-shot prefix (``record.prefix``) only, so
         that a runner sharing the batch's common prefix shares the whole of it."""
         groups = list(self.length_groups().values())
         if by_prefix:
-            groups = [[i for i in idx if self.records[i].prefix == q]
-                      for idx in groups for q in dict.fromkeys(self.records[i].prefix for i in idx)]
+            groups = [
+                [i for i in idx if self.records[i].prefix == q]
+                for idx in groups
+                for q in dict.fromkeys(self.records[i].prefix for i in idx)
+            ]
         for idx in groups:
             for start in range(0, len(idx), batch_size):
-                chunk = idx[start:start + batch_size]
+                chunk = idx[start : start + batch_size]
                 tokens = torch.tensor([self.input_ids[i] for i in chunk], dtype=torch.long, device=device)
                 cf = None
                 if all(self.cf_input_ids[i] is not None for i in chunk):
                     cf = torch.tensor([self.cf_input_ids[i] for i in chunk], dtype=torch.long, device=device)
-                yield Batch(torch.tensor(chunk), tokens,
-                            torch.tensor([self.answer_ids[i][0] for i in chunk], device=device), cf)
+                yield Batch(
+                    torch.tensor(chunk), tokens, torch.tensor([self.answer_ids[i][0] for i in chunk], device=device), cf
+                )
 
 
 def require_single_token_operands(prompts: PromptSet) -> None:
@@ -700,8 +821,10 @@ def require_single_token_operands(prompts: PromptSet) -> None:
             if len(tok(str(x), add_special_tokens=False)["input_ids"]) != 1:
                 limit = single_token_max(tok)
                 how = f"nikankin_prompts(max_operand={limit})" + (", yu_prompts(n_digits=1)" if limit >= 9 else "")
-                raise ValueError(f"operand {x} of {r.text!r} is not a single token for this tokenizer; "
-                                 f"use operands 0..{limit} ({how})")
+                raise ValueError(
+                    f"operand {x} of {r.text!r} is not a single token for this tokenizer; "
+                    f"use operands 0..{limit} ({how})"
+                )
 
 
 def expand_answer_tokens(prompts: PromptSet) -> PromptSet:
@@ -716,8 +839,10 @@ def expand_answer_tokens(prompts: PromptSet) -> PromptSet:
         digits = r.answer_text.lstrip("-")
         pieces = [tok.decode([t]).strip() for t in ans]
         if r.answer < 0 or pieces != list(digits):
-            raise ValueError(f"answer {r.answer_text!r} of {r.text!r} is not one token per digit ({pieces}); "
-                             "per-token memorize/change-one cases need a per-digit tokenizer and a non-negative answer")
+            raise ValueError(
+                f"answer {r.answer_text!r} of {r.text!r} is not one token per digit ({pieces}); "
+                "per-token memorize/change-one cases need a per-digit tokenizer and a non-negative answer"
+            )
         flags = carry_flags(r.a, r.b, r.op)
         for i, token in enumerate(ans):
             meta = r.meta + (("case", "change-one" if flags[i] else "memorize"), ("answer_token_index", i))

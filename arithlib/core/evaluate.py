@@ -12,16 +12,15 @@ every function here, so an intervention is evaluated by wrapping the call.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Callable, Sequence
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .datasets import PromptSet
 from ..engine import PrefixRunner, hooks_attached
-
+from .datasets import PromptSet
 
 #: One batch of a plan: ``(runner, p, index) -> (answer-position logits [B, vocab], tokens per row)``.
 Step = Callable[["PrefixRunner", int, list[int]], tuple[torch.Tensor, list[list[int]]]]
@@ -31,8 +30,9 @@ def _first_only(run: PrefixRunner, p: int, index: list[int]) -> tuple[torch.Tens
     return run.first_step(p, index)[0], [[] for _ in index]
 
 
-def _run_plan(model, prompts: PromptSet, batch_size: int, progress: bool, desc: str,
-              step: Step = _first_only) -> tuple[torch.Tensor, list[list[int]]]:
+def _run_plan(
+    model, prompts: PromptSet, batch_size: int, progress: bool, desc: str, step: Step = _first_only
+) -> tuple[torch.Tensor, list[list[int]]]:
     """Every batch of :class:`PrefixRunner`'s plan through ``step``: the answer-position
     logits [N, vocab] (float32, CPU) and the step's tokens per prompt."""
     runner = PrefixRunner(model, prompts, batch_size)
@@ -52,12 +52,14 @@ def _greedy_step(extra_tokens: int) -> Step:
     def step(run: PrefixRunner, p: int, index: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
         first, past = run.first_step(p, index)
         return first, run.continue_greedy(first, past, run.n_new(index, extra_tokens))
+
     return step
 
 
 @torch.no_grad()
-def answer_logits(model, prompts: PromptSet, batch_size: int = 64, progress: bool = False,
-                  desc: str = "answer logits") -> torch.Tensor:
+def answer_logits(
+    model, prompts: PromptSet, batch_size: int = 64, progress: bool = False, desc: str = "answer logits"
+) -> torch.Tensor:
     """Logits at the answer position for every prompt, [N, vocab] (float32, CPU).
     Hooks attached to ``model`` apply; shared few-shot prefixes are computed once
     when there are none (:class:`PrefixRunner`)."""
@@ -65,8 +67,9 @@ def answer_logits(model, prompts: PromptSet, batch_size: int = 64, progress: boo
 
 
 @torch.no_grad()
-def greedy_answers(model, prompts: PromptSet, extra_tokens: int = 1, batch_size: int = 64,
-                   progress: bool = False) -> tuple[torch.Tensor, list[list[int]]]:
+def greedy_answers(
+    model, prompts: PromptSet, extra_tokens: int = 1, batch_size: int = 64, progress: bool = False
+) -> tuple[torch.Tensor, list[list[int]]]:
     """Greedy continuation of each prompt: as many tokens as its answer has, plus
     ``extra_tokens`` (to see whether the model stops or keeps writing digits).
 
@@ -77,8 +80,9 @@ def greedy_answers(model, prompts: PromptSet, extra_tokens: int = 1, batch_size:
 
 
 @torch.no_grad()
-def checked_answers(model, prompts: PromptSet, batch_size: int = 64,
-                    progress: bool = False) -> tuple[torch.Tensor, list[list[int]]]:
+def checked_answers(
+    model, prompts: PromptSet, batch_size: int = 64, progress: bool = False
+) -> tuple[torch.Tensor, list[list[int]]]:
     """Like :func:`greedy_answers` with one extra token, from one forward pass per batch
     (:meth:`PrefixRunner.checked_step`): ``(first_logits [N, vocab], tokens)``
     where the tokens are greedy decoding's up to its first wrong token (the answer and
@@ -97,8 +101,9 @@ def continues_number(tokenizer, token_id: int) -> bool:
 
 
 @torch.no_grad()
-def evaluate(model, prompts: PromptSet, full_answer: bool = True, batch_size: int = 64,
-             progress: bool = False) -> pd.DataFrame:
+def evaluate(
+    model, prompts: PromptSet, full_answer: bool = True, batch_size: int = 64, progress: bool = False
+) -> pd.DataFrame:
     """Per-prompt evaluation at the answer position.
 
     Columns: the prompt's fields, ``pred_token`` (greedy first token), ``correct_first``
@@ -138,18 +143,25 @@ def evaluate(model, prompts: PromptSet, full_answer: bool = True, batch_size: in
     return frame
 
 
-def accuracy(frame: pd.DataFrame, by: Sequence[str] | str | None = None, column: str | None = None) -> pd.DataFrame | float:
+def accuracy(
+    frame: pd.DataFrame, by: Sequence[str] | str | None = None, column: str | None = None
+) -> pd.DataFrame | float:
     """Mean of ``correct_full`` (or ``correct_first`` when full answers were not
     checked), overall or grouped ``by`` columns."""
     column = column or ("correct_full" if "correct_full" in frame else "correct_first")
     if by is None:
         return float(frame[column].mean())
-    return frame.groupby(list([by] if isinstance(by, str) else by))[column].agg(["mean", "count"]).rename(
-        columns={"mean": "accuracy", "count": "n"}).reset_index()
+    return (
+        frame.groupby(list([by] if isinstance(by, str) else by))[column]
+        .agg(["mean", "count"])
+        .rename(columns={"mean": "accuracy", "count": "n"})
+        .reset_index()
+    )
 
 
-def correct_subset(model, prompts: PromptSet, criterion: str = "full", batch_size: int = 64,
-                   frame: pd.DataFrame | None = None) -> PromptSet:
+def correct_subset(
+    model, prompts: PromptSet, criterion: str = "full", batch_size: int = 64, frame: pd.DataFrame | None = None
+) -> PromptSet:
     """The prompts the model answers correctly (the papers' reference set X_r).
     ``criterion`` "full" (whole answer, then stop) or "first" (first answer token)."""
     if criterion not in ("full", "first"):
@@ -161,8 +173,9 @@ def correct_subset(model, prompts: PromptSet, criterion: str = "full", batch_siz
 
 
 @torch.no_grad()
-def intervention_accuracy(model, prompts: PromptSet, hooks: list[tuple[str, Callable]] | None = None,
-                          batch_size: int = 64) -> float:
+def intervention_accuracy(
+    model, prompts: PromptSet, hooks: list[tuple[str, Callable]] | None = None, batch_size: int = 64
+) -> float:
     """First-token accuracy with forward ``hooks`` active (None: the plain model)."""
     ctx = model.hooks(fwd_hooks=hooks) if hooks else nullcontext()
     with ctx:
@@ -170,8 +183,9 @@ def intervention_accuracy(model, prompts: PromptSet, hooks: list[tuple[str, Call
     return float((logits.argmax(-1) == prompts.first_answer_ids).float().mean())
 
 
-def evaluate_sets(model, sets: dict[str, PromptSet], full_answer: bool = True, batch_size: int = 64,
-                  progress: bool = True) -> pd.DataFrame:
+def evaluate_sets(
+    model, sets: dict[str, PromptSet], full_answer: bool = True, batch_size: int = 64, progress: bool = True
+) -> pd.DataFrame:
     """:func:`evaluate` on several named prompt sets, concatenated with a ``set`` column."""
     frames = []
     for name, prompts in tqdm(sets.items(), desc="prompt sets", disable=not progress):

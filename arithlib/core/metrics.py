@@ -44,14 +44,17 @@ def relative_logit_change(patched_logit: torch.Tensor, clean_logit: torch.Tensor
     clean_logit = torch.as_tensor(clean_logit)
     bad = clean_logit <= 0
     if strict and bad.any():
-        raise ValueError("relative_logit_change needs positive clean answer logits (Zhang's logit_o); "
-                         f"got min {clean_logit.min().item():.3g}")
+        raise ValueError(
+            "relative_logit_change needs positive clean answer logits (Zhang's logit_o); "
+            f"got min {clean_logit.min().item():.3g}"
+        )
     out = (patched_logit - clean_logit) / clean_logit
     return out.masked_fill(bad.expand_as(out), float("nan")) if bad.any() else out
 
 
-def indirect_effect(clean_logits: torch.Tensor, patched_logits: torch.Tensor, answer_ids: torch.Tensor,
-                    cf_answer_ids: torch.Tensor) -> torch.Tensor:
+def indirect_effect(
+    clean_logits: torch.Tensor, patched_logits: torch.Tensor, answer_ids: torch.Tensor, cf_answer_ids: torch.Tensor
+) -> torch.Tensor:
     """Stolfo et al. 2023 (Eq. 3), used by Nikankin et al. 2025 for activation patching:
 
     IE = 1/2 [ (P*(r') - P(r')) / P(r')  +  (P(r) - P*(r)) / P*(r) ]

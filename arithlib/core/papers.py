@@ -8,8 +8,11 @@ than a paper's say so ("ours"). No torch: the report reads this without loading 
 
 # --------------------------------------------------------------------------- citations
 
-PAPERS = {"zhang": "Zhang et al. 2024 (ICML)", "yu": "Yu & Ananiadou 2024 (EMNLP)",
-          "nikankin": "Nikankin et al. 2025 (ICLR)"}
+PAPERS = {
+    "zhang": "Zhang et al. 2024 (ICML)",
+    "yu": "Yu & Ananiadou 2024 (EMNLP)",
+    "nikankin": "Nikankin et al. 2025 (ICLR)",
+}
 PAPERS_SHORT = {"zhang": "Zhang 2024", "yu": "Yu 2024", "nikankin": "Nikankin 2025"}
 #: Where each paper's numbers are quoted from (the README's "Citing" section has the BibTeX).
 ZHANG_TXT = "Zhang et al. 2024, ICML (PMLR 235; arXiv:2409.01659)"
@@ -69,9 +72,11 @@ YU_TABLE2 = {"+": 46.5, "-": 62.2, "/": 54.9, "*": 6.8}
 #: Table 1 (2-digit prompts, Llama-7B): accuracy (%) of the original model and with the + / - head
 #: 17^22 or the / head 14^19 zeroed. Each head leaves the other operators nearly intact: 17^22
 #: lowers 2D* by 10.8 % (relative) against a mean of 39.5 % on 2D+ and 2D-.
-YU_TABLE1 = {"original": {"+": 96.8, "-": 94.4, "*": 56.6, "/": 51.4},
-             "17^22": {"+": 42.9, "-": 72.3, "*": 50.5, "/": 48.2},
-             "14^19": {"+": 92.5, "-": 93.2, "*": 51.3, "/": 13.8}}
+YU_TABLE1 = {
+    "original": {"+": 96.8, "-": 94.4, "*": 56.6, "/": 51.4},
+    "17^22": {"+": 42.9, "-": 72.3, "*": 50.5, "/": 48.2},
+    "14^19": {"+": 92.5, "-": 93.2, "*": 51.3, "/": 13.8},
+}
 #: Operator groups of Sec. 4 / App. B: + and - share one key head (17^22), / has its own (14^19).
 YU_GROUPS: dict[str, tuple[str, ...]] = {"+-": ("+", "-"), "/": ("/",)}
 #: The deep FFN layers, 17..31 of Llama-7B's 32 (the layers from the key head 17^22 up):
@@ -121,8 +126,10 @@ YU_TABLE11 = {"original": 62.9, "LoRA": 89.3, "LoRA on CNA-pruned": 82.3, "LoRA 
 YU_EDIT_K = 18
 #: Table 13 (Llama-7B): mean |log p(prof | woman) - log p(prof | man)| in nats, over all
 #: professions and over each gender's, before and after zeroing the 18 neurons.
-YU_TABLE13 = {"original": {"total": 1.26, "woman": 1.45, "man": 1.08},
-              "edited": {"total": 0.81, "woman": 1.04, "man": 0.59}}
+YU_TABLE13 = {
+    "original": {"total": 1.26, "woman": 1.45, "man": 1.08},
+    "edited": {"total": 0.81, "woman": 1.04, "man": 0.59},
+}
 #: Sec. 6.2: the bias is "reduced by 35.7 %" (1 - 0.81 / 1.26).
 YU_BIAS_REDUCTION_PCT = 35.7
 

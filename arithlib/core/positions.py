@@ -6,7 +6,7 @@ stratified prompt samples.
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -14,7 +14,6 @@ import torch
 
 from .components import Head
 from .datasets import PromptRecord, PromptSet
-
 
 _SLOT = re.compile(r"\{A\}|\{B\}|\[([^\]]+)\]")
 
@@ -40,7 +39,7 @@ def query_spans(record: PromptRecord) -> dict[str, tuple[int, int]]:
     text, pos = [], 0
     last = 0
     for m in _SLOT.finditer(template):
-        lit = template[last:m.start()]
+        lit = template[last : m.start()]
         text.append(lit)
         pos += len(lit)
         piece = sa if m.group(0) == "{A}" else sb if m.group(0) == "{B}" else m.group(1)
@@ -101,7 +100,9 @@ def locate_operands(prompts: PromptSet) -> list[dict[str, list[int]]]:
     return out
 
 
-def named_positions(located: Sequence[Mapping[str, list[int]]], names: Mapping[str, str] | None = None) -> dict[str, list[int]]:
+def named_positions(
+    located: Sequence[Mapping[str, list[int]]], names: Mapping[str, str] | None = None
+) -> dict[str, list[int]]:
     """One position per prompt for each name: the LAST token of operand A ("A"), of the
     operator ("operator"), of operand B ("B") and the answer position ("last").
     ``names`` renames them (e.g. {"A": "op1", "operator": "operator", "B": "op2", "last": "="})."""
@@ -115,8 +116,12 @@ def named_positions(located: Sequence[Mapping[str, list[int]]], names: Mapping[s
     return out
 
 
-def attention_by_class(attention: Mapping[int, torch.Tensor], located: Sequence[Mapping[str, list[int]]],
-                       prompts: PromptSet, heads: Sequence[Head] | None = None) -> pd.DataFrame:
+def attention_by_class(
+    attention: Mapping[int, torch.Tensor],
+    located: Sequence[Mapping[str, list[int]]],
+    prompts: PromptSet,
+    heads: Sequence[Head] | None = None,
+) -> pd.DataFrame:
     """Zhang et al. Sec. 4.2 / Fig. 5: mean attention from the END query to operand A,
     operand B, the operator, the rest of the query and the few-shot prefix, per head
     and operator. ``attention`` is :attr:`PathPatchingResult.attention`. Returns rows
@@ -134,8 +139,10 @@ def attention_by_class(attention: Mapping[int, torch.Tensor], located: Sequence[
             key = (op, l, h)
             acc[key] = acc.get(key, 0) + mass[l, h]
             cnt[key] = cnt.get(key, 0) + 1
-    rows = [{"op": k[0], "layer": k[1], "head": k[2], **dict(zip(classes, (v / cnt[k]).tolist())), "n": cnt[k]}
-            for k, v in acc.items()]
+    rows = [
+        {"op": k[0], "layer": k[1], "head": k[2], **dict(zip(classes, (v / cnt[k]).tolist())), "n": cnt[k]}
+        for k, v in acc.items()
+    ]
     return pd.DataFrame(rows)
 
 
@@ -147,8 +154,9 @@ def classify_heads(attn: pd.DataFrame) -> pd.DataFrame:
     g = attn.groupby(["layer", "head"])[["A", "B", "operator", "other", "prefix"]].mean().reset_index()
     g["operands"] = g["A"] + g["B"]
     g["rest"] = g["other"] + g["prefix"]
-    g["type"] = np.select([(g.operands >= g.operator) & (g.operands >= g.rest), g.operator >= g.rest],
-                          ["operand", "operator"], "other")
+    g["type"] = np.select(
+        [(g.operands >= g.operator) & (g.operands >= g.rest), g.operator >= g.rest], ["operand", "operator"], "other"
+    )
     g["task_type"] = np.where(g.operands >= g.operator, "operand", "operator")
     return g
 

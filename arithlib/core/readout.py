@@ -41,8 +41,10 @@ def final_norm(model) -> FinalNorm:
     weight = comp.weight.detach().float()
     eps = next((getattr(comp, a) for a in ("variance_epsilon", "eps") if getattr(comp, a, None) is not None), None)
     if eps is None:
-        raise NotImplementedError(f"final norm {type(comp).__name__} has no epsilon attribute (variance_epsilon or "
-                                  "eps): add the name of its epsilon attribute to arithlib.core.readout.final_norm")
+        raise NotImplementedError(
+            f"final norm {type(comp).__name__} has no epsilon attribute (variance_epsilon or "
+            "eps): add the name of its epsilon attribute to arithlib.core.readout.final_norm"
+        )
     name = type(comp).__name__.lower()
     if "rms" in name:
         if getattr(model.cfg, "rmsnorm_uses_offset", False):

@@ -21,8 +21,8 @@ intervals.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -60,12 +60,12 @@ class Interval:
     def half_width(self) -> float:
         return (self.high - self.low) / 2
 
-    def scaled(self, factor: float) -> "Interval":
+    def scaled(self, factor: float) -> Interval:
         lo, hi = sorted((self.low * factor, self.high * factor))
         return Interval(self.estimate * factor, lo, hi, self.n, self.method)
 
     def text(self, pct: bool = True, digits: int = 0) -> str:
-        """"12 % [8, 17]" (``pct``) or "0.12 [0.08, 0.17]"."""
+        """ "12 % [8, 17]" (``pct``) or "0.12 [0.08, 0.17]"."""
         if not np.isfinite(self.estimate):
             return "n/a"
         if pct:
@@ -91,8 +91,14 @@ def accuracy_ci(correct: Sequence[bool] | np.ndarray, level: float = LEVEL) -> I
     return binomial_ci(int(c.sum()), int(c.size), level)
 
 
-def bootstrap_ci(stat: Callable[..., float], *arrays: Sequence | np.ndarray, level: float = LEVEL,
-                 n_boot: int = N_BOOT, seed: int = BOOT_SEED, groups: Sequence | np.ndarray | None = None) -> Interval:
+def bootstrap_ci(
+    stat: Callable[..., float],
+    *arrays: Sequence | np.ndarray,
+    level: float = LEVEL,
+    n_boot: int = N_BOOT,
+    seed: int = BOOT_SEED,
+    groups: Sequence | np.ndarray | None = None,
+) -> Interval:
     """Percentile bootstrap of ``stat(*arrays)`` over prompts: every resample draws the
     same row indices for every array (paired). ``groups``: resample within each group
     (stratified, e.g. per operator) so each resample keeps the design's group sizes."""
@@ -128,9 +134,15 @@ def mean_ci(values: Sequence[float] | np.ndarray, **kw) -> Interval:
     return bootstrap_ci(lambda v: float(np.mean(v)), values, **kw)
 
 
-def crossed_bootstrap_ci(stat: Callable[..., float], *arrays: Sequence | np.ndarray, replicates: np.ndarray,
-                         level: float = LEVEL, n_boot: int = N_BOOT, seed: int = BOOT_SEED,
-                         groups: Sequence | np.ndarray | None = None) -> Interval:
+def crossed_bootstrap_ci(
+    stat: Callable[..., float],
+    *arrays: Sequence | np.ndarray,
+    replicates: np.ndarray,
+    level: float = LEVEL,
+    n_boot: int = N_BOOT,
+    seed: int = BOOT_SEED,
+    groups: Sequence | np.ndarray | None = None,
+) -> Interval:
     """Percentile bootstrap of ``stat(*arrays, replicates)`` over two crossed sources of
     variation: the rows (prompts, professions) of every array and of ``replicates``, drawn
     as :func:`bootstrap_ci` draws them (paired, stratified by ``groups``), and,
@@ -140,7 +152,9 @@ def crossed_bootstrap_ci(stat: Callable[..., float], *arrays: Sequence | np.ndar
     arrs = [np.asarray(a) for a in arrays]
     rep = np.asarray(replicates)
     if rep.ndim < 2:
-        raise ValueError(f"crossed_bootstrap_ci: replicates must be [rows (prompts), ..., seeds], got shape {rep.shape}")
+        raise ValueError(
+            f"crossed_bootstrap_ci: replicates must be [rows (prompts), ..., seeds], got shape {rep.shape}"
+        )
     n, S = len(rep), rep.shape[-1]
     if any(len(a) != n for a in arrs):
         raise ValueError(f"crossed_bootstrap_ci: arrays of different lengths {[len(a) for a in arrs]} and {n} rows")
@@ -212,7 +226,7 @@ def n_for_half_width(p: float, half_width: float, level: float = LEVEL) -> int:
 
     z = norm.ppf(1 - (1 - level) / 2)
     p = min(max(p, 0.05), 0.95)
-    return int(np.ceil(z * z * p * (1 - p) / half_width ** 2))
+    return int(np.ceil(z * z * p * (1 - p) / half_width**2))
 
 
 #: Characters of :func:`encode_correct` (letters, so a CSV reader never takes the cell for a number).

@@ -63,10 +63,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from .datasets import apply_op, load_json
 from ..engine import input_device
 from ..run.atomic import sha256_file
 from ..run.paths import cache_root, data_dir
+from .datasets import apply_op, load_json
 from .weights import record_weights
 
 # --------------------------------------------------------------------------- constants
@@ -83,7 +83,25 @@ MAX_NUMBER_TOKEN = 999
 TOY_OPERATORS: tuple[str, ...] = ("+", "-", "*", "/")
 #: Single-character tokens: operators, ``=``, punctuation and the counterfactual symbols.
 TOY_SYMBOLS: tuple[str, ...] = (
-    "+", "-", "*", "/", "=", "^", "?", ":", ".", ",", "!", "(", ")", "<", ">", "@", "#", "&", "%",
+    "+",
+    "-",
+    "*",
+    "/",
+    "=",
+    "^",
+    "?",
+    ":",
+    ".",
+    ",",
+    "!",
+    "(",
+    ")",
+    "<",
+    ">",
+    "@",
+    "#",
+    "&",
+    "%",
 )
 NEWLINE = "\n"
 
@@ -93,20 +111,89 @@ NEWLINE = "\n"
 #: TOY_FORMAT_VERSION) when a notebook needs more.
 TOY_WORDS: tuple[str, ...] = (
     # Zhang et al. templates ("{A} plus {B} equals to", "Q: What is the sum of ...? A:")
-    "plus", "minus", "times", "over", "equals", "equal", "to", "the", "addition", "of", "and",
-    "is", "q", "a", "how", "much", "what", "result", "sum", "difference", "product", "ratio",
-    "power", "exponent",
+    "plus",
+    "minus",
+    "times",
+    "over",
+    "equals",
+    "equal",
+    "to",
+    "the",
+    "addition",
+    "of",
+    "and",
+    "is",
+    "q",
+    "a",
+    "how",
+    "much",
+    "what",
+    "result",
+    "sum",
+    "difference",
+    "product",
+    "ratio",
+    "power",
+    "exponent",
     # Yu & Ananiadou templates ("The difference between n1 and n2 is", "n1 divides n2 is")
-    "between", "divides", "divided", "by", "multiplied", "added", "subtracted", "from",
+    "between",
+    "divides",
+    "divided",
+    "by",
+    "multiplied",
+    "added",
+    "subtracted",
+    "from",
     # counterfactual words (Zhang et al. App. A)
-    "none", "nothing", "null", "nil", "void", "empty", "blank",
+    "none",
+    "nothing",
+    "null",
+    "nil",
+    "void",
+    "empty",
+    "blank",
     # number words
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-    "nineteen", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety",
-    "hundred", "thousand",
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
+    "thirty",
+    "forty",
+    "fifty",
+    "sixty",
+    "seventy",
+    "eighty",
+    "ninety",
+    "hundred",
+    "thousand",
     # a little glue for hand-written prompts
-    "answer", "question", "number", "numbers", "calculate", "compute", "are", "it", "in", "an",
+    "answer",
+    "question",
+    "number",
+    "numbers",
+    "calculate",
+    "compute",
+    "are",
+    "it",
+    "in",
+    "an",
 )
 
 #: Word templates per operator: Zhang et al.'s (Fig. 8) and Yu & Ananiadou's (Table 14)
@@ -115,10 +202,14 @@ TOY_WORDS: tuple[str, ...] = (
 #: follows after a space. Used for the optional template training
 #: (``ToyConfig.template_frac``) and in the tests.
 TOY_TEMPLATES: dict[str, tuple[str, ...]] = {
-    op: tuple(dict.fromkeys(
-        t.replace("[", "").replace("]", "")
-        for family in ("zhang", "yu") for t in load_json("templates.json")[family][op] if not t.endswith("=")
-    ))
+    op: tuple(
+        dict.fromkeys(
+            t.replace("[", "").replace("]", "")
+            for family in ("zhang", "yu")
+            for t in load_json("templates.json")[family][op]
+            if not t.endswith("=")
+        )
+    )
     for op in TOY_OPERATORS
 }
 
@@ -130,8 +221,14 @@ TOY_INFO = "toy_info.json"
 _TMP_PREFIX = ".tmp-"
 #: The files of a shipped model (``data/toy/<key>/``), each with its SHA-256 in
 #: :data:`SHIPPED_SUMS` (the format of ``sha256sum``: ``sha256sum -c SHA256SUMS`` checks them).
-SHIPPED_FILES: tuple[str, ...] = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
-                                  "tokenizer_config.json", TOY_INFO)
+SHIPPED_FILES: tuple[str, ...] = (
+    "model.safetensors",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    TOY_INFO,
+)
 SHIPPED_SUMS = "SHA256SUMS"
 
 
@@ -273,9 +370,7 @@ def operand_pairs(cfg: ToyConfig, op: str) -> list[tuple[int, int]]:
         r = range(cfg.max_mul_operand + 1)
         return [(a, b) for a in r for b in r]
     if op == "/":
-        return [
-            (b * q, b) for b in range(1, cfg.max_mul_operand + 1) for q in range(cfg.max_mul_operand + 1)
-        ]
+        return [(b * q, b) for b in range(1, cfg.max_mul_operand + 1) for q in range(cfg.max_mul_operand + 1)]
     raise ValueError(f"unknown operator {op!r}")
 
 
@@ -796,9 +891,7 @@ def toy_accuracy(
     return correct / len(pairs)
 
 
-def toy_accuracy_table(
-    model: Any, tokenizer: PreTrainedTokenizerFast, cfg: ToyConfig
-) -> dict[str, dict[str, float]]:
+def toy_accuracy_table(model: Any, tokenizer: PreTrainedTokenizerFast, cfg: ToyConfig) -> dict[str, dict[str, float]]:
     """Accuracy per operator on train and held-out pairs, bare and after :func:`eval_prefix`.
 
     Keys ``"+"`` ... ``"/"``; values ``{"train", "heldout", "all", "train_fewshot",
@@ -853,8 +946,10 @@ def verify_shipped(folder: Path) -> dict[str, str]:
     missing or differs."""
     folder = Path(folder)
     sums = read_sums(folder)
-    restore = (f"restore the shipped files (git checkout -- {folder.name} in {folder.parent}, or a fresh clone), "
-               "or train the model here: python -m arithlib.core.toy --train")
+    restore = (
+        f"restore the shipped files (git checkout -- {folder.name} in {folder.parent}, or a fresh clone), "
+        "or train the model here: python -m arithlib.core.toy --train"
+    )
     for name in SHIPPED_FILES:
         if name not in sums:
             raise ShippedWeightsChanged(f"{folder / SHIPPED_SUMS} has no checksum for {name}; {restore}")
@@ -864,8 +959,10 @@ def verify_shipped(folder: Path) -> dict[str, str]:
             raise ShippedWeightsChanged(f"shipped toy model file {path} is missing; {restore}")
         now = sha256_file(path)
         if now != digest:
-            raise ShippedWeightsChanged(f"shipped toy model file {path} does not match its SHA-256 in {SHIPPED_SUMS} "
-                                        f"({now[:16]}, recorded {digest[:16]}; a Git LFS pointer or an edit?); {restore}")
+            raise ShippedWeightsChanged(
+                f"shipped toy model file {path} does not match its SHA-256 in {SHIPPED_SUMS} "
+                f"({now[:16]}, recorded {digest[:16]}; a Git LFS pointer or an edit?); {restore}"
+            )
     return sums
 
 
@@ -937,8 +1034,9 @@ def toy_checkpoint_dirs(cfg: ToyConfig = ToyConfig(), progress: bool = True) -> 
     """Training step -> HF folder of every checkpoint (:func:`toy_checkpoint_dir`; the
     last is :func:`toy_model_dir`'s model); trains what is missing."""
     steps = toy_checkpoint_steps(cfg)
-    last_missing = max((s for s in steps[:-1] if not (_step_dir(toy_run_dir(cfg), s) / "config.json").exists()),
-                       default=None)
+    last_missing = max(
+        (s for s in steps[:-1] if not (_step_dir(toy_run_dir(cfg), s) / "config.json").exists()), default=None
+    )
     if last_missing is not None:  # one training run as far as the last missing checkpoint
         toy_checkpoint_dir(cfg, last_missing, progress=progress)
     return {s: toy_checkpoint_dir(cfg, s, progress=progress) for s in steps}
@@ -977,8 +1075,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m arithlib.core.toy", description=main.__doc__)
-    ap.add_argument("--train", action="store_true", help="train the default model here instead of using the shipped one")
-    ap.add_argument("--ship", action="store_true", help="write the model trained here to data/toy/<key>/ (trains first)")
+    ap.add_argument(
+        "--train", action="store_true", help="train the default model here instead of using the shipped one"
+    )
+    ap.add_argument(
+        "--ship", action="store_true", help="write the model trained here to data/toy/<key>/ (trains first)"
+    )
     args = ap.parse_args(argv)
     cfg = ToyConfig()
     t0 = time.perf_counter()
@@ -988,8 +1090,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     final = train_toy(cfg, toy_run_dir(cfg)) if args.train else toy_model_dir(cfg)
     info = json.loads((final / TOY_INFO).read_text())
     print(f"toy model: {final}")
-    print(f"parameters: {info['n_params']:,}; training time: {info['train_seconds']} s "
-          f"(this call {time.perf_counter() - t0:.1f} s); checkpoints at steps {info['checkpoint_steps']}")
+    print(
+        f"parameters: {info['n_params']:,}; training time: {info['train_seconds']} s "
+        f"(this call {time.perf_counter() - t0:.1f} s); checkpoints at steps {info['checkpoint_steps']}"
+    )
     for op, row in info.get("accuracy", {}).items():
         print(f"  {op}: " + "  ".join(f"{k} {100 * v:.1f}%" for k, v in row.items()))
     shipped = shipped_dir(cfg)

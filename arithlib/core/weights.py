@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import sys
 from pathlib import Path
 
 from ..run.atomic import sha256_file, write_text
@@ -75,13 +73,16 @@ def verify_weights(folder: str | Path, reinstall: str) -> None:
         record_weights(folder)
         return
     except ValueError:
-        raise ModelFilesChanged(f"the weight record {folder / MANIFEST} is damaged; reinstall the model: "
-                                f"{reinstall}") from None
+        raise ModelFilesChanged(
+            f"the weight record {folder / MANIFEST} is damaged; reinstall the model: {reinstall}"
+        ) from None
     present = {p.name for p in weight_files(folder)}
     if present != set(record):
         changes = sorted(present ^ set(record))
-        raise ModelFilesChanged(f"the weight files of {folder} are not those installed ({', '.join(changes)} "
-                                "added or missing); reinstall the model: {reinstall}")
+        raise ModelFilesChanged(
+            f"the weight files of {folder} are not those installed ({', '.join(changes)} "
+            "added or missing); reinstall the model: {reinstall}"
+        )
     updated = False
     for name, was in record.items():
         path = folder / name
@@ -90,8 +91,10 @@ def verify_weights(folder: str | Path, reinstall: str) -> None:
             continue
         now = sha256_file(path)
         if now != was.get("sha256"):
-            raise ModelFilesChanged(f"{path} changed after the model was installed (sha256 {now[:16]}, installed "
-                                    f"{str(was.get('sha256'))[:16]}); reinstall the model: {reinstall}")
+            raise ModelFilesChanged(
+                f"{path} changed after the model was installed (sha256 {now[:16]}, installed "
+                f"{str(was.get('sha256'))[:16]}); reinstall the model: {reinstall}"
+            )
         record[name] = _entry(path, now)  # the same contents, touched: note the new time
         updated = True
     if updated:

@@ -50,21 +50,73 @@ helpers stay in the submodules, for the engine and its tests);
 into the libraries' internals or handles a key/value cache.
 """
 
-from .adapter import clean_param_name, decoder_layers, hf_module, input_device, layer_device, module_device, output_device, wrapped
-from .adapter import shared_hf_model
-from .answer import (AnswerPositionRunner, HookFactory, answer_pass, condition_pass, shared_prefix_cache,
-                     stacked_hooks)
-from .passes import (cache_of, can_start_late, decoder_norm, forward, greedy_tokens, keys_values_from, last_position_logits,
-                     n_blocks, resumable, run_from, shared_prefix_logits)
+from .adapter import (
+    clean_param_name,
+    decoder_layers,
+    hf_module,
+    input_device,
+    layer_device,
+    module_device,
+    output_device,
+    shared_hf_model,
+    wrapped,
+)
+from .answer import AnswerPositionRunner, HookFactory, answer_pass, condition_pass, shared_prefix_cache, stacked_hooks
+from .passes import (
+    cache_of,
+    can_start_late,
+    decoder_norm,
+    forward,
+    greedy_tokens,
+    keys_values_from,
+    last_position_logits,
+    n_blocks,
+    resumable,
+    run_from,
+    shared_prefix_logits,
+)
 from .prefix import PrefixRunner, common_prefix, hooks_attached, prefix_batches, rows_on_prefixes
 from .recorded import CleanRun, RunCache, capture_hooks, clean_run, grouped_clean_run, prefix_groups, resume
 from .streams import LayerInputs
 
 __all__ = [
-    "AnswerPositionRunner", "CleanRun", "HookFactory", "LayerInputs", "PrefixRunner", "RunCache", "answer_pass",
-    "cache_of", "can_start_late", "capture_hooks", "clean_param_name", "clean_run", "common_prefix", "condition_pass",
-    "decoder_layers", "decoder_norm", "forward", "greedy_tokens", "grouped_clean_run", "hf_module", "hooks_attached",
-    "input_device", "keys_values_from", "last_position_logits", "layer_device", "module_device", "n_blocks",
-    "output_device", "prefix_batches", "prefix_groups", "resumable", "resume", "rows_on_prefixes", "run_from",
-    "shared_hf_model", "shared_prefix_cache", "shared_prefix_logits", "stacked_hooks", "wrapped",
+    "AnswerPositionRunner",
+    "CleanRun",
+    "HookFactory",
+    "LayerInputs",
+    "PrefixRunner",
+    "RunCache",
+    "answer_pass",
+    "cache_of",
+    "can_start_late",
+    "capture_hooks",
+    "clean_param_name",
+    "clean_run",
+    "common_prefix",
+    "condition_pass",
+    "decoder_layers",
+    "decoder_norm",
+    "forward",
+    "greedy_tokens",
+    "grouped_clean_run",
+    "hf_module",
+    "hooks_attached",
+    "input_device",
+    "keys_values_from",
+    "last_position_logits",
+    "layer_device",
+    "module_device",
+    "n_blocks",
+    "output_device",
+    "prefix_batches",
+    "prefix_groups",
+    "resumable",
+    "resume",
+    "rows_on_prefixes",
+    "run_from",
+    "shared_hf_model",
+    "shared_prefix_cache",
+    "shared_prefix_logits",
+    "stacked_hooks",
+    "wrapped",
 ]

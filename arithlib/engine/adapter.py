@@ -24,7 +24,8 @@ import copy
 import functools
 import inspect
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -41,8 +42,10 @@ def cache_arg() -> str:
         return "cache"
     if "past_key_values" in params:
         return "past_key_values"
-    raise RuntimeError("transformers.masking_utils.create_causal_mask takes neither `cache` nor `past_key_values`: "
-                       "this transformers release is not supported; install the locked versions (scripts/setup.sh)")
+    raise RuntimeError(
+        "transformers.masking_utils.create_causal_mask takes neither `cache` nor `past_key_values`: "
+        "this transformers release is not supported; install the locked versions (scripts/setup.sh)"
+    )
 
 
 def hf_module(model) -> torch.nn.Module:
@@ -101,16 +104,20 @@ def filled_cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     layers = cache_layers(cache)
     empty = [l for l, kv in enumerate(layers) if kv is None]
     if empty:
-        raise ValueError(f"layer {empty[0]} of the cache holds no keys: the forward pass did not write the "
-                         "cache (a transformers/TransformerLens mismatch? see arithlib.engine.adapter)")
+        raise ValueError(
+            f"layer {empty[0]} of the cache holds no keys: the forward pass did not write the "
+            "cache (a transformers/TransformerLens mismatch? see arithlib.engine.adapter)"
+        )
     return layers  # type: ignore[return-value]
 
 
 def repeat_cache(config, cache, n: int):
     """A new cache holding ``n`` copies of ``cache``'s rows, copy-major (rows
     ``c*B .. (c+1)*B - 1`` are copy ``c``); ``cache`` is left as it was."""
-    return new_cache(config, (None if kv is None else (kv[0].repeat(n, 1, 1, 1), kv[1].repeat(n, 1, 1, 1))
-                              for kv in cache_layers(cache)))
+    return new_cache(
+        config,
+        (None if kv is None else (kv[0].repeat(n, 1, 1, 1), kv[1].repeat(n, 1, 1, 1)) for kv in cache_layers(cache)),
+    )
 
 
 def repeat_rows_(cache, n: int):
@@ -124,8 +131,13 @@ def repeat_rows_(cache, n: int):
 def select_cache_rows(config, cache, rows: torch.Tensor):
     """A new cache holding rows ``rows`` of ``cache``'s filled layers (empty layers stay
     empty)."""
-    return new_cache(config, (None if kv is None else (kv[0].index_select(0, rows), kv[1].index_select(0, rows))
-                              for kv in cache_layers(cache)))
+    return new_cache(
+        config,
+        (
+            None if kv is None else (kv[0].index_select(0, rows), kv[1].index_select(0, rows))
+            for kv in cache_layers(cache)
+        ),
+    )
 
 
 def truncate_cache(cache, length: int) -> None:
@@ -157,23 +169,49 @@ def output_cache(out):
 # --------------------------------------------------------------------------- single blocks
 
 
-def causal_mask(config, hidden: torch.Tensor, cache, position_ids: torch.Tensor, layer: int,
-                attention_mask: torch.Tensor | None = None):
+def causal_mask(
+    config,
+    hidden: torch.Tensor,
+    cache,
+    position_ids: torch.Tensor,
+    layer: int,
+    attention_mask: torch.Tensor | None = None,
+):
     """The attention mask a decoder block ``layer`` gets for the stream ``hidden``
     [B, T, d] at ``position_ids`` after ``cache``'s positions (transformers'
     ``create_causal_mask``; None where the attention implementation needs none)."""
     from transformers.masking_utils import create_causal_mask
 
-    return create_causal_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask,
-                              position_ids=position_ids, layer_idx=layer, **cache_kwargs(cache))
+    return create_causal_mask(
+        config=config,
+        inputs_embeds=hidden,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        layer_idx=layer,
+        **cache_kwargs(cache),
+    )
 
 
-def run_block(block: torch.nn.Module, hidden: torch.Tensor, *, mask, position_embeddings, position_ids: torch.Tensor,
-              cache=None, use_cache: bool = False) -> torch.Tensor:
+def run_block(
+    block: torch.nn.Module,
+    hidden: torch.Tensor,
+    *,
+    mask,
+    position_embeddings,
+    position_ids: torch.Tensor,
+    cache=None,
+    use_cache: bool = False,
+) -> torch.Tensor:
     """One decoder block on ``hidden`` [B, T, d] (its keys and values appended to
     ``cache``'s layer when ``use_cache``); the block's output stream [B, T, d]."""
-    out = block(hidden, attention_mask=mask, position_embeddings=position_embeddings, position_ids=position_ids,
-                use_cache=use_cache, **cache_kwargs(cache))
+    out = block(
+        hidden,
+        attention_mask=mask,
+        position_embeddings=position_embeddings,
+        position_ids=position_ids,
+        use_cache=use_cache,
+        **cache_kwargs(cache),
+    )
     return out[0] if isinstance(out, tuple) else out
 
 
@@ -210,7 +248,6 @@ def fix_bridge_cache(bridge) -> int:
         module._arithlib_cache_fix = True
         n += 1
     return n
-
 
 
 # --------------------------------------------------------------------------- devices
@@ -319,7 +356,7 @@ def output_device(model) -> torch.device:
 # --------------------------------------------------------------------------- a plain twin of a bridge
 
 
-_SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
+_SHARED: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = weakref.WeakKeyDictionary()
 
 
 def shared_hf_model(model) -> torch.nn.Module:

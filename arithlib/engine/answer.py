@@ -17,8 +17,8 @@ for all of them (a pass of few rows is bound by reading the weights on a CPU).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -53,6 +53,7 @@ def stacked_hooks(per_condition: Sequence[list[Hook]], batch_size: int) -> list[
                 if res is not None and res.data_ptr() != part.data_ptr():
                     blocks[c] = res
             return act
+
         return fn
 
     return [(name, make(entries)) for name, entries in by_name.items()]
@@ -70,8 +71,15 @@ class AnswerPositionRunner:
     every prompt.
     """
 
-    def __init__(self, model, prompts: PromptSet, batch_size: int = 64, record: Sequence[str] = (),
-                 progress: bool = False, _batches: list | None = None):
+    def __init__(
+        self,
+        model,
+        prompts: PromptSet,
+        batch_size: int = 64,
+        record: Sequence[str] = (),
+        progress: bool = False,
+        _batches: list | None = None,
+    ):
         if len(prompts) == 0:
             raise ValueError("AnswerPositionRunner needs at least one prompt")
         self.model = model
@@ -84,8 +92,9 @@ class AnswerPositionRunner:
         device = input_device(model)
         self._batches: list[tuple[torch.Tensor, object, torch.Tensor, int]] = []
         with torch.no_grad():
-            for batch in tqdm(list(prompts.batches(batch_size, device)), desc="prefix cache", disable=not progress,
-                              leave=False):
+            for batch in tqdm(
+                list(prompts.batches(batch_size, device)), desc="prefix cache", disable=not progress, leave=False
+            ):
                 past, prefix_len = None, batch.tokens.shape[1] - 1
                 if prefix_len > 0:
                     past = forward(model, batch.tokens[:, :-1], keep=1, keep_cache=True).cache
@@ -96,7 +105,7 @@ class AnswerPositionRunner:
     def __len__(self) -> int:
         return len(self.prompts)
 
-    def subset(self, index: Sequence[int]) -> "AnswerPositionRunner":
+    def subset(self, index: Sequence[int]) -> AnswerPositionRunner:
         """A runner on the prompts at ``index`` (in that order), reusing this runner's KV
         cache (copied); ``clean`` is subset too."""
         index = [int(i) for i in index]
@@ -130,14 +139,19 @@ class AnswerPositionRunner:
             self._restore(past, prefix_len)
         return out.logits[:, -1].float()
 
-    def passes(self, hooks: HookFactory | list[Hook] | None = None, grad: bool = False, progress: bool = False,
-               desc: str = "answer position"):
+    def passes(
+        self,
+        hooks: HookFactory | list[Hook] | None = None,
+        grad: bool = False,
+        progress: bool = False,
+        desc: str = "answer position",
+    ):
         """Yield ``(index, logits[B, vocab])`` per batch with ``hooks`` active (a list,
         or a factory called with the batch's prompt indices)."""
         for index, past, last, prefix_len in tqdm(self._batches, desc=desc, disable=not progress, leave=False):
             hk = hooks(index) if callable(hooks) else hooks
             ctx = self.model.hooks(fwd_hooks=hk) if hk else nullcontext()
-            with ctx, (torch.enable_grad() if grad else torch.no_grad()):
+            with ctx, torch.enable_grad() if grad else torch.no_grad():
                 yield index, self._last(past, last, prefix_len)
 
     def logits(self, hooks: HookFactory | list[Hook] | None = None, progress: bool = False) -> torch.Tensor:
@@ -150,8 +164,9 @@ class AnswerPositionRunner:
         return out
 
     @torch.no_grad()
-    def logits_many(self, conditions: Sequence[HookFactory | list[Hook] | None], max_rows: int = 512,
-                    progress: bool = False) -> list[torch.Tensor]:
+    def logits_many(
+        self, conditions: Sequence[HookFactory | list[Hook] | None], max_rows: int = 512, progress: bool = False
+    ) -> list[torch.Tensor]:
         """:meth:`logits` under each of several interventions (each as :meth:`logits`
         takes it): one [N, vocab] tensor per condition. Several conditions share one
         single-token pass: the batch is repeated once per condition (condition-major
@@ -161,15 +176,16 @@ class AnswerPositionRunner:
         Equal to separate :meth:`logits` calls up to float rounding (tested)."""
         conditions = list(conditions)
         out = [torch.empty(len(self), 0) for _ in conditions]
-        for index, past, last, prefix_len in tqdm(self._batches, desc="answer position", disable=not progress,
-                                                  leave=False):
+        for index, past, last, prefix_len in tqdm(
+            self._batches, desc="answer position", disable=not progress, leave=False
+        ):
             B = len(index)
             step = max(1, max_rows // B)
             for c0 in range(0, len(conditions), step):
-                chunk = conditions[c0:c0 + step]
+                chunk = conditions[c0 : c0 + step]
                 C = len(chunk)
                 hooks = stacked_hooks([hk(index) if callable(hk) else list(hk or []) for hk in chunk], B)
-                with (self.model.hooks(fwd_hooks=hooks) if hooks else nullcontext()):
+                with self.model.hooks(fwd_hooks=hooks) if hooks else nullcontext():
                     logits = answer_pass(self.model, last, past, C).float().cpu().view(C, B, -1)
                 for j in range(C):
                     if out[c0 + j].shape[1] == 0:
@@ -177,7 +193,9 @@ class AnswerPositionRunner:
                     out[c0 + j][index] = logits[j]
         return out
 
-    def collect(self, hook_names: Sequence[str], hooks: HookFactory | list[Hook] | None = None) -> dict[str, torch.Tensor]:
+    def collect(
+        self, hook_names: Sequence[str], hooks: HookFactory | list[Hook] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Answer-position activations of ``hook_names`` for every prompt ({name: [N, ...]}),
         plus ``"logits"``."""
         store: dict[str, list] = {h: [] for h in hook_names}
@@ -187,10 +205,13 @@ class AnswerPositionRunner:
             def fn(act, hook):
                 store[name].append(act[:, -1].detach().float().cpu())
                 return act
+
             return fn
 
         recorders = [(h, rec(h)) for h in hook_names]
-        for index, logits in self.passes(lambda idx: (hooks(idx) if callable(hooks) else list(hooks or [])) + recorders):
+        for index, logits in self.passes(
+            lambda idx: (hooks(idx) if callable(hooks) else list(hooks or [])) + recorders
+        ):
             order.append(index)
             logit_chunks.append(logits.cpu())
         index = torch.cat(order)
@@ -247,8 +268,9 @@ def answer_pass(model, last: torch.Tensor, cache, n: int) -> torch.Tensor:
     return forward(model, last.repeat(n, 1), cache=copies, keep=1).logits[:, -1]
 
 
-def condition_pass(model, tokens: torch.Tensor, per_condition: Sequence[list[Hook]], shared: int,
-                   extra: Sequence[Hook] = ()) -> torch.Tensor:
+def condition_pass(
+    model, tokens: torch.Tensor, per_condition: Sequence[list[Hook]], shared: int, extra: Sequence[Hook] = ()
+) -> torch.Tensor:
     """Last-position logits ``[C * B, vocab]`` of ``tokens`` [B, T] under each of ``C``
     conditions (``per_condition``, hook lists acting on their own condition-major block of
     rows), with ``extra`` hooks on every row. The first ``shared`` positions (common to

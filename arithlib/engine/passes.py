@@ -11,17 +11,31 @@ prefix's keys and values, which is where the CPU time of notebooks 01-08 goes.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, NamedTuple, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 
-from .adapter import (cache_kwargs, cache_layers, causal_mask, decoder_layers, hf_module, layer_device, module_device,
-                      new_cache, output_cache, repeat_rows_, run_block, send)
+from .adapter import (
+    cache_kwargs,
+    cache_layers,
+    causal_mask,
+    decoder_layers,
+    hf_module,
+    layer_device,
+    module_device,
+    new_cache,
+    output_cache,
+    repeat_rows_,
+    run_block,
+    send,
+)
 
 
 class Pass(NamedTuple):
     """A forward pass's logits ([B, kept positions, vocab]) and key/value cache (None
     when the pass kept none)."""
+
     logits: torch.Tensor
     cache: object | None
 
@@ -61,8 +75,9 @@ def can_start_late(hf) -> bool:
 # --------------------------------------------------------------------------- whole passes
 
 
-def forward(model, tokens: torch.Tensor, *, cache=None, keep: int | None = None,
-            keep_cache: bool | None = None) -> Pass:
+def forward(
+    model, tokens: torch.Tensor, *, cache=None, keep: int | None = None, keep_cache: bool | None = None
+) -> Pass:
     """The causal LM on ``tokens`` [B, t] after ``cache``'s positions (which the pass
     extends in place); logits at the last ``keep`` positions (all when None). The
     returned cache is kept when ``keep_cache`` (default: when a cache was given)."""
@@ -131,10 +146,18 @@ def decoder_norm(model, hidden: torch.Tensor) -> torch.Tensor:
     return norm(send(hidden, module_device(hf, norm)))
 
 
-def run_blocks(model, hidden: torch.Tensor, *, first: int, position_ids: torch.Tensor, cache=None,
-               keep_cache: bool = True, attention_mask: torch.Tensor | None = None, record: Sequence[int] = (),
-               join: Callable[[int, torch.device], torch.Tensor | None] | None = None
-               ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+def run_blocks(
+    model,
+    hidden: torch.Tensor,
+    *,
+    first: int,
+    position_ids: torch.Tensor,
+    cache=None,
+    keep_cache: bool = True,
+    attention_mask: torch.Tensor | None = None,
+    record: Sequence[int] = (),
+    join: Callable[[int, torch.device], torch.Tensor | None] | None = None,
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Decoder blocks ``first..L-1`` on ``hidden`` [R, t, d] (the stream entering block
     ``first``) at ``position_ids`` after ``cache``'s keys and values (extended in place
     when ``keep_cache``), as the decoder's own forward loops over them: the same rotary
@@ -158,8 +181,15 @@ def run_blocks(model, hidden: torch.Tensor, *, first: int, position_ids: torch.T
             mask_rows = hidden.shape[0]
         if l in record:
             captured[l] = hidden
-        hidden = run_block(decoder.layers[l], hidden, mask=mask, position_embeddings=pos_emb,
-                           position_ids=position_ids, cache=cache, use_cache=keep_cache)
+        hidden = run_block(
+            decoder.layers[l],
+            hidden,
+            mask=mask,
+            position_embeddings=pos_emb,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=keep_cache,
+        )
     return hidden, captured
 
 
@@ -180,22 +210,35 @@ def keys_values_from(model, hidden: torch.Tensor, first: int) -> list[tuple[torc
     return cache_layers(cache)
 
 
-def cache_of(model, layers: Sequence[tuple[torch.Tensor, torch.Tensor] | None] | None = None, first: int = 0,
-             rows: int = 1):
+def cache_of(
+    model, layers: Sequence[tuple[torch.Tensor, torch.Tensor] | None] | None = None, first: int = 0, rows: int = 1
+):
     """A KV cache from :func:`keys_values_from`'s ``layers``, each row repeated ``rows``
     times in a row (``repeat_interleave``), layers below ``first`` left empty;
     ``layers`` None: an empty cache of every layer."""
     if layers is None:
         return empty_cache(model, [None] * n_blocks(model))
-    return empty_cache(model, [None if l < first or e is None else (e[0].repeat_interleave(rows, 0),
-                                                                   e[1].repeat_interleave(rows, 0))
-                               for l, e in enumerate(layers)])
+    return empty_cache(
+        model,
+        [
+            None if l < first or e is None else (e[0].repeat_interleave(rows, 0), e[1].repeat_interleave(rows, 0))
+            for l, e in enumerate(layers)
+        ],
+    )
 
 
-def run_decoder(hf, *, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, past=None, keep_cache: bool = False,
-                start: int = 0, hidden: torch.Tensor | None = None, record: Sequence[int] = ()
-                ) -> tuple[torch.Tensor, object | None, dict[int, torch.Tensor]]:
+def run_decoder(
+    hf,
+    *,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    past=None,
+    keep_cache: bool = False,
+    start: int = 0,
+    hidden: torch.Tensor | None = None,
+    record: Sequence[int] = (),
+) -> tuple[torch.Tensor, object | None, dict[int, torch.Tensor]]:
     """The HF decoder of ``hf`` on ``input_ids`` [B, T] (arguments as its forward's;
     ``keep_cache`` is its ``use_cache``):
     returns (final-normed hidden states [B, T, d_model], the KV cache, the inputs of the
@@ -205,11 +248,17 @@ def run_decoder(hf, *, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     decoder = hf.get_decoder()
     if start == 0:
         captured: dict[int, torch.Tensor] = {}
-        handles = [decoder.layers[l].register_forward_pre_hook(_recorder(captured, l), with_kwargs=True)
-                   for l in record]
+        handles = [
+            decoder.layers[l].register_forward_pre_hook(_recorder(captured, l), with_kwargs=True) for l in record
+        ]
         try:
-            out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=keep_cache, **cache_kwargs(past))
+            out = decoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=keep_cache,
+                **cache_kwargs(past),
+            )
         finally:
             for h in handles:
                 h.remove()
@@ -222,12 +271,21 @@ def run_decoder(hf, *, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     if position_ids is None:
         seen = past.get_seq_length(start) if past is not None else 0
         position_ids = (torch.arange(hidden.shape[1], device=hidden.device) + seen).unsqueeze(0)
-    hidden, captured = run_blocks(hf, hidden, first=start, position_ids=position_ids, cache=past,
-                                  keep_cache=keep_cache, attention_mask=attention_mask, record=record)
+    hidden, captured = run_blocks(
+        hf,
+        hidden,
+        first=start,
+        position_ids=position_ids,
+        cache=past,
+        keep_cache=keep_cache,
+        attention_mask=attention_mask,
+        record=record,
+    )
     return decoder_norm(hf, hidden), past if keep_cache else None, captured
 
 
 def _recorder(store: dict[int, torch.Tensor], layer: int):
     def hook(module, args, kwargs):
         store[layer] = (args[0] if args else kwargs["hidden_states"]).detach()
+
     return hook

@@ -7,15 +7,22 @@ run of token rows on their distinct prefixes that fine-tuning trains through
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Callable, ContextManager, Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from transformer_lens.hook_points import HookPoint
 
 from ..core.datasets import PromptSet
-from .adapter import (cache_kwargs, filled_cache_layers, hf_module, input_device, new_cache, output_cache,
-                      select_cache_rows)
+from .adapter import (
+    cache_kwargs,
+    filled_cache_layers,
+    hf_module,
+    input_device,
+    new_cache,
+    output_cache,
+    select_cache_rows,
+)
 from .passes import can_start_late, run_decoder
 
 
@@ -60,8 +67,9 @@ def prefix_batches(prompts: PromptSet, batch_size: int = 64, share: bool = True)
         p = p if p >= MIN_SHARED_PREFIX else 0
         for i in idx:
             keyed.setdefault((p, len(prompts.input_ids[i])), []).append(i)
-    return [(p, same[k:k + batch_size]) for (p, _), same in sorted(keyed.items())
-            for k in range(0, len(same), batch_size)]
+    return [
+        (p, same[k : k + batch_size]) for (p, _), same in sorted(keyed.items()) for k in range(0, len(same), batch_size)
+    ]
 
 
 class PrefixRunner:
@@ -88,13 +96,13 @@ class PrefixRunner:
         """Compute (and keep) per-layer keys and values of the prefixes not seen yet."""
         todo = list(dict.fromkeys(q for q in prefixes if q not in self._kv))
         for k in range(0, len(todo), self.batch_size):
-            chunk = todo[k:k + self.batch_size]
+            chunk = todo[k : k + self.batch_size]
             ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
             layers = filled_cache_layers(output_cache(self.hf(ids, use_cache=True, logits_to_keep=1)))
             for row, q in enumerate(chunk):
                 self._kv[q] = [(keys[row], values[row]) for keys, values in layers]
 
-    def first_step(self, p: int, index: list[int], suffix_context: Callable[[], ContextManager] = nullcontext):
+    def first_step(self, p: int, index: list[int], suffix_context: Callable[[], AbstractContextManager] = nullcontext):
         """Run the batch's prompts (the part after the shared ``p`` tokens inside
         ``suffix_context()``); returns ``(last-position logits [B, vocab] float32, past)``."""
         tokens, past = self._suffix_and_past(p, index)
@@ -110,9 +118,16 @@ class PrefixRunner:
             return tokens, None
         prefixes = [tuple(self.prompts.input_ids[i][:p]) for i in index]
         self._prefix_kv(prefixes)
-        past = new_cache(self.hf.config, ((torch.stack([self._kv[q][layer][0] for q in prefixes]),
-                                          torch.stack([self._kv[q][layer][1] for q in prefixes]))
-                                         for layer in range(len(self._kv[prefixes[0]]))))
+        past = new_cache(
+            self.hf.config,
+            (
+                (
+                    torch.stack([self._kv[q][layer][0] for q in prefixes]),
+                    torch.stack([self._kv[q][layer][1] for q in prefixes]),
+                )
+                for layer in range(len(self._kv[prefixes[0]]))
+            ),
+        )
         return tokens[:, p:], past
 
     def checked_step(self, p: int, index: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
@@ -125,8 +140,9 @@ class PrefixRunner:
         answers = [self.prompts.answer_ids[i] for i in index]
         width = max(map(len, answers))
         chunk = torch.tensor([a + [a[-1]] * (width - len(a)) for a in answers], dtype=torch.long, device=self.device)
-        logits = self.hf(torch.cat([tokens, chunk], 1), use_cache=past is not None,
-                         logits_to_keep=width + 1, **cache_kwargs(past)).logits
+        logits = self.hf(
+            torch.cat([tokens, chunk], 1), use_cache=past is not None, logits_to_keep=width + 1, **cache_kwargs(past)
+        ).logits
         return logits[:, 0].float(), self._until_wrong(logits.argmax(-1).cpu().tolist(), answers)
 
     @staticmethod
@@ -184,8 +200,9 @@ def padded(rows: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.T
     return ids.to(device), mask.to(device)
 
 
-def rows_on_prefixes(hf, seqs: Sequence[Sequence[int]], plen: Sequence[int], *, inputs=None, key=None,
-                     same_below: int = 0) -> torch.Tensor:
+def rows_on_prefixes(
+    hf, seqs: Sequence[Sequence[int]], plen: Sequence[int], *, inputs=None, key=None, same_below: int = 0
+) -> torch.Tensor:
     """Final-normed hidden states [B, t, d_model] of token rows ``seqs`` (differentiable),
     row ``r``'s tokens from ``plen[r]`` on, right-padded: ``hidden[r, j]`` is token
     ``plen[r] + j``. Two passes: the distinct prefixes ``seqs[r][:plen[r]]`` once each,
@@ -218,11 +235,19 @@ def rows_on_prefixes(hf, seqs: Sequence[Sequence[int]], plen: Sequence[int], *, 
         prefix, prefix_mask = padded(distinct, device)
         _, cache = run("prefix", input_ids=prefix, attention_mask=prefix_mask, keep_cache=True)
         rows = torch.tensor([which.get(q, 0) for q in keys], device=device)  # rows without a prefix: masked below
-        row_prefix_mask = prefix_mask.index_select(0, rows) * torch.tensor(
-            [p > 0 for p in plen], dtype=torch.long, device=device)[:, None]
+        row_prefix_mask = (
+            prefix_mask.index_select(0, rows)
+            * torch.tensor([p > 0 for p in plen], dtype=torch.long, device=device)[:, None]
+        )
         positions = torch.tensor(plen, device=device)[:, None] + torch.arange(suffix.shape[1], device=device)
-        hidden, _ = run("rows", input_ids=suffix, attention_mask=torch.cat([row_prefix_mask, suffix_mask], 1),
-                        position_ids=positions, past=select_cache_rows(hf.config, cache, rows), keep_cache=True)
+        hidden, _ = run(
+            "rows",
+            input_ids=suffix,
+            attention_mask=torch.cat([row_prefix_mask, suffix_mask], 1),
+            position_ids=positions,
+            past=select_cache_rows(hf.config, cache, rows),
+            keep_cache=True,
+        )
     else:  # right padding needs no mask: a causal model's real tokens never see it
         hidden, _ = run("rows", input_ids=suffix)
     for layer, parts in recorded.items():

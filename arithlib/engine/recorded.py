@@ -15,8 +15,8 @@ Tested equal to one full pass per intervention (``tests/unit/test_patching.py``,
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -32,9 +32,11 @@ def capture_hooks(store: dict, spec: Mapping[str, Callable | None]) -> list[Hook
     in ``store[name]``, detached and copied; the last call wins."""
     hooks = []
     for name, reduce in spec.items():
+
         def fn(act, hook, name=name, reduce=reduce):
             store[name] = (reduce(act) if reduce is not None else act).detach().clone()
             return act
+
         hooks.append((name, fn))
     return hooks
 
@@ -46,11 +48,11 @@ class CleanRun:
     :func:`resumable`), the final-normed hidden state at the last position, and any
     captured activations."""
 
-    tokens: torch.Tensor                 # [B, T]
-    keys: list[torch.Tensor]             # per layer [B, kv_heads, T, d_head]
+    tokens: torch.Tensor  # [B, T]
+    keys: list[torch.Tensor]  # per layer [B, kv_heads, T, d_head]
     values: list[torch.Tensor]
-    resid: torch.Tensor | None           # [n_layers, B, T, d_model]
-    final: torch.Tensor                  # [B, d_model]
+    resid: torch.Tensor | None  # [n_layers, B, T, d_model]
+    final: torch.Tensor  # [B, d_model]
     captured: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -68,8 +70,9 @@ def _is_attention_map(hook_name: str) -> bool:
 
 
 @torch.no_grad()
-def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None] | Iterable[str] = (),
-              share_prefix: bool = True) -> CleanRun:
+def clean_run(
+    model, tokens: torch.Tensor, capture: Mapping[str, Callable | None] | Iterable[str] = (), share_prefix: bool = True
+) -> CleanRun:
     """One forward pass of ``tokens`` [B, T] that keeps what :func:`run_variants` needs,
     plus the activations named in ``capture`` (a list of hook names, or a mapping from
     hook name to a function that reduces the activation before it is stored).
@@ -102,8 +105,10 @@ def clean_run(model, tokens: torch.Tensor, capture: Mapping[str, Callable | None
         with model.hooks(fwd_hooks=capture_hooks(rest, raw) + capture_hooks(rest, maps)):
             last_hidden, cache = decoder_pass(model, tokens[:, n:], cache=prefix)
         whole = {k: torch.cat([first[k].expand(B, *first[k].shape[1:]), rest[k]], 1) for k in raw}
-        store = {k: rest[k] if k in maps else (whole[k] if r is None else r(whole[k]).detach().clone())
-                 for k, r in spec.items()}
+        store = {
+            k: rest[k] if k in maps else (whole[k] if r is None else r(whole[k]).detach().clone())
+            for k, r in spec.items()
+        }
         resid = _stack_streams([whole[x] for x in resid_names], model) if resid_names else None
     layers = filled_cache_layers(cache)
     keys = [k for k, _ in layers]
@@ -147,16 +152,26 @@ def prefix_groups(prompts: PromptSet, index: Sequence[int]) -> list[list[int]]:
 def _rows(run: CleanRun, rows: torch.Tensor) -> CleanRun:
     """Rows ``rows`` of ``run``, each tensor indexed on its own device (a split model's
     keys and values stay on their layers' devices)."""
+
     def take(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
         return x.index_select(dim, rows.to(x.device))
 
-    return CleanRun(take(run.tokens), [take(k) for k in run.keys], [take(v) for v in run.values],
-                    None if run.resid is None else take(run.resid, 1), take(run.final),
-                    {k: take(v) for k, v in run.captured.items()})
+    return CleanRun(
+        take(run.tokens),
+        [take(k) for k in run.keys],
+        [take(v) for v in run.values],
+        None if run.resid is None else take(run.resid, 1),
+        take(run.final),
+        {k: take(v) for k, v in run.captured.items()},
+    )
 
 
-def grouped_clean_run(model, tokens: torch.Tensor, groups: Sequence[Sequence[int]] | None,
-                      capture: Mapping[str, Callable | None] | Iterable[str] = ()) -> CleanRun:
+def grouped_clean_run(
+    model,
+    tokens: torch.Tensor,
+    groups: Sequence[Sequence[int]] | None,
+    capture: Mapping[str, Callable | None] | Iterable[str] = (),
+) -> CleanRun:
     """:func:`clean_run` of a same-length batch whose rows hold several few-shot prefixes:
     one run per group of rows (``groups``, e.g. :func:`prefix_groups`), each sharing its
     own prefix, joined back in row order. Batches stay as large as the prompt lengths
@@ -166,12 +181,14 @@ def grouped_clean_run(model, tokens: torch.Tensor, groups: Sequence[Sequence[int
         return clean_run(model, tokens, capture)
     runs = [clean_run(model, tokens[list(g)], capture) for g in groups]
     order = torch.tensor([r for g in groups for r in g])
-    joined = CleanRun(torch.cat([r.tokens for r in runs]),
-                      [torch.cat([r.keys[l] for r in runs]) for l in range(len(runs[0].keys))],
-                      [torch.cat([r.values[l] for r in runs]) for l in range(len(runs[0].values))],
-                      None if runs[0].resid is None else torch.cat([r.resid for r in runs], 1),
-                      torch.cat([r.final for r in runs]),
-                      {k: torch.cat([r.captured[k] for r in runs]) for k in runs[0].captured})
+    joined = CleanRun(
+        torch.cat([r.tokens for r in runs]),
+        [torch.cat([r.keys[l] for r in runs]) for l in range(len(runs[0].keys))],
+        [torch.cat([r.values[l] for r in runs]) for l in range(len(runs[0].values))],
+        None if runs[0].resid is None else torch.cat([r.resid for r in runs], 1),
+        torch.cat([r.final for r in runs]),
+        {k: torch.cat([r.captured[k] for r in runs]) for k in runs[0].captured},
+    )
     return _rows(joined, torch.argsort(order).to(joined.final.device))
 
 
@@ -191,8 +208,11 @@ class RunCache:
         """Store every prompt of a batch run."""
         for i, t in enumerate(run.tokens):
             self._store[tuple(t.tolist())] = (
-                [k[i:i + 1] for k in run.keys], [v[i:i + 1] for v in run.values],
-                None if run.resid is None else run.resid[:, i:i + 1], run.final[i:i + 1])
+                [k[i : i + 1] for k in run.keys],
+                [v[i : i + 1] for v in run.values],
+                None if run.resid is None else run.resid[:, i : i + 1],
+                run.final[i : i + 1],
+            )
 
     def get(self, model, tokens: torch.Tensor, groups: Sequence[Sequence[int]] | None = None) -> CleanRun:
         """The clean run of a same-length batch, from the cache where possible; rows not
@@ -217,9 +237,13 @@ def _make_cache(model, run: CleanRun, start: int, copies: Sequence[int]):
     if start == 0:
         return empty_cache(model)
     devices = [layer_device(model, l) for l in range(len(run.keys))]  # a split model's cache: each layer on its own
-    return empty_cache(model, (None if n == 0 else (k[:, :, :start].to(d).repeat(n, 1, 1, 1),
-                                                      v[:, :, :start].to(d).repeat(n, 1, 1, 1))
-                                 for n, k, v, d in zip(copies, run.keys, run.values, devices)))
+    return empty_cache(
+        model,
+        (
+            None if n == 0 else (k[:, :, :start].to(d).repeat(n, 1, 1, 1), v[:, :, :start].to(d).repeat(n, 1, 1, 1))
+            for n, k, v, d in zip(copies, run.keys, run.values, devices)
+        ),
+    )
 
 
 def resume(model, run: CleanRun, start: int, entry: Sequence[int]) -> torch.Tensor:

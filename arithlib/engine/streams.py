@@ -18,10 +18,9 @@ dropout start late (:func:`can_start_late`); others always run in full.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 import torch
-
 
 
 class LayerInputs:

@@ -22,7 +22,7 @@ however many heads or neurons of that layer are ablated.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -31,7 +31,7 @@ from ..core.components import Head, Hook, Neuron, post_hook, z_hook
 from ..core.datasets import PromptSet
 from ..engine import input_device, last_position_logits
 
-MeanCache = dict[str, dict[int, torch.Tensor]]   # hook name -> prompt length -> mean [pos, ...]
+MeanCache = dict[str, dict[int, torch.Tensor]]  # hook name -> prompt length -> mean [pos, ...]
 
 
 def _by_layer(units: Iterable[tuple[int, int]]) -> dict[int, list[int]]:
@@ -81,9 +81,11 @@ def zero_heads_hooks(heads: Iterable[Head], position: int | None = None) -> list
     pos = _positions(position)
     hooks = []
     for layer, idx in _by_layer(heads).items():
+
         def fn(z, hook, idx=_Index(idx)):
             z[:, pos, idx.on(z.device)] = 0.0
             return z
+
         hooks.append((z_hook(layer), _tagged(fn, position)))
     return hooks
 
@@ -93,9 +95,11 @@ def zero_neurons_hooks(neurons: Iterable[Neuron], position: int | None = None) -
     pos = _positions(position)
     hooks = []
     for layer, idx in _by_layer(neurons).items():
+
         def fn(act, hook, idx=_Index(idx)):
             act[:, pos, idx.on(act.device)] = 0.0
             return act
+
         hooks.append((post_hook(layer), _tagged(fn, position)))
     return hooks
 
@@ -106,18 +110,21 @@ def keep_neurons_hooks(keep: Iterable[Neuron], layers: Sequence[int], position: 
     kept = _by_layer(keep)
     hooks = []
     for layer in layers:
+
         def fn(act, hook, idx=_Index(kept.get(layer, []))):
             mask = torch.zeros(act.shape[-1], dtype=torch.bool, device=act.device)
             mask[idx.on(act.device)] = True
             act[:, pos] = act[:, pos] * mask
             return act
+
         hooks.append((post_hook(layer), _tagged(fn, position)))
     return hooks
 
 
 @torch.no_grad()
-def mean_activations(model, prompts: PromptSet, hook_names: Sequence[str], batch_size: int = 64,
-                     progress: bool = False) -> MeanCache:
+def mean_activations(
+    model, prompts: PromptSet, hook_names: Sequence[str], batch_size: int = 64, progress: bool = False
+) -> MeanCache:
     """Mean of each hook's activation over ``prompts``, per prompt length:
     ``{hook: {length: tensor[length, ...]}}`` (float32, on the model's device)."""
     sums: dict[str, dict[int, torch.Tensor]] = {h: {} for h in hook_names}
@@ -130,10 +137,13 @@ def mean_activations(model, prompts: PromptSet, hook_names: Sequence[str], batch
             total = act.float().sum(0)
             sums[name][length] = sums[name][length] + total if length in sums[name] else total
             return act
+
         return fn
 
     hooks = [(h, make(h)) for h in hook_names]
-    for batch in tqdm(list(prompts.batches(batch_size, device)), desc="mean activations", disable=not progress, leave=False):
+    for batch in tqdm(
+        list(prompts.batches(batch_size, device)), desc="mean activations", disable=not progress, leave=False
+    ):
         with model.hooks(fwd_hooks=hooks):
             last_position_logits(model, batch.tokens)
         counts[batch.tokens.shape[1]] += batch.tokens.shape[0]
@@ -144,8 +154,10 @@ def _mean_for(means: MeanCache, name: str, act: torch.Tensor) -> torch.Tensor:
     try:
         return means[name][act.shape[1]].to(device=act.device, dtype=act.dtype)
     except KeyError:
-        raise KeyError(f"no mean activation of {name} for prompts of length {act.shape[1]}; "
-                       "compute the means on a reference set with prompts of the same lengths") from None
+        raise KeyError(
+            f"no mean activation of {name} for prompts of length {act.shape[1]}; "
+            "compute the means on a reference set with prompts of the same lengths"
+        ) from None
 
 
 def mean_heads_hooks(heads: Iterable[Head], means: MeanCache, position: int | None = None) -> list[Hook]:
@@ -160,6 +172,7 @@ def mean_heads_hooks(heads: Iterable[Head], means: MeanCache, position: int | No
             i = idx.on(z.device)
             z[:, pos, i] = mean[pos][..., i, :]
             return z
+
         hooks.append((name, fn))
     return hooks
 
@@ -176,5 +189,6 @@ def mean_neurons_hooks(neurons: Iterable[Neuron], means: MeanCache, position: in
             i = idx.on(act.device)
             act[:, pos, i] = mean[pos][..., i]
             return act
+
         hooks.append((name, fn))
     return hooks

@@ -11,18 +11,25 @@ The passes are :mod:`arithlib.engine`'s; each is tested equal to a plain run per
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from .ablation import is_position_invariant
 from ..core.components import Hook, RowHooks
 from ..core.datasets import PromptSet
-from ..engine import (answer_pass, common_prefix, condition_pass, input_device, shared_prefix_cache, shared_prefix_logits,
-                     stacked_hooks)
 from ..core.evaluate import continues_number
+from ..engine import (
+    answer_pass,
+    common_prefix,
+    condition_pass,
+    input_device,
+    shared_prefix_cache,
+    shared_prefix_logits,
+    stacked_hooks,
+)
+from .ablation import is_position_invariant
 
 
 @dataclass
@@ -72,6 +79,7 @@ class _Capture:
         def fn(act, hook):
             self.store[key] = act[:, -1].detach().float()
             return act
+
         return fn
 
     def collect(self) -> dict[str, torch.Tensor]:
@@ -80,8 +88,9 @@ class _Capture:
         # split model each layer's record is on its own device: stacked on the first's
         dev = next(iter(self.store.values())).device if self.store else None
         if "resid_mid" in self.what:
-            out["resid_mid"] = torch.stack([(self.store[("pre", l)] + self.store[("attn", l)]).to(dev)
-                                            for l in range(self.n_layers)], 1)
+            out["resid_mid"] = torch.stack(
+                [(self.store[("pre", l)] + self.store[("attn", l)]).to(dev) for l in range(self.n_layers)], 1
+            )
             out["final_resid"] = self.store[("final",)].to(dev)
         if "coef" in self.what:
             out["coef"] = torch.stack([self.store[("coef", l)].to(dev) for l in range(self.n_layers)], 1)
@@ -107,13 +116,24 @@ def _assemble(n: int, parts: list[tuple[torch.Tensor, dict]], targets: torch.Ten
             fields[key][index] = value.cpu()
     if not parts:
         fields = {"pred": torch.empty(0, dtype=torch.long), "logprob": torch.empty(0)}
-    return LastPosition(targets=targets, pred=fields.pop("pred"), logprob=fields.pop("logprob"),
-                        resid_mid=fields.get("resid_mid"), coef=fields.get("coef"),
-                        final_resid=fields.get("final_resid"))
+    return LastPosition(
+        targets=targets,
+        pred=fields.pop("pred"),
+        logprob=fields.pop("logprob"),
+        resid_mid=fields.get("resid_mid"),
+        coef=fields.get("coef"),
+        final_resid=fields.get("final_resid"),
+    )
 
 
-def _split_conditions(logits: torch.Tensor, captured: dict[str, torch.Tensor], targets: torch.Tensor,
-                      index: torch.Tensor, names: Sequence[str], parts: dict[str, list]) -> None:
+def _split_conditions(
+    logits: torch.Tensor,
+    captured: dict[str, torch.Tensor],
+    targets: torch.Tensor,
+    index: torch.Tensor,
+    names: Sequence[str],
+    parts: dict[str, list],
+) -> None:
     """Per condition of a condition-major pass (``len(names)`` blocks of the batch's rows):
     prediction, log p(target) and captured activations, appended to ``parts[name]``."""
     nc, B = len(names), len(index)
@@ -127,10 +147,19 @@ def _split_conditions(logits: torch.Tensor, captured: dict[str, torch.Tensor], t
 
 
 @torch.no_grad()
-def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook] | RowHooks | None], *,
-                   capture: Sequence[str] = ("resid_mid", "coef"), targets: torch.Tensor | None = None,
-                   batch_size: int = 64, max_rows: int = 256, share_prefix: bool = True, progress: bool = False,
-                   desc: str = "forward") -> dict[str, LastPosition]:
+def run_conditions(
+    model,
+    prompts: PromptSet,
+    conditions: Mapping[str, list[Hook] | RowHooks | None],
+    *,
+    capture: Sequence[str] = ("resid_mid", "coef"),
+    targets: torch.Tensor | None = None,
+    batch_size: int = 64,
+    max_rows: int = 256,
+    share_prefix: bool = True,
+    progress: bool = False,
+    desc: str = "forward",
+) -> dict[str, LastPosition]:
     """One run of ``prompts`` per condition (a hook list active at every position, a
     function of the batch's row indices giving per-prompt hooks, or None); returns per
     condition the prediction, log p(target) and the captured answer-position activations.
@@ -149,39 +178,69 @@ def run_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook
     cap = _Capture(int(model.cfg.n_layers), capture)
     names = list(conditions)
     parts: dict[str, list] = {name: [] for name in names}
-    for batch in tqdm(list(prompts.batches(batch_size, device, by_prefix=share_prefix)), desc=desc,
-                      disable=not progress, leave=False):
+    for batch in tqdm(
+        list(prompts.batches(batch_size, device, by_prefix=share_prefix)), desc=desc, disable=not progress, leave=False
+    ):
         tokens = batch.tokens
         B = tokens.shape[0]
         t = targets[batch.index].to(device)
         per_chunk = max(1, max_rows // B)
         for c0 in range(0, len(names), per_chunk):
-            chunk = names[c0:c0 + per_chunk]
+            chunk = names[c0 : c0 + per_chunk]
             conds = [conditions[name] for name in chunk]
             per = [(c(batch.index) if callable(c) else list(c or [])) for c in conds]
-            shared = (share_prefix and B > 1 and not any(callable(c) for c in conds)
-                      and all(is_position_invariant(fn) for hooks in per for _, fn in hooks))
+            shared = (
+                share_prefix
+                and B > 1
+                and not any(callable(c) for c in conds)
+                and all(is_position_invariant(fn) for hooks in per for _, fn in hooks)
+            )
             n = min(common_prefix(tokens.tolist()), tokens.shape[1] - 1) if shared else 0
             logits = condition_pass(model, tokens, per, n, cap.hooks())
             _split_conditions(logits.float(), cap.collect(), t, batch.index, chunk, parts)
     return {name: _assemble(len(prompts), p, targets) for name, p in parts.items()}
 
 
-def run_last_position(model, prompts: PromptSet, hooks: list[Hook] | RowHooks | None = None, *,
-                      capture: Sequence[str] = ("resid_mid", "coef"), targets: torch.Tensor | None = None,
-                      batch_size: int = 64, share_prefix: bool = True, progress: bool = False,
-                      desc: str = "forward") -> LastPosition:
+def run_last_position(
+    model,
+    prompts: PromptSet,
+    hooks: list[Hook] | RowHooks | None = None,
+    *,
+    capture: Sequence[str] = ("resid_mid", "coef"),
+    targets: torch.Tensor | None = None,
+    batch_size: int = 64,
+    share_prefix: bool = True,
+    progress: bool = False,
+    desc: str = "forward",
+) -> LastPosition:
     """:func:`run_conditions` with one condition: ``prompts`` with ``hooks`` active at
     every position."""
-    return run_conditions(model, prompts, {"run": hooks}, capture=capture, targets=targets, batch_size=batch_size,
-                          share_prefix=share_prefix, progress=progress, desc=desc)["run"]
+    return run_conditions(
+        model,
+        prompts,
+        {"run": hooks},
+        capture=capture,
+        targets=targets,
+        batch_size=batch_size,
+        share_prefix=share_prefix,
+        progress=progress,
+        desc=desc,
+    )["run"]
 
 
 @torch.no_grad()
-def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, list[Hook] | RowHooks | None], *,
-                          capture: Sequence[str] = (), targets: torch.Tensor | None = None, batch_size: int = 64,
-                          max_rows: int = 512, progress: bool = False, desc: str = "conditions"
-                          ) -> dict[str, LastPosition]:
+def run_answer_conditions(
+    model,
+    prompts: PromptSet,
+    conditions: Mapping[str, list[Hook] | RowHooks | None],
+    *,
+    capture: Sequence[str] = (),
+    targets: torch.Tensor | None = None,
+    batch_size: int = 64,
+    max_rows: int = 512,
+    progress: bool = False,
+    desc: str = "conditions",
+) -> dict[str, LastPosition]:
     """Interventions at the answer position only: every prompt's positions before the
     last are run once without hooks (KV cache, few-shot prefix shared), then the last
     token of all conditions at once, stacked along the batch (up to ``max_rows`` rows),
@@ -194,18 +253,24 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
     cap = _Capture(int(model.cfg.n_layers), capture)
     names = list(conditions)
     parts: dict[str, list] = {name: [] for name in names}
-    for batch in tqdm(list(prompts.batches(batch_size, device, by_prefix=True)), desc=desc, disable=not progress,
-                      leave=False):
+    for batch in tqdm(
+        list(prompts.batches(batch_size, device, by_prefix=True)), desc=desc, disable=not progress, leave=False
+    ):
         tokens = batch.tokens
         B = tokens.shape[0]
         base = shared_prefix_cache(model, tokens[:, :-1]) if tokens.shape[1] > 1 else None
         t = targets[batch.index].to(device)
         per_chunk = max(1, max_rows // B)
         for c0 in range(0, len(names), per_chunk):
-            chunk = names[c0:c0 + per_chunk]
+            chunk = names[c0 : c0 + per_chunk]
             nc = len(chunk)
-            hooks = stacked_hooks([(cond(batch.index) if callable(cond) else list(cond or []))
-                                   for cond in (conditions[name] for name in chunk)], B)
+            hooks = stacked_hooks(
+                [
+                    (cond(batch.index) if callable(cond) else list(cond or []))
+                    for cond in (conditions[name] for name in chunk)
+                ],
+                B,
+            )
             with model.hooks(fwd_hooks=hooks + cap.hooks()):
                 logits = answer_pass(model, tokens[:, -1:], base, nc)
             _split_conditions(logits.float(), cap.collect(), t, batch.index, chunk, parts)
@@ -213,8 +278,9 @@ def run_answer_conditions(model, prompts: PromptSet, conditions: Mapping[str, li
 
 
 @torch.no_grad()
-def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size: int = 32,
-                 progress: bool = False) -> torch.Tensor:
+def correct_mask(
+    model, prompts: PromptSet, criterion: str = "full", batch_size: int = 32, progress: bool = False
+) -> torch.Tensor:
     """Which prompts the model answers correctly, by teacher forcing (one forward over
     prompt + answer, shared prefix cached): "first" = the first answer token is the
     argmax; "full" = every answer token is the argmax after its predecessors and the
@@ -229,7 +295,7 @@ def correct_mask(model, prompts: PromptSet, criterion: str = "full", batch_size:
         n_ans = len(ans) if criterion == "full" else 1
         groups.setdefault((len(ids), n_ans), []).append(i)
     result = torch.zeros(len(prompts), dtype=torch.bool)
-    chunks = [(key, idx[s:s + batch_size]) for key, idx in groups.items() for s in range(0, len(idx), batch_size)]
+    chunks = [(key, idx[s : s + batch_size]) for key, idx in groups.items() for s in range(0, len(idx), batch_size)]
     for (length, n_ans), idx in tqdm(chunks, desc="correct", disable=not progress, leave=False):
         seqs = [prompts.input_ids[i] + prompts.answer_ids[i][:n_ans] for i in idx]
         tokens = torch.tensor(seqs, device=device)

@@ -54,9 +54,9 @@ import math
 import random
 import time
 import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -65,15 +65,25 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..core import datasets as ds
-from ..run.atomic import write_text
 from ..core.datasets import PromptRecord, PromptSet
 from ..core.evaluate import continues_number
-from ..run.fingerprints import data_fingerprint, fingerprint, model_fingerprint
-from ..engine import (LayerInputs, clean_param_name, common_prefix, decoder_layers, hf_module as _hf, input_device,
-                     module_device, rows_on_prefixes, shared_hf_model)
 from ..core.stats import encode_correct
+from ..engine import (
+    LayerInputs,
+    clean_param_name,
+    common_prefix,
+    decoder_layers,
+    input_device,
+    module_device,
+    rows_on_prefixes,
+    shared_hf_model,
+)
+from ..engine import (
+    hf_module as _hf,
+)
+from ..run.atomic import write_text
+from ..run.fingerprints import data_fingerprint, fingerprint, model_fingerprint
 from ..run.stored import discard, read_verified, sidecar, write_verified
-
 
 # --------------------------------------------------------------------------- model plumbing
 
@@ -101,7 +111,9 @@ def use_weights(model, weights: Mapping[str, torch.Tensor] | None) -> Iterator[N
             for name, value in weights.items():
                 p = params[name]
                 if p.shape != value.shape:
-                    raise ValueError(f"{name}: weight of shape {tuple(value.shape)} for a parameter of {tuple(p.shape)}")
+                    raise ValueError(
+                        f"{name}: weight of shape {tuple(value.shape)} for a parameter of {tuple(p.shape)}"
+                    )
                 saved[name] = p.detach().clone()
                 p.copy_(value.to(p.device, p.dtype))
         yield
@@ -146,8 +158,9 @@ def to_loaded_model(hf_model, tokenizer, name: str = "finetuned", device: str | 
     device = device or str(input_device(hf_model))
     dtype = next(hf_model.parameters()).dtype
     source = getattr(hf_model.config, "_name_or_path", "") or ""
-    bridge = TransformerBridge.boot_transformers(source or name, hf_model=hf_model, tokenizer=tokenizer,
-                                                 device=device, dtype=dtype)
+    bridge = TransformerBridge.boot_transformers(
+        source or name, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype
+    )
     bridge.eval()
     bridge.cfg.default_prepend_bos = tokenizer_adds_bos(tokenizer)
     tokenizer.padding_side = bridge.tokenizer.padding_side
@@ -198,8 +211,13 @@ def model_shape(model) -> dict[str, int]:
     from ..core.models import model_info
 
     info = model_info(_hf(model).config, name="", source="local")
-    return dict(n_layers=info.n_layers, n_heads=info.n_heads, n_kv_heads=info.n_kv_heads,
-                d_model=info.d_model, d_head=info.d_head)
+    return dict(
+        n_layers=info.n_layers,
+        n_heads=info.n_heads,
+        n_kv_heads=info.n_kv_heads,
+        d_model=info.d_model,
+        d_head=info.d_head,
+    )
 
 
 def count_parameters(model, trainable_only: bool = False) -> int:
@@ -222,8 +240,9 @@ def _record_key(r: PromptRecord) -> tuple:
     return (r.family, r.op, r.a, r.b)
 
 
-def split_records(records: Sequence[PromptRecord], sizes: Mapping[str, int], seed: int = 0
-                  ) -> dict[str, list[PromptRecord]]:
+def split_records(
+    records: Sequence[PromptRecord], sizes: Mapping[str, int], seed: int = 0
+) -> dict[str, list[PromptRecord]]:
     """Disjoint splits of ``records`` with ``sizes`` records each (e.g. ``{"test": 2000,
     "val": 1000, "train": 17000}``, filled in that order), split by operand pair: all
     templates of one (family, operator, a, b) go to the same split, so no test question
@@ -250,15 +269,23 @@ def split_records(records: Sequence[PromptRecord], sizes: Mapping[str, int], see
     return out
 
 
-def yu_lora_data(n_train: int = 18_000, n_test: int = 2_000, n_val: int = 0, ops: Sequence[str] = ds.OPS,
-                 seed: int = 0, fewshot: int = 0, numerals: str = "digits") -> dict[str, list[PromptRecord]]:
+def yu_lora_data(
+    n_train: int = 18_000,
+    n_test: int = 2_000,
+    n_val: int = 0,
+    ops: Sequence[str] = ds.OPS,
+    seed: int = 0,
+    fewshot: int = 0,
+    numerals: str = "digits",
+) -> dict[str, list[PromptRecord]]:
     """Yu & Ananiadou Sec. 5's data: 2-digit operands with negative results allowed
     ("13-71=-58"), their four templates per operator (Table 14), 18,000 train / 2,000
     test sentences; ``n_val`` more (held out from train) choose the learning rate. All
     operand pairs of every operator form the pool (so ``/``, with few exact 2-digit
     divisions, is rare); splits are by operand pair (:func:`split_records`)."""
-    pool = ds.yu_prompts(ops=ops, n_digits=2, numerals=numerals, n_per_template=None, allow_negative=True,
-                         seed=seed, fewshot=fewshot)
+    pool = ds.yu_prompts(
+        ops=ops, n_digits=2, numerals=numerals, n_per_template=None, allow_negative=True, seed=seed, fewshot=fewshot
+    )
     sizes = {"test": n_test, "val": n_val, "train": n_train}
     splits = split_records(pool, {k: v for k, v in sizes.items() if v > 0}, seed=seed)
     return {k: splits.get(k, []) for k in ("train", "val", "test")}
@@ -296,7 +323,7 @@ def answer_batches(prompts: PromptSet, batch_size: int, shuffle: bool = False, s
             rng.shuffle(idx)
         rng.shuffle(order)
     flat = [i for idx in order for i in idx]
-    batches = [flat[s:s + batch_size] for s in range(0, len(flat), batch_size)]
+    batches = [flat[s : s + batch_size] for s in range(0, len(flat), batch_size)]
     if shuffle:
         rng.shuffle(batches)
     return batches
@@ -319,8 +346,9 @@ def epoch_batches(prompts: PromptSet, batch_size: int, seed: int, epoch: int) ->
 # --------------------------------------------------------------------------- answer-position forward
 
 
-def _row_prefix_lengths(prompts: PromptSet, index: Sequence[int], seqs: Sequence[Sequence[int]],
-                        starts: Sequence[int]) -> list[int]:
+def _row_prefix_lengths(
+    prompts: PromptSet, index: Sequence[int], seqs: Sequence[Sequence[int]], starts: Sequence[int]
+) -> list[int]:
     """Tokens of each row run in the prefix pass of :func:`teacher_forced_logits`: rows of one
     few-shot prefix group (:func:`_prefix_key`) share the tokens common to all of them;
     a row alone in its group runs its whole prompt but the last token there. Never past
@@ -336,8 +364,15 @@ def _row_prefix_lengths(prompts: PromptSet, index: Sequence[int], seqs: Sequence
     return lengths
 
 
-def teacher_forced_logits(model, prompts: PromptSet, index: Sequence[int], extra: int = 0, share_prefix: bool = True,
-                          inputs: LayerInputs | None = None, same_below: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_forced_logits(
+    model,
+    prompts: PromptSet,
+    index: Sequence[int],
+    extra: int = 0,
+    share_prefix: bool = True,
+    inputs: LayerInputs | None = None,
+    same_below: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced logits at the answer positions of prompts ``index``: row i reads
     prompt + answer and gives the logits predicting each answer token (and, with
     ``extra=1``, the token after the answer). Returns ``(logits [B, A, vocab] float32,
@@ -362,10 +397,11 @@ def teacher_forced_logits(model, prompts: PromptSet, index: Sequence[int], extra
     seqs = [prompts.input_ids[i] + prompts.answer_ids[i] for i in index]
     starts = [len(prompts.input_ids[i]) - 1 for i in index]  # position predicting answer token 0
     n_keep = [len(prompts.answer_ids[i]) + extra for i in index]  # the token after the answer is
-    B = len(seqs)                                                   # predicted at the last answer token
+    B = len(seqs)  # predicted at the last answer token
     plen = _row_prefix_lengths(prompts, index, seqs, starts) if share_prefix else [0] * B
-    hidden = rows_on_prefixes(hf, seqs, plen, inputs=inputs, key=(tuple(index), extra, share_prefix),
-                              same_below=same_below)
+    hidden = rows_on_prefixes(
+        hf, seqs, plen, inputs=inputs, key=(tuple(index), extra, share_prefix), same_below=same_below
+    )
     A = max(n_keep)
     gather = torch.zeros(B, A, dtype=torch.long)
     mask = torch.zeros(B, A, dtype=torch.bool)
@@ -386,21 +422,35 @@ def _answer_targets(prompts: PromptSet, index: Sequence[int], A: int, device) ->
     return t.to(device)
 
 
-def answer_loss(model, prompts: PromptSet, index: Sequence[int], share_prefix: bool = True,
-                inputs: LayerInputs | None = None, same_below: int = 0) -> torch.Tensor:
+def answer_loss(
+    model,
+    prompts: PromptSet,
+    index: Sequence[int],
+    share_prefix: bool = True,
+    inputs: LayerInputs | None = None,
+    same_below: int = 0,
+) -> torch.Tensor:
     """Mean cross-entropy over the answer tokens of prompts ``index`` (teacher forcing;
     prompt tokens carry no loss). ``inputs``, ``same_below``: as in :func:`teacher_forced_logits`
     (the blocks below ``same_below`` must have no trainable parameter)."""
-    logits, _ = teacher_forced_logits(model, prompts, index, extra=0, share_prefix=share_prefix, inputs=inputs,
-                                      same_below=same_below)
+    logits, _ = teacher_forced_logits(
+        model, prompts, index, extra=0, share_prefix=share_prefix, inputs=inputs, same_below=same_below
+    )
     targets = _answer_targets(prompts, index, logits.shape[1], logits.device)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
 
 
 @torch.no_grad()
-def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: bool = False,
-                    desc: str = "accuracy", share_prefix: bool = True, inputs: LayerInputs | None = None,
-                    same_below: int = 0) -> pd.DataFrame:
+def answer_accuracy(
+    model,
+    prompts: PromptSet,
+    batch_size: int = 32,
+    progress: bool = False,
+    desc: str = "accuracy",
+    share_prefix: bool = True,
+    inputs: LayerInputs | None = None,
+    same_below: int = 0,
+) -> pd.DataFrame:
     """Per-prompt teacher-forced evaluation: ``correct_first`` (first answer token is the
     argmax), ``correct_full`` (every answer token is the argmax after its predecessors
     and the next token does not continue the number: greedy decoding's verdict),
@@ -417,14 +467,15 @@ def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: b
     logprob = np.zeros(n)
     first_lp = np.zeros(n)
     for index in tqdm(answer_batches(prompts, batch_size), desc=desc, disable=not progress, leave=False):
-        logits, mask = teacher_forced_logits(hf, prompts, index, extra=1, share_prefix=share_prefix,
-                                             inputs=inputs, same_below=same_below)
+        logits, mask = teacher_forced_logits(
+            hf, prompts, index, extra=1, share_prefix=share_prefix, inputs=inputs, same_below=same_below
+        )
         answers = [prompts.answer_ids[i] for i in index]
         target = torch.zeros(mask.shape, dtype=torch.long)  # answer ids, padded with 0 (masked out below)
         is_answer = torch.zeros(mask.shape, dtype=torch.bool)
         for row, ans in enumerate(answers):
-            target[row, :len(ans)] = torch.tensor(ans)
-            is_answer[row, :len(ans)] = True
+            target[row, : len(ans)] = torch.tensor(ans)
+            is_answer[row, : len(ans)] = True
         # one gather and one device-to-host copy per batch (a GPU syncs once, not per row)
         tok_lp = logits.log_softmax(-1).gather(-1, target.to(logits.device)[..., None])[..., 0].cpu()
         pred = logits.argmax(-1).cpu()
@@ -437,11 +488,21 @@ def answer_accuracy(model, prompts: PromptSet, batch_size: int = 32, progress: b
             first_lp[i] = float(tok_lp[row, 0])
     hf.train(was_training)
     recs = prompts.records
-    return pd.DataFrame({
-        "family": [r.family for r in recs], "op": [r.op for r in recs], "template_id": [r.template_id for r in recs],
-        "a": [r.a for r in recs], "b": [r.b for r in recs], "answer": [r.answer for r in recs],
-        "negative": [r.answer < 0 for r in recs],
-        "correct_first": first, "correct_full": full, "answer_logprob": logprob, "first_logprob": first_lp})
+    return pd.DataFrame(
+        {
+            "family": [r.family for r in recs],
+            "op": [r.op for r in recs],
+            "template_id": [r.template_id for r in recs],
+            "a": [r.a for r in recs],
+            "b": [r.b for r in recs],
+            "answer": [r.answer for r in recs],
+            "negative": [r.answer < 0 for r in recs],
+            "correct_first": first,
+            "correct_full": full,
+            "answer_logprob": logprob,
+            "first_logprob": first_lp,
+        }
+    )
 
 
 # --------------------------------------------------------------------------- training loop
@@ -500,11 +561,17 @@ class FineTuned:
 
     def summary(self) -> dict:
         """One row for a results table."""
-        return {"method": self.method, "lr": self.config.lr, "best_epoch": self.best_epoch,
-                "n_trainable": self.n_trainable, "samples_per_second": self.samples_per_second,
-                "train_seconds": self.train_seconds, "n_samples": self.n_samples,
-                "final_loss": float(self.history["loss"].iloc[-1]) if len(self.history) else float("nan"),
-                **{k: v for k, v in self.info.items() if isinstance(v, (int, float, str, bool))}}
+        return {
+            "method": self.method,
+            "lr": self.config.lr,
+            "best_epoch": self.best_epoch,
+            "n_trainable": self.n_trainable,
+            "samples_per_second": self.samples_per_second,
+            "train_seconds": self.train_seconds,
+            "n_samples": self.n_samples,
+            "final_loss": float(self.history["loss"].iloc[-1]) if len(self.history) else float("nan"),
+            **{k: v for k, v in self.info.items() if isinstance(v, (int, float, str, bool))},
+        }
 
 
 def _lr_lambda(config: TrainConfig, total: int) -> Callable[[int], float]:
@@ -524,8 +591,12 @@ class Trainable:
     """What a training run updates: named parameters, with optional gradient masks
     (entries outside are frozen) and per-parameter gradient scales."""
 
-    def __init__(self, params: Mapping[str, torch.nn.Parameter], masks: Mapping[str, torch.Tensor] | None = None,
-                 scales: Mapping[str, torch.Tensor | float] | None = None):
+    def __init__(
+        self,
+        params: Mapping[str, torch.nn.Parameter],
+        masks: Mapping[str, torch.Tensor] | None = None,
+        scales: Mapping[str, torch.Tensor | float] | None = None,
+    ):
         self.params = dict(params)
         self.masks = dict(masks or {})
         self.scales = dict(scales or {})
@@ -570,8 +641,9 @@ def _load(path: Path):
         return None
 
 
-def make_optimizer(params: Sequence[torch.nn.Parameter], config: TrainConfig,
-                   decayed: Sequence[torch.nn.Parameter] = ()) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: Sequence[torch.nn.Parameter], config: TrainConfig, decayed: Sequence[torch.nn.Parameter] = ()
+) -> torch.optim.Optimizer:
     """The optimizer of :func:`train_parameters`. AdamW: decoupled weight decay
     (``config.weight_decay``) on the ``decayed`` parameters (the others', masked, is
     applied per entry by the caller), and torch's fused kernel on a CPU or a CUDA
@@ -583,18 +655,30 @@ def make_optimizer(params: Sequence[torch.nn.Parameter], config: TrainConfig,
     if config.optimizer == "sgd":
         return torch.optim.SGD(params, lr=config.lr)
     ids = {id(p) for p in decayed}
-    groups = [{"params": [p for p in params if id(p) in ids], "weight_decay": config.weight_decay},
-              {"params": [p for p in params if id(p) not in ids], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if id(p) in ids], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if id(p) not in ids], "weight_decay": 0.0},
+    ]
     fused = all(p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr,
-                             **({"fused": True} if fused else {"foreach": False}))
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=config.lr, **({"fused": True} if fused else {"foreach": False})
+    )
 
 
-def train_parameters(model, trainable: Trainable, train_set: PromptSet, config: TrainConfig,
-                     val_set: PromptSet | None = None, *, progress: bool = True, desc: str = "train",
-                     checkpoint_dir: str | Path | None = None, keep_state: bool = True,
-                     inputs: LayerInputs | None = None, unchanged_below: int | None = None
-                     ) -> tuple[dict[str, torch.Tensor], dict]:
+def train_parameters(
+    model,
+    trainable: Trainable,
+    train_set: PromptSet,
+    config: TrainConfig,
+    val_set: PromptSet | None = None,
+    *,
+    progress: bool = True,
+    desc: str = "train",
+    checkpoint_dir: str | Path | None = None,
+    keep_state: bool = True,
+    inputs: LayerInputs | None = None,
+    unchanged_below: int | None = None,
+) -> tuple[dict[str, torch.Tensor], dict]:
     """The training loop shared by LoRA, precise and full SFT: AdamW (or SGD) on
     ``trainable``'s parameters of the HF ``model``, loss on answer tokens, batches from
     :func:`answer_batches` (order from ``config.seed`` and the epoch), gradient masks
@@ -618,12 +702,16 @@ def train_parameters(model, trainable: Trainable, train_set: PromptSet, config: 
         raise ValueError("empty training set")
     hf = _hf(model)
     params = trainable.params
-    low = sorted({str(p.dtype).removeprefix("torch.") for p in params.values() if p.dtype in (torch.bfloat16, torch.float16)})
+    low = sorted(
+        {str(p.dtype).removeprefix("torch.") for p in params.values() if p.dtype in (torch.bfloat16, torch.float16)}
+    )
     if low:  # LoRA adapters are fp32 (peft upcasts them); SFT of a bf16 model's own weights is not
-        warnings.warn(f"training {', '.join(low)} parameters in place: AdamW keeps its moments in that dtype and "
-                      "updates below its resolution (about 0.4 % of a weight in bfloat16) are lost; load the model "
-                      "in float32 (--dtype float32) for full or precise SFT at the paper's learning rates",
-                      stacklevel=2)
+        warnings.warn(
+            f"training {', '.join(low)} parameters in place: AdamW keeps its moments in that dtype and "
+            "updates below its resolution (about 0.4 % of a weight in bfloat16) are lost; load the model "
+            "in float32 (--dtype float32) for full or precise SFT at the paper's learning rates",
+            stacklevel=2,
+        )
     n_layers = len(decoder_layers(hf))
     same_below = min(n_layers if unchanged_below is None else unchanged_below, first_changed_layer(hf, params))
     with training_state(hf):  # flags, grads and modes come back as they were, even on error
@@ -709,14 +797,29 @@ def train_parameters(model, trainable: Trainable, train_set: PromptSet, config: 
             elif not config.keep_best or best[2] is None or score > best[0]:
                 best = (score, epoch + 1, _state_of(trainable))
             if ckdir is not None:
-                _save(ckdir / f"epoch-{epoch + 1:03d}.pt",
-                      {"params": _state_of(trainable), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                       "step": step, "epoch": epoch + 1, "busy": busy, "n_samples": n_samples,
-                       "history": history, "epochs": epochs, "best": best})
-    record = {"history": pd.DataFrame(history, columns=["step", "epoch", "loss", "lr"]),
-              "epochs": pd.DataFrame(epochs, columns=["epoch", "val_accuracy", "step"]),
-              "best_epoch": best[1], "samples_per_second": n_samples / busy if busy > 0 else float("nan"),
-              "train_seconds": busy, "n_samples": n_samples}
+                _save(
+                    ckdir / f"epoch-{epoch + 1:03d}.pt",
+                    {
+                        "params": _state_of(trainable),
+                        "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(),
+                        "step": step,
+                        "epoch": epoch + 1,
+                        "busy": busy,
+                        "n_samples": n_samples,
+                        "history": history,
+                        "epochs": epochs,
+                        "best": best,
+                    },
+                )
+    record = {
+        "history": pd.DataFrame(history, columns=["step", "epoch", "loss", "lr"]),
+        "epochs": pd.DataFrame(epochs, columns=["epoch", "val_accuracy", "step"]),
+        "best_epoch": best[1],
+        "samples_per_second": n_samples / busy if busy > 0 else float("nan"),
+        "train_seconds": busy,
+        "n_samples": n_samples,
+    }
     if not keep_state:
         return {}, record
     return (best[2] if best[2] is not None else _state_of(trainable)), record
@@ -753,15 +856,25 @@ TRAINING_CACHE_FORMAT = 4
 def training_key(model, method: str, train_set: PromptSet, val_set: PromptSet | None, config: TrainConfig) -> dict:
     """What a trained result depends on: the method, the model's weights, the data and the
     training settings (no source code: a refactor keeps trained weights)."""
-    return {"method": method, "model": model_fingerprint(model), "train": data_fingerprint(train_set),
-            "val": data_fingerprint(val_set), "config": asdict(config), "format": TRAINING_CACHE_FORMAT}
+    return {
+        "method": method,
+        "model": model_fingerprint(model),
+        "train": data_fingerprint(train_set),
+        "val": data_fingerprint(val_set),
+        "config": asdict(config),
+        "format": TRAINING_CACHE_FORMAT,
+    }
 
 
 # --------------------------------------------------------------------------- LoRA
 
 
-def select_lr(fit: Callable[[float], FineTuned], lrs: Sequence[float], val_set: PromptSet, evaluate_on: Callable,
-              ) -> tuple[FineTuned, pd.DataFrame]:
+def select_lr(
+    fit: Callable[[float], FineTuned],
+    lrs: Sequence[float],
+    val_set: PromptSet,
+    evaluate_on: Callable,
+) -> tuple[FineTuned, pd.DataFrame]:
     """Train one model per learning rate with ``fit(lr)`` and keep the one with the best
     accuracy on ``val_set`` (``evaluate_on(fine_tuned, val_set)`` -> accuracy; ties go
     to the earlier lr in ``lrs``). Returns the kept model and a table lr, val_accuracy."""
@@ -779,14 +892,17 @@ def select_lr(fit: Callable[[float], FineTuned], lrs: Sequence[float], val_set: 
     return best[1], table
 
 
-def choose_lr(model, fit: Callable[[float], FineTuned], lrs: Sequence[float], val_set: PromptSet | None,
-              batch_size: int = 32) -> tuple[FineTuned, pd.DataFrame]:
+def choose_lr(
+    model, fit: Callable[[float], FineTuned], lrs: Sequence[float], val_set: PromptSet | None, batch_size: int = 32
+) -> tuple[FineTuned, pd.DataFrame]:
     """:func:`select_lr` with the whole-answer accuracy of ``model`` with the fitted
     weights swapped in (:func:`evaluate_weights`) on ``val_set``; with one lr, or
     without validation prompts, ``fit(lrs[0])`` and a one-row table (val_accuracy NaN)."""
     if len(lrs) > 1 and val_set is not None and len(val_set):
+
         def val_acc(ft: FineTuned, ps: PromptSet) -> float:
             return float(evaluate_weights(model, ft.weights, {"val": ps}, batch_size)["correct_full"].mean())
+
         return select_lr(fit, lrs, val_set, val_acc)
     if not lrs:
         raise ValueError("no learning rates to choose from")
@@ -794,9 +910,15 @@ def choose_lr(model, fit: Callable[[float], FineTuned], lrs: Sequence[float], va
     return ft, pd.DataFrame([{"lr": lrs[0], "val_accuracy": float("nan"), "best_epoch": ft.best_epoch, "chosen": True}])
 
 
-def evaluate_weights(model, weights: Mapping[str, torch.Tensor] | None, sets: Mapping[str, PromptSet],
-                     batch_size: int = 32, progress: bool = False, inputs: Mapping[str, LayerInputs] | None = None,
-                     unchanged_below: int | None = None) -> pd.DataFrame:
+def evaluate_weights(
+    model,
+    weights: Mapping[str, torch.Tensor] | None,
+    sets: Mapping[str, PromptSet],
+    batch_size: int = 32,
+    progress: bool = False,
+    inputs: Mapping[str, LayerInputs] | None = None,
+    unchanged_below: int | None = None,
+) -> pd.DataFrame:
     """:func:`answer_accuracy` of the model with ``weights`` swapped in, on each named
     prompt set, concatenated with a ``set`` column. ``inputs``: a
     :class:`~arithlib.engine.LayerInputs` per set name, recorded from the
@@ -810,8 +932,17 @@ def evaluate_weights(model, weights: Mapping[str, torch.Tensor] | None, sets: Ma
     with use_weights(hf, weights):
         for name, ps in sets.items():
             if len(ps):
-                frames.append(answer_accuracy(hf, ps, batch_size, progress=progress, desc=name,
-                                              inputs=(inputs or {}).get(name), same_below=same_below).assign(set=name))
+                frames.append(
+                    answer_accuracy(
+                        hf,
+                        ps,
+                        batch_size,
+                        progress=progress,
+                        desc=name,
+                        inputs=(inputs or {}).get(name),
+                        same_below=same_below,
+                    ).assign(set=name)
+                )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -823,8 +954,9 @@ def first_changed_layer(model, weights: Mapping[str, torch.Tensor] | None) -> in
     if not weights:
         return len(blocks)
     index = {id(b): l for l, b in enumerate(blocks)}
-    prefixes = [(clean_param_name(name) + ".", index[id(m)]) for name, m in _hf(model).named_modules()
-                if id(m) in index]  # one pass over the modules (not one per block, as layer_prefix)
+    prefixes = [
+        (clean_param_name(name) + ".", index[id(m)]) for name, m in _hf(model).named_modules() if id(m) in index
+    ]  # one pass over the modules (not one per block, as layer_prefix)
     return min(next((l for pre, l in prefixes if name.startswith(pre)), 0) for name in weights)
 
 
@@ -833,12 +965,17 @@ def accuracy_row(frame: pd.DataFrame, **extra) -> dict:
     token, negative and non-negative answers), with ``extra`` columns."""
     neg = frame[frame.negative]
     pos = frame[~frame.negative]
-    return {**extra, "accuracy": float(frame.correct_full.mean()), "accuracy_first": float(frame.correct_first.mean()),
-            "accuracy_negative": float(neg.correct_full.mean()) if len(neg) else float("nan"),
-            "accuracy_nonnegative": float(pos.correct_full.mean()) if len(pos) else float("nan"),
-            "mean_answer_logprob": float(frame.answer_logprob.mean()), "n_test": len(frame),
-            # per-prompt correct_full in test-set order: the paired bootstrap of the report's intervals
-            "correct_by_prompt": encode_correct(frame.correct_full.to_numpy())}
+    return {
+        **extra,
+        "accuracy": float(frame.correct_full.mean()),
+        "accuracy_first": float(frame.correct_first.mean()),
+        "accuracy_negative": float(neg.correct_full.mean()) if len(neg) else float("nan"),
+        "accuracy_nonnegative": float(pos.correct_full.mean()) if len(pos) else float("nan"),
+        "mean_answer_logprob": float(frame.answer_logprob.mean()),
+        "n_test": len(frame),
+        # per-prompt correct_full in test-set order: the paired bootstrap of the report's intervals
+        "correct_by_prompt": encode_correct(frame.correct_full.to_numpy()),
+    }
 
 
 # --------------------------------------------------------------------------- layer bands (Yu Fig. 2, Table 10)

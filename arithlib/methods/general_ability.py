@@ -35,9 +35,9 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..run.paths import DATA_DIR
 from ..engine import forward, greedy_tokens, input_device
+from ..run.paths import DATA_DIR
 
 FACTS_FILE = DATA_DIR / "factual_recall.json"
 
@@ -99,13 +99,24 @@ def pydoc_prose(n_chars: int = 20_000, min_chars: int = 200, min_letter_share: f
         if total >= n_chars:
             break
     text = "\n\n".join(kept)
-    return ProseSample(text=text, topics=tuple(used), python_version=sys.version.split()[0],
-                       sha256=hashlib.sha256(text.encode()).hexdigest())
+    return ProseSample(
+        text=text,
+        topics=tuple(used),
+        python_version=sys.version.split()[0],
+        sha256=hashlib.sha256(text.encode()).hexdigest(),
+    )
 
 
 @torch.no_grad()
-def lm_loss(model, tokenizer, text: str, chunk_tokens: int = 128, max_chunks: int | None = None,
-            batch_size: int = 8, progress: bool = False) -> dict[str, float]:
+def lm_loss(
+    model,
+    tokenizer,
+    text: str,
+    chunk_tokens: int = 128,
+    max_chunks: int | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> dict[str, float]:
     """Mean next-token negative log-likelihood (nats/token) of ``text`` cut into
     consecutive chunks of ``chunk_tokens`` tokens (the first ``max_chunks`` of them;
     a shorter tail is dropped), each chunk scored on its own from its first token
@@ -128,7 +139,7 @@ def lm_loss(model, tokenizer, text: str, chunk_tokens: int = 128, max_chunks: in
         chunks = torch.cat([torch.full((n, 1), bos), chunks], 1)
     total, count = 0.0, 0
     for s in tqdm(range(0, n, batch_size), desc="LM loss", disable=not progress, leave=False):
-        x = chunks[s:s + batch_size].to(device)
+        x = chunks[s : s + batch_size].to(device)
         logits = forward(model, x).logits.float()
         # every position predicts the next token; with BOS the first text token is scored too
         total += float(F.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten(), reduction="sum"))
@@ -179,15 +190,18 @@ def factual_recall(model, tokenizer, facts: Sequence[dict] | None = None, batch_
     out: dict[int, dict] = {}
     for _, idx in sorted(groups.items()):
         for s in range(0, len(idx), batch_size):
-            chunk = idx[s:s + batch_size]
+            chunk = idx[s : s + batch_size]
             x = torch.tensor([enc[i][0] for i in chunk], device=device)
             logits = forward(model, x, keep=1).logits[:, -1].float()
             lp = logits.log_softmax(-1)
             for row, i in enumerate(chunk):
                 t = enc[i][1]
-                out[i] = {"correct": int(logits[row].argmax()) == t, "answer_logprob": float(lp[row, t]),
-                          "rank": int((logits[row] > logits[row, t]).sum()),
-                          "prediction": tokenizer.decode([int(logits[row].argmax())])}
+                out[i] = {
+                    "correct": int(logits[row].argmax()) == t,
+                    "answer_logprob": float(lp[row, t]),
+                    "rank": int((logits[row] > logits[row, t]).sum()),
+                    "prediction": tokenizer.decode([int(logits[row].argmax())]),
+                }
     for i, f in enumerate(facts):
         rows.append({"prompt": f["prompt"], "answer": f["answer"], "category": f.get("category", ""), **out[i]})
     return pd.DataFrame(rows)
@@ -264,9 +278,14 @@ def load_mmlu(path: str | Path, n: int | None = None) -> list[dict]:
 
 
 @torch.no_grad()
-def word_problem_accuracy(model, tokenizer, items: Sequence[dict], max_new_tokens: int = 64,
-                          prompt_format: str = "Question: {question}\nAnswer:", progress: bool = False
-                          ) -> pd.DataFrame:
+def word_problem_accuracy(
+    model,
+    tokenizer,
+    items: Sequence[dict],
+    max_new_tokens: int = 64,
+    prompt_format: str = "Question: {question}\nAnswer:",
+    progress: bool = False,
+) -> pd.DataFrame:
     """GSM8K / SVAMP accuracy by greedy generation (one item at a time, KV cache): the
     last number in the generated text (stopped at a blank line) equals the answer."""
     device = input_device(model)
@@ -282,8 +301,15 @@ def word_problem_accuracy(model, tokenizer, items: Sequence[dict], max_new_token
                 break
         text = tokenizer.decode(gen).split("\n\n")[0]
         value = _final_number(text)
-        rows.append({"question": item["question"][:80], "answer": item["answer"], "generated": text,
-                     "predicted": value, "correct": value is not None and abs(value - item["answer"]) < 1e-6})
+        rows.append(
+            {
+                "question": item["question"][:80],
+                "answer": item["answer"],
+                "generated": text,
+                "predicted": value,
+                "correct": value is not None and abs(value - item["answer"]) < 1e-6,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -308,18 +334,35 @@ def mmlu_accuracy(model, tokenizer, items: Sequence[dict], progress: bool = Fals
         ids = torch.tensor([tokenizer(_mmlu_prompt(item))["input_ids"]], device=device)
         logits = forward(model, ids, keep=1).logits[0, -1].float()
         pred = "ABCD"[int(logits[letters].argmax())]
-        rows.append({"subject": item.get("subject", ""), "answer": item["answer"], "predicted": pred,
-                     "correct": pred == item["answer"]})
+        rows.append(
+            {
+                "subject": item.get("subject", ""),
+                "answer": item["answer"],
+                "predicted": pred,
+                "correct": pred == item["answer"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- one call
 
 
-def general_ability(model, tokenizer, prose: ProseSample | None = None, facts: Sequence[dict] | None = None, *,
-                    chunk_tokens: int = 128, max_chunks: int | None = 16, gsm8k: str | Path | None = None,
-                    svamp: str | Path | None = None, mmlu: str | Path | None = None, n_bench: int | None = 200,
-                    batch_size: int = 8, per_item: bool = False) -> dict[str, float | str]:
+def general_ability(
+    model,
+    tokenizer,
+    prose: ProseSample | None = None,
+    facts: Sequence[dict] | None = None,
+    *,
+    chunk_tokens: int = 128,
+    max_chunks: int | None = 16,
+    gsm8k: str | Path | None = None,
+    svamp: str | Path | None = None,
+    mmlu: str | Path | None = None,
+    n_bench: int | None = 200,
+    batch_size: int = 8,
+    per_item: bool = False,
+) -> dict[str, float | str]:
     """Every general-ability number for one model: ``lm_loss`` and ``perplexity`` on the
     prose sample, ``factual_recall`` accuracy and mean answer log-probability, and, for
     the benchmark files given, ``gsm8k`` / ``svamp`` / ``mmlu`` accuracy on their first
@@ -327,10 +370,15 @@ def general_ability(model, tokenizer, prose: ProseSample | None = None, facts: S
     the facts' order (``stats.encode_correct``), for a paired interval between models."""
     prose = prose or pydoc_prose()
     out: dict[str, float] = {}
-    lm = lm_loss(model, tokenizer, prose.text, chunk_tokens=chunk_tokens, max_chunks=max_chunks,
-                 batch_size=batch_size)
-    out.update({"lm_loss": lm["lm_loss"], "perplexity": lm["perplexity"], "lm_tokens": lm["n_tokens"],
-                "unk_share": lm["unk_share"]})
+    lm = lm_loss(model, tokenizer, prose.text, chunk_tokens=chunk_tokens, max_chunks=max_chunks, batch_size=batch_size)
+    out.update(
+        {
+            "lm_loss": lm["lm_loss"],
+            "perplexity": lm["perplexity"],
+            "lm_tokens": lm["n_tokens"],
+            "unk_share": lm["unk_share"],
+        }
+    )
     fr = factual_recall(model, tokenizer, facts)
     out["factual_recall"] = float(fr.correct.mean())
     out["factual_logprob"] = float(fr.answer_logprob.mean())

@@ -6,7 +6,7 @@ knockout prompts. Every intervention runs through :func:`arithlib.methods.patchi
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -14,15 +14,22 @@ import torch
 
 from ..core.components import Head, z_hook
 from ..core.datasets import PromptSet
+from ..core.positions import locate_operands
 from ..engine import RunCache
 from .patching import Component, Edit, ablation_edits, resolve_position, run_interventions
-from ..core.positions import locate_operands
 
 
-def head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = None,
-               value: Mapping[int, torch.Tensor] | float = 0.0, position: int | None = -1,
-               batch_size: int = 16, max_rows: int = 1024, progress: bool = True,
-               cache: RunCache | None = None) -> pd.DataFrame:
+def head_sweep(
+    model,
+    prompts: PromptSet,
+    heads: Sequence[Head] | None = None,
+    value: Mapping[int, torch.Tensor] | float = 0.0,
+    position: int | None = -1,
+    batch_size: int = 16,
+    max_rows: int = 1024,
+    progress: bool = True,
+    cache: RunCache | None = None,
+) -> pd.DataFrame:
     """Ablate one head at a time (``value=0``: zero its W_O slice, Yu & Ananiadou Sec. 3.2;
     a mean mapping: Zhang's knockout) at ``position`` (-1: answer position only; None:
     every position, Yu's intervention, recomputing every position of every prompt: the
@@ -33,16 +40,21 @@ def head_sweep(model, prompts: PromptSet, heads: Sequence[Head] | None = None,
     cfg = model.cfg
     heads = list(heads) if heads is not None else [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     variants = [ablation_edits([hd], value, position) for hd in heads]
-    ro = run_interventions(model, prompts, variants, batch_size, max_rows, progress=progress, desc="head sweep",
-                           cache=cache)
+    ro = run_interventions(
+        model, prompts, variants, batch_size, max_rows, progress=progress, desc="head sweep", cache=cache
+    )
     correct = ro.correct.numpy()
     clean = (ro.clean_pred == ro.answer_ids).numpy()
-    meta = pd.DataFrame({"prompt": range(len(prompts)),
-                         "op": [r.op for r in prompts.records],
-                         "n_digits": [r.n_digits for r in prompts.records],
-                         "template_id": [r.template_id for r in prompts.records],
-                         "carry": [r.carry for r in prompts.records],
-                         "case": [r.get("case", "") for r in prompts.records]})
+    meta = pd.DataFrame(
+        {
+            "prompt": range(len(prompts)),
+            "op": [r.op for r in prompts.records],
+            "n_digits": [r.n_digits for r in prompts.records],
+            "template_id": [r.template_id for r in prompts.records],
+            "carry": [r.carry for r in prompts.records],
+            "case": [r.get("case", "") for r in prompts.records],
+        }
+    )
     frames = []
     for j, (layer, head) in enumerate(heads):
         f = meta.copy()
@@ -55,14 +67,22 @@ def sweep_accuracy(sweep: pd.DataFrame, by: Sequence[str] = ("op", "n_digits")) 
     """Accuracy per head (and ``by`` groups) from :func:`head_sweep` rows, with the clean
     baseline and the drop: ``accuracy``, ``baseline_accuracy``, ``accuracy_drop``."""
     keys = list(by) + ["layer", "head"]
-    g = sweep.groupby(keys).agg(accuracy=("correct", "mean"), baseline_accuracy=("clean_correct", "mean"),
-                                n=("correct", "size")).reset_index()
+    g = (
+        sweep.groupby(keys)
+        .agg(accuracy=("correct", "mean"), baseline_accuracy=("clean_correct", "mean"), n=("correct", "size"))
+        .reset_index()
+    )
     g["accuracy_drop"] = g["baseline_accuracy"] - g["accuracy"]
     return g
 
 
-def mean_ablation_edits(heads: Iterable[Head], means: Mapping[str, Mapping[int, torch.Tensor]], length: int,
-                        position: int | None = None, start: int = 0) -> list[Edit]:
+def mean_ablation_edits(
+    heads: Iterable[Head],
+    means: Mapping[str, Mapping[int, torch.Tensor]],
+    length: int,
+    position: int | None = None,
+    start: int = 0,
+) -> list[Edit]:
     """Edits replacing each head's output by its mean over a reference set at the same
     position, for prompts of ``length`` tokens; ``means`` is an
     :func:`arithlib.methods.ablation.mean_activations` cache (``{hook_z: {length: [T, H, d_head]}}``).
@@ -96,18 +116,31 @@ def _knockout_variants(sets: Sequence[Sequence[Head]], means: Mapping, position:
     """Variants mean-ablating each head set: at ``position`` with ``{layer: [H, d_head]}``
     means, or at every position from ``start`` on (``position=None``) with a per-length cache."""
     if position is None:
+
         def variants(batch, run):
             T = batch.tokens.shape[1]
             return [mean_ablation_edits(hs, means, T, None, start) for hs in sets]
+
         return variants
     return [ablation_edits(hs, means, position) for hs in sets]
 
 
-def knockout_curves(model, prompts: PromptSet, ranking: Sequence[Head], ks: Sequence[int],
-                    means: Mapping, n_random: int = 5, seed: int = 0, position: int | None = -1,
-                    by: str | None = "op", batch_size: int = 16, max_rows: int = 1024,
-                    orders: Sequence[str] | None = None, progress: bool = True,
-                    cache: RunCache | None = None) -> pd.DataFrame:
+def knockout_curves(
+    model,
+    prompts: PromptSet,
+    ranking: Sequence[Head],
+    ks: Sequence[int],
+    means: Mapping,
+    n_random: int = 5,
+    seed: int = 0,
+    position: int | None = -1,
+    by: str | None = "op",
+    batch_size: int = 16,
+    max_rows: int = 1024,
+    orders: Sequence[str] | None = None,
+    progress: bool = True,
+    cache: RunCache | None = None,
+) -> pd.DataFrame:
     """Zhang et al. Fig. 3: mean-ablate the first k heads of ``ranking`` ("effect-rank")
     and of ``n_random`` random permutations of all heads ("random-rank", seeded,
     :func:`random_orders`), for each k in ``ks``; first-token accuracy on ``prompts``.
@@ -128,8 +161,16 @@ def knockout_curves(model, prompts: PromptSet, ranking: Sequence[Head], ks: Sequ
             if k <= len(order):
                 labels.append((name, k))
                 sets.append(order[:k])
-    ro = run_interventions(model, prompts, _knockout_variants(sets, means, position), batch_size, max_rows,
-                           progress=progress, desc="knockout", cache=cache)
+    ro = run_interventions(
+        model,
+        prompts,
+        _knockout_variants(sets, means, position),
+        batch_size,
+        max_rows,
+        progress=progress,
+        desc="knockout",
+        cache=cache,
+    )
     correct = ro.correct.float()
     groups = {"all": torch.arange(len(prompts))}
     if by is not None:
@@ -139,8 +180,16 @@ def knockout_curves(model, prompts: PromptSet, ranking: Sequence[Head], ks: Sequ
     rows = []
     for j, (name, k) in enumerate(labels):
         for g, idx in groups.items():
-            rows.append({"order": "effect" if name == "effect" else "random", "order_name": name, "k": k,
-                         "group": g, "accuracy": float(correct[j, idx].mean()), "n": len(idx)})
+            rows.append(
+                {
+                    "order": "effect" if name == "effect" else "random",
+                    "order_name": name,
+                    "k": k,
+                    "group": g,
+                    "accuracy": float(correct[j, idx].mean()),
+                    "n": len(idx),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -159,17 +208,32 @@ def knockout_screen_agreement(query: pd.DataFrame, end: pd.DataFrame) -> pd.Data
     rows = []
     for condition, g in both.groupby("condition"):
         broken = ~g["correct_query"].astype(bool)
-        rows.append({"condition": condition, "n": len(g), "accuracy_query": g["correct_query"].mean(),
-                     "accuracy_end": g["correct_end"].mean(),
-                     "agreement": (g["correct_query"] == g["correct_end"]).mean(),
-                     "broken_by_query": int(broken.sum()),
-                     "recall_of_end": float((broken & ~g["correct_end"].astype(bool)).sum()) / max(int(broken.sum()), 1)})
+        rows.append(
+            {
+                "condition": condition,
+                "n": len(g),
+                "accuracy_query": g["correct_query"].mean(),
+                "accuracy_end": g["correct_end"].mean(),
+                "agreement": (g["correct_query"] == g["correct_end"]).mean(),
+                "broken_by_query": int(broken.sum()),
+                "recall_of_end": float((broken & ~g["correct_end"].astype(bool)).sum()) / max(int(broken.sum()), 1),
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def knockout_per_prompt(model, prompts: PromptSet, head_sets: Mapping[str, Sequence[Head]], means: Mapping,
-                        position: int | None = None, query_only: bool = True, batch_size: int = 16,
-                        max_rows: int = 1024, progress: bool = True, cache: RunCache | None = None) -> pd.DataFrame:
+def knockout_per_prompt(
+    model,
+    prompts: PromptSet,
+    head_sets: Mapping[str, Sequence[Head]],
+    means: Mapping,
+    position: int | None = None,
+    query_only: bool = True,
+    batch_size: int = 16,
+    max_rows: int = 1024,
+    progress: bool = True,
+    cache: RunCache | None = None,
+) -> pd.DataFrame:
     """Zhang et al. Sec. 4.1 / Fig. 3 knockout, one row per prompt and condition: each
     named head set of ``head_sets`` mean-ablated (means over X_c), plus the condition
     "none" (nothing ablated). ``position`` None: at every position of the query (the
@@ -198,8 +262,9 @@ def knockout_per_prompt(model, prompts: PromptSet, head_sets: Mapping[str, Seque
                 return [[]] + inner(batch, run)
         else:
             variants = _knockout_variants(sets, means, position)
-        ro = run_interventions(model, sub, variants, batch_size, max_rows, progress=progress,
-                               desc="knockout per prompt", cache=cache)
+        ro = run_interventions(
+            model, sub, variants, batch_size, max_rows, progress=progress, desc="knockout per prompt", cache=cache
+        )
         correct[:, idx] = ro.correct.numpy()
     where = ("query" if query_only else "every") if position is None else "end" if position == -1 else str(position)
     rows = []
@@ -221,8 +286,13 @@ def counterfactual_answer_rate(model, prompts: PromptSet, seed: int = 0, batch_s
 
     if not prompts.has_counterfactuals:
         raise ValueError("counterfactual_answer_rate needs a counterfactual for every prompt")
-    xc = PromptSet(prompts.records, [list(c) for c in prompts.cf_input_ids], prompts.answer_ids,
-                   [None] * len(prompts), prompts.tokenizer)
+    xc = PromptSet(
+        prompts.records,
+        [list(c) for c in prompts.cf_input_ids],
+        prompts.answer_ids,
+        [None] * len(prompts),
+        prompts.tokenizer,
+    )
     top1 = answer_logits(model, xc, batch_size, False).argmax(-1)
     first = prompts.first_answer_ids
     rng = np.random.default_rng(seed)
@@ -233,8 +303,17 @@ def counterfactual_answer_rate(model, prompts: PromptSet, seed: int = 0, batch_s
     rows = []
     for i, r in enumerate(prompts.records):
         d = decoys[i]
-        rows.append((i, r.op, r.template_id, r.answer, prompts.records[d].answer if d >= 0 else None,
-                     bool(top1[i] == first[i]), bool(d >= 0 and top1[i] == first[d])))
+        rows.append(
+            (
+                i,
+                r.op,
+                r.template_id,
+                r.answer,
+                prompts.records[d].answer if d >= 0 else None,
+                bool(top1[i] == first[i]),
+                bool(d >= 0 and top1[i] == first[d]),
+            )
+        )
     return pd.DataFrame(rows, columns=["prompt", "op", "template_id", "answer", "decoy", "answer_on_xc", "decoy_on_xc"])
 
 

@@ -43,18 +43,19 @@ indexed by position in ``layers``. A neuron is ``(layer, index)``. ``means`` is 
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .ablation import mean_neurons_hooks
 from ..core.components import Hook, Neuron, post_hook
 from ..core.datasets import PromptSet, single_token_numbers
-from ..engine import AnswerPositionRunner, HookFactory, input_device, last_position_logits
 from ..core.readout import final_norm, unembedding
+from ..engine import AnswerPositionRunner, HookFactory, input_device, last_position_logits
+from .ablation import mean_neurons_hooks
+
 
 def default_layers(n_layers: int) -> list[int]:
     """Nikankin's "middle and late MLPs": the second half of the layers, ``n//2 .. n-1``."""
@@ -79,8 +80,9 @@ def _check_layers(model, layers: Sequence[int]) -> list[int]:
 
 
 @torch.no_grad()
-def collect_last_position(model, prompts: PromptSet, hook_names: Sequence[str], batch_size: int = 256,
-                          progress: bool = False) -> dict[str, torch.Tensor]:
+def collect_last_position(
+    model, prompts: PromptSet, hook_names: Sequence[str], batch_size: int = 256, progress: bool = False
+) -> dict[str, torch.Tensor]:
     """Answer-position activations of ``hook_names`` from plain forward passes
     ({name: [N, ...]} plus ``"logits"`` [N, vocab]); no KV cache is kept, so this suits
     large operand grids that are read once."""
@@ -92,6 +94,7 @@ def collect_last_position(model, prompts: PromptSet, hook_names: Sequence[str], 
         def fn(act, hook):
             current[name] = act[:, -1].detach().float().cpu()
             return act
+
         return fn
 
     hooks = [(h, rec(h)) for h in hook_names]
@@ -105,8 +108,9 @@ def collect_last_position(model, prompts: PromptSet, hook_names: Sequence[str], 
     return store
 
 
-def neuron_activations(model, prompts: PromptSet, layers: Sequence[int], batch_size: int = 256,
-                       progress: bool = False) -> torch.Tensor:
+def neuron_activations(
+    model, prompts: PromptSet, layers: Sequence[int], batch_size: int = 256, progress: bool = False
+) -> torch.Tensor:
     """MLP neuron activations (``hook_post``) at the answer position, [N, len(layers), d_mlp]."""
     layers = _check_layers(model, layers)
     acts = collect_last_position(model, prompts, [post_hook(x) for x in layers], batch_size, progress)
@@ -156,8 +160,9 @@ def normalised_logit(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tenso
     return correct / logits.max(-1).values
 
 
-def normalised_logit_faithfulness(circuit_logits: torch.Tensor, full_logits: torch.Tensor,
-                                  ablated_logits: torch.Tensor, answers: torch.Tensor) -> dict[str, float]:
+def normalised_logit_faithfulness(
+    circuit_logits: torch.Tensor, full_logits: torch.Tensor, ablated_logits: torch.Tensor, answers: torch.Tensor
+) -> dict[str, float]:
     """Faithfulness (Nikankin Eq. 2) of a circuit from three runs' answer-position logits.
 
     With y = correct logit / max logit per prompt: ``faithfulness`` = (mean y_circuit -
@@ -172,20 +177,27 @@ def normalised_logit_faithfulness(circuit_logits: torch.Tensor, full_logits: tor
     ok = denom.abs() > 1e-6
     per_prompt = (yc - ya)[ok] / denom[ok]
     pooled = float((yc - ya).mean() / denom.mean()) if denom.mean().abs() > 1e-12 else float("nan")
-    return {"faithfulness": pooled,
-            "faithfulness_per_prompt": float(per_prompt.mean()) if ok.any() else float("nan"),
-            "faithfulness_per_prompt_median": float(per_prompt.median()) if ok.any() else float("nan"),
-            "accuracy": float((circuit_logits.argmax(-1) == answers).float().mean()),
-            "n_prompts": int(len(answers)),
-            "n_prompts_changed": int(ok.sum())}
+    return {
+        "faithfulness": pooled,
+        "faithfulness_per_prompt": float(per_prompt.mean()) if ok.any() else float("nan"),
+        "faithfulness_per_prompt_median": float(per_prompt.median()) if ok.any() else float("nan"),
+        "accuracy": float((circuit_logits.argmax(-1) == answers).float().mean()),
+        "n_prompts": int(len(answers)),
+        "n_prompts_changed": int(ok.sum()),
+    }
 
 
 # --------------------------------------------------------------------------- attribution
 
 
-def neuron_attribution(runner: AnswerPositionRunner, layers: Sequence[int], means: torch.Tensor | None = None,
-                       baseline_acts: torch.Tensor | None = None, candidates: torch.Tensor | None = None,
-                       progress: bool = False) -> torch.Tensor:
+def neuron_attribution(
+    runner: AnswerPositionRunner,
+    layers: Sequence[int],
+    means: torch.Tensor | None = None,
+    baseline_acts: torch.Tensor | None = None,
+    candidates: torch.Tensor | None = None,
+    progress: bool = False,
+) -> torch.Tensor:
     """Attribution patching of every neuron of ``layers`` at the answer position.
 
     attr[p, l, k] = (a[p, l, k] - a_base[p, l, k]) * d margin_p / d a[p, l, k], the first-order
@@ -208,6 +220,7 @@ def neuron_attribution(runner: AnswerPositionRunner, layers: Sequence[int], mean
                 act = act.detach().requires_grad_(True)
             captured[name] = act
             return act
+
         return fn
 
     hooks = [(n, cap(n)) for n in names]
@@ -245,23 +258,35 @@ def top_neurons_per_layer(scores: torch.Tensor, layers: Sequence[int], k: int) -
     return out
 
 
-def exact_neuron_effects(runner: AnswerPositionRunner, neurons: Sequence[Neuron], layers: Sequence[int],
-                         means: torch.Tensor, candidates: torch.Tensor | None = None,
-                         progress: bool = False) -> pd.DataFrame:
+def exact_neuron_effects(
+    runner: AnswerPositionRunner,
+    neurons: Sequence[Neuron],
+    layers: Sequence[int],
+    means: torch.Tensor,
+    candidates: torch.Tensor | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
     """Mean-ablate each neuron alone at the answer position and measure the drop of the
     answer margin per prompt (exact activation patching; one single-token pass per
     neuron, several per :meth:`AnswerPositionRunner.logits_many` pass). Columns: layer,
     neuron, effect (mean drop over prompts), abs_effect (mean |drop|)."""
     cache = runner_means(means, layers)
     neurons = list(neurons)
-    full, *each = runner.logits_many([None] + [mean_neurons_hooks([(layer, k)], cache, position=-1)
-                                               for layer, k in neurons], progress=progress)
+    full, *each = runner.logits_many(
+        [None] + [mean_neurons_hooks([(layer, k)], cache, position=-1) for layer, k in neurons], progress=progress
+    )
     full = answer_margin(full, runner.answers, candidates)
     rows = []
     for (layer, k), logits in zip(neurons, each):
         drop = full - answer_margin(logits, runner.answers, candidates)
-        rows.append({"layer": int(layer), "neuron": int(k), "effect": float(drop.mean()),
-                     "abs_effect": float(drop.abs().mean())})
+        rows.append(
+            {
+                "layer": int(layer),
+                "neuron": int(k),
+                "effect": float(drop.mean()),
+                "abs_effect": float(drop.abs().mean()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -274,9 +299,14 @@ def complement(neurons: Iterable[Neuron], layers: Sequence[int], d_mlp: int) -> 
     return [(int(x), k) for x in layers for k in range(d_mlp) if (int(x), k) not in keep]
 
 
-def neuron_circuit_faithfulness(runner: AnswerPositionRunner, circuit: Iterable[Neuron], layers: Sequence[int],
-                                means: torch.Tensor, full_logits: torch.Tensor | None = None,
-                                ablated_logits: torch.Tensor | None = None) -> dict[str, float]:
+def neuron_circuit_faithfulness(
+    runner: AnswerPositionRunner,
+    circuit: Iterable[Neuron],
+    layers: Sequence[int],
+    means: torch.Tensor,
+    full_logits: torch.Tensor | None = None,
+    ablated_logits: torch.Tensor | None = None,
+) -> dict[str, float]:
     """Faithfulness (Nikankin Eq. 2) of the neuron circuit ``circuit``: every other neuron of
     ``layers`` is mean-ablated at the answer position (:func:`normalised_logit_faithfulness`).
     Pass ``full_logits`` / ``ablated_logits`` to reuse the two reference runs."""
@@ -285,7 +315,7 @@ def neuron_circuit_faithfulness(runner: AnswerPositionRunner, circuit: Iterable[
     cache = runner_means(means, layers)
     circuit = list(circuit)
     rest = complement(circuit, layers, d_mlp)
-    todo: dict[str, list[Hook]] = {}   # the runs not given, one pass for all
+    todo: dict[str, list[Hook]] = {}  # the runs not given, one pass for all
     if full_logits is None:
         todo["full"] = []
     if ablated_logits is None:
@@ -301,15 +331,23 @@ def neuron_circuit_faithfulness(runner: AnswerPositionRunner, circuit: Iterable[
     return out
 
 
-def share_grid(d_mlp: int, shares: Sequence[float] = (0, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)) -> list[int]:
+def share_grid(
+    d_mlp: int, shares: Sequence[float] = (0, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+) -> list[int]:
     """Neurons per layer for each share of the layer (0..1), rounded, distinct, sorted."""
     if any(not 0 <= s <= 1 for s in shares):
         raise ValueError("shares must lie in [0, 1]")
     return sorted({int(round(s * d_mlp)) for s in shares})
 
 
-def faithfulness_curve(runner: AnswerPositionRunner, scores: torch.Tensor, layers: Sequence[int], means: torch.Tensor,
-                       ks: Sequence[int], progress: bool = False) -> pd.DataFrame:
+def faithfulness_curve(
+    runner: AnswerPositionRunner,
+    scores: torch.Tensor,
+    layers: Sequence[int],
+    means: torch.Tensor,
+    ks: Sequence[int],
+    progress: bool = False,
+) -> pd.DataFrame:
     """Faithfulness of the top-``k``-per-layer circuit (by ``scores``) for each k in ``ks``
     (Nikankin Fig. 4b). Columns: k_per_layer, share_per_layer, n_neurons, faithfulness,
     faithfulness_per_prompt(_median), accuracy, n_prompts, n_prompts_changed."""
@@ -319,10 +357,11 @@ def faithfulness_curve(runner: AnswerPositionRunner, scores: torch.Tensor, layer
     ks = [int(k) for k in ks]
     circuits = [top_neurons_per_layer(scores, layers, k) for k in ks]
     rests = [complement(c, layers, d_mlp) for c in circuits]
-    run = [i for i, (c, r) in enumerate(zip(circuits, rests)) if c and r]   # others are the two references
+    run = [i for i, (c, r) in enumerate(zip(circuits, rests)) if c and r]  # others are the two references
     conditions = [None, mean_neurons_hooks(complement([], layers, d_mlp), cache, position=-1)]
-    full, ablated, *ran = runner.logits_many(conditions + [mean_neurons_hooks(rests[i], cache, position=-1)
-                                                           for i in run], progress=progress)
+    full, ablated, *ran = runner.logits_many(
+        conditions + [mean_neurons_hooks(rests[i], cache, position=-1) for i in run], progress=progress
+    )
     per_k = [ablated if not c else full for c in circuits]
     for i, logits in zip(run, ran):
         per_k[i] = logits
@@ -354,17 +393,21 @@ def masked_mean_hooks(masks: dict[int, torch.Tensor], means: torch.Tensor, layer
     def factory(index: torch.Tensor) -> list[Hook]:
         hooks = []
         for layer, mask in masks.items():
+
             def fn(act, hook, m=mask[index], mean=means[pos[int(layer)]]):
                 m = m.to(act.device)
                 act[:, -1] = torch.where(m, mean.to(act.device, act.dtype), act[:, -1])
                 return act
+
             hooks.append((post_hook(int(layer)), fn))
         return hooks
+
     return factory
 
 
-def prompt_neuron_masks(per_prompt: Sequence[Iterable[Neuron]], layers: Sequence[int],
-                        d_mlp: int) -> dict[int, torch.Tensor]:
+def prompt_neuron_masks(
+    per_prompt: Sequence[Iterable[Neuron]], layers: Sequence[int], d_mlp: int
+) -> dict[int, torch.Tensor]:
     """Bool masks {layer: [N, d_mlp]} from a list (one entry per prompt) of neuron sets."""
     masks = {int(x): torch.zeros(len(per_prompt), d_mlp, dtype=torch.bool) for x in layers}
     for i, neurons in enumerate(per_prompt):
@@ -409,7 +452,9 @@ def logit_directions(model, vectors: torch.Tensor, token_ids: torch.Tensor | Non
     return v @ w_u
 
 
-def neuron_logit_lens(model, neurons: Sequence[Neuron], token_ids: torch.Tensor, values: Sequence[int] | None = None) -> pd.DataFrame:
+def neuron_logit_lens(
+    model, neurons: Sequence[Neuron], token_ids: torch.Tensor, values: Sequence[int] | None = None
+) -> pd.DataFrame:
     """Nikankin's logit lens of each neuron's value vector on the number tokens: one row
     per (neuron, value) with the logit it adds per unit activation (``lens``) and its
     z-score among the number tokens (``lens_z``)."""
@@ -419,8 +464,15 @@ def neuron_logit_lens(model, neurons: Sequence[Neuron], token_ids: torch.Tensor,
     rows = []
     for i, (layer, k) in enumerate(neurons):
         for j, v in enumerate(values):
-            rows.append({"layer": int(layer), "neuron": int(k), "value": int(v), "lens": float(lens[i, j]),
-                         "lens_z": float(z[i, j])})
+            rows.append(
+                {
+                    "layer": int(layer),
+                    "neuron": int(k),
+                    "value": int(v),
+                    "lens": float(lens[i, j]),
+                    "lens_z": float(z[i, j]),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -432,8 +484,14 @@ def final_norm_scale(acts: dict[str, torch.Tensor], model) -> torch.Tensor:
     return acts["ln_final.hook_scale"].reshape(len(acts["ln_final.hook_scale"]), -1)[:, 0]
 
 
-def neuron_logit_contributions(model, acts: torch.Tensor, layers: Sequence[int], answers: torch.Tensor,
-                               scale: torch.Tensor | None = None, means: torch.Tensor | None = None) -> torch.Tensor:
+def neuron_logit_contributions(
+    model,
+    acts: torch.Tensor,
+    layers: Sequence[int],
+    answers: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    means: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Direct contribution of each neuron of ``layers`` to the correct answer's logit on
     each prompt: (a[p, l, k] - mean) * lens(W_out[l, k])[answer_p] / scale_p, [N, L, d_mlp].
     ``acts`` [N, L, d_mlp]; ``scale`` the final norm's per-prompt scale (1 if None);

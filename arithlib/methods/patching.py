@@ -38,9 +38,9 @@ answer position is the last one.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -48,20 +48,32 @@ from tqdm.auto import tqdm
 
 from ..core.components import Head, Hook
 from ..core.datasets import PromptSet
-from ..engine import (CleanRun, RunCache, capture_hooks, grouped_clean_run, hf_module as _hf, input_device, last_position_logits,
-                     layer_device, module_device, prefix_groups, resume)
 from ..core.models import model_dtype as _dtype
-
+from ..engine import (
+    CleanRun,
+    RunCache,
+    capture_hooks,
+    grouped_clean_run,
+    input_device,
+    last_position_logits,
+    layer_device,
+    module_device,
+    prefix_groups,
+    resume,
+)
+from ..engine import (
+    hf_module as _hf,
+)
 
 # --------------------------------------------------------------------------- components
 
 _HOOKS = {
-    "head": "blocks.{layer}.attn.hook_z",          # [B, T, H, d_head] (input of W_O)
-    "mlp": "blocks.{layer}.hook_mlp_out",          # [B, T, d_model]
-    "attn": "blocks.{layer}.hook_attn_out",        # [B, T, d_model]
+    "head": "blocks.{layer}.attn.hook_z",  # [B, T, H, d_head] (input of W_O)
+    "mlp": "blocks.{layer}.hook_mlp_out",  # [B, T, d_model]
+    "attn": "blocks.{layer}.hook_attn_out",  # [B, T, d_model]
     "resid_pre": "blocks.{layer}.hook_resid_pre",  # [B, T, d_model]
     "resid_mid": "blocks.{layer}.hook_resid_mid",  # [B, T, d_model]
-    "neuron": "blocks.{layer}.mlp.hook_post",      # [B, T, d_mlp]
+    "neuron": "blocks.{layer}.mlp.hook_post",  # [B, T, d_mlp]
 }
 COMPONENT_KINDS: tuple[str, ...] = tuple(_HOOKS)
 
@@ -92,7 +104,9 @@ class Component:
             return f"L{self.layer}H{'*' if self.index is None else self.index}"
         if self.kind == "neuron":
             return f"L{self.layer}N{'*' if self.index is None else self.index}"
-        return {"mlp": "MLP", "attn": "ATTN", "resid_pre": "RESID", "resid_mid": "RESIDMID"}[self.kind] + str(self.layer)
+        return {"mlp": "MLP", "attn": "ATTN", "resid_pre": "RESID", "resid_mid": "RESIDMID"}[self.kind] + str(
+            self.layer
+        )
 
     def unit_shape(self, cfg) -> tuple[int, ...]:
         """Shape of one unit's activation at one position (for a bridge ``cfg``)."""
@@ -161,8 +175,10 @@ def _value_tensor(edit: Edit, B: int, unit: tuple[int, ...], dtype, device) -> t
         return v.unsqueeze(0), False
     if tuple(v.shape) == (B, *unit):
         return v, True
-    raise ValueError(f"value of shape {tuple(v.shape)} for {edit.component.label}: expected {unit} "
-                     f"(shared) or {(B, *unit)} (per prompt)")
+    raise ValueError(
+        f"value of shape {tuple(v.shape)} for {edit.component.label}: expected {unit} "
+        f"(shared) or {(B, *unit)} (per prompt)"
+    )
 
 
 def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: int, length: int) -> list[Hook]:
@@ -194,8 +210,10 @@ def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: in
             g = groups.setdefault(key, {"v": [], "p": [], "u": [], "x": [], "device": devices[layer]})
             for p in positions:
                 if p < start:
-                    raise ValueError(f"edit of {e.component.label} at position {p} lies before the recomputed "
-                                     f"positions {start}..{length - 1}")
+                    raise ValueError(
+                        f"edit of {e.component.label} at position {p} lies before the recomputed "
+                        f"positions {start}..{length - 1}"
+                    )
                 g["v"].append(vi)
                 g["p"].append(p - start)
                 g["u"].append(e.component.index if indexed else 0)
@@ -203,21 +221,24 @@ def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: in
     by_hook: dict[str, list] = {}
     for (name, indexed, _), g in groups.items():
         device = g["device"]
-        by_hook.setdefault(name, []).append((
-            indexed,
-            torch.tensor(g["v"], device=device),
-            torch.tensor(g["p"], device=device),
-            torch.tensor(g["u"], device=device),
-            torch.stack(g["x"]),  # [E, B or 1, *unit]
-        ))
+        by_hook.setdefault(name, []).append(
+            (
+                indexed,
+                torch.tensor(g["v"], device=device),
+                torch.tensor(g["p"], device=device),
+                torch.tensor(g["u"], device=device),
+                torch.stack(g["x"]),  # [E, B or 1, *unit]
+            )
+        )
     n_var = len(variants)
 
     def make(entries):
         def fn(act, hook):
             shape = act.shape
             if shape[0] % batch_size or not 0 < shape[0] <= n_var * batch_size or shape[1] != t:
-                raise RuntimeError(f"{hook.name}: got activation {tuple(shape)}, expected "
-                                   f"[at most {n_var}x{batch_size}, {t}, ...]")
+                raise RuntimeError(
+                    f"{hook.name}: got activation {tuple(shape)}, expected [at most {n_var}x{batch_size}, {t}, ...]"
+                )
             a = act.reshape(-1, batch_size, *shape[1:])
             for indexed, v, p, u, x in entries:
                 if indexed:
@@ -225,6 +246,7 @@ def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: in
                 else:
                     a[v, :, p] = x.to(a.dtype)
             return a.reshape(shape)
+
         return fn
 
     return [(name, make(entries)) for name, entries in by_hook.items()]
@@ -253,8 +275,14 @@ def cache_activations(model, tokens: torch.Tensor, hook_names: Iterable[str]) ->
 
 
 @torch.no_grad()
-def activation_patch_full(model, tokens: torch.Tensor, cf_tokens: torch.Tensor, components: Sequence[Component],
-                          position: int | None = -1, progress: bool = False) -> torch.Tensor:
+def activation_patch_full(
+    model,
+    tokens: torch.Tensor,
+    cf_tokens: torch.Tensor,
+    components: Sequence[Component],
+    position: int | None = -1,
+    progress: bool = False,
+) -> torch.Tensor:
     """Reference activation patching: for each component, one full forward pass of the
     clean ``tokens`` with the component set at ``position`` (None: every position) to its
     value on ``cf_tokens``. Returns last-position logits [n_components, B, vocab]."""
@@ -285,8 +313,14 @@ def _edit_span(edits: Variant, T: int) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def run_variants(model, run: CleanRun, variants: Sequence[Variant], max_rows: int = 1024,
-                 progress: bool = False, desc: str = "variants") -> torch.Tensor:
+def run_variants(
+    model,
+    run: CleanRun,
+    variants: Sequence[Variant],
+    max_rows: int = 1024,
+    progress: bool = False,
+    desc: str = "variants",
+) -> torch.Tensor:
     """The fast path: final-normed hidden state at the last position for every variant
     (a list of :class:`Edit`) applied to the clean batch, ``[n_variants, B, d_model]``.
 
@@ -303,7 +337,7 @@ def run_variants(model, run: CleanRun, variants: Sequence[Variant], max_rows: in
     order = sorted(range(len(variants)), key=lambda i: (spans[i][0], spans[i][1]))
     per_chunk = max(1, max_rows // B)
     out = torch.empty(len(variants), B, run.final.shape[-1], dtype=run.final.dtype, device=run.final.device)
-    chunks = [order[i:i + per_chunk] for i in range(0, len(order), per_chunk)]
+    chunks = [order[i : i + per_chunk] for i in range(0, len(order), per_chunk)]
     for chunk in tqdm(chunks, desc=desc, disable=not progress, leave=False):
         clean = [i for i in chunk if spans[i][1] >= n_layers]
         if clean:
@@ -360,8 +394,8 @@ class Unembed:
         hf32 = h.to(self.device).float()
         parts = []
         for s in range(0, self.vocab, chunk):
-            w = self.weight[s:s + chunk].float()
-            b = self.bias[s:s + chunk].float() if self.bias is not None else None
+            w = self.weight[s : s + chunk].float()
+            b = self.bias[s : s + chunk].float() if self.bias is not None else None
             parts.append(F.linear(hf32, w, b))
         return torch.cat(parts, -1)
 
@@ -376,9 +410,15 @@ class Unembed:
         return out
 
     @torch.no_grad()
-    def top1(self, h: torch.Tensor, h_clean: torch.Tensor, clean_logits: torch.Tensor | None = None,
-             hint_ids: torch.Tensor | None = None, chunk: int = 256, max_candidates: int = 8192,
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def top1(
+        self,
+        h: torch.Tensor,
+        h_clean: torch.Tensor,
+        clean_logits: torch.Tensor | None = None,
+        hint_ids: torch.Tensor | None = None,
+        chunk: int = 256,
+        max_candidates: int = 8192,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact (argmax id, max logit) of ``h`` ``[..., B, d]`` given the clean states
         ``h_clean`` ``[B, d]`` and their logits (computed if None).
 
@@ -394,7 +434,7 @@ class Unembed:
         if clean_logits is None:
             clean_logits = self.logits(h_clean)
         clean_logits = clean_logits.to(self.device).float()
-        sorted_vals, sorted_idx = clean_logits.sort(-1, descending=True)          # [B, V]
+        sorted_vals, sorted_idx = clean_logits.sort(-1, descending=True)  # [B, V]
         asc = sorted_vals.flip(-1).contiguous()
         flat = h.reshape(-1, B, d)
         ids_out = torch.empty(flat.shape[:2], dtype=torch.long, device=h.device)
@@ -405,8 +445,8 @@ class Unembed:
         max_norm = float(self.norms.max())
         V = self.vocab
         for s in range(0, rows.shape[0], chunk):
-            r = rows[s:s + chunk].float()
-            b = prompt[s:s + chunk]
+            r = rows[s : s + chunk].float()
+            b = prompt[s : s + chunk]
             radius = (r - h_clean[b].float()).norm(dim=-1)
             cands = [sorted_idx[b, 0]] + ([hint_ids.to(h.device)[b]] if hint_ids is not None else [])
             cand = torch.stack(cands, -1)
@@ -445,12 +485,12 @@ class InterventionReadout:
     """Per variant and prompt: argmax token, maximum logit and answer-token logit at the
     answer position (exact, via :meth:`Unembed.top1`), plus the clean values."""
 
-    pred: torch.Tensor          # [V, N]
-    max_logit: torch.Tensor     # [V, N]
+    pred: torch.Tensor  # [V, N]
+    max_logit: torch.Tensor  # [V, N]
     answer_logit: torch.Tensor  # [V, N]
-    answer_ids: torch.Tensor    # [N]
-    clean_pred: torch.Tensor    # [N]
-    clean_max: torch.Tensor     # [N]
+    answer_ids: torch.Tensor  # [N]
+    clean_pred: torch.Tensor  # [N]
+    clean_max: torch.Tensor  # [N]
     clean_answer_logit: torch.Tensor  # [N]
     logits: torch.Tensor | None = None  # [V, N, vocab] when asked for
 
@@ -475,11 +515,17 @@ class InterventionReadout:
 
 
 @torch.no_grad()
-def run_interventions(model, prompts: PromptSet,
-                      variants: Sequence[Variant] | Callable[[object, CleanRun], Sequence[Variant]],
-                      batch_size: int = 16, max_rows: int = 1024, full_logits: bool = False,
-                      progress: bool = True, desc: str = "interventions", cache: RunCache | None = None,
-                      ) -> InterventionReadout:
+def run_interventions(
+    model,
+    prompts: PromptSet,
+    variants: Sequence[Variant] | Callable[[object, CleanRun], Sequence[Variant]],
+    batch_size: int = 16,
+    max_rows: int = 1024,
+    full_logits: bool = False,
+    progress: bool = True,
+    desc: str = "interventions",
+    cache: RunCache | None = None,
+) -> InterventionReadout:
     """Apply each variant (a list of :class:`Edit`; positions may count from the end,
     -1 = answer position, None = every position) to every prompt with the fast path and
     read out the answer position. ``variants`` may be a function ``(batch, clean_run) ->
@@ -494,13 +540,22 @@ def run_interventions(model, prompts: PromptSet,
     batches = list(prompts.batches(batch_size, device))
     for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
         groups = prefix_groups(prompts, batch.index)
-        run = (cache.get(model, batch.tokens, groups) if cache is not None
-               else grouped_clean_run(model, batch.tokens, groups))
+        run = (
+            cache.get(model, batch.tokens, groups)
+            if cache is not None
+            else grouped_clean_run(model, batch.tokens, groups)
+        )
         vs = variants(batch, run) if callable(variants) else variants
         V = len(vs)
         if not outs:
-            outs = {"pred": torch.empty(V, N, dtype=torch.long), "max": torch.empty(V, N), "ans": torch.empty(V, N),
-                    "cpred": torch.empty(N, dtype=torch.long), "cmax": torch.empty(N), "cans": torch.empty(N)}
+            outs = {
+                "pred": torch.empty(V, N, dtype=torch.long),
+                "max": torch.empty(V, N),
+                "ans": torch.empty(V, N),
+                "cpred": torch.empty(N, dtype=torch.long),
+                "cmax": torch.empty(N),
+                "cans": torch.empty(N),
+            }
             if full_logits:
                 outs["logits"] = torch.empty(V, N, unembed.vocab)
         h = run_variants(model, run, vs, max_rows=max_rows)
@@ -520,12 +575,21 @@ def run_interventions(model, prompts: PromptSet,
         outs["cpred"][idx] = ca.cpu()
         outs["cmax"][idx] = cm.cpu()
         outs["cans"][idx] = clean_logits.gather(1, ans[:, None]).squeeze(1).cpu()
-    return InterventionReadout(outs["pred"], outs["max"], outs["ans"], answer_ids.cpu(), outs["cpred"], outs["cmax"],
-                               outs["cans"], outs.get("logits"))
+    return InterventionReadout(
+        outs["pred"],
+        outs["max"],
+        outs["ans"],
+        answer_ids.cpu(),
+        outs["cpred"],
+        outs["cmax"],
+        outs["cans"],
+        outs.get("logits"),
+    )
 
 
-def ablation_edits(heads: Iterable[Head], value: Mapping[int, torch.Tensor] | float = 0.0,
-                   position: int | None = -1) -> list[Edit]:
+def ablation_edits(
+    heads: Iterable[Head], value: Mapping[int, torch.Tensor] | float = 0.0, position: int | None = -1
+) -> list[Edit]:
     """Edits that ablate ``heads`` at ``position`` (-1: answer position, None: all):
     ``value`` 0.0 zeroes them (Yu's W_O-slice intervention), a ``{layer: [H, d_head]}``
     mapping sets each head to its mean (Zhang's knockout at END)."""

@@ -7,7 +7,7 @@ screens that rank head-position pairs (their recall against the exact method is 
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -16,10 +16,17 @@ from tqdm.auto import tqdm
 
 from ..core import datasets as ds
 from ..core.datasets import PromptSet
-from ..engine import input_device
-from ..engine import RunCache, grouped_clean_run, prefix_groups
-from ..methods.patching import (Component, Edit, Unembed, head_components, heads_and_mlps, mlp_components, run_interventions,
-                       run_variants)
+from ..engine import RunCache, grouped_clean_run, input_device, prefix_groups
+from ..methods.patching import (
+    Component,
+    Edit,
+    Unembed,
+    head_components,
+    heads_and_mlps,
+    mlp_components,
+    run_interventions,
+    run_variants,
+)
 
 
 def counterfactual_answer_ids(prompts: PromptSet) -> torch.Tensor:
@@ -37,9 +44,16 @@ def counterfactual_answer_ids(prompts: PromptSet) -> torch.Tensor:
 
 
 @torch.no_grad()
-def activation_patching(model, prompts: PromptSet, components: Sequence[Component],
-                        positions: Mapping[str, Sequence[int]] | None = None, batch_size: int = 16,
-                        max_rows: int = 1024, progress: bool = True, cache: RunCache | None = None) -> pd.DataFrame:
+def activation_patching(
+    model,
+    prompts: PromptSet,
+    components: Sequence[Component],
+    positions: Mapping[str, Sequence[int]] | None = None,
+    batch_size: int = 16,
+    max_rows: int = 1024,
+    progress: bool = True,
+    cache: RunCache | None = None,
+) -> pd.DataFrame:
     """Activation patching (Nikankin et al. 2025 Sec. 2; Stolfo et al. 2023): each
     component's output at each named position is set to its value on the prompt's
     counterfactual; the indirect effect (:func:`arithlib.core.metrics.indirect_effect`) and
@@ -64,13 +78,16 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
     for i, ids in enumerate(prompts.input_ids):
         keys.setdefault((len(ids),) + tuple(positions[n][i] for n in names), []).append(i)
     rows = []
-    groups = [(k, idx[s:s + batch_size]) for k, idx in keys.items() for s in range(0, len(idx), batch_size)]
+    groups = [(k, idx[s : s + batch_size]) for k, idx in keys.items() for s in range(0, len(idx), batch_size)]
     for key, idx in tqdm(groups, desc="activation patching", disable=not progress, leave=False):
         sub = prompts.subset(idx)
         batch = next(sub.batches(len(idx), device))
         by_prefix = prefix_groups(sub, batch.index)
-        run = (cache.get(model, batch.tokens, by_prefix) if cache is not None
-               else grouped_clean_run(model, batch.tokens, by_prefix))
+        run = (
+            cache.get(model, batch.tokens, by_prefix)
+            if cache is not None
+            else grouped_clean_run(model, batch.tokens, by_prefix)
+        )
         src = grouped_clean_run(model, batch.cf_tokens, by_prefix, hook_names).captured
         ans = batch.answer_ids.to(unembed.device)
         cf_ans = cf_ids_all[idx].to(unembed.device)
@@ -83,11 +100,11 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
                     act = act[:, c.index]
                 variants.append([Edit(c, pos, act)])
                 labels.append((n, c))
-        h = run_variants(model, run, variants, max_rows=max_rows)     # [V, B, d]
+        h = run_variants(model, run, variants, max_rows=max_rows)  # [V, B, d]
         step = max(1, 256 // len(idx))
         ie_parts, a_parts, c_parts = [], [], []
         for s in range(0, len(variants), step):
-            logits = unembed.logits(h[s:s + step])                      # [v, B, vocab]
+            logits = unembed.logits(h[s : s + step])  # [v, B, vocab]
             ie_parts.append(indirect_effect(clean_logits, logits, ans, cf_ans))
             a_parts.append(logits.gather(-1, ans.expand(logits.shape[0], -1)[..., None]).squeeze(-1))
             c_parts.append(logits.gather(-1, cf_ans.expand(logits.shape[0], -1)[..., None]).squeeze(-1))
@@ -97,18 +114,50 @@ def activation_patching(model, prompts: PromptSet, components: Sequence[Componen
         ld_change = (a_p - c_p) - (a_c - c_c)
         for j, (n, c) in enumerate(labels):
             for row, i in enumerate(idx):
-                rows.append((i, prompts.records[i].op, n, c.label, c.kind, c.layer,
-                             c.index if c.index is not None else -1, float(ie[j, row]),
-                             float(ld_change[j, row]), float(a_p[j, row] - a_c[row])))
-    return pd.DataFrame(rows, columns=["prompt", "op", "position", "component", "kind", "layer", "head", "ie",
-                                       "logit_diff_change", "answer_logit_change"])
+                rows.append(
+                    (
+                        i,
+                        prompts.records[i].op,
+                        n,
+                        c.label,
+                        c.kind,
+                        c.layer,
+                        c.index if c.index is not None else -1,
+                        float(ie[j, row]),
+                        float(ld_change[j, row]),
+                        float(a_p[j, row] - a_c[row]),
+                    )
+                )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "prompt",
+            "op",
+            "position",
+            "component",
+            "kind",
+            "layer",
+            "head",
+            "ie",
+            "logit_diff_change",
+            "answer_logit_change",
+        ],
+    )
 
 
 @torch.no_grad()
-def circuit_faithfulness(model, prompts: PromptSet, circuits: Mapping[str, Iterable[tuple[Component, str]]],
-                         positions: Mapping[str, Sequence[int]], means: Mapping[str, Mapping[int, torch.Tensor]],
-                         components: Sequence[Component] | None = None, batch_size: int = 16,
-                         max_rows: int = 1024, progress: bool = True, cache: RunCache | None = None) -> pd.DataFrame:
+def circuit_faithfulness(
+    model,
+    prompts: PromptSet,
+    circuits: Mapping[str, Iterable[tuple[Component, str]]],
+    positions: Mapping[str, Sequence[int]],
+    means: Mapping[str, Mapping[int, torch.Tensor]],
+    components: Sequence[Component] | None = None,
+    batch_size: int = 16,
+    max_rows: int = 1024,
+    progress: bool = True,
+    cache: RunCache | None = None,
+) -> pd.DataFrame:
     """Nikankin et al. 2025 faithfulness: for each named circuit (a set of
     ``(component, position name)`` pairs), mean-ablate every component of
     ``components`` (default: all heads and MLPs) at every named position that is not
@@ -130,8 +179,9 @@ def circuit_faithfulness(model, prompts: PromptSet, circuits: Mapping[str, Itera
         pos = {n: positions[n][i0] for n in names}
         for n in names:
             if any(positions[n][int(i)] != pos[n] for i in batch.index):
-                raise ValueError("prompts of one length must share the named positions; "
-                                 "group them with locate_operands first")
+                raise ValueError(
+                    "prompts of one length must share the named positions; group them with locate_operands first"
+                )
         out = []
         for keep in keep_sets.values():
             if keep is None:
@@ -149,25 +199,39 @@ def circuit_faithfulness(model, prompts: PromptSet, circuits: Mapping[str, Itera
             out.append(edits)
         return out
 
-    ro = run_interventions(model, prompts, variants_for, batch_size, max_rows, progress=progress, desc="faithfulness",
-                           cache=cache)
+    ro = run_interventions(
+        model, prompts, variants_for, batch_size, max_rows, progress=progress, desc="faithfulness", cache=cache
+    )
     nl = ro.normalized_logit.mean(-1)
     full, abl = float(nl[0]), float(nl[1])
     rows = []
     for j, (name, keep) in enumerate(keep_sets.items()):
-        rows.append({"circuit": name, "size": -1 if keep is None else len(keep),
-                     "normalized_logit": float(nl[j]), "accuracy": float(ro.accuracy[j]),
-                     "faithfulness": faithfulness(float(nl[j]), full, abl)})
+        rows.append(
+            {
+                "circuit": name,
+                "size": -1 if keep is None else len(keep),
+                "normalized_logit": float(nl[j]),
+                "accuracy": float(ro.accuracy[j]),
+                "faithfulness": faithfulness(float(nl[j]), full, abl),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 @torch.no_grad()
-def full_circuit_faithfulness(model, prompts: PromptSet,
-                              circuits: Mapping[str, tuple[Iterable[tuple[Component, str]], Iterable[tuple[int, int]]]],
-                              positions: Mapping[str, Sequence[int]], means: Mapping[str, Mapping[int, torch.Tensor]],
-                              neuron_layers: Sequence[int], last: str = "=", batch_size: int = 16,
-                              max_rows: int = 1024, progress: bool = True, cache: RunCache | None = None
-                              ) -> pd.DataFrame:
+def full_circuit_faithfulness(
+    model,
+    prompts: PromptSet,
+    circuits: Mapping[str, tuple[Iterable[tuple[Component, str]], Iterable[tuple[int, int]]]],
+    positions: Mapping[str, Sequence[int]],
+    means: Mapping[str, Mapping[int, torch.Tensor]],
+    neuron_layers: Sequence[int],
+    last: str = "=",
+    batch_size: int = 16,
+    max_rows: int = 1024,
+    progress: bool = True,
+    cache: RunCache | None = None,
+) -> pd.DataFrame:
     """Nikankin et al. 2025 faithfulness of a whole circuit (heads and MLP neurons), per
     prompt. A circuit is ``(heads, neurons)``: ``(head component, position name)`` pairs
     and ``(layer, neuron)`` pairs of the ``neuron_layers`` MLPs at the ``last`` position.
@@ -214,15 +278,15 @@ def full_circuit_faithfulness(model, prompts: PromptSet,
                 out.append([])
                 continue
             if spec is None:  # ablated: every head and MLP at every named position
-                out.append([Edit(c, pos[n], mean(c, n)) for n in names
-                            for c in heads + mlp_components(cfg.n_layers)])
+                out.append([Edit(c, pos[n], mean(c, n)) for n in names for c in heads + mlp_components(cfg.n_layers)])
                 continue
             keep_h, keep_n = spec
             edits = [Edit(c, pos[n], mean(c, n)) for n in names for c in heads if (c, n) not in keep_h]
             for l in nl:
                 m = means[Component("neuron", l).hook_name][T][pos[last]]
-                edits += [Edit(Component("neuron", l, k), pos[last], m[k])
-                          for k in range(m.shape[0]) if k not in keep_n[l]]
+                edits += [
+                    Edit(Component("neuron", l, k), pos[last], m[k]) for k in range(m.shape[0]) if k not in keep_n[l]
+                ]
             out.append(edits)
         return out
 
@@ -243,13 +307,17 @@ def full_circuit_faithfulness(model, prompts: PromptSet,
             return built[key]
 
         sub = prompts if len(groups) == 1 else prompts.subset(idx)
-        ro = run_interventions(model, sub, variants_for, batch_size, max_rows, progress=progress,
-                               desc="circuit faithfulness", cache=cache)
+        ro = run_interventions(
+            model, sub, variants_for, batch_size, max_rows, progress=progress, desc="circuit faithfulness", cache=cache
+        )
         y[:, idx] = np.asarray(ro.normalized_logit, dtype=float)
         ok[:, idx] = np.asarray(ro.correct, dtype=bool)
     ops = [r.op for r in prompts.records]
-    rows = [{"circuit": name, "prompt": i, "op": ops[i], "normalized_logit": float(y[j, i]), "correct": bool(ok[j, i])}
-            for j, name in enumerate(specs) for i in range(len(prompts))]
+    rows = [
+        {"circuit": name, "prompt": i, "op": ops[i], "normalized_logit": float(y[j, i]), "correct": bool(ok[j, i])}
+        for j, name in enumerate(specs)
+        for i in range(len(prompts))
+    ]
     return pd.DataFrame(rows)
 
 
@@ -263,8 +331,7 @@ def faithfulness_from_prompts(frame: pd.DataFrame, circuit: str) -> float:
     return faithfulness(torch.tensor(y[circuit]), torch.tensor(y["full"]), torch.tensor(y["ablated"]))
 
 
-def faithfulness_by_operator(y_circuit: np.ndarray, y_full: np.ndarray, y_ablated: np.ndarray,
-                             op: np.ndarray) -> float:
+def faithfulness_by_operator(y_circuit: np.ndarray, y_full: np.ndarray, y_ablated: np.ndarray, op: np.ndarray) -> float:
     """Mean over operators (integer codes ``op``, one per prompt) of Nikankin's F =
     (mean y_circuit - mean y_ablated) / (mean y_full - mean y_ablated), the means over that
     operator's prompts (Eq. 2, as :func:`arithlib.core.metrics.faithfulness`); an operator whose
@@ -293,8 +360,15 @@ def topk_recall(screen: Sequence[float] | np.ndarray, exact: Sequence[float] | n
     return len(top(s) & top(e)) / k
 
 
-def coarse_to_fine_patching(model, prompts: PromptSet, positions: Mapping[str, Sequence[int]], refine: int,
-                            batch_size: int = 16, max_rows: int = 1024, cache: RunCache | None = None) -> pd.DataFrame:
+def coarse_to_fine_patching(
+    model,
+    prompts: PromptSet,
+    positions: Mapping[str, Sequence[int]],
+    refine: int,
+    batch_size: int = 16,
+    max_rows: int = 1024,
+    cache: RunCache | None = None,
+) -> pd.DataFrame:
     """Nikankin et al. 2025 Sec. 2's activation patching within a CPU budget, coarse to
     fine: every MLP and every whole attention layer at each named position, every single
     head at the last position ``"="``, then the heads of the ``refine`` attention layers of
@@ -305,19 +379,32 @@ def coarse_to_fine_patching(model, prompts: PromptSet, positions: Mapping[str, S
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     blocks = [Component("attn", l) for l in range(n_layers)] + [Component("mlp", l) for l in range(n_layers)]
     heads = head_components(n_layers, n_heads)
-    ie_blocks = activation_patching(model, prompts, blocks, positions, batch_size=batch_size, max_rows=max_rows,
-                                    cache=cache)
-    ie_heads = activation_patching(model, prompts, heads, {"=": positions["="]}, batch_size=batch_size,
-                                   max_rows=max_rows, cache=cache)
+    ie_blocks = activation_patching(
+        model, prompts, blocks, positions, batch_size=batch_size, max_rows=max_rows, cache=cache
+    )
+    ie_heads = activation_patching(
+        model, prompts, heads, {"=": positions["="]}, batch_size=batch_size, max_rows=max_rows, cache=cache
+    )
     median = ie_blocks.groupby(["position", "component", "kind", "layer"])["ie"].median().reset_index()
-    candidates = (median[(median.kind == "attn") & (median.position != "=")]
-                  .sort_values("ie", ascending=False).head(refine))
+    candidates = (
+        median[(median.kind == "attn") & (median.position != "=")].sort_values("ie", ascending=False).head(refine)
+    )
     refined = [ie_heads]
     for name, g in candidates.groupby("position"):
         layers = set(g.layer)
         comps = [c for c in heads if c.layer in layers]
-        refined.append(activation_patching(model, prompts, comps, {name: positions[name]}, batch_size=batch_size,
-                                           max_rows=max_rows, progress=False, cache=cache))
+        refined.append(
+            activation_patching(
+                model,
+                prompts,
+                comps,
+                {name: positions[name]},
+                batch_size=batch_size,
+                max_rows=max_rows,
+                progress=False,
+                cache=cache,
+            )
+        )
     return pd.concat([ie_blocks] + refined, ignore_index=True)
 
 
@@ -325,9 +412,17 @@ def summarise_indirect_effects(ie: pd.DataFrame) -> pd.DataFrame:
     """Per position and component: the **median** indirect effect over prompts (``ie``;
     the effect is heavy-tailed, one confidently answered prompt can dominate a mean),
     the mean (``ie_mean``), the mean logit-difference and answer-logit changes and ``n``."""
-    return (ie.groupby(["position", "component", "kind", "layer", "head"])
-            .agg(ie=("ie", "median"), ie_mean=("ie", "mean"), logit_diff_change=("logit_diff_change", "mean"),
-                 answer_logit_change=("answer_logit_change", "mean"), n=("ie", "size")).reset_index())
+    return (
+        ie.groupby(["position", "component", "kind", "layer", "head"])
+        .agg(
+            ie=("ie", "median"),
+            ie_mean=("ie", "mean"),
+            logit_diff_change=("logit_diff_change", "mean"),
+            answer_logit_change=("answer_logit_change", "mean"),
+            n=("ie", "size"),
+        )
+        .reset_index()
+    )
 
 
 def ranked_head_positions(summary: pd.DataFrame) -> list[tuple[Component, str]]:
@@ -337,8 +432,9 @@ def ranked_head_positions(summary: pd.DataFrame) -> list[tuple[Component, str]]:
     return [(Component("head", int(r.layer), int(r.head)), r.position) for r in rows.itertuples()]
 
 
-def head_count_circuits(ranked: Sequence[tuple[Component, str]], n_layers: int, position_names: Iterable[str],
-                        ks: Iterable[int]) -> dict[str, set[tuple[Component, str]]]:
+def head_count_circuits(
+    ranked: Sequence[tuple[Component, str]], n_layers: int, position_names: Iterable[str], ks: Iterable[int]
+) -> dict[str, set[tuple[Component, str]]]:
     """Circuits for :func:`circuit_faithfulness`: every MLP at every named position plus
     the top ``k`` of ``ranked`` heads, named ``"k={k}"`` (each ``k`` no larger than
     ``ranked``)."""
@@ -365,8 +461,12 @@ def _top_pairs(ie: pd.DataFrame, k: int) -> list[tuple[str, str]]:
     """The ``k`` (component label, position) head pairs of largest median indirect effect
     over the rows' prompts (ties: the stable order of layer, head, position)."""
     heads = ie[ie.kind == "head"]
-    med = (heads.groupby(["layer", "head", "position", "component"])["ie"].median().reset_index()
-           .sort_values("ie", ascending=False, kind="stable"))
+    med = (
+        heads.groupby(["layer", "head", "position", "component"])["ie"]
+        .median()
+        .reset_index()
+        .sort_values("ie", ascending=False, kind="stable")
+    )
     return list(zip(med.component, med.position))[:k]
 
 
@@ -406,6 +506,12 @@ def split_half_agreement(ie: pd.DataFrame, k: int, n_splits: int = 20, seed: int
         in_a = ie["prompt"].isin(half_a)
         a, b = set(_top_pairs(ie[in_a], k)), set(_top_pairs(ie[~in_a], k))
         union = a | b
-        rows.append({"split": s, "k": k, "jaccard": len(a & b) / len(union) if union else float("nan"),
-                     "n_prompts": ie["prompt"].nunique()})
+        rows.append(
+            {
+                "split": s,
+                "k": k,
+                "jaccard": len(a & b) / len(union) if union else float("nan"),
+                "n_prompts": ie["prompt"].nunique(),
+            }
+        )
     return pd.DataFrame(rows)

@@ -34,14 +34,31 @@ def denominators(wide: pd.DataFrame) -> pd.DataFrame:
         den = float(np.mean(d))
         num = float(np.mean(g["circuit"].to_numpy(dtype=float) - g["ablated"].to_numpy(dtype=float)))
         flat = (ci.low if np.isfinite(ci.low) else den) <= FLAT_TOLERANCE
-        reason = (f"F's denominator (full minus fully ablated normalised logit) {den:.3g} "
-                  f"[{ci.low:.3g}, {ci.high:.3g}] on {len(d)} prompts is not above zero: the ablated model answers as "
-                  "the full one, so F is undefined") if flat else ""
-        rows.append({"op": str(op), "n": len(d), "denominator": den, "denominator_low": ci.low,
-                     "denominator_high": ci.high, "faithfulness": num / den if abs(den) > FLAT_TOLERANCE else np.nan,
-                     "excluded": bool(flat), "reason": reason})
-    return pd.DataFrame(rows, columns=["op", "n", "denominator", "denominator_low", "denominator_high", "faithfulness",
-                                       "excluded", "reason"])
+        reason = (
+            (
+                f"F's denominator (full minus fully ablated normalised logit) {den:.3g} "
+                f"[{ci.low:.3g}, {ci.high:.3g}] on {len(d)} prompts is not above zero: the ablated model answers as "
+                "the full one, so F is undefined"
+            )
+            if flat
+            else ""
+        )
+        rows.append(
+            {
+                "op": str(op),
+                "n": len(d),
+                "denominator": den,
+                "denominator_low": ci.low,
+                "denominator_high": ci.high,
+                "faithfulness": num / den if abs(den) > FLAT_TOLERANCE else np.nan,
+                "excluded": bool(flat),
+                "reason": reason,
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=["op", "n", "denominator", "denominator_low", "denominator_high", "faithfulness", "excluded", "reason"],
+    )
 
 
 def kept(wide: pd.DataFrame, table: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -51,8 +68,9 @@ def kept(wide: pd.DataFrame, table: pd.DataFrame | None = None) -> pd.DataFrame:
     return wide[[str(o) in keep for o in wide.index.get_level_values("op")]]
 
 
-def faithfulness_of_kept_operators(y_circuit: np.ndarray, y_full: np.ndarray, y_ablated: np.ndarray,
-                                   op: np.ndarray) -> float:
+def faithfulness_of_kept_operators(
+    y_circuit: np.ndarray, y_full: np.ndarray, y_ablated: np.ndarray, op: np.ndarray
+) -> float:
     """Mean over operators (integer codes ``op``) of F, the means over each operator's prompts
     (:func:`arithlib.nikankin.activation_patching.faithfulness_by_operator`), leaving out an operator
     whose denominator is within :data:`FLAT_TOLERANCE` of zero (in a bootstrap resample as

@@ -12,24 +12,41 @@ the null: the share of the final checkpoint's labelled heuristics already labell
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import heuristic_nulls as HN
-from ..methods import neurons as N
 from ..core.datasets import PromptSet
-from .heuristics import (attribute, classify_circuit, matched_share, neuron_labels, neuron_matrix, prepare_operator,
-                         reference_means)
+from ..methods import neurons as N
+from . import heuristic_nulls as HN
+from .heuristics import (
+    attribute,
+    classify_circuit,
+    matched_share,
+    neuron_labels,
+    neuron_matrix,
+    prepare_operator,
+    reference_means,
+)
 
 
-def checkpoint_summary(model, grids: dict[str, PromptSet], layers: Sequence[int], k_per_layer: int,
-                       n_analysis: int | None = None, t: float = 0.6, max_base_rate: float = 0.5,
-                       candidates: torch.Tensor | None = None, seed: int = 0, batch_size: int = 64,
-                       labels: str = "best", label_fdr: float = HN.LABEL_FDR,
-                       n_permutations: int | None = None) -> pd.DataFrame:
+def checkpoint_summary(
+    model,
+    grids: dict[str, PromptSet],
+    layers: Sequence[int],
+    k_per_layer: int,
+    n_analysis: int | None = None,
+    t: float = 0.6,
+    max_base_rate: float = 0.5,
+    candidates: torch.Tensor | None = None,
+    seed: int = 0,
+    batch_size: int = 64,
+    labels: str = "best",
+    label_fdr: float = HN.LABEL_FDR,
+    n_permutations: int | None = None,
+) -> pd.DataFrame:
     """Sec. 5 / Fig. 10 at one checkpoint, per operator: first-token accuracy on the grid, the
     circuit (top ``k_per_layer`` per layer by attribution on ``n_analysis`` sampled grid
     prompts, correct or not, since early checkpoints answer few), its faithfulness on them,
@@ -55,14 +72,25 @@ def checkpoint_summary(model, grids: dict[str, PromptSet], layers: Sequence[int]
         hset = sorted(set(lab["heuristic"])) if lab is not None and not lab.empty else []
         best = neuron_labels(kept, "best")
         n_result = int((best["family"] == "result").sum()) if best is not None and not best.empty else 0
-        rows.append({"op": op, "accuracy": float(an.grid_correct_first.mean()), "n_circuit": len(an.circuit),
-                     "faithfulness": faith["faithfulness"], "faithfulness_per_prompt": faith["faithfulness_per_prompt"],
-                     "circuit_accuracy": faith["accuracy"],
-                     "labelled_share": test.labelled_share, "labelled_share_null": null.labelled_share,
-                     "matched_share": matched_share(an, t), "matched_share_null": matched_share(an, t, null=True),
-                     "result_label_share": n_result / len(an.circuit) if an.circuit else float("nan"),
-                     "n_heuristics_matched": len(hset), "heuristic_set": "|".join(hset),
-                     "label_fdr": label_fdr, "n_permutations": test.n_permutations})
+        rows.append(
+            {
+                "op": op,
+                "accuracy": float(an.grid_correct_first.mean()),
+                "n_circuit": len(an.circuit),
+                "faithfulness": faith["faithfulness"],
+                "faithfulness_per_prompt": faith["faithfulness_per_prompt"],
+                "circuit_accuracy": faith["accuracy"],
+                "labelled_share": test.labelled_share,
+                "labelled_share_null": null.labelled_share,
+                "matched_share": matched_share(an, t),
+                "matched_share_null": matched_share(an, t, null=True),
+                "result_label_share": n_result / len(an.circuit) if an.circuit else float("nan"),
+                "n_heuristics_matched": len(hset),
+                "heuristic_set": "|".join(hset),
+                "label_fdr": label_fdr,
+                "n_permutations": test.n_permutations,
+            }
+        )
         an.runner = None  # free the KV cache
     return pd.DataFrame(rows)
 
@@ -80,25 +108,54 @@ def heuristic_overlap(dynamics: pd.DataFrame, final_step: int | None = None) -> 
     rows = []
     for r in dynamics.itertuples():
         ref = final.get(r.op, set())
-        rows.append({"step": r.step, "op": r.op,
-                     "final_heuristics_present": len(names(r.heuristic_set) & ref) / len(ref) if ref else float("nan")})
+        rows.append(
+            {
+                "step": r.step,
+                "op": r.op,
+                "final_heuristics_present": len(names(r.heuristic_set) & ref) / len(ref) if ref else float("nan"),
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def training_dynamics(load: Callable[[int], object], steps: Sequence[int], grids: dict[str, PromptSet],
-                      layers: Sequence[int], k_per_layer: int, n_analysis: int | None = None, t: float = 0.6,
-                      candidates: torch.Tensor | None = None, seed: int = 0, progress: bool = True,
-                      max_base_rate: float = 0.5, labels: str = "best", label_fdr: float = HN.LABEL_FDR,
-                      n_permutations: int | None = None) -> pd.DataFrame:
+def training_dynamics(
+    load: Callable[[int], object],
+    steps: Sequence[int],
+    grids: dict[str, PromptSet],
+    layers: Sequence[int],
+    k_per_layer: int,
+    n_analysis: int | None = None,
+    t: float = 0.6,
+    candidates: torch.Tensor | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    max_base_rate: float = 0.5,
+    labels: str = "best",
+    label_fdr: float = HN.LABEL_FDR,
+    n_permutations: int | None = None,
+) -> pd.DataFrame:
     """:func:`checkpoint_summary` at every training step; ``load(step)`` returns the model
     (a bridge) of that checkpoint, which must share the grids' tokenizer. One row per
     (step, operator)."""
     frames = []
     for step in tqdm(list(steps), desc="checkpoints", disable=not progress):
         model = load(step)
-        frames.append(checkpoint_summary(model, grids, layers, k_per_layer, n_analysis, t, max_base_rate,
-                                         candidates=candidates, seed=seed, labels=labels, label_fdr=label_fdr,
-                                         n_permutations=n_permutations).assign(step=step))
+        frames.append(
+            checkpoint_summary(
+                model,
+                grids,
+                layers,
+                k_per_layer,
+                n_analysis,
+                t,
+                max_base_rate,
+                candidates=candidates,
+                seed=seed,
+                labels=labels,
+                label_fdr=label_fdr,
+                n_permutations=n_permutations,
+            ).assign(step=step)
+        )
         del model
     out = pd.concat(frames, ignore_index=True)
     return out[["step"] + [c for c in out.columns if c != "step"]]

@@ -14,18 +14,18 @@ Nikankin's grids are every operand pair 0..299 of Llama3-8B, one token per numbe
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..core.datasets import OPS, PromptRecord
-
 
 #: The toy model's training ranges (arithlib.core.toy), and a corner of them for smoke tests.
 TOY_RANGES = {"+": (0, 99), "-": (0, 99), "*": (0, 31), "/": (0, 31)}
 TOY_QUICK_RANGES = {"+": (0, 29), "-": (0, 29), "*": (0, 15), "/": (0, 15)}
 
 
-def operand_ranges(single: int, quick: bool = False, per_digit_max: int = 99,
-                   ops: Sequence[str] = OPS) -> dict[str, tuple[int, int]]:
+def operand_ranges(
+    single: int, quick: bool = False, per_digit_max: int = 99, ops: Sequence[str] = OPS
+) -> dict[str, tuple[int, int]]:
     """Operand range per operator: the toy ranges when every number up to 99 is one token
     (``single`` >= 99; a corner of them when ``quick``), else 0..``per_digit_max`` (at
     least the single-token range 0..``single``)."""

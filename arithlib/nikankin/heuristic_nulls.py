@@ -57,12 +57,12 @@ def n_permutations_for(n_neurons: int, fdr: float = LABEL_FDR) -> int:
 class LabelTest:
     """The permutation test of one operator's circuit neurons (rows) against its rules (columns)."""
 
-    scores: np.ndarray      # [M, H] observed match scores
-    p_label: np.ndarray     # [M, H] max-T permutation p-value of each score
-    p_neuron: np.ndarray    # [M] p-value of the neuron's best score (min over its rules)
-    q_neuron: np.ndarray    # [M] Benjamini-Hochberg adjusted p(n)
-    labelled: np.ndarray    # [M] bool: best score >= t and q(n) <= fdr
-    cutoff: float           # BH cut-off on the p-values (0 when no neuron is labelled)
+    scores: np.ndarray  # [M, H] observed match scores
+    p_label: np.ndarray  # [M, H] max-T permutation p-value of each score
+    p_neuron: np.ndarray  # [M] p-value of the neuron's best score (min over its rules)
+    q_neuron: np.ndarray  # [M] Benjamini-Hochberg adjusted p(n)
+    labelled: np.ndarray  # [M] bool: best score >= t and q(n) <= fdr
+    cutoff: float  # BH cut-off on the p-values (0 when no neuron is labelled)
     t: float
     fdr: float
     n_permutations: int
@@ -94,20 +94,27 @@ def null_best_scores(assoc: np.ndarray, n_permutations: int, seed: int = 0, chun
         return best
     rng = np.random.default_rng(seed)
     perms = np.stack([rng.permutation(n) for _ in range(n_permutations)])
-    a = torch.from_numpy(assoc[rows].astype(np.float32))                   # [h, N]
-    at = torch.from_numpy(sizes[rows] - 1)                                  # prefix end of each rule
+    a = torch.from_numpy(assoc[rows].astype(np.float32))  # [h, N]
+    at = torch.from_numpy(sizes[rows] - 1)  # prefix end of each rule
     denom = torch.from_numpy(sizes[rows].astype(np.float32))[:, None]
     chunk = max(1, min(n_permutations, int(2e7 // (len(rows) * n)))) if chunk is None else int(chunk)
     for c0 in range(0, n_permutations, chunk):
-        p = torch.from_numpy(perms[c0:c0 + chunk])                          # [C, N]
-        hits = a[:, p].cumsum(-1)                                           # [h, C, N] hits among the first r + 1
+        p = torch.from_numpy(perms[c0 : c0 + chunk])  # [C, N]
+        hits = a[:, p].cumsum(-1)  # [h, C, N] hits among the first r + 1
         got = hits.gather(-1, at[:, None, None].expand(-1, p.shape[0], 1)).squeeze(-1) / denom  # [h, C]
-        best[c0:c0 + chunk] = got.max(0).values.numpy()
+        best[c0 : c0 + chunk] = got.max(0).values.numpy()
     return best
 
 
-def label_test(acts: np.ndarray | torch.Tensor, assoc: np.ndarray, t: float = 0.6, fdr: float = LABEL_FDR,
-               n_permutations: int | None = None, seed: int = 0, rank_seed: int = 0) -> LabelTest:
+def label_test(
+    acts: np.ndarray | torch.Tensor,
+    assoc: np.ndarray,
+    t: float = 0.6,
+    fdr: float = LABEL_FDR,
+    n_permutations: int | None = None,
+    seed: int = 0,
+    rank_seed: int = 0,
+) -> LabelTest:
     """The permutation test and BH control of the module docstring for the neurons of
     ``acts`` [N prompts, M neurons] against the rules ``assoc`` [H, N] (scores ranked with
     ``rank_seed``, as :func:`match_scores` with ``seed=rank_seed``). ``n_permutations``:
@@ -140,8 +147,14 @@ def label_test(acts: np.ndarray | torch.Tensor, assoc: np.ndarray, t: float = 0.
     return LabelTest(scores, p_label, p_neuron, q, labelled, cutoff, t, fdr, n_permutations)
 
 
-def null_label_test(acts: np.ndarray | torch.Tensor, assoc: np.ndarray, t: float = 0.6, fdr: float = LABEL_FDR,
-                    n_permutations: int | None = None, seed: int = 0) -> LabelTest:
+def null_label_test(
+    acts: np.ndarray | torch.Tensor,
+    assoc: np.ndarray,
+    t: float = 0.6,
+    fdr: float = LABEL_FDR,
+    n_permutations: int | None = None,
+    seed: int = 0,
+) -> LabelTest:
     """:func:`label_test` on each neuron's activations shuffled once over the grid (seeded,
     independently per neuron): what the procedure labels when no neuron relates to the
     operands."""
@@ -179,10 +192,17 @@ def share_row(test: LabelTest, null: LabelTest, shuffled_scores: np.ndarray | No
     (best score >= t), ``matched_share_null`` (the same on shuffled activations),
     ``labelled_share`` (t and BH), ``labelled_share_null`` (the procedure on shuffled
     activations), ``label_fdr``, ``n_permutations``."""
+
     def at_t(s: np.ndarray) -> float:
         return float((s >= test.t).any(1).mean()) if s.size else (0.0 if len(s) else float("nan"))
 
     sh = null.scores if shuffled_scores is None else shuffled_scores
-    return {"matched_share": at_t(test.scores), "matched_share_null": at_t(sh),
-            "labelled_share": test.labelled_share, "labelled_share_null": null.labelled_share,
-            "n_labelled": int(test.labelled.sum()), "label_fdr": test.fdr, "n_permutations": test.n_permutations}
+    return {
+        "matched_share": at_t(test.scores),
+        "matched_share_null": at_t(sh),
+        "labelled_share": test.labelled_share,
+        "labelled_share_null": null.labelled_share,
+        "n_labelled": int(test.labelled.sum()),
+        "label_fdr": test.fdr,
+        "n_permutations": test.n_permutations,
+    }

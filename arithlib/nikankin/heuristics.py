@@ -29,21 +29,28 @@ satisfies.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..methods import neurons as N
-from ..methods.ablation import mean_neurons_hooks
 from ..core.components import Neuron
 from ..core.datasets import PromptRecord, PromptSet, apply_op, fewshot_prefix, load_json
 from ..engine import AnswerPositionRunner
+from ..methods import neurons as N
+from ..methods.ablation import mean_neurons_hooks
 
-HEURISTIC_KINDS: tuple[str, ...] = ("operand_range", "operand_mod", "operand_digit", "identical_operands",
-                          "result_range", "result_mod", "result_digit")
+HEURISTIC_KINDS: tuple[str, ...] = (
+    "operand_range",
+    "operand_mod",
+    "operand_digit",
+    "identical_operands",
+    "result_range",
+    "result_mod",
+    "result_digit",
+)
 FAMILY = {k: ("result" if k.startswith("result") else "operand") for k in HEURISTIC_KINDS}
 
 
@@ -103,9 +110,12 @@ def _ranges(lo: int, hi: int, width_shares: Sequence[float]) -> list[tuple[int, 
     return out
 
 
-def heuristic_catalogue(operand_range: tuple[int, int], result_range: tuple[int, int],
-                        width_shares: Sequence[float] = (0.1, 0.2, 0.3, 0.5),
-                        moduli: Sequence[int] = (2, 3, 4, 5, 10)) -> list[Heuristic]:
+def heuristic_catalogue(
+    operand_range: tuple[int, int],
+    result_range: tuple[int, int],
+    width_shares: Sequence[float] = (0.1, 0.2, 0.3, 0.5),
+    moduli: Sequence[int] = (2, 3, 4, 5, 10),
+) -> list[Heuristic]:
     """Every heuristic of Nikankin's types (Sec. 4.1) for operands in ``operand_range``
     and results in ``result_range`` (inclusive): ranges of width ``share x span`` at a
     stride of half the width, residues mod each of ``moduli``, the tens (and hundreds)
@@ -120,7 +130,7 @@ def heuristic_catalogue(operand_range: tuple[int, int], result_range: tuple[int,
         out += [Heuristic(f"{prefix}_range", target, r) for r in _ranges(lo, hi, width_shares)]
         out += [Heuristic(f"{prefix}_mod", target, (m, r)) for m in moduli if m <= hi - lo + 1 for r in range(m)]
         for place in (1, 2):
-            if max(abs(lo), abs(hi)) >= 10 ** place:
+            if max(abs(lo), abs(hi)) >= 10**place:
                 out += [Heuristic(f"{prefix}_digit", target, (place, d)) for d in range(10)]
     out.append(Heuristic("identical_operands", "operands"))
     return out
@@ -136,8 +146,9 @@ def association_matrix(catalogue: Sequence[Heuristic], records: Sequence[PromptR
     return np.stack([h.mask(a, b, c) for h in catalogue])
 
 
-def usable_heuristics(catalogue: Sequence[Heuristic], assoc: np.ndarray, max_base_rate: float = 0.5,
-                      min_prompts: int = 3) -> tuple[list[Heuristic], np.ndarray]:
+def usable_heuristics(
+    catalogue: Sequence[Heuristic], assoc: np.ndarray, max_base_rate: float = 0.5, min_prompts: int = 3
+) -> tuple[list[Heuristic], np.ndarray]:
     """The heuristics that can be judged on this grid: satisfied by at least ``min_prompts``
     prompts and by at most ``max_base_rate`` of them, and not identical (same prompts) to
     an earlier one. Returns (heuristics, their rows of ``assoc``)."""
@@ -168,7 +179,9 @@ def _ranks(acts: np.ndarray, seed: int) -> np.ndarray:
     return ranks.T
 
 
-def match_scores(acts: np.ndarray | torch.Tensor, assoc: np.ndarray, seed: int = 0, min_std: float = 1e-6) -> np.ndarray:
+def match_scores(
+    acts: np.ndarray | torch.Tensor, assoc: np.ndarray, seed: int = 0, min_std: float = 1e-6
+) -> np.ndarray:
     """Match score of each neuron with each heuristic, [M, H]: the share of the neuron's
     s_h top-activating prompts that satisfy h (s_h = the number of prompts satisfying h).
     ``acts`` [N prompts, M neurons]; neurons whose activation is constant over the grid
@@ -200,8 +213,9 @@ def null_match_scores(acts: np.ndarray | torch.Tensor, assoc: np.ndarray, seed: 
     return match_scores(acts, assoc, seed=seed + 1)
 
 
-def classify_neurons(scores: np.ndarray, neurons: Sequence[Neuron], heuristics: Sequence[Heuristic],
-                     assoc: np.ndarray, t: float = 0.6) -> pd.DataFrame:
+def classify_neurons(
+    scores: np.ndarray, neurons: Sequence[Neuron], heuristics: Sequence[Heuristic], assoc: np.ndarray, t: float = 0.6
+) -> pd.DataFrame:
     """Every (neuron, heuristic) pair with match score >= ``t`` (Nikankin's threshold 0.6).
     Columns: layer, neuron, heuristic, kind, family, score, base_rate, rank (1 = the
     neuron's best match)."""
@@ -214,9 +228,19 @@ def classify_neurons(scores: np.ndarray, neurons: Sequence[Neuron], heuristics: 
         # best first; among equal scores the narrower rule (smaller base rate)
         hits = sorted(hits, key=lambda h: (-scores[i, h], base[h]))
         for r, h in enumerate(hits):
-            rows.append({"layer": int(layer), "neuron": int(k), "heuristic": heuristics[h].name,
-                         "kind": heuristics[h].kind, "family": heuristics[h].family, "h_index": int(h),
-                         "score": float(scores[i, h]), "base_rate": float(base[h]), "rank": r + 1})
+            rows.append(
+                {
+                    "layer": int(layer),
+                    "neuron": int(k),
+                    "heuristic": heuristics[h].name,
+                    "kind": heuristics[h].kind,
+                    "family": heuristics[h].family,
+                    "h_index": int(h),
+                    "score": float(scores[i, h]),
+                    "base_rate": float(base[h]),
+                    "rank": r + 1,
+                }
+            )
     cols = ["layer", "neuron", "heuristic", "kind", "family", "h_index", "score", "base_rate", "rank"]
     return pd.DataFrame(rows, columns=cols)
 
@@ -242,26 +266,45 @@ def type_counts(labels: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def neuron_summary(scores: np.ndarray, neurons: Sequence[Neuron], heuristics: Sequence[Heuristic],
-                   assoc: np.ndarray, t: float = 0.6) -> pd.DataFrame:
+def neuron_summary(
+    scores: np.ndarray, neurons: Sequence[Neuron], heuristics: Sequence[Heuristic], assoc: np.ndarray, t: float = 0.6
+) -> pd.DataFrame:
     """One row per neuron: its best heuristic, best score, whether it matches (>= t) and
     how many heuristics it matches."""
     base = assoc.mean(1) if assoc.size else np.zeros(0)
     rows = []
     for i, (layer, k) in enumerate(neurons):
         if scores.shape[1] == 0:
-            rows.append({"layer": layer, "neuron": k, "best_heuristic": None, "best_kind": None,
-                         "best_score": 0.0, "matched": False, "n_matches": 0})
+            rows.append(
+                {
+                    "layer": layer,
+                    "neuron": k,
+                    "best_heuristic": None,
+                    "best_kind": None,
+                    "best_score": 0.0,
+                    "matched": False,
+                    "n_matches": 0,
+                }
+            )
             continue
         best = max(range(scores.shape[1]), key=lambda h: (scores[i, h], -base[h]))
-        rows.append({"layer": int(layer), "neuron": int(k), "best_heuristic": heuristics[best].name,
-                     "best_kind": heuristics[best].kind, "best_score": float(scores[i, best]),
-                     "matched": bool(scores[i, best] >= t), "n_matches": int((scores[i] >= t).sum())})
+        rows.append(
+            {
+                "layer": int(layer),
+                "neuron": int(k),
+                "best_heuristic": heuristics[best].name,
+                "best_kind": heuristics[best].kind,
+                "best_score": float(scores[i, best]),
+                "matched": bool(scores[i, best] >= t),
+                "n_matches": int((scores[i] >= t).sum()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def threshold_sensitivity(scores: np.ndarray, heuristics: Sequence[Heuristic],
-                          ts: Sequence[float] = (0.4, 0.5, 0.6, 0.7, 0.8)) -> pd.DataFrame:
+def threshold_sensitivity(
+    scores: np.ndarray, heuristics: Sequence[Heuristic], ts: Sequence[float] = (0.4, 0.5, 0.6, 0.7, 0.8)
+) -> pd.DataFrame:
     """Per threshold t and heuristic kind: how many neurons match at least one heuristic of
     that kind, plus the share of neurons matching any (kind "any")."""
     kinds = np.array([h.kind for h in heuristics])
@@ -270,7 +313,9 @@ def threshold_sensitivity(scores: np.ndarray, heuristics: Sequence[Heuristic],
     for t in ts:
         hit = scores >= t
         any_hit = hit.any(1) if hit.size else np.zeros(m, dtype=bool)
-        rows.append({"t": t, "kind": "any", "n_neurons": int(any_hit.sum()), "share": float(any_hit.mean()) if m else 0.0})
+        rows.append(
+            {"t": t, "kind": "any", "n_neurons": int(any_hit.sum()), "share": float(any_hit.mean()) if m else 0.0}
+        )
         for kind in HEURISTIC_KINDS:
             cols = kinds == kind
             n = int(hit[:, cols].any(1).sum()) if cols.any() else 0
@@ -278,21 +323,33 @@ def threshold_sensitivity(scores: np.ndarray, heuristics: Sequence[Heuristic],
     return pd.DataFrame(rows)
 
 
-def type_counts_by_threshold(scores: np.ndarray, neurons: Sequence[Neuron], heuristics: Sequence[Heuristic],
-                             assoc: np.ndarray, ts: Sequence[float] = (0.4, 0.5, 0.6, 0.7, 0.8),
-                             labels: str = "best") -> pd.DataFrame:
+def type_counts_by_threshold(
+    scores: np.ndarray,
+    neurons: Sequence[Neuron],
+    heuristics: Sequence[Heuristic],
+    assoc: np.ndarray,
+    ts: Sequence[float] = (0.4, 0.5, 0.6, 0.7, 0.8),
+    labels: str = "best",
+) -> pd.DataFrame:
     """:func:`type_counts` of the circuit's labels (:func:`neuron_labels` mode ``labels``) at
     each threshold in ``ts``: the sensitivity of the per-type counts to t."""
-    frames = [type_counts(neuron_labels(classify_neurons(scores, neurons, heuristics, assoc, t), labels)).assign(t=t)
-              for t in ts]
+    frames = [
+        type_counts(neuron_labels(classify_neurons(scores, neurons, heuristics, assoc, t), labels)).assign(t=t)
+        for t in ts
+    ]
     return pd.concat(frames, ignore_index=True)
 
 
 # --------------------------------------------------------------------------- prompts
 
 
-def grid_records(op: str, operand_range: tuple[int, int], max_result: int | None = None, fewshot: int = 2,
-                 allow_negative: bool = False) -> list[PromptRecord]:
+def grid_records(
+    op: str,
+    operand_range: tuple[int, int],
+    max_result: int | None = None,
+    fewshot: int = 2,
+    allow_negative: bool = False,
+) -> list[PromptRecord]:
     """Nikankin's "{x}{op}{y}=" prompt for every operand pair of ``operand_range`` (the
     operand grid), with an integer result (exact division; non-negative unless
     ``allow_negative``; at most ``max_result``), and a ``fewshot`` prefix in the same
@@ -312,9 +369,22 @@ def grid_records(op: str, operand_range: tuple[int, int], max_result: int | None
                 continue
             text = template.replace("{A}", str(a)).replace("{B}", str(b))
             text = text.replace(f"[{op}]", op)
-            out.append(PromptRecord(family="nikankin", op=op, a=a, b=b, answer=c, template_id=0, template=template,
-                                    text=text + sep, answer_text=str(c) if c >= 0 else f"-{-c}", prefix=prefix,
-                                    n_digits=len(str(hi)), meta=(("numerals", "digits"),)))
+            out.append(
+                PromptRecord(
+                    family="nikankin",
+                    op=op,
+                    a=a,
+                    b=b,
+                    answer=c,
+                    template_id=0,
+                    template=template,
+                    text=text + sep,
+                    answer_text=str(c) if c >= 0 else f"-{-c}",
+                    prefix=prefix,
+                    n_digits=len(str(hi)),
+                    meta=(("numerals", "digits"),),
+                )
+            )
     return out
 
 
@@ -328,8 +398,9 @@ def sample_indices(n: int, k: int | None, seed: int) -> list[int]:
 # --------------------------------------------------------------------------- per-prompt neurons
 
 
-def prompt_heuristic_neurons(matches: pd.DataFrame, heuristics: Sequence[Heuristic],
-                             records: Sequence[PromptRecord]) -> list[list[Neuron]]:
+def prompt_heuristic_neurons(
+    matches: pd.DataFrame, heuristics: Sequence[Heuristic], records: Sequence[PromptRecord]
+) -> list[list[Neuron]]:
     """For each prompt, its associated heuristic neurons: the neurons of ``matches`` (from
     :func:`classify_neurons`) classified as a heuristic the prompt satisfies (sorted)."""
     if matches is None or matches.empty:
@@ -338,20 +409,27 @@ def prompt_heuristic_neurons(matches: pd.DataFrame, heuristics: Sequence[Heurist
     row = {n: i for i, n in enumerate(neurons)}
     used = sorted(set(matches["h_index"].astype(int)))
     col = {h: j for j, h in enumerate(used)}
-    incidence = np.zeros((len(neurons), len(used)), dtype=np.float32)   # neuron x heuristic
+    incidence = np.zeros((len(neurons), len(used)), dtype=np.float32)  # neuron x heuristic
     for a, b, h in zip(matches["layer"], matches["neuron"], matches["h_index"]):
         incidence[row[(int(a), int(b))], col[int(h)]] = 1.0
     assoc = association_matrix([heuristics[h] for h in used], records).astype(np.float32)  # [H_used, N]
-    linked = (incidence @ assoc) > 0                                     # [n_neurons, N]
+    linked = (incidence @ assoc) > 0  # [n_neurons, N]
     return [[neurons[i] for i in np.nonzero(linked[:, p])[0]] for p in range(len(records))]
 
 
 # --------------------------------------------------------------------------- ablations (Sec. 4.2, 4.3)
 
 
-def heuristic_ablation_prompts(runner: AnswerPositionRunner, matches: pd.DataFrame, heuristics: Sequence[Heuristic],
-                               layers: Sequence[int], means: torch.Tensor, min_prompts: int = 3,
-                               max_heuristics: int | None = None, progress: bool = False) -> pd.DataFrame:
+def heuristic_ablation_prompts(
+    runner: AnswerPositionRunner,
+    matches: pd.DataFrame,
+    heuristics: Sequence[Heuristic],
+    layers: Sequence[int],
+    means: torch.Tensor,
+    min_prompts: int = 3,
+    max_heuristics: int | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
     """Nikankin Fig. 7, per prompt: for each heuristic with classified neurons (every
     neuron of ``matches`` labelled with it: pass all matches at t for the paper's
     association), mean-ablate those neurons at the answer position and record, for every
@@ -377,25 +455,43 @@ def heuristic_ablation_prompts(runner: AnswerPositionRunner, matches: pd.DataFra
     if not groups:
         return pd.DataFrame(columns=cols)
     neuron_sets = [sorted({(int(a), int(b)) for a, b in zip(sub["layer"], sub["neuron"])}) for _, sub in groups]
-    base, *ablated = runner.logits_many([None] + [mean_neurons_hooks(ns, cache, position=-1) for ns in neuron_sets],
-                                        progress=progress)
+    base, *ablated = runner.logits_many(
+        [None] + [mean_neurons_hooks(ns, cache, position=-1) for ns in neuron_sets], progress=progress
+    )
     base_ok = N.correct_first(base, runner.answers).numpy()
     frames = []
     for (h, _), neurons, logits in zip(groups, neuron_sets, ablated):
-        frames.append(pd.DataFrame({"heuristic": heuristics[int(h)].name, "kind": heuristics[int(h)].kind,
-                                    "n_neurons": len(neurons), "prompt": np.arange(len(records)),
-                                    "associated": assoc[int(h)], "correct": N.correct_first(logits, runner.answers).numpy(),
-                                    "correct_base": base_ok}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "heuristic": heuristics[int(h)].name,
+                    "kind": heuristics[int(h)].kind,
+                    "n_neurons": len(neurons),
+                    "prompt": np.arange(len(records)),
+                    "associated": assoc[int(h)],
+                    "correct": N.correct_first(logits, runner.answers).numpy(),
+                    "correct_base": base_ok,
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)[cols]
 
 
-def heuristic_ablation(runner: AnswerPositionRunner, matches: pd.DataFrame, heuristics: Sequence[Heuristic],
-                       layers: Sequence[int], means: torch.Tensor, min_prompts: int = 3,
-                       max_heuristics: int | None = None, progress: bool = False) -> pd.DataFrame:
+def heuristic_ablation(
+    runner: AnswerPositionRunner,
+    matches: pd.DataFrame,
+    heuristics: Sequence[Heuristic],
+    layers: Sequence[int],
+    means: torch.Tensor,
+    min_prompts: int = 3,
+    max_heuristics: int | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
     """Nikankin Fig. 7 per heuristic: :func:`summarise_heuristic_ablation` of
     :func:`heuristic_ablation_prompts`."""
-    return summarise_heuristic_ablation(heuristic_ablation_prompts(runner, matches, heuristics, layers, means,
-                                                                   min_prompts, max_heuristics, progress))
+    return summarise_heuristic_ablation(
+        heuristic_ablation_prompts(runner, matches, heuristics, layers, means, min_prompts, max_heuristics, progress)
+    )
 
 
 def summarise_heuristic_ablation(rows: pd.DataFrame) -> pd.DataFrame:
@@ -411,33 +507,46 @@ def summarise_heuristic_ablation(rows: pd.DataFrame) -> pd.DataFrame:
     for key, g in rows.groupby(keys, sort=False):
         a = g["associated"].astype(bool).to_numpy()
         c, b = g["correct"].astype(float).to_numpy(), g["correct_base"].astype(float).to_numpy()
-        out.append(dict(zip(keys, key), n_assoc=int(a.sum()), n_other=int((~a).sum()), acc_assoc=float(c[a].mean()),
-                        acc_other=float(c[~a].mean()), base_acc_assoc=float(b[a].mean()),
-                        base_acc_other=float(b[~a].mean())))
+        out.append(
+            dict(
+                zip(keys, key),
+                n_assoc=int(a.sum()),
+                n_other=int((~a).sum()),
+                acc_assoc=float(c[a].mean()),
+                acc_other=float(c[~a].mean()),
+                base_acc_assoc=float(b[a].mean()),
+                base_acc_other=float(b[~a].mean()),
+            )
+        )
     return pd.DataFrame(out, columns=cols)
 
 
-def associated_contributions(contrib: torch.Tensor, per_prompt: Sequence[Sequence[Neuron]],
-                             layers: Sequence[int]) -> np.ndarray:
+def associated_contributions(
+    contrib: torch.Tensor, per_prompt: Sequence[Sequence[Neuron]], layers: Sequence[int]
+) -> np.ndarray:
     """Sum over each prompt's associated heuristic neurons of their direct logit
     contribution to the correct answer (``contrib`` [N, L, d_mlp] from
     :func:`arithlib.methods.neurons.neuron_logit_contributions`)."""
     if len(per_prompt) != contrib.shape[0]:
-        raise ValueError(f"one neuron list per prompt of contrib: got {len(per_prompt)} lists for "
-                         f"{contrib.shape[0]} prompts")
+        raise ValueError(
+            f"one neuron list per prompt of contrib: got {len(per_prompt)} lists for {contrib.shape[0]} prompts"
+        )
     pos = {int(x): i for i, x in enumerate(layers)}
     outside = sorted({int(layer) for neurons in per_prompt for layer, _ in neurons} - set(pos))
     if outside:
-        raise ValueError(f"neurons in layers {outside}, which contrib does not hold (layers {list(pos)}): "
-                         "compute contrib over every layer the heuristic neurons come from")
+        raise ValueError(
+            f"neurons in layers {outside}, which contrib does not hold (layers {list(pos)}): "
+            "compute contrib over every layer the heuristic neurons come from"
+        )
     out = np.zeros(len(per_prompt))
     for p, neurons in enumerate(per_prompt):
         out[p] = sum(float(contrib[p, pos[int(layer)], int(k)]) for layer, k in neurons)
     return out
 
 
-def correct_vs_incorrect(model, an: "OperatorAnalysis", layers: Sequence[int],
-                         labels: pd.DataFrame | None = None) -> pd.DataFrame:
+def correct_vs_incorrect(
+    model, an: OperatorAnalysis, layers: Sequence[int], labels: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Nikankin Sec. 4.3, per grid prompt: whether the first answer token is correct, the
     number of its associated heuristic neurons (by ``labels``, default the circuit's
     matches) and their summed direct logit contribution to the correct answer
@@ -447,9 +556,12 @@ def correct_vs_incorrect(model, an: "OperatorAnalysis", layers: Sequence[int],
     per_prompt = prompt_heuristic_neurons(labels, an.heuristics, an.grid.records)
     contrib = N.neuron_logit_contributions(model, an.grid_acts, layers, an.grid.first_answer_ids, an.grid_scale)
     frame = an.grid.to_frame()[["op", "a", "b", "answer"]]
-    return frame.assign(correct=an.grid_correct_first, correct_full=an.grid_correct_full,
-                        n_assoc_neurons=[len(x) for x in per_prompt],
-                        assoc_contribution=associated_contributions(contrib, per_prompt, layers))
+    return frame.assign(
+        correct=an.grid_correct_first,
+        correct_full=an.grid_correct_full,
+        n_assoc_neurons=[len(x) for x in per_prompt],
+        assoc_contribution=associated_contributions(contrib, per_prompt, layers),
+    )
 
 
 # --------------------------------------------------------------------------- one model, one operator
@@ -463,25 +575,25 @@ class OperatorAnalysis:
 
     op: str
     grid: PromptSet
-    grid_acts: torch.Tensor          # [N_grid, L, d_mlp] answer-position activations
-    grid_logits: torch.Tensor        # [N_grid, vocab]
-    grid_scale: torch.Tensor         # [N_grid] final-norm scale at the answer position
-    grid_correct_first: np.ndarray   # first answer token is the argmax
-    grid_correct_full: np.ndarray    # greedy decoding writes the whole answer
+    grid_acts: torch.Tensor  # [N_grid, L, d_mlp] answer-position activations
+    grid_logits: torch.Tensor  # [N_grid, vocab]
+    grid_scale: torch.Tensor  # [N_grid] final-norm scale at the answer position
+    grid_correct_first: np.ndarray  # first answer token is the argmax
+    grid_correct_full: np.ndarray  # greedy decoding writes the whole answer
     analysis_index: list[int]
     runner: AnswerPositionRunner | None = None
     #: correct prompts disjoint from the analysed ones: the circuit is chosen on the
     #: analysed prompts and scored (ablations) on these
     heldout_index: list[int] = field(default_factory=list)
     heldout_runner: AnswerPositionRunner | None = None
-    attribution: torch.Tensor | None = None   # [N_analysis, L, d_mlp]
-    scores: torch.Tensor | None = None        # [L, d_mlp] mean |attribution|
+    attribution: torch.Tensor | None = None  # [N_analysis, L, d_mlp]
+    scores: torch.Tensor | None = None  # [L, d_mlp] mean |attribution|
     circuit: list[Neuron] | None = None
     heuristics: list[Heuristic] | None = None  # usable heuristics on this grid
-    assoc: np.ndarray | None = None            # [H, N_grid]
-    circuit_scores: np.ndarray | None = None   # [n_circuit, H] match scores
-    circuit_null: np.ndarray | None = None     # [n_circuit, H] chance-level match scores
-    matches: pd.DataFrame | None = None        # classify_neurons on the circuit
+    assoc: np.ndarray | None = None  # [H, N_grid]
+    circuit_scores: np.ndarray | None = None  # [n_circuit, H] match scores
+    circuit_null: np.ndarray | None = None  # [n_circuit, H] chance-level match scores
+    matches: pd.DataFrame | None = None  # classify_neurons on the circuit
 
     @property
     def analysis(self) -> PromptSet:
@@ -498,9 +610,16 @@ def neuron_matrix(acts: torch.Tensor, neurons: Sequence[Neuron], layers: Sequenc
     return acts[:, li, ki].numpy()
 
 
-def prepare_operator(model, grid: PromptSet, layers: Sequence[int], n_analysis: int | None = None,
-                     criterion: str | None = "full", seed: int = 0, batch_size: int = 64,
-                     n_heldout: int | None = 0) -> OperatorAnalysis:
+def prepare_operator(
+    model,
+    grid: PromptSet,
+    layers: Sequence[int],
+    n_analysis: int | None = None,
+    criterion: str | None = "full",
+    seed: int = 0,
+    batch_size: int = 64,
+    n_heldout: int | None = 0,
+) -> OperatorAnalysis:
     """One clean pass over an operator's grid (:class:`arithlib.engine.AnswerPositionRunner`
     with the layers' neuron activations and the final-norm scale recorded), greedy
     correctness, and the analysed prompts: up to ``n_analysis`` (seeded sample) of those
@@ -527,9 +646,16 @@ def prepare_operator(model, grid: PromptSet, layers: Sequence[int], n_analysis: 
     index = [pool[i] for i in sample_indices(len(pool), n_sel, seed)]
     rest = sorted(set(pool) - set(index))
     held = [rest[i] for i in sample_indices(len(rest), n_heldout, seed + 1)] if n_heldout != 0 else []
-    an = OperatorAnalysis(op=grid.records[0].op, grid=grid, grid_acts=acts, grid_logits=clean["logits"],
-                          grid_scale=clean["ln_final.hook_scale"].reshape(len(grid), -1)[:, 0],
-                          grid_correct_first=first, grid_correct_full=full, analysis_index=index)
+    an = OperatorAnalysis(
+        op=grid.records[0].op,
+        grid=grid,
+        grid_acts=acts,
+        grid_logits=clean["logits"],
+        grid_scale=clean["ln_final.hook_scale"].reshape(len(grid), -1)[:, 0],
+        grid_correct_first=first,
+        grid_correct_full=full,
+        analysis_index=index,
+    )
     an.runner = grid_runner.subset(index) if index else None
     an.heldout_index = held
     an.heldout_runner = grid_runner.subset(held) if held else None
@@ -545,8 +671,13 @@ def reference_means(analyses: dict[str, OperatorAnalysis]) -> torch.Tensor:
     return N.last_position_means(torch.cat(parts))
 
 
-def attribute(an: OperatorAnalysis, layers: Sequence[int], means: torch.Tensor,
-              candidates: torch.Tensor | None = None, progress: bool = False) -> OperatorAnalysis:
+def attribute(
+    an: OperatorAnalysis,
+    layers: Sequence[int],
+    means: torch.Tensor,
+    candidates: torch.Tensor | None = None,
+    progress: bool = False,
+) -> OperatorAnalysis:
     """Attribution patching against the mean on the analysed prompts; sets ``attribution`` and
     ``scores`` (in place)."""
     if an.runner is None:
@@ -556,9 +687,15 @@ def attribute(an: OperatorAnalysis, layers: Sequence[int], means: torch.Tensor,
     return an
 
 
-def classify_circuit(an: OperatorAnalysis, layers: Sequence[int], k_per_layer: int, t: float = 0.6,
-                     max_base_rate: float = 0.5, seed: int = 0,
-                     catalogue_kwargs: dict | None = None) -> OperatorAnalysis:
+def classify_circuit(
+    an: OperatorAnalysis,
+    layers: Sequence[int],
+    k_per_layer: int,
+    t: float = 0.6,
+    max_base_rate: float = 0.5,
+    seed: int = 0,
+    catalogue_kwargs: dict | None = None,
+) -> OperatorAnalysis:
     """Set the circuit to the top ``k_per_layer`` neurons per layer (by ``scores``), build the
     catalogue on this grid's operand and result ranges, and score and classify the circuit
     neurons against it (and against shuffled activations for the chance level). In place."""
@@ -588,10 +725,18 @@ def matched_share(an: OperatorAnalysis, t: float = 0.6, null: bool = False) -> f
     return float((s >= t).any(1).mean())
 
 
-def faithfulness_curves(analyses: dict[str, OperatorAnalysis], layers: Sequence[int], means: torch.Tensor,
-                        ks: Sequence[int], progress: bool = False) -> pd.DataFrame:
+def faithfulness_curves(
+    analyses: dict[str, OperatorAnalysis],
+    layers: Sequence[int],
+    means: torch.Tensor,
+    ks: Sequence[int],
+    progress: bool = False,
+) -> pd.DataFrame:
     """:func:`arithlib.methods.neurons.faithfulness_curve` for every operator with analysed prompts
     (an ``op`` column added)."""
-    frames = [N.faithfulness_curve(an.runner, an.scores, layers, means, ks, progress).assign(op=op)
-              for op, an in analyses.items() if an.runner is not None]
+    frames = [
+        N.faithfulness_curve(an.runner, an.scores, layers, means, ks, progress).assign(op=op)
+        for op, an in analyses.items()
+        if an.runner is not None
+    ]
     return pd.concat(frames, ignore_index=True)

@@ -28,22 +28,35 @@ control always exists (the authors sweep the cap from 0 to half their 200-neuron
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..methods import neurons as N
 from ..core.components import Neuron
 from ..core.datasets import PromptRecord
 from ..engine import AnswerPositionRunner
+from ..methods import neurons as N
 from .heuristics import Heuristic, association_matrix
 
 #: Columns of :func:`prompt_knockout`'s table (one row per prompt and cap).
-COLUMNS = ("op", "a", "b", "answer", "cap", "k_per_layer", "n_assoc_neurons", "n_ablated", "n_control", "testable",
-           "correct_full", "correct_heuristic_ablated", "correct_random_ablated")
+COLUMNS = (
+    "op",
+    "a",
+    "b",
+    "answer",
+    "cap",
+    "k_per_layer",
+    "n_assoc_neurons",
+    "n_ablated",
+    "n_control",
+    "testable",
+    "correct_full",
+    "correct_heuristic_ablated",
+    "correct_random_ablated",
+)
 
 
 @dataclass(frozen=True)
@@ -76,8 +89,9 @@ def verdict_cap(k_per_layer: int, share: float) -> int:
     return knockout_caps(k_per_layer, [share])[0]
 
 
-def prompt_rule_counts(matches: pd.DataFrame, heuristics: Sequence[Heuristic],
-                       records: Sequence[PromptRecord]) -> list[dict[Neuron, tuple[int, float]]]:
+def prompt_rule_counts(
+    matches: pd.DataFrame, heuristics: Sequence[Heuristic], records: Sequence[PromptRecord]
+) -> list[dict[Neuron, tuple[int, float]]]:
     """For each prompt, its associated neurons -> (number of the prompt's rules the neuron is
     labelled with, summed match score of those labels). ``matches``: labels with columns
     layer, neuron, h_index, score."""
@@ -93,7 +107,7 @@ def prompt_rule_counts(matches: pd.DataFrame, heuristics: Sequence[Heuristic],
         count[row[(int(a), int(b))], col[int(h)]] = 1.0
         score[row[(int(a), int(b))], col[int(h)]] = float(s)
     assoc = association_matrix([heuristics[h] for h in used], records).astype(float)  # [H_used, N]
-    n_rules, s_rules = count @ assoc, score @ assoc                                      # [n_neurons, N]
+    n_rules, s_rules = count @ assoc, score @ assoc  # [n_neurons, N]
     out = []
     for p in range(len(records)):
         hit = np.nonzero(n_rules[:, p] > 0)[0]
@@ -105,7 +119,7 @@ def ranked_per_layer(counts: dict[Neuron, tuple[int, float]], layers: Sequence[i
     """Step 2: per layer of ``layers``, the first ``cap`` associated neurons by (rules matched,
     summed score) descending, then neuron index."""
     order = sorted(counts.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0][0], kv[0][1]))
-    return {int(layer): [k for (lay, k), _ in order if lay == int(layer)][:max(0, int(cap))] for layer in layers}
+    return {int(layer): [k for (lay, k), _ in order if lay == int(layer)][: max(0, int(cap))] for layer in layers}
 
 
 def control_pools(ablated: dict[int, list[int]], circuit: Sequence[Neuron]) -> dict[int, list[int]]:
@@ -116,19 +130,27 @@ def control_pools(ablated: dict[int, list[int]], circuit: Sequence[Neuron]) -> d
     return {layer: sorted(by_layer.get(layer, set()) - set(ks)) for layer, ks in ablated.items()}
 
 
-def draw_control(ablated: dict[int, list[int]], circuit: Sequence[Neuron],
-                 rng: np.random.Generator) -> dict[int, list[int]] | None:
+def draw_control(
+    ablated: dict[int, list[int]], circuit: Sequence[Neuron], rng: np.random.Generator
+) -> dict[int, list[int]] | None:
     """Step 3: per layer, as many neurons as are knocked out, drawn without replacement from
     :func:`control_pools`; None (not testable) when a layer's pool is too small."""
     pools = control_pools(ablated, circuit)
     if any(len(pools[layer]) < len(ks) for layer, ks in ablated.items()):
         return None
-    return {layer: sorted(rng.choice(pools[layer], size=len(ks), replace=False).tolist()) if ks else []
-            for layer, ks in ablated.items()}
+    return {
+        layer: sorted(rng.choice(pools[layer], size=len(ks), replace=False).tolist()) if ks else []
+        for layer, ks in ablated.items()
+    }
 
 
-def knockout_sets(counts: Sequence[dict[Neuron, tuple[int, float]]], circuit: Sequence[Neuron], layers: Sequence[int],
-                  cap: int, seed: int = 0) -> list[KnockoutSet]:
+def knockout_sets(
+    counts: Sequence[dict[Neuron, tuple[int, float]]],
+    circuit: Sequence[Neuron],
+    layers: Sequence[int],
+    cap: int,
+    seed: int = 0,
+) -> list[KnockoutSet]:
     """Steps 2-3 for every prompt at one cap; the control's draws come from one generator
     seeded by (``seed``, ``cap``), prompt after prompt."""
     rng = np.random.default_rng([int(seed), int(cap)])
@@ -143,13 +165,23 @@ def knockout_sets(counts: Sequence[dict[Neuron, tuple[int, float]]], circuit: Se
 def zero_hooks(per_prompt: Sequence[Sequence[Neuron]], layers: Sequence[int], d_mlp: int):
     """Hook factory for :class:`AnswerPositionRunner`: zero each prompt's neurons at the
     answer position (:func:`arithlib.methods.neurons.masked_mean_hooks` with zero means)."""
-    return N.masked_mean_hooks(N.prompt_neuron_masks(per_prompt, layers, d_mlp), torch.zeros(len(layers), d_mlp),
-                               layers)
+    return N.masked_mean_hooks(
+        N.prompt_neuron_masks(per_prompt, layers, d_mlp), torch.zeros(len(layers), d_mlp), layers
+    )
 
 
-def prompt_knockout(runner: AnswerPositionRunner, matches: pd.DataFrame, heuristics: Sequence[Heuristic],
-                    circuit: Sequence[Neuron], layers: Sequence[int], caps: Sequence[int], d_mlp: int,
-                    k_per_layer: int, seed: int = 0, progress: bool = False) -> pd.DataFrame:
+def prompt_knockout(
+    runner: AnswerPositionRunner,
+    matches: pd.DataFrame,
+    heuristics: Sequence[Heuristic],
+    circuit: Sequence[Neuron],
+    layers: Sequence[int],
+    caps: Sequence[int],
+    d_mlp: int,
+    k_per_layer: int,
+    seed: int = 0,
+    progress: bool = False,
+) -> pd.DataFrame:
     """Fig. 8 on the runner's prompts, one row per prompt and cap (:data:`COLUMNS`):
     ``n_assoc_neurons`` (before the cap), ``n_ablated`` / ``n_control`` (knocked out in each
     condition), ``testable`` and the first-token correctness unablated, with the tested
@@ -171,10 +203,19 @@ def prompt_knockout(runner: AnswerPositionRunner, matches: pd.DataFrame, heurist
         heur = N.correct_first(logits[2 * i], runner.answers).numpy().astype(float)
         rand = N.correct_first(logits[2 * i + 1], runner.answers).numpy().astype(float)
         heur[~testable], rand[~testable] = math.nan, math.nan
-        out.append(frame.assign(cap=c, k_per_layer=int(k_per_layer), n_assoc_neurons=[len(x) for x in counts],
-                                n_ablated=[len(s.neurons("ablated")) for s in sets[c]],
-                                n_control=[len(s.neurons("control")) for s in sets[c]], testable=testable,
-                                correct_full=ok_full, correct_heuristic_ablated=heur, correct_random_ablated=rand))
+        out.append(
+            frame.assign(
+                cap=c,
+                k_per_layer=int(k_per_layer),
+                n_assoc_neurons=[len(x) for x in counts],
+                n_ablated=[len(s.neurons("ablated")) for s in sets[c]],
+                n_control=[len(s.neurons("control")) for s in sets[c]],
+                testable=testable,
+                correct_full=ok_full,
+                correct_heuristic_ablated=heur,
+                correct_random_ablated=rand,
+            )
+        )
     return pd.concat(out, ignore_index=True)[list(COLUMNS)]
 
 
@@ -183,8 +224,12 @@ def summarise(rows: pd.DataFrame) -> pd.DataFrame:
     accuracy unablated / tested set zeroed / control zeroed (over the testable prompts)."""
     t = rows[rows["testable"].astype(bool)]
     g = t.groupby(["op", "cap"])
-    out = g.agg(n_testable=("a", "size"), mean_ablated=("n_ablated", "mean"), acc_full=("correct_full", "mean"),
-                acc_heuristic_ablated=("correct_heuristic_ablated", "mean"),
-                acc_random_ablated=("correct_random_ablated", "mean")).reset_index()
+    out = g.agg(
+        n_testable=("a", "size"),
+        mean_ablated=("n_ablated", "mean"),
+        acc_full=("correct_full", "mean"),
+        acc_heuristic_ablated=("correct_heuristic_ablated", "mean"),
+        acc_random_ablated=("correct_random_ablated", "mean"),
+    ).reset_index()
     n = rows.groupby(["op", "cap"]).size().rename("n_prompts").reset_index()
     return n.merge(out, on=["op", "cap"], how="left").fillna({"n_testable": 0}).astype({"n_testable": int})

@@ -29,6 +29,9 @@ def font_safe(text: str) -> str:
         if ch.isprintable() and ord(ch) in chars:
             out.append(ch)
         else:
-            out.append(repr(ch)[1:-1] if not ch.isprintable() else
-                       (f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}"))
+            out.append(
+                repr(ch)[1:-1]
+                if not ch.isprintable()
+                else (f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
+            )
     return "".join(out)

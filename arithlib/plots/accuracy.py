@@ -3,7 +3,7 @@ saves as CSV) and returns a matplotlib Figure; saving is :func:`arithlib.run.out
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -12,8 +12,15 @@ import seaborn as sns
 sns.set_theme(context="notebook", style="whitegrid")
 
 
-def accuracy_bars(frame: pd.DataFrame, x: str, hue: str | None = None, y: str = "accuracy",
-                  title: str = "", xlabel: str | None = None, ylim: Sequence[float] = (0, 1)):
+def accuracy_bars(
+    frame: pd.DataFrame,
+    x: str,
+    hue: str | None = None,
+    y: str = "accuracy",
+    title: str = "",
+    xlabel: str | None = None,
+    ylim: Sequence[float] = (0, 1),
+):
     """Bar chart of an accuracy table (one row per bar; ``y`` in 0..1, shown in %)."""
     fig, ax = plt.subplots(figsize=(max(5, 0.6 * frame[x].nunique() * (frame[hue].nunique() if hue else 1)), 3.6))
     data = frame.assign(**{y: frame[y] * 100})
@@ -30,9 +37,19 @@ def accuracy_bars(frame: pd.DataFrame, x: str, hue: str | None = None, y: str = 
     return fig
 
 
-def heatmap(frame: pd.DataFrame, index: str, columns: str, values: str, title: str = "",
-            cbar_label: str = "", fmt: str = ".0f", cmap: str = "viridis", center: float | None = None,
-            figsize: tuple[float, float] | None = None, annot: bool = True):
+def heatmap(
+    frame: pd.DataFrame,
+    index: str,
+    columns: str,
+    values: str,
+    title: str = "",
+    cbar_label: str = "",
+    fmt: str = ".0f",
+    cmap: str = "viridis",
+    center: float | None = None,
+    figsize: tuple[float, float] | None = None,
+    annot: bool = True,
+):
     """Heatmap of ``values`` pivoted to ``index`` x ``columns``."""
     table = frame.pivot_table(index=index, columns=columns, values=values, aggfunc="mean")
     fig, ax = plt.subplots(figsize=figsize or (1.0 + 0.7 * table.shape[1], 0.8 + 0.35 * table.shape[0]))

@@ -4,7 +4,7 @@ labelled axes and units."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -31,8 +31,10 @@ def profession_counts(top: pd.DataFrame, biased: pd.DataFrame, title: str) -> pl
     for j, g in enumerate(genders):
         counts = [int(((prof.gender == g) & (prof.prompt_id == p)).sum()) for p in prompts]
         other = [set(prof[(prof.gender != g) & (prof.prompt_id == p)].token_id) for p in prompts]
-        only = [int(sum(t not in other[i] for t in prof[(prof.gender == g) & (prof.prompt_id == p)].token_id))
-                for i, p in enumerate(prompts)]
+        only = [
+            int(sum(t not in other[i] for t in prof[(prof.gender == g) & (prof.prompt_id == p)].token_id))
+            for i, p in enumerate(prompts)
+        ]
         x = np.arange(len(prompts)) + (j - (len(genders) - 1) / 2) * width
         ax.bar(x, counts, width, color=GENDER_COLORS.get(g, None), alpha=0.35, label=f"{g}: professions in top-k")
         ax.bar(x, only, width, color=GENDER_COLORS.get(g, None), label=f"{g}: only in this gender's top-k")
@@ -60,7 +62,7 @@ def bias_before_after(t13: pd.DataFrame, genders: Sequence[str], title: str) -> 
         vals = [getattr(row, c) for c in cols]
         err = None
         if "total_sd" in t13.columns and not pd.isna(getattr(row, "total_sd", np.nan)):
-            err = [getattr(row, "total_sd")] + [0] * len(genders)
+            err = [row.total_sd] + [0] * len(genders)
         kind = "original" if row.model == "original" else "cna" if row.model.startswith("CNA") else "random"
         ax.bar(x, vals, width, yerr=err, color=KIND_COLORS[kind], label=row.model, capsize=3)
     ax.set_xticks(range(len(cols)))
@@ -87,8 +89,15 @@ def bias_sweep(summary: pd.DataFrame, title: str) -> plt.Figure:
     if len(cna):
         ax.plot(cna.K, cna.total, "o-", color=KIND_COLORS["cna"], label="CNA top-K zeroed")
     if len(rnd):
-        ax.errorbar(rnd.K, rnd["mean"], yerr=rnd["std"].fillna(0), fmt="s-", color=KIND_COLORS["random"], capsize=3,
-                    label="random K zeroed (mean ± sd)")
+        ax.errorbar(
+            rnd.K,
+            rnd["mean"],
+            yerr=rnd["std"].fillna(0),
+            fmt="s-",
+            color=KIND_COLORS["random"],
+            capsize=3,
+            label="random K zeroed (mean ± sd)",
+        )
     ax.set_xlabel("neurons zeroed (K)")
     ax.set_ylabel("bias, all 8 prompts (nats)")
     ax.set_title(title)
@@ -127,11 +136,20 @@ def side_effects_plot(side: pd.DataFrame, title: str) -> plt.Figure:
     """Side effects per condition: LM loss change (nats/token), arithmetic accuracy
     (%), and the profession tokens' probability on gender-free prompts (ratio to the
     original model)."""
-    labels = [("original" if r.kind == "original" else f"{'CNA' if r.kind == 'cna' else 'random'} K={r.K}"
-               + (f" s{r.seed}" if r.kind == "random" else "")) for r in side.itertuples()]
+    labels = [
+        (
+            "original"
+            if r.kind == "original"
+            else f"{'CNA' if r.kind == 'cna' else 'random'} K={r.K}" + (f" s{r.seed}" if r.kind == "random" else "")
+        )
+        for r in side.itertuples()
+    ]
     colors = [KIND_COLORS.get(k, "gray") for k in side.kind]
-    panels = [("lm_loss_change", "LM loss change (nats/token)"), ("arith_accuracy", "arithmetic accuracy (%)"),
-              ("profession_mass_ratio", "P(profession) on 'A person ...'\n(ratio to original)")]
+    panels = [
+        ("lm_loss_change", "LM loss change (nats/token)"),
+        ("arith_accuracy", "arithmetic accuracy (%)"),
+        ("profession_mass_ratio", "P(profession) on 'A person ...'\n(ratio to original)"),
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
     for ax, (col, label) in zip(axes, panels):
         vals = side[col].to_numpy(dtype=float) * (100 if col == "arith_accuracy" else 1)
@@ -163,9 +181,15 @@ def heldout(table: pd.DataFrame, title: str) -> plt.Figure:
     for j, kind in enumerate(kinds):
         sub = table[table.kind == kind].groupby("cell", sort=False).total.agg(["mean", "std"]).reindex(cells)
         x = np.arange(len(cells)) + (j - 1) * width
-        ax.bar(x, sub["mean"], width, yerr=sub["std"].fillna(0) if kind == "random" else None, capsize=3,
-               color=KIND_COLORS[kind], label={"original": "original", "cna": "CNA edit (selection half)",
-                                               "random": "random (mean ± sd)"}[kind])
+        ax.bar(
+            x,
+            sub["mean"],
+            width,
+            yerr=sub["std"].fillna(0) if kind == "random" else None,
+            capsize=3,
+            color=KIND_COLORS[kind],
+            label={"original": "original", "cna": "CNA edit (selection half)", "random": "random (mean ± sd)"}[kind],
+        )
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels(cells, fontsize=8)
     ax.set_xlabel("professions x prompts")
@@ -185,8 +209,10 @@ def edit_set(table: pd.DataFrame, title: str, n_tokens: int = 4) -> plt.Figure:
     else:
         y = np.arange(len(table))[::-1]
         ax.barh(y, table.mean_change, color=KIND_COLORS["cna"])
-        labels = [font_safe(f"{r.name}: " + ", ".join(str(r.top_tokens).split(", ")[:n_tokens])[:40])
-                  for r in table.itertuples()]  # tokens outside the font as \uXXXX, not empty boxes
+        labels = [
+            font_safe(f"{r.name}: " + ", ".join(str(r.top_tokens).split(", ")[:n_tokens])[:40])
+            for r in table.itertuples()
+        ]  # tokens outside the font as \uXXXX, not empty boxes
         ax.set_yticks(y)
         ax.set_yticklabels(labels, fontsize=7)
     ax.set_xlabel("mean CNA change imp(own gender) - imp(other gender) (nats)")
@@ -205,8 +231,12 @@ def layer_diagnostic_plot(diag: pd.DataFrame, genders: Sequence[str], title: str
         axes[0].plot(diag.layer, diag[f"resid_rms_{g}"], marker="o", ms=3, label=g)
         axes[1].plot(diag.layer, diag[f"write_to_resid_{g}"], marker="o", ms=3, label=g)
     axes[0].set(yscale="log", xlabel="layer", ylabel="RMS of x^{l-1} + A^l", title="residual read by the importance")
-    axes[1].set(yscale="log", xlabel="layer", ylabel="median |m_k fc2_k| / |x^{l-1} + A^l|",
-                title="a neuron's write vs that residual")
+    axes[1].set(
+        yscale="log",
+        xlabel="layer",
+        ylabel="median |m_k fc2_k| / |x^{l-1} + A^l|",
+        title="a neuron's write vs that residual",
+    )
     axes[0].legend(fontsize=8)
     ax = axes[2]
     ax.bar(diag.layer, diag.n_in_edit_set, color="tab:red", alpha=0.5, label="edit-set neurons")

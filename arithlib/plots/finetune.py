@@ -3,7 +3,7 @@ the table the notebook also saves as CSV and returns a matplotlib Figure."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -24,17 +24,34 @@ def lora_accuracy_curve(frame: pd.DataFrame, bands: Mapping[str, Sequence[int]] 
     base = frame[frame.layer == -1]
     fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(lora) + 3), 3.8))
     for name, layers in (bands or {}).items():
-        ax.axvspan(min(layers) - 0.5, max(layers) + 0.5, color=_BAND_COLOURS.get(name, "grey"), alpha=0.12,
-                   label=f"{name} band ({min(layers)}-{max(layers)})")
+        ax.axvspan(
+            min(layers) - 0.5,
+            max(layers) + 0.5,
+            color=_BAND_COLOURS.get(name, "grey"),
+            alpha=0.12,
+            label=f"{name} band ({min(layers)}-{max(layers)})",
+        )
     ax.plot(lora.layer, 100 * lora.accuracy, "o-", color="black", label="LoRA model: all test prompts")
     if "accuracy_negative" in lora and lora.accuracy_negative.notna().any():
-        ax.plot(lora.layer, 100 * lora.accuracy_negative, "s--", color="tab:red", ms=4, alpha=0.8,
-                label="LoRA model: negative results")
+        ax.plot(
+            lora.layer,
+            100 * lora.accuracy_negative,
+            "s--",
+            color="tab:red",
+            ms=4,
+            alpha=0.8,
+            label="LoRA model: negative results",
+        )
     if len(base):
         ax.axhline(100 * float(base.accuracy.iloc[0]), color="black", ls=":", label="original: all")
         if "accuracy_negative" in base and not np.isnan(float(base.accuracy_negative.iloc[0])):
-            ax.axhline(100 * float(base.accuracy_negative.iloc[0]), color="tab:red", ls=":", alpha=0.8,
-                       label="original: negative results")
+            ax.axhline(
+                100 * float(base.accuracy_negative.iloc[0]),
+                color="tab:red",
+                ls=":",
+                alpha=0.8,
+                label="original: negative results",
+            )
     ax.set_xlabel("layer whose attention carries the LoRA (index)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(-2, 102)
@@ -68,8 +85,15 @@ def band_increase_bars(table: pd.DataFrame, title: str = ""):
     ks = [c for c in table.columns if c.startswith("top")]
     long = table.melt(id_vars=["band"], value_vars=ks, var_name="top-k neurons", value_name="increase")
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    sns.barplot(data=long, x="top-k neurons", y="increase", hue="band", ax=ax, errorbar=None,
-                palette={b: _BAND_COLOURS.get(b, "grey") for b in long.band.unique()})
+    sns.barplot(
+        data=long,
+        x="top-k neurons",
+        y="increase",
+        hue="band",
+        ax=ax,
+        errorbar=None,
+        palette={b: _BAND_COLOURS.get(b, "grey") for b in long.band.unique()},
+    )
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel("neurons compared (top-k per case)")
     ax.set_ylabel("coefficient increase over original (%)")
@@ -117,8 +141,9 @@ def sft_comparison(table: pd.DataFrame, math_cols: Sequence[str], general_cols: 
     ax = axes[2]
     ax.scatter(table.n_trainable, table.samples_per_second, color="tab:blue")
     for _, r in table.iterrows():
-        ax.annotate(r.method, (r.n_trainable, r.samples_per_second), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.annotate(
+            r.method, (r.n_trainable, r.samples_per_second), fontsize=7, xytext=(3, 3), textcoords="offset points"
+        )
     ax.set_xscale("log")
     ax.set_xlabel("tuned parameters (count, log scale)")
     ax.set_ylabel("training throughput (samples/s)")

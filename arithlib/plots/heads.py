@@ -4,7 +4,7 @@ notebook also saves as CSV and returns a matplotlib Figure (save with
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -21,7 +21,9 @@ def _grid(n: int, max_cols: int = 3) -> tuple[int, int]:
     return int(np.ceil(n / cols)), cols
 
 
-def layer_head_matrix(frame: pd.DataFrame, value: str, n_layers: int, n_heads: int, mlp_column: bool = True) -> np.ndarray:
+def layer_head_matrix(
+    frame: pd.DataFrame, value: str, n_layers: int, n_heads: int, mlp_column: bool = True
+) -> np.ndarray:
     """``[n_layers, n_heads (+1)]`` matrix of ``value`` from rows with ``kind``, ``layer``,
     ``head`` (MLP rows go to the last column); missing cells are NaN."""
     m = np.full((n_layers, n_heads + (1 if mlp_column else 0)), np.nan)
@@ -34,8 +36,15 @@ def layer_head_matrix(frame: pd.DataFrame, value: str, n_layers: int, n_heads: i
     return m
 
 
-def effect_heatmaps(means: pd.DataFrame, n_layers: int, n_heads: int, panel_col: str = "op",
-                    panels: Sequence[str] | None = None, threshold: float = KEY_HEAD_THRESHOLD, title: str = ""):
+def effect_heatmaps(
+    means: pd.DataFrame,
+    n_layers: int,
+    n_heads: int,
+    panel_col: str = "op",
+    panels: Sequence[str] | None = None,
+    threshold: float = KEY_HEAD_THRESHOLD,
+    title: str = "",
+):
     """Zhang et al. Fig. 2 / 15: mean relative logit change (%) of path-patching each head
     (layers x heads) with the MLP of each layer as the last column; one panel per value
     of ``panel_col``. Red = patching lowers the answer logit; dots mark key heads
@@ -45,8 +54,9 @@ def effect_heatmaps(means: pd.DataFrame, n_layers: int, n_heads: int, panel_col:
     mats = [layer_head_matrix(means[means[panel_col] == p], "effect", n_layers, n_heads) * 100 for p in panels]
     vmax = max(1e-6, max(np.nanmax(np.abs(m)) for m in mats))
     norm = TwoSlopeNorm(vmin=-vmax, vcenter=0.0, vmax=vmax)
-    fig, axes = plt.subplots(rows, cols, figsize=(0.28 * (n_heads + 1) * cols + 2.0, 0.22 * n_layers * rows + 1.4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(0.28 * (n_heads + 1) * cols + 2.0, 0.22 * n_layers * rows + 1.4), squeeze=False
+    )
     for ax, p, m in zip(axes.flat, panels, mats):
         im = ax.imshow(m, cmap="RdBu", norm=norm, aspect="auto", interpolation="nearest")
         ax.grid(False)
@@ -58,7 +68,7 @@ def effect_heatmaps(means: pd.DataFrame, n_layers: int, n_heads: int, panel_col:
         ax.set_ylabel("layer")
         ax.set_xticks(list(range(0, n_heads, max(1, n_heads // 7))) + [n_heads])
         ax.set_xticklabels([str(i) for i in range(0, n_heads, max(1, n_heads // 7))] + ["MLP"], fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="relative logit change of the answer (%)")
     fig.suptitle(title)
@@ -76,7 +86,9 @@ def knockout_plot(curves: pd.DataFrame, title: str = ""):
         ax.plot(g["k"], g["accuracy"] * 100, color="#9e9e9e", lw=0.6, alpha=0.6)
     if len(rnd):
         s = rnd.groupby("k")["accuracy"].agg(["mean", "min", "max", "std"]).reset_index()
-        ax.fill_between(s["k"], s["min"] * 100, s["max"] * 100, color="#9e9e9e", alpha=0.25, label="random-rank (min-max)")
+        ax.fill_between(
+            s["k"], s["min"] * 100, s["max"] * 100, color="#9e9e9e", alpha=0.25, label="random-rank (min-max)"
+        )
         ax.plot(s["k"], s["mean"] * 100, color="#555555", marker="s", ms=3, label="random-rank (mean)")
     ax.plot(eff["k"], eff["accuracy"] * 100, color="#d62728", marker="o", ms=4, label="effect-rank")
     ax.set_xscale("symlog", linthresh=1)
@@ -95,8 +107,11 @@ def transfer_plot(transfer: pd.DataFrame, heads_label: str, title: str = ""):
     heads (mean, error bar = sd over the random sets); ``transfer`` is the table of
     :func:`arithlib.zhang.transfer_sets.transfer_knockout`."""
     tr = transfer.dropna(subset=["accuracy_before"]).reset_index(drop=True)
-    bars = [("no knockout", "accuracy_before", None, "#4c72b0"), (heads_label, "accuracy_after", None, "#d62728"),
-            ("as many random heads", "accuracy_random", "accuracy_random_sd", "#9e9e9e")]
+    bars = [
+        ("no knockout", "accuracy_before", None, "#4c72b0"),
+        (heads_label, "accuracy_after", None, "#d62728"),
+        ("as many random heads", "accuracy_random", "accuracy_random_sd", "#9e9e9e"),
+    ]
     x = np.arange(len(tr))
     width = 0.8 / len(bars)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(tr) + 2.5), 3.8))
@@ -138,14 +153,25 @@ def attention_class_plot(frame: pd.DataFrame, label: str = "label", title: str =
     return fig
 
 
-def sweep_heatmaps(acc: pd.DataFrame, n_layers: int, n_heads: int, value: str = "accuracy_drop",
-                   row: str = "n_digits", col: str = "op", title: str = ""):
+def sweep_heatmaps(
+    acc: pd.DataFrame,
+    n_layers: int,
+    n_heads: int,
+    value: str = "accuracy_drop",
+    row: str = "n_digits",
+    col: str = "op",
+    title: str = "",
+):
     """Yu & Ananiadou Sec. 3.3: accuracy drop (percentage points) when one head is
     zeroed, layers x heads, one panel per ``row`` x ``col`` setting."""
     rows_v = sorted(acc[row].unique())
     cols_v = list(dict.fromkeys(acc[col]))
-    fig, axes = plt.subplots(len(rows_v), len(cols_v), figsize=(0.25 * n_heads * len(cols_v) + 2.2,
-                                                                0.17 * n_layers * len(rows_v) + 1.4), squeeze=False)
+    fig, axes = plt.subplots(
+        len(rows_v),
+        len(cols_v),
+        figsize=(0.25 * n_heads * len(cols_v) + 2.2, 0.17 * n_layers * len(rows_v) + 1.4),
+        squeeze=False,
+    )
     vmax = max(1e-6, float(acc[value].abs().max() * 100))
     norm = TwoSlopeNorm(vmin=-vmax, vcenter=0.0, vmax=vmax)
     im = None
@@ -169,8 +195,9 @@ def sweep_heatmaps(acc: pd.DataFrame, n_layers: int, n_heads: int, value: str = 
 def ie_heatmaps(ie: pd.DataFrame, n_layers: int, n_heads: int, positions: Sequence[str], title: str = ""):
     """Nikankin et al. Fig. 2-style: mean indirect effect of patching each head (layers x
     heads) and each MLP (last column) at each position; blank = not patched there."""
-    fig, axes = plt.subplots(1, len(positions), figsize=(0.28 * (n_heads + 1) * len(positions) + 2.2,
-                                                         0.2 * n_layers + 1.5), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(positions), figsize=(0.28 * (n_heads + 1) * len(positions) + 2.2, 0.2 * n_layers + 1.5), squeeze=False
+    )
     mats = [layer_head_matrix(ie[ie["position"] == p], "ie", n_layers, n_heads) for p in positions]
     vmax = max(1e-6, max(np.nanmax(np.abs(m)) if np.isfinite(m).any() else 0 for m in mats))
     norm = TwoSlopeNorm(vmin=-vmax, vcenter=0.0, vmax=vmax)

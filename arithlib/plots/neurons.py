@@ -6,7 +6,7 @@ saves as CSV and returns a matplotlib Figure."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -17,8 +17,13 @@ from matplotlib.ticker import MaxNLocator
 sns.set_theme(context="notebook", style="whitegrid")
 
 
-def faithfulness_curve_plot(curve: pd.DataFrame, column: str = "faithfulness", title: str = "",
-                            marker_share: float | None = 0.01, chosen_k: int | None = None):
+def faithfulness_curve_plot(
+    curve: pd.DataFrame,
+    column: str = "faithfulness",
+    title: str = "",
+    marker_share: float | None = 0.01,
+    chosen_k: int | None = None,
+):
     """Faithfulness (Eq. 2) vs share of neurons kept per layer, one line per operator (Fig. 4b)."""
     fig, ax = plt.subplots(figsize=(6, 3.8))
     data = curve[curve.share_per_layer > 0]
@@ -40,8 +45,14 @@ def faithfulness_curve_plot(curve: pd.DataFrame, column: str = "faithfulness", t
     return fig
 
 
-def neuron_gallery(grids: Sequence[pd.DataFrame], lenses: Sequence[pd.DataFrame], titles: Sequence[str],
-                   ncols: int = 4, suptitle: str = "", annotate_values: bool = False):
+def neuron_gallery(
+    grids: Sequence[pd.DataFrame],
+    lenses: Sequence[pd.DataFrame],
+    titles: Sequence[str],
+    ncols: int = 4,
+    suptitle: str = "",
+    annotate_values: bool = False,
+):
     """Per neuron: its activation over the operand grid (rows op1, columns op2) and, below,
     its logit-lens profile over the number tokens (logit added per unit activation)."""
     n = len(grids)
@@ -52,8 +63,13 @@ def neuron_gallery(grids: Sequence[pd.DataFrame], lenses: Sequence[pd.DataFrame]
         return fig
     ncols = min(ncols, n)
     nrows = int(np.ceil(n / ncols))
-    fig, axes = plt.subplots(2 * nrows, ncols, figsize=(3.6 * ncols, 5.6 * nrows),
-                             gridspec_kw={"height_ratios": [3, 1.4] * nrows}, squeeze=False)
+    fig, axes = plt.subplots(
+        2 * nrows,
+        ncols,
+        figsize=(3.6 * ncols, 5.6 * nrows),
+        gridspec_kw={"height_ratios": [3, 1.4] * nrows},
+        squeeze=False,
+    )
     for i in range(nrows * ncols):
         r, c = divmod(i, ncols)
         top, bottom = axes[2 * r, c], axes[2 * r + 1, c]
@@ -62,8 +78,13 @@ def neuron_gallery(grids: Sequence[pd.DataFrame], lenses: Sequence[pd.DataFrame]
             bottom.axis("off")
             continue
         g = grids[i]
-        im = top.imshow(g.to_numpy(dtype=float), origin="lower", aspect="auto", cmap="viridis",
-                        extent=(g.columns.min() - 0.5, g.columns.max() + 0.5, g.index.min() - 0.5, g.index.max() + 0.5))
+        im = top.imshow(
+            g.to_numpy(dtype=float),
+            origin="lower",
+            aspect="auto",
+            cmap="viridis",
+            extent=(g.columns.min() - 0.5, g.columns.max() + 0.5, g.index.min() - 0.5, g.index.max() + 0.5),
+        )
         fig.colorbar(im, ax=top, fraction=0.046, pad=0.02, label="activation")
         top.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
         top.yaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
@@ -105,8 +126,14 @@ def threshold_plot(sens: pd.DataFrame, title: str = ""):
     fig, ax = plt.subplots(figsize=(6, 3.8))
     colors = dict(zip(sens.op.unique(), sns.color_palette(n_colors=sens.op.nunique())))
     for (op, kind), sub in sens.groupby(["op", "activations"], sort=False):
-        ax.plot(sub.t, sub.share * 100, marker="o", color=colors[op], ls="-" if kind == "real" else ":",
-                label=f"{op} ({kind})")
+        ax.plot(
+            sub.t,
+            sub.share * 100,
+            marker="o",
+            color=colors[op],
+            ls="-" if kind == "real" else ":",
+            label=f"{op} ({kind})",
+        )
     ax.axvline(0.6, color="tab:red", lw=0.8, ls=":")
     ax.set_xlabel("match threshold t")
     ax.set_ylabel("circuit neurons matching a heuristic (%)")
@@ -200,11 +227,17 @@ def dynamics_plot(dyn: pd.DataFrame, overlap: pd.DataFrame | None = None, title:
     tables without the test show the share passing t alone), share labelled with a result
     rule, faithfulness and the share of the final model's heuristics present, over training
     steps, per operator."""
-    share = ("labelled_share", "circuit neurons labelled\n(t and null, FDR) (%)") if "labelled_share" in dyn \
+    share = (
+        ("labelled_share", "circuit neurons labelled\n(t and null, FDR) (%)")
+        if "labelled_share" in dyn
         else ("matched_share", "circuit neurons\nmatching a heuristic at t (%)")
-    panels = [("accuracy", "grid accuracy (%)", 100), (share[0], share[1], 100),
-              ("result_label_share", "circuit neurons whose best\nrule is a result rule (%)", 100),
-              ("faithfulness", "faithfulness of the circuit", 1)]
+    )
+    panels = [
+        ("accuracy", "grid accuracy (%)", 100),
+        (share[0], share[1], 100),
+        ("result_label_share", "circuit neurons whose best\nrule is a result rule (%)", 100),
+        ("faithfulness", "faithfulness of the circuit", 1),
+    ]
     if overlap is not None:
         panels.append(("final_heuristics_present", "final model's heuristics\npresent (%)", 100))
         dyn = dyn.merge(overlap, on=["step", "op"], how="left")
@@ -213,7 +246,7 @@ def dynamics_plot(dyn: pd.DataFrame, overlap: pd.DataFrame | None = None, title:
     x = dyn.step.clip(lower=1)
     for ax, (col, label, scale) in zip(axes, panels):
         for op, sub in dyn.assign(x=x).groupby("op"):
-            line, = ax.plot(sub.x, sub[col] * scale, marker="o", label=op)
+            (line,) = ax.plot(sub.x, sub[col] * scale, marker="o", label=op)
             if col == share[0]:
                 ax.plot(sub.x, sub[col + "_null"] * scale, ls=":", color=line.get_color())
         ax.set_xscale("log")
@@ -233,7 +266,10 @@ def attribution_check_plot(frame: pd.DataFrame, title: str = ""):
     """Attribution-patching estimate vs the exact effect of mean-ablating one neuron."""
     fig, ax = plt.subplots(figsize=(4.5, 4))
     ax.scatter(frame.exact_effect, frame.attribution, s=14)
-    lim = [min(frame.exact_effect.min(), frame.attribution.min()), max(frame.exact_effect.max(), frame.attribution.max())]
+    lim = [
+        min(frame.exact_effect.min(), frame.attribution.min()),
+        max(frame.exact_effect.max(), frame.attribution.max()),
+    ]
     ax.plot(lim, lim, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("exact drop of the answer margin (logits)")
     ax.set_ylabel("attribution estimate (logits)")

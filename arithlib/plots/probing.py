@@ -5,7 +5,7 @@ side by side) and returns a matplotlib Figure; saving is
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -26,10 +26,23 @@ PANELS: dict[str, list[str]] = {
     "(b) answer: MLP write (solid), MLP_out - MLP_in (dashed)": ["write_C", "write_other", "delta_C", "delta_other"],
     "(c) excess over the other numbers' mean": ["in_A_x", "in_B_x", "write_C_x", "delta_C_x"],
 }
-_STYLE = {"in_A": ("C3", "-"), "in_B": ("C0", "-"), "out_A": ("C3", ":"), "out_B": ("C0", ":"),
-          "delta_C": ("C2", "--"), "delta_other": ("C7", "--"), "out_C": ("C2", ":"), "out_other": ("C7", ":"),
-          "in_A_x": ("C3", "-"), "in_B_x": ("C0", "-"), "delta_C_x": ("C2", "--"), "out_C_x": ("C2", ":"),
-          "write_C": ("C2", "-"), "write_other": ("C7", "-"), "write_C_x": ("C2", "-")}
+_STYLE = {
+    "in_A": ("C3", "-"),
+    "in_B": ("C0", "-"),
+    "out_A": ("C3", ":"),
+    "out_B": ("C0", ":"),
+    "delta_C": ("C2", "--"),
+    "delta_other": ("C7", "--"),
+    "out_C": ("C2", ":"),
+    "out_other": ("C7", ":"),
+    "in_A_x": ("C3", "-"),
+    "in_B_x": ("C0", "-"),
+    "delta_C_x": ("C2", "--"),
+    "out_C_x": ("C2", ":"),
+    "write_C": ("C2", "-"),
+    "write_other": ("C7", "-"),
+    "write_C_x": ("C2", "-"),
+}
 _POINT_MARKERS = {"start": "^", "inflection": "s", "peak": "o", "end": "v"}
 
 
@@ -49,9 +62,13 @@ def _key_layers(ax, layers: Sequence[int] | None) -> None:
         ax.axvline(layer, color="C1", alpha=0.25, lw=3, label="key-head layer" if i == 0 else None)
 
 
-def cosine_curves(summaries: Mapping[str, pd.DataFrame], key_layers: Mapping[str, Sequence[int]] | None = None,
-                  points: Mapping[str, pd.DataFrame] | None = None, panels: Mapping[str, list[str]] = PANELS,
-                  level: float = 0.95):
+def cosine_curves(
+    summaries: Mapping[str, pd.DataFrame],
+    key_layers: Mapping[str, Sequence[int]] | None = None,
+    points: Mapping[str, pd.DataFrame] | None = None,
+    panels: Mapping[str, list[str]] = PANELS,
+    level: float = 0.95,
+):
     """Zhang et al. Fig. 6a/6b (13, 14): mean cosine per layer with its confidence
     band, one row per model, one column per panel. ``summaries[model]`` is a
     :func:`arithlib.zhang.probing.summarise_curves` frame; ``key_layers[model]`` are marked
@@ -81,14 +98,19 @@ def cosine_curves(summaries: Mapping[str, pd.DataFrame], key_layers: Mapping[str
             ax.set_ylabel("cosine similarity" if c < 2 else "cosine difference")
             ax.set_title(f"{short_name(model)}: {title}", fontsize=9)
             ax.legend(fontsize=7, loc="best")
-    fig.text(0.01, 0.005, f"bands: {level:.0%} CI of the mean over prompts; markers: start ^, inflection s, peak o, end v",
-             fontsize=7)
+    fig.text(
+        0.01,
+        0.005,
+        f"bands: {level:.0%} CI of the mean over prompts; markers: start ^, inflection s, peak o, end v",
+        fontsize=7,
+    )
     fig.tight_layout()
     return fig
 
 
-def number_heatmap(projection: pd.DataFrame, answer: int, title: str = "", top_k: int = 3,
-                   vector_label: str = "MLP_out - MLP_in"):
+def number_heatmap(
+    projection: pd.DataFrame, answer: int, title: str = "", top_k: int = 3, vector_label: str = "MLP_out - MLP_in"
+):
     """Zhang et al. Fig. 6c: cosine of MLP_out - MLP_in (or ``vector_label``'s vector)
     with each number's unembedding direction (columns) at each layer (rows); the top
     ``top_k`` numbers of each layer carry their rank, and the answer's column is outlined."""
@@ -96,8 +118,16 @@ def number_heatmap(projection: pd.DataFrame, answer: int, title: str = "", top_k
     ranks = projection.pivot(index="layer", columns="number", values="rank")
     annot = ranks.map(lambda r: str(int(r)) if r <= top_k else "")
     fig, ax = plt.subplots(figsize=(max(5.5, 1.2 + 0.45 * table.shape[1]), 1.2 + 0.28 * table.shape[0]))
-    sns.heatmap(table, annot=annot, fmt="", cmap="RdBu_r", center=0, ax=ax,
-                cbar_kws={"label": f"cos({vector_label}, W_U[n])"}, annot_kws={"fontsize": 7})
+    sns.heatmap(
+        table,
+        annot=annot,
+        fmt="",
+        cmap="RdBu_r",
+        center=0,
+        ax=ax,
+        cbar_kws={"label": f"cos({vector_label}, W_U[n])"},
+        annot_kws={"fontsize": 7},
+    )
     if answer in list(table.columns):
         col = list(table.columns).index(answer)
         ax.add_patch(plt.Rectangle((col, 0), 1, table.shape[0], fill=False, edgecolor="k", lw=2))

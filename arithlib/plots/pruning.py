@@ -4,7 +4,7 @@ Figure."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -13,8 +13,13 @@ import seaborn as sns
 
 sns.set_theme(context="notebook", style="whitegrid")
 
-_COLOURS = {"original": "#7f7f7f", "LoRA": "#4c72b0", "LoRA on CNA-pruned": "#55a868",
-            "LoRA on CNA-masked": "#8fbc8f", "LoRA on random-pruned": "#c44e52"}
+_COLOURS = {
+    "original": "#7f7f7f",
+    "LoRA": "#4c72b0",
+    "LoRA on CNA-pruned": "#55a868",
+    "LoRA on CNA-masked": "#8fbc8f",
+    "LoRA on random-pruned": "#c44e52",
+}
 _SEL = {"cna": ("#55a868", "CNA union"), "random": ("#c44e52", "random")}
 
 
@@ -25,10 +30,17 @@ def table11_plot(table: pd.DataFrame, title: str = ""):
     n_params, n_deep_ffn_params, forward_min_s (the fastest timed pass; NaN where not
     timed)."""
     order = [m for m in _COLOURS if m in set(table.model)]
-    agg = table.groupby("model", sort=False).agg(accuracy=("accuracy", "mean"), paper=("paper", "first"),
-                                                 n_params=("n_params", "first"),
-                                                 n_deep=("n_deep_ffn_params", "first"),
-                                                 forward_min_s=("forward_min_s", "median")).reindex(order)
+    agg = (
+        table.groupby("model", sort=False)
+        .agg(
+            accuracy=("accuracy", "mean"),
+            paper=("paper", "first"),
+            n_params=("n_params", "first"),
+            n_deep=("n_deep_ffn_params", "first"),
+            forward_min_s=("forward_min_s", "median"),
+        )
+        .reindex(order)
+    )
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.4, 1, 1]})
     x = np.arange(len(order))
     colours = [_COLOURS[m] for m in order]
@@ -37,13 +49,27 @@ def table11_plot(table: pd.DataFrame, title: str = ""):
     for i, m in enumerate(order):
         pts = table[table.model == m].accuracy
         if len(pts) > 1:
-            ax.scatter(np.full(len(pts), i) + np.linspace(-0.15, 0.15, len(pts)), 100 * pts, color="black", s=12,
-                       zorder=3, label="seeds" if m == "LoRA on random-pruned" else None)
+            ax.scatter(
+                np.full(len(pts), i) + np.linspace(-0.15, 0.15, len(pts)),
+                100 * pts,
+                color="black",
+                s=12,
+                zorder=3,
+                label="seeds" if m == "LoRA on random-pruned" else None,
+            )
         ax.text(i, 100 * agg.accuracy.iloc[i] + 1.5, f"{100 * agg.accuracy.iloc[i]:.1f}", ha="center", fontsize=8)
     paper = agg.paper.to_numpy(dtype=float)
     ok = ~np.isnan(paper)
-    ax.scatter(x[ok], paper[ok], marker="D", facecolors="none", edgecolors="black", s=40, zorder=4,
-               label="Yu Table 11 (Llama-7B)")
+    ax.scatter(
+        x[ok],
+        paper[ok],
+        marker="D",
+        facecolors="none",
+        edgecolors="black",
+        s=40,
+        zorder=4,
+        label="Yu Table 11 (Llama-7B)",
+    )
     ax.set_xticks(x, order, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("2-digit test accuracy (%)")
     ax.set_ylim(0, 105)
@@ -58,8 +84,14 @@ def table11_plot(table: pd.DataFrame, title: str = ""):
     ms = 1000 * agg.forward_min_s.to_numpy(dtype=float)
     ax.bar(x, np.nan_to_num(ms), color=colours)
     for i, v in enumerate(ms):
-        ax.text(i, (0 if np.isnan(v) else v) * 1.01, "n/a" if np.isnan(v) else f"{v:.0f}" if v >= 10 else f"{v:.1f}",
-                ha="center", va="bottom", fontsize=8)
+        ax.text(
+            i,
+            (0 if np.isnan(v) else v) * 1.01,
+            "n/a" if np.isnan(v) else f"{v:.0f}" if v >= 10 else f"{v:.1f}",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_xticks(x, [m.replace("LoRA on ", "") for m in order], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("forward pass (ms, fastest of the repeats)")
     fig.suptitle(title, fontsize=10)
@@ -67,8 +99,13 @@ def table11_plot(table: pd.DataFrame, title: str = ""):
     return fig
 
 
-def share_sweep_plot(sweep: pd.DataFrame, reference: Mapping[str, float] | None = None, main_share: float | None = None,
-                paper: Mapping[str, float] | None = None, title: str = ""):
+def share_sweep_plot(
+    sweep: pd.DataFrame,
+    reference: Mapping[str, float] | None = None,
+    main_share: float | None = None,
+    paper: Mapping[str, float] | None = None,
+    title: str = "",
+):
     """Accuracy (%) vs share of the deep FFN neurons kept (log axis), CNA union vs random
     (mean over seeds, seeds as dots): after LoRA (solid) and before it (dashed);
     horizontal lines for the unpruned models (``reference``: name -> accuracy in 0..1),
@@ -82,8 +119,16 @@ def share_sweep_plot(sweep: pd.DataFrame, reference: Mapping[str, float] | None 
             g = sub.groupby("share")[col].mean().dropna()
             if g.empty:
                 continue
-            ax.plot(100 * g.index, 100 * g.values, ls, marker="o" if ls == "-" else "s", ms=4, color=colour,
-                    label=f"{label}, {tag}", alpha=1 if ls == "-" else 0.7)
+            ax.plot(
+                100 * g.index,
+                100 * g.values,
+                ls,
+                marker="o" if ls == "-" else "s",
+                ms=4,
+                color=colour,
+                label=f"{label}, {tag}",
+                alpha=1 if ls == "-" else 0.7,
+            )
             if sub.seed.nunique() > 1 and sel == "random":
                 pts = sub.dropna(subset=[col])
                 ax.scatter(100 * pts.share, 100 * pts[col], color=colour, s=8, alpha=0.5)
@@ -92,8 +137,16 @@ def share_sweep_plot(sweep: pd.DataFrame, reference: Mapping[str, float] | None 
     if paper:
         for name, (colour, _) in (("LoRA on CNA-pruned", _SEL["cna"]), ("LoRA on random-pruned", _SEL["random"])):
             if name in paper:
-                ax.scatter([5], [paper[name]], marker="D", facecolors="none", edgecolors=colour, s=50, zorder=4,
-                           label=f"Yu Table 11: {name} (Llama-7B)")
+                ax.scatter(
+                    [5],
+                    [paper[name]],
+                    marker="D",
+                    facecolors="none",
+                    edgecolors=colour,
+                    s=50,
+                    zorder=4,
+                    label=f"Yu Table 11: {name} (Llama-7B)",
+                )
     if main_share is not None:
         ax.axvline(100 * main_share, color="grey", lw=0.8, alpha=0.6)
     ax.set_xscale("log")
@@ -108,15 +161,21 @@ def share_sweep_plot(sweep: pd.DataFrame, reference: Mapping[str, float] | None 
     return fig
 
 
-def union_size(curve: pd.DataFrame, main: tuple[int, float] | None = None, scaled_k: int | None = None,
-               title: str = ""):
+def union_size(
+    curve: pd.DataFrame, main: tuple[int, float] | None = None, scaled_k: int | None = None, title: str = ""
+):
     """Share of the deep neurons in the union of every case's top-K, vs K (log axis);
     ``main`` = (K, share) of the kept set, ``scaled_k`` Yu's 500 scaled to this model."""
     fig, ax = plt.subplots(figsize=(6, 3.8))
     ax.plot(curve.k, 100 * curve.share, "-", color="black")
     if main is not None:
-        ax.scatter([main[0]], [100 * main[1]], color=_SEL["cna"][0], zorder=3, label=f"kept set: K = {main[0]}, "
-                   f"{100 * main[1]:.1f} %")
+        ax.scatter(
+            [main[0]],
+            [100 * main[1]],
+            color=_SEL["cna"][0],
+            zorder=3,
+            label=f"kept set: K = {main[0]}, {100 * main[1]:.1f} %",
+        )
     if scaled_k is not None:
         ax.axvline(scaled_k, color="grey", ls="--", label=f"Yu's top-500 scaled to this model: K = {scaled_k}")
     ax.axhline(5, color="grey", ls=":", label="Yu: about 5 % kept")

@@ -39,19 +39,35 @@ def cross_model_figure(metrics: pd.DataFrame, curves: pd.DataFrame, order: list[
         missing = [m for m in order if m not in set(part["model"])]
         if not part.empty:
             data = part.assign(model=part["model"].map(labels))
-            sns.barplot(data=data, x="model", y="value", hue="series", order=[labels[m] for m in order], ax=ax,
-                        errorbar=None, palette="Set2")
+            sns.barplot(
+                data=data,
+                x="model",
+                y="value",
+                hue="series",
+                order=[labels[m] for m in order],
+                ax=ax,
+                errorbar=None,
+                palette="Set2",
+            )
             for container in ax.containers:
                 ax.bar_label(container, fmt="%.2g", fontsize=6)
             if (part["value"] >= 0).all():  # all-zero bars sit on the axis; headroom above the bars for the legend
                 ax.set_ylim(bottom=0, top=max(1.35 * float(part["value"].max()), 1e-3))
             ax.legend(fontsize=6, title=None, loc="upper right")
         if missing:
-            ax.text(0.5, -0.32, "not run: " + ", ".join(missing), transform=ax.transAxes, ha="center", va="top",
-                    fontsize=6, color="grey")  # below the axis labels, clear of the legend
+            ax.text(
+                0.5,
+                -0.32,
+                "not run: " + ", ".join(missing),
+                transform=ax.transAxes,
+                ha="center",
+                va="top",
+                fontsize=6,
+                color="grey",
+            )  # below the axis labels, clear of the legend
         ax.set_xlabel("model (parameters)", fontsize=8)
         ax.tick_params(axis="x", labelsize=6)
-    for ax, title in zip(list(axes.flat)[len(panels):], curve_titles):
+    for ax, title in zip(list(axes.flat)[len(panels) :], curve_titles):
         part = curves[curves["curve"] == title]
         for m in order:
             c = part[part["model"] == m].sort_values("depth")

@@ -35,43 +35,136 @@ files over every model folder in ``figures`` and the verdict table into the READ
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..core.papers import CLEAR_GAP, HALF, NOISE_GAP, PAPERS, PAPERS_SHORT
 from ..core.stats import INCONCLUSIVE, NOT_APPLICABLE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE
-from .cross_model import (CROSS_CURVES, CROSS_METRICS, README_END, README_START, TOY_FOLDER, cross_model_curves,
-                          cross_model_metrics, cross_model_table, model_folders, n_params, replace_readme_block,
-                          size_order, size_trend, size_trends, verdict_markdown, verdict_table, write_cross_model)
-from .findings import FINDINGS, findings_table, judge, smoke_test_reason
 from .appendix import DETAILS_FILE, FIDELITY_FILE, details_markdown, fidelity_markdown
+from .cross_model import (
+    CROSS_CURVES,
+    CROSS_METRICS,
+    README_END,
+    README_START,
+    TOY_FOLDER,
+    cross_model_curves,
+    cross_model_metrics,
+    cross_model_table,
+    model_folders,
+    n_params,
+    replace_readme_block,
+    size_order,
+    size_trend,
+    size_trends,
+    verdict_markdown,
+    verdict_table,
+    write_cross_model,
+)
+from .findings import FINDINGS, findings_table, judge, smoke_test_reason
 from .links import broken_links, committed_pages
-from .render import (RULES_TEXT, _summary_counts, commit_summary, environment_lines, markdown_table, notebook_anchor,
-                     notebook_links, notebook_verdicts, report_html, report_markdown, summary_frame, write_report)
+from .render import (
+    RULES_TEXT,
+    _summary_counts,
+    commit_summary,
+    environment_lines,
+    markdown_table,
+    notebook_anchor,
+    notebook_links,
+    notebook_verdicts,
+    report_html,
+    report_markdown,
+    summary_frame,
+    write_report,
+)
 from .rules import Finding, Outcome
 from .tables import ERROR, NOT_JUDGED, NOT_RUN, NOTEBOOKS, VERDICTS, MissingTable, NotApplicable, NotRun, Tables
 
-__all__ = ["CLEAR_GAP", "CROSS_CURVES", "CROSS_METRICS", "DETAILS_FILE", "ERROR", "FIDELITY_FILE", "FINDINGS", "HALF", "INCONCLUSIVE", "NOISE_GAP",
-           "NOTEBOOKS", "NOT_APPLICABLE", "NOT_JUDGED", "NOT_REPRODUCED", "NOT_RUN", "PAPERS", "PAPERS_SHORT", "PARTLY",
-           "README_END", "README_START", "REPRODUCED", "RULES_TEXT", "TOY_FOLDER", "UNDECIDABLE", "VERDICTS",
-           "Finding", "MissingTable", "NotApplicable", "NotRun", "Outcome", "Tables", "broken_links", "commit_summary",
-           "committed_pages", "cross_model_curves", "cross_model_metrics", "cross_model_table", "details_markdown",
-           "environment_lines", "fidelity_markdown", "findings_table", "judge", "main", "markdown_table",
-           "model_folders", "n_params", "notebook_anchor", "notebook_links", "notebook_verdicts",
-           "replace_readme_block", "report_html", "report_markdown", "size_order", "size_trend", "size_trends",
-           "smoke_test_reason", "summary_frame", "verdict_markdown", "verdict_table", "write_cross_model", "write_report"]
+__all__ = [
+    "CLEAR_GAP",
+    "CROSS_CURVES",
+    "CROSS_METRICS",
+    "DETAILS_FILE",
+    "ERROR",
+    "FIDELITY_FILE",
+    "FINDINGS",
+    "HALF",
+    "INCONCLUSIVE",
+    "NOISE_GAP",
+    "NOTEBOOKS",
+    "NOT_APPLICABLE",
+    "NOT_JUDGED",
+    "NOT_REPRODUCED",
+    "NOT_RUN",
+    "PAPERS",
+    "PAPERS_SHORT",
+    "PARTLY",
+    "README_END",
+    "README_START",
+    "REPRODUCED",
+    "RULES_TEXT",
+    "TOY_FOLDER",
+    "UNDECIDABLE",
+    "VERDICTS",
+    "Finding",
+    "MissingTable",
+    "NotApplicable",
+    "NotRun",
+    "Outcome",
+    "Tables",
+    "broken_links",
+    "commit_summary",
+    "committed_pages",
+    "cross_model_curves",
+    "cross_model_metrics",
+    "cross_model_table",
+    "details_markdown",
+    "environment_lines",
+    "fidelity_markdown",
+    "findings_table",
+    "judge",
+    "main",
+    "markdown_table",
+    "model_folders",
+    "n_params",
+    "notebook_anchor",
+    "notebook_links",
+    "notebook_verdicts",
+    "replace_readme_block",
+    "report_html",
+    "report_markdown",
+    "size_order",
+    "size_trend",
+    "size_trends",
+    "smoke_test_reason",
+    "summary_frame",
+    "verdict_markdown",
+    "verdict_table",
+    "write_cross_model",
+    "write_report",
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m arithlib.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("fig_dirs", nargs="*", help="figures/<model> folders written by the notebooks")
-    parser.add_argument("--cross-in", default=None, help="cross-model files over every model folder in this "
-                                                          "folder (model_folders; the toy model left out)")
-    parser.add_argument("--cross-out", default=None, help="folder for CROSS_MODEL.md/.csv (default: the first "
-                                                          "folder's parent)")
-    parser.add_argument("--cross-only", action="store_true", help="write only the cross-model files (the folders' "
-                                                                    "own reports are left as they are)")
-    parser.add_argument("--readme", default=None, help="also write the verdict table into this README's verdict "
-                                                        "block (between the lines README_START and README_END)")
+    parser.add_argument(
+        "--cross-in",
+        default=None,
+        help="cross-model files over every model folder in this folder (model_folders; the toy model left out)",
+    )
+    parser.add_argument(
+        "--cross-out", default=None, help="folder for CROSS_MODEL.md/.csv (default: the first folder's parent)"
+    )
+    parser.add_argument(
+        "--cross-only",
+        action="store_true",
+        help="write only the cross-model files (the folders' own reports are left as they are)",
+    )
+    parser.add_argument(
+        "--readme",
+        default=None,
+        help="also write the verdict table into this README's verdict "
+        "block (between the lines README_START and README_END)",
+    )
     args = parser.parse_args(argv)
     if args.cross_in:
         if args.fig_dirs or args.cross_only:

@@ -12,18 +12,26 @@ from pathlib import Path
 import pandas as pd
 
 from .findings import FINDINGS
-from .markup import (RULES_TEXT, executed_notebook, markdown_table, notebook_anchor, notebook_html_if_tracked,
-                     section_anchor)
+from .markup import (
+    RULES_TEXT,
+    executed_notebook,
+    markdown_table,
+    notebook_anchor,
+    notebook_html_if_tracked,
+    section_anchor,
+)
 from .provenance import DIRTY, environment_lines
 from .tables import NOTEBOOKS, Tables
 
 FIDELITY_FILE = "FIDELITY.md"
 DETAILS_FILE = "DETAILS.md"
 FIDELITY_TITLE = "Fidelity: the paper's setting beside ours"
-FIDELITY_TEXT = ("Each finding's setting in its paper beside ours, aspect by aspect: ours is read from this "
-                 "folder's params JSONs (\"not recorded\" where a run predates a parameter); the last column names "
-                 "the differences the small offline models force. Every other difference is a choice of this "
-                 "reimplementation, shown so it can be judged.")
+FIDELITY_TEXT = (
+    "Each finding's setting in its paper beside ours, aspect by aspect: ours is read from this "
+    'folder\'s params JSONs ("not recorded" where a run predates a parameter); the last column names '
+    "the differences the small offline models force. Every other difference is a choice of this "
+    "reimplementation, shown so it can be judged."
+)
 FORCED_COLUMN = "forced by the offline model"
 
 
@@ -36,8 +44,10 @@ def report_fidelity(tables: Tables, table: pd.DataFrame) -> pd.DataFrame:
     fid = fidelity_table(tables.params(), {f.id: f.notebook for f in FINDINGS})
     n_of = dict(zip(table["id"], table["ci_n"]))
     prompts = fid["aspect"] == "prompts"
-    fid.loc[prompts, "ours"] = [f"{o}; n = {int(n_of[f])} behind the verdict's interval" if n_of.get(f) else o
-                                for f, o in zip(fid.loc[prompts, "finding"], fid.loc[prompts, "ours"])]
+    fid.loc[prompts, "ours"] = [
+        f"{o}; n = {int(n_of[f])} behind the verdict's interval" if n_of.get(f) else o
+        for f, o in zip(fid.loc[prompts, "finding"], fid.loc[prompts, "ours"])
+    ]
     return fid
 
 
@@ -58,9 +68,14 @@ def fidelity_markdown(tables: Tables, table: pd.DataFrame) -> str:
     verdict = dict(zip(table["id"], table["verdict"]))
     out = [f"# {FIDELITY_TITLE}: `{tables.model()}`", "", f"Back to [the report](REPORT.md). {FIDELITY_TEXT}", ""]
     for fid_id, rows in fid.groupby("finding", sort=False):
-        out += [f'<a id="{section_anchor(fid_id)}"></a>', "",
-                f"## {fid_id} ([{verdict.get(fid_id, '')}](REPORT.md#{section_anchor(fid_id)}))", "",
-                markdown_table(rows[["aspect", "paper", "ours", FORCED_COLUMN]]), ""]
+        out += [
+            f'<a id="{section_anchor(fid_id)}"></a>',
+            "",
+            f"## {fid_id} ([{verdict.get(fid_id, '')}](REPORT.md#{section_anchor(fid_id)}))",
+            "",
+            markdown_table(rows[["aspect", "paper", "ours", FORCED_COLUMN]]),
+            "",
+        ]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
@@ -80,12 +95,23 @@ def details_markdown(tables: Tables, table: pd.DataFrame) -> str:
     the full verdict rules, then per notebook (anchor ``notebook-NN``) its executed copy,
     its findings, what it found in its own words and every figure it wrote."""
     params = tables.params()
-    out = [f"# Run details: `{tables.model()}`", "", "Back to [the report](REPORT.md).", "",
-           '<a id="provenance"></a>', "", "## Provenance", ""]
+    out = [
+        f"# Run details: `{tables.model()}`",
+        "",
+        "Back to [the report](REPORT.md).",
+        "",
+        '<a id="provenance"></a>',
+        "",
+        "## Provenance",
+        "",
+    ]
     if params:
-        out += [*environment_lines(params), "",
-                f"A commit ending in \"{DIRTY}\" ran from a work tree with uncommitted changes: that code is in no commit.",
-                ""]
+        out += [
+            *environment_lines(params),
+            "",
+            f'A commit ending in "{DIRTY}" ran from a work tree with uncommitted changes: that code is in no commit.',
+            "",
+        ]
     else:
         out += ["No notebook recorded its parameters in this folder.", ""]
     out += ['<a id="rules"></a>', "", "## How verdicts are given", "", RULES_TEXT, ""]

@@ -17,59 +17,73 @@ CAPTIONS: dict[str, str] = {
     "01_path_patching": (
         "Path patching at the last token: the relative change of the answer's logit when one head's output "
         "(grid) or one MLP's (last column) is replaced by its counterfactual output, per layer, one panel per "
-        "operator and one over all; a key head is a cell below -5 %."),
+        "operator and one over all; a key head is a cell below -5 %."
+    ),
     "01_knockout": (
         "Accuracy as heads are knocked out (mean-ablated), in order of path-patching effect (red) or in random "
-        "order (grey: mean and range over random orders), against the number of heads knocked out."),
+        "order (grey: mean and range over random orders), against the number of heads knocked out."
+    ),
     "01_transfer": (
         "Accuracy on other prompt formats before the knockout, after knocking out the 10 heads of largest "
-        "path-patching effect, and after knocking out as many random heads (error bars: sd over the random sets)."),
+        "path-patching effect, and after knocking out as many random heads (error bars: sd over the random sets)."
+    ),
     "02_mlp_cosines": (
         "Per layer, the cosine of each MLP's write with the answer's unembedding (middle panel, solid green: "
         "the curve the verdict reads; dashed: the literal MLP_out - MLP_in, shown for comparison), with the "
-        "operands' cosines (left) and the excess over other numbers (right); bands: 95 % intervals over prompts."),
+        "operands' cosines (left) and the excess over other numbers (right); bands: 95 % intervals over prompts."
+    ),
     "08_sft_comparison": (
         "Precise SFT of the top heads beside full SFT: accuracy on held-out arithmetic and word problems "
         "(left), factual recall and language-model loss as general ability (middle), and the parameters each "
-        "method tunes against its training speed (right)."),
+        "method tunes against its training speed (right)."
+    ),
     "01_yu_head_sweep": (
         "Accuracy drop (points) when one head is zeroed at every position, per layer and head, one panel per "
         "operator and number of digits; this is the screening stage, the verdict reads the exact stage on "
-        "every 1-digit prompt."),
+        "every 1-digit prompt."
+    ),
     "03_circuit_faithfulness": (
         "Faithfulness of the circuit (its heads plus the selected neurons of each analysed MLP) as heads are "
         "added, per operator on the selection prompts, and the held-out value the verdict reads with its 95 % "
-        "interval (black); dashed line: the faithfulness target."),
-    "03_faithfulness_curve": (
-        "Faithfulness against the share of neurons kept in each analysed MLP, per operator."),
+        "interval (black); dashed line: the faithfulness target."
+    ),
+    "03_faithfulness_curve": ("Faithfulness against the share of neurons kept in each analysed MLP, per operator."),
     "03_heuristic_ablation": (
         "Accuracy after zeroing one heuristic's neurons, on the prompts that heuristic covers (blue) and on "
-        "other prompts (orange), heuristic by heuristic, one panel per operator."),
+        "other prompts (orange), heuristic by heuristic, one panel per operator."
+    ),
     "03_prompt_ablation": (
         "Accuracy per operator with no ablation, after zeroing each prompt's own heuristic neurons, and after "
-        "zeroing as many random circuit neurons of the same layers."),
+        "zeroing as many random circuit neurons of the same layers."
+    ),
     "04_mask_keep": (
         "Accuracy decrease against K when the top-K CNA neurons per case are zeroed (mask) or are the only "
         "neurons left in their layers (keep), beside random masks and keeps (top); the key head's effect on "
-        "those neurons' coefficients (bottom); left: + and -, right: /."),
+        "those neurons' coefficients (bottom); left: + and -, right: /."
+    ),
     "04_hidden_m_sweep": (
         "Accuracy decrease after zeroing the shallow neurons with at least M number or operation concepts "
         "among their top projected tokens (purple), against as many random shallow neurons (grey), for each M; "
-        "n: how many neurons qualify."),
+        "n: how many neurons qualify."
+    ),
     "05_lora_accuracy_by_layer": (
         "Test accuracy of a model with LoRA in one attention layer, for each layer, on all test prompts and on "
-        "those with negative results, against the original model (dotted lines); shading: the layer bands."),
+        "those with negative results, against the original model (dotted lines); shading: the layer bands."
+    ),
     "05_cna_coef_increase_by_band": (
         "How much LoRA raises the coefficients of the top CNA neurons over the original model, by the band of "
-        "the layer carrying the LoRA (shallow, middle, deep) and by how many top neurons are compared."),
+        "the layer carrying the LoRA (shallow, middle, deep) and by how many top neurons are compared."
+    ),
     "06_table11": (
         "2-digit test accuracy after LoRA on the original, on the model keeping only the CNA neurons of the "
         "deep MLPs, and on randomly pruned ones, beside the paper's Table 11 (diamonds); also each model's "
-        "parameters and forward-pass time."),
+        "parameters and forward-pass time."
+    ),
     "07_table13": (
         "Gender bias of profession predictions (mean absolute log-probability gap between 'woman' and 'man' "
         "prompts) in the original model, after zeroing the top-18 CNA neurons, and after zeroing 18 random "
-        "neurons (mean over seeds, error bars: sd), over all, female- and male-biased professions."),
+        "neurons (mean over seeds, error bars: sd), over all, female- and male-biased professions."
+    ),
 }
 
 
@@ -101,7 +115,7 @@ HEADLINES: dict[str, tuple[str, float, str, int]] = {
 
 
 def headline(finding_id: str, estimate: float, low: float, high: float, n: int) -> str:
-    """"share of key heads 0.0 % [0.0, 0.0], n = 128": the interval the verdict of
+    """ "share of key heads 0.0 % [0.0, 0.0], n = 128": the interval the verdict of
     ``finding_id`` reads, labelled (:data:`HEADLINES`); "" without an interval."""
     if not all(math.isfinite(x) for x in (low, high)):
         return ""

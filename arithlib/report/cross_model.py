@@ -4,14 +4,14 @@ and the README's verdict table."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from ..run.outputs import write_text
 from ..core.papers import PAPERS, PAPERS_SHORT
+from ..run.outputs import write_text
 from .findings import FINDINGS, findings_table
 from .render import RULES_TEXT, markdown_table
 from .tables import VERDICTS, NotRun, Tables
@@ -29,9 +29,11 @@ def cross_model_table(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
         tables = Tables(d)
         info = tables.info()
         col: dict[tuple[str, str], object] = {
-            ("model", "n_layers"): info.get("n_layers", ""), ("model", "n_heads"): info.get("n_heads", ""),
+            ("model", "n_layers"): info.get("n_layers", ""),
+            ("model", "n_heads"): info.get("n_heads", ""),
             ("model", "d_mlp"): info.get("d_mlp", ""),
-            ("model", "quick notebooks"): ",".join(sorted(nb for nb, p in tables.params().items() if p.get("quick")))}
+            ("model", "quick notebooks"): ",".join(sorted(nb for nb, p in tables.params().items() if p.get("quick"))),
+        }
         for f, row in zip(FINDINGS, findings_table(d).itertuples()):
             col[(f.id, "verdict")] = row.verdict
             col[(f.id, "interval")] = row.interval
@@ -47,8 +49,13 @@ def cross_model_table(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
     rank = {"verdict": 0, "interval": 1, "ours": 2}
     keys.sort(key=lambda k: (-1 if k[0] == "model" else order.get(k[0], len(order)), rank.get(k[1], 2)))
     paper = {f.id: f.paper_number for f in FINDINGS}
-    frame = pd.DataFrame({"finding": [k[0] for k in keys], "quantity": [k[1] for k in keys],
-                          "paper": [paper[k[0]] if k[1] == "ours" else "" for k in keys]})
+    frame = pd.DataFrame(
+        {
+            "finding": [k[0] for k in keys],
+            "quantity": [k[1] for k in keys],
+            "paper": [paper[k[0]] if k[1] == "ours" else "" for k in keys],
+        }
+    )
     for name, col in zip(_unique(names), columns):
         frame[name] = [col.get(k, "") for k in keys]
     return frame
@@ -68,16 +75,20 @@ def verdict_table(frame: pd.DataFrame) -> pd.DataFrame:
         ci = str(intervals.at[f, m]) if f in intervals.index else ""
         return f"{verdicts.at[f, m]} {ci}" if ci and ci not in ("none", "nan") else str(verdicts.at[f, m])
 
-    rows = [{"finding": f, "paper": where[f][0], "paper's number": where[f][1], **{m: cell(f, m) for m in models}}
-            for f in verdicts.index]
-    counts = {m: ", ".join(f"{(verdicts[m] == v).sum()} {v}" for v in VERDICTS if (verdicts[m] == v).any())
-              for m in models}
+    rows = [
+        {"finding": f, "paper": where[f][0], "paper's number": where[f][1], **{m: cell(f, m) for m in models}}
+        for f in verdicts.index
+    ]
+    counts = {
+        m: ", ".join(f"{(verdicts[m] == v).sum()} {v}" for v in VERDICTS if (verdicts[m] == v).any()) for m in models
+    }
     rows.append({"finding": "**all**", "paper": "", "paper's number": "", **counts})
     return pd.DataFrame(rows)
 
 
-README_START = ("<!-- verdicts: written by `python -m arithlib.report --cross-in figures --readme README.md`; "
-                "do not edit -->")
+README_START = (
+    "<!-- verdicts: written by `python -m arithlib.report --cross-in figures --readme README.md`; do not edit -->"
+)
 README_END = "<!-- /verdicts -->"
 
 
@@ -86,9 +97,11 @@ def replace_readme_block(text: str, block: str) -> str:
     replaced by ``block``; a clear error when the markers are missing or out of order."""
     start, end = text.find(README_START), text.find(README_END)
     if start < 0 or end < start:
-        raise ValueError(f"the README has no verdict block: add the two lines\n{README_START}\n{README_END}\n"
-                         "where the table should go, then rerun")
-    head = text[:start + len(README_START)]
+        raise ValueError(
+            f"the README has no verdict block: add the two lines\n{README_START}\n{README_END}\n"
+            "where the table should go, then rerun"
+        )
+    head = text[: start + len(README_START)]
     return head + "\n" + block.rstrip("\n") + "\n" + text[end:]
 
 
@@ -100,21 +113,26 @@ def model_folders(figures: str | os.PathLike) -> list[Path]:
     ``NN_*_params.json``; the toy model's folder left out): the models of the cross-model
     report and of the README's verdict table."""
     root = Path(figures)
-    return sorted(d for d in root.iterdir()
-                  if d.is_dir() and d.name != TOY_FOLDER and any(d.glob("[0-9][0-9]_*_params.json")))
+    return sorted(
+        d for d in root.iterdir() if d.is_dir() and d.name != TOY_FOLDER and any(d.glob("[0-9][0-9]_*_params.json"))
+    )
 
 
-def _linked_models(table: pd.DataFrame, fig_dirs: Sequence[str | os.PathLike], link_from: str | os.PathLike
-                   ) -> pd.DataFrame:
+def _linked_models(
+    table: pd.DataFrame, fig_dirs: Sequence[str | os.PathLike], link_from: str | os.PathLike
+) -> pd.DataFrame:
     """``table`` with each model column named as a link to its ``REPORT.md``, relative to
     the folder ``link_from`` of the Markdown file that shows it."""
-    links = {Path(d).name: Path(os.path.relpath(Path(d).resolve() / "REPORT.md", Path(link_from).resolve())).as_posix()
-             for d in fig_dirs}
+    links = {
+        Path(d).name: Path(os.path.relpath(Path(d).resolve() / "REPORT.md", Path(link_from).resolve())).as_posix()
+        for d in fig_dirs
+    }
     return table.rename(columns={m: f"[{m}]({link})" for m, link in links.items()})
 
 
-def _verdict_markdown(frame: pd.DataFrame, fig_dirs: Sequence[str | os.PathLike],
-                      link_from: str | os.PathLike | None) -> str:
+def _verdict_markdown(
+    frame: pd.DataFrame, fig_dirs: Sequence[str | os.PathLike], link_from: str | os.PathLike | None
+) -> str:
     table = verdict_table(frame)
     return markdown_table(table if link_from is None else _linked_models(table, fig_dirs, link_from))
 
@@ -151,47 +169,85 @@ def _heuristic_share(t: Tables, _metrics: dict[str, dict]) -> dict[str, float]:
     ms = t.csv("03_matched_share")
     if "labelled_share" not in ms:
         return {"labelled (t and null)": float("nan"), "labelled, shuffled activations": float("nan")}
-    return {"labelled (t and null)": float(ms["labelled_share"].mean()),
-            "labelled, shuffled activations": float(ms["labelled_share_null"].mean())}
+    return {
+        "labelled (t and null)": float(ms["labelled_share"].mean()),
+        "labelled, shuffled activations": float(ms["labelled_share_null"].mean()),
+    }
 
 
 def _metric(finding_id: str, **series: str) -> Callable[[Tables, dict[str, dict]], dict[str, float]]:
     """Panel values from one finding's metrics: ``series label=metric key``."""
+
     def values(_t: Tables, metrics: dict[str, dict]) -> dict[str, float]:
         m = metrics[finding_id]
         return {label: float(m.get(key, float("nan"))) for label, key in series.items()}
+
     return values
 
 
 #: The quantities compared across model sizes (a size axis), one panel each:
 #: (panel title, y-axis label, values from a folder's tables and its findings' metrics).
 CROSS_METRICS: tuple[tuple[str, str, Callable[[Tables, dict[str, dict]], dict[str, float]]], ...] = (
-    ("Key heads (Zhang Sec. 5.1)", "share of heads",
-     _metric("zhang_key_heads", **{"key-head share": "key-head share"})),
-    ("Knockout gap (Zhang Fig. 3)", "accuracy drop",
-     _metric("zhang_knockout", **{"effect order": "effect-rank drop", "random order": "random-rank drop"})),
-    ("Answer direction rises (Zhang Fig. 6b)", "layer / n_layers",
-     _metric("zhang_mlp_answer", start="answer-writing start layer / n_layers",
-             inflection="answer-writing inflection layer / n_layers", peak="answer-writing peak layer / n_layers")),
-    ("Neuron circuit size (Nikankin Fig. 4b)", "share of neurons per layer",
-     _metric("nikankin_faithfulness", **{"smallest share reaching faithfulness 0.9":
-                                         "smallest share per layer reaching 0.9"})),
+    (
+        "Key heads (Zhang Sec. 5.1)",
+        "share of heads",
+        _metric("zhang_key_heads", **{"key-head share": "key-head share"}),
+    ),
+    (
+        "Knockout gap (Zhang Fig. 3)",
+        "accuracy drop",
+        _metric("zhang_knockout", **{"effect order": "effect-rank drop", "random order": "random-rank drop"}),
+    ),
+    (
+        "Answer direction rises (Zhang Fig. 6b)",
+        "layer / n_layers",
+        _metric(
+            "zhang_mlp_answer",
+            start="answer-writing start layer / n_layers",
+            inflection="answer-writing inflection layer / n_layers",
+            peak="answer-writing peak layer / n_layers",
+        ),
+    ),
+    (
+        "Neuron circuit size (Nikankin Fig. 4b)",
+        "share of neurons per layer",
+        _metric(
+            "nikankin_faithfulness",
+            **{"smallest share reaching faithfulness 0.9": "smallest share per layer reaching 0.9"},
+        ),
+    ),
     ("Heuristic neurons (Nikankin Sec. 4)", "share of circuit neurons", _heuristic_share),
-    ("CNA mask / keep, top 99 (Yu Table 5)", "accuracy decrease (%)",
-     _metric("yu_mask_keep", mask="mask accuracy decrease (%)", keep="keep accuracy decrease (%)",
-             **{"random mask": "random-mask accuracy decrease (%)"})),
-    ("Gender-bias edit (Yu Table 13)", "bias reduction (%)",
-     _metric("yu_gender_bias", **{"CNA neurons": "CNA bias reduction (%)", "random neurons": "random bias reduction (%)"})),
+    (
+        "CNA mask / keep, top 99 (Yu Table 5)",
+        "accuracy decrease (%)",
+        _metric(
+            "yu_mask_keep",
+            mask="mask accuracy decrease (%)",
+            keep="keep accuracy decrease (%)",
+            **{"random mask": "random-mask accuracy decrease (%)"},
+        ),
+    ),
+    (
+        "Gender-bias edit (Yu Table 13)",
+        "bias reduction (%)",
+        _metric(
+            "yu_gender_bias", **{"CNA neurons": "CNA bias reduction (%)", "random neurons": "random bias reduction (%)"}
+        ),
+    ),
 )
 
 #: Per-layer curves compared across sizes on normalised depth (layer / n_layers):
 #: title -> (table, filter column, filter value, y column, y label).
 CROSS_CURVES: dict[str, tuple[str, str | None, str | None, str, str]] = {
-    "LoRA in one attention layer (Yu Fig. 2)": ("05_lora_accuracy_by_layer", None, None, "accuracy",
-                                                "test accuracy"),
+    "LoRA in one attention layer (Yu Fig. 2)": ("05_lora_accuracy_by_layer", None, None, "accuracy", "test accuracy"),
     "cos(MLP write, W_U[C]) (Zhang Fig. 6b)": ("02_mlp_cosines", "measure", "write_C", "mean", "mean cosine"),
-    "cos(MLP_out - ln2(MLP_in), W_U[C]), literal reading": ("02_mlp_cosines", "measure", "delta_C", "mean",
-                                                             "mean cosine"),
+    "cos(MLP_out - ln2(MLP_in), W_U[C]), literal reading": (
+        "02_mlp_cosines",
+        "measure",
+        "delta_C",
+        "mean",
+        "mean cosine",
+    ),
     "Logit lens: answer probability (Zhang Sec. 5.2)": ("02_logit_lens", None, None, "mean_prob", "mean p(answer)"),
 }
 
@@ -210,8 +266,9 @@ def cross_model_metrics(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
             except (NotRun, KeyError, ValueError):
                 got = {}
             for series, v in (got or {"": float("nan")}).items():
-                rows.append({"model": name, "n_params": size, "panel": panel, "ylabel": ylabel, "series": series,
-                             "value": v})
+                rows.append(
+                    {"model": name, "n_params": size, "panel": panel, "ylabel": ylabel, "series": series, "value": v}
+                )
     return pd.DataFrame(rows)
 
 
@@ -234,9 +291,19 @@ def cross_model_curves(fig_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
                 continue
             curve = tab.groupby("layer")[y].mean().reset_index()
             L = tables.n_layers(curve["layer"])
-            frames.append(pd.DataFrame({"model": name, "n_params": n_params(tables.info()), "curve": title,
-                                        "ylabel": ylabel, "layer": curve["layer"].astype(int),
-                                        "depth": curve["layer"] / L, "value": curve[y]}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "model": name,
+                        "n_params": n_params(tables.info()),
+                        "curve": title,
+                        "ylabel": ylabel,
+                        "layer": curve["layer"].astype(int),
+                        "depth": curve["layer"] / L,
+                        "value": curve[y],
+                    }
+                )
+            )
     cols = ["model", "n_params", "curve", "ylabel", "layer", "depth", "value"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
 
@@ -296,14 +363,17 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
-def _size_key(tables: "Tables") -> tuple[bool, float]:
+def _size_key(tables: Tables) -> tuple[bool, float]:
     """Sort key: parameter count, models of unknown size last."""
     size = n_params(tables.info())
     return (not np.isfinite(size), size if np.isfinite(size) else 0.0)
 
 
-def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike | None = None,
-                      readme: str | os.PathLike | None = None) -> tuple[Path, Path]:
+def write_cross_model(
+    fig_dirs: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike | None = None,
+    readme: str | os.PathLike | None = None,
+) -> tuple[Path, Path]:
     """Write ``CROSS_MODEL.md`` and ``CROSS_MODEL.csv`` (the findings side by side, one
     column per model from the smallest up),
     ``CROSS_MODEL_metrics.csv`` / ``CROSS_MODEL_curves.csv`` (the size-axis quantities),
@@ -312,8 +382,8 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
     ordered by size) into ``out_dir`` (default: the folder holding the first model
     folder); with ``readme``, the same verdict table goes into that file's verdict block
     (:func:`replace_readme_block`); return the paths of the Markdown and the CSV."""
-    from ..run.outputs import save_figure, save_table
     from ..plots.report import cross_model_figure
+    from ..run.outputs import save_figure, save_table
 
     out = Path(out_dir) if out_dir is not None else Path(fig_dirs[0]).resolve().parent
     fig_dirs = sorted(fig_dirs, key=lambda d: _size_key(Tables(d)))  # columns from the smallest model up
@@ -324,12 +394,24 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
     save_figure(cross_model_figure(metrics, curves, size_order(metrics)), out, "CROSS_MODEL")
     sizes = metrics.drop_duplicates("model").set_index("model")["n_params"]
     papers = {f.id: f"{PAPERS[f.paper]}, {f.where}: {f.paper_number}" for f in FINDINGS}
-    md = ["# Findings across models", "", RULES_TEXT, "",
-          "Models (parameters from their shapes): "
-          + ", ".join(f"{m} ({v / 1e6:.0f} M)" if np.isfinite(v) else m for m, v in sizes.items()) + ".", "",
-          "## Verdicts", "", _verdict_markdown(frame, fig_dirs, out), "",
-          "![The size-axis quantities, one panel each](CROSS_MODEL.png)", "",
-          "Layer positions are given as layer / n_layers. Paper numbers:", ""]
+    md = [
+        "# Findings across models",
+        "",
+        RULES_TEXT,
+        "",
+        "Models (parameters from their shapes): "
+        + ", ".join(f"{m} ({v / 1e6:.0f} M)" if np.isfinite(v) else m for m, v in sizes.items())
+        + ".",
+        "",
+        "## Verdicts",
+        "",
+        _verdict_markdown(frame, fig_dirs, out),
+        "",
+        "![The size-axis quantities, one panel each](CROSS_MODEL.png)",
+        "",
+        "Layer positions are given as layer / n_layers. Paper numbers:",
+        "",
+    ]
     md += [f"- **{k}**: {v}" for k, v in papers.items()]
     trends = size_trends(metrics)
     if len(trends):
@@ -338,13 +420,18 @@ def write_cross_model(fig_dirs: Sequence[str | os.PathLike], out_dir: str | os.P
         for m in sizes.index:
             if m in shown:
                 shown[m] = shown[m].map(lambda x: "not run" if not np.isfinite(x) else f"{x:.3g}")
-        md += ["", "## Across sizes", "",
-               "Each size-axis quantity by model, smallest first, and its trend by a fixed rule: "
-               "'rises' / 'falls with size' when every step between consecutive models goes that way by more than "
-               f"{TREND_TOLERANCE:.0%} of the quantity's largest absolute value, 'flat' when no step does, 'mixed' "
-               "otherwise (some steps flat or opposite). With three models this describes these models; it is not "
-               "a scaling law.",
-               "", markdown_table(shown)]
+        md += [
+            "",
+            "## Across sizes",
+            "",
+            "Each size-axis quantity by model, smallest first, and its trend by a fixed rule: "
+            "'rises' / 'falls with size' when every step between consecutive models goes that way by more than "
+            f"{TREND_TOLERANCE:.0%} of the quantity's largest absolute value, 'flat' when no step does, 'mixed' "
+            "otherwise (some steps flat or opposite). With three models this describes these models; it is not "
+            "a scaling law.",
+            "",
+            markdown_table(shown),
+        ]
     md += ["", "## All findings", "", markdown_table(frame), ""]
     if readme is not None:
         path = Path(readme)

@@ -17,7 +17,7 @@ Only the fine-tuning scale (notebooks 05 and 08) reads :mod:`arithlib.methods.fi
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import pandas as pd
 
@@ -28,114 +28,153 @@ NOT_RECORDED = "not recorded"
 Params = Mapping[str, dict]  # notebook number ("01") -> its params JSON
 
 _ZHANG_MODEL = "LLaMA2-7B (32 layers x 32 heads; LLaMA2-13B too)"
-_ZHANG_DATA = ("X_r: sentences of 36 templates (Equation, Statement, Question-Answer; App. A, Fig. 8, 10) with "
-               "operands 1-9, of 10,000 generated only those the model answers (Sec. 3); X_c: the operator word or "
-               "symbol replaced ('nothing', '@', ...); zero-shot")
+_ZHANG_DATA = (
+    "X_r: sentences of 36 templates (Equation, Statement, Question-Answer; App. A, Fig. 8, 10) with "
+    "operands 1-9, of 10,000 generated only those the model answers (Sec. 3); X_c: the operator word or "
+    "symbol replaced ('nothing', '@', ...); zero-shot"
+)
 _YU_MODEL = "Llama-7B (32 layers x 32 heads, 11,008 FFN neurons per layer; GPT-J in App. C)"
 _YU_1D = "all 1D+ and 1D- cases the model answers (4 prompts per operator, Table 14), zero-shot"
 #: How the authors' code reads a vector for CNA (get_bsvalues in their public CNA notebook).
-_YU_CNA_READING = ("every vector read through the final RMSNorm with the original run's final-state variance at the "
-                   "answer position (the authors' code; the text does not say)")
-_YU_2D = ("2-digit + - * / sentences of the 4 Table-14 prompts incl. negative results: 18,000 train / 2,000 test "
-          "(Sec. 5), zero-shot")
+_YU_CNA_READING = (
+    "every vector read through the final RMSNorm with the original run's final-state variance at the "
+    "answer position (the authors' code; the text does not say)"
+)
+_YU_2D = (
+    "2-digit + - * / sentences of the 4 Table-14 prompts incl. negative results: 18,000 train / 2,000 test "
+    "(Sec. 5), zero-shot"
+)
 _NIK_MODEL = "Llama3-8B (32 layers, 14,336 neurons per MLP; Llama3-70B, Pythia-6.9B, GPT-J too)"
-_NIK_DATA = ("'{x}{op}{y}=' without spaces, + - * /, single-token operands up to 300, integer results in range; "
-             "about 50 correct prompts per operator per seed, several seeds")
+_NIK_DATA = (
+    "'{x}{op}{y}=' without spaces, + - * /, single-token operands up to 300, integer results in range; "
+    "about 50 correct prompts per operator per seed, several seeds"
+)
 
 #: The papers' settings, by finding id (sections as in :mod:`arithlib.report`'s sources).
 PAPER: dict[str, dict[str, str]] = {
     "zhang_key_heads": dict(
-        model=_ZHANG_MODEL, prompts=_ZHANG_DATA,
+        model=_ZHANG_MODEL,
+        prompts=_ZHANG_DATA,
         positions="path patching (Alg. 1, App. B): each head's output at the END token replaced by its X_c output, "
-                  "other heads frozen, MLPs recomputed",
+        "other heads frozen, MLPs recomputed",
         metric="(logit_p - logit_o) / logit_o of the answer token, mean over prompts; key head: below -5 %",
-        scale="all 1,024 heads, 4 operators (Fig. 2, 12, 15)"),
+        scale="all 1,024 heads, 4 operators (Fig. 2, 12, 15)",
+    ),
     "zhang_knockout": dict(
-        model=_ZHANG_MODEL, prompts=_ZHANG_DATA,
+        model=_ZHANG_MODEL,
+        prompts=_ZHANG_DATA,
         positions="mean ablation: each knocked-out head's activation replaced by its average over X_c (Sec. 4.1)",
         metric="accuracy vs k heads knocked out, effect order vs random order (Fig. 3)",
-        scale="k up to all heads"),
+        scale="k up to all heads",
+    ),
     "zhang_late_mlps": dict(
-        model=_ZHANG_MODEL, prompts=_ZHANG_DATA,
+        model=_ZHANG_MODEL,
+        prompts=_ZHANG_DATA,
         positions="path patching of each MLP at the END token (Fig. 2, last column)",
         metric="logit effect per MLP: layers 0-16 vs 17-31 of 32",
-        scale="all 32 MLPs"),
+        scale="all 32 MLPs",
+    ),
     "zhang_mlp_answer": dict(
-        model=_ZHANG_MODEL, prompts="1,000 X_r samples (Sec. 5.2, Fig. 6)",
+        model=_ZHANG_MODEL,
+        prompts="1,000 X_r samples (Sec. 5.2, Fig. 6)",
         positions="MLP input and output at the END token, every layer",
         metric="cos(MLP_out - MLP_in, W_U[C]) per layer: start-inflection-end 13-18-28 of 32; MLP_in is what the "
-               "MLP receives from the residual stream, MLP_out what it adds back, subtracted 'to isolate the "
-               "specific contribution of MLP' (Sec. 4.2)",
-        scale="all 32 layers"),
+        "MLP receives from the residual stream, MLP_out what it adds back, subtracted 'to isolate the "
+        "specific contribution of MLP' (Sec. 4.2)",
+        scale="all 32 layers",
+    ),
     "zhang_transfer": dict(
-        model=_ZHANG_MODEL, prompts="SVAMP, multi-digit integers, rational numbers, dates (Sec. 5.1, Fig. 4; App. D, E)",
+        model=_ZHANG_MODEL,
+        prompts="SVAMP, multi-digit integers, rational numbers, dates (Sec. 5.1, Fig. 4; App. D, E)",
         positions="the key heads mean-ablated (knockout)",
         metric="accuracy before / after the knockout (SVAMP 34.7 % -> 11.8 %, -66 % relative)",
-        scale="the full public sets (SVAMP: 1,000 problems)"),
+        scale="the full public sets (SVAMP: 1,000 problems)",
+    ),
     "zhang_precise_sft": dict(
         model=_ZHANG_MODEL,
         prompts="training data of GSM8K, AddSub, SingleEq and SVAMP; tested on those four and on MMLU / CSQA (general)",
         positions="Q/K/V/O slices of the top-32 heads by path-patching effect, gradients x H/h per layer (Alg. 2); "
-                  "full SFT: every weight",
+        "full SFT: every weight",
         metric="accuracy before / after on each benchmark (Table 1): math gains, MMLU / CSQA change",
-        scale="lr 2e-5, batch 128, 2 epochs, warm-up 0.02, weight decay 0.1"),
+        scale="lr 2e-5, batch 128, 2 epochs, warm-up 0.02, weight decay 0.1",
+    ),
     "yu_single_head": dict(
-        model=_YU_MODEL, prompts="4 prompts per operator (Table 14), numbers and number words; 1D, 2D, 3D sets "
-                                 "(1,600 sentences for 2D), zero-shot",
+        model=_YU_MODEL,
+        prompts="4 prompts per operator (Table 14), numbers and number words; 1D, 2D, 3D sets "
+        "(1,600 sentences for 2D), zero-shot",
         positions="one head zeroed (all its parameters), every position",
         metric="accuracy with the head zeroed; relative 1D decrease (Table 2, 24-27)",
-        scale="all 1,024 heads (Sec. 3.3)"),
+        scale="all 1,024 heads (Sec. 3.3)",
+    ),
     "yu_mask_keep": dict(
-        model=_YU_MODEL, prompts=_YU_1D,
+        model=_YU_MODEL,
+        prompts=_YU_1D,
         positions="top-K CNA neurons (original vs head 17.22 zeroed) zeroed at the last position; keep: every other "
-                  "neuron of FFN layers 17-31 zeroed",
+        "neuron of FFN layers 17-31 zeroed",
         metric="accuracy decrease (%) at K = 99, 50, 30, 20, 10 (Table 5)",
-        scale="exact CNA importance of every FFN neuron, " + _YU_CNA_READING),
+        scale="exact CNA importance of every FFN neuron, " + _YU_CNA_READING,
+    ),
     "yu_shallow_neurons": dict(
-        model=_YU_MODEL, prompts=_YU_1D,
+        model=_YU_MODEL,
+        prompts=_YU_1D,
         positions="FFN neurons of layers 0-15 projected through the OV matrices of attention layers 0-16; those with "
-                  ">= M number/operation concepts among the top-50 tokens zeroed",
+        ">= M number/operation concepts among the top-50 tokens zeroed",
         metric="accuracy decrease (%) vs as many random shallow neurons (Table 8: M = 2, 1,953 of 176,128 neurons)",
-        scale="every shallow neuron"),
+        scale="every shallow neuron",
+    ),
     "yu_lora_layers": dict(
-        model=_YU_MODEL, prompts=_YU_2D,
+        model=_YU_MODEL,
+        prompts=_YU_2D,
         positions="LoRA in one attention layer, one model per layer",
         metric="test accuracy of each LoRA model vs the original (Fig. 2)",
-        scale="32 models; lr from {1e-3, 5e-4, 1e-4}, up to 4 epochs"),
+        scale="32 models; lr from {1e-3, 5e-4, 1e-4}, up to 4 epochs",
+    ),
     "yu_lora_coef": dict(
-        model=_YU_MODEL, prompts="1D cases (CNA between each LoRA model and the original)",
+        model=_YU_MODEL,
+        prompts="1D cases (CNA between each LoRA model and the original)",
         positions="top CNA neurons of the deep FFN layers, last position",
         metric="coefficient increase (%) of the top-k neurons by LoRA layer band (Table 10)",
-        scale="the 32 LoRA models of Fig. 2; CNA " + _YU_CNA_READING),
+        scale="the 32 LoRA models of Fig. 2; CNA " + _YU_CNA_READING,
+    ),
     "yu_pruning": dict(
-        model=_YU_MODEL, prompts="CNA on all 1D + - * / cases (top-500 per case); LoRA data as Sec. 5 (18,000 / 2,000)",
+        model=_YU_MODEL,
+        prompts="CNA on all 1D + - * / cases (top-500 per case); LoRA data as Sec. 5 (18,000 / 2,000)",
         positions="the union of the cases' top-500 kept in FFN layers 17-31 (5 %), the rest pruned; LoRA on layer 9",
         metric="2D test accuracy after LoRA: CNA-pruned vs randomly pruned (Table 11)",
-        scale="one random pruning reported; CNA " + _YU_CNA_READING),
+        scale="one random pruning reported; CNA " + _YU_CNA_READING,
+    ),
     "yu_gender_bias": dict(
-        model=_YU_MODEL, prompts="8 prompts x {man, woman} (App. D, Table 22; Sec. 6.2 says four); 32 professions from "
-                                 "the top-100 predictions (Table 23); CNA on the first prompt",
+        model=_YU_MODEL,
+        prompts="8 prompts x {man, woman} (App. D, Table 22; Sec. 6.2 says four); 32 professions from "
+        "the top-100 predictions (Table 23); CNA on the first prompt",
         positions="top-18 CNA neurons zeroed (parameters set to zero)",
         metric="mean |log p(prof | woman) - log p(prof | man)| over prompts and professions (Table 13: 1.26 -> 0.81)",
-        scale="18 neurons; no random control reported; CNA " + _YU_CNA_READING),
+        scale="18 neurons; no random control reported; CNA " + _YU_CNA_READING,
+    ),
     "nikankin_faithfulness": dict(
-        model=_NIK_MODEL, prompts=_NIK_DATA,
+        model=_NIK_MODEL,
+        prompts=_NIK_DATA,
         positions="activation patching per component and position (op1, op, op2, '='), then neurons of the "
-                  "middle/late MLPs at the last position; everything outside the circuit mean-ablated",
+        "middle/late MLPs at the last position; everything outside the circuit mean-ablated",
         metric="faithfulness: correct-token logit / max logit, 0 = fully mean-ablated, 1 = full model (about 96 %)",
-        scale="about 200 neurons per layer (about 1 %)"),
+        scale="about 200 neurons per layer (about 1 %)",
+    ),
     "nikankin_heuristic_ablation": dict(
-        model=_NIK_MODEL, prompts=_NIK_DATA + "; the operand grid (operands 0-299, one token each) for the heuristics",
+        model=_NIK_MODEL,
+        prompts=_NIK_DATA + "; the operand grid (operands 0-299, one token each) for the heuristics",
         positions="the neurons of one heuristic (match score >= 0.6; the authors' code: >= 0.55) zeroed",
         metric="accuracy on the heuristic's associated prompts vs other prompts (Fig. 7)",
-        scale="circuit neurons of the middle/late MLPs"),
+        scale="circuit neurons of the middle/late MLPs",
+    ),
     "nikankin_prompt_ablation": dict(
-        model=_NIK_MODEL, prompts=_NIK_DATA,
+        model=_NIK_MODEL,
+        prompts=_NIK_DATA,
         positions="per layer at most a cap of the prompt's associated heuristic neurons (ranked by how many of its "
-                  "heuristics they carry), zeroed at every position; control: per layer as many drawn from that "
-                  "layer's circuit neurons minus the zeroed ones (heuristics_analysis.prompt_knockout_experiment)",
+        "heuristics they carry), zeroed at every position; control: per layer as many drawn from that "
+        "layer's circuit neurons minus the zeroed ones (heuristics_analysis.prompt_knockout_experiment)",
         metric="accuracy after each knockout against the cap (Fig. 8; no test, labels at t alone)",
-        scale="caps 0-100 of 200 circuit neurons per layer in steps of 5 (the authors' script; Fig. 8 shows 0-80)"),
+        scale="caps 0-100 of 200 circuit neurons per layer in steps of 5 (the authors' script; Fig. 8 shows 0-80)",
+    ),
 }
 
 
@@ -151,8 +190,10 @@ def _model(P: Params, nb: str) -> str:
     p = _nb(P, nb)
     i = p["model_info"]
     src = f", {i['source']}" if i.get("source") else ""
-    return (f"{p['model']} ({i['n_layers']} layers x {i['n_heads']} heads, d_mlp {i['d_mlp']}{src}), "
-            f"{str(p.get('dtype', '?')).replace('torch.', '')} on {p.get('device', '?')}")
+    return (
+        f"{p['model']} ({i['n_layers']} layers x {i['n_heads']} heads, d_mlp {i['d_mlp']}{src}), "
+        f"{str(p.get('dtype', '?')).replace('torch.', '')} on {p.get('device', '?')}"
+    )
 
 
 def _layers(P: Params, nb: str) -> int:
@@ -178,15 +219,18 @@ def _ft_scale(P: Params, nb: str = "05") -> dict:
     from ..run.scales import FINETUNE_SCALES, resolve_scale
 
     p = _nb(P, nb)  # the scale the run recorded; in older runs "auto" was "quick" on a CPU
-    name = p.get("scale_resolved") or resolve_scale(str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")),
-                                                    auto_cpu="quick")
+    name = p.get("scale_resolved") or resolve_scale(
+        str(p["scale"]), str(p.get("device", "cpu")), bool(p.get("quick")), auto_cpu="quick"
+    )
     return dict(FINETUNE_SCALES[name], scale=name)
 
 
 def _ft_text(P: Params) -> str:
     s = _ft_scale(P)
-    return (f"scale '{s['scale']}' (params scale={_nb(P, '05')['scale']!r}): {s['n_train']} train / {s['n_test']} "
-            f"test sentences, {s['lora_epochs']} epoch(s), lr search {s['lr_search']}, layers {_LAYERS.get(s['layers'], s['layers'])}")
+    return (
+        f"scale '{s['scale']}' (params scale={_nb(P, '05')['scale']!r}): {s['n_train']} train / {s['n_test']} "
+        f"test sentences, {s['lora_epochs']} epoch(s), lr search {s['lr_search']}, layers {_LAYERS.get(s['layers'], s['layers'])}"
+    )
 
 
 #: How a scale's ``layers`` setting reads in the fidelity table ("all" keeps its old wording).
@@ -199,23 +243,29 @@ def _sft_lr_text(P: Params) -> str:
     lrs = _nb(P, "08").get("sft_lrs") or _ft_scale(P, "08")["sft_lrs"]
     if len(lrs) == 1:
         return f"lr {lrs[0]:g}"
-    return ("lr from {" + ", ".join(f"{lr:g}" for lr in lrs) + "} per method on the validation split (Zhang: one lr, "
-            "2e-5, for both)")
+    return (
+        "lr from {" + ", ".join(f"{lr:g}" for lr in lrs) + "} per method on the validation split (Zhang: one lr, "
+        "2e-5, for both)"
+    )
 
 
 def _zhang_prompts(P: Params) -> str:
     p = _nb(P, "01")
-    return (f"{p['zhang_per_op']} correct prompts per operator ({' '.join(p['ops'])}), {p['zhang_per_template']} "
-            f"candidates per template of 8 Zhang templates, operands 1-9; {_fewshot(P, '01')}; X_c as the paper's")
+    return (
+        f"{p['zhang_per_op']} correct prompts per operator ({' '.join(p['ops'])}), {p['zhang_per_template']} "
+        f"candidates per template of 8 Zhang templates, operands 1-9; {_fewshot(P, '01')}; X_c as the paper's"
+    )
 
 
 def _yu_1d(P: Params, nb: str) -> str:
     return f"the correct 1D + / - cases of Yu's symbolic prompts ('n1 + n2 ='); {_fewshot(P, nb)}"
 
 
-_YU_KEY_HEAD = ("key head of each operator group from notebook 01's exact every-position sweep: largest mean 1D "
-                "accuracy drop over the group's operators (ties: logit drop, then layer and head); if no head lowers "
-                "1D accuracy, stated, and the largest mean drop over 1-3 digits (cna.select_key_heads)")
+_YU_KEY_HEAD = (
+    "key head of each operator group from notebook 01's exact every-position sweep: largest mean 1D "
+    "accuracy drop over the group's operators (ties: logit drop, then layer and head); if no head lowers "
+    "1D accuracy, stated, and the largest mean drop over 1-3 digits (cna.select_key_heads)"
+)
 
 
 def _yu_key_head(P) -> str:
@@ -229,8 +279,11 @@ def _cna_reading(P: Params, nb: str) -> str:
     """How notebook ``nb``'s CNA read its vectors through the final norm (its ``norm_reading``
     parameter; a run that does not record one read each vector by its own RMS)."""
     reading = _nb(P, nb).get("norm_reading", "own")
-    return ("CNA read with the original run's final scale (the authors' reading)" if reading == "final" else
-            "CNA read with each vector's own RMS (not the authors' reading: rerun for it)")
+    return (
+        "CNA read with the original run's final scale (the authors' reading)"
+        if reading == "final"
+        else "CNA read with each vector's own RMS (not the authors' reading: rerun for it)"
+    )
 
 
 def _nik_grid(P: Params) -> str:
@@ -240,8 +293,15 @@ def _nik_grid(P: Params) -> str:
     if "operand_ranges" not in p:
         return "operand grid not recorded (an older run)"
     ranges, n, full = p["operand_ranges"], p["grid_prompts"], p["grid_full"]
-    parts = [f"{op} {lo}-{hi}" + (f" ({n[op]:,} of {full[op]:,} pairs, seeded subsample)" if n[op] < full[op]
-                                  else f" (all {full[op]:,} pairs)") for op, (lo, hi) in ranges.items()]
+    parts = [
+        f"{op} {lo}-{hi}"
+        + (
+            f" ({n[op]:,} of {full[op]:,} pairs, seeded subsample)"
+            if n[op] < full[op]
+            else f" (all {full[op]:,} pairs)"
+        )
+        for op, (lo, hi) in ranges.items()
+    ]
     return "operand grid " + ", ".join(parts)
 
 
@@ -249,8 +309,10 @@ def _label_null(P: Params) -> str:
     """Notebook 03's label test, in words."""
     p = _nb(P, "03")
     b = p["n_permutations"]
-    return (f"beating shuffled-operand grids (permutation test, "
-            f"{'max(1000, neurons / FDR)' if b is None else b} shuffles, BH at FDR {p['label_fdr']:.0%})")
+    return (
+        f"beating shuffled-operand grids (permutation test, "
+        f"{'max(1000, neurons / FDR)' if b is None else b} shuffles, BH at FDR {p['label_fdr']:.0%})"
+    )
 
 
 def _nik03_prompts(P: Params) -> str:
@@ -258,14 +320,19 @@ def _nik03_prompts(P: Params) -> str:
     p = _nb(P, "03")
     if "operand_ranges" not in p:
         return f"{_nik_prompts(P, 'n_analysis', '03')}; {_nik_grid(P)}"
-    return (f"'{{x}}{{op}}{{y}}=' prompts of the {_nik_grid(P)}; {p['n_analysis']} correct per operator select the "
-            f"circuit, other correct ones score it; {_fewshot(P, '03')}")
+    return (
+        f"'{{x}}{{op}}{{y}}=' prompts of the {_nik_grid(P)}; {p['n_analysis']} correct per operator select the "
+        f"circuit, other correct ones score it; {_fewshot(P, '03')}"
+    )
 
 
 def _nik_prompts(P: Params, per_op_key: str, nb: str) -> str:
     p = _nb(P, nb)
-    cap = f", operands 0-{p['nikankin_max_operand']} capped at single tokens" if "nikankin_max_operand" in p else \
-        ", single-token operands"
+    cap = (
+        f", operands 0-{p['nikankin_max_operand']} capped at single tokens"
+        if "nikankin_max_operand" in p
+        else ", single-token operands"
+    )
     return f"'{{x}}{{op}}{{y}}=' prompts, {p[per_op_key]} correct per operator{cap}; {_fewshot(P, nb)}"
 
 
@@ -288,219 +355,335 @@ def _gender_scoring(P: Params) -> str:
         return "candidate scoring: exact importance of every neuron (the screen's recall measured against it)"
     from ..yu.bias import RECALL_LAYER_STRIDE
 
-    return (f"candidate scoring: two-stage screen, exact for {p['n_candidates']} per profession + pooled "
-            f"{p['n_aggregate']} (its recall measured on every neuron of every {RECALL_LAYER_STRIDE}th layer)")
+    return (
+        f"candidate scoring: two-stage screen, exact for {p['n_candidates']} per profession + pooled "
+        f"{p['n_aggregate']} (its recall measured on every neuron of every {RECALL_LAYER_STRIDE}th layer)"
+    )
+
 
 #: Our settings, by finding id: aspect -> a function of the run's params (KeyError,
 #: TypeError or ValueError there means "not recorded").
 OURS: dict[str, dict[str, Getter]] = {
     "zhang_key_heads": dict(
-        model=lambda P: _model(P, "01"), prompts=_zhang_prompts,
+        model=lambda P: _model(P, "01"),
+        prompts=_zhang_prompts,
         positions=lambda P: "path patching at the last (END) position, other heads frozen, MLPs recomputed",
         metric=lambda P: f"relative answer-logit effect, key head below {_nb(P, '01')['key_threshold']:+.0%}",
-        scale=lambda P: f"every head; {_quick(P, '01')}"),
+        scale=lambda P: f"every head; {_quick(P, '01')}",
+    ),
     "zhang_knockout": dict(
-        model=lambda P: _model(P, "01"), prompts=_zhang_prompts,
-        positions=lambda P: f"verdict at k = {_nb(P, '01')['knockout_k']}: each head mean-ablated at every query "
-                            "position (its X_c mean per position; the few-shot prefix intact); the curve over k at "
-                            "the last position only, its agreement with the verdict's knockout in "
-                            "01_knockout_screen.csv",
+        model=lambda P: _model(P, "01"),
+        prompts=_zhang_prompts,
+        positions=lambda P: (
+            f"verdict at k = {_nb(P, '01')['knockout_k']}: each head mean-ablated at every query "
+            "position (its X_c mean per position; the few-shot prefix intact); the curve over k at "
+            "the last position only, its agreement with the verdict's knockout in "
+            "01_knockout_screen.csv"
+        ),
         metric=lambda P: f"accuracy vs k, effect order vs {_nb(P, '01')['n_random_orders']} random orders",
-        scale=lambda P: f"k in {_nb(P, '01')['knockout_ks']}; {_quick(P, '01')}"),
+        scale=lambda P: f"k in {_nb(P, '01')['knockout_ks']}; {_quick(P, '01')}",
+    ),
     "zhang_late_mlps": dict(
-        model=lambda P: _model(P, "01"), prompts=_zhang_prompts,
-        positions=lambda P: f"path patching of each MLP at the last position; split at layer "
-                            f"{_depth(17, _layers(P, '01'))} of {_layers(P, '01')}",
+        model=lambda P: _model(P, "01"),
+        prompts=_zhang_prompts,
+        positions=lambda P: (
+            f"path patching of each MLP at the last position; split at layer "
+            f"{_depth(17, _layers(P, '01'))} of {_layers(P, '01')}"
+        ),
         metric=lambda P: "mean |logit effect| of the late vs the early MLPs",
-        scale=lambda P: f"every MLP; {_quick(P, '01')}"),
+        scale=lambda P: f"every MLP; {_quick(P, '01')}",
+    ),
     "zhang_mlp_answer": dict(
         model=lambda P: _model(P, "02"),
-        prompts=lambda P: f"{_nb(P, '02')['n_per_template']} prompts per template and operator (8 templates x 4 "
-                          f"operators), correct only; {_fewshot(P, '02')}",
-        positions=lambda P: f"the residual stream before and after each MLP (blocks.L.hook_resid_mid, "
-                            f"blocks.L.hook_resid_post) and MLP in / out ({_nb(P, '02')['mlp_in_hook']}, "
-                            f"{_nb(P, '02')['mlp_out_hook']}) at the last position, every layer",
-        metric=lambda P: "the verdict reads cos(MLP write, W_U[C]) with the write resid_post - resid_mid, because "
-                         "the paper subtracts 'to isolate the specific contribution of MLP' (Sec. 4.2), which is what "
-                         "the MLP writes; the literal MLP module output minus its normalised input (ln2 with its "
-                         "weight) is a sensitivity reading, not judged; the climb must be settled and begin at "
-                         "depth >= 17/32",
-        scale=lambda P: f"every layer; {_quick(P, '02')}"),
+        prompts=lambda P: (
+            f"{_nb(P, '02')['n_per_template']} prompts per template and operator (8 templates x 4 "
+            f"operators), correct only; {_fewshot(P, '02')}"
+        ),
+        positions=lambda P: (
+            f"the residual stream before and after each MLP (blocks.L.hook_resid_mid, "
+            f"blocks.L.hook_resid_post) and MLP in / out ({_nb(P, '02')['mlp_in_hook']}, "
+            f"{_nb(P, '02')['mlp_out_hook']}) at the last position, every layer"
+        ),
+        metric=lambda P: (
+            "the verdict reads cos(MLP write, W_U[C]) with the write resid_post - resid_mid, because "
+            "the paper subtracts 'to isolate the specific contribution of MLP' (Sec. 4.2), which is what "
+            "the MLP writes; the literal MLP module output minus its normalised input (ln2 with its "
+            "weight) is a sensitivity reading, not judged; the climb must be settled and begin at "
+            "depth >= 17/32"
+        ),
+        scale=lambda P: f"every layer; {_quick(P, '02')}",
+    ),
     "zhang_transfer": dict(
         model=lambda P: _model(P, "01"),
-        prompts=lambda P: f"{_nb(P, '01')['transfer_n']} prompts per format (multi-digit, decimals, dates, word "
-                          f"problems, exponentiation); {_fewshot(P, '01')}",
+        prompts=lambda P: (
+            f"{_nb(P, '01')['transfer_n']} prompts per format (multi-digit, decimals, dates, word "
+            f"problems, exponentiation); {_fewshot(P, '01')}"
+        ),
         positions=lambda P: "key heads (or the 10 of largest effect) mean-ablated vs as many random heads",
         metric=lambda P: "relative accuracy drop minus the random heads' drop",
-        scale=lambda P: f"our generated formats, not SVAMP itself; {_quick(P, '01')}"),
+        scale=lambda P: f"our generated formats, not SVAMP itself; {_quick(P, '01')}",
+    ),
     "yu_single_head": dict(
         model=lambda P: _model(P, "01"),
-        prompts=lambda P: f"every 1D operand pair of + - * / and {_nb(P, '01')['yu_multi_per_setting']} prompts per "
-                          f"2D and 3D setting (Yu template 4, symbolic); {_fewshot(P, '01')}",
-        positions=lambda P: f"one head's W_O slice zeroed at every position; stage 1 screens every head on "
-                            f"{_nb(P, '01')['yu_screen_n']} prompts per setting, stage 2 zeroes the top "
-                            f"{_nb(P, '01')['yu_top_k']} of each setting on all its prompts (only stage 2 is judged; "
-                            f"the screen's recall measured against every head on "
-                            f"{_nb(P, '01')['yu_recall_setting']!r})",
+        prompts=lambda P: (
+            f"every 1D operand pair of + - * / and {_nb(P, '01')['yu_multi_per_setting']} prompts per "
+            f"2D and 3D setting (Yu template 4, symbolic); {_fewshot(P, '01')}"
+        ),
+        positions=lambda P: (
+            f"one head's W_O slice zeroed at every position; stage 1 screens every head on "
+            f"{_nb(P, '01')['yu_screen_n']} prompts per setting, stage 2 zeroes the top "
+            f"{_nb(P, '01')['yu_top_k']} of each setting on all its prompts (only stage 2 is judged; "
+            f"the screen's recall measured against every head on "
+            f"{_nb(P, '01')['yu_recall_setting']!r})"
+        ),
         metric=lambda P: "largest relative 1D accuracy decrease from one head",
-        scale=lambda P: f"every head; {_quick(P, '01')}"),
+        scale=lambda P: f"every head; {_quick(P, '01')}",
+    ),
     "yu_mask_keep": dict(
-        model=lambda P: _model(P, "04") + "; " + _yu_key_head(P), prompts=lambda P: _yu_1d(P, "04"),
-        positions=lambda P: _yu_key_head(P) and "top-K CNA neurons (original vs the key head zeroed at every "
-                            "position) zeroed at the last "
-                            "position; keep: every other neuron of the layers CNA scored (the key head's layer to "
-                            "the last) zeroed",
-        metric=lambda P: f"accuracy decrease at K in {_nb(P, '04')['top_ks']} (exact binomial intervals); random mask "
-                         f"and random keep over {_nb(P, '04')['n_random_seeds']} seeds",
-        scale=lambda P: f"importance mode {_nb(P, '04')['mode']!r} ({_nb(P, '04')['n_candidates']} exact candidates "
-                        f"per case in two-stage mode); {_cna_reading(P, '04')}; {_quick(P, '04')}"),
+        model=lambda P: _model(P, "04") + "; " + _yu_key_head(P),
+        prompts=lambda P: _yu_1d(P, "04"),
+        positions=lambda P: (
+            _yu_key_head(P)
+            and "top-K CNA neurons (original vs the key head zeroed at every "
+            "position) zeroed at the last "
+            "position; keep: every other neuron of the layers CNA scored (the key head's layer to "
+            "the last) zeroed"
+        ),
+        metric=lambda P: (
+            f"accuracy decrease at K in {_nb(P, '04')['top_ks']} (exact binomial intervals); random mask "
+            f"and random keep over {_nb(P, '04')['n_random_seeds']} seeds"
+        ),
+        scale=lambda P: (
+            f"importance mode {_nb(P, '04')['mode']!r} ({_nb(P, '04')['n_candidates']} exact candidates "
+            f"per case in two-stage mode); {_cna_reading(P, '04')}; {_quick(P, '04')}"
+        ),
+    ),
     "yu_shallow_neurons": dict(
         model=lambda P: _model(P, "04") + "; " + _yu_key_head(P),
-        prompts=lambda P: _yu_1d(P, "04") + "; the correct 1D / cases with the division key head (Yu App. B, "
-                          "Table 17) when the + / - key head is in layer 0 (no FFN layer below it)",
-        positions=lambda P: _yu_key_head(P) and "each FFN neuron of layer l below the key head's layer H carried "
-                            "through the OV (all "
-                            "heads, ln1 weight folded) of every attention layer l < j <= H; qualifies when any "
-                            f"projection has >= M number/operation concepts (digits, English number words, "
-                            f"operators) among its top-{_nb(P, '04')['concept_top']} tokens; zeroed at every position",
-        metric=lambda P: f"accuracy decrease vs {_nb(P, '04')['n_random_seeds']} random sets of as many shallow "
-                         f"neurons, M in {_nb(P, '04')['ms']}; set size and share beside Table 8's",
-        scale=lambda P: f"every shallow neuron; {_quick(P, '04')}"),
+        prompts=lambda P: (
+            _yu_1d(P, "04") + "; the correct 1D / cases with the division key head (Yu App. B, "
+            "Table 17) when the + / - key head is in layer 0 (no FFN layer below it)"
+        ),
+        positions=lambda P: (
+            _yu_key_head(P)
+            and "each FFN neuron of layer l below the key head's layer H carried "
+            "through the OV (all "
+            "heads, ln1 weight folded) of every attention layer l < j <= H; qualifies when any "
+            f"projection has >= M number/operation concepts (digits, English number words, "
+            f"operators) among its top-{_nb(P, '04')['concept_top']} tokens; zeroed at every position"
+        ),
+        metric=lambda P: (
+            f"accuracy decrease vs {_nb(P, '04')['n_random_seeds']} random sets of as many shallow "
+            f"neurons, M in {_nb(P, '04')['ms']}; set size and share beside Table 8's"
+        ),
+        scale=lambda P: f"every shallow neuron; {_quick(P, '04')}",
+    ),
     "yu_lora_layers": dict(
         model=lambda P: _model(P, "05"),
-        prompts=lambda P: f"2-digit {' '.join(_nb(P, '05')['ops'])} sentences incl. negative results; "
-                          f"{_fewshot(P, '05')}",
-        positions=lambda P: f"LoRA (r = {_nb(P, '05')['lora_r']}, alpha = {_nb(P, '05')['lora_alpha']}) in one "
-                            "attention layer per model",
+        prompts=lambda P: (
+            f"2-digit {' '.join(_nb(P, '05')['ops'])} sentences incl. negative results; {_fewshot(P, '05')}"
+        ),
+        positions=lambda P: (
+            f"LoRA (r = {_nb(P, '05')['lora_r']}, alpha = {_nb(P, '05')['lora_alpha']}) in one "
+            "attention layer per model"
+        ),
         metric=lambda P: "whole-answer test accuracy of each LoRA model vs the original",
-        scale=_ft_text),
+        scale=_ft_text,
+    ),
     "yu_lora_coef": dict(
         model=lambda P: _model(P, "05"),
         prompts=lambda P: f"{_ft_scale(P)['cna_cases']} 1D + / - cases; {_fewshot(P, '05')}",
-        positions=lambda P: f"top CNA neurons of FFN layers {_depth(17, _layers(P, '05'))}-{_layers(P, '05') - 1}, "
-                            "last position",
+        positions=lambda P: (
+            f"top CNA neurons of FFN layers {_depth(17, _layers(P, '05'))}-{_layers(P, '05') - 1}, last position"
+        ),
         metric=lambda P: f"coefficient increase (%) of the top-k (k in {_nb(P, '05')['top_ks']}) by band",
-        scale=lambda P: f"{_ft_text(P)}; {_cna_reading(P, '05')}"),
+        scale=lambda P: f"{_ft_text(P)}; {_cna_reading(P, '05')}",
+    ),
     "yu_pruning": dict(
         model=lambda P: _model(P, "06"),
-        prompts=lambda P: f"CNA on 1D + - * / cases ({_nb(P, '06')['cases_per_op']} per operator); LoRA data as "
-                          "notebook 05",
-        positions=lambda P: f"{_nb(P, '06')['main_share']:.0%} of the deep FFN neurons (layers "
-                            f"{_depth(17, _layers(P, '06'))}-{_layers(P, '06') - 1}) kept; LoRA on layer "
-                            f"{_depth(9, _layers(P, '06'))}",
+        prompts=lambda P: (
+            f"CNA on 1D + - * / cases ({_nb(P, '06')['cases_per_op']} per operator); LoRA data as notebook 05"
+        ),
+        positions=lambda P: (
+            f"{_nb(P, '06')['main_share']:.0%} of the deep FFN neurons (layers "
+            f"{_depth(17, _layers(P, '06'))}-{_layers(P, '06') - 1}) kept; LoRA on layer "
+            f"{_depth(9, _layers(P, '06'))}"
+        ),
         metric=lambda P: "test accuracy after LoRA: CNA-pruned vs randomly pruned (mean over seeds)",
-        scale=lambda P: f"{_ft_text(P)}; random prunings {_nb(P, '06')['random_seeds']!r}; {_cna_reading(P, '06')}"),
+        scale=lambda P: f"{_ft_text(P)}; random prunings {_nb(P, '06')['random_seeds']!r}; {_cna_reading(P, '06')}",
+    ),
     "zhang_precise_sft": dict(
         model=lambda P: _model(P, "08"),
-        prompts=lambda P: f"notebook 05's 2-digit training split ({_ft_scale(P, '08')['n_train']}) plus "
-                          f"{_ft_scale(P, '08')['word_train']} of Zhang's word problems; tested on the 2-digit test "
-                          f"split ({_ft_scale(P, '08')['n_test']}); general ability: factual recall "
-                          "(data/factual_recall.json) and LM loss on pydoc prose; "
-                          f"{_fewshot(P, '08')}",
-        positions=lambda P: "Q/K/V/O slices of the top-32 heads (scaled to the model's heads) by notebook 01's "
-                            f"path-patching effect (kv={_nb(P, '08')['kv']!r} under GQA), gradients x H/h; full SFT",
+        prompts=lambda P: (
+            f"notebook 05's 2-digit training split ({_ft_scale(P, '08')['n_train']}) plus "
+            f"{_ft_scale(P, '08')['word_train']} of Zhang's word problems; tested on the 2-digit test "
+            f"split ({_ft_scale(P, '08')['n_test']}); general ability: factual recall "
+            "(data/factual_recall.json) and LM loss on pydoc prose; "
+            f"{_fewshot(P, '08')}"
+        ),
+        positions=lambda P: (
+            "Q/K/V/O slices of the top-32 heads (scaled to the model's heads) by notebook 01's "
+            f"path-patching effect (kv={_nb(P, '08')['kv']!r} under GQA), gradients x H/h; full SFT"
+        ),
         metric=lambda P: "whole-answer accuracy gain on the test split; factual-recall accuracy precise minus full",
-        scale=lambda P: f"{_sft_lr_text(P)}, batch {_ft_scale(P, '08')['sft_batch']}, "
-                        f"{_ft_scale(P, '08')['sft_epochs']} epoch(s); scale '{_ft_scale(P, '08')['scale']}' "
-                        f"(params scale={_nb(P, '08')['scale']!r})"),
+        scale=lambda P: (
+            f"{_sft_lr_text(P)}, batch {_ft_scale(P, '08')['sft_batch']}, "
+            f"{_ft_scale(P, '08')['sft_epochs']} epoch(s); scale '{_ft_scale(P, '08')['scale']}' "
+            f"(params scale={_nb(P, '08')['scale']!r})"
+        ),
+    ),
     "yu_gender_bias": dict(
         model=lambda P: _model(P, "07"),
-        prompts=lambda P: f"the 8 Table-22 prompts x {{man, woman}}; professions from the top-{_nb(P, '07')['top_k']} "
-                          f"predictions (the bias also on Table 23's 32, each by the first token of ' ' + profession "
-                          f"when it is the first word or a >= 5-letter prefix, the rest listed); CNA on prompt "
-                          f"{_nb(P, '07')['cna_prompt']}",
-        positions=lambda P: f"top-{_nb(P, '07')['edit_k']} CNA neurons zeroed (and {_nb(P, '07')['n_random_seeds']} "
-                            "random sets)",
-        metric=lambda P: "mean |log p(prof | woman) - log p(prof | man)|, reduction vs the original; 95 % intervals "
-                         "by a bootstrap over professions crossed with the random seeds",
-        scale=lambda P: f"edit sizes {list(_nb(P, '07')['sweep'])}; {_gender_scoring(P)}; "
-                        f"{_nb(P, '07')['n_random_seeds']} layer-matched random sets per size; also the top-"
-                        f"{_nb(P, '07')['edit_k']} from layers >= {_nb(P, '07')['early_layers']} and the edit set "
-                        f"less its early neurons; {_cna_reading(P, '07')}; {_quick(P, '07')}"),
+        prompts=lambda P: (
+            f"the 8 Table-22 prompts x {{man, woman}}; professions from the top-{_nb(P, '07')['top_k']} "
+            f"predictions (the bias also on Table 23's 32, each by the first token of ' ' + profession "
+            f"when it is the first word or a >= 5-letter prefix, the rest listed); CNA on prompt "
+            f"{_nb(P, '07')['cna_prompt']}"
+        ),
+        positions=lambda P: (
+            f"top-{_nb(P, '07')['edit_k']} CNA neurons zeroed (and {_nb(P, '07')['n_random_seeds']} random sets)"
+        ),
+        metric=lambda P: (
+            "mean |log p(prof | woman) - log p(prof | man)|, reduction vs the original; 95 % intervals "
+            "by a bootstrap over professions crossed with the random seeds"
+        ),
+        scale=lambda P: (
+            f"edit sizes {list(_nb(P, '07')['sweep'])}; {_gender_scoring(P)}; "
+            f"{_nb(P, '07')['n_random_seeds']} layer-matched random sets per size; also the top-"
+            f"{_nb(P, '07')['edit_k']} from layers >= {_nb(P, '07')['early_layers']} and the edit set "
+            f"less its early neurons; {_cna_reading(P, '07')}; {_quick(P, '07')}"
+        ),
+    ),
     "nikankin_faithfulness": dict(
         model=lambda P: _model(P, "03"),
         prompts=lambda P: _nik03_prompts(P),
-        positions=lambda P: "neurons of the analysed late MLPs at the last position; only those MLPs' other neurons "
-                            "mean-ablated",
-        metric=lambda P: f"faithfulness (paper's normalisation), target {_nb(P, '03')['target_faithfulness']}; an "
-                         "operator whose denominator is not above 0 at 95 % is excluded with its reason (the paper "
-                         "averages every operator)",
-        scale=lambda P: f"a grid of shares per layer; {_quick(P, '03')}"),
+        positions=lambda P: (
+            "neurons of the analysed late MLPs at the last position; only those MLPs' other neurons mean-ablated"
+        ),
+        metric=lambda P: (
+            f"faithfulness (paper's normalisation), target {_nb(P, '03')['target_faithfulness']}; an "
+            "operator whose denominator is not above 0 at 95 % is excluded with its reason (the paper "
+            "averages every operator)"
+        ),
+        scale=lambda P: f"a grid of shares per layer; {_quick(P, '03')}",
+    ),
     "nikankin_heuristic_ablation": dict(
         model=lambda P: _model(P, "03"),
         prompts=lambda P: _nik03_prompts(P),
-        positions=lambda P: f"the neurons of one heuristic (match >= {_nb(P, '03')['t']}, {_label_null(P)}) "
-                            "mean-ablated at the last position",
+        positions=lambda P: (
+            f"the neurons of one heuristic (match >= {_nb(P, '03')['t']}, {_label_null(P)}) "
+            "mean-ablated at the last position"
+        ),
         metric=lambda P: "accuracy on associated vs other prompts",
-        scale=lambda P: f"up to {_nb(P, '03')['max_ablated_heuristics']} heuristics per operator; {_quick(P, '03')}"),
+        scale=lambda P: f"up to {_nb(P, '03')['max_ablated_heuristics']} heuristics per operator; {_quick(P, '03')}",
+    ),
     "nikankin_prompt_ablation": dict(
         model=lambda P: _model(P, "03"),
         prompts=lambda P: _nik03_prompts(P),
-        positions=lambda P: f"as the authors' code (cap per layer, ranked by the prompt's heuristics, control per layer "
-                            f"from the layer's other circuit neurons, zeroed), labels {_label_null(P)}; differences: "
-                            "zeroed at the answer position only; ranking ties to the larger summed match score; a "
-                            "prompt without a disjoint pool is counted as not testable",
-        metric=lambda P: "control minus heuristic first-token accuracy on the testable prompts, at one cap (25 of 200 "
-                         "per layer, Sec. 5)",
-        scale=lambda P: f"caps at {', '.join(f'{x:.3g}' for x in _nb(P, '03')['knockout_cap_shares'])} of the "
-                        f"circuit's neurons per layer; labels {_nb(P, '03')['labels']!r}; {_quick(P, '03')}"),
+        positions=lambda P: (
+            f"as the authors' code (cap per layer, ranked by the prompt's heuristics, control per layer "
+            f"from the layer's other circuit neurons, zeroed), labels {_label_null(P)}; differences: "
+            "zeroed at the answer position only; ranking ties to the larger summed match score; a "
+            "prompt without a disjoint pool is counted as not testable"
+        ),
+        metric=lambda P: (
+            "control minus heuristic first-token accuracy on the testable prompts, at one cap (25 of 200 "
+            "per layer, Sec. 5)"
+        ),
+        scale=lambda P: (
+            f"caps at {', '.join(f'{x:.3g}' for x in _nb(P, '03')['knockout_cap_shares'])} of the "
+            f"circuit's neurons per layer; labels {_nb(P, '03')['labels']!r}; {_quick(P, '03')}"
+        ),
+    ),
 }
 
 
 # --------------------------------------------------------------------------- forced by the offline model
 
 
-_OFFLINE = ("only small 4-bit GGUF instruct models install offline (dequantized); the papers' 7-8B base "
-            "models cannot be downloaded here")
+_OFFLINE = (
+    "only small 4-bit GGUF instruct models install offline (dequantized); the papers' 7-8B base "
+    "models cannot be downloaded here"
+)
 
 
 def _prefix(P: Params, nb: str) -> str:
-    return (f"{_nb(P, nb)['fewshot']}-shot prefix: instruct models answer bare prompts poorly "
-            "(1D + 25 % zero-shot vs 100 % with the prefix, Qwen-0.5B)")
+    return (
+        f"{_nb(P, nb)['fewshot']}-shot prefix: instruct models answer bare prompts poorly "
+        "(1D + 25 % zero-shot vs 100 % with the prefix, Qwen-0.5B)"
+    )
 
 
 def _scaled(P: Params, nb: str, *layers_of_32: int) -> str:
     L = _layers(P, nb)
-    return ("fewer layers, indices scaled by depth: "
-            + ", ".join(f"{l} of 32 -> {_depth(l, L)} of {L}" for l in layers_of_32))
+    return "fewer layers, indices scaled by depth: " + ", ".join(
+        f"{l} of 32 -> {_depth(l, L)} of {L}" for l in layers_of_32
+    )
 
 
 _DIGITS = "per-digit tokenizer: operands 1-9 (as the paper's LLaMA2)"
-_NIK_TOKENS = ("per-digit tokenizer: single-token operands only 0-9 (Llama3 has one token per number up to 999)")
+_NIK_TOKENS = "per-digit tokenizer: single-token operands only 0-9 (Llama3 has one token per number up to 999)"
 _CPU = "machine (no GPU): fine-tuning at the CPU scale, far below the paper's data"
 
 #: Differences the offline models force, by finding id: aspect -> a function of the params.
 FORCED: dict[str, dict[str, Getter]] = {
     "zhang_key_heads": dict(model=lambda P: _OFFLINE, prompts=lambda P: f"{_DIGITS}; {_prefix(P, '01')}"),
     "zhang_knockout": dict(model=lambda P: _OFFLINE, prompts=lambda P: f"{_DIGITS}; {_prefix(P, '01')}"),
-    "zhang_late_mlps": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01"),
-                            positions=lambda P: _scaled(P, "01", 17)),
-    "zhang_mlp_answer": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "02"),
-                             metric=lambda P: _scaled(P, "02", 13, 17, 18)),
+    "zhang_late_mlps": dict(
+        model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01"), positions=lambda P: _scaled(P, "01", 17)
+    ),
+    "zhang_mlp_answer": dict(
+        model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "02"), metric=lambda P: _scaled(P, "02", 13, 17, 18)
+    ),
     "zhang_transfer": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01") + "; SVAMP is not offline"),
-    "zhang_precise_sft": dict(model=lambda P: _OFFLINE,
-                              prompts=lambda P: "GSM8K / SVAMP / MMLU / CSQA are not offline: arithmetic and word "
-                                                "problems generated here, factual recall and LM loss for general "
-                                                f"ability; {_prefix(P, '08')}",
-                              scale=lambda P: _CPU if _ft_scale(P, "08")["scale"] != "paper" else ""),
+    "zhang_precise_sft": dict(
+        model=lambda P: _OFFLINE,
+        prompts=lambda P: (
+            "GSM8K / SVAMP / MMLU / CSQA are not offline: arithmetic and word "
+            "problems generated here, factual recall and LM loss for general "
+            f"ability; {_prefix(P, '08')}"
+        ),
+        scale=lambda P: _CPU if _ft_scale(P, "08")["scale"] != "paper" else "",
+    ),
     "yu_single_head": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "01")),
-    "yu_mask_keep": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "04"),
-                         positions=lambda P: "the layers from the model's own key head (Yu: 17-31 from 17.22)"),
-    "yu_shallow_neurons": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "04"),
-                               positions=lambda P: "layers below the model's own key head, OV of the attention "
-                                                   "layers up to it (Yu: 0-15 through 0-16 below 17.22)"),
-    "yu_lora_layers": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "05"),
-                           scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else ""),
-    "yu_lora_coef": dict(model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "05"),
-                         positions=lambda P: _scaled(P, "05", 17),
-                         scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else ""),
-    "yu_pruning": dict(model=lambda P: _OFFLINE, positions=lambda P: _scaled(P, "06", 9, 17),
-                       scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else ""),
+    "yu_mask_keep": dict(
+        model=lambda P: _OFFLINE,
+        prompts=lambda P: _prefix(P, "04"),
+        positions=lambda P: "the layers from the model's own key head (Yu: 17-31 from 17.22)",
+    ),
+    "yu_shallow_neurons": dict(
+        model=lambda P: _OFFLINE,
+        prompts=lambda P: _prefix(P, "04"),
+        positions=lambda P: (
+            "layers below the model's own key head, OV of the attention "
+            "layers up to it (Yu: 0-15 through 0-16 below 17.22)"
+        ),
+    ),
+    "yu_lora_layers": dict(
+        model=lambda P: _OFFLINE,
+        prompts=lambda P: _prefix(P, "05"),
+        scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else "",
+    ),
+    "yu_lora_coef": dict(
+        model=lambda P: _OFFLINE,
+        prompts=lambda P: _prefix(P, "05"),
+        positions=lambda P: _scaled(P, "05", 17),
+        scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else "",
+    ),
+    "yu_pruning": dict(
+        model=lambda P: _OFFLINE,
+        positions=lambda P: _scaled(P, "06", 9, 17),
+        scale=lambda P: _CPU if _ft_scale(P)["scale"] != "paper" else "",
+    ),
     "yu_gender_bias": dict(model=lambda P: _OFFLINE),
     "nikankin_faithfulness": dict(model=lambda P: _OFFLINE, prompts=lambda P: f"{_NIK_TOKENS}; {_prefix(P, '03')}"),
-    "nikankin_heuristic_ablation": dict(model=lambda P: _OFFLINE,
-                                        prompts=lambda P: f"{_NIK_TOKENS}: the grid has 2-digit (multi-token) operands, "
-                                                          f"the answer's first token as target; {_prefix(P, '03')}"),
+    "nikankin_heuristic_ablation": dict(
+        model=lambda P: _OFFLINE,
+        prompts=lambda P: (
+            f"{_NIK_TOKENS}: the grid has 2-digit (multi-token) operands, "
+            f"the answer's first token as target; {_prefix(P, '03')}"
+        ),
+    ),
     "nikankin_prompt_ablation": dict(model=lambda P: _OFFLINE, prompts=lambda P: f"{_NIK_TOKENS}; {_prefix(P, '03')}"),
 }
 
@@ -527,7 +710,13 @@ def fidelity_table(params: Params, notebooks: Mapping[str, str] | None = None) -
         paper, ours, forced = PAPER.get(fid, {}), OURS.get(fid, {}), FORCED.get(fid, {})
         ran = notebooks is None or notebooks[fid] in params
         for aspect in ASPECTS:
-            rows.append({"finding": fid, "aspect": aspect, "paper": paper.get(aspect, NOT_RECORDED),
-                         "ours": _safe(ours.get(aspect), params) if ran else NOT_RECORDED,
-                         "forced by the offline model": _safe(forced.get(aspect), params, missing="")})
+            rows.append(
+                {
+                    "finding": fid,
+                    "aspect": aspect,
+                    "paper": paper.get(aspect, NOT_RECORDED),
+                    "ours": _safe(ours.get(aspect), params) if ran else NOT_RECORDED,
+                    "forced by the offline model": _safe(forced.get(aspect), params, missing=""),
+                }
+            )
     return pd.DataFrame(rows, columns=["finding", "aspect", "paper", "ours", "forced by the offline model"])

@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
-_MD_LINK = re.compile(r"\]\(([^)\s]+)\)")                          # [text](target) and ![alt](target)
-_HTML_LINK = re.compile(r"""(?:href|src)\s*=\s*["']([^"']+)["']""")   # <a href="..."> and <img src="...">
-_ANCHOR = re.compile(r"""\bid\s*=\s*["']([^"']+)["']""")              # <a id="..."> and <h2 id="...">
+_MD_LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
+_HTML_LINK = re.compile(r"""(?:href|src)\s*=\s*["']([^"']+)["']""")  # <a href="..."> and <img src="...">
+_ANCHOR = re.compile(r"""\bid\s*=\s*["']([^"']+)["']""")  # <a id="..."> and <h2 id="...">
 _EXTERNAL = ("http://", "https://", "mailto:", "data:")
 
 
@@ -44,8 +44,9 @@ def is_tracked(path: str | os.PathLike) -> bool:
     """Whether git tracks ``path`` (False outside a git work tree)."""
     path = Path(path)
     try:
-        subprocess.run(["git", "ls-files", "--error-unmatch", path.name], cwd=path.parent, capture_output=True,
-                       check=True)
+        subprocess.run(
+            ["git", "ls-files", "--error-unmatch", path.name], cwd=path.parent, capture_output=True, check=True
+        )
     except (OSError, subprocess.CalledProcessError):
         return False
     return True

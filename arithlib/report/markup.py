@@ -29,30 +29,34 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 
 def summary_counts(table: pd.DataFrame) -> str:
-    """"2 reproduced, 4 partly, ..." over the findings table's verdicts (rare ones only when present)."""
+    """ "2 reproduced, 4 partly, ..." over the findings table's verdicts (rare ones only when present)."""
     counts = table["verdict"].value_counts()
     return ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS if v not in _RARE_VERDICTS or counts.get(v, 0))
 
 
-RULES_TEXT = ("Verdicts are computed, never typed in: each finding's rule is fixed from the paper's claim. "
-              f"A quantitative claim is reproduced when our effect is at least {HALF:.0%} of the paper's; a "
-              f"qualitative 'much more' claim needs a gap of {100 * CLEAR_GAP:.0f} points; a gap of "
-              f"{100 * NOISE_GAP:.0f} points in the paper's direction is 'partly'. Each rule is judged on the 95 % "
-              "interval of the number it reads (exact binomial for an accuracy, a bootstrap over prompts otherwise): "
-              "a verdict is given only when the whole interval lies on one side of every threshold, and an interval "
-              "that straddles a threshold gives 'inconclusive' when more prompts from the same population would decide "
-              "(the report estimates how many) and 'undecidable here' when that population is exhausted (every "
-              "1-digit operand pair, a fixed list of professions). A finding whose premise fails on the model (no "
-              "arithmetic-specific head, a baseline accuracy that cannot carry the test) is 'not applicable', with "
-              "the premise named. Missing tables give "
-              "'not run'; numbers measured at smoke-test sizes (a notebook's quick mode, fine-tuning at scale "
-              "'quick') are shown but 'not judged'; a computation that fails gives 'error'.")
+RULES_TEXT = (
+    "Verdicts are computed, never typed in: each finding's rule is fixed from the paper's claim. "
+    f"A quantitative claim is reproduced when our effect is at least {HALF:.0%} of the paper's; a "
+    f"qualitative 'much more' claim needs a gap of {100 * CLEAR_GAP:.0f} points; a gap of "
+    f"{100 * NOISE_GAP:.0f} points in the paper's direction is 'partly'. Each rule is judged on the 95 % "
+    "interval of the number it reads (exact binomial for an accuracy, a bootstrap over prompts otherwise): "
+    "a verdict is given only when the whole interval lies on one side of every threshold, and an interval "
+    "that straddles a threshold gives 'inconclusive' when more prompts from the same population would decide "
+    "(the report estimates how many) and 'undecidable here' when that population is exhausted (every "
+    "1-digit operand pair, a fixed list of professions). A finding whose premise fails on the model (no "
+    "arithmetic-specific head, a baseline accuracy that cannot carry the test) is 'not applicable', with "
+    "the premise named. Missing tables give "
+    "'not run'; numbers measured at smoke-test sizes (a notebook's quick mode, fine-tuning at scale "
+    "'quick') are shown but 'not judged'; a computation that fails gives 'error'."
+)
 
 #: :data:`RULES_TEXT` in two sentences, for the top of REPORT.md (the whole text is in DETAILS.md).
-RULES_SHORT = (f"Each verdict applies a rule fixed from the paper's claim (a quantitative claim is reproduced when "
-               f"our effect is at least {HALF:.0%} of the paper's) to the 95 % interval of our number; "
-               "'inconclusive' means more prompts would decide, 'undecidable here' that every possible prompt is "
-               "already measured, 'not applicable' that a premise fails on this model.")
+RULES_SHORT = (
+    f"Each verdict applies a rule fixed from the paper's claim (a quantitative claim is reproduced when "
+    f"our effect is at least {HALF:.0%} of the paper's) to the 95 % interval of our number; "
+    "'inconclusive' means more prompts would decide, 'undecidable here' that every possible prompt is "
+    "already measured, 'not applicable' that a premise fails on this model."
+)
 
 
 def notebook_anchor(nb: str) -> str:
@@ -74,9 +78,11 @@ def notebook_links(stem: str, model: str | None = None) -> str:
     if model is None:
         from ..core.models import DEFAULT_MODEL as model
     folder = f"../figures/{model.replace('/', '__')}"
-    return (f"**Results** ({model}, the committed run): [this notebook executed, with its outputs]"
-            f"({folder}/notebooks/{stem}.ipynb) · [its section of the report]"
-            f"({folder}/REPORT.md#{notebook_anchor(stem[:2])})")
+    return (
+        f"**Results** ({model}, the committed run): [this notebook executed, with its outputs]"
+        f"({folder}/notebooks/{stem}.ipynb) · [its section of the report]"
+        f"({folder}/REPORT.md#{notebook_anchor(stem[:2])})"
+    )
 
 
 def executed_notebook(tables: Tables, nb: str) -> Path | None:

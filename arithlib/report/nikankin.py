@@ -10,7 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..core.papers import CLEAR_GAP, FAITHFULNESS_TARGET, HALF, NIKANKIN_FAITHFULNESS, NIKANKIN_KNOCKOUT_CAP_SHARE, NOISE_GAP
+from ..core.papers import (
+    CLEAR_GAP,
+    FAITHFULNESS_TARGET,
+    HALF,
+    NIKANKIN_FAITHFULNESS,
+    NIKANKIN_KNOCKOUT_CAP_SHARE,
+    NOISE_GAP,
+)
 from ..core.stats import bootstrap_ci, interval_verdict
 from .rules import Outcome, _pct
 from .tables import NotApplicable, NotRun, Tables
@@ -61,12 +68,15 @@ def _labels_beat_null(t: Tables) -> str:
     n = ms["n_circuit"].astype(float)
     share = lambda c: float((ms[c].astype(float) * n).sum() / n.sum()) if n.sum() else float("nan")  # noqa: E731
     fdr = float(ms["label_fdr"].iloc[0])
-    text = (f"labelled circuit neurons (t and BH at {_pct(fdr, 0)}) {_pct(share('labelled_share'), 0)} vs "
-            f"{_pct(share('labelled_share_null'), 0)} on shuffled operands (at t alone {_pct(share('matched_share'), 0)}"
-            f" vs {_pct(share('matched_share_null'), 0)})")
+    text = (
+        f"labelled circuit neurons (t and BH at {_pct(fdr, 0)}) {_pct(share('labelled_share'), 0)} vs "
+        f"{_pct(share('labelled_share_null'), 0)} on shuffled operands (at t alone {_pct(share('matched_share'), 0)}"
+        f" vs {_pct(share('matched_share_null'), 0)})"
+    )
     if int(ms["n_labelled"].sum()) == 0:
-        raise NotApplicable(f"no circuit neuron's heuristic label beats the shuffled-operand null: 0 of "
-                            f"{int(n.sum())} neurons; {text}")
+        raise NotApplicable(
+            f"no circuit neuron's heuristic label beats the shuffled-operand null: 0 of {int(n.sum())} neurons; {text}"
+        )
     return text
 
 
@@ -88,26 +98,40 @@ def _nikankin_faithfulness(t: Tables) -> Outcome:
     if wide.empty:
         raise NotApplicable(f"no operator has a faithfulness: {excluded}")
     op = _op_codes(wide.index.get_level_values("op"))
-    ci = bootstrap_ci(faithfulness_of_kept_operators, wide["circuit"].to_numpy(), wide["full"].to_numpy(),
-                      wide["ablated"].to_numpy(), op, groups=op)
+    ci = bootstrap_ci(
+        faithfulness_of_kept_operators,
+        wide["circuit"].to_numpy(),
+        wide["full"].to_numpy(),
+        wide["ablated"].to_numpy(),
+        op,
+        groups=op,
+    )
     pooled = meta[meta["op"].astype(str) == "all"].iloc[0] if (meta["op"].astype(str) == "all").any() else meta.iloc[0]
     share, n_heads = float(pooled["share_per_layer"]), float(pooled["n_heads"])
     n_ops = wide.index.get_level_values("op").nunique()
-    metrics = {"held-out faithfulness of the full circuit (mean over operators)": ci.estimate,
-               "neurons kept per layer (share)": share, "heads in the circuit": n_heads,
-               "operators excluded (F's denominator not above 0)": float(len(out))}
+    metrics = {
+        "held-out faithfulness of the full circuit (mean over operators)": ci.estimate,
+        "neurons kept per layer (share)": share,
+        "heads in the circuit": n_heads,
+        "operators excluded (F's denominator not above 0)": float(len(out)),
+    }
     try:
         by = _faith_by_share(t)
         reach = by[by >= FAITHFULNESS_TARGET]
         metrics["smallest share per layer reaching 0.9"] = float(reach.index.min()) if len(reach) else float("nan")
     except NotRun:
         pass
-    return Outcome(f"held-out faithfulness {ci.text()} ({ci.n} prompts, {n_ops} operators) of the full "
-                   f"circuit: {int(n_heads)} head-positions and {_pct(share, 2)} of the neurons of each analysed MLP at "
-                   "'='; every other head and neuron mean-ablated at op1, operator, op2 and '=' (chosen on other "
-                   "prompts)" + (f"; {excluded}" if excluded else ""),
-                   interval_verdict(ci, FAITHFULNESS_TARGET, HALF * NIKANKIN_FAITHFULNESS), metrics, ci,
-                   thresholds=(FAITHFULNESS_TARGET, HALF * NIKANKIN_FAITHFULNESS), population=_population(t))
+    return Outcome(
+        f"held-out faithfulness {ci.text()} ({ci.n} prompts, {n_ops} operators) of the full "
+        f"circuit: {int(n_heads)} head-positions and {_pct(share, 2)} of the neurons of each analysed MLP at "
+        "'='; every other head and neuron mean-ablated at op1, operator, op2 and '=' (chosen on other "
+        "prompts)" + (f"; {excluded}" if excluded else ""),
+        interval_verdict(ci, FAITHFULNESS_TARGET, HALF * NIKANKIN_FAITHFULNESS),
+        metrics,
+        ci,
+        thresholds=(FAITHFULNESS_TARGET, HALF * NIKANKIN_FAITHFULNESS),
+        population=_population(t),
+    )
 
 
 def _heuristic_gap(correct: np.ndarray, assoc: np.ndarray) -> float:
@@ -138,12 +162,16 @@ def _nikankin_heuristic_ablation(t: Tables) -> Outcome:
     n_h = correct.shape[1]
     acc_a = float(rows.loc[rows.associated == 1, "correct"].mean())
     acc_o = float(rows.loc[rows.associated == 0, "correct"].mean())
-    return Outcome(f"{n_h} heuristics, {ci.n} held-out prompts: other minus associated accuracy {ci.text()} "
-                   f"(associated {_pct(acc_a, 0)}, others {_pct(acc_o, 0)}; every rule a neuron matches at t and beats "
-                   f"the null; {labels})",
-                   interval_verdict(ci, CLEAR_GAP, NOISE_GAP),
-                   {"other minus associated accuracy": ci.estimate, "heuristics ablated": float(n_h)}, ci,
-                   thresholds=(CLEAR_GAP, NOISE_GAP), population=_population(t))
+    return Outcome(
+        f"{n_h} heuristics, {ci.n} held-out prompts: other minus associated accuracy {ci.text()} "
+        f"(associated {_pct(acc_a, 0)}, others {_pct(acc_o, 0)}; every rule a neuron matches at t and beats "
+        f"the null; {labels})",
+        interval_verdict(ci, CLEAR_GAP, NOISE_GAP),
+        {"other minus associated accuracy": ci.estimate, "heuristics ablated": float(n_h)},
+        ci,
+        thresholds=(CLEAR_GAP, NOISE_GAP),
+        population=_population(t),
+    )
 
 
 def _nikankin_prompt_ablation(t: Tables) -> Outcome:
@@ -151,8 +179,10 @@ def _nikankin_prompt_ablation(t: Tables) -> Outcome:
 
     pa = t.csv("03_prompt_ablation")
     if not {"cap", "testable", "k_per_layer"} <= set(pa.columns):
-        raise NotRun("03_prompt_ablation.csv predates the per-layer capped knockout with a disjoint, layer-matched "
-                     "control: " + RERUN_03)
+        raise NotRun(
+            "03_prompt_ablation.csv predates the per-layer capped knockout with a disjoint, layer-matched "
+            "control: " + RERUN_03
+        )
     labels = _labels_beat_null(t)
     if pa.empty:
         raise NotRun("no held-out prompts")
@@ -164,18 +194,27 @@ def _nikankin_prompt_ablation(t: Tables) -> Outcome:
     untested = int((~ok).sum())
     pa = pa[ok]
     if pa.empty:
-        raise NotApplicable(f"no held-out prompt has a disjoint, layer-matched control of its size at {cap} neurons per "
-                            f"layer ({untested} prompts not testable)")
+        raise NotApplicable(
+            f"no held-out prompt has a disjoint, layer-matched control of its size at {cap} neurons per "
+            f"layer ({untested} prompts not testable)"
+        )
     if not (pa["n_ablated"].astype(float) > 0).any():
         raise NotApplicable(f"no held-out prompt has an associated labelled neuron to knock out ({labels})")
     h = pa["correct_heuristic_ablated"].astype(float).to_numpy()
     r = pa["correct_random_ablated"].astype(float).to_numpy()
     ci = bootstrap_ci(lambda h_, r_: float(np.mean(r_ - h_)), h, r, groups=_op_codes(pa["op"]))
-    return Outcome(f"{len(pa)} held-out prompts ({untested} not testable), at most {cap} neurons per layer zeroed "
-                   f"(mean {pa['n_ablated'].mean():.1f} in all): accuracy with their heuristic neurons zeroed "
-                   f"{_pct(h.mean(), 0)} vs as many random circuit neurons of the same layers, disjoint from them, "
-                   f"{_pct(r.mean(), 0)}; random minus heuristic {ci.text()}; {labels}",
-                   interval_verdict(ci, CLEAR_GAP, NOISE_GAP),
-                   {"random minus heuristic-ablated accuracy": ci.estimate, "prompts not testable": float(untested),
-                    "neurons zeroed per layer (cap)": float(cap)}, ci,
-                   thresholds=(CLEAR_GAP, NOISE_GAP), population=_population(t))
+    return Outcome(
+        f"{len(pa)} held-out prompts ({untested} not testable), at most {cap} neurons per layer zeroed "
+        f"(mean {pa['n_ablated'].mean():.1f} in all): accuracy with their heuristic neurons zeroed "
+        f"{_pct(h.mean(), 0)} vs as many random circuit neurons of the same layers, disjoint from them, "
+        f"{_pct(r.mean(), 0)}; random minus heuristic {ci.text()}; {labels}",
+        interval_verdict(ci, CLEAR_GAP, NOISE_GAP),
+        {
+            "random minus heuristic-ablated accuracy": ci.estimate,
+            "prompts not testable": float(untested),
+            "neurons zeroed per layer (cap)": float(cap),
+        },
+        ci,
+        thresholds=(CLEAR_GAP, NOISE_GAP),
+        population=_population(t),
+    )

@@ -22,8 +22,11 @@ def _grouped(params: dict[str, dict], key) -> dict[str, list[str]]:
 def commits_by_notebook(params: dict[str, dict]) -> dict[str, list[str]]:
     """Commit of the code (as recorded, "+dirty" when the work tree had uncommitted changes)
     -> the notebooks run from it; notebooks that record none are left out."""
-    return {c: nbs for c, nbs in _grouped(params, lambda e: e.get("git_commit") or "unknown").items()
-            if c != NOT_RECORDED_ENV}
+    return {
+        c: nbs
+        for c, nbs in _grouped(params, lambda e: e.get("git_commit") or "unknown").items()
+        if c != NOT_RECORDED_ENV
+    }
 
 
 def environment_lines(params: dict[str, dict]) -> list[str]:
@@ -36,11 +39,13 @@ def environment_lines(params: dict[str, dict]) -> list[str]:
         lines = [f"**Environment:** {next(iter(packages))}."]
     else:
         lines = ["**Environment** (differs between notebooks):", ""] + [
-            f"- notebooks {', '.join(nbs)}: {text}" for text, nbs in packages.items()]
+            f"- notebooks {', '.join(nbs)}: {text}" for text, nbs in packages.items()
+        ]
     commits = commits_by_notebook(params)
     if commits:
-        lines.append("**Code:** " + "; ".join(f"commit {c} (notebooks {', '.join(nbs)})" for c, nbs in commits.items())
-                     + ".")
+        lines.append(
+            "**Code:** " + "; ".join(f"commit {c} (notebooks {', '.join(nbs)})" for c, nbs in commits.items()) + "."
+        )
     return lines
 
 
@@ -63,8 +68,10 @@ def commit_summary(params: dict[str, dict], link: bool = True) -> str:
         text = f"**Code:** results from {len(commits)} commits (the notebooks were run at different times)"
     dirty = sorted(nb for c, nbs in commits.items() if c.endswith(DIRTY) for nb in nbs)
     if dirty:
-        text += (f"; notebook{'s' if len(dirty) > 1 else ''} {', '.join(dirty)} ran with uncommitted changes "
-                 "(\"+dirty\": that code is in no commit)")
+        text += (
+            f"; notebook{'s' if len(dirty) > 1 else ''} {', '.join(dirty)} ran with uncommitted changes "
+            '("+dirty": that code is in no commit)'
+        )
     if unrecorded and commits:
         text += f"; notebook{'s' if len(unrecorded) > 1 else ''} {', '.join(unrecorded)} recorded no commit"
     if link and commits:

@@ -4,15 +4,25 @@ and per-prompt correctness matrices."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from ..core.papers import NOISE_GAP
-from ..core.stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE, Interval, binomial_ci,
-                     decode_correct, interval_verdict, prompts_to_decide)
+from ..core.stats import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    PARTLY,
+    REPRODUCED,
+    UNDECIDABLE,
+    Interval,
+    binomial_ci,
+    decode_correct,
+    interval_verdict,
+    prompts_to_decide,
+)
 from .tables import Tables
 
 # --------------------------------------------------------------------------- findings
@@ -46,13 +56,13 @@ class Finding:
     """One headline claim of a paper and how this run is judged against it."""
 
     id: str
-    paper: str            # key of PAPERS
-    where: str            # section / table / figure of the paper
-    claim: str            # the claim in one line
-    paper_number: str     # the paper's number (or "no number: ..." with the qualitative claim)
-    source: str           # where that number is in the paper texts
-    rule: str             # the verdict rule in words (applied by ``compute``)
-    notebook: str         # "01"...
+    paper: str  # key of PAPERS
+    where: str  # section / table / figure of the paper
+    claim: str  # the claim in one line
+    paper_number: str  # the paper's number (or "no number: ..." with the qualitative claim)
+    source: str  # where that number is in the paper texts
+    rule: str  # the verdict rule in words (applied by ``compute``)
+    notebook: str  # "01"...
     compute: Callable[[Tables], Outcome]
     figures: tuple[str, ...] = ()  # the PNGs (names without suffix) that show it, beside it in REPORT.md
 
@@ -69,10 +79,13 @@ def settle_inconclusive(out: Outcome) -> Outcome:
     ci = out.interval
     need = prompts_to_decide(ci, out.thresholds) if out.thresholds else None
     if out.population is not None and (need is None or need > out.population):
-        return replace(out, ours=f"{out.ours}; undecidable here: the interval straddles a threshold with {ci.n} of "
-                                 f"the {out.population} possible cases measured"
-                                 + (f" and about {need:,} needed" if need is not None else ""),
-                       verdict=UNDECIDABLE)
+        return replace(
+            out,
+            ours=f"{out.ours}; undecidable here: the interval straddles a threshold with {ci.n} of "
+            f"the {out.population} possible cases measured"
+            + (f" and about {need:,} needed" if need is not None else ""),
+            verdict=UNDECIDABLE,
+        )
     if need is not None and need > ci.n:
         return replace(out, ours=f"{out.ours}; about {need:,} prompts (now {ci.n:,}) would decide")
     return replace(out, ours=f"{out.ours}; more prompts would decide")
@@ -99,8 +112,6 @@ def _paper_depth(layer_of_32: float, n_layers: int) -> int:
     """A layer index of the papers' 32-layer models scaled to ``n_layers`` (as
     ``cna.deep_layers``: floor(layer / 32 * L + 0.5))."""
     return int(math.floor(layer_of_32 / 32 * n_layers + 0.5))
-
-
 
 
 NO_PER_PROMPT = "no per-prompt table: rerun notebook {nb} for an interval"
@@ -130,7 +141,7 @@ def _above_zero(ci: Interval | None) -> set[bool]:
 
 
 def _ci_text(ci: Interval | None, unit: str = "%") -> str:
-    """" [lo, hi]" of an interval already in ``unit`` (points or %), or "" without one."""
+    """ " [lo, hi]" of an interval already in ``unit`` (points or %), or "" without one."""
     if ci is None or not (np.isfinite(ci.low) and np.isfinite(ci.high)):
         return ""
     return f" [{ci.low:.1f}, {ci.high:.1f}]"
@@ -162,8 +173,6 @@ def _correct_matrix(rows: pd.DataFrame) -> np.ndarray | None:
 #: number/operation concept list, random controls over seeds) are not judged.
 
 
-
-
 RERUN_PER_PROMPT = "{table}.csv has no per-prompt column (older run): rerun notebook {nb}"
 
 
@@ -183,6 +192,7 @@ def _seed_resampled_gap(n_seeds: int) -> Callable[[np.ndarray], float]:
         return float(x[:, 1].mean() - x[:, 2 + seeds].mean(0).mean())
 
     return stat
+
 
 def _interval_cell(ci: Interval | None) -> str:
     """The headline's 95 % interval as shown in the tables: "[lo, hi] (n = N)", or "none"."""

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..run.outputs import find_table, read_table, table_file
 from ..core.stats import INCONCLUSIVE, NOT_APPLICABLE, NOT_REPRODUCED, PARTLY, REPRODUCED, UNDECIDABLE
+from ..run.outputs import find_table, read_table, table_file
 
 NOT_RUN = "not run"
 #: A finding measured at smoke-test sizes (a notebook's ``quick`` mode, or fine-tuning at
@@ -17,8 +17,7 @@ NOT_RUN = "not run"
 NOT_JUDGED = "not judged"
 #: A finding whose computation raised (a bug or a malformed table), kept apart from "not run".
 ERROR = "error"
-VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, INCONCLUSIVE, UNDECIDABLE, NOT_APPLICABLE, NOT_RUN, NOT_JUDGED,
-            ERROR)
+VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, INCONCLUSIVE, UNDECIDABLE, NOT_APPLICABLE, NOT_RUN, NOT_JUDGED, ERROR)
 #: Verdicts counted in a summary only where some finding has them.
 _RARE_VERDICTS = (UNDECIDABLE, NOT_APPLICABLE, NOT_JUDGED, ERROR)
 

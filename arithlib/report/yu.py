@@ -3,32 +3,59 @@ coefficient, pruning, gender bias; each function reads a figures folder and retu
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..core import papers
-from ..yu.head_specificity import own_drop, specific_chain_group, specificity_statistic
 from ..core.papers import HALF, NOISE_GAP, YU_GROUPS
-from ..core.stats import (INCONCLUSIVE, UNDECIDABLE, Interval, binomial_ci, bootstrap_ci, crossed_bootstrap_ci, decode_correct,
-                     interval_verdict)
-from .rules import (RERUN_PER_PROMPT, Outcome, _above_zero, _ci_text, _correct_matrix, _decrease_ci, _grade, _judged,
-                    _pct, _possible, _seed_resampled_gap)
+from ..core.stats import (
+    INCONCLUSIVE,
+    UNDECIDABLE,
+    Interval,
+    binomial_ci,
+    bootstrap_ci,
+    crossed_bootstrap_ci,
+    decode_correct,
+    interval_verdict,
+)
+from ..yu.head_specificity import own_drop, specific_chain_group, specificity_statistic
+from .rules import (
+    RERUN_PER_PROMPT,
+    Outcome,
+    _above_zero,
+    _ci_text,
+    _correct_matrix,
+    _decrease_ci,
+    _grade,
+    _judged,
+    _pct,
+    _possible,
+    _seed_resampled_gap,
+)
 from .tables import MissingTable, NotApplicable, NotRun, Tables
 
-_YU_04_STALE = ("{name}.csv predates the current notebook-04 method (key head from notebook 01's exact sweep, 'keep' on the layers CNA "
-                "scored, shallow neurons through every attention layer that reads them, random controls over seeds "
-                "with per-case correctness): rerun notebook 04")
+_YU_04_STALE = (
+    "{name}.csv predates the current notebook-04 method (key head from notebook 01's exact sweep, 'keep' on the layers CNA "
+    "scored, shallow neurons through every attention layer that reads them, random controls over seeds "
+    "with per-case correctness): rerun notebook 04"
+)
 
 
 def _yu_op(op: str) -> str:
     return {"add": "+", "sub": "-", "mul": "*", "div": "/"}.get(str(op), str(op))
 
 
-def _head_pattern(t: Tables, layer: int, head: int, own: Sequence[str], rows_table: str = "01_yu_head_sweep_rows",
-                  facts_table: str = "01_yu_specificity") -> tuple[set[bool], str, dict[str, float]]:
+def _head_pattern(
+    t: Tables,
+    layer: int,
+    head: int,
+    own: Sequence[str],
+    rows_table: str = "01_yu_head_sweep_rows",
+    facts_table: str = "01_yu_specificity",
+) -> tuple[set[bool], str, dict[str, float]]:
     """Whether head (``layer``, ``head``) is arithmetic-operator-specific, as Yu's heads are
     (Table 1: 17^22 lowers 2D* by 10.8 % against 39.5 % on its own 2D+ and 2D-; no other
     task is reported, the factual-recall control is ours):
@@ -46,21 +73,25 @@ def _head_pattern(t: Tables, layer: int, head: int, own: Sequence[str], rows_tab
     text with the numbers and intervals, and the metrics."""
     rows = t.csv(rows_table)
     rows = rows.assign(op=rows["op"].map(_yu_op))
-    mine = rows[(rows["n_digits"] == 1) & (rows["layer"] == layer) & (rows["head"] == head)
-                & rows["op"].isin([*own, "*"])]
+    mine = rows[
+        (rows["n_digits"] == 1) & (rows["layer"] == layer) & (rows["head"] == head) & rows["op"].isin([*own, "*"])
+    ]
     ops = mine["op"].to_numpy()
     correct, clean = mine["correct"].astype(bool).to_numpy(), mine["clean_correct"].astype(bool).to_numpy()
     name, metrics = f"L{layer}H{head}", {}
     own_ci = bootstrap_ci(lambda o, c, k: own_drop(o, c, k, own), ops, correct, clean, groups=ops)
     text = f"{name} lowers its own 1D {', '.join(own)} by {_pct(own_ci.estimate, 0)}{_ci_text(own_ci.scaled(100))}"
     if (ops == "*").any():
-        times = bootstrap_ci(lambda c, k: 1 - c.sum() / k.sum() if k.sum() else float("nan"),
-                             correct[ops == "*"], clean[ops == "*"])
+        times = bootstrap_ci(
+            lambda c, k: 1 - c.sum() / k.sum() if k.sum() else float("nan"), correct[ops == "*"], clean[ops == "*"]
+        )
         spec = bootstrap_ci(lambda o, c, k: specificity_statistic(o, c, k, own), ops, correct, clean, groups=ops)
         operator = _possible(spec, 0.0)  # * decrease at most half the own decrease
         metrics["relative 1D * decrease from the head"] = times.estimate
-        text += (f" and 1D * by {_pct(times.estimate, 0)}{_ci_text(times.scaled(100))} (specific if at most half "
-                 f"of its own: own - 2 x (*) = {_pct(spec.estimate, 0)}{_ci_text(spec.scaled(100))})")
+        text += (
+            f" and 1D * by {_pct(times.estimate, 0)}{_ci_text(times.scaled(100))} (specific if at most half "
+            f"of its own: own - 2 x (*) = {_pct(spec.estimate, 0)}{_ci_text(spec.scaled(100))})"
+        )
     else:
         operator = {True}
         text += " (not measured on *: not among the sweep's top heads for *, taken as specific)"
@@ -69,13 +100,18 @@ def _head_pattern(t: Tables, layer: int, head: int, own: Sequence[str], rows_tab
         sp = t.csv(facts_table)
         sp = sp[(sp["layer"] == layer) & (sp["head"] == head)].drop_duplicates("prompt")
         if len(sp):
-            fact = bootstrap_ci(lambda c, k: float(k.mean() - c.mean()), sp["correct"].astype(float).to_numpy(),
-                                sp["clean_correct"].astype(float).to_numpy())
+            fact = bootstrap_ci(
+                lambda c, k: float(k.mean() - c.mean()),
+                sp["correct"].astype(float).to_numpy(),
+                sp["clean_correct"].astype(float).to_numpy(),
+            )
             intact = _possible(fact, NOISE_GAP, higher=False)
             metrics["factual-recall accuracy drop from the head"] = fact.estimate
-            text += (f"; factual recall {_pct(float(sp['clean_correct'].mean()), 0)} -> "
-                     f"{_pct(float(sp['correct'].mean()), 0)} (drop {_pct(fact.estimate, 0)}"
-                     f"{_ci_text(fact.scaled(100))}; intact if within 5 points)")
+            text += (
+                f"; factual recall {_pct(float(sp['clean_correct'].mean()), 0)} -> "
+                f"{_pct(float(sp['correct'].mean()), 0)} (drop {_pct(fact.estimate, 0)}"
+                f"{_ci_text(fact.scaled(100))}; intact if within 5 points)"
+            )
     else:  # a sweep from before the control: judged on * alone, and said
         intact = {True}
         text += f"; no factual-recall control ({facts_table}.csv missing)"
@@ -90,15 +126,18 @@ def _yu_head_premise(t: Tables, group: str) -> str:
     pattern's text otherwise ("" without a key-head table)."""
     r = _yu_key_head(t, group)
     chain = _chain_base(group) is not None
-    rows_table, facts_table = (("04_head_pattern_rows", "04_head_pattern_facts") if chain else
-                               ("01_yu_head_sweep_rows", "01_yu_specificity"))
+    rows_table, facts_table = (
+        ("04_head_pattern_rows", "04_head_pattern_facts") if chain else ("01_yu_head_sweep_rows", "01_yu_specificity")
+    )
     if r is None or not t.has(rows_table):
         return ""
     name = f"L{int(r['layer'])}H{int(r['head'])}"
     if "lowers_1d" in r and str(r["lowers_1d"]).lower() != "true":
-        raise NotApplicable(f"premise failed: no head lowers 1D {' / '.join(YU_GROUPS[group])} accuracy in notebook "
-                            f"01's exact sweep (key head {name} is the fallback), so there is no arithmetic head "
-                            "whose neurons to analyse")
+        raise NotApplicable(
+            f"premise failed: no head lowers 1D {' / '.join(YU_GROUPS[group])} accuracy in notebook "
+            f"01's exact sweep (key head {name} is the fallback), so there is no arithmetic head "
+            "whose neurons to analyse"
+        )
     own = YU_GROUPS[_chain_base(group) or group]
     specific, text, _ = _head_pattern(t, int(r["layer"]), int(r["head"]), own, rows_table, facts_table)
     if specific == {False}:
@@ -126,8 +165,10 @@ def _specific_chain(compute: Callable[[Tables, str], Outcome], t: Tables, group:
         return ""
     r = r.iloc[0]
     if int(r["layer"]) < 0:
-        return (f". No head that lowers 1D {' / '.join(YU_GROUPS[group])} accuracy passes the specificity tests "
-                "(04_head_patterns), so there is no arithmetic-specific head to run the chain on")
+        return (
+            f". No head that lowers 1D {' / '.join(YU_GROUPS[group])} accuracy passes the specificity tests "
+            "(04_head_patterns), so there is no arithmetic-specific head to run the chain on"
+        )
     name = f"L{int(r['layer'])}H{int(r['head'])}"
     try:
         out = compute(t, specific_chain_group(group))
@@ -135,8 +176,10 @@ def _specific_chain(compute: Callable[[Tables, str], Outcome], t: Tables, group:
         return f". On the best arithmetic-specific head {name}: not applicable ({err})"
     except NotRun as err:
         return f". The chain on the best arithmetic-specific head {name} was not run ({err})"
-    return (f". The chain on the best arithmetic-specific head {name} (shown, not judged: {r['selection']}): "
-            f"{out.ours}; the same rule gives '{out.verdict}' there")
+    return (
+        f". The chain on the best arithmetic-specific head {name} (shown, not judged: {r['selection']}): "
+        f"{out.ours}; the same rule gives '{out.verdict}' there"
+    )
 
 
 def _with_specific_chain(compute: Callable[[Tables, str], Outcome], t: Tables, group: str) -> Outcome:
@@ -152,31 +195,39 @@ def _with_specific_chain(compute: Callable[[Tables, str], Outcome], t: Tables, g
 
 def _yu_single_head(t: Tables) -> Outcome:
     if not t.has("01_yu_head_sweep_rows"):
-        raise NotRun("01_yu_head_sweep_rows.csv.gz missing: this run's sweep predates the exact every-position sweep "
-                     "(rerun notebook 01)")
+        raise NotRun(
+            "01_yu_head_sweep_rows.csv.gz missing: this run's sweep predates the exact every-position sweep "
+            "(rerun notebook 01)"
+        )
     sw = t.csv("01_yu_head_sweep")
     rows = t.csv("01_yu_head_sweep_rows")
     for f in (sw, rows):
         f["op"] = f["op"].map(_yu_op)
-    top = sw[(sw["n_digits"] == 1) & (sw["rank"] == 1) & sw["op"].isin(["+", "-", "/"])
-             & (sw["baseline_accuracy"] > 0)]
+    top = sw[(sw["n_digits"] == 1) & (sw["rank"] == 1) & sw["op"].isin(["+", "-", "/"]) & (sw["baseline_accuracy"] > 0)]
     if top.empty:
         raise NotRun("no 1-digit +, -, / setting the model answers")
     # Yu's Table 2 gives relative decreases: 1D+ 88.9 -> 47.6 % is 46.5 % (Table 24)
-    parts = [rows[(rows["n_digits"] == 1) & (rows["op"] == r.op) & (rows["layer"] == r.layer)
-                  & (rows["head"] == r.head)] for r in top.itertuples()]
+    parts = [
+        rows[(rows["n_digits"] == 1) & (rows["op"] == r.op) & (rows["layer"] == r.layer) & (rows["head"] == r.head)]
+        for r in top.itertuples()
+    ]
     data = pd.concat(parts, ignore_index=True)
     ops = data["op"].to_numpy()
 
     def stat(op, correct, clean):
-        drops = [1 - correct[op == o].sum() / clean[op == o].sum() for o in dict.fromkeys(op.tolist())
-                 if clean[op == o].sum() > 0]
+        drops = [
+            1 - correct[op == o].sum() / clean[op == o].sum()
+            for o in dict.fromkeys(op.tolist())
+            if clean[op == o].sum() > 0
+        ]
         return float(np.mean(drops)) if drops else float("nan")
 
-    ci = bootstrap_ci(stat, ops, data["correct"].astype(bool).to_numpy(), data["clean_correct"].astype(bool).to_numpy(),
-                      groups=ops)
-    per_op = ", ".join(f"{r.op} L{int(r.layer)}H{int(r.head)} {_pct(r.relative_drop, 0)} (n = {int(r.n)})"
-                       for r in top.itertuples())
+    ci = bootstrap_ci(
+        stat, ops, data["correct"].astype(bool).to_numpy(), data["clean_correct"].astype(bool).to_numpy(), groups=ops
+    )
+    per_op = ", ".join(
+        f"{r.op} L{int(r.layer)}H{int(r.head)} {_pct(r.relative_drop, 0)} (n = {int(r.n)})" for r in top.itertuples()
+    )
     full = HALF * (papers.YU_TABLE2["+"] + papers.YU_TABLE2["-"] + papers.YU_TABLE2["/"]) / 300
     metrics = {"mean top-head relative 1D accuracy decrease (+ - /)": ci.estimate}
     specific: set[bool] = {True}
@@ -186,13 +237,18 @@ def _yu_single_head(t: Tables) -> Outcome:
         specific = {a and b for a in specific for b in s}
         patterns.append(text)
         metrics.update({f"{k} ({', '.join(sorted(own))})": v for k, v in m.items()})
-    verdict = _judged(lambda big, spec, some: _grade(big and spec, some),
-                      _possible(ci, full), specific, _possible(ci, NOISE_GAP))
-    return Outcome(f"largest relative 1D accuracy decrease from one head (every position, all 1D prompts): {per_op}; "
-                   f"mean {ci.text()}; " + "; ".join(patterns),
-                   verdict, metrics, ci, thresholds=(full, NOISE_GAP), population=ci.n)  # every 1D operand pair
-
-
+    verdict = _judged(
+        lambda big, spec, some: _grade(big and spec, some), _possible(ci, full), specific, _possible(ci, NOISE_GAP)
+    )
+    return Outcome(
+        f"largest relative 1D accuracy decrease from one head (every position, all 1D prompts): {per_op}; "
+        f"mean {ci.text()}; " + "; ".join(patterns),
+        verdict,
+        metrics,
+        ci,
+        thresholds=(full, NOISE_GAP),
+        population=ci.n,
+    )  # every 1D operand pair
 
 
 def _yu_key_head(t: Tables, group: str) -> pd.Series | None:
@@ -213,17 +269,22 @@ def _yu_key_head(t: Tables, group: str) -> pd.Series | None:
 
 
 def _yu_key_head_text(t: Tables, group: str) -> str:
-    """"key head L14H2 (lowers 1D accuracy)" from 04_key_heads.csv, or "" without it."""
+    """ "key head L14H2 (lowers 1D accuracy)" from 04_key_heads.csv, or "" without it."""
     r = _yu_key_head(t, group)
     if r is None or "lowers_1d" not in r:
         return ""
     if _chain_base(group) is not None:
         return f"best arithmetic-specific head L{int(r['layer'])}H{int(r['head'])}; "
     lowers = str(r["lowers_1d"]).lower() == "true"
-    return (f"key head L{int(r['layer'])}H{int(r['head'])} "
-            + ("(lowers 1D accuracy in notebook 01's exact sweep)" if lowers else
-               "(NO head lowers 1D accuracy in notebook 01's exact sweep: fallback head, "
-               "Yu's premise does not hold)") + "; ")
+    return (
+        f"key head L{int(r['layer'])}H{int(r['head'])} "
+        + (
+            "(lowers 1D accuracy in notebook 01's exact sweep)"
+            if lowers
+            else "(NO head lowers 1D accuracy in notebook 01's exact sweep: fallback head, Yu's premise does not hold)"
+        )
+        + "; "
+    )
 
 
 def _yu_mask_keep(t: Tables) -> Outcome:
@@ -264,23 +325,35 @@ def _yu_mask_keep_group(t: Tables, group: str) -> Outcome:
     # mask > 2x the random mask (at least 1 %), judged on both intervals
     r_lo, r_hi = (max(rnd.low, 1.0), max(rnd.high, 1.0)) if rnd is not None else (1.0, 1.0)
     beats = {True} if mask.low > 2 * r_hi else {False} if mask.high <= 2 * r_lo else {True, False}
-    verdict = _judged(lambda big, b, k: _grade(big and b and k, (big and b) or k),
-                      _possible(mask, 50), beats, _possible(keep, 50, higher=False))
+    verdict = _judged(
+        lambda big, b, k: _grade(big and b and k, (big and b) or k),
+        _possible(mask, 50),
+        beats,
+        _possible(keep, 50, higher=False),
+    )
     nan = float("nan")
     txt = lambda ci: f"{ci.estimate:.1f} %{_ci_text(ci)}" if ci is not None else "n/a"  # noqa: E731
     n_seeds = int(at.loc[at["intervention"] == "random mask", "seed"].nunique())
     layers = at.loc[at["intervention"] == "keep", "keep_layers"] if "keep_layers" in at else pd.Series(dtype=str)
     span = str(layers.iloc[0]) if len(layers) else "n/a"
     span = span[:-2] if span.endswith(".0") else span  # one layer, read back as a number
-    return Outcome(f"{premise}{_yu_key_head_text(t, group)}top-{K}: mask {txt(mask)}, keep {txt(keep)} (layers "
-                   f"{span}), random mask {txt(rnd)}, random keep {txt(rkeep)} "
-                   f"accuracy decrease ({mask.n} correct cases; exact binomial 95 % intervals, random controls over "
-                   f"{n_seeds} seeds by a bootstrap over cases and seeds)",
-                   verdict,
-                   {"mask accuracy decrease (%)": mask.estimate, "keep accuracy decrease (%)": keep.estimate,
-                    "random-mask accuracy decrease (%)": rnd.estimate if rnd is not None else nan,
-                    "random-keep accuracy decrease (%)": rkeep.estimate if rkeep is not None else nan, "K": float(K)},
-                   mask, thresholds=(50.0,), population=mask.n)
+    return Outcome(
+        f"{premise}{_yu_key_head_text(t, group)}top-{K}: mask {txt(mask)}, keep {txt(keep)} (layers "
+        f"{span}), random mask {txt(rnd)}, random keep {txt(rkeep)} "
+        f"accuracy decrease ({mask.n} correct cases; exact binomial 95 % intervals, random controls over "
+        f"{n_seeds} seeds by a bootstrap over cases and seeds)",
+        verdict,
+        {
+            "mask accuracy decrease (%)": mask.estimate,
+            "keep accuracy decrease (%)": keep.estimate,
+            "random-mask accuracy decrease (%)": rnd.estimate if rnd is not None else nan,
+            "random-keep accuracy decrease (%)": rkeep.estimate if rkeep is not None else nan,
+            "K": float(K),
+        },
+        mask,
+        thresholds=(50.0,),
+        population=mask.n,
+    )
 
 
 def _yu_shallow_group(t: Tables, sweep: pd.DataFrame) -> tuple[str, str]:
@@ -292,8 +365,10 @@ def _yu_shallow_group(t: Tables, sweep: pd.DataFrame) -> tuple[str, str]:
     pm = _yu_key_head(t, "+-")
     if "+-" in groups or "/" not in groups or pm is None or int(pm["layer"]) != 0:
         return "+-", ""
-    return "/", (f"+ / - key head L0H{int(pm['head'])} is in layer 0, so no FFN layer lies below it: "
-                 "judged on 1D / instead (Yu App. B, Table 17: the division head shares the mechanism); ")
+    return "/", (
+        f"+ / - key head L0H{int(pm['head'])} is in layer 0, so no FFN layer lies below it: "
+        "judged on 1D / instead (Yu App. B, Table 17: the division head shares the mechanism); "
+    )
 
 
 def _yu_shallow(t: Tables) -> Outcome:
@@ -328,21 +403,29 @@ def _yu_shallow_on(t: Tables, sweep: pd.DataFrame, group: str, lead: str) -> Out
         raise NotRun("zero accuracy before the shallow ablation")
     r = float(rnd["accuracy_decrease"].mean())
     share = float(h["share_of_shallow"])
-    ci = crossed_bootstrap_ci(lambda a, d: 100 * (d.mean() - a.mean()) / base, hm[:, 0].astype(float),
-                              replicates=rm.astype(float))
+    ci = crossed_bootstrap_ci(
+        lambda a, d: 100 * (d.mean() - a.mean()) / base, hm[:, 0].astype(float), replicates=rm.astype(float)
+    )
     full = 100 * HALF * (papers.YU_CNA_TABLES["M2"]["+-"][1] - papers.YU_CNA_TABLES["M2"]["+-"][2]) / 100
-    metrics = {"hidden minus random accuracy decrease (points)": ci.estimate,
-               "hidden-interpretable share of shallow neurons": share,
-               "hidden-interpretable accuracy decrease (%)": float(h["accuracy_decrease"]),
-               "random accuracy decrease (%)": r}
+    metrics = {
+        "hidden minus random accuracy decrease (points)": ci.estimate,
+        "hidden-interpretable share of shallow neurons": share,
+        "hidden-interpretable accuracy decrease (%)": float(h["accuracy_decrease"]),
+        "random accuracy decrease (%)": r,
+    }
     paper = f"paper {int(h['paper_n']):,} = {_pct(float(h['paper_share']))}"
-    return Outcome(f"{lead}{_yu_key_head_text(t, group)}M = 2: {int(h['n_neurons']):,} of "
-                   f"{int(h['n_shallow']):,} shallow neurons ({_pct(share)}; {paper}) -> "
-                   f"{h['accuracy_decrease']:.1f} % decrease vs random {r:.1f} % ({rnd['seed'].nunique()} seeds); "
-                   f"gap {ci.estimate:.1f} points{_ci_text(ci)} "
-                   f"(bootstrap over {ci.n} cases and the seeds)",
-                   interval_verdict(ci, full, 100 * NOISE_GAP), metrics, ci, thresholds=(full, 100 * NOISE_GAP),
-                   population=ci.n)  # every correct 1D case
+    return Outcome(
+        f"{lead}{_yu_key_head_text(t, group)}M = 2: {int(h['n_neurons']):,} of "
+        f"{int(h['n_shallow']):,} shallow neurons ({_pct(share)}; {paper}) -> "
+        f"{h['accuracy_decrease']:.1f} % decrease vs random {r:.1f} % ({rnd['seed'].nunique()} seeds); "
+        f"gap {ci.estimate:.1f} points{_ci_text(ci)} "
+        f"(bootstrap over {ci.n} cases and the seeds)",
+        interval_verdict(ci, full, 100 * NOISE_GAP),
+        metrics,
+        ci,
+        thresholds=(full, 100 * NOISE_GAP),
+        population=ci.n,
+    )  # every correct 1D case
 
 
 def _baseline_premise(rows: pd.DataFrame, what: str) -> None:
@@ -356,15 +439,22 @@ def _baseline_premise(rows: pd.DataFrame, what: str) -> None:
         return
     r = rows.iloc[0]
     c = decode_correct(r.get("correct_by_prompt"))
-    k, n = (int(c.sum()), len(c)) if c is not None else (int(round(float(r["accuracy"]) * int(r["n_test"]))),
-                                                         int(r["n_test"])) if "n_test" in r else (0, 0)
+    k, n = (
+        (int(c.sum()), len(c))
+        if c is not None
+        else (int(round(float(r["accuracy"]) * int(r["n_test"]))), int(r["n_test"]))
+        if "n_test" in r
+        else (0, 0)
+    )
     if n == 0:
         return
     ci = binomial_ci(k, n)
     if ci.high < NOISE_GAP:
-        raise NotApplicable(f"premise failed: the original model answers {_pct(ci.estimate)} "
-                            f"[{100 * ci.low:.1f}, {100 * ci.high:.1f}] of the {n} 2-digit test prompts, below the "
-                            f"{100 * NOISE_GAP:.0f}-point gap the rule reads, so {what} cannot show the paper's effect")
+        raise NotApplicable(
+            f"premise failed: the original model answers {_pct(ci.estimate)} "
+            f"[{100 * ci.low:.1f}, {100 * ci.high:.1f}] of the {n} 2-digit test prompts, below the "
+            f"{100 * NOISE_GAP:.0f}-point gap the rule reads, so {what} cannot show the paper's effect"
+        )
 
 
 def _band_layers(text: object) -> list[int]:
@@ -396,47 +486,61 @@ def _yu_lora_layers(t: Tables) -> Outcome:
     L = t.n_layers(acc["layer"])
     best = lora.loc[lora["accuracy"].idxmax()]
     band_txt = ", ".join(f"{b} {_pct(v, 0)}" for b, v in means.items())
-    text = (f"original {_pct(base, 0)}; {_pct(above, 0)} of {len(lora)} LoRA layers beat it by >= "
-            f"{100 * LORA_MARGIN:.0f} points; best layer "
-            f"{int(best['layer'])} ({_pct(best['accuracy'], 0)})" + (f"; bands: {band_txt}" if band_txt else ""))
-    metrics = {"share of LoRA layers beating the original by the margin": above,
-               "best LoRA layer / n_layers": float(best["layer"]) / L,
-               "shallow minus deep band accuracy": float(means["shallow"] - means["deep"]) if has_bands
-               else float("nan")}
+    text = (
+        f"original {_pct(base, 0)}; {_pct(above, 0)} of {len(lora)} LoRA layers beat it by >= "
+        f"{100 * LORA_MARGIN:.0f} points; best layer "
+        f"{int(best['layer'])} ({_pct(best['accuracy'], 0)})" + (f"; bands: {band_txt}" if band_txt else "")
+    )
+    metrics = {
+        "share of LoRA layers beating the original by the margin": above,
+        "best LoRA layer / n_layers": float(best["layer"]) / L,
+        "shallow minus deep band accuracy": float(means["shallow"] - means["deep"]) if has_bands else float("nan"),
+    }
     mat = _correct_matrix(pd.concat([base_rows.iloc[:1], lora]))
     if mat is None:
         raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='05', table='05_lora_accuracy_by_layer')}")
     # the unit of the claim is the layer: prompts and layers resampled (crossed bootstrap)
-    share = crossed_bootstrap_ci(lambda orig, x: float((x.mean(0) >= orig.mean() + LORA_MARGIN).mean()),
-                                 mat[:, 0].astype(float), replicates=mat[:, 1:].astype(float))
+    share = crossed_bootstrap_ci(
+        lambda orig, x: float((x.mean(0) >= orig.mean() + LORA_MARGIN).mean()),
+        mat[:, 0].astype(float),
+        replicates=mat[:, 1:].astype(float),
+    )
     falls: set[bool] = {False}
     if has_bands and "layers" in bands:
         layers = lora["layer"].astype(int).tolist()
         band = bands.set_index("band")["layers"]
         cols = {b: [1 + i for i, l in enumerate(layers) if l in _band_layers(band[b])] for b in ("shallow", "deep")}
-        gap = bootstrap_ci(lambda x: float(x[:, cols["shallow"]].mean(0).mean() - x[:, cols["deep"]].mean(0).mean()),
-                           mat)
+        gap = bootstrap_ci(
+            lambda x: float(x[:, cols["shallow"]].mean(0).mean() - x[:, cols["deep"]].mean(0).mean()), mat
+        )
         falls = _above_zero(gap)
         text += f" (shallow minus deep {_pct(gap.estimate, 0)}{_ci_text(gap.scaled(100))})"
-    verdict = _judged(lambda full, half, f: _grade(full and f, half),
-                      _possible(share, LORA_NEARLY_ALL), _possible(share, 0.5), falls)
-    text = (f"{text}; share beating the original by the margin {_pct(share.estimate, 0)}{_ci_text(share.scaled(100))} "
-            f"(bootstrap over {share.n} test prompts crossed with the {len(lora)} layers; one LoRA training per layer: "
-            "the interval excludes training variance)")
+    verdict = _judged(
+        lambda full, half, f: _grade(full and f, half), _possible(share, LORA_NEARLY_ALL), _possible(share, 0.5), falls
+    )
+    text = (
+        f"{text}; share beating the original by the margin {_pct(share.estimate, 0)}{_ci_text(share.scaled(100))} "
+        f"(bootstrap over {share.n} test prompts crossed with the {len(lora)} layers; one LoRA training per layer: "
+        "the interval excludes training variance)"
+    )
     if verdict == INCONCLUSIVE and len(lora) >= L:  # every layer of the model is trained: nothing left to add
         return Outcome(f"{text}; undecidable here: all {L} layers are trained", UNDECIDABLE, metrics, share)
-    return Outcome(text, verdict, metrics, share, thresholds=(LORA_NEARLY_ALL, 0.5),
-                   unit=f"LoRA layers (now {len(lora)} of {L})")
+    return Outcome(
+        text, verdict, metrics, share, thresholds=(LORA_NEARLY_ALL, 0.5), unit=f"LoRA layers (now {len(lora)} of {L})"
+    )
 
 
-def _coef_increase_stats(per_case: pd.DataFrame, layer_of: dict[str, int], bands: dict[str, list[int]]
-                         ) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray, np.ndarray], dict[str, float]]]:
+def _coef_increase_stats(
+    per_case: pd.DataFrame, layer_of: dict[str, int], bands: dict[str, list[int]]
+) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray, np.ndarray], dict[str, float]]]:
     """Notebook 05's per-case coefficient parts (cases x (model, k) arrays of num and den)
     and the function giving each band's mean increase (%) over its models and k from them,
     as ``lora.band_increase_table`` does from all cases."""
     pc = per_case.assign(layer=per_case["model"].map(layer_of)).dropna(subset=["layer"])
     num = pc.pivot_table(index="case", columns=["model", "k"], values="num", aggfunc="sum").fillna(0.0)
-    den = pc.pivot_table(index="case", columns=["model", "k"], values="den", aggfunc="sum").reindex_like(num).fillna(0.0)
+    den = (
+        pc.pivot_table(index="case", columns=["model", "k"], values="den", aggfunc="sum").reindex_like(num).fillna(0.0)
+    )
     groups = {}
     for b, layers in bands.items():
         idx = [j for j, (model, _k) in enumerate(num.columns) if layer_of.get(model) in layers]
@@ -480,16 +584,25 @@ def _yu_lora_coef(t: Tables) -> Outcome:
     low = bootstrap_ci(lambda n, d: float(min(band_means(n, d).values())), num, den)
     if has:
         falls = _above_zero(bootstrap_ci(lambda n, d: band_means(n, d)["shallow"] - band_means(n, d)["deep"], num, den))
-        big = _possible(bootstrap_ci(lambda n, d: band_means(n, d)["shallow"], num, den), HALF * papers.YU_SHALLOW_COEF_MIN)
+        big = _possible(
+            bootstrap_ci(lambda n, d: band_means(n, d)["shallow"], num, den), HALF * papers.YU_SHALLOW_COEF_MIN
+        )
     else:
         falls = big = {False}
-    return Outcome(f"{text}; mean over bands {mean.estimate:+.1f} %{_ci_text(mean)} (bootstrap over {mean.n} cases; "
-                   "one LoRA training per layer: the interval excludes training variance)",
-                   _judged(lambda pos, f, b, half: _grade(pos and f and b, half),
-                           _above_zero(low), falls, big, _possible(mean, 100 * NOISE_GAP)),
-                   metrics, mean, thresholds=(100 * NOISE_GAP,))
-
-
+    return Outcome(
+        f"{text}; mean over bands {mean.estimate:+.1f} %{_ci_text(mean)} (bootstrap over {mean.n} cases; "
+        "one LoRA training per layer: the interval excludes training variance)",
+        _judged(
+            lambda pos, f, b, half: _grade(pos and f and b, half),
+            _above_zero(low),
+            falls,
+            big,
+            _possible(mean, 100 * NOISE_GAP),
+        ),
+        metrics,
+        mean,
+        thresholds=(100 * NOISE_GAP,),
+    )
 
 
 def _yu_pruning(t: Tables) -> Outcome:
@@ -502,27 +615,33 @@ def _yu_pruning(t: Tables) -> Outcome:
     orig, cna, rnd = acc["original"], acc["LoRA on CNA-pruned"], acc["LoRA on random-pruned"]
     lora = acc.get("LoRA", float("nan"))
     gap = float(cna - rnd)
-    text = (f"original {_pct(orig)}, LoRA {_pct(lora)}, LoRA on CNA-pruned {_pct(cna)}, "
-            f"on random-pruned {_pct(rnd)}")
+    text = f"original {_pct(orig)}, LoRA {_pct(lora)}, LoRA on CNA-pruned {_pct(cna)}, on random-pruned {_pct(rnd)}"
     metrics = {"CNA-pruned minus random-pruned accuracy": gap, "CNA-pruned minus original accuracy": float(cna - orig)}
     pick = lambda name: tab[tab["model"] == name]  # noqa: E731
     n_seeds = len(pick("LoRA on random-pruned"))
-    mat = _correct_matrix(pd.concat([pick("original").iloc[:1], pick("LoRA on CNA-pruned").iloc[:1],
-                                     pick("LoRA on random-pruned")]))
+    mat = _correct_matrix(
+        pd.concat([pick("original").iloc[:1], pick("LoRA on CNA-pruned").iloc[:1], pick("LoRA on random-pruned")])
+    )
     if mat is None:
         raise NotRun(f"{text}; {RERUN_PER_PROMPT.format(nb='06', table='06_table11')}")
     ci = bootstrap_ci(_seed_resampled_gap(n_seeds), mat)
     full = HALF * (papers.YU_TABLE11["LoRA on CNA-pruned"] - papers.YU_TABLE11["LoRA on random-pruned"]) / 100
     vs_orig = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), mat)
-    return Outcome(f"{text}; CNA minus random {_pct(ci.estimate)}{_ci_text(ci.scaled(100))}, minus original "
-                   f"{_pct(vs_orig.estimate)}{_ci_text(vs_orig.scaled(100))} (paired bootstrap over {ci.n} test "
-                   f"prompts{f' and the {n_seeds} random prunings' if n_seeds > 1 else ''}; one LoRA training per "
-                   "arm: the interval excludes training variance)",
-                   _judged(lambda big, above, half: _grade(big and above, half),
-                           _possible(ci, full), _above_zero(vs_orig), _possible(ci, NOISE_GAP)),
-                   metrics, ci, thresholds=(full, NOISE_GAP))
-
-
+    return Outcome(
+        f"{text}; CNA minus random {_pct(ci.estimate)}{_ci_text(ci.scaled(100))}, minus original "
+        f"{_pct(vs_orig.estimate)}{_ci_text(vs_orig.scaled(100))} (paired bootstrap over {ci.n} test "
+        f"prompts{f' and the {n_seeds} random prunings' if n_seeds > 1 else ''}; one LoRA training per "
+        "arm: the interval excludes training variance)",
+        _judged(
+            lambda big, above, half: _grade(big and above, half),
+            _possible(ci, full),
+            _above_zero(vs_orig),
+            _possible(ci, NOISE_GAP),
+        ),
+        metrics,
+        ci,
+        thresholds=(full, NOISE_GAP),
+    )
 
 
 def _yu_gender(t: Tables) -> Outcome:
@@ -531,10 +650,15 @@ def _yu_gender(t: Tables) -> Outcome:
             raise NotRun("no profession token differs by gender in the top-100 lists")
         raise MissingTable("07_table13.csv missing")
     p07 = t.params().get("07")
-    if (p07 is not None and "early_layers" not in p07) or not t.has("07_bias_scores") \
-            or not t.has("07_paper_bias_scores"):
-        raise NotRun("07's tables predate the current notebook-07 method (edit set from a 20-per-profession screen, 3 random seeds, no "
-                     "Table-23 professions, no early-layer check): rerun notebook 07")
+    if (
+        (p07 is not None and "early_layers" not in p07)
+        or not t.has("07_bias_scores")
+        or not t.has("07_paper_bias_scores")
+    ):
+        raise NotRun(
+            "07's tables predate the current notebook-07 method (edit set from a 20-per-profession screen, 3 random seeds, no "
+            "Table-23 professions, no early-layer check): rerun notebook 07"
+        )
     from ..yu.bias import reduction_intervals
 
     t13 = t.csv("07_table13")
@@ -547,31 +671,51 @@ def _yu_gender(t: Tables) -> Outcome:
     if row.empty:
         raise NotRun(f"no CNA top-{k} rows in 07_bias_scores")
     r = row.iloc[0]
-    ci = Interval(float(r["reduction_pct"]), float(r["reduction_low"]), float(r["reduction_high"]),
-                  int(r["n_professions"]), "bootstrap")
-    diff = Interval(float(r["diff_pts"]), float(r["diff_low"]), float(r["diff_high"]), int(r["n_professions"]),
-                    "crossed bootstrap")
-    rnd = Interval(float(r["random_pct"]), float(r["random_low"]), float(r["random_high"]), int(r["n_professions"]),
-                   "crossed bootstrap")
-    text = (f"model's {int(r['n_professions'])} biased professions x {int(r['n_prompts'])} prompts: top-{k} CNA "
-            f"neurons zeroed reduce the bias by {ci.estimate:.1f} %{_ci_text(ci)}, layer-matched random sets "
-            f"({int(r['n_seeds'])} seeds) by {rnd.estimate:.1f} %{_ci_text(rnd)}; CNA minus random "
-            f"{diff.estimate:.1f} points{_ci_text(diff)}")
-    metrics = {"CNA bias reduction (%)": ci.estimate, "random bias reduction (%)": float(r["random_pct"]),
-               "CNA minus random (points)": diff.estimate}
+    ci = Interval(
+        float(r["reduction_pct"]),
+        float(r["reduction_low"]),
+        float(r["reduction_high"]),
+        int(r["n_professions"]),
+        "bootstrap",
+    )
+    diff = Interval(
+        float(r["diff_pts"]), float(r["diff_low"]), float(r["diff_high"]), int(r["n_professions"]), "crossed bootstrap"
+    )
+    rnd = Interval(
+        float(r["random_pct"]),
+        float(r["random_low"]),
+        float(r["random_high"]),
+        int(r["n_professions"]),
+        "crossed bootstrap",
+    )
+    text = (
+        f"model's {int(r['n_professions'])} biased professions x {int(r['n_prompts'])} prompts: top-{k} CNA "
+        f"neurons zeroed reduce the bias by {ci.estimate:.1f} %{_ci_text(ci)}, layer-matched random sets "
+        f"({int(r['n_seeds'])} seeds) by {rnd.estimate:.1f} %{_ci_text(rnd)}; CNA minus random "
+        f"{diff.estimate:.1f} points{_ci_text(diff)}"
+    )
+    metrics = {
+        "CNA bias reduction (%)": ci.estimate,
+        "random bias reduction (%)": float(r["random_pct"]),
+        "CNA minus random (points)": diff.estimate,
+    }
     paper = reduction_intervals(t.csv("07_paper_bias_scores"), ("cna",), [k])
     if len(paper):
         q = paper.iloc[0]
-        text += (f"; on Table 23's professions ({int(q['n_professions'])} first tokens) "
-                 f"{q['reduction_pct']:.1f} % [{q['reduction_low']:.1f}, {q['reduction_high']:.1f}] vs random "
-                 f"{q['random_pct']:.1f} %")
+        text += (
+            f"; on Table 23's professions ({int(q['n_professions'])} first tokens) "
+            f"{q['reduction_pct']:.1f} % [{q['reduction_low']:.1f}, {q['reduction_high']:.1f}] vs random "
+            f"{q['random_pct']:.1f} %"
+        )
         metrics["Table-23 professions: CNA bias reduction (%)"] = float(q["reduction_pct"])
     if (sc["kind"] == "cna_late").any():
         late = reduction_intervals(sc, ("cna_late",), [k])
         if len(late):
             q = late.iloc[0]
-            text += (f"; top-{k} without the early layers {q['reduction_pct']:.1f} % [{q['reduction_low']:.1f}, "
-                     f"{q['reduction_high']:.1f}] (random {q['random_pct']:.1f} %)")
+            text += (
+                f"; top-{k} without the early layers {q['reduction_pct']:.1f} % [{q['reduction_low']:.1f}, "
+                f"{q['reduction_high']:.1f}] (random {q['random_pct']:.1f} %)"
+            )
             metrics["CNA without early layers: bias reduction (%)"] = float(q["reduction_pct"])
     if t.has("07_edit_layers") and p07 is not None:
         lay = t.csv("07_edit_layers")
@@ -582,7 +726,15 @@ def _yu_gender(t: Tables) -> Outcome:
     text += f" (bootstrap over professions crossed with seeds; paper {papers.YU_BIAS_REDUCTION_PCT} %)"
     if not int(r["n_seeds"]):
         return Outcome(text + "; no random control", INCONCLUSIVE, metrics, ci)
-    return Outcome(text, _judged(lambda big, above: _grade(big and above, above),
-                                 _possible(ci, HALF * papers.YU_BIAS_REDUCTION_PCT), _possible(diff, 100 * NOISE_GAP)),
-                   metrics, ci, thresholds=(HALF * papers.YU_BIAS_REDUCTION_PCT,),
-                   population=ci.n)  # the model's biased professions: the lexicon's whole list
+    return Outcome(
+        text,
+        _judged(
+            lambda big, above: _grade(big and above, above),
+            _possible(ci, HALF * papers.YU_BIAS_REDUCTION_PCT),
+            _possible(diff, 100 * NOISE_GAP),
+        ),
+        metrics,
+        ci,
+        thresholds=(HALF * papers.YU_BIAS_REDUCTION_PCT,),
+        population=ci.n,
+    )  # the model's biased professions: the lexicon's whole list

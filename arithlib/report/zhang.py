@@ -4,18 +4,36 @@ transfer, precise SFT; each function reads a figures folder and returns an Outco
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from ..core import papers
 from ..core.papers import HALF, KEY_HEAD_THRESHOLD, KNOCKOUT_K, NOISE_GAP, ZHANG_PRECISE_MARGIN
-from ..core.stats import (INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, Interval, bootstrap_ci, crossed_bootstrap_ci,
-                     interval_verdict)
-from .rules import (RERUN_PER_PROMPT, Outcome, _above_zero, _ci_text, _correct_matrix, _grade, _judged, _paper_depth,
-                    _pct, _possible)
+from ..core.stats import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    PARTLY,
+    REPRODUCED,
+    Interval,
+    bootstrap_ci,
+    crossed_bootstrap_ci,
+    interval_verdict,
+)
+from .rules import (
+    RERUN_PER_PROMPT,
+    Outcome,
+    _above_zero,
+    _ci_text,
+    _correct_matrix,
+    _grade,
+    _judged,
+    _paper_depth,
+    _pct,
+    _possible,
+)
 from .tables import NotRun, Tables
 
 
@@ -25,8 +43,10 @@ def _pooled(t: Tables, kind: str) -> tuple[np.ndarray, np.ndarray, list[tuple[in
     operator [N] for stratified bootstraps, the components [(layer, head)], head -1 for MLPs)."""
     p01 = t.params().get("01")
     if p01 is not None and "knockout_k" not in p01:
-        raise NotRun("01_path_patching_per_prompt.csv.gz comes from an older run: its X_c prefix kept the true answers, so "
-                     "the counterfactual still carried the calculation: rerun notebook 01")
+        raise NotRun(
+            "01_path_patching_per_prompt.csv.gz comes from an older run: its X_c prefix kept the true answers, so "
+            "the counterfactual still carried the calculation: rerun notebook 01"
+        )
     pp = t.csv("01_path_patching_per_prompt")
     rows = pp[pp["kind"] == kind]
     if rows.empty:
@@ -79,8 +99,9 @@ def top_share(effects: np.ndarray, top: int) -> float:
 N_PERMUTATIONS, PERMUTATION_SEED = 1000, 0
 
 
-def permuted_top_share(effects: np.ndarray, top: int, n_perm: int = N_PERMUTATIONS,
-                       seed: int = PERMUTATION_SEED) -> np.ndarray:
+def permuted_top_share(
+    effects: np.ndarray, top: int, n_perm: int = N_PERMUTATIONS, seed: int = PERMUTATION_SEED
+) -> np.ndarray:
     """The null of :func:`top_share`: the same share after the head labels are permuted
     at random within each prompt (row), independently per prompt (seeded).
 
@@ -104,11 +125,15 @@ def _concentration(eff: np.ndarray, ops: np.ndarray) -> tuple[str, dict[str, flo
     null = permuted_top_share(eff, top)
     lo, hi = np.quantile(null, [0.025, 0.975])
     null_text = Interval(float(null.mean()), float(lo), float(hi), len(null), "permutation").text()
-    text = (f"; shown, not judged: the top 5 % of heads ({top} of {eff.shape[1]}) carry {ci.text()} of the total "
-            f"|mean effect|, against {null_text} with the head labels permuted within each prompt ({len(null):,} "
-            f"permutations, central 95 %; {_pct(top / eff.shape[1], 1)} if every head carried as much)")
-    return text, {"top-5 % heads' share of |effect|": ci.estimate,
-                  "top-5 % heads' share of |effect|, head labels permuted": float(null.mean())}
+    text = (
+        f"; shown, not judged: the top 5 % of heads ({top} of {eff.shape[1]}) carry {ci.text()} of the total "
+        f"|mean effect|, against {null_text} with the head labels permuted within each prompt ({len(null):,} "
+        f"permutations, central 95 %; {_pct(top / eff.shape[1], 1)} if every head carried as much)"
+    )
+    return text, {
+        "top-5 % heads' share of |effect|": ci.estimate,
+        "top-5 % heads' share of |effect|, head labels permuted": float(null.mean()),
+    }
 
 
 def _zhang_key_heads(t: Tables) -> Outcome:
@@ -123,17 +148,26 @@ def _zhang_key_heads(t: Tables) -> Outcome:
     if ci.high == 0:
         verdict = NOT_REPRODUCED  # no key head in at least 97.5 % of the resamples
     elif ci.low == 0:
-        verdict = INCONCLUSIVE    # "some key heads" is itself undecided
+        verdict = INCONCLUSIVE  # "some key heads" is itself undecided
     else:
-        verdict = interval_verdict(ci, papers.ZHANG_KEY_HEAD_SHARE, 2 * papers.ZHANG_KEY_HEAD_SHARE, higher_is_better=False)
+        verdict = interval_verdict(
+            ci, papers.ZHANG_KEY_HEAD_SHARE, 2 * papers.ZHANG_KEY_HEAD_SHARE, higher_is_better=False
+        )
     sparse, sparse_metrics = _concentration(eff, ops)
-    return Outcome(f"{len(key)} of {len(comps)} heads = {ci.text(digits=1)} (layers {layers or 'none'}; "
-                   f"{eff.shape[0]} prompts){sparse}",
-                   verdict,
-                   {"key-head share": share, "key heads": float(len(key)),
-                    "mean key-head layer / n_layers": depth, **sparse_metrics}, ci,
-                   thresholds=(papers.ZHANG_KEY_HEAD_SHARE, 2 * papers.ZHANG_KEY_HEAD_SHARE),
-                   population=_population_01(t))
+    return Outcome(
+        f"{len(key)} of {len(comps)} heads = {ci.text(digits=1)} (layers {layers or 'none'}; "
+        f"{eff.shape[0]} prompts){sparse}",
+        verdict,
+        {
+            "key-head share": share,
+            "key heads": float(len(key)),
+            "mean key-head layer / n_layers": depth,
+            **sparse_metrics,
+        },
+        ci,
+        thresholds=(papers.ZHANG_KEY_HEAD_SHARE, 2 * papers.ZHANG_KEY_HEAD_SHARE),
+        population=_population_01(t),
+    )
 
 
 def _knockout_k(t: Tables) -> int:
@@ -154,8 +188,10 @@ def _key_head_note(t: Tables, k: int) -> str:
     if n_key >= k:
         return f"; all {k} are key heads (path-patching effect below -5 %)"
     if n_key == 0:
-        return (f"; no head crosses -5 %, so these are the top-{k} heads by path-patching effect and none of them is "
-                "a key head")
+        return (
+            f"; no head crosses -5 %, so these are the top-{k} heads by path-patching effect and none of them is "
+            "a key head"
+        )
     return f"; only {n_key} of the {k} are key heads (effect below -5 %), the other {k - n_key} are not"
 
 
@@ -208,11 +244,15 @@ def _knockout_split(t: Tables, ko: pd.DataFrame, k: int) -> tuple[np.ndarray | N
     half_a = selection_half(meta_pp["op"].to_numpy())
     chosen, used = _top_heads(effects[half_a], comps, k), _top_heads(effects, comps, k)
     if chosen == used:
-        return (wide.index[~half_a].to_numpy(),
-                f"; held out: the top-{k} heads by path-patching effect on half A of the prompts ({int(half_a.sum())}, "
-                f"a seeded split stratified by operator) are the knockout's {k}, so the gap is scored on half B only")
-    return None, (f"{same}: the top-{k} on half A of the prompts (a seeded split by operator) share only "
-                  f"{len(chosen & used)} of the knockout's {k} heads, so no held-out half scores them")
+        return (
+            wide.index[~half_a].to_numpy(),
+            f"; held out: the top-{k} heads by path-patching effect on half A of the prompts ({int(half_a.sum())}, "
+            f"a seeded split stratified by operator) are the knockout's {k}, so the gap is scored on half B only",
+        )
+    return None, (
+        f"{same}: the top-{k} on half A of the prompts (a seeded split by operator) share only "
+        f"{len(chosen & used)} of the knockout's {k} heads, so no held-out half scores them"
+    )
 
 
 def _zhang_knockout(t: Tables) -> Outcome:
@@ -243,14 +283,22 @@ def _zhang_knockout(t: Tables) -> Outcome:
     drop_e, drop_r = 1 - m[:, 1].mean() / base, 1 - m[:, 2].mean() / base
     ci = bootstrap_ci(gap, m, groups=ops)
     full, partial = HALF * (papers.ZHANG_KNOCKOUT_DROP - papers.ZHANG_RANDOM_KNOCKOUT_WITHIN), NOISE_GAP
-    return Outcome(f"k = {k} heads mean-ablated at every query position: effect-rank {_pct(-drop_e, 0)}, random-rank "
-                   f"{_pct(-drop_r, 0)} ({len(rand)} random sets; accuracy {base:.0%} before, {len(m)} prompts); "
-                   f"gap {ci.text()}{split_text}{_key_head_note(t, k)}",
-                   interval_verdict(ci, full, partial),
-                   {"effect-rank minus random-rank accuracy drop": gap(m), "effect-rank drop": drop_e,
-                    "random-rank drop": drop_r, "k knocked out": float(k),
-                    "held-out scoring (1 = heads selected on other prompts)": float(scored is not None)}, ci,
-                   thresholds=(partial, full), population=population)
+    return Outcome(
+        f"k = {k} heads mean-ablated at every query position: effect-rank {_pct(-drop_e, 0)}, random-rank "
+        f"{_pct(-drop_r, 0)} ({len(rand)} random sets; accuracy {base:.0%} before, {len(m)} prompts); "
+        f"gap {ci.text()}{split_text}{_key_head_note(t, k)}",
+        interval_verdict(ci, full, partial),
+        {
+            "effect-rank minus random-rank accuracy drop": gap(m),
+            "effect-rank drop": drop_e,
+            "random-rank drop": drop_r,
+            "k knocked out": float(k),
+            "held-out scoring (1 = heads selected on other prompts)": float(scored is not None),
+        },
+        ci,
+        thresholds=(partial, full),
+        population=population,
+    )
 
 
 def _late_early(effects: np.ndarray, late: np.ndarray) -> tuple[float, float]:
@@ -280,13 +328,20 @@ def _zhang_late_mlps(t: Tables) -> Outcome:
         size = interval_verdict(late_ci, HALF * papers.ZHANG_LATE_MLP_EFFECT, HALF * papers.ZHANG_LATE_MLP_EFFECT)
         verdict = REPRODUCED if size == REPRODUCED else PARTLY if size == NOT_REPRODUCED else INCONCLUSIVE
     top = comps[int(np.argmax(np.abs(eff.mean(0))))]
-    return Outcome(f"mean |effect| of MLPs 0-{cut - 1}: {_pct(e)}; of MLPs {cut}-{L - 1}: {late_ci.text(digits=1)}; "
-                   f"late / early {ci.text(pct=False)} ({eff.shape[0]} prompts)",
-                   verdict,
-                   {"late / early MLP mean |effect|": l_ / e if e > 0 else float("inf"),
-                    "late MLP mean |effect|": l_, "early MLP mean |effect|": e,
-                    "strongest MLP layer / n_layers": top[0] / L}, ci,
-                   thresholds=(1.0, 2.0), population=_population_01(t))
+    return Outcome(
+        f"mean |effect| of MLPs 0-{cut - 1}: {_pct(e)}; of MLPs {cut}-{L - 1}: {late_ci.text(digits=1)}; "
+        f"late / early {ci.text(pct=False)} ({eff.shape[0]} prompts)",
+        verdict,
+        {
+            "late / early MLP mean |effect|": l_ / e if e > 0 else float("inf"),
+            "late MLP mean |effect|": l_,
+            "early MLP mean |effect|": e,
+            "strongest MLP layer / n_layers": top[0] / L,
+        },
+        ci,
+        thresholds=(1.0, 2.0),
+        population=_population_01(t),
+    )
 
 
 #: The answer curve the verdict reads, and the one kept as its sensitivity reading
@@ -296,8 +351,10 @@ def _zhang_late_mlps(t: Tables) -> Outcome:
 #: and MLP_out what it adds back into it: the isolated contribution is the MLP's write,
 #: resid_post - resid_mid. The literal "module output minus normalised input" is shown.
 ANSWER_MEASURE, LITERAL_MEASURE = "write_C", "delta_C"
-_ANSWER_LABEL = {ANSWER_MEASURE: "cos(MLP write = resid_post - resid_mid, W_U[C])",
-                 LITERAL_MEASURE: "literal cos(MLP_out - MLP_in, W_U[C]) with the normalised input"}
+_ANSWER_LABEL = {
+    ANSWER_MEASURE: "cos(MLP write = resid_post - resid_mid, W_U[C])",
+    LITERAL_MEASURE: "literal cos(MLP_out - MLP_in, W_U[C]) with the normalised input",
+}
 
 
 def _answer_curve_points(curves: np.ndarray):
@@ -344,14 +401,27 @@ def read_answer_curve(curves: np.ndarray, ops: np.ndarray, n_layers: int) -> Cur
     onset = bootstrap_ci(lambda x: _answer_curve_points(x).start / L, curves, groups=ops)
     climb = bootstrap_ci(_climbs, curves, groups=ops)
     if climb.high == 0:
-        return CurveReading(pts, onset, climb, NOT_REPRODUCED, "; the curve does not climb (its maximum is at its "
-                            "first searched layer, or a single step) in at least 97.5 % of the bootstrap resamples",
-                            L)
+        return CurveReading(
+            pts,
+            onset,
+            climb,
+            NOT_REPRODUCED,
+            "; the curve does not climb (its maximum is at its "
+            "first searched layer, or a single step) in at least 97.5 % of the bootstrap resamples",
+            L,
+        )
     if climb.low == 0:
         mean = "climbs" if climb.estimate else "does not climb"
-        return CurveReading(pts, onset, climb, INCONCLUSIVE, f"; the mean curve {mean}, but whether it climbs at all "
-                            "is not settled by the bootstrap (a climb in more than 2.5 % and fewer than 97.5 % of "
-                            "the resamples)", L)
+        return CurveReading(
+            pts,
+            onset,
+            climb,
+            INCONCLUSIVE,
+            f"; the mean curve {mean}, but whether it climbs at all "
+            "is not settled by the bootstrap (a climb in more than 2.5 % and fewer than 97.5 % of "
+            "the resamples)",
+            L,
+        )
     verdict = interval_verdict(onset, papers.ZHANG_MLP_CURVE_CLIMB_32 / 32, papers.ZHANG_MLP_CURVE_START_32 / 32)
     return CurveReading(pts, onset, climb, verdict, "", L)
 
@@ -368,9 +438,11 @@ def _answer_curves(cur: pd.DataFrame, measure: str) -> tuple[np.ndarray, np.ndar
 
 def _reading_text(measure: str, r: CurveReading, n: int) -> str:
     p, L = r.points, r.n_layers
-    return (f"{_ANSWER_LABEL[measure]} (layer 0 left out): climb begins at layer {p.start} (depth "
-            f"{r.onset.text(pct=False)}; paper 18/32 = 0.56), steepest step {p.inflection}, peak {p.peak} of {L} "
-            f"layers ({n} prompts){r.note}")
+    return (
+        f"{_ANSWER_LABEL[measure]} (layer 0 left out): climb begins at layer {p.start} (depth "
+        f"{r.onset.text(pct=False)}; paper 18/32 = 0.56), steepest step {p.inflection}, peak {p.peak} of {L} "
+        f"layers ({n} prompts){r.note}"
+    )
 
 
 def _literal_text(cur: pd.DataFrame, L: int) -> str:
@@ -394,9 +466,11 @@ def _summary_write_text(t: Tables) -> str:
     if len(curve) < 3:
         return ""
     p = curve_points(curve, "rise")
-    return (f"; its summary's mean curve of cos(MLP_out, W_U[C]) (the MLP's write in a sequential block; no "
-            f"per-prompt values, so no interval) climbs from layer {p.start} to its peak at layer {p.peak} of "
-            f"{len(curve)}")
+    return (
+        f"; its summary's mean curve of cos(MLP_out, W_U[C]) (the MLP's write in a sequential block; no "
+        f"per-prompt values, so no interval) climbs from layer {p.start} to its peak at layer {p.peak} of "
+        f"{len(curve)}"
+    )
 
 
 def _zhang_mlp_answer(t: Tables) -> Outcome:
@@ -406,9 +480,12 @@ def _zhang_mlp_answer(t: Tables) -> Outcome:
     got = _answer_curves(cur, ANSWER_MEASURE)
     if got is None:
         L = t.n_layers(cur["layer"]) if "layer" in cur else 0
-        raise NotRun("02_mlp_cosines_per_prompt.csv.gz has no per-prompt curve of the MLP's write, cos(resid_post - "
-                     "resid_mid, W_U[C]), which the verdict reads (older run): rerun notebook 02"
-                     + _summary_write_text(t) + (_literal_text(cur, L) if L >= 3 else ""))
+        raise NotRun(
+            "02_mlp_cosines_per_prompt.csv.gz has no per-prompt curve of the MLP's write, cos(resid_post - "
+            "resid_mid, W_U[C]), which the verdict reads (older run): rerun notebook 02"
+            + _summary_write_text(t)
+            + (_literal_text(cur, L) if L >= 3 else "")
+        )
     curves, ops, layers = got
     L = t.n_layers(pd.Series(layers))
     if L < 3:
@@ -416,18 +493,22 @@ def _zhang_mlp_answer(t: Tables) -> Outcome:
     r = read_answer_curve(curves, ops, L)
     pts = r.points
     settled = r.climb.low == 1 or r.climb.high == 0
-    return Outcome(_reading_text(ANSWER_MEASURE, r, curves.shape[0]) + _literal_text(cur, L),
-                   r.verdict,
-                   {"answer-writing inflection layer / n_layers": pts.start / L,
-                    "answer-writing start layer / n_layers": pts.start / L,
-                    "answer-writing steepest layer / n_layers": pts.inflection / L,
-                    "answer-writing peak layer / n_layers": pts.peak / L,
-                    "answer curve climbs (mean curve)": r.climb.estimate}, r.onset,
-                   # an unsettled climb has no threshold on the onset's interval to count prompts against,
-                   # and is never undecidable for want of prompts: more would settle it
-                   thresholds=(papers.ZHANG_MLP_CURVE_START_32 / 32, papers.ZHANG_MLP_CURVE_CLIMB_32 / 32)
-                   if settled else (),
-                   population=_zhang_population() if settled else None)
+    return Outcome(
+        _reading_text(ANSWER_MEASURE, r, curves.shape[0]) + _literal_text(cur, L),
+        r.verdict,
+        {
+            "answer-writing inflection layer / n_layers": pts.start / L,
+            "answer-writing start layer / n_layers": pts.start / L,
+            "answer-writing steepest layer / n_layers": pts.inflection / L,
+            "answer-writing peak layer / n_layers": pts.peak / L,
+            "answer curve climbs (mean curve)": r.climb.estimate,
+        },
+        r.onset,
+        # an unsettled climb has no threshold on the onset's interval to count prompts against,
+        # and is never undecidable for want of prompts: more would settle it
+        thresholds=(papers.ZHANG_MLP_CURVE_START_32 / 32, papers.ZHANG_MLP_CURVE_CLIMB_32 / 32) if settled else (),
+        population=_zhang_population() if settled else None,
+    )
 
 
 def _transfer_gap(x: np.ndarray, fmt: np.ndarray) -> float:
@@ -465,20 +546,26 @@ def _zhang_transfer(t: Tables) -> Outcome:
     for f in answered:
         m = x[fmt == f]
         b = m[:, 0].mean()
-        parts.append(f"{f} [{int(round(b * len(m)))}/{len(m)} correct] {_pct(m[:, 1].mean() / b - 1, 0, signed=True)} "
-                     f"({_pct(m[:, 2].mean() / b - 1, 0, signed=True)})")
+        parts.append(
+            f"{f} [{int(round(b * len(m)))}/{len(m)} correct] {_pct(m[:, 1].mean() / b - 1, 0, signed=True)} "
+            f"({_pct(m[:, 2].mean() / b - 1, 0, signed=True)})"
+        )
     drops = [1 - x[fmt == f, 1].mean() / x[fmt == f, 0].mean() for f in answered]
     drops_r = [1 - x[fmt == f, 2].mean() / x[fmt == f, 0].mean() for f in answered]
     full = HALF * papers.ZHANG_TRANSFER_DROP
-    return Outcome(f"relative accuracy change after knocking out the top-{k} heads by path-patching effect (as many "
-                   f"random heads): {'; '.join(parts)}; mean gap {ci.text()}{_key_head_note(t, k)}",
-                   interval_verdict(ci, full, NOISE_GAP),
-                   {"transfer: relative drop minus random-heads drop": _transfer_gap(x, fmt),
-                    "mean relative accuracy drop on transfer formats": float(np.mean(drops)),
-                    "mean relative drop with random heads": float(np.mean(drops_r)),
-                    "formats": float(len(answered))}, ci, thresholds=(NOISE_GAP, full))
-
-
+    return Outcome(
+        f"relative accuracy change after knocking out the top-{k} heads by path-patching effect (as many "
+        f"random heads): {'; '.join(parts)}; mean gap {ci.text()}{_key_head_note(t, k)}",
+        interval_verdict(ci, full, NOISE_GAP),
+        {
+            "transfer: relative drop minus random-heads drop": _transfer_gap(x, fmt),
+            "mean relative accuracy drop on transfer formats": float(np.mean(drops)),
+            "mean relative drop with random heads": float(np.mean(drops_r)),
+            "formats": float(len(answered)),
+        },
+        ci,
+        thresholds=(NOISE_GAP, full),
+    )
 
 
 def _zhang_precise_sft(t: Tables) -> Outcome:
@@ -493,8 +580,9 @@ def _zhang_precise_sft(t: Tables) -> Outcome:
     if not {"original", "precise"} <= set(roles.index):
         raise NotRun("08_sft_comparison lacks the original or the precise-SFT row")
     if "full" not in roles.index:
-        own = _correct_matrix(roles.loc[["original", "precise"]].rename(
-            columns={"arithmetic_2d_by_prompt": "correct_by_prompt"}))
+        own = _correct_matrix(
+            roles.loc[["original", "precise"]].rename(columns={"arithmetic_2d_by_prompt": "correct_by_prompt"})
+        )
         gain = ""
         if own is not None:  # what did run is still shown
             ci = bootstrap_ci(lambda x: float(x[:, 1].mean() - x[:, 0].mean()), own.astype(float))
@@ -504,10 +592,16 @@ def _zhang_precise_sft(t: Tables) -> Outcome:
     seeds = [x for x in dict.fromkeys(seed_of[tab.role == "precise"]) if ((tab.role == "full") & (seed_of == x)).any()]
     if not seeds:
         raise NotRun("08_sft_comparison has no training seed with both a precise-SFT and a full-SFT row")
+
     def pair_rows(x) -> pd.DataFrame:
         """The original row and training seed x's precise and full rows, indexed by role."""
-        return pd.concat([tab[tab.role == "original"].iloc[:1], tab[(tab.role == "precise") & (seed_of == x)].iloc[:1],
-                          tab[(tab.role == "full") & (seed_of == x)].iloc[:1]]).set_index("role")
+        return pd.concat(
+            [
+                tab[tab.role == "original"].iloc[:1],
+                tab[(tab.role == "precise") & (seed_of == x)].iloc[:1],
+                tab[(tab.role == "full") & (seed_of == x)].iloc[:1],
+            ]
+        ).set_index("role")
 
     per_seed = []  # [prompts, (original, precise, full)] per training seed, arithmetic and facts
     for x in seeds:
@@ -530,26 +624,44 @@ def _zhang_precise_sft(t: Tables) -> Outcome:
 
     gain_p, gain_f = interval(arm_gap(1, 0), a), interval(arm_gap(2, 0), a)
     if gain_f.high < 0:  # Zhang's full SFT is a working reference (Table 1: +2.8 to +23.2 points)
-        raise NotRun(f"full SFT did not train: its arithmetic accuracy changed by {_pct(gain_f.estimate)}"
-                     f"{_ci_text(gain_f.scaled(100))}, so it cannot stand in for Zhang's full-SFT reference "
-                     f"(precise SFT's own gain: {_pct(gain_p.estimate)}{_ci_text(gain_p.scaled(100))}); rerun "
-                     "notebook 08 with a full-SFT setting that trains")
+        raise NotRun(
+            f"full SFT did not train: its arithmetic accuracy changed by {_pct(gain_f.estimate)}"
+            f"{_ci_text(gain_f.scaled(100))}, so it cannot stand in for Zhang's full-SFT reference "
+            f"(precise SFT's own gain: {_pct(gain_p.estimate)}{_ci_text(gain_p.scaled(100))}); rerun "
+            "notebook 08 with a full-SFT setting that trains"
+        )
     diff = interval(arm_gap(1, 2), a)
     kept = interval(arm_gap(1, 2), f)  # precise minus full, facts
-    seeds_text = (f", {len(seeds)} training seeds per arm (interval over prompts and seeds)" if len(seeds) > 1 else
-                  ", one training seed per arm (the interval excludes training variance)")
+    seeds_text = (
+        f", {len(seeds)} training seeds per arm (interval over prompts and seeds)"
+        if len(seeds) > 1
+        else ", one training seed per arm (the interval excludes training variance)"
+    )
     m = ZHANG_PRECISE_MARGIN
     precise = str(rows.loc["precise", "method"]) if "method" in rows else "precise SFT"
-    lm = (f"; LM loss change precise {float(rows.loc['precise', 'lm_loss'] - rows.loc['original', 'lm_loss']):+.3f}, "
-          f"full {float(rows.loc['full', 'lm_loss'] - rows.loc['original', 'lm_loss']):+.3f} nats/token"
-          if "lm_loss" in rows else "")
-    text = (f"{precise}: arithmetic gain {_pct(gain_p.estimate)}{_ci_text(gain_p.scaled(100))}, full SFT "
-            f"{_pct(gain_f.estimate)}{_ci_text(gain_f.scaled(100))}, precise minus full {_pct(diff.estimate)}"
-            f"{_ci_text(diff.scaled(100))} ({diff.n} test prompts{seeds_text}); factual recall precise minus full "
-            f"{_pct(kept.estimate)}{_ci_text(kept.scaled(100))} ({kept.n} facts){lm}")
-    metrics = {"precise SFT arithmetic gain": gain_p.estimate, "full SFT arithmetic gain": gain_f.estimate,
-               "precise minus full arithmetic accuracy": diff.estimate,
-               "precise minus full factual recall": kept.estimate, "training seeds per arm": float(len(seeds))}
-    verdict = _judged(lambda up, close, general: _grade(up and close and general, up and (close or general)),
-                      _above_zero(gain_p), _possible(diff, -m), _possible(kept, -m))
+    lm = (
+        f"; LM loss change precise {float(rows.loc['precise', 'lm_loss'] - rows.loc['original', 'lm_loss']):+.3f}, "
+        f"full {float(rows.loc['full', 'lm_loss'] - rows.loc['original', 'lm_loss']):+.3f} nats/token"
+        if "lm_loss" in rows
+        else ""
+    )
+    text = (
+        f"{precise}: arithmetic gain {_pct(gain_p.estimate)}{_ci_text(gain_p.scaled(100))}, full SFT "
+        f"{_pct(gain_f.estimate)}{_ci_text(gain_f.scaled(100))}, precise minus full {_pct(diff.estimate)}"
+        f"{_ci_text(diff.scaled(100))} ({diff.n} test prompts{seeds_text}); factual recall precise minus full "
+        f"{_pct(kept.estimate)}{_ci_text(kept.scaled(100))} ({kept.n} facts){lm}"
+    )
+    metrics = {
+        "precise SFT arithmetic gain": gain_p.estimate,
+        "full SFT arithmetic gain": gain_f.estimate,
+        "precise minus full arithmetic accuracy": diff.estimate,
+        "precise minus full factual recall": kept.estimate,
+        "training seeds per arm": float(len(seeds)),
+    }
+    verdict = _judged(
+        lambda up, close, general: _grade(up and close and general, up and (close or general)),
+        _above_zero(gain_p),
+        _possible(diff, -m),
+        _possible(kept, -m),
+    )
     return Outcome(text, verdict, metrics, diff, thresholds=(-m,))

@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 #: Suffix of every temporary file :func:`atomic_write` makes (``.<name>.<random>.tmp``).
 TMP_SUFFIX = ".tmp"

@@ -18,11 +18,26 @@ from pathlib import Path
 from .paths import REPO_ROOT
 
 #: Packages whose version can change a table or a figure (the cache key's list).
-COMPUTE_PACKAGES = ("torch", "transformers", "tokenizers", "transformer-lens", "peft", "accelerate",
-                    "safetensors", "gguf", "numpy", "scipy", "scikit-learn", "pandas", "matplotlib",
-                    "seaborn", "papermill")
+COMPUTE_PACKAGES = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "transformer-lens",
+    "peft",
+    "accelerate",
+    "safetensors",
+    "gguf",
+    "numpy",
+    "scipy",
+    "scikit-learn",
+    "pandas",
+    "matplotlib",
+    "seaborn",
+    "papermill",
+)
 #: The ones a report names.
 KEY_PACKAGES = ("torch", "transformers", "transformer-lens", "peft", "numpy")
+
 
 def package_versions(packages: tuple[str, ...] = COMPUTE_PACKAGES) -> dict[str, str | None]:
     """Installed version of each package (None where it is not installed)."""
@@ -40,11 +55,16 @@ def git_commit(root: Path = REPO_ROOT) -> str | None:
     outputs (``figures/``) differ from it; None outside a git checkout (an installed
     package) or without git."""
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
-                                ".", ":(exclude)figures"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)figures"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "")
@@ -52,9 +72,14 @@ def git_commit(root: Path = REPO_ROOT) -> str | None:
 
 def environment() -> dict:
     """Python, platform, the compute packages' versions and the git commit, as plain data."""
-    return {"python": platform.python_version(), "implementation": sys.implementation.name,
-            "platform": platform.platform(), "machine": platform.machine(),
-            "packages": package_versions(), "git_commit": git_commit()}
+    return {
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "packages": package_versions(),
+        "git_commit": git_commit(),
+    }
 
 
 def environment_line(env: dict | None = None) -> str:
@@ -80,9 +105,14 @@ def pip_check_problems(output: str | None = None) -> list[str]:
     inconsistency: its complaints about the undeclared dependencies of weight carriers
     (:func:`weight_carriers`) are left out. ``scripts/setup.sh`` stops on any other."""
     if output is None:
-        output = subprocess.run([sys.executable, "-m", "pip", "check", "--disable-pip-version-check"],
-                                capture_output=True, text=True).stdout
+        output = subprocess.run(
+            [sys.executable, "-m", "pip", "check", "--disable-pip-version-check"], capture_output=True, text=True
+        ).stdout
     carriers = weight_carriers()
-    return [line for line in output.splitlines()
-            if line.strip() and not line.startswith("No broken requirements")
-            and line.split()[0].lower().replace("_", "-") not in carriers]
+    return [
+        line
+        for line in output.splitlines()
+        if line.strip()
+        and not line.startswith("No broken requirements")
+        and line.split()[0].lower().replace("_", "-") not in carriers
+    ]

@@ -38,14 +38,16 @@ from .atomic import atomic_write, write_bytes, write_text  # noqa: F401  (write_
 #: A table whose name ends with one of these is row-level (stored as ``.csv.gz``).
 ROW_LEVEL_SUFFIXES: tuple[str, ...] = ("_per_prompt", "_per_case", "_rows", "_prompts", "_scores")
 #: Row-level tables whose names do not say so (one row per neuron, head, match or case).
-ROW_LEVEL_TABLES: frozenset[str] = frozenset({
-    "01_yu_head_screen",  # every head x operator x digit count
-    "03_heuristic_matches",  # every (neuron, heuristic) match
-    "03_circuit_neurons",  # every circuit neuron
-    "04_pe_dag_cases",  # every case x kind x seed
-    "06_neuron_ranking",  # every ranked neuron
-    "07_top_predictions",  # every prompt's top tokens
-})
+ROW_LEVEL_TABLES: frozenset[str] = frozenset(
+    {
+        "01_yu_head_screen",  # every head x operator x digit count
+        "03_heuristic_matches",  # every (neuron, heuristic) match
+        "03_circuit_neurons",  # every circuit neuron
+        "04_pe_dag_cases",  # every case x kind x seed
+        "06_neuron_ranking",  # every ranked neuron
+        "07_top_predictions",  # every prompt's top tokens
+    }
+)
 #: The two ways a table is stored, in the order :func:`find_table` names them.
 TABLE_SUFFIXES: tuple[str, str] = (".csv", ".csv.gz")
 #: gzip level of the row-level tables (9: the smallest; the output is the same bytes for
@@ -104,9 +106,11 @@ def find_table(folder: str | os.PathLike, name: str | os.PathLike | None = None)
     folder, name = _split(folder, name)
     found = [folder / f"{name}{s}" for s in TABLE_SUFFIXES if (folder / f"{name}{s}").is_file()]
     if len(found) > 1:
-        raise AmbiguousTable(f"both {found[0]} and {found[1].name} exist, so one is stale: keep the one the last run "
-                             "wrote (python scripts/compress_tables.py --replace FOLDER keeps the plain CSV, compressed "
-                             "if the table is row-level)")
+        raise AmbiguousTable(
+            f"both {found[0]} and {found[1].name} exist, so one is stale: keep the one the last run "
+            "wrote (python scripts/compress_tables.py --replace FOLDER keeps the plain CSV, compressed "
+            "if the table is row-level)"
+        )
     return found[0] if found else None
 
 
@@ -154,12 +158,16 @@ def save_table(frame: pd.DataFrame, out: str | os.PathLike, name: str, float_for
 
 def save_figure(fig, out: str | os.PathLike, name: str, dpi: int = FIGURE_DPI) -> Path:
     """Write ``fig`` to ``<out>/<name>.png`` (``dpi``) and ``.pdf``; return the PNG path."""
-    png = atomic_write(Path(out) / f"{name}.png", lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png"))
+    png = atomic_write(
+        Path(out) / f"{name}.png", lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
+    )
     atomic_write(Path(out) / f"{name}.pdf", lambda tmp: fig.savefig(tmp, bbox_inches="tight", format="pdf"))
     return png
 
 
 def save_json(data: dict, out: str | os.PathLike, name: str) -> Path:
     """Write ``data`` to ``<out>/<name>.json`` (sorted keys, indented)."""
-    return atomic_write(Path(out) / f"{name}.json",
-                         lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True, default=str)))
+    return atomic_write(
+        Path(out) / f"{name}.json",
+        lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True, default=str)),
+    )

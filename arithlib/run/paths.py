@@ -33,7 +33,8 @@ def data_dir() -> Path:
     raise FileNotFoundError(
         f"arithlib's data files are missing: neither {packaged} (an installed wheel) nor {SOURCE_DATA_DIR} "
         "(a source checkout) is a folder; reinstall arithlib (pip install the repository, not a copy of the "
-        "arithlib folder alone)")
+        "arithlib folder alone)"
+    )
 
 
 def data_path(name: str) -> Path:

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from .. import __version__
-from .environment import environment
 from ..core.models import LoadedModel, load_model
+from .environment import environment
 from .outputs import save_json
 from .paths import REPO_ROOT, figure_dir
 
@@ -66,14 +66,28 @@ def seed_scratch(out_dir: str | Path, model_dir: str, committed_root: Path = REP
         return False
     if target.is_dir() and any(target.iterdir()):
         return False
-    shutil.copytree(committed, target, dirs_exist_ok=True, ignore=lambda d, names: [
-        n for n in names if Path(d) == committed and (n in ("notebooks", "stored") or n.startswith("."))])
+    shutil.copytree(
+        committed,
+        target,
+        dirs_exist_ok=True,
+        ignore=lambda d, names: [
+            n for n in names if Path(d) == committed and (n in ("notebooks", "stored") or n.startswith("."))
+        ],
+    )
     return True
 
 
-def start_run(notebook: str, model: str, device: str = "cpu", seed: int = 0, out_dir: str = "../outputs/scratch/figures",
-              quick: bool = False, dtype: str | torch.dtype = "auto", device_map: str | dict | None = None,
-              **params) -> Run:
+def start_run(
+    notebook: str,
+    model: str,
+    device: str = "cpu",
+    seed: int = 0,
+    out_dir: str = "../outputs/scratch/figures",
+    quick: bool = False,
+    dtype: str | torch.dtype = "auto",
+    device_map: str | dict | None = None,
+    **params,
+) -> Run:
     """Seed, load ``model`` on ``device`` and write ``<out_dir>/<model>/<notebook>_params.json``
     with every parameter (few-shot prefix, sizes, seed, library version) and the
     software environment (Python, package versions, git commit: :mod:`arithlib.run.environment`).
@@ -91,11 +105,23 @@ def start_run(notebook: str, model: str, device: str = "cpu", seed: int = 0, out
     seeded = seed_scratch(out_dir, model_dir)
     out = figure_dir(out_dir, model_dir)
     placement = {"device_map": loaded.device_map} if loaded.device_map else {}
-    record = {"notebook": notebook, "model": model, "device": loaded.device, "seed": seed, "quick": quick,
-              "dtype": str(loaded.dtype), **placement, "arithlib_version": __version__,
-              "model_info": loaded.info.__dict__, **params, "environment": environment()}
-    print(f"loaded {model} on {loaded.device} in {time.time() - t0:.1f}s; outputs in {out}"
-          + (f" (started as a copy of figures/{model_dir})" if seeded else ""))
+    record = {
+        "notebook": notebook,
+        "model": model,
+        "device": loaded.device,
+        "seed": seed,
+        "quick": quick,
+        "dtype": str(loaded.dtype),
+        **placement,
+        "arithlib_version": __version__,
+        "model_info": loaded.info.__dict__,
+        **params,
+        "environment": environment(),
+    }
+    print(
+        f"loaded {model} on {loaded.device} in {time.time() - t0:.1f}s; outputs in {out}"
+        + (f" (started as a copy of figures/{model_dir})" if seeded else "")
+    )
     run = Run(notebook, loaded, out, record)
     run.record()  # the params JSON, rewritten by later calls with what loading decides
     return run

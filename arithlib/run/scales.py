@@ -4,9 +4,8 @@ rule that picks one for a device and a model size.
 
 from __future__ import annotations
 
-from ..yu.lora import reference_layer, yu_bands
 from ..core.papers import SFT_LR_GRID, ZHANG_HEAD_COUNTS, ZHANG_MLP_COUNTS, ZHANG_SFT
-
+from ..yu.lora import reference_layer, yu_bands
 
 #: Sizes of notebooks 05 (LoRA) and 08 (precise and full SFT) at three scales. "paper": Yu Sec. 5 (18,000 / 2,000 sentences,
 #: lr grid per layer, up to 4 epochs) and Zhang Sec. 5.3 (lr 2e-5, batch 128, 2 epochs,
@@ -39,25 +38,80 @@ CPU_FULL_SCALE_MAX_PARAMS = 1_000_000_000
 
 
 FINETUNE_SCALES: dict[str, dict] = {
-    "paper": dict(n_train=18_000, n_val=1_000, n_test=2_000, layers="all", lr_search="per_layer", lora_epochs=4,
-                  lora_batch=16, cna_cases=None, n_candidates=200, word_train=300, word_test=132,
-                  sft_lrs=(ZHANG_SFT["lr"],), sft_batch=128, sft_epochs=2, sft_warmup=0.02, sft_weight_decay=0.1,
-                  head_counts=ZHANG_HEAD_COUNTS, mlp_counts=ZHANG_MLP_COUNTS, prose_chunks=32, sft_train_seeds=3),
-    "cpu": dict(n_train=512, n_val=192, n_test=385, layers="all", lr_search="reference", lora_epochs=1,
-                lora_batch=16, cna_cases=24, n_candidates=100, word_train=48, word_test=48,
-                sft_lrs=SFT_LR_GRID, sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
-                head_counts=ZHANG_HEAD_COUNTS, mlp_counts=(1, 3), prose_chunks=4, sft_train_seeds=3),
-    "quick": dict(n_train=48, n_val=0, n_test=48, layers="bands", lr_search="none", lora_epochs=1,
-                  lora_batch=16, cna_cases=6, n_candidates=50, word_train=16, word_test=24,
-                  sft_lrs=(1e-4,), sft_batch=16, sft_epochs=1, sft_warmup=0.0, sft_weight_decay=0.1,
-                  head_counts=(32,), mlp_counts=(), prose_chunks=2, sft_train_seeds=2),
+    "paper": dict(
+        n_train=18_000,
+        n_val=1_000,
+        n_test=2_000,
+        layers="all",
+        lr_search="per_layer",
+        lora_epochs=4,
+        lora_batch=16,
+        cna_cases=None,
+        n_candidates=200,
+        word_train=300,
+        word_test=132,
+        sft_lrs=(ZHANG_SFT["lr"],),
+        sft_batch=128,
+        sft_epochs=2,
+        sft_warmup=0.02,
+        sft_weight_decay=0.1,
+        head_counts=ZHANG_HEAD_COUNTS,
+        mlp_counts=ZHANG_MLP_COUNTS,
+        prose_chunks=32,
+        sft_train_seeds=3,
+    ),
+    "cpu": dict(
+        n_train=512,
+        n_val=192,
+        n_test=385,
+        layers="all",
+        lr_search="reference",
+        lora_epochs=1,
+        lora_batch=16,
+        cna_cases=24,
+        n_candidates=100,
+        word_train=48,
+        word_test=48,
+        sft_lrs=SFT_LR_GRID,
+        sft_batch=16,
+        sft_epochs=1,
+        sft_warmup=0.0,
+        sft_weight_decay=0.1,
+        head_counts=ZHANG_HEAD_COUNTS,
+        mlp_counts=(1, 3),
+        prose_chunks=4,
+        sft_train_seeds=3,
+    ),
+    "quick": dict(
+        n_train=48,
+        n_val=0,
+        n_test=48,
+        layers="bands",
+        lr_search="none",
+        lora_epochs=1,
+        lora_batch=16,
+        cna_cases=6,
+        n_candidates=50,
+        word_train=16,
+        word_test=24,
+        sft_lrs=(1e-4,),
+        sft_batch=16,
+        sft_epochs=1,
+        sft_warmup=0.0,
+        sft_weight_decay=0.1,
+        head_counts=(32,),
+        mlp_counts=(),
+        prose_chunks=2,
+        sft_train_seeds=2,
+    ),
 }
 
 
 # the cpu scale on fewer layers and SFT settings: what "auto" picks on a CPU above
 # CPU_FULL_SCALE_MAX_PARAMS (a smaller stated scale for the 1.5B model)
-FINETUNE_SCALES["cpu-bands"] = dict(FINETUNE_SCALES["cpu"], layers="bands", head_counts=(32,), mlp_counts=(),
-                                    sft_train_seeds=1)
+FINETUNE_SCALES["cpu-bands"] = dict(
+    FINETUNE_SCALES["cpu"], layers="bands", head_counts=(32,), mlp_counts=(), sft_train_seeds=1
+)
 
 
 def resolve_scale(scale: str, device: str, quick: bool, auto_cpu: str = "cpu", n_params: int | None = None) -> str:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 PACKAGE = Path(__file__).resolve().parents[1]  # arithlib/ (this module is arithlib/run/sources.py)
 # ``import arithlib.x``, ``from arithlib.x import``, ``import_module("arithlib.x")``: not a
@@ -47,8 +47,10 @@ def module_closure(names: Iterable[str], package: Path = PACKAGE) -> set[str]:
     for n in names:
         found = _files(n.replace(".", "/"), package)
         if not found:  # a name that resolves to nothing would drop its code from every key
-            raise ValueError(f"no arithlib module or subpackage {n!r} (names are relative to the package: "
-                             f"'yu.cna', 'methods.ablation', 'engine')")
+            raise ValueError(
+                f"no arithlib module or subpackage {n!r} (names are relative to the package: "
+                f"'yu.cna', 'methods.ablation', 'engine')"
+            )
         todo += found
     while todo:
         name = todo.pop()
@@ -58,7 +60,7 @@ def module_closure(names: Iterable[str], package: Path = PACKAGE) -> set[str]:
         text = (package / f"{name}.py").read_text()
         here = name.split("/")[:-1]  # the (sub)package the module sits in
         for dots, mod, imported in _RELATIVE_IMPORT.findall(text):
-            base = here[:len(here) - (len(dots) - 1)] if len(dots) - 1 <= len(here) else []
+            base = here[: len(here) - (len(dots) - 1)] if len(dots) - 1 <= len(here) else []
             candidates = [mod] if mod else imported_names(imported)
             for c in candidates:
                 todo += _files("/".join(base + c.split(".")), package)

@@ -29,17 +29,18 @@ import logging
 import pickle
 import re
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 import torch
 
 from .. import __version__
-from .atomic import write_bytes, write_text
 from ..core.datasets import PromptSet
+from .atomic import write_bytes, write_text
 from .fingerprints import data_fingerprint, fingerprint, model_fingerprint, tensor_fingerprint
 from .sources import code_fingerprint
 
@@ -55,18 +56,29 @@ def key_value(obj: Any) -> Any:
     (JSON, else ``str``)."""
     if isinstance(obj, torch.nn.Module):
         p = next(iter(obj.parameters()))
-        return {"model": model_fingerprint(obj), "device": str(p.device), "dtype": str(p.dtype),
-                "threads": torch.get_num_threads()}
+        return {
+            "model": model_fingerprint(obj),
+            "device": str(p.device),
+            "dtype": str(p.dtype),
+            "threads": torch.get_num_threads(),
+        }
     if isinstance(obj, PromptSet):
-        return {"tokens": data_fingerprint(obj), "records": fingerprint([repr(r) for r in obj.records]),
-                "counterfactuals": fingerprint(obj.cf_input_ids)}
+        return {
+            "tokens": data_fingerprint(obj),
+            "records": fingerprint([repr(r) for r in obj.records]),
+            "counterfactuals": fingerprint(obj.cf_input_ids),
+        }
     if isinstance(obj, torch.Tensor):
         return tensor_fingerprint(obj)
     if isinstance(obj, np.ndarray):
         return tensor_fingerprint(torch.from_numpy(np.ascontiguousarray(obj)))
     if isinstance(obj, (pd.DataFrame, pd.Series)):
-        return fingerprint([list(map(str, obj.columns if isinstance(obj, pd.DataFrame) else [obj.name])),
-                            pd.util.hash_pandas_object(obj, index=True).tolist()])
+        return fingerprint(
+            [
+                list(map(str, obj.columns if isinstance(obj, pd.DataFrame) else [obj.name])),
+                pd.util.hash_pandas_object(obj, index=True).tolist(),
+            ]
+        )
     if isinstance(obj, ModuleType):
         return code_fingerprint([obj.__name__.split(".", 1)[-1].replace(".", "/")])
     if isinstance(obj, dict):
@@ -172,8 +184,11 @@ def read_verified(path: Path) -> bytes | None:
         return None
     actual = hashlib.sha256(data).hexdigest()
     if actual != recorded:
-        discard(path, f"does not match its checksum (sha256 {actual[:16]}, recorded {str(recorded)[:16]}): "
-                      "the file was changed or damaged")
+        discard(
+            path,
+            f"does not match its checksum (sha256 {actual[:16]}, recorded {str(recorded)[:16]}): "
+            "the file was changed or damaged",
+        )
         return None
     return data
 

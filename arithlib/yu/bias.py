@@ -36,27 +36,26 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import cna as C
+from ..core.components import Hook, Neuron
+from ..core.datasets import PromptRecord, PromptSet, load_gender_data
+from ..core.readout import final_norm, top_tokens, unembedding
+from ..core.stats import bootstrap_ci, crossed_bootstrap_ci
+from ..engine import input_device, last_position_logits, stacked_hooks
 from ..methods import general_ability as GA
 from ..methods.ablation import is_position_invariant, zero_neurons_hooks
 from ..methods.answer_runs import LastPosition, correct_mask, run_last_position
-from .cna_norm import check_norm_reading, run_scales
-from ..core.components import Hook, Neuron
-from ..core.datasets import PromptRecord, PromptSet, load_gender_data
-from ..engine import input_device, last_position_logits, stacked_hooks
-from .mask_keep import random_layer_matched
 from ..methods.neurons import w_out
 from ..run.paths import data_path
-from ..core.readout import final_norm, top_tokens, unembedding
-from ..core.stats import bootstrap_ci, crossed_bootstrap_ci
-
+from . import cna as C
+from .cna_norm import check_norm_reading, run_scales
+from .mask_keep import random_layer_matched
 
 #: Top-k next-token predictions per prompt and gender (App. D: "top100 predictions").
 TOP_K = 100
@@ -122,9 +121,12 @@ def counts_as_profession(token_text: str, profession: str, min_partial: int = MI
     return t == first_word or (first_word.startswith(t) and len(t) >= min_partial)
 
 
-def profession_tokens(tokenizer, professions: Sequence[str] | None = None,
-                      gendered_forms: Sequence[str] | None = None,
-                      min_partial: int = MIN_PARTIAL_LETTERS) -> tuple[pd.DataFrame, pd.DataFrame]:
+def profession_tokens(
+    tokenizer,
+    professions: Sequence[str] | None = None,
+    gendered_forms: Sequence[str] | None = None,
+    min_partial: int = MIN_PARTIAL_LETTERS,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Map the lexicon onto the tokenizer's first tokens.
 
     Returns ``(tokens, dropped)``: ``tokens`` has one row per profession token
@@ -143,18 +145,33 @@ def profession_tokens(tokenizer, professions: Sequence[str] | None = None,
         tid = first_token(tokenizer, prof)
         text = _token_text(tokenizer, tid)
         if (unk is not None and tid == unk) or not counts_as_profession(text, prof, min_partial):
-            dropped.append({"profession": prof, "first_token": text, "token_id": tid,
-                            "reason": "unknown token" if unk is not None and tid == unk else "piece too short"})
+            dropped.append(
+                {
+                    "profession": prof,
+                    "first_token": text,
+                    "token_id": tid,
+                    "reason": "unknown token" if unk is not None and tid == unk else "piece too short",
+                }
+            )
             continue
         by_token[tid].append(prof)
     rows = []
     for tid, profs in sorted(by_token.items()):
         text = _token_text(tokenizer, tid)
-        rows.append({"token_id": tid, "token": text, "professions": "; ".join(profs), "n_professions": len(profs),
-                     "whole_word": any(text.lower() == p.split()[0].lower() for p in profs),
-                     "gendered": all(p in gendered for p in profs)})
+        rows.append(
+            {
+                "token_id": tid,
+                "token": text,
+                "professions": "; ".join(profs),
+                "n_professions": len(profs),
+                "whole_word": any(text.lower() == p.split()[0].lower() for p in profs),
+                "gendered": all(p in gendered for p in profs),
+            }
+        )
     cols = ["token_id", "token", "professions", "n_professions", "whole_word", "gendered"]
-    return pd.DataFrame(rows, columns=cols), pd.DataFrame(dropped, columns=["profession", "first_token", "token_id", "reason"])
+    return pd.DataFrame(rows, columns=cols), pd.DataFrame(
+        dropped, columns=["profession", "first_token", "token_id", "reason"]
+    )
 
 
 def paper_profession_tokens(tokenizer, prof_tokens: pd.DataFrame) -> pd.DataFrame:
@@ -166,13 +183,21 @@ def paper_profession_tokens(tokenizer, prof_tokens: pd.DataFrame) -> pd.DataFram
     for gender, words in load_gender_data()["paper_professions"].items():
         for w in words:
             tid = first_token(tokenizer, w)
-            rows.append({"gender": gender, "profession": w, "token_id": tid, "token": _token_text(tokenizer, tid),
-                         "in_lexicon_tokens": tid in ids})
+            rows.append(
+                {
+                    "gender": gender,
+                    "profession": w,
+                    "token_id": tid,
+                    "token": _token_text(tokenizer, tid),
+                    "in_lexicon_tokens": tid in ids,
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def paper_bias_set(tokenizer, genders: Sequence[str] = GENDERS, min_partial: int = MIN_PARTIAL_LETTERS
-                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def paper_bias_set(
+    tokenizer, genders: Sequence[str] = GENDERS, min_partial: int = MIN_PARTIAL_LETTERS
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The paper's Table 23 professions as a set to measure the bias on (App. D), by the
     repository's rule: a profession is scored by the FIRST token of ``" " + profession``
     (as the model-discovered list; the paper picked these words from top-100 next-token
@@ -195,8 +220,16 @@ def paper_bias_set(tokenizer, genders: Sequence[str] = GENDERS, min_partial: int
         for w in words:
             ids = tokenizer(" " + w, add_special_tokens=False)["input_ids"]
             tid = first_token(tokenizer, w)
-            rows.append({"gender": gender, "profession": w, "n_tokens": len(ids), "multi_token": len(ids) > 1,
-                         "token_id": tid, "token": _token_text(tokenizer, tid)})
+            rows.append(
+                {
+                    "gender": gender,
+                    "profession": w,
+                    "n_tokens": len(ids),
+                    "multi_token": len(ids) > 1,
+                    "token_id": tid,
+                    "token": _token_text(tokenizer, tid),
+                }
+            )
     prof = pd.DataFrame(rows)
     both = prof.groupby("token_id").gender.nunique()
     clash = prof.token_id.isin(set(both[both > 1].index))
@@ -204,12 +237,16 @@ def paper_bias_set(tokenizer, genders: Sequence[str] = GENDERS, min_partial: int
     is_unk = prof.token_id == unk if unk is not None else pd.Series(False, index=prof.index)
     short = ~np.array([counts_as_profession(t, p, min_partial) for t, p in zip(prof.token, prof.profession)])
     prof["used"] = ~(clash | is_unk | short)
-    prof["reason"] = np.select([is_unk, short, clash], ["unknown token", "piece too short",
-                                                        "first token in both genders' lists"], "")
-    scored = (prof[prof.used].groupby(["gender", "token_id"], sort=False)
-              .agg(token=("token", "first"), professions=("profession", "; ".join),
-                   n_professions=("profession", "size")).reset_index()
-              .rename(columns={"gender": "bias_gender"}))
+    prof["reason"] = np.select(
+        [is_unk, short, clash], ["unknown token", "piece too short", "first token in both genders' lists"], ""
+    )
+    scored = (
+        prof[prof.used]
+        .groupby(["gender", "token_id"], sort=False)
+        .agg(token=("token", "first"), professions=("profession", "; ".join), n_professions=("profession", "size"))
+        .reset_index()
+        .rename(columns={"gender": "bias_gender"})
+    )
     return scored[["token_id", "token", "professions", "bias_gender", "n_professions"]], prof
 
 
@@ -223,8 +260,9 @@ def table22_prompts(filler: str) -> list[str]:
 
 
 @torch.no_grad()
-def next_token_logprobs(model, tokenizer, texts: Sequence[str], hooks: Sequence[Hook] | None = None,
-                        batch_size: int = 32) -> torch.Tensor:
+def next_token_logprobs(
+    model, tokenizer, texts: Sequence[str], hooks: Sequence[Hook] | None = None, batch_size: int = 32
+) -> torch.Tensor:
     """log p(next token | text) at the last position of each text, [n, vocab] (float32,
     CPU), with ``hooks`` active at every position. Texts are tokenized as
     :class:`PromptSet` does (special tokens included) and batched by length (no padding)."""
@@ -232,8 +270,15 @@ def next_token_logprobs(model, tokenizer, texts: Sequence[str], hooks: Sequence[
 
 
 @torch.no_grad()
-def next_token_logprobs_many(model, tokenizer, texts: Sequence[str], conditions: Sequence[Sequence[Hook] | None],
-                             batch_size: int = 32, max_rows: int = 512, progress: bool = False) -> list[torch.Tensor]:
+def next_token_logprobs_many(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    conditions: Sequence[Sequence[Hook] | None],
+    batch_size: int = 32,
+    max_rows: int = 512,
+    progress: bool = False,
+) -> list[torch.Tensor]:
     """:func:`next_token_logprobs` under each condition (hooks active at every position),
     one [n, vocab] tensor per condition. The conditions share forward passes: a batch is
     repeated once per condition (condition-major, at most ``max_rows`` rows) and each
@@ -250,11 +295,11 @@ def next_token_logprobs_many(model, tokenizer, texts: Sequence[str], conditions:
     out: list[torch.Tensor | None] = [None] * len(conditions)
     for _, idx in tqdm(sorted(groups.items()), desc="lengths", disable=not progress, leave=False):
         for s in range(0, len(idx), batch_size):
-            chunk = idx[s:s + batch_size]
+            chunk = idx[s : s + batch_size]
             tokens = torch.tensor([ids[i] for i in chunk], device=device)
             step = max(1, max_rows // len(chunk))
             for c0 in range(0, len(conditions), step):
-                conds = conditions[c0:c0 + step]
+                conds = conditions[c0 : c0 + step]
                 with model.hooks(fwd_hooks=stacked_hooks(conds, len(chunk))):
                     logits = last_position_logits(model, tokens.repeat(len(conds), 1))
                 lp = logits.log_softmax(-1).cpu().view(len(conds), len(chunk), -1)
@@ -265,26 +310,35 @@ def next_token_logprobs_many(model, tokenizer, texts: Sequence[str], conditions:
     return out
 
 
-def gender_logprobs(model, tokenizer, hooks: Sequence[Hook] | None = None,
-                    genders: Sequence[str] = GENDERS) -> dict[str, torch.Tensor]:
+def gender_logprobs(
+    model, tokenizer, hooks: Sequence[Hook] | None = None, genders: Sequence[str] = GENDERS
+) -> dict[str, torch.Tensor]:
     """``{gender: [8, vocab]}`` next-token log-probabilities on the Table-22 prompts."""
     return gender_logprobs_many(model, tokenizer, [hooks], genders)[0]
 
 
-def gender_logprobs_many(model, tokenizer, conditions: Sequence[Sequence[Hook] | None],
-                         genders: Sequence[str] = GENDERS, progress: bool = False) -> list[dict[str, torch.Tensor]]:
+def gender_logprobs_many(
+    model,
+    tokenizer,
+    conditions: Sequence[Sequence[Hook] | None],
+    genders: Sequence[str] = GENDERS,
+    progress: bool = False,
+) -> list[dict[str, torch.Tensor]]:
     """:func:`gender_logprobs` under each condition, the conditions sharing passes."""
     texts = [t for g in genders for t in table22_prompts(g)]
     n = len(texts) // len(genders)
-    return [{g: lp[i * n:(i + 1) * n] for i, g in enumerate(genders)}
-            for lp in next_token_logprobs_many(model, tokenizer, texts, conditions, progress=progress)]
+    return [
+        {g: lp[i * n : (i + 1) * n] for i, g in enumerate(genders)}
+        for lp in next_token_logprobs_many(model, tokenizer, texts, conditions, progress=progress)
+    ]
 
 
 # --------------------------------------------------------------------------- Table 23 from the model
 
 
-def top_predictions(logprobs: Mapping[str, torch.Tensor], tokenizer, prof_tokens: pd.DataFrame,
-                    k: int = TOP_K) -> pd.DataFrame:
+def top_predictions(
+    logprobs: Mapping[str, torch.Tensor], tokenizer, prof_tokens: pd.DataFrame, k: int = TOP_K
+) -> pd.DataFrame:
     """Each prompt's top-``k`` next tokens per gender (App. D): rows prompt_id, prompt,
     gender, rank, token_id, token, logprob, is_profession, professions, gendered."""
     info = prof_tokens.set_index("token_id")
@@ -295,15 +349,26 @@ def top_predictions(logprobs: Mapping[str, torch.Tensor], tokenizer, prof_tokens
         for p in range(lp.shape[0]):
             for rank, (v, tid) in enumerate(zip(top.values[p].tolist(), top.indices[p].tolist()), 1):
                 hit = tid in info.index
-                rows.append({"prompt_id": p, "prompt": prompts[p], "gender": gender, "rank": rank, "token_id": tid,
-                             "token": tokenizer.decode([tid]), "logprob": v, "is_profession": hit,
-                             "professions": info.loc[tid, "professions"] if hit else "",
-                             "gendered": bool(info.loc[tid, "gendered"]) if hit else False})
+                rows.append(
+                    {
+                        "prompt_id": p,
+                        "prompt": prompts[p],
+                        "gender": gender,
+                        "rank": rank,
+                        "token_id": tid,
+                        "token": tokenizer.decode([tid]),
+                        "logprob": v,
+                        "is_profession": hit,
+                        "professions": info.loc[tid, "professions"] if hit else "",
+                        "gendered": bool(info.loc[tid, "gendered"]) if hit else False,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
-def biased_professions(top: pd.DataFrame, genders: Sequence[str] = GENDERS,
-                       exclude_gendered: bool = True) -> pd.DataFrame:
+def biased_professions(
+    top: pd.DataFrame, genders: Sequence[str] = GENDERS, exclude_gendered: bool = True
+) -> pd.DataFrame:
     """Profession tokens that differ by gender in the top-k lists (Table 23 from the model).
 
     For each prompt, a profession token is "only <g>" when it is in gender g's top-k
@@ -318,8 +383,18 @@ def biased_professions(top: pd.DataFrame, genders: Sequence[str] = GENDERS,
     prof = top[top.is_profession]
     rows = []
     if prof.empty:
-        return pd.DataFrame(columns=["token_id", "token", "professions", f"n_only_{g1}", f"n_only_{g2}",
-                                     "n_prompts_in_both", "bias_gender", "gendered"]).astype({"gendered": bool})
+        return pd.DataFrame(
+            columns=[
+                "token_id",
+                "token",
+                "professions",
+                f"n_only_{g1}",
+                f"n_only_{g2}",
+                "n_prompts_in_both",
+                "bias_gender",
+                "gendered",
+            ]
+        ).astype({"gendered": bool})
     meta = prof.drop_duplicates("token_id").set_index("token_id")
     sets = {(g, p): set(sub.token_id) for (g, p), sub in prof.groupby(["gender", "prompt_id"])}
     prompts = sorted(top.prompt_id.unique())
@@ -330,15 +405,36 @@ def biased_professions(top: pd.DataFrame, genders: Sequence[str] = GENDERS,
         if only1 == only2 == 0:
             continue
         gender = g1 if only1 > only2 else g2 if only2 > only1 else "tie"
-        rows.append({"token_id": int(tid), "token": meta.loc[tid, "token"].strip(), "professions": meta.loc[tid, "professions"],
-                     f"n_only_{g1}": only1, f"n_only_{g2}": only2, "n_prompts_in_both": both, "bias_gender": gender,
-                     "gendered": bool(meta.loc[tid, "gendered"])})
-    frame = pd.DataFrame(rows, columns=["token_id", "token", "professions", f"n_only_{g1}", f"n_only_{g2}",
-                                        "n_prompts_in_both", "bias_gender", "gendered"]).astype({"gendered": bool})
+        rows.append(
+            {
+                "token_id": int(tid),
+                "token": meta.loc[tid, "token"].strip(),
+                "professions": meta.loc[tid, "professions"],
+                f"n_only_{g1}": only1,
+                f"n_only_{g2}": only2,
+                "n_prompts_in_both": both,
+                "bias_gender": gender,
+                "gendered": bool(meta.loc[tid, "gendered"]),
+            }
+        )
+    frame = pd.DataFrame(
+        rows,
+        columns=[
+            "token_id",
+            "token",
+            "professions",
+            f"n_only_{g1}",
+            f"n_only_{g2}",
+            "n_prompts_in_both",
+            "bias_gender",
+            "gendered",
+        ],
+    ).astype({"gendered": bool})
     if exclude_gendered and len(frame):
         frame = frame[~frame.gendered]
-    return frame.sort_values(["bias_gender", f"n_only_{g1}", f"n_only_{g2}"], ascending=[False, False, False]
-                             ).reset_index(drop=True)
+    return frame.sort_values(
+        ["bias_gender", f"n_only_{g1}", f"n_only_{g2}"], ascending=[False, False, False]
+    ).reset_index(drop=True)
 
 
 def compare_with_paper(biased: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
@@ -349,18 +445,26 @@ def compare_with_paper(biased: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFram
         same = set(biased.loc[biased.bias_gender == gender, "token_id"])
         other = set(biased.loc[(biased.bias_gender != gender) & (biased.bias_gender != "tie"), "token_id"])
         ids = set(sub.token_id)
-        rows.append({"gender": gender, "n_paper": len(sub), "n_model": len(same),
-                     "same_gender": len(ids & same), "other_gender": len(ids & other),
-                     "shared_tokens": ", ".join(sorted(sub[sub.token_id.isin(same)].token.unique())),
-                     "model_only": ", ".join(sorted(biased.loc[biased.token_id.isin(same - ids), "token"]))})
+        rows.append(
+            {
+                "gender": gender,
+                "n_paper": len(sub),
+                "n_model": len(same),
+                "same_gender": len(ids & same),
+                "other_gender": len(ids & other),
+                "shared_tokens": ", ".join(sorted(sub[sub.token_id.isin(same)].token.unique())),
+                "model_only": ", ".join(sorted(biased.loc[biased.token_id.isin(same - ids), "token"])),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- bias metric (Table 13)
 
 
-def bias_scores(logprobs: Mapping[str, torch.Tensor], biased: pd.DataFrame,
-                genders: Sequence[str] = GENDERS) -> pd.DataFrame:
+def bias_scores(
+    logprobs: Mapping[str, torch.Tensor], biased: pd.DataFrame, genders: Sequence[str] = GENDERS
+) -> pd.DataFrame:
     """Per prompt and biased profession token: log p under each gender, ``diff`` =
     log p(w | woman) - log p(w | man), ``abs_diff`` and ``toward`` = the difference
     in the direction of the token's bias gender (positive: still biased that way)."""
@@ -370,19 +474,44 @@ def bias_scores(logprobs: Mapping[str, torch.Tensor], biased: pd.DataFrame,
         for r in biased.itertuples():
             a, b = float(logprobs[g1][p, r.token_id]), float(logprobs[g2][p, r.token_id])
             d = a - b
-            rows.append({"prompt_id": p, "token_id": r.token_id, "token": r.token, "bias_gender": r.bias_gender,
-                         f"logprob_{g1}": a, f"logprob_{g2}": b, "diff": d, "abs_diff": abs(d),
-                         "toward": d if r.bias_gender == g1 else -d})
-    return pd.DataFrame(rows, columns=["prompt_id", "token_id", "token", "bias_gender", f"logprob_{g1}",
-                                       f"logprob_{g2}", "diff", "abs_diff", "toward"])
+            rows.append(
+                {
+                    "prompt_id": p,
+                    "token_id": r.token_id,
+                    "token": r.token,
+                    "bias_gender": r.bias_gender,
+                    f"logprob_{g1}": a,
+                    f"logprob_{g2}": b,
+                    "diff": d,
+                    "abs_diff": abs(d),
+                    "toward": d if r.bias_gender == g1 else -d,
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "prompt_id",
+            "token_id",
+            "token",
+            "bias_gender",
+            f"logprob_{g1}",
+            f"logprob_{g2}",
+            "diff",
+            "abs_diff",
+            "toward",
+        ],
+    )
 
 
 def bias_summary(scores: pd.DataFrame, genders: Sequence[str] = GENDERS) -> dict[str, float]:
     """Table 13's numbers: mean |log p(prof | g1) - log p(prof | g2)| over all
     (prompt, profession) pairs (``total``) and over each bias gender's professions
     (``<gender>``), plus the signed mean towards the stereotype (``toward``) and n."""
-    out = {"total": float(scores.abs_diff.mean()) if len(scores) else float("nan"),
-           "toward": float(scores.toward.mean()) if len(scores) else float("nan"), "n": int(len(scores))}
+    out = {
+        "total": float(scores.abs_diff.mean()) if len(scores) else float("nan"),
+        "toward": float(scores.toward.mean()) if len(scores) else float("nan"),
+        "n": int(len(scores)),
+    }
     for g in genders:
         sub = scores[scores.bias_gender == g]
         out[g] = float(sub.abs_diff.mean()) if len(sub) else float("nan")
@@ -396,8 +525,11 @@ def _prompt_set(tokenizer, texts: Sequence[str]) -> PromptSet:
     """``texts`` as a PromptSet (one row each; targets are given separately)."""
     recs, ids = [], []
     for text in texts:
-        recs.append(PromptRecord(family="gender", op="", a=0, b=0, answer=0, template_id=0, template=text,
-                                 text=text, answer_text=""))
+        recs.append(
+            PromptRecord(
+                family="gender", op="", a=0, b=0, answer=0, template_id=0, template=text, text=text, answer_text=""
+            )
+        )
         ids.append(list(tokenizer(text)["input_ids"]))
     return PromptSet(recs, ids, [[0] for _ in texts], [None] * len(texts), tokenizer)
 
@@ -411,8 +543,9 @@ def exact_affordable(model, max_macs: float = MAX_EXACT_MACS) -> bool:
     return cfg.n_layers * cfg.d_mlp * cfg.d_model * cfg.d_vocab <= max_macs
 
 
-def screen_candidates(approx_change: torch.Tensor, n_candidates: int, n_aggregate: int,
-                      groups: Sequence[str] | None = None) -> torch.Tensor:
+def screen_candidates(
+    approx_change: torch.Tensor, n_candidates: int, n_aggregate: int, groups: Sequence[str] | None = None
+) -> torch.Tensor:
     """The two-stage screen's candidates, a boolean mask [L, K]: the union of each case's
     top-``n_candidates`` neurons by stage-1 change (``approx_change`` [N, L, K]) and the
     top-``n_aggregate`` by the mean stage-1 change over the cases (gender-balanced with
@@ -429,12 +562,23 @@ def screen_candidates(approx_change: torch.Tensor, n_candidates: int, n_aggregat
 
 
 @torch.no_grad()
-def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows_a: Sequence[int],
-                            rows_b: Sequence[int], targets: torch.Tensor, *, groups: Sequence[str] | None = None,
-                            n_candidates: int | None = 20,
-                            n_aggregate: int = 200, exact_layers: Sequence[int] = (), vocab_chunk: int = 8192,
-                            block_elems: int = 2 ** 24, progress: bool = False,
-                            scale: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def shared_input_importance(
+    model,
+    resid: torch.Tensor,
+    coef: torch.Tensor,
+    rows_a: Sequence[int],
+    rows_b: Sequence[int],
+    targets: torch.Tensor,
+    *,
+    groups: Sequence[str] | None = None,
+    n_candidates: int | None = 20,
+    n_aggregate: int = 200,
+    exact_layers: Sequence[int] = (),
+    vocab_chunk: int = 8192,
+    block_elems: int = 2**24,
+    progress: bool = False,
+    scale: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     """CNA importance (Sec. 4.1) when many cases share few inputs: ``resid`` [G, L, d] and
     ``coef`` [G, L, K] are the answer-position captures of G distinct prompts; case i
     compares input ``rows_a[i]`` with ``rows_b[i]`` for target token ``targets[i]``.
@@ -460,7 +604,7 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
     outside the candidates) and ``base_logprob`` [2, N, L]."""
     norm = final_norm(model)
     W_U, b_U = unembedding(model)  # float32, as in cna: log-probability differences need it
-    device = W_U.device               # a split model's unembedding device
+    device = W_U.device  # a split model's unembedding device
     beta = C._beta(norm, W_U, b_U)
     G, L, d = resid.shape
     K = coef.shape[-1]
@@ -479,18 +623,27 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
     for layer in tqdm(range(L), desc="stage 1", disable=not progress, leave=False):
         r = resid[:, layer].to(device).float()
         m = coef[:, layer].to(device).float()
-        stats, _ = C.layer_stats(r, torch.zeros(G, dtype=torch.long, device=device), norm, W_U, b_U,
-                                 vocab_chunk=max(vocab_chunk, 16384), scale=scale)
+        stats, _ = C.layer_stats(
+            r,
+            torch.zeros(G, dtype=torch.long, device=device),
+            norm,
+            W_U,
+            b_U,
+            vocab_chunk=max(vocab_chunk, 16384),
+            scale=scale,
+        )
         gr = C._centre(r, norm) * norm.weight  # [G, d]
         A_t = gr @ w_cols.T  # [G, N]: target logits before scaling, every input x every target
         stats_by_layer[layer] = (stats, A_t)
         values = w_out(model, layer).to(device)
         for s in range(2):
             g = sides[s]
-            st = C.LayerStats(sigma0=stats.sigma0[g], A_w=A_t[g, torch.arange(N)], lse0=stats.lse0[g],
-                              pA=stats.pA[g], q=stats.q[g])
-            approx[s, :, layer] = C.first_order_importance(r[g], m[g], values, t, norm, W_U, st,
-                                                           None if scale is None else scale[g]).cpu()
+            st = C.LayerStats(
+                sigma0=stats.sigma0[g], A_w=A_t[g, torch.arange(N)], lse0=stats.lse0[g], pA=stats.pA[g], q=stats.q[g]
+            )
+            approx[s, :, layer] = C.first_order_importance(
+                r[g], m[g], values, t, norm, W_U, st, None if scale is None else scale[g]
+            ).cpu()
             base[s, :, layer] = (st.A_w / st.sigma0 + beta[t] - st.lse0).cpu()
     # candidates: the screen's, or every neuron
     if n_candidates is None:
@@ -520,9 +673,19 @@ def shared_input_importance(model, resid: torch.Tensor, coef: torch.Tensor, rows
     return {"importance": importance, "approx": approx, "base_logprob": base}
 
 
-def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, genders: Sequence[str] = GENDERS, *,
-               n_candidates: int | None = None, n_aggregate: int = 200, exact_layers: Sequence[int] = (),
-               progress: bool = True, norm_reading: str = "final") -> C.CNAResult:
+def gender_cna(
+    model,
+    tokenizer,
+    biased: pd.DataFrame,
+    prompt_id: int = 0,
+    genders: Sequence[str] = GENDERS,
+    *,
+    n_candidates: int | None = None,
+    n_aggregate: int = 200,
+    exact_layers: Sequence[int] = (),
+    progress: bool = True,
+    norm_reading: str = "final",
+) -> C.CNAResult:
     """CNA between the genders (Sec. 6.2) on Table-22 prompt ``prompt_id``, one case per
     row of ``biased``: run a = the prompt with the row's bias gender, run b = with the
     other gender, target = the profession token; ``result.change[i]`` ranks the
@@ -540,27 +703,60 @@ def gender_cna(model, tokenizer, biased: pd.DataFrame, prompt_id: int = 0, gende
     texts = [table22_prompts(g)[prompt_id] for g in genders]
     ps = _prompt_set(tokenizer, texts)
     targets = torch.tensor(biased.token_id.tolist(), dtype=torch.long)
-    run = run_last_position(model, ps, None, capture=("resid_mid", "coef"), targets=torch.zeros(len(texts), dtype=torch.long),
-                              share_prefix=False)
+    run = run_last_position(
+        model,
+        ps,
+        None,
+        capture=("resid_mid", "coef"),
+        targets=torch.zeros(len(texts), dtype=torch.long),
+        share_prefix=False,
+    )
     own = [genders.index(g) for g in biased.bias_gender]
     other = [1 - i for i in own]
-    out = shared_input_importance(model, run.resid_mid, run.coef, own, other, targets,
-                                  groups=list(biased.bias_gender), n_candidates=n_candidates,
-                                  n_aggregate=n_aggregate, exact_layers=exact_layers, progress=progress,
-                                  scale=run_scales([run], final_norm(model), norm_reading, None)[0])
+    out = shared_input_importance(
+        model,
+        run.resid_mid,
+        run.coef,
+        own,
+        other,
+        targets,
+        groups=list(biased.bias_gender),
+        n_candidates=n_candidates,
+        n_aggregate=n_aggregate,
+        exact_layers=exact_layers,
+        progress=progress,
+        scale=run_scales([run], final_norm(model), norm_reading, None)[0],
+    )
     lp_final = {}
     with torch.no_grad():
         lp_all = next_token_logprobs(model, tokenizer, texts)
     for side, rows in (("a", own), ("b", other)):
-        lp_final[side] = LastPosition(targets=targets, pred=lp_all[rows].argmax(-1),
-                                        logprob=lp_all[rows, targets], resid_mid=run.resid_mid[rows],
-                                        coef=run.coef[rows], final_resid=run.final_resid[rows])
+        lp_final[side] = LastPosition(
+            targets=targets,
+            pred=lp_all[rows].argmax(-1),
+            logprob=lp_all[rows, targets],
+            resid_mid=run.resid_mid[rows],
+            coef=run.coef[rows],
+            final_resid=run.final_resid[rows],
+        )
     imp, approx, base = out["importance"], out["approx"], out["base_logprob"]
-    return C.CNAResult(importance_a=imp[0], importance_b=imp[1], approx_a=approx[0], approx_b=approx[1],
-                       coef_a=run.coef[own], coef_b=run.coef[other], base_logprob_a=base[0], base_logprob_b=base[1],
-                       run_a=lp_final["a"], run_b=lp_final["b"], targets=targets,
-                       mode="exact" if n_candidates is None else "two_stage",
-                       n_candidates=n_candidates, layers=list(range(run.coef.shape[1])), norm_reading=norm_reading)
+    return C.CNAResult(
+        importance_a=imp[0],
+        importance_b=imp[1],
+        approx_a=approx[0],
+        approx_b=approx[1],
+        coef_a=run.coef[own],
+        coef_b=run.coef[other],
+        base_logprob_a=base[0],
+        base_logprob_b=base[1],
+        run_a=lp_final["a"],
+        run_b=lp_final["b"],
+        targets=targets,
+        mode="exact" if n_candidates is None else "two_stage",
+        n_candidates=n_candidates,
+        layers=list(range(run.coef.shape[1])),
+        norm_reading=norm_reading,
+    )
 
 
 def balanced_mean(x: torch.Tensor, groups: Sequence[str] | None = None) -> torch.Tensor:
@@ -574,8 +770,9 @@ def balanced_mean(x: torch.Tensor, groups: Sequence[str] | None = None) -> torch
     return torch.stack([x[torch.as_tensor(np.flatnonzero(labels == g))].mean(0) for g in sorted(set(labels))]).mean(0)
 
 
-def aggregate_change(result: C.CNAResult, cases: Sequence[int] | None = None,
-                     groups: Sequence[str] | None = None) -> torch.Tensor:
+def aggregate_change(
+    result: C.CNAResult, cases: Sequence[int] | None = None, groups: Sequence[str] | None = None
+) -> torch.Tensor:
     """Mean CNA change over ``cases`` (default all), [L, d_mlp]: the exact change where
     computed, the stage-1 change elsewhere (a neuron outside the exact candidates is
     outside every case's top by the stage-1 score). With ``groups`` (the bias gender of
@@ -593,8 +790,13 @@ def aggregate_change(result: C.CNAResult, cases: Sequence[int] | None = None,
     return balanced_mean(filled, None if groups is None else [list(groups)[i] for i in idx])
 
 
-def bias_neurons(result: C.CNAResult, k: int, cases: Sequence[int] | None = None,
-                 groups: Sequence[str] | None = None, min_layer: int = 0) -> list[Neuron]:
+def bias_neurons(
+    result: C.CNAResult,
+    k: int,
+    cases: Sequence[int] | None = None,
+    groups: Sequence[str] | None = None,
+    min_layer: int = 0,
+) -> list[Neuron]:
     """The ``k`` neurons with the largest (gender-balanced, with ``groups``) mean change
     over ``cases``: the edit set. ``min_layer``: only neurons of layers >= it (the edit
     set without the early layers, refilled to ``k`` from the later ones)."""
@@ -611,8 +813,14 @@ def without_early(neurons: Sequence[Neuron], min_layer: int) -> list[Neuron]:
     return [(l, n) for l, n in neurons if l >= min_layer]
 
 
-def candidate_screen_recall(result: C.CNAResult, biased: pd.DataFrame, ks: Sequence[int], n_candidates: int,
-                            n_aggregate: int, layers: Sequence[int] | None = None) -> pd.DataFrame:
+def candidate_screen_recall(
+    result: C.CNAResult,
+    biased: pd.DataFrame,
+    ks: Sequence[int],
+    n_candidates: int,
+    n_aggregate: int,
+    layers: Sequence[int] | None = None,
+) -> pd.DataFrame:
     """How much the two-stage screen (:func:`screen_candidates` with ``n_candidates`` per
     case and ``n_aggregate`` pooled) misses, measured against the exact importance of
     every neuron (``result`` from :func:`gender_cna` with ``n_candidates=None``).
@@ -629,8 +837,10 @@ def candidate_screen_recall(result: C.CNAResult, biased: pd.DataFrame, ks: Seque
     L = result.importance_a.shape[1]
     layers = list(range(L)) if layers is None else sorted(set(layers))
     if not torch.isfinite(result.importance_a[:, layers]).all():
-        raise ValueError("candidate_screen_recall needs the exact importance of every neuron of the layers it measures "
-                         "(gender_cna(n_candidates=None) or exact_layers=layers)")
+        raise ValueError(
+            "candidate_screen_recall needs the exact importance of every neuron of the layers it measures "
+            "(gender_cna(n_candidates=None) or exact_layers=layers)"
+        )
     groups = list(biased.bias_gender)
     mask = screen_candidates(result.approx_change, n_candidates, n_aggregate, groups)
     outside = torch.ones(L, dtype=torch.bool)
@@ -639,27 +849,60 @@ def candidate_screen_recall(result: C.CNAResult, biased: pd.DataFrame, ks: Seque
     def restrict(imp: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         return torch.where(keep & ~outside[:, None], imp, torch.nan)
 
-    exact = C.CNAResult(**{**result.__dict__, "importance_a": restrict(result.importance_a, torch.tensor(True)),
-                           "importance_b": restrict(result.importance_b, torch.tensor(True)),
-                           "approx_a": restrict(result.approx_a, torch.tensor(True)),
-                           "approx_b": restrict(result.approx_b, torch.tensor(True))})
-    screened = C.CNAResult(**{**exact.__dict__, "importance_a": restrict(result.importance_a, mask),
-                              "importance_b": restrict(result.importance_b, mask), "mode": "two_stage",
-                              "n_candidates": n_candidates})
+    exact = C.CNAResult(
+        **{
+            **result.__dict__,
+            "importance_a": restrict(result.importance_a, torch.tensor(True)),
+            "importance_b": restrict(result.importance_b, torch.tensor(True)),
+            "approx_a": restrict(result.approx_a, torch.tensor(True)),
+            "approx_b": restrict(result.approx_b, torch.tensor(True)),
+        }
+    )
+    screened = C.CNAResult(
+        **{
+            **exact.__dict__,
+            "importance_a": restrict(result.importance_a, mask),
+            "importance_b": restrict(result.importance_b, mask),
+            "mode": "two_stage",
+            "n_candidates": n_candidates,
+        }
+    )
     rows = []
-    base = {"n_candidates": n_candidates, "n_aggregate": n_aggregate, "n_screened": int(mask[layers].sum()),
-            "n_neurons": int(mask[layers].numel()), "layers": "all" if len(layers) == L else " ".join(map(str, layers))}
+    base = {
+        "n_candidates": n_candidates,
+        "n_aggregate": n_aggregate,
+        "n_screened": int(mask[layers].sum()),
+        "n_neurons": int(mask[layers].numel()),
+        "layers": "all" if len(layers) == L else " ".join(map(str, layers)),
+    }
     for i, r in enumerate(biased.itertuples()):
         for k in ks:
             top = exact.top(i, k)
-            rows.append({"case": r.token, "bias_gender": r.bias_gender, "k": k, **base,
-                         "recall": sum(bool(mask[n]) for n in top) / len(top), "edit_set_overlap": float("nan")})
+            rows.append(
+                {
+                    "case": r.token,
+                    "bias_gender": r.bias_gender,
+                    "k": k,
+                    **base,
+                    "recall": sum(bool(mask[n]) for n in top) / len(top),
+                    "edit_set_overlap": float("nan"),
+                }
+            )
     for k in ks:
-        top, screen = (C.top_neurons(aggregate_change(res, groups=groups).masked_fill(outside[:, None], -torch.inf), k)
-                       for res in (exact, screened))
-        rows.append({"case": "pooled (edit set)", "bias_gender": "both", "k": k, **base,
-                     "recall": sum(bool(mask[n]) for n in top) / len(top),
-                     "edit_set_overlap": len(set(top) & set(screen)) / len(top)})
+        top, screen = (
+            C.top_neurons(aggregate_change(res, groups=groups).masked_fill(outside[:, None], -torch.inf), k)
+            for res in (exact, screened)
+        )
+        rows.append(
+            {
+                "case": "pooled (edit set)",
+                "bias_gender": "both",
+                "k": k,
+                **base,
+                "recall": sum(bool(mask[n]) for n in top) / len(top),
+                "edit_set_overlap": len(set(top) & set(screen)) / len(top),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -669,11 +912,15 @@ def edit_layers(neuron_sets: Mapping[str, Sequence[Neuron]]) -> pd.DataFrame:
     rows = []
     for name, ns in neuron_sets.items():
         counts = pd.Series([l for l, _ in ns], dtype=int).value_counts().sort_index()
-        rows += [{"edit_set": name, "layer": int(l), "n_neurons": int(c), "share": c / len(ns)} for l, c in counts.items()]
+        rows += [
+            {"edit_set": name, "layer": int(l), "n_neurons": int(c), "share": c / len(ns)} for l, c in counts.items()
+        ]
     return pd.DataFrame(rows, columns=["edit_set", "layer", "n_neurons", "share"])
 
 
-def _gender_rows(result: C.CNAResult, biased: pd.DataFrame, genders: Sequence[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def _gender_rows(
+    result: C.CNAResult, biased: pd.DataFrame, genders: Sequence[str]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """``{gender: (resid_mid [L, d], coef [L, K])}`` at the CNA prompt's last position:
     run a of a case whose bias gender it is, else run b of a case of the other gender."""
     out = {}
@@ -689,8 +936,9 @@ def _gender_rows(result: C.CNAResult, biased: pd.DataFrame, genders: Sequence[st
 
 
 @torch.no_grad()
-def layer_diagnostic(model, result: C.CNAResult, biased: pd.DataFrame, edit_set: Sequence[Neuron],
-                     genders: Sequence[str] = GENDERS) -> pd.DataFrame:
+def layer_diagnostic(
+    model, result: C.CNAResult, biased: pd.DataFrame, edit_set: Sequence[Neuron], genders: Sequence[str] = GENDERS
+) -> pd.DataFrame:
     """Per layer l, what the importance of its neurons is read from (Sec. 4.1: the residual
     x^{l-1} + A^l plus m_k fc2_k, through the final norm and the unembedding):
 
@@ -730,8 +978,15 @@ def random_neuron_sets(neurons: Sequence[Neuron], d_mlp: int, seeds: Sequence[in
     return {s: random_layer_matched([list(neurons)], d_mlp, s)[0] for s in seeds}
 
 
-def neuron_table(model, tokenizer, result: C.CNAResult, biased: pd.DataFrame, k: int = 3, n_tokens: int = 8,
-                 genders: Sequence[str] = GENDERS) -> pd.DataFrame:
+def neuron_table(
+    model,
+    tokenizer,
+    result: C.CNAResult,
+    biased: pd.DataFrame,
+    k: int = 3,
+    n_tokens: int = 8,
+    genders: Sequence[str] = GENDERS,
+) -> pd.DataFrame:
     """Table 12 per profession: its top-``k`` CNA neurons with importance and coefficient
     under each gender and the top tokens of the neuron's value on the vocabulary."""
     g1, g2 = genders
@@ -741,21 +996,46 @@ def neuron_table(model, tokenizer, result: C.CNAResult, biased: pd.DataFrame, k:
         if f.empty:
             continue
         other = g2 if r.bias_gender == g1 else g1
-        f = f.rename(columns={"imp_a": f"imp_{r.bias_gender}", "imp_b": f"imp_{other}",
-                              "coef_a": f"coef_{r.bias_gender}", "coef_b": f"coef_{other}"})
+        f = f.rename(
+            columns={
+                "imp_a": f"imp_{r.bias_gender}",
+                "imp_b": f"imp_{other}",
+                "coef_a": f"coef_{r.bias_gender}",
+                "coef_b": f"coef_{other}",
+            }
+        )
         f.insert(0, "profession", r.token)
         f.insert(1, "bias_gender", r.bias_gender)
         frames.append(f)
     if not frames:
         return pd.DataFrame()
-    cols = ["profession", "bias_gender", "rank", "name", "layer", "neuron", f"imp_{g1}", f"imp_{g2}", f"coef_{g1}",
-            f"coef_{g2}", "change", "top_tokens"]
+    cols = [
+        "profession",
+        "bias_gender",
+        "rank",
+        "name",
+        "layer",
+        "neuron",
+        f"imp_{g1}",
+        f"imp_{g2}",
+        f"coef_{g1}",
+        f"coef_{g2}",
+        "change",
+        "top_tokens",
+    ]
     out = pd.concat(frames, ignore_index=True)
     return out[[c for c in cols if c in out.columns]]
 
 
-def edit_set_table(model, tokenizer, result: C.CNAResult, biased: pd.DataFrame, neurons: Sequence[Neuron],
-                   n_tokens: int = 8, genders: Sequence[str] = GENDERS) -> pd.DataFrame:
+def edit_set_table(
+    model,
+    tokenizer,
+    result: C.CNAResult,
+    biased: pd.DataFrame,
+    neurons: Sequence[Neuron],
+    n_tokens: int = 8,
+    genders: Sequence[str] = GENDERS,
+) -> pd.DataFrame:
     """The edit set: each neuron's mean change over all cases and over each bias
     gender's cases, its coefficient under each gender (the same prompt for every case,
     so one value per gender), and its top vocabulary tokens."""
@@ -763,8 +1043,12 @@ def edit_set_table(model, tokenizer, result: C.CNAResult, biased: pd.DataFrame, 
         return pd.DataFrame()
     g1, g2 = genders
     agg = aggregate_change(result, groups=list(biased.bias_gender))
-    by_g = {g: aggregate_change(result, np.flatnonzero(biased.bias_gender.values == g).tolist())
-            if (biased.bias_gender == g).any() else None for g in genders}
+    by_g = {
+        g: aggregate_change(result, np.flatnonzero(biased.bias_gender.values == g).tolist())
+        if (biased.bias_gender == g).any()
+        else None
+        for g in genders
+    }
     coef = {}
     for g in genders:
         rows_own = np.flatnonzero(biased.bias_gender.values == g)
@@ -787,8 +1071,11 @@ def edit_set_table(model, tokenizer, result: C.CNAResult, biased: pd.DataFrame, 
 # --------------------------------------------------------------------------- edit and controls
 
 
-def edit_conditions(neurons_by_k: Mapping[int, Sequence[Neuron]], random_by_k: Mapping[int, Mapping[int, Sequence[Neuron]]],
-                    kind: str = "cna") -> dict[tuple[str, int, int], list[Hook]]:
+def edit_conditions(
+    neurons_by_k: Mapping[int, Sequence[Neuron]],
+    random_by_k: Mapping[int, Mapping[int, Sequence[Neuron]]],
+    kind: str = "cna",
+) -> dict[tuple[str, int, int], list[Hook]]:
     """Hooks per condition ``(kind, K, seed)``: ("original", 0, -1) no edit; (``kind``, K, -1)
     zero the top-K CNA neurons; (:func:`control_kind` of ``kind``, K, seed) zero the seed's
     random set. Zeroing is at every position, which equals setting the neurons' parameters
@@ -803,20 +1090,33 @@ def edit_conditions(neurons_by_k: Mapping[int, Sequence[Neuron]], random_by_k: M
     return conds
 
 
-def bias_under_conditions(model, tokenizer, biased: pd.DataFrame, conditions: Mapping[tuple[str, int, int], list[Hook]],
-                          genders: Sequence[str] = GENDERS, progress: bool = True) -> pd.DataFrame:
+def bias_under_conditions(
+    model,
+    tokenizer,
+    biased: pd.DataFrame,
+    conditions: Mapping[tuple[str, int, int], list[Hook]],
+    genders: Sequence[str] = GENDERS,
+    progress: bool = True,
+) -> pd.DataFrame:
     """:func:`bias_scores` on all 8 prompts under each condition (the conditions sharing
     forward passes); rows as bias_scores plus kind, K, seed."""
     return bias_by_set(model, tokenizer, {"": biased}, conditions, genders, progress)[""]
 
 
-def bias_by_set(model, tokenizer, sets: Mapping[str, pd.DataFrame], conditions: Mapping[tuple[str, int, int], list[Hook]],
-                genders: Sequence[str] = GENDERS, progress: bool = True) -> dict[str, pd.DataFrame]:
+def bias_by_set(
+    model,
+    tokenizer,
+    sets: Mapping[str, pd.DataFrame],
+    conditions: Mapping[tuple[str, int, int], list[Hook]],
+    genders: Sequence[str] = GENDERS,
+    progress: bool = True,
+) -> dict[str, pd.DataFrame]:
     """:func:`bias_under_conditions` for several profession sets (the model's own list,
     the paper's Table 23) from the same forward passes: ``{name: scores}``."""
     frames: dict[str, list[pd.DataFrame]] = {name: [] for name in sets}
-    for (kind, k, seed), lp in zip(conditions, gender_logprobs_many(model, tokenizer, list(conditions.values()), genders,
-                                                                          progress)):
+    for (kind, k, seed), lp in zip(
+        conditions, gender_logprobs_many(model, tokenizer, list(conditions.values()), genders, progress)
+    ):
         for name, profs in sets.items():
             frames[name].append(bias_scores(lp, profs, genders).assign(kind=kind, K=k, seed=seed))
     return {name: pd.concat(f, ignore_index=True) for name, f in frames.items()}
@@ -837,8 +1137,9 @@ def _per_profession(scores: pd.DataFrame, kind: str, k: int, seed: int | None = 
     return sub.pivot_table(index="token_id", columns="prompt_id", values="abs_diff", aggfunc="first").sort_index()
 
 
-def reduction_intervals(scores: pd.DataFrame, kinds: Sequence[str] = ("cna",), ks: Sequence[int] | None = None
-                        ) -> pd.DataFrame:
+def reduction_intervals(
+    scores: pd.DataFrame, kinds: Sequence[str] = ("cna",), ks: Sequence[int] | None = None
+) -> pd.DataFrame:
     """Table 13's reduction with 95 % intervals, per edit kind and size K: ``reduction_pct``
     = 100 (1 - mean bias edited / mean bias original) over the professions and prompts of
     ``scores`` (:func:`bias_scores` rows with kind, K, seed); ``random_pct`` the same for
@@ -850,8 +1151,11 @@ def reduction_intervals(scores: pd.DataFrame, kinds: Sequence[str] = ("cna",), k
     orig = _per_profession(scores, "original", 0)
     if orig.empty:
         raise ValueError("no original-model rows in the scores")
-    gender = (scores.drop_duplicates("token_id").set_index("token_id").bias_gender.reindex(orig.index).to_numpy()
-              if "bias_gender" in scores else None)
+    gender = (
+        scores.drop_duplicates("token_id").set_index("token_id").bias_gender.reindex(orig.index).to_numpy()
+        if "bias_gender" in scores
+        else None
+    )
     o = orig.to_numpy(float)
 
     def red(a: np.ndarray, b: np.ndarray) -> float:
@@ -870,24 +1174,51 @@ def reduction_intervals(scores: pd.DataFrame, kinds: Sequence[str] = ("cna",), k
             rk = scores[(scores.kind == control_kind(kind)) & (scores.K == k)]
             seeds = sorted(rk.seed.unique())
             ci = bootstrap_ci(red, o, e, groups=gender)
-            row = {"kind": kind, "K": int(k), "n_professions": len(o), "n_prompts": o.shape[1], "n_seeds": len(seeds),
-                   "reduction_pct": ci.estimate, "reduction_low": ci.low, "reduction_high": ci.high}
+            row = {
+                "kind": kind,
+                "K": int(k),
+                "n_professions": len(o),
+                "n_prompts": o.shape[1],
+                "n_seeds": len(seeds),
+                "reduction_pct": ci.estimate,
+                "reduction_low": ci.low,
+                "reduction_high": ci.high,
+            }
             nan = float("nan")
             if seeds:
-                x = np.stack([_per_profession(scores, control_kind(kind), int(k), s)
-                              .reindex(index=orig.index, columns=orig.columns).to_numpy(float) for s in seeds], -1)
+                x = np.stack(
+                    [
+                        _per_profession(scores, control_kind(kind), int(k), s)
+                        .reindex(index=orig.index, columns=orig.columns)
+                        .to_numpy(float)
+                        for s in seeds
+                    ],
+                    -1,
+                )
                 rc = crossed_bootstrap_ci(red_rand, o, replicates=x, groups=gender)
-                dc = crossed_bootstrap_ci(lambda a, b, xx: red(a, b) - red_rand(a, xx), o, e, replicates=x, groups=gender)
-                row.update(random_pct=rc.estimate, random_low=rc.low, random_high=rc.high,
-                           diff_pts=dc.estimate, diff_low=dc.low, diff_high=dc.high)
+                dc = crossed_bootstrap_ci(
+                    lambda a, b, xx: red(a, b) - red_rand(a, xx), o, e, replicates=x, groups=gender
+                )
+                row.update(
+                    random_pct=rc.estimate,
+                    random_low=rc.low,
+                    random_high=rc.high,
+                    diff_pts=dc.estimate,
+                    diff_low=dc.low,
+                    diff_high=dc.high,
+                )
             else:
                 row.update(random_pct=nan, random_low=nan, random_high=nan, diff_pts=nan, diff_low=nan, diff_high=nan)
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def summarize_conditions(scores: pd.DataFrame, prompt_ids: Sequence[int] | None = None,
-                         token_ids: Sequence[int] | None = None, genders: Sequence[str] = GENDERS) -> pd.DataFrame:
+def summarize_conditions(
+    scores: pd.DataFrame,
+    prompt_ids: Sequence[int] | None = None,
+    token_ids: Sequence[int] | None = None,
+    genders: Sequence[str] = GENDERS,
+) -> pd.DataFrame:
     """Table 13 per condition (kind, K, seed), restricted to ``prompt_ids`` / ``token_ids``
     when given: total and per-gender bias, signed bias, n, and the reduction (%) of the
     total relative to the original model on the same subset."""
@@ -921,8 +1252,17 @@ def table13(summary: pd.DataFrame, k: int, genders: Sequence[str] = GENDERS) -> 
         rows.append({"model": f"CNA top-{k} zeroed", "K": k, **{c: float(cna[c].iloc[0]) for c in cols}})
     rnd = summary[(summary.kind == "random") & (summary.K == k)]
     if len(rnd):
-        rows.append({"model": f"random {k} zeroed (mean of {len(rnd)} seeds)", "K": k, **{c: float(rnd[c].mean()) for c in cols},
-                     **{f"{c}_sd": float(rnd[c].std(ddof=1)) if len(rnd) > 1 else float("nan") for c in ("total", "reduction_pct")}})
+        rows.append(
+            {
+                "model": f"random {k} zeroed (mean of {len(rnd)} seeds)",
+                "K": k,
+                **{c: float(rnd[c].mean()) for c in cols},
+                **{
+                    f"{c}_sd": float(rnd[c].std(ddof=1)) if len(rnd) > 1 else float("nan")
+                    for c in ("total", "reduction_pct")
+                },
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -966,17 +1306,28 @@ def arithmetic_accuracy(model, prompts: PromptSet, hooks: Sequence[Hook] | None 
     any other hook is refused."""
     odd = [name for name, fn in (hooks or []) if not is_position_invariant(fn)]
     if odd:
-        raise ValueError(f"arithmetic_accuracy shares each prompt's prefix, so its hooks must act on every position "
-                         f"alike (zero/keep units with position=None); these do not: {odd[:3]}")
+        raise ValueError(
+            f"arithmetic_accuracy shares each prompt's prefix, so its hooks must act on every position "
+            f"alike (zero/keep units with position=None); these do not: {odd[:3]}"
+        )
     if len(prompts) == 0:
         return float("nan")
     with model.hooks(fwd_hooks=list(hooks or [])):
         return float(correct_mask(model, prompts, "full").float().mean())
 
 
-def side_effects(model, tokenizer, conditions: Mapping[tuple[str, int, int], list[Hook]], *, prose: str,
-                 arith: PromptSet | None, profession_ids: Sequence[int], chunk_tokens: int = 128,
-                 max_chunks: int = 2, progress: bool = True) -> pd.DataFrame:
+def side_effects(
+    model,
+    tokenizer,
+    conditions: Mapping[tuple[str, int, int], list[Hook]],
+    *,
+    prose: str,
+    arith: PromptSet | None,
+    profession_ids: Sequence[int],
+    chunk_tokens: int = 128,
+    max_chunks: int = 2,
+    progress: bool = True,
+) -> pd.DataFrame:
     """Side effects of each condition (hooks active): LM loss (nats/token) on the fixed
     English text ``prose`` (:func:`arithlib.methods.general_ability.lm_loss`, the first
     ``max_chunks`` chunks of ``chunk_tokens`` tokens), exact-answer arithmetic accuracy
@@ -990,9 +1341,19 @@ def side_effects(model, tokenizer, conditions: Mapping[tuple[str, int, int], lis
             lm = GA.lm_loss(model, tokenizer, prose, chunk_tokens=chunk_tokens, max_chunks=max_chunks)
         acc = arithmetic_accuracy(model, arith, hooks) if arith is not None else float("nan")
         mass = profession_mass(next_token_logprobs(model, tokenizer, neutral, hooks), profession_ids)
-        rows.append({"kind": kind, "K": k, "seed": seed, "lm_loss": lm["lm_loss"], "lm_tokens": lm["n_tokens"],
-                     "unk_share": lm["unk_share"], "arith_accuracy": acc, "n_arith": len(arith) if arith is not None else 0,
-                     **mass})
+        rows.append(
+            {
+                "kind": kind,
+                "K": k,
+                "seed": seed,
+                "lm_loss": lm["lm_loss"],
+                "lm_tokens": lm["n_tokens"],
+                "unk_share": lm["unk_share"],
+                "arith_accuracy": acc,
+                "n_arith": len(arith) if arith is not None else 0,
+                **mass,
+            }
+        )
     out = pd.DataFrame(rows)
     base = out[out.kind == "original"]
     if len(base):

@@ -59,9 +59,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -69,16 +69,15 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core import datasets as ds
-from ..methods.answer_runs import LastPosition, answer_targets, run_conditions, run_last_position
 from ..core.components import Head, Hook, Neuron
 from ..core.datasets import PromptRecord, PromptSet
+from ..core.papers import DEEP_FROM_FRACTION, YU_GROUPS
+from ..core.readout import FinalNorm, final_norm, top_tokens, unembedding
 from ..engine import input_device
+from ..methods.answer_runs import LastPosition, answer_targets, run_conditions, run_last_position
 from ..methods.neurons import w_out
 from ..run.outputs import find_table, read_table
-from ..core.papers import DEEP_FROM_FRACTION, YU_GROUPS
 from .cna_norm import check_norm_reading, run_scales
-from ..core.readout import FinalNorm, final_norm, top_tokens, unembedding
-
 
 # --------------------------------------------------------------------------- model pieces
 
@@ -105,9 +104,23 @@ def yu_division_1d(fewshot: int = 2, template_id: int = 3) -> list[PromptRecord]
         for q in range(1, 10):
             a = b * q
             text = re.sub(r"\[([^\]]+)\]", r"\1", template.replace("{A}", str(a)).replace("{B}", str(b)))
-            records.append(PromptRecord(family="yu", op="/", a=a, b=b, answer=q, template_id=template_id,
-                                        template=template, text=text + sep, answer_text=str(q), prefix=prefix,
-                                        n_digits=1, carry=False, meta=(("numerals", "digits"),)))
+            records.append(
+                PromptRecord(
+                    family="yu",
+                    op="/",
+                    a=a,
+                    b=b,
+                    answer=q,
+                    template_id=template_id,
+                    template=template,
+                    text=text + sep,
+                    answer_text=str(q),
+                    prefix=prefix,
+                    n_digits=1,
+                    carry=False,
+                    meta=(("numerals", "digits"),),
+                )
+            )
     return records
 
 
@@ -125,14 +138,19 @@ def _read_sweep(sweep: str | Path | pd.DataFrame) -> pd.DataFrame:
     else:
         path = find_table(sweep)  # .csv or .csv.gz
         if path is None:
-            raise FileNotFoundError(f"{sweep} not found: notebook 04 needs notebook 01's head sweep. Run "
-                                    "notebooks/01 (Yu head sweep) with the same model and out_dir first.")
+            raise FileNotFoundError(
+                f"{sweep} not found: notebook 04 needs notebook 01's head sweep. Run "
+                "notebooks/01 (Yu head sweep) with the same model and out_dir first."
+            )
         frame = read_table(path)
-    missing = {"op", "n_digits", "layer", "head", "accuracy", "baseline_accuracy", "accuracy_drop",
-               "logit_drop"} - set(frame.columns)
+    missing = {"op", "n_digits", "layer", "head", "accuracy", "baseline_accuracy", "accuracy_drop", "logit_drop"} - set(
+        frame.columns
+    )
     if missing:
-        raise ValueError(f"head sweep lacks columns {sorted(missing)}: it predates notebook 01's exact every-position "
-                         "sweep (01_yu_head_sweep.csv with logit_drop); rerun notebook 01")
+        raise ValueError(
+            f"head sweep lacks columns {sorted(missing)}: it predates notebook 01's exact every-position "
+            "sweep (01_yu_head_sweep.csv with logit_drop); rerun notebook 01"
+        )
     names = {v: k for k, v in ds.OP_NAMES.items()}
     frame["op"] = frame["op"].map(lambda o: names.get(o, o))
     frame["n_digits"] = frame["n_digits"].astype(int)
@@ -143,18 +161,23 @@ def _best_head(rows: pd.DataFrame, n_settings: int) -> pd.Series:
     """The head of ``rows`` (one row per head and setting) measured in the most settings,
     then with the largest mean ``accuracy_drop`` over them, then the largest mean
     ``logit_drop``, then the lowest (layer, head)."""
-    g = (rows.assign(_ld=rows["logit_drop"].fillna(-np.inf))
-         .groupby(["layer", "head"]).agg(n_settings=("accuracy_drop", "size"), score=("accuracy_drop", "mean"),
-                                         logit_score=("_ld", "mean")).reset_index())
-    g = g.sort_values(["n_settings", "score", "logit_score", "layer", "head"],
-                      ascending=[False, False, False, True, True])
+    g = (
+        rows.assign(_ld=rows["logit_drop"].fillna(-np.inf))
+        .groupby(["layer", "head"])
+        .agg(n_settings=("accuracy_drop", "size"), score=("accuracy_drop", "mean"), logit_score=("_ld", "mean"))
+        .reset_index()
+    )
+    g = g.sort_values(
+        ["n_settings", "score", "logit_score", "layer", "head"], ascending=[False, False, False, True, True]
+    )
     best = g.iloc[0].copy()
     best["settings_total"] = n_settings
     return best
 
 
-def select_key_heads(sweep: str | Path | pd.DataFrame, groups: Mapping[str, Sequence[str]] | None = None,
-                     n_digits: int = 1) -> pd.DataFrame:
+def select_key_heads(
+    sweep: str | Path | pd.DataFrame, groups: Mapping[str, Sequence[str]] | None = None, n_digits: int = 1
+) -> pd.DataFrame:
     """The key head of each operator group from notebook 01's **exact** head sweep
     (``01_yu_head_sweep.csv``: the top heads of every setting zeroed at every position on
     all of the setting's prompts), one row per group.
@@ -191,22 +214,36 @@ def select_key_heads(sweep: str | Path | pd.DataFrame, groups: Mapping[str, Sequ
         if not lowers:
             best = _best_head(sub, sub[["op", "n_digits"]].drop_duplicates().shape[0])
             selection = KEY_HEAD_FALLBACK
-        out.append({"group": group, "layer": int(best["layer"]), "head": int(best["head"]), "selection": selection,
-                    "lowers_1d": lowers, "score": float(best["score"]), "settings_measured": int(best["n_settings"]),
-                    "settings_total": int(best["settings_total"]),
-                    "logit_score": float(best["logit_score"]) if np.isfinite(best["logit_score"]) else float("nan")})
+        out.append(
+            {
+                "group": group,
+                "layer": int(best["layer"]),
+                "head": int(best["head"]),
+                "selection": selection,
+                "lowers_1d": lowers,
+                "score": float(best["score"]),
+                "settings_measured": int(best["n_settings"]),
+                "settings_total": int(best["settings_total"]),
+                "logit_score": float(best["logit_score"]) if np.isfinite(best["logit_score"]) else float("nan"),
+            }
+        )
     return pd.DataFrame(out)
 
 
-def key_heads_from_sweep(sweep: str | Path | pd.DataFrame, n_digits: int = 1,
-                         groups: Mapping[str, Sequence[str]] | None = None) -> dict[str, Head]:
+def key_heads_from_sweep(
+    sweep: str | Path | pd.DataFrame, n_digits: int = 1, groups: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, Head]:
     """Group -> (layer, head) of :func:`select_key_heads` (its rule and fallback there)."""
     sel = select_key_heads(sweep, groups, n_digits)
     return {r.group: (int(r.layer), int(r.head)) for r in sel.itertuples()}
 
 
-def key_head_table(sweep: str | Path | pd.DataFrame, selected: pd.DataFrame,
-                   groups: Mapping[str, Sequence[str]] | None = None, n_digits: int = 1) -> pd.DataFrame:
+def key_head_table(
+    sweep: str | Path | pd.DataFrame,
+    selected: pd.DataFrame,
+    groups: Mapping[str, Sequence[str]] | None = None,
+    n_digits: int = 1,
+) -> pd.DataFrame:
     """04_key_heads.csv: for each group's selected head (:func:`select_key_heads`), its
     exact-sweep rows on the group's ``n_digits``-digit operators (accuracy with the head
     zeroed, baseline, drop, the binomial interval of the accuracy, logit drop) with the
@@ -214,13 +251,29 @@ def key_head_table(sweep: str | Path | pd.DataFrame, selected: pd.DataFrame,
     row with NaN numbers (the screen did not rank it among its top heads there)."""
     groups = {g: tuple(ops) for g, ops in (groups or YU_GROUPS).items()}
     frame = _read_sweep(sweep)
-    keep = [c for c in ("n", "accuracy", "baseline_accuracy", "accuracy_drop", "relative_drop", "accuracy_low",
-                        "accuracy_high", "logit_drop") if c in frame.columns]
+    keep = [
+        c
+        for c in (
+            "n",
+            "accuracy",
+            "baseline_accuracy",
+            "accuracy_drop",
+            "relative_drop",
+            "accuracy_low",
+            "accuracy_high",
+            "logit_drop",
+        )
+        if c in frame.columns
+    ]
     rows = []
     for sel in selected.itertuples(index=False):
         for op in groups[sel.group]:
-            r = frame[(frame["op"] == op) & (frame["n_digits"] == int(n_digits)) & (frame["layer"] == sel.layer)
-                      & (frame["head"] == sel.head)]
+            r = frame[
+                (frame["op"] == op)
+                & (frame["n_digits"] == int(n_digits))
+                & (frame["layer"] == sel.layer)
+                & (frame["head"] == sel.head)
+            ]
             vals = r.iloc[0][keep].to_dict() if len(r) else {c: float("nan") for c in keep}
             rows.append({**sel._asdict(), "op": op, "n_digits": int(n_digits), **vals})
     return pd.DataFrame(rows)
@@ -250,8 +303,15 @@ class LayerStats:
     q: torch.Tensor
 
 
-def layer_stats(resid: torch.Tensor, targets: torch.Tensor, norm: FinalNorm, W_U: torch.Tensor, b_U: torch.Tensor,
-                vocab_chunk: int = 16384, scale: torch.Tensor | None = None) -> tuple[LayerStats, torch.Tensor]:
+def layer_stats(
+    resid: torch.Tensor,
+    targets: torch.Tensor,
+    norm: FinalNorm,
+    W_U: torch.Tensor,
+    b_U: torch.Tensor,
+    vocab_chunk: int = 16384,
+    scale: torch.Tensor | None = None,
+) -> tuple[LayerStats, torch.Tensor]:
     """Baseline statistics of rows ``resid`` [R, d] (one pass over the vocabulary with an
     online softmax) and log p(target | resid) [R]. ``scale`` [R]: the fixed norm scale of
     each row ("final" reading); None: each row's own RMS ("own")."""
@@ -266,9 +326,9 @@ def layer_stats(resid: torch.Tensor, targets: torch.Tensor, norm: FinalNorm, W_U
     pA = torch.zeros(R, device=r.device)
     q = torch.zeros(R, d, device=r.device)
     for v0 in range(0, W_U.shape[1], vocab_chunk):
-        Wc = W_U[:, v0:v0 + vocab_chunk]
+        Wc = W_U[:, v0 : v0 + vocab_chunk]
         A = gr @ Wc
-        z = A / sigma0[:, None] + beta[v0:v0 + vocab_chunk]
+        z = A / sigma0[:, None] + beta[v0 : v0 + vocab_chunk]
         m_new = torch.maximum(m, z.max(-1).values)
         scale = torch.exp(m - m_new)
         e = torch.exp(z - m_new[:, None])
@@ -283,8 +343,9 @@ def layer_stats(resid: torch.Tensor, targets: torch.Tensor, norm: FinalNorm, W_U
     return LayerStats(sigma0, A_w, lse0, pA, q), base
 
 
-def _pair_terms(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, norm: FinalNorm,
-                scale: torch.Tensor | None = None):
+def _pair_terms(
+    resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, norm: FinalNorm, scale: torch.Tensor | None = None
+):
     """Centred r and v and the norm scale sigma [R, K] of r + m v: its own RMS, or the
     row's fixed ``scale`` [R] for every neuron ("final" reading)."""
     r = _centre(resid.float(), norm)
@@ -300,9 +361,16 @@ def _pair_terms(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, n
     return r, v, sigma
 
 
-def first_order_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, targets: torch.Tensor,
-                           norm: FinalNorm, W_U: torch.Tensor, stats: LayerStats,
-                           scale: torch.Tensor | None = None) -> torch.Tensor:
+def first_order_importance(
+    resid: torch.Tensor,
+    coef: torch.Tensor,
+    values: torch.Tensor,
+    targets: torch.Tensor,
+    norm: FinalNorm,
+    W_U: torch.Tensor,
+    stats: LayerStats,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Stage 1 of the two-stage mode, [R, K]: the importance with the logit change dz
     exact (norm rescaling included) and the log-partition linearised at p:
     ``imp1 = dz_w - p . dz = (A_w - p.A)(1/sigma - 1/sigma0) + m (g v).(W_U[:, w] - q) / sigma``
@@ -333,11 +401,20 @@ class _Scratch:
         return buf[:n].view(shape)
 
 
-def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, targets: torch.Tensor,
-                     norm: FinalNorm, W_U: torch.Tensor, b_U: torch.Tensor,
-                     pairs: tuple[torch.Tensor, torch.Tensor] | None = None, base_logprob: torch.Tensor | None = None,
-                     vocab_chunk: int = 8192, block_elems: int = 2 ** 24,
-                     scale: torch.Tensor | None = None) -> torch.Tensor:
+def exact_importance(
+    resid: torch.Tensor,
+    coef: torch.Tensor,
+    values: torch.Tensor,
+    targets: torch.Tensor,
+    norm: FinalNorm,
+    W_U: torch.Tensor,
+    b_U: torch.Tensor,
+    pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    base_logprob: torch.Tensor | None = None,
+    vocab_chunk: int = 8192,
+    block_elems: int = 2**24,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Exact CNA importance (Sec. 4.1) of neurons with values ``values`` [K, d] and
     coefficients ``coef`` [R, K] for rows ``resid`` [R, d] and target tokens [R].
 
@@ -356,8 +433,9 @@ def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tens
     beta = _beta(norm, W_U, b_U)
     R, K = coef.shape
     if pairs is None:
-        return _exact_importance_all(gr, gv, coef.float(), sigma, targets, W_U, beta, base_logprob.to(device),
-                                     vocab_chunk, block_elems)
+        return _exact_importance_all(
+            gr, gv, coef.float(), sigma, targets, W_U, beta, base_logprob.to(device), vocab_chunk, block_elems
+        )
     rows, cols = (p.to(device) for p in pairs)
     used, inverse = torch.unique(cols, return_inverse=True)  # neurons involved
     P = rows.numel()
@@ -366,7 +444,7 @@ def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tens
     # exact target logit
     w_cols = W_U[:, targets].T  # [R, d]
     Aw = (gr * w_cols).sum(-1)
-    Bw = (gv[used] @ w_cols.T)  # [U, R]
+    Bw = gv[used] @ w_cols.T  # [U, R]
     z_w = (Aw[rows] + m_pair * Bw[inverse, rows]) * inv_sigma + beta[targets][rows]
     run_max = torch.full((P,), -torch.inf, device=device)
     run_sum = torch.zeros(P, device=device)
@@ -379,10 +457,10 @@ def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tens
     gr_used = gr[row_used]
     scratch = _Scratch(device)
     for v0 in range(0, W_U.shape[1], vocab_chunk):
-        Wc = W_U[:, v0:v0 + vocab_chunk]
+        Wc = W_U[:, v0 : v0 + vocab_chunk]
         A = gr_used @ Wc  # [rows with pairs, C]
         B = gv_used @ Wc  # [neurons with pairs, C]
-        bc = beta[v0:v0 + vocab_chunk]
+        bc = beta[v0 : v0 + vocab_chunk]
         for p0 in range(0, P, pair_chunk):
             sl = slice(p0, p0 + pair_chunk)
             n = min(pair_chunk, P - p0)
@@ -397,9 +475,18 @@ def exact_importance(resid: torch.Tensor, coef: torch.Tensor, values: torch.Tens
     return z_w - (run_max + torch.log(run_sum)) - base_logprob.to(device)[rows]
 
 
-def _exact_importance_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, sigma: torch.Tensor,
-                          targets: torch.Tensor, W_U: torch.Tensor, beta: torch.Tensor, base_logprob: torch.Tensor,
-                          vocab_chunk: int, block_elems: int) -> torch.Tensor:
+def _exact_importance_all(
+    gr: torch.Tensor,
+    gv: torch.Tensor,
+    m: torch.Tensor,
+    sigma: torch.Tensor,
+    targets: torch.Tensor,
+    W_U: torch.Tensor,
+    beta: torch.Tensor,
+    base_logprob: torch.Tensor,
+    vocab_chunk: int,
+    block_elems: int,
+) -> torch.Tensor:
     """:func:`exact_importance` for every (row, neuron): logits blocks [rows, K, chunk] by
     broadcasting (no gathers), online logsumexp over vocabulary chunks. [R, K]. A block
     holds at most ``block_elems`` values: the vocabulary chunk shrinks below
@@ -409,8 +496,16 @@ def _exact_importance_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, s
     return z_w - log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems) - base_logprob[:, None]
 
 
-def log_partition_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, sigma: torch.Tensor, W_U: torch.Tensor,
-                      beta: torch.Tensor, vocab_chunk: int = 8192, block_elems: int = 2 ** 24) -> torch.Tensor:
+def log_partition_all(
+    gr: torch.Tensor,
+    gv: torch.Tensor,
+    m: torch.Tensor,
+    sigma: torch.Tensor,
+    W_U: torch.Tensor,
+    beta: torch.Tensor,
+    vocab_chunk: int = 8192,
+    block_elems: int = 2**24,
+) -> torch.Tensor:
     """log sum_v exp(logits_v(r + m_k v_k)) for every row r and neuron k, [R, K]: the part
     of the exact importance that needs a pass over the vocabulary (``gr``, ``gv``: the
     centred rows and values times the norm weight; ``sigma`` [R, K]: the norm scale of
@@ -425,15 +520,19 @@ def log_partition_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, sigma
     row_block = max(1, block_elems // (K * chunk))
     scratch = _Scratch(device)
     for v0 in range(0, W_U.shape[1], chunk):
-        Wc = W_U[:, v0:v0 + chunk]
+        Wc = W_U[:, v0 : v0 + chunk]
         A = gr @ Wc  # [R, C]
         B = gv @ Wc  # [K, C]
-        bc = beta[v0:v0 + chunk]
+        bc = beta[v0 : v0 + chunk]
         dtype = torch.promote_types(torch.promote_types(A.dtype, m.dtype), B.dtype)
         for r0 in range(0, R, row_block):
             rs = slice(r0, r0 + row_block)
-            z = torch.addcmul(A[rs, None, :], m[rs, :, None], B[None],
-                              out=scratch.get(0, (min(row_block, R - r0), K, Wc.shape[1]), dtype))  # [r, K, C]
+            z = torch.addcmul(
+                A[rs, None, :],
+                m[rs, :, None],
+                B[None],
+                out=scratch.get(0, (min(row_block, R - r0), K, Wc.shape[1]), dtype),
+            )  # [r, K, C]
             z.mul_(inv_sigma[rs, :, None]).add_(bc)
             new = torch.maximum(run_max[rs], z.amax(-1))
             run_sum[rs] = run_sum[rs] * torch.exp(run_max[rs] - new) + z.sub_(new[..., None]).exp_().sum(-1)
@@ -442,8 +541,15 @@ def log_partition_all(gr: torch.Tensor, gv: torch.Tensor, m: torch.Tensor, sigma
 
 
 @torch.no_grad()
-def importance_loop(model, resid: torch.Tensor, coef: torch.Tensor, layer: int, targets: torch.Tensor,
-                    neurons: Sequence[int] | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
+def importance_loop(
+    model,
+    resid: torch.Tensor,
+    coef: torch.Tensor,
+    layer: int,
+    targets: torch.Tensor,
+    neurons: Sequence[int] | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Reference implementation, one neuron at a time: for each neuron k add m_k fc2_k to
     resid_mid, read it through the final norm and the unembedding, and take the change
     of log p(target). [R, len(neurons)]. ``scale=None`` ("own" reading): the model's own
@@ -526,10 +632,20 @@ class CNAResult:
         rows = []
         change, approx_change = self.change_of(i), self.approx_a[i] - self.approx_b[i]
         for rank, (layer, n) in enumerate(self.top(i, k), 1):
-            rows.append({"rank": rank, "layer": layer, "neuron": n, "name": f"{layer}_{n}",
-                         "imp_a": float(self.importance_a[i, layer, n]), "imp_b": float(self.importance_b[i, layer, n]),
-                         "coef_a": float(self.coef_a[i, layer, n]), "coef_b": float(self.coef_b[i, layer, n]),
-                         "change": float(change[layer, n]), "approx_change": float(approx_change[layer, n])})
+            rows.append(
+                {
+                    "rank": rank,
+                    "layer": layer,
+                    "neuron": n,
+                    "name": f"{layer}_{n}",
+                    "imp_a": float(self.importance_a[i, layer, n]),
+                    "imp_b": float(self.importance_b[i, layer, n]),
+                    "coef_a": float(self.coef_a[i, layer, n]),
+                    "coef_b": float(self.coef_b[i, layer, n]),
+                    "change": float(change[layer, n]),
+                    "approx_change": float(approx_change[layer, n]),
+                }
+            )
         frame = pd.DataFrame(rows)
         if model is not None and tokenizer is not None and len(frame):
             vecs = torch.stack([w_out(model, l)[n] for l, n in zip(frame.layer, frame.neuron)])
@@ -548,7 +664,7 @@ def top_neurons(scores: torch.Tensor, k: int) -> list[Neuron]:
 
 
 def resolve_mode(model, mode: str = "auto", max_exact_elems: float = 2e9) -> str:
-    """"exact" on a GPU or when L * d_mlp * vocab <= ``max_exact_elems``, else
+    """ "exact" on a GPU or when L * d_mlp * vocab <= ``max_exact_elems``, else
     "two_stage"; explicit modes pass."""
     if mode in ("exact", "two_stage"):
         return mode
@@ -561,10 +677,20 @@ def resolve_mode(model, mode: str = "auto", max_exact_elems: float = 2e9) -> str
 
 
 @torch.no_grad()
-def importance_from_runs(model, runs: Sequence[LastPosition], targets: torch.Tensor, *, mode: str = "auto",
-                         n_candidates: int = 200, select: str = "change", layers: Sequence[int] | None = None,
-                         vocab_chunk: int = 8192, progress: bool = False, norm_reading: str = "final",
-                         scale_from: int | None = 0) -> dict[str, torch.Tensor]:
+def importance_from_runs(
+    model,
+    runs: Sequence[LastPosition],
+    targets: torch.Tensor,
+    *,
+    mode: str = "auto",
+    n_candidates: int = 200,
+    select: str = "change",
+    layers: Sequence[int] | None = None,
+    vocab_chunk: int = 8192,
+    progress: bool = False,
+    norm_reading: str = "final",
+    scale_from: int | None = 0,
+) -> dict[str, torch.Tensor]:
     """Importance of every neuron in each of ``runs`` (1 or 2 LastPosition with
     resid_mid, coef and final_resid). Returns ``importance`` [n_runs, N, L, K] (NaN where
     not exact), ``approx`` (stage 1) and ``base_logprob`` [n_runs, N, L].
@@ -581,7 +707,7 @@ def importance_from_runs(model, runs: Sequence[LastPosition], targets: torch.Ten
     mode = resolve_mode(model, mode)
     norm = final_norm(model)
     W_U, b_U = unembedding(model)  # float32: log-probability differences are computed in fp32
-    device = W_U.device            # (where the unembedding is; a split model's last device)
+    device = W_U.device  # (where the unembedding is; a split model's last device)
     n_runs = len(runs)
     N = len(targets)
     L, K = runs[0].coef.shape[1], runs[0].coef.shape[2]
@@ -593,17 +719,21 @@ def importance_from_runs(model, runs: Sequence[LastPosition], targets: torch.Ten
     scales = run_scales(runs, norm, norm_reading, scale_from)
     scale = None if scales[0] is None else torch.cat(scales).to(device)  # [n_runs * N], rows as resid's
     base_by_layer = {}
-    for layer in tqdm(layers, desc="stage 1" if mode == "two_stage" else "importance", disable=not progress, leave=False):
+    for layer in tqdm(
+        layers, desc="stage 1" if mode == "two_stage" else "importance", disable=not progress, leave=False
+    ):
         resid = torch.cat([run.resid_mid[:, layer] for run in runs]).to(device)
         coef = torch.cat([run.coef[:, layer] for run in runs]).to(device)
         values = w_out(model, layer).to(device)
         stats, b = layer_stats(resid, t_all, norm, W_U, b_U, vocab_chunk=max(vocab_chunk, 16384), scale=scale)
         base[:, :, layer] = b.view(n_runs, N).cpu()
-        approx[:, :, layer] = first_order_importance(resid, coef, values, t_all, norm, W_U, stats,
-                                                     scale).view(n_runs, N, K).cpu()
+        approx[:, :, layer] = (
+            first_order_importance(resid, coef, values, t_all, norm, W_U, stats, scale).view(n_runs, N, K).cpu()
+        )
         if mode == "exact":
-            imp = exact_importance(resid, coef, values, t_all, norm, W_U, b_U, base_logprob=b, vocab_chunk=vocab_chunk,
-                                   scale=scale)
+            imp = exact_importance(
+                resid, coef, values, t_all, norm, W_U, b_U, base_logprob=b, vocab_chunk=vocab_chunk, scale=scale
+            )
             importance[:, :, layer] = imp.view(n_runs, N, K).cpu()
         else:
             base_by_layer[layer] = b
@@ -627,9 +757,19 @@ def importance_from_runs(model, runs: Sequence[LastPosition], targets: torch.Ten
         cols = neurons.repeat(n_runs)
         resid = torch.cat([run.resid_mid[:, layer] for run in runs]).to(device)
         coef = torch.cat([run.coef[:, layer] for run in runs]).to(device)
-        imp = exact_importance(resid, coef, w_out(model, layer), t_all, norm, W_U, b_U,
-                               pairs=(rows.to(device), cols.to(device)), base_logprob=base_by_layer[layer].to(device),
-                               vocab_chunk=vocab_chunk, scale=scale).cpu()
+        imp = exact_importance(
+            resid,
+            coef,
+            w_out(model, layer),
+            t_all,
+            norm,
+            W_U,
+            b_U,
+            pairs=(rows.to(device), cols.to(device)),
+            base_logprob=base_by_layer[layer].to(device),
+            vocab_chunk=vocab_chunk,
+            scale=scale,
+        ).cpu()
         run_of = torch.arange(n_runs).repeat_interleave(len(prompt_idx))
         importance[run_of, prompt_idx.repeat(n_runs), layer, cols] = imp
     return {"importance": importance, "approx": approx, "base_logprob": base}
@@ -637,15 +777,30 @@ def importance_from_runs(model, runs: Sequence[LastPosition], targets: torch.Ten
 
 def _differing_layers(a: LastPosition, b: LastPosition) -> list[int]:
     L = a.coef.shape[1]
-    return [l for l in range(L) if not (torch.equal(a.resid_mid[:, l], b.resid_mid[:, l])
-                                        and torch.equal(a.coef[:, l], b.coef[:, l]))]
+    return [
+        l
+        for l in range(L)
+        if not (torch.equal(a.resid_mid[:, l], b.resid_mid[:, l]) and torch.equal(a.coef[:, l], b.coef[:, l]))
+    ]
 
 
 @torch.no_grad()
-def cna_compare(model, prompts: PromptSet, hooks_b: list[Hook] | None = None, prompts_b: PromptSet | None = None, *,
-                hooks_a: list[Hook] | None = None, targets: torch.Tensor | None = None, mode: str = "auto",
-                n_candidates: int = 200, batch_size: int = 32, skip_identical_layers: bool = True,
-                vocab_chunk: int = 8192, progress: bool = True, norm_reading: str = "final") -> CNAResult:
+def cna_compare(
+    model,
+    prompts: PromptSet,
+    hooks_b: list[Hook] | None = None,
+    prompts_b: PromptSet | None = None,
+    *,
+    hooks_a: list[Hook] | None = None,
+    targets: torch.Tensor | None = None,
+    mode: str = "auto",
+    n_candidates: int = 200,
+    batch_size: int = 32,
+    skip_identical_layers: bool = True,
+    vocab_chunk: int = 8192,
+    progress: bool = True,
+    norm_reading: str = "final",
+) -> CNAResult:
     """CNA between two runs at the answer position (Sec. 4.1): run a = ``prompts`` with
     ``hooks_a`` (default the plain model), run b = ``prompts_b`` (default the same
     prompts) with ``hooks_b`` (e.g. ``zero_heads_hooks([key_head])``). The target token
@@ -658,33 +813,73 @@ def cna_compare(model, prompts: PromptSet, hooks_b: list[Hook] | None = None, pr
         raise ValueError("prompts and prompts_b must have the same number of cases")
     targets = answer_targets(prompts, targets)
     if prompts_b is None:
-        runs = run_conditions(model, prompts, {"a": hooks_a, "b": hooks_b}, targets=targets, batch_size=batch_size,
-                              progress=progress, desc="runs a and b")
+        runs = run_conditions(
+            model,
+            prompts,
+            {"a": hooks_a, "b": hooks_b},
+            targets=targets,
+            batch_size=batch_size,
+            progress=progress,
+            desc="runs a and b",
+        )
         run_a, run_b = runs["a"], runs["b"]
     else:
-        run_a = run_last_position(model, prompts, hooks_a, targets=targets, batch_size=batch_size, progress=progress,
-                                  desc="run a")
-        run_b = run_last_position(model, prompts_b, hooks_b, targets=targets, batch_size=batch_size,
-                                  progress=progress, desc="run b")
+        run_a = run_last_position(
+            model, prompts, hooks_a, targets=targets, batch_size=batch_size, progress=progress, desc="run a"
+        )
+        run_b = run_last_position(
+            model, prompts_b, hooks_b, targets=targets, batch_size=batch_size, progress=progress, desc="run b"
+        )
     layers = _differing_layers(run_a, run_b) if skip_identical_layers else list(range(run_a.coef.shape[1]))
     mode = resolve_mode(model, mode)
     if layers:
-        out = importance_from_runs(model, [run_a, run_b], targets, mode=mode, n_candidates=n_candidates,
-                                   select="change", layers=layers, vocab_chunk=vocab_chunk, progress=progress,
-                                   norm_reading=norm_reading, scale_from=0 if prompts_b is None else None)
+        out = importance_from_runs(
+            model,
+            [run_a, run_b],
+            targets,
+            mode=mode,
+            n_candidates=n_candidates,
+            select="change",
+            layers=layers,
+            vocab_chunk=vocab_chunk,
+            progress=progress,
+            norm_reading=norm_reading,
+            scale_from=0 if prompts_b is None else None,
+        )
     else:
         shape = (2, len(targets), *run_a.coef.shape[1:])
-        out = {"importance": torch.full(shape, torch.nan), "approx": torch.full(shape, torch.nan),
-               "base_logprob": torch.full(shape[:3], torch.nan)}
+        out = {
+            "importance": torch.full(shape, torch.nan),
+            "approx": torch.full(shape, torch.nan),
+            "base_logprob": torch.full(shape[:3], torch.nan),
+        }
     imp, approx, base = out["importance"], out["approx"], out["base_logprob"]
-    return CNAResult(importance_a=imp[0], importance_b=imp[1], approx_a=approx[0], approx_b=approx[1],
-                     coef_a=run_a.coef, coef_b=run_b.coef, base_logprob_a=base[0], base_logprob_b=base[1],
-                     run_a=run_a, run_b=run_b, targets=targets, mode=mode,
-                     n_candidates=None if mode == "exact" else n_candidates, layers=layers, norm_reading=norm_reading)
+    return CNAResult(
+        importance_a=imp[0],
+        importance_b=imp[1],
+        approx_a=approx[0],
+        approx_b=approx[1],
+        coef_a=run_a.coef,
+        coef_b=run_b.coef,
+        base_logprob_a=base[0],
+        base_logprob_b=base[1],
+        run_a=run_a,
+        run_b=run_b,
+        targets=targets,
+        mode=mode,
+        n_candidates=None if mode == "exact" else n_candidates,
+        layers=layers,
+        norm_reading=norm_reading,
+    )
 
 
-def candidate_recall(small: CNAResult, large: CNAResult, ks: Sequence[int], small_cases: Sequence[int] | None = None,
-                     large_cases: Sequence[int] | None = None) -> pd.DataFrame:
+def candidate_recall(
+    small: CNAResult,
+    large: CNAResult,
+    ks: Sequence[int],
+    small_cases: Sequence[int] | None = None,
+    large_cases: Sequence[int] | None = None,
+) -> pd.DataFrame:
     """Share of the top-k neurons found with a large candidate pool (``large``) that a
     smaller pool (``small``) also ranks top-k, per case and k (rows ``small_cases[j]`` of
     ``small`` and ``large_cases[j]`` of ``large`` are the same case): a check that the

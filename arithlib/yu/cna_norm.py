@@ -18,7 +18,8 @@ to the layer's (a sensitivity variant: :func:`reading_sensitivity`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -50,8 +51,9 @@ def final_scale(final_resid: torch.Tensor, norm: FinalNorm) -> torch.Tensor:
     return torch.sqrt(h.pow(2).mean(-1) + norm.eps)
 
 
-def run_scales(runs: Sequence["LastPosition"], norm: FinalNorm, norm_reading: str, scale_from: int | None = 0
-               ) -> list[torch.Tensor | None]:
+def run_scales(
+    runs: Sequence[LastPosition], norm: FinalNorm, norm_reading: str, scale_from: int | None = 0
+) -> list[torch.Tensor | None]:
     """The fixed scale of each run's rows (:func:`final_scale`) under ``norm_reading``:
     None for every run in the ``"own"`` reading; else run ``scale_from``'s final scale for
     every run (the unintervened run of the same inputs), or each run's own with
@@ -61,13 +63,15 @@ def run_scales(runs: Sequence["LastPosition"], norm: FinalNorm, norm_reading: st
         return [None] * len(runs)
     src = list(runs) if scale_from is None else [runs[scale_from]] * len(runs)
     if any(r.final_resid is None for r in src):
-        raise ValueError("the 'final' norm reading needs each run's final hidden state (LastPosition.final_resid): "
-                         "capture resid_mid")
+        raise ValueError(
+            "the 'final' norm reading needs each run's final hidden state (LastPosition.final_resid): capture resid_mid"
+        )
     return [final_scale(r.final_resid, norm) for r in src]
 
 
-def reading_sensitivity(primary: "CNAResult", variant: "CNAResult", ks: Sequence[int], n_layers: int,
-                        cases: Sequence[int] | None = None) -> pd.DataFrame:
+def reading_sensitivity(
+    primary: CNAResult, variant: CNAResult, ks: Sequence[int], n_layers: int, cases: Sequence[int] | None = None
+) -> pd.DataFrame:
     """How the top-k CNA neurons move between two readings of the same cases (rows of both
     results): per case and k, the share of ``primary``'s top-k that ``variant`` also ranks
     top-k (``overlap``), and for each reading the share of its top-k in layer 0 and their

@@ -22,15 +22,15 @@ among the heads that have it:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..core.components import Head
-from ..run.outputs import read_table
 from ..core.papers import NOISE_GAP
+from ..run.outputs import read_table
 
 #: The operator whose decrease a specific head leaves small (Yu Table 1: 2D * under 17^22).
 OTHER_OPERATOR = "*"
@@ -58,8 +58,9 @@ def specificity_statistic(ops: np.ndarray, correct: np.ndarray, clean: np.ndarra
     return mean_own - 2 * _relative_drop(ops, correct, clean, OTHER_OPERATOR)
 
 
-def candidate_heads(sweep: str | Path | pd.DataFrame, groups: Mapping[str, Sequence[str]],
-                    n_digits: int = 1) -> dict[str, list[Head]]:
+def candidate_heads(
+    sweep: str | Path | pd.DataFrame, groups: Mapping[str, Sequence[str]], n_digits: int = 1
+) -> dict[str, list[Head]]:
     """Per group, the heads of notebook 01's exact sweep (``01_yu_head_sweep``: each
     setting's screened top heads on all its prompts) whose ``n_digits``-digit accuracy drop
     is > 0 on at least one of the group's operators, in (layer, head) order. A head the
@@ -74,8 +75,12 @@ def candidate_heads(sweep: str | Path | pd.DataFrame, groups: Mapping[str, Seque
     return out
 
 
-def head_patterns(rows: pd.DataFrame, facts: pd.DataFrame, groups: Mapping[str, Sequence[str]],
-                  candidates: Mapping[str, Sequence[Head]]) -> pd.DataFrame:
+def head_patterns(
+    rows: pd.DataFrame,
+    facts: pd.DataFrame,
+    groups: Mapping[str, Sequence[str]],
+    candidates: Mapping[str, Sequence[Head]],
+) -> pd.DataFrame:
     """One row per (group, candidate head): ``own_drop``, ``times_drop`` (relative 1D *
     decrease), ``statistic`` (:func:`specificity_statistic`), ``factual_drop`` (clean minus
     head-zeroed factual-recall accuracy; NaN without facts), ``operator_specific``,
@@ -88,25 +93,55 @@ def head_patterns(rows: pd.DataFrame, facts: pd.DataFrame, groups: Mapping[str, 
     for g, heads in candidates.items():
         own = list(groups[g])
         for layer, head in heads:
-            mine = rows[(rows["layer"] == layer) & (rows["head"] == head)
-                        & rows["op"].isin([*own, OTHER_OPERATOR])]
+            mine = rows[(rows["layer"] == layer) & (rows["head"] == head) & rows["op"].isin([*own, OTHER_OPERATOR])]
             ops = mine["op"].to_numpy()
             correct, clean = mine["correct"].astype(bool).to_numpy(), mine["clean_correct"].astype(bool).to_numpy()
             drop = own_drop(ops, correct, clean, own)
             times = _relative_drop(ops, correct, clean, OTHER_OPERATOR)
             stat = specificity_statistic(ops, correct, clean, own)
-            f = facts[(facts["layer"] == layer) & (facts["head"] == head)].drop_duplicates("prompt") \
-                if len(facts) else facts
+            f = (
+                facts[(facts["layer"] == layer) & (facts["head"] == head)].drop_duplicates("prompt")
+                if len(facts)
+                else facts
+            )
             fact = float(f["clean_correct"].mean() - f["correct"].mean()) if len(f) else float("nan")
             operator = bool(stat >= 0) if np.isfinite(stat) else False
             intact = bool(not fact > NOISE_GAP)  # no factual-recall prompt the model can take: not judged
-            out.append({"group": g, "layer": layer, "head": head, "own_drop": drop, "times_drop": times,
-                        "statistic": stat, "factual_drop": fact, "operator_specific": operator,
-                        "recall_intact": intact, "specific": bool(drop > 0 and operator and intact),
-                        "n_own": int(np.isin(ops, own).sum()), "n_times": int((ops == OTHER_OPERATOR).sum()),
-                        "n_facts": len(f)})
-    return pd.DataFrame(out, columns=["group", "layer", "head", "own_drop", "times_drop", "statistic", "factual_drop",
-                                      "operator_specific", "recall_intact", "specific", "n_own", "n_times", "n_facts"])
+            out.append(
+                {
+                    "group": g,
+                    "layer": layer,
+                    "head": head,
+                    "own_drop": drop,
+                    "times_drop": times,
+                    "statistic": stat,
+                    "factual_drop": fact,
+                    "operator_specific": operator,
+                    "recall_intact": intact,
+                    "specific": bool(drop > 0 and operator and intact),
+                    "n_own": int(np.isin(ops, own).sum()),
+                    "n_times": int((ops == OTHER_OPERATOR).sum()),
+                    "n_facts": len(f),
+                }
+            )
+    return pd.DataFrame(
+        out,
+        columns=[
+            "group",
+            "layer",
+            "head",
+            "own_drop",
+            "times_drop",
+            "statistic",
+            "factual_drop",
+            "operator_specific",
+            "recall_intact",
+            "specific",
+            "n_own",
+            "n_times",
+            "n_facts",
+        ],
+    )
 
 
 def best_specific_heads(patterns: pd.DataFrame, key_heads: Mapping[str, Head]) -> pd.DataFrame:
@@ -118,18 +153,48 @@ def best_specific_heads(patterns: pd.DataFrame, key_heads: Mapping[str, Head]) -
     for g, key in key_heads.items():
         p = patterns[(patterns["group"] == g) & patterns["specific"]] if len(patterns) else patterns
         if not len(p):
-            out.append({"group": g, "layer": -1, "head": -1, "is_key_head": False, "key_layer": int(key[0]),
-                        "key_head": int(key[1]),
-                        "selection": "no head that lowers the group's 1D accuracy passes the specificity tests"})
+            out.append(
+                {
+                    "group": g,
+                    "layer": -1,
+                    "head": -1,
+                    "is_key_head": False,
+                    "key_layer": int(key[0]),
+                    "key_head": int(key[1]),
+                    "selection": "no head that lowers the group's 1D accuracy passes the specificity tests",
+                }
+            )
             continue
         best = p.sort_values(["own_drop", "layer", "head"], ascending=[False, True, True]).iloc[0]
         same = (int(best["layer"]), int(best["head"])) == (int(key[0]), int(key[1]))
-        out.append({"group": g, **{k: best[k] for k in ("layer", "head", "own_drop", "times_drop", "statistic",
-                                                        "factual_drop", "n_own", "n_times", "n_facts")},
-                    "is_key_head": same, "key_layer": int(key[0]), "key_head": int(key[1]),
-                    "selection": ("the key head itself is the best specific head" if same else
-                                  "largest own 1D drop among the heads that pass the specificity tests "
-                                  f"({len(p)} of {int((patterns['group'] == g).sum())} candidates pass)")})
+        out.append(
+            {
+                "group": g,
+                **{
+                    k: best[k]
+                    for k in (
+                        "layer",
+                        "head",
+                        "own_drop",
+                        "times_drop",
+                        "statistic",
+                        "factual_drop",
+                        "n_own",
+                        "n_times",
+                        "n_facts",
+                    )
+                },
+                "is_key_head": same,
+                "key_layer": int(key[0]),
+                "key_head": int(key[1]),
+                "selection": (
+                    "the key head itself is the best specific head"
+                    if same
+                    else "largest own 1D drop among the heads that pass the specificity tests "
+                    f"({len(p)} of {int((patterns['group'] == g).sum())} candidates pass)"
+                ),
+            }
+        )
     frame = pd.DataFrame(out)
     for c in ("layer", "head", "key_layer", "key_head"):
         frame[c] = frame[c].astype(int)

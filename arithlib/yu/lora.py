@@ -10,9 +10,9 @@ import math
 import random
 import re
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,11 +22,25 @@ from tqdm.auto import tqdm
 from ..core import datasets as ds
 from ..core.components import Neuron
 from ..core.datasets import PromptSet
-from ..engine import LayerInputs, clean_param_name, shared_hf_model
-from ..methods.finetune import (LORA_TARGETS, FineTuned, TrainConfig, Trainable, accuracy_row, architecture, cached_training,
-                       choose_lr, evaluate_weights, model_shape, params_by_clean_name, train_parameters, training_key,
-                       training_state, use_weights)
 from ..core.papers import YU_BANDS_32, YU_LR_GRID, YU_REFERENCE_LAYER_FRACTION
+from ..engine import LayerInputs, clean_param_name, shared_hf_model
+from ..methods.finetune import (
+    LORA_TARGETS,
+    FineTuned,
+    Trainable,
+    TrainConfig,
+    accuracy_row,
+    architecture,
+    cached_training,
+    choose_lr,
+    evaluate_weights,
+    model_shape,
+    params_by_clean_name,
+    train_parameters,
+    training_key,
+    training_state,
+    use_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -43,9 +57,19 @@ class LoraSpec:
     targets: tuple[str, ...] | None = None
 
 
-def train_lora(model, layer: int, train_set: PromptSet, config: TrainConfig, val_set: PromptSet | None = None,
-               lora: LoraSpec = LoraSpec(), *, progress: bool = True, cache_dir: str | Path | None = None,
-               inputs: LayerInputs | None = None, unchanged_below: int | None = None) -> FineTuned:
+def train_lora(
+    model,
+    layer: int,
+    train_set: PromptSet,
+    config: TrainConfig,
+    val_set: PromptSet | None = None,
+    lora: LoraSpec = LoraSpec(),
+    *,
+    progress: bool = True,
+    cache_dir: str | Path | None = None,
+    inputs: LayerInputs | None = None,
+    unchanged_below: int | None = None,
+) -> FineTuned:
     """Yu & Ananiadou Sec. 5: LoRA (peft) on the attention projections of block ``layer``
     only (``layers_to_transform=[layer]``), trained on ``train_set``. ``model`` is an HF
     model or a bridge (trained through :func:`shared_hf_model`; base weights untouched).
@@ -71,20 +95,36 @@ def train_lora(model, layer: int, train_set: PromptSet, config: TrainConfig, val
     def _train_lora(ckdir: Path | None) -> FineTuned:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
-            peft_cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=leaf,
-                                  layers_to_transform=[layer], bias="none")
+            peft_cfg = LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=leaf,
+                layers_to_transform=[layer],
+                bias="none",
+            )
             with warnings.catch_warnings():  # peft asks transformers' deprecated alias; nothing to act on here
-                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
-                                        category=FutureWarning)
+                warnings.filterwarnings(
+                    "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+                )
                 pm = get_peft_model(hf, peft_cfg)
         try:
             lora_params = {n: p for n, p in hf.named_parameters() if "lora_" in n}
             if not lora_params:
                 raise RuntimeError(f"peft added no LoRA weights to layer {layer} for targets {leaf}")
             trainable = Trainable(lora_params)
-            state, record = train_parameters(hf, trainable, train_set, config, val_set, progress=progress,
-                                             desc=f"LoRA L{layer}", checkpoint_dir=ckdir, inputs=inputs,
-                                             unchanged_below=unchanged_below)
+            state, record = train_parameters(
+                hf,
+                trainable,
+                train_set,
+                config,
+                val_set,
+                progress=progress,
+                desc=f"LoRA L{layer}",
+                checkpoint_dir=ckdir,
+                inputs=inputs,
+                unchanged_below=unchanged_below,
+            )
             with torch.no_grad():
                 for n, v in state.items():
                     lora_params[n].copy_(v.to(lora_params[n].device))
@@ -92,11 +132,19 @@ def train_lora(model, layer: int, train_set: PromptSet, config: TrainConfig, val
             n_trainable = trainable.n_trainable()
         finally:
             pm.unload()
-        return FineTuned(method=f"lora_L{layer}", weights=weights, history=record["history"], epochs=record["epochs"],
-                         best_epoch=record["best_epoch"], n_trainable=n_trainable,
-                         samples_per_second=record["samples_per_second"], train_seconds=record["train_seconds"],
-                         n_samples=record["n_samples"], config=config,
-                         info={"layer": layer, "lora_r": lora.r, "lora_alpha": lora.alpha})
+        return FineTuned(
+            method=f"lora_L{layer}",
+            weights=weights,
+            history=record["history"],
+            epochs=record["epochs"],
+            best_epoch=record["best_epoch"],
+            n_trainable=n_trainable,
+            samples_per_second=record["samples_per_second"],
+            train_seconds=record["train_seconds"],
+            n_samples=record["n_samples"],
+            config=config,
+            info={"layer": layer, "lora_r": lora.r, "lora_alpha": lora.alpha},
+        )
 
     return cached_training(cache_dir, key, build)
 
@@ -115,11 +163,20 @@ def _merged_lora_weights(hf, peft_model) -> dict[str, torch.Tensor]:
     return out
 
 
-def lora_layer_sweep(model, layers: Sequence[int], train_set: PromptSet, val_set: PromptSet | None,
-                     test_set: PromptSet, config: TrainConfig, lrs: Sequence[float] = YU_LR_GRID,
-                     lr_layers: Sequence[int] | None = None, lora: LoraSpec = LoraSpec(), *,
-                     cache_dir: str | Path | None = None, progress: bool = True
-                     ) -> tuple[pd.DataFrame, dict[int, FineTuned], pd.DataFrame]:
+def lora_layer_sweep(
+    model,
+    layers: Sequence[int],
+    train_set: PromptSet,
+    val_set: PromptSet | None,
+    test_set: PromptSet,
+    config: TrainConfig,
+    lrs: Sequence[float] = YU_LR_GRID,
+    lr_layers: Sequence[int] | None = None,
+    lora: LoraSpec = LoraSpec(),
+    *,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> tuple[pd.DataFrame, dict[int, FineTuned], pd.DataFrame]:
     """Yu & Ananiadou Fig. 2: one LoRA model per attention layer in ``layers``, test
     accuracy of each (``correct_full``) beside the original model's (layer -1).
 
@@ -136,8 +193,17 @@ def lora_layer_sweep(model, layers: Sequence[int], train_set: PromptSet, val_set
     train_inputs = LayerInputs(layers)  # the original's stream entering the LoRA layers, per training batch
 
     def fit_at(layer: int, lr: float) -> FineTuned:
-        return train_lora(model, layer, train_set, replace(config, lr=lr), val_set, lora, progress=progress,
-                          cache_dir=cache_dir, inputs=train_inputs)
+        return train_lora(
+            model,
+            layer,
+            train_set,
+            replace(config, lr=lr),
+            val_set,
+            lora,
+            progress=progress,
+            cache_dir=cache_dir,
+            inputs=train_inputs,
+        )
 
     search = len(lrs) > 1 and val_set is not None and len(val_set) > 0
     for layer in tqdm([l for l in layers if l in lr_layers], desc="LoRA lr search", disable=not (progress and search)):
@@ -153,22 +219,53 @@ def lora_layer_sweep(model, layers: Sequence[int], train_set: PromptSet, val_set
             fitted[layer] = fit_at(layer, default_lr)
     inputs = {"test": LayerInputs(layers)}  # the original's stream entering each LoRA layer
     base = evaluate_weights(model, None, {"test": test_set}, config.eval_batch_size, inputs=inputs)
-    rows = [accuracy_row(base, layer=-1, lr=float("nan"), n_trainable=0, samples_per_second=float("nan"),
-                          best_epoch=0, model="original")]
+    rows = [
+        accuracy_row(
+            base,
+            layer=-1,
+            lr=float("nan"),
+            n_trainable=0,
+            samples_per_second=float("nan"),
+            best_epoch=0,
+            model="original",
+        )
+    ]
     for layer in layers:
         ft = fitted[layer]
         frame = evaluate_weights(model, ft.weights, {"test": test_set}, config.eval_batch_size, inputs=inputs)
-        rows.append(accuracy_row(frame, layer=layer, lr=ft.config.lr, n_trainable=ft.n_trainable,
-                                  samples_per_second=ft.samples_per_second, best_epoch=ft.best_epoch,
-                                  model=f"LoRA L{layer}"))
-    lr_table = pd.concat(lr_rows, ignore_index=True) if lr_rows else pd.DataFrame(
-        {"lr": [default_lr], "val_accuracy": [float("nan")], "best_epoch": [0], "chosen": [True], "layer": [-1]})
+        rows.append(
+            accuracy_row(
+                frame,
+                layer=layer,
+                lr=ft.config.lr,
+                n_trainable=ft.n_trainable,
+                samples_per_second=ft.samples_per_second,
+                best_epoch=ft.best_epoch,
+                model=f"LoRA L{layer}",
+            )
+        )
+    lr_table = (
+        pd.concat(lr_rows, ignore_index=True)
+        if lr_rows
+        else pd.DataFrame(
+            {"lr": [default_lr], "val_accuracy": [float("nan")], "best_epoch": [0], "chosen": [True], "layer": [-1]}
+        )
+    )
     return pd.DataFrame(rows), fitted, lr_table
 
 
-def learning_curve(model, layer: int, train_set: PromptSet, eval_set: PromptSet, sizes: Sequence[int],
-                   config: TrainConfig, lora: LoraSpec = LoraSpec(), *, cache_dir: str | Path | None = None,
-                   progress: bool = True) -> pd.DataFrame:
+def learning_curve(
+    model,
+    layer: int,
+    train_set: PromptSet,
+    eval_set: PromptSet,
+    sizes: Sequence[int],
+    config: TrainConfig,
+    lora: LoraSpec = LoraSpec(),
+    *,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
     """Accuracy of the LoRA model of ``layer`` against the number of training prompts,
     to choose a training-set size (Yu Sec. 5 trains on 18,000 sentences; a CPU run needs
     the smallest size past which more data no longer changes the verdict). For each ``n``
@@ -187,15 +284,34 @@ def learning_curve(model, layer: int, train_set: PromptSet, eval_set: PromptSet,
     eval_inputs = {"eval": LayerInputs([layer])}  # every model differs from the original from ``layer`` on
     base = evaluate_weights(hf, None, {"eval": eval_set}, config.eval_batch_size, inputs=eval_inputs)
     ci = accuracy_ci(base.correct_full.to_numpy())
-    rows = [{"n_train": 0, "steps": 0, "accuracy": ci.estimate, "low": ci.low, "high": ci.high,
-             "train_seconds": 0.0, "samples_per_second": float("nan")}]
+    rows = [
+        {
+            "n_train": 0,
+            "steps": 0,
+            "accuracy": ci.estimate,
+            "low": ci.low,
+            "high": ci.high,
+            "train_seconds": 0.0,
+            "samples_per_second": float("nan"),
+        }
+    ]
     for n in tqdm(sizes, desc=f"learning curve L{layer}", disable=not progress):
-        ft = train_lora(hf, layer, train_set.subset(list(range(n))), config, None, lora, progress=False,
-                        cache_dir=cache_dir)
+        ft = train_lora(
+            hf, layer, train_set.subset(list(range(n))), config, None, lora, progress=False, cache_dir=cache_dir
+        )
         frame = evaluate_weights(hf, ft.weights, {"eval": eval_set}, config.eval_batch_size, inputs=eval_inputs)
         ci = accuracy_ci(frame.correct_full.to_numpy())
-        rows.append({"n_train": n, "steps": len(ft.history), "accuracy": ci.estimate, "low": ci.low, "high": ci.high,
-                     "train_seconds": ft.train_seconds, "samples_per_second": ft.samples_per_second})
+        rows.append(
+            {
+                "n_train": n,
+                "steps": len(ft.history),
+                "accuracy": ci.estimate,
+                "low": ci.low,
+                "high": ci.high,
+                "train_seconds": ft.train_seconds,
+                "samples_per_second": ft.samples_per_second,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -230,21 +346,44 @@ def accuracy_bands(frame: pd.DataFrame, bands: Mapping[str, Sequence[int]]) -> p
         if sub.empty:
             continue
         slope = float(np.polyfit(sub.layer, sub.accuracy, 1)[0]) if len(sub) > 1 else float("nan")
-        rows.append({"band": name, "layers": f"{min(layers)}-{max(layers)}", "n_models": len(sub),
-                     "mean_accuracy": float(sub.accuracy.mean()), "min_accuracy": float(sub.accuracy.min()),
-                     "max_accuracy": float(sub.accuracy.max()), "slope_per_layer": slope,
-                     "mean_gain_over_original": float(sub.accuracy.mean()) - base})
+        rows.append(
+            {
+                "band": name,
+                "layers": f"{min(layers)}-{max(layers)}",
+                "n_models": len(sub),
+                "mean_accuracy": float(sub.accuracy.mean()),
+                "min_accuracy": float(sub.accuracy.min()),
+                "max_accuracy": float(sub.accuracy.max()),
+                "slope_per_layer": slope,
+                "mean_gain_over_original": float(sub.accuracy.mean()) - base,
+            }
+        )
     for name, layer in (("first", 0), ("last", int(frame.layer.max()))):
         sub = frame[frame.layer == layer]
         if len(sub) and layer >= 0 and not any(layer in ls for ls in bands.values()):
-            rows.append({"band": name, "layers": str(layer), "n_models": 1, "mean_accuracy": float(sub.accuracy.iloc[0]),
-                         "min_accuracy": float(sub.accuracy.iloc[0]), "max_accuracy": float(sub.accuracy.iloc[0]),
-                         "slope_per_layer": float("nan"), "mean_gain_over_original": float(sub.accuracy.iloc[0]) - base})
+            rows.append(
+                {
+                    "band": name,
+                    "layers": str(layer),
+                    "n_models": 1,
+                    "mean_accuracy": float(sub.accuracy.iloc[0]),
+                    "min_accuracy": float(sub.accuracy.iloc[0]),
+                    "max_accuracy": float(sub.accuracy.iloc[0]),
+                    "slope_per_layer": float("nan"),
+                    "mean_gain_over_original": float(sub.accuracy.iloc[0]) - base,
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def yu_cna_cases(tokenizer, ops: Sequence[str] = ("+", "-"), fewshot: int = 2, n_cases: int | None = None,
-                 seed: int = 0, must_include: str = "3+5") -> PromptSet:
+def yu_cna_cases(
+    tokenizer,
+    ops: Sequence[str] = ("+", "-"),
+    fewshot: int = 2,
+    n_cases: int | None = None,
+    seed: int = 0,
+    must_include: str = "3+5",
+) -> PromptSet:
     """Yu's 1D+ and 1D- cases in the symbolic template "n1 + n2 =" (Table 14, last
     template) with the few-shot prefix; a random ``n_cases`` of them (``seed``), always
     including ``must_include`` ("3+5": Table 9's case)."""
@@ -270,10 +409,19 @@ def _last_position_run(bridge, prompts: PromptSet, weights, batch_size: int):
         return run_last_position(bridge, prompts, None, capture=("resid_mid", "coef"), batch_size=batch_size)
 
 
-def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.Tensor]], *,
-             ks: Sequence[int] = (50, 30, 20, 10), layers: Sequence[int] | None = None, mode: str = "auto",
-             n_candidates: int = 200, batch_size: int = 16, progress: bool = True,
-             norm_reading: str = "final") -> tuple[pd.DataFrame, dict]:
+def lora_cna(
+    bridge,
+    cases: PromptSet,
+    models: Mapping[str, Mapping[str, torch.Tensor]],
+    *,
+    ks: Sequence[int] = (50, 30, 20, 10),
+    layers: Sequence[int] | None = None,
+    mode: str = "auto",
+    n_candidates: int = 200,
+    batch_size: int = 16,
+    progress: bool = True,
+    norm_reading: str = "final",
+) -> tuple[pd.DataFrame, dict]:
     """Yu & Ananiadou Sec. 5 (Tables 9-10): CNA between each fine-tuned model and the
     original on ``cases`` (target: each case's correct first answer token).
 
@@ -300,21 +448,39 @@ def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.T
     for model_name, weights in models.items():
         touched = set(weights) & set(names)
         if touched:
-            raise ValueError(f"{model_name} changes FFN/unembedding weights ({sorted(touched)[:3]}): lora_cna compares "
-                             "models that differ in attention only")
+            raise ValueError(
+                f"{model_name} changes FFN/unembedding weights ({sorted(touched)[:3]}): lora_cna compares "
+                "models that differ in attention only"
+            )
     targets = cases.first_answer_ids
     n_layers = int(bridge.cfg.n_layers)
     layers = cna.deep_layers(n_layers) if layers is None else sorted(int(l) for l in layers)
     run_orig = _last_position_run(bridge, cases, None, batch_size)
-    orig_imp = cna.importance_from_runs(bridge, [run_orig], targets, mode=mode, n_candidates=n_candidates,
-                                        select="score", layers=layers, norm_reading=norm_reading)["importance"][0]
+    orig_imp = cna.importance_from_runs(
+        bridge,
+        [run_orig],
+        targets,
+        mode=mode,
+        n_candidates=n_candidates,
+        select="score",
+        layers=layers,
+        norm_reading=norm_reading,
+    )["importance"][0]
     rows, details = [], {"original": {"run": run_orig, "importance": orig_imp}, "layers": layers}
     per_case: list[dict] = []
     for model_name, weights in tqdm(models.items(), desc="CNA per model", disable=not progress):
         run_m = _last_position_run(bridge, cases, weights, batch_size)
-        out = cna.importance_from_runs(bridge, [run_m, run_orig], targets, mode=mode, n_candidates=n_candidates,
-                                       select="change", layers=layers, norm_reading=norm_reading,
-                                       scale_from=1)  # the original's final scale
+        out = cna.importance_from_runs(
+            bridge,
+            [run_m, run_orig],
+            targets,
+            mode=mode,
+            n_candidates=n_candidates,
+            select="change",
+            layers=layers,
+            norm_reading=norm_reading,
+            scale_from=1,
+        )  # the original's final scale
         imp_m, imp_o = out["importance"][0], out["importance"][1]
         change = imp_m - imp_o
         details[model_name] = {"run": run_m, "importance": imp_m, "importance_orig": imp_o}
@@ -331,19 +497,39 @@ def lora_cna(bridge, cases: PromptSet, models: Mapping[str, Mapping[str, torch.T
                     before.append(run_orig.coef[i, L, N])
                     after.append(run_m.coef[i, L, N])
                 for i, (b0, b1) in zip(cases_with_top, zip(before, after)):  # the ratio's parts per case
-                    per_case.append({"model": model_name, "selection": select, "k": k, "case": i,
-                                     "num": float((torch.sign(b0.float()) * (b1.float() - b0.float())).sum()),
-                                     "den": float(b0.float().abs().sum())})
+                    per_case.append(
+                        {
+                            "model": model_name,
+                            "selection": select,
+                            "k": k,
+                            "case": i,
+                            "num": float((torch.sign(b0.float()) * (b1.float() - b0.float())).sum()),
+                            "den": float(b0.float().abs().sum()),
+                        }
+                    )
                 inc = (-cna.coefficient_decrease(torch.cat(before), torch.cat(after))) if before else float("nan")
-                rows.append({"model": model_name, "selection": select, "k": k, "coef_increase": inc,
-                             "n_cases": len(cases), "accuracy_original": run_orig.accuracy,
-                             "accuracy_model": run_m.accuracy})
+                rows.append(
+                    {
+                        "model": model_name,
+                        "selection": select,
+                        "k": k,
+                        "coef_increase": inc,
+                        "n_cases": len(cases),
+                        "accuracy_original": run_orig.accuracy,
+                        "accuracy_model": run_m.accuracy,
+                    }
+                )
     details["per_case"] = pd.DataFrame(per_case, columns=["model", "selection", "k", "case", "num", "den"])
     return pd.DataFrame(rows), details
 
 
-def coefficient_table(bridge, case: PromptSet, models: Mapping[str, Mapping[str, torch.Tensor] | None],
-                      neurons: Sequence[Neuron], batch_size: int = 1) -> pd.DataFrame:
+def coefficient_table(
+    bridge,
+    case: PromptSet,
+    models: Mapping[str, Mapping[str, torch.Tensor] | None],
+    neurons: Sequence[Neuron],
+    batch_size: int = 1,
+) -> pd.DataFrame:
     """Yu Table 9: the coefficient scores (``mlp.hook_post`` at the answer position) of
     ``neurons`` for one case in each model (name -> weights; None = the original).
     Rows: neuron name ("layer_index"), one column per model."""
@@ -356,8 +542,9 @@ def coefficient_table(bridge, case: PromptSet, models: Mapping[str, Mapping[str,
     return pd.DataFrame(table)
 
 
-def band_increase_table(rows: pd.DataFrame, layer_of: Mapping[str, int], bands: Mapping[str, Sequence[int]],
-                        selection: str = "cna") -> pd.DataFrame:
+def band_increase_table(
+    rows: pd.DataFrame, layer_of: Mapping[str, int], bands: Mapping[str, Sequence[int]], selection: str = "cna"
+) -> pd.DataFrame:
     """Yu Table 10: mean coefficient increase (%) of the top-k neurons over the LoRA
     models of each band of layers, one column per k (``rows`` from :func:`lora_cna`)."""
     sub = rows[rows["selection"] == selection].copy()
@@ -391,8 +578,12 @@ def curve_shape(frame: pd.DataFrame, bands: Mapping[str, Sequence[int]], toleran
     out["all_above_original"] = bool((lora.accuracy > base).all())
     out["share_above_original"] = float((lora.accuracy > base).mean())
     best, worst = lora.loc[lora.accuracy.idxmax()], lora.loc[lora.accuracy.idxmin()]
-    out.update(best_layer=int(best.layer), best_accuracy=float(best.accuracy), worst_layer=int(worst.layer),
-               worst_accuracy=float(worst.accuracy))
+    out.update(
+        best_layer=int(best.layer),
+        best_accuracy=float(best.accuracy),
+        worst_layer=int(worst.layer),
+        worst_accuracy=float(worst.accuracy),
+    )
     summary = accuracy_bands(frame, bands)
     main = summary[summary.band.isin(list(bands))]
     out["band_means"] = dict(zip(main.band, main.mean_accuracy))

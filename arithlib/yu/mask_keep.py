@@ -7,17 +7,17 @@ lowest of them (Table 6), each against random neuron sets of the same layers ove
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..methods.answer_runs import run_answer_conditions
-from .cna import CNAResult, coefficient_decrease
 from ..core.components import Hook, Neuron, RowHooks
 from ..core.datasets import PromptSet
 from ..core.stats import encode_correct
+from ..methods.answer_runs import run_answer_conditions
+from .cna import CNAResult, coefficient_decrease
 
 
 def rowwise_neuron_hooks(masks: Mapping[int, torch.Tensor], position: int | None = -1) -> RowHooks:
@@ -25,22 +25,27 @@ def rowwise_neuron_hooks(masks: Mapping[int, torch.Tensor], position: int | None
     PromptSet (True = zero that neuron for that prompt). Returns a function of a
     batch's row indices giving the hooks (``ablation.zero_neurons_hooks`` zeroes the
     same neurons for every prompt)."""
+
     def make(index: torch.Tensor) -> list[Hook]:
         hooks = []
         for layer, mask in masks.items():
+
             def fn(act, hook, m=mask[index.cpu()]):
                 m = m.to(act.device)
                 if position is None:
                     return act.masked_fill(m[:, None, :], 0.0)
                 act[:, position] = act[:, position].masked_fill(m, 0.0)
                 return act
+
             hooks.append((f"blocks.{layer}.mlp.hook_post", fn))
         return hooks
+
     return make
 
 
-def neuron_masks(sets: Sequence[Iterable[Neuron]], n_layers: int, d_mlp: int, keep_layers: Sequence[int] | None = None
-                 ) -> dict[int, torch.Tensor]:
+def neuron_masks(
+    sets: Sequence[Iterable[Neuron]], n_layers: int, d_mlp: int, keep_layers: Sequence[int] | None = None
+) -> dict[int, torch.Tensor]:
     """Bool masks [N, d_mlp] per layer from per-prompt neuron sets. Mask mode
     (``keep_layers=None``): True on each prompt's neurons. Keep mode: True on every
     neuron of ``keep_layers`` except the prompt's own (Yu's "keep")."""
@@ -90,11 +95,16 @@ def top_k_sets(result: CNAResult, n_cases: int, k: int) -> list[list[Neuron]]:
     short = [i for i, s in enumerate(sets) if len(s) < k]
     if short:
         i = short[0]
-        fix = (f"raise n_candidates to at least {k} or use mode='exact'" if result.mode == "two_stage" else
-               f"use K <= {len(sets[i])}, the neurons of the scored layers {result.layers} (the others have "
-               "identical runs a and b)")
-        raise ValueError(f"K={k}: {len(short)} of {n_cases} cases have fewer than {k} finite CNA scores (case {i}: "
-                         f"{len(sets[i])}; mode {result.mode!r}, n_candidates={result.n_candidates}); {fix}")
+        fix = (
+            f"raise n_candidates to at least {k} or use mode='exact'"
+            if result.mode == "two_stage"
+            else f"use K <= {len(sets[i])}, the neurons of the scored layers {result.layers} (the others have "
+            "identical runs a and b)"
+        )
+        raise ValueError(
+            f"K={k}: {len(short)} of {n_cases} cases have fewer than {k} finite CNA scores (case {i}: "
+            f"{len(sets[i])}; mode {result.mode!r}, n_candidates={result.n_candidates}); {fix}"
+        )
     return sets
 
 
@@ -121,8 +131,9 @@ def layer_span(layers: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def random_in_layers(sets: Sequence[Sequence[Neuron]], layers: Sequence[int], d_mlp: int, seed: int
-                     ) -> list[list[Neuron]]:
+def random_in_layers(
+    sets: Sequence[Sequence[Neuron]], layers: Sequence[int], d_mlp: int, seed: int
+) -> list[list[Neuron]]:
     """For each prompt's neuron set, as many distinct random neurons of ``layers`` (any of
     them, uniformly over their neurons), none in the set: the control of a "keep"."""
     rng = np.random.default_rng(seed)
@@ -140,10 +151,19 @@ def random_in_layers(sets: Sequence[Sequence[Neuron]], layers: Sequence[int], d_
     return out
 
 
-def mask_keep_table(model, prompts: PromptSet, result: CNAResult, ks: Sequence[int] = (99, 50, 30, 20, 10), *,
-                    keep_layers: Sequence[int] | None = None, seed: int = 0, n_seeds: int = N_RANDOM_SEEDS,
-                    control_ks: Sequence[int] | None = None, batch_size: int = 32,
-                    progress: bool = True) -> pd.DataFrame:
+def mask_keep_table(
+    model,
+    prompts: PromptSet,
+    result: CNAResult,
+    ks: Sequence[int] = (99, 50, 30, 20, 10),
+    *,
+    keep_layers: Sequence[int] | None = None,
+    seed: int = 0,
+    n_seeds: int = N_RANDOM_SEEDS,
+    control_ks: Sequence[int] | None = None,
+    batch_size: int = 32,
+    progress: bool = True,
+) -> pd.DataFrame:
     """Table 5 / 15 on every case of ``prompts``: for each K, zero each case's top-K CNA
     neurons ("mask"), or zero every other neuron of the layers CNA scored ("keep": Yu
     keeps the top neurons and zeroes the rest of layers 17-31, the layers from the key
@@ -172,26 +192,49 @@ def mask_keep_table(model, prompts: PromptSet, result: CNAResult, ks: Sequence[i
         conditions[f"mask|{k}|"] = rowwise_neuron_hooks(neuron_masks(sets, cfg.n_layers, cfg.d_mlp))
         conditions[f"keep|{k}|"] = rowwise_neuron_hooks(neuron_masks(sets, cfg.n_layers, cfg.d_mlp, keep_layers))
         for s in range(n_seeds if control_ks is None or k in control_ks else 0):
-            conditions[f"random mask|{k}|{s}"] = rowwise_neuron_hooks(neuron_masks(
-                random_layer_matched(sets, cfg.d_mlp, control_seed(seed, s, k)), cfg.n_layers, cfg.d_mlp))
-            conditions[f"random keep|{k}|{s}"] = rowwise_neuron_hooks(neuron_masks(
-                random_in_layers(sets, keep_layers, cfg.d_mlp, control_seed(seed, s, k, 1)), cfg.n_layers, cfg.d_mlp,
-                keep_layers))
-        coef_dec[k] = float(np.nanmean([coefficient_decrease(result.coef_a[i][tuple(zip(*s))], result.coef_b[i][tuple(zip(*s))])
-                                        if s else np.nan for i, s in enumerate(sets)]))
-    runs = run_answer_conditions(model, prompts, conditions, targets=result.targets, batch_size=batch_size,
-                                 progress=progress, desc="mask/keep")
+            conditions[f"random mask|{k}|{s}"] = rowwise_neuron_hooks(
+                neuron_masks(random_layer_matched(sets, cfg.d_mlp, control_seed(seed, s, k)), cfg.n_layers, cfg.d_mlp)
+            )
+            conditions[f"random keep|{k}|{s}"] = rowwise_neuron_hooks(
+                neuron_masks(
+                    random_in_layers(sets, keep_layers, cfg.d_mlp, control_seed(seed, s, k, 1)),
+                    cfg.n_layers,
+                    cfg.d_mlp,
+                    keep_layers,
+                )
+            )
+        coef_dec[k] = float(
+            np.nanmean(
+                [
+                    coefficient_decrease(result.coef_a[i][tuple(zip(*s))], result.coef_b[i][tuple(zip(*s))])
+                    if s
+                    else np.nan
+                    for i, s in enumerate(sets)
+                ]
+            )
+        )
+    runs = run_answer_conditions(
+        model, prompts, conditions, targets=result.targets, batch_size=batch_size, progress=progress, desc="mask/keep"
+    )
     base = runs.pop("none").accuracy
     rows = []
     for name, run in runs.items():
         kind, k, s = name.split("|")
         acc = run.accuracy
-        rows.append({"K": int(k), "intervention": kind, "seed": int(s) if s else float("nan"), "accuracy": acc,
-                     "accuracy_decrease": 100 * (base - acc) / base if base > 0 else float("nan"),
-                     "coef_decrease": coef_dec[int(k)] if kind == "mask" else float("nan"),
-                     "n_cases": len(prompts), "base_accuracy": base,
-                     "keep_layers": layer_span(keep_layers) if kind.endswith("keep") else "",
-                     "correct_by_prompt": encode_correct(run.correct.cpu().numpy())})
+        rows.append(
+            {
+                "K": int(k),
+                "intervention": kind,
+                "seed": int(s) if s else float("nan"),
+                "accuracy": acc,
+                "accuracy_decrease": 100 * (base - acc) / base if base > 0 else float("nan"),
+                "coef_decrease": coef_dec[int(k)] if kind == "mask" else float("nan"),
+                "n_cases": len(prompts),
+                "base_accuracy": base,
+                "keep_layers": layer_span(keep_layers) if kind.endswith("keep") else "",
+                "correct_by_prompt": encode_correct(run.correct.cpu().numpy()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -203,9 +246,18 @@ def lowest_neuron(neurons: Sequence[Neuron], importance: torch.Tensor) -> Neuron
     return max(at_low, key=lambda ln: float(torch.nan_to_num(importance[ln], nan=-math.inf)))
 
 
-def lowest_neuron_table(model, prompts: PromptSet, result: CNAResult, ks: Sequence[int] = (99, 50, 30, 20, 10), *,
-                        seed: int = 0, n_seeds: int = N_RANDOM_SEEDS, control_ks: Sequence[int] | None = None,
-                        batch_size: int = 32, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+def lowest_neuron_table(
+    model,
+    prompts: PromptSet,
+    result: CNAResult,
+    ks: Sequence[int] = (99, 50, 30, 20, 10),
+    *,
+    seed: int = 0,
+    n_seeds: int = N_RANDOM_SEEDS,
+    control_ks: Sequence[int] | None = None,
+    batch_size: int = 32,
+    progress: bool = True,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Table 6 / 16 on every case: for each case and K, zero the lowest of its top-K
     neurons (at the answer position, in the original model) and measure the
     coefficient decrease of its other top-K neurons in higher layers (those it can
@@ -234,10 +286,20 @@ def lowest_neuron_table(model, prompts: PromptSet, result: CNAResult, ks: Sequen
                     pick = cand if cand not in taken else None
                 picks.append(pick)
             draws[f"random|{s_}"] = picks
-        conditions = {name: rowwise_neuron_hooks(neuron_masks([[x] if x else [] for x in picks], cfg.n_layers,
-                                                              cfg.d_mlp)) for name, picks in draws.items()}
-        runs = run_answer_conditions(model, prompts, conditions, capture=("coef",), targets=result.targets,
-                                     batch_size=batch_size, progress=progress, desc=f"lowest neuron K={k}")
+        conditions = {
+            name: rowwise_neuron_hooks(neuron_masks([[x] if x else [] for x in picks], cfg.n_layers, cfg.d_mlp))
+            for name, picks in draws.items()
+        }
+        runs = run_answer_conditions(
+            model,
+            prompts,
+            conditions,
+            capture=("coef",),
+            targets=result.targets,
+            batch_size=batch_size,
+            progress=progress,
+            desc=f"lowest neuron K={k}",
+        )
         for name, picks in draws.items():
             kind, _, s_ = name.partition("|")
             coef_after = runs[name].coef
@@ -246,22 +308,53 @@ def lowest_neuron_table(model, prompts: PromptSet, result: CNAResult, ks: Sequen
                 if not upper or zeroed is None:
                     continue
                 idx = tuple(zip(*upper))
-                per_case.append({"K": k, "kind": kind, "seed": int(s_) if s_ else float("nan"), "case": i,
-                                 "lowest_layer": low[0], "lowest_neuron": low[1], "zeroed_neuron": zeroed[1],
-                                 "n_upper": len(upper),
-                                 "coef_decrease": coefficient_decrease(result.coef_a[i][idx], coef_after[i][idx]),
-                                 "correct_after": bool(runs[name].correct[i])})
+                per_case.append(
+                    {
+                        "K": k,
+                        "kind": kind,
+                        "seed": int(s_) if s_ else float("nan"),
+                        "case": i,
+                        "lowest_layer": low[0],
+                        "lowest_neuron": low[1],
+                        "zeroed_neuron": zeroed[1],
+                        "n_upper": len(upper),
+                        "coef_decrease": coefficient_decrease(result.coef_a[i][idx], coef_after[i][idx]),
+                        "correct_after": bool(runs[name].correct[i]),
+                    }
+                )
         del runs
-    per_case = pd.DataFrame(per_case, columns=["K", "kind", "seed", "case", "lowest_layer", "lowest_neuron",
-                                               "zeroed_neuron", "n_upper", "coef_decrease", "correct_after"])
+    per_case = pd.DataFrame(
+        per_case,
+        columns=[
+            "K",
+            "kind",
+            "seed",
+            "case",
+            "lowest_layer",
+            "lowest_neuron",
+            "zeroed_neuron",
+            "n_upper",
+            "coef_decrease",
+            "correct_after",
+        ],
+    )
     if per_case.empty:
-        return pd.DataFrame(columns=["K", "coef_decrease", "n_cases", "mean_lowest_layer", "random_coef_decrease",
-                                     "n_seeds"]), per_case
+        return pd.DataFrame(
+            columns=["K", "coef_decrease", "n_cases", "mean_lowest_layer", "random_coef_decrease", "n_seeds"]
+        ), per_case
     low = per_case[per_case.kind == "lowest"]
-    summary = low.groupby("K").agg(coef_decrease=("coef_decrease", "mean"), n_cases=("case", "count"),
-                                   mean_lowest_layer=("lowest_layer", "mean")).reset_index()
+    summary = (
+        low.groupby("K")
+        .agg(
+            coef_decrease=("coef_decrease", "mean"),
+            n_cases=("case", "count"),
+            mean_lowest_layer=("lowest_layer", "mean"),
+        )
+        .reset_index()
+    )
     rnd = per_case[per_case.kind == "random"]
-    summary["random_coef_decrease"] = summary["K"].map(rnd.groupby("K")["coef_decrease"].mean()) if len(rnd) \
-        else float("nan")
+    summary["random_coef_decrease"] = (
+        summary["K"].map(rnd.groupby("K")["coef_decrease"].mean()) if len(rnd) else float("nan")
+    )
     summary["n_seeds"] = summary["K"].map(rnd.groupby("K")["seed"].nunique()).fillna(0).astype(int) if len(rnd) else 0
     return summary.sort_values("K", ascending=False).reset_index(drop=True), per_case

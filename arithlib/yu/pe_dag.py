@@ -5,18 +5,18 @@ key), per case.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .cna import CNAResult
-from ..engine import layer_device, wrapped
-from .mask_keep import N_RANDOM_SEEDS, control_seed
-from ..methods.neurons import w_out
 from ..core.papers import DAG_EDGE_MIN_ENHANCEMENT
+from ..engine import layer_device, wrapped
+from ..methods.neurons import w_out
+from .cna import CNAResult
+from .mask_keep import N_RANDOM_SEEDS, control_seed
 
 
 def _mlp_ln(model, layer: int):
@@ -68,8 +68,9 @@ def static_keys(model, layer: int, neurons: Sequence[int]) -> dict[str, torch.Te
 
 
 @torch.no_grad()
-def pe_dag(model, result: CNAResult, case: int, k: int = 10,
-           min_enhancement: float = DAG_EDGE_MIN_ENHANCEMENT) -> tuple[pd.DataFrame, pd.DataFrame]:
+def pe_dag(
+    model, result: CNAResult, case: int, k: int = 10, min_enhancement: float = DAG_EDGE_MIN_ENHANCEMENT
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The prediction-enhancing DAG among case ``case``'s top-``k`` neurons (Sec. 4.3).
 
     For each pair lower (layer l1) -> upper (l2 > l1): the inner products of the lower
@@ -81,9 +82,19 @@ def pe_dag(model, result: CNAResult, case: int, k: int = 10,
     Returns (nodes, edges)."""
     top = result.top(case, k)
     change = result.change_of(case)
-    nodes = pd.DataFrame([{"layer": l, "neuron": n, "name": f"{l}_{n}", "imp": float(result.importance_a[case, l, n]),
-                           "change": float(change[l, n]), "coef": float(result.coef_a[case, l, n])}
-                          for l, n in top])
+    nodes = pd.DataFrame(
+        [
+            {
+                "layer": l,
+                "neuron": n,
+                "name": f"{l}_{n}",
+                "imp": float(result.importance_a[case, l, n]),
+                "change": float(change[l, n]),
+                "coef": float(result.coef_a[case, l, n]),
+            }
+            for l, n in top
+        ]
+    )
     edges = []
     resid = result.run_a.resid_mid[case]
     for l2, n2 in top:
@@ -97,9 +108,15 @@ def pe_dag(model, result: CNAResult, case: int, k: int = 10,
             v = w_out(model, l1)[n1].to(x.device)
             m1 = result.coef_a[case, l1, n1].to(v.device)
             m2_without = mlp_coefficients(model, l2, (x - m1 * v)[None])[0, n2]
-            row = {"lower": f"{l1}_{n1}", "upper": f"{l2}_{n2}", "lower_layer": l1, "upper_layer": l2,
-                   "coef_upper": float(m2), "coef_upper_without_lower": float(m2_without),
-                   "enhancement": float(torch.sign(m2) * (m2 - m2_without) / m2.abs().clamp_min(1e-8))}
+            row = {
+                "lower": f"{l1}_{n1}",
+                "upper": f"{l2}_{n2}",
+                "lower_layer": l1,
+                "upper_layer": l2,
+                "coef_upper": float(m2),
+                "coef_upper_without_lower": float(m2_without),
+                "enhancement": float(torch.sign(m2) * (m2 - m2_without) / m2.abs().clamp_min(1e-8)),
+            }
             for kind, keys in keys_all.items():
                 dots = keys @ v
                 row[f"dot_{kind}"] = float(dots[n2])
@@ -110,8 +127,16 @@ def pe_dag(model, result: CNAResult, case: int, k: int = 10,
 
 
 @torch.no_grad()
-def pe_dag_cases(model, result: CNAResult, k: int = 10, *, min_enhancement: float = DAG_EDGE_MIN_ENHANCEMENT,
-                 seed: int = 0, n_seeds: int = N_RANDOM_SEEDS, progress: bool = True) -> pd.DataFrame:
+def pe_dag_cases(
+    model,
+    result: CNAResult,
+    k: int = 10,
+    *,
+    min_enhancement: float = DAG_EDGE_MIN_ENHANCEMENT,
+    seed: int = 0,
+    n_seeds: int = N_RANDOM_SEEDS,
+    progress: bool = True,
+) -> pd.DataFrame:
     """The PE-DAG test of :func:`pe_dag` on every case of ``result`` (Sec. 4.3 asks
     whether prediction enhancing holds beyond "3+5="): for each case and each pair of
     its top-``k`` neurons lower (layer l1) -> upper (l2 > l1), the direct enhancement
@@ -147,8 +172,9 @@ def pe_dag_cases(model, result: CNAResult, k: int = 10, *, min_enhancement: floa
                 subs.append(draw)
             flat = [nr for draw in subs for nr in draw]
             device = layer_device(model, l2)
-            vals = torch.stack([(v * coef[l1, n1].to(v.device)).to(device)
-                                for l1, n1 in flat for v in [w_out(model, l1)[n1]]])
+            vals = torch.stack(
+                [(v * coef[l1, n1].to(v.device)).to(device) for l1, n1 in flat for v in [w_out(model, l1)[n1]]]
+            )
             x = resid[l2].to(device)
             m = mlp_coefficients(model, l2, torch.cat([x[None], x[None] - vals]))[:, n2]
             m2, without = m[0], m[1:]
@@ -159,8 +185,15 @@ def pe_dag_cases(model, result: CNAResult, k: int = 10, *, min_enhancement: floa
         for name, vals_ in enh.items():
             kind, _, s = name.partition("|")
             v = np.asarray(vals_, dtype=float)
-            rows.append({"case": case, "kind": kind, "seed": int(s) if s else float("nan"), "n_pairs": len(v),
-                         "n_edges": int((v >= min_enhancement).sum()),
-                         "share_edges": float((v >= min_enhancement).mean()) if len(v) else float("nan"),
-                         "mean_enhancement": float(v.mean()) if len(v) else float("nan")})
+            rows.append(
+                {
+                    "case": case,
+                    "kind": kind,
+                    "seed": int(s) if s else float("nan"),
+                    "n_pairs": len(v),
+                    "n_edges": int((v >= min_enhancement).sum()),
+                    "share_edges": float((v >= min_enhancement).mean()) if len(v) else float("nan"),
+                    "mean_enhancement": float(v.mean()) if len(v) else float("nan"),
+                }
+            )
     return pd.DataFrame(rows)

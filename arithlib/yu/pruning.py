@@ -48,22 +48,22 @@ import math
 import statistics
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import cna as C
-from ..methods import finetune as FT
-from . import lora as LO
-from ..methods.answer_runs import run_last_position
 from ..core.datasets import PromptSet
-from ..engine import LayerInputs, decoder_layers, forward, hf_module, input_device, shared_hf_model
 from ..core.papers import YU_DEEP_NEURONS, YU_TABLE11, YU_TOP_K
+from ..engine import LayerInputs, decoder_layers, forward, hf_module, input_device, shared_hf_model
+from ..methods import finetune as FT
+from ..methods.answer_runs import run_last_position
+from . import cna as C
+from . import lora as LO
 
 Keep = Mapping[int, Sequence[int] | torch.Tensor]  # pruned layer -> indices of the neurons kept
 
@@ -87,12 +87,36 @@ DEFAULT_SHARES: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2)
 #: (the README gives the measured time per model). "quick": a smoke test of every section
 #: (seconds on the toy model), never judged.
 PRUNING_SCALES: dict[str, dict] = {
-    "paper": dict(cases_per_op=None, n_candidates=1000, random_seeds=3, sweep_seeds=3, sweep_lora=True,
-                  lr_search=True, timing_batch=32, timing_repeats=10),
-    "cpu": dict(cases_per_op=12, n_candidates=300, random_seeds=3, sweep_seeds=1, sweep_lora=False,
-                lr_search=False, timing_batch=4, timing_repeats=5),
-    "quick": dict(cases_per_op=8, n_candidates=50, random_seeds=2, sweep_seeds=1, sweep_lora=True,
-                  lr_search=False, timing_batch=8, timing_repeats=3),
+    "paper": dict(
+        cases_per_op=None,
+        n_candidates=1000,
+        random_seeds=3,
+        sweep_seeds=3,
+        sweep_lora=True,
+        lr_search=True,
+        timing_batch=32,
+        timing_repeats=10,
+    ),
+    "cpu": dict(
+        cases_per_op=12,
+        n_candidates=300,
+        random_seeds=3,
+        sweep_seeds=1,
+        sweep_lora=False,
+        lr_search=False,
+        timing_batch=4,
+        timing_repeats=5,
+    ),
+    "quick": dict(
+        cases_per_op=8,
+        n_candidates=50,
+        random_seeds=2,
+        sweep_seeds=1,
+        sweep_lora=True,
+        lr_search=False,
+        timing_batch=8,
+        timing_repeats=3,
+    ),
 }
 PRUNING_SCALES["cpu-bands"] = PRUNING_SCALES["cpu"]  # 06 trains LoRA on the reference layer only either way
 
@@ -124,8 +148,10 @@ class FFNLayout:
 
 
 FFN_LAYOUTS: dict[str, FFNLayout] = {
-    **{arch: FFNLayout(("mlp.gate_proj", "mlp.up_proj"), "mlp.down_proj")
-       for arch in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "granite")},
+    **{
+        arch: FFNLayout(("mlp.gate_proj", "mlp.up_proj"), "mlp.down_proj")
+        for arch in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "granite")
+    },
     "gptj": FFNLayout(("mlp.fc_in",), "mlp.fc_out"),
     "gpt_neox": FFNLayout(("mlp.dense_h_to_4h",), "mlp.dense_4h_to_h"),
     "gpt2": FFNLayout(("mlp.c_fc",), "mlp.c_proj"),
@@ -176,7 +202,11 @@ def keep_digest(keep: Keep) -> str:
     h = hashlib.sha256()
     for layer in sorted(keep):
         h.update(f"{int(layer)}:".encode())
-        h.update(np.asarray(sorted(int(i) for i in torch.as_tensor(keep[layer]).flatten().tolist()), dtype=np.int64).tobytes())
+        h.update(
+            np.asarray(
+                sorted(int(i) for i in torch.as_tensor(keep[layer]).flatten().tolist()), dtype=np.int64
+            ).tobytes()
+        )
     return h.hexdigest()[:16]
 
 
@@ -234,8 +264,10 @@ def prune_ffn(model, keep: Keep, share_weights: bool = True) -> torch.nn.Module:
             parent = FT.submodule(block, parent_path) if parent_path else block
             setattr(parent, leaf, _sliced(getattr(parent, leaf), index, role))
         widths[int(layer)] = int(index.numel())
-    pruned.config.arithlib_pruned_ffn = {"widths": {str(l): w for l, w in sorted(widths.items())},
-                                         "keep_digest": keep_digest(keep)}
+    pruned.config.arithlib_pruned_ffn = {
+        "widths": {str(l): w for l, w in sorted(widths.items())},
+        "keep_digest": keep_digest(keep),
+    }
     for p in pruned.parameters():
         if id(p) not in memo:  # a shared tensor is the original's: its flag is the original model's to keep
             p.requires_grad_(False)
@@ -283,13 +315,18 @@ def parameter_counts(model, layers: Sequence[int]) -> dict[str, int]:
     lay = ffn_layout(hf)
 
     def mlp_params(block) -> int:
-        return sum(FT.submodule(block, p).weight.numel() + (FT.submodule(block, p).bias.numel()
-                                                       if getattr(FT.submodule(block, p), "bias", None) is not None else 0)
-                   for p in (*lay.inputs, lay.output))
+        return sum(
+            FT.submodule(block, p).weight.numel()
+            + (FT.submodule(block, p).bias.numel() if getattr(FT.submodule(block, p), "bias", None) is not None else 0)
+            for p in (*lay.inputs, lay.output)
+        )
 
-    return {"n_params": FT.count_parameters(hf), "n_ffn_params": sum(mlp_params(b) for b in blocks),
-            "n_deep_ffn_params": sum(mlp_params(blocks[l]) for l in layers),
-            "n_deep_neurons": sum(ffn_width(hf, l) for l in layers)}
+    return {
+        "n_params": FT.count_parameters(hf),
+        "n_ffn_params": sum(mlp_params(b) for b in blocks),
+        "n_deep_ffn_params": sum(mlp_params(blocks[l]) for l in layers),
+        "n_deep_neurons": sum(ffn_width(hf, l) for l in layers),
+    }
 
 
 def timing_tokens(prompts: PromptSet, n: int = 8) -> torch.Tensor:
@@ -323,15 +360,20 @@ def forward_seconds(model, tokens: torch.Tensor, repeats: int = 5, warmup: int =
         forward(hf, tokens, keep=1)
         sync()
         times.append(time.perf_counter() - t0)
-    return {"forward_s": statistics.median(times), "forward_min_s": min(times), "timing_repeats": len(times),
-            "timing_tokens": int(tokens.numel())}
+    return {
+        "forward_s": statistics.median(times),
+        "forward_min_s": min(times),
+        "timing_repeats": len(times),
+        "timing_tokens": int(tokens.numel()),
+    }
 
 
 # --------------------------------------------------------------------------- selection by CNA
 
 
-def yu_1d_cases(tokenizer, ops: Sequence[str] = ("+", "-", "*", "/"), fewshot: int = 2, per_op: int | None = None,
-                seed: int = 0) -> PromptSet:
+def yu_1d_cases(
+    tokenizer, ops: Sequence[str] = ("+", "-", "*", "/"), fewshot: int = 2, per_op: int | None = None, seed: int = 0
+) -> PromptSet:
     """Yu Sec. 6.1's cases: every 1D case of each operator in the symbolic template
     "n1 + n2 =" (Table 14's last) with the few-shot prefix: + and * with operands 0..9,
     - with a >= b (1D results are non-negative, as in Sec. 4), / as "72/8=" (divisor
@@ -342,8 +384,11 @@ def yu_1d_cases(tokenizer, ops: Sequence[str] = ("+", "-", "*", "/"), fewshot: i
     rng = np.random.default_rng(seed)
     records = []
     for op in ops:
-        recs = C.yu_division_1d(fewshot=fewshot) if op == "/" else ds.yu_prompts(
-            ops=[op], n_digits=1, n_per_template=None, templates=[3], fewshot=fewshot, seed=seed)
+        recs = (
+            C.yu_division_1d(fewshot=fewshot)
+            if op == "/"
+            else ds.yu_prompts(ops=[op], n_digits=1, n_per_template=None, templates=[3], fewshot=fewshot, seed=seed)
+        )
         if per_op is not None and len(recs) > per_op:
             recs = [recs[i] for i in sorted(rng.choice(len(recs), per_op, replace=False).tolist())]
         records.extend(recs)
@@ -371,9 +416,18 @@ class CNAScores:
 
 
 @torch.no_grad()
-def lora_cna_scores(bridge, cases: PromptSet, lora_weights: Mapping[str, torch.Tensor], layers: Sequence[int], *,
-                    mode: str = "auto", n_candidates: int = 300, batch_size: int = 32,
-                    progress: bool = True, norm_reading: str = "final") -> CNAScores:
+def lora_cna_scores(
+    bridge,
+    cases: PromptSet,
+    lora_weights: Mapping[str, torch.Tensor],
+    layers: Sequence[int],
+    *,
+    mode: str = "auto",
+    n_candidates: int = 300,
+    batch_size: int = 32,
+    progress: bool = True,
+    norm_reading: str = "final",
+) -> CNAScores:
     """Yu Sec. 6.1: CNA (Sec. 4.1) between the LoRA model (``lora_weights`` swapped into
     ``bridge``) and the original on ``cases``, target = each case's correct first answer
     token, for every FFN neuron of ``layers``. LoRA in attention leaves the FFN values,
@@ -387,19 +441,38 @@ def lora_cna_scores(bridge, cases: PromptSet, lora_weights: Mapping[str, torch.T
     layers = sorted(int(l) for l in layers)
     targets = cases.first_answer_ids
     mode = C.resolve_mode(bridge, mode)
-    run_o = run_last_position(bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress,
-                                desc="original")
+    run_o = run_last_position(
+        bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress, desc="original"
+    )
     with FT.use_weights(bridge, lora_weights):
-        run_l = run_last_position(bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress,
-                                    desc="LoRA")
-    out = C.importance_from_runs(bridge, [run_l, run_o], targets, mode=mode, n_candidates=n_candidates,
-                                 select="change", layers=layers, progress=progress, norm_reading=norm_reading,
-                                 scale_from=1)  # "final": both read with the original's final scale
+        run_l = run_last_position(
+            bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress, desc="LoRA"
+        )
+    out = C.importance_from_runs(
+        bridge,
+        [run_l, run_o],
+        targets,
+        mode=mode,
+        n_candidates=n_candidates,
+        select="change",
+        layers=layers,
+        progress=progress,
+        norm_reading=norm_reading,
+        scale_from=1,
+    )  # "final": both read with the original's final scale
     imp, approx = out["importance"][:, :, layers], out["approx"][:, :, layers]
-    return CNAScores(change=imp[0] - imp[1], approx_change=approx[0] - approx[1], layers=layers, mode=mode,
-                     n_candidates=None if mode == "exact" else n_candidates, accuracy_original=run_o.accuracy,
-                     accuracy_lora=run_l.accuracy, targets=targets, correct_original=run_o.correct,
-                     correct_lora=run_l.correct)
+    return CNAScores(
+        change=imp[0] - imp[1],
+        approx_change=approx[0] - approx[1],
+        layers=layers,
+        mode=mode,
+        n_candidates=None if mode == "exact" else n_candidates,
+        accuracy_original=run_o.accuracy,
+        accuracy_lora=run_l.accuracy,
+        targets=targets,
+        correct_original=run_o.correct,
+        correct_lora=run_l.correct,
+    )
 
 
 def case_ranks(change: torch.Tensor, approx_change: torch.Tensor | None = None) -> torch.Tensor:
@@ -407,7 +480,9 @@ def case_ranks(change: torch.Tensor, approx_change: torch.Tensor | None = None) 
     with an exact ``change`` first, by it, then the others by ``approx_change``
     (two-stage mode), then any left (NaN) in index order. Ties keep index order."""
     finite = torch.isfinite(change)
-    value = torch.where(finite, change, approx_change if approx_change is not None else torch.full_like(change, torch.nan))
+    value = torch.where(
+        finite, change, approx_change if approx_change is not None else torch.full_like(change, torch.nan)
+    )
     value = torch.nan_to_num(value.float(), nan=-torch.inf)
     tier = torch.where(finite, 0, torch.where(torch.isfinite(value), 1, 2)).to(torch.int8)
     order = torch.argsort(-value, dim=1, stable=True)
@@ -434,10 +509,18 @@ def union_ranking(scores: CNAScores) -> pd.DataFrame:
     flat = torch.as_tensor(order)
     at_best = change[best_case[flat], flat]
     layers = torch.tensor(scores.layers)
-    return pd.DataFrame({"order": np.arange(1, len(order) + 1), "layer": layers[flat // K].numpy(),
-                         "neuron": (flat % K).numpy(), "best_rank": best[flat].numpy() + 1,
-                         "mean_rank": mean[flat].numpy() + 1, "best_case": best_case[flat].numpy(),
-                         "change": at_best.numpy(), "exact": torch.isfinite(at_best).numpy()})
+    return pd.DataFrame(
+        {
+            "order": np.arange(1, len(order) + 1),
+            "layer": layers[flat // K].numpy(),
+            "neuron": (flat % K).numpy(),
+            "best_rank": best[flat].numpy() + 1,
+            "mean_rank": mean[flat].numpy() + 1,
+            "best_case": best_case[flat].numpy(),
+            "change": at_best.numpy(),
+            "exact": torch.isfinite(at_best).numpy(),
+        }
+    )
 
 
 def union_top_k(ranking: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -476,16 +559,25 @@ def k_of_prefix(ranking: pd.DataFrame, n: int) -> int:
     return int(ranking.best_rank.iloc[n - 1])
 
 
-def random_keep(layers: Sequence[int], widths: Mapping[int, int] | int, n: int, seed: int,
-                layer_counts: Mapping[int, int] | None = None) -> dict[int, torch.Tensor]:
+def random_keep(
+    layers: Sequence[int],
+    widths: Mapping[int, int] | int,
+    n: int,
+    seed: int,
+    layer_counts: Mapping[int, int] | None = None,
+) -> dict[int, torch.Tensor]:
     """Yu's control (LoRA9-r): ``n`` neurons drawn uniformly at random from all neurons of
     ``layers`` (``widths``: per-layer width or one for all); with ``layer_counts`` the
     same number per layer as given instead (layer-matched)."""
     rng = np.random.default_rng(seed)
     width = {int(l): int(widths if isinstance(widths, int) else widths[l]) for l in layers}
     if layer_counts is not None:
-        return {l: torch.as_tensor(np.sort(rng.choice(width[l], int(layer_counts.get(l, 0)), replace=False)),
-                                   dtype=torch.long) for l in width}
+        return {
+            l: torch.as_tensor(
+                np.sort(rng.choice(width[l], int(layer_counts.get(l, 0)), replace=False)), dtype=torch.long
+            )
+            for l in width
+        }
     pool = np.array([(l, i) for l in width for i in range(width[l])], dtype=np.int64)
     pick = pool[rng.choice(len(pool), min(n, len(pool)), replace=False)]
     return {l: torch.as_tensor(np.sort(pick[pick[:, 0] == l, 1]), dtype=torch.long) for l in width}
@@ -497,17 +589,33 @@ def kept_by_layer(keeps: Mapping[str, Keep], widths: Mapping[int, int]) -> pd.Da
     for name, keep in keeps.items():
         for l, idx in sorted(keep.items()):
             n = int(torch.as_tensor(idx).numel())
-            rows.append({"selection": name, "layer": int(l), "n_kept": n, "width": int(widths[l]),
-                         "share": n / max(1, int(widths[l]))})
+            rows.append(
+                {
+                    "selection": name,
+                    "layer": int(l),
+                    "n_kept": n,
+                    "width": int(widths[l]),
+                    "share": n / max(1, int(widths[l])),
+                }
+            )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- prune, fine-tune, evaluate
 
 
-def evaluate_row(model, weights: Mapping[str, torch.Tensor] | None, test_set: PromptSet, layers: Sequence[int], *,
-                 tokens: torch.Tensor | None = None, repeats: int = 3, batch_size: int = 32,
-                 inputs: Mapping[str, LayerInputs] | None = None, unchanged_below: int | None = None) -> dict:
+def evaluate_row(
+    model,
+    weights: Mapping[str, torch.Tensor] | None,
+    test_set: PromptSet,
+    layers: Sequence[int],
+    *,
+    tokens: torch.Tensor | None = None,
+    repeats: int = 3,
+    batch_size: int = 32,
+    inputs: Mapping[str, LayerInputs] | None = None,
+    unchanged_below: int | None = None,
+) -> dict:
     """One row of Table 11 for ``model`` (a bridge or an HF model, pruned or not) with
     ``weights`` swapped in (None: as it is): accuracy on ``test_set`` (whole answer,
     ``finetune.answer_accuracy``'s ``correct_full``; also first token, negative /
@@ -516,8 +624,9 @@ def evaluate_row(model, weights: Mapping[str, torch.Tensor] | None, test_set: Pr
     ``test_set``) and the first block in which ``model`` differs from it
     (``finetune.evaluate_weights``)."""
     hf = shared_hf_model(model)
-    frame = FT.evaluate_weights(hf, weights, {"test": test_set}, batch_size, inputs=inputs,
-                                unchanged_below=unchanged_below)
+    frame = FT.evaluate_weights(
+        hf, weights, {"test": test_set}, batch_size, inputs=inputs, unchanged_below=unchanged_below
+    )
     row = FT.accuracy_row(frame)
     row.update(parameter_counts(hf, layers))
     if tokens is not None:
@@ -526,29 +635,64 @@ def evaluate_row(model, weights: Mapping[str, torch.Tensor] | None, test_set: Pr
     return row
 
 
-def lora_on(model, layer: int, train_set: PromptSet, config: FT.TrainConfig, *, val_set: PromptSet | None = None,
-            lrs: Sequence[float] = (), lora: LO.LoraSpec = LO.LoraSpec(), cache_dir: str | Path | None = None,
-            progress: bool = False, inputs: LayerInputs | None = None, unchanged_below: int | None = None
-            ) -> FT.FineTuned:
+def lora_on(
+    model,
+    layer: int,
+    train_set: PromptSet,
+    config: FT.TrainConfig,
+    *,
+    val_set: PromptSet | None = None,
+    lrs: Sequence[float] = (),
+    lora: LO.LoraSpec = LO.LoraSpec(),
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+    inputs: LayerInputs | None = None,
+    unchanged_below: int | None = None,
+) -> FT.FineTuned:
     """Yu Sec. 6.1's last step: LoRA on attention layer ``layer`` of ``model`` (a pruned
     HF model or the original), trained on ``train_set`` with ``config`` (its lr), or
     with the lr of ``lrs`` that scores best on ``val_set`` (Yu's grid) when more than
     one is given. ``lora.train_lora``; cached under ``cache_dir``; ``inputs`` and
     ``unchanged_below`` as there."""
+
     def fit(lr: float) -> FT.FineTuned:
-        return LO.train_lora(model, layer, train_set, replace(config, lr=lr), val_set, lora, progress=progress,
-                             cache_dir=cache_dir, inputs=inputs, unchanged_below=unchanged_below)
+        return LO.train_lora(
+            model,
+            layer,
+            train_set,
+            replace(config, lr=lr),
+            val_set,
+            lora,
+            progress=progress,
+            cache_dir=cache_dir,
+            inputs=inputs,
+            unchanged_below=unchanged_below,
+        )
 
     search = len(lrs) > 1 and val_set is not None and len(val_set) > 0
     return FT.choose_lr(model, fit, list(lrs) if search else [config.lr], val_set, config.eval_batch_size)[0]
 
 
-def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test_set: PromptSet,
-                       config: FT.TrainConfig, *, fine_tune: bool = True, val_set: PromptSet | None = None,
-                       lrs: Sequence[float] = (), lora: LO.LoraSpec = LO.LoraSpec(),
-                       cache_dir: str | Path | None = None, tokens: torch.Tensor | None = None, repeats: int = 3,
-                       batch_size: int = 32, progress: bool = False, return_model: bool = False,
-                       inputs: Mapping[str, LayerInputs] | None = None):
+def prune_and_finetune(
+    model,
+    keep: Keep,
+    layer: int,
+    train_set: PromptSet,
+    test_set: PromptSet,
+    config: FT.TrainConfig,
+    *,
+    fine_tune: bool = True,
+    val_set: PromptSet | None = None,
+    lrs: Sequence[float] = (),
+    lora: LO.LoraSpec = LO.LoraSpec(),
+    cache_dir: str | Path | None = None,
+    tokens: torch.Tensor | None = None,
+    repeats: int = 3,
+    batch_size: int = 32,
+    progress: bool = False,
+    return_model: bool = False,
+    inputs: Mapping[str, LayerInputs] | None = None,
+):
     """Prune ``model``'s FFN to ``keep`` (:func:`prune_ffn`), evaluate it before
     fine-tuning, add LoRA on ``layer`` and train it (``fine_tune``), evaluate again.
     ``inputs``: ``model``'s recorded streams on ``"train"`` and ``"test"`` (see
@@ -562,21 +706,46 @@ def prune_and_finetune(model, keep: Keep, layer: int, train_set: PromptSet, test
     pruned = prune_ffn(model, keep)
     same = dict(inputs=inputs, unchanged_below=min(layers, default=None))  # evaluate_weights reads "test"
     before = FT.accuracy_row(FT.evaluate_weights(pruned, None, {"test": test_set}, batch_size, **same))
-    row = {"n_kept": sum(int(torch.as_tensor(v).numel()) for v in keep.values()), "keep_digest": keep_digest(keep),
-           "accuracy_pruned": before["accuracy"], "accuracy_first_pruned": before["accuracy_first"]}
+    row = {
+        "n_kept": sum(int(torch.as_tensor(v).numel()) for v in keep.values()),
+        "keep_digest": keep_digest(keep),
+        "accuracy_pruned": before["accuracy"],
+        "accuracy_first_pruned": before["accuracy_first"],
+    }
     row.update(parameter_counts(pruned, layers))
     if tokens is not None:
         row.update(forward_seconds(pruned, tokens, repeats=repeats))
     ft = None
     if fine_tune:
-        ft = lora_on(pruned, layer, train_set, config, val_set=val_set, lrs=lrs, lora=lora, cache_dir=cache_dir,
-                     progress=progress, inputs=(inputs or {}).get("train"), unchanged_below=same["unchanged_below"])
+        ft = lora_on(
+            pruned,
+            layer,
+            train_set,
+            config,
+            val_set=val_set,
+            lrs=lrs,
+            lora=lora,
+            cache_dir=cache_dir,
+            progress=progress,
+            inputs=(inputs or {}).get("train"),
+            unchanged_below=same["unchanged_below"],
+        )
         after = FT.accuracy_row(FT.evaluate_weights(pruned, ft.weights, {"test": test_set}, batch_size, **same))
         row.update(after)
         row.update(n_lora=ft.n_trainable, lr=ft.config.lr, train_seconds=ft.train_seconds)
     else:
-        row.update({k: float("nan") for k in ("accuracy", "accuracy_first", "accuracy_negative",
-                                              "accuracy_nonnegative", "mean_answer_logprob")})
+        row.update(
+            {
+                k: float("nan")
+                for k in (
+                    "accuracy",
+                    "accuracy_first",
+                    "accuracy_negative",
+                    "accuracy_nonnegative",
+                    "mean_answer_logprob",
+                )
+            }
+        )
         row.update(n_test=len(test_set), n_lora=0, lr=float("nan"), train_seconds=float("nan"))
     if return_model:
         return row, pruned, ft
@@ -590,13 +759,29 @@ def recorded_streams(lora_layer: int, layers: Sequence[int]) -> dict[str, LayerI
     return {"train": LayerInputs([lora_layer]), "test": LayerInputs([lora_layer, min(layers)])}
 
 
-def table11(model, ranking: pd.DataFrame, share: float, layers: Sequence[int], lora_layer: int,
-            lora_weights: Mapping[str, torch.Tensor], train_set: PromptSet, test_set: PromptSet,
-            config: FT.TrainConfig, *, random_seeds: Sequence[int] = (0, 1, 2), lrs: Sequence[float] = (),
-            val_set: PromptSet | None = None, lora: LO.LoraSpec = LO.LoraSpec(), cache_dir: str | Path | None = None,
-            tokens: torch.Tensor | None = None, repeats: int = 3, batch_size: int = 32, n_lora_reference: int = 0,
-            progress: bool = True, inputs: Mapping[str, LayerInputs] | None = None
-            ) -> tuple[pd.DataFrame, dict[str, dict[int, torch.Tensor]]]:
+def table11(
+    model,
+    ranking: pd.DataFrame,
+    share: float,
+    layers: Sequence[int],
+    lora_layer: int,
+    lora_weights: Mapping[str, torch.Tensor],
+    train_set: PromptSet,
+    test_set: PromptSet,
+    config: FT.TrainConfig,
+    *,
+    random_seeds: Sequence[int] = (0, 1, 2),
+    lrs: Sequence[float] = (),
+    val_set: PromptSet | None = None,
+    lora: LO.LoraSpec = LO.LoraSpec(),
+    cache_dir: str | Path | None = None,
+    tokens: torch.Tensor | None = None,
+    repeats: int = 3,
+    batch_size: int = 32,
+    n_lora_reference: int = 0,
+    progress: bool = True,
+    inputs: Mapping[str, LayerInputs] | None = None,
+) -> tuple[pd.DataFrame, dict[str, dict[int, torch.Tensor]]]:
     """Yu Table 11 with costs: rows "original", "LoRA" (``lora_weights`` on the unpruned
     model), "LoRA on CNA-pruned" (the first ``share`` of the deep neurons in
     ``ranking``'s union order kept, really pruned, LoRA added on ``lora_layer`` and
@@ -619,43 +804,89 @@ def table11(model, ranking: pd.DataFrame, share: float, layers: Sequence[int], l
     n = n_for_share(share, pool)
     k = k_of_prefix(ranking, n)
     inputs = inputs if inputs is not None else recorded_streams(lora_layer, layers)
-    common = dict(val_set=val_set, lrs=lrs, lora=lora, cache_dir=cache_dir, repeats=repeats, batch_size=batch_size,
-                  inputs=inputs)
+    common = dict(
+        val_set=val_set, lrs=lrs, lora=lora, cache_dir=cache_dir, repeats=repeats, batch_size=batch_size, inputs=inputs
+    )
     rows = []
     jobs = ["original", "LoRA", "cna", *[("random", int(s)) for s in random_seeds]]
     keeps: dict[str, dict[int, torch.Tensor]] = {}
     for job in tqdm(jobs, desc="Table 11", disable=not progress):
         if job in ("original", "LoRA"):
             w = None if job == "original" else lora_weights
-            row = evaluate_row(model, w, test_set, layers, tokens=tokens, repeats=repeats, batch_size=batch_size,
-                               inputs=inputs)
-            rows.append({"model": job, "selection": "none", "seed": -1, "share": 1.0, "n_kept": pool, "k": np.nan,
-                         "accuracy_pruned": np.nan, "n_lora": n_lora_reference if w else 0, **row,
-                         "paper": YU_TABLE11[job]})
+            row = evaluate_row(
+                model, w, test_set, layers, tokens=tokens, repeats=repeats, batch_size=batch_size, inputs=inputs
+            )
+            rows.append(
+                {
+                    "model": job,
+                    "selection": "none",
+                    "seed": -1,
+                    "share": 1.0,
+                    "n_kept": pool,
+                    "k": np.nan,
+                    "accuracy_pruned": np.nan,
+                    "n_lora": n_lora_reference if w else 0,
+                    **row,
+                    "paper": YU_TABLE11[job],
+                }
+            )
         elif job == "cna":
             keep = keep_from_ranking(ranking, n, layers)
             keeps["cna"] = keep
-            row, pruned, ft = prune_and_finetune(model, keep, lora_layer, train_set, test_set, config, tokens=tokens,
-                                                 return_model=True, **common)
-            rows.append({"model": "LoRA on CNA-pruned", "selection": "cna", "seed": -1, "share": share, "k": k, **row,
-                         "paper": YU_TABLE11["LoRA on CNA-pruned"]})
+            row, pruned, ft = prune_and_finetune(
+                model, keep, lora_layer, train_set, test_set, config, tokens=tokens, return_model=True, **common
+            )
+            rows.append(
+                {
+                    "model": "LoRA on CNA-pruned",
+                    "selection": "cna",
+                    "seed": -1,
+                    "share": share,
+                    "k": k,
+                    **row,
+                    "paper": YU_TABLE11["LoRA on CNA-pruned"],
+                }
+            )
             masked = {**mask_weights(model, keep), **ft.weights}
-            mrow = evaluate_row(model, masked, test_set, layers, tokens=tokens, repeats=repeats, batch_size=batch_size,
-                                inputs=inputs)
+            mrow = evaluate_row(
+                model, masked, test_set, layers, tokens=tokens, repeats=repeats, batch_size=batch_size, inputs=inputs
+            )
             mrow["n_deep_neurons"] = row["n_deep_neurons"]  # zeroed neurons are not neurons any more
-            rows.append({"model": "LoRA on CNA-masked", "selection": "cna (masked)", "seed": -1, "share": share,
-                         "n_kept": row["n_kept"], "k": k, "accuracy_pruned": row["accuracy_pruned"],
-                         "n_lora": row["n_lora"], "lr": row["lr"], **mrow, "paper": np.nan})
+            rows.append(
+                {
+                    "model": "LoRA on CNA-masked",
+                    "selection": "cna (masked)",
+                    "seed": -1,
+                    "share": share,
+                    "n_kept": row["n_kept"],
+                    "k": k,
+                    "accuracy_pruned": row["accuracy_pruned"],
+                    "n_lora": row["n_lora"],
+                    "lr": row["lr"],
+                    **mrow,
+                    "paper": np.nan,
+                }
+            )
             del pruned
         else:
             seed = job[1]
             keep = random_keep(layers, widths, n, seed=seed)
             keeps[f"random seed {seed}"] = keep
             first = seed == int(random_seeds[0])
-            row = prune_and_finetune(model, keep, lora_layer, train_set, test_set, config,
-                                     tokens=tokens if first else None, **common)
-            rows.append({"model": "LoRA on random-pruned", "selection": "random", "seed": seed, "share": share,
-                         "k": np.nan, **row, "paper": YU_TABLE11["LoRA on random-pruned"]})
+            row = prune_and_finetune(
+                model, keep, lora_layer, train_set, test_set, config, tokens=tokens if first else None, **common
+            )
+            rows.append(
+                {
+                    "model": "LoRA on random-pruned",
+                    "selection": "random",
+                    "seed": seed,
+                    "share": share,
+                    "k": np.nan,
+                    **row,
+                    "paper": YU_TABLE11["LoRA on random-pruned"],
+                }
+            )
     table = pd.DataFrame(rows)
     base = table.loc[table.model == "original"].iloc[0]
     table["deep_ffn_share"] = table.n_deep_ffn_params / base.n_deep_ffn_params
@@ -666,12 +897,26 @@ def table11(model, ranking: pd.DataFrame, share: float, layers: Sequence[int], l
     return table, keeps
 
 
-def share_sweep(model, ranking: pd.DataFrame, shares: Sequence[float], layers: Sequence[int], lora_layer: int,
-                train_set: PromptSet, test_set: PromptSet, config: FT.TrainConfig, *, random_seeds: Sequence[int] = (0,),
-                fine_tune: bool | Sequence[float] = True, lrs: Sequence[float] = (), val_set: PromptSet | None = None,
-                lora: LO.LoraSpec = LO.LoraSpec(), cache_dir: str | Path | None = None, batch_size: int = 32,
-                progress: bool = True, inputs: Mapping[str, LayerInputs] | None = None
-                ) -> tuple[pd.DataFrame, dict[tuple, dict[int, torch.Tensor]]]:
+def share_sweep(
+    model,
+    ranking: pd.DataFrame,
+    shares: Sequence[float],
+    layers: Sequence[int],
+    lora_layer: int,
+    train_set: PromptSet,
+    test_set: PromptSet,
+    config: FT.TrainConfig,
+    *,
+    random_seeds: Sequence[int] = (0,),
+    fine_tune: bool | Sequence[float] = True,
+    lrs: Sequence[float] = (),
+    val_set: PromptSet | None = None,
+    lora: LO.LoraSpec = LO.LoraSpec(),
+    cache_dir: str | Path | None = None,
+    batch_size: int = 32,
+    progress: bool = True,
+    inputs: Mapping[str, LayerInputs] | None = None,
+) -> tuple[pd.DataFrame, dict[tuple, dict[int, torch.Tensor]]]:
     """Table 11 and its sweep: for each share of the deep neurons kept, the CNA union
     prefix of that size (:func:`keep_from_ranking`) and, for each of ``random_seeds``,
     as many neurons drawn uniformly from the same layers (:func:`random_keep`); each
@@ -693,9 +938,21 @@ def share_sweep(model, ranking: pd.DataFrame, shares: Sequence[float], layers: S
     tune_at = set(shares) if fine_tune is True else set() if fine_tune is False else set(fine_tune)
     for selection, share, seed, keep, k in tqdm(jobs, desc="prune + LoRA", disable=not progress):
         keeps[(selection, share, seed)] = keep
-        row = prune_and_finetune(model, keep, lora_layer, train_set, test_set, config, fine_tune=share in tune_at,
-                                 val_set=val_set, lrs=lrs, lora=lora, cache_dir=cache_dir, batch_size=batch_size,
-                                 inputs=inputs)
+        row = prune_and_finetune(
+            model,
+            keep,
+            lora_layer,
+            train_set,
+            test_set,
+            config,
+            fine_tune=share in tune_at,
+            val_set=val_set,
+            lrs=lrs,
+            lora=lora,
+            cache_dir=cache_dir,
+            batch_size=batch_size,
+            inputs=inputs,
+        )
         rows.append({"selection": selection, "seed": seed, "share": share, "k": k, **row})
     return pd.DataFrame(rows), keeps
 
@@ -703,8 +960,14 @@ def share_sweep(model, ranking: pd.DataFrame, shares: Sequence[float], layers: S
 def summarize_sweep(sweep: pd.DataFrame) -> pd.DataFrame:
     """Mean, standard deviation and count over seeds of the accuracies, per selection and share."""
     g = sweep.groupby(["selection", "share"])
-    out = g.agg(n_kept=("n_kept", "first"), n_seeds=("seed", "count"),
-                accuracy_pruned=("accuracy_pruned", "mean"), accuracy_pruned_sd=("accuracy_pruned", "std"),
-                accuracy=("accuracy", "mean"), accuracy_sd=("accuracy", "std"),
-                n_params=("n_params", "first"), n_deep_ffn_params=("n_deep_ffn_params", "first")).reset_index()
+    out = g.agg(
+        n_kept=("n_kept", "first"),
+        n_seeds=("seed", "count"),
+        accuracy_pruned=("accuracy_pruned", "mean"),
+        accuracy_pruned_sd=("accuracy_pruned", "std"),
+        accuracy=("accuracy", "mean"),
+        accuracy_sd=("accuracy", "std"),
+        n_params=("n_params", "first"),
+        n_deep_ffn_params=("n_deep_ffn_params", "first"),
+    ).reset_index()
     return out.sort_values(["selection", "share"]).reset_index(drop=True)

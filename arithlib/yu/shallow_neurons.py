@@ -7,7 +7,7 @@ concepts among the projection's top tokens; the lexicon of concepts is
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -15,15 +15,15 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core import datasets as ds
-from ..methods.ablation import zero_neurons_hooks
-from ..methods.answer_runs import run_conditions
 from ..core.datasets import PromptSet
-from ..engine import forward, input_device, wrapped
-from .mask_keep import N_RANDOM_SEEDS, control_seed
-from ..methods.neurons import w_out
 from ..core.papers import YU_CNA_TABLES
 from ..core.readout import final_norm, top_tokens, unembedding
 from ..core.stats import encode_correct
+from ..engine import forward, input_device, wrapped
+from ..methods.ablation import zero_neurons_hooks
+from ..methods.answer_runs import run_conditions
+from ..methods.neurons import w_out
+from .mask_keep import N_RANDOM_SEEDS, control_seed
 
 
 def layer_ov(model, layer: int, heads: Sequence[int] | None = None) -> torch.Tensor:
@@ -53,8 +53,10 @@ def layer_ov(model, layer: int, heads: Sequence[int] | None = None) -> torch.Ten
 #: 12 % of SmolLM2's / Qwen's shallow neurons qualify at M = 2 against Yu's 1.1 %.
 _WORDS = ds.load_json("number_words.json")
 NUMBER_WORDS_EN: list[str] = list(_WORDS["units"])  # 0..19
-TENS_EN: dict[int, str] = {10 * i: w for i, w in enumerate(_WORDS["tens"]) if w} | {100: _WORDS["hundred"],
-                                                                                   1000: _WORDS["thousand"]}
+TENS_EN: dict[int, str] = {10 * i: w for i, w in enumerate(_WORDS["tens"]) if w} | {
+    100: _WORDS["hundred"],
+    1000: _WORDS["thousand"],
+}
 OPERATION_WORDS: dict[str, list[str]] = {op: list(words) for op, words in _WORDS["operation_words"].items()}
 
 
@@ -102,9 +104,18 @@ def concept_tokens(tokenizer, vocab_size: int | None = None) -> dict[int, str]:
 
 
 @torch.no_grad()
-def concept_counts(vectors: torch.Tensor, W: torch.Tensor, concepts: Mapping[int, str], k: int = 50,
-                   min_count: int | torch.Tensor = 1, vocab_chunk: int = 8192, row_chunk: int = 4096,
-                   n_sample: int = 256, seed: int = 0, progress: bool = False) -> torch.Tensor:
+def concept_counts(
+    vectors: torch.Tensor,
+    W: torch.Tensor,
+    concepts: Mapping[int, str],
+    k: int = 50,
+    min_count: int | torch.Tensor = 1,
+    vocab_chunk: int = 8192,
+    row_chunk: int = 4096,
+    n_sample: int = 256,
+    seed: int = 0,
+    progress: bool = False,
+) -> torch.Tensor:
     """Number of distinct concepts among the top-``k`` tokens of ``vectors @ W`` ([n, d] @
     [d, V]), exact for every row whose count is >= ``min_count`` (an int, or one value per
     row); rows below it get 0.
@@ -130,19 +141,23 @@ def concept_counts(vectors: torch.Tensor, W: torch.Tensor, concepts: Mapping[int
         running = torch.full((len(pick), k), -torch.inf, device=device)
         running_i = torch.zeros((len(pick), k), dtype=torch.long, device=device)
         for v0 in range(0, V, vocab_chunk):
-            z = sample @ W[:, v0:v0 + vocab_chunk]
+            z = sample @ W[:, v0 : v0 + vocab_chunk]
             vals, idx = torch.cat([running, z], 1).topk(k, dim=1)
-            running_i = torch.cat([running_i, torch.arange(v0, v0 + z.shape[1], device=device).expand(len(pick), -1)],
-                                  1).gather(1, idx)
+            running_i = torch.cat(
+                [running_i, torch.arange(v0, v0 + z.shape[1], device=device).expand(len(pick), -1)], 1
+            ).gather(1, idx)
             running = vals
         freq = torch.bincount(running_i.flatten().cpu(), minlength=V).float()
     order = torch.argsort(-(freq + 0.5 * torch.rand(V, generator=gen))).to(device)
     # the scan's vocabulary chunks and the concept columns, gathered once for all row chunks
-    W_chunks = [W[:, order[v0:v0 + vocab_chunk]] for v0 in range(0, V, vocab_chunk)]
+    W_chunks = [W[:, order[v0 : v0 + vocab_chunk]] for v0 in range(0, V, vocab_chunk)]
     W_concepts = W[:, ids]
     out = torch.zeros(vectors.shape[0], dtype=torch.long)
-    need_all = (torch.as_tensor(min_count, dtype=torch.long).expand(vectors.shape[0]).to(device)
-                if not isinstance(min_count, int) else torch.full((vectors.shape[0],), min_count, device=device))
+    need_all = (
+        torch.as_tensor(min_count, dtype=torch.long).expand(vectors.shape[0]).to(device)
+        if not isinstance(min_count, int)
+        else torch.full((vectors.shape[0],), min_count, device=device)
+    )
     if len(need_all) != vectors.shape[0]:
         raise ValueError(f"min_count has {len(need_all)} values for {vectors.shape[0]} rows")
 
@@ -150,8 +165,8 @@ def concept_counts(vectors: torch.Tensor, W: torch.Tensor, concepts: Mapping[int
         return ((mask.float() @ onehot) > 0).sum(-1)
 
     for r0 in tqdm(range(0, vectors.shape[0], row_chunk), desc="concept counts", disable=not progress, leave=False):
-        Y = vectors[r0:r0 + row_chunk].float().to(device)
-        need = need_all[r0:r0 + row_chunk]
+        Y = vectors[r0 : r0 + row_chunk].float().to(device)
+        need = need_all[r0 : r0 + row_chunk]
         zS = Y @ W_concepts
         active = torch.arange(Y.shape[0], device=device)
         active = active[need <= len(names)]  # a row needing more concepts than exist cannot qualify
@@ -186,14 +201,21 @@ def layer_ov_factors(model, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     ln1 = model.blocks[layer].ln1
     g = wrapped(ln1).weight.detach().float()
     A = torch.cat([g[:, None] * W_V[kv] for kv in range(n_kv)], 1)
-    B = torch.cat([W_O[kv * group:(kv + 1) * group].sum(0) for kv in range(n_kv)], 0)
+    B = torch.cat([W_O[kv * group : (kv + 1) * group].sum(0) for kv in range(n_kv)], 0)
     return A, B
 
 
 @torch.no_grad()
-def shallow_concept_counts(model, tokenizer, head_layer: int, k: int = 50,
-                           concepts: Mapping[int, str] | None = None, cap: int | None = None, seed: int = 0,
-                           progress: bool = True) -> pd.DataFrame:
+def shallow_concept_counts(
+    model,
+    tokenizer,
+    head_layer: int,
+    k: int = 50,
+    concepts: Mapping[int, str] | None = None,
+    cap: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> pd.DataFrame:
     """Table 8 / 17 candidates (Yu Sec. 4.4): every FFN neuron of layers 0..head_layer-1,
     its value vector carried through the OV map (value-output matrices of all heads,
     ln1 weight folded in, :func:`layer_ov`) of every attention layer j that can read it,
@@ -220,19 +242,33 @@ def shallow_concept_counts(model, tokenizer, head_layer: int, k: int = 50,
     W_U, _ = unembedding(model)
     values = [w_out(model, layer).to(W_U.device) for layer in range(head_layer)]
     factors = [layer_ov_factors(model, j) for j in range(1, head_layer + 1)]
-    best, best_j = ov_concept_counts(values, factors, norm.weight, W_U, concepts, k=k, cap=cap, seed=seed,
-                                     progress=progress)
+    best, best_j = ov_concept_counts(
+        values, factors, norm.weight, W_U, concepts, k=k, cap=cap, seed=seed, progress=progress
+    )
     K = model.cfg.d_mlp
     idx = torch.arange(len(best))
-    return pd.DataFrame({"layer": (idx // K).numpy(), "neuron": (idx % K).numpy(), "n_concepts": best.numpy(),
-                         "ov_layer": best_j.numpy()})
+    return pd.DataFrame(
+        {
+            "layer": (idx // K).numpy(),
+            "neuron": (idx % K).numpy(),
+            "n_concepts": best.numpy(),
+            "ov_layer": best_j.numpy(),
+        }
+    )
 
 
 @torch.no_grad()
-def ov_concept_counts(values: Sequence[torch.Tensor], factors: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                      norm_weight: torch.Tensor, W_U: torch.Tensor, concepts: Mapping[int, str], k: int = 50,
-                      cap: int | None = None, seed: int = 0, progress: bool = False
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def ov_concept_counts(
+    values: Sequence[torch.Tensor],
+    factors: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    norm_weight: torch.Tensor,
+    W_U: torch.Tensor,
+    concepts: Mapping[int, str],
+    k: int = 50,
+    cap: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The computation of :func:`shallow_concept_counts` on tensors: ``values[l]`` [K, d]
     are the value vectors of MLP layer l (l = 0..H-1), ``factors[j - 1] = (A_j, B_j)``
     the OV map of attention layer j (j = 1..H) as A_j @ B_j. For each neuron of layer l
@@ -261,10 +297,19 @@ def ov_concept_counts(values: Sequence[torch.Tensor], factors: Sequence[tuple[to
     return best, best_j
 
 
-def hidden_interpretable_table(model, prompts: PromptSet, counts: pd.DataFrame, ms: Sequence[int] = (0, 1, 2, 3), *,
-                               seed: int = 0, n_seeds: int = N_RANDOM_SEEDS, control_ms: Sequence[int] | None = None,
-                               batch_size: int = 32, targets: torch.Tensor | None = None,
-                               progress: bool = True) -> pd.DataFrame:
+def hidden_interpretable_table(
+    model,
+    prompts: PromptSet,
+    counts: pd.DataFrame,
+    ms: Sequence[int] = (0, 1, 2, 3),
+    *,
+    seed: int = 0,
+    n_seeds: int = N_RANDOM_SEEDS,
+    control_ms: Sequence[int] | None = None,
+    batch_size: int = 32,
+    targets: torch.Tensor | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
     """Table 8 / 17 on every case of ``prompts``: for each M, zero (at every position) all
     shallow neurons whose projection holds >= M concepts (``counts``:
     :func:`shallow_concept_counts`), and, ``n_seeds`` times, as many neurons drawn at
@@ -282,7 +327,7 @@ def hidden_interpretable_table(model, prompts: PromptSet, counts: pd.DataFrame, 
     if n_seeds < 1:
         raise ValueError(f"n_seeds must be >= 1 (random controls), got {n_seeds}")
     pool = list(zip(counts.layer.tolist(), counts.neuron.tolist()))
-    plan = []   # (M, kind, seed, neuron set)
+    plan = []  # (M, kind, seed, neuron set)
     for m in ms:
         chosen = counts[counts.n_concepts >= m]
         neurons = list(zip(chosen.layer.tolist(), chosen.neuron.tolist()))
@@ -292,9 +337,16 @@ def hidden_interpretable_table(model, prompts: PromptSet, counts: pd.DataFrame, 
             pick = rng.choice(len(pool), size=len(neurons), replace=False) if neurons else []
             plan.append((m, "random", s, [pool[i] for i in pick]))
     distinct = list(dict.fromkeys(frozenset(ns) for *_, ns in plan if ns))
-    runs = run_conditions(model, prompts, {"base": None, **{str(j): zero_neurons_hooks(sorted(key))
-                                                            for j, key in enumerate(distinct)}},
-                          capture=(), targets=targets, batch_size=batch_size, progress=progress, desc="M sweep")
+    runs = run_conditions(
+        model,
+        prompts,
+        {"base": None, **{str(j): zero_neurons_hooks(sorted(key)) for j, key in enumerate(distinct)}},
+        capture=(),
+        targets=targets,
+        batch_size=batch_size,
+        progress=progress,
+        desc="M sweep",
+    )
     base = runs["base"].accuracy
     run_of = {frozenset(): runs["base"], **{key: runs[str(j)] for j, key in enumerate(distinct)}}
     paper_n, total = YU_CNA_TABLES["M_neurons"], YU_CNA_TABLES["shallow_total"]
@@ -302,14 +354,24 @@ def hidden_interpretable_table(model, prompts: PromptSet, counts: pd.DataFrame, 
     for m, kind, s, ns in plan:
         run = run_of[frozenset(ns)]
         acc = run.accuracy
-        rows.append({"M": m, "set": kind, "seed": float("nan") if s is None else s, "n_neurons": len(ns),
-                     "share_of_shallow": len(ns) / max(1, len(pool)), "n_shallow": len(pool),
-                     "n_more_than_m": int((counts.n_concepts > m).sum()),
-                     "paper_n": paper_n.get(m, float("nan")),
-                     "paper_share": paper_n[m] / total if m in paper_n else float("nan"),
-                     "accuracy": acc, "accuracy_decrease": 100 * (base - acc) / base if base > 0 else float("nan"),
-                     "base_accuracy": base, "n_cases": len(prompts),
-                     "correct_by_prompt": encode_correct(run.correct.cpu().numpy())})
+        rows.append(
+            {
+                "M": m,
+                "set": kind,
+                "seed": float("nan") if s is None else s,
+                "n_neurons": len(ns),
+                "share_of_shallow": len(ns) / max(1, len(pool)),
+                "n_shallow": len(pool),
+                "n_more_than_m": int((counts.n_concepts > m).sum()),
+                "paper_n": paper_n.get(m, float("nan")),
+                "paper_share": paper_n[m] / total if m in paper_n else float("nan"),
+                "accuracy": acc,
+                "accuracy_decrease": 100 * (base - acc) / base if base > 0 else float("nan"),
+                "base_accuracy": base,
+                "n_cases": len(prompts),
+                "correct_by_prompt": encode_correct(run.correct.cpu().numpy()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -327,10 +389,12 @@ def operand_positions(prompts: PromptSet, i: int) -> dict[str, int]:
         hits = [j for j, t in enumerate(texts[:end]) if t == str(value)]
         if not hits:
             ds.require_single_token_operands(prompts.subset([i]))
-            raise ValueError(f"operand {name} = {value} of case {i} ({rec.text!r}) is not a token of its own in the "
-                             f"prompt{' before operand B' if end < len(texts) else ''} (tokens {texts[-12:]} at the "
-                             "end): operand_positions needs operands written in digits, one token each; use "
-                             "1-digit prompts (e.g. yu_prompts(n_digits=1, numerals='digits'))")
+            raise ValueError(
+                f"operand {name} = {value} of case {i} ({rec.text!r}) is not a token of its own in the "
+                f"prompt{' before operand B' if end < len(texts) else ''} (tokens {texts[-12:]} at the "
+                "end): operand_positions needs operands written in digits, one token each; use "
+                "1-digit prompts (e.g. yu_prompts(n_digits=1, numerals='digits'))"
+            )
         return hits[-1]
 
     pos_b = last("B", rec.b, len(texts))
@@ -338,8 +402,9 @@ def operand_positions(prompts: PromptSet, i: int) -> dict[str, int]:
 
 
 @torch.no_grad()
-def shallow_neuron_examples(model, prompts: PromptSet, case: int, key: torch.Tensor, head_layer: int, n: int = 5,
-                            n_tokens: int = 10) -> pd.DataFrame:
+def shallow_neuron_examples(
+    model, prompts: PromptSet, case: int, key: torch.Tensor, head_layer: int, n: int = 5, n_tokens: int = 10
+) -> pd.DataFrame:
     """Table 7: the shallow neurons (layers < ``head_layer``) on the operand positions of
     case ``case`` whose sub-value, carried by attention layer ``head_layer``'s OV map,
     has the largest inner product with ``key`` (the PE-DAG root's effective key):
@@ -355,6 +420,7 @@ def shallow_neuron_examples(model, prompts: PromptSet, case: int, key: torch.Ten
         def fn(act, hook):
             store[name] = act[0].detach().float()
             return act
+
         return fn
 
     tokens = torch.tensor([prompts.input_ids[case]], device=device)
@@ -370,8 +436,17 @@ def shallow_neuron_examples(model, prompts: PromptSet, case: int, key: torch.Ten
         for layer in range(head_layer):
             s = store[layer][p] * (w_out(model, layer) @ u) / rms
             for j in s.topk(min(n, s.numel())).indices.tolist():
-                rows.append({"operand": name, "position": p, "layer": layer, "neuron": j, "name": f"{layer}_{j}",
-                             "coef": float(store[layer][p, j]), "score": float(s[j])})
+                rows.append(
+                    {
+                        "operand": name,
+                        "position": p,
+                        "layer": layer,
+                        "neuron": j,
+                        "name": f"{layer}_{j}",
+                        "coef": float(store[layer][p, j]),
+                        "score": float(s[j]),
+                    }
+                )
     frame = pd.DataFrame(rows).sort_values("score", ascending=False).head(n).reset_index(drop=True)
     vecs = torch.stack([w_out(model, l)[j] for l, j in zip(frame.layer, frame.neuron)])
     frame["tokens_before"] = [", ".join(t) for t in top_tokens(model, tok, vecs, n_tokens)]
@@ -381,9 +456,17 @@ def shallow_neuron_examples(model, prompts: PromptSet, case: int, key: torch.Ten
     for name, p in pos.items():
         tid = prompts.input_ids[case][p]
         e = W_E[tid][None]
-        emb_rows.append({"operand": name, "position": p, "layer": -1, "neuron": -1,
-                         "name": f"word {tok.decode([tid]).strip()!r}", "coef": float("nan"),
-                         "score": float(((e @ ov) @ key.float().to(ov.device)).item() / store["resid"][p].pow(2).mean().sqrt()),
-                         "tokens_before": ", ".join(top_tokens(model, tok, e, n_tokens)[0]),
-                         "tokens_after_attention": ", ".join(top_tokens(model, tok, e @ ov, n_tokens)[0])})
+        emb_rows.append(
+            {
+                "operand": name,
+                "position": p,
+                "layer": -1,
+                "neuron": -1,
+                "name": f"word {tok.decode([tid]).strip()!r}",
+                "coef": float("nan"),
+                "score": float(((e @ ov) @ key.float().to(ov.device)).item() / store["resid"][p].pow(2).mean().sqrt()),
+                "tokens_before": ", ".join(top_tokens(model, tok, e, n_tokens)[0]),
+                "tokens_after_attention": ", ".join(top_tokens(model, tok, e @ ov, n_tokens)[0]),
+            }
+        )
     return pd.concat([frame, pd.DataFrame(emb_rows)], ignore_index=True)

@@ -23,21 +23,27 @@ Both read the activations that :func:`arithlib.zhang.probing.cache_answer_positi
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
 from ..core.datasets import PromptSet
-from .probing import AnswerCache
 from ..core.readout import final_norm, unembedding
+from .probing import AnswerCache
 
 
 def _meta(prompts: PromptSet) -> pd.DataFrame:
     recs = prompts.records
-    return pd.DataFrame({"prompt": np.arange(len(recs)), "op": [r.op for r in recs],
-                         "template_id": [r.template_id for r in recs], "answer": [r.answer for r in recs]})
+    return pd.DataFrame(
+        {
+            "prompt": np.arange(len(recs)),
+            "op": [r.op for r in recs],
+            "template_id": [r.template_id for r in recs],
+            "answer": [r.answer for r in recs],
+        }
+    )
 
 
 def lens_stack(cache: AnswerCache) -> tuple[torch.Tensor, list[int]]:
@@ -64,16 +70,28 @@ def logit_lens_answer(bridge, cache: AnswerCache, prompts: PromptSet, chunk_size
     stack, layers = lens_stack(cache)
     param = next(bridge.parameters())
     targets = prompts.first_answer_ids[:, None].to(param.device)
-    readout = logit_readout(bridge, stack.to(device=param.device, dtype=param.dtype), targets=targets,
-                            return_type="log_probs", chunk_size=chunk_size)
+    readout = logit_readout(
+        bridge,
+        stack.to(device=param.device, dtype=param.dtype),
+        targets=targets,
+        return_type="log_probs",
+        chunk_size=chunk_size,
+    )
     logprob = readout.values[..., 0].float().cpu()  # [N, L+1]
     rank = readout.target_ranks[..., 0].cpu()
     n, m = logprob.shape
-    frame = pd.DataFrame({"prompt": np.repeat(np.arange(n), m), "layer": np.tile(layers, n),
-                          "logprob": logprob.reshape(-1).numpy(), "rank": rank.reshape(-1).numpy()})
+    frame = pd.DataFrame(
+        {
+            "prompt": np.repeat(np.arange(n), m),
+            "layer": np.tile(layers, n),
+            "logprob": logprob.reshape(-1).numpy(),
+            "rank": rank.reshape(-1).numpy(),
+        }
+    )
     frame["prob"] = np.exp(frame["logprob"])
     return frame.merge(_meta(prompts), on="prompt")[
-        ["prompt", "op", "template_id", "answer", "layer", "logprob", "prob", "rank"]]
+        ["prompt", "op", "template_id", "answer", "layer", "logprob", "prob", "rank"]
+    ]
 
 
 def direct_logit_attribution_answer(bridge, cache: AnswerCache, prompts: PromptSet) -> pd.DataFrame:
@@ -98,7 +116,7 @@ def direct_logit_attribution_answer(bridge, cache: AnswerCache, prompts: PromptS
     b = norm.bias.cpu() if norm.bias is not None else None
     W_U, b_U = (x.cpu() for x in unembedding(bridge))
     t = prompts.first_answer_ids
-    directions = (W_U[:, t].T * w[None, :])  # [N, d]
+    directions = W_U[:, t].T * w[None, :]  # [N, d]
     s = cache.final_scale[:, None]  # [N, 1]
 
     def contrib(x: torch.Tensor) -> torch.Tensor:  # x [N, ..., d]
@@ -116,15 +134,30 @@ def direct_logit_attribution_answer(bridge, cache: AnswerCache, prompts: PromptS
     n, n_layers = attn.shape
     parts = [
         pd.DataFrame({"prompt": np.arange(n), "layer": -1, "component": "embed", "dla": embed.numpy()}),
-        pd.DataFrame({"prompt": np.arange(n), "layer": -1, "component": "bias", "dla": torch.as_tensor(bias).float().numpy()}),
-        pd.DataFrame({"prompt": np.repeat(np.arange(n), n_layers), "layer": np.tile(np.arange(n_layers), n),
-                      "component": "attn", "dla": attn.reshape(-1).numpy()}),
-        pd.DataFrame({"prompt": np.repeat(np.arange(n), n_layers), "layer": np.tile(np.arange(n_layers), n),
-                      "component": "mlp", "dla": mlp.reshape(-1).numpy()}),
+        pd.DataFrame(
+            {"prompt": np.arange(n), "layer": -1, "component": "bias", "dla": torch.as_tensor(bias).float().numpy()}
+        ),
+        pd.DataFrame(
+            {
+                "prompt": np.repeat(np.arange(n), n_layers),
+                "layer": np.tile(np.arange(n_layers), n),
+                "component": "attn",
+                "dla": attn.reshape(-1).numpy(),
+            }
+        ),
+        pd.DataFrame(
+            {
+                "prompt": np.repeat(np.arange(n), n_layers),
+                "layer": np.tile(np.arange(n_layers), n),
+                "component": "mlp",
+                "dla": mlp.reshape(-1).numpy(),
+            }
+        ),
     ]
     frame = pd.concat(parts, ignore_index=True)
     return frame.merge(_meta(prompts), on="prompt")[
-        ["prompt", "op", "template_id", "answer", "layer", "component", "dla"]]
+        ["prompt", "op", "template_id", "answer", "layer", "component", "dla"]
+    ]
 
 
 def dla_reconstruction_error(dla: pd.DataFrame, cache: AnswerCache) -> float:
@@ -137,8 +170,9 @@ def lens_summary(lens: pd.DataFrame, by: Sequence[str] = ("layer",)) -> pd.DataF
     """Per layer: mean and median rank of the answer, share of prompts where it is the
     top prediction (rank 0) or in the top 10, and mean probability."""
     g = lens.groupby(list(by))
-    out = g.agg(mean_rank=("rank", "mean"), median_rank=("rank", "median"), mean_prob=("prob", "mean"),
-                n=("rank", "size")).reset_index()
+    out = g.agg(
+        mean_rank=("rank", "mean"), median_rank=("rank", "median"), mean_prob=("prob", "mean"), n=("rank", "size")
+    ).reset_index()
     out["top1"] = g["rank"].apply(lambda r: float((r == 0).mean())).to_numpy()
     out["top10"] = g["rank"].apply(lambda r: float((r < 10).mean())).to_numpy()
     return out

@@ -12,8 +12,8 @@ a prompt set; :func:`key_heads` applies the paper's threshold.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,10 +22,18 @@ from tqdm.auto import tqdm
 
 from ..core.components import attn_out_hook, mlp_out_hook, z_hook
 from ..core.datasets import PromptSet
-from ..engine import input_device, layer_device, module_device, resumable
 from ..core.metrics import relative_logit_change
 from ..core.papers import KEY_HEAD_THRESHOLD
-from ..engine import CleanRun, RunCache, grouped_clean_run, prefix_groups
+from ..engine import (
+    CleanRun,
+    RunCache,
+    grouped_clean_run,
+    input_device,
+    layer_device,
+    module_device,
+    prefix_groups,
+    resumable,
+)
 from ..methods.patching import Component, Edit, Unembed, cache_activations, heads_and_mlps, run_edits_full, run_variants
 
 
@@ -36,8 +44,14 @@ def _check_senders(senders: Sequence[Component]) -> None:
 
 
 @torch.no_grad()
-def path_patch_full(model, tokens: torch.Tensor, cf_tokens: torch.Tensor, senders: Sequence[Component],
-                    answer_ids: torch.Tensor, progress: bool = False) -> torch.Tensor:
+def path_patch_full(
+    model,
+    tokens: torch.Tensor,
+    cf_tokens: torch.Tensor,
+    senders: Sequence[Component],
+    answer_ids: torch.Tensor,
+    progress: bool = False,
+) -> torch.Tensor:
     """Reference for Zhang et al.'s path patching (Alg. 1, App. B), one full forward
     pass per sender: the sender's output at the END position is set to its value on
     ``cf_tokens``, every other head is frozen at its clean value (all positions), MLPs
@@ -45,7 +59,9 @@ def path_patch_full(model, tokens: torch.Tensor, cf_tokens: torch.Tensor, sender
     _check_senders(senders)
     n_layers = model.cfg.n_layers
     clean = cache_activations(model, tokens, [z_hook(l) for l in range(n_layers)])
-    cf = cache_activations(model, cf_tokens, [z_hook(l) for l in range(n_layers)] + [mlp_out_hook(l) for l in range(n_layers)])
+    cf = cache_activations(
+        model, cf_tokens, [z_hook(l) for l in range(n_layers)] + [mlp_out_hook(l) for l in range(n_layers)]
+    )
     out = []
     T = tokens.shape[1]
     for s in tqdm(senders, desc="path patching (full)", disable=not progress, leave=False):
@@ -64,8 +80,15 @@ def path_patch_full(model, tokens: torch.Tensor, cf_tokens: torch.Tensor, sender
 
 
 @torch.no_grad()
-def path_patch_answer(model, clean: CleanRun, clean_end: Mapping[str, torch.Tensor], cf_end: Mapping[str, torch.Tensor],
-                      senders: Sequence[Component], answer_ids: torch.Tensor, unembed: Unembed | None = None) -> torch.Tensor:
+def path_patch_answer(
+    model,
+    clean: CleanRun,
+    clean_end: Mapping[str, torch.Tensor],
+    cf_end: Mapping[str, torch.Tensor],
+    senders: Sequence[Component],
+    answer_ids: torch.Tensor,
+    unembed: Unembed | None = None,
+) -> torch.Tensor:
     """Fast Zhang path patching at the END position: answer-token logits ``[n_senders, B]``.
 
     ``clean`` is the clean :class:`CleanRun`; ``clean_end`` holds, at the last position,
@@ -100,21 +123,38 @@ def path_patch_answer(model, clean: CleanRun, clean_end: Mapping[str, torch.Tens
         h = run_variants(model, clean, variants)
         return unembed.token_logits(h, answer_ids)
 
-    resid = clean.resid[:, :, -1]                                    # [L, B, d]
+    resid = clean.resid[:, :, -1]  # [L, B, d]
     dev = resid.device
 
     def stack(xs: Iterable[torch.Tensor]) -> torch.Tensor:
         return torch.stack([x.to(dev) for x in xs])
 
-    return path_patch_end(model, resid, stack(clean_end[attn_out_hook(l)] for l in range(n_layers)),
-                          stack(z_clean[l] for l in range(n_layers)), stack(z_cf[l] for l in range(n_layers)),
-                          stack(cf_end[mlp_out_hook(l)] for l in range(n_layers)), senders, answer_ids, unembed)
+    return path_patch_end(
+        model,
+        resid,
+        stack(clean_end[attn_out_hook(l)] for l in range(n_layers)),
+        stack(z_clean[l] for l in range(n_layers)),
+        stack(z_cf[l] for l in range(n_layers)),
+        stack(cf_end[mlp_out_hook(l)] for l in range(n_layers)),
+        senders,
+        answer_ids,
+        unembed,
+    )
 
 
 @torch.no_grad()
-def path_patch_end(model, resid: torch.Tensor, attn_out: torch.Tensor, z_clean: torch.Tensor, z_cf: torch.Tensor,
-                   mlp_cf: torch.Tensor, senders: Sequence[Component], answer_ids: torch.Tensor,
-                   unembed: Unembed | None = None, max_rows: int = 4096) -> torch.Tensor:
+def path_patch_end(
+    model,
+    resid: torch.Tensor,
+    attn_out: torch.Tensor,
+    z_clean: torch.Tensor,
+    z_cf: torch.Tensor,
+    mlp_cf: torch.Tensor,
+    senders: Sequence[Component],
+    answer_ids: torch.Tensor,
+    unembed: Unembed | None = None,
+    max_rows: int = 4096,
+) -> torch.Tensor:
     """The MLP-only recomputation of :func:`path_patch_answer` from END vectors alone, so
     prompts of any lengths are processed together: ``resid`` ``[L, N, d]`` (input of each
     block), ``attn_out`` ``[L, N, d]``, ``z_clean`` / ``z_cf`` ``[L, N, H, d_head]``, ``mlp_cf``
@@ -144,12 +184,12 @@ def path_patch_end(model, resid: torch.Tensor, attn_out: torch.Tensor, z_clean: 
     step = max(1, max_rows // max(1, N))
     for layer, idx_all in sorted(by_layer.items()):
         for c0 in range(0, len(idx_all), step):
-            idx = idx_all[c0:c0 + step]
+            idx = idx_all[c0 : c0 + step]
             heads = [i for i in idx if senders[i].kind == "head"]
             mlps = [i for i in idx if senders[i].kind == "mlp"]
             xs = []
             if heads:
-                z = at(z_clean[layer], layer).unsqueeze(0).repeat(len(heads), 1, 1, 1)       # [v, N, H, dh]
+                z = at(z_clean[layer], layer).unsqueeze(0).repeat(len(heads), 1, 1, 1)  # [v, N, H, dh]
                 for j, i in enumerate(heads):
                     z[j, :, senders[i].index] = at(z_cf[layer][:, senders[i].index], layer)
                 attn = blocks[layer].attn.o(z.reshape(len(heads) * N, 1, -1)).reshape(len(heads), N, -1)
@@ -210,9 +250,16 @@ class PathPatchingResult:
 
 
 @torch.no_grad()
-def path_patching(model, prompts: PromptSet, senders: Sequence[Component] | None = None, method: str = "fast",
-                  batch_size: int = 16, capture_attention: bool = True, progress: bool = True,
-                  cache: RunCache | None = None) -> PathPatchingResult:
+def path_patching(
+    model,
+    prompts: PromptSet,
+    senders: Sequence[Component] | None = None,
+    method: str = "fast",
+    batch_size: int = 16,
+    capture_attention: bool = True,
+    progress: bool = True,
+    cache: RunCache | None = None,
+) -> PathPatchingResult:
     """Zhang et al. 2024 Alg. 1: path patching of every sender (default: all heads and
     MLPs) at the END position, reference X_r = ``prompts`` (keep only correctly
     answered ones), counterfactual X_c = their ``counterfactual`` texts.
@@ -236,14 +283,18 @@ def path_patching(model, prompts: PromptSet, senders: Sequence[Component] | None
     batches = list(prompts.batches(batch_size, device))
     fast = method == "fast" and not getattr(model.cfg, "parallel_attn_mlp", False) and resumable(model)
     pooled: dict[str, list[torch.Tensor]] = {k: [] for k in ("resid", "attn", "zc", "zf", "mlpf", "ans", "idx")}
-    per_batch: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []   # (index, clean logit, patched)
+    per_batch: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (index, clean logit, patched)
     for batch in tqdm(batches, desc="path patching (runs)", disable=not progress, leave=False):
         groups = prefix_groups(prompts, batch.index)
         clean = grouped_clean_run(model, batch.tokens, groups, path_end_captures(n_layers, capture_attention))
         if cache is not None:
             cache.add(clean)
-        cf = grouped_clean_run(model, batch.cf_tokens, groups,
-                               [z_hook(l) for l in range(n_layers)] + [mlp_out_hook(l) for l in range(n_layers)])
+        cf = grouped_clean_run(
+            model,
+            batch.cf_tokens,
+            groups,
+            [z_hook(l) for l in range(n_layers)] + [mlp_out_hook(l) for l in range(n_layers)],
+        )
         T = batch.tokens.shape[1]
         counts[T] = counts.get(T, 0) + batch.tokens.shape[0]
         for l in range(n_layers):
@@ -274,22 +325,51 @@ def path_patching(model, prompts: PromptSet, senders: Sequence[Component] | None
             per_batch.append((batch.index, clean_logit, patched))
     if fast:
         cat = {k: torch.cat(v, dim=1 if k in ("resid", "attn", "zc", "zf", "mlpf") else 0) for k, v in pooled.items()}
-        patched_all = path_patch_end(model, cat["resid"], cat["attn"], cat["zc"], cat["zf"], cat["mlpf"], senders,
-                                     cat["ans"], unembed)
+        patched_all = path_patch_end(
+            model, cat["resid"], cat["attn"], cat["zc"], cat["zf"], cat["mlpf"], senders, cat["ans"], unembed
+        )
         offsets = np.cumsum([0] + [len(b[0]) for b in per_batch])
-        per_batch = [(ix, cl, patched_all[:, offsets[j]:offsets[j + 1]]) for j, (ix, cl, _) in enumerate(per_batch)]
+        per_batch = [(ix, cl, patched_all[:, offsets[j] : offsets[j + 1]]) for j, (ix, cl, _) in enumerate(per_batch)]
     if any(bool((cl <= 0).any()) for _, cl, _ in per_batch):
-        warnings.warn("some prompts have a non-positive clean answer logit; their relative logit change is NaN "
-                      "(keep only correctly answered prompts in X_r)", stacklevel=2)
+        warnings.warn(
+            "some prompts have a non-positive clean answer logit; their relative logit change is NaN "
+            "(keep only correctly answered prompts in X_r)",
+            stacklevel=2,
+        )
     for index, clean_logit, patched in per_batch:
         effect = relative_logit_change(patched, clean_logit, strict=False)
         for row, i in enumerate(index.tolist()):
             r = prompts.records[i]
             for j, s in enumerate(senders):
-                rows.append((i, r.op, r.template_id, s.label, s.kind, s.layer, s.index if s.index is not None else -1,
-                             float(clean_logit[row]), float(patched[j, row]), float(effect[j, row])))
-    effects = pd.DataFrame(rows, columns=["prompt", "op", "template_id", "component", "kind", "layer", "head",
-                                         "clean_logit", "patched_logit", "effect"])
+                rows.append(
+                    (
+                        i,
+                        r.op,
+                        r.template_id,
+                        s.label,
+                        s.kind,
+                        s.layer,
+                        s.index if s.index is not None else -1,
+                        float(clean_logit[row]),
+                        float(patched[j, row]),
+                        float(effect[j, row]),
+                    )
+                )
+    effects = pd.DataFrame(
+        rows,
+        columns=[
+            "prompt",
+            "op",
+            "template_id",
+            "component",
+            "kind",
+            "layer",
+            "head",
+            "clean_logit",
+            "patched_logit",
+            "effect",
+        ],
+    )
     means = {h: {n: s / counts[n] for n, s in per.items()} for h, per in sums.items()}
     return PathPatchingResult(effects, attention, means, counts)
 
@@ -319,10 +399,14 @@ def stored_key_heads(table: pd.DataFrame, threshold: float = KEY_HEAD_THRESHOLD)
     this, so one rule defines them."""
     missing = {"op", "kind", "layer", "head", "effect"} - set(table.columns)
     if missing:
-        raise ValueError(f"path-patching table lacks column(s) {sorted(missing)}; expected notebook 01's "
-                         "01_path_patching.csv (rerun notebook 01 to write it)")
+        raise ValueError(
+            f"path-patching table lacks column(s) {sorted(missing)}; expected notebook 01's "
+            "01_path_patching.csv (rerun notebook 01 to write it)"
+        )
     pooled = table[table["op"].astype(str) == "all"]
     if pooled.empty:
-        raise ValueError("path-patching table has no rows pooled over operators (op 'all'); expected notebook "
-                         "01's 01_path_patching.csv (rerun notebook 01 to write it)")
+        raise ValueError(
+            "path-patching table has no rows pooled over operators (op 'all'); expected notebook "
+            "01's 01_path_patching.csv (rerun notebook 01 to write it)"
+        )
     return key_heads(pooled, threshold)

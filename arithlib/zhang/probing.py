@@ -40,9 +40,9 @@ its first token "1"; the toy model has one token per integer 0..999).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -50,9 +50,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.datasets import PromptSet
-from ..engine import PrefixRunner
 from ..core.evaluate import continues_number
 from ..core.readout import unembedding
+from ..engine import PrefixRunner
 
 #: Activation kinds cached at the answer position and the bridge hook of each
 #: (``{L}`` is the layer).
@@ -102,7 +102,7 @@ class AnswerCache:
         """``correct_full`` where it was checked, else ``correct_first``."""
         return self.correct_full if self.correct_full is not None else self.correct_first
 
-    def subset(self, index: Sequence[int] | torch.Tensor) -> "AnswerCache":
+    def subset(self, index: Sequence[int] | torch.Tensor) -> AnswerCache:
         """The rows at ``index`` (ints or a bool mask), in that order."""
         if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
             index = index.nonzero().flatten()
@@ -173,6 +173,7 @@ def cache_answer_position(
             if state["on"]:
                 acts[kind][state["rows"], layer] = x[:, -1].detach().float().cpu()
             return x
+
         return hook
 
     def scale_hook(x, hook=None):
@@ -199,10 +200,19 @@ def cache_answer_position(
     correct_full = None
     if check_full_answer:
         tok = prompts.tokenizer
-        correct_full = torch.tensor([g[: len(a)] == a and not continues_number(tok, g[len(a)])
-                                     for g, a in zip(generated, prompts.answer_ids)], dtype=torch.bool)
-    return AnswerCache(acts, final_scale, answer_logit, pred_ids, pred_ids == first, correct_full,
-                       generated if check_full_answer else None)
+        correct_full = torch.tensor(
+            [g[: len(a)] == a and not continues_number(tok, g[len(a)]) for g, a in zip(generated, prompts.answer_ids)],
+            dtype=torch.bool,
+        )
+    return AnswerCache(
+        acts,
+        final_scale,
+        answer_logit,
+        pred_ids,
+        pred_ids == first,
+        correct_full,
+        generated if check_full_answer else None,
+    )
 
 
 # --------------------------------------------------------------------------- number tokens
@@ -249,8 +259,9 @@ def _unit(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return x / x.norm(dim=dim, keepdim=True).clamp_min(1e-12)
 
 
-def unembed_cosines(cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor,
-                    numbers: Mapping[int, int]) -> pd.DataFrame:
+def unembed_cosines(
+    cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor, numbers: Mapping[int, int]
+) -> pd.DataFrame:
     """Zhang et al. Sec. 5.2 (Fig. 6a/b, 13, 14): per prompt and layer, the cosine of
     MLP_in, MLP_out, MLP_out - MLP_in and the MLP's write resid_post - resid_mid with
     the unembedding directions of operand A, operand B, the answer C (its first token)
@@ -277,8 +288,11 @@ def unembed_cosines(cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor,
     c_ids = prompts.first_answer_ids
     num_ids = torch.tensor(list(numbers.values()))
     WU = _unit(W_U.float(), dim=0)  # unit columns
-    vecs = {"mlp_in": _unit(cache.acts["mlp_in"]), "mlp_out": _unit(cache.acts["mlp_out"]),
-            "delta": _unit(cache.acts["mlp_out"] - cache.acts["mlp_in"])}
+    vecs = {
+        "mlp_in": _unit(cache.acts["mlp_in"]),
+        "mlp_out": _unit(cache.acts["mlp_out"]),
+        "delta": _unit(cache.acts["mlp_out"] - cache.acts["mlp_in"]),
+    }
     if "resid_post" in cache.acts and "resid_mid" in cache.acts:
         vecs["write"] = _unit(cache.acts["resid_post"] - cache.acts["resid_mid"])
     dirs = {"A": WU[:, a_ids].T, "B": WU[:, b_ids].T, "C": WU[:, c_ids].T}  # [N, d]
@@ -303,18 +317,35 @@ def unembed_cosines(cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor,
             vals = torch.einsum("nld,nd->nl", v, dirs[t]) - mean_other(vec, t)
         else:
             vals = torch.einsum("nld,nd->nl", v, dirs[target])
-        frames.append(pd.DataFrame({"prompt": np.repeat(np.arange(n), n_layers),
-                                    "layer": np.tile(np.arange(n_layers), n),
-                                    "measure": key, "value": vals.reshape(-1).numpy()}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "prompt": np.repeat(np.arange(n), n_layers),
+                    "layer": np.tile(np.arange(n_layers), n),
+                    "measure": key,
+                    "value": vals.reshape(-1).numpy(),
+                }
+            )
+        )
     out = pd.concat(frames, ignore_index=True)
-    meta = pd.DataFrame({"prompt": np.arange(n), "op": [r.op for r in recs],
-                         "template_id": [r.template_id for r in recs], "a": [r.a for r in recs],
-                         "b": [r.b for r in recs], "answer": [r.answer for r in recs]})
-    return out.merge(meta, on="prompt")[["prompt", "op", "template_id", "a", "b", "answer", "layer", "measure", "value"]]
+    meta = pd.DataFrame(
+        {
+            "prompt": np.arange(n),
+            "op": [r.op for r in recs],
+            "template_id": [r.template_id for r in recs],
+            "a": [r.a for r in recs],
+            "b": [r.b for r in recs],
+            "answer": [r.answer for r in recs],
+        }
+    )
+    return out.merge(meta, on="prompt")[
+        ["prompt", "op", "template_id", "a", "b", "answer", "layer", "measure", "value"]
+    ]
 
 
-def summarise_curves(frame: pd.DataFrame, by: Sequence[str] = ("measure", "layer"), value: str = "value",
-                     level: float = 0.95) -> pd.DataFrame:
+def summarise_curves(
+    frame: pd.DataFrame, by: Sequence[str] = ("measure", "layer"), value: str = "value", level: float = 0.95
+) -> pd.DataFrame:
     """Mean of ``value`` per group with a ``level`` confidence band for the mean
     (Student t: mean +- t * sd / sqrt(n)); columns ``mean, sd, n, lo, hi``."""
     from scipy import stats
@@ -341,8 +372,13 @@ class CurvePoints:
     rise: float  # max - min of the curve
 
     def as_dict(self) -> dict:
-        return {"start": self.start, "inflection": self.inflection, "peak": self.peak, "end": self.end,
-                "rise": self.rise}
+        return {
+            "start": self.start,
+            "inflection": self.inflection,
+            "peak": self.peak,
+            "end": self.end,
+            "rise": self.rise,
+        }
 
 
 #: First layer searched by :func:`curve_points` (fixed in advance, the same for every
@@ -355,8 +391,9 @@ class CurvePoints:
 FIRST_CURVE_LAYER = 1
 
 
-def curve_points(y: Sequence[float], direction: str = "rise", frac: float = 0.1,
-                 first_layer: int = FIRST_CURVE_LAYER) -> CurvePoints:
+def curve_points(
+    y: Sequence[float], direction: str = "rise", frac: float = 0.1, first_layer: int = FIRST_CURVE_LAYER
+) -> CurvePoints:
     """Start, inflection, peak and end of a per-layer curve, by this rule.
 
     Only layers ``first_layer``.. are searched (:data:`FIRST_CURVE_LAYER`: layer 0,
@@ -399,7 +436,7 @@ def curve_points(y: Sequence[float], direction: str = "rise", frac: float = 0.1,
     below = [i for i in range(peak) if arr[i] < low]
     start = below[-1] + 1 if below else 0
     if peak > start:
-        steps = np.diff(arr[start: peak + 1])
+        steps = np.diff(arr[start : peak + 1])
         inflection = start + 1 + int(np.argmax(steps))
     else:
         inflection = peak
@@ -414,14 +451,31 @@ def curve_points(y: Sequence[float], direction: str = "rise", frac: float = 0.1,
 
 #: Which way each measure's curve is expected to move (Zhang et al. Sec. 5.2): the
 #: operand and answer similarities rise, the similarity with other numbers falls.
-CURVE_DIRECTIONS: dict[str, str] = {"in_A": "rise", "in_B": "rise", "out_A": "rise", "out_B": "rise",
-                                    "delta_C": "rise", "delta_other": "fall", "out_C": "rise", "out_other": "fall",
-                                    "in_A_x": "rise", "in_B_x": "rise", "delta_C_x": "rise", "out_C_x": "rise",
-                                    "write_C": "rise", "write_other": "fall", "write_C_x": "rise"}
+CURVE_DIRECTIONS: dict[str, str] = {
+    "in_A": "rise",
+    "in_B": "rise",
+    "out_A": "rise",
+    "out_B": "rise",
+    "delta_C": "rise",
+    "delta_other": "fall",
+    "out_C": "rise",
+    "out_other": "fall",
+    "in_A_x": "rise",
+    "in_B_x": "rise",
+    "delta_C_x": "rise",
+    "out_C_x": "rise",
+    "write_C": "rise",
+    "write_other": "fall",
+    "write_C_x": "rise",
+}
 
 
-def curve_point_table(summary: pd.DataFrame, directions: Mapping[str, str] = CURVE_DIRECTIONS,
-                      frac: float = 0.1, first_layer: int = FIRST_CURVE_LAYER) -> pd.DataFrame:
+def curve_point_table(
+    summary: pd.DataFrame,
+    directions: Mapping[str, str] = CURVE_DIRECTIONS,
+    frac: float = 0.1,
+    first_layer: int = FIRST_CURVE_LAYER,
+) -> pd.DataFrame:
     """:func:`curve_points` of the mean curve of every measure of a
     :func:`summarise_curves` frame (by measure and layer) present in ``directions``.
     Columns ``measure, label, direction, first_layer, start, inflection, peak, end, rise``
@@ -435,10 +489,20 @@ def curve_point_table(summary: pd.DataFrame, directions: Mapping[str, str] = CUR
         first = first_layer
         if len(curve) - first < 2:  # a 2-layer model (the toy): no curve after layer 0; said, and recorded
             first = len(curve) - 2
-            warnings.warn(f"{m}: {len(curve)} layers leave no curve from layer {first_layer} on; "
-                          f"curve points searched from layer {first}", stacklevel=2)
-        rows.append({"measure": m, "label": COSINE_MEASURES[m][2], "direction": direction, "first_layer": first,
-                     **curve_points(curve, direction, frac, first).as_dict()})
+            warnings.warn(
+                f"{m}: {len(curve)} layers leave no curve from layer {first_layer} on; "
+                f"curve points searched from layer {first}",
+                stacklevel=2,
+            )
+        rows.append(
+            {
+                "measure": m,
+                "label": COSINE_MEASURES[m][2],
+                "direction": direction,
+                "first_layer": first,
+                **curve_points(curve, direction, frac, first).as_dict(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -464,8 +528,9 @@ def stratified_indices(prompts: PromptSet, n_total: int, by: str = "op", seed: i
 # --------------------------------------------------------------------------- Fig. 6c single case
 
 
-def number_projection(cache: AnswerCache, index: int, W_U: torch.Tensor, numbers: Mapping[int, int],
-                      vector: str = "delta") -> pd.DataFrame:
+def number_projection(
+    cache: AnswerCache, index: int, W_U: torch.Tensor, numbers: Mapping[int, int], vector: str = "delta"
+) -> pd.DataFrame:
     """Zhang et al. Fig. 6c: for prompt ``index``, the cosine of MLP_out - MLP_in
     (``vector="delta"``; or "mlp_out", "mlp_in") with the unembedding direction of every
     number in ``numbers`` at every layer. Columns ``layer, number, value, rank`` (rank 1
@@ -483,8 +548,14 @@ def number_projection(cache: AnswerCache, index: int, W_U: torch.Tensor, numbers
     cos = _unit(v) @ dirs  # [L, K]
     ranks = (-cos).argsort(-1).argsort(-1) + 1
     L = cos.shape[0]
-    return pd.DataFrame({"layer": np.repeat(np.arange(L), len(nums)), "number": np.tile(nums, L),
-                         "value": cos.reshape(-1).numpy(), "rank": ranks.reshape(-1).numpy()})
+    return pd.DataFrame(
+        {
+            "layer": np.repeat(np.arange(L), len(nums)),
+            "number": np.tile(nums, L),
+            "value": cos.reshape(-1).numpy(),
+            "rank": ranks.reshape(-1).numpy(),
+        }
+    )
 
 
 def top_numbers(projection: pd.DataFrame, k: int = 3) -> pd.DataFrame:
@@ -528,20 +599,31 @@ def coarse_to_fine(projection: pd.DataFrame, answer: int) -> dict:
         top3 = set(projection[(projection.layer == layer) & (projection["rank"] <= 3)]["number"])
         if top3 & neighbours:
             near.append(int(layer))
-    return {"answer": answer, "first_top1": first, "neighbour_top_layers": near,
-            "rank_by_layer": [int(r) for r in ranks.tolist()],
-            "coarse_to_fine": bool(first is not None and near)}
+    return {
+        "answer": answer,
+        "first_top1": first,
+        "neighbour_top_layers": near,
+        "rank_by_layer": [int(r) for r in ranks.tolist()],
+        "coarse_to_fine": bool(first is not None and near),
+    }
 
 
-def distance_profile(cache: AnswerCache, prompts: PromptSet, W_U: torch.Tensor, numbers: Mapping[int, int],
-                     vector: str = "delta", max_distance: int = 3) -> pd.DataFrame:
+def distance_profile(
+    cache: AnswerCache,
+    prompts: PromptSet,
+    W_U: torch.Tensor,
+    numbers: Mapping[int, int],
+    vector: str = "delta",
+    max_distance: int = 3,
+) -> pd.DataFrame:
     """Fig. 6c over many prompts: per layer, the mean cosine of MLP_out - MLP_in with
     the unembedding of numbers at distance d = |n - C| from the answer C (d = 0, 1, ...,
     ``max_distance`` and above pooled), over prompts whose answer is one number token
     in ``numbers``. Coarse-to-fine predicts that d = 1 rises above d >= 2 before the
     d = 0 curve separates from d = 1. Columns ``layer, distance, mean, n``."""
-    keep = [i for i, r in enumerate(prompts.records) if r.answer in numbers
-            and prompts.answer_ids[i] == [numbers[r.answer]]]
+    keep = [
+        i for i, r in enumerate(prompts.records) if r.answer in numbers and prompts.answer_ids[i] == [numbers[r.answer]]
+    ]
     if not keep:
         return pd.DataFrame(columns=["layer", "distance", "mean", "n"])
     nums = torch.tensor(list(numbers))
@@ -582,7 +664,9 @@ PROBE_TARGETS: dict[str, tuple[str, str]] = {
 }
 
 
-def probe_labels(prompts: PromptSet, targets: Sequence[str] = ("a", "b", "result", "result_last_digit")) -> pd.DataFrame:
+def probe_labels(
+    prompts: PromptSet, targets: Sequence[str] = ("a", "b", "result", "result_last_digit")
+) -> pd.DataFrame:
     """One row per prompt with the label of each probe target (:data:`PROBE_TARGETS`)
     and a ``group`` column (operator and operand pair) for the grouped split."""
     bad = [t for t in targets if t not in PROBE_TARGETS]
@@ -634,9 +718,16 @@ def _fit_score(kind: str, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, 
     return float(model.score(x_te, y_te))
 
 
-def linear_probes(acts: torch.Tensor, labels: pd.DataFrame, targets: Sequence[str] | None = None,
-                  test_frac: float = 0.25, seed: int = 0, layers: Sequence[int] | None = None,
-                  layer_labels: Sequence[int] | None = None, progress: bool = True) -> pd.DataFrame:
+def linear_probes(
+    acts: torch.Tensor,
+    labels: pd.DataFrame,
+    targets: Sequence[str] | None = None,
+    test_frac: float = 0.25,
+    seed: int = 0,
+    layers: Sequence[int] | None = None,
+    layer_labels: Sequence[int] | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
     """Per-layer linear probes on answer-position activations ``acts`` [N, L, d].
 
     For each target of ``labels`` (:func:`probe_labels`) and each layer: a probe
@@ -682,13 +773,24 @@ def linear_probes(acts: torch.Tensor, labels: pd.DataFrame, targets: Sequence[st
             score = _fit_score(kind, xl[train], y[train], xl[test], y[test])
             shuffled = rng.permutation(y[train])
             base = _fit_score(kind, xl[train], shuffled, xl[test], y[test])
-            rows.append({"target": target, "kind": kind, "metric": "R2" if kind == "regression" else "accuracy",
-                         "layer": names[layer], "score": score, "baseline": base,
-                         "n_train": len(train), "n_test": len(test)})
+            rows.append(
+                {
+                    "target": target,
+                    "kind": kind,
+                    "metric": "R2" if kind == "regression" else "accuracy",
+                    "layer": names[layer],
+                    "score": score,
+                    "baseline": base,
+                    "n_train": len(train),
+                    "n_test": len(test),
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def best_layers(probes: pd.DataFrame) -> pd.DataFrame:
     """Per target, the layer with the highest held-out score, its score and baseline."""
     idx = probes.groupby("target")["score"].idxmax()
-    return probes.loc[idx, ["target", "metric", "layer", "score", "baseline", "n_train", "n_test"]].reset_index(drop=True)
+    return probes.loc[idx, ["target", "metric", "layer", "score", "baseline", "n_train", "n_test"]].reset_index(
+        drop=True
+    )

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -32,17 +32,34 @@ import torch
 
 from ..core.components import Head
 from ..core.datasets import PromptSet
-from ..engine import LayerInputs, hf_module as _hf, shared_hf_model
-from ..methods.finetune import (ATTENTION_PROJECTIONS, FineTuned, TrainConfig, Trainable, architecture, available_memory,
-                       cached_training, count_parameters, evaluate_weights, layer_prefix, model_shape,
-                       params_by_clean_name, release_free_memory, train_parameters, training_key, use_weights)
-from ..run.outputs import find_table, read_table
 from ..core.papers import KEY_HEAD_THRESHOLD, ZHANG_TOTAL_HEADS
 from ..core.stats import encode_correct
+from ..engine import LayerInputs, shared_hf_model
+from ..engine import hf_module as _hf
+from ..methods.finetune import (
+    ATTENTION_PROJECTIONS,
+    FineTuned,
+    Trainable,
+    TrainConfig,
+    architecture,
+    available_memory,
+    cached_training,
+    count_parameters,
+    evaluate_weights,
+    layer_prefix,
+    model_shape,
+    params_by_clean_name,
+    release_free_memory,
+    train_parameters,
+    training_key,
+    use_weights,
+)
+from ..run.outputs import find_table, read_table
 
 
-def rank_components(path: str | Path | pd.DataFrame, threshold: float = KEY_HEAD_THRESHOLD
-                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def rank_components(
+    path: str | Path | pd.DataFrame, threshold: float = KEY_HEAD_THRESHOLD
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Heads and MLPs ranked by Zhang's path-patching effect (notebook 01's
     ``01_path_patching.csv``: layer, head, op, effect, and ``kind`` "head"/"mlp" or
     head = -1 for MLPs): mean of the per-operator mean effects (rows with op "all",
@@ -57,7 +74,8 @@ def rank_components(path: str | Path | pd.DataFrame, threshold: float = KEY_HEAD
             raise FileNotFoundError(
                 f"{path} not found. Precise SFT tunes the key heads found by Zhang's path patching in notebook 01; "
                 "run notebook 01 (notebooks/01_identify_heads.ipynb) with the same model and out_dir first (it writes "
-                "01_path_patching.csv next to this notebook's outputs).")
+                "01_path_patching.csv next to this notebook's outputs)."
+            )
         frame = read_table(found)
     need = {"layer", "head", "effect"}
     if need - set(frame.columns):
@@ -86,23 +104,27 @@ def rank_components(path: str | Path | pd.DataFrame, threshold: float = KEY_HEAD
         out["rank"] = np.arange(1, len(out) + 1)
         return out
 
-    heads = rank(frame[is_head].assign(layer=lambda f: f.layer.astype(int), head=lambda f: f["head"].astype(int)),
-                 ["layer", "head"])
+    heads = rank(
+        frame[is_head].assign(layer=lambda f: f.layer.astype(int), head=lambda f: f["head"].astype(int)),
+        ["layer", "head"],
+    )
     heads["key"] = heads["effect"] < threshold
     mlps = rank(frame[is_mlp].assign(layer=lambda f: f.layer.astype(int)), ["layer"])
     return heads, mlps
 
 
-def scaled_head_counts(counts: Sequence[int], total_heads: int, reference_total: int = ZHANG_TOTAL_HEADS
-                       ) -> dict[int, int]:
+def scaled_head_counts(
+    counts: Sequence[int], total_heads: int, reference_total: int = ZHANG_TOTAL_HEADS
+) -> dict[int, int]:
     """Zhang's head counts (out of LLaMA2-7B's 1024 heads) scaled to a model with
     ``total_heads`` heads, keeping the fraction: k -> max(1, round_half_up(k * total /
     1024)). Returns {paper count: scaled count}."""
     return {k: max(1, int(math.floor(k * total_heads / reference_total + 0.5))) for k in counts}
 
 
-def head_slices(model, heads: Sequence[Head], kv: str = "group") -> tuple[dict[str, torch.Tensor], dict[str, float],
-                                                                      dict]:
+def head_slices(
+    model, heads: Sequence[Head], kv: str = "group"
+) -> tuple[dict[str, torch.Tensor], dict[str, float], dict]:
     """Masks over the attention weights that precise SFT trains (Zhang Alg. 2) for
     ``heads`` (layer, head): per parameter (clean name) a 0/1 mask of its shape, the
     per-layer gradient factor H/h, and counts. Q: the head's d_head rows of W_Q (and
@@ -163,17 +185,27 @@ def mlp_parameters(model, layers: Sequence[int]) -> list[str]:
     names = []
     for layer in layers:
         pre = layer_prefix(hf, layer)
-        found = [n for n in params_by_clean_name(hf) if n.startswith(pre) and (".mlp." in n[len(pre) - 1:])]
+        found = [n for n in params_by_clean_name(hf) if n.startswith(pre) and (".mlp." in n[len(pre) - 1 :])]
         if not found:
             raise NotImplementedError(f"no '.mlp.' parameters in block {layer} of {type(hf).__name__}")
         names.extend(found)
     return names
 
 
-def precise_sft(model, heads: Sequence[Head], train_set: PromptSet, config: TrainConfig,
-                val_set: PromptSet | None = None, mlps: Sequence[int] = (), kv: str = "group",
-                rescale: bool = True, *, progress: bool = True, cache_dir: str | Path | None = None,
-                inputs: LayerInputs | None = None) -> FineTuned:
+def precise_sft(
+    model,
+    heads: Sequence[Head],
+    train_set: PromptSet,
+    config: TrainConfig,
+    val_set: PromptSet | None = None,
+    mlps: Sequence[int] = (),
+    kv: str = "group",
+    rescale: bool = True,
+    *,
+    progress: bool = True,
+    cache_dir: str | Path | None = None,
+    inputs: LayerInputs | None = None,
+) -> FineTuned:
     """Zhang et al. Alg. 2: train only the Q/K/V/O slices of ``heads`` (see
     :func:`head_slices` for GQA), their gradients multiplied by H/h per layer
     (``rescale``), plus every parameter of the MLPs of layers ``mlps``. The model's
@@ -188,26 +220,52 @@ def precise_sft(model, heads: Sequence[Head], train_set: PromptSet, config: Trai
     chosen = {n: params[n] for n in list(masks) + mlp_names}
     if not chosen:
         raise ValueError("precise SFT needs at least one head or MLP")
-    key = {**training_key(hf, "precise", train_set, val_set, config), "heads": sorted(map(list, heads)),
-           "mlps": sorted(mlps), "kv": kv, "rescale": rescale}
+    key = {
+        **training_key(hf, "precise", train_set, val_set, config),
+        "heads": sorted(map(list, heads)),
+        "mlps": sorted(mlps),
+        "kv": kv,
+        "rescale": rescale,
+    }
 
     def build(ckdir: Path | None) -> FineTuned:
         backup = {n: p.detach().clone() for n, p in chosen.items()}
         trainable = Trainable(chosen, masks=masks, scales=scales)
         try:
-            state, record = train_parameters(hf, trainable, train_set, config, val_set, progress=progress,
-                                             desc=f"precise SFT {len(heads)}h+{len(mlps)}mlp", checkpoint_dir=ckdir,
-                                             inputs=inputs)
+            state, record = train_parameters(
+                hf,
+                trainable,
+                train_set,
+                config,
+                val_set,
+                progress=progress,
+                desc=f"precise SFT {len(heads)}h+{len(mlps)}mlp",
+                checkpoint_dir=ckdir,
+                inputs=inputs,
+            )
         finally:
             with torch.no_grad():
                 for n, v in backup.items():
                     chosen[n].copy_(v)
-        return FineTuned(method=f"precise_{len(heads)}h_{len(mlps)}mlp", weights=state, history=record["history"],
-                         epochs=record["epochs"], best_epoch=record["best_epoch"], n_trainable=trainable.n_trainable(),
-                         samples_per_second=record["samples_per_second"], train_seconds=record["train_seconds"],
-                         n_samples=record["n_samples"], config=config,
-                         info={"n_heads": len(heads), "n_mlps": len(mlps), "kv": kv,
-                               "n_layers_touched": counts["n_layers_touched"], "n_kv_groups": counts["n_kv_groups"]})
+        return FineTuned(
+            method=f"precise_{len(heads)}h_{len(mlps)}mlp",
+            weights=state,
+            history=record["history"],
+            epochs=record["epochs"],
+            best_epoch=record["best_epoch"],
+            n_trainable=trainable.n_trainable(),
+            samples_per_second=record["samples_per_second"],
+            train_seconds=record["train_seconds"],
+            n_samples=record["n_samples"],
+            config=config,
+            info={
+                "n_heads": len(heads),
+                "n_mlps": len(mlps),
+                "kv": kv,
+                "n_layers_touched": counts["n_layers_touched"],
+                "n_kv_groups": counts["n_kv_groups"],
+            },
+        )
 
     return cached_training(cache_dir, key, build)
 
@@ -231,8 +289,16 @@ def full_sft_memory(model, optimizer: str = "adamw") -> int:
     return int(1.1 * copies * nbytes)
 
 
-def full_sft(model, train_set: PromptSet, config: TrainConfig, val_set: PromptSet | None = None, *,
-             progress: bool = True, check_memory: bool = True, cache_dir: str | Path | None = None) -> FineTuned:
+def full_sft(
+    model,
+    train_set: PromptSet,
+    config: TrainConfig,
+    val_set: PromptSet | None = None,
+    *,
+    progress: bool = True,
+    check_memory: bool = True,
+    cache_dir: str | Path | None = None,
+) -> FineTuned:
     """Full SFT, Zhang's comparison: every parameter trained with the same loop, the
     last epoch's weights kept (Zhang trains a fixed 2 epochs). Like the other methods
     it returns the trained weights (every parameter, clean HF names) and leaves the
@@ -254,13 +320,22 @@ def full_sft(model, train_set: PromptSet, config: TrainConfig, val_set: PromptSe
                 raise MemoryError(
                     f"full SFT needs about {need / 2**30:.1f} GiB more memory (gradients"
                     f"{' and AdamW moments' if config.optimizer == 'adamw' else ''}) but {have / 2**30:.1f} GiB are "
-                    "available; free memory, use a larger machine or a GPU, or pass check_memory=False to try anyway.")
+                    "available; free memory, use a larger machine or a GPU, or pass check_memory=False to try anyway."
+                )
         with tempfile.TemporaryDirectory(prefix="arithlib-full-sft-") as tmp:
             original = Path(tmp) / "original.pt"
             torch.save({n: p.detach() for n, p in params.items()}, original)
             try:
-                _, record = train_parameters(hf, Trainable(params), train_set, config, val_set, progress=progress,
-                                             desc="full SFT", keep_state=False)
+                _, record = train_parameters(
+                    hf,
+                    Trainable(params),
+                    train_set,
+                    config,
+                    val_set,
+                    progress=progress,
+                    desc="full SFT",
+                    keep_state=False,
+                )
                 weights = {n: p.detach().cpu().clone() for n, p in params.items()}
             finally:
                 saved = torch.load(original, map_location="cpu", mmap=True, weights_only=True)
@@ -268,18 +343,37 @@ def full_sft(model, train_set: PromptSet, config: TrainConfig, val_set: PromptSe
                     for n, v in saved.items():
                         params[n].copy_(v)
                 del saved
-        return FineTuned(method="full_sft", weights=weights, history=record["history"], epochs=record["epochs"],
-                         best_epoch=record["best_epoch"], n_trainable=count_parameters(hf),
-                         samples_per_second=record["samples_per_second"], train_seconds=record["train_seconds"],
-                         n_samples=record["n_samples"], config=config, info={})
+        return FineTuned(
+            method="full_sft",
+            weights=weights,
+            history=record["history"],
+            epochs=record["epochs"],
+            best_epoch=record["best_epoch"],
+            n_trainable=count_parameters(hf),
+            samples_per_second=record["samples_per_second"],
+            train_seconds=record["train_seconds"],
+            n_samples=record["n_samples"],
+            config=config,
+            info={},
+        )
 
     return cached_training(cache_dir, key, build)
 
 
-def evaluate_method(model, tokenizer, weights: Mapping[str, torch.Tensor] | None, math_sets: Mapping[str, PromptSet],
-                    prose=None, facts=None, *, chunk_tokens: int = 128, max_chunks: int | None = 4,
-                    benchmarks: Mapping[str, str | Path | None] | None = None, batch_size: int = 32,
-                    inputs: Mapping[str, LayerInputs] | None = None) -> dict:
+def evaluate_method(
+    model,
+    tokenizer,
+    weights: Mapping[str, torch.Tensor] | None,
+    math_sets: Mapping[str, PromptSet],
+    prose=None,
+    facts=None,
+    *,
+    chunk_tokens: int = 128,
+    max_chunks: int | None = 4,
+    benchmarks: Mapping[str, str | Path | None] | None = None,
+    batch_size: int = 32,
+    inputs: Mapping[str, LayerInputs] | None = None,
+) -> dict:
     """One row of Zhang's Table 1/2 for a model (``weights`` swapped into ``model``;
     None = as it is): ``correct_full`` accuracy on each of ``math_sets`` (column =
     set name) and the general-ability numbers of
@@ -303,7 +397,18 @@ def evaluate_method(model, tokenizer, weights: Mapping[str, torch.Tensor] | None
         row[f"{name}_by_prompt"] = encode_correct(part.to_numpy()) if len(ps) else ""
     with use_weights(hf, weights):
         bench = dict(benchmarks or {})
-        row.update(ga.general_ability(hf, tokenizer, prose, facts, chunk_tokens=chunk_tokens, max_chunks=max_chunks,
-                                      gsm8k=bench.get("gsm8k"), svamp=bench.get("svamp"), mmlu=bench.get("mmlu"),
-                                      per_item=True))
+        row.update(
+            ga.general_ability(
+                hf,
+                tokenizer,
+                prose,
+                facts,
+                chunk_tokens=chunk_tokens,
+                max_chunks=max_chunks,
+                gsm8k=bench.get("gsm8k"),
+                svamp=bench.get("svamp"),
+                mmlu=bench.get("mmlu"),
+                per_item=True,
+            )
+        )
     return row

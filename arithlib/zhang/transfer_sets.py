@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import random
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..core.datasets import PromptRecord, PromptSet
 from ..core.components import Head
+from ..core.datasets import PromptRecord, PromptSet
 from ..methods.patching import ablation_edits, run_interventions
 
 DECIMAL_TEMPLATES = {"+": "{A} plus {B} equals to", "-": "{A} minus {B} equals to"}
@@ -46,8 +46,9 @@ def _decimal_line(template: str, a: int, b: int) -> str:
     return template.format(A=_tenths(a), B=_tenths(b))
 
 
-def decimal_prompts(ops: tuple[str, ...] = ("+",), n_per_op: int = 20, seed: int = 0,
-                    fewshot: int = 2) -> list[PromptRecord]:
+def decimal_prompts(
+    ops: tuple[str, ...] = ("+",), n_per_op: int = 20, seed: int = 0, fewshot: int = 2
+) -> list[PromptRecord]:
     """Zhang et al. Fig. 4's "rational numbers" format: ``"{A} plus {B} equals to"`` with
     one-decimal operands 0.1..9.9 and a result in 0.0..9.9 (so its first token is the
     units digit, then "."). ``a``/``b``/``answer`` hold tenths (42 = 4.2); the text uses
@@ -60,17 +61,33 @@ def decimal_prompts(ops: tuple[str, ...] = ("+",), n_per_op: int = 20, seed: int
         template = DECIMAL_TEMPLATES[op]
         if fewshot > len(DECIMAL_FEWSHOT[op]):
             raise ValueError(f"at most {len(DECIMAL_FEWSHOT[op])} few-shot examples for decimals")
-        prefix = "".join(_decimal_line(template, a, b) + " " + _tenths(a + b if op == "+" else a - b) + "\n"
-                         for a, b in DECIMAL_FEWSHOT[op][:fewshot])
-        pairs = [(a, b) for a in range(1, 100) for b in range(1, 100) if a % 10 and b % 10
-                 and (a + b < 100 if op == "+" else a > b)]
+        prefix = "".join(
+            _decimal_line(template, a, b) + " " + _tenths(a + b if op == "+" else a - b) + "\n"
+            for a, b in DECIMAL_FEWSHOT[op][:fewshot]
+        )
+        pairs = [
+            (a, b)
+            for a in range(1, 100)
+            for b in range(1, 100)
+            if a % 10 and b % 10 and (a + b < 100 if op == "+" else a > b)
+        ]
         for a, b in rng.sample(pairs, min(n_per_op, len(pairs))):
             c = a + b if op == "+" else a - b
-            records.append(PromptRecord(
-                family="decimal", op=op, a=a, b=b, answer=c, template_id=0, template=template,
-                text=_decimal_line(template, a, b) + " ", answer_text=_tenths(c), prefix=prefix,
-                meta=(("a_text", _tenths(a)), ("b_text", _tenths(b)), ("numerals", "decimals")),
-            ))
+            records.append(
+                PromptRecord(
+                    family="decimal",
+                    op=op,
+                    a=a,
+                    b=b,
+                    answer=c,
+                    template_id=0,
+                    template=template,
+                    text=_decimal_line(template, a, b) + " ",
+                    answer_text=_tenths(c),
+                    prefix=prefix,
+                    meta=(("a_text", _tenths(a)), ("b_text", _tenths(b)), ("numerals", "decimals")),
+                )
+            )
     return records
 
 
@@ -78,7 +95,9 @@ def _date_line(event: str, span: int, year: int) -> str:
     return DATE_TEMPLATE.format(EVENT=event, A=span, YEAR=year, STEM=str(year + span)[:-1])
 
 
-def date_prompts(n: int = 20, seed: int = 0, fewshot: int = 2, years: tuple[int, int] = (1500, 1999)) -> list[PromptRecord]:
+def date_prompts(
+    n: int = 20, seed: int = 0, fewshot: int = 2, years: tuple[int, int] = (1500, 1999)
+) -> list[PromptRecord]:
     """Zhang et al. Fig. 4's date format: ``"The war lasted 5 years from 1723 to 172"`` ->
     ``"8"``: a span of 1..9 years added to a year whose last digit plus the span stays
     below 10, the end year written except its last digit (the answer, no space before
@@ -95,11 +114,21 @@ def date_prompts(n: int = 20, seed: int = 0, fewshot: int = 2, years: tuple[int,
             year -= 1
             span = rng.randrange(1, 10 - year % 10)
         event = rng.choice(DATE_EVENTS)
-        records.append(PromptRecord(
-            family="date", op="+", a=span, b=year % 10, answer=span + year % 10, template_id=0,
-            template=DATE_TEMPLATE, text=_date_line(event, span, year), answer_text=str((year + span) % 10),
-            prefix=prefix, meta=(("year", year), ("event", event)),
-        ))
+        records.append(
+            PromptRecord(
+                family="date",
+                op="+",
+                a=span,
+                b=year % 10,
+                answer=span + year % 10,
+                template_id=0,
+                template=DATE_TEMPLATE,
+                text=_date_line(event, span, year),
+                answer_text=str((year + span) % 10),
+                prefix=prefix,
+                meta=(("year", year), ("event", event)),
+            )
+        )
     return records
 
 
@@ -132,8 +161,9 @@ def build_tolerant(records: list[PromptRecord], tokenizer, keep_counterfactuals:
     return out, dropped
 
 
-def random_head_sets(n_layers: int, n_heads: int, k: int, n_sets: int, seed: int,
-                     exclude: Sequence[Head] = ()) -> list[list[Head]]:
+def random_head_sets(
+    n_layers: int, n_heads: int, k: int, n_sets: int, seed: int, exclude: Sequence[Head] = ()
+) -> list[list[Head]]:
     """``n_sets`` seeded draws of ``k`` distinct heads among those not in ``exclude``
     (the control of :func:`transfer_knockout`), each sorted by (layer, head)."""
     pool = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in set(map(tuple, exclude))]
@@ -143,10 +173,21 @@ def random_head_sets(n_layers: int, n_heads: int, k: int, n_sets: int, seed: int
     return [sorted(pool[i] for i in rng.choice(len(pool), k, replace=False)) for _ in range(n_sets)]
 
 
-def transfer_knockout(model, tokenizer, formats: Mapping[str, list[PromptRecord]], heads: Sequence[Head],
-                      means: Mapping[int, torch.Tensor], *, n: int, n_random: int, seed: int,
-                      n_layers: int, n_heads: int, batch_size: int = 16, max_rows: int = 1024,
-                      ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def transfer_knockout(
+    model,
+    tokenizer,
+    formats: Mapping[str, list[PromptRecord]],
+    heads: Sequence[Head],
+    means: Mapping[int, torch.Tensor],
+    *,
+    n: int,
+    n_random: int,
+    seed: int,
+    n_layers: int,
+    n_heads: int,
+    batch_size: int = 16,
+    max_rows: int = 1024,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Zhang Fig. 4 with a random control: for each format, up to ``n`` of its
     tokenizable prompts (seeded sample; :func:`build_tolerant`), first-token accuracy
     with nothing ablated, with ``heads`` set to their mean (``means``, {layer: [H,
@@ -175,24 +216,48 @@ def transfer_knockout(model, tokenizer, formats: Mapping[str, list[PromptRecord]
         if len(ps) == 0:
             rows.append({"format": name, "n": 0, "note": f"tokenizer cannot split {dropped} prompts"})
             continue
-        ro = run_interventions(model, ps, variants, batch_size=batch_size, max_rows=max_rows, full_logits=True,
-                               progress=False)
+        ro = run_interventions(
+            model, ps, variants, batch_size=batch_size, max_rows=max_rows, full_logits=True, progress=False
+        )
         acc = ro.accuracy.numpy()
         correct = ro.correct.numpy()
         for j, cond in enumerate(conditions):
-            per_prompt += [{"format": name, "prompt": i, "condition": cond, "n_heads": 0 if j == 0 else len(heads),
-                            "correct": bool(correct[j, i])} for i in range(len(ps))]
-        rows.append({"format": name, "n": len(ps), "accuracy_before": float(acc[0]), "accuracy_after": float(acc[1]),
-                     "accuracy_random": float(acc[2:].mean()) if n_random else float("nan"),
-                     "accuracy_random_sd": float(acc[2:].std()) if n_random else float("nan"),
-                     "note": f"{dropped} untokenizable dropped" if dropped else ""})
+            per_prompt += [
+                {
+                    "format": name,
+                    "prompt": i,
+                    "condition": cond,
+                    "n_heads": 0 if j == 0 else len(heads),
+                    "correct": bool(correct[j, i]),
+                }
+                for i in range(len(ps))
+            ]
+        rows.append(
+            {
+                "format": name,
+                "n": len(ps),
+                "accuracy_before": float(acc[0]),
+                "accuracy_after": float(acc[1]),
+                "accuracy_random": float(acc[2:].mean()) if n_random else float("nan"),
+                "accuracy_random_sd": float(acc[2:].std()) if n_random else float("nan"),
+                "note": f"{dropped} untokenizable dropped" if dropped else "",
+            }
+        )
         i = next((i for i in range(len(ps)) if bool(ro.correct[0, i])), 0)
         for label, j in (("before", 0), ("after", 1)):
             top = ro.logits[j, i].softmax(-1).topk(5)
-            examples.append({"format": name, "prompt": ps.records[i].text, "answer": ps.records[i].answer_text,
-                             "knockout": label, "next_token": tokenizer.decode([int(top.indices[0])]),
-                             "top5": ", ".join(f"{tokenizer.decode([int(t)])!r} {float(p):.0%}"
-                                               for t, p in zip(top.indices, top.values))})
+            examples.append(
+                {
+                    "format": name,
+                    "prompt": ps.records[i].text,
+                    "answer": ps.records[i].answer_text,
+                    "knockout": label,
+                    "next_token": tokenizer.decode([int(top.indices[0])]),
+                    "top5": ", ".join(
+                        f"{tokenizer.decode([int(t)])!r} {float(p):.0%}" for t, p in zip(top.indices, top.values)
+                    ),
+                }
+            )
     table = pd.DataFrame(rows)
     if "accuracy_before" in table:
         before = table["accuracy_before"].where(table["accuracy_before"] > 0)

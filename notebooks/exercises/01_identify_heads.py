@@ -29,12 +29,14 @@ import torch
 import arithlib.exercises as ex
 
 torch.set_grad_enabled(False)
-torch.set_num_threads(1)   # the toy model is tiny: one thread runs it fastest, most of all on a busy machine
+torch.set_num_threads(1)  # the toy model is tiny: one thread runs it fastest, most of all on a busy machine
 toy = ex.check_model()
 bridge = toy.bridge
-batch = ex.patching_batch()   # Zhang prompts "A + B =" / "A - B =", operator-swapped counterfactuals
-print(f"{len(batch.prompts)} prompts answered correctly; tokens {tuple(batch.tokens.shape)}; "
-      f"{bridge.cfg.n_layers} layers x {bridge.cfg.n_heads} heads")
+batch = ex.patching_batch()  # Zhang prompts "A + B =" / "A - B =", operator-swapped counterfactuals
+print(
+    f"{len(batch.prompts)} prompts answered correctly; tokens {tuple(batch.tokens.shape)}; "
+    f"{bridge.cfg.n_layers} layers x {bridge.cfg.n_heads} heads"
+)
 print(batch.prompts.records[0].full_text, "|", batch.prompts.records[0].counterfactual)
 
 # %% [markdown]
@@ -43,6 +45,7 @@ print(batch.prompts.records[0].full_text, "|", batch.prompts.records[0].counterf
 # token, relative to the clean run: s = (logit_patched − logit_clean) / logit_clean
 # (their Alg. 1). A key head has a mean s below −5 %. Write it for tensors that broadcast
 # (e.g. `[heads, prompts]` against `[prompts]`).
+
 
 # %%
 def relative_logit_change(patched_logit: torch.Tensor, clean_logit: torch.Tensor) -> torch.Tensor:
@@ -61,9 +64,11 @@ ex.check_relative_logit_change(relative_logit_change)
 # Yu & Ananiadou remove a head by zeroing its slice of W_O, which is the same as zeroing
 # its output z at every position. Return the logits at the last position, `[batch, vocab]`.
 
+
 # %%
 def zero_head_logits(bridge, tokens: torch.Tensor, layer: int, head: int) -> torch.Tensor:
     """Last-position logits with head (layer, head) zeroed at every position."""
+
     # BEGIN SOLUTION
     # HINT: a hook on f"blocks.{layer}.attn.hook_z" that sets z[:, :, head] = 0 and returns z
     # HINT: with bridge.hooks(fwd_hooks=[(name, hook)]): logits = bridge(tokens)
@@ -85,10 +90,19 @@ ex.check_zero_head_logits(zero_head_logits)
 
 # %%
 clean_pred = bridge(batch.tokens)[:, -1].argmax(-1)
-sweep = pd.DataFrame([{"layer": l, "head": h,
-                       "accuracy": float((zero_head_logits(bridge, batch.tokens, l, h).argmax(-1)
-                                          == batch.answer_ids).float().mean())}
-                      for l in range(bridge.cfg.n_layers) for h in range(bridge.cfg.n_heads)])
+sweep = pd.DataFrame(
+    [
+        {
+            "layer": l,
+            "head": h,
+            "accuracy": float(
+                (zero_head_logits(bridge, batch.tokens, l, h).argmax(-1) == batch.answer_ids).float().mean()
+            ),
+        }
+        for l in range(bridge.cfg.n_layers)
+        for h in range(bridge.cfg.n_heads)
+    ]
+)
 print(f"clean accuracy {float((clean_pred == batch.answer_ids).float().mean()):.0%}")
 sweep.pivot(index="layer", columns="head", values="accuracy")
 
@@ -97,6 +111,7 @@ sweep.pivot(index="layer", columns="head", values="accuracy")
 # Run the counterfactual prompt (operator swapped), keep the head's z at the last
 # position, and put it into the clean run at the same place. Everything downstream of the
 # head (later heads, MLPs) sees the change.
+
 
 # %%
 def patch_head_logits(bridge, tokens: torch.Tensor, cf_tokens: torch.Tensor, layer: int, head: int) -> torch.Tensor:
@@ -128,9 +143,11 @@ ex.check_patch_head_logits(patch_head_logits)
 # frozen at its clean output** (at every position), so later heads cannot pass the change
 # on; the MLPs recompute. Return the answer token's logit `[batch]`.
 
+
 # %%
-def path_patch_logit(bridge, tokens: torch.Tensor, cf_tokens: torch.Tensor, answer_ids: torch.Tensor,
-                     layer: int, head: int) -> torch.Tensor:
+def path_patch_logit(
+    bridge, tokens: torch.Tensor, cf_tokens: torch.Tensor, answer_ids: torch.Tensor, layer: int, head: int
+) -> torch.Tensor:
     """Answer-token logit [batch] under path patching of head (layer, head) at the last position."""
     # BEGIN SOLUTION
     # HINT: cache hook_z of every layer on the clean and on the counterfactual tokens
@@ -147,6 +164,7 @@ def path_patch_logit(bridge, tokens: torch.Tensor, cf_tokens: torch.Tensor, answ
             if l == layer:
                 z[:, -1, head] = cf[names[l]][:, -1, head]
             return z
+
         return hook
 
     with bridge.hooks(fwd_hooks=[(name, make_hook(l)) for l, name in enumerate(names)]):
@@ -162,6 +180,7 @@ ex.check_path_patch_logit(path_patch_logit)
 # ## 5 · The path-patching effect of every head
 # Zhang's Fig. 2: the mean over prompts of the relative logit change when each head is
 # path-patched. Use your two functions; return `[n_layers, n_heads]`.
+
 
 # %%
 def head_effects(bridge, tokens: torch.Tensor, cf_tokens: torch.Tensor, answer_ids: torch.Tensor) -> torch.Tensor:
@@ -183,10 +202,15 @@ ex.check_head_effects(head_effects)
 
 # %%
 effects = head_effects(bridge, batch.tokens, batch.cf_tokens, batch.answer_ids)
-table = pd.DataFrame(effects.numpy(), index=pd.Index(range(bridge.cfg.n_layers), name="layer"),
-                     columns=pd.Index(range(bridge.cfg.n_heads), name="head"))
-print("key heads (mean effect below -5 %):",
-      [(l, h) for l in range(effects.shape[0]) for h in range(effects.shape[1]) if effects[l, h] < -0.05])
+table = pd.DataFrame(
+    effects.numpy(),
+    index=pd.Index(range(bridge.cfg.n_layers), name="layer"),
+    columns=pd.Index(range(bridge.cfg.n_heads), name="head"),
+)
+print(
+    "key heads (mean effect below -5 %):",
+    [(l, h) for l in range(effects.shape[0]) for h in range(effects.shape[1]) if effects[l, h] < -0.05],
+)
 table.style.format("{:+.1%}").background_gradient(cmap="RdBu", vmin=-0.5, vmax=0.5)
 
 # %% [markdown]

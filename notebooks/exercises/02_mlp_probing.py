@@ -33,9 +33,9 @@ import arithlib.zhang.lens as lens
 import arithlib.zhang.probing as P
 
 torch.set_grad_enabled(False)
-torch.set_num_threads(1)   # the toy model is tiny: one thread runs it fastest, most of all on a busy machine
+torch.set_num_threads(1)  # the toy model is tiny: one thread runs it fastest, most of all on a busy machine
 bridge = ex.check_model().bridge
-data = ex.answer_batch()     # correctly answered Zhang prompts "A + B =" / "A - B =", 2-shot
+data = ex.answer_batch()  # correctly answered Zhang prompts "A + B =" / "A - B =", 2-shot
 stack, layers = lens.lens_stack(data.cache)
 print(f"{len(data.prompts)} prompts; residual stack {tuple(stack.shape)} for layers {layers}")
 
@@ -45,6 +45,7 @@ print(f"{len(data.prompts)} prompts; residual stack {tuple(stack.shape)} for lay
 # (`bridge.ln_final`) and the unembedding (`bridge.W_U` `[d_model, vocab]`, `bridge.b_U`),
 # take the log-softmax over the vocabulary, and return the answer token's log-probability
 # and its rank (0 = the top prediction; the number of tokens with a higher log-probability).
+
 
 # %%
 def logit_lens(bridge, resid: torch.Tensor, answer_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,18 +67,25 @@ ex.check_logit_lens(logit_lens)
 
 # %%
 logprob, rank = logit_lens(bridge, stack, data.answer_ids)
-pd.DataFrame({"layer": layers, "top-1 share": (rank == 0).float().mean(0).numpy(),
-              "mean probability": logprob.exp().mean(0).numpy(),
-              "median rank": rank.float().median(0).values.numpy()})
+pd.DataFrame(
+    {
+        "layer": layers,
+        "top-1 share": (rank == 0).float().mean(0).numpy(),
+        "mean probability": logprob.exp().mean(0).numpy(),
+        "median rank": rank.float().median(0).values.numpy(),
+    }
+)
 
 # %% [markdown]
 # ## 2 · Does the MLP write the answer? cos(MLP_out − MLP_in, W_U[C])
 # Zhang et al. compare what an MLP adds with the unembedding direction of the answer C
 # (the column `W_U[:, C]`). Return the cosine per prompt and layer, `[prompts, layers]`.
 
+
 # %%
-def delta_cosine(mlp_in: torch.Tensor, mlp_out: torch.Tensor, W_U: torch.Tensor,
-                 answer_ids: torch.Tensor) -> torch.Tensor:
+def delta_cosine(
+    mlp_in: torch.Tensor, mlp_out: torch.Tensor, W_U: torch.Tensor, answer_ids: torch.Tensor
+) -> torch.Tensor:
     """cos(mlp_out - mlp_in, W_U[:, answer]) per prompt and layer: [prompts, layers]."""
     # BEGIN SOLUTION
     # HINT: W_U[:, answer_ids].T is [prompts, d_model]; add a layer axis to broadcast
@@ -93,7 +101,7 @@ ex.check_delta_cosine(delta_cosine)
 # %%
 W_U = P.unembed_matrix(bridge)
 cos_c = delta_cosine(data.cache.acts["mlp_in"], data.cache.acts["mlp_out"], W_U, data.answer_ids)
-wrong = data.answer_ids.roll(1)   # another prompt's answer: a baseline direction
+wrong = data.answer_ids.roll(1)  # another prompt's answer: a baseline direction
 cos_wrong = delta_cosine(data.cache.acts["mlp_in"], data.cache.acts["mlp_out"], W_U, wrong)
 fig, ax = plt.subplots(figsize=(4, 3))
 ax.plot(cos_c.mean(0).numpy(), "o-", label="answer C")
@@ -110,6 +118,7 @@ plt.show()
 # the activations to the label on the training rows and return its R² on the test rows.
 # Standardise the features and regularise (the activations have 128 dimensions and there
 # are only about 90 training rows).
+
 
 # %%
 def probe_r2(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray) -> float:
@@ -132,10 +141,22 @@ ex.check_probe_r2(probe_r2)
 # %%
 pdata = ex.probe_data()
 x = pdata.acts.numpy()
-scores = pd.DataFrame([{"target": t, "layer": layer,
-                        "R2": probe_r2(x[pdata.train, i], pdata.labels[t].to_numpy()[pdata.train],
-                                       x[pdata.test, i], pdata.labels[t].to_numpy()[pdata.test])}
-                       for t in ("a", "b", "result") for i, layer in enumerate(pdata.layers)])
+scores = pd.DataFrame(
+    [
+        {
+            "target": t,
+            "layer": layer,
+            "R2": probe_r2(
+                x[pdata.train, i],
+                pdata.labels[t].to_numpy()[pdata.train],
+                x[pdata.test, i],
+                pdata.labels[t].to_numpy()[pdata.test],
+            ),
+        }
+        for t in ("a", "b", "result")
+        for i, layer in enumerate(pdata.layers)
+    ]
+)
 scores.pivot(index="target", columns="layer", values="R2").round(3)
 
 # %% [markdown]

@@ -66,18 +66,30 @@ def test_a_pass_from_block_l_equals_the_full_pass(model, tokens):
         _, _, streams = passes.run_decoder(hf, input_ids=tokens, record=range(n_layers))
         positions = torch.arange(tokens.shape[1]).unsqueeze(0)
         for first in range(n_layers):
-            hidden, _ = passes.run_blocks(model, streams[first], first=first, position_ids=positions,
-                                          cache=passes.empty_cache(model), keep_cache=True)
+            hidden, _ = passes.run_blocks(
+                model,
+                streams[first],
+                first=first,
+                position_ids=positions,
+                cache=passes.empty_cache(model),
+                keep_cache=True,
+            )
             assert torch.equal(engine.decoder_norm(model, hidden), full)
         # two copies of the batch: one from block 0, one joining at the last block
         last = n_layers - 1
-        hidden, _ = passes.run_blocks(model, streams[0], first=0, position_ids=positions,
-                                      cache=passes.empty_cache(model), keep_cache=False,
-                                      join=lambda l, d: streams[l] if l == last else None)
+        hidden, _ = passes.run_blocks(
+            model,
+            streams[0],
+            first=0,
+            position_ids=positions,
+            cache=passes.empty_cache(model),
+            keep_cache=False,
+            join=lambda l, d: streams[l] if l == last else None,
+        )
         both = engine.decoder_norm(model, hidden)
     assert both.shape[0] == 2 * len(tokens)
-    torch.testing.assert_close(both[:len(tokens)], full, rtol=0, atol=1e-5)
-    torch.testing.assert_close(both[len(tokens):], full, rtol=0, atol=1e-5)
+    torch.testing.assert_close(both[: len(tokens)], full, rtol=0, atol=1e-5)
+    torch.testing.assert_close(both[len(tokens) :], full, rtol=0, atol=1e-5)
 
 
 def test_decoder_pass_is_the_base_model(model, tokens):
@@ -94,8 +106,7 @@ def test_the_prefix_runner_equals_full_passes(tiny_qwen2, model):
     prompt's own full pass."""
     import arithlib.methods.finetune as ft
 
-    prompts = ds.PromptSet.build(ft.yu_lora_data(n_train=0, n_test=12, seed=0, fewshot=2)["test"],
-                                 tiny_qwen2.tokenizer)
+    prompts = ds.PromptSet.build(ft.yu_lora_data(n_train=0, n_test=12, seed=0, fewshot=2)["test"], tiny_qwen2.tokenizer)
     runner = engine.PrefixRunner(model, prompts, batch_size=8)
     assert any(p >= prefix_plan.MIN_SHARED_PREFIX for p, _ in runner.plan)  # the prefix is shared
     with torch.no_grad():
@@ -111,7 +122,7 @@ def test_greedy_tokens_equal_hf_generate(model, tokens):
     hf = engine.hf_module(model)
     ids = tokens[:1]
     with torch.no_grad():
-        ref = hf.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+        ref = hf.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1] :]
         got = [int(t) for _, t in zip(range(6), engine.greedy_tokens(model, ids))]
     assert got == ref.tolist()
 
@@ -127,9 +138,11 @@ def test_shared_prefix_logits_equal_the_full_pass(model, tokens):
 def test_stacked_conditions_equal_one_full_pass_each(model, tokens):
     """condition_pass and answer_pass (conditions stacked along the batch, prefix shared)
     against one full pass per condition with the condition's hooks."""
+
     def scale(f):
         def fn(act, hook):
             return act * f
+
         fn.position_invariant = True
         return fn
 
@@ -157,7 +170,9 @@ def test_stacked_conditions_equal_one_full_pass_each(model, tokens):
 
 def _last(fn):
     """``fn`` applied at the last position only."""
+
     def last(act, hook):
         act[:, -1:] = fn(act[:, -1:], hook)
         return act
+
     return last

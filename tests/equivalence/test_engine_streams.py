@@ -12,8 +12,8 @@ import arithlib.engine.prefix as engine_prefix
 import arithlib.methods.finetune as ft
 import arithlib.yu.lora as LO
 import arithlib.zhang.sft as SFT
-from arithlib.engine import LayerInputs
 from arithlib.core.models import load_model, random_model_dir
+from arithlib.engine import LayerInputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,13 +37,16 @@ def test_late_start_equals_full_pass(tiny_qwen2, test_set, share_prefix):
     with torch.no_grad():
         batches = ft.answer_batches(test_set, 8)
         for index in batches:  # the reference run records the stream entering block 1
-            ft.teacher_forced_logits(hf, test_set, index, extra=1, share_prefix=share_prefix, inputs=inputs, same_below=2)
+            ft.teacher_forced_logits(
+                hf, test_set, index, extra=1, share_prefix=share_prefix, inputs=inputs, same_below=2
+            )
         assert len(inputs) == len(batches)
         with ft.use_weights(hf, changed(hf, 1)):
             for index in batches:
                 full, mask = ft.teacher_forced_logits(hf, test_set, index, extra=1, share_prefix=share_prefix)
-                late, late_mask = ft.teacher_forced_logits(hf, test_set, index, extra=1, share_prefix=share_prefix,
-                                                   inputs=inputs, same_below=1)
+                late, late_mask = ft.teacher_forced_logits(
+                    hf, test_set, index, extra=1, share_prefix=share_prefix, inputs=inputs, same_below=1
+                )
                 assert torch.equal(mask, late_mask) and torch.equal(full, late)
 
 
@@ -66,7 +69,7 @@ def test_evaluate_weights_uses_the_first_changed_layer(tiny_qwen2, test_set, mon
     monkeypatch.setattr(engine_prefix, "run_decoder", spy)
     late = ft.evaluate_weights(hf, changed(hf, 1), {"test": test_set}, 8, inputs=inputs)
     full = ft.evaluate_weights(hf, changed(hf, 1), {"test": test_set}, 8)
-    assert set(starts[: len(starts) // 2]) == {1} and set(starts[len(starts) // 2:]) == {0}
+    assert set(starts[: len(starts) // 2]) == {1} and set(starts[len(starts) // 2 :]) == {0}
     assert late.equals(full) and not late.answer_logprob.equals(base.answer_logprob)
     # a model that differs from block 0 on neither uses nor adds to the recording
     starts.clear()
@@ -132,7 +135,7 @@ def test_precise_sft_and_its_row_from_recorded_streams(tiny_qwen2, test_set):
     cfg = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
     train_inputs, eval_inputs = LayerInputs([1]), {"test": LayerInputs([1])}
     SFT.evaluate_method(hf, tiny_qwen2.tokenizer, None, {"test": test_set}, inputs=eval_inputs)  # the original records
-    LO.train_lora(hf, 1, train, cfg, progress=False, inputs=train_inputs)               # so does this run
+    LO.train_lora(hf, 1, train, cfg, progress=False, inputs=train_inputs)  # so does this run
     late = SFT.precise_sft(hf, [(1, 0)], train, cfg, progress=False, inputs=train_inputs)
     full = SFT.precise_sft(hf, [(1, 0)], train, cfg, progress=False)
     assert all(torch.equal(late.weights[n], full.weights[n]) for n in full.weights)

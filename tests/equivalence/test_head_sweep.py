@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 import torch
 
-import arithlib.methods.ablation as A
 import arithlib.core.datasets as ds
 import arithlib.engine as E
-import arithlib.yu.head_sweep as HS
+import arithlib.methods.ablation as A
 import arithlib.methods.knockouts as KO
 import arithlib.methods.patching as P
+import arithlib.yu.head_sweep as HS
 from arithlib.core.evaluate import answer_logits
 from arithlib.core.models import load_model, random_model_dir
 
@@ -48,9 +48,9 @@ def test_zeroed_head_states_equal_full_forward_at_every_position(tiny):
     b = tiny.bridge
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(4, b.cfg.d_vocab, (4, 12), generator=g)
-    tokens[:, :8] = tokens[0, :8]            # an 8-token prefix shared by every row
+    tokens[:, :8] = tokens[0, :8]  # an 8-token prefix shared by every row
     heads = [(0, 1), (1, 0), (1, 3), (b.cfg.n_layers - 1, 2)]
-    got, clean = HS.zeroed_head_states(b, tokens, heads, max_tokens=9)   # several passes per layer
+    got, clean = HS.zeroed_head_states(b, tokens, heads, max_tokens=9)  # several passes per layer
     for j, hd in enumerate(heads):
         torch.testing.assert_close(got[j], _full_forward_states(b, tokens, hd), atol=TOL, rtol=0)
     # the old answer-position screen is a different intervention: it differs for an early head
@@ -61,8 +61,11 @@ def test_zeroed_head_states_equal_full_forward_at_every_position(tiny):
 @pytest.mark.toy_model
 def test_exact_sweep_equals_reference_and_accuracy(toy):
     b = toy.bridge
-    recs = [r for n in (1, 2) for r in ds.yu_prompts(["+", "-"], n_digits=n, n_per_template=4, seed=0, fewshot=2,
-                                                     templates=[3])]
+    recs = [
+        r
+        for n in (1, 2)
+        for r in ds.yu_prompts(["+", "-"], n_digits=n, n_per_template=4, seed=0, fewshot=2, templates=[3])
+    ]
     ps = ds.PromptSet.build(recs, toy.tokenizer)
     heads = [(0, 0), (1, 2), (b.cfg.n_layers - 1, 1)]
     fast = HS.exact_head_sweep(b, ps, heads, progress=False)
@@ -77,8 +80,16 @@ def test_exact_sweep_equals_reference_and_accuracy(toy):
 
 
 def test_rank_heads_breaks_ties_by_logit_drop_then_index():
-    acc = pd.DataFrame({"op": "+", "n_digits": 1, "layer": [0, 0, 1, 2], "head": [0, 1, 0, 0],
-                        "accuracy_drop": [0.0, 0.0, 0.0, 0.1], "logit_drop": [0.1, 0.5, 0.5, -1.0]})
+    acc = pd.DataFrame(
+        {
+            "op": "+",
+            "n_digits": 1,
+            "layer": [0, 0, 1, 2],
+            "head": [0, 1, 0, 0],
+            "accuracy_drop": [0.0, 0.0, 0.0, 0.1],
+            "logit_drop": [0.1, 0.5, 0.5, -1.0],
+        }
+    )
     r = HS.rank_heads(acc)
     # the accuracy drop first; equal drops by the larger logit drop; equal both by (layer, head)
     assert [(x.layer, x.head) for x in r.itertuples()] == [(2, 0), (0, 1), (1, 0), (0, 0)]
@@ -86,9 +97,19 @@ def test_rank_heads_breaks_ties_by_logit_drop_then_index():
 
 
 def test_setting_accuracy_relative_drop_and_interval():
-    rows = pd.DataFrame({"op": "+", "n_digits": 1, "layer": 0, "head": 0, "prompt": range(10),
-                         "correct": [True] * 4 + [False] * 6, "clean_correct": [True] * 8 + [False] * 2,
-                         "answer_logit": 1.0, "clean_answer_logit": 2.0})
+    rows = pd.DataFrame(
+        {
+            "op": "+",
+            "n_digits": 1,
+            "layer": 0,
+            "head": 0,
+            "prompt": range(10),
+            "correct": [True] * 4 + [False] * 6,
+            "clean_correct": [True] * 8 + [False] * 2,
+            "answer_logit": 1.0,
+            "clean_answer_logit": 2.0,
+        }
+    )
     acc = HS.setting_accuracy(rows).iloc[0]
     assert acc.accuracy == 0.4 and acc.baseline_accuracy == 0.8 and acc.relative_drop == pytest.approx(0.5)
     assert acc.logit_drop == 1.0 and acc.accuracy_low < 0.4 < acc.accuracy_high
@@ -105,7 +126,7 @@ def test_two_stage_sweep_reports_exact_numbers_and_recall(toy):
     assert (sweep.exact.groupby("op")["n"].first() == ps.to_frame().groupby("op").size()).all()
     assert (sweep.exact.groupby("op").size() == 3).all()
     exact_all = HS.rank_heads(HS.setting_accuracy(HS.exact_head_sweep(b, ps, progress=False)))
-    for r in sweep.exact.itertuples():   # stage 2 numbers are the exact sweep's
+    for r in sweep.exact.itertuples():  # stage 2 numbers are the exact sweep's
         e = exact_all[(exact_all.op == r.op) & (exact_all.layer == r.layer) & (exact_all["head"] == r.head)].iloc[0]
         assert r.accuracy == e.accuracy
     rec = HS.sweep_recall(sweep.screen, exact_all, top_k=3, ks=(1, 3))
@@ -130,8 +151,9 @@ def test_cached_sweep_resumes_with_the_same_rows(toy, tmp_path, monkeypatch):
         raise AssertionError("recomputed a cached batch")
 
     monkeypatch.setattr(HS, "zeroed_head_states", no_compute)
-    pd.testing.assert_frame_equal(HS.exact_head_sweep(b, ps, heads, batch_size=4, progress=False, cache_dir=tmp_path),
-                                  plain)
+    pd.testing.assert_frame_equal(
+        HS.exact_head_sweep(b, ps, heads, batch_size=4, progress=False, cache_dir=tmp_path), plain
+    )
     stored[0].unlink()  # as if stopped before that batch: only it is computed again
     with pytest.raises(AssertionError, match="recomputed"):
         HS.exact_head_sweep(b, ps, heads, batch_size=4, progress=False, cache_dir=tmp_path)
@@ -155,6 +177,7 @@ def test_a_store_counts_the_reused_batches_compute_time(toy, tmp_path):
     rows = HS.exact_head_sweep(toy.bridge, ps, [(0, 0)], batch_size=4, progress=False, cache_dir=first)
     assert first.reused_seconds == 0.0 and len(list(tmp_path.glob("*.json"))) == len(list(tmp_path.glob("*.pkl"))) > 0
     later = Store(tmp_path)
-    pd.testing.assert_frame_equal(HS.exact_head_sweep(toy.bridge, ps, [(0, 0)], batch_size=4, progress=False,
-                                                      cache_dir=later), rows)
+    pd.testing.assert_frame_equal(
+        HS.exact_head_sweep(toy.bridge, ps, [(0, 0)], batch_size=4, progress=False, cache_dir=later), rows
+    )
     assert later.reused_seconds > 0

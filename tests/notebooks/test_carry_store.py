@@ -49,8 +49,9 @@ def test_save_carries_the_stores_and_small_finished_models_only(tmp_path):
     folder = cache / "sections" / cs.model_slug(MODEL)
     sections = ["sections/" + p.name for p in folder.glob("a-section-*")]
     assert len(sections) == 2  # the result and its seconds
-    assert got == sorted(["finetune/small/key.json", "finetune/small/result.pt", "head_sweep/sub/batch-1.pkl"]
-                         + sections)
+    assert got == sorted(
+        ["finetune/small/key.json", "finetune/small/result.pt", "head_sweep/sub/batch-1.pkl"] + sections
+    )
     large = [str(p.relative_to(cache)) for p in folder.glob("a-large-section-*.pkl")]
     assert len(large) == 1  # left behind with its seconds file
     assert sorted(r["left_behind"]) == sorted(large + [str(Path("finetune") / cs.model_slug(MODEL) / "large")])
@@ -70,6 +71,7 @@ def test_a_restored_result_is_loaded_not_recomputed_on_a_new_machine(tmp_path):
 
     def recompute():
         raise AssertionError("the carried result was not used")
+
     got = store("section", recompute, code=["core.stats"], k=1)
     assert torch.equal(got["t"], value["t"]) and got["s"] == "ok"
     assert store.reused_seconds >= 0
@@ -105,7 +107,10 @@ def test_every_store_folder_the_notebooks_use_is_carried():
     """A notebook that stores results in a new cache folder must be carried too."""
     import re
 
-    used = {m for nb in (ROOT / "notebooks").glob("[0-9][0-9]_*.py")
-            for m in re.findall(r'cache_root\(\) / "(\w+)"', nb.read_text())}
+    used = {
+        m
+        for nb in (ROOT / "notebooks").glob("[0-9][0-9]_*.py")
+        for m in re.findall(r'cache_root\(\) / "(\w+)"', nb.read_text())
+    }
     assert used, "no notebook stores results under cache_root()?"
     assert used <= set(cs.STORES) | {cs.FINETUNE}, used - set(cs.STORES) - {cs.FINETUNE}

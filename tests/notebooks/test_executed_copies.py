@@ -50,8 +50,10 @@ def test_committed_copy_states_its_commit_and_ran_that_commits_source(copy_path:
     parameters aside) are ``notebooks/NN_name.py`` at that commit. A clone without that
     commit (a shallow one) fails here, naming it: an unverifiable copy does not pass."""
     problems = ec.check([copy_path])
-    assert not problems, (f"{copy_path.relative_to(ROOT)}: {problems}; an old run's copy: "
-                          f"python scripts/executed_copies.py refresh {copy_path.relative_to(ROOT)}")
+    assert not problems, (
+        f"{copy_path.relative_to(ROOT)}: {problems}; an old run's copy: "
+        f"python scripts/executed_copies.py refresh {copy_path.relative_to(ROOT)}"
+    )
 
 
 def _text(path: Path) -> str:
@@ -160,8 +162,7 @@ def test_scrub_text_rewrites_every_kind_of_machine_path():
     out = "/work/rerun/outputs/qwen/staging/07_gender_bias_editing"
     cases = {
         f"outputs in {out}/qwen": "outputs in ../figures/qwen",
-        "/work/rerun/.venv/lib/python3.11/site-packages/transformers/modeling_utils.py:12: FutureWarning: x":
-            "transformers/modeling_utils.py:12: FutureWarning: x",
+        "/work/rerun/.venv/lib/python3.11/site-packages/transformers/modeling_utils.py:12: FutureWarning: x": "transformers/modeling_utils.py:12: FutureWarning: x",
         "/work/rerun/arithlib/run/outputs.py:3: UserWarning": "arithlib/run/outputs.py:3: UserWarning",
         "/tmp/ipykernel_15607/3053041968.py:5: UserWarning: dropped": "<cell>:5: UserWarning: dropped",
         "/work/wt15/outputs/m/staging/run-20261127-1-2/05_lora_mechanism/m": "../figures/m",
@@ -174,22 +175,36 @@ def test_scrub_text_rewrites_every_kind_of_machine_path():
         got = ec.scrub_text(text, roots)
         assert got == want, (text, got)
         assert not ec.MACHINE_PATH.search(got)
-    assert ec.scrub_text("out_dir = '../outputs/m/staging/run-1/01_a'", [], "../outputs/scratch/figures",
-                         "../outputs/m/staging/run-1/01_a") == "out_dir = '../outputs/scratch/figures'"
+    assert (
+        ec.scrub_text(
+            "out_dir = '../outputs/m/staging/run-1/01_a'",
+            [],
+            "../outputs/scratch/figures",
+            "../outputs/m/staging/run-1/01_a",
+        )
+        == "out_dir = '../outputs/scratch/figures'"
+    )
 
 
 def test_noise_warnings_are_dropped_and_others_kept():
-    text = ("/x/arithlib/run/outputs.py:42: UserWarning: Glyph 20013 (\\N{CJK UNIFIED IDEOGRAPH-4E2D}) missing from "
-            "font(s) DejaVu Sans.\n  png = _atomic_write(...)\n"
-            "<cell>:5: UserWarning: PromptSet.build dropped 2 of 10 prompts\n  return build()\n"
-            "transformers/modeling_utils.py:1: FutureWarning: `is_gradient_checkpointing` is deprecated\n"
-            "  warnings.warn(\n")
+    text = (
+        "/x/arithlib/run/outputs.py:42: UserWarning: Glyph 20013 (\\N{CJK UNIFIED IDEOGRAPH-4E2D}) missing from "
+        "font(s) DejaVu Sans.\n  png = _atomic_write(...)\n"
+        "<cell>:5: UserWarning: PromptSet.build dropped 2 of 10 prompts\n  return build()\n"
+        "transformers/modeling_utils.py:1: FutureWarning: `is_gradient_checkpointing` is deprecated\n"
+        "  warnings.warn(\n"
+    )
     assert ec.drop_noise(text) == "<cell>:5: UserWarning: PromptSet.build dropped 2 of 10 prompts\n  return build()\n"
 
 
 def _cell(source: str, outputs: list | None = None, tags: list | None = None) -> dict:
-    return {"cell_type": "code", "metadata": {"tags": tags or []}, "source": source, "execution_count": 1,
-            "outputs": outputs or []}
+    return {
+        "cell_type": "code",
+        "metadata": {"tags": tags or []},
+        "source": source,
+        "execution_count": 1,
+        "outputs": outputs or [],
+    }
 
 
 def _png(n: int) -> dict:
@@ -200,12 +215,14 @@ def test_figures_committed_beside_the_copy_are_linked_not_embedded(tmp_path):
     (tmp_path / "notebooks").mkdir()
     for name in ("01_a", "01_case1", "01_case2"):
         (tmp_path / f"{name}.png").write_bytes(b"png")
-    nb = {"cells": [
-        _cell('save_figure(plot(t), run.out, "01_a")', [_png(1)]),
-        _cell('for i in (1, 2):\n    save_figure(f(i),\n                out, f"01_case{i}")', [_png(2), _png(3)]),
-        _cell("plot(t)  # shown, not saved", [_png(4)]),
-        _cell('save_figure(a, out, "01_missing")', [_png(5)]),
-    ]}
+    nb = {
+        "cells": [
+            _cell('save_figure(plot(t), run.out, "01_a")', [_png(1)]),
+            _cell('for i in (1, 2):\n    save_figure(f(i),\n                out, f"01_case{i}")', [_png(2), _png(3)]),
+            _cell("plot(t)  # shown, not saved", [_png(4)]),
+            _cell('save_figure(a, out, "01_missing")', [_png(5)]),
+        ]
+    }
     assert ec.link_figures(nb, tmp_path) == 3
     outs = [c["outputs"] for c in nb["cells"]]
     assert outs[0][0]["data"]["text/markdown"] == "[![01_a.png](../01_a.png)](../01_a.png)"
@@ -225,10 +242,20 @@ def _as_executed(stem: str, commit: str) -> dict:
     for c in cells:
         nb_cells.append({**c, "outputs": [], "execution_count": 1} if c["cell_type"] == "code" else c)
         if "parameters" in c["metadata"].get("tags", []):
-            nb_cells.append(_cell('# Parameters\nout_dir = "/work/x/outputs/m/staging/01_a"\n', tags=["injected-parameters"]))
-    return {"cells": nb_cells, "metadata": {"papermill": {"input_path": f"/work/x/notebooks/{stem}.ipynb",
-                                                        "parameters": {"out_dir": "/work/x/outputs/m/staging/01_a"}}},
-            "nbformat": 4, "nbformat_minor": 5}
+            nb_cells.append(
+                _cell('# Parameters\nout_dir = "/work/x/outputs/m/staging/01_a"\n', tags=["injected-parameters"])
+            )
+    return {
+        "cells": nb_cells,
+        "metadata": {
+            "papermill": {
+                "input_path": f"/work/x/notebooks/{stem}.ipynb",
+                "parameters": {"out_dir": "/work/x/outputs/m/staging/01_a"},
+            }
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 def test_check_accepts_the_source_at_the_commit_and_catches_a_change(tmp_path):
@@ -262,10 +289,12 @@ def test_check_accepts_the_source_at_the_commit_and_catches_a_change(tmp_path):
 
 
 def test_provenance_names_what_changed_since_the_commit():
-    then = [{"cell_type": "markdown", "source": "# 01 · T", "metadata": {}},
-            {"cell_type": "code", "source": "a = 1", "metadata": {}},
-            {"cell_type": "markdown", "source": "## 2 · Knockout", "metadata": {}},
-            {"cell_type": "code", "source": "b = 2", "metadata": {}}]
+    then = [
+        {"cell_type": "markdown", "source": "# 01 · T", "metadata": {}},
+        {"cell_type": "code", "source": "a = 1", "metadata": {}},
+        {"cell_type": "markdown", "source": "## 2 · Knockout", "metadata": {}},
+        {"cell_type": "code", "source": "b = 2", "metadata": {}},
+    ]
     now = copy.deepcopy(then)
     now[3]["source"] = "b = 3"
     text = ec.provenance_text("01_a", "m", "abc123", then, now)
@@ -305,10 +334,23 @@ def test_token_labels_outside_the_font_are_escaped_not_drawn_as_boxes():
     from arithlib.plots import bias, cna, font_safe
 
     assert font_safe("she, она, 她的\n") == "she, она, \\u5979\\u7684\\n"
-    table = pd.DataFrame({"name": ["22_2592", "20_848"], "mean_change": [0.02, 0.01],
-                          "top_tokens": ["herself, 她, 她的, she", "computer, 计算机, software"]})
-    frame = pd.DataFrame({"name": ["20_2448"], "top_tokens": ["three, 三个方面, drei"], "imp_a": [3.0], "imp_b": [0.5],
-                          "coef_a": [1.0], "coef_b": [2.0]})
+    table = pd.DataFrame(
+        {
+            "name": ["22_2592", "20_848"],
+            "mean_change": [0.02, 0.01],
+            "top_tokens": ["herself, 她, 她的, she", "computer, 计算机, software"],
+        }
+    )
+    frame = pd.DataFrame(
+        {
+            "name": ["20_2448"],
+            "top_tokens": ["three, 三个方面, drei"],
+            "imp_a": [3.0],
+            "imp_b": [0.5],
+            "coef_a": [1.0],
+            "coef_b": [2.0],
+        }
+    )
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=r"Glyph .* missing from font")
         for fig in (bias.edit_set(table, "t"), cna.case_neurons(frame, "t")):

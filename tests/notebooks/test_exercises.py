@@ -52,17 +52,22 @@ def test_exercise_has_a_stub_for_every_solution_block(source: Path):
 
 
 def test_markers_hints_and_variant_cells():
-    src = ('# %%\ndef f(x):\n    """Doc."""\n    # BEGIN SOLUTION\n    # HINT: add one\n    y = x + 1\n'
-           '    return y\n    # END SOLUTION\n\n# %% [markdown] tags=["solution"]\n# answer\n'
-           '# %% [markdown] tags=["exercise"]\n# your answer here\n')
+    src = (
+        '# %%\ndef f(x):\n    """Doc."""\n    # BEGIN SOLUTION\n    # HINT: add one\n    y = x + 1\n'
+        '    return y\n    # END SOLUTION\n\n# %% [markdown] tags=["solution"]\n# answer\n'
+        '# %% [markdown] tags=["exercise"]\n# your answer here\n'
+    )
     ex = mx.render(src, "exercise")
     assert '    # Hint: add one\n    raise NotImplementedError("exercise: write the body of f()")\n' in ex
     assert "y = x + 1" not in ex and "# answer" not in ex and "your answer here" in ex
     sol = mx.render(src, "solution")
     assert "    y = x + 1\n    return y\n" in sol and "add one" not in sol and "your answer" not in sol
     assert "# answer" in sol
-    for broken in ("# %%\n# BEGIN SOLUTION\nx = 1\n", "# %%\nx = 1\n# END SOLUTION\n",
-                   "# %%\n# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION\n"):
+    for broken in (
+        "# %%\n# BEGIN SOLUTION\nx = 1\n",
+        "# %%\nx = 1\n# END SOLUTION\n",
+        "# %%\n# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION\n",
+    ):
         with pytest.raises(ValueError):
             mx.render(broken, "exercise")
 
@@ -119,8 +124,10 @@ def test_checks_reject_wrong_answers():
         def hook(z, hook):
             z[:, :, (head + 1) % bridge.cfg.n_heads] = 0.0
             return z
+
         with bridge.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook)]):
             return bridge(tokens)[:, -1]
+
     with pytest.raises(ex.CheckFailed, match="zero_head_logits"):
         ex.check_zero_head_logits(wrong_head)
 
@@ -131,8 +138,10 @@ def test_checks_reject_wrong_answers():
         def hook(z, hook):
             z[:, -1, head] = cache[name][:, -1, head]
             return z
+
         with bridge.hooks(fwd_hooks=[(name, hook)]):
             return bridge(tokens)[:, -1].gather(1, answer_ids[:, None]).squeeze(1)
+
     with pytest.raises(ex.CheckFailed, match="activation patching"):
         ex.check_path_patch_logit(activation_patching)
 
@@ -140,6 +149,7 @@ def test_checks_reject_wrong_answers():
         lp = (resid @ bridge.W_U + bridge.b_U).log_softmax(-1)
         a = lp.gather(-1, answer_ids[:, None, None].expand(-1, resid.shape[1], 1)).squeeze(-1)
         return a, (lp > a[..., None]).sum(-1)
+
     with pytest.raises(ex.CheckFailed, match="ln_final"):
         ex.check_logit_lens(lens_without_norm)
 
@@ -148,7 +158,9 @@ def test_checks_reject_wrong_answers():
 
     def in_sample(x_tr, y_tr, x_te, y_te):  # the R^2 on the rows it was fitted on, not the held-out ones
         from sklearn.linear_model import LinearRegression
+
         return LinearRegression().fit(x_tr, y_tr).score(x_tr, y_tr)
+
     # (An unregularised probe scored on the held-out rows was the wrong answer here before; on a toy model
     # trained on another machine it came within the check's 0.05 of RidgeCV, so the check rightly passed it.)
     with pytest.raises(ex.CheckFailed, match="RidgeCV"):
@@ -163,5 +175,4 @@ def test_solution_notebook_runs_with_papermill(source: Path, tmp_path: Path):
     import papermill as pm
 
     nb = source.with_name(f"{source.stem}_solution.ipynb")
-    pm.execute_notebook(str(nb), str(tmp_path / nb.name), cwd=str(nb.parent), kernel_name="python3",
-                        progress_bar=False)
+    pm.execute_notebook(str(nb), str(tmp_path / nb.name), cwd=str(nb.parent), kernel_name="python3", progress_bar=False)

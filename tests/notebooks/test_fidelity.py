@@ -6,15 +6,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import arithlib.report.fidelity as F
 import arithlib.report as R
+import arithlib.report.fidelity as F
 
 INFO = {"n_layers": 24, "n_heads": 14, "d_mlp": 4864, "source": "pypi-gguf"}
 
 
 def _p(nb: str, **extra) -> dict:
-    return {"model": "m-small", "model_info": INFO, "fewshot": 2, "quick": False, "device": "cpu",
-            "dtype": "torch.float32", "notebook": nb, **extra}
+    return {
+        "model": "m-small",
+        "model_info": INFO,
+        "fewshot": 2,
+        "quick": False,
+        "device": "cpu",
+        "dtype": "torch.float32",
+        "notebook": nb,
+        **extra,
+    }
 
 
 def _rows(table, finding: str) -> dict:
@@ -32,9 +40,14 @@ def test_ours_reads_the_params_and_scales_layers_by_depth():
     late = _rows(F.fidelity_table(params), "zhang_late_mlps")
     assert "m-small (24 layers x 14 heads, d_mlp 4864" in late["model"]["ours"]
     assert late["positions"]["ours"].endswith("split at layer 13 of 24")
-    assert late["positions"]["forced by the offline model"] == "fewer layers, indices scaled by depth: 17 of 32 -> 13 of 24"
+    assert (
+        late["positions"]["forced by the offline model"]
+        == "fewer layers, indices scaled by depth: 17 of 32 -> 13 of 24"
+    )
     key = _rows(F.fidelity_table(params), "zhang_key_heads")
-    assert "16 correct prompts per operator (+ -)" in key["prompts"]["ours"] and "2-shot prefix" in key["prompts"]["ours"]
+    assert (
+        "16 correct prompts per operator (+ -)" in key["prompts"]["ours"] and "2-shot prefix" in key["prompts"]["ours"]
+    )
     assert "36 templates" in key["prompts"]["paper"] and "-5%" in key["metric"]["ours"]
 
 
@@ -62,13 +75,16 @@ def test_fine_tuning_scale_is_the_resolved_one():
 
 
 def test_fidelity_table_is_its_own_page_linked_per_finding(tmp_path: Path):
-    (tmp_path / "07_gender_bias_editing_params.json").write_text(json.dumps(
-        _p("07", top_k=100, cna_prompt=0, edit_k=18, n_random_seeds=3, sweep=[6, 18])))
+    (tmp_path / "07_gender_bias_editing_params.json").write_text(
+        json.dumps(_p("07", top_k=100, cna_prompt=0, edit_k=18, n_random_seeds=3, sweep=[6, 18]))
+    )
     md, page = R.write_report(tmp_path)
     text, fid = md.read_text(), (tmp_path / R.FIDELITY_FILE).read_text()
     assert "| aspect | paper |" not in text and "(FIDELITY.md#yu_gender_bias)" in text
-    assert "| positions | top-18 CNA neurons zeroed (parameters set to zero) | top-18 CNA neurons " \
-           "zeroed (and 3 random sets) |" in fid
+    assert (
+        "| positions | top-18 CNA neurons zeroed (parameters set to zero) | top-18 CNA neurons "
+        "zeroed (and 3 random sets) |" in fid
+    )
     assert fid.count("| model |") == len(R.FINDINGS) and F.NOT_RECORDED in fid
     assert all(f'<a id="{f.id}"></a>' in fid for f in R.FINDINGS)
     assert 'href="FIDELITY.md#yu_gender_bias"' in page.read_text()
@@ -82,8 +98,8 @@ def test_notebook_04_entries_name_key_head_rule_keep_layers_ov_layers_and_seeds(
     shallow = _rows(F.fidelity_table({"04": _p("04", n_random_seeds=10, **base)}), "yu_shallow_neurons")
     assert "every attention layer l < j <= H" in shallow["positions"]["ours"]
     assert "digits, English number words, operators" in shallow["positions"]["ours"]
-    assert "1D / cases with the division key head" in shallow["prompts"]["ours"]   # the report's layer-0 rule
-    old = _rows(F.fidelity_table({"04": _p("04", **base)}), "yu_mask_keep")   # a run from before issue 29
+    assert "1D / cases with the division key head" in shallow["prompts"]["ours"]  # the report's layer-0 rule
+    old = _rows(F.fidelity_table({"04": _p("04", **base)}), "yu_mask_keep")  # a run from before issue 29
     assert old["metric"]["ours"] == F.NOT_RECORDED
 
 
@@ -139,16 +155,30 @@ def _current_params() -> dict:
         for cell in json.loads(path.read_text())["cells"]:
             if cell["cell_type"] != "code" or "parameters" in cell.get("metadata", {}).get("tags", []):
                 continue
-            for node in ast.walk(ast.parse("\n".join(line for line in "".join(cell["source"]).splitlines()
-                                                 if not line.lstrip().startswith(("%", "!"))))):
-                call = node.value if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in
-                                                                       node.targets] == ["params"] else node
-                if isinstance(call, ast.Call) and (call is not node or getattr(call.func, "id", getattr(
-                        call.func, "attr", "")) == "start_run"):
+            for node in ast.walk(
+                ast.parse(
+                    "\n".join(
+                        line
+                        for line in "".join(cell["source"]).splitlines()
+                        if not line.lstrip().startswith(("%", "!"))
+                    )
+                )
+            ):
+                call = (
+                    node.value
+                    if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["params"]
+                    else node
+                )
+                if isinstance(call, ast.Call) and (
+                    call is not node or getattr(call.func, "id", getattr(call.func, "attr", "")) == "start_run"
+                ):
                     for kw in (k for k in call.keywords if k.arg):
                         try:  # names of parameters, literals, list(...) of them; anything else None
-                            recorded[kw.arg] = eval(compile(ast.Expression(kw.value), "<kw>", "eval"),
-                                                    {"__builtins__": {}, "list": list, "tuple": tuple}, declared)
+                            recorded[kw.arg] = eval(
+                                compile(ast.Expression(kw.value), "<kw>", "eval"),
+                                {"__builtins__": {}, "list": list, "tuple": tuple},
+                                declared,
+                            )
                         except Exception:  # noqa: BLE001 (a value computed at run time)
                             recorded[kw.arg] = None
         out[path.name[:2]] = {**recorded, **_p(path.name[:2]), "model_info": info}

@@ -22,8 +22,10 @@ def test_notebooks_in_the_repository_carry_no_outputs():
     """notebooks/ holds the notebooks as written: no outputs, execution counts or widget
     state (a run's executed copies go to figures/<model>/notebooks/)."""
     dirty = {p.name: found for p in NOTEBOOKS if (found := outputs_in(p))}
-    assert not dirty, (f"notebooks with outputs: {dirty}; clear them (JupyterLab: Edit > Clear Outputs of All "
-                       "Cells, then save; or jupyter nbconvert --clear-output --inplace notebooks/NN_name.ipynb)")
+    assert not dirty, (
+        f"notebooks with outputs: {dirty}; clear them (JupyterLab: Edit > Clear Outputs of All "
+        "Cells, then save; or jupyter nbconvert --clear-output --inplace notebooks/NN_name.ipynb)"
+    )
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -31,8 +33,9 @@ def test_notebook_and_its_py_source_hold_the_same_cells(notebook: Path):
     """Each notebook is committed twice: as the .ipynb that papermill runs and as the
     percent-format .py that jupytext pairs with it (readable diffs). They must not drift."""
     meta = json.loads(notebook.read_text())["metadata"]
-    assert meta.get("jupytext", {}).get("formats") == "ipynb,py:percent", \
+    assert meta.get("jupytext", {}).get("formats") == "ipynb,py:percent", (
         f"pair it: jupytext --set-formats ipynb,py:percent {notebook.relative_to(ROOT)}"
+    )
     assert pair_drift(notebook) == [], f"run: jupytext --sync {notebook.relative_to(ROOT)}"
 
 
@@ -57,9 +60,14 @@ def figures(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_on_toy_model(notebook: Path, figures: Path, tmp_path: Path):
     out = tmp_path / notebook.name
-    pm.execute_notebook(str(notebook), str(out), cwd=str(notebook.parent), kernel_name="python3", progress_bar=False,
-                        parameters={"model": "toy-arith", "device": "cpu", "quick": True, "seed": 0,
-                                    "out_dir": str(figures)})
+    pm.execute_notebook(
+        str(notebook),
+        str(out),
+        cwd=str(notebook.parent),
+        kernel_name="python3",
+        progress_bar=False,
+        parameters={"model": "toy-arith", "device": "cpu", "quick": True, "seed": 0, "out_dir": str(figures)},
+    )
     produced = list((figures / "toy-arith").glob(f"{notebook.stem[:2]}_*"))
     assert any(p.name.endswith((".csv", ".csv.gz")) for p in produced), f"{notebook.name} wrote no table"
     assert any(p.suffix == ".png" for p in produced), f"{notebook.name} wrote no figure"

@@ -37,23 +37,53 @@ def _csv(d: Path, name: str, rows: list[dict]) -> None:
 OPS4 = ("+", "-", "*", "/")
 
 
-def _path_patching(d: Path, head_effects: list[float], mlp_effects: list[float], n_heads: int = 4,
-                   n_prompts: int = 40, spread: float = 0.0) -> None:
+def _path_patching(
+    d: Path,
+    head_effects: list[float],
+    mlp_effects: list[float],
+    n_heads: int = 4,
+    n_prompts: int = 40,
+    spread: float = 0.0,
+) -> None:
     """The pooled table and the per-prompt table the Zhang rules read: ``n_prompts``
     prompts (operators in turn), each component's per-prompt effect = its mean +- ``spread``
     (alternating, so the mean is exact)."""
-    rows = [{"op": "all", "component": f"L{i // n_heads}H{i % n_heads}", "kind": "head", "layer": i // n_heads,
-             "head": i % n_heads, "effect": e} for i, e in enumerate(head_effects)]
-    rows += [{"op": "all", "component": f"MLP{l}", "kind": "mlp", "layer": l, "head": -1, "effect": e}
-             for l, e in enumerate(mlp_effects)]
-    rows += [{"op": "+", "component": "L0H0", "kind": "head", "layer": 0, "head": 0, "effect": -0.9}]  # per-op row: ignored
+    rows = [
+        {
+            "op": "all",
+            "component": f"L{i // n_heads}H{i % n_heads}",
+            "kind": "head",
+            "layer": i // n_heads,
+            "head": i % n_heads,
+            "effect": e,
+        }
+        for i, e in enumerate(head_effects)
+    ]
+    rows += [
+        {"op": "all", "component": f"MLP{l}", "kind": "mlp", "layer": l, "head": -1, "effect": e}
+        for l, e in enumerate(mlp_effects)
+    ]
+    rows += [
+        {"op": "+", "component": "L0H0", "kind": "head", "layer": 0, "head": 0, "effect": -0.9}
+    ]  # per-op row: ignored
     _csv(d, "01_path_patching", rows)
     per = []
     for p in range(n_prompts):
         dev = spread if p % 2 else -spread
-        per += [{"prompt": p, "op": OPS4[(p // 2) % 4], "template_id": 0, "component": r["component"],
-                 "kind": r["kind"], "layer": r["layer"], "head": r["head"], "effect": r["effect"] + dev}
-                for r in rows if r["op"] == "all"]
+        per += [
+            {
+                "prompt": p,
+                "op": OPS4[(p // 2) % 4],
+                "template_id": 0,
+                "component": r["component"],
+                "kind": r["kind"],
+                "layer": r["layer"],
+                "head": r["head"],
+                "effect": r["effect"] + dev,
+            }
+            for r in rows
+            if r["op"] == "all"
+        ]
     _csv(d, "01_path_patching_per_prompt", per)
 
 
@@ -71,8 +101,17 @@ def _outcome(finding_id: str, d: Path) -> R.Outcome:
 # --------------------------------------------------------------------------- rules at their thresholds
 
 
-@pytest.mark.parametrize("n_key, verdict", [(0, R.NOT_REPRODUCED), (4, R.REPRODUCED), (5, R.REPRODUCED),
-                                            (6, R.PARTLY), (10, R.PARTLY), (11, R.NOT_REPRODUCED)])
+@pytest.mark.parametrize(
+    "n_key, verdict",
+    [
+        (0, R.NOT_REPRODUCED),
+        (4, R.REPRODUCED),
+        (5, R.REPRODUCED),
+        (6, R.PARTLY),
+        (10, R.PARTLY),
+        (11, R.NOT_REPRODUCED),
+    ],
+)
 def test_key_head_share_thresholds(tmp_path: Path, n_key: int, verdict: str):
     # 100 heads (10 layers x 10); key heads have effect below -5 %, one head sits just above -5 % (not key)
     effects = [-0.2] * n_key + [-0.0499] + [0.0] * (99 - n_key)
@@ -119,17 +158,31 @@ def _knockout(d: Path, eff_acc: float, rnd_acc: float, n: int = 200, k: int = 10
     rows = []
     for cond, rate in [("none", 1.0), ("effect", eff_acc)] + [(f"random{i}", rnd_acc) for i in range(n_random)]:
         for p, c in enumerate(_per_prompt_correct(n, rate)):
-            rows.append({"prompt": p, "op": OPS4[p % 4], "template_id": 0, "condition": cond,
-                         "n_heads": 0 if cond == "none" else k, "position": "query", "correct": c})
+            rows.append(
+                {
+                    "prompt": p,
+                    "op": OPS4[p % 4],
+                    "template_id": 0,
+                    "condition": cond,
+                    "n_heads": 0 if cond == "none" else k,
+                    "position": "query",
+                    "correct": c,
+                }
+            )
     rows += [dict(r, position="end", correct=True) for r in rows[:n]]  # the END screen is not judged
     _csv(d, "01_knockout_per_prompt", rows)
 
 
-@pytest.mark.parametrize("eff_acc, rnd_acc, verdict", [(0.30, 0.98, R.REPRODUCED),     # gap 0.68
-                                                       (0.55, 0.98, R.REPRODUCED),     # gap 0.43, interval above 0.34
-                                                       (0.60, 0.98, R.INCONCLUSIVE),   # gap 0.38, interval holds 0.34
-                                                       (0.80, 0.98, R.PARTLY),         # gap 0.18
-                                                       (0.98, 0.98, R.NOT_REPRODUCED)])
+@pytest.mark.parametrize(
+    "eff_acc, rnd_acc, verdict",
+    [
+        (0.30, 0.98, R.REPRODUCED),  # gap 0.68
+        (0.55, 0.98, R.REPRODUCED),  # gap 0.43, interval above 0.34
+        (0.60, 0.98, R.INCONCLUSIVE),  # gap 0.38, interval holds 0.34
+        (0.80, 0.98, R.PARTLY),  # gap 0.18
+        (0.98, 0.98, R.NOT_REPRODUCED),
+    ],
+)
 def test_knockout_gap_rule(tmp_path: Path, eff_acc: float, rnd_acc: float, verdict: str):
     _params(tmp_path, n_layers=2, n_heads=8)
     _path_patching(tmp_path, [-0.3, -0.2] + [0.0] * 14, [0.0, 0.0])  # 2 key heads: k stays 10 (Table 4)
@@ -146,8 +199,11 @@ def test_knockout_reads_every_position_only(tmp_path: Path):
     judged knockout is at every query position, k = 10 (01_knockout.csv alone is not enough)."""
     _params(tmp_path, n_layers=2, n_heads=8)
     _path_patching(tmp_path, [-0.01] * 16, [0.0, 0.0])
-    _csv(tmp_path, "01_knockout", [{"order": "effect", "order_name": "effect", "k": 1, "group": "all",
-                                    "accuracy": 0.0, "n": 10}])
+    _csv(
+        tmp_path,
+        "01_knockout",
+        [{"order": "effect", "order_name": "effect", "k": 1, "group": "all", "accuracy": 0.0, "n": 10}],
+    )
     assert _outcome("zhang_knockout", tmp_path).verdict == R.NOT_RUN
     _knockout(tmp_path, 0.2, 1.0)
     out = _outcome("zhang_knockout", tmp_path)
@@ -161,9 +217,17 @@ def _knockout_matched(d: Path, effect_correct: list[bool], n_random: int = 2, k:
     rows = []
     for p, ok in enumerate(effect_correct):
         for cond in ["none", "effect"] + [f"random{i}" for i in range(n_random)]:
-            rows.append({"prompt": p, "op": OPS4[(p // 2) % 4], "template_id": 0, "condition": cond,
-                         "n_heads": 0 if cond == "none" else k, "position": "query",
-                         "correct": bool(ok) if cond == "effect" else True})
+            rows.append(
+                {
+                    "prompt": p,
+                    "op": OPS4[(p // 2) % 4],
+                    "template_id": 0,
+                    "condition": cond,
+                    "n_heads": 0 if cond == "none" else k,
+                    "position": "query",
+                    "correct": bool(ok) if cond == "effect" else True,
+                }
+            )
     _csv(d, "01_knockout_per_prompt", rows)
 
 
@@ -197,14 +261,27 @@ def test_knockout_says_when_half_a_selects_other_heads(tmp_path: Path):
     per = []
     for p in range(n):
         eff = [-0.3] * 9 + ([-0.2, 0.0] if half_a[p] else [0.0, -0.5]) + [0.0] * 5  # head 9 on A, head 10 overall
-        per += [{"prompt": p, "op": ops[p], "template_id": 0, "component": f"L{i // H}H{i % H}", "kind": "head",
-                 "layer": i // H, "head": i % H, "effect": e} for i, e in enumerate(eff)]
+        per += [
+            {
+                "prompt": p,
+                "op": ops[p],
+                "template_id": 0,
+                "component": f"L{i // H}H{i % H}",
+                "kind": "head",
+                "layer": i // H,
+                "head": i % H,
+                "effect": e,
+            }
+            for i, e in enumerate(eff)
+        ]
     _params(tmp_path, n_layers=2, n_heads=H)
     _csv(tmp_path, "01_path_patching_per_prompt", per)
     _knockout_matched(tmp_path, [p % 5 != 0 for p in range(n)])
     out = _outcome("zhang_knockout", tmp_path)
     assert out.interval.n == n
-    assert "heads selected and scored on the same prompts" in out.ours and "share only 9 of the knockout's 10" in out.ours
+    assert (
+        "heads selected and scored on the same prompts" in out.ours and "share only 9 of the knockout's 10" in out.ours
+    )
 
 
 def test_knockout_and_transfer_say_their_heads_are_not_key_heads(tmp_path: Path):
@@ -223,18 +300,28 @@ def test_knockout_and_transfer_say_their_heads_are_not_key_heads(tmp_path: Path)
 def _transfer(d: Path, after: float, rnd: float, n: int = 100) -> None:
     rows = []
     for f, before in (("a", 1.0), ("b", 1.0), ("c", 0.0)):  # c: never answered, left out
-        for cond, rate in (("none", before), ("knockout", after * before), ("random0", rnd * before),
-                           ("random1", rnd * before)):
+        for cond, rate in (
+            ("none", before),
+            ("knockout", after * before),
+            ("random0", rnd * before),
+            ("random1", rnd * before),
+        ):
             for p, c in enumerate(_per_prompt_correct(n, rate)):
-                rows.append({"format": f, "prompt": p, "condition": cond, "n_heads": 0 if cond == "none" else 10,
-                             "correct": c})
+                rows.append(
+                    {"format": f, "prompt": p, "condition": cond, "n_heads": 0 if cond == "none" else 10, "correct": c}
+                )
     _csv(d, "01_transfer_per_prompt", rows)
 
 
-@pytest.mark.parametrize("after, rnd, verdict", [(0.30, 0.96, R.REPRODUCED),    # gap 0.66
-                                                 (0.62, 0.96, R.INCONCLUSIVE),  # gap 0.34: the interval holds 0.33
-                                                 (0.80, 0.96, R.PARTLY),        # gap 0.16
-                                                 (0.30, 0.30, R.NOT_REPRODUCED)])  # random heads hurt as much
+@pytest.mark.parametrize(
+    "after, rnd, verdict",
+    [
+        (0.30, 0.96, R.REPRODUCED),  # gap 0.66
+        (0.62, 0.96, R.INCONCLUSIVE),  # gap 0.34: the interval holds 0.33
+        (0.80, 0.96, R.PARTLY),  # gap 0.16
+        (0.30, 0.30, R.NOT_REPRODUCED),
+    ],
+)  # random heads hurt as much
 def test_transfer_rule_subtracts_random_heads(tmp_path: Path, after: float, rnd: float, verdict: str):
     _params(tmp_path, n_layers=2, n_heads=8)
     _path_patching(tmp_path, [-0.01] * 16, [0.0, 0.0])
@@ -247,9 +334,18 @@ def test_transfer_rule_subtracts_random_heads(tmp_path: Path, after: float, rnd:
     assert out.interval.n == 200 and out.verdict == verdict
 
 
-@pytest.mark.parametrize("x, signed, text", [(0.25, True, "+25 %"), (-0.4, True, "-40 %"), (0.0, True, "0 %"),
-                                             (-0.001, True, "0 %"), (0.25, False, "25 %"), (-0.0001, False, "0 %"),
-                                             (float("nan"), True, "n/a")])
+@pytest.mark.parametrize(
+    "x, signed, text",
+    [
+        (0.25, True, "+25 %"),
+        (-0.4, True, "-40 %"),
+        (0.0, True, "0 %"),
+        (-0.001, True, "0 %"),
+        (0.25, False, "25 %"),
+        (-0.0001, False, "0 %"),
+        (float("nan"), True, "n/a"),
+    ],
+)
 def test_percent_changes_carry_their_sign(x: float, signed: bool, text: str):
     assert pct(x, 0, signed=signed) == text
 
@@ -257,15 +353,25 @@ def test_percent_changes_carry_their_sign(x: float, signed: bool, text: str):
 def test_transfer_without_per_prompt_table_is_not_run(tmp_path: Path):
     _params(tmp_path, n_layers=2, n_heads=4)
     _path_patching(tmp_path, [-0.3] + [0.0] * 7, [0.0, 0.0])
-    _csv(tmp_path, "01_transfer", [{"format": "a", "n": 10, "accuracy_before": 1.0, "accuracy_after": 0.2,
-                                    "accuracy_random": 1.0}])
+    _csv(
+        tmp_path,
+        "01_transfer",
+        [{"format": "a", "n": 10, "accuracy_before": 1.0, "accuracy_after": 0.2, "accuracy_random": 1.0}],
+    )
     out = _outcome("zhang_transfer", tmp_path)
     assert out.verdict == R.NOT_RUN and "01_transfer_per_prompt.csv" in out.ours
 
 
-@pytest.mark.parametrize("early, late, verdict", [(0.01, 0.10, R.REPRODUCED), (0.01, 0.051, R.REPRODUCED),
-                                                  (0.03, 0.051, R.PARTLY), (0.001, 0.049, R.PARTLY),
-                                                  (0.05, 0.04, R.NOT_REPRODUCED)])
+@pytest.mark.parametrize(
+    "early, late, verdict",
+    [
+        (0.01, 0.10, R.REPRODUCED),
+        (0.01, 0.051, R.REPRODUCED),
+        (0.03, 0.051, R.PARTLY),
+        (0.001, 0.049, R.PARTLY),
+        (0.05, 0.04, R.NOT_REPRODUCED),
+    ],
+)
 def test_late_mlp_rule(tmp_path: Path, early: float, late: float, verdict: str):
     # 32 layers: MLPs 0-16 early, 17-31 late (the paper's split); signs must not matter
     _params(tmp_path, n_layers=32, n_heads=1)
@@ -289,19 +395,31 @@ def test_late_mlp_split_scales_with_depth(tmp_path: Path):
     assert out.metrics["strongest MLP layer / n_layers"] == pytest.approx(13 / 24)
 
 
-def _cosines(d: Path, curve: list[float] | None, n: int = 40, spread: float = 0.0,
-             literal: list[float] | None = None) -> None:
+def _cosines(
+    d: Path, curve: list[float] | None, n: int = 40, spread: float = 0.0, literal: list[float] | None = None
+) -> None:
     """Notebook 02's per-prompt answer curves: the MLP's write (``write_C``, the verdict's
     reading) and, if given, the literal MLP_out - MLP_in (``delta_C``, the sensitivity one)."""
-    rows = [{"prompt": p, "op": OPS4[p % 4], "template_id": 0, "layer": layer, "measure": measure,
-             "value": v + (spread if p % 2 else -spread) * (layer > 0)}
-            for measure, c in (("write_C", curve), ("delta_C", literal)) if c is not None
-            for p in range(n) for layer, v in enumerate(c)]
+    rows = [
+        {
+            "prompt": p,
+            "op": OPS4[p % 4],
+            "template_id": 0,
+            "layer": layer,
+            "measure": measure,
+            "value": v + (spread if p % 2 else -spread) * (layer > 0),
+        }
+        for measure, c in (("write_C", curve), ("delta_C", literal))
+        if c is not None
+        for p in range(n)
+        for layer, v in enumerate(c)
+    ]
     _csv(d, "02_mlp_cosines_per_prompt", rows)
 
 
-@pytest.mark.parametrize("onset, verdict", [(20, R.REPRODUCED), (17, R.REPRODUCED), (14, R.PARTLY),
-                                            (8, R.NOT_REPRODUCED)])
+@pytest.mark.parametrize(
+    "onset, verdict", [(20, R.REPRODUCED), (17, R.REPRODUCED), (14, R.PARTLY), (8, R.NOT_REPRODUCED)]
+)
 def test_mlp_answer_onset_rule(tmp_path: Path, onset: int, verdict: str):
     """The answer curve is flat, then climbs from layer ``onset`` (32 layers); layer 0
     (the embedding's outlier, far below) is left out, so it cannot decide the verdict."""
@@ -360,8 +478,11 @@ def test_mlp_answer_climb_is_judged_on_its_interval(tmp_path: Path):
     for p in range(40):
         bump = 0.09 + (0.3 if (p // 4) % 2 else -0.3)  # varies within every operator
         curve = [-0.5] + [-0.01 * layer for layer in range(1, 29)] + [-0.29 + bump * i for i in (1, 2, 3)]
-        rows += [{"prompt": p, "op": OPS4[p % 4], "template_id": 0, "layer": layer, "measure": m, "value": v}
-                 for m in ("write_C", "delta_C") for layer, v in enumerate(curve)]
+        rows += [
+            {"prompt": p, "op": OPS4[p % 4], "template_id": 0, "layer": layer, "measure": m, "value": v}
+            for m in ("write_C", "delta_C")
+            for layer, v in enumerate(curve)
+        ]
     _csv(tmp_path, "02_mlp_cosines_per_prompt", rows)
     out = _outcome("zhang_mlp_answer", tmp_path)
     assert out.verdict == R.INCONCLUSIVE and "not settled by the bootstrap" in out.ours
@@ -380,22 +501,54 @@ def _mask_keep(d: Path, mask: float, keep: float, rnd: float, n: int, n_seeds: i
     for K, scale in ((99, 1.0), (10, 0.5)):
         for kind, v in (("mask", mask), ("keep", keep), ("random mask", rnd), ("random keep", 90.0)):
             k = int(round((1 - v * scale / 100) * n))
-            for s in (range(n_seeds) if kind.startswith("random") else [None]):
-                rows.append({"group": "+-", "intervention": kind, "K": K, "accuracy": k / n,
-                             "accuracy_decrease": 100 * (1 - k / n), "coef_decrease": 0, "n_cases": n,
-                             "base_accuracy": 1.0,
-                             **({"seed": float("nan") if s is None else s, "keep_layers": "4-7",
-                                 "correct_by_prompt": _bits(k, n, start=(s or 0) % max(1, n - k + 1))}
-                                if new else {})})
-    rows.append({"group": "/", "intervention": "mask", "K": 99, "accuracy": 1.0, "accuracy_decrease": 0.0,
-                 "coef_decrease": 0, "n_cases": n, "base_accuracy": 1.0})
+            for s in range(n_seeds) if kind.startswith("random") else [None]:
+                rows.append(
+                    {
+                        "group": "+-",
+                        "intervention": kind,
+                        "K": K,
+                        "accuracy": k / n,
+                        "accuracy_decrease": 100 * (1 - k / n),
+                        "coef_decrease": 0,
+                        "n_cases": n,
+                        "base_accuracy": 1.0,
+                        **(
+                            {
+                                "seed": float("nan") if s is None else s,
+                                "keep_layers": "4-7",
+                                "correct_by_prompt": _bits(k, n, start=(s or 0) % max(1, n - k + 1)),
+                            }
+                            if new
+                            else {}
+                        ),
+                    }
+                )
+    rows.append(
+        {
+            "group": "/",
+            "intervention": "mask",
+            "K": 99,
+            "accuracy": 1.0,
+            "accuracy_decrease": 0.0,
+            "coef_decrease": 0,
+            "n_cases": n,
+            "base_accuracy": 1.0,
+        }
+    )
     _csv(d, "04_mask_keep", rows)
 
 
-@pytest.mark.parametrize("mask, keep, rnd, n, verdict", [
-    (100, 3.9, 2, 1000, R.REPRODUCED), (40, 10, 2, 1000, R.PARTLY), (90, 60, 2, 1000, R.PARTLY),
-    (60, 10, 40, 1000, R.PARTLY), (10, 80, 2, 1000, R.NOT_REPRODUCED),
-    (55, 10, 2, 20, R.UNDECIDABLE)])   # 9 of 20 cases kept: straddles 50 %, and every correct 1D case is used
+@pytest.mark.parametrize(
+    "mask, keep, rnd, n, verdict",
+    [
+        (100, 3.9, 2, 1000, R.REPRODUCED),
+        (40, 10, 2, 1000, R.PARTLY),
+        (90, 60, 2, 1000, R.PARTLY),
+        (60, 10, 40, 1000, R.PARTLY),
+        (10, 80, 2, 1000, R.NOT_REPRODUCED),
+        (55, 10, 2, 20, R.UNDECIDABLE),
+    ],
+)  # 9 of 20 cases kept: straddles 50 %, and every correct 1D case is used
 def test_mask_keep_rule(tmp_path: Path, mask: float, keep: float, rnd: float, n: int, verdict: str):
     _mask_keep(tmp_path, mask, keep, rnd, n)
     out = _outcome("yu_mask_keep", tmp_path)
@@ -412,19 +565,32 @@ def test_mask_keep_random_interval_spans_seeds(tmp_path: Path):
     n = 400
     for kind, correct in (("mask", [int(0.4 * n)]), ("keep", [n]), ("random mask", [n - 4 * s for s in range(10)])):
         for s, k in enumerate(correct):
-            rows.append({"group": "+-", "intervention": kind, "K": 99, "accuracy": k / n, "n_cases": n,
-                         "base_accuracy": 1.0, "seed": s if kind.startswith("random") else float("nan"),
-                         "correct_by_prompt": _bits(k, n)})
+            rows.append(
+                {
+                    "group": "+-",
+                    "intervention": kind,
+                    "K": 99,
+                    "accuracy": k / n,
+                    "n_cases": n,
+                    "base_accuracy": 1.0,
+                    "seed": s if kind.startswith("random") else float("nan"),
+                    "correct_by_prompt": _bits(k, n),
+                }
+            )
     _csv(tmp_path, "04_mask_keep", rows)
     out = _outcome("yu_mask_keep", tmp_path)
-    assert out.metrics["random-mask accuracy decrease (%)"] == pytest.approx(100 * np.mean([4 * s for s in range(10)]) / n)
-    assert out.verdict == R.REPRODUCED   # mask 60 % [55, 65] > 2 x the random mask's high end (< 10 %)
+    assert out.metrics["random-mask accuracy decrease (%)"] == pytest.approx(
+        100 * np.mean([4 * s for s in range(10)]) / n
+    )
+    assert out.verdict == R.REPRODUCED  # mask 60 % [55, 65] > 2 x the random mask's high end (< 10 %)
     wide = [row for row in rows if row["intervention"] != "random mask"]
-    wide += [{**rows[-1], "seed": s, "accuracy": k / n, "correct_by_prompt": _bits(k, n)}
-             for s, k in enumerate([n] * 5 + [int(0.5 * n)] * 5)]   # half the seeds lose 50 %: random 25 %
+    wide += [
+        {**rows[-1], "seed": s, "accuracy": k / n, "correct_by_prompt": _bits(k, n)}
+        for s, k in enumerate([n] * 5 + [int(0.5 * n)] * 5)
+    ]  # half the seeds lose 50 %: random 25 %
     _csv(tmp_path, "04_mask_keep", wide)
     out = _outcome("yu_mask_keep", tmp_path)
-    assert out.verdict == R.INCONCLUSIVE   # 2 x the random interval reaches past the mask's low end
+    assert out.verdict == R.INCONCLUSIVE  # 2 x the random interval reaches past the mask's low end
 
 
 def test_mask_keep_rule_on_tables_before_issue_29_is_not_run(tmp_path: Path):
@@ -440,27 +606,54 @@ def test_mask_keep_names_a_fallback_key_head(tmp_path: Path):
     assert "L16H10" in out.ours and "NO head lowers 1D accuracy" in out.ours
 
 
-def _m_sweep(d: Path, hidden: float, random: float, n: int = 200, n_seeds: int = 10, new: bool = True,
-             spread: int = 0) -> None:
+def _m_sweep(
+    d: Path, hidden: float, random: float, n: int = 200, n_seeds: int = 10, new: bool = True, spread: int = 0
+) -> None:
     """04_hidden_m_sweep.csv: the hidden set and ``n_seeds`` random sets per M; random
     seed s loses ``spread * (s - mid)`` more or fewer cases than the mean."""
     rows = []
     for M in (0, 1, 2, 3):
         for kind, dec in (("hidden-interpretable", hidden if M == 2 else 99.0), ("random", random if M == 2 else 0.0)):
-            for s in (range(n_seeds) if kind == "random" else [None]):
+            for s in range(n_seeds) if kind == "random" else [None]:
                 shift = spread * (s - (n_seeds - 1) / 2) if s is not None else 0
                 k = int(round((1 - dec / 100) * n - shift))
-                rows.append({"group": "+-", "set": kind, "M": M, "n_neurons": 10, "share_of_shallow": 0.01,
-                             "accuracy": k / n, "accuracy_decrease": 100 * (1 - k / n), "base_accuracy": 1.0,
-                             "n_cases": n, "correct_by_prompt": _bits(k, n),
-                             **({"seed": float("nan") if s is None else s, "n_shallow": 1000, "paper_n": 1953,
-                                 "paper_share": 1953 / 176128} if new else {})})
+                rows.append(
+                    {
+                        "group": "+-",
+                        "set": kind,
+                        "M": M,
+                        "n_neurons": 10,
+                        "share_of_shallow": 0.01,
+                        "accuracy": k / n,
+                        "accuracy_decrease": 100 * (1 - k / n),
+                        "base_accuracy": 1.0,
+                        "n_cases": n,
+                        "correct_by_prompt": _bits(k, n),
+                        **(
+                            {
+                                "seed": float("nan") if s is None else s,
+                                "n_shallow": 1000,
+                                "paper_n": 1953,
+                                "paper_share": 1953 / 176128,
+                            }
+                            if new
+                            else {}
+                        ),
+                    }
+                )
     _csv(d, "04_hidden_m_sweep", rows)
 
 
-@pytest.mark.parametrize("hidden, random, verdict", [(53.9, 2.6, R.REPRODUCED), (60.0, 5.0, R.REPRODUCED),
-                                                     (20.0, 5.0, R.PARTLY), (6.0, 5.0, R.NOT_REPRODUCED),
-                                                     (28.0, 2.0, R.UNDECIDABLE)])  # gap 26 +- 6 straddles 25.7; all cases used
+@pytest.mark.parametrize(
+    "hidden, random, verdict",
+    [
+        (53.9, 2.6, R.REPRODUCED),
+        (60.0, 5.0, R.REPRODUCED),
+        (20.0, 5.0, R.PARTLY),
+        (6.0, 5.0, R.NOT_REPRODUCED),
+        (28.0, 2.0, R.UNDECIDABLE),
+    ],
+)  # gap 26 +- 6 straddles 25.7; all cases used
 def test_shallow_neuron_rule(tmp_path: Path, hidden: float, random: float, verdict: str):
     _m_sweep(tmp_path, hidden, random)
     out = _outcome("yu_shallow_neurons", tmp_path)
@@ -483,18 +676,30 @@ def test_shallow_neuron_rule_reads_division_when_the_plus_minus_head_is_in_layer
     _m_sweep(tmp_path, 60.0, 5.0)
     sweep = pd.read_csv(tmp_path / "04_hidden_m_sweep.csv").assign(group="/")
     sweep.to_csv(tmp_path / "04_hidden_m_sweep.csv", index=False)
-    _csv(tmp_path, "04_key_heads", [{"group": "+-", "layer": 0, "head": 8, "lowers_1d": True, "op": "+"},
-                                    {"group": "/", "layer": 10, "head": 12, "lowers_1d": True, "op": "/"}])
+    _csv(
+        tmp_path,
+        "04_key_heads",
+        [
+            {"group": "+-", "layer": 0, "head": 8, "lowers_1d": True, "op": "+"},
+            {"group": "/", "layer": 10, "head": 12, "lowers_1d": True, "op": "/"},
+        ],
+    )
     out = _outcome("yu_shallow_neurons", tmp_path)
     assert out.verdict == R.REPRODUCED and out.interval.n == 200
     assert "L0H8 is in layer 0" in out.ours and "judged on 1D /" in out.ours and "L10H12" in out.ours
-    _csv(tmp_path, "04_key_heads", [{"group": "+-", "layer": 3, "head": 8, "lowers_1d": True, "op": "+"},
-                                    {"group": "/", "layer": 10, "head": 12, "lowers_1d": True, "op": "/"}])
-    assert _outcome("yu_shallow_neurons", tmp_path).verdict == R.NOT_RUN   # a + / - sweep is missing: not run
+    _csv(
+        tmp_path,
+        "04_key_heads",
+        [
+            {"group": "+-", "layer": 3, "head": 8, "lowers_1d": True, "op": "+"},
+            {"group": "/", "layer": 10, "head": 12, "lowers_1d": True, "op": "/"},
+        ],
+    )
+    assert _outcome("yu_shallow_neurons", tmp_path).verdict == R.NOT_RUN  # a + / - sweep is missing: not run
 
 
 def test_shallow_neuron_rule_on_tables_before_issue_29_is_not_run(tmp_path: Path):
-    _m_sweep(tmp_path, 60.0, 5.0, n_seeds=1, new=False)   # one random set, the key layer's OV, broad concepts
+    _m_sweep(tmp_path, 60.0, 5.0, n_seeds=1, new=False)  # one random set, the key layer's OV, broad concepts
     out = _outcome("yu_shallow_neurons", tmp_path)
     assert out.verdict == R.NOT_RUN and "rerun notebook 04" in out.ours
 
@@ -505,19 +710,40 @@ def _circuit_faithfulness(d: Path, f: float, n: int, noise: float, seed: int = 0
     rows = []
     for op in "+-":
         for i in range(n):
-            rows += [{"op": op, "prompt": i, "circuit": "full", "normalized_logit": 1.0, "correct": True},
-                     {"op": op, "prompt": i, "circuit": "ablated", "normalized_logit": float(rng.normal(0, noise)),
-                      "correct": False},
-                     {"op": op, "prompt": i, "circuit": "circuit", "normalized_logit": float(f + rng.normal(0, noise)),
-                      "correct": True}]
+            rows += [
+                {"op": op, "prompt": i, "circuit": "full", "normalized_logit": 1.0, "correct": True},
+                {
+                    "op": op,
+                    "prompt": i,
+                    "circuit": "ablated",
+                    "normalized_logit": float(rng.normal(0, noise)),
+                    "correct": False,
+                },
+                {
+                    "op": op,
+                    "prompt": i,
+                    "circuit": "circuit",
+                    "normalized_logit": float(f + rng.normal(0, noise)),
+                    "correct": True,
+                },
+            ]
     _csv(d, "03_circuit_faithfulness_prompts", rows)
-    _csv(d, "03_circuit_faithfulness", [{"op": "all", "faithfulness": f, "share_per_layer": 0.01, "k_per_layer": 1,
-                                         "n_heads": 4, "n_heldout": 2 * n}])
+    _csv(
+        d,
+        "03_circuit_faithfulness",
+        [{"op": "all", "faithfulness": f, "share_per_layer": 0.01, "k_per_layer": 1, "n_heads": 4, "n_heldout": 2 * n}],
+    )
 
 
-@pytest.mark.parametrize("f, n, noise, verdict", [(0.97, 200, 0.05, R.REPRODUCED), (0.7, 200, 0.05, R.PARTLY),
-                                                  (0.2, 200, 0.05, R.NOT_REPRODUCED),
-                                                  (0.92, 6, 0.3, R.INCONCLUSIVE)])
+@pytest.mark.parametrize(
+    "f, n, noise, verdict",
+    [
+        (0.97, 200, 0.05, R.REPRODUCED),
+        (0.7, 200, 0.05, R.PARTLY),
+        (0.2, 200, 0.05, R.NOT_REPRODUCED),
+        (0.92, 6, 0.3, R.INCONCLUSIVE),
+    ],
+)
 def test_faithfulness_rule(tmp_path: Path, f: float, n: int, noise: float, verdict: str):
     """Issue 28: the verdict reads the held-out faithfulness of the full circuit (heads and neurons) through its
     bootstrap interval; few noisy prompts near 0.9 are inconclusive."""
@@ -530,8 +756,11 @@ def test_faithfulness_rule(tmp_path: Path, f: float, n: int, noise: float, verdi
 
 def test_faithfulness_rule_ignores_the_neuron_only_curve(tmp_path: Path):
     """The old rule judged the late-MLP-neuron-only curve on the selection prompts; it no longer decides."""
-    rows = [{"op": op, "k_per_layer": k, "share_per_layer": s, "faithfulness": f}
-            for op in "+-" for k, s, f in ((0, 0.0, 0.0), (1, 0.01, 0.99), (5, 0.05, 1.0))]
+    rows = [
+        {"op": op, "k_per_layer": k, "share_per_layer": s, "faithfulness": f}
+        for op in "+-"
+        for k, s, f in ((0, 0.0, 0.0), (1, 0.01, 0.99), (5, 0.05, 1.0))
+    ]
     _csv(tmp_path, "03_faithfulness_curve", rows)
     assert _outcome("nikankin_faithfulness", tmp_path).verdict == R.NOT_RUN
     _circuit_faithfulness(tmp_path, 0.3, 100, 0.05)
@@ -541,10 +770,25 @@ def test_faithfulness_rule_ignores_the_neuron_only_curve(tmp_path: Path):
 
 def _matched_share(d: Path, labelled: float = 0.5, n_circuit: int = 100) -> None:
     """03_matched_share with the label test's columns (two operators)."""
-    _csv(d, "03_matched_share", [{"op": op, "n_circuit": n_circuit, "n_rules": 50, "matched_share": 0.96,
-                                  "matched_share_null": 0.36, "labelled_share": labelled, "labelled_share_null": 0.0,
-                                  "n_labelled": int(round(labelled * n_circuit)), "label_fdr": 0.05,
-                                  "n_permutations": 2000} for op in "+-"])
+    _csv(
+        d,
+        "03_matched_share",
+        [
+            {
+                "op": op,
+                "n_circuit": n_circuit,
+                "n_rules": 50,
+                "matched_share": 0.96,
+                "matched_share_null": 0.36,
+                "labelled_share": labelled,
+                "labelled_share_null": 0.0,
+                "n_labelled": int(round(labelled * n_circuit)),
+                "label_fdr": 0.05,
+                "n_permutations": 2000,
+            }
+            for op in "+-"
+        ],
+    )
 
 
 def _knockout_rows(n: int, heur: int, rnd: int, k: int = 40, testable=None) -> list[dict]:
@@ -554,11 +798,23 @@ def _knockout_rows(n: int, heur: int, rnd: int, k: int = 40, testable=None) -> l
     for cap in (5, 20):
         for i in range(n):
             ok = True if testable is None else bool(testable(i))
-            rows.append({"op": "+-"[i % 2], "a": i, "b": 1, "answer": i + 1, "cap": cap, "k_per_layer": k,
-                         "n_assoc_neurons": 30, "n_ablated": min(cap, 30), "n_control": min(cap, 30) if ok else 0,
-                         "testable": ok, "correct_full": 1.0,
-                         "correct_heuristic_ablated": float(i < heur) if ok else float("nan"),
-                         "correct_random_ablated": float(i < rnd) if ok else float("nan")})
+            rows.append(
+                {
+                    "op": "+-"[i % 2],
+                    "a": i,
+                    "b": 1,
+                    "answer": i + 1,
+                    "cap": cap,
+                    "k_per_layer": k,
+                    "n_assoc_neurons": 30,
+                    "n_ablated": min(cap, 30),
+                    "n_control": min(cap, 30) if ok else 0,
+                    "testable": ok,
+                    "correct_full": 1.0,
+                    "correct_heuristic_ablated": float(i < heur) if ok else float("nan"),
+                    "correct_random_ablated": float(i < rnd) if ok else float("nan"),
+                }
+            )
     return rows
 
 
@@ -568,9 +824,11 @@ def test_faithfulness_of_an_operator_whose_ablation_changes_nothing_is_excluded(
     _circuit_faithfulness(tmp_path, 0.95, 100, 0.02)
     rows = pd.read_csv(tmp_path / "03_circuit_faithfulness_prompts.csv").to_dict("records")
     for i in range(4):
-        rows += [{"op": "/", "prompt": i, "circuit": "full", "normalized_logit": 1.0, "correct": True},
-                 {"op": "/", "prompt": i, "circuit": "ablated", "normalized_logit": 1.0 - 3e-8, "correct": True},
-                 {"op": "/", "prompt": i, "circuit": "circuit", "normalized_logit": 1.0 + 0.02, "correct": True}]
+        rows += [
+            {"op": "/", "prompt": i, "circuit": "full", "normalized_logit": 1.0, "correct": True},
+            {"op": "/", "prompt": i, "circuit": "ablated", "normalized_logit": 1.0 - 3e-8, "correct": True},
+            {"op": "/", "prompt": i, "circuit": "circuit", "normalized_logit": 1.0 + 0.02, "correct": True},
+        ]
     _csv(tmp_path, "03_circuit_faithfulness_prompts", rows)
     out = _outcome("nikankin_faithfulness", tmp_path)
     assert out.verdict == R.REPRODUCED and abs(out.interval.estimate - 0.95) < 0.05
@@ -581,9 +839,16 @@ def test_faithfulness_of_an_operator_whose_ablation_changes_nothing_is_excluded(
     assert out.verdict == R.NOT_APPLICABLE and "no operator has a faithfulness" in out.ours
 
 
-@pytest.mark.parametrize("n, heur, rnd, verdict", [(400, 200, 360, R.REPRODUCED), (20, 15, 18, R.INCONCLUSIVE),
-                                                   (2000, 1850, 2000, R.PARTLY), (400, 360, 360, R.NOT_REPRODUCED),
-                                                   (400, 380, 360, R.NOT_REPRODUCED)])
+@pytest.mark.parametrize(
+    "n, heur, rnd, verdict",
+    [
+        (400, 200, 360, R.REPRODUCED),
+        (20, 15, 18, R.INCONCLUSIVE),
+        (2000, 1850, 2000, R.PARTLY),
+        (400, 360, 360, R.NOT_REPRODUCED),
+        (400, 380, 360, R.NOT_REPRODUCED),
+    ],
+)
 def test_prompt_ablation_rule(tmp_path: Path, n: int, heur: int, rnd: int, verdict: str):
     """Issue 28: a 15-point gap on 20 prompts (old rule: reproduced) is inconclusive; the interval decides.
     Paired: prompts 0..heur-1 survive the heuristic ablation, 0..rnd-1 the random one."""
@@ -614,8 +879,14 @@ def test_ablations_need_labels_that_beat_the_shuffled_operand_null(tmp_path: Pat
     a table from before the label test says to rerun notebook 03."""
     _csv(tmp_path, "03_prompt_ablation", _knockout_rows(400, 200, 360))
     _heuristic_rows(tmp_path, 400, 0.5, 0.9)
-    _csv(tmp_path, "03_matched_share", [{"op": op, "n_circuit": 588, "n_rules": 144, "matched_share": 0.96,
-                                         "matched_share_null": 0.36} for op in "+-"])   # an older run's table
+    _csv(
+        tmp_path,
+        "03_matched_share",
+        [
+            {"op": op, "n_circuit": 588, "n_rules": 144, "matched_share": 0.96, "matched_share_null": 0.36}
+            for op in "+-"
+        ],
+    )  # an older run's table
     for fid in ("nikankin_prompt_ablation", "nikankin_heuristic_ablation"):
         out = _outcome(fid, tmp_path)
         assert out.verdict == R.NOT_RUN and "rerun notebook 03" in out.ours
@@ -634,9 +905,21 @@ def test_nikankin_rules_know_the_population_of_held_out_prompts(tmp_path: Path):
     _matched_share(tmp_path)
     _csv(tmp_path, "03_prompt_ablation", _knockout_rows(20, 15, 18))
     _csv(tmp_path, "03_grids", [{"op": op, "operands": "0..9", "n_prompts": 100, "subsampled": False} for op in "+-"])
-    _csv(tmp_path, "03_grid_accuracy", [{"op": op, "n_grid": 100, "accuracy_first_token": 0.4,
-                                         "accuracy_full_answer": 0.4, "n_analysed": 25, "n_heldout": 10}
-                                        for op in "+-"])
+    _csv(
+        tmp_path,
+        "03_grid_accuracy",
+        [
+            {
+                "op": op,
+                "n_grid": 100,
+                "accuracy_first_token": 0.4,
+                "accuracy_full_answer": 0.4,
+                "n_analysed": 25,
+                "n_heldout": 10,
+            }
+            for op in "+-"
+        ],
+    )
     out = _outcome("nikankin_prompt_ablation", tmp_path)
     assert out.population == 30 and out.verdict == R.UNDECIDABLE
     _csv(tmp_path, "03_grids", [{"op": op, "operands": "0..99", "n_prompts": 2000, "subsampled": True} for op in "+-"])
@@ -657,8 +940,11 @@ def test_path_patching_with_the_leaking_counterfactual_is_not_judged(tmp_path: P
 def test_prompt_ablation_of_a_run_without_held_out_prompts_is_not_judged(tmp_path: Path):
     # a notebook-03 run of an older method chose and ablated its neurons on the same prompts
     _params(tmp_path, "03")
-    _csv(tmp_path, "03_prompt_ablation", [{"op": "+", "correct_heuristic_ablated": 0.0, "correct_random_ablated": 1.0}
-                                          for _ in range(50)])
+    _csv(
+        tmp_path,
+        "03_prompt_ablation",
+        [{"op": "+", "correct_heuristic_ablated": 0.0, "correct_random_ablated": 1.0} for _ in range(50)],
+    )
     out = _outcome("nikankin_prompt_ablation", tmp_path)
     assert out.verdict == R.NOT_RUN and "rerun notebook 03" in out.ours
 
@@ -671,14 +957,25 @@ def _heuristic_rows(d: Path, n: int, acc_assoc: float, acc_other: float) -> None
                 assoc = i % 2 == 0
                 j = i // 2  # the j-th prompt of its group
                 ok = j < round((acc_assoc if assoc else acc_other) * n / 2)
-                rows.append({"op": op, "heuristic": h, "kind": "x", "n_neurons": 3, "prompt": i, "associated": assoc,
-                             "correct": ok, "correct_base": True})
+                rows.append(
+                    {
+                        "op": op,
+                        "heuristic": h,
+                        "kind": "x",
+                        "n_neurons": 3,
+                        "prompt": i,
+                        "associated": assoc,
+                        "correct": ok,
+                        "correct_base": True,
+                    }
+                )
     _csv(d, "03_heuristic_ablation_prompts", rows)
 
 
-@pytest.mark.parametrize("n, acc_assoc, acc_other, verdict", [(400, 0.5, 0.9, R.REPRODUCED),
-                                                              (12, 0.5, 0.9, R.INCONCLUSIVE),
-                                                              (400, 0.9, 0.9, R.NOT_REPRODUCED)])
+@pytest.mark.parametrize(
+    "n, acc_assoc, acc_other, verdict",
+    [(400, 0.5, 0.9, R.REPRODUCED), (12, 0.5, 0.9, R.INCONCLUSIVE), (400, 0.9, 0.9, R.NOT_REPRODUCED)],
+)
 def test_heuristic_ablation_rule(tmp_path: Path, n: int, acc_assoc: float, acc_other: float, verdict: str):
     """Issue 28: per-prompt rows (one per heuristic and prompt), gap with a paired bootstrap interval."""
     _matched_share(tmp_path)
@@ -689,47 +986,91 @@ def test_heuristic_ablation_rule(tmp_path: Path, n: int, acc_assoc: float, acc_o
     assert out.metrics["heuristics ablated"] == 4 and out.interval.n == 2 * n
 
 
-def _bias_scores(d: Path, cna: float, rnd: float, k: int = 18, noise: float = 0.05, n_seeds: int = 10,
-                 params: bool = True) -> None:
+def _bias_scores(
+    d: Path, cna: float, rnd: float, k: int = 18, noise: float = 0.05, n_seeds: int = 10, params: bool = True
+) -> None:
     """Table 13 and the (prompt, profession) scores behind it (20 professions x 10 prompts,
     the same on the paper's professions): the CNA edit scales each pair's bias by
     1 - cna / 100 (times a little noise), each random seed by 1 - rnd / 100; the
     without-early-layers edit as the CNA one; an edit set with 16 neurons in layer 0."""
     rng = np.random.default_rng(0)
     base = rng.uniform(0.5, 1.5, 200)
-    conds = {("original", 0, -1): base, ("cna", k, -1): base * (1 - cna / 100) * (1 + noise * rng.standard_normal(200)),
-             ("cna_late", k, -1): base * (1 - cna / 100)}
+    conds = {
+        ("original", 0, -1): base,
+        ("cna", k, -1): base * (1 - cna / 100) * (1 + noise * rng.standard_normal(200)),
+        ("cna_late", k, -1): base * (1 - cna / 100),
+    }
     for s in range(n_seeds):
         conds[("random", k, 1000 + s)] = base * (1 - rnd / 100) * (1 + noise * rng.standard_normal(200))
         conds[("random_late", k, 2000 + s)] = base * (1 - rnd / 100)
-    rows = [{"prompt_id": i // 20, "token_id": i % 20, "bias_gender": "woman" if i % 20 < 10 else "man", "kind": kind,
-             "K": kk, "seed": seed, "abs_diff": float(v)}
-            for (kind, kk, seed), vals in conds.items() for i, v in enumerate(vals)]
+    rows = [
+        {
+            "prompt_id": i // 20,
+            "token_id": i % 20,
+            "bias_gender": "woman" if i % 20 < 10 else "man",
+            "kind": kind,
+            "K": kk,
+            "seed": seed,
+            "abs_diff": float(v),
+        }
+        for (kind, kk, seed), vals in conds.items()
+        for i, v in enumerate(vals)
+    ]
     _csv(d, "07_bias_scores", rows)
     _csv(d, "07_paper_bias_scores", rows)
-    _csv(d, "07_edit_layers", [{"edit_set": "cna", "layer": 0, "n_neurons": 16, "share": 16 / 18},
-                               {"edit_set": "cna", "layer": 20, "n_neurons": 2, "share": 2 / 18}])
+    _csv(
+        d,
+        "07_edit_layers",
+        [
+            {"edit_set": "cna", "layer": 0, "n_neurons": 16, "share": 16 / 18},
+            {"edit_set": "cna", "layer": 20, "n_neurons": 2, "share": 2 / 18},
+        ],
+    )
     if params:
-        (d / "07_gender_bias_editing_params.json").write_text(json.dumps({"model": d.name, "quick": False,
-                                                                          "edit_k": k, "early_layers": 1}))
+        (d / "07_gender_bias_editing_params.json").write_text(
+            json.dumps({"model": d.name, "quick": False, "edit_k": k, "early_layers": 1})
+        )
     red = {c: 100 * (1 - np.mean(v) / np.mean(base)) for c, v in conds.items()}
-    _csv(d, "07_table13", [
-        {"model": "original", "K": 0, "total": float(base.mean()), "reduction_pct": 0.0},
-        {"model": f"CNA top-{k}", "K": k, "total": float(conds[("cna", k, -1)].mean()), "reduction_pct": red[("cna", k, -1)]},
-        {"model": f"random {k}", "K": k, "total": 0.0,
-         "reduction_pct": float(np.mean([v for c, v in red.items() if c[0] == "random"]))}])
+    _csv(
+        d,
+        "07_table13",
+        [
+            {"model": "original", "K": 0, "total": float(base.mean()), "reduction_pct": 0.0},
+            {
+                "model": f"CNA top-{k}",
+                "K": k,
+                "total": float(conds[("cna", k, -1)].mean()),
+                "reduction_pct": red[("cna", k, -1)],
+            },
+            {
+                "model": f"random {k}",
+                "K": k,
+                "total": 0.0,
+                "reduction_pct": float(np.mean([v for c, v in red.items() if c[0] == "random"])),
+            },
+        ],
+    )
 
 
-@pytest.mark.parametrize("cna, rnd, verdict", [(35.7, 0.0, R.REPRODUCED), (25.0, 10.0, R.REPRODUCED),
-                                               (25.0, 22.0, R.NOT_REPRODUCED), (12.0, 2.0, R.PARTLY),
-                                               (10.0, 8.0, R.NOT_REPRODUCED),
-                                               (18.0, 0.0, R.UNDECIDABLE)])  # straddles 17.85 %; every biased profession used
+@pytest.mark.parametrize(
+    "cna, rnd, verdict",
+    [
+        (35.7, 0.0, R.REPRODUCED),
+        (25.0, 10.0, R.REPRODUCED),
+        (25.0, 22.0, R.NOT_REPRODUCED),
+        (12.0, 2.0, R.PARTLY),
+        (10.0, 8.0, R.NOT_REPRODUCED),
+        (18.0, 0.0, R.UNDECIDABLE),
+    ],
+)  # straddles 17.85 %; every biased profession used
 def test_gender_bias_rule(tmp_path: Path, cna: float, rnd: float, verdict: str):
     _bias_scores(tmp_path, cna, rnd, noise=0.05 if verdict != R.UNDECIDABLE else 0.3)
     out = _outcome("yu_gender_bias", tmp_path)
     assert out.verdict == verdict and out.interval.n == 20  # professions, each with its 10 prompts
     assert out.interval.estimate == pytest.approx(out.metrics["CNA bias reduction (%)"])
-    assert out.metrics["CNA minus random (points)"] == pytest.approx(cna - rnd, abs=1.5 if verdict != R.UNDECIDABLE else 5)
+    assert out.metrics["CNA minus random (points)"] == pytest.approx(
+        cna - rnd, abs=1.5 if verdict != R.UNDECIDABLE else 5
+    )
     assert out.metrics["edited neurons in early layers"] == 16 and "16 of the 18 edited neurons" in out.ours
     assert "Table 23" in out.ours and "without the early layers" in out.ours and "10 seeds" in out.ours
 
@@ -751,34 +1092,53 @@ def test_gender_bias_without_biased_professions_is_not_run(tmp_path: Path):
     assert out.verdict == R.NOT_RUN and "no profession" in out.ours
 
 
-def _lora_layers(d: Path, orig: float, accs: list, bands: dict, n: int = 200, starts: list | None = None,
-                 per_prompt: bool = True) -> None:
+def _lora_layers(
+    d: Path, orig: float, accs: list, bands: dict, n: int = 200, starts: list | None = None, per_prompt: bool = True
+) -> None:
     """Notebook 05's per-layer table over n test prompts (original first) and its bands
     (band -> (layers cell, mean accuracy)); ``starts``: the first correct prompt of each LoRA layer."""
     starts = starts or [0] * len(accs)
-    rows = [{"model": "original", "layer": -1, "accuracy": round(orig * n) / n,
-             **({"correct_by_prompt": _bits(round(orig * n), n)} if per_prompt else {})}]
-    rows += [{"model": f"LoRA L{i}", "layer": i, "accuracy": round(a * n) / n,
-              **({"correct_by_prompt": _bits(round(a * n), n, s)} if per_prompt else {})}
-             for i, (a, s) in enumerate(zip(accs, starts))]
+    rows = [
+        {
+            "model": "original",
+            "layer": -1,
+            "accuracy": round(orig * n) / n,
+            **({"correct_by_prompt": _bits(round(orig * n), n)} if per_prompt else {}),
+        }
+    ]
+    rows += [
+        {
+            "model": f"LoRA L{i}",
+            "layer": i,
+            "accuracy": round(a * n) / n,
+            **({"correct_by_prompt": _bits(round(a * n), n, s)} if per_prompt else {}),
+        }
+        for i, (a, s) in enumerate(zip(accs, starts))
+    ]
     _csv(d, "05_lora_accuracy_by_layer", rows)
     _csv(d, "05_lora_accuracy_bands", [{"band": b, "layers": ls, "mean_accuracy": v} for b, (ls, v) in bands.items()])
 
 
-@pytest.mark.parametrize("orig, accs, bands, starts, verdict", [
-    (0.6, [0.9, 0.8, 0.75], {"shallow": ("0", 0.9), "deep": ("2", 0.75)}, None, R.REPRODUCED),
-    (0.6, [0.75, 0.8, 0.9], {"shallow": ("0", 0.75), "deep": ("2", 0.9)}, None, R.PARTLY),
-    # one layer of three ties the original: resampling the three layers cannot decide, and every layer is trained
-    (0.6, [0.9, 0.6, 0.7], {"shallow": ("0", 0.9), "deep": ("2", 0.7)}, None, R.UNDECIDABLE),
-    (0.6, [0.5, 0.5, 0.7], {"shallow": ("0", 0.5), "deep": ("2", 0.7)}, None, R.UNDECIDABLE),
-    # layer 2 leads by 2 points, below the 5-point margin: it does not beat the original
-    (0.6, [0.9, 0.9, 0.62], {"shallow": ("0", 0.9), "deep": ("2", 0.62)}, [0, 0, 10], R.UNDECIDABLE)])
+@pytest.mark.parametrize(
+    "orig, accs, bands, starts, verdict",
+    [
+        (0.6, [0.9, 0.8, 0.75], {"shallow": ("0", 0.9), "deep": ("2", 0.75)}, None, R.REPRODUCED),
+        (0.6, [0.75, 0.8, 0.9], {"shallow": ("0", 0.75), "deep": ("2", 0.9)}, None, R.PARTLY),
+        # one layer of three ties the original: resampling the three layers cannot decide, and every layer is trained
+        (0.6, [0.9, 0.6, 0.7], {"shallow": ("0", 0.9), "deep": ("2", 0.7)}, None, R.UNDECIDABLE),
+        (0.6, [0.5, 0.5, 0.7], {"shallow": ("0", 0.5), "deep": ("2", 0.7)}, None, R.UNDECIDABLE),
+        # layer 2 leads by 2 points, below the 5-point margin: it does not beat the original
+        (0.6, [0.9, 0.9, 0.62], {"shallow": ("0", 0.9), "deep": ("2", 0.62)}, [0, 0, 10], R.UNDECIDABLE),
+    ],
+)
 def test_lora_layer_rule(tmp_path: Path, orig: float, accs: list, bands: dict, starts, verdict: str):
     _lora_layers(tmp_path, orig, accs, bands, starts=starts)
     _params(tmp_path, n_layers=3)
     out = _outcome("yu_lora_layers", tmp_path)
     assert out.verdict == verdict and out.interval.n == 200
-    assert out.interval.estimate == pytest.approx(out.metrics["share of LoRA layers beating the original by the margin"])
+    assert out.interval.estimate == pytest.approx(
+        out.metrics["share of LoRA layers beating the original by the margin"]
+    )
 
 
 def test_lora_layers_need_the_margin_and_resample_the_layers(tmp_path: Path):
@@ -801,13 +1161,21 @@ def test_lora_layer_rule_without_per_prompt_columns_is_not_run(tmp_path: Path):
     assert out.verdict == R.NOT_RUN and "rerun notebook 05" in out.ours
 
 
-@pytest.mark.parametrize("scale, device, quick, resolved, judged", [
-    ("auto", "cpu", False, None, False),  # a run before issue 29: "auto" was "quick" on a CPU
-    ("auto", "cpu", False, "cpu", True),  # since: "auto" is the judged "cpu" scale, recorded as such
-    ("auto", "cpu", True, "quick", False), ("quick", "cuda", False, None, False), ("auto", "cuda", True, None, False),
-    ("cpu", "cpu", False, None, True), ("auto", "cuda", False, None, True)])
-def test_fine_tuning_at_smoke_test_sizes_is_shown_but_not_judged(tmp_path: Path, scale, device, quick, resolved,
-                                                                 judged):
+@pytest.mark.parametrize(
+    "scale, device, quick, resolved, judged",
+    [
+        ("auto", "cpu", False, None, False),  # a run before issue 29: "auto" was "quick" on a CPU
+        ("auto", "cpu", False, "cpu", True),  # since: "auto" is the judged "cpu" scale, recorded as such
+        ("auto", "cpu", True, "quick", False),
+        ("quick", "cuda", False, None, False),
+        ("auto", "cuda", True, None, False),
+        ("cpu", "cpu", False, None, True),
+        ("auto", "cuda", False, None, True),
+    ],
+)
+def test_fine_tuning_at_smoke_test_sizes_is_shown_but_not_judged(
+    tmp_path: Path, scale, device, quick, resolved, judged
+):
     _lora_layers(tmp_path, 0.6, [0.9, 0.8, 0.7], {"shallow": ("0", 0.9), "deep": ("2", 0.7)})
     _params(tmp_path, n_layers=3)
     p05 = {"scale": scale, "device": device, "quick": quick, **({"scale_resolved": resolved} if resolved else {})}
@@ -815,7 +1183,6 @@ def test_fine_tuning_at_smoke_test_sizes_is_shown_but_not_judged(tmp_path: Path,
     out = _outcome("yu_lora_layers", tmp_path)
     assert out.verdict == (R.REPRODUCED if judged else R.NOT_JUDGED)
     assert "original 60 %" in out.ours and ("smoke-test" in out.ours) != judged
-
 
 
 def test_a_quick_notebook_is_not_judged(tmp_path: Path):
@@ -827,17 +1194,39 @@ def test_a_quick_notebook_is_not_judged(tmp_path: Path):
 
 def _table11(d: Path, orig: float, cna: float, rnd: float, n: int = 200, per_prompt: bool = True) -> None:
     """Table 11 over n test prompts (nested correct sets), two random seeds at rnd -+ 1 point."""
-    accs = [("original", orig), ("LoRA", 0.893), ("LoRA on CNA-pruned", cna), ("LoRA on CNA-masked", cna),
-            ("LoRA on random-pruned", rnd - 0.01), ("LoRA on random-pruned", rnd + 0.01)]
-    _csv(d, "06_table11", [{"model": m, "accuracy": round(a * n) / n,
-                            **({"correct_by_prompt": _bits(round(a * n), n)} if per_prompt else {})}
-                           for m, a in accs])
+    accs = [
+        ("original", orig),
+        ("LoRA", 0.893),
+        ("LoRA on CNA-pruned", cna),
+        ("LoRA on CNA-masked", cna),
+        ("LoRA on random-pruned", rnd - 0.01),
+        ("LoRA on random-pruned", rnd + 0.01),
+    ]
+    _csv(
+        d,
+        "06_table11",
+        [
+            {
+                "model": m,
+                "accuracy": round(a * n) / n,
+                **({"correct_by_prompt": _bits(round(a * n), n)} if per_prompt else {}),
+            }
+            for m, a in accs
+        ],
+    )
 
 
-@pytest.mark.parametrize("cna, rnd, verdict", [(0.823, 0.171, R.REPRODUCED), (0.90, 0.30, R.REPRODUCED),
-                                               (0.30, 0.02, R.PARTLY),    # gap large but below the original
-                                               (0.70, 0.50, R.PARTLY), (0.70, 0.69, R.NOT_REPRODUCED),
-                                               (0.75, 0.40, R.INCONCLUSIVE)])  # gap 35 +- 5 straddles 32.6
+@pytest.mark.parametrize(
+    "cna, rnd, verdict",
+    [
+        (0.823, 0.171, R.REPRODUCED),
+        (0.90, 0.30, R.REPRODUCED),
+        (0.30, 0.02, R.PARTLY),  # gap large but below the original
+        (0.70, 0.50, R.PARTLY),
+        (0.70, 0.69, R.NOT_REPRODUCED),
+        (0.75, 0.40, R.INCONCLUSIVE),
+    ],
+)  # gap 35 +- 5 straddles 32.6
 def test_pruning_rule(tmp_path: Path, cna: float, rnd: float, verdict: str):
     _table11(tmp_path, 0.629, cna, rnd)
     out = _outcome("yu_pruning", tmp_path)
@@ -855,14 +1244,21 @@ def test_pruning_interval_covers_the_spread_between_random_prunings(tmp_path: Pa
     """Two random prunings 30 points apart: the gap's interval resamples them too, so it
     is wider than the prompts alone would make it and the verdict is not decided."""
     n = 200
-    accs = [("original", 0.6), ("LoRA", 0.9), ("LoRA on CNA-pruned", 0.8), ("LoRA on random-pruned", 0.2),
-            ("LoRA on random-pruned", 0.5)]
-    _csv(tmp_path, "06_table11", [{"model": m, "accuracy": a, "correct_by_prompt": _bits(round(a * n), n)}
-                                  for m, a in accs])
+    accs = [
+        ("original", 0.6),
+        ("LoRA", 0.9),
+        ("LoRA on CNA-pruned", 0.8),
+        ("LoRA on random-pruned", 0.2),
+        ("LoRA on random-pruned", 0.5),
+    ]
+    _csv(
+        tmp_path,
+        "06_table11",
+        [{"model": m, "accuracy": a, "correct_by_prompt": _bits(round(a * n), n)} for m, a in accs],
+    )
     out = _outcome("yu_pruning", tmp_path)
     assert out.interval.estimate == pytest.approx(0.45)
     assert out.interval.low < 0.326 < out.interval.high and out.verdict == R.INCONCLUSIVE
-
 
 
 # --------------------------------------------------------------------------- missing or broken tables
@@ -888,13 +1284,42 @@ def test_malformed_table_is_an_error_not_a_study_that_did_not_run(tmp_path: Path
 def _yu_sweep(d: Path, n: int, clean: int, after: int) -> None:
     """An exact-stage sweep of one head per operator (+ - /) on ``n`` 1D prompts each:
     ``clean`` answered before, ``after`` with the head zeroed."""
-    _csv(d, "01_yu_head_sweep", [{"op": op, "n_digits": 1, "layer": 0, "head": 0, "rank": 1, "n": n,
-                                  "accuracy": after / n, "baseline_accuracy": clean / n,
-                                  "accuracy_drop": (clean - after) / n, "relative_drop": 1 - after / clean}
-                                 for op in ("+", "-", "/")])
-    _csv(d, "01_yu_head_sweep_rows", [{"op": op, "n_digits": 1, "layer": 0, "head": 0, "prompt": i,
-                                       "correct": i < after, "clean_correct": i < clean}
-                                      for op in ("+", "-", "/") for i in range(n)])
+    _csv(
+        d,
+        "01_yu_head_sweep",
+        [
+            {
+                "op": op,
+                "n_digits": 1,
+                "layer": 0,
+                "head": 0,
+                "rank": 1,
+                "n": n,
+                "accuracy": after / n,
+                "baseline_accuracy": clean / n,
+                "accuracy_drop": (clean - after) / n,
+                "relative_drop": 1 - after / clean,
+            }
+            for op in ("+", "-", "/")
+        ],
+    )
+    _csv(
+        d,
+        "01_yu_head_sweep_rows",
+        [
+            {
+                "op": op,
+                "n_digits": 1,
+                "layer": 0,
+                "head": 0,
+                "prompt": i,
+                "correct": i < after,
+                "clean_correct": i < clean,
+            }
+            for op in ("+", "-", "/")
+            for i in range(n)
+        ],
+    )
 
 
 def test_yu_single_head_compares_relative_decreases_as_the_paper_does(tmp_path: Path):
@@ -916,8 +1341,21 @@ def test_yu_single_head_is_undecidable_when_its_interval_straddles_a_threshold(t
 
 def test_yu_single_head_needs_the_exact_every_position_sweep(tmp_path: Path):
     # an old run's sweep (answer-position screen, no per-prompt rows) is not judged
-    _csv(tmp_path, "01_yu_head_sweep", [{"op": "add", "n_digits": 1, "layer": 0, "head": 0, "accuracy": 0.2,
-                                         "baseline_accuracy": 0.5, "accuracy_drop": 0.3}])
+    _csv(
+        tmp_path,
+        "01_yu_head_sweep",
+        [
+            {
+                "op": "add",
+                "n_digits": 1,
+                "layer": 0,
+                "head": 0,
+                "accuracy": 0.2,
+                "baseline_accuracy": 0.5,
+                "accuracy_drop": 0.3,
+            }
+        ],
+    )
     out = _outcome("yu_single_head", tmp_path)
     assert out.verdict == R.NOT_RUN and "rerun notebook 01" in out.ours
 
@@ -963,7 +1401,7 @@ def test_summary_has_one_line_per_finding(tmp_path: Path):
     _bias_scores(d, 35.7, 0.0)
     text = R.report_markdown(d)
     assert text.index("## Summary") < text.index("## Findings") < text.index("## Notebooks")
-    summary = text[text.index("## Summary"):text.index("## Findings")]
+    summary = text[text.index("## Summary") : text.index("## Findings")]
     rows = [line for line in summary.splitlines() if line.startswith("| [")]
     assert [re.match(r"\| \[([a-z_]+)\]", r).group(1) for r in rows] == [f.id for f in R.FINDINGS]
     table = R.findings_table(d).set_index("id")
@@ -1035,8 +1473,11 @@ def test_committed_report_is_short():
     text = (ROOT / "figures" / "qwen2.5-coder-0.5b" / "REPORT.md").read_text()
     visible = re.sub(r"<details>.*?</details>", "", text, flags=re.S)
     assert len(visible.split()) < 5000 and "More figures" not in text and "## Fidelity" not in text
-    rows = [line for line in text[text.index("## Summary"):text.index("## Findings")].splitlines()
-            if line.startswith("| [")]
+    rows = [
+        line
+        for line in text[text.index("## Summary") : text.index("## Findings")].splitlines()
+        if line.startswith("| [")
+    ]
     assert len(rows) == len(R.FINDINGS) and sorted(len(r) for r in rows)[len(rows) // 2] < 300
 
 
@@ -1115,14 +1556,17 @@ def test_cli_cross_in_writes_readme_table_and_skips_the_toy_model(tmp_path: Path
     readme.write_text(f"intro\n{R.README_START}\n{R.README_END}\n")
     assert R.main(["--cross-in", str(figs), "--readme", str(readme)]) == 0
     text = readme.read_text()
-    assert ("| finding | paper | paper's number | [m1](figures/m1/REPORT.md) | [m2](figures/m2/REPORT.md) |"
-            in text and R.TOY_FOLDER not in text)
+    assert (
+        "| finding | paper | paper's number | [m1](figures/m1/REPORT.md) | [m2](figures/m2/REPORT.md) |" in text
+        and R.TOY_FOLDER not in text
+    )
     assert "| [m1](m1/REPORT.md) | [m2](m2/REPORT.md) |" in (figs / "CROSS_MODEL.md").read_text()
     assert (figs / "CROSS_MODEL.md").exists() and not (figs / "m1" / "REPORT.md").exists()
 
 
 def test_toy_folder_is_the_toy_model():
     from arithlib.core.models import TOY_MODEL
+
     assert R.TOY_FOLDER == TOY_MODEL
 
 
@@ -1135,7 +1579,8 @@ def test_readme_verdicts_match_the_committed_figures():
     text = (ROOT / "README.md").read_text()
     assert R.replace_readme_block(text, R.verdict_markdown(folders, ROOT)) == text, (
         "README.md's verdict table differs from figures/: run python -m arithlib.report --cross-in figures "
-        "--readme README.md")
+        "--readme README.md"
+    )
 
 
 def _coef_tables(d: Path, shallow: float, middle: float, deep: float, n: int = 50, per_case: bool = True) -> None:
@@ -1149,10 +1594,20 @@ def _coef_tables(d: Path, shallow: float, middle: float, deep: float, n: int = 5
         row = {"band": band, "layers": cell, "n_models": 1, "selection": "cna"}
         for k in (50, 10):
             num = (v + 5 * rng.standard_normal(n)) / 100
-            per += [{"model": f"LoRA L{layer}", "selection": "cna", "k": k, "case": i, "num": x, "den": 1.0}
-                    for i, x in enumerate(num)]
-            rows.append({"model": f"LoRA L{layer}", "selection": "cna", "k": k, "coef_increase": 100 * num.mean(),
-                         "n_cases": n, "layer": layer})
+            per += [
+                {"model": f"LoRA L{layer}", "selection": "cna", "k": k, "case": i, "num": x, "den": 1.0}
+                for i, x in enumerate(num)
+            ]
+            rows.append(
+                {
+                    "model": f"LoRA L{layer}",
+                    "selection": "cna",
+                    "k": k,
+                    "coef_increase": 100 * num.mean(),
+                    "n_cases": n,
+                    "layer": layer,
+                }
+            )
             row[f"top{k}"] = 100 * num.mean()
         by_band.append(row)
     _csv(d, "05_cna_coef_increase_by_band", by_band)
@@ -1161,10 +1616,15 @@ def _coef_tables(d: Path, shallow: float, middle: float, deep: float, n: int = 5
         _csv(d, "05_cna_coef_per_case", per)
 
 
-@pytest.mark.parametrize("shallow, middle, deep, verdict", [(30.0, 20.0, 5.0, R.REPRODUCED),
-                                                            (15.0, 10.0, 5.0, R.PARTLY),
-                                                            (0.3, 0.2, 0.1, R.NOT_REPRODUCED),
-                                                            (21.3, 10.0, 5.0, R.INCONCLUSIVE)])  # shallow ~ 21 %
+@pytest.mark.parametrize(
+    "shallow, middle, deep, verdict",
+    [
+        (30.0, 20.0, 5.0, R.REPRODUCED),
+        (15.0, 10.0, 5.0, R.PARTLY),
+        (0.3, 0.2, 0.1, R.NOT_REPRODUCED),
+        (21.3, 10.0, 5.0, R.INCONCLUSIVE),
+    ],
+)  # shallow ~ 21 %
 def test_lora_coefficient_rule(tmp_path: Path, shallow: float, middle: float, deep: float, verdict: str):
     _coef_tables(tmp_path, shallow, middle, deep)
     out = _outcome("yu_lora_coef", tmp_path)
@@ -1178,11 +1638,18 @@ def test_lora_coefficient_rule_without_per_case_table_is_not_run(tmp_path: Path)
     assert out.verdict == R.NOT_RUN and "rerun notebook 05" in out.ours
 
 
-
 def test_n_params_from_shapes():
     # Qwen2.5-0.5B's shapes give its published 494 M parameters (norms and biases left out)
-    info = {"n_layers": 24, "d_model": 896, "n_heads": 14, "n_kv_heads": 2, "d_head": 64, "d_mlp": 4864,
-            "d_vocab": 151936, "gated_mlp": True}
+    info = {
+        "n_layers": 24,
+        "d_model": 896,
+        "n_heads": 14,
+        "n_kv_heads": 2,
+        "d_head": 64,
+        "d_mlp": 4864,
+        "d_vocab": 151936,
+        "gated_mlp": True,
+    }
     assert R.n_params(info) == pytest.approx(494e6, rel=0.01)
     assert np.isnan(R.n_params({"n_layers": 2}))
 
@@ -1191,8 +1658,11 @@ def test_cross_model_curves_on_normalised_depth(tmp_path: Path):
     for name, L in (("a", 4), ("b", 8)):
         d = tmp_path / name
         _params(d, "05", n_layers=L)
-        _csv(d, "05_lora_accuracy_by_layer", [{"layer": -1, "accuracy": 0.5}]
-             + [{"layer": l, "accuracy": 0.6 + 0.01 * l} for l in range(0, L, 2)])
+        _csv(
+            d,
+            "05_lora_accuracy_by_layer",
+            [{"layer": -1, "accuracy": 0.5}] + [{"layer": l, "accuracy": 0.6 + 0.01 * l} for l in range(0, L, 2)],
+        )
     curves = R.cross_model_curves([tmp_path / "a", tmp_path / "b"])
     assert set(curves["curve"]) == {"LoRA in one attention layer (Yu Fig. 2)"}
     b = curves[curves["model"] == "b"]
@@ -1204,9 +1674,21 @@ def test_cross_model_heuristic_share_reads_labels_that_beat_the_null(tmp_path: P
     """The cross-model heuristic panel compares the labelled share (t and the null) with the
     null's, not the share passing t alone; a run without the test gives NaN, not its t share."""
     from arithlib.report import cross_model
+
     d = tmp_path / "m"
-    _csv(d, "03_matched_share", [{"op": "+", "matched_share": 0.96, "matched_share_null": 0.36,
-                                  "labelled_share": 0.40, "labelled_share_null": 0.02}])
+    _csv(
+        d,
+        "03_matched_share",
+        [
+            {
+                "op": "+",
+                "matched_share": 0.96,
+                "matched_share_null": 0.36,
+                "labelled_share": 0.40,
+                "labelled_share_null": 0.02,
+            }
+        ],
+    )
     got = cross_model._heuristic_share(R.Tables(d), {})
     assert got == {"labelled (t and null)": pytest.approx(0.40), "labelled, shuffled activations": pytest.approx(0.02)}
     _csv(d, "03_matched_share", [{"op": "+", "matched_share": 0.96, "matched_share_null": 0.36}])
@@ -1218,23 +1700,29 @@ def test_cross_model_mlp_curve_is_the_mlps_write(tmp_path: Path):
     (``write_C``); the literal MLP_out - ln2(MLP_in) (``delta_C``) is a separate, named curve."""
     d = tmp_path / "m"
     _params(d, "02", n_layers=2)
-    _csv(d, "02_mlp_cosines", [{"measure": m, "layer": l, "mean": v + l}
-                               for m, v in (("write_C", 0.1), ("delta_C", -0.5)) for l in range(2)])
+    _csv(
+        d,
+        "02_mlp_cosines",
+        [{"measure": m, "layer": l, "mean": v + l} for m, v in (("write_C", 0.1), ("delta_C", -0.5)) for l in range(2)],
+    )
     curves = R.cross_model_curves([d]).set_index(["curve", "layer"])["value"]
     assert curves[("cos(MLP write, W_U[C]) (Zhang Fig. 6b)", 0)] == pytest.approx(0.1)
     assert curves[("cos(MLP_out - ln2(MLP_in), W_U[C]), literal reading", 1)] == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("values, trend", [
-    ([0.1, 0.2, 0.4], "rises with size"),
-    ([0.4, 0.2, 0.1], "falls with size"),
-    ([0.0, 0.0, 0.0], "flat"),
-    ([1.0, 1.005, 0.998], "flat"),              # steps under 1 % of the largest value
-    ([0.1, 0.4, 0.2], "mixed"),
-    ([0.1, 0.1, 0.4], "mixed"),          # one flat step, one rise
-    ([0.1, float("nan"), 0.4], "fewer than 3 models"),
-    ([0.1, 0.2, float("nan"), 0.3], "rises with size"),  # a model that did not run is skipped
-])
+@pytest.mark.parametrize(
+    "values, trend",
+    [
+        ([0.1, 0.2, 0.4], "rises with size"),
+        ([0.4, 0.2, 0.1], "falls with size"),
+        ([0.0, 0.0, 0.0], "flat"),
+        ([1.0, 1.005, 0.998], "flat"),  # steps under 1 % of the largest value
+        ([0.1, 0.4, 0.2], "mixed"),
+        ([0.1, 0.1, 0.4], "mixed"),  # one flat step, one rise
+        ([0.1, float("nan"), 0.4], "fewer than 3 models"),
+        ([0.1, 0.2, float("nan"), 0.3], "rises with size"),  # a model that did not run is skipped
+    ],
+)
 def test_size_trend_rule(values: list, trend: str):
     assert R.size_trend(values) == trend
 
@@ -1268,8 +1756,10 @@ def test_report_on_toy_model_outputs(tmp_path: Path):
     copied so that nothing is written there."""
     src = _toy_figures()
     if not (src / "01_path_patching.csv").exists():
-        pytest.skip(f"no toy-model outputs in {src}: run ./run_all.sh --model toy-arith --quick "
-                    "(with --figures DIR, set ARITHLIB_TOY_FIGURES=DIR/toy-arith)")
+        pytest.skip(
+            f"no toy-model outputs in {src}: run ./run_all.sh --model toy-arith --quick "
+            "(with --figures DIR, set ARITHLIB_TOY_FIGURES=DIR/toy-arith)"
+        )
     d = tmp_path / "toy-arith"
     d.mkdir()
     for p in src.iterdir():
@@ -1324,10 +1814,18 @@ def test_report_md_shows_each_findings_figure_with_a_caption(tmp_path: Path):
     (d / "notebooks").mkdir()
     (d / "notebooks" / "01_identify_heads.ipynb").write_text("{}")
     text = R.report_markdown(d)
-    pos = {k: text.index(k) for k in ('<a id="zhang_key_heads"></a>', "![zhang_key_heads: figure](01_path_patching.png)",
-                                      '<a id="zhang_knockout"></a>', "could not use: [01_knockout.png](01_knockout.png)",
-                                      '<a id="zhang_late_mlps"></a>', "the one shown under [zhang_key_heads]",
-                                      '<a id="zhang_mlp_answer"></a>')}
+    pos = {
+        k: text.index(k)
+        for k in (
+            '<a id="zhang_key_heads"></a>',
+            "![zhang_key_heads: figure](01_path_patching.png)",
+            '<a id="zhang_knockout"></a>',
+            "could not use: [01_knockout.png](01_knockout.png)",
+            '<a id="zhang_late_mlps"></a>',
+            "the one shown under [zhang_key_heads]",
+            '<a id="zhang_mlp_answer"></a>',
+        )
+    }
     assert list(pos.values()) == sorted(pos.values())  # each finding's figure in its own section
     assert R.findings_table(d).set_index("id").at["zhang_knockout", "verdict"] == R.NOT_RUN  # its figure only linked
     assert f"*{R.captions.caption('01_path_patching')}*" in text and "A figure of notebook" not in text
@@ -1396,30 +1894,56 @@ def test_per_prompt_correctness_round_trips_through_a_csv_cell(tmp_path: Path):
     _csv(tmp_path, "t", [{"correct_by_prompt": encode_correct(bits)}, {"correct_by_prompt": ""}])
     back = R.Tables(tmp_path).csv("t")["correct_by_prompt"]
     assert (decode_correct(back.iloc[0]) == bits).all() and decode_correct(back.iloc[1]) is None
-    assert decode_correct("0110") is None   # not a cell encode_correct wrote
+    assert decode_correct("0110") is None  # not a cell encode_correct wrote
 
 
-def _sft_table(d: Path, orig: float, precise: float, full: float, facts: tuple[float, float, float] = (0.8, 0.8, 0.7),
-               n: int = 400, n_facts: int = 55, per_prompt: bool = True, with_full: bool = True) -> None:
+def _sft_table(
+    d: Path,
+    orig: float,
+    precise: float,
+    full: float,
+    facts: tuple[float, float, float] = (0.8, 0.8, 0.7),
+    n: int = 400,
+    n_facts: int = 55,
+    per_prompt: bool = True,
+    with_full: bool = True,
+) -> None:
     """Notebook 08's 08_sft_comparison: original, precise SFT (scaled top-32) and full SFT
     rows, nested correct sets over n test prompts and n_facts facts."""
     rows = []
     for role, acc, fr in (("original", orig, facts[0]), ("precise", precise, facts[1]), ("full", full, facts[2])):
         if role == "full" and not with_full:
             continue
-        rows.append({"method": role, "role": role, "arithmetic_2d": round(acc * n) / n,
-                     "factual_recall": round(fr * n_facts) / n_facts, "lm_loss": 3.5,
-                     **({"arithmetic_2d_by_prompt": _bits(round(acc * n), n),
-                         "facts_by_prompt": _bits(round(fr * n_facts), n_facts)} if per_prompt else {})})
+        rows.append(
+            {
+                "method": role,
+                "role": role,
+                "arithmetic_2d": round(acc * n) / n,
+                "factual_recall": round(fr * n_facts) / n_facts,
+                "lm_loss": 3.5,
+                **(
+                    {
+                        "arithmetic_2d_by_prompt": _bits(round(acc * n), n),
+                        "facts_by_prompt": _bits(round(fr * n_facts), n_facts),
+                    }
+                    if per_prompt
+                    else {}
+                ),
+            }
+        )
     _csv(d, "08_sft_comparison", rows)
 
 
-@pytest.mark.parametrize("orig, precise, full, facts, verdict", [
-    (0.5, 0.8, 0.8, (0.8, 0.8, 0.7), R.REPRODUCED),       # same gain, general ability kept
-    (0.5, 0.8, 0.7, (0.8, 0.8, 0.8), R.REPRODUCED),       # precise gains more
-    (0.5, 0.6, 0.9, (0.8, 0.8, 0.7), R.PARTLY),           # gains, far less than full SFT, general kept
-    (0.5, 0.5, 0.8, (0.8, 0.8, 0.7), R.NOT_REPRODUCED),   # no gain
-    (0.5, 0.75, 0.8, (0.8, 0.8, 0.8), R.INCONCLUSIVE)])   # 5 points short: straddles the 5-point margin
+@pytest.mark.parametrize(
+    "orig, precise, full, facts, verdict",
+    [
+        (0.5, 0.8, 0.8, (0.8, 0.8, 0.7), R.REPRODUCED),  # same gain, general ability kept
+        (0.5, 0.8, 0.7, (0.8, 0.8, 0.8), R.REPRODUCED),  # precise gains more
+        (0.5, 0.6, 0.9, (0.8, 0.8, 0.7), R.PARTLY),  # gains, far less than full SFT, general kept
+        (0.5, 0.5, 0.8, (0.8, 0.8, 0.7), R.NOT_REPRODUCED),  # no gain
+        (0.5, 0.75, 0.8, (0.8, 0.8, 0.8), R.INCONCLUSIVE),
+    ],
+)  # 5 points short: straddles the 5-point margin
 def test_precise_sft_rule(tmp_path: Path, orig, precise, full, facts, verdict):
     _sft_table(tmp_path, orig, precise, full, facts)
     out = _outcome("zhang_precise_sft", tmp_path)
@@ -1435,13 +1959,32 @@ def test_precise_sft_rule_resamples_training_seeds(tmp_path: Path):
     one = _outcome("zhang_precise_sft", tmp_path / "one")
     assert "excludes training variance" in one.ours and one.metrics["training seeds per arm"] == 1
     n, n_facts = 400, 55
-    rows = [{"method": "original", "role": "original", "train_seed": 0, "arithmetic_2d": 0.5, "factual_recall": 0.8,
-             "lm_loss": 3.5, "arithmetic_2d_by_prompt": _bits(200, n), "facts_by_prompt": _bits(44, n_facts)}]
+    rows = [
+        {
+            "method": "original",
+            "role": "original",
+            "train_seed": 0,
+            "arithmetic_2d": 0.5,
+            "factual_recall": 0.8,
+            "lm_loss": 3.5,
+            "arithmetic_2d_by_prompt": _bits(200, n),
+            "facts_by_prompt": _bits(44, n_facts),
+        }
+    ]
     for seed, precise in ((0, 0.8), (1, 0.6), (2, 0.95)):
         for role, acc in (("precise", precise), ("full", 0.8)):
-            rows.append({"method": f"{role} {seed}", "role": role, "train_seed": seed, "arithmetic_2d": acc,
-                         "factual_recall": 0.8, "lm_loss": 3.5, "arithmetic_2d_by_prompt": _bits(round(acc * n), n),
-                         "facts_by_prompt": _bits(44, n_facts)})
+            rows.append(
+                {
+                    "method": f"{role} {seed}",
+                    "role": role,
+                    "train_seed": seed,
+                    "arithmetic_2d": acc,
+                    "factual_recall": 0.8,
+                    "lm_loss": 3.5,
+                    "arithmetic_2d_by_prompt": _bits(round(acc * n), n),
+                    "facts_by_prompt": _bits(44, n_facts),
+                }
+            )
     _csv(tmp_path / "three", "08_sft_comparison", rows)
     three = _outcome("zhang_precise_sft", tmp_path / "three")
     assert three.metrics["training seeds per arm"] == 3 and "3 training seeds per arm" in three.ours
@@ -1482,9 +2025,8 @@ def test_precise_sft_rule_does_not_judge_against_a_full_sft_that_did_not_train(t
 
 
 def test_inconclusive_is_told_apart_from_undecidable_and_carries_the_prompts_that_would_decide():
-    from arithlib.report.rules import settle_inconclusive
-
     from arithlib.core.stats import Interval
+    from arithlib.report.rules import settle_inconclusive
 
     ci = Interval(0.30, 0.20, 0.40, 100, "bootstrap")
     more = settle_inconclusive(R.Outcome("x", R.INCONCLUSIVE, {"m": 0.3}, ci, thresholds=(0.25,)))
@@ -1546,20 +2088,65 @@ def test_a_failed_premise_is_not_applicable_not_not_reproduced(tmp_path):
 # --------------------------------------------------------------------------- Yu: premises and the head's pattern
 
 
-def _head_rows(d: Path, layer: int, head: int, drops: dict, n: int = 40, facts: tuple[int, int] | None = (40, 40)) -> None:
+def _head_rows(
+    d: Path, layer: int, head: int, drops: dict, n: int = 40, facts: tuple[int, int] | None = (40, 40)
+) -> None:
     """01_yu_head_sweep(_rows) where head (layer, head) is every operator's top head and cuts
     each operator's 1D accuracy by ``drops[op]`` (a fraction of ``n`` prompts, all answered
     before); 01_yu_specificity with ``facts`` = (correct before, after) of 40 facts."""
-    _csv(d, "01_yu_head_sweep", [{"op": op, "n_digits": 1, "layer": layer, "head": head, "rank": 1, "n": n,
-                                  "accuracy": 1 - v, "baseline_accuracy": 1.0, "accuracy_drop": v,
-                                  "relative_drop": v} for op, v in drops.items()])
-    _csv(d, "01_yu_head_sweep_rows", [{"op": op, "n_digits": 1, "layer": layer, "head": head, "prompt": i,
-                                       "correct": i >= round(v * n), "clean_correct": True}
-                                      for op, v in drops.items() for i in range(n)])
+    _csv(
+        d,
+        "01_yu_head_sweep",
+        [
+            {
+                "op": op,
+                "n_digits": 1,
+                "layer": layer,
+                "head": head,
+                "rank": 1,
+                "n": n,
+                "accuracy": 1 - v,
+                "baseline_accuracy": 1.0,
+                "accuracy_drop": v,
+                "relative_drop": v,
+            }
+            for op, v in drops.items()
+        ],
+    )
+    _csv(
+        d,
+        "01_yu_head_sweep_rows",
+        [
+            {
+                "op": op,
+                "n_digits": 1,
+                "layer": layer,
+                "head": head,
+                "prompt": i,
+                "correct": i >= round(v * n),
+                "clean_correct": True,
+            }
+            for op, v in drops.items()
+            for i in range(n)
+        ],
+    )
     if facts is not None:
         before, after = facts
-        _csv(d, "01_yu_specificity", [{"op": "+", "layer": layer, "head": head, "prompt": f"fact {i}",
-                                       "correct": i < after, "clean_correct": i < before} for i in range(40)])
+        _csv(
+            d,
+            "01_yu_specificity",
+            [
+                {
+                    "op": "+",
+                    "layer": layer,
+                    "head": head,
+                    "prompt": f"fact {i}",
+                    "correct": i < after,
+                    "clean_correct": i < before,
+                }
+                for i in range(40)
+            ],
+        )
 
 
 def test_a_head_that_also_breaks_multiplication_is_only_partly_yus_head(tmp_path: Path):
@@ -1577,15 +2164,19 @@ def test_a_head_that_breaks_factual_recall_is_not_specific(tmp_path: Path):
     assert out.verdict == R.PARTLY and "factual recall 100 % -> 50 %" in out.ours
 
 
-@pytest.mark.parametrize("times, lowers, verdict, words", [
-    (0.75, True, R.NOT_APPLICABLE, "not an arithmetic-specific head"),
-    (0.05, True, R.REPRODUCED, "premise: L0H8"),
-    (0.05, False, R.NOT_APPLICABLE, "no head lowers 1D + / - accuracy")])
-def test_mask_keep_first_checks_that_its_key_head_is_an_arithmetic_head(tmp_path: Path, times, lowers, verdict,
-                                                                        words):
+@pytest.mark.parametrize(
+    "times, lowers, verdict, words",
+    [
+        (0.75, True, R.NOT_APPLICABLE, "not an arithmetic-specific head"),
+        (0.05, True, R.REPRODUCED, "premise: L0H8"),
+        (0.05, False, R.NOT_APPLICABLE, "no head lowers 1D + / - accuracy"),
+    ],
+)
+def test_mask_keep_first_checks_that_its_key_head_is_an_arithmetic_head(tmp_path: Path, times, lowers, verdict, words):
     _head_rows(tmp_path, 0, 8, {"+": 0.6, "-": 0.7, "*": times})
-    _csv(tmp_path, "04_key_heads", [{"group": "+-", "layer": 0, "head": 8, "lowers_1d": lowers, "op": op}
-                                    for op in "+-"])
+    _csv(
+        tmp_path, "04_key_heads", [{"group": "+-", "layer": 0, "head": 8, "lowers_1d": lowers, "op": op} for op in "+-"]
+    )
     _mask_keep(tmp_path, 100, 3.9, 2, 1000)
     out = _outcome("yu_mask_keep", tmp_path)
     assert out.verdict == verdict and words in out.ours, out.ours
@@ -1595,14 +2186,52 @@ def _specific_chain(d: Path, layer: int = 16, head: int = 8, times: float = 0.0,
     """Notebook 04's head patterns: (layer, head) is + / -'s best specific head, measured on
     1D + (10 %), - (30 %) and * (``times``) and on 40 facts; its chain's mask / keep rows are
     those of :func:`_mask_keep` under group "+- specific"."""
-    _csv(d, "04_head_pattern_rows", [{"op": op, "n_digits": 1, "layer": layer, "head": head, "prompt": i,
-                                      "correct": i >= round(v * 40), "clean_correct": True}
-                                     for op, v in {"+": 0.1, "-": 0.3, "*": times}.items() for i in range(40)])
-    _csv(d, "04_head_pattern_facts", [{"op": f"L{layer}H{head}", "layer": layer, "head": head, "prompt": f"fact {i}",
-                                       "correct": i < facts_after, "clean_correct": True} for i in range(40)])
-    _csv(d, "04_specific_heads", [{"group": "+-", "layer": layer, "head": head, "is_key_head": False,
-                                   "selection": "largest own 1D drop among the heads that pass the specificity tests"},
-                                  {"group": "/", "layer": -1, "head": -1, "is_key_head": False, "selection": "none"}])
+    _csv(
+        d,
+        "04_head_pattern_rows",
+        [
+            {
+                "op": op,
+                "n_digits": 1,
+                "layer": layer,
+                "head": head,
+                "prompt": i,
+                "correct": i >= round(v * 40),
+                "clean_correct": True,
+            }
+            for op, v in {"+": 0.1, "-": 0.3, "*": times}.items()
+            for i in range(40)
+        ],
+    )
+    _csv(
+        d,
+        "04_head_pattern_facts",
+        [
+            {
+                "op": f"L{layer}H{head}",
+                "layer": layer,
+                "head": head,
+                "prompt": f"fact {i}",
+                "correct": i < facts_after,
+                "clean_correct": True,
+            }
+            for i in range(40)
+        ],
+    )
+    _csv(
+        d,
+        "04_specific_heads",
+        [
+            {
+                "group": "+-",
+                "layer": layer,
+                "head": head,
+                "is_key_head": False,
+                "selection": "largest own 1D drop among the heads that pass the specificity tests",
+            },
+            {"group": "/", "layer": -1, "head": -1, "is_key_head": False, "selection": "none"},
+        ],
+    )
     rows = pd.read_csv(d / "04_mask_keep.csv")
     pm = rows[rows.group == "+-"].assign(group="+- specific")
     pd.concat([rows, pm]).to_csv(d / "04_mask_keep.csv", index=False)
@@ -1630,8 +2259,11 @@ def test_mask_keep_says_when_no_head_is_arithmetic_specific(tmp_path: Path):
     _head_rows(tmp_path, 0, 8, {"+": 0.6, "-": 0.7, "*": 0.75})
     _csv(tmp_path, "04_key_heads", [{"group": "+-", "layer": 0, "head": 8, "lowers_1d": True, "op": op} for op in "+-"])
     _mask_keep(tmp_path, 100, 3.9, 2, 1000)
-    _csv(tmp_path, "04_specific_heads", [{"group": "+-", "layer": -1, "head": -1, "is_key_head": False,
-                                          "selection": "no head"}])
+    _csv(
+        tmp_path,
+        "04_specific_heads",
+        [{"group": "+-", "layer": -1, "head": -1, "is_key_head": False, "selection": "no head"}],
+    )
     out = _outcome("yu_mask_keep", tmp_path)
     assert out.verdict == R.NOT_APPLICABLE and "no arithmetic-specific head to run the chain on" in out.ours
 

@@ -31,23 +31,55 @@ PARAMS = 'model = "x"\ndevice = "cpu"\nquick = False\nseed = 0\nout_dir = "."\n'
 
 
 def _notebook(path: Path, code: str, params: str = "") -> None:
-    cells = [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "execution_count": None, "outputs": [],
-              "source": PARAMS + params},
-             {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": code}]
-    nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-          "nbformat": 4, "nbformat_minor": 5}
+    cells = [
+        {
+            "cell_type": "code",
+            "metadata": {"tags": ["parameters"]},
+            "execution_count": None,
+            "outputs": [],
+            "source": PARAMS + params,
+        },
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": code},
+    ]
+    nb = {
+        "cells": cells,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     path.write_text(json.dumps(nb))
 
 
 def _args(nb_dir: Path, out: Path, fig: Path, *extra: str) -> list[str]:
-    return ["--out", str(out), "--figures", str(fig), "--model", "m", "--device", "cpu", "--notebooks", str(nb_dir),
-            "--jobs", "1", "--threads", "1", *extra]
+    return [
+        "--out",
+        str(out),
+        "--figures",
+        str(fig),
+        "--model",
+        "m",
+        "--device",
+        "cpu",
+        "--notebooks",
+        str(nb_dir),
+        "--jobs",
+        "1",
+        "--threads",
+        "1",
+        *extra,
+    ]
 
 
 def _start(args: list[str], command: str) -> subprocess.Popen:
     env = dict(os.environ, ARITHLIB_RUN_COMMAND=command)
-    return subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def _wait_for(condition, limit_s: float = 120.0) -> bool:
@@ -91,9 +123,11 @@ def test_two_runs_started_together_one_stops_at_once_naming_the_other(tmp_path, 
     nb_dir, out = tmp_path / "nb", tmp_path / "out"
     nb_dir.mkdir()
     go = tmp_path / "go"
-    _notebook(nb_dir / "00_a.ipynb",
-              "import time\nfrom pathlib import Path\nd = Path(out_dir) / model\n(d / '00_a_table.csv').write_text('a\\n1\\n')\n"
-              f"end = time.time() + 120\nwhile not Path({str(go)!r}).exists() and time.time() < end:\n    time.sleep(0.1)\n")
+    _notebook(
+        nb_dir / "00_a.ipynb",
+        "import time\nfrom pathlib import Path\nd = Path(out_dir) / model\n(d / '00_a_table.csv').write_text('a\\n1\\n')\n"
+        f"end = time.time() + 120\nwhile not Path({str(go)!r}).exists() and time.time() < end:\n    time.sleep(0.1)\n",
+    )
     figs = [tmp_path / "fig", tmp_path / ("fig" if same_figures else "fig2")]
     runs = [_start(_args(nb_dir, out, fig, "--force"), f"./run_all.sh --force run{i}") for i, fig in enumerate(figs)]
     try:
@@ -143,12 +177,20 @@ def test_a_full_disk_mid_promote_keeps_the_previous_outputs(tmp_path, monkeypatc
     nb_dir.mkdir()
     model = fig / "m"
     model.mkdir(parents=True)
-    old = {"01_a_1.csv": "old 1\n", "01_a_2.pdf": "old pdf\n", "01_a_3.png": "old png\n", "01_a_gone.csv": "stale\n",
-           "00_up.csv": "upstream\n"}
+    old = {
+        "01_a_1.csv": "old 1\n",
+        "01_a_2.pdf": "old pdf\n",
+        "01_a_3.png": "old png\n",
+        "01_a_gone.csv": "stale\n",
+        "00_up.csv": "upstream\n",
+    }
     for name, text in old.items():
         (model / name).write_text(text)
-    _notebook(nb_dir / "01_a.ipynb", "from pathlib import Path\nd = Path(out_dir) / model\n"
-              "for n in ('01_a_1.csv', '01_a_2.pdf', '01_a_3.png'):\n    (d / n).write_text('new ' + n * 200)\n")
+    _notebook(
+        nb_dir / "01_a.ipynb",
+        "from pathlib import Path\nd = Path(out_dir) / model\n"
+        "for n in ('01_a_1.csv', '01_a_2.pdf', '01_a_3.png'):\n    (d / n).write_text('new ' + n * 200)\n",
+    )
     real_copyfile, real_rename = shutil.copyfile, os.rename
 
     def into_figures(dst) -> bool:
@@ -197,9 +239,12 @@ def test_no_notebook_outlives_a_killed_run(tmp_path, sig):
     nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
     nb_dir.mkdir()
     pids = tmp_path / "pids"
-    _notebook(nb_dir / "00_a.ipynb", "import os, time, psutil\nfrom pathlib import Path\n"
-              "sampler = psutil.Process(os.getppid()).ppid()  # papermill's parent: peak_memory.py\n"
-              f"Path({str(pids)!r}).write_text(f'{{os.getpid()}} {{os.getppid()}} {{sampler}}')\ntime.sleep(300)\n")
+    _notebook(
+        nb_dir / "00_a.ipynb",
+        "import os, time, psutil\nfrom pathlib import Path\n"
+        "sampler = psutil.Process(os.getppid()).ppid()  # papermill's parent: peak_memory.py\n"
+        f"Path({str(pids)!r}).write_text(f'{{os.getpid()}} {{os.getppid()}} {{sampler}}')\ntime.sleep(300)\n",
+    )
     run = _start(_args(nb_dir, out, fig), "./run_all.sh")
     found: list[int] = []
     try:
@@ -208,8 +253,9 @@ def test_no_notebook_outlives_a_killed_run(tmp_path, sig):
         assert all(_alive(p) for p in found)
         os.kill(run.pid, sig)
         run.communicate(timeout=60)
-        assert _wait_for(lambda: not any(_alive(p) for p in found), 60), \
+        assert _wait_for(lambda: not any(_alive(p) for p in found), 60), (
             f"still running after the run was killed: {[p for p in found if _alive(p)]}"
+        )
     finally:
         _kill_tree(run, found)
 
@@ -226,7 +272,9 @@ def test_a_boolean_parameter_takes_true_or_false_typed_as_its_default(tmp_path):
         with pytest.raises(SystemExit, match="-p use_cache takes true or false") as err:
             rn.params_by_notebook({"use_cache": text}, [nb])
         assert "\n" not in str(err.value)
-    assert rn.params_by_notebook({"n": "4", "rate": "1", "scale": "8"}, [nb]) == {"01_a": {"n": 4, "rate": 1.0, "scale": 8}}
+    assert rn.params_by_notebook({"n": "4", "rate": "1", "scale": "8"}, [nb]) == {
+        "01_a": {"n": 4, "rate": 1.0, "scale": 8}
+    }
     with pytest.raises(SystemExit, match="-p n takes a whole number"):
         rn.params_by_notebook({"n": "4.5"}, [nb])
 
@@ -236,12 +284,16 @@ def test_use_cache_false_reaches_the_notebook_as_false_and_quick_keeps_the_users
     says which values it sets and never replaces one given with -p."""
     nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
     nb_dir.mkdir()
-    _notebook(nb_dir / "01_a.ipynb",
-              "if quick:\n    n_items, n_other = 2, 3\n    batch = 4\nfrom pathlib import Path\n"
-              "(Path(out_dir) / model / '01_a_seen.txt').write_text(repr((use_cache, n_items, n_other, batch)))\n",
-              params="use_cache = True\nn_items = 100\nn_other = 100\nbatch = 100\n")
-    assert rn.main(_args(nb_dir, out, fig, "--quick", "True", "--param", "use_cache", "false",
-                         "--param", "n_items", "50")) == 0
+    _notebook(
+        nb_dir / "01_a.ipynb",
+        "if quick:\n    n_items, n_other = 2, 3\n    batch = 4\nfrom pathlib import Path\n"
+        "(Path(out_dir) / model / '01_a_seen.txt').write_text(repr((use_cache, n_items, n_other, batch)))\n",
+        params="use_cache = True\nn_items = 100\nn_other = 100\nbatch = 100\n",
+    )
+    assert (
+        rn.main(_args(nb_dir, out, fig, "--quick", "True", "--param", "use_cache", "false", "--param", "n_items", "50"))
+        == 0
+    )
     assert (fig / "m" / "01_a_seen.txt").read_text() == "(False, 50, 3, 4)"
     said = capsys.readouterr().out
     assert "--quick sets in 01_a: n_other=3, batch=4; kept from -p: n_items=50" in said

@@ -14,7 +14,13 @@ NB = ROOT / "notebooks"
 
 def test_notebook_modules_follow_imports():
     mods = run_key.notebook_modules(NB / "00_model_accuracy.ipynb")
-    assert {"core/datasets", "core/evaluate", "run/runs", "core/models", "core/toy"} <= mods  # toy: imported lazily by models
+    assert {
+        "core/datasets",
+        "core/evaluate",
+        "run/runs",
+        "core/models",
+        "core/toy",
+    } <= mods  # toy: imported lazily by models
     assert "yu/cna" not in mods and "report/__init__" not in mods
     # subpackages count (the old closure skipped them: plots and engine edits kept old keys)
     assert {"plots/accuracy", "plots/__init__", "engine/passes"} <= mods and "plots/cna" not in mods
@@ -46,4 +52,3 @@ def test_key_changes_with_package_versions(tmp_path, monkeypatch):
 
     monkeypatch.setattr(env, "package_versions", upgraded)
     assert run_key.run_key(nb, tmp_path, ["qwen"]) != k1
-

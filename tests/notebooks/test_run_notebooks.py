@@ -26,8 +26,15 @@ def _nbs(**spec) -> dict:
 
 
 def test_remaining_chain_and_pick_follow_the_longest_chain():
-    nbs = _nbs(**{"00_a": ([], 300, 3000), "01_b": ([], 500, 5000), "02_c": (["01_b"], 100, 3000),
-                  "05_e": (["01_b"], 400, 15000), "06_f": (["05_e"], 350, 4000)})
+    nbs = _nbs(
+        **{
+            "00_a": ([], 300, 3000),
+            "01_b": ([], 500, 5000),
+            "02_c": (["01_b"], 100, 3000),
+            "05_e": (["01_b"], 400, 15000),
+            "06_f": (["05_e"], 350, 4000),
+        }
+    )
     chain = rn.remaining_chain(nbs)
     assert chain["01_b"] == 500 + 400 + 350 and chain["05_e"] == 750 and chain["00_a"] == 300
     assert rn.pick(["00_a", "01_b"], [], nbs, 2, None) == "01_b"  # heads the longest chain
@@ -41,15 +48,27 @@ def test_remaining_chain_and_pick_follow_the_longest_chain():
 
 
 def test_last_costs_reads_timings(tmp_path):
-    (tmp_path / "timings.csv").write_text("notebook,seconds,this_run,peak_rss_mib\n00_a,280,ran,3604\n01_b,535,cached,NA\n")
+    (tmp_path / "timings.csv").write_text(
+        "notebook,seconds,this_run,peak_rss_mib\n00_a,280,ran,3604\n01_b,535,cached,NA\n"
+    )
     rows = rn.read_timings(tmp_path / "timings.csv")
     assert rn.last_costs(rows) == {"00_a": (280.0, 3604.0), "01_b": (535.0, None)}
     assert rn.read_timings(tmp_path / "missing.csv") == {}
 
 
 def test_only_that_matches_nothing_is_an_error(tmp_path):
-    args = ["--out", str(tmp_path / "o"), "--figures", str(tmp_path / "f"), "--model", "m", "--device", "cpu",
-            "--only", "99"]
+    args = [
+        "--out",
+        str(tmp_path / "o"),
+        "--figures",
+        str(tmp_path / "f"),
+        "--model",
+        "m",
+        "--device",
+        "cpu",
+        "--only",
+        "99",
+    ]
     try:
         rn.main(args)
     except SystemExit as err:
@@ -64,27 +83,56 @@ def test_default_jobs():
 
 
 def _notebook(path: Path, code: str, params: str = "") -> None:
-    cells = [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "execution_count": None, "outputs": [],
-              "source": 'model = "x"\ndevice = "cpu"\nquick = False\nseed = 0\nout_dir = "."\n' + params},
-             {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": code}]
-    nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-          "nbformat": 4, "nbformat_minor": 5}
+    cells = [
+        {
+            "cell_type": "code",
+            "metadata": {"tags": ["parameters"]},
+            "execution_count": None,
+            "outputs": [],
+            "source": 'model = "x"\ndevice = "cpu"\nquick = False\nseed = 0\nout_dir = "."\n' + params,
+        },
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": code},
+    ]
+    nb = {
+        "cells": cells,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     path.write_text(json.dumps(nb))
 
 
 def test_runs_notebooks_two_at_a_time_with_fixed_threads(tmp_path, capsys):
     nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
     nb_dir.mkdir()
-    record = ("import os, time, torch\nfrom pathlib import Path\n"
-              "d = Path(out_dir) / model\nd.mkdir(parents=True, exist_ok=True)\n"
-              "(d / (NAME + '.txt')).write_text(f\"{os.environ.get('OMP_NUM_THREADS')} {torch.get_num_threads()} "
-              "{time.time()}\")\n")
+    record = (
+        "import os, time, torch\nfrom pathlib import Path\n"
+        "d = Path(out_dir) / model\nd.mkdir(parents=True, exist_ok=True)\n"
+        "(d / (NAME + '.txt')).write_text(f\"{os.environ.get('OMP_NUM_THREADS')} {torch.get_num_threads()} "
+        '{time.time()}")\n'
+    )
     _notebook(nb_dir / "01_a.ipynb", "NAME = '01_a'\n" + record + "time.sleep(2)\n")
-    _notebook(nb_dir / "02_b.ipynb", "NAME = '02_b'\n" + record
-              + "assert (Path(out_dir) / model / '01_a.txt').exists()  # reads 01_a's table\n")
+    _notebook(
+        nb_dir / "02_b.ipynb",
+        "NAME = '02_b'\n" + record + "assert (Path(out_dir) / model / '01_a.txt').exists()  # reads 01_a's table\n",
+    )
     _notebook(nb_dir / "03_c.ipynb", "NAME = '03_c'\n" + record)
-    args = ["--out", str(out), "--figures", str(fig), "--model", "m", "--device", "cpu", "--notebooks", str(nb_dir),
-            "--jobs", "2", "--threads", "1"]
+    args = [
+        "--out",
+        str(out),
+        "--figures",
+        str(fig),
+        "--model",
+        "m",
+        "--device",
+        "cpu",
+        "--notebooks",
+        str(nb_dir),
+        "--jobs",
+        "2",
+        "--threads",
+        "1",
+    ]
     assert rn.main(args) == 0
     got = {p.stem: p.read_text().split() for p in (fig / "m").glob("*.txt")}
     assert set(got) == {"01_a", "02_b", "03_c"}
@@ -131,13 +179,27 @@ def test_outputs_reach_the_figures_only_when_the_notebook_succeeds(tmp_path, cap
     (model / "00_up.csv").write_text("upstream\n")
     (model / "01_a_table.csv").write_text("old\n")
     (model / "01_a_stale.csv").write_text("from an older configuration\n")
-    body = ("from pathlib import Path\nd = Path(out_dir) / model\n"
-            "assert (d / '00_up.csv').read_text() == 'upstream\\n'  # the tables before it are there\n"
-            "assert not (d / '01_a_table.csv').exists()  # its own old outputs are not\n"
-            "(d / '01_a_table.csv').write_text('new\\n')\n")
+    body = (
+        "from pathlib import Path\nd = Path(out_dir) / model\n"
+        "assert (d / '00_up.csv').read_text() == 'upstream\\n'  # the tables before it are there\n"
+        "assert not (d / '01_a_table.csv').exists()  # its own old outputs are not\n"
+        "(d / '01_a_table.csv').write_text('new\\n')\n"
+    )
     _notebook(nb_dir / "01_a.ipynb", body + "raise RuntimeError('stopped half-way')\n")
-    args = ["--out", str(out), "--figures", str(fig), "--model", "m", "--device", "cpu", "--notebooks", str(nb_dir),
-            "--jobs", "1"]
+    args = [
+        "--out",
+        str(out),
+        "--figures",
+        str(fig),
+        "--model",
+        "m",
+        "--device",
+        "cpu",
+        "--notebooks",
+        str(nb_dir),
+        "--jobs",
+        "1",
+    ]
     assert rn.main(args) == 1
     assert "keeps its last successful outputs" in capsys.readouterr().err
     assert (model / "01_a_table.csv").read_text() == "old\n"  # untouched by the failed run
@@ -160,8 +222,22 @@ def test_an_interrupted_run_keeps_the_timings_of_the_notebooks_that_finished(tmp
     nb_dir.mkdir()
     _notebook(nb_dir / "01_a.ipynb", "x = 1\n")
     _notebook(nb_dir / "02_b.ipynb", "import time\ntime.sleep(60)\n")
-    args = ["--out", str(out), "--figures", str(fig), "--model", "m", "--device", "cpu", "--notebooks", str(nb_dir),
-            "--jobs", "1", "--threads", "1"]
+    args = [
+        "--out",
+        str(out),
+        "--figures",
+        str(fig),
+        "--model",
+        "m",
+        "--device",
+        "cpu",
+        "--notebooks",
+        str(nb_dir),
+        "--jobs",
+        "1",
+        "--threads",
+        "1",
+    ]
     real_sleep = rn.time.sleep
 
     stopped = []
@@ -183,14 +259,32 @@ def test_an_interrupted_run_keeps_the_timings_of_the_notebooks_that_finished(tmp
 
 
 def test_parameters_are_read_from_the_parameters_cell_as_python_reads_them(tmp_path):
-    _notebook(tmp_path / "01_a.ipynb", "pass\n",
-              params="n_side = 2         # random controls (K = edit_k)\nops = [\"+\",\n       \"-\"]\nx: float = 0.5\n")
+    _notebook(
+        tmp_path / "01_a.ipynb",
+        "pass\n",
+        params='n_side = 2         # random controls (K = edit_k)\nops = ["+",\n       "-"]\nx: float = 0.5\n',
+    )
     assert nf.notebook_parameters(tmp_path / "01_a.ipynb") == {
-        "model": '"x"', "device": '"cpu"', "quick": "False", "seed": "0", "out_dir": '"."', "n_side": "2",
-        "ops": '["+",\n       "-"]', "x": "0.5"}  # papermill's inspect_notebook skips n_side (the bracket)
+        "model": '"x"',
+        "device": '"cpu"',
+        "quick": "False",
+        "seed": "0",
+        "out_dir": '"."',
+        "n_side": "2",
+        "ops": '["+",\n       "-"]',
+        "x": "0.5",
+    }  # papermill's inspect_notebook skips n_side (the bracket)
     assert "n_side_seeds" in nf.notebook_parameters(ROOT / "notebooks" / "07_gender_bias_editing.ipynb")
-    assert [nf.parse_value(v) for v in ("3", "-0.1", "True", "None", "[1, 2]", "cpu", "1e-3", "'a b'")] == \
-        [3, -0.1, True, None, [1, 2], "cpu", 1e-3, "a b"]
+    assert [nf.parse_value(v) for v in ("3", "-0.1", "True", "None", "[1, 2]", "cpu", "1e-3", "'a b'")] == [
+        3,
+        -0.1,
+        True,
+        None,
+        [1, 2],
+        "cpu",
+        1e-3,
+        "a b",
+    ]
 
 
 def test_unknown_parameter_is_an_error_listing_the_valid_names(tmp_path):
@@ -206,8 +300,14 @@ def test_unknown_parameter_is_an_error_listing_the_valid_names(tmp_path):
         rn.main(base + ["--param", "seed", "1"])
     # a name is passed to the notebooks that declare it (02_b has no n_items), with its type
     paths = rn.select_notebooks(nb_dir)
-    assert rn.params_by_notebook({"n_items": "8", "scale": "cpu"}, paths) == {"01_a": {"n_items": 8}, "02_b": {"scale": "cpu"}}
-    assert rn.yaml_parameters({"lrs": (1e-05, 0.5), "scale": "cpu", "k": None}) == "{k: null, lrs: [1.0e-05, 0.5], scale: cpu}"
+    assert rn.params_by_notebook({"n_items": "8", "scale": "cpu"}, paths) == {
+        "01_a": {"n_items": 8},
+        "02_b": {"scale": "cpu"},
+    }
+    assert (
+        rn.yaml_parameters({"lrs": (1e-05, 0.5), "scale": "cpu", "k": None})
+        == "{k: null, lrs: [1.0e-05, 0.5], scale: cpu}"
+    )
 
 
 # --------------------------------------------------------------------------- the scratch folder
@@ -224,11 +324,14 @@ def test_runs_with_changed_settings_go_to_the_scratch_folder(tmp_path, monkeypat
         return capsys.readouterr().out.strip()
 
     _notebook(nb_dir / "00_a.ipynb", "pass\n")
-    _notebook(nb_dir / "01_b.ipynb",
-              "from pathlib import Path\nfrom tqdm.auto import tqdm\nfor _ in tqdm(range(3)): pass\n"
-              "d = Path(out_dir) / model.replace('/', '__')\n"
-              "prev = (d / '00_a.csv').read_text()  # reads notebook 00's table\n"
-              "(d / '01_b.csv').write_text(f'{prev}{n}\\n')\n", params="n = 1\n")
+    _notebook(
+        nb_dir / "01_b.ipynb",
+        "from pathlib import Path\nfrom tqdm.auto import tqdm\nfor _ in tqdm(range(3)): pass\n"
+        "d = Path(out_dir) / model.replace('/', '__')\n"
+        "prev = (d / '00_a.csv').read_text()  # reads notebook 00's table\n"
+        "(d / '01_b.csv').write_text(f'{prev}{n}\\n')\n",
+        params="n = 1\n",
+    )
     scratch = tmp_path / "outputs" / "scratch" / "figures"
     assert figures() == str(tmp_path / "figures")  # the committed configuration
     for changed in (["--quick", "True"], ["--seed", "1"], ["--param", "n", "2"]):
@@ -262,23 +365,55 @@ def test_runs_with_changed_settings_go_to_the_scratch_folder(tmp_path, monkeypat
 
 
 def _executed() -> dict:
-    widget = {"output_type": "display_data", "metadata": {},
-              "data": {nf.WIDGET_VIEW: {"model_id": "abc", "version_major": 2, "version_minor": 0},
-                       "text/plain": "loss:   0%|          | 0/10 [00:00<?, ?it/s]"}}
-    figure = {"output_type": "display_data", "metadata": {},
-              "data": {"image/png": "iVBORw0KGgo=", "application/pdf": "JVBERi0=", "image/svg+xml": "<svg/>",
-                       "text/html": "<img>", "text/plain": "<Figure size 640x480 with 1 Axes>"}}
-    table = {"output_type": "display_data", "metadata": {},
-             "data": {"text/html": "<table></table>", "text/plain": "   a\n0  1"}}
+    widget = {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {
+            nf.WIDGET_VIEW: {"model_id": "abc", "version_major": 2, "version_minor": 0},
+            "text/plain": "loss:   0%|          | 0/10 [00:00<?, ?it/s]",
+        },
+    }
+    figure = {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {
+            "image/png": "iVBORw0KGgo=",
+            "application/pdf": "JVBERi0=",
+            "image/svg+xml": "<svg/>",
+            "text/html": "<img>",
+            "text/plain": "<Figure size 640x480 with 1 Axes>",
+        },
+    }
+    table = {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {"text/html": "<table></table>", "text/plain": "   a\n0  1"},
+    }
     svg_only = {"output_type": "display_data", "metadata": {}, "data": {"image/svg+xml": "<svg/>"}}
     stream = {"output_type": "stream", "name": "stdout", "text": "done\n"}
-    first = {"cell_type": "markdown", "id": "m0", "metadata": {},
-             "source": "# 01 · Title\n\n**Results** (m): [x](../figures/m/notebooks/01_a.ipynb)\n\nText."}
-    code = {"cell_type": "code", "id": "c1", "metadata": {}, "execution_count": 1, "source": "plot()",
-            "outputs": [widget, figure, table, svg_only, stream]}
-    return {"cells": [first, code], "nbformat": 4, "nbformat_minor": 5,
-            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                         "widgets": {nf.WIDGET_STATE: {"state": {"abc": {}}, "version_major": 2, "version_minor": 0}}}}
+    first = {
+        "cell_type": "markdown",
+        "id": "m0",
+        "metadata": {},
+        "source": "# 01 · Title\n\n**Results** (m): [x](../figures/m/notebooks/01_a.ipynb)\n\nText.",
+    }
+    code = {
+        "cell_type": "code",
+        "id": "c1",
+        "metadata": {},
+        "execution_count": 1,
+        "source": "plot()",
+        "outputs": [widget, figure, table, svg_only, stream],
+    }
+    return {
+        "cells": [first, code],
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+            "widgets": {nf.WIDGET_STATE: {"state": {"abc": {}}, "version_major": 2, "version_minor": 0}},
+        },
+    }
 
 
 def test_published_copy_drops_widgets_and_the_duplicates_of_a_png(tmp_path):
@@ -308,8 +443,10 @@ def test_published_copy_drops_widgets_and_the_duplicates_of_a_png(tmp_path):
 
 
 def test_progress_is_read_from_papermill_bar_and_compared_with_the_last_run():
-    chunk = (b"Executing:   0%|          | 0/40 [00:00<?, ?cell/s]\rExecuting:  30%|###       | 12/40 "
-             b"[03:12<07:00, 15.0s/cell]\r")
+    chunk = (
+        b"Executing:   0%|          | 0/40 [00:00<?, ?cell/s]\rExecuting:  30%|###       | 12/40 "
+        b"[03:12<07:00, 15.0s/cell]\r"
+    )
     assert [tuple(map(int, m)) for m in rn._PROGRESS.findall(chunk)][-1] == (12, 40)
     assert rn.progress_line("01_a", (12, 40), 192, 840) == "01_a: 12/40 cells, 3.2 of ~14.0 min"
     assert rn.progress_line("01_a", (39, 40), 900, 840) == "01_a: 39/40 cells, 15.0 min (the last run took 14.0)"

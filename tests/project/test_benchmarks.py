@@ -23,7 +23,8 @@ def test_profile_shares_counts_innermost_frames(tmp_path):
     raw.write_text(
         "<module> (a.py:1);run (arithlib/methods/patching.py:10);forward (torch/nn/linear.py:5);Linear.forward (x.py:3) 6\n"
         "<module> (a.py:1);run (arithlib/methods/patching.py:10);topk (arithlib/yu/cna.py:7) 3\n"
-        "<module> (a.py:1);idle (b.py:2) 1\n")
+        "<module> (a.py:1);idle (b.py:2) 1\n"
+    )
     s = ps.shares(raw)
     assert s["total"] == 10
     assert dict(s["leaf"])["Linear.forward"] == 6
@@ -63,8 +64,10 @@ def test_layer_inputs_benchmark_on_a_random_model():
     rows = bl.main(["--model", "random-llama", "--n", "8", "--batch-size", "4", "--repeats", "1", "--no-append"])
     assert [r["layer"] for r in rows] == [1] and all(r["same"] and r["ok"] and r["full"] > 0 for r in rows)
     # the late start skips block 0 of 2: fewer counted FLOPs, both at a positive share of the peak
-    assert all(0 < r["flops_late"] < r["flops_full"] and r["tflops_full"] > 0 and 0 < r["frac_late"] < float("inf")
-               for r in rows)
+    assert all(
+        0 < r["flops_late"] < r["flops_full"] and r["tflops_full"] > 0 and 0 < r["frac_late"] < float("inf")
+        for r in rows
+    )
 
 
 def test_layer_inputs_perturbation_keeps_the_parameters_device_and_dtype():
@@ -85,8 +88,9 @@ def test_cna_benchmark_on_a_random_model_reports_flops_and_rates():
     import math
 
     bc = _load("cna")
-    row = bc.main(["--model", "random-llama", "--n-prompts", "4", "--repeats", "1", "--loop-neurons", "8",
-                   "--no-append"])
+    row = bc.main(
+        ["--model", "random-llama", "--n-prompts", "4", "--repeats", "1", "--loop-neurons", "8", "--no-append"]
+    )
     assert row["loop_neurons"] == 8 < row["d_mlp"] and row["neurons"] == row["layers"] * row["d_mlp"]
     assert row["flops_batched"] > 0 and row["flops_loop"] > 0
     assert row["tflops_batched"] > 0 and row["tflops_loop"] > 0
@@ -124,8 +128,9 @@ def test_roofline_counts_a_linear_layer_and_rates():
 
 def test_malloc_benchmark_runs_both_settings():
     bm = _load("malloc")
-    rows = bm.main(["--script", "optimizer.py", "--no-append", "--script-args", "--model", "random-llama",
-                    "--steps", "2"])
+    rows = bm.main(
+        ["--script", "optimizer.py", "--no-append", "--script-args", "--model", "random-llama", "--steps", "2"]
+    )
     assert [r["setting"] for r in rows] == ["glibc default", "MALLOC_ENV (kept memory)"]
     assert all(r["wall"] > 0 and r["faults"] > 0 for r in rows)
 
@@ -175,8 +180,16 @@ def _rates_ok(row, variants):
     """Counted FLOPs, achieved TFLOP/s and the fraction of the peak of each variant."""
     import math
 
-    return all(row[f"{v}_flops"] > 0 and row[f"{v}_tflops"] > 0 and math.isfinite(row[f"{v}_fraction"])
-               and row[f"{v}_fraction"] > 0 for v in variants) and row["peak_tflops"] > 0
+    return (
+        all(
+            row[f"{v}_flops"] > 0
+            and row[f"{v}_tflops"] > 0
+            and math.isfinite(row[f"{v}_fraction"])
+            and row[f"{v}_fraction"] > 0
+            for v in variants
+        )
+        and row["peak_tflops"] > 0
+    )
 
 
 def test_stacked_benchmark_on_a_random_model_reports_flops_and_rates():
@@ -191,8 +204,21 @@ def test_stacked_benchmark_on_a_random_model_reports_flops_and_rates():
 
 def test_answer_logits_main_on_a_random_model_reports_flops_and_rates():
     bal = _load("answer_logits")
-    rows = bal.main(["--model", "random-llama", "--n", "12", "--batch-size", "8", "--train-batch", "6",
-                     "--repeats", "1", "--no-append"])
+    rows = bal.main(
+        [
+            "--model",
+            "random-llama",
+            "--n",
+            "12",
+            "--batch-size",
+            "8",
+            "--train-batch",
+            "6",
+            "--repeats",
+            "1",
+            "--no-append",
+        ]
+    )
     assert [r["pass"].split()[0] for r in rows] == ["evaluate", "one"]
     assert all(r["same"] and r["accuracy"] >= 0 and _rates_ok(r, ("whole", "shared")) for r in rows)
 
@@ -221,16 +247,18 @@ def test_gpu_suite_commands_run_on_a_tiny_model():
     import sys
 
     env = {**os.environ, "PYTHON": sys.executable}
-    done = subprocess.run([str(ROOT / "benchmarks" / "gpu.sh"), "--check"], env=env, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run(
+        [str(ROOT / "benchmarks" / "gpu.sh"), "--check"], env=env, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.count(" ok in ") == 8
 
 
 def test_lora_train_benchmark_on_a_random_model():
     bt = _load("lora_train")
-    rows = bt.main(["--model", "random-llama", "--steps", "2", "--batch-size", "4", "--layers", "0", "0.5",
-                    "--no-append"])
+    rows = bt.main(
+        ["--model", "random-llama", "--steps", "2", "--batch-size", "4", "--layers", "0", "0.5", "--no-append"]
+    )
     assert [r["layer"] for r in rows] == [0, 1, "mean"]
     assert all(r["same"] and r["full"] > 0 and r["late"] > 0 for r in rows)
 

@@ -21,7 +21,8 @@ def _fake_repo(tmp_path: Path, tests_status: int) -> tuple[Path, Path]:
     shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
     record = tmp_path / "venv_path"
     (repo / "scripts" / "setup.sh").write_text(
-        f'#!/usr/bin/env bash\nmkdir -p "$ARITHLIB_VENV/bin"\necho "$ARITHLIB_VENV" > {record}\n')
+        f'#!/usr/bin/env bash\nmkdir -p "$ARITHLIB_VENV/bin"\necho "$ARITHLIB_VENV" > {record}\n'
+    )
     (repo / "run_tests.sh").write_text(f"#!/usr/bin/env bash\nexit {tests_status}\n")
     for f in (repo / ".ci" / "run", repo / "scripts" / "setup.sh", repo / "run_tests.sh"):
         f.chmod(0o755)

@@ -22,17 +22,34 @@ ROOT = Path(arithlib.__file__).parent
 OWNERS = {"core/models.py", "core/toy.py"}
 
 INTERNALS = [
-    r"logits_to_keep", r"past_key_values", r"\bDynamicCache\b", r"\buse_cache\s*=\s*(True|False|past|copies)",
-    r"rotary_emb", r"causal_mask", r"\brun_block\b", r"\bcache_kwargs\b", r"\boutput_cache\b", r"\bnew_cache\b",
-    r"\.base_model\b", r"get_decoder\(", r"\boriginal_model\b", r"_original_component", r"register_forward_(pre_)?hook",
-    r"hf_compat", r"engine\.adapter", r"from \.adapter", r"\.layers\[",
+    r"logits_to_keep",
+    r"past_key_values",
+    r"\bDynamicCache\b",
+    r"\buse_cache\s*=\s*(True|False|past|copies)",
+    r"rotary_emb",
+    r"causal_mask",
+    r"\brun_block\b",
+    r"\bcache_kwargs\b",
+    r"\boutput_cache\b",
+    r"\bnew_cache\b",
+    r"\.base_model\b",
+    r"get_decoder\(",
+    r"\boriginal_model\b",
+    r"_original_component",
+    r"register_forward_(pre_)?hook",
+    r"hf_compat",
+    r"engine\.adapter",
+    r"from \.adapter",
+    r"\.layers\[",
 ]
 
 #: Key/value caches are the engine's: no method builds, copies, crops or keeps one (the
 #: engine's runs hand back logits, hidden states and recorded runs instead).
 CACHES = [
-    r"\bkeep_cache\b", r"\b(cache_layers|filled_cache_layers|empty_cache|prefix_cache|repeat_cache|repeat_rows_)\b",
-    r"\b(select_cache_rows|truncate_cache|decoder_pass|run_blocks|run_decoder)\b", r"engine\.(passes|prefix|answer|recorded)\b",
+    r"\bkeep_cache\b",
+    r"\b(cache_layers|filled_cache_layers|empty_cache|prefix_cache|repeat_cache|repeat_rows_)\b",
+    r"\b(select_cache_rows|truncate_cache|decoder_pass|run_blocks|run_decoder)\b",
+    r"engine\.(passes|prefix|answer|recorded)\b",
 ]
 
 
@@ -46,8 +63,13 @@ def _code(path: Path) -> str:
     docstrings = set()
     for node in ast.walk(ast.parse(text)):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(getattr(body[0], "value", None), ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             docstrings.add(body[0].lineno)
     out = []
     for tok in tokenize.generate_tokens(io.StringIO(text).readline):
@@ -73,20 +95,24 @@ def offenders() -> dict[str, list[str]]:
 
 
 def test_no_module_outside_the_engine_touches_library_internals():
-    assert offenders() == {}, "modules reaching past arithlib.engine (move the pass into the engine): " \
-                              f"{offenders()}"
+    assert offenders() == {}, f"modules reaching past arithlib.engine (move the pass into the engine): {offenders()}"
 
 
 def test_the_check_sees_an_offender(tmp_path):
     """The scan is not vacuous: a module that builds a cache by hand is reported."""
     bad = tmp_path / "arithlib"
     (bad / "engine").mkdir(parents=True)
-    (bad / "method.py").write_text('"""uses logits_to_keep in a docstring only"""\n'
-                                   "def f(hf, x):\n    return hf(x, use_cache=True, logits_to_keep=1)\n")
-    (bad / "kv.py").write_text("from .engine import forward\n"
-                               "def h(model, x):\n    return forward(model, x, keep_cache=True).cache\n")
-    (bad / "clean.py").write_text('"""names past_key_values in a docstring"""\n# and rotary_emb in a comment\n'
-                                  "def g(model, x):\n    return model(x)\n")
+    (bad / "method.py").write_text(
+        '"""uses logits_to_keep in a docstring only"""\n'
+        "def f(hf, x):\n    return hf(x, use_cache=True, logits_to_keep=1)\n"
+    )
+    (bad / "kv.py").write_text(
+        "from .engine import forward\ndef h(model, x):\n    return forward(model, x, keep_cache=True).cache\n"
+    )
+    (bad / "clean.py").write_text(
+        '"""names past_key_values in a docstring"""\n# and rotary_emb in a comment\n'
+        "def g(model, x):\n    return model(x)\n"
+    )
     globals()["ROOT"], old = bad, ROOT
     try:
         assert set(offenders()) == {"method.py", "kv.py"}

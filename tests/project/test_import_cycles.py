@@ -48,19 +48,21 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
             if getattr(node, "lineno", None) in skip:
                 continue
             if isinstance(node, ast.Import):
-                targets |= {a.name[len("arithlib."):] for a in node.names if a.name.startswith("arithlib.")}
+                targets |= {a.name[len("arithlib.") :] for a in node.names if a.name.startswith("arithlib.")}
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
-                    base = package[:len(package) - node.level + 1]
+                    base = package[: len(package) - node.level + 1]
                     mod = ".".join(base + ([node.module] if node.module else []))
                 elif node.module and (node.module == "arithlib" or node.module.startswith("arithlib.")):
-                    mod = node.module[len("arithlib."):] if node.module != "arithlib" else ""
+                    mod = node.module[len("arithlib.") :] if node.module != "arithlib" else ""
                 else:
                     continue
                 for a in node.names:
                     sub = f"{mod}.{a.name}" if mod else a.name
                     targets.add(sub if sub in modules else mod)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):  # importlib.import_module("arithlib.x")
+            elif isinstance(node, ast.Constant) and isinstance(
+                node.value, str
+            ):  # importlib.import_module("arithlib.x")
                 m = re.fullmatch(r"arithlib\.([\w.]+)", node.value)
                 if m and m[1] in modules:
                     targets.add(m[1])
@@ -117,5 +119,7 @@ def test_the_check_sees_a_cycle(tmp_path):
     (tmp_path / "report" / "__init__.py").write_text("from .cross import f\n")
     (tmp_path / "report" / "cross.py").write_text("def f():\n    from ..plots.fig import g\n    return g\n")
     (tmp_path / "plots" / "fig.py").write_text("from ..report import f\ndef g():\n    return f\n")
-    (tmp_path / "ok.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .plots.fig import g\n")
+    (tmp_path / "ok.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .plots.fig import g\n"
+    )
     assert cycles(import_graph(tmp_path)) == [["plots.fig", "report", "report.cross"]]

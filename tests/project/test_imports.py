@@ -17,8 +17,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sources() -> list[str]:
-    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "arithlib", "notebooks", "benchmarks", "scripts", "tests"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "arithlib", "notebooks", "benchmarks", "scripts", "tests"],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         pytest.skip("not a git checkout")
     return [f for f in out.stdout.split() if f.endswith(".py")]
@@ -53,7 +56,7 @@ def unresolved(files: list[str], root: Path = ROOT) -> list[tuple[str, int, str]
                     if package is None:
                         continue
                     parts = package.split(".")
-                    mod = ".".join(parts[:len(parts) - node.level + 1] + ([mod] if mod else []))
+                    mod = ".".join(parts[: len(parts) - node.level + 1] + ([mod] if mod else []))
                 if mod.split(".")[0] != "arithlib":
                     continue
                 m = _module(mod)
@@ -79,8 +82,12 @@ def test_every_arithlib_name_the_code_uses_exists():
 
 def test_the_check_sees_a_missing_name(tmp_path):
     (tmp_path / "notebooks").mkdir()
-    (tmp_path / "notebooks" / "nb.py").write_text("import arithlib.methods.patching as patching\n"
-                                                   "patching.run_variants\npatching.no_such_function\n"
-                                                   "from arithlib.engine import forward, no_such_name\n")
+    (tmp_path / "notebooks" / "nb.py").write_text(
+        "import arithlib.methods.patching as patching\n"
+        "patching.run_variants\npatching.no_such_function\n"
+        "from arithlib.engine import forward, no_such_name\n"
+    )
     assert unresolved(["notebooks/nb.py"], tmp_path) == [
-        ("notebooks/nb.py", 4, "arithlib.engine.no_such_name"), ("notebooks/nb.py", 3, "patching.no_such_function")]
+        ("notebooks/nb.py", 4, "arithlib.engine.no_such_name"),
+        ("notebooks/nb.py", 3, "patching.no_such_function"),
+    ]

@@ -83,8 +83,12 @@ def test_setup_refuses_a_python_the_lock_is_not_made_for(tmp_path):
     py.parent.mkdir(parents=True)
     py.write_text("#!/bin/sh\necho 3.12\n")
     py.chmod(0o755)
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "ARITHLIB_VENV": str(tmp_path / "venv"), "ARITHLIB_LOCK": "cpu"})
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "ARITHLIB_VENV": str(tmp_path / "venv"), "ARITHLIB_LOCK": "cpu"},
+    )
     assert out.returncode == 2
     assert "Python 3.12" in out.stderr and "CPython 3.11" in out.stderr
 
@@ -92,6 +96,10 @@ def test_setup_refuses_a_python_the_lock_is_not_made_for(tmp_path):
 def test_setup_refuses_an_unknown_lock_kind(tmp_path):
     import subprocess
 
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "ARITHLIB_VENV": str(tmp_path / "v"), "ARITHLIB_LOCK": "rocm"})
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "ARITHLIB_VENV": str(tmp_path / "v"), "ARITHLIB_LOCK": "rocm"},
+    )
     assert out.returncode == 2 and "ARITHLIB_LOCK must be cpu, cuda or auto" in out.stderr

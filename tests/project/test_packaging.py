@@ -43,7 +43,9 @@ def test_pyproject_lists_every_subpackage():
     arithlib/ with an __init__.py must be in it (arithlib.plots was missed once)."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     subpackages = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "arithlib").rglob("__init__.py")}
-    assert subpackages <= set(cfg["packages"]), f"not in pyproject.toml's packages: {subpackages - set(cfg['packages'])}"
+    assert subpackages <= set(cfg["packages"]), (
+        f"not in pyproject.toml's packages: {subpackages - set(cfg['packages'])}"
+    )
 
 
 def test_pyproject_ships_every_data_file_in_the_wheel():
@@ -108,8 +110,11 @@ def test_wheel_installs_and_reads_its_data_outside_the_repo(tmp_path: Path):
     for name in ("arithlib", "data"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(wheels), str(src)], check=True, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
+        check=True,
+        cwd=tmp_path,
+    )
     (wheel,) = wheels.glob("arithlib-*.whl")
     listed = set(zipfile.ZipFile(wheel).namelist())
     assert {f"arithlib/data/{n}" for n in DATA_FILES} <= listed, sorted(listed)
@@ -117,11 +122,20 @@ def test_wheel_installs_and_reads_its_data_outside_the_repo(tmp_path: Path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     (site / "parent_site.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target", str(site),
-                    str(wheel)], check=True, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        cwd=tmp_path,
+    )
 
     work = tmp_path / "elsewhere"
     work.mkdir()

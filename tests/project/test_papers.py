@@ -34,8 +34,16 @@ def test_no_other_module_defines_a_paper_number():
         if path.name == "papers.py":
             continue
         for node in ast.parse(path.read_text()).body:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-                node, ast.AnnAssign) else []
-            found += [f"{path.name}:{t.id}" for t in targets
-                      if isinstance(t, ast.Name) and t.id.startswith(("ZHANG_", "YU_", "NIKANKIN_"))]
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            found += [
+                f"{path.name}:{t.id}"
+                for t in targets
+                if isinstance(t, ast.Name) and t.id.startswith(("ZHANG_", "YU_", "NIKANKIN_"))
+            ]
     assert not found, f"paper numbers outside arithlib/core/papers.py: {found}"

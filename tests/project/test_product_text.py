@@ -29,11 +29,13 @@ _BARE_REF = re.compile(r"(?<![\w&/(#])#\d{2,5}(?![\w-])")
 #: An ISO date (2026-11-27), the mark of a dated run narrative.
 _ISO_DATE = re.compile(r"\b(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])\b")
 #: The project's own working sessions: "this session's machine", "the previous session".
-_SESSION = re.compile(r"\b(?:this|that|previous|earlier|last|today's|yesterday's)\s+(?:working\s+)?sessions?\b"
-                      r"|\bsession's\b|\bsessions?\s+of\s+issue\b", re.IGNORECASE)
+_SESSION = re.compile(
+    r"\b(?:this|that|previous|earlier|last|today's|yesterday's)\s+(?:working\s+)?sessions?\b"
+    r"|\bsession's\b|\bsessions?\s+of\s+issue\b",
+    re.IGNORECASE,
+)
 
-PATTERNS = {"issue reference": _ISSUE_WORDS, "bare #number": _BARE_REF, "ISO date": _ISO_DATE,
-            "work session": _SESSION}
+PATTERNS = {"issue reference": _ISSUE_WORDS, "bare #number": _BARE_REF, "ISO date": _ISO_DATE, "work session": _SESSION}
 
 
 def process_words(text: str) -> list[tuple[int, str, str]]:
@@ -70,35 +72,41 @@ def broken_links(path: Path, root: Path = ROOT) -> list[str]:
 # --------------------------------------------------------------------------- the detector itself
 
 
-@pytest.mark.parametrize("text", [
-    "Before issue 29 that was what notebooks 05 and 06 did",
-    "(issue 31): one place for the rules",
-    "Issues #28 and 29 changed the sizes",
-    "the head sweep of issue 28's sizes",
-    "fixed in #123.",
-    "see PR 12",
-    "rerun on 2026-11-25 in 3,153 s",
-    "measured on the previous session's machine",
-    "this session's fresh machine",
-    "no GPU was lent to that session",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Before issue 29 that was what notebooks 05 and 06 did",
+        "(issue 31): one place for the rules",
+        "Issues #28 and 29 changed the sizes",
+        "the head sweep of issue 28's sizes",
+        "fixed in #123.",
+        "see PR 12",
+        "rerun on 2026-11-25 in 3,153 s",
+        "measured on the previous session's machine",
+        "this session's fresh machine",
+        "no GPU was lent to that session",
+    ],
+)
 def test_detector_flags_process_words(text):
     assert process_words(text), text
 
 
-@pytest.mark.parametrize("text", [
-    "Table 4's top 10 are neurons of layers 18-22",
-    "[its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-01)",
-    "see [notebook 01](#01-identify-heads)",
-    "Zhang 2024, Sec. 5.1, Fig. 2; Yu 2024, Sec. 3.4, Table 2",
-    "color='#1f77b4'",
-    "an em dash &#8212; in HTML",
-    "# 01 · Identify heads",
-    "layers 12-17 of 32, 2,000 test sentences, lr 2e-5",
-    "a run longer than one working session carries its stored results",
-    "issues in the prompts are named in the report",
-    "year = {2024}, eprint = {2409.01659}",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Table 4's top 10 are neurons of layers 18-22",
+        "[its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-01)",
+        "see [notebook 01](#01-identify-heads)",
+        "Zhang 2024, Sec. 5.1, Fig. 2; Yu 2024, Sec. 3.4, Table 2",
+        "color='#1f77b4'",
+        "an em dash &#8212; in HTML",
+        "# 01 · Identify heads",
+        "layers 12-17 of 32, 2,000 test sentences, lr 2e-5",
+        "a run longer than one working session carries its stored results",
+        "issues in the prompts are named in the report",
+        "year = {2024}, eprint = {2409.01659}",
+    ],
+)
 def test_detector_passes_ordinary_text(text):
     assert not process_words(text), process_words(text)
 
@@ -107,8 +115,10 @@ def test_link_check_finds_a_missing_file(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "here.md").write_text("x")
     page = tmp_path / "docs" / "page.md"
-    page.write_text("[ok](../here.md#part) [web](https://example.org) [anchor](#top) "
-                    "[gone](../missing.md)\n[ref]: ../also-missing.md\n```\n[in code](nowhere.md)\n```\n")
+    page.write_text(
+        "[ok](../here.md#part) [web](https://example.org) [anchor](#top) "
+        "[gone](../missing.md)\n[ref]: ../also-missing.md\n```\n[in code](nowhere.md)\n```\n"
+    )
     assert broken_links(page, tmp_path) == ["../missing.md", "../also-missing.md"]
 
 
@@ -121,8 +131,14 @@ def _docs() -> list[Path]:
 
 def _product_text() -> list[Path]:
     notebooks = ROOT / "notebooks"
-    return [ROOT / "README.md", *_docs(), *sorted(notebooks.glob("*.py")), *sorted(notebooks.glob("exercises/*.py")),
-            *sorted((ROOT / "figures").glob("*/REPORT.md")), ROOT / "figures" / "CROSS_MODEL.md"]
+    return [
+        ROOT / "README.md",
+        *_docs(),
+        *sorted(notebooks.glob("*.py")),
+        *sorted(notebooks.glob("exercises/*.py")),
+        *sorted((ROOT / "figures").glob("*/REPORT.md")),
+        ROOT / "figures" / "CROSS_MODEL.md",
+    ]
 
 
 def _id(p: Path) -> str:
@@ -142,7 +158,8 @@ def test_docs_exist():
 def test_no_process_words(path):
     hits = process_words(path.read_text(encoding="utf-8"))
     assert not hits, f"{_id(path)} speaks of the project's making: " + "; ".join(
-        f"line {n}: {kind} {text!r}" for n, kind, text in hits)
+        f"line {n}: {kind} {text!r}" for n, kind, text in hits
+    )
 
 
 @pytest.mark.parametrize("path", [ROOT / "README.md", *_docs()], ids=_id)

@@ -45,7 +45,9 @@ def test_the_tracked_tree_is_under_its_budget():
     assert total < TREE_BUDGET, (
         f"the tracked tree holds {total / 1e6:.1f} MB, over its {TREE_BUDGET / 1e6:.0f} MB budget; by kind: "
         + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in by_kind.most_common(6))
-        + "; largest: " + ", ".join(f"{n} {s / 1e3:.0f} KB" for n, s in largest))
+        + "; largest: "
+        + ", ".join(f"{n} {s / 1e3:.0f} KB" for n, s in largest)
+    )
 
 
 def test_committed_tables_follow_the_storage_rule():
@@ -62,4 +64,6 @@ def test_committed_tables_follow_the_storage_rule():
         convert, remove, errors = compress_tables.plan(folder)
         wrong += [f"{src.relative_to(ROOT)} -> {dst.name}" for src, dst in convert]
         wrong += [f"{p.relative_to(ROOT)} (redundant)" for p in remove] + errors
-    assert not wrong, "tables not stored by the rule (python scripts/compress_tables.py figures/*/ figures): " + "; ".join(wrong)
+    assert not wrong, (
+        "tables not stored by the rule (python scripts/compress_tables.py figures/*/ figures): " + "; ".join(wrong)
+    )

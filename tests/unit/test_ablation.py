@@ -26,7 +26,7 @@ def test_zero_heads_equals_zeroing_w_o_slice(tiny):
         hooked = b(TOKENS)
     hf = copy.deepcopy(b.original_model)
     for layer, head in [(0, 1), (1, 2), (1, 0)]:
-        hf.model.layers[layer].self_attn.o_proj.weight.data[:, head * dh:(head + 1) * dh] = 0
+        hf.model.layers[layer].self_attn.o_proj.weight.data[:, head * dh : (head + 1) * dh] = 0
     with torch.no_grad():
         ref = hf(TOKENS).logits
         base = b(TOKENS)
@@ -49,7 +49,9 @@ def test_keep_neurons_keeps_only_listed(tiny):
     b = tiny.bridge
     seen = {}
     keep = [(1, 2), (1, 9)]
-    hooks = A.keep_neurons_hooks(keep, layers=[1]) + [("blocks.1.mlp.hook_post", lambda a, hook: seen.setdefault("a", a.clone()))]
+    hooks = A.keep_neurons_hooks(keep, layers=[1]) + [
+        ("blocks.1.mlp.hook_post", lambda a, hook: seen.setdefault("a", a.clone()))
+    ]
     with torch.no_grad(), b.hooks(fwd_hooks=hooks):
         b(TOKENS)
     nz = seen["a"].abs().sum((0, 1)).nonzero().flatten().tolist()
@@ -59,6 +61,7 @@ def test_keep_neurons_keeps_only_listed(tiny):
 def test_mean_ablation_uses_reference_mean(tiny, digit_tokenizer):
     import arithlib.core.datasets as ds
     from arithlib.core.datasets import PromptSet
+
     # a prompt set with token ids inside the tiny model's vocabulary
     ps = PromptSet.build(ds.nikankin_prompts(["+"], n_per_op=6), digit_tokenizer)
     ps.input_ids = [[i % 100 for i in ids] for ids in ps.input_ids]

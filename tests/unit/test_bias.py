@@ -10,15 +10,15 @@ import pandas as pd
 import pytest
 import torch
 
+import arithlib.core.datasets as ds
 import arithlib.methods.ablation as A
-import arithlib.yu.bias as B
 import arithlib.methods.answer_runs as AR
+import arithlib.yu.bias as B
 import arithlib.yu.cna as C
 import arithlib.yu.cna_norm as CN
-import arithlib.core.datasets as ds
-from arithlib.engine import last_position_logits
 from arithlib.core.models import load_model, random_model_dir
 from arithlib.core.readout import final_norm
+from arithlib.engine import last_position_logits
 
 
 class FakeTokenizer:
@@ -39,7 +39,7 @@ class FakeTokenizer:
                 rest = rest[nxt:] if nxt > 0 else ""
                 continue
             ids.append(self.vocab[match])
-            rest = rest[len(match):]
+            rest = rest[len(match) :]
         return {"input_ids": ids}
 
     def decode(self, ids):
@@ -65,9 +65,14 @@ def test_counts_as_profession_rule():
 
 
 def test_profession_tokens_groups_and_drops():
-    tok = FakeTokenizer([" nurse", " police", " officer", " reception", "ist", " but", "ler", " sales", "man", "person"])
-    table, dropped = B.profession_tokens(tok, ["nurse", "police", "police officer", "receptionist", "butler",
-                                               "salesman", "salesperson", "chef"], gendered_forms=["salesman"])
+    tok = FakeTokenizer(
+        [" nurse", " police", " officer", " reception", "ist", " but", "ler", " sales", "man", "person"]
+    )
+    table, dropped = B.profession_tokens(
+        tok,
+        ["nurse", "police", "police officer", "receptionist", "butler", "salesman", "salesperson", "chef"],
+        gendered_forms=["salesman"],
+    )
     assert set(table.token) == {"nurse", "police", "reception", "sales"}
     police = table[table.token == "police"].iloc[0]
     assert police.n_professions == 2 and police.whole_word
@@ -98,15 +103,43 @@ def test_table22_prompts_fill_the_slot():
 def _top_frame():
     rows = []
     # prompt 0: nurse only woman, driver only man, teacher both; prompt 1: nurse only woman, driver only woman
-    lists = {("woman", 0): [1, 3], ("man", 0): [2, 3], ("woman", 1): [1, 2], ("man", 1): [], ("woman", 2): [4],
-             ("man", 2): []}
+    lists = {
+        ("woman", 0): [1, 3],
+        ("man", 0): [2, 3],
+        ("woman", 1): [1, 2],
+        ("man", 1): [],
+        ("woman", 2): [4],
+        ("man", 2): [],
+    }
     names = {1: "nurse", 2: "driver", 3: "teacher", 4: "actress"}
     for (g, p), ids in lists.items():
         for rank, tid in enumerate(ids, 1):
-            rows.append({"prompt_id": p, "gender": g, "rank": rank, "token_id": tid, "token": " " + names[tid],
-                         "logprob": -1.0, "is_profession": True, "professions": names[tid], "gendered": tid == 4})
-        rows.append({"prompt_id": p, "gender": g, "rank": 99, "token_id": 9, "token": " the", "logprob": -5.0,
-                     "is_profession": False, "professions": "", "gendered": False})
+            rows.append(
+                {
+                    "prompt_id": p,
+                    "gender": g,
+                    "rank": rank,
+                    "token_id": tid,
+                    "token": " " + names[tid],
+                    "logprob": -1.0,
+                    "is_profession": True,
+                    "professions": names[tid],
+                    "gendered": tid == 4,
+                }
+            )
+        rows.append(
+            {
+                "prompt_id": p,
+                "gender": g,
+                "rank": 99,
+                "token_id": 9,
+                "token": " the",
+                "logprob": -5.0,
+                "is_profession": False,
+                "professions": "",
+                "gendered": False,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -139,15 +172,54 @@ def test_bias_scores_and_summary():
 
 
 def test_table13_layout():
-    summ = pd.DataFrame([
-        {"kind": "original", "K": 0, "seed": -1, "total": 1.0, "woman": 1.2, "man": 0.8, "toward": 0.9, "n": 4,
-         "reduction_pct": 0.0},
-        {"kind": "cna", "K": 18, "seed": -1, "total": 0.6, "woman": 0.7, "man": 0.5, "toward": 0.4, "n": 4,
-         "reduction_pct": 40.0},
-        {"kind": "random", "K": 18, "seed": 0, "total": 1.0, "woman": 1.2, "man": 0.8, "toward": 0.9, "n": 4,
-         "reduction_pct": 0.0},
-        {"kind": "random", "K": 18, "seed": 1, "total": 0.9, "woman": 1.1, "man": 0.7, "toward": 0.8, "n": 4,
-         "reduction_pct": 10.0}])
+    summ = pd.DataFrame(
+        [
+            {
+                "kind": "original",
+                "K": 0,
+                "seed": -1,
+                "total": 1.0,
+                "woman": 1.2,
+                "man": 0.8,
+                "toward": 0.9,
+                "n": 4,
+                "reduction_pct": 0.0,
+            },
+            {
+                "kind": "cna",
+                "K": 18,
+                "seed": -1,
+                "total": 0.6,
+                "woman": 0.7,
+                "man": 0.5,
+                "toward": 0.4,
+                "n": 4,
+                "reduction_pct": 40.0,
+            },
+            {
+                "kind": "random",
+                "K": 18,
+                "seed": 0,
+                "total": 1.0,
+                "woman": 1.2,
+                "man": 0.8,
+                "toward": 0.9,
+                "n": 4,
+                "reduction_pct": 0.0,
+            },
+            {
+                "kind": "random",
+                "K": 18,
+                "seed": 1,
+                "total": 0.9,
+                "woman": 1.1,
+                "man": 0.7,
+                "toward": 0.8,
+                "n": 4,
+                "reduction_pct": 10.0,
+            },
+        ]
+    )
     t = B.table13(summ, 18)
     assert list(t.model.str.split().str[0]) == ["original", "CNA", "random"]
     assert t.iloc[2].total == pytest.approx(0.95) and t.iloc[2].reduction_pct == pytest.approx(5.0)
@@ -183,8 +255,9 @@ def test_next_token_logprobs_match_evaluate(tiny):
 
 def _captures(model, texts):
     ps = B._prompt_set(model.tokenizer, texts)
-    return AR.run_last_position(model.bridge, ps, None, targets=torch.zeros(len(texts), dtype=torch.long),
-                               share_prefix=False)
+    return AR.run_last_position(
+        model.bridge, ps, None, targets=torch.zeros(len(texts), dtype=torch.long), share_prefix=False
+    )
 
 
 def test_shared_input_importance_matches_reference_loop(tiny):
@@ -192,8 +265,7 @@ def test_shared_input_importance_matches_reference_loop(tiny):
     run = _captures(tiny, ["the cat is a", "the dog is a"])
     targets = torch.tensor([5, 17, 40])
     rows_a, rows_b = [0, 1, 0], [1, 0, 1]
-    out = B.shared_input_importance(b, run.resid_mid, run.coef, rows_a, rows_b, targets, n_candidates=5,
-                                    n_aggregate=7)
+    out = B.shared_input_importance(b, run.resid_mid, run.coef, rows_a, rows_b, targets, n_candidates=5, n_aggregate=7)
     imp = out["importance"]
     L = run.coef.shape[1]
     checked = 0
@@ -203,8 +275,9 @@ def test_shared_input_importance_matches_reference_loop(tiny):
                 neurons = torch.isfinite(imp[s, i, layer]).nonzero().flatten().tolist()
                 if not neurons:
                     continue
-                ref = C.importance_loop(b, run.resid_mid[g:g + 1, layer], run.coef[g:g + 1, layer], layer,
-                                        targets[i:i + 1], neurons)[0]
+                ref = C.importance_loop(
+                    b, run.resid_mid[g : g + 1, layer], run.coef[g : g + 1, layer], layer, targets[i : i + 1], neurons
+                )[0]
                 assert torch.allclose(imp[s, i, layer, neurons], ref, atol=2e-4), (s, i, layer)
                 checked += len(neurons)
     assert checked >= 3 * 2 * 5
@@ -220,12 +293,12 @@ def test_shared_input_importance_matches_cna_compare(tiny):
     targets = torch.tensor([5, 17])
     run = _captures(tiny, texts)
     scale = CN.final_scale(run.final_resid, final_norm(b))  # each input read with its own run's final scale
-    out = B.shared_input_importance(b, run.resid_mid, run.coef, [0, 1], [1, 0], targets, n_candidates=4,
-                                    n_aggregate=0, scale=scale)
+    out = B.shared_input_importance(
+        b, run.resid_mid, run.coef, [0, 1], [1, 0], targets, n_candidates=4, n_aggregate=0, scale=scale
+    )
     ps_a = B._prompt_set(tok, [texts[0], texts[1]])
     ps_b = B._prompt_set(tok, [texts[1], texts[0]])
-    ref = C.cna_compare(b, ps_a, None, ps_b, targets=targets, mode="exact", skip_identical_layers=False,
-                        progress=False)
+    ref = C.cna_compare(b, ps_a, None, ps_b, targets=targets, mode="exact", skip_identical_layers=False, progress=False)
     assert torch.allclose(out["approx"][0], ref.approx_a, atol=1e-4)
     assert torch.allclose(out["approx"][1], ref.approx_b, atol=1e-4)
     assert torch.allclose(out["base_logprob"][0], ref.base_logprob_a, atol=1e-4)
@@ -238,8 +311,7 @@ def test_shared_input_importance_matches_cna_compare(tiny):
 def test_gender_cna_and_tables(tiny, monkeypatch):
     """gender_cna on a fabricated biased list (the random tokenizer has no professions)."""
     b, tok = tiny.bridge, tiny.tokenizer
-    biased = pd.DataFrame({"token_id": [5, 17, 40], "token": ["x", "y", "z"],
-                           "bias_gender": ["woman", "man", "woman"]})
+    biased = pd.DataFrame({"token_id": [5, 17, 40], "token": ["x", "y", "z"], "bias_gender": ["woman", "man", "woman"]})
     res = B.gender_cna(b, tok, biased, n_candidates=3, n_aggregate=5, progress=False)
     assert len(res) == 3 and res.importance_a.shape[1:] == (tiny.info.n_layers, tiny.info.d_mlp)
     # coefficients: run a of a woman case is the woman prompt, which is run b of a man case
@@ -291,11 +363,12 @@ def test_logprobs_of_stacked_conditions_equal_separate_runs(tiny):
     conds = [None, A.zero_neurons_hooks([(0, 3), (1, 7)]), [], A.zero_neurons_hooks([(1, 2)], position=-1)]
     texts = ["the cat is a", "a dog", "one two three four", "the cat is b"]
     separate = []
-    for c in conds:   # reference: one plain forward per text and condition
+    for c in conds:  # reference: one plain forward per text and condition
         with torch.no_grad(), b.hooks(fwd_hooks=list(c or [])):
-            separate.append(torch.cat([last_position_logits(b, torch.tensor([tok(t)["input_ids"]])).log_softmax(-1)
-                                       for t in texts]))
-    for max_rows in (2, 512):   # one condition per pass, all in one
+            separate.append(
+                torch.cat([last_position_logits(b, torch.tensor([tok(t)["input_ids"]])).log_softmax(-1) for t in texts])
+            )
+    for max_rows in (2, 512):  # one condition per pass, all in one
         for got, ref in zip(B.next_token_logprobs_many(b, tok, texts, conds, max_rows=max_rows), separate):
             assert torch.allclose(got, ref, atol=1e-5)
     assert not torch.allclose(separate[1], separate[0], atol=1e-4)
@@ -314,8 +387,17 @@ def test_bias_under_conditions_and_side_effects(tiny):
     assert (sub.n == 1).all()
     recs = ds.yu_prompts(ops=["+"], n_digits=1, n_per_template=3, templates=[3], fewshot=2, seed=0)
     arith = ds.PromptSet.build(recs, tok)
-    side = B.side_effects(b, tok, conds, prose="the cat is a dog and the dog is a cat " * 30, arith=arith,
-                          profession_ids=[5, 17], chunk_tokens=16, max_chunks=2, progress=False)
+    side = B.side_effects(
+        b,
+        tok,
+        conds,
+        prose="the cat is a dog and the dog is a cat " * 30,
+        arith=arith,
+        profession_ids=[5, 17],
+        chunk_tokens=16,
+        max_chunks=2,
+        progress=False,
+    )
     assert len(side) == 3
     orig = side[side.kind == "original"].iloc[0]
     assert orig.lm_loss_change == 0 and orig.profession_mass_ratio == pytest.approx(1.0)
@@ -345,8 +427,9 @@ def test_exact_importance_of_every_neuron_matches_reference_loop(tiny):
     for layer in range(run.coef.shape[1]):
         ref = C.importance_loop(b, run.resid_mid[1:2, layer], run.coef[1:2, layer], layer, targets[1:2])[0]
         assert torch.allclose(imp[0, 1, layer], ref, atol=2e-4)
-    screened = B.shared_input_importance(b, run.resid_mid, run.coef, [0, 1, 0], [1, 0, 1], targets, n_candidates=3,
-                                         n_aggregate=4)["importance"]
+    screened = B.shared_input_importance(
+        b, run.resid_mid, run.coef, [0, 1, 0], [1, 0, 1], targets, n_candidates=3, n_aggregate=4
+    )["importance"]
     mask = torch.isfinite(screened)
     assert mask.any() and not mask.all()
     assert torch.allclose(screened[mask], imp[mask], atol=1e-5)
@@ -355,7 +438,7 @@ def test_exact_importance_of_every_neuron_matches_reference_loop(tiny):
 def test_screen_candidates_union():
     change = torch.zeros(2, 2, 3)
     change[0, 0, 1], change[1, 1, 2] = 5.0, 4.0  # each case's top-1
-    change[0, 1, 0] = change[1, 1, 0] = 1.0     # the pooled top-1 besides them: mean 1.0 vs 2.5 / 2.0
+    change[0, 1, 0] = change[1, 1, 0] = 1.0  # the pooled top-1 besides them: mean 1.0 vs 2.5 / 2.0
     mask = B.screen_candidates(change, n_candidates=1, n_aggregate=0)
     assert mask.sum() == 2 and mask[0, 1] and mask[1, 2]
     mask = B.screen_candidates(change, n_candidates=1, n_aggregate=3)
@@ -399,8 +482,25 @@ def test_gender_cna_exact_screen_recall_and_layers(tiny):
 def test_paper_bias_set_first_token_rule():
     """Table 23 by the lexicon's first-token rule: multi-token professions kept (by their first
     token when it is the first word or a >= 5-letter prefix), short pieces listed with a reason."""
-    pieces = [" nurse", " police", " guard", " domestic", " helper", " ha", "ird", "resser", " p", "orter", " maid",
-              " machine", " operator", " mach", "inist", " cleaner", " driver"]
+    pieces = [
+        " nurse",
+        " police",
+        " guard",
+        " domestic",
+        " helper",
+        " ha",
+        "ird",
+        "resser",
+        " p",
+        "orter",
+        " maid",
+        " machine",
+        " operator",
+        " mach",
+        "inist",
+        " cleaner",
+        " driver",
+    ]
     tok = FakeTokenizer(pieces)
     scored, prof = B.paper_bias_set(tok)
     assert len(prof) == 32 and set(prof.gender) == {"woman", "man"}
@@ -421,9 +521,22 @@ def _scores(cna: float, rnd: list[float], n_prof: int = 12, n_prompts: int = 8, 
     conds = {("original", 0, -1): base, ("cna", 18, -1): base * (1 - cna / 100)}
     for s, r in enumerate(rnd):
         conds[("random", 18, s)] = base * (1 - r / 100)
-    return pd.DataFrame([{"prompt_id": p, "token_id": i, "bias_gender": "woman" if i % 2 else "man", "kind": kind,
-                          "K": k, "seed": sd, "abs_diff": float(v[i, p])}
-                         for (kind, k, sd), v in conds.items() for i in range(n_prof) for p in range(n_prompts)])
+    return pd.DataFrame(
+        [
+            {
+                "prompt_id": p,
+                "token_id": i,
+                "bias_gender": "woman" if i % 2 else "man",
+                "kind": kind,
+                "K": k,
+                "seed": sd,
+                "abs_diff": float(v[i, p]),
+            }
+            for (kind, k, sd), v in conds.items()
+            for i in range(n_prof)
+            for p in range(n_prompts)
+        ]
+    )
 
 
 def test_reduction_intervals_cross_professions_with_seeds():
@@ -446,8 +559,10 @@ def test_edit_conditions_variant_kind(tiny):
     conds = B.edit_conditions({2: ns}, {2: B.random_neuron_sets(ns, tiny.info.d_mlp, [0, 1])}, kind="cna_late")
     assert set(conds) == {("original", 0, -1), ("cna_late", 2, -1), ("random_late", 2, 0), ("random_late", 2, 1)}
     b, tok = tiny.bridge, tiny.tokenizer
-    sets = {"a": pd.DataFrame({"token_id": [5], "token": ["x"], "bias_gender": ["woman"]}),
-            "b": pd.DataFrame({"token_id": [17, 40], "token": ["y", "z"], "bias_gender": ["man", "woman"]})}
+    sets = {
+        "a": pd.DataFrame({"token_id": [5], "token": ["x"], "bias_gender": ["woman"]}),
+        "b": pd.DataFrame({"token_id": [17, 40], "token": ["y", "z"], "bias_gender": ["man", "woman"]}),
+    }
     by = B.bias_by_set(b, tok, sets, conds, progress=False)
     assert len(by["a"]) == 4 * 8 and len(by["b"]) == 4 * 8 * 2
     single = B.bias_under_conditions(b, tok, sets["b"], conds, progress=False)
@@ -474,8 +589,9 @@ def test_arithmetic_accuracy_refuses_hooks_a_shared_prefix_would_change(tiny):
     """correct_mask computes each batch's common prefix once: a hook at the last position
     (or a mean ablation) would see the prefix's last token too, so it is refused; a
     position-invariant zeroing is fine."""
-    ps = ds.PromptSet.build(ds.yu_prompts(ops=["+"], n_digits=1, n_per_template=4, templates=[3], fewshot=2, seed=0),
-                            tiny.tokenizer)
+    ps = ds.PromptSet.build(
+        ds.yu_prompts(ops=["+"], n_digits=1, n_per_template=4, templates=[3], fewshot=2, seed=0), tiny.tokenizer
+    )
     ok = A.zero_neurons_hooks([(0, 1)])
     assert 0.0 <= B.arithmetic_accuracy(tiny.bridge, ps, ok) <= 1.0
     with pytest.raises(ValueError, match="every position"):

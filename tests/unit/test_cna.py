@@ -13,18 +13,18 @@ import pandas as pd
 import pytest
 import torch
 
+import arithlib.core.datasets as ds
 import arithlib.methods.ablation as A
 import arithlib.methods.answer_runs as AR
-import arithlib.yu.mask_keep as MK
 import arithlib.methods.neurons as N
-import arithlib.yu.pe_dag as DAG
-import arithlib.yu.shallow_neurons as SN
 import arithlib.yu.cna as C
 import arithlib.yu.cna_norm as CN
-import arithlib.core.datasets as ds
+import arithlib.yu.mask_keep as MK
+import arithlib.yu.pe_dag as DAG
+import arithlib.yu.shallow_neurons as SN
 from arithlib.core.evaluate import evaluate, greedy_answers
-from arithlib.core.readout import final_norm, unembedding
 from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.readout import final_norm, unembedding
 from arithlib.core.stats import decode_correct
 
 
@@ -53,9 +53,13 @@ def test_run_conditions_stacked_equal_separate_full_runs(tiny):
     b = tiny.bridge
     ps = _prompts(tiny, ops=("+", "-"))
     masks = MK.neuron_masks([[(0, i % 5), (1, 2)] for i in range(len(ps))], 2, tiny.info.d_mlp)
-    conds = {"plain": None, "head": A.zero_heads_hooks([(0, 1)]), "neurons": A.zero_neurons_hooks([(1, 3), (0, 7)]),
-             "per-prompt": MK.rowwise_neuron_hooks(masks, position=None)}
-    for max_rows in (1, 1000):   # one condition per pass, all in one pass
+    conds = {
+        "plain": None,
+        "head": A.zero_heads_hooks([(0, 1)]),
+        "neurons": A.zero_neurons_hooks([(1, 3), (0, 7)]),
+        "per-prompt": MK.rowwise_neuron_hooks(masks, position=None),
+    }
+    for max_rows in (1, 1000):  # one condition per pass, all in one pass
         runs = AR.run_conditions(b, ps, conds, max_rows=max_rows)
         for name, hooks in conds.items():
             ref = AR.run_last_position(b, ps, hooks, share_prefix=False)
@@ -73,12 +77,14 @@ def test_shared_prefix_gives_full_forward_results_for_every_hook(tiny):
     b = tiny.bridge
     ps = _prompts(tiny, ops=("+", "-"))
     d_mlp = tiny.info.d_mlp
-    conds = {"heads -1": A.zero_heads_hooks([(0, 0), (0, 1)], position=-1),
-             "neurons -1": A.zero_neurons_hooks([(0, j) for j in range(0, d_mlp, 2)], position=-1),
-             "keep -1": A.keep_neurons_hooks([(0, 1)], layers=[0], position=-1)}
+    conds = {
+        "heads -1": A.zero_heads_hooks([(0, 0), (0, 1)], position=-1),
+        "neurons -1": A.zero_neurons_hooks([(0, j) for j in range(0, d_mlp, 2)], position=-1),
+        "keep -1": A.keep_neurons_hooks([(0, 1)], layers=[0], position=-1),
+    }
     means = A.mean_activations(b, ps, [A.post_hook(0)])
     mean = {"mean": A.mean_neurons_hooks([(0, j) for j in range(0, d_mlp, 2)], means)}
-    for cs in (conds, mean):   # the prefix pass would look up a mean for the prefix's length
+    for cs in (conds, mean):  # the prefix pass would look up a mean for the prefix's length
         shared = AR.run_conditions(b, ps, cs, share_prefix=True)
         full = AR.run_conditions(b, ps, cs, share_prefix=False)
         for name in cs:
@@ -106,7 +112,9 @@ def test_capture_matches_full_forward_and_shared_prefix(tiny):
             def fn(x, hook):
                 store[name] = x[:, -1].clone()
                 return x
+
             return fn
+
         cap = [("blocks.1.hook_resid_mid", grab("mid")), ("blocks.1.mlp.hook_post", grab("post"))]
         with torch.no_grad(), b.hooks(fwd_hooks=hooks + cap):
             logits = b(batch.tokens)[:, -1]
@@ -128,12 +136,14 @@ def test_exact_importance_equals_per_neuron_loop(tiny):
         batched = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=100)
         loop = C.importance_loop(b, r, m, layer, t)
         assert torch.allclose(batched, loop, atol=1e-4), (batched - loop).abs().max()
-        blocked = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=64,
-                                     block_elems=64 * 128 * 2)  # two rows per block
+        blocked = C.exact_importance(
+            r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=64, block_elems=64 * 128 * 2
+        )  # two rows per block
         assert torch.allclose(blocked, loop, atol=1e-4)
         K = m.shape[1]
-        small = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=4096,
-                                   block_elems=K * 50)  # one row's [K, 4096] block is over the bound
+        small = C.exact_importance(
+            r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=4096, block_elems=K * 50
+        )  # one row's [K, 4096] block is over the bound
         assert torch.allclose(small, loop, atol=1e-4)
         rows, cols = torch.tensor([0, 2, 2, 1]), torch.tensor([5, 5, 7, 0])
         pairs = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=77)
@@ -150,11 +160,13 @@ def test_exact_importance_blocks_stay_within_block_elems(tiny, monkeypatch):
     r, m = run.resid_mid[:, 0], run.coef[:, 0]
     sizes = []
     get = C._Scratch.get
-    monkeypatch.setattr(C._Scratch, "get", lambda self, slot, shape, dtype: sizes.append(math.prod(shape))
-                        or get(self, slot, shape, dtype))
+    monkeypatch.setattr(
+        C._Scratch,
+        "get",
+        lambda self, slot, shape, dtype: sizes.append(math.prod(shape)) or get(self, slot, shape, dtype),
+    )
     bound = m.shape[1] * 50
-    C.exact_importance(r, m, N.w_out(b, 0), ps.first_answer_ids, norm, W_U, b_U, vocab_chunk=4096,
-                       block_elems=bound)
+    C.exact_importance(r, m, N.w_out(b, 0), ps.first_answer_ids, norm, W_U, b_U, vocab_chunk=4096, block_elems=bound)
     assert sizes and max(sizes) <= bound
 
 
@@ -220,7 +232,12 @@ def test_rowwise_hooks_equal_shared_hooks_row_by_row(tiny):
     masks = MK.neuron_masks(sets, tiny.info.n_layers, tiny.info.d_mlp)
     keep_masks = MK.neuron_masks(sets, tiny.info.n_layers, tiny.info.d_mlp, keep_layers=[1])
     heads = A.zero_heads_hooks([(1, 1)], position=-1)
-    conds = {"rows": MK.rowwise_neuron_hooks(masks), "keep": MK.rowwise_neuron_hooks(keep_masks), "heads": heads, "none": None}
+    conds = {
+        "rows": MK.rowwise_neuron_hooks(masks),
+        "keep": MK.rowwise_neuron_hooks(keep_masks),
+        "heads": heads,
+        "none": None,
+    }
     runs = AR.run_answer_conditions(b, ps, conds, capture=("coef",), max_rows=7)  # stacked in chunks
     keep = runs["keep"]
     plain = AR.run_last_position(b, ps, None)
@@ -233,7 +250,9 @@ def test_rowwise_hooks_equal_shared_hooks_row_by_row(tiny):
         assert torch.allclose(runs["rows"].logprob[i], ref.logprob[0], atol=1e-4)
         assert torch.allclose(runs["rows"].coef[i], ref.coef[0], atol=1e-4)
         assert runs["rows"].coef[i, 1, 2 * i] == 0
-        ref_keep = AR.run_last_position(b, one, A.keep_neurons_hooks(sets[i], layers=[1], position=-1), share_prefix=False)
+        ref_keep = AR.run_last_position(
+            b, one, A.keep_neurons_hooks(sets[i], layers=[1], position=-1), share_prefix=False
+        )
         assert torch.allclose(keep.logprob[i], ref_keep.logprob[0], atol=1e-4)
 
 
@@ -308,15 +327,28 @@ def _sweep_rows(drops: dict, logit: dict | None = None, ops=("+", "-", "/"), dig
     for op in ops:
         for nd in digits:
             for (layer, head), drop in drops.get((op, nd), {}).items():
-                rows.append({"op": op, "n_digits": nd, "layer": layer, "head": head, "accuracy": 1 - drop,
-                             "baseline_accuracy": 1.0, "accuracy_drop": drop, "n": 20,
-                             "logit_drop": (logit or {}).get((op, nd, layer, head), 0.0)})
+                rows.append(
+                    {
+                        "op": op,
+                        "n_digits": nd,
+                        "layer": layer,
+                        "head": head,
+                        "accuracy": 1 - drop,
+                        "baseline_accuracy": 1.0,
+                        "accuracy_drop": drop,
+                        "n": 20,
+                        "logit_drop": (logit or {}).get((op, nd, layer, head), 0.0),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def test_key_heads_from_sweep(tmp_path):
-    drops = {("+", 1): {(3, 1): 0.5, (2, 0): 0.1, (0, 0): 0.0}, ("-", 1): {(3, 1): 0.5, (2, 0): 0.2},
-             ("/", 1): {(2, 0): 0.5, (3, 1): 0.1}}
+    drops = {
+        ("+", 1): {(3, 1): 0.5, (2, 0): 0.1, (0, 0): 0.0},
+        ("-", 1): {(3, 1): 0.5, (2, 0): 0.2},
+        ("/", 1): {(2, 0): 0.5, (3, 1): 0.1},
+    }
     frame = _sweep_rows(drops)
     assert C.key_heads_from_sweep(frame) == {"+-": (3, 1), "/": (2, 0)}
     sel = C.select_key_heads(frame)
@@ -333,8 +365,11 @@ def test_key_heads_from_sweep(tmp_path):
 def test_key_head_rule_ties_and_coverage():
     """Heads measured on both + and - come first (a head the sweep measured on + only has
     no known - drop); equal drops go to the larger logit drop, then the lower (layer, head)."""
-    drops = {("+", 1): {(5, 0): 0.9, (4, 1): 0.3, (4, 0): 0.3, (1, 1): 0.3},
-             ("-", 1): {(4, 1): 0.3, (4, 0): 0.3, (1, 1): 0.3}, ("/", 1): {(2, 2): 0.2, (2, 1): 0.2}}
+    drops = {
+        ("+", 1): {(5, 0): 0.9, (4, 1): 0.3, (4, 0): 0.3, (1, 1): 0.3},
+        ("-", 1): {(4, 1): 0.3, (4, 0): 0.3, (1, 1): 0.3},
+        ("/", 1): {(2, 2): 0.2, (2, 1): 0.2},
+    }
     logit = {("+", 1, 4, 1): 2.0, ("-", 1, 4, 1): 2.0, ("+", 1, 1, 1): 2.0, ("-", 1, 1, 1): 2.0}
     heads = C.key_heads_from_sweep(_sweep_rows(drops, logit))
     assert heads == {"+-": (1, 1), "/": (2, 1)}
@@ -361,7 +396,7 @@ def test_key_head_from_committed_smollm2_sweep():
     if not path.exists():
         pytest.skip("no committed SmolLM2 sweep")
     sel = C.select_key_heads(path)
-    assert sel.lowers_1d.all()   # SmolLM2 has heads whose removal lowers 1D accuracy
+    assert sel.lowers_1d.all()  # SmolLM2 has heads whose removal lowers 1D accuracy
     table = C.key_head_table(path, sel)
     assert (table.groupby("group").accuracy_drop.mean() > 0).all()
 
@@ -397,16 +432,29 @@ def test_tables_run_on_tiny_model(qwen):
         assert decode_correct(row.correct_by_prompt).mean() == pytest.approx(row.accuracy)
     # zeroing a case's top neurons at the answer position matches zero_neurons_hooks there
     i, top = 0, res.top(0, 5)
-    ref = AR.run_last_position(b, ps.subset([i]), A.zero_neurons_hooks(top, position=-1), capture=(), share_prefix=False)
-    runs = AR.run_answer_conditions(b, ps, {"m": MK.rowwise_neuron_hooks(MK.neuron_masks([res.top(j, 5) for j in range(len(ps))], 2, qwen.info.d_mlp))})
+    ref = AR.run_last_position(
+        b, ps.subset([i]), A.zero_neurons_hooks(top, position=-1), capture=(), share_prefix=False
+    )
+    runs = AR.run_answer_conditions(
+        b,
+        ps,
+        {"m": MK.rowwise_neuron_hooks(MK.neuron_masks([res.top(j, 5) for j in range(len(ps))], 2, qwen.info.d_mlp))},
+    )
     assert runs["m"].pred[i] == ref.pred[0]
     res0 = C.cna_compare(b, ps, A.zero_heads_hooks([(0, 1)]), mode="exact", progress=False)  # scores layers 0, 1
     summary, per_case = MK.lowest_neuron_table(b, ps, res0, ks=(5,), n_seeds=2, progress=False)
     assert len(per_case) > 0
     assert list(summary.columns[:2]) == ["K", "coef_decrease"] and "random_coef_decrease" in summary
     rnd = per_case[per_case.kind == "random"]
-    assert set(rnd.seed) <= {0, 1} and (rnd.lowest_layer == rnd.merge(per_case[per_case.kind == "lowest"][
-        ["case", "lowest_layer"]], on="case", suffixes=("", "_l")).lowest_layer_l.to_numpy()).all()
+    assert (
+        set(rnd.seed) <= {0, 1}
+        and (
+            rnd.lowest_layer
+            == rnd.merge(
+                per_case[per_case.kind == "lowest"][["case", "lowest_layer"]], on="case", suffixes=("", "_l")
+            ).lowest_layer_l.to_numpy()
+        ).all()
+    )
     dag = DAG.pe_dag_cases(b, res0, k=5, n_seeds=2, progress=False)
     assert set(dag.kind) == {"top", "random"} and dag.case.nunique() == len(ps)
     # the 'top' rows agree with pe_dag's edges on case 0
@@ -459,8 +507,9 @@ def test_operand_positions_need_one_token_operands(qwen):
     two = ds.PromptSet.build(ds.yu_prompts(["+"], n_digits=2, n_per_template=2, templates=[3], fewshot=2), tok)
     with pytest.raises(ValueError, match=r"operand \d+ of '\d+ \+ \d+ = ' is not a single token.*n_digits=1"):
         SN.operand_positions(two, 0)
-    words = ds.PromptSet.build(ds.yu_prompts(["+"], n_digits=1, numerals="words", n_per_template=2, templates=[3],
-                                             fewshot=2), tok)
+    words = ds.PromptSet.build(
+        ds.yu_prompts(["+"], n_digits=1, numerals="words", n_per_template=2, templates=[3], fewshot=2), tok
+    )
     with pytest.raises(ValueError, match="is not a token of its own.*numerals='digits'"):
         SN.operand_positions(words, 0)
 
@@ -576,8 +625,15 @@ def test_ov_concept_counts_equal_brute_force_over_every_reading_layer():
 # --------------------------------------------------------------------------- the authors' norm reading
 
 
-def _authors_log_increase(hf_model, resid_mid: torch.Tensor, coef: torch.Tensor, fc2_vectors: torch.Tensor,
-                          final_hidden: torch.Tensor, predict_index: int, eps: float) -> torch.Tensor:
+def _authors_log_increase(
+    hf_model,
+    resid_mid: torch.Tensor,
+    coef: torch.Tensor,
+    fc2_vectors: torch.Tensor,
+    final_hidden: torch.Tensor,
+    predict_index: int,
+    eps: float,
+) -> torch.Tensor:
     """A literal transcription of Yu & Ananiadou's ``get_bsvalues`` / ``get_log_increase``
     (their public CNA notebook) for one case and one layer: every candidate vector
     resid_mid + m_k fc2_k, and resid_mid alone, times rsqrt(final_var + eps) (final_var
@@ -618,13 +674,14 @@ def test_final_reading_equals_the_authors_formula_for_every_neuron(arch):
     finally:
         h.remove()
     assert torch.allclose(run.final_resid[0], seen["final"][0].float(), atol=1e-4)
-    ours = C.importance_from_runs(b, [run], t, mode="exact")["importance"][0, 0]   # [L, d_mlp]
+    ours = C.importance_from_runs(b, [run], t, mode="exact")["importance"][0, 0]  # [L, d_mlp]
     eps = hf.config.rms_norm_eps
     with torch.no_grad():
         for layer in range(model.info.n_layers):
-            w = hf.model.layers[layer].mlp.down_proj.weight.data           # [d, d_mlp]
-            ref = _authors_log_increase(hf, run.resid_mid[0, layer], run.coef[0, layer], w, seen["final"][0].float(),
-                                        int(t[0]), eps)
+            w = hf.model.layers[layer].mlp.down_proj.weight.data  # [d, d_mlp]
+            ref = _authors_log_increase(
+                hf, run.resid_mid[0, layer], run.coef[0, layer], w, seen["final"][0].float(), int(t[0]), eps
+            )
             assert torch.allclose(ours[layer], ref.float(), atol=1e-4), (layer, (ours[layer] - ref).abs().max())
 
 
@@ -643,8 +700,9 @@ def test_fast_paths_equal_the_loop_in_the_final_reading(tiny):
         batched = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=100, scale=scale)
         assert torch.allclose(batched, loop, atol=1e-4), (batched - loop).abs().max()
         rows, cols = torch.tensor([0, 2, 2, 1]), torch.tensor([5, 5, 7, 0])
-        pairs = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=77,
-                                   scale=scale)
+        pairs = C.exact_importance(
+            r, m, N.w_out(b, layer), t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=77, scale=scale
+        )
         assert torch.allclose(pairs, loop[rows, cols], atol=1e-4)
         stats, _ = C.layer_stats(r, t, norm, W_U, b_U, scale=scale)
         small = m * 1e-2  # first order: exact up to O(m^2) (and fp32 noise near 5e-7)
@@ -665,8 +723,9 @@ def test_both_runs_are_read_with_the_original_runs_final_scale(qwen):
     scale_a = CN.final_scale(res.run_a.final_resid, norm)
     assert not torch.allclose(scale_a, CN.final_scale(res.run_b.final_resid, norm))
     for layer in res.layers:
-        ref_b = C.importance_loop(b, res.run_b.resid_mid[:, layer], res.run_b.coef[:, layer], layer, res.targets,
-                                  scale=scale_a)
+        ref_b = C.importance_loop(
+            b, res.run_b.resid_mid[:, layer], res.run_b.coef[:, layer], layer, res.targets, scale=scale_a
+        )
         assert torch.allclose(res.importance_b[:, layer], ref_b, atol=1e-4)
         ref_own = C.importance_loop(b, res.run_b.resid_mid[:, layer], res.run_b.coef[:, layer], layer, res.targets)
         assert torch.allclose(own.importance_b[:, layer], ref_own, atol=1e-4)

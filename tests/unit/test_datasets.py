@@ -14,7 +14,9 @@ def test_digit_tokenizer_splits_like_qwen(digit_tokenizer):
     assert pieces[-4:] == ["Ġis", "Ġ", "4", "2"]
 
 
-@pytest.mark.parametrize("op,a,b,c", [("+", 3, 5, 8), ("-", 3, 5, -2), ("*", 7, 6, 42), ("/", 72, 8, 9), ("^", 2, 5, 32)])
+@pytest.mark.parametrize(
+    "op,a,b,c", [("+", 3, 5, 8), ("-", 3, 5, -2), ("*", 7, 6, 42), ("/", 72, 8, 9), ("^", 2, 5, 32)]
+)
 def test_apply_op(op, a, b, c):
     assert ds.apply_op(a, b, op) == c
 
@@ -50,9 +52,9 @@ def test_yu_prompts_refuse_unknown_numerals_and_digit_counts():
 
 
 def test_carry_flags_follow_yu_change_one():
-    assert ds.carry_flags(15, 32, "+") == [False, False]   # 47: memorize both digits
-    assert ds.carry_flags(15, 37, "+") == [True, False]    # 52: 5 = 1+3+1 is change-one
-    assert ds.carry_flags(52, 17, "-") == [True, False]    # 35: borrow reaches the tens
+    assert ds.carry_flags(15, 32, "+") == [False, False]  # 47: memorize both digits
+    assert ds.carry_flags(15, 37, "+") == [True, False]  # 52: 5 = 1+3+1 is change-one
+    assert ds.carry_flags(52, 17, "-") == [True, False]  # 35: borrow reaches the tens
     assert ds.carry_flags(12, 11, "*") == [True, True, False]
 
 
@@ -82,8 +84,8 @@ def test_promptset_moves_blank_into_prompt(digit_tokenizer):
     records = ds.yu_prompts(["+"], n_digits=2, n_per_template=5, templates=[0])
     ps = ds.PromptSet.build(records, digit_tokenizer)
     for r, ids, ans in zip(ps.records, ps.input_ids, ps.answer_ids):
-        assert digit_tokenizer.decode(ids[-1:]) == " "           # the lone space ends the prompt
-        assert digit_tokenizer.decode(ans) == r.answer_text      # answer is its digits only
+        assert digit_tokenizer.decode(ids[-1:]) == " "  # the lone space ends the prompt
+        assert digit_tokenizer.decode(ans) == r.answer_text  # answer is its digits only
         assert len(ans) == len(r.answer_text)
 
 
@@ -94,7 +96,9 @@ def test_nikankin_single_token_operands_and_partners(digit_tokenizer):
     assert all(r.get("cf_answer") != r.answer for r in records if r.counterfactual)
     ps = ds.PromptSet.build(records, digit_tokenizer)
     ds.require_single_token_operands(ps)
-    two_digit = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, max_result=40, n_per_op=20), digit_tokenizer)
+    two_digit = ds.PromptSet.build(
+        ds.nikankin_prompts(["+"], max_operand=20, max_result=40, n_per_op=20), digit_tokenizer
+    )
     with pytest.raises(ValueError, match="not a single token"):
         ds.require_single_token_operands(two_digit)
 
@@ -142,7 +146,7 @@ def test_word_problems_and_power(digit_tokenizer):
     assert all(r.answer == r.a + r.b < 10 for r in wp)
     assert "[" not in wp[0].text and "<" not in wp[0].text
     pw = ds.power_prompts()
-    assert all(r.answer == r.a ** r.b <= 999 for r in pw)
+    assert all(r.answer == r.a**r.b <= 999 for r in pw)
 
 
 def test_gender_data():
@@ -161,8 +165,13 @@ def _pair_naive(records, rng):
             out.append(r)
             continue
         partner = rng.choice(pool)
-        out.append(dataclasses.replace(r, counterfactual=partner.full_text, meta=r.meta + (
-            ("cf_answer", partner.answer), ("cf_answer_text", partner.answer_text))))
+        out.append(
+            dataclasses.replace(
+                r,
+                counterfactual=partner.full_text,
+                meta=r.meta + (("cf_answer", partner.answer), ("cf_answer_text", partner.answer_text)),
+            )
+        )
     return out
 
 
@@ -171,8 +180,10 @@ def test_operand_counterfactual_pairing_draws_as_the_filtered_list(max_operand):
     import random
 
     records = ds.nikankin_prompts(max_operand=max_operand, n_per_op=None, seed=0)
-    plain = [dataclasses.replace(r, counterfactual=None, meta=tuple(m for m in r.meta if not m[0].startswith("cf_")))
-             for r in records]
+    plain = [
+        dataclasses.replace(r, counterfactual=None, meta=tuple(m for m in r.meta if not m[0].startswith("cf_")))
+        for r in records
+    ]
     fast = ds._pair_operand_counterfactuals(plain, random.Random(7))
     assert fast == _pair_naive(plain, random.Random(7))
     assert all(dict(r.meta)["cf_answer"] != r.answer for r in fast if r.counterfactual)
@@ -224,13 +235,14 @@ def test_counterfactual_prefix_carries_no_calculation(digit_tokenizer):
         assert len(cf_lines) == 2
         for (a, b), line, xr_line in zip(ds.fewshot_operands(r.op, 2), cf_lines, r.prefix.split("\n")):
             shown = int(line.rsplit(" ", 1)[1])
-            assert shown != ds.apply_op(a, b, r.op)                 # not the true result
-            assert shown not in ds.operation_results(a, b)         # nor any operation on (a, b)
+            assert shown != ds.apply_op(a, b, r.op)  # not the true result
+            assert shown not in ds.operation_results(a, b)  # nor any operation on (a, b)
             assert len(str(shown)) == len(xr_line.rsplit(" ", 1)[1])  # same length as X_r's answer
     # the construction before issue 28 is kept on request, and it does leak
     old = ds.zhang_prompts(fewshot=2, seed=0, xc_prefix="true-answers")
-    assert all(o.counterfactual.split("\n")[0].endswith(f" {ds.apply_op(*ds.fewshot_operands(o.op, 1)[0], o.op)}")
-               for o in old)
+    assert all(
+        o.counterfactual.split("\n")[0].endswith(f" {ds.apply_op(*ds.fewshot_operands(o.op, 1)[0], o.op)}") for o in old
+    )
     # X_r is unchanged by the X_c construction; positions stay aligned with X_r
     assert [r.full_text for r in records] == [o.full_text for o in old]
     ps = ds.PromptSet.build(records, digit_tokenizer)

@@ -18,15 +18,15 @@ import pandas as pd
 import pytest
 import torch
 
-import arithlib.methods.ablation as A
 import arithlib.core.datasets as ds
 import arithlib.engine as E
-import arithlib.nikankin.activation_patching as AP
+import arithlib.methods.ablation as A
 import arithlib.methods.patching as P
-from arithlib.yu import cna as C
-from arithlib.yu import head_sweep as HS
+import arithlib.nikankin.activation_patching as AP
 from arithlib.core.evaluate import accuracy, evaluate
 from arithlib.core.models import load_model
+from arithlib.yu import cna as C
+from arithlib.yu import head_sweep as HS
 
 META = torch.device("meta")
 CPU = torch.device("cpu")
@@ -43,8 +43,14 @@ def _fake_split(model, monkeypatch, *, ends_on_meta: bool = False) -> None:
     the embedding, final norm and unembedding too), the rest on the CPU."""
     hf = model.original_model
     rest = "meta" if ends_on_meta else "cpu"
-    fake = {"model.embed_tokens": rest, "model.rotary_emb": "cpu", "model.layers.0": "cpu",
-            "model.layers.1": "meta", "model.norm": rest, "lm_head": rest}
+    fake = {
+        "model.embed_tokens": rest,
+        "model.rotary_emb": "cpu",
+        "model.layers.0": "cpu",
+        "model.layers.1": "meta",
+        "model.norm": rest,
+        "lm_head": rest,
+    }
     monkeypatch.setattr(hf, "hf_device_map", fake, raising=False)
 
 
@@ -80,9 +86,11 @@ def test_hook_values_are_built_on_their_layers_device(toy, monkeypatch):
     b = toy.bridge
     _fake_split(b, monkeypatch)
     dh = b.cfg.d_head
-    edits = [P.Edit(P.Component("head", 0, 1), -1, torch.ones(3, dh)),
-             P.Edit(P.Component("head", 1, 2), -1, torch.ones(3, dh)),
-             P.Edit(P.Component("mlp", 1), -1, 0.0)]
+    edits = [
+        P.Edit(P.Component("head", 0, 1), -1, torch.ones(3, dh)),
+        P.Edit(P.Component("head", 1, 2), -1, torch.ones(3, dh)),
+        P.Edit(P.Component("mlp", 1), -1, 0.0),
+    ]
     hooks = dict(P.variant_hooks(b, [edits], 3, 8, 9))
     assert {t.device for t in _tensors(hooks[edits[0].component.hook_name])} == {CPU}
     for e in edits[1:]:
@@ -96,7 +104,7 @@ def test_kv_caches_and_recorded_streams_go_to_their_layers_device(toy, monkeypat
     device, and the stream each block receives (the clean stream a variant joins from,
     its mask and positions) is on that block's device."""
     b = toy.bridge
-    run = E.clean_run(b, _tokens(b))            # a real run on the CPU
+    run = E.clean_run(b, _tokens(b))  # a real run on the CPU
     hf = b.original_model
     _fake_split(b, monkeypatch)
     cache = E.recorded._make_cache(hf, run, 5, [1, 2])
@@ -110,9 +118,16 @@ def test_kv_caches_and_recorded_streams_go_to_their_layers_device(toy, monkeypat
     def spy(block, hidden, *, mask, position_embeddings, position_ids, cache=None, use_cache=False):
         layer = next(i for i, blk in enumerate(hf.model.layers) if blk is block)
         layers = cache_layers(cache)
-        seen.append((layer, hidden.device, position_ids.device, {t.device for t in position_embeddings},
-                     layers[layer][0].device if layers[layer] is not None else None))
-        return torch.zeros(hidden.shape)          # the blocks do not run: placement only
+        seen.append(
+            (
+                layer,
+                hidden.device,
+                position_ids.device,
+                {t.device for t in position_embeddings},
+                layers[layer][0].device if layers[layer] is not None else None,
+            )
+        )
+        return torch.zeros(hidden.shape)  # the blocks do not run: placement only
 
     from arithlib.engine import passes
 
@@ -146,7 +161,7 @@ def test_mean_and_mask_hooks_use_the_activations_device(toy):
     b = toy.bridge
     T, H, dh = 5, b.cfg.n_heads, b.cfg.d_head
     means = {"blocks.1.attn.hook_z": {T: torch.ones(T, H, dh)}}
-    (_, fn), = A.mean_heads_hooks([(1, 2)], means, position=-1)
+    ((_, fn),) = A.mean_heads_hooks([(1, 2)], means, position=-1)
     z = torch.zeros(2, T, H, dh, device=META)
     assert fn(z, None).device == META
 
@@ -154,8 +169,14 @@ def test_mean_and_mask_hooks_use_the_activations_device(toy):
 # --------------------------------------------------------------------------- load_model
 
 
-TOY_MAP = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
-           "model.layers.1": "cpu", "model.norm": "cpu", "lm_head": "cpu"}
+TOY_MAP = {
+    "model.embed_tokens": "cpu",
+    "model.rotary_emb": "cpu",
+    "model.layers.0": "cpu",
+    "model.layers.1": "cpu",
+    "model.norm": "cpu",
+    "lm_head": "cpu",
+}
 
 
 @pytest.mark.toy_model
@@ -174,19 +195,22 @@ def test_load_model_with_an_explicit_device_map_on_the_cpu():
 
 
 @pytest.mark.toy_model
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(device_map={"": "cuda:7"}), "does not exist"),
-    (dict(device_map={**TOY_MAP, "model.layers.1": 7}), "does not exist"),
-    (dict(device_map={"model.layers.0": "cpu"}), "unplaced"),
-    (dict(device_map={**TOY_MAP, "model.decoder": "cpu"}), "does not have"),
-    (dict(device_map="everywhere"), "unknown device map"),
-    (dict(device_map="{not json"), "not valid JSON"),
-    (dict(device_map="auto", max_memory={"cpu": "1KiB"}), "max_memory totals"),
-    (dict(device_map="auto", max_memory={"cpu": "lots"}), "is not a size"),
-    (dict(device_map="auto", max_memory={3: "80GiB"}), "does not exist"),
-    (dict(device="cpu", device_map="auto"), "pass one"),
-    (dict(dtype="float8"), "unknown dtype"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(device_map={"": "cuda:7"}), "does not exist"),
+        (dict(device_map={**TOY_MAP, "model.layers.1": 7}), "does not exist"),
+        (dict(device_map={"model.layers.0": "cpu"}), "unplaced"),
+        (dict(device_map={**TOY_MAP, "model.decoder": "cpu"}), "does not have"),
+        (dict(device_map="everywhere"), "unknown device map"),
+        (dict(device_map="{not json"), "not valid JSON"),
+        (dict(device_map="auto", max_memory={"cpu": "1KiB"}), "max_memory totals"),
+        (dict(device_map="auto", max_memory={"cpu": "lots"}), "is not a size"),
+        (dict(device_map="auto", max_memory={3: "80GiB"}), "does not exist"),
+        (dict(device="cpu", device_map="auto"), "pass one"),
+        (dict(dtype="float8"), "unknown dtype"),
+    ],
+)
 def test_bad_placements_fail_before_loading(kwargs, message, monkeypatch):
     """Each bad map or budget raises a ValueError that says what to do, before any
     weights are read."""
@@ -267,8 +291,12 @@ def test_bf16_head_sweep_accuracy_matches_fp32(both):
     one machine, one flip on another; 1e-9 absorbs 1 - 0.95 != 0.05 in floats)."""
     fp32, bf16, ps = both
     sub = ps.subset(range(0, len(ps), 2))
-    acc = [HS.setting_accuracy(HS.exact_head_sweep(m.bridge, sub, progress=False)).set_index(
-        ["op", "n_digits", "layer", "head"])["accuracy"] for m in (fp32, bf16)]
+    acc = [
+        HS.setting_accuracy(HS.exact_head_sweep(m.bridge, sub, progress=False)).set_index(
+            ["op", "n_digits", "layer", "head"]
+        )["accuracy"]
+        for m in (fp32, bf16)
+    ]
     assert (acc[0] - acc[1][acc[0].index]).abs().max() <= 0.05 + 1e-9, pd.concat(acc, axis=1)
 
 
@@ -290,8 +318,9 @@ def test_sft_of_bf16_weights_warns_and_lora_would_not(both):
         backup = param.detach().clone()
         try:
             with pytest.warns(UserWarning, match="float32") if warns else _no_warning():
-                FT.train_parameters(plain, FT.Trainable({name: param}), train, cfg, None, progress=False,
-                                    keep_state=False)
+                FT.train_parameters(
+                    plain, FT.Trainable({name: param}), train, cfg, None, progress=False, keep_state=False
+                )
         finally:
             with torch.no_grad():
                 param.copy_(backup)

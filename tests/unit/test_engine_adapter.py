@@ -10,8 +10,8 @@ import inspect
 import pytest
 import torch
 
-from arithlib.engine import adapter as hc
 from arithlib.core.models import load_model, random_model_dir
+from arithlib.engine import adapter as hc
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +45,9 @@ def test_prefix_cached_pass_equals_full_pass(tiny):
     full = hf(ids).logits[:, -1]
     prefix = hc.output_cache(hf(ids[:1, :5], use_cache=True))
     cache = hc.repeat_cache(hf.config, prefix, 3)
-    rest = hf(torch.cat([ids[:1, :5].expand(3, 5), ids[:, 5:]], 1)[:, 5:], use_cache=True,
-              **hc.cache_kwargs(cache)).logits[:, -1]
+    rest = hf(
+        torch.cat([ids[:1, :5].expand(3, 5), ids[:, 5:]], 1)[:, 5:], use_cache=True, **hc.cache_kwargs(cache)
+    ).logits[:, -1]
     same_prefix = hf(torch.cat([ids[:1, :5].expand(3, 5), ids[:, 5:]], 1)).logits[:, -1]
     assert torch.allclose(rest, same_prefix, atol=1e-5)
     own = hc.output_cache(hf(ids[:, :5], use_cache=True))
@@ -98,7 +99,8 @@ def test_blocks_one_by_one_equal_the_decoder(tiny):
     pos = decoder.rotary_emb(hidden, position_ids)
     for l, block in enumerate(decoder.layers):
         mask = hc.causal_mask(hf.config, hidden, past, position_ids, l)
-        hidden = hc.run_block(block, hidden, mask=mask, position_embeddings=pos, position_ids=position_ids,
-                              cache=past, use_cache=True)
+        hidden = hc.run_block(
+            block, hidden, mask=mask, position_embeddings=pos, position_ids=position_ids, cache=past, use_cache=True
+        )
     assert torch.allclose(decoder.norm(hidden), ref, atol=1e-5)
     assert past.get_seq_length() == 9

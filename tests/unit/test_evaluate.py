@@ -7,10 +7,16 @@ import pytest
 import torch
 
 import arithlib.core.datasets as ds
-from arithlib.methods.ablation import zero_heads_hooks
-from arithlib.core.evaluate import (accuracy, answer_logits, correct_subset, evaluate, greedy_answers,
-                               intervention_accuracy)
+from arithlib.core.evaluate import (
+    accuracy,
+    answer_logits,
+    correct_subset,
+    evaluate,
+    greedy_answers,
+    intervention_accuracy,
+)
 from arithlib.core.models import load_model, random_model_dir
+from arithlib.methods.ablation import zero_heads_hooks
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +49,9 @@ def test_greedy_equals_hf_generate(tiny):
     for i in range(0, len(ps), 3):
         ids = torch.tensor([ps.input_ids[i]])
         n = len(ps.answer_ids[i]) + 2
-        ref = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)[0, ids.shape[1]:].tolist()
+        ref = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)[
+            0, ids.shape[1] :
+        ].tolist()
         assert generated[i][: len(ref)] == ref and len(ref) >= len(ps.answer_ids[i])
     assert torch.equal(first.argmax(-1), torch.tensor([g[0] for g in generated]))
 
@@ -97,7 +105,7 @@ def test_checked_answers_equal_greedy_up_to_the_first_wrong_token(tiny):
     answers = []
     for i, g in enumerate(greedy):  # right for 1-3 tokens, then (every other row) a wrong token
         k = 1 + i % 3
-        answers.append(g[:k] if i % 2 == 0 else g[:k - 1] + [(g[k - 1] + 1) % tiny.bridge.cfg.d_vocab])
+        answers.append(g[:k] if i % 2 == 0 else g[: k - 1] + [(g[k - 1] + 1) % tiny.bridge.cfg.d_vocab])
     ps2 = replace(ps, answer_ids=answers)
     first, checked = checked_answers(tiny.bridge, ps2, batch_size=3)
     ref_first, ref = greedy_answers(tiny.bridge, ps2, extra_tokens=1, batch_size=3)

@@ -6,8 +6,8 @@ H/h rescaling), full SFT, checkpoints, CNA on LoRA models, key heads from notebo
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -16,14 +16,13 @@ import torch
 
 import arithlib.core.datasets as ds
 import arithlib.methods.finetune as ft
-from arithlib.core import papers
-import arithlib.yu.lora as LO
 import arithlib.run.scales as SC
+import arithlib.yu.lora as LO
 import arithlib.zhang.sft as SFT
+from arithlib.core import papers
 from arithlib.core.evaluate import answer_logits as eval_answer_logits
 from arithlib.core.models import load_model, random_model_dir
 from arithlib.core.stats import decode_correct
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -127,7 +126,7 @@ def test_teacher_forced_logits_match_full_forward(tiny_qwen2, data):
             full = plain(seq).logits[0].float()
             s, k = len(ps.input_ids[i]) - 1, len(ps.answer_ids[i]) + 1
             assert mask[row].sum() == k
-            assert torch.allclose(shared[row, :k], full[s:s + k], atol=1e-4)
+            assert torch.allclose(shared[row, :k], full[s : s + k], atol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "mistral", "gptj", "gpt_neox", "gpt2"])
@@ -154,9 +153,9 @@ def test_teacher_forced_logits_across_prefix_groups(arch):
     weight.requires_grad_(True)
     try:
         shared, mask = ft.teacher_forced_logits(plain, ps, index, extra=1)
-        grad_shared, = torch.autograd.grad(shared[mask].sum(), weight)
+        (grad_shared,) = torch.autograd.grad(shared[mask].sum(), weight)
         ref, ref_mask = ft.teacher_forced_logits(plain, ps, index, extra=1, share_prefix=False)
-        grad_ref, = torch.autograd.grad(ref[ref_mask].sum(), weight)
+        (grad_ref,) = torch.autograd.grad(ref[ref_mask].sum(), weight)
     finally:
         weight.requires_grad_(flag)
     assert mask.equal(ref_mask)
@@ -166,7 +165,7 @@ def test_teacher_forced_logits_across_prefix_groups(arch):
         for row, i in enumerate(index):
             full = plain(torch.tensor([seqs[row]])).logits[0].float()
             k = int(mask[row].sum())
-            assert torch.allclose(shared[row, :k].detach(), full[starts[row]:starts[row] + k], atol=1e-4)
+            assert torch.allclose(shared[row, :k].detach(), full[starts[row] : starts[row] + k], atol=1e-4)
 
 
 def test_answer_loss_is_answer_token_cross_entropy(tiny_qwen2, data):
@@ -220,8 +219,10 @@ def test_lora_merged_weights_equal_peft_forward(tiny_qwen2, data):
 
     plain = ft.shared_hf_model(tiny_qwen2.bridge)
     torch.manual_seed(0)
-    pm = get_peft_model(plain, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                                          layers_to_transform=[0]))
+    pm = get_peft_model(
+        plain,
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], layers_to_transform=[0]),
+    )
     with torch.no_grad():
         for n, p in plain.named_parameters():
             if "lora_B" in n:
@@ -235,8 +236,17 @@ def test_lora_merged_weights_equal_peft_forward(tiny_qwen2, data):
 
 
 def test_lora_layer_sweep_and_lr_selection(tiny_qwen2, data):
-    frame, fitted, lr_table = LO.lora_layer_sweep(tiny_qwen2.bridge, [0, 1], data["train"], data["val"], data["test"], CFG,
-                                                  lrs=(1e-2, 1e-3), lr_layers=[1], progress=False)
+    frame, fitted, lr_table = LO.lora_layer_sweep(
+        tiny_qwen2.bridge,
+        [0, 1],
+        data["train"],
+        data["val"],
+        data["test"],
+        CFG,
+        lrs=(1e-2, 1e-3),
+        lr_layers=[1],
+        progress=False,
+    )
     assert list(frame.layer) == [-1, 0, 1]
     assert set(fitted) == {0, 1}
     assert lr_table.chosen.sum() == 1 and set(lr_table.lr) == {1e-2, 1e-3}
@@ -258,8 +268,9 @@ def test_checkpoint_resume_gives_same_weights(tiny_qwen2, data, tmp_path):
         params = {n: p for n, p in plain.named_parameters() if n in names}
         backup = {n: p.detach().clone() for n, p in params.items()}
         try:
-            state, record = ft.train_parameters(plain, ft.Trainable(params), data["train"], cfg, None, progress=False,
-                                                checkpoint_dir=ckdir)
+            state, record = ft.train_parameters(
+                plain, ft.Trainable(params), data["train"], cfg, None, progress=False, checkpoint_dir=ckdir
+            )
         finally:
             with torch.no_grad():
                 for n, v in backup.items():
@@ -291,11 +302,11 @@ def test_head_slices_gqa_counts(tiny_qwen2):
     # heads 0 and 1 read KV group 0, head 2 reads group 1 (4 heads, 2 KV heads)
     masks, scales, counts = SFT.head_slices(plain, [(0, 0), (0, 1), (0, 2)])
     q = masks["model.layers.0.self_attn.q_proj.weight"]
-    assert q.sum() == 3 * dh * d and q[:3 * dh].all() and not q[3 * dh:].any()
+    assert q.sum() == 3 * dh * d and q[: 3 * dh].all() and not q[3 * dh :].any()
     k = masks["model.layers.0.self_attn.k_proj.weight"]
     assert k.all()  # both groups
     o = masks["model.layers.0.self_attn.o_proj.weight"]
-    assert o[:, :3 * dh].all() and not o[:, 3 * dh:].any()
+    assert o[:, : 3 * dh].all() and not o[:, 3 * dh :].any()
     assert scales["model.layers.0.self_attn.q_proj.weight"] == pytest.approx(4 / 3)
     assert counts["n_kv_groups"] == 2
     per_head = dh * d + dh + d * dh  # Q rows (+ bias) and O columns
@@ -329,8 +340,9 @@ def test_precise_sft_gradient_rescale_with_sgd(tiny_qwen2, data):
     plain = ft.shared_hf_model(tiny_qwen2.bridge)
     name = "model.layers.0.self_attn.q_proj.weight"
     before = dict(plain.named_parameters())[name].detach().clone()
-    cfg = ft.TrainConfig(lr=1e-3, epochs=1, batch_size=64, max_steps=1, optimizer="sgd", grad_clip=None,
-                         schedule="constant")
+    cfg = ft.TrainConfig(
+        lr=1e-3, epochs=1, batch_size=64, max_steps=1, optimizer="sgd", grad_clip=None, schedule="constant"
+    )
     a = SFT.precise_sft(tiny_qwen2.bridge, [(0, 1)], data["train"], cfg, rescale=True, progress=False)
     b = SFT.precise_sft(tiny_qwen2.bridge, [(0, 1)], data["train"], cfg, rescale=False, progress=False)
     da, db = a.weights[name] - before, b.weights[name] - before
@@ -372,7 +384,9 @@ def test_sft_lr_is_chosen_per_method_on_the_validation_split(tiny_qwen2, data):
     fits.clear()
     one, table = ft.choose_lr(tiny_qwen2.bridge, fit, (1e-2, 1e-4), None)
     assert fits == [1e-2] and one.config.lr == 1e-2 and table.val_accuracy.isna().all() and table.chosen.all()
-    assert papers.ZHANG_SFT["lr"] in SC.FINETUNE_SCALES["cpu"]["sft_lrs"] and len(SC.FINETUNE_SCALES["cpu"]["sft_lrs"]) > 1
+    assert (
+        papers.ZHANG_SFT["lr"] in SC.FINETUNE_SCALES["cpu"]["sft_lrs"] and len(SC.FINETUNE_SCALES["cpu"]["sft_lrs"]) > 1
+    )
     assert SC.FINETUNE_SCALES["paper"]["sft_lrs"] == (papers.ZHANG_SFT["lr"],)
 
 
@@ -383,8 +397,10 @@ STEPS = replace(CFG, max_steps=2)
 
 def _state(module: torch.nn.Module) -> tuple[list, list]:
     """Every parameter's name, ``requires_grad`` and ``.grad`` object; every module's mode."""
-    return ([(n, p.requires_grad, p.grad) for n, p in module.named_parameters()],
-            [(n, m.training) for n, m in module.named_modules()])
+    return (
+        [(n, p.requires_grad, p.grad) for n, p in module.named_parameters()],
+        [(n, m.training) for n, m in module.named_modules()],
+    )
 
 
 def _assert_same_state(got: tuple[list, list], want: tuple[list, list]) -> None:
@@ -404,11 +420,13 @@ def _entry_point(method: str, tiny_qwen2, data) -> Iterator[tuple[torch.nn.Modul
     weight = ft.params_by_clean_name(target)[name]
     calls = {
         "lora": lambda: LO.train_lora(tiny_qwen2.bridge, 1, data["train"], STEPS, data["val"], progress=False),
-        "precise": lambda: SFT.precise_sft(tiny_qwen2.bridge, [(1, 0)], data["train"], STEPS, data["val"], mlps=[0],
-                                          progress=False),
+        "precise": lambda: SFT.precise_sft(
+            tiny_qwen2.bridge, [(1, 0)], data["train"], STEPS, data["val"], mlps=[0], progress=False
+        ),
         "full": lambda: SFT.full_sft(owner.bridge, data["train"], STEPS, data["val"], progress=False),
-        "bridge": lambda: ft.train_parameters(tiny_qwen2.bridge, ft.Trainable({name: weight}), data["train"], STEPS,
-                                              data["val"], progress=False),
+        "bridge": lambda: ft.train_parameters(
+            tiny_qwen2.bridge, ft.Trainable({name: weight}), data["train"], STEPS, data["val"], progress=False
+        ),
     }
     saved, backup = _state(target), weight.detach().clone()
     try:
@@ -470,11 +488,13 @@ def test_training_restores_state_on_error(tiny_qwen2, data, method, monkeypatch)
 def test_rank_components(tmp_path):
     rows = []
     for op, shift in (("+", 0.0), ("-", 0.02)):
-        rows += [{"op": op, "kind": "head", "layer": 0, "head": 1, "effect": -0.20 + shift},
-                 {"op": op, "kind": "head", "layer": 1, "head": 0, "effect": -0.04 + shift},
-                 {"op": op, "kind": "head", "layer": 1, "head": 2, "effect": -0.10 + shift},
-                 {"op": op, "kind": "mlp", "layer": 0, "head": -1, "effect": -0.01},
-                 {"op": op, "kind": "mlp", "layer": 1, "head": -1, "effect": -0.30}]
+        rows += [
+            {"op": op, "kind": "head", "layer": 0, "head": 1, "effect": -0.20 + shift},
+            {"op": op, "kind": "head", "layer": 1, "head": 0, "effect": -0.04 + shift},
+            {"op": op, "kind": "head", "layer": 1, "head": 2, "effect": -0.10 + shift},
+            {"op": op, "kind": "mlp", "layer": 0, "head": -1, "effect": -0.01},
+            {"op": op, "kind": "mlp", "layer": 1, "head": -1, "effect": -0.30},
+        ]
     rows.append({"op": "all", "kind": "head", "layer": 1, "head": 0, "effect": -9.0})  # pooled row: ignored
     path = tmp_path / "01_path_patching.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
@@ -490,8 +510,11 @@ def test_rank_components(tmp_path):
 def test_scaled_head_counts_and_bands():
     assert SFT.scaled_head_counts(papers.ZHANG_HEAD_COUNTS, 1024) == {k: k for k in papers.ZHANG_HEAD_COUNTS}
     assert SFT.scaled_head_counts((8, 32, 64), 336) == {8: 3, 32: 11, 64: 21}
-    assert LO.yu_bands(32) == {"shallow": list(range(1, 10)), "middle": list(range(10, 17)),
-                               "deep": list(range(17, 31))}
+    assert LO.yu_bands(32) == {
+        "shallow": list(range(1, 10)),
+        "middle": list(range(10, 17)),
+        "deep": list(range(17, 31)),
+    }
     assert LO.reference_layer(32) == 9
     assert SC.scale_settings("auto", "cpu", False, 24)["scale"] == "cpu"  # the judged CPU scale (issue 29)
     s = SC.scale_settings("cpu", "cpu", False, 24)
@@ -519,8 +542,13 @@ def test_lora_cna_zero_change_and_guard(tiny_qwen2):
     cases = LO.yu_cna_cases(tiny_qwen2.tokenizer, n_cases=4)
     assert cases.records[0].text.strip() == "3 + 5 ="
     plain = ft.shared_hf_model(tiny_qwen2.bridge)
-    same = {"model.layers.1.self_attn.q_proj.weight": dict(plain.named_parameters())[
-        "model.layers.1.self_attn.q_proj.weight"].detach().clone()}
+    same = {
+        "model.layers.1.self_attn.q_proj.weight": dict(plain.named_parameters())[
+            "model.layers.1.self_attn.q_proj.weight"
+        ]
+        .detach()
+        .clone()
+    }
     rows, details = LO.lora_cna(tiny_qwen2.bridge, cases, {"same": same}, ks=(5,), progress=False)
     assert set(rows["selection"]) == {"cna", "original"}
     assert np.allclose(rows.coef_increase, 0.0)
@@ -529,11 +557,16 @@ def test_lora_cna_zero_change_and_guard(tiny_qwen2):
         inc = rows[(rows.selection == sel) & (rows.k == k)].coef_increase.item()
         assert 100 * g.num.sum() / g.den.sum() == pytest.approx(inc, abs=1e-4)
     assert set(per.case) <= set(range(len(cases))) and (per.den >= 0).all()
-    mlp = {"model.layers.1.mlp.down_proj.weight": dict(plain.named_parameters())[
-        "model.layers.1.mlp.down_proj.weight"].detach().clone()}
+    mlp = {
+        "model.layers.1.mlp.down_proj.weight": dict(plain.named_parameters())["model.layers.1.mlp.down_proj.weight"]
+        .detach()
+        .clone()
+    }
     with pytest.raises(ValueError, match="attention only"):
         LO.lora_cna(tiny_qwen2.bridge, cases, {"mlp": mlp}, progress=False)
-    table = LO.coefficient_table(tiny_qwen2.bridge, cases.subset([0]), {"original": None, "same": same}, [(1, 3), (0, 2)])
+    table = LO.coefficient_table(
+        tiny_qwen2.bridge, cases.subset([0]), {"original": None, "same": same}, [(1, 3), (0, 2)]
+    )
     assert np.allclose(table.original, table.same)
     layer_of = {"same": 1}
     t10 = LO.band_increase_table(rows, layer_of, {"deep": [1]})
@@ -630,8 +663,9 @@ def test_lr_is_chosen_on_the_validation_split(tiny_qwen2, data, monkeypatch):
         return real(fit, lrs, val_set, evaluate_on)
 
     monkeypatch.setattr(ft, "select_lr", spy)
-    _, fitted, lr_table = LO.lora_layer_sweep(tiny_qwen2.bridge, [1], data["train"], data["val"], data["test"], CFG,
-                                              lrs=(1e-2, 1e-3), progress=False)
+    _, fitted, lr_table = LO.lora_layer_sweep(
+        tiny_qwen2.bridge, [1], data["train"], data["val"], data["test"], CFG, lrs=(1e-2, 1e-3), progress=False
+    )
     assert len(seen) == 1 and seen[0] is data["val"]
     chosen = lr_table[lr_table.chosen].iloc[0]
     on_val = ft.evaluate_weights(tiny_qwen2.bridge, fitted[1].weights, {"val": data["val"]})["correct_full"].mean()

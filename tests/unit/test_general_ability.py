@@ -41,7 +41,7 @@ def test_lm_loss_matches_manual(tiny):
     total, n = 0.0, 0
     with torch.no_grad():
         for c in range(3):
-            x = torch.tensor([ids[c * 32:(c + 1) * 32]])
+            x = torch.tensor([ids[c * 32 : (c + 1) * 32]])
             lp = hf(x).logits[0].log_softmax(-1)
             total -= float(lp[torch.arange(31), x[0, 1:]].sum())
             n += 31
@@ -72,8 +72,11 @@ def test_facts_are_one_token_for_qwen():
 
 
 def test_factual_recall_scores_argmax(tiny):
-    facts = [{"prompt": "the sum of", "answer": " one"}, {"prompt": "what is the", "answer": " answer"},
-             {"prompt": "a", "answer": " b"}]
+    facts = [
+        {"prompt": "the sum of", "answer": " one"},
+        {"prompt": "what is the", "answer": " answer"},
+        {"prompt": "a", "answer": " b"},
+    ]
     frame = ga.factual_recall(tiny.bridge, tiny.tokenizer, facts)
     hf = tiny.bridge.original_model
     with torch.no_grad():
@@ -88,17 +91,35 @@ def test_factual_recall_scores_argmax(tiny):
 @pytest.fixture
 def bench_files(tmp_path):
     gsm = tmp_path / "gsm8k.jsonl"
-    gsm.write_text("\n".join(json.dumps(r) for r in [
-        {"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "3 + 4 = 7\n#### 7"},
-        {"question": "A box holds 1,200 pens; 200 are sold. How many remain?", "answer": "#### 1,000"},
-    ]) + "\n")
+    gsm.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "3 + 4 = 7\n#### 7"},
+                {"question": "A box holds 1,200 pens; 200 are sold. How many remain?", "answer": "#### 1,000"},
+            ]
+        )
+        + "\n"
+    )
     svamp = tmp_path / "SVAMP.json"
-    svamp.write_text(json.dumps([{"Body": "Sam had 5 cars.", "Question": "He lost 2. How many now?",
-                                  "Equation": "( 5.0 - 2.0 )", "Answer": 3.0, "Type": "Subtraction"}]))
+    svamp.write_text(
+        json.dumps(
+            [
+                {
+                    "Body": "Sam had 5 cars.",
+                    "Question": "He lost 2. How many now?",
+                    "Equation": "( 5.0 - 2.0 )",
+                    "Answer": 3.0,
+                    "Type": "Subtraction",
+                }
+            ]
+        )
+    )
     mmlu = tmp_path / "mmlu"
     mmlu.mkdir()
-    (mmlu / "astronomy_test.csv").write_text('"What is the closest star to Earth?",The Sun,Sirius,Vega,Polaris,A\n'
-                                             "2+2=?,3,4,5,6,B\n")
+    (mmlu / "astronomy_test.csv").write_text(
+        '"What is the closest star to Earth?",The Sun,Sirius,Vega,Polaris,A\n2+2=?,3,4,5,6,B\n'
+    )
     return gsm, svamp, mmlu
 
 
@@ -124,8 +145,16 @@ def test_benchmark_scorers_and_general_ability(tiny, bench_files):
     assert len(wp) == 2 and wp.correct.dtype == bool
     mm = ga.mmlu_accuracy(tiny.bridge, tiny.tokenizer, ga.load_mmlu(mmlu))
     assert set(mm.predicted) <= set("ABCD")
-    out = ga.general_ability(tiny.bridge, tiny.tokenizer, ga.pydoc_prose(3000), max_chunks=2, chunk_tokens=32,
-                             gsm8k=gsm, svamp=svamp, mmlu=mmlu)
+    out = ga.general_ability(
+        tiny.bridge,
+        tiny.tokenizer,
+        ga.pydoc_prose(3000),
+        max_chunks=2,
+        chunk_tokens=32,
+        gsm8k=gsm,
+        svamp=svamp,
+        mmlu=mmlu,
+    )
     assert {"lm_loss", "perplexity", "factual_recall", "factual_logprob", "gsm8k", "svamp", "mmlu"} <= set(out)
     assert 0 <= out["factual_recall"] <= 1 and out["lm_loss"] > 0
 

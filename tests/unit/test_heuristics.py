@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
+import arithlib.methods.neurons as N
 import arithlib.nikankin.heuristic_dynamics as HD
 import arithlib.nikankin.heuristics as H
-import arithlib.methods.neurons as N
 import arithlib.nikankin.prompt_knockout as PK
 from arithlib.core.datasets import PromptSet
 from arithlib.core.models import load_model, random_model_dir
@@ -40,8 +40,15 @@ def test_heuristic_rules_and_names():
 def test_catalogue_contents():
     cat = H.heuristic_catalogue((0, 9), (0, 18))
     names = {h.name for h in cat}
-    assert {"op1 = 3", "op2 in [0, 1]", "op1 = 1 mod 2", "result in [0, 9]", "op1 = op2", "result tens digit 1"} <= names
-    assert not any(h.kind == "operand_digit" for h in cat)     # operands 0..9 have no tens digit
+    assert {
+        "op1 = 3",
+        "op2 in [0, 1]",
+        "op1 = 1 mod 2",
+        "result in [0, 9]",
+        "op1 = op2",
+        "result tens digit 1",
+    } <= names
+    assert not any(h.kind == "operand_digit" for h in cat)  # operands 0..9 have no tens digit
     assert {h.kind for h in cat} == set(H.HEURISTIC_KINDS) - {"operand_digit"}
     big = H.heuristic_catalogue((0, 99), (0, 198))
     assert any(h.kind == "operand_digit" for h in big) and any(h.name == "result hundreds digit 1" for h in big)
@@ -63,9 +70,9 @@ def test_usable_heuristics_filters():
     heur, assoc = H.usable_heuristics(cat, H.association_matrix(cat, recs), max_base_rate=0.5, min_prompts=3)
     rates = assoc.mean(1)
     assert rates.max() <= 0.5 and assoc.sum(1).min() >= 3
-    assert len({a.tobytes() for a in assoc}) == len(heur)               # no two rules select the same prompts
+    assert len({a.tobytes() for a in assoc}) == len(heur)  # no two rules select the same prompts
     names = [h.name for h in heur]
-    assert "op1 = 3" in names and "op1 = 3 mod 10" not in names        # duplicate of the range rule
+    assert "op1 = 3" in names and "op1 = 3 mod 10" not in names  # duplicate of the range rule
 
 
 def test_match_scores_planted_neurons():
@@ -75,12 +82,15 @@ def test_match_scores_planted_neurons():
     a = np.array([r.a for r in recs])
     c = np.array([r.answer for r in recs])
     rng = np.random.default_rng(0)
-    acts = np.stack([
-        (a % 3 == 1) * 2.0 + rng.normal(0, 0.01, len(recs)),   # op1 = 1 mod 3
-        (c >= 12) * 1.0 + rng.normal(0, 0.01, len(recs)),      # large results
-        np.zeros(len(recs)),                                    # dead
-        rng.normal(size=len(recs)),                             # unrelated
-    ], 1)
+    acts = np.stack(
+        [
+            (a % 3 == 1) * 2.0 + rng.normal(0, 0.01, len(recs)),  # op1 = 1 mod 3
+            (c >= 12) * 1.0 + rng.normal(0, 0.01, len(recs)),  # large results
+            np.zeros(len(recs)),  # dead
+            rng.normal(size=len(recs)),  # unrelated
+        ],
+        1,
+    )
     scores = H.match_scores(acts, assoc)
     names = [h.name for h in heur]
     assert scores[0, names.index("op1 = 1 mod 3")] == 1.0
@@ -113,8 +123,8 @@ def test_prompt_association():
     heur = [H.Heuristic("operand_range", "op1", (0, 1)), H.Heuristic("result_mod", "result", (2, 0))]
     matches = pd.DataFrame({"layer": [3, 3, 4], "neuron": [1, 2, 7], "h_index": [0, 1, 1]})
     per = H.prompt_heuristic_neurons(matches, heur, recs)
-    p = next(i for i, r in enumerate(recs) if (r.a, r.b) == (0, 2))   # op1 in [0, 1], result even
-    q = next(i for i, r in enumerate(recs) if (r.a, r.b) == (5, 2))   # neither
+    p = next(i for i, r in enumerate(recs) if (r.a, r.b) == (0, 2))  # op1 in [0, 1], result even
+    q = next(i for i, r in enumerate(recs) if (r.a, r.b) == (5, 2))  # neither
     assert per[p] == [(3, 1), (3, 2), (4, 7)] and per[q] == []
     contrib = torch.zeros(len(recs), 2, 10)
     contrib[p, 0, 1], contrib[p, 1, 7] = 1.5, -0.5
@@ -134,8 +144,10 @@ def test_pipeline_on_tiny_model(tiny):
     b, tok = tiny.bridge, tiny.tokenizer
     layers = [1]
     grids = {op: PromptSet.build(H.grid_records(op, (0, 5), fewshot=2), tok) for op in ("+", "-")}
-    analyses = {op: H.prepare_operator(b, g, layers, n_analysis=12, criterion=None, seed=0, batch_size=8)
-                for op, g in grids.items()}
+    analyses = {
+        op: H.prepare_operator(b, g, layers, n_analysis=12, criterion=None, seed=0, batch_size=8)
+        for op, g in grids.items()
+    }
     an = analyses["+"]
     assert len(an.analysis_index) == 12 and an.grid_acts.shape == (36, 1, tiny.info.d_mlp)
     assert an.grid_correct_full.shape == (36,)
@@ -152,12 +164,17 @@ def test_pipeline_on_tiny_model(tiny):
     assert set(curves.op) == {"+", "-"} and len(curves) == 6
 
     # force some matches so the ablations have something to ablate
-    matches = an.matches if not an.matches.empty else H.classify_neurons(an.circuit_scores, an.circuit, an.heuristics,
-                                                                        an.assoc, t=0.01)
+    matches = (
+        an.matches
+        if not an.matches.empty
+        else H.classify_neurons(an.circuit_scores, an.circuit, an.heuristics, an.assoc, t=0.01)
+    )
     abl = H.heuristic_ablation(an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3)
     assert len(abl) <= 3 and set(abl.columns) >= {"acc_assoc", "acc_other", "n_neurons"}
     # issue 28: the per-prompt rows the report bootstraps, one per heuristic and prompt; their summary is the table
-    rows = H.heuristic_ablation_prompts(an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3)
+    rows = H.heuristic_ablation_prompts(
+        an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3
+    )
     assert len(rows) == len(abl) * len(an.runner) and set(rows.columns) >= {"prompt", "associated", "correct"}
     pd.testing.assert_frame_equal(H.summarise_heuristic_ablation(rows), abl)
     per = H.prompt_heuristic_neurons(matches, an.heuristics, an.analysis.records)
@@ -174,10 +191,14 @@ def test_heldout_prompts_are_disjoint_from_the_analysed(tiny):
     an = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=10)
     assert len(an.heldout_index) == 10 and not set(an.heldout_index) & set(an.analysis_index)
     assert torch.allclose(an.heldout_runner.logits(), an.grid_logits[an.heldout_index], atol=1e-4)
-    every = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=None)
+    every = H.prepare_operator(
+        tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=None
+    )
     assert sorted(every.heldout_index + every.analysis_index) == list(range(len(grid)))
     # a small grid: the held-out prompts are reserved first (half of the pool at most)
-    small = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=50, criterion=None, seed=0, batch_size=8, n_heldout=30)
+    small = H.prepare_operator(
+        tiny.bridge, grid, [1], n_analysis=50, criterion=None, seed=0, batch_size=8, n_heldout=30
+    )
     assert len(small.heldout_index) == len(grid) // 2 and len(small.analysis_index) == len(grid) - len(grid) // 2
 
 
@@ -186,18 +207,34 @@ def test_training_dynamics_on_tiny_models(tiny):
     layers = [1]
     grids = {"+": PromptSet.build(H.grid_records("+", (0, 4), fewshot=2), tok)}
     models = {0: load_model(str(random_model_dir("llama", seed=1))).bridge, 10: tiny.bridge}
-    dyn = HD.training_dynamics(lambda s: models[s], [0, 10], grids, layers, k_per_layer=4, n_analysis=10,
-                               progress=False, n_permutations=50)
-    assert list(dyn.step) == [0, 10] and set(dyn.columns) >= {"accuracy", "faithfulness", "matched_share",
-                                                               "matched_share_null", "labelled_share",
-                                                               "labelled_share_null", "heuristic_set"}
+    dyn = HD.training_dynamics(
+        lambda s: models[s], [0, 10], grids, layers, k_per_layer=4, n_analysis=10, progress=False, n_permutations=50
+    )
+    assert list(dyn.step) == [0, 10] and set(dyn.columns) >= {
+        "accuracy",
+        "faithfulness",
+        "matched_share",
+        "matched_share_null",
+        "labelled_share",
+        "labelled_share_null",
+        "heuristic_set",
+    }
     overlap = HD.heuristic_overlap(dyn)
     final = overlap[overlap.step == 10].final_heuristics_present
     assert final.isna().all() or (final == 1.0).all()
     # a label must beat the null: at a false-discovery rate no p-value can reach, nothing is
     # labelled and no heuristic is counted, whatever passes t alone
-    strict = HD.training_dynamics(lambda s: models[s], [10], grids, layers, k_per_layer=4, n_analysis=10,
-                                  progress=False, n_permutations=50, label_fdr=1e-6)
+    strict = HD.training_dynamics(
+        lambda s: models[s],
+        [10],
+        grids,
+        layers,
+        k_per_layer=4,
+        n_analysis=10,
+        progress=False,
+        n_permutations=50,
+        label_fdr=1e-6,
+    )
     assert (strict.labelled_share == 0).all() and (strict.heuristic_set == "").all()
     assert (strict.n_heuristics_matched == 0).all()
 
@@ -209,9 +246,17 @@ def test_sample_indices():
 
 
 def test_labels_and_type_counts():
-    matches = pd.DataFrame({"layer": [1, 1, 2], "neuron": [4, 4, 9], "heuristic": ["op1 = 3", "op1 in [2, 3]", "result = 5"],
-                            "kind": ["operand_range", "operand_range", "result_range"], "h_index": [0, 1, 2],
-                            "score": [1.0, 0.7, 0.8], "rank": [1, 2, 1]})
+    matches = pd.DataFrame(
+        {
+            "layer": [1, 1, 2],
+            "neuron": [4, 4, 9],
+            "heuristic": ["op1 = 3", "op1 in [2, 3]", "result = 5"],
+            "kind": ["operand_range", "operand_range", "result_range"],
+            "h_index": [0, 1, 2],
+            "score": [1.0, 0.7, 0.8],
+            "rank": [1, 2, 1],
+        }
+    )
     best = H.neuron_labels(matches, "best")
     assert list(best.heuristic) == ["op1 = 3", "result = 5"]
     assert len(H.neuron_labels(matches, "all")) == 3
@@ -232,7 +277,7 @@ def test_type_counts_by_threshold():
     out = H.type_counts_by_threshold(scores, [(0, 0), (0, 1), (0, 2)], heur, assoc, (0.6, 0.9))
     assert set(out.t) == {0.6, 0.9} and len(out) == 2 * len(H.HEURISTIC_KINDS)
     total = out.groupby("t").n_neurons.sum()
-    assert total[0.6] == 3 and total[0.9] <= 3      # best labels: each matched neuron counted once
+    assert total[0.6] == 3 and total[0.9] <= 3  # best labels: each matched neuron counted once
 
 
 def _parameters(notebook: str) -> dict:

@@ -64,9 +64,17 @@ def test_dla_sums_to_the_answer_logit(setup):
 def test_dla_needs_its_activations(setup):
     m, ps, cache = setup
     with pytest.raises(ValueError, match="needs"):
-        Lens.direct_logit_attribution_answer(m.bridge, P.AnswerCache({"mlp_out": cache.acts["mlp_out"]}, cache.final_scale,
-                                                                     cache.answer_logit, cache.pred_ids,
-                                                                     cache.correct_first), ps)
+        Lens.direct_logit_attribution_answer(
+            m.bridge,
+            P.AnswerCache(
+                {"mlp_out": cache.acts["mlp_out"]},
+                cache.final_scale,
+                cache.answer_logit,
+                cache.pred_ids,
+                cache.correct_first,
+            ),
+            ps,
+        )
 
 
 def test_dla_refuses_a_final_norm_of_unknown_kind(setup):
@@ -86,7 +94,9 @@ def test_dla_refuses_a_final_norm_of_unknown_kind(setup):
 
 
 def test_lens_summary_and_first_layer():
-    lens = pd.DataFrame({"layer": [0, 0, 1, 1, 2, 2], "rank": [5, 20, 0, 3, 0, 0], "prob": [0.1, 0.0, 0.6, 0.2, 0.9, 0.8]})
+    lens = pd.DataFrame(
+        {"layer": [0, 0, 1, 1, 2, 2], "rank": [5, 20, 0, 3, 0, 0], "prob": [0.1, 0.0, 0.6, 0.2, 0.9, 0.8]}
+    )
     s = Lens.lens_summary(lens)
     assert s.set_index("layer").loc[1, "top1"] == 0.5
     assert s.set_index("layer").loc[0, "top10"] == 0.5
@@ -103,7 +113,7 @@ def test_matches_transformer_lens_logit_lens(setup):
     ours = Lens.logit_lens_answer(m.bridge, cache, ps)
     for i in (0, len(ps) - 1):
         tokens = torch.tensor([ps.input_ids[i]])
-        theirs = logit_lens(m.bridge, tokens, targets=ps.first_answer_ids[i:i + 1], return_type="log_probs")
+        theirs = logit_lens(m.bridge, tokens, targets=ps.first_answer_ids[i : i + 1], return_type="log_probs")
         ref = theirs.values.reshape(-1)  # [embed, after block 0, ..., after the last block]
         mine = torch.tensor(ours[ours.prompt == i].sort_values("layer").logprob.to_numpy())
         assert torch.allclose(mine, ref.float(), atol=1e-4)

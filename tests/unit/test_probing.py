@@ -21,7 +21,9 @@ def tiny():
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # non-trivial norm weights, so "MLP input" != "normalized residual"
         for layer in hf.model.layers:
-            layer.post_attention_layernorm.weight.copy_(0.5 + torch.rand(layer.post_attention_layernorm.weight.shape, generator=g))
+            layer.post_attention_layernorm.weight.copy_(
+                0.5 + torch.rand(layer.post_attention_layernorm.weight.shape, generator=g)
+            )
         hf.model.norm.weight.copy_(0.5 + torch.rand(hf.model.norm.weight.shape, generator=g))
     return m
 
@@ -160,6 +162,7 @@ def test_summarise_curves_band():
     row = s.iloc[0]
     assert row["mean"] == 2.5 and row["n"] == 4
     from scipy import stats
+
     half = stats.t.ppf(0.975, 3) * np.std([1, 2, 3, 4], ddof=1) / 2
     assert row["hi"] - row["mean"] == pytest.approx(half)
 
@@ -240,8 +243,15 @@ def test_linear_probes_find_the_encoding_layer():
     n, d = 240, 16
     a = rng.integers(10, 100, n)
     b = rng.integers(10, 100, n)
-    labels = pd.DataFrame({"a": a, "b": b, "result": a + b, "result_last_digit": (a + b) % 10,
-                           "group": [f"+|{x}|{y}" for x, y in zip(a, b)]})
+    labels = pd.DataFrame(
+        {
+            "a": a,
+            "b": b,
+            "result": a + b,
+            "result_last_digit": (a + b) % 10,
+            "group": [f"+|{x}|{y}" for x, y in zip(a, b)],
+        }
+    )
     acts = torch.tensor(rng.normal(size=(n, 2, d)), dtype=torch.float32)
     acts[:, 1, 0] = torch.tensor(a, dtype=torch.float32)  # layer 1 encodes a linearly
     acts[:, 1, 1:11] = torch.nn.functional.one_hot(torch.tensor((a + b) % 10), 10).float() * 3
@@ -267,8 +277,13 @@ def test_probe_labels(digit_tokenizer):
 
 
 def test_curve_point_table_and_stratified_indices(digit_tokenizer):
-    summary = pd.DataFrame({"measure": ["in_A"] * 4 + ["delta_other"] * 4, "layer": [0, 1, 2, 3] * 2,
-                            "mean": [0, 0.1, 1.0, 0.5, 0, -0.1, -1.0, -1.0]})
+    summary = pd.DataFrame(
+        {
+            "measure": ["in_A"] * 4 + ["delta_other"] * 4,
+            "layer": [0, 1, 2, 3] * 2,
+            "mean": [0, 0.1, 1.0, 0.5, 0, -0.1, -1.0, -1.0],
+        }
+    )
     t = P.curve_point_table(summary).set_index("measure")
     assert t.loc["in_A", "peak"] == 2 and t.loc["delta_other", "peak"] == 2
     assert t.loc["delta_other", "direction"] == "fall"
@@ -285,29 +300,62 @@ def test_figures_draw_from_the_tables():
     matplotlib.use("Agg")
     import arithlib.plots.probing as pp
 
-    rows = [{"measure": m, "layer": layer, "value": v} for m in P.COSINE_MEASURES for layer in range(4)
-            for v in (0.1 * layer, 0.1 * layer + 0.05)]
+    rows = [
+        {"measure": m, "layer": layer, "value": v}
+        for m in P.COSINE_MEASURES
+        for layer in range(4)
+        for v in (0.1 * layer, 0.1 * layer + 0.05)
+    ]
     summary = P.summarise_curves(pd.DataFrame(rows))
     points = P.curve_point_table(summary)
     figs = [pp.cosine_curves({"m1": summary, "m2": summary}, {"m1": [1, 2]}, {"m1": points})]
-    proj = pd.DataFrame({"layer": np.repeat(range(3), 10), "number": np.tile(range(10), 3),
-                         "value": np.linspace(-1, 1, 30), "rank": np.tile(range(10, 0, -1), 3)})
+    proj = pd.DataFrame(
+        {
+            "layer": np.repeat(range(3), 10),
+            "number": np.tile(range(10), 3),
+            "value": np.linspace(-1, 1, 30),
+            "rank": np.tile(range(10, 0, -1), 3),
+        }
+    )
     figs.append(pp.number_heatmap(proj, 7))
     prof = pd.DataFrame({"layer": [0, 1, 0, 1], "distance": [0, 0, 1, 1], "mean": [0.1, 0.2, 0.0, 0.1], "n": 3})
     figs.append(pp.distance_curves({"m": prof, "empty": prof.iloc[:0]}))
-    lens = pd.DataFrame({"layer": [-1, 0, 1], "mean_rank": [100, 5, 0], "median_rank": [90, 4, 0],
-                         "mean_prob": [0, 0.2, 0.9], "top1": [0, 0.1, 1], "top10": [0, 0.5, 1], "n": 5})
+    lens = pd.DataFrame(
+        {
+            "layer": [-1, 0, 1],
+            "mean_rank": [100, 5, 0],
+            "median_rank": [90, 4, 0],
+            "mean_prob": [0, 0.2, 0.9],
+            "top1": [0, 0.1, 1],
+            "top10": [0, 0.5, 1],
+            "n": 5,
+        }
+    )
     figs.append(pp.lens_curves({"m": lens}))
-    dla = pd.DataFrame({"component": ["attn", "attn", "mlp", "mlp"], "layer": [0, 1, 0, 1], "mean": [0.1, 0.2, 0.3, 1.0],
-                        "lo": 0.0, "hi": 1.1})
+    dla = pd.DataFrame(
+        {
+            "component": ["attn", "attn", "mlp", "mlp"],
+            "layer": [0, 1, 0, 1],
+            "mean": [0.1, 0.2, 0.3, 1.0],
+            "lo": 0.0,
+            "hi": 1.1,
+        }
+    )
     figs.append(pp.dla_curves({"m": dla}, {"m": [1]}))
-    probes = pd.DataFrame({"target": ["a", "a", "result_last_digit", "result_last_digit"], "metric": ["R2", "R2", "accuracy", "accuracy"],
-                           "layer": [-1, 0, -1, 0], "score": [0.1, 0.9, 0.2, 0.8], "baseline": [0.0, -0.1, 0.1, 0.1]})
+    probes = pd.DataFrame(
+        {
+            "target": ["a", "a", "result_last_digit", "result_last_digit"],
+            "metric": ["R2", "R2", "accuracy", "accuracy"],
+            "layer": [-1, 0, -1, 0],
+            "score": [0.1, 0.9, 0.2, 0.8],
+            "baseline": [0.0, -0.1, 0.1, 0.1],
+        }
+    )
     figs.append(pp.probe_curves({"m": probes}))
     for fig in figs:
         assert fig.axes and all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes if ax.lines)
     assert figs[1].axes[0].get_xlabel() and figs[1].axes[0].get_ylabel()
-    assert pp.short_name("/a/b/very-long-model-name-that-goes-on-and-on") .endswith("…")
+    assert pp.short_name("/a/b/very-long-model-name-that-goes-on-and-on").endswith("…")
 
 
 def test_curve_points_leave_out_layer_0():
@@ -316,7 +364,7 @@ def test_curve_points_leave_out_layer_0():
     read at layer 1; layer 0 is now outside the search."""
     y = [-0.5, 0.0, 0.0, 0.0, 0.02, 0.1, 0.3, 0.35]
     p = P.curve_points(y, "rise")
-    assert (p.start, p.inflection, p.peak) == (5, 6, 7)   # the climb of layers 4..7, not the 0 -> 1 jump
+    assert (p.start, p.inflection, p.peak) == (5, 6, 7)  # the climb of layers 4..7, not the 0 -> 1 jump
     assert p.rise == pytest.approx(0.35)
     assert P.curve_points(y, "rise", first_layer=0).start == 1  # the old reading: layer 0 sets the range
     with pytest.raises(ValueError):

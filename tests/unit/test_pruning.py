@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import arithlib.methods.ablation as A
 import arithlib.core.datasets as ds
+import arithlib.methods.ablation as A
 import arithlib.methods.finetune as FT
 import arithlib.yu.lora as LO
 import arithlib.yu.pruning as P
@@ -99,14 +99,20 @@ def test_original_untouched_and_weights_shared(qwen):
     assert not any(p.requires_grad for n, p in pruned.named_parameters() if "layers.1.mlp" in n)
     assert torch.equal(_logits(qwen.bridge), base)
     shared = dict(pruned.named_parameters())
-    assert shared["model.layers.1.self_attn.q_proj.weight"].data_ptr() == dict(hf.named_parameters())[
-        "model.layers.1.self_attn.q_proj.weight"].data_ptr()
-    assert shared["model.layers.0.mlp.down_proj.weight"].data_ptr() == dict(hf.named_parameters())[
-        "model.layers.0.mlp.down_proj.weight"].data_ptr()
+    assert (
+        shared["model.layers.1.self_attn.q_proj.weight"].data_ptr()
+        == dict(hf.named_parameters())["model.layers.1.self_attn.q_proj.weight"].data_ptr()
+    )
+    assert (
+        shared["model.layers.0.mlp.down_proj.weight"].data_ptr()
+        == dict(hf.named_parameters())["model.layers.0.mlp.down_proj.weight"].data_ptr()
+    )
     assert shared["model.layers.1.mlp.down_proj.weight"].shape == (qwen.info.d_model, 3)
     independent = P.prune_ffn(qwen.bridge, {1: [0, 5, 7]}, share_weights=False)
-    assert dict(independent.named_parameters())["model.layers.0.mlp.down_proj.weight"].data_ptr() != dict(
-        hf.named_parameters())["model.layers.0.mlp.down_proj.weight"].data_ptr()
+    assert (
+        dict(independent.named_parameters())["model.layers.0.mlp.down_proj.weight"].data_ptr()
+        != dict(hf.named_parameters())["model.layers.0.mlp.down_proj.weight"].data_ptr()
+    )
     assert pruned.config.arithlib_pruned_ffn["widths"] == {"1": 3}
     assert FT.model_fingerprint(pruned) != FT.model_fingerprint(P.prune_ffn(qwen.bridge, {1: [0, 5, 8]}))
 
@@ -183,8 +189,19 @@ def test_lora_on_pruned_model(qwen):
     assert row["n_deep_neurons"] == qwen.info.d_mlp // 4
     for n, p in hf.named_parameters():
         assert torch.equal(p, before[n]), n
-    sweep, keeps = P.share_sweep(qwen.bridge, _ranking_for(qwen), [0.1, 0.5], [1], 0, train, test, cfg,
-                                 random_seeds=[0], fine_tune=[0.5], progress=False)
+    sweep, keeps = P.share_sweep(
+        qwen.bridge,
+        _ranking_for(qwen),
+        [0.1, 0.5],
+        [1],
+        0,
+        train,
+        test,
+        cfg,
+        random_seeds=[0],
+        fine_tune=[0.5],
+        progress=False,
+    )
     assert len(sweep) == 4 and set(sweep.selection) == {"cna", "random"}
     assert sweep[sweep.share == 0.1].accuracy.isna().all() and sweep[sweep.share == 0.5].accuracy.notna().all()
     assert (sweep.groupby("share").n_kept.nunique() == 1).all()
@@ -201,9 +218,24 @@ def test_sweep_evaluations_start_at_the_first_pruned_layer(qwen):
     cfg = FT.TrainConfig(lr=1e-2, epochs=1, batch_size=8, max_steps=2, seed=0)
     cols = ["accuracy_pruned", "accuracy_first_pruned", "accuracy", "mean_answer_logprob"]
     runs = {}
-    for name, inputs in (("late", P.recorded_streams(0, [1])), ("full", {"train": LayerInputs([]), "test": LayerInputs([])})):
-        sweep, _ = P.share_sweep(qwen.bridge, _ranking_for(qwen), [0.1, 0.5], [1], 0, train, test, cfg,
-                                 random_seeds=[0], fine_tune=[0.5], progress=False, inputs=inputs)
+    for name, inputs in (
+        ("late", P.recorded_streams(0, [1])),
+        ("full", {"train": LayerInputs([]), "test": LayerInputs([])}),
+    ):
+        sweep, _ = P.share_sweep(
+            qwen.bridge,
+            _ranking_for(qwen),
+            [0.1, 0.5],
+            [1],
+            0,
+            train,
+            test,
+            cfg,
+            random_seeds=[0],
+            fine_tune=[0.5],
+            progress=False,
+            inputs=inputs,
+        )
         runs[name] = (sweep[cols], len(inputs["test"]))
     assert runs["late"][1] > 0 and runs["full"][1] == 0
     assert runs["late"][0].equals(runs["full"][0])

@@ -26,6 +26,7 @@ def test_final_norm_and_unembedding_reproduce_logits(tiny):
     def grab(x, hook):
         store["x"] = x.clone()
         return x
+
     hooks = [(f"blocks.{tiny.info.n_layers - 1}.hook_resid_post", grab)]
     with torch.no_grad(), b.hooks(fwd_hooks=hooks):
         logits = b(tokens)

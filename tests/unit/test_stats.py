@@ -20,7 +20,7 @@ def test_bootstrap_is_seeded_paired_and_stratified():
     rng = np.random.default_rng(0)
     x = rng.normal(size=200)
     a = S.bootstrap_ci(lambda v: float(v.mean()), x)
-    assert a == S.bootstrap_ci(lambda v: float(v.mean()), x)            # same tables, same interval
+    assert a == S.bootstrap_ci(lambda v: float(v.mean()), x)  # same tables, same interval
     assert a.low < x.mean() < a.high and a.half_width == pytest.approx(1.96 / np.sqrt(200), rel=0.2)
     # paired: the difference of two identical columns has no spread at all
     d = S.bootstrap_ci(lambda u, v: float((u - v).mean()), x, x + 1.0)
@@ -33,16 +33,24 @@ def test_bootstrap_is_seeded_paired_and_stratified():
         S.bootstrap_ci(lambda u, v: 0.0, x, x[:5])
 
 
-@pytest.mark.parametrize("low, high, verdict", [
-    (0.30, 0.40, S.REPRODUCED), (0.06, 0.20, S.PARTLY), (0.00, 0.04, S.NOT_REPRODUCED),
-    (0.20, 0.40, S.INCONCLUSIVE), (0.02, 0.10, S.INCONCLUSIVE), (0.0, 0.5, S.INCONCLUSIVE),
-    (float("nan"), float("nan"), S.INCONCLUSIVE)])
+@pytest.mark.parametrize(
+    "low, high, verdict",
+    [
+        (0.30, 0.40, S.REPRODUCED),
+        (0.06, 0.20, S.PARTLY),
+        (0.00, 0.04, S.NOT_REPRODUCED),
+        (0.20, 0.40, S.INCONCLUSIVE),
+        (0.02, 0.10, S.INCONCLUSIVE),
+        (0.0, 0.5, S.INCONCLUSIVE),
+        (float("nan"), float("nan"), S.INCONCLUSIVE),
+    ],
+)
 def test_interval_verdict_gives_a_band_only_when_the_whole_interval_lies_in_it(low, high, verdict):
     assert S.interval_verdict(S.Interval(0.0, low, high, 10, "bootstrap"), 0.27, 0.05) == verdict
 
 
 def test_interval_verdict_for_rules_where_lower_is_better():
-    ci = S.Interval(0.02, 0.01, 0.03, 10, "bootstrap")       # e.g. a decrease that must stay small
+    ci = S.Interval(0.02, 0.01, 0.03, 10, "bootstrap")  # e.g. a decrease that must stay small
     assert S.interval_verdict(ci, 0.05, 0.10, higher_is_better=False) == S.REPRODUCED
 
 
@@ -56,15 +64,15 @@ def test_crossed_bootstrap_ci_carries_the_spread_across_random_draws():
     from arithlib.core.stats import crossed_bootstrap_ci
 
     rng = np.random.default_rng(0)
-    same = np.tile(rng.random((200, 1)) < 0.5, (1, 10)).astype(float)     # every draw alike
+    same = np.tile(rng.random((200, 1)) < 0.5, (1, 10)).astype(float)  # every draw alike
     differ = same.copy()
-    differ[:, 5:] = 1.0                                                    # half the draws differ
+    differ[:, 5:] = 1.0  # half the draws differ
     a = crossed_bootstrap_ci(lambda d: d.mean(), replicates=same)
     b = crossed_bootstrap_ci(lambda d: d.mean(), replicates=differ)
     assert a.method == b.method == "crossed bootstrap" and a.n == b.n == 200
     assert a.low <= a.estimate <= a.high and b.high - b.low > a.high - a.low
     paired = crossed_bootstrap_ci(lambda h, d: d.mean() - h.mean(), same[:, 0], replicates=same)
-    assert paired.estimate == 0 and paired.low == paired.high == 0      # paired on the prompts
+    assert paired.estimate == 0 and paired.low == paired.high == 0  # paired on the prompts
     with pytest.raises(ValueError, match="prompts"):
         crossed_bootstrap_ci(lambda d: d.mean(), replicates=same[:, 0])
 
@@ -86,9 +94,9 @@ def test_crossed_bootstrap_resamples_rows_and_seeds():
 
 def test_prompts_to_decide_scales_the_side_towards_the_threshold():
     ci = S.Interval(0.30, 0.20, 0.40, 100, "bootstrap")
-    assert S.prompts_to_decide(ci, [0.25]) == 400            # (0.10 / 0.05)^2 x 100
-    assert S.prompts_to_decide(ci, [0.35, 0.25]) == 400      # the farther-reaching side decides both
-    assert S.prompts_to_decide(ci, [0.5]) == 100             # no threshold inside: already decided
+    assert S.prompts_to_decide(ci, [0.25]) == 400  # (0.10 / 0.05)^2 x 100
+    assert S.prompts_to_decide(ci, [0.35, 0.25]) == 400  # the farther-reaching side decides both
+    assert S.prompts_to_decide(ci, [0.5]) == 100  # no threshold inside: already decided
     assert S.prompts_to_decide(S.Interval(0.30, 0.10, 0.32, 50, "bootstrap"), [0.31]) == 200  # upper side 0.02 / 0.01
-    assert S.prompts_to_decide(ci, [0.30]) is None           # the estimate on the threshold
+    assert S.prompts_to_decide(ci, [0.30]) is None  # the estimate on the threshold
     assert S.prompts_to_decide(S.Interval(0.3, float("nan"), 0.4, 10, "none"), [0.35]) is None

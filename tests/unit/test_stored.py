@@ -32,9 +32,9 @@ def test_computed_once_per_key_and_loaded_after(tmp_path):
     first = store("a section", f, code=["methods.patching"], n=3, means={0: torch.ones(2)})
     again = store("a section", f, code=["methods.patching"], n=3, means={0: torch.ones(2)})
     assert f.calls == 1 and again["value"] == first["value"] and torch.equal(again["tensor"], first["tensor"])
-    store("a section", f, code=["methods.patching"], n=4, means={0: torch.ones(2)})            # a parameter
-    store("a section", f, code=["methods.patching"], n=3, means={0: torch.full((2,), 2.0)})    # a tensor's values
-    store("a section", f, code=["core.evaluate"], n=3, means={0: torch.ones(2)})            # other code
+    store("a section", f, code=["methods.patching"], n=4, means={0: torch.ones(2)})  # a parameter
+    store("a section", f, code=["methods.patching"], n=3, means={0: torch.full((2,), 2.0)})  # a tensor's values
+    store("a section", f, code=["core.evaluate"], n=3, means={0: torch.ones(2)})  # other code
     store("another section", f, code=["methods.patching"], n=3, means={0: torch.ones(2)})
     assert f.calls == 5
     assert len(list(tmp_path.glob("*.pkl"))) == 5 and not list(tmp_path.glob("*.tmp"))
@@ -151,8 +151,9 @@ def test_the_key_follows_the_model_weights_and_the_prompts(toy, digit_tokenizer)
     ps = ds.PromptSet.build(ds.zhang_prompts(["+"], (1, 3), 1, seed=0, fewshot=0), digit_tokenizer)
     other_cf = replace(ps, cf_input_ids=[list(reversed(c)) for c in ps.cf_input_ids])
     assert key_value(ps) != key_value(other_cf)  # same prompts, another X_c
-    assert key_value(ps) == key_value(ds.PromptSet.build(ds.zhang_prompts(["+"], (1, 3), 1, seed=0, fewshot=0),
-                                                         digit_tokenizer))
+    assert key_value(ps) == key_value(
+        ds.PromptSet.build(ds.zhang_prompts(["+"], (1, 3), 1, seed=0, fewshot=0), digit_tokenizer)
+    )
     p = next(bridge.parameters())
     with torch.no_grad():
         p.view(-1)[0] += 1.0
@@ -171,9 +172,9 @@ def test_code_fingerprint_covers_the_modules_a_module_imports(tmp_path):
     (tmp_path / "d.py").write_text("Y = 1\n")
     assert module_closure(["a"], tmp_path) == {"__init__", "a", "b", "c"}
     k = code_fingerprint(["a"], tmp_path)
-    (tmp_path / "d.py").write_text("Y = 2\n")   # not imported: same key
+    (tmp_path / "d.py").write_text("Y = 2\n")  # not imported: same key
     assert code_fingerprint(["a"], tmp_path) == k
-    (tmp_path / "c.py").write_text("X = 2\n")   # imported through b: new key
+    (tmp_path / "c.py").write_text("X = 2\n")  # imported through b: new key
     assert code_fingerprint(["a"], tmp_path) != k
 
 
@@ -201,7 +202,7 @@ def test_code_fingerprint_covers_subpackages(tmp_path):
     (tmp_path / "engine" / "passes.py").write_text("from ..datasets import g\nf = 2\n")
     assert code_fingerprint(["a"], tmp_path) != k
     k = code_fingerprint(["a"], tmp_path)
-    (tmp_path / "datasets.py").write_text("g = 2\n")   # imported by the subpackage with two dots
+    (tmp_path / "datasets.py").write_text("g = 2\n")  # imported by the subpackage with two dots
     assert code_fingerprint(["a"], tmp_path) != k
 
 
@@ -212,7 +213,9 @@ def test_a_subpackage_module_is_keyed_by_its_own_code():
 
     passes, heads = (importlib.import_module(m) for m in ("arithlib.engine.passes", "arithlib.plots.heads"))
     assert key_value(passes) == code_fingerprint(["engine/passes"]) != key_value(heads)
-    assert "engine/passes" in module_closure(["engine/passes"]) and "engine/adapter" in module_closure(["engine/passes"])
+    assert "engine/passes" in module_closure(["engine/passes"]) and "engine/adapter" in module_closure(
+        ["engine/passes"]
+    )
 
 
 def test_code_must_be_named(tmp_path):

@@ -16,7 +16,6 @@ import torch
 from safetensors.torch import load_file
 
 import arithlib.core.toy as toy
-from arithlib.run.paths import DATA_DIR
 from arithlib.core.toy import (
     TOY_TEMPLATES,
     TOY_WORDS,
@@ -32,10 +31,19 @@ from arithlib.core.toy import (
     toy_run_dir,
     train_toy,
 )
+from arithlib.run.paths import DATA_DIR
 
 TINY = ToyConfig(
-    n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, d_mlp=64, max_operand=19, max_mul_operand=9,
-    steps=30, batch_size=8, shots=2,
+    n_layers=1,
+    d_model=32,
+    n_heads=2,
+    n_kv_heads=1,
+    d_mlp=64,
+    max_operand=19,
+    max_mul_operand=9,
+    steps=30,
+    batch_size=8,
+    shots=2,
 )
 
 
@@ -243,8 +251,16 @@ def test_cache_api_uses_cache_root(tmp_path, monkeypatch):
     monkeypatch.setenv("ARITHLIB_CACHE", str(tmp_path))
     monkeypatch.setattr(toy, "toy_accuracy_table", lambda *args: {})  # the full evaluation is slow
     cfg = ToyConfig(
-        n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_mlp=32, max_operand=9, max_mul_operand=4,
-        steps=12, batch_size=4, shots=1,
+        n_layers=1,
+        d_model=16,
+        n_heads=2,
+        n_kv_heads=1,
+        d_mlp=32,
+        max_operand=9,
+        max_mul_operand=4,
+        steps=12,
+        batch_size=4,
+        shots=1,
     )
     final = toy_model_dir(cfg, progress=False)
     assert final == tmp_path / "toy" / cfg.key() / "final"
@@ -277,8 +293,9 @@ def test_checkpoints_are_trained_only_as_far_as_asked_and_match_a_full_run(tiny_
 def test_the_default_config_has_shipped_weights_that_match_their_checksums():
     cfg = ToyConfig()
     shipped = toy.shipped_dir(cfg)
-    assert shipped is not None and shipped == DATA_DIR / "toy" / cfg.key(), \
+    assert shipped is not None and shipped == DATA_DIR / "toy" / cfg.key(), (
         f"no shipped toy model for the default config key {cfg.key()} (python -m arithlib.core.toy --ship writes it)"
+    )
     sums = toy.verify_shipped(shipped)
     assert set(sums) == set(toy.SHIPPED_FILES)
     info = json.loads((shipped / toy.TOY_INFO).read_text())
@@ -307,8 +324,10 @@ def test_loading_uses_the_shipped_weights_without_training(shipped_copy, monkeyp
     assert folder == toy_run_dir(cfg) / "shipped" and (folder / toy.COMPLETE_MARKER).exists()
     for name in toy.SHIPPED_FILES:
         assert (folder / name).read_bytes() == (shipped_copy / name).read_bytes()
-    assert json.loads((folder / "weights.json").read_text())["model.safetensors"]["sha256"] == \
-        toy.read_sums(shipped_copy)["model.safetensors"]
+    assert (
+        json.loads((folder / "weights.json").read_text())["model.safetensors"]["sha256"]
+        == toy.read_sums(shipped_copy)["model.safetensors"]
+    )
     assert toy_model_dir(cfg) == folder  # installed once
     assert toy_checkpoint_dir(cfg, cfg.steps) == folder  # the last checkpoint is the shipped model
     from arithlib.core import models

@@ -117,8 +117,18 @@ def test_a_trained_toy_model_records_its_weights(tmp_cache, monkeypatch):
     from arithlib.core import toy
 
     monkeypatch.setattr(toy, "toy_accuracy_table", lambda *args: {})  # the full evaluation is slow
-    cfg = toy.ToyConfig(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_mlp=32, max_operand=9, max_mul_operand=4,
-                        steps=12, batch_size=4, shots=1)
+    cfg = toy.ToyConfig(
+        n_layers=1,
+        d_model=16,
+        n_heads=2,
+        n_kv_heads=1,
+        d_mlp=32,
+        max_operand=9,
+        max_mul_operand=4,
+        steps=12,
+        batch_size=4,
+        shots=1,
+    )
     for folder in toy.toy_checkpoint_dirs(cfg).values():
         record = json.loads((folder / "weights.json").read_text())
         assert set(record) == {"model.safetensors"}
