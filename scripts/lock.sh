@@ -67,7 +67,7 @@ compile() {  # kind, torch requirement, extra uv args...
     [ -n "$LATEST" ] && out="$OUTDIR/latest-$kind.txt"
     echo "$torch" > "$pins"
     echo "[lock] resolving $out"
-    "$UV" pip compile pyproject.toml --extra dev --generate-hashes --no-header --upgrade \
+    "$UV" pip compile pyproject.toml --extra notebooks --extra dev --generate-hashes --no-header --upgrade \
         --python-version "$PY_VERSION" --python-platform "$PLATFORM" \
         -c "$pins" ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"} "$@" -o "$out.tmp" --quiet
     {

@@ -47,7 +47,8 @@ def test_locks_agree_and_satisfy_pyproject():
     assert {n for n in shared if cpu[n][0] != cuda[n][0]} == {"torch"}
     assert cpu["torch"][0].split("+")[0] == cuda["torch"][0]
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for spec in project["dependencies"] + project["optional-dependencies"]["dev"]:
+    extras = project["optional-dependencies"]
+    for spec in project["dependencies"] + extras["notebooks"] + extras["dev"]:
         req = Requirement(spec)
         version = cpu[canonicalize_name(req.name)][0].split("+")[0]
         assert req.specifier.contains(version, prereleases=True), f"lock has {req.name}=={version}, pyproject {spec}"
