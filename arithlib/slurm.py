@@ -252,8 +252,9 @@ def notebook_job(args: argparse.Namespace, path: str, params: dict[str, object])
     status = runner.run()
     for row in runner.rows:  # for the model's timings.csv, written by its report job
         write_text(out / "slurm" / "rows" / f"{name}.json", json.dumps({**row, "t0": runner.t0}) + "\n")
-    shutil.rmtree(staging, ignore_errors=True) if status == 0 else None
-    if status != 0:
+    if status == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+    else:
         raise RuntimeError(f"notebook {name} failed (exit status {status}); its log: {out / name}.log")
 
 
@@ -331,8 +332,9 @@ def submit(runs: list[tuple[argparse.Namespace, Any]], opts: argparse.Namespace)
     try:
         reports: list[str] = []
         for args, plan, stale, deps, res in plans:
-            rn.seed_scratch(plan.figures / args.model.replace("/", "__"),
-                            rn.ROOT / "figures" / args.model.replace("/", "__")) if plan.changes and not plan.explicit else None
+            safe = args.model.replace("/", "__")
+            if plan.changes and not plan.explicit:  # as a local run: a new scratch folder starts as the committed one
+                rn.seed_scratch(plan.figures / safe, rn.ROOT / "figures" / safe)
             logs = Path(args.out) / "slurm" / "logs"
             ex = submitit.SlurmExecutor(folder=logs, max_num_timeout=0)
             ids: dict[str, str] = {}
@@ -343,7 +345,7 @@ def submit(runs: list[tuple[argparse.Namespace, Any]], opts: argparse.Namespace)
                 if after:
                     params["additional_parameters"] = {"dependency": "afterok:" + ":".join(after),
                                                        **params["additional_parameters"]}
-                ex.update_parameters(job_name=f"{args.model}:{name[:2]}", **params)
+                ex.update_parameters(job_name=f"{Path(args.model).name}:{name[:2]}", **params)
                 path = next(p for p in plan.paths if p.stem == name)
                 job = ex.submit(notebook_job, args, str(path), plan.by_notebook.get(name, {}))
                 ids[name] = job.job_id
@@ -354,7 +356,7 @@ def submit(runs: list[tuple[argparse.Namespace, Any]], opts: argparse.Namespace)
                 if ids:
                     params["additional_parameters"] = {"dependency": "afterok:" + ":".join(ids.values()),
                                                        **params["additional_parameters"]}
-                ex.update_parameters(job_name=f"{args.model}:report", **params)
+                ex.update_parameters(job_name=f"{Path(args.model).name}:report", **params)
                 job = ex.submit(report_job, args, [str(p) for p in plan.paths], stale)
                 reports.append(job.job_id)
                 mine.append(JobRecord(args.model, "report", job.job_id, str(job.paths.stdout), "", list(ids.values())))
