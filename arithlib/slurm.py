@@ -36,7 +36,7 @@ from arithlib.atomic import write_text
 #: Memory and time of a job whose notebook has no earlier run (MiB, minutes).
 DEFAULT_MEM_MIB = 8192
 DEFAULT_MINUTES = 240
-#: A measured run's peak memory and time, times these, plus the floors below.
+#: A job asks for its notebook's last peak memory and time times these, at least the floors below.
 MEM_MARGIN, TIME_MARGIN = 1.5, 2.0
 MIN_MEM_MIB, MIN_MINUTES = 2048, 10
 #: Slurm states of a job that has not ended.
@@ -53,6 +53,10 @@ class Resources:
 
     mem_mib: int
     minutes: int
+
+
+#: What a report job and the cross-model job ask for.
+REPORT_JOB = Resources(MIN_MEM_MIB, 30)
 
 
 @dataclass
@@ -184,16 +188,19 @@ def check_slurm(partition: Optional[str]) -> None:
                              f"{', '.join(n.rstrip('*') for n in names) or 'none listed'})")
 
 
-def sbatch_options(res: Resources, opts: argparse.Namespace) -> dict[str, Any]:
+def sbatch_options(res: Resources, opts: argparse.Namespace, after: Optional[list[str]] = None,
+                   gpus: bool = True) -> dict[str, Any]:
     """The sbatch options of a job asking for ``res`` (overridden by ``--time`` and
-    ``--slurm-arg``), as submitit's SlurmExecutor parameters."""
-    extra = {"kill-on-invalid-dep": "yes", **({"time": opts.time} if opts.time else {}), **opts.slurm_args}
+    ``--slurm-arg``), starting once the jobs ``after`` succeeded, with ``--gpus-per-job``
+    GPUs unless not ``gpus``: submitit's SlurmExecutor parameters."""
+    extra = {"kill-on-invalid-dep": "yes", **({"dependency": "afterok:" + ":".join(after)} if after else {}),
+             **({"time": opts.time} if opts.time else {}), **opts.slurm_args}
     params: dict[str, Any] = dict(mem=f"{res.mem_mib}M", time=res.minutes, cpus_per_task=max(1, opts.threads),
                                   additional_parameters=extra, use_srun=False)
     for key in ("partition", "account"):
         if getattr(opts, key):
             params[key] = getattr(opts, key)
-    if opts.gpus_per_job:
+    if opts.gpus_per_job and gpus:
         params["gpus_per_node"] = opts.gpus_per_job
     return params
 
@@ -206,7 +213,7 @@ def test_submission(res: Resources, opts: argparse.Namespace) -> None:
            f"--cpus-per-task={p['cpus_per_task']}", "--output=/dev/null"]
     cmd += [f"--{k}={p[k]}" for k in ("partition", "account") if k in p]
     cmd += [f"--gpus-per-node={p['gpus_per_node']}"] if "gpus_per_node" in p else []
-    cmd += [f"--{k}={v}" for k, v in p["additional_parameters"].items() if k != "kill-on-invalid-dep"]
+    cmd += [f"--{k}={v}" for k, v in p["additional_parameters"].items() if k not in ("kill-on-invalid-dep", "dependency")]
     done = subprocess.run(cmd, input="#!/bin/sh\ntrue\n", capture_output=True, text=True)
     if done.returncode != 0:
         raise SlurmError(f"Slurm refuses the jobs: {_message(done.stderr + done.stdout)}")
@@ -341,32 +348,23 @@ def submit(runs: list[tuple[argparse.Namespace, Any]], opts: argparse.Namespace)
             mine: list[JobRecord] = []
             for name in stale:
                 after = [ids[d] for d in deps[name] if d in ids]
-                params = sbatch_options(res[name], opts)
-                if after:
-                    params["additional_parameters"] = {"dependency": "afterok:" + ":".join(after),
-                                                       **params["additional_parameters"]}
-                ex.update_parameters(job_name=f"{Path(args.model).name}:{name[:2]}", **params)
+                ex.update_parameters(job_name=f"{Path(args.model).name}:{name[:2]}",
+                                     **sbatch_options(res[name], opts, after))
                 path = next(p for p in plan.paths if p.stem == name)
                 job = ex.submit(notebook_job, args, str(path), plan.by_notebook.get(name, {}))
                 ids[name] = job.job_id
                 mine.append(JobRecord(args.model, name, job.job_id, str(job.paths.stdout),
                                       str(Path(args.out) / f"{name}.log"), after))
             if opts.report:
-                params = sbatch_options(Resources(MIN_MEM_MIB, 30), opts)
-                if ids:
-                    params["additional_parameters"] = {"dependency": "afterok:" + ":".join(ids.values()),
-                                                       **params["additional_parameters"]}
-                ex.update_parameters(job_name=f"{Path(args.model).name}:report", **params)
+                ex.update_parameters(job_name=f"{Path(args.model).name}:report",
+                                     **sbatch_options(REPORT_JOB, opts, list(ids.values()), gpus=False))
                 job = ex.submit(report_job, args, [str(p) for p in plan.paths], stale)
                 reports.append(job.job_id)
                 mine.append(JobRecord(args.model, "report", job.job_id, str(job.paths.stdout), "", list(ids.values())))
             records += mine
         if opts.report:
             args = runs[0][0]
-            params = sbatch_options(Resources(MIN_MEM_MIB, 30), opts)
-            params["additional_parameters"] = {"dependency": "afterok:" + ":".join(reports),
-                                               **params["additional_parameters"]}
-            ex.update_parameters(job_name="cross-model", **params)
+            ex.update_parameters(job_name="cross-model", **sbatch_options(REPORT_JOB, opts, reports, gpus=False))
             job = ex.submit(cross_job, args.figures)
             records.append(JobRecord("(all)", "cross-model", job.job_id, str(job.paths.stdout), "", reports))
     except Exception as err:  # Slurm refused a job: take back those queued

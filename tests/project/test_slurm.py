@@ -114,6 +114,8 @@ def test_sbatch_options_take_the_overrides():
     assert params["cpus_per_task"] == 8 and params["mem"] == "4096M" and params["time"] == 30
     extra = params["additional_parameters"]  # sbatch reads these after submitit's own: they win
     assert extra == {"kill-on-invalid-dep": "yes", "time": "12:00:00", "qos": "high", "mem": "64G"}
+    report = slurm.sbatch_options(slurm.REPORT_JOB, opts, ["11", "12"], gpus=False)
+    assert "gpus_per_node" not in report and report["additional_parameters"]["dependency"] == "afterok:11:12"
 
 
 @pytest.mark.parametrize("bad,message", [
