@@ -228,7 +228,10 @@ def test_the_toy_models_quick_run_through_slurm_gives_the_local_tables(cluster, 
     assert any(n.startswith("05_") for n in tables) and any(n.startswith("06_") for n in tables)
     assert "different" not in compared.stdout and compared.stdout.strip().endswith("tables)"), compared.stdout
     fig = tmp_path / "slurm" / "toy-arith"
-    assert (fig / "REPORT.md").is_file() and (tmp_path / "slurm" / "CROSS_MODEL.md").is_file()
+    assert (fig / "REPORT.md").is_file()
+    ended = [line.split() for line in queued.stdout.splitlines() if line.startswith(("toy-arith ", "(all) "))]
+    assert [(e[1], e[4]) for e in ended] == [("05_lora_mechanism", "COMPLETED"), ("06_pruning", "COMPLETED"),
+                                             ("report", "COMPLETED"), ("cross-model", "COMPLETED")]
     rows = {r.split(",")[0]: r.split(",") for r in (fig / "timings.csv").read_text().splitlines()[1:]}
     assert rows["05_lora_mechanism"][2] == "ran" and rows["06_pruning"][2] == "ran"
     keys = [(tmp_path / out / "06_pruning.key").read_text() for out in ("local_out", "slurm_out")]
