@@ -258,7 +258,7 @@ def test_a_failing_job_stops_its_dependants_and_a_resubmission_runs_what_is_left
     _notebook(nb / "01_b.ipynb", _table("01_b", reads="00_a"))  # the fix
     second = _run(*common, "--wait")
     assert second.returncode == 0, second.stdout + second.stderr
-    queued = [line.split()[2].rstrip(":") for line in second.stdout.splitlines() if "Slurm job" in line]
+    queued = [line.split()[2].rstrip(":") for line in second.stdout.splitlines() if ": Slurm job " in line]
     assert queued == ["01_b", "02_c"]
     assert "00_a" in second.stdout and "up to date (not submitted)" in second.stdout
     assert all((tmp_path / "fig" / "toy-arith" / f"{n}.csv").is_file() for n in ("00_a", "01_b", "02_c", "03_d"))
