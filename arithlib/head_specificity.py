@@ -28,8 +28,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from .cna import read_head_sweep
 from .components import Head
-from .outputs import read_table
 from .papers import NOISE_GAP
 
 #: The operator whose decrease a specific head leaves small (Yu Table 1: 2D * under 17^22).
@@ -62,11 +62,12 @@ def candidate_heads(sweep: str | Path | pd.DataFrame, groups: Mapping[str, Seque
                     n_digits: int = 1) -> dict[str, list[Head]]:
     """Per group, the heads of notebook 01's exact sweep (``01_yu_head_sweep``: each
     setting's screened top heads on all its prompts) whose ``n_digits``-digit accuracy drop
-    is > 0 on at least one of the group's operators, in (layer, head) order. A head the
+    is > 0 on at least one of the group's operators, in (layer, head) order (the sweep read
+    as :func:`arithlib.cna.select_key_heads` reads it). A head the
     sweep did not re-measure on an operator is measured there by :func:`head_patterns`'s
     caller, not assumed."""
-    frame = read_table(sweep) if not isinstance(sweep, pd.DataFrame) else sweep
-    one = frame[frame["n_digits"] == int(n_digits)]
+    one = read_head_sweep(sweep)
+    one = one[one["n_digits"] == int(n_digits)]
     out = {}
     for g, ops in groups.items():
         sub = one[one["op"].isin(list(ops)) & (one["accuracy_drop"] > 0)]
