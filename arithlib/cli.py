@@ -38,13 +38,11 @@ class Bad(Exception):
 
 def _run_notebooks():
     """``scripts/run_notebooks.py`` as a module (it needs a checkout, not only the package)."""
+    from arithlib.paths import script_module
+
     if not (SCRIPTS / "run_notebooks.py").is_file():
         raise Bad(f"the run command needs a checkout of the repository ({SCRIPTS}/run_notebooks.py not found)")
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    import run_notebooks
-
-    return run_notebooks
+    return script_module("run_notebooks")
 
 
 # --------------------------------------------------------------------------- what --help lists

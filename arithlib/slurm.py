@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from arithlib.atomic import write_text
+from arithlib.paths import script_module
 
 #: Memory and time of a job whose notebook has no earlier run (MiB, minutes).
 DEFAULT_MEM_MIB = 8192
@@ -150,8 +151,7 @@ def to_run(rn: Any, args: argparse.Namespace, plan: Any) -> tuple[list[str], dic
         for name in order(deps):
             params = rn.notebook_key_parameters(run_params, plan.by_notebook.get(name, {}))
             key = rn.run_key(selected[name], Path(tmp), params)
-            stored = Path(args.out) / f"{name}.key"
-            if args.force or not stored.is_file() or stored.read_text().strip() != key:
+            if not rn.up_to_date(Path(args.out), name, key, args.force):
                 stale.append(name)
             (Path(tmp) / f"{name}.key").write_text(key + "\n")
     return stale, deps
@@ -241,18 +241,10 @@ def states(job_ids: list[str]) -> dict[str, str]:
 # --------------------------------------------------------------------------- inside the jobs
 
 
-def _script(name: str) -> Any:
-    """``scripts/NAME.py`` of this checkout as a module."""
-    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    return __import__(name)
-
-
 def notebook_job(args: argparse.Namespace, path: str, params: dict[str, object]) -> None:
     """A job: run one notebook as the local executor does; raises when it fails (the job
     then ends FAILED and Slurm cancels its dependants)."""
-    rn = _script("run_notebooks")
+    rn = script_module("run_notebooks")
     name, out = Path(path).stem, Path(args.out)
     staging = out / "staging" / f"slurm-{os.environ.get('SLURM_JOB_ID', os.getpid())}"
     runner = rn.Runner(args, [Path(path)], {name: params}, staging=staging, timings=False)
@@ -267,7 +259,7 @@ def notebook_job(args: argparse.Namespace, path: str, params: dict[str, object])
 
 def report_job(args: argparse.Namespace, paths: list[str], ran: list[str]) -> None:
     """A job: the model's timings.csv (the notebooks of ``ran`` as run now) and its report."""
-    rn = _script("run_notebooks")
+    rn = script_module("run_notebooks")
     out = Path(args.out)
     runner = rn.Runner(args, [Path(p) for p in paths], {}, staging=out / "staging" / "report", timings=False)
     rows = [json.loads((out / "slurm" / "rows" / f"{n}.json").read_text()) for n in ran
@@ -286,7 +278,7 @@ def report_job(args: argparse.Namespace, paths: list[str], ran: list[str]) -> No
 def cross_job(figures: str) -> None:
     """A job: the findings across the models of ``figures`` (and the README's table when
     ``figures`` is the repository's own)."""
-    rn = _script("run_notebooks")
+    rn = script_module("run_notebooks")
     readme = ["--readme", str(rn.ROOT / "README.md")] if Path(figures).resolve() == (rn.ROOT / "figures").resolve() else []
     if subprocess.call([sys.executable, "-m", "arithlib.report", "--cross-in", figures, *readme], cwd=rn.ROOT):
         raise RuntimeError(f"the findings across the models of {figures} failed")
@@ -306,7 +298,7 @@ def _records(args: argparse.Namespace) -> list[JobRecord]:
 
 def check_idle(runs: list[tuple[argparse.Namespace, Any]]) -> None:
     """No local run holds a model's folders and no job of the last submission is still queued."""
-    rn = _script("run_notebooks")
+    rn = script_module("run_notebooks")
     for args, plan in runs:
         try:
             for lock in rn.lock_all([plan.out, plan.figures / args.model.replace("/", "__")]):
@@ -325,7 +317,7 @@ def submit(runs: list[tuple[argparse.Namespace, Any]], opts: argparse.Namespace)
     :class:`SlurmError` (and nothing queued) when Slurm refuses a job."""
     import submitit
 
-    rn = _script("run_notebooks")
+    rn = script_module("run_notebooks")
     check_slurm(opts.partition)
     plans = []
     for args, plan in runs:

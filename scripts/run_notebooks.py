@@ -433,8 +433,8 @@ class Runner:
             nb = self.notebooks[name]
             params = notebook_key_parameters(self.params, nb.params)
             key = self.keys[name] = run_key(nb.path, self.out, params)
-            kfile, sfile = self.out / f"{name}.key", self.out / f"{name}.seconds"
-            if not self.args.force and kfile.is_file() and kfile.read_text().strip() == key:
+            sfile = self.out / f"{name}.seconds"
+            if up_to_date(self.out, name, key, self.args.force):
                 self.pending.remove(name)
                 self.rows.append({"notebook": name, "status": "cached",
                                   "seconds": sfile.read_text().strip() if sfile.is_file() else "NA"})
@@ -565,6 +565,13 @@ def key_parameters(args: argparse.Namespace) -> list[str]:
 def notebook_key_parameters(run_params: list[str], notebook_params: dict[str, object]) -> list[str]:
     """:func:`key_parameters` with one notebook's ``--param`` values added."""
     return run_params + [f"{k}={v!r}" for k, v in sorted(notebook_params.items())]
+
+
+def up_to_date(out: Path, name: str, key: str, force: bool) -> bool:
+    """Whether notebook ``name``'s last successful run (its key in ``out``) has ``key``;
+    never with ``force`` (--force)."""
+    kfile = out / f"{name}.key"
+    return not force and kfile.is_file() and kfile.read_text().strip() == key
 
 
 def placement_parameters(dtype: str, device_map) -> dict[str, object]:
