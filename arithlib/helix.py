@@ -7,7 +7,8 @@ Use Trigonometry to Do Addition", arXiv:2502.00873; their code: subhashk01/LLM-a
     B(a) = [a / a_max, cos(2 pi a / T_1), sin(2 pi a / T_1), ..., cos(2 pi a / T_P), sin(2 pi a / T_P), 1]
 
 (:func:`helix_basis`; periods T = 2, 5, 10, 100 in the paper), so the helix has 2P + 1
-dimensions besides the constant. **Fit** (:func:`fit_helix`, as the authors' code): the
+dimensions besides the constant (on integers sin(2 pi a / 2) = 0, so one of them is empty,
+as in the authors' basis; the least squares below handle the rank deficiency). **Fit** (:func:`fit_helix`, as the authors' code): the
 activations X [n, d] (one row per prompt, the residual stream at a's token) are centred
 and projected on their top ``n_pca`` principal components, the projections are
 regressed on B(a) by least squares (one linear map C), and the fit of a number is
@@ -112,8 +113,8 @@ def fit_helix(X: np.ndarray | torch.Tensor, a: Sequence[float] | np.ndarray, per
 def fit_helix_literal(X: np.ndarray, a: np.ndarray, periods: Sequence[float] = KT_PERIODS, n_pca: int = KT_N_PCA,
                       a_max: float | None = None) -> np.ndarray:
     """The fitted activations of the rows of ``X``, computed one PCA coordinate at a time
-    as the authors' code does (one regression per coordinate, normal equations): the
-    reference that :func:`fit_helix` is tested equal to."""
+    as the authors' code does (one regression per coordinate, eigenvectors of the
+    covariance for the PCA): the reference that :func:`fit_helix` is tested equal to."""
     x = np.asarray(X, dtype=np.float64)
     mean = x.mean(0)
     cov = (x - mean).T @ (x - mean)
@@ -124,8 +125,8 @@ def fit_helix_literal(X: np.ndarray, a: np.ndarray, periods: Sequence[float] = K
     coords = (x - mean) @ comps.T
     B = helix_basis(a, periods, a_max)
     pred = np.zeros_like(coords)
-    for j in range(coords.shape[1]):
-        beta = np.linalg.solve(B.T @ B, B.T @ coords[:, j])
+    for j in range(coords.shape[1]):  # sin(2 pi a / 2) = 0 for integers: B is rank-deficient, so least squares
+        beta, *_ = np.linalg.lstsq(B, coords[:, j], rcond=None)
         pred[:, j] = B @ beta
     return mean + pred @ comps
 
