@@ -88,16 +88,16 @@ seed = 0
 out_dir = "../outputs/scratch/figures"  # run_all.sh passes the committed figures/ (or its own scratch)
 fewshot = 2              # solved examples in the prefix of every prompt
 threads = 0              # torch CPU threads (0: torch's default)
-max_operand = 99         # numbers a = 0..max_operand (Kantamneni & Tegmark: 0..99)
+max_operand = 99         # numbers a = 0..max_operand (Kantamneni and Tegmark: 0..99)
 n_fit_b = 8              # values of b in the prompts the spectra and the helix are fitted on
 n_patch_b = 8            # other values of b in the patched prompts
-n_pairs = 200            # patched (a, a', b) pairs (K&T: 100 per layer)
-periods = [2, 5, 10, 100]  # helix periods (K&T)
-n_pca = 100              # principal components the helix is fitted in (K&T's NUM_PCA)
+n_pairs = 100            # patched pairs (a, a2, b) (Kantamneni and Tegmark: 100 per layer)
+periods = [2, 5, 10, 100]  # helix periods (Kantamneni and Tegmark)
+n_pca = 100              # principal components the helix is fitted in (their NUM_PCA)
 n_shuffles = 200         # shuffled-number null of each spectrum
 low_min_period = 20      # a frequency is "low" when its period is at least this (ours, stated in advance)
 n_filter = 400           # prompts of the filter runs
-n_neuron_fit = 1000      # "a+b=" prompts the neuron fits use
+n_neuron_fit = 1000      # prompts a+b= that the neuron fits use
 n_random_neurons = 64    # random neurons per layer: the bridge's null
 batch_size = 64
 use_cache = True         # store each long section in ~/.cache/arithlib/sections: a stopped run resumes there

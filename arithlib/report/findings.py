@@ -187,8 +187,9 @@ FINDINGS: tuple[Finding, ...] = (
             "the layers; share = mean helix effect / mean layer effect, and (helix - PCA) / layer, 95 % bootstrap "
             f"intervals over pairs; reproduced if the share's interval lies >= {KT_HELIX_SHARE:.0%} and helix "
             "minus PCA > 0; partly if one of the two holds; not reproduced if neither; inconclusive when an "
-            "interval straddles a threshold the verdict depends on; not applicable when the layer patch itself "
-            "does not move the answer (its interval reaches 0)",
+            "interval straddles a threshold the verdict depends on, or when the layer patch's own mean effect has an "
+            "interval reaching 0; not applicable when that interval lies at or below 0 (the layer patch does not "
+            "move the answer)",
             "09", _kantamneni_helix_patch, figures=("09_helix_patch",)),
     Finding("zhou_fourier_features", "zhou", "Sec. 3-4 (Fourier features of number embeddings)",
             "A pre-trained model's number representations are sparse in the frequency domain, with periods 2, 2.5, "

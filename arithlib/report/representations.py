@@ -34,10 +34,15 @@ def _kantamneni_helix_patch(t: Tables) -> Outcome:
         raise NotRun(f"09_helix_patch_prompts lacks the methods {sorted(need)}: {RERUN_09}")
     lay, hel, pca = (wide[m][early].sum(1).to_numpy() for m in ("layer", "helix", "pca"))
     lay_ci = bootstrap_ci(np.mean, lay)
-    if not lay_ci.low > 0:
-        raise NotApplicable(f"patching the whole layer does not move the answer toward a'+b in layers 0-{early[-1]} "
-                            f"(mean logit difference {lay_ci.estimate:.3g} [{lay_ci.low:.3g}, {lay_ci.high:.3g}])")
+    lay_text = (f"the layer patch's mean logit difference in layers 0-{early[-1]} {lay_ci.estimate:.3g} "
+                f"[{lay_ci.low:.3g}, {lay_ci.high:.3g}]")
+    if not lay_ci.high > 0:
+        raise NotApplicable(f"patching the whole layer does not move the answer toward a'+b: {lay_text}")
     share = bootstrap_ci(lambda h, ly: float(h.mean() / ly.mean()), hel, lay)
+    if not lay_ci.low > 0:  # the premise itself is uncertain: a share of an effect that may be 0 decides nothing
+        return Outcome(f"{lay_text} reaches 0 ({lay_ci.n} pairs): the share restored is not yet defined", INCONCLUSIVE,
+                       {"helix_share": share.estimate, "layer_effect": lay_ci.estimate}, share,
+                       thresholds=(KT_HELIX_SHARE,))
     diff = bootstrap_ci(lambda h, q, ly: float((h.mean() - q.mean()) / ly.mean()), hel, pca, lay)
     grade = lambda big, better: (REPRODUCED if big and better else PARTLY if big or better  # noqa: E731
                                  else NOT_REPRODUCED)
@@ -71,6 +76,8 @@ def _embedding_zhou(t: Tables) -> tuple[Interval, float, int]:
 def _zhou_fourier_features(t: Tables) -> Outcome:
     """A pre-trained model's number embeddings put their Fourier power at periods 2, 2.5,
     5 and 10 far beyond the shuffled null."""
+    if not t.has("09_band_shares"):
+        raise NotRun("09_band_shares missing: run notebook 09")
     init = _number_init(t)
     if init != "pretrained":
         raise NotApplicable(f"the claim is about pre-trained models; this model's number embeddings are {init!r} "
@@ -90,6 +97,8 @@ def _zhou_fourier_features(t: Tables) -> Outcome:
 def _zhou_scratch(t: Tables) -> Outcome:
     """A model trained from scratch on arithmetic, its numbers starting unordered, has no
     excess power at periods 2..10."""
+    if not t.has("09_band_shares"):
+        raise NotRun("09_band_shares missing: run notebook 09")
     init = _number_init(t)
     if init == "pretrained":
         raise NotApplicable("a pre-trained model: the claim is about models trained from scratch")
