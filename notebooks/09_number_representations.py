@@ -16,6 +16,8 @@
 # %% [markdown]
 # # 09 · Number representations: Fourier features, the helix, and the heuristic neurons that read them
 #
+# **Results** (qwen2.5-coder-0.5b, the committed run): [this notebook executed, with its outputs](../figures/qwen2.5-coder-0.5b/notebooks/09_number_representations.ipynb) · [its section of the report](../figures/qwen2.5-coder-0.5b/REPORT.md#notebook-09)
+#
 # **Running it.** Run as it is (Run All) this notebook writes to `outputs/scratch/figures/<model>/`
 # (first made as a copy of the committed `figures/<model>/`, whose notebook-03 tables it reads),
 # never to the committed `figures/`. Its cost on qwen2.5-coder-0.5b (2-core CPU) is estimated in
