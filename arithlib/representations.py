@@ -9,7 +9,7 @@ with recording hooks (:func:`collect_at_positions`), patches through the fast pa
 answer-position runner (:func:`filtering_run`).
 
 Numbers and positions: a prompt is Nikankin's "{a}+{b}=" with the notebook's few-shot
-prefix. Number a is read at its **last token** (:func:`operand_positions`): the whole
+prefix. Number a is read at its **last token** (:func:`last_token_positions`): the whole
 number on a model with one token per number, its last digit on a per-digit tokenizer
 (the open case neither paper covers).
 """
@@ -83,7 +83,7 @@ def with_answer(record: PromptRecord, answer: int) -> PromptRecord:
     return replace(record, answer=int(answer), answer_text=str(answer))
 
 
-def operand_positions(prompts: PromptSet) -> np.ndarray:
+def last_token_positions(prompts: PromptSet) -> np.ndarray:
     """Position of the last token of operand a in each prompt [N]."""
     return np.array([found["A"][-1] for found in locate_operands(prompts)], dtype=np.int64)
 

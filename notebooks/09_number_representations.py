@@ -159,7 +159,7 @@ t0, r0 = time.time(), store.reused_seconds
 b_all = rng.permutation(max_operand + 1)
 fit_bs, patch_bs = sorted(b_all[:n_fit_b].tolist()), sorted(b_all[n_fit_b:n_fit_b + n_patch_b].tolist())
 prompts = ds.PromptSet.build(RP.addition_records(range(max_operand + 1), fit_bs + patch_bs, fewshot), tok)
-pos = RP.operand_positions(prompts)
+pos = RP.last_token_positions(prompts)
 acts, pred = store("09 operand activations", lambda: RP.collect_at_positions(bridge, prompts, pos, layers, batch_size),
                    code=[RP], model=bridge, prompts=prompts, layers=layers)
 correct = (pred == prompts.first_answer_ids).numpy()
@@ -297,11 +297,15 @@ if has03:
     nl = single + 1
     rand = {L: sorted(rng.choice(info.d_mlp, min(n_random_neurons, info.d_mlp), replace=False).tolist())
             for L in sorted(cn.layer.unique())}
+    bases, nulls = {}, {}  # by frequency set, and by (layer, frequency set): each computed once
     for r in cn.itertuples():
-        ks = RP.rule_frequencies(str(r.best_heuristic), str(r.best_kind), nl, fbands)
-        basis = RP.fourier_directions(U, ks)
+        ks = tuple(RP.rule_frequencies(str(r.best_heuristic), str(r.best_kind), nl, fbands))
+        basis = bases[ks] = bases[ks] if ks in bases else RP.fourier_directions(U, ks)
         share = np.mean([RP.direction_share(w, basis)[0] for w in RP.neuron_input_weights(bridge, int(r.layer), [int(r.neuron)])])
-        null = np.mean([RP.direction_share(w, basis) for w in RP.neuron_input_weights(bridge, int(r.layer), rand[r.layer])], 0)
+        if (r.layer, ks) not in nulls:
+            nulls[r.layer, ks] = np.mean([RP.direction_share(w, basis)
+                                          for w in RP.neuron_input_weights(bridge, int(r.layer), rand[r.layer])], 0)
+        null = nulls[r.layer, ks]
         bridge_rows.append({"layer": int(r.layer), "neuron": int(r.neuron), "heuristic": r.best_heuristic, "kind": r.best_kind,
                             "frequencies": " ".join(map(str, ks)), "share": share, "random_share": null.mean(),
                             "ratio": share / null.mean() if null.mean() > 0 else np.nan})

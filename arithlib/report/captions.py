@@ -28,6 +28,15 @@ CAPTIONS: dict[str, str] = {
         "Per layer, the cosine of each MLP's write with the answer's unembedding (middle panel, solid green: "
         "the curve the verdict reads; dashed: the literal MLP_out - MLP_in, shown for comparison), with the "
         "operands' cosines (left) and the excess over other numbers (right); bands: 95 % intervals over prompts."),
+    "09_helix_patch": (
+        "Share of the whole layer patch's effect restored when the residual stream at a's last token is "
+        "replaced by the helix fit of a' (thick), by its projection on the top principal components or a random "
+        "subspace of the helix's dimension, or by the helix without one period, per layer; bands: 95 % "
+        "intervals over prompt pairs."),
+    "09_spectra": (
+        "Share of the Fourier power over the numbers at each period (log scale): the single-token numbers' "
+        "embedding, then the residual stream at a's last token entering each layer; dashed: the 95th "
+        "percentile of the same share with the numbers shuffled."),
     "08_sft_comparison": (
         "Precise SFT of the top heads beside full SFT: accuracy on held-out arithmetic and word problems "
         "(left), factual recall and language-model loss as general ability (middle), and the parameters each "
