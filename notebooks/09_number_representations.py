@@ -130,21 +130,21 @@ if threads:
     torch.set_num_threads(threads)
 if quick:
     n_fit_b, n_patch_b, n_pairs, n_shuffles, n_filter, n_neuron_fit, n_random_neurons = 4, 4, 48, 50, 100, 300, 16
-run = start_run("09_number_representations", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map,
-                fewshot=fewshot, threads=threads, max_operand=max_operand, n_fit_b=n_fit_b, n_patch_b=n_patch_b,
-                n_pairs=n_pairs, periods=periods, n_pca=n_pca, n_shuffles=n_shuffles, low_min_period=low_min_period,
-                n_filter=n_filter, n_neuron_fit=n_neuron_fit, n_random_neurons=n_random_neurons)
-bridge, tok, info = run.bridge, run.tokenizer, run.model.info
-store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)
-timings, reused = {}, {}
-rng = np.random.default_rng(seed)
-if model == "toy-arith":
+if model == "toy-arith":  # how the number embeddings started: Fourier features planted at init, or pre-trained
     from arithlib.toy import ToyConfig
     number_init = ToyConfig().number_init
 else:
     number_init = "pretrained"
+run = start_run("09_number_representations", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map,
+                fewshot=fewshot, threads=threads, max_operand=max_operand, n_fit_b=n_fit_b, n_patch_b=n_patch_b,
+                n_pairs=n_pairs, periods=periods, n_pca=n_pca, n_shuffles=n_shuffles, low_min_period=low_min_period,
+                n_filter=n_filter, n_neuron_fit=n_neuron_fit, n_random_neurons=n_random_neurons, number_init=number_init)
+bridge, tok, info = run.bridge, run.tokenizer, run.model.info
+store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)
+timings, reused = {}, {}
+rng = np.random.default_rng(seed)
 single = ds.single_token_max(tok)
-run.record(number_init=number_init, single_token_max=single)
+run.record(single_token_max=single)
 layers = list(range(info.n_layers))
 print(info, f"| one token per number up to {single} | number embeddings: {number_init}")
 

@@ -473,14 +473,14 @@ OURS: dict[str, dict[str, Getter]] = {
                         f"{_nb(P, '09')['n_pca']} principal components; {_quick(P, '09')}"),
     "zhou_fourier_features": dict(
         model=lambda P: _model(P, "09"),
-        prompts=lambda P: f"the embeddings of the single-token numbers 0..{_nb(P, '09')['single_token_max']}",
+        prompts=lambda P: "the embeddings of the single-token numbers (0..999 on the toy model, 0..9 per digit)",
         positions=lambda P: "the embedding matrix (the residual stream by layer is shown, not judged)",
         metric=lambda P: f"share of Fourier power at periods 2, 2.5, 5, 10 against {_nb(P, '09')['n_shuffles']} "
                          "shuffles of the numbers",
         scale=lambda P: _quick(P, "09")),
     "zhou_scratch_low_frequency": dict(
         model=lambda P: f"{_model(P, '09')}; number embeddings {_nb(P, '09')['number_init']}",
-        prompts=lambda P: f"the embeddings of the single-token numbers 0..{_nb(P, '09')['single_token_max']}",
+        prompts=lambda P: "the embeddings of the single-token numbers",
         positions=lambda P: "the embedding matrix", metric=lambda P: "as zhou_fourier_features",
         scale=lambda P: _quick(P, "09")),
 }

@@ -120,7 +120,7 @@ def test_yu_sweep_and_cna_entries_describe_only_the_method_their_run_used():
 
 def _current_params() -> dict:
     """Each notebook's params as a run of today's notebooks records them: the keywords of
-    its ``params = dict(...)``, ``start_run(...)`` and ``run.record(...)`` (values: the parameters cell's
+    its ``params = dict(...)`` and ``start_run(...)`` (values: the parameters cell's
     defaults, literals, else None) plus what every run adds (model, model_info, device,
     dtype)."""
     import ast
@@ -144,7 +144,7 @@ def _current_params() -> dict:
                 call = node.value if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in
                                                                        node.targets] == ["params"] else node
                 if isinstance(call, ast.Call) and (call is not node or getattr(call.func, "id", getattr(
-                        call.func, "attr", "")) in ("start_run", "record")):  # run.record(...): known once loaded
+                        call.func, "attr", "")) == "start_run"):
                     for kw in (k for k in call.keywords if k.arg):
                         try:  # names of parameters, literals, list(...) of them; anything else None
                             recorded[kw.arg] = eval(compile(ast.Expression(kw.value), "<kw>", "eval"),
