@@ -5,6 +5,8 @@
 #   ./run_all.sh --help      every option with its default, the models and the notebooks
 #   ./run_all.sh [--model NAME] [--device auto|cpu|cuda] [--quick] [--seed N] [-p NAME VALUE ...]
 #                [--only NN[,NN...]] [--force] [--jobs N] [--threads N] [--figures DIR] ...
+#   ./run_all.sh ... --executor slurm [--models A,B] [--partition P] [--gpus-per-job N] [--status]
+#                submits one Slurm job per notebook instead (docs/cluster.md)
 # Figures and tables go to figures/<model>/ (a run with changed settings: --quick, a --seed
 # other than 0 or any -p, to outputs/scratch/figures/<model>/), keys and logs to
 # outputs/<model>/. Every option is checked before anything runs: a bad value stops the

@@ -38,13 +38,11 @@ class Bad(Exception):
 
 def _run_notebooks():
     """``scripts/run_notebooks.py`` as a module (it needs a checkout, not only the package)."""
+    from arithlib.run.paths import script_module
+
     if not (SCRIPTS / "run_notebooks.py").is_file():
         raise Bad(f"the run command needs a checkout of the repository ({SCRIPTS}/run_notebooks.py not found)")
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    import run_notebooks
-
-    return run_notebooks
+    return script_module("run_notebooks")
 
 
 # --------------------------------------------------------------------------- what --help lists
@@ -159,9 +157,11 @@ def _options(
     notebooks: Path,
     progress_every: float,
     print_figures: bool,
+    here: bool = True,
 ) -> argparse.Namespace:
     """The namespace ``run_notebooks.run`` takes, after the checks that need the library:
-    the model's name (and its installed weights) and the device."""
+    the model's name (and its installed weights) and, when the notebooks run ``here`` (not
+    in cluster jobs), the device."""
     from arithlib.core.install import check_installed
     from arithlib.core.models import check_model_name, resolve_device
     from arithlib.core.weights import ModelFilesChanged
@@ -172,7 +172,7 @@ def _options(
     except (ValueError, OSError, ModelFilesChanged) as err:
         raise Bad(str(err)) from None
     try:
-        resolved = resolve_device(device)
+        resolved = resolve_device(device) if here else device
     except (ValueError, RuntimeError) as err:
         raise Bad(str(err)) from None
     return argparse.Namespace(
@@ -332,8 +332,74 @@ def run(
     progress_every: Annotated[
         float, typer.Option(min=1.0, metavar="SECONDS", help="seconds between progress lines")
     ] = 60.0,
+    executor: Annotated[
+        str,
+        typer.Option(
+            metavar="local|slurm",
+            help="local: run the notebooks here; slurm: submit one Slurm job per notebook "
+            "(and the reports) and exit (docs/cluster.md)",
+        ),
+    ] = "local",
+    models: Annotated[
+        str | None,
+        typer.Option(metavar="A,B,...", show_default="--model", help="[slurm] the jobs of several models at once"),
+    ] = None,
+    partition: Annotated[
+        str | None,
+        typer.Option(metavar="NAME", show_default="the cluster's default", help="[slurm] the partition of the jobs"),
+    ] = None,
+    account: Annotated[
+        str | None,
+        typer.Option(metavar="NAME", show_default="yours", help="[slurm] the account the jobs are charged to"),
+    ] = None,
+    gpus_per_job: Annotated[int, typer.Option(min=0, metavar="N", help="[slurm] GPUs per notebook job")] = 0,
+    time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--time",
+            metavar="TIME",
+            show_default="twice the notebook's last run, at least 10 min; 4 h when unknown",
+            help="[slurm] each job's time limit, in sbatch's format (minutes, or HH:MM:SS)",
+        ),
+    ] = None,
+    slurm_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=VALUE",
+            show_default="none",
+            help="[slurm] an sbatch option for every job (qos=high, mem=32G, constraint=a100, ...); repeatable",
+        ),
+    ] = None,
+    status: Annotated[
+        bool,
+        typer.Option(
+            "--status", show_default="off", help="[slurm] show each job of the last submission: its state and log"
+        ),
+    ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            show_default="off",
+            help="[slurm] stay until the jobs end, then show their states; exit status 1 when one failed",
+        ),
+    ] = False,
 ) -> int:
     rn = _run_notebooks()
+    cluster = {
+        "--models": models,
+        "--partition": partition,
+        "--account": account,
+        "--gpus-per-job": gpus_per_job,
+        "--time": time_limit,
+        "--slurm-arg": slurm_arg,
+        "--status": status,
+        "--wait": wait,
+    }
+    if executor not in ("local", "slurm"):
+        raise Bad(f"--executor takes local or slurm, not {executor!r}")
+    if executor == "local" and any(cluster.values()):
+        raise Bad(f"{next(k for k, v in cluster.items() if v)} works with --executor slurm only")
     if list_params_:  # needs no model: the notebooks' own cells
         try:
             paths = rn.select_notebooks(notebooks, only)
@@ -341,6 +407,74 @@ def run(
             raise Bad(str(err)) from None
         print("\n".join(list_params(paths)))
         return 0
+    if executor == "slurm":
+        from arithlib.run import slurm
+
+        try:
+            names = slurm.parse_models(models) if models else [model]
+            if len(names) > 1 and out is not None:
+                raise Bad("--out names one model's folder: leave it out with --models")
+            device = slurm.job_device(device, gpus_per_job)
+            opts = argparse.Namespace(
+                partition=partition,
+                account=account,
+                gpus_per_job=gpus_per_job,
+                time=time_limit,
+                slurm_args=slurm.parse_slurm_args(slurm_arg or []),
+                threads=threads if threads is not None else (1 if device == "cpu" else 4),
+                report=report,
+            )
+            runs = []
+            for name in names:
+                args = _options(
+                    name,
+                    device,
+                    dtype,
+                    device_map,
+                    quick,
+                    seed,
+                    param or [],
+                    figures,
+                    out,
+                    only,
+                    force,
+                    1,
+                    opts.threads,
+                    report,
+                    notebooks,
+                    progress_every,
+                    print_figures,
+                    here=False,
+                )
+                try:
+                    plan = rn.check(args)
+                except SystemExit as err:
+                    raise Bad(str(err)) from None
+                args.figures, args.out = str(plan.figures), str(plan.out)
+                runs.append((args, plan))
+            if not status:
+                slurm.check_slurm(partition)
+            if print_figures:
+                print(runs[0][1].figures)
+                return 0
+            if status:
+                print("\n".join(slurm.status_lines(runs)[0]))
+                return 0
+            records = slurm.submit(runs, opts)
+        except slurm.SlurmError as err:
+            raise Bad(str(err)) from None
+        for r in records:
+            print(
+                f"=== {r.model} {r.name}: Slurm job {r.job_id}"
+                + (f" after {', '.join(r.after)}" if r.after else "")
+                + f"; log {r.log}"
+            )
+        print(
+            f"=== {len(records)} Slurm jobs queued; --status shows their states and logs"
+            if records
+            else "=== nothing to run: every notebook is up to date"
+        )
+        return slurm.wait(runs) if wait else 0
     args = _options(
         model,
         device,

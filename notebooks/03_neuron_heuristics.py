@@ -117,6 +117,8 @@ max_grid_prompts = 2000  # such a grid is subsampled to this many pairs per oper
 label_fdr = 0.05  # a label must beat shuffled-operand grids at this false-discovery rate (Benjamini-Hochberg)
 n_permutations = None  # shuffled grids per operator; None: max(1000, circuit neurons / label_fdr)
 knockout_cap_shares = [0.025, 0.05, 0.125, 0.25, 0.5]  # Fig. 8 caps, shares of the circuit per layer: 5..100 of 200
+use_cache = True  # store each long section in ~/.cache/arithlib/sections: a stopped run resumes there
+# (arithlib.run.stored; the key holds the model, prompts, parameters and code)
 
 # %%
 import time
@@ -143,7 +145,9 @@ import arithlib.plots.neurons as plots
 from arithlib.core.papers import FAITHFULNESS_TARGET, NIKANKIN_KNOCKOUT_CAP_SHARE, NIKANKIN_NEURON_SHARE
 from arithlib.methods.ablation import mean_activations
 from arithlib.run.outputs import save_figure, save_table
+from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
+from arithlib.run.stored import Store
 
 t_start = time.time()
 if threads:
@@ -191,6 +195,7 @@ run = start_run(
 )
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 layers = N.default_layers(info.n_layers)
+store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)  # long sections
 print(info)
 print("analysed MLP layers:", layers)
 
@@ -258,12 +263,24 @@ grid_table
 # Up to `n_heldout` further correct prompts per operator are **held out** (reserved first,
 # at most half of an operator's correct prompts, so the small per-digit grids keep some):
 # faithfulness and the ablations are scored on them. Mean ablation writes the mean activation over the
-# analysed prompts of all operators.
+# analysed prompts of all operators. The grid pass is the longest step of this notebook on a
+# per-digit model (thousands of prompts, each decoded greedily); it is stored per operator.
 
 # %%
 analyses = {}
 for op, g in grids.items():
-    analyses[op] = H.prepare_operator(bridge, g, layers, n_analysis, "full", seed, batch_size, n_heldout=n_heldout)
+    clean = store(
+        f"03 grid pass {op}",
+        lambda g=g: H.grid_pass(bridge, g, layers, batch_size),
+        code=[H],
+        model=bridge,
+        grid=g,
+        layers=layers,
+        batch_size=batch_size,
+    )
+    analyses[op] = H.prepare_operator(
+        bridge, g, layers, n_analysis, "full", seed, batch_size, n_heldout=n_heldout, clean=clean
+    )
 acc = pd.DataFrame(
     [
         {
@@ -343,7 +360,17 @@ print(
 # %%
 shares = (0, 0.01, 0.05, 0.25, 1.0) if quick else (0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 ks = N.share_grid(info.d_mlp, shares)
-curve = H.faithfulness_curves(analyses, layers, means, ks, progress=True)
+curve = store(
+    "03 faithfulness curve",
+    lambda: H.faithfulness_curves(analyses, layers, means, ks, progress=True),
+    code=[H],
+    model=bridge,
+    prompts={op: an.runner.prompts for op, an in analyses.items()},
+    scores={op: an.scores for op, an in analyses.items()},
+    layers=layers,
+    means=means,
+    ks=ks,
+)
 k_circuit = N.smallest_faithful_k(curve, target_faithfulness, "faithfulness")
 save_table(curve, run.out, "03_faithfulness_curve")
 fig = plots.faithfulness_curve_plot(
@@ -404,7 +431,15 @@ print(f"head patching: {len(cand)} candidate prompts (held-out ones removed), {l
 if not len(sel):
     raise RuntimeError("no correct Nikankin prompt to rank the heads on")
 sel_pos = positions.named_positions(positions.locate_operands(sel), names)
-ie_sel = activation_patching.coarse_to_fine_patching(bridge, sel, sel_pos, circuit_refine, batch_size=16)
+ie_sel = store(
+    "03 head patching",
+    lambda: activation_patching.coarse_to_fine_patching(bridge, sel, sel_pos, circuit_refine, batch_size=16),
+    code=[activation_patching],
+    model=bridge,
+    prompts=sel,
+    positions=sel_pos,
+    refine=circuit_refine,
+)
 ranked_heads = activation_patching.ranked_head_positions(activation_patching.summarise_indirect_effects(ie_sel))
 hooks = sorted({c.hook_name for c in patching.heads_and_mlps(bridge)} | {N.post_hook(l) for l in layers})
 circuit_means = mean_activations(bridge, ds.PromptSet.build(ref_records + list(sel.records), tok), hooks)
@@ -417,15 +452,20 @@ for op in analyses:
     if not len(sel_op):
         continue
     circuits = {f"h={k}": (ranked_heads[:k], full_neurons[op]) for k in head_ks}
+    sel_op_pos = positions.named_positions(positions.locate_operands(sel_op), names)
     sel_rows.append(
-        activation_patching.full_circuit_faithfulness(
-            bridge,
-            sel_op,
-            circuits,
-            positions.named_positions(positions.locate_operands(sel_op), names),
-            circuit_means,
-            layers,
-            progress=False,
+        store(
+            f"03 circuit head curve {op}",
+            lambda: activation_patching.full_circuit_faithfulness(
+                bridge, sel_op, circuits, sel_op_pos, circuit_means, layers, progress=False
+            ),
+            code=[activation_patching],
+            model=bridge,
+            prompts=sel_op,
+            circuits=circuits,
+            positions=sel_op_pos,
+            means=circuit_means,
+            layers=layers,
         )
     )
 sel_rows = pd.concat(sel_rows, ignore_index=True)
@@ -445,14 +485,20 @@ for op, an in analyses.items():
     if not an.heldout_index:
         continue
     held = an.grid.subset(an.heldout_index)
-    fr = activation_patching.full_circuit_faithfulness(
-        bridge,
-        held,
-        {"circuit": (ranked_heads[:n_circuit_heads], full_neurons[op])},
-        positions.named_positions(positions.locate_operands(held), names),
-        circuit_means,
-        layers,
-        progress=False,
+    held_circuit = {"circuit": (ranked_heads[:n_circuit_heads], full_neurons[op])}
+    held_pos = positions.named_positions(positions.locate_operands(held), names)
+    fr = store(
+        f"03 circuit faithfulness {op}",
+        lambda: activation_patching.full_circuit_faithfulness(
+            bridge, held, held_circuit, held_pos, circuit_means, layers, progress=False
+        ),
+        code=[activation_patching],
+        model=bridge,
+        prompts=held,
+        circuits=held_circuit,
+        positions=held_pos,
+        means=circuit_means,
+        layers=layers,
     )
     held_rows.append(fr.assign(prompt=[an.heldout_index[i] for i in fr.prompt]))
 held_rows = pd.concat(held_rows, ignore_index=True)
@@ -560,8 +606,20 @@ rows, summaries, shares = [], [], []
 for op, an in analyses.items():
     H.classify_circuit(an, layers, k_circuit, t, max_base_rate, seed)
     acts_c = H.neuron_matrix(an.grid_acts, an.circuit, layers)
-    test = HN.label_test(acts_c, an.assoc, t, label_fdr, n_permutations, seed=seed, rank_seed=seed)
-    null_test = HN.null_label_test(acts_c, an.assoc, t, label_fdr, n_permutations, seed=seed)
+    test, null_test = store(
+        f"03 label tests {op}",
+        lambda: (
+            HN.label_test(acts_c, an.assoc, t, label_fdr, n_permutations, seed=seed, rank_seed=seed),
+            HN.null_label_test(acts_c, an.assoc, t, label_fdr, n_permutations, seed=seed),
+        ),
+        code=[HN],
+        acts=acts_c,
+        assoc=an.assoc,
+        t=t,
+        fdr=label_fdr,
+        n_permutations=n_permutations,
+        seed=seed,
+    )
     an.matches = HN.annotate_matches(an.matches, an.circuit, test)
     rows.append(an.matches.assign(op=op))
     s = H.neuron_summary(an.circuit_scores, an.circuit, an.heuristics, an.assoc, t)
@@ -688,15 +746,27 @@ abl_rows = []
 for op, an in analyses.items():
     if an.heldout_runner is None:
         continue
-    r = H.heuristic_ablation_prompts(
-        an.heldout_runner,
-        H.neuron_labels(HN.beating_null(an.matches), labels),
-        an.heuristics,
-        layers,
-        means,
-        min_prompts=3,
+    labelled = H.neuron_labels(HN.beating_null(an.matches), labels)
+    r = store(
+        f"03 heuristic ablation {op}",
+        lambda: H.heuristic_ablation_prompts(
+            an.heldout_runner,
+            labelled,
+            an.heuristics,
+            layers,
+            means,
+            min_prompts=3,
+            max_heuristics=max_ablated_heuristics,
+            progress=True,
+        ),
+        code=[H],
+        model=bridge,
+        prompts=an.heldout_runner.prompts,
+        labels=labelled,
+        heuristics=an.heuristics,
+        layers=layers,
+        means=means,
         max_heuristics=max_ablated_heuristics,
-        progress=True,
     )
     abl_rows.append(r.assign(op=op, prompt=[an.heldout_index[i] for i in r.prompt]))
 abl_rows = (
@@ -741,17 +811,24 @@ pa = []
 for op, an in analyses.items():
     if an.heldout_runner is None:
         continue
+    labelled = H.neuron_labels(HN.beating_null(an.matches), labels)
     pa.append(
-        PK.prompt_knockout(
-            an.heldout_runner,
-            H.neuron_labels(HN.beating_null(an.matches), labels),
-            an.heuristics,
-            an.circuit,
-            layers,
-            caps,
-            info.d_mlp,
-            k_circuit,
-            seed,
+        store(
+            f"03 prompt knockout {op}",
+            lambda: PK.prompt_knockout(
+                an.heldout_runner, labelled, an.heuristics, an.circuit, layers, caps, info.d_mlp, k_circuit, seed
+            ),
+            code=[PK],
+            model=bridge,
+            prompts=an.heldout_runner.prompts,
+            labels=labelled,
+            heuristics=an.heuristics,
+            circuit=an.circuit,
+            layers=layers,
+            caps=caps,
+            d_mlp=info.d_mlp,
+            k=k_circuit,
+            seed=seed,
         )
     )
 pa = pd.concat(pa, ignore_index=True)

@@ -275,17 +275,25 @@ def say(msg: str, err: bool = False) -> None:
 class Runner:
     """Starts notebooks in the order above and records their keys, times and peaks."""
 
-    def __init__(self, args: argparse.Namespace, paths: list[Path], params: dict[str, dict[str, object]]):
-        """Run ``paths`` (selected notebooks), each with its ``params`` (--param values)."""
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        paths: list[Path],
+        params: dict[str, dict[str, object]],
+        staging: Path | None = None,
+        timings: bool = True,
+    ):
+        """Run ``paths`` (selected notebooks), each with its ``params`` (--param values).
+        ``staging``: this run's own staging folder, for a run beside others on the same
+        folders (a cluster job, ``arithlib.run.slurm``): the other runs' staging folders and
+        leftovers are then left alone. ``timings``: write the timings tables at the end."""
         self.args = args
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.fig = Path(args.figures) / args.model.replace("/", "__")
         self.fig.mkdir(parents=True, exist_ok=True)
-        self.params = [args.model, args.device, args.quick, str(args.seed), str(args.figures)]
-        if args.threads != 0:  # keys of runs before threads were recorded stay valid for torch's default
-            self.params.append(f"threads={args.threads}")
-        self.params += placement_key(args.device, args.dtype, args.device_map_value)
+        self.params = key_parameters(args)
+        self.timings = timings
         self.previous = read_timings(self.fig / "timings.csv")
         costs = last_costs(self.previous)
         known = [peak for _, peak in costs.values() if peak is not None]
@@ -313,6 +321,9 @@ class Runner:
         self.t0 = time.time()
         self.budget = physical_memory_mib()
         self.budget = self.budget * MEMORY_SHARE if self.budget else None
+        if staging is not None:
+            self.staging = staging
+            return
         # this run's own staging folder; earlier runs' (kept for a look after a failure) go now
         self.staging = self.out / "staging" / time.strftime(f"run-%Y%m%d-%H%M%S-{os.getpid()}")
         for old in (self.out / "staging").glob("*") if (self.out / "staging").is_dir() else []:
@@ -484,10 +495,10 @@ class Runner:
             if name in self.keys:
                 continue
             nb = self.notebooks[name]
-            params = self.params + [f"{k}={v!r}" for k, v in sorted(nb.params.items())]
+            params = notebook_key_parameters(self.params, nb.params)
             key = self.keys[name] = run_key(nb.path, self.out, params)
-            kfile, sfile = self.out / f"{name}.key", self.out / f"{name}.seconds"
-            if not self.args.force and kfile.is_file() and kfile.read_text().strip() == key:
+            sfile = self.out / f"{name}.seconds"
+            if up_to_date(self.out, name, key, self.args.force):
                 self.pending.remove(name)
                 self.rows.append(
                     {
@@ -554,7 +565,8 @@ class Runner:
         for thread in self.publishing:  # the notebooks that finished keep their outputs and timings
             thread.join()
         try:
-            self._write_timings()
+            if self.timings:
+                self.write_timings()
         except OSError as err:
             say(f"run_all.sh: could not write the timings ({err.strerror or err}: {err.filename})", err=True)
         if signum is not None:
@@ -593,7 +605,7 @@ class Runner:
                     pass
                 proc.wait()
 
-    def _write_timings(self) -> None:
+    def write_timings(self) -> None:
         """This run's rows (``OUT/timings.csv``) and, beside the figures, every notebook's
         last successful run (wall seconds, whether it ran now, peak MiB, start and end
         seconds from the start of this run)."""
@@ -619,6 +631,27 @@ class Runner:
                 peak = pfile.read_text().strip() if pfile.is_file() else old.get("peak_rss_mib") or "NA"
                 out.append(f"{name},{seconds},cached,{peak},{old.get('threads') or 'NA'},,")
         write_text(self.fig / "timings.csv", "\n".join(out) + "\n")
+
+
+def key_parameters(args: argparse.Namespace) -> list[str]:
+    """The run's settings that enter every notebook's cache key (``run_key.run_key``'s
+    ``params``, before the notebook's own ``--param`` values)."""
+    params = [args.model, args.device, args.quick, str(args.seed), str(args.figures)]
+    if args.threads != 0:  # keys of runs before threads were recorded stay valid for torch's default
+        params.append(f"threads={args.threads}")
+    return params + placement_key(args.device, args.dtype, args.device_map_value)
+
+
+def notebook_key_parameters(run_params: list[str], notebook_params: dict[str, object]) -> list[str]:
+    """:func:`key_parameters` with one notebook's ``--param`` values added."""
+    return run_params + [f"{k}={v!r}" for k, v in sorted(notebook_params.items())]
+
+
+def up_to_date(out: Path, name: str, key: str, force: bool) -> bool:
+    """Whether notebook ``name``'s last successful run (its key in ``out``) has ``key``;
+    never with ``force`` (--force)."""
+    kfile = out / f"{name}.key"
+    return not force and kfile.is_file() and kfile.read_text().strip() == key
 
 
 def placement_parameters(dtype: str, device_map) -> dict[str, object]:

@@ -12,12 +12,26 @@ PAPERS = {
     "zhang": "Zhang et al. 2024 (ICML)",
     "yu": "Yu & Ananiadou 2024 (EMNLP)",
     "nikankin": "Nikankin et al. 2025 (ICLR)",
+    "zhou": "Zhou et al. 2024 (NeurIPS)",
+    "kantamneni": "Kantamneni & Tegmark 2025 (arXiv)",
 }
-PAPERS_SHORT = {"zhang": "Zhang 2024", "yu": "Yu 2024", "nikankin": "Nikankin 2025"}
+PAPERS_SHORT = {
+    "zhang": "Zhang 2024",
+    "yu": "Yu 2024",
+    "nikankin": "Nikankin 2025",
+    "zhou": "Zhou 2024",
+    "kantamneni": "Kantamneni 2025",
+}
 #: Where each paper's numbers are quoted from (the README's "Citing" section has the BibTeX).
 ZHANG_TXT = "Zhang et al. 2024, ICML (PMLR 235; arXiv:2409.01659)"
 YU_TXT = "Yu & Ananiadou 2024, EMNLP (arXiv:2409.14144)"
 NIKANKIN_TXT = "Nikankin et al. 2025, ICLR, OpenReview discussion (arXiv:2410.21272)"
+#: The two papers on number representations that notebook 09 sets beside Nikankin's neurons.
+ZHOU_TXT = "Zhou et al. 2024, NeurIPS (arXiv:2406.03445)"
+KANTAMNENI_TXT = (
+    "Kantamneni & Tegmark 2025 (arXiv:2502.00873) and their code, subhashk01/LLM-addition, "
+    "experimentation/helix_fitting.ipynb"
+)
 
 # --------------------------------------------------------------------------- Zhang et al. 2024 (ICML)
 
@@ -151,6 +165,26 @@ NIKANKIN_KNOCKOUT_CAP_SHARE = 25 / 200
 #: down); the head count of the full circuit is the smallest reaching it on the selection
 #: prompts.
 FAITHFULNESS_TARGET = 0.9
+
+# --------------------------------------------------------------------------- Zhou et al. 2024, Kantamneni & Tegmark 2025
+
+#: Zhou et al., Sec. 3-4: the Fourier features of number representations have periods 2, 2.5,
+#: 5 and 10 (the answer modulo 2, 5, 10) beside low frequencies (magnitude).
+ZHOU_PERIODS: tuple[float, ...] = (2.0, 2.5, 5.0, 10.0)
+#: Ours: a representation "has Fourier features" at those periods when their share of its
+#: Fourier power is at least this many times the share a shuffled-number null gives them.
+ZHOU_EXCESS = 2.0
+#: Ours: Zhou's periods need enough single-token numbers to be told from the rest of the
+#: spectrum; with fewer (a per-digit tokenizer's 0..9, where they are 4 of 5 frequencies) the
+#: embedding finding is not applicable.
+ZHOU_MIN_NUMBERS = 20
+#: Kantamneni & Tegmark: the helix's periods (numbers 0..99) and the PCA size they fit it in.
+KT_PERIODS: tuple[float, ...] = (2.0, 5.0, 10.0, 100.0)
+KT_N_PCA = 100
+#: Ours: the helix patch must restore at least this share of the whole layer patch's effect
+#: ("most of it"), pooled over the first half of the layers (where the operand's own
+#: representation is read, before it is moved to the last token).
+KT_HELIX_SHARE = 0.5
 
 # --------------------------------------------------------------------------- the report's rules (ours)
 

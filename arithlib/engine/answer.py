@@ -63,7 +63,8 @@ class AnswerPositionRunner:
     """Re-run only the answer position of a prompt set under interventions.
 
     At construction every same-length batch's prefix (all tokens but the last) is run
-    once and its key/value cache kept; each later pass feeds only the last token
+    once and its key/value cache kept (the tokens every row of the batch shares, such as
+    a few-shot prefix, at batch 1: :func:`shared_prefix_cache`); each later pass feeds only the last token
     through the HF model, whose bridge hook points fire as in a full pass (hooks see
     ``[B, 1, ...]`` activations). The cache is cropped back after every pass. With
     ``record`` (hook names) the clean pass is run once at construction and its
@@ -96,8 +97,8 @@ class AnswerPositionRunner:
                 list(prompts.batches(batch_size, device)), desc="prefix cache", disable=not progress, leave=False
             ):
                 past, prefix_len = None, batch.tokens.shape[1] - 1
-                if prefix_len > 0:
-                    past = forward(model, batch.tokens[:, :-1], keep=1, keep_cache=True).cache
+                if prefix_len > 0:  # the rows' common prefix (a few-shot prefix) once, at batch 1
+                    past = shared_prefix_cache(model, batch.tokens[:, :-1])
                 self._batches.append((batch.index, past, batch.tokens[:, -1:], prefix_len))
         if record:
             self.clean = self.collect(record)

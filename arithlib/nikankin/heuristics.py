@@ -576,7 +576,6 @@ class OperatorAnalysis:
     op: str
     grid: PromptSet
     grid_acts: torch.Tensor  # [N_grid, L, d_mlp] answer-position activations
-    grid_logits: torch.Tensor  # [N_grid, vocab]
     grid_scale: torch.Tensor  # [N_grid] final-norm scale at the answer position
     grid_correct_first: np.ndarray  # first answer token is the argmax
     grid_correct_full: np.ndarray  # greedy decoding writes the whole answer
@@ -610,6 +609,35 @@ def neuron_matrix(acts: torch.Tensor, neurons: Sequence[Neuron], layers: Sequenc
     return acts[:, li, ki].numpy()
 
 
+@dataclass
+class GridPass:
+    """What one clean pass over an operator's grid records at the answer position: the
+    analysed layers' neuron activations, the final-norm scale, and whether the first
+    answer token is the argmax and greedy decoding writes the whole answer. Small enough
+    to store (:class:`arithlib.run.stored.Store`), unlike the grid's KV cache."""
+
+    acts: torch.Tensor  # [N_grid, L, d_mlp]
+    scale: torch.Tensor  # [N_grid]
+    correct_first: np.ndarray  # [N_grid] bool
+    correct_full: np.ndarray  # [N_grid] bool
+
+
+def grid_pass(model, grid: PromptSet, layers: Sequence[int], batch_size: int = 64, decode: bool = True) -> GridPass:
+    """One clean pass over ``grid`` (:class:`arithlib.engine.AnswerPositionRunner` with the
+    layers' neuron activations and the final-norm scale recorded) and greedy correctness
+    (``decode`` False: ``correct_full`` is the first-token correctness, nothing decoded)."""
+    names = [N.post_hook(x) for x in layers]
+    runner = AnswerPositionRunner(model, grid, batch_size=batch_size, record=names + ["ln_final.hook_scale"])
+    clean = runner.clean
+    first = N.correct_first(clean["logits"], grid.first_answer_ids).numpy()
+    return GridPass(
+        acts=torch.stack([clean[n] for n in names], 1),
+        scale=clean["ln_final.hook_scale"].reshape(len(grid), -1)[:, 0],
+        correct_first=first,
+        correct_full=runner.greedy_correct() if decode else first.copy(),
+    )
+
+
 def prepare_operator(
     model,
     grid: PromptSet,
@@ -619,24 +647,23 @@ def prepare_operator(
     seed: int = 0,
     batch_size: int = 64,
     n_heldout: int | None = 0,
+    clean: GridPass | None = None,
 ) -> OperatorAnalysis:
-    """One clean pass over an operator's grid (:class:`arithlib.engine.AnswerPositionRunner`
-    with the layers' neuron activations and the final-norm scale recorded), greedy
-    correctness, and the analysed prompts: up to ``n_analysis`` (seeded sample) of those
-    answered correctly (``criterion`` "full" or "first"; None: all prompts). The
-    analysed prompts' runner shares the grid's KV cache. ``runner`` is None when no
-    prompt qualifies. ``n_heldout``: up to that many further qualifying prompts (seeded
-    sample of those not analysed; None: all of them) in ``heldout_index`` /
-    ``heldout_runner``, to score the circuit on prompts it was not chosen on; they are
-    reserved before the analysed sample is drawn (at most half of the qualifying prompts)."""
+    """The grid's clean pass (``clean``, e.g. a stored one; None: :func:`grid_pass`) and
+    the analysed prompts: up to ``n_analysis`` (seeded sample) of those answered
+    correctly (``criterion`` "full" or "first"; None: all prompts), with their own
+    runner. ``runner`` is None when no prompt qualifies. ``n_heldout``: up to that many
+    further qualifying prompts (seeded sample of those not analysed; None: all of them)
+    in ``heldout_index`` / ``heldout_runner``, to score the circuit on prompts it was not
+    chosen on; they are reserved before the analysed sample is drawn (at most half of the
+    qualifying prompts). The two runners are built on their own prompts, so a run that
+    loads a stored pass computes what one that did not computes."""
     if criterion not in ("full", "first", None):
         raise ValueError("criterion must be 'full', 'first' or None")
-    names = [N.post_hook(x) for x in layers]
-    grid_runner = AnswerPositionRunner(model, grid, batch_size=batch_size, record=names + ["ln_final.hook_scale"])
-    clean = grid_runner.clean
-    acts = torch.stack([clean[n] for n in names], 1)
-    first = N.correct_first(clean["logits"], grid.first_answer_ids).numpy()
-    full = grid_runner.greedy_correct() if criterion == "full" else first.copy()
+    clean = grid_pass(model, grid, layers, batch_size, decode=criterion == "full") if clean is None else clean
+    if len(clean.correct_first) != len(grid):
+        raise ValueError(f"the grid pass has {len(clean.correct_first)} prompts, the grid {len(grid)}")
+    first, full = clean.correct_first, clean.correct_full
     ok = {"full": full, "first": first, None: np.ones(len(grid), dtype=bool)}[criterion]
     pool = np.nonzero(ok)[0].tolist()
     # held-out prompts are reserved first (up to n_heldout, at most half of the pool), so a
@@ -649,16 +676,15 @@ def prepare_operator(
     an = OperatorAnalysis(
         op=grid.records[0].op,
         grid=grid,
-        grid_acts=acts,
-        grid_logits=clean["logits"],
-        grid_scale=clean["ln_final.hook_scale"].reshape(len(grid), -1)[:, 0],
+        grid_acts=clean.acts,
+        grid_scale=clean.scale,
         grid_correct_first=first,
         grid_correct_full=full,
         analysis_index=index,
     )
-    an.runner = grid_runner.subset(index) if index else None
+    an.runner = AnswerPositionRunner(model, grid.subset(index), batch_size=batch_size) if index else None
     an.heldout_index = held
-    an.heldout_runner = grid_runner.subset(held) if held else None
+    an.heldout_runner = AnswerPositionRunner(model, grid.subset(held), batch_size=batch_size) if held else None
     return an
 
 

@@ -32,6 +32,17 @@ CAPTIONS: dict[str, str] = {
         "the curve the verdict reads; dashed: the literal MLP_out - MLP_in, shown for comparison), with the "
         "operands' cosines (left) and the excess over other numbers (right); bands: 95 % intervals over prompts."
     ),
+    "09_helix_patch": (
+        "Share of the whole layer patch's effect restored when the residual stream at a's last token is "
+        "replaced by the helix fit of a' (thick), by its projection on the top principal components or a random "
+        "subspace of the helix's dimension, or by the helix without one period, per layer; bands: 95 % "
+        "intervals over prompt pairs."
+    ),
+    "09_spectra": (
+        "Share of the Fourier power over the numbers at each period (log scale): the single-token numbers' "
+        "embedding, then the residual stream at a's last token entering each layer; dashed: the 95th "
+        "percentile of the same share with the numbers shuffled."
+    ),
     "08_sft_comparison": (
         "Precise SFT of the top heads beside full SFT: accuracy on held-out arithmetic and word problems "
         "(left), factual recall and language-model loss as general ability (middle), and the parameters each "
@@ -105,6 +116,9 @@ HEADLINES: dict[str, tuple[str, float, str, int]] = {
     "nikankin_faithfulness": ("held-out faithfulness", 1, "", 2),
     "nikankin_heuristic_ablation": ("accuracy, other minus covered prompts", 100, " points", 0),
     "nikankin_prompt_ablation": ("accuracy, random minus heuristic ablation", 100, " points", 0),
+    "kantamneni_helix_patch": ("share of the layer patch restored by the helix", 100, " %", 0),
+    "zhou_fourier_features": ("embedding power at periods 2-10", 100, " %", 0),
+    "zhou_scratch_low_frequency": ("embedding power at periods 2-10", 100, " %", 0),
     "yu_mask_keep": ("accuracy decrease, top-K masked", 1, " %", 0),
     "yu_shallow_neurons": ("decrease, hidden minus random neurons", 1, " points", 0),
     "yu_lora_layers": ("LoRA layers beating the original", 100, " %", 0),

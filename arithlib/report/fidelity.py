@@ -175,6 +175,28 @@ PAPER: dict[str, dict[str, str]] = {
         metric="accuracy after each knockout against the cap (Fig. 8; no test, labels at t alone)",
         scale="caps 0-100 of 200 circuit neurons per layer in steps of 5 (the authors' script; Fig. 8 shows 0-80)",
     ),
+    "kantamneni_helix_patch": dict(
+        model="GPT-J, Pythia-6.9B, Llama-3.1-8B (one token per number 0..99)",
+        prompts="a+b with a, b in 0..99, a short instruction before it, correct prompts only; pairs (a, a') with the same b",
+        positions="the layer's input (residual stream) at a's token, replaced by the helix fit of a', its top-k PCA "
+        "projection or the real activation of a'+b",
+        metric="logit difference of the answer a'+b, patched minus clean, per layer (helix vs PCA vs layer patch)",
+        scale="every layer, 100 pairs per layer; helix fitted in 100 principal components",
+    ),
+    "zhou_fourier_features": dict(
+        model="GPT-2-XL fine-tuned on addition (one token per number up to about 520)",
+        prompts="the number tokens' embeddings and module outputs mapped to number-token logits",
+        positions="the embedding matrix; MLP and attention outputs at the last token",
+        metric="Fourier spectrum over the numbers; peaks at periods 2, 2.5, 5, 10 and low frequencies",
+        scale="every number token",
+    ),
+    "zhou_scratch_low_frequency": dict(
+        model="GPT-2-XL's architecture trained from scratch on addition (random number embeddings)",
+        prompts="the number tokens' embeddings",
+        positions="the embedding matrix",
+        metric="Fourier spectrum over the numbers: low frequencies only",
+        scale="every number token",
+    ),
 }
 
 
@@ -595,6 +617,41 @@ OURS: dict[str, dict[str, Getter]] = {
             f"circuit's neurons per layer; labels {_nb(P, '03')['labels']!r}; {_quick(P, '03')}"
         ),
     ),
+    "kantamneni_helix_patch": dict(
+        model=lambda P: _model(P, "09"),
+        prompts=lambda P: (
+            f"'a+b=' with a in 0..{_nb(P, '09')['max_operand']}, {_fewshot(P, '09')}; pairs answered "
+            "correctly (first token) in both forms, different first answer tokens"
+        ),
+        positions=lambda P: (
+            "the residual stream entering each layer at a's last token (its last digit on a per-digit tokenizer)"
+        ),
+        metric=lambda P: (
+            "logit of a'+b's first token, patched minus clean; share of the layer patch, pooled over "
+            "the first half of the layers, with 95 % intervals over pairs"
+        ),
+        scale=lambda P: (
+            f"{_nb(P, '09')['n_pairs']} pairs, every layer, periods {_nb(P, '09')['periods']}, helix in "
+            f"{_nb(P, '09')['n_pca']} principal components; {_quick(P, '09')}"
+        ),
+    ),
+    "zhou_fourier_features": dict(
+        model=lambda P: _model(P, "09"),
+        prompts=lambda P: "the embeddings of the single-token numbers (0..999 on the toy model, 0..9 per digit)",
+        positions=lambda P: "the embedding matrix (the residual stream by layer is shown, not judged)",
+        metric=lambda P: (
+            f"share of Fourier power at periods 2, 2.5, 5, 10 against {_nb(P, '09')['n_shuffles']} "
+            "shuffles of the numbers"
+        ),
+        scale=lambda P: _quick(P, "09"),
+    ),
+    "zhou_scratch_low_frequency": dict(
+        model=lambda P: f"{_model(P, '09')}; number embeddings {_nb(P, '09')['number_init']}",
+        prompts=lambda P: "the embeddings of the single-token numbers",
+        positions=lambda P: "the embedding matrix",
+        metric=lambda P: "as zhou_fourier_features",
+        scale=lambda P: _quick(P, "09"),
+    ),
 }
 
 
@@ -685,7 +742,20 @@ FORCED: dict[str, dict[str, Getter]] = {
         ),
     ),
     "nikankin_prompt_ablation": dict(model=lambda P: _OFFLINE, prompts=lambda P: f"{_NIK_TOKENS}; {_prefix(P, '03')}"),
+    "kantamneni_helix_patch": dict(
+        model=lambda P: _OFFLINE, prompts=lambda P: _prefix(P, "09"), positions=lambda P: _last_digit(P)
+    ),
+    "zhou_fourier_features": dict(model=lambda P: _OFFLINE, prompts=lambda P: _last_digit(P)),
+    "zhou_scratch_low_frequency": dict(model=lambda P: _OFFLINE),
 }
+
+
+def _last_digit(P: Params) -> str:
+    return (
+        "per-digit tokenizer: only 0-9 are single tokens; a is read at its last digit"
+        if int(_nb(P, "09")["single_token_max"]) < 99
+        else ""
+    )
 
 
 def _safe(get: Getter | None, P: Params, missing: str = NOT_RECORDED) -> str:

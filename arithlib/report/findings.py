@@ -11,6 +11,8 @@ import pandas as pd
 from ..core.papers import (
     FAITHFULNESS_TARGET,
     HALF,
+    KANTAMNENI_TXT,
+    KT_HELIX_SHARE,
     NIKANKIN_FAITHFULNESS,
     NIKANKIN_KNOCKOUT_CAP_SHARE,
     NIKANKIN_MATCH_T,
@@ -20,9 +22,13 @@ from ..core.papers import (
     YU_TXT,
     ZHANG_PRECISE_MARGIN,
     ZHANG_TXT,
+    ZHOU_EXCESS,
+    ZHOU_MIN_NUMBERS,
+    ZHOU_TXT,
 )
 from ..core.stats import NOT_APPLICABLE
 from .nikankin import _nikankin_faithfulness, _nikankin_heuristic_ablation, _nikankin_prompt_ablation
+from .representations import _kantamneni_helix_patch, _zhou_fourier_features, _zhou_scratch
 from .rules import Finding, Outcome, _interval_cell, settle_inconclusive
 from .tables import ERROR, NOT_JUDGED, NOT_RUN, NotApplicable, NotRun, Tables
 from .yu import _yu_gender, _yu_lora_coef, _yu_lora_layers, _yu_mask_keep, _yu_pruning, _yu_shallow, _yu_single_head
@@ -248,6 +254,66 @@ FINDINGS: tuple[Finding, ...] = (
         "03",
         _nikankin_prompt_ablation,
         figures=("03_prompt_ablation",),
+    ),
+    Finding(
+        "kantamneni_helix_patch",
+        "kantamneni",
+        "helix fitting and its activation patching (authors' code)",
+        "Replacing a number's activation by its helix fit restores most of what patching the whole layer restores, "
+        "more than a PCA subspace of the same size.",
+        "no number quoted here: the helix fit (periods 2, 5, 10, 100) beats a 9-dimensional PCA baseline and "
+        "approaches the layer patch in the early layers (GPT-J, Pythia-6.9B, Llama-3.1-8B)",
+        f"{KANTAMNENI_TXT}: abstract; the helix-fitting section and its patching figure",
+        "prompts 'a+b=' (a, b in 0..99, the notebook's few-shot prefix), pairs (a, a', b) answered correctly "
+        "in both forms with different first answer tokens; the residual stream entering a layer at a's last "
+        "token replaced by the activation of 'a'+b=' (layer patch), by the helix fit of a' (PCA to 100 "
+        "components, least squares on [a, cos, sin of 2 pi a / T for T = 2, 5, 10, 100], fitted on prompts with "
+        "other values of b) or by the projection of that activation on its top 2P + 1 principal components; "
+        "effect = the logit of a'+b's first token, patched minus clean; summed per pair over the first half of "
+        "the layers; share = mean helix effect / mean layer effect, and (helix - PCA) / layer, 95 % bootstrap "
+        f"intervals over pairs; reproduced if the share's interval lies >= {KT_HELIX_SHARE:.0%} and helix "
+        "minus PCA > 0; partly if one of the two holds; not reproduced if neither; inconclusive when an "
+        "interval straddles a threshold the verdict depends on, or when the layer patch's own mean effect has an "
+        "interval reaching 0; not applicable when that interval lies at or below 0 (the layer patch does not "
+        "move the answer)",
+        "09",
+        _kantamneni_helix_patch,
+        figures=("09_helix_patch",),
+    ),
+    Finding(
+        "zhou_fourier_features",
+        "zhou",
+        "Sec. 3-4 (Fourier features of number embeddings)",
+        "A pre-trained model's number representations are sparse in the frequency domain, with periods 2, 2.5, "
+        "5 and 10.",
+        "no number quoted here: sparse spectra with peaks at periods 2, 2.5, 5, 10 (GPT-2-XL)",
+        f"{ZHOU_TXT}: abstract; Sec. 3-4",
+        "Fourier power of the embedding rows of the single-token numbers 0..N-1 along the number axis, each "
+        "dimension centred; share of the non-DC power at the frequencies of periods 2, 2.5, 5, 10 (those N is a "
+        "multiple of), 95 % bootstrap interval over embedding dimensions, against the mean share of the same "
+        f"frequencies with the numbers shuffled (200 shuffles); reproduced if the interval lies >= {ZHOU_EXCESS:g} "
+        "x the shuffled share, partly if it lies above the shuffled share, not reproduced if below it; not "
+        "applicable to a model trained here (the toy model) or with fewer than "
+        f"{ZHOU_MIN_NUMBERS} single-token numbers (per-digit tokenizers: 0..9)",
+        "09",
+        _zhou_fourier_features,
+        figures=("09_spectra",),
+    ),
+    Finding(
+        "zhou_scratch_low_frequency",
+        "zhou",
+        "Sec. 5 (models trained from scratch)",
+        "A model trained from scratch on addition uses only low-frequency features.",
+        "no number quoted here: from scratch, only low-frequency features and a lower accuracy",
+        f"{ZHOU_TXT}: abstract; Sec. 5",
+        "for a model trained here from unordered number embeddings (toy model with number_init = 'random'): "
+        "the embedding's share of Fourier power at periods 2, 2.5, 5, 10 as in zhou_fourier_features; "
+        f"reproduced if its interval lies below {ZHOU_EXCESS:g} x the shuffled share, not reproduced if at or "
+        "above it; not applicable to pre-trained models and to the shipped toy model, whose number "
+        "embeddings start as Fourier features (number_init = 'fourier')",
+        "09",
+        _zhou_scratch,
+        figures=("09_spectra",),
     ),
     Finding(
         "yu_mask_keep",

@@ -31,6 +31,7 @@ NOTEBOOKS: dict[str, str] = {
     "06": "Pruning (Yu Sec. 6.1)",
     "07": "Gender-bias editing (Yu Sec. 6.2)",
     "08": "Precise SFT of the key heads (Zhang Sec. 4.3, 5.3)",
+    "09": "Number representations (Zhou; Kantamneni & Tegmark; Nikankin's neurons)",
 }
 
 

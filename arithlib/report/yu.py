@@ -260,7 +260,11 @@ def _yu_key_head(t: Tables, group: str) -> pd.Series | None:
             return None
         sh = t.csv("04_specific_heads")
         sh = sh[sh["group"].astype(str) == base]
-        return None if sh.empty else sh.iloc[0].copy().rename(None).combine_first(pd.Series({"lowers_1d": "True"}))
+        if sh.empty:
+            return None
+        row = sh.iloc[0].copy()
+        row["lowers_1d"] = "True"  # a specific head lowers its group's 1D accuracy by construction
+        return row
     if not t.has("04_key_heads"):
         return None
     kh = t.csv("04_key_heads")

@@ -13,13 +13,26 @@ them through :mod:`importlib.resources`; a source checkout or an editable instal
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from importlib import resources
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # arithlib/run/paths.py: the checkout holding arithlib/
 #: ``data/`` of a source checkout; an installed wheel has its copy in the package.
 SOURCE_DATA_DIR = REPO_ROOT / "data"
+
+
+def script_module(name: str):
+    """``scripts/NAME.py`` of this checkout as a module (the run machinery lives there, beside
+    the package); FileNotFoundError when the package is installed without a checkout."""
+    scripts = REPO_ROOT / "scripts"
+    if not (scripts / f"{name}.py").is_file():
+        raise FileNotFoundError(f"{scripts / name}.py not found: this needs a checkout of the repository")
+    if str(scripts) not in sys.path:
+        sys.path.insert(0, str(scripts))
+    return importlib.import_module(name)
 
 
 def data_dir() -> Path:

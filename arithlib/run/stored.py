@@ -13,7 +13,7 @@ mid-write leaves no half result, and each is verified when loaded: its sidecar r
 the pickle's sha256 (and the arithlib version that wrote it), and a file that does not
 match it, or that cannot be unpickled, is named in a warning, deleted and computed again.
 
-Notebooks 01, 04 and 05 store their long sections this way (``use_cache``); the head
+Notebooks 01, 03, 04 and 05 store their long sections this way (``use_cache``); the head
 sweep stores each batch (:func:`arithlib.yu.head_sweep.exact_head_sweep`). Beside each
 result a small JSON file keeps its checksum and the seconds it took to compute, so that
 a run resumed over several sessions can still report what its sections cost

@@ -129,7 +129,7 @@ KEY_HEAD_BY_1D = "largest mean 1D accuracy drop"
 KEY_HEAD_FALLBACK = "fallback: no head lowers 1D accuracy; largest mean accuracy drop over all digit counts"
 
 
-def _read_sweep(sweep: str | Path | pd.DataFrame) -> pd.DataFrame:
+def read_head_sweep(sweep: str | Path | pd.DataFrame) -> pd.DataFrame:
     """Notebook 01's exact head sweep (``01_yu_head_sweep.csv``) as a frame with operator
     symbols; FileNotFoundError (run notebook 01) when missing, ValueError when it lacks
     the exact stage's columns."""
@@ -201,7 +201,7 @@ def select_key_heads(
     FileNotFoundError when the file is missing (run notebook 01) and ValueError when an
     operator has no rows or the file predates the exact sweep."""
     groups = {g: tuple(ops) for g, ops in (groups or YU_GROUPS).items()}
-    frame = _read_sweep(sweep)
+    frame = read_head_sweep(sweep)
     out = []
     for group, ops in groups.items():
         sub = frame[frame["op"].isin(ops)]
@@ -250,7 +250,7 @@ def key_head_table(
     selection columns; an operator on which the sweep did not measure the head gets a
     row with NaN numbers (the screen did not rank it among its top heads there)."""
     groups = {g: tuple(ops) for g, ops in (groups or YU_GROUPS).items()}
-    frame = _read_sweep(sweep)
+    frame = read_head_sweep(sweep)
     keep = [
         c
         for c in (

@@ -30,7 +30,7 @@ import pandas as pd
 
 from ..core.components import Head
 from ..core.papers import NOISE_GAP
-from ..run.outputs import read_table
+from .cna import read_head_sweep
 
 #: The operator whose decrease a specific head leaves small (Yu Table 1: 2D * under 17^22).
 OTHER_OPERATOR = "*"
@@ -63,11 +63,12 @@ def candidate_heads(
 ) -> dict[str, list[Head]]:
     """Per group, the heads of notebook 01's exact sweep (``01_yu_head_sweep``: each
     setting's screened top heads on all its prompts) whose ``n_digits``-digit accuracy drop
-    is > 0 on at least one of the group's operators, in (layer, head) order. A head the
+    is > 0 on at least one of the group's operators, in (layer, head) order (the sweep read
+    as :func:`arithlib.yu.cna.select_key_heads` reads it). A head the
     sweep did not re-measure on an operator is measured there by :func:`head_patterns`'s
     caller, not assumed."""
-    frame = read_table(sweep) if not isinstance(sweep, pd.DataFrame) else sweep
-    one = frame[frame["n_digits"] == int(n_digits)]
+    one = read_head_sweep(sweep)
+    one = one[one["n_digits"] == int(n_digits)]
     out = {}
     for g, ops in groups.items():
         sub = one[one["op"].isin(list(ops)) & (one["accuracy_drop"] > 0)]

@@ -1842,11 +1842,16 @@ def test_every_findings_figure_has_a_caption():
 
 
 def test_findings_name_figures_the_committed_run_has():
+    """Each finding names figures of its notebook: in the committed run where that notebook
+    ran there, else (a notebook not yet run on the committed model) figures its source saves."""
     fig = ROOT / "figures" / "qwen2.5-coder-0.5b"
     for f in R.FINDINGS:
         assert f.figures, f"{f.id} names no figure"
+        ran = any(fig.glob(f"{f.notebook}_*_params.json"))
+        source = "".join(p.read_text() for p in (ROOT / "notebooks").glob(f"{f.notebook}_*.py"))
         for name in f.figures:
-            assert name.startswith(f.notebook + "_") and (fig / f"{name}.png").is_file(), (f.id, name)
+            assert name.startswith(f.notebook + "_"), (f.id, name)
+            assert (fig / f"{name}.png").is_file() if ran else f'"{name}")' in source, (f.id, name)
 
 
 def _first_cell(notebook: Path) -> str:

@@ -74,7 +74,10 @@ def test_candidates_are_the_heads_that_lower_any_operator_of_the_group():
             {"op": "/", "n_digits": 1, "layer": 10, "head": 12, "accuracy_drop": 0.1},
         ]
     )
+    sweep = sweep.assign(accuracy=0.5, baseline_accuracy=1.0, logit_drop=0.0)  # the exact sweep's columns
     assert HSP.candidate_heads(sweep, GROUPS) == {"+-": [(0, 8), (16, 8)], "/": [(10, 12)]}
+    named = sweep.assign(op=sweep.op.map({"+": "add", "-": "sub", "/": "div"}))  # read as select_key_heads reads it
+    assert HSP.candidate_heads(named, GROUPS) == {"+-": [(0, 8), (16, 8)], "/": [(10, 12)]}
 
 
 def test_best_specific_head_skips_generic_heads_and_heads_that_break_factual_recall():

@@ -151,8 +151,9 @@ def test_pipeline_on_tiny_model(tiny):
     an = analyses["+"]
     assert len(an.analysis_index) == 12 and an.grid_acts.shape == (36, 1, tiny.info.d_mlp)
     assert an.grid_correct_full.shape == (36,)
-    # the sub-runner reuses the grid cache and gives the same logits as the grid's clean pass
-    assert torch.allclose(an.runner.logits(), an.grid_logits[an.analysis_index], atol=1e-4)
+    # the analysed prompts' runner gives the activations of the grid's clean pass
+    sub_acts = an.runner.collect([N.post_hook(1)])[N.post_hook(1)]
+    assert torch.allclose(sub_acts, an.grid_acts[an.analysis_index, 0], atol=1e-4)
     means = H.reference_means(analyses)
     cand = N.number_token_ids(tok, 9)
     for a in analyses.values():
@@ -190,7 +191,8 @@ def test_heldout_prompts_are_disjoint_from_the_analysed(tiny):
     grid = PromptSet.build(H.grid_records("+", (0, 5), fewshot=2), tiny.tokenizer)
     an = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=10)
     assert len(an.heldout_index) == 10 and not set(an.heldout_index) & set(an.analysis_index)
-    assert torch.allclose(an.heldout_runner.logits(), an.grid_logits[an.heldout_index], atol=1e-4)
+    held_acts = an.heldout_runner.collect([N.post_hook(1)])[N.post_hook(1)]
+    assert torch.allclose(held_acts, an.grid_acts[an.heldout_index, 0], atol=1e-4)
     every = H.prepare_operator(
         tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=None
     )
@@ -200,6 +202,42 @@ def test_heldout_prompts_are_disjoint_from_the_analysed(tiny):
         tiny.bridge, grid, [1], n_analysis=50, criterion=None, seed=0, batch_size=8, n_heldout=30
     )
     assert len(small.heldout_index) == len(grid) // 2 and len(small.analysis_index) == len(grid) - len(grid) // 2
+
+
+def test_a_stored_grid_pass_gives_the_analysis_a_fresh_one_gives(tiny, tmp_path):
+    """Notebook 03 stores each operator's grid pass: loaded, it must give the same
+    prompts, activations and runners as computing it (the runners are built on their
+    own prompts either way), and a pass of another grid is refused."""
+    from arithlib.run.stored import Store
+
+    grid = PromptSet.build(H.grid_records("+", (0, 6), fewshot=2), tiny.tokenizer)
+    store = Store(tmp_path)
+
+    def stored():
+        return store(
+            "grid pass",
+            lambda: H.grid_pass(tiny.bridge, grid, [1], 8),
+            code=[H],
+            model=tiny.bridge,
+            grid=grid,
+            layers=[1],
+            batch_size=8,
+        )
+
+    first = stored()
+    assert store.reused_seconds == 0 and len(list(tmp_path.glob("*.pkl"))) == 1
+    loaded = stored()
+    assert store.reused_seconds > 0
+    kw = dict(n_analysis=10, criterion="full", seed=0, batch_size=8, n_heldout=8)
+    fresh = H.prepare_operator(tiny.bridge, grid, [1], **kw)
+    again = H.prepare_operator(tiny.bridge, grid, [1], clean=loaded, **kw)
+    assert torch.equal(first.acts, loaded.acts) and np.array_equal(fresh.grid_correct_full, loaded.correct_full)
+    assert again.analysis_index == fresh.analysis_index and again.heldout_index == fresh.heldout_index
+    assert torch.equal(again.grid_acts, fresh.grid_acts) and torch.equal(again.grid_scale, fresh.grid_scale)
+    if fresh.runner is not None:
+        assert torch.equal(again.runner.logits(), fresh.runner.logits())
+    with pytest.raises(ValueError, match="grid pass has"):
+        H.prepare_operator(tiny.bridge, grid.subset([0, 1, 2]), [1], clean=loaded, **kw)
 
 
 def test_training_dynamics_on_tiny_models(tiny):
