@@ -67,11 +67,11 @@ def notebook_titles(folder: Path = NOTEBOOK_DIR) -> dict[str, str]:
 
 def model_lines() -> list[str]:
     """One line per registry model (``arithlib.core.models.known_models``), with what it is."""
-    from arithlib.core import models
+    from arithlib.core import models, packaged_models
 
     lines = []
     for name in models.known_models():
-        packaged = models.PACKAGED_MODELS.get(name)
+        packaged = packaged_models.PACKAGED_MODELS.get(name)
         what = (
             packaged.description
             if packaged
@@ -162,8 +162,9 @@ def _options(
     """The namespace ``run_notebooks.run`` takes, after the checks that need the library:
     the model's name (and its installed weights) and, when the notebooks run ``here`` (not
     in cluster jobs), the device."""
+    from arithlib.core.devices import resolve_device
     from arithlib.core.install import check_installed
-    from arithlib.core.models import check_model_name, resolve_device
+    from arithlib.core.models import check_model_name
     from arithlib.core.weights import ModelFilesChanged
 
     try:

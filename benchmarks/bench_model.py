@@ -4,7 +4,7 @@
 * ``random-<arch>``: a tiny random-weight model of that architecture (2 layers; the
   test suite's code-path check);
 * ``random-<arch>:<shape>``: a random-weight model of a full-size shape from
-  :data:`arithlib.core.models.FULL_SHAPES` (``random-llama:llama3-8b``), built directly on
+  :data:`arithlib.core.random_models.FULL_SHAPES` (``random-llama:llama3-8b``), built directly on
   the device in the given dtype: how the GPU benchmarks run a paper-sized model
   without its weights.
 
@@ -18,7 +18,8 @@ import argparse
 
 import torch
 
-from arithlib.core.models import FULL_SHAPES, LoadedModel, load_model, load_random_model
+from arithlib.core.models import LoadedModel, load_model
+from arithlib.core.random_models import FULL_SHAPES, load_random_model
 
 DTYPES = ("float32", "bfloat16", "float16")
 

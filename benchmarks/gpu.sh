@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU benchmarks: every benchmark in benchmarks/ on random-weight models of
-# Llama-3-8B's shape (arithlib.core.models.FULL_SHAPES; no weights to download), in bf16 on
+# Llama-3-8B's shape (arithlib.core.random_models.FULL_SHAPES; no weights to download), in bf16 on
 # one GPU. Each script prints its table and appends it, with the command that produced
 # it, to benchmarks/RESULTS.md: times, counted FLOPs, achieved TFLOP/s and the fraction
 # of the GPU's datasheet peak (benchmarks/roofline.py).

@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import results  # noqa: E402
 
-from arithlib.core.models import load_model, load_random_model  # noqa: E402
+from arithlib.core.models import load_model  # noqa: E402
+from arithlib.core.random_models import load_random_model  # noqa: E402
 from arithlib.methods.neurons import w_out  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"

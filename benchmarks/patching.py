@@ -52,7 +52,8 @@ if str(ROOT) not in sys.path:
 
 import arithlib.engine as E  # noqa: E402
 import arithlib.methods.patching as P  # noqa: E402
-from arithlib.core.models import load_model, load_random_model  # noqa: E402
+from arithlib.core.models import load_model  # noqa: E402
+from arithlib.core.random_models import load_random_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from roofline import gpu_datasheet, measure_peak, sync  # noqa: E402

@@ -119,12 +119,12 @@ edit_k = 18  # Sec. 6.2: 18 neurons zeroed
 sweep = (6, 12, 18, 36)  # edit sizes
 n_random_seeds = 10  # random-neuron controls per edit size
 n_side_seeds = 2  # random controls whose side effects are measured (K = edit_k)
-exact_importance = "auto"  # exact CNA importance of every neuron: True, False or "auto" (bias.exact_affordable)
+exact_importance = "auto"  # exact CNA importance of every neuron: True, False or "auto" (bias_cna.exact_affordable)
 norm_reading = "final"  # how CNA reads a vector through the final norm: "final" (the authors') or "own" (variant)
 n_candidates = 20  # the screen (without exact): exact importance for each profession's top neurons by stage 1 ...
 n_aggregate = 200  # ... and for the top neurons of the pooled stage-1 change; its recall is measured when exact
 recall_ks = (10, 18, 36)  # top-k sizes of the screen-recall table (without exact: within every 4th layer)
-early_layers = 1  # layers < this are "early" (bias.EARLY_LAYERS: layer 0), fixed before the run
+early_layers = 1  # layers < this are "early" (bias_cna.EARLY_LAYERS: layer 0), fixed before the run
 table12_k = 3  # neurons per profession in the Table-12 CSV
 arith_per_op = 8  # Yu 1-digit prompts per operator (template "n1 op n2 =", few-shot)
 lm_chunks = 2  # LM loss: chunks of 128 tokens of the prose sample
@@ -142,6 +142,8 @@ import arithlib.core.datasets as ds
 import arithlib.plots.bias as plots
 import arithlib.report as R
 import arithlib.yu.bias as B
+import arithlib.yu.bias_cna as BC
+import arithlib.yu.bias_professions as BP
 from arithlib.core import papers
 from arithlib.methods.general_ability import pydoc_prose
 from arithlib.run.outputs import save_figure, save_table
@@ -174,18 +176,18 @@ run = start_run(
     lm_chunks=lm_chunks,
     heldout_frac=heldout_frac,
     exclude_gendered=exclude_gendered,
-    min_partial_letters=B.MIN_PARTIAL_LETTERS,
+    min_partial_letters=BP.MIN_PARTIAL_LETTERS,
     exact_importance=exact_importance,
     recall_ks=list(recall_ks),
     early_layers=early_layers,
     norm_reading=norm_reading,
 )
 bridge, tok, out = run.bridge, run.tokenizer, run.out
-genders = list(B.GENDERS)
+genders = list(BP.GENDERS)
 d_mlp = run.model.info.d_mlp
 torch.manual_seed(seed)
 if exact_importance == "auto":  # quick mode: exact only where it takes seconds
-    exact = B.exact_affordable(bridge, B.MAX_EXACT_MACS / (20 if quick else 1))
+    exact = BC.exact_affordable(bridge, BC.MAX_EXACT_MACS / (20 if quick else 1))
 else:
     exact = bool(exact_importance)
 timings = {}
@@ -196,10 +198,10 @@ timings = {}
 # (first token too short a word piece, or the unknown token).
 
 # %%
-prof_tokens, dropped = B.profession_tokens(tok)
+prof_tokens, dropped = BP.profession_tokens(tok)
 save_table(prof_tokens, out, "07_profession_tokens")
 save_table(dropped, out, "07_lexicon_dropped")
-lexicon = B.load_professions()["professions"]
+lexicon = BP.load_professions()["professions"]
 print(f"{len(lexicon)} professions -> {len(prof_tokens)} profession tokens; {len(dropped)} dropped")
 prof_tokens[prof_tokens.n_professions > 1]
 
@@ -207,20 +209,20 @@ prof_tokens[prof_tokens.n_professions > 1]
 # ## 1 · Top-100 predictions and the professions that differ by gender (Table 23)
 
 # %%
-lp_orig = B.gender_logprobs(bridge, tok)
-top = B.top_predictions(lp_orig, tok, prof_tokens, k=top_k)
+lp_orig = BP.gender_logprobs(bridge, tok)
+top = BP.top_predictions(lp_orig, tok, prof_tokens, k=top_k)
 save_table(top, out, "07_top_predictions")
-biased_all = B.biased_professions(top, exclude_gendered=False)
+biased_all = BP.biased_professions(top, exclude_gendered=False)
 save_table(biased_all, out, "07_biased_professions_all")
 biased = biased_all[biased_all.bias_gender.isin(genders)]
 if exclude_gendered:
     biased = biased[~biased.gendered]
 biased = biased.reset_index(drop=True)
 save_table(biased, out, "07_biased_professions")
-paper = B.paper_profession_tokens(tok, prof_tokens)
-paper_set, paper_profs = B.paper_bias_set(tok)
+paper = BP.paper_profession_tokens(tok, prof_tokens)
+paper_set, paper_profs = BP.paper_bias_set(tok)
 save_table(paper_profs, out, "07_paper_professions")
-comparison = B.compare_with_paper(biased, paper) if len(paper) else pd.DataFrame()
+comparison = BP.compare_with_paper(biased, paper) if len(paper) else pd.DataFrame()
 save_table(comparison, out, "07_paper_comparison")
 fig = plots.profession_counts(top, biased, f"{model}: profession tokens in the top-{top_k} per prompt")
 save_figure(fig, out, "07_profession_counts")
@@ -250,7 +252,7 @@ comparison
 # ## 2 · CNA between "woman" and "man" on prompt 1 (Table 12)
 # Each profession token w is one case: run a is the prompt with w's bias gender, run b
 # with the other gender. The two prompts are run once and every case shares their
-# activations (`bias.shared_input_importance`). With `exact`: the exact importance of
+# activations (`bias_cna.shared_input_importance`). With `exact`: the exact importance of
 # every neuron, and the screen's recall against it; the edit set's layers; and, per
 # layer, the residual the importance is read from (the early-layer diagnostic).
 #
@@ -258,8 +260,8 @@ comparison
 # %%
 if has_bias:
     t0 = time.time()
-    recall_layers = None if exact else list(range(0, run.model.info.n_layers, B.RECALL_LAYER_STRIDE))
-    result = B.gender_cna(
+    recall_layers = None if exact else list(range(0, run.model.info.n_layers, BC.RECALL_LAYER_STRIDE))
+    result = BC.gender_cna(
         bridge,
         tok,
         biased,
@@ -270,23 +272,23 @@ if has_bias:
         norm_reading=norm_reading,
     )
     timings["cna"] = time.time() - t0
-    table12 = B.neuron_table(bridge, tok, result, biased, k=table12_k)
+    table12 = BC.neuron_table(bridge, tok, result, biased, k=table12_k)
     save_table(table12, out, "07_table12_per_profession")
     groups = list(biased.bias_gender)
-    neurons_by_k = {k: B.bias_neurons(result, k, groups=groups) for k in sweep}
-    late_set = B.bias_neurons(result, edit_k, groups=groups, min_layer=early_layers)
-    drop_set = B.without_early(neurons_by_k[edit_k], early_layers)
-    edit_layers = B.edit_layers({"cna": neurons_by_k[edit_k], "cna_late": late_set, "cna_drop": drop_set})
+    neurons_by_k = {k: BC.bias_neurons(result, k, groups=groups) for k in sweep}
+    late_set = BC.bias_neurons(result, edit_k, groups=groups, min_layer=early_layers)
+    drop_set = BC.without_early(neurons_by_k[edit_k], early_layers)
+    edit_layers = BC.edit_layers({"cna": neurons_by_k[edit_k], "cna_late": late_set, "cna_drop": drop_set})
     save_table(edit_layers, out, "07_edit_layers")
-    edit_table = B.edit_set_table(bridge, tok, result, biased, neurons_by_k[max(sweep)])
+    edit_table = BC.edit_set_table(bridge, tok, result, biased, neurons_by_k[max(sweep)])
     edit_table["in_edit_set"] = edit_table["rank"] <= edit_k
     save_table(edit_table, out, "07_edit_neurons")
     fig = plots.edit_set(edit_table[edit_table.in_edit_set], f"{model}: the top-{edit_k} CNA neurons (edit set)")
     save_figure(fig, out, "07_edit_neurons")
     t0 = time.time()
-    recall = B.candidate_screen_recall(result, biased, recall_ks, n_candidates, n_aggregate, layers=recall_layers)
+    recall = BC.candidate_screen_recall(result, biased, recall_ks, n_candidates, n_aggregate, layers=recall_layers)
     save_table(recall, out, "07_screen_recall")
-    diag = B.layer_diagnostic(bridge, result, biased, neurons_by_k[edit_k])
+    diag = BC.layer_diagnostic(bridge, result, biased, neurons_by_k[edit_k])
     save_table(diag, out, "07_layer_diagnostic")
     timings["recall_and_diagnostic"] = time.time() - t0
     save_figure(
@@ -323,14 +325,14 @@ else:
 if has_bias:
     t0 = time.time()
     random_by_k = {
-        k: B.random_neuron_sets(neurons_by_k[k], d_mlp, [seed + 1000 * k + s for s in range(n_random_seeds)])
+        k: BC.random_neuron_sets(neurons_by_k[k], d_mlp, [seed + 1000 * k + s for s in range(n_random_seeds)])
         for k in sweep
     }
     conditions = B.edit_conditions(neurons_by_k, random_by_k)
     variants = {"cna_late": late_set, "cna_drop": drop_set}
     for j, (kind, ns) in enumerate(variants.items()):
         if ns and ns != neurons_by_k[edit_k]:  # identical sets are measured once, as "cna"
-            rs = B.random_neuron_sets(ns, d_mlp, [seed + 100_000 * (j + 1) + s for s in range(n_random_seeds)])
+            rs = BC.random_neuron_sets(ns, d_mlp, [seed + 100_000 * (j + 1) + s for s in range(n_random_seeds)])
             conditions.update(B.edit_conditions({edit_k: ns}, {edit_k: rs}, kind=kind))
     by_set = B.bias_by_set(bridge, tok, {"model": biased, "paper": paper_set}, conditions)
     scores, paper_scores = by_set["model"], by_set["paper"]
@@ -432,8 +434,8 @@ if has_bias:
     save_table(heldout_prompts, out, "07_heldout_prompts")
     sel, held = B.split_professions(biased, seed, heldout_frac)
     if sel and held:
-        neurons_sel = B.bias_neurons(result, edit_k, cases=sel, groups=groups)
-        random_sel = B.random_neuron_sets(neurons_sel, d_mlp, [seed + 7 + s for s in range(n_random_seeds)])
+        neurons_sel = BC.bias_neurons(result, edit_k, cases=sel, groups=groups)
+        random_sel = BC.random_neuron_sets(neurons_sel, d_mlp, [seed + 7 + s for s in range(n_random_seeds)])
         conds_sel = {
             key: h
             for key, h in B.edit_conditions({edit_k: neurons_sel}, {edit_k: random_sel}).items()

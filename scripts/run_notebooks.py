@@ -670,7 +670,7 @@ def placement_key(device: str, dtype: str, device_map) -> list[str]:
     one device (every run before issue 32), else the resolved dtype and the map."""
     sys.path.insert(0, str(ROOT))
     try:
-        from arithlib.core.models import resolve_dtype
+        from arithlib.core.devices import resolve_dtype
     finally:
         sys.path.pop(0)
     key = []
@@ -689,7 +689,7 @@ def check_placement(dtype: str, device_map: str | None) -> tuple[str, str | dict
     :mod:`arithlib.core.models`' own parsers: SystemExit with its message for a bad value."""
     sys.path.insert(0, str(ROOT))
     try:
-        from arithlib.core.models import parse_device_map, resolve_dtype
+        from arithlib.core.devices import parse_device_map, resolve_dtype
     finally:
         sys.path.pop(0)
     try:

@@ -11,7 +11,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast
 
 import arithlib.core.datasets as ds
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 
 
 def _corpus() -> list[str]:
@@ -59,6 +60,6 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny_qwen2():
-    """A random-weight Qwen2 (``arithlib.core.models.random_model_dir("qwen2")``), one per test
+    """A random-weight Qwen2 (``arithlib.core.random_models.random_model_dir("qwen2")``), one per test
     module (a module may train it in place)."""
     return load_model(str(random_model_dir("qwen2")))

@@ -19,11 +19,11 @@ def check_installed(name: str) -> None:
     model, or the default toy model); nothing for a model not installed yet or not
     installed by arithlib. For run_all.sh, before any notebook starts."""
     from ..run.paths import cache_root
-    from . import models
+    from . import models, packaged_models
 
-    if name in models.PACKAGED_MODELS:
+    if name in packaged_models.PACKAGED_MODELS:
         folder = cache_root() / "models" / name / "hf"
-        installed = models._is_complete(folder)
+        installed = packaged_models._is_complete(folder)
     elif name == models.TOY_MODEL:
         from . import toy
 
@@ -40,9 +40,9 @@ def reinstall(name: str) -> Path:
     checkpoints) and install it again (``toy-arith``: from its shipped weights, else by
     training it); returns its folder."""
     from ..run.paths import cache_root
-    from . import models
+    from . import models, packaged_models
 
-    if name in models.PACKAGED_MODELS:
+    if name in packaged_models.PACKAGED_MODELS:
         shutil.rmtree(cache_root() / "models" / name / "hf", ignore_errors=True)
     elif name == models.TOY_MODEL:
         from . import toy

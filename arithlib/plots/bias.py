@@ -225,7 +225,7 @@ def edit_set(table: pd.DataFrame, title: str, n_tokens: int = 4) -> plt.Figure:
 def layer_diagnostic_plot(diag: pd.DataFrame, genders: Sequence[str], title: str) -> plt.Figure:
     """Per layer: the RMS of the residual the importance is read from (log scale, each
     gender), a neuron's typical write relative to it, and the pooled CNA change with the
-    edit set's neurons per layer (``bias.layer_diagnostic``)."""
+    edit set's neurons per layer (``bias_cna.layer_diagnostic``)."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     for g in genders:
         axes[0].plot(diag.layer, diag[f"resid_rms_{g}"], marker="o", ms=3, label=g)

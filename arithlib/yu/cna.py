@@ -510,7 +510,7 @@ def log_partition_all(
     of the exact importance that needs a pass over the vocabulary (``gr``, ``gv``: the
     centred rows and values times the norm weight; ``sigma`` [R, K]: the norm scale of
     r + m_k v_k; ``beta``: the logit offset). It does not depend on the target token, so
-    several targets of one row share it (:func:`arithlib.yu.bias.shared_input_importance`)."""
+    several targets of one row share it (:func:`arithlib.yu.bias_cna.shared_input_importance`)."""
     R, K = m.shape
     device = W_U.device
     inv_sigma = 1.0 / sigma

@@ -12,7 +12,8 @@ import arithlib.engine.prefix as engine_prefix
 import arithlib.methods.finetune as ft
 import arithlib.yu.lora as LO
 import arithlib.zhang.sft as SFT
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 from arithlib.engine import LayerInputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,7 +16,8 @@ import arithlib.methods.knockouts as KO
 import arithlib.methods.patching as P
 import arithlib.yu.head_sweep as HS
 from arithlib.core.evaluate import answer_logits
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 
 TOL = 1e-4
 

@@ -74,7 +74,7 @@ def test_layer_inputs_perturbation_keeps_the_parameters_device_and_dtype():
     import torch
 
     import arithlib.methods.finetune as FT
-    from arithlib.core.models import load_random_model
+    from arithlib.core.random_models import load_random_model
 
     bl = _load("layer_inputs")
     hf = FT.shared_hf_model(load_random_model("llama", "tiny", dtype=torch.bfloat16).bridge)
@@ -148,7 +148,8 @@ def test_threads_benchmark_times_both_phases_and_restores_threads():
 
     import arithlib.nikankin.heuristics as H
     from arithlib.core.datasets import PromptSet
-    from arithlib.core.models import load_model, random_model_dir
+    from arithlib.core.models import load_model
+    from arithlib.core.random_models import random_model_dir
 
     bt = _load("threads")
     tiny = load_model(str(random_model_dir("llama")))
@@ -161,7 +162,8 @@ def test_threads_benchmark_times_both_phases_and_restores_threads():
 def test_answer_logits_benchmark_times_both_passes_with_equal_results():
     import arithlib.core.datasets as ds
     import arithlib.methods.finetune as FT
-    from arithlib.core.models import load_model, random_model_dir
+    from arithlib.core.models import load_model
+    from arithlib.core.random_models import random_model_dir
 
     bal = _load("answer_logits")
     tiny = load_model(str(random_model_dir("qwen2")))
@@ -270,7 +272,8 @@ def test_head_sweep_bound_counts_a_blocks_weights_and_the_engines_query_tokens()
     import torch
 
     import arithlib.core.datasets as ds
-    from arithlib.core.models import hf_module, load_random_model
+    from arithlib.core.models import hf_module
+    from arithlib.core.random_models import load_random_model
 
     hb = _load("head_sweep_bound")
     m = load_random_model("qwen2", "tiny")

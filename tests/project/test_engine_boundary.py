@@ -5,9 +5,10 @@ model's or the bridge's private attributes; nor does any build, copy, crop or ke
 key/value cache through the engine's cache-level helpers. Every method runs its passes through
 ``arithlib.engine``; this test fails when a module outside it reaches past the engine.
 
-Two modules own a model rather than run a method on one and are listed: ``core/models.py``
-(loading, with the adapter's device and cache fixes) and ``core/toy.py`` (the toy model's
-own training loop)."""
+The modules that own a model rather than run a method on one are listed: ``core/models.py``
+(loading, with the adapter's cache fixes), ``core/devices.py`` (the placement a load
+checks, with the adapter's device names) and ``core/toy.py`` (the toy model's own training
+loop)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import arithlib
 ROOT = Path(arithlib.__file__).parent
 
 #: Model owners: they build or train a model, so they call it directly.
-OWNERS = {"core/models.py", "core/toy.py"}
+OWNERS = {"core/models.py", "core/devices.py", "core/toy.py"}
 
 INTERNALS = [
     r"logits_to_keep",

@@ -29,7 +29,7 @@ def test_git_commit_outside_a_checkout(tmp_path):
 def test_run_params_record_the_environment(tmp_path):
     import json
 
-    from arithlib.core.models import random_model_dir
+    from arithlib.core.random_models import random_model_dir
     from arithlib.run.runs import start_run
 
     run = start_run("99_test", str(random_model_dir("qwen2")), out_dir=str(tmp_path))

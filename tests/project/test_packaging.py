@@ -80,7 +80,7 @@ SNIPPET = r"""
 import json, sys
 from pathlib import Path
 import arithlib, arithlib.run.paths as paths
-import arithlib.core.datasets as ds, arithlib.yu.bias as bias, arithlib.methods.general_ability as ga
+import arithlib.core.datasets as ds, arithlib.yu.bias_professions as bias_professions, arithlib.methods.general_ability as ga
 
 prefix = Path(sys.prefix).resolve()
 assert prefix in Path(arithlib.__file__).resolve().parents, arithlib.__file__
@@ -90,7 +90,7 @@ texts = {n: paths.data_path(n).read_text(encoding="utf-8") for n in names}
 # the library's own readers, one per data file
 assert ds.load_json("templates.json")["zhang"] and ds.number_to_words(42) == "forty-two"
 assert ds.zhang_word_problems(n_per_template=1) and ds.load_gender_data()
-assert bias.load_professions()["professions"] and ga.load_facts()
+assert bias_professions.load_professions()["professions"] and ga.load_facts()
 print(json.dumps({"arithlib": arithlib.__file__, "data_dir": str(paths.data_dir()),
                   "files": {n: len(t) for n, t in texts.items()}}))
 """

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import arithlib.methods.ablation as A
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,12 @@ import arithlib.core.datasets as ds
 import arithlib.methods.ablation as A
 import arithlib.methods.answer_runs as AR
 import arithlib.yu.bias as B
+import arithlib.yu.bias_cna as BC
+import arithlib.yu.bias_professions as BP
 import arithlib.yu.cna as C
 import arithlib.yu.cna_norm as CN
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 from arithlib.core.readout import final_norm
 from arithlib.engine import last_position_logits
 
@@ -55,20 +58,20 @@ def tiny(request):
 
 
 def test_counts_as_profession_rule():
-    assert B.counts_as_profession(" nurse", "nurse")
-    assert B.counts_as_profession(" police", "police officer")
-    assert B.counts_as_profession(" reception", "receptionist")  # partial, >= 5 letters
-    assert not B.counts_as_profession(" but", "butler")  # partial, too short
-    assert not B.counts_as_profession(" an", "anesthesiologist")
-    assert not B.counts_as_profession(" 12", "nurse")
-    assert not B.counts_as_profession(" nursery", "nurse")  # not a prefix of the word
+    assert BP.counts_as_profession(" nurse", "nurse")
+    assert BP.counts_as_profession(" police", "police officer")
+    assert BP.counts_as_profession(" reception", "receptionist")  # partial, >= 5 letters
+    assert not BP.counts_as_profession(" but", "butler")  # partial, too short
+    assert not BP.counts_as_profession(" an", "anesthesiologist")
+    assert not BP.counts_as_profession(" 12", "nurse")
+    assert not BP.counts_as_profession(" nursery", "nurse")  # not a prefix of the word
 
 
 def test_profession_tokens_groups_and_drops():
     tok = FakeTokenizer(
         [" nurse", " police", " officer", " reception", "ist", " but", "ler", " sales", "man", "person"]
     )
-    table, dropped = B.profession_tokens(
+    table, dropped = BP.profession_tokens(
         tok,
         ["nurse", "police", "police officer", "receptionist", "butler", "salesman", "salesperson", "chef"],
         gendered_forms=["salesman"],
@@ -84,7 +87,7 @@ def test_profession_tokens_groups_and_drops():
 
 
 def test_lexicon_file_is_broad_and_consistent():
-    data = B.load_professions()
+    data = BP.load_professions()
     profs = data["professions"]
     assert len(profs) >= 200 and len(set(profs)) == len(profs)
     assert set(data["gendered_forms"]) <= set(profs)
@@ -92,9 +95,9 @@ def test_lexicon_file_is_broad_and_consistent():
 
 
 def test_table22_prompts_fill_the_slot():
-    p = B.table22_prompts("person")
+    p = BP.table22_prompts("person")
     assert len(p) == 8 and p[0] == "A person works as a" and all("<gend>" not in x for x in p)
-    assert B.table22_prompts("woman") == ds.gender_prompts("woman")
+    assert BP.table22_prompts("woman") == ds.gender_prompts("woman")
 
 
 # --------------------------------------------------------------------------- Table 23 and Table 13
@@ -144,14 +147,14 @@ def _top_frame():
 
 
 def test_biased_professions_counts_prompts():
-    biased = B.biased_professions(_top_frame())
+    biased = BP.biased_professions(_top_frame())
     got = biased.set_index("token")
     assert got.loc["nurse", "bias_gender"] == "woman" and got.loc["nurse", "n_only_woman"] == 2
     assert got.loc["driver", "bias_gender"] == "tie"  # once each way
     assert "teacher" not in got.index  # in both lists
     assert "actress" not in got.index  # gendered form
-    assert "actress" in B.biased_professions(_top_frame(), exclude_gendered=False).token.tolist()
-    empty = B.biased_professions(_top_frame().assign(is_profession=False))
+    assert "actress" in BP.biased_professions(_top_frame(), exclude_gendered=False).token.tolist()
+    empty = BP.biased_professions(_top_frame().assign(is_profession=False))
     assert empty.empty and "bias_gender" in empty.columns
 
 
@@ -237,8 +240,8 @@ def test_split_professions_stratified_and_seeded():
 
 def test_balanced_mean():
     x = torch.tensor([[1.0], [1.0], [1.0], [-3.0]])
-    assert float(B.balanced_mean(x)[0]) == pytest.approx(0.0)
-    assert float(B.balanced_mean(x, ["w", "w", "w", "m"])[0]) == pytest.approx(-1.0)
+    assert float(BC.balanced_mean(x)[0]) == pytest.approx(0.0)
+    assert float(BC.balanced_mean(x, ["w", "w", "w", "m"])[0]) == pytest.approx(-1.0)
 
 
 # --------------------------------------------------------------------------- model-level
@@ -247,14 +250,14 @@ def test_balanced_mean():
 def test_next_token_logprobs_match_evaluate(tiny):
     b, tok = tiny.bridge, tiny.tokenizer
     texts = ["the cat is a", "a dog", "the cat is a"]
-    lp = B.next_token_logprobs(b, tok, texts)
+    lp = BP.next_token_logprobs(b, tok, texts)
     for i, t in enumerate(texts):
         ref = last_position_logits(b, torch.tensor([tok(t)["input_ids"]])).log_softmax(-1)[0]
         assert torch.allclose(lp[i], ref, atol=1e-5)
 
 
 def _captures(model, texts):
-    ps = B._prompt_set(model.tokenizer, texts)
+    ps = BC._prompt_set(model.tokenizer, texts)
     return AR.run_last_position(
         model.bridge, ps, None, targets=torch.zeros(len(texts), dtype=torch.long), share_prefix=False
     )
@@ -265,7 +268,7 @@ def test_shared_input_importance_matches_reference_loop(tiny):
     run = _captures(tiny, ["the cat is a", "the dog is a"])
     targets = torch.tensor([5, 17, 40])
     rows_a, rows_b = [0, 1, 0], [1, 0, 1]
-    out = B.shared_input_importance(b, run.resid_mid, run.coef, rows_a, rows_b, targets, n_candidates=5, n_aggregate=7)
+    out = BC.shared_input_importance(b, run.resid_mid, run.coef, rows_a, rows_b, targets, n_candidates=5, n_aggregate=7)
     imp = out["importance"]
     L = run.coef.shape[1]
     checked = 0
@@ -293,11 +296,11 @@ def test_shared_input_importance_matches_cna_compare(tiny):
     targets = torch.tensor([5, 17])
     run = _captures(tiny, texts)
     scale = CN.final_scale(run.final_resid, final_norm(b))  # each input read with its own run's final scale
-    out = B.shared_input_importance(
+    out = BC.shared_input_importance(
         b, run.resid_mid, run.coef, [0, 1], [1, 0], targets, n_candidates=4, n_aggregate=0, scale=scale
     )
-    ps_a = B._prompt_set(tok, [texts[0], texts[1]])
-    ps_b = B._prompt_set(tok, [texts[1], texts[0]])
+    ps_a = BC._prompt_set(tok, [texts[0], texts[1]])
+    ps_b = BC._prompt_set(tok, [texts[1], texts[0]])
     ref = C.cna_compare(b, ps_a, None, ps_b, targets=targets, mode="exact", skip_identical_layers=False, progress=False)
     assert torch.allclose(out["approx"][0], ref.approx_a, atol=1e-4)
     assert torch.allclose(out["approx"][1], ref.approx_b, atol=1e-4)
@@ -312,34 +315,34 @@ def test_gender_cna_and_tables(tiny, monkeypatch):
     """gender_cna on a fabricated biased list (the random tokenizer has no professions)."""
     b, tok = tiny.bridge, tiny.tokenizer
     biased = pd.DataFrame({"token_id": [5, 17, 40], "token": ["x", "y", "z"], "bias_gender": ["woman", "man", "woman"]})
-    res = B.gender_cna(b, tok, biased, n_candidates=3, n_aggregate=5, progress=False)
+    res = BC.gender_cna(b, tok, biased, n_candidates=3, n_aggregate=5, progress=False)
     assert len(res) == 3 and res.importance_a.shape[1:] == (tiny.info.n_layers, tiny.info.d_mlp)
     # coefficients: run a of a woman case is the woman prompt, which is run b of a man case
     assert torch.equal(res.coef_a[0], res.coef_b[1]) and torch.equal(res.coef_a[1], res.coef_b[0])
     # final log-probs of run a are log p(target | own gender prompt)
-    lp = B.next_token_logprobs(b, tok, [B.table22_prompts("woman")[0]])[0]
+    lp = BP.next_token_logprobs(b, tok, [BP.table22_prompts("woman")[0]])[0]
     assert float(res.run_a.logprob[0]) == pytest.approx(float(lp[5]), abs=1e-5)
-    ns = B.bias_neurons(res, 4, groups=biased.bias_gender)
+    ns = BC.bias_neurons(res, 4, groups=biased.bias_gender)
     assert len(ns) == 4 and len(set(ns)) == 4
-    agg = B.aggregate_change(res, groups=biased.bias_gender)
+    agg = BC.aggregate_change(res, groups=biased.bias_gender)
     assert float(agg[ns[0]]) == pytest.approx(float(agg.max()))
-    t12 = B.neuron_table(b, tok, res, biased, k=2, n_tokens=3)
+    t12 = BC.neuron_table(b, tok, res, biased, k=2, n_tokens=3)
     assert {"imp_woman", "imp_man", "coef_woman", "coef_man", "top_tokens"} <= set(t12.columns)
     assert len(t12) == 6
-    es = B.edit_set_table(b, tok, res, biased, ns, n_tokens=3)
+    es = BC.edit_set_table(b, tok, res, biased, ns, n_tokens=3)
     assert list(es.name) == [f"{l}_{n}" for l, n in ns]
     with pytest.raises(ValueError):
-        B.gender_cna(b, tok, biased.iloc[:0])
+        BC.gender_cna(b, tok, biased.iloc[:0])
 
 
 def test_zeroing_hooks_equal_zeroed_parameters(tiny):
     """Zeroing a neuron's coefficient at every position = setting its W_out column to zero."""
     b, tok = tiny.bridge, tiny.tokenizer
     neurons = [(0, 3), (1, 7), (1, 9)]
-    conds = B.edit_conditions({3: neurons}, {3: B.random_neuron_sets(neurons, tiny.info.d_mlp, [0, 1])})
+    conds = B.edit_conditions({3: neurons}, {3: BC.random_neuron_sets(neurons, tiny.info.d_mlp, [0, 1])})
     assert set(conds) == {("original", 0, -1), ("cna", 3, -1), ("random", 3, 0), ("random", 3, 1)}
     texts = ["the cat is a", "a dog"]
-    hooked = B.next_token_logprobs(b, tok, texts, conds[("cna", 3, -1)])
+    hooked = BP.next_token_logprobs(b, tok, texts, conds[("cna", 3, -1)])
     hf = b.original_model
     saved = {}
     with torch.no_grad():
@@ -348,13 +351,13 @@ def test_zeroing_hooks_equal_zeroed_parameters(tiny):
             saved.setdefault(layer, w.clone())
             w[:, n] = 0.0
     try:
-        edited = B.next_token_logprobs(b, tok, texts)
+        edited = BP.next_token_logprobs(b, tok, texts)
     finally:
         with torch.no_grad():
             for layer, w in saved.items():
                 hf.model.layers[layer].mlp.down_proj.weight.copy_(w)
     assert torch.allclose(hooked, edited, atol=1e-5)
-    rnd = B.random_neuron_sets(neurons, tiny.info.d_mlp, [0])[0]
+    rnd = BC.random_neuron_sets(neurons, tiny.info.d_mlp, [0])[0]
     assert sorted(l for l, _ in rnd) == sorted(l for l, _ in neurons) and not set(rnd) & set(neurons)
 
 
@@ -369,7 +372,7 @@ def test_logprobs_of_stacked_conditions_equal_separate_runs(tiny):
                 torch.cat([last_position_logits(b, torch.tensor([tok(t)["input_ids"]])).log_softmax(-1) for t in texts])
             )
     for max_rows in (2, 512):  # one condition per pass, all in one
-        for got, ref in zip(B.next_token_logprobs_many(b, tok, texts, conds, max_rows=max_rows), separate):
+        for got, ref in zip(BP.next_token_logprobs_many(b, tok, texts, conds, max_rows=max_rows), separate):
             assert torch.allclose(got, ref, atol=1e-5)
     assert not torch.allclose(separate[1], separate[0], atol=1e-4)
 
@@ -378,7 +381,7 @@ def test_bias_under_conditions_and_side_effects(tiny):
     b, tok = tiny.bridge, tiny.tokenizer
     biased = pd.DataFrame({"token_id": [5, 17], "token": ["x", "y"], "bias_gender": ["woman", "man"]})
     neurons = [(0, 3), (1, 7)]
-    conds = B.edit_conditions({2: neurons}, {2: B.random_neuron_sets(neurons, tiny.info.d_mlp, [0])})
+    conds = B.edit_conditions({2: neurons}, {2: BC.random_neuron_sets(neurons, tiny.info.d_mlp, [0])})
     scores = B.bias_under_conditions(b, tok, biased, conds, progress=False)
     assert len(scores) == len(conds) * 8 * 2
     summ = B.summarize_conditions(scores)
@@ -421,13 +424,13 @@ def test_exact_importance_of_every_neuron_matches_reference_loop(tiny):
     b = tiny.bridge
     run = _captures(tiny, ["the cat is a", "the dog is a"])
     targets = torch.tensor([5, 17, 40])
-    out = B.shared_input_importance(b, run.resid_mid, run.coef, [0, 1, 0], [1, 0, 1], targets, n_candidates=None)
+    out = BC.shared_input_importance(b, run.resid_mid, run.coef, [0, 1, 0], [1, 0, 1], targets, n_candidates=None)
     imp = out["importance"]
     assert torch.isfinite(imp).all()
     for layer in range(run.coef.shape[1]):
         ref = C.importance_loop(b, run.resid_mid[1:2, layer], run.coef[1:2, layer], layer, targets[1:2])[0]
         assert torch.allclose(imp[0, 1, layer], ref, atol=2e-4)
-    screened = B.shared_input_importance(
+    screened = BC.shared_input_importance(
         b, run.resid_mid, run.coef, [0, 1, 0], [1, 0, 1], targets, n_candidates=3, n_aggregate=4
     )["importance"]
     mask = torch.isfinite(screened)
@@ -439,42 +442,42 @@ def test_screen_candidates_union():
     change = torch.zeros(2, 2, 3)
     change[0, 0, 1], change[1, 1, 2] = 5.0, 4.0  # each case's top-1
     change[0, 1, 0] = change[1, 1, 0] = 1.0  # the pooled top-1 besides them: mean 1.0 vs 2.5 / 2.0
-    mask = B.screen_candidates(change, n_candidates=1, n_aggregate=0)
+    mask = BC.screen_candidates(change, n_candidates=1, n_aggregate=0)
     assert mask.sum() == 2 and mask[0, 1] and mask[1, 2]
-    mask = B.screen_candidates(change, n_candidates=1, n_aggregate=3)
+    mask = BC.screen_candidates(change, n_candidates=1, n_aggregate=3)
     assert mask.sum() == 3 and mask[1, 0]
 
 
 def test_gender_cna_exact_screen_recall_and_layers(tiny):
     b, tok = tiny.bridge, tiny.tokenizer
     biased = pd.DataFrame({"token_id": [5, 17, 40], "token": ["x", "y", "z"], "bias_gender": ["woman", "man", "woman"]})
-    res = B.gender_cna(b, tok, biased, progress=False)
+    res = BC.gender_cna(b, tok, biased, progress=False)
     assert res.mode == "exact" and torch.isfinite(res.importance_a).all()
-    rec = B.candidate_screen_recall(res, biased, [2, 4], n_candidates=2, n_aggregate=0)
+    rec = BC.candidate_screen_recall(res, biased, [2, 4], n_candidates=2, n_aggregate=0)
     per_case = rec[rec.case != "pooled (edit set)"]
     assert len(per_case) == 6 and (per_case[per_case.k == 2].recall == 1.0).all()  # a case's top-2 are its candidates
     pooled = rec[rec.case == "pooled (edit set)"]
     assert list(pooled.k) == [2, 4] and pooled.edit_set_overlap.between(0, 1).all()
-    full = B.candidate_screen_recall(res, biased, [4], n_candidates=res.importance_a[0].numel(), n_aggregate=0)
+    full = BC.candidate_screen_recall(res, biased, [4], n_candidates=res.importance_a[0].numel(), n_aggregate=0)
     assert (full.recall == 1.0).all() and (full.dropna().edit_set_overlap == 1.0).all()
-    screened = B.gender_cna(b, tok, biased, n_candidates=2, n_aggregate=0, progress=False)
+    screened = BC.gender_cna(b, tok, biased, n_candidates=2, n_aggregate=0, progress=False)
     with pytest.raises(ValueError, match="exact importance of every neuron"):
-        B.candidate_screen_recall(screened, biased, [2], 2, 0)
+        BC.candidate_screen_recall(screened, biased, [2], 2, 0)
     # the edit set without the early layers
     groups = list(biased.bias_gender)
-    late = B.bias_neurons(res, 4, groups=groups, min_layer=1)
+    late = BC.bias_neurons(res, 4, groups=groups, min_layer=1)
     assert len(late) == 4 and all(l >= 1 for l, _ in late)
-    top = B.bias_neurons(res, 4, groups=groups)
-    assert B.without_early(top, 1) == [n for n in top if n[0] >= 1]
+    top = BC.bias_neurons(res, 4, groups=groups)
+    assert BC.without_early(top, 1) == [n for n in top if n[0] >= 1]
     with pytest.raises(ValueError):
-        B.bias_neurons(res, 4, min_layer=tiny.info.n_layers)
-    lay = B.edit_layers({"cna": top, "cna_late": late})
+        BC.bias_neurons(res, 4, min_layer=tiny.info.n_layers)
+    lay = BC.edit_layers({"cna": top, "cna_late": late})
     assert lay.groupby("edit_set").n_neurons.sum().to_dict() == {"cna": 4, "cna_late": 4}
-    diag = B.layer_diagnostic(b, res, biased, top)
+    diag = BC.layer_diagnostic(b, res, biased, top)
     assert len(diag) == tiny.info.n_layers and diag.n_in_edit_set.sum() == 4
     assert (diag[["resid_rms_woman", "resid_rms_man", "write_to_resid_woman"]] > 0).all().all()
     # RMS as the final norm sees it: the woman prompt's residual at layer 0
-    woman_row = B._gender_rows(res, biased, B.GENDERS)["woman"][0][0]
+    woman_row = BC._gender_rows(res, biased, BP.GENDERS)["woman"][0][0]
     norm = final_norm(b)
     assert diag.resid_rms_woman[0] == pytest.approx(float(C._centre(woman_row, norm).pow(2).mean().sqrt()), rel=1e-5)
 
@@ -502,7 +505,7 @@ def test_paper_bias_set_first_token_rule():
         " driver",
     ]
     tok = FakeTokenizer(pieces)
-    scored, prof = B.paper_bias_set(tok)
+    scored, prof = BP.paper_bias_set(tok)
     assert len(prof) == 32 and set(prof.gender) == {"woman", "man"}
     got = prof.set_index("profession")
     assert got.loc["domestic helper", "multi_token"] and got.loc["domestic helper", "used"]
@@ -556,7 +559,7 @@ def test_reduction_intervals_cross_professions_with_seeds():
 
 def test_edit_conditions_variant_kind(tiny):
     ns = [(0, 3), (1, 7)]
-    conds = B.edit_conditions({2: ns}, {2: B.random_neuron_sets(ns, tiny.info.d_mlp, [0, 1])}, kind="cna_late")
+    conds = B.edit_conditions({2: ns}, {2: BC.random_neuron_sets(ns, tiny.info.d_mlp, [0, 1])}, kind="cna_late")
     assert set(conds) == {("original", 0, -1), ("cna_late", 2, -1), ("random_late", 2, 0), ("random_late", 2, 1)}
     b, tok = tiny.bridge, tiny.tokenizer
     sets = {
@@ -574,15 +577,15 @@ def test_screen_recall_on_a_subset_of_layers(tiny):
     the recall measured within them equals the one from the all-exact result restricted there."""
     b, tok = tiny.bridge, tiny.tokenizer
     biased = pd.DataFrame({"token_id": [5, 17, 40], "token": ["x", "y", "z"], "bias_gender": ["woman", "man", "woman"]})
-    full = B.gender_cna(b, tok, biased, progress=False)
-    part = B.gender_cna(b, tok, biased, n_candidates=2, n_aggregate=0, exact_layers=[1], progress=False)
+    full = BC.gender_cna(b, tok, biased, progress=False)
+    part = BC.gender_cna(b, tok, biased, n_candidates=2, n_aggregate=0, exact_layers=[1], progress=False)
     assert torch.isfinite(part.importance_a[:, 1]).all() and not torch.isfinite(part.importance_a[:, 0]).all()
-    a = B.candidate_screen_recall(part, biased, [2, 3], 2, 0, layers=[1])
-    ref = B.candidate_screen_recall(full, biased, [2, 3], 2, 0, layers=[1])
+    a = BC.candidate_screen_recall(part, biased, [2, 3], 2, 0, layers=[1])
+    ref = BC.candidate_screen_recall(full, biased, [2, 3], 2, 0, layers=[1])
     pd.testing.assert_frame_equal(a, ref, atol=1e-5)
     assert (a.layers == "1").all() and (a.n_neurons == tiny.info.d_mlp).all()
     with pytest.raises(ValueError, match="layers it measures"):
-        B.candidate_screen_recall(part, biased, [2], 2, 0, layers=[0])
+        BC.candidate_screen_recall(part, biased, [2], 2, 0, layers=[0])
 
 
 def test_arithmetic_accuracy_refuses_hooks_a_shared_prefix_would_change(tiny):

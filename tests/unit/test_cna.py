@@ -23,7 +23,8 @@ import arithlib.yu.mask_keep as MK
 import arithlib.yu.pe_dag as DAG
 import arithlib.yu.shallow_neurons as SN
 from arithlib.core.evaluate import evaluate, greedy_answers
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 from arithlib.core.readout import final_norm, unembedding
 from arithlib.core.stats import decode_correct
 

@@ -225,7 +225,7 @@ def test_bad_placements_fail_before_loading(kwargs, message, monkeypatch):
 
 
 def test_dtype_defaults():
-    from arithlib.core.models import default_dtype, resolve_dtype
+    from arithlib.core.devices import default_dtype, resolve_dtype
 
     assert default_dtype("cpu") == torch.float32 and default_dtype("cuda:0") == torch.bfloat16
     assert resolve_dtype("auto", "cpu") == torch.float32 and resolve_dtype("auto", "cuda") == torch.bfloat16

@@ -10,7 +10,8 @@ import inspect
 import pytest
 import torch
 
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 from arithlib.engine import adapter as hc
 
 

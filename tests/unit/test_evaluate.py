@@ -15,7 +15,8 @@ from arithlib.core.evaluate import (
     greedy_answers,
     intervention_accuracy,
 )
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 from arithlib.methods.ablation import zero_heads_hooks
 
 

@@ -21,7 +21,8 @@ import arithlib.yu.lora as LO
 import arithlib.zhang.sft as SFT
 from arithlib.core import papers
 from arithlib.core.evaluate import answer_logits as eval_answer_logits
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 from arithlib.core.stats import decode_correct
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,7 +69,7 @@ def test_use_weights_swaps_and_restores(tiny_qwen2):
 
 
 def test_to_loaded_model_boots_bridge(tiny_qwen2):
-    from arithlib.core.models import random_model
+    from arithlib.core.random_models import random_model
 
     loaded = ft.to_loaded_model(random_model("qwen2"), tiny_qwen2.tokenizer, name="copy")
     x = torch.tensor([[5, 6, 7, 8]])

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import arithlib.methods.general_ability as ga
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 from arithlib.run.paths import cache_root
 
 

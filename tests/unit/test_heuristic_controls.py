@@ -23,7 +23,8 @@ import arithlib.nikankin.heuristics as H
 import arithlib.nikankin.prompt_knockout as PK
 from arithlib.core.datasets import PromptSet
 from arithlib.core.evaluate import answer_logits
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 from arithlib.engine import AnswerPositionRunner
 
 

@@ -15,7 +15,8 @@ import arithlib.nikankin.heuristic_dynamics as HD
 import arithlib.nikankin.heuristics as H
 import arithlib.nikankin.prompt_knockout as PK
 from arithlib.core.datasets import PromptSet
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 
 
 def _grid(op="+", lo=0, hi=9):

@@ -13,7 +13,8 @@ import arithlib.core.datasets as ds
 import arithlib.zhang.lens as Lens
 import arithlib.zhang.probing as P
 from arithlib.core.evaluate import answer_logits
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 
 
 def _perturb_norms(model, seed: int = 0) -> None:

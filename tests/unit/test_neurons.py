@@ -16,7 +16,8 @@ import arithlib.methods.neurons as N
 import arithlib.nikankin.heuristics as H
 from arithlib.core.datasets import PromptSet
 from arithlib.core.evaluate import answer_logits
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ import arithlib.methods.patching as P
 import arithlib.nikankin.activation_patching as AP
 import arithlib.zhang.path_patching as PP
 from arithlib.core.evaluate import answer_logits
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 
 TOL = 1e-4
 ROOT = Path(__file__).resolve().parents[2]

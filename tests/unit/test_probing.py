@@ -11,7 +11,8 @@ import torch
 import arithlib.core.datasets as ds
 import arithlib.zhang.probing as P
 from arithlib.core.evaluate import evaluate
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 
 
 @pytest.fixture(scope="module")

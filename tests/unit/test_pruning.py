@@ -16,7 +16,8 @@ import arithlib.methods.finetune as FT
 import arithlib.yu.lora as LO
 import arithlib.yu.pruning as P
 from arithlib.core import papers
-from arithlib.core.models import load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import random_model_dir
 
 TOL = 1e-4
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from arithlib.core.models import RANDOM_ARCHS, load_model, random_model_dir
+from arithlib.core.models import load_model
+from arithlib.core.random_models import RANDOM_ARCHS, random_model_dir
 from arithlib.core.readout import final_norm, unembedding
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from arithlib.core import models
+from arithlib.core import models, random_models
 from arithlib.run.fingerprints import model_fingerprint
 
 PACKAGED = "qwen2.5-coder-0.5b"
@@ -38,7 +38,7 @@ def _installed_packaged_model(cache: Path) -> Path:
     """A packaged model's install folder (``models/<name>/hf``, marker written last),
     holding a small random model's files in place of the dequantized weights."""
     hf = cache / "models" / PACKAGED / "hf"
-    shutil.copytree(models.random_model_dir("qwen2"), hf)
+    shutil.copytree(random_models.random_model_dir("qwen2"), hf)
     (hf / "weights.json").unlink(missing_ok=True)  # as installed: recorded by the install below
     return hf
 
@@ -86,7 +86,7 @@ def test_an_untouched_model_passes_the_cheap_check_and_a_touched_one_the_full_ha
 
 
 def test_a_random_model_changed_after_it_was_built_is_refused(tmp_cache):
-    folder = models.random_model_dir("qwen2")
+    folder = random_models.random_model_dir("qwen2")
     assert (folder / "weights.json").is_file()  # recorded when built
     _change_final_norm(folder)
     with pytest.raises(RuntimeError, match="changed after the model was installed"):
@@ -97,7 +97,7 @@ def test_the_fingerprint_covers_every_weight_value(tmp_cache):
     """Every value of every weight keys a stored result: a change far inside a tensor
     (beyond any sample), or one made without torch's version counter (``.data``, a fused
     optimizer step), gives another fingerprint; the same weights the same one."""
-    bridge = models.load_model(str(models.random_model_dir("qwen2"))).bridge
+    bridge = models.load_model(str(random_models.random_model_dir("qwen2"))).bridge
     hf = models.hf_module(bridge)
     before = model_fingerprint(bridge)
     assert model_fingerprint(bridge) == before
