@@ -132,7 +132,7 @@ if threads:
 if quick:
     n_fit_b, n_patch_b, n_pairs, n_shuffles, n_filter, n_neuron_fit, n_random_neurons = 4, 4, 48, 50, 100, 300, 16
 if model == "toy-arith":  # how the number embeddings started: Fourier features planted at init, or pre-trained
-    from arithlib.core.toy import ToyConfig
+    from arithlib.core.toy_data import ToyConfig
 
     number_init = ToyConfig().number_init
 else:

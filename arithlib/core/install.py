@@ -25,9 +25,9 @@ def check_installed(name: str) -> None:
         folder = cache_root() / "models" / name / "hf"
         installed = packaged_models._is_complete(folder)
     elif name == models.TOY_MODEL:
-        from . import toy
+        from . import toy, toy_data
 
-        folder = toy.installed_model_dir(toy.ToyConfig())  # the shipped weights' copy, or the model trained here
+        folder = toy.installed_model_dir(toy_data.ToyConfig())  # the shipped weights' copy, or the model trained here
         installed = (folder / toy.COMPLETE_MARKER).exists()
     else:
         return
@@ -45,9 +45,9 @@ def reinstall(name: str) -> Path:
     if name in packaged_models.PACKAGED_MODELS:
         shutil.rmtree(cache_root() / "models" / name / "hf", ignore_errors=True)
     elif name == models.TOY_MODEL:
-        from . import toy
+        from . import toy, toy_data
 
-        shutil.rmtree(toy.toy_run_dir(toy.ToyConfig()), ignore_errors=True)
+        shutil.rmtree(toy.toy_run_dir(toy_data.ToyConfig()), ignore_errors=True)
     else:
         raise ValueError(f"{name!r} is not a model arithlib installs ({', '.join(models.known_models())})")
     return models.model_dir(name)

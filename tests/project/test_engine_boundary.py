@@ -7,8 +7,8 @@ key/value cache through the engine's cache-level helpers. Every method runs its 
 
 The modules that own a model rather than run a method on one are listed: ``core/models.py``
 (loading, with the adapter's cache fixes), ``core/devices.py`` (the placement a load
-checks, with the adapter's device names) and ``core/toy.py`` (the toy model's own training
-loop)."""
+checks, with the adapter's device names), ``core/toy.py`` (the toy model's own training
+loop) and ``core/toy_eval.py`` (its evaluation, on the HF model as trained)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import arithlib
 ROOT = Path(arithlib.__file__).parent
 
 #: Model owners: they build or train a model, so they call it directly.
-OWNERS = {"core/models.py", "core/devices.py", "core/toy.py"}
+OWNERS = {"core/models.py", "core/devices.py", "core/toy.py", "core/toy_eval.py"}
 
 INTERNALS = [
     r"logits_to_keep",

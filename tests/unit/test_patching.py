@@ -623,7 +623,7 @@ def test_benchmark_gpu_mode_code_path_on_cpu():
 
 def test_transfer_sets_are_correct_and_tokenize(digit_tokenizer):
     import arithlib.zhang.transfer_sets as TS
-    from arithlib.core.toy import build_tokenizer
+    from arithlib.core.toy_data import build_tokenizer
 
     dec = TS.decimal_prompts(("+", "-"), n_per_op=10, seed=1, fewshot=2)
     for r in dec:

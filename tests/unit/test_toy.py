@@ -16,21 +16,25 @@ import torch
 from safetensors.torch import load_file
 
 import arithlib.core.toy as toy
+import arithlib.core.toy_data as toy_data
+import arithlib.core.toy_eval as toy_eval
 from arithlib.core.toy import (
-    TOY_TEMPLATES,
-    TOY_WORDS,
-    ToyConfig,
-    build_tokenizer,
     checkpoint_steps,
-    make_training_examples,
-    split_pairs,
-    toy_accuracy,
     toy_checkpoint_dir,
     toy_checkpoint_dirs,
     toy_model_dir,
     toy_run_dir,
     train_toy,
 )
+from arithlib.core.toy_data import (
+    TOY_TEMPLATES,
+    TOY_WORDS,
+    ToyConfig,
+    build_tokenizer,
+    make_training_examples,
+    split_pairs,
+)
+from arithlib.core.toy_eval import toy_accuracy
 from arithlib.run.paths import DATA_DIR
 
 TINY = ToyConfig(
@@ -144,9 +148,9 @@ def test_training_examples_are_deterministic_and_split_disjoint():
 
 def test_training_batches_are_packed_few_shot_sequences(tok):
     cfg = ToyConfig(max_operand=19, max_mul_operand=9, batch_size=4, shots=3, template_frac=0.5)
-    enc = toy._encode_examples(cfg, tok)
-    ids, mask = toy._batch(cfg, enc, 7, tok.pad_token_id, tok.bos_token_id)
-    assert torch.equal(ids, toy._batch(cfg, enc, 7, tok.pad_token_id, tok.bos_token_id)[0])
+    enc = toy_data._encode_examples(cfg, tok)
+    ids, mask = toy_data._batch(cfg, enc, 7, tok.pad_token_id, tok.bos_token_id)
+    assert torch.equal(ids, toy_data._batch(cfg, enc, 7, tok.pad_token_id, tok.bos_token_id)[0])
     assert (ids[:, 0] == tok.bos_token_id).all() and tok.unk_token_id not in ids
     newline = tok.convert_tokens_to_ids("\n")
     for row, m in zip(ids, mask):
@@ -364,7 +368,7 @@ def test_default_toy_model_does_two_digit_addition_and_subtraction():
     split = split_pairs(cfg)
     for op in ("+", "-"):
         train, held = split[op]
-        for prefix in ("", toy.eval_prefix(op)):
+        for prefix in ("", toy_eval.eval_prefix(op)):
             acc_train = toy_accuracy(model, tok, op, train, prefix)
             acc_held = toy_accuracy(model, tok, op, held, prefix)
             acc_all = (acc_train * len(train) + acc_held * len(held)) / (len(train) + len(held))

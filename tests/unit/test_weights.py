@@ -114,10 +114,10 @@ def test_the_fingerprint_covers_every_weight_value(tmp_cache):
 
 
 def test_a_trained_toy_model_records_its_weights(tmp_cache, monkeypatch):
-    from arithlib.core import toy
+    from arithlib.core import toy, toy_data
 
     monkeypatch.setattr(toy, "toy_accuracy_table", lambda *args: {})  # the full evaluation is slow
-    cfg = toy.ToyConfig(
+    cfg = toy_data.ToyConfig(
         n_layers=1,
         d_model=16,
         n_heads=2,
