@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Benchmark: the teacher-forced answer pass of notebooks 05 and 06
-(``arithlib.methods.finetune.teacher_forced_logits``) with each few-shot group's prefix run once per
+(``arithlib.methods.answer_loss.teacher_forced_logits``) with each few-shot group's prefix run once per
 batch (``share_prefix=True``, the default) against every row's whole prompt
 (``share_prefix=False``), on the test and training sets of notebook 05's quick scale
 (Yu's 2-digit prompts, 2-shot, 4 templates x 3 operators: groups of a few prompts, so
@@ -36,7 +36,9 @@ import results  # noqa: E402
 import roofline  # noqa: E402
 
 import arithlib.core.datasets as ds  # noqa: E402
+import arithlib.methods.answer_loss as AL  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
+import arithlib.methods.finetune_data as FD  # noqa: E402
 
 
 def time_both(
@@ -56,7 +58,7 @@ def time_both(
     device = next(hf.parameters()).device
     layers = FT.decoder_layers(hf)
     weight = next(layers[len(layers) // 4].parameters())  # the gradient flows down to a quarter of the depth
-    index = FT.answer_batches(train, train_batch, shuffle=True, seed=0)[0]
+    index = FD.answer_batches(train, train_batch, shuffle=True, seed=0)[0]
     flags = {p: p.requires_grad for p in hf.parameters()}
     out: dict = {}
     try:
@@ -67,11 +69,11 @@ def time_both(
 
             def evaluate():
                 with torch.no_grad():
-                    return FT.answer_accuracy(hf, test, batch_size, share_prefix=share)
+                    return AL.answer_accuracy(hf, test, batch_size, share_prefix=share)
 
             def step():
                 weight.grad = None
-                loss = FT.answer_loss(hf, train, index, share_prefix=share)
+                loss = AL.answer_loss(hf, train, index, share_prefix=share)
                 loss.backward()
                 return loss.detach()
 
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     loaded = bench_model.load(args.model, args.device, args.dtype)
     device, dtype, cfg = loaded.device, loaded.dtype, loaded.bridge.cfg
-    splits = FT.yu_lora_data(n_train=args.n, n_test=args.n, n_val=0, ops=["+", "-", "*", "/"], seed=0, fewshot=2)
+    splits = FD.yu_lora_data(n_train=args.n, n_test=args.n, n_val=0, ops=["+", "-", "*", "/"], seed=0, fewshot=2)
     train, test = (ds.PromptSet.build(splits[k], loaded.tokenizer) for k in ("train", "test"))
     r = time_both(loaded.bridge, train, test, args.batch_size, args.train_batch, args.repeats)
     whole, shared = r[False], r[True]

@@ -42,6 +42,8 @@ import roofline  # noqa: E402
 
 import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
+import arithlib.methods.finetune_data as FD  # noqa: E402
+import arithlib.methods.model_weights as MW  # noqa: E402
 from arithlib.engine import LayerInputs  # noqa: E402
 
 #: Allowed |full - late| of a log-probability, by the model's dtype (see the docstring):
@@ -55,11 +57,11 @@ def perturbed(hf, layer: int) -> dict[str, torch.Tensor]:
     """Every weight matrix of block ``layer``, slightly changed (what an adapter or a
     pruning there changes); the noise is drawn on the CPU (the same on every device) and
     added on the parameter's device in its dtype."""
-    prefix = FT.layer_prefix(hf, layer)
+    prefix = MW.layer_prefix(hf, layer)
     gen = torch.Generator().manual_seed(layer)
     return {
         n: p.detach() + (1e-3 * torch.randn(p.shape, generator=gen)).to(p.device, p.dtype)
-        for n, p in FT.params_by_clean_name(hf).items()
+        for n, p in MW.params_by_clean_name(hf).items()
         if n.startswith(prefix) and p.dim() == 2
     }
 
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     hf = FT.shared_hf_model(loaded.bridge)
     n_layers = len(FT.decoder_layers(hf))
     starts = sorted({min(n_layers - 1, max(1, round(f * n_layers))) for f in a.layers})
-    test = ds.PromptSet.build(FT.yu_lora_data(n_train=0, n_test=a.n, seed=0, fewshot=2)["test"], loaded.tokenizer)
+    test = ds.PromptSet.build(FD.yu_lora_data(n_train=0, n_test=a.n, seed=0, fewshot=2)["test"], loaded.tokenizer)
     inputs = {"test": LayerInputs(starts)}
     t_record, _ = roofline.best_time(
         lambda: FT.evaluate_weights(hf, None, {"test": test}, a.batch_size, inputs=inputs), 1, dev

@@ -6,7 +6,7 @@ more on the pruned models).
 
 A LoRA adapter on layer L changes that layer's keys and values at every position, so
 blocks L.. run on the whole sequence (few-shot prefix included); blocks below L are the
-frozen model's and give the same stream in every step, every epoch (``finetune.epoch_batches``
+frozen model's and give the same stream in every step, every epoch (``finetune_data.epoch_batches``
 keeps each batch's prompts), every learning rate and every layer's run. The recording
 run (the first one) computes it; the timed runs below use it. Data: notebook 05's
 training split (Yu's 2-digit prompts with negatives, 2-shot), batch 16, AdamW.
@@ -40,6 +40,7 @@ import results  # noqa: E402
 
 import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
+import arithlib.methods.finetune_data as FD  # noqa: E402
 import arithlib.yu.lora as LO  # noqa: E402
 from arithlib.engine import LayerInputs  # noqa: E402
 
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     n_layers = len(FT.decoder_layers(hf))
     layers = sorted({min(n_layers - 1, max(0, round(f * n_layers))) for f in a.layers})
     n = a.steps * a.batch_size
-    train = ds.PromptSet.build(FT.yu_lora_data(n_train=n, n_test=0, seed=0, fewshot=2)["train"], loaded.tokenizer)
+    train = ds.PromptSet.build(FD.yu_lora_data(n_train=n, n_test=0, seed=0, fewshot=2)["train"], loaded.tokenizer)
     cfg = FT.TrainConfig(lr=1e-3, epochs=1, batch_size=a.batch_size, seed=0)
     inputs = LayerInputs(layers)
     LO.train_lora(hf, max(layers), train, cfg, progress=False, inputs=inputs)  # records every layer's input

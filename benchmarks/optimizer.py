@@ -45,6 +45,7 @@ import results  # noqa: E402
 import roofline  # noqa: E402
 
 import arithlib.methods.finetune as FT  # noqa: E402
+import arithlib.methods.model_weights as MW  # noqa: E402
 from arithlib.methods.finetune import TrainConfig, make_optimizer  # noqa: E402
 
 LR = 1e-4
@@ -55,8 +56,8 @@ def stepped_weights(hf, blocks: int | None) -> list[torch.Tensor]:
     or those of its first ``blocks`` decoder blocks, found by their names' block prefix."""
     if blocks is None:
         return [p.detach() for p in {p.data_ptr(): p for p in hf.parameters()}.values()]
-    prefixes = tuple(FT.layer_prefix(hf, layer) for layer in range(min(blocks, len(FT.decoder_layers(hf)))))
-    chosen = {p.data_ptr(): p for n, p in FT.params_by_clean_name(hf).items() if n.startswith(prefixes)}
+    prefixes = tuple(MW.layer_prefix(hf, layer) for layer in range(min(blocks, len(FT.decoder_layers(hf)))))
+    chosen = {p.data_ptr(): p for n, p in MW.params_by_clean_name(hf).items() if n.startswith(prefixes)}
     return [p.detach() for p in chosen.values()]
 
 

@@ -48,7 +48,7 @@
 #   for the reported accuracies); the epoch with the best validation accuracy is kept.
 # * *Training from the recorded stream*: a LoRA model of layer l equals the original below l, so
 #   the residual stream entering layer l is the frozen model's; it is recorded once per prompt
-#   set (each training batch keeps its prompts in every epoch, `finetune.epoch_batches`) and
+#   set (each training batch keeps its prompts in every epoch, `finetune_data.epoch_batches`) and
 #   every forward and backward pass of layer l's training and evaluation runs blocks l.. on the
 #   whole sequence (few-shot prefix included: the adapter changes layer l's keys and values at
 #   every position) from it (`arithlib.engine.LayerInputs`; bit-identical to full passes, tested;
@@ -106,6 +106,8 @@ from IPython.display import Markdown, display
 
 import arithlib.core.datasets as ds
 import arithlib.methods.finetune as FT
+import arithlib.methods.finetune_data as FD
+import arithlib.methods.model_weights as MW
 import arithlib.plots.finetune as plots
 import arithlib.report as R
 import arithlib.run.scales as scales
@@ -136,7 +138,7 @@ run = start_run(
     norm_reading=norm_reading,
 )
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
-n_params = FT.count_parameters(bridge)  # "auto" takes the smaller "cpu-bands" scale above 1 B on a CPU
+n_params = MW.count_parameters(bridge)  # "auto" takes the smaller "cpu-bands" scale above 1 B on a CPU
 S = scales.scale_settings(scale, run.model.device, quick, info.n_layers, n_params=n_params)
 run.record(n_params=n_params, scale_resolved=S["scale"])  # what the report judges by
 cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
@@ -188,7 +190,7 @@ display(pd.DataFrame([{k: str(v) for k, v in S.items()}]).T.rename(columns={0: "
 
 # %%
 t0 = time.time()
-splits = FT.yu_lora_data(
+splits = FD.yu_lora_data(
     n_train=S["n_train"], n_test=S["n_test"], n_val=S["n_val"], ops=ops, seed=seed, fewshot=fewshot
 )
 train_set, val_set, test_set = (ds.PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))

@@ -54,7 +54,7 @@
 #   copy (same neurons zeroed in the full-size model) is evaluated beside it as a check.
 # * *Fine-tuning*: LoRA on the reference layer of the pruned model, trained on notebook 05's
 #   2-digit training split with its settings; accuracy on its 2-digit test split (whole
-#   answer, then stop: `finetune.answer_accuracy`). Control: the same number of neurons drawn
+#   answer, then stop: `answer_loss.answer_accuracy`). Control: the same number of neurons drawn
 #   uniformly at random from the deep layers (several seeds).
 # * *Judged* (`yu_pruning` in the report): gap = accuracy after LoRA of the CNA-pruned model minus
 #   the mean over the random prunings, 95 % interval by a paired bootstrap over the test prompts
@@ -96,6 +96,7 @@ from IPython.display import Markdown, display
 
 import arithlib.core.datasets as ds
 import arithlib.methods.finetune as FT
+import arithlib.methods.finetune_data as FD
 import arithlib.plots.pruning as plots
 import arithlib.report as R
 import arithlib.run.scales as scales
@@ -240,7 +241,7 @@ display(
 
 # %%
 t0 = time.time()
-splits = FT.yu_lora_data(
+splits = FD.yu_lora_data(
     n_train=S05["n_train"], n_test=S05["n_test"], n_val=S05["n_val"], ops=p05["ops"], seed=seed, fewshot=p05["fewshot"]
 )
 train_set, val_set, test_set = (ds.PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))

@@ -111,7 +111,9 @@ from IPython.display import Markdown, display
 
 import arithlib.core.datasets as ds
 import arithlib.methods.finetune as FT
+import arithlib.methods.finetune_data as FD
 import arithlib.methods.general_ability as GA
+import arithlib.methods.model_weights as MW
 import arithlib.plots.finetune as plots
 import arithlib.report as R
 import arithlib.run.scales as scales
@@ -137,7 +139,7 @@ run = start_run(
     kv=kv,
 )
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
-n_params = FT.count_parameters(bridge)  # "auto" takes the smaller "cpu-bands" scale above 1 B on a CPU
+n_params = MW.count_parameters(bridge)  # "auto" takes the smaller "cpu-bands" scale above 1 B on a CPU
 S = scales.scale_settings(scale, run.model.device, quick, info.n_layers, n_params=n_params)
 seeds = list(train_seeds) if train_seeds is not None else [seed + i for i in range(S["sft_train_seeds"])]
 if not seeds or seeds[0] != seed or len(set(seeds)) != len(seeds):
@@ -208,11 +210,11 @@ display(
 
 # %%
 t0 = time.time()
-splits = FT.yu_lora_data(
+splits = FD.yu_lora_data(
     n_train=S["n_train"], n_test=S["n_test"], n_val=S["n_val"], ops=ops, seed=seed, fewshot=fewshot
 )
 train_set, val_set, test_set = (ds.PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))
-words = FT.word_problem_data(S["word_train"], S["word_test"], seed=seed)
+words = FD.word_problem_data(S["word_train"], S["word_test"], seed=seed)
 sft_train = train_set + ds.PromptSet.build(words["train"], tok, drop_unsplittable=True)
 math_sets = {"arithmetic_2d": test_set, "word_problems": ds.PromptSet.build(words["test"], tok, drop_unsplittable=True)}
 sizes = pd.DataFrame(

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
+import arithlib.methods.finetune_data as FD  # noqa: E402
 import arithlib.run.scales as SC  # noqa: E402
 import arithlib.yu.lora as LO  # noqa: E402
 from arithlib.core import papers  # noqa: E402
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     n_layers = m.info.n_layers
     layer = LO.reference_layer(n_layers) if a.layer is None else a.layer
     s = SC.FINETUNE_SCALES["cpu"]
-    splits = FT.yu_lora_data(n_train=max(a.sizes), n_test=s["n_test"], n_val=a.n_val, seed=0, fewshot=a.fewshot)
+    splits = FD.yu_lora_data(n_train=max(a.sizes), n_test=s["n_test"], n_val=a.n_val, seed=0, fewshot=a.fewshot)
     train, val = (ds.PromptSet.build(splits[k], m.tokenizer) for k in ("train", "val"))
     cfg = FT.TrainConfig(lr=a.lr, epochs=a.epochs, batch_size=a.batch_size, seed=0)
     t0 = time.time()

@@ -8,7 +8,7 @@ batch, during a run of a model that is unchanged up to them (the original, or a 
 whose first change is above), and a later run whose model equals the original below
 layer L starts at the highest recorded layer <= L instead of at the embeddings.
 
-Why not TransformerLens: the passes here are :func:`arithlib.methods.finetune.teacher_forced_logits`'s,
+Why not TransformerLens: the passes here are :func:`arithlib.methods.answer_loss.teacher_forced_logits`'s,
 on the bare HF decoder with a KV cache shared between few-shot prefixes and rows; a
 resumed pass loops over the decoder blocks as the decoder's own forward does (same
 mask, rotary embeddings and block calls), so it equals the full pass bit for bit when

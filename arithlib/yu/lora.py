@@ -25,19 +25,21 @@ from ..core.datasets import PromptSet
 from ..core.papers import YU_BANDS_32, YU_LR_GRID, YU_REFERENCE_LAYER_FRACTION
 from ..engine import LayerInputs, clean_param_name, shared_hf_model
 from ..methods.finetune import (
-    LORA_TARGETS,
     FineTuned,
     Trainable,
     TrainConfig,
     accuracy_row,
-    architecture,
     cached_training,
     choose_lr,
     evaluate_weights,
-    model_shape,
-    params_by_clean_name,
     train_parameters,
     training_key,
+)
+from ..methods.model_weights import (
+    LORA_TARGETS,
+    architecture,
+    model_shape,
+    params_by_clean_name,
     training_state,
     use_weights,
 )

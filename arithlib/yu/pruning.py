@@ -33,7 +33,7 @@ Pieces
   (``answer_accuracy``, ``train_lora``), the same functions that score the unpruned
   models.
 * **Masking form** (:func:`mask_weights`): the same neurons removed by zeroing their
-  output columns in the full-size model (for ``finetune.use_weights``); equal in
+  output columns in the full-size model (for ``model_weights.use_weights``); equal in
   function to the pruned model (tested), equal in size and speed to the original.
 * **Cost** (:func:`parameter_counts`, :func:`forward_seconds`): parameter counts
   (total, FFN, deep FFN) and the wall time of a forward pass.
@@ -61,6 +61,7 @@ from ..core.datasets import PromptSet
 from ..core.papers import YU_DEEP_NEURONS, YU_TABLE11, YU_TOP_K
 from ..engine import LayerInputs, decoder_layers, forward, hf_module, input_device, shared_hf_model
 from ..methods import finetune as FT
+from ..methods import model_weights as MW
 from ..methods.answer_runs import run_last_position
 from . import cna as C
 from . import lora as LO
@@ -179,7 +180,7 @@ def ffn_width(model, layer: int) -> int:
     """Number of FFN neurons of block ``layer`` (read from its weights)."""
     hf = shared_hf_model(model)
     lay = ffn_layout(hf)
-    mod = FT.submodule(decoder_layers(hf)[layer], lay.output)
+    mod = MW.submodule(decoder_layers(hf)[layer], lay.output)
     return int(mod.weight.shape[_neuron_dim(mod, "output")])
 
 
@@ -261,7 +262,7 @@ def prune_ffn(model, keep: Keep, share_weights: bool = True) -> torch.nn.Module:
         index = _as_index(idx, width)
         for path, role in [*[(p, "input") for p in lay.inputs], (lay.output, "output")]:
             parent_path, _, leaf = path.rpartition(".")
-            parent = FT.submodule(block, parent_path) if parent_path else block
+            parent = MW.submodule(block, parent_path) if parent_path else block
             setattr(parent, leaf, _sliced(getattr(parent, leaf), index, role))
         widths[int(layer)] = int(index.numel())
     pruned.config.arithlib_pruned_ffn = {
@@ -278,14 +279,14 @@ def prune_ffn(model, keep: Keep, share_weights: bool = True) -> torch.nn.Module:
 def mask_weights(model, keep: Keep) -> dict[str, torch.Tensor]:
     """The masking form of :func:`prune_ffn`: for each layer in ``keep``, the output
     projection's weight (clean HF name) with the columns of every neuron NOT kept set
-    to zero; pass to ``finetune.use_weights``. The model keeps its size; each removed
+    to zero; pass to ``model_weights.use_weights``. The model keeps its size; each removed
     neuron still computes its coefficient but writes nothing."""
     hf = shared_hf_model(model)
     lay = ffn_layout(hf)
     out = {}
     for layer, idx in keep.items():
-        prefix = FT.layer_prefix(hf, int(layer))
-        mod = FT.submodule(decoder_layers(hf)[int(layer)], lay.output)
+        prefix = MW.layer_prefix(hf, int(layer))
+        mod = MW.submodule(decoder_layers(hf)[int(layer)], lay.output)
         dim = _neuron_dim(mod, "output")
         width = mod.weight.shape[dim]
         drop = torch.ones(width, dtype=torch.bool)
@@ -316,13 +317,13 @@ def parameter_counts(model, layers: Sequence[int]) -> dict[str, int]:
 
     def mlp_params(block) -> int:
         return sum(
-            FT.submodule(block, p).weight.numel()
-            + (FT.submodule(block, p).bias.numel() if getattr(FT.submodule(block, p), "bias", None) is not None else 0)
+            MW.submodule(block, p).weight.numel()
+            + (MW.submodule(block, p).bias.numel() if getattr(MW.submodule(block, p), "bias", None) is not None else 0)
             for p in (*lay.inputs, lay.output)
         )
 
     return {
-        "n_params": FT.count_parameters(hf),
+        "n_params": MW.count_parameters(hf),
         "n_ffn_params": sum(mlp_params(b) for b in blocks),
         "n_deep_ffn_params": sum(mlp_params(blocks[l]) for l in layers),
         "n_deep_neurons": sum(ffn_width(hf, l) for l in layers),
@@ -444,7 +445,7 @@ def lora_cna_scores(
     run_o = run_last_position(
         bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress, desc="original"
     )
-    with FT.use_weights(bridge, lora_weights):
+    with MW.use_weights(bridge, lora_weights):
         run_l = run_last_position(
             bridge, cases, None, targets=targets, batch_size=batch_size, progress=progress, desc="LoRA"
         )
@@ -618,7 +619,7 @@ def evaluate_row(
 ) -> dict:
     """One row of Table 11 for ``model`` (a bridge or an HF model, pruned or not) with
     ``weights`` swapped in (None: as it is): accuracy on ``test_set`` (whole answer,
-    ``finetune.answer_accuracy``'s ``correct_full``; also first token, negative /
+    ``answer_loss.answer_accuracy``'s ``correct_full``; also first token, negative /
     non-negative results), parameter counts, and, with ``tokens``, the forward time.
     ``inputs`` / ``unchanged_below``: the original's recorded streams (``"test"``: on
     ``test_set``) and the first block in which ``model`` differs from it
@@ -630,7 +631,7 @@ def evaluate_row(
     row = FT.accuracy_row(frame)
     row.update(parameter_counts(hf, layers))
     if tokens is not None:
-        with FT.use_weights(hf, weights):
+        with MW.use_weights(hf, weights):
             row.update(forward_seconds(hf, tokens, repeats=repeats))
     return row
 

@@ -37,21 +37,23 @@ from ..core.stats import encode_correct
 from ..engine import LayerInputs, shared_hf_model
 from ..engine import hf_module as _hf
 from ..methods.finetune import (
-    ATTENTION_PROJECTIONS,
     FineTuned,
     Trainable,
     TrainConfig,
-    architecture,
     available_memory,
     cached_training,
-    count_parameters,
     evaluate_weights,
-    layer_prefix,
-    model_shape,
-    params_by_clean_name,
     release_free_memory,
     train_parameters,
     training_key,
+)
+from ..methods.model_weights import (
+    ATTENTION_PROJECTIONS,
+    architecture,
+    count_parameters,
+    layer_prefix,
+    model_shape,
+    params_by_clean_name,
     use_weights,
 )
 from ..run.outputs import find_table, read_table

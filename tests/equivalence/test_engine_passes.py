@@ -104,9 +104,9 @@ def test_decoder_pass_is_the_base_model(model, tokens):
 def test_the_prefix_runner_equals_full_passes(tiny_qwen2, model):
     """First-step logits of PrefixRunner's plan (shared few-shot prefixes) equal each
     prompt's own full pass."""
-    import arithlib.methods.finetune as ft
+    import arithlib.methods.finetune_data as fd
 
-    prompts = ds.PromptSet.build(ft.yu_lora_data(n_train=0, n_test=12, seed=0, fewshot=2)["test"], tiny_qwen2.tokenizer)
+    prompts = ds.PromptSet.build(fd.yu_lora_data(n_train=0, n_test=12, seed=0, fewshot=2)["test"], tiny_qwen2.tokenizer)
     runner = engine.PrefixRunner(model, prompts, batch_size=8)
     assert any(p >= prefix_plan.MIN_SHARED_PREFIX for p, _ in runner.plan)  # the prefix is shared
     with torch.no_grad():

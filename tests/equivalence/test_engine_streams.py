@@ -9,7 +9,10 @@ import torch
 
 import arithlib.core.datasets as ds
 import arithlib.engine.prefix as engine_prefix
+import arithlib.methods.answer_loss as al
 import arithlib.methods.finetune as ft
+import arithlib.methods.finetune_data as fd
+import arithlib.methods.model_weights as mw
 import arithlib.yu.lora as LO
 import arithlib.zhang.sft as SFT
 from arithlib.core.models import load_model
@@ -21,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def test_set(tiny_qwen2):
-    return ds.PromptSet.build(ft.yu_lora_data(n_train=0, n_test=24, seed=0, fewshot=2)["test"], tiny_qwen2.tokenizer)
+    return ds.PromptSet.build(fd.yu_lora_data(n_train=0, n_test=24, seed=0, fewshot=2)["test"], tiny_qwen2.tokenizer)
 
 
 def changed(hf, layer: int) -> dict[str, torch.Tensor]:
@@ -36,16 +39,16 @@ def test_late_start_equals_full_pass(tiny_qwen2, test_set, share_prefix):
     hf = ft.shared_hf_model(tiny_qwen2.bridge)
     inputs = LayerInputs([1])
     with torch.no_grad():
-        batches = ft.answer_batches(test_set, 8)
+        batches = fd.answer_batches(test_set, 8)
         for index in batches:  # the reference run records the stream entering block 1
-            ft.teacher_forced_logits(
+            al.teacher_forced_logits(
                 hf, test_set, index, extra=1, share_prefix=share_prefix, inputs=inputs, same_below=2
             )
         assert len(inputs) == len(batches)
-        with ft.use_weights(hf, changed(hf, 1)):
+        with mw.use_weights(hf, changed(hf, 1)):
             for index in batches:
-                full, mask = ft.teacher_forced_logits(hf, test_set, index, extra=1, share_prefix=share_prefix)
-                late, late_mask = ft.teacher_forced_logits(
+                full, mask = al.teacher_forced_logits(hf, test_set, index, extra=1, share_prefix=share_prefix)
+                late, late_mask = al.teacher_forced_logits(
                     hf, test_set, index, extra=1, share_prefix=share_prefix, inputs=inputs, same_below=1
                 )
                 assert torch.equal(mask, late_mask) and torch.equal(full, late)
@@ -102,11 +105,11 @@ def test_lora_training_from_recorded_stream_gives_the_same_weights(tiny_qwen2):
     an earlier run (the deeper-first order of lora_layer_sweep), with the same weights
     and losses bit for bit."""
     hf = ft.shared_hf_model(tiny_qwen2.bridge)
-    train = ds.PromptSet.build(ft.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], tiny_qwen2.tokenizer)
+    train = ds.PromptSet.build(fd.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], tiny_qwen2.tokenizer)
     cfg = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
     inputs = LayerInputs([1])
     LO.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)  # records
-    assert len(inputs) == len(ft.answer_batches(train, 8))
+    assert len(inputs) == len(fd.answer_batches(train, 8))
     late = LO.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
     full = LO.train_lora(hf, 1, train, cfg, progress=False)
     assert late.history["loss"].equals(full.history["loss"])
@@ -132,7 +135,7 @@ def test_precise_sft_and_its_row_from_recorded_streams(tiny_qwen2, test_set):
     """Precise SFT of heads in block 1 trains from block 1 on; its evaluation row (math
     sets) starts there too; both equal the full passes."""
     hf = ft.shared_hf_model(tiny_qwen2.bridge)
-    train = ds.PromptSet.build(ft.yu_lora_data(n_train=16, n_test=0, seed=1, fewshot=2)["train"], tiny_qwen2.tokenizer)
+    train = ds.PromptSet.build(fd.yu_lora_data(n_train=16, n_test=0, seed=1, fewshot=2)["train"], tiny_qwen2.tokenizer)
     cfg = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
     train_inputs, eval_inputs = LayerInputs([1]), {"test": LayerInputs([1])}
     SFT.evaluate_method(hf, tiny_qwen2.tokenizer, None, {"test": test_set}, inputs=eval_inputs)  # the original records
@@ -162,11 +165,11 @@ def test_lora_epochs_reuse_one_recording_and_equal_full_passes(arch):
     losses of full forward+backward passes bit for bit (tiny_qwen2 random Qwen2 and Llama)."""
     model = load_model(str(random_model_dir(arch)))
     hf = ft.shared_hf_model(model.bridge)
-    train = ds.PromptSet.build(ft.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], model.tokenizer)
+    train = ds.PromptSet.build(fd.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], model.tokenizer)
     cfg = ft.TrainConfig(lr=1e-2, epochs=2, batch_size=8, seed=0)
-    first, second = ft.epoch_batches(train, 8, 0, 0), ft.epoch_batches(train, 8, 0, 1)
+    first, second = fd.epoch_batches(train, 8, 0, 0), fd.epoch_batches(train, 8, 0, 1)
     assert sorted(map(sorted, first)) == sorted(map(sorted, second))  # the same batches every epoch ...
-    assert any(ft.epoch_batches(train, 8, 0, e) != first for e in range(1, 6))  # ... in a new order
+    assert any(fd.epoch_batches(train, 8, 0, e) != first for e in range(1, 6))  # ... in a new order
     inputs = LayerInputs([1])
     recording = LO.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
     assert len(inputs) == len(first)  # once per batch, not once per epoch

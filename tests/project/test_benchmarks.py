@@ -74,12 +74,13 @@ def test_layer_inputs_perturbation_keeps_the_parameters_device_and_dtype():
     import torch
 
     import arithlib.methods.finetune as FT
+    import arithlib.methods.model_weights as MW
     from arithlib.core.random_models import load_random_model
 
     bl = _load("layer_inputs")
     hf = FT.shared_hf_model(load_random_model("llama", "tiny", dtype=torch.bfloat16).bridge)
     w = bl.perturbed(hf, 1)
-    params = FT.params_by_clean_name(hf)
+    params = MW.params_by_clean_name(hf)
     assert w and all(n.startswith("model.layers.1.") for n in w)
     assert all(v.dtype == params[n].dtype == torch.bfloat16 and v.device == params[n].device for n, v in w.items())
 
@@ -162,12 +163,13 @@ def test_threads_benchmark_times_both_phases_and_restores_threads():
 def test_answer_logits_benchmark_times_both_passes_with_equal_results():
     import arithlib.core.datasets as ds
     import arithlib.methods.finetune as FT
+    import arithlib.methods.finetune_data as FD
     from arithlib.core.models import load_model
     from arithlib.core.random_models import random_model_dir
 
     bal = _load("answer_logits")
     tiny = load_model(str(random_model_dir("qwen2")))
-    splits = FT.yu_lora_data(n_train=12, n_test=12, n_val=0, seed=0, fewshot=2)
+    splits = FD.yu_lora_data(n_train=12, n_test=12, n_val=0, seed=0, fewshot=2)
     train, test = (ds.PromptSet.build(splits[k], tiny.tokenizer) for k in ("train", "test"))
     before = [p.requires_grad for p in FT.shared_hf_model(tiny.bridge).parameters()]
     r = bal.time_both(tiny.bridge, train, test, batch_size=8, train_batch=6, repeats=1)

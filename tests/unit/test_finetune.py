@@ -15,7 +15,10 @@ import pytest
 import torch
 
 import arithlib.core.datasets as ds
+import arithlib.methods.answer_loss as al
 import arithlib.methods.finetune as ft
+import arithlib.methods.finetune_data as fd
+import arithlib.methods.model_weights as mw
 import arithlib.run.scales as SC
 import arithlib.yu.lora as LO
 import arithlib.zhang.sft as SFT
@@ -30,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def data(tiny_qwen2):
-    splits = ft.yu_lora_data(n_train=40, n_test=16, n_val=8, seed=0, fewshot=2)
+    splits = fd.yu_lora_data(n_train=40, n_test=16, n_val=8, seed=0, fewshot=2)
     return {k: ds.PromptSet.build(v, tiny_qwen2.tokenizer) for k, v in splits.items()}
 
 
@@ -59,19 +62,19 @@ def test_use_weights_swaps_and_restores(tiny_qwen2):
     x = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         base = tiny_qwen2.bridge(x)
-        with ft.use_weights(tiny_qwen2.bridge, {name: torch.zeros_like(before)}):
+        with mw.use_weights(tiny_qwen2.bridge, {name: torch.zeros_like(before)}):
             assert torch.equal(dict(plain.named_parameters())[name], torch.zeros_like(before))
             assert not torch.allclose(tiny_qwen2.bridge(x), base)
     assert torch.equal(dict(plain.named_parameters())[name], before)
     with pytest.raises(KeyError):
-        with ft.use_weights(plain, {"no.such.weight": before}):
+        with mw.use_weights(plain, {"no.such.weight": before}):
             pass
 
 
 def test_to_loaded_model_boots_bridge(tiny_qwen2):
     from arithlib.core.random_models import random_model
 
-    loaded = ft.to_loaded_model(random_model("qwen2"), tiny_qwen2.tokenizer, name="copy")
+    loaded = mw.to_loaded_model(random_model("qwen2"), tiny_qwen2.tokenizer, name="copy")
     x = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         assert torch.allclose(loaded.bridge(x), tiny_qwen2.bridge(x), atol=1e-5)
@@ -83,18 +86,18 @@ def test_to_loaded_model_boots_bridge(tiny_qwen2):
 
 def test_split_records_disjoint_by_operand_pair():
     recs = ds.yu_prompts(ops=["+", "-"], n_digits=2, n_per_template=50, allow_negative=True, seed=0)
-    a = ft.split_records(recs, {"test": 30, "train": 100}, seed=1)
-    b = ft.split_records(recs, {"test": 30, "train": 100}, seed=1)
+    a = fd.split_records(recs, {"test": 30, "train": 100}, seed=1)
+    b = fd.split_records(recs, {"test": 30, "train": 100}, seed=1)
     assert [r.text for r in a["test"]] == [r.text for r in b["test"]]
     assert len(a["test"]) == 30 and len(a["train"]) == 100
     keys = lambda rs: {(r.op, r.a, r.b) for r in rs}  # noqa: E731
     assert not keys(a["test"]) & keys(a["train"])
     with pytest.raises(ValueError):
-        ft.split_records(recs[:4], {"test": 4, "train": 4})
+        fd.split_records(recs[:4], {"test": 4, "train": 4})
 
 
 def test_yu_lora_data_has_negative_results():
-    splits = ft.yu_lora_data(n_train=200, n_test=50, n_val=20, seed=0)
+    splits = fd.yu_lora_data(n_train=200, n_test=50, n_val=20, seed=0)
     assert [len(splits[k]) for k in ("train", "val", "test")] == [200, 20, 50]
     assert any(r.answer < 0 and r.answer_text.startswith("-") for r in splits["train"])
     assert all(10 <= r.a <= 99 for r in splits["train"])
@@ -102,10 +105,10 @@ def test_yu_lora_data_has_negative_results():
 
 def test_answer_batches_keep_groups_together(data):
     ps = data["train"]
-    batches = ft.answer_batches(ps, 4, shuffle=True, seed=3)
+    batches = fd.answer_batches(ps, 4, shuffle=True, seed=3)
     assert sorted(i for b in batches for i in b) == list(range(len(ps)))
-    assert batches == ft.answer_batches(ps, 4, shuffle=True, seed=3)
-    assert batches != ft.answer_batches(ps, 4, shuffle=True, seed=4)
+    assert batches == fd.answer_batches(ps, 4, shuffle=True, seed=3)
+    assert batches != fd.answer_batches(ps, 4, shuffle=True, seed=4)
     assert sorted(len(b) for b in batches)[1:] == [4] * (len(batches) - 1)
     groups = lambda b: [(ps.records[i].op, ps.records[i].template_id) for i in b]  # noqa: E731
     for b in batches:  # a group's members are contiguous within a batch
@@ -119,9 +122,9 @@ def test_answer_batches_keep_groups_together(data):
 def test_teacher_forced_logits_match_full_forward(tiny_qwen2, data):
     plain = ft.shared_hf_model(tiny_qwen2.bridge)
     ps = data["train"]
-    index = max(ft.answer_batches(ps, 8), key=len)
+    index = max(fd.answer_batches(ps, 8), key=len)
     with torch.no_grad():
-        shared, mask = ft.teacher_forced_logits(plain, ps, index, extra=1)
+        shared, mask = al.teacher_forced_logits(plain, ps, index, extra=1)
         for row, i in enumerate(index):
             seq = torch.tensor([ps.input_ids[i] + ps.answer_ids[i]])
             full = plain(seq).logits[0].float()
@@ -137,25 +140,25 @@ def test_teacher_forced_logits_across_prefix_groups(arch):
     gradients equal its own plain forward pass."""
     model = load_model(str(random_model_dir(arch)))
     plain = ft.shared_hf_model(model.bridge)
-    splits = ft.yu_lora_data(n_train=40, n_test=0, n_val=0, seed=0, fewshot=2)
+    splits = fd.yu_lora_data(n_train=40, n_test=0, n_val=0, seed=0, fewshot=2)
     ps = ds.PromptSet.build(splits["train"], model.tokenizer)
     groups: dict = {}
     for i, r in enumerate(ps.records):
-        groups.setdefault(ft._prefix_key(r), []).append(i)
+        groups.setdefault(fd._prefix_key(r), []).append(i)
     big = [g for g in groups.values() if len(g) >= 2][:3]
     index = [i for g in big for i in g[:3]] + [next(g for g in groups.values() if g not in big)[0]]
     seqs = [ps.input_ids[i] + ps.answer_ids[i] for i in index]
     starts = [len(ps.input_ids[i]) - 1 for i in index]
-    plen = ft._row_prefix_lengths(ps, index, seqs, starts)
+    plen = al._row_prefix_lengths(ps, index, seqs, starts)
     assert len({tuple(s[:p]) for s, p in zip(seqs, plen)}) == len(big) + 1  # one prefix per group
     assert plen[-1] == starts[-1] and all(0 < p <= s for p, s in zip(plen, starts))
     weight = next(ft.decoder_layers(plain)[0].parameters())  # gradients through the prefix's keys and values
     flag = weight.requires_grad
     weight.requires_grad_(True)
     try:
-        shared, mask = ft.teacher_forced_logits(plain, ps, index, extra=1)
+        shared, mask = al.teacher_forced_logits(plain, ps, index, extra=1)
         (grad_shared,) = torch.autograd.grad(shared[mask].sum(), weight)
-        ref, ref_mask = ft.teacher_forced_logits(plain, ps, index, extra=1, share_prefix=False)
+        ref, ref_mask = al.teacher_forced_logits(plain, ps, index, extra=1, share_prefix=False)
         (grad_ref,) = torch.autograd.grad(ref[ref_mask].sum(), weight)
     finally:
         weight.requires_grad_(flag)
@@ -172,9 +175,9 @@ def test_teacher_forced_logits_across_prefix_groups(arch):
 def test_answer_loss_is_answer_token_cross_entropy(tiny_qwen2, data):
     plain = ft.shared_hf_model(tiny_qwen2.bridge)
     ps = data["train"]
-    index = ft.answer_batches(ps, 8)[0]
+    index = fd.answer_batches(ps, 8)[0]
     with torch.no_grad():
-        loss = ft.answer_loss(plain, ps, index)
+        loss = al.answer_loss(plain, ps, index)
         total, n = 0.0, 0
         for i in index:
             seq = torch.tensor([ps.input_ids[i] + ps.answer_ids[i]])
@@ -188,7 +191,7 @@ def test_answer_loss_is_answer_token_cross_entropy(tiny_qwen2, data):
 
 def test_answer_accuracy_agrees_with_evaluate(tiny_qwen2, data):
     ps = data["test"]
-    frame = ft.answer_accuracy(tiny_qwen2.bridge, ps)
+    frame = al.answer_accuracy(tiny_qwen2.bridge, ps)
     logits = eval_answer_logits(tiny_qwen2.bridge, ps)
     assert (frame.correct_first.to_numpy() == (logits.argmax(-1) == ps.first_answer_ids).numpy()).all()
     first = logits.log_softmax(-1).gather(1, ps.first_answer_ids[:, None])[:, 0].numpy()
@@ -232,7 +235,7 @@ def test_lora_merged_weights_equal_peft_forward(tiny_qwen2, data):
         expected = plain(x).logits
         merged = LO._merged_lora_weights(plain, pm)
     pm.unload()
-    with torch.no_grad(), ft.use_weights(plain, merged):
+    with torch.no_grad(), mw.use_weights(plain, merged):
         assert torch.allclose(plain(x).logits, expected, atol=1e-5)
 
 
@@ -354,12 +357,12 @@ def test_full_sft_trains_everything_and_returns_the_weights_leaving_the_model_as
     """Full SFT returns every trained weight and restores the model (it trained it in
     place before, which left no way to try a second lr on the same model)."""
     plain = ft.shared_hf_model(tiny_qwen2.bridge)
-    before = {n: p.detach().clone() for n, p in ft.params_by_clean_name(plain).items()}
+    before = {n: p.detach().clone() for n, p in mw.params_by_clean_name(plain).items()}
     res = SFT.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False)
-    assert res.n_trainable == ft.count_parameters(plain)
+    assert res.n_trainable == mw.count_parameters(plain)
     assert set(res.weights) == set(before)
     assert all(not torch.equal(res.weights[n], before[n]) for n in before)  # every weight trained
-    assert all(torch.equal(p, before[n]) for n, p in ft.params_by_clean_name(plain).items())  # model restored
+    assert all(torch.equal(p, before[n]) for n, p in mw.params_by_clean_name(plain).items())  # model restored
     again = SFT.full_sft(tiny_qwen2.bridge, data["train"], CFG, progress=False)  # from the same start: the same weights
     assert all(torch.equal(again.weights[n], res.weights[n]) for n in before)
     swapped = ft.evaluate_weights(tiny_qwen2.bridge, res.weights, {"test": data["test"]})
@@ -418,7 +421,7 @@ def _entry_point(method: str, tiny_qwen2, data) -> Iterator[tuple[torch.nn.Modul
     owner = load_model(str(random_model_dir("qwen2"))) if method == "full" else tiny_qwen2  # full SFT: a fresh copy
     target = owner.bridge if method == "bridge" else ft.shared_hf_model(owner.bridge)
     name = "model.layers.1.self_attn.q_proj.weight"
-    weight = ft.params_by_clean_name(target)[name]
+    weight = mw.params_by_clean_name(target)[name]
     calls = {
         "lora": lambda: LO.train_lora(tiny_qwen2.bridge, 1, data["train"], STEPS, data["val"], progress=False),
         "precise": lambda: SFT.precise_sft(
@@ -464,7 +467,7 @@ def test_training_restores_grad_flags_and_modes(tiny_qwen2, data, method):
 def test_training_restores_state_on_error(tiny_qwen2, data, method, monkeypatch):
     """An exception in the middle of training (here: the second batch's loss) leaves
     the flags, gradients and modes as they were, and LoRA's peft wrapping removed."""
-    real, calls = ft.answer_loss, []
+    real, calls = al.answer_loss, []
 
     def failing_loss(*args, **kwargs):
         calls.append(1)

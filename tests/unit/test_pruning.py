@@ -13,6 +13,8 @@ import torch
 import arithlib.core.datasets as ds
 import arithlib.methods.ablation as A
 import arithlib.methods.finetune as FT
+import arithlib.methods.finetune_data as FD
+import arithlib.methods.model_weights as MW
 import arithlib.yu.lora as LO
 import arithlib.yu.pruning as P
 from arithlib.core import papers
@@ -71,7 +73,7 @@ def test_keeping_every_neuron_reproduces_logits(tiny):
     assert base.dtype == torch.float32
     assert torch.allclose(out, base, atol=TOL, rtol=0)
     assert P.ffn_widths(pruned) == widths
-    assert FT.count_parameters(pruned) == FT.count_parameters(FT.shared_hf_model(tiny.bridge))
+    assert MW.count_parameters(pruned) == MW.count_parameters(FT.shared_hf_model(tiny.bridge))
 
 
 def test_pruned_equals_masked(tiny):
@@ -82,7 +84,7 @@ def test_pruned_equals_masked(tiny):
         out = pruned(TOKENS).logits.float()
     hooked = _logits(tiny.bridge, hooks=A.keep_neurons_hooks(P.keep_pairs(keep), sorted(keep), position=None))
     assert torch.allclose(out, hooked, atol=TOL, rtol=0)
-    with FT.use_weights(tiny.bridge, P.mask_weights(tiny.bridge, keep)):
+    with MW.use_weights(tiny.bridge, P.mask_weights(tiny.bridge, keep)):
         masked = _logits(tiny.bridge)
     assert torch.allclose(out, masked, atol=TOL, rtol=0)
     assert not torch.allclose(out, _logits(tiny.bridge), atol=1e-3)  # pruning did change the model
@@ -126,7 +128,7 @@ def test_parameter_counts(tiny):
     # per neuron: gated MLPs have a gate row, an up row and a down column (no biases in
     # Qwen2/Llama); GPT-2 / NeoX an fc_in row with its bias and an fc_out column
     per_neuron = 3 * d if tiny.info.gated_mlp else 2 * d + 1
-    assert FT.count_parameters(pruned) == FT.count_parameters(FT.shared_hf_model(tiny.bridge)) - removed * per_neuron
+    assert MW.count_parameters(pruned) == MW.count_parameters(FT.shared_hf_model(tiny.bridge)) - removed * per_neuron
     layers = sorted(keep)
     full, small = P.parameter_counts(tiny.bridge, layers), P.parameter_counts(pruned, layers)
     assert full["n_params"] - small["n_params"] == removed * per_neuron
@@ -177,7 +179,7 @@ def test_random_keep():
 
 
 def test_lora_on_pruned_model(qwen):
-    splits = FT.yu_lora_data(n_train=16, n_test=8, seed=0, fewshot=1)
+    splits = FD.yu_lora_data(n_train=16, n_test=8, seed=0, fewshot=1)
     train, test = (ds.PromptSet.build(splits[k], qwen.tokenizer) for k in ("train", "test"))
     cfg = FT.TrainConfig(lr=1e-2, epochs=1, batch_size=8, max_steps=2, seed=0)
     hf = FT.shared_hf_model(qwen.bridge)
@@ -214,7 +216,7 @@ def test_sweep_evaluations_start_at_the_first_pruned_layer(qwen):
     there from the recorded stream, and give the full passes' numbers."""
     from arithlib.engine import LayerInputs
 
-    splits = FT.yu_lora_data(n_train=16, n_test=8, seed=0, fewshot=1)
+    splits = FD.yu_lora_data(n_train=16, n_test=8, seed=0, fewshot=1)
     train, test = (ds.PromptSet.build(splits[k], qwen.tokenizer) for k in ("train", "test"))
     cfg = FT.TrainConfig(lr=1e-2, epochs=1, batch_size=8, max_steps=2, seed=0)
     cols = ["accuracy_pruned", "accuracy_first_pruned", "accuracy", "mean_answer_logprob"]
