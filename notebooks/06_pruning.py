@@ -102,7 +102,9 @@ import arithlib.report as R
 import arithlib.run.scales as scales
 import arithlib.yu.cna as C
 import arithlib.yu.lora as lora
+import arithlib.yu.pruned_model as pruned_model
 import arithlib.yu.pruning as pruning
+import arithlib.yu.pruning_selection as selection
 from arithlib.core import papers
 from arithlib.run.outputs import find_table, read_table, save_figure, save_table
 from arithlib.run.paths import cache_root
@@ -168,7 +170,7 @@ for name, value in (
         S[name] = value
 deep = C.deep_layers(info.n_layers)
 ref_layer = lora.reference_layer(info.n_layers)
-widths = {l: pruning.ffn_width(bridge, l) for l in deep}
+widths = {l: pruned_model.ffn_width(bridge, l) for l in deep}
 n_deep = sum(widths.values())
 k_scaled = pruning.scaled_top_k(n_deep)
 mode_used = C.resolve_mode(bridge, mode)
@@ -273,8 +275,8 @@ print(
 
 # %%
 t0 = time.time()
-cases = pruning.yu_1d_cases(tok, fewshot=p05["fewshot"], per_op=S["cases_per_op"], seed=seed)
-scores = pruning.lora_cna_scores(
+cases = selection.yu_1d_cases(tok, fewshot=p05["fewshot"], per_op=S["cases_per_op"], seed=seed)
+scores = selection.lora_cna_scores(
     bridge,
     cases,
     lora_ref.weights,
@@ -284,11 +286,11 @@ scores = pruning.lora_cna_scores(
     batch_size=batch_size,
     norm_reading=norm_reading,
 )
-ranking = pruning.union_ranking(scores)
-curve = pruning.union_size_curve(ranking)
-n_main = pruning.n_for_share(main_share, n_deep)
-k_main = pruning.k_of_prefix(ranking, n_main)
-union_scaled = len(pruning.union_top_k(ranking, k_scaled))
+ranking = selection.union_ranking(scores)
+curve = selection.union_size_curve(ranking)
+n_main = selection.n_for_share(main_share, n_deep)
+k_main = selection.k_of_prefix(ranking, n_main)
+union_scaled = len(selection.union_top_k(ranking, k_scaled))
 cna_seconds = time.time() - t0
 timings.append({"section": "1 CNA", "wall_s": cna_seconds})
 case_frame = cases.to_frame()[["op", "a", "b", "answer"]].assign(
@@ -304,7 +306,7 @@ case_summary = (
     .reset_index()
 )
 save_table(case_summary, run.out, "06_cna_cases")
-save_table(ranking.head(pruning.n_for_share(max(shares), n_deep)), run.out, "06_neuron_ranking")
+save_table(ranking.head(selection.n_for_share(max(shares), n_deep)), run.out, "06_neuron_ranking")
 save_table(curve, run.out, "06_union_size")
 fig = plots.union_size(
     curve,
@@ -334,7 +336,7 @@ ranking.head(10)
 
 # %%
 t0 = time.time()
-tokens = pruning.timing_tokens(test_set, S["timing_batch"])
+tokens = pruned_model.timing_tokens(test_set, S["timing_batch"])
 seeds = [seed * 1000 + i for i in range(int(S["random_seeds"]))]
 if not seeds:
     raise ValueError("random_seeds must be at least 1: Table 11 compares the CNA-pruned model with random prunings")
@@ -441,7 +443,7 @@ summary.pivot_table(index="share", columns="selection", values=["accuracy_pruned
 
 # %%
 first_random = f"random seed {seeds[0]}"
-by_layer = pruning.kept_by_layer({"CNA union": keeps["cna"], first_random: keeps[first_random]}, widths)
+by_layer = selection.kept_by_layer({"CNA union": keeps["cna"], first_random: keeps[first_random]}, widths)
 save_table(by_layer, run.out, "06_kept_by_layer")
 fig = plots.kept_by_layer_plot(by_layer, title=f"{model}: deep FFN neurons kept per layer ({main_share:.0%} overall)")
 save_figure(fig, run.out, "06_kept_by_layer")

@@ -190,7 +190,7 @@ def union_size(
 
 def kept_by_layer_plot(frame: pd.DataFrame, title: str = ""):
     """Share (%) of each deep layer's neurons kept, per selection (``frame`` from
-    ``pruning.kept_by_layer``)."""
+    ``pruning_selection.kept_by_layer``)."""
     fig, ax = plt.subplots(figsize=(max(5, 0.5 * frame.layer.nunique() + 3), 3.6))
     data = frame.assign(share=100 * frame.share)
     sns.barplot(data=data, x="layer", y="share", hue="selection", ax=ax, errorbar=None)

@@ -16,7 +16,9 @@ import arithlib.methods.finetune as FT
 import arithlib.methods.finetune_data as FD
 import arithlib.methods.model_weights as MW
 import arithlib.yu.lora as LO
+import arithlib.yu.pruned_model as PM
 import arithlib.yu.pruning as P
+import arithlib.yu.pruning_selection as PS
 from arithlib.core import papers
 from arithlib.core.models import load_model
 from arithlib.core.random_models import random_model_dir
@@ -55,7 +57,7 @@ def _some_keep(model, seed=0):
     g = torch.Generator().manual_seed(seed)
     keep = {}
     for l in range(n_layers):
-        w = P.ffn_width(model.bridge, l)
+        w = PM.ffn_width(model.bridge, l)
         keep[l] = torch.randperm(w, generator=g)[: w // 3]
     if n_layers > 1:
         keep[n_layers - 1] = torch.tensor([], dtype=torch.long)
@@ -63,28 +65,28 @@ def _some_keep(model, seed=0):
 
 
 def test_keeping_every_neuron_reproduces_logits(tiny):
-    widths = P.ffn_widths(tiny.bridge)
+    widths = PM.ffn_widths(tiny.bridge)
     keep = {l: torch.arange(w) for l, w in enumerate(widths)}
-    pruned = P.prune_ffn(tiny.bridge, keep)
+    pruned = PM.prune_ffn(tiny.bridge, keep)
     assert pruned is not FT.shared_hf_model(tiny.bridge)
     base = _logits(tiny.bridge)
     with torch.no_grad():
         out = pruned(TOKENS).logits.float()
     assert base.dtype == torch.float32
     assert torch.allclose(out, base, atol=TOL, rtol=0)
-    assert P.ffn_widths(pruned) == widths
+    assert PM.ffn_widths(pruned) == widths
     assert MW.count_parameters(pruned) == MW.count_parameters(FT.shared_hf_model(tiny.bridge))
 
 
 def test_pruned_equals_masked(tiny):
     keep = _some_keep(tiny)
-    pruned = P.prune_ffn(tiny.bridge, keep)
-    assert P.ffn_widths(pruned) == [len(keep[l]) for l in range(tiny.info.n_layers)]
+    pruned = PM.prune_ffn(tiny.bridge, keep)
+    assert PM.ffn_widths(pruned) == [len(keep[l]) for l in range(tiny.info.n_layers)]
     with torch.no_grad():
         out = pruned(TOKENS).logits.float()
-    hooked = _logits(tiny.bridge, hooks=A.keep_neurons_hooks(P.keep_pairs(keep), sorted(keep), position=None))
+    hooked = _logits(tiny.bridge, hooks=A.keep_neurons_hooks(PM.keep_pairs(keep), sorted(keep), position=None))
     assert torch.allclose(out, hooked, atol=TOL, rtol=0)
-    with MW.use_weights(tiny.bridge, P.mask_weights(tiny.bridge, keep)):
+    with MW.use_weights(tiny.bridge, PM.mask_weights(tiny.bridge, keep)):
         masked = _logits(tiny.bridge)
     assert torch.allclose(out, masked, atol=TOL, rtol=0)
     assert not torch.allclose(out, _logits(tiny.bridge), atol=1e-3)  # pruning did change the model
@@ -95,7 +97,7 @@ def test_original_untouched_and_weights_shared(qwen):
     before = {n: p.detach().clone() for n, p in hf.named_parameters()}
     flags = {n: p.requires_grad for n, p in hf.named_parameters()}
     base = _logits(qwen.bridge)
-    pruned = P.prune_ffn(qwen.bridge, {1: [0, 5, 7]})
+    pruned = PM.prune_ffn(qwen.bridge, {1: [0, 5, 7]})
     for n, p in hf.named_parameters():
         assert torch.equal(p, before[n]), n
         assert p.requires_grad == flags[n], n  # the shared tensors' flags are the original's
@@ -111,26 +113,26 @@ def test_original_untouched_and_weights_shared(qwen):
         == dict(hf.named_parameters())["model.layers.0.mlp.down_proj.weight"].data_ptr()
     )
     assert shared["model.layers.1.mlp.down_proj.weight"].shape == (qwen.info.d_model, 3)
-    independent = P.prune_ffn(qwen.bridge, {1: [0, 5, 7]}, share_weights=False)
+    independent = PM.prune_ffn(qwen.bridge, {1: [0, 5, 7]}, share_weights=False)
     assert (
         dict(independent.named_parameters())["model.layers.0.mlp.down_proj.weight"].data_ptr()
         != dict(hf.named_parameters())["model.layers.0.mlp.down_proj.weight"].data_ptr()
     )
     assert pruned.config.arithlib_pruned_ffn["widths"] == {"1": 3}
-    assert FT.model_fingerprint(pruned) != FT.model_fingerprint(P.prune_ffn(qwen.bridge, {1: [0, 5, 8]}))
+    assert FT.model_fingerprint(pruned) != FT.model_fingerprint(PM.prune_ffn(qwen.bridge, {1: [0, 5, 8]}))
 
 
 def test_parameter_counts(tiny):
     keep = _some_keep(tiny)
-    pruned = P.prune_ffn(tiny.bridge, keep)
+    pruned = PM.prune_ffn(tiny.bridge, keep)
     d = tiny.info.d_model
-    removed = sum(P.ffn_width(tiny.bridge, l) - len(idx) for l, idx in keep.items())
+    removed = sum(PM.ffn_width(tiny.bridge, l) - len(idx) for l, idx in keep.items())
     # per neuron: gated MLPs have a gate row, an up row and a down column (no biases in
     # Qwen2/Llama); GPT-2 / NeoX an fc_in row with its bias and an fc_out column
     per_neuron = 3 * d if tiny.info.gated_mlp else 2 * d + 1
     assert MW.count_parameters(pruned) == MW.count_parameters(FT.shared_hf_model(tiny.bridge)) - removed * per_neuron
     layers = sorted(keep)
-    full, small = P.parameter_counts(tiny.bridge, layers), P.parameter_counts(pruned, layers)
+    full, small = PM.parameter_counts(tiny.bridge, layers), PM.parameter_counts(pruned, layers)
     assert full["n_params"] - small["n_params"] == removed * per_neuron
     assert full["n_deep_ffn_params"] - small["n_deep_ffn_params"] == removed * per_neuron
     assert small["n_deep_neurons"] == sum(len(v) for v in keep.values())
@@ -142,39 +144,39 @@ def test_case_ranks_and_union_ranking():
     N, layers, K = 4, [2, 3], 6
     change = torch.randn(N, len(layers), K)
     approx = torch.randn(N, len(layers), K)
-    scores = P.CNAScores(change, approx, layers, "exact", None, 1.0, 1.0, torch.zeros(N, dtype=torch.long))
-    ranking = P.union_ranking(scores)
+    scores = PS.CNAScores(change, approx, layers, "exact", None, 1.0, 1.0, torch.zeros(N, dtype=torch.long))
+    ranking = PS.union_ranking(scores)
     assert len(ranking) == len(layers) * K and ranking.order.tolist() == list(range(1, 13))
     flat = change.reshape(N, -1)
     for k in range(1, 8):
         expected = set()
         for i in range(N):
             expected |= set(flat[i].topk(k).indices.tolist())
-        u = P.union_top_k(ranking, k)
+        u = PS.union_top_k(ranking, k)
         got = {layers.index(l) * K + n for l, n in zip(u.layer, u.neuron)}
         assert got == expected
         # the union of top-k is a prefix of the order
         assert set(ranking.order[ranking.best_rank <= k]) == set(range(1, len(expected) + 1))
-    curve = P.union_size_curve(ranking, [1, 2, 3])
-    assert curve.union_size.tolist() == [len(P.union_top_k(ranking, k)) for k in (1, 2, 3)]
-    keep = P.keep_from_ranking(ranking, 5, layers)
+    curve = PS.union_size_curve(ranking, [1, 2, 3])
+    assert curve.union_size.tolist() == [len(PS.union_top_k(ranking, k)) for k in (1, 2, 3)]
+    keep = PS.keep_from_ranking(ranking, 5, layers)
     assert sum(len(v) for v in keep.values()) == 5 and set(keep) == set(layers)
-    assert P.k_of_prefix(ranking, 5) == int(ranking.best_rank.iloc[4])
+    assert PS.k_of_prefix(ranking, 5) == int(ranking.best_rank.iloc[4])
     # two-stage: exact scores first, then the stage-1 change
     exact = torch.tensor([[float("nan"), 0.1, float("nan"), -5.0]])
     first = torch.tensor([[9.0, 0.0, 3.0, 0.0]])
-    assert P.case_ranks(exact, first).tolist() == [[2, 0, 3, 1]]
+    assert PS.case_ranks(exact, first).tolist() == [[2, 0, 3, 1]]
 
 
 def test_random_keep():
-    keep = P.random_keep([1, 2], {1: 10, 2: 20}, 7, seed=3)
+    keep = PS.random_keep([1, 2], {1: 10, 2: 20}, 7, seed=3)
     assert sum(len(v) for v in keep.values()) == 7 and set(keep) == {1, 2}
     assert all(int(v.max()) < w for v, w in ((keep[1], 10), (keep[2], 20)) if len(v))
-    again = P.random_keep([1, 2], {1: 10, 2: 20}, 7, seed=3)
+    again = PS.random_keep([1, 2], {1: 10, 2: 20}, 7, seed=3)
     assert all(torch.equal(keep[l], again[l]) for l in keep)
-    matched = P.random_keep([1, 2], 10, 0, seed=0, layer_counts={1: 3, 2: 4})
+    matched = PS.random_keep([1, 2], 10, 0, seed=0, layer_counts={1: 3, 2: 4})
     assert [len(matched[1]), len(matched[2])] == [3, 4]
-    assert P.n_for_share(0.05, 1000) == 50 and P.n_for_share(0.0001, 100) == 1
+    assert PS.n_for_share(0.05, 1000) == 50 and PS.n_for_share(0.0001, 100) == 1
     assert P.scaled_top_k(papers.YU_DEEP_NEURONS) == 500
 
 
@@ -185,7 +187,7 @@ def test_lora_on_pruned_model(qwen):
     hf = FT.shared_hf_model(qwen.bridge)
     before = {n: p.detach().clone() for n, p in hf.named_parameters()}
     keep = {1: torch.arange(0, qwen.info.d_mlp, 4)}
-    tokens = P.timing_tokens(test, 4)
+    tokens = PM.timing_tokens(test, 4)
     row = P.prune_and_finetune(qwen.bridge, keep, 0, train, test, cfg, tokens=tokens, repeats=1)
     assert row["n_kept"] == qwen.info.d_mlp // 4 and row["n_lora"] > 0
     assert 0 <= row["accuracy"] <= 1 and 0 <= row["accuracy_pruned"] <= 1 and row["forward_s"] > 0
@@ -247,19 +249,21 @@ def test_sweep_evaluations_start_at_the_first_pruned_layer(qwen):
 def _ranking_for(model):
     K = model.info.d_mlp
     change = torch.randn(2, 1, K, generator=torch.Generator().manual_seed(0))
-    return P.union_ranking(P.CNAScores(change, change, [1], "exact", None, 1.0, 1.0, torch.zeros(2, dtype=torch.long)))
+    return PS.union_ranking(
+        PS.CNAScores(change, change, [1], "exact", None, 1.0, 1.0, torch.zeros(2, dtype=torch.long))
+    )
 
 
 def test_lora_cna_scores_match_finetune_lora_cna(qwen):
-    cases = P.yu_1d_cases(qwen.tokenizer, per_op=2, fewshot=1)
+    cases = PS.yu_1d_cases(qwen.tokenizer, per_op=2, fewshot=1)
     assert len(cases) == 8 and {r.op for r in cases.records} == {"+", "-", "*", "/"}
     name = "model.layers.0.self_attn.o_proj.weight"
     w = dict(FT.shared_hf_model(qwen.bridge).named_parameters())[name]
     weights = {name: w.detach() * 1.5}
-    scores = P.lora_cna_scores(qwen.bridge, cases, weights, [1], mode="exact", progress=False)
+    scores = PS.lora_cna_scores(qwen.bridge, cases, weights, [1], mode="exact", progress=False)
     assert scores.change.shape == (8, 1, qwen.info.d_mlp) and torch.isfinite(scores.change).all()
     _, details = LO.lora_cna(qwen.bridge, cases, {"m": weights}, ks=(5,), layers=[1], mode="exact", progress=False)
     ref = details["m"]["importance"] - details["m"]["importance_orig"]
     assert torch.allclose(scores.change[:, 0], ref[:, 1], atol=1e-5)
     with pytest.raises(ValueError):
-        P.lora_cna_scores(qwen.bridge, cases, {"model.layers.1.mlp.down_proj.weight": torch.zeros(1)}, [1])
+        PS.lora_cna_scores(qwen.bridge, cases, {"model.layers.1.mlp.down_proj.weight": torch.zeros(1)}, [1])
