@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Benchmark: CNA importance (Yu & Ananiadou 2024, Sec. 4.1) of every FFN neuron for N
-prompts, batched (``arithlib.yu.cna.exact_importance``: shared value projections, vocabulary
+prompts, batched (``arithlib.yu.cna_importance.exact_importance``: shared value projections, vocabulary
 in chunks, online logsumexp) against the per-neuron loop through the model's own
-``ln_final`` and unembedding (``arithlib.yu.cna.importance_loop``). Both are exact; the
+``ln_final`` and unembedding (``arithlib.yu.cna_importance.importance_loop``). Both are exact; the
 script checks they agree (within a tolerance scaled to the model's dtype: the loop
 rounds the residual stream and the final norm's output to it), prints a markdown table
 and appends it, with the command, to ``benchmarks/RESULTS.md``.
@@ -42,7 +42,7 @@ import roofline  # noqa: E402
 import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.answer_runs as AR  # noqa: E402
 import arithlib.methods.neurons as N  # noqa: E402
-import arithlib.yu.cna as C  # noqa: E402
+import arithlib.yu.cna_importance as CI  # noqa: E402
 from arithlib.core.readout import final_norm, unembedding  # noqa: E402
 
 #: Allowed |batched - loop| per unit of logit spread, by the model's dtype: the batched
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     def batched():
         return torch.stack(
             [
-                C.exact_importance(
+                CI.exact_importance(
                     resid[:, l], coef[:, l], N.w_out(b, l), t, norm, W_U, b_U, vocab_chunk=args.vocab_chunk
                 )
                 for l in range(info.n_layers)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def loop():
         return torch.stack(
-            [C.importance_loop(b, resid[:, l], coef[:, l], l, t, neurons=idx) for l in range(info.n_layers)], 1
+            [CI.importance_loop(b, resid[:, l], coef[:, l], l, t, neurons=idx) for l in range(info.n_layers)], 1
         )
 
     with torch.no_grad():

@@ -54,7 +54,7 @@
 #
 # **Key heads** come from notebook 01's **exact** head sweep (`01_yu_head_sweep.csv`: the top
 # heads of every setting zeroed at every position on all of its prompts). Rule, stated
-# before any run (`cna.select_key_heads`): + and - share one head, / has its own (Yu
+# before any run (`key_heads.select_key_heads`): + and - share one head, / has its own (Yu
 # Sec. 4, App. B). Among the heads the sweep measured on every operator of the group at
 # 1 digit, the largest mean 1D accuracy drop; ties by the larger mean answer-logit drop,
 # then the lower (layer, head). If that drop is not above 0, **no head lowers 1D accuracy**
@@ -157,6 +157,7 @@ import arithlib.yu.cna as C
 import arithlib.yu.cna_norm as cna_norm
 import arithlib.yu.head_specificity as HSP
 import arithlib.yu.head_sweep as HS
+import arithlib.yu.key_heads as KH
 import arithlib.yu.mask_keep as masking
 import arithlib.yu.pe_dag as pe_dag
 import arithlib.yu.shallow_neurons as shallow_neurons
@@ -208,9 +209,9 @@ print(f"random controls: {n_random_seeds} seeds")
 # %%
 sweep_path = run.out / "01_yu_head_sweep.csv"
 groups = {g: list(ops) for g, ops in papers.YU_GROUPS.items()}
-selected = C.select_key_heads(sweep_path, groups, n_digits=1)
+selected = KH.select_key_heads(sweep_path, groups, n_digits=1)
 heads = {r.group: (int(r.layer), int(r.head)) for r in selected.itertuples()}
-head_table = C.key_head_table(sweep_path, selected, groups, n_digits=1)
+head_table = KH.key_head_table(sweep_path, selected, groups, n_digits=1)
 save_table(head_table, run.out, "04_key_heads")
 for r in selected.itertuples():
     if r.lowers_1d:

@@ -20,6 +20,7 @@ from ..engine import input_device
 from ..methods.answer_runs import LastPosition, run_last_position
 from ..methods.neurons import w_out
 from . import cna as C
+from . import cna_importance as CI
 from .bias_professions import GENDERS, next_token_logprobs, table22_prompts
 from .cna_norm import check_norm_reading, run_scales
 from .mask_keep import random_layer_matched
@@ -113,14 +114,14 @@ def shared_input_importance(
     log-partition of softmax(W_U norm(r + m v))) are repeated for every case. Here the
     log-partition of each (input, neuron) is computed once and shared by all targets;
     only the target logits differ, and those are cheap. Same two-stage scheme as
-    :mod:`arithlib.yu.cna`: stage 1 (:func:`arithlib.yu.cna.first_order_importance`) scores
+    :mod:`arithlib.yu.cna`: stage 1 (:func:`arithlib.yu.cna_importance.first_order_importance`) scores
     every neuron for every case; stage 2 computes the exact importance, for EVERY case,
     of the union of each case's top-``n_candidates`` neurons by stage-1 change and the
     top-``n_aggregate`` by the mean stage-1 change (gender-balanced with ``groups``,
     :func:`balanced_mean`; :func:`screen_candidates`). ``n_candidates=None``: no screen,
     the exact importance of EVERY neuron (one log-partition per input and neuron, so its
     cost does not grow with the number of cases: about the cost of one prompt in
-    :func:`arithlib.yu.cna.exact_importance`). ``exact_layers``: every neuron of these layers
+    :func:`arithlib.yu.cna_importance.exact_importance`). ``exact_layers``: every neuron of these layers
     is exact besides the screen's candidates (to measure the screen's recall there).
     ``scale`` [G]: each input's fixed final norm scale (``cna.final_scale`` of its own
     run, the authors' reading); None: each vector's own RMS (the "own" variant).
@@ -130,7 +131,7 @@ def shared_input_importance(
     norm = final_norm(model)
     W_U, b_U = unembedding(model)  # float32, as in cna: log-probability differences need it
     device = W_U.device  # a split model's unembedding device
-    beta = C._beta(norm, W_U, b_U)
+    beta = CI._beta(norm, W_U, b_U)
     G, L, d = resid.shape
     K = coef.shape[-1]
     N = len(targets)
@@ -148,7 +149,7 @@ def shared_input_importance(
     for layer in tqdm(range(L), desc="stage 1", disable=not progress, leave=False):
         r = resid[:, layer].to(device).float()
         m = coef[:, layer].to(device).float()
-        stats, _ = C.layer_stats(
+        stats, _ = CI.layer_stats(
             r,
             torch.zeros(G, dtype=torch.long, device=device),
             norm,
@@ -157,16 +158,16 @@ def shared_input_importance(
             vocab_chunk=max(vocab_chunk, 16384),
             scale=scale,
         )
-        gr = C._centre(r, norm) * norm.weight  # [G, d]
+        gr = CI._centre(r, norm) * norm.weight  # [G, d]
         A_t = gr @ w_cols.T  # [G, N]: target logits before scaling, every input x every target
         stats_by_layer[layer] = (stats, A_t)
         values = w_out(model, layer).to(device)
         for s in range(2):
             g = sides[s]
-            st = C.LayerStats(
+            st = CI.LayerStats(
                 sigma0=stats.sigma0[g], A_w=A_t[g, torch.arange(N)], lse0=stats.lse0[g], pA=stats.pA[g], q=stats.q[g]
             )
-            approx[s, :, layer] = C.first_order_importance(
+            approx[s, :, layer] = CI.first_order_importance(
                 r[g], m[g], values, t, norm, W_U, st, None if scale is None else scale[g]
             ).cpu()
             base[s, :, layer] = (st.A_w / st.sigma0 + beta[t] - st.lse0).cpu()
@@ -184,9 +185,9 @@ def shared_input_importance(
         r = resid[:, layer].to(device).float()
         m = coef[:, layer].to(device).float()[:, idx]  # [G, U]
         values = w_out(model, layer).to(device)[idx]
-        rc, v, sigma = C._pair_terms(r, m, values, norm, scale)  # sigma [G, U]
+        rc, v, sigma = CI._pair_terms(r, m, values, norm, scale)  # sigma [G, U]
         gr, gv = rc * norm.weight, v * norm.weight
-        lse = C.log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems)  # [G, U]
+        lse = CI.log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems)  # [G, U]
         B_t = gv @ w_cols.T  # [U, N]
         z_t = (A_t[:, None, :] + m[:, :, None] * B_t[None]) / sigma[:, :, None] + beta[t]  # [G, U, N]
         lp = z_t - lse[:, :, None]  # log p(target_n | input g with neuron u added)
@@ -482,10 +483,10 @@ def layer_diagnostic(
     imp = torch.cat([result.importance_a, result.importance_b]).abs()
     rows = []
     for layer in range(L):
-        v = C._centre(w_out(model, layer).float().cpu(), norm).norm(dim=-1)  # [K]
+        v = CI._centre(w_out(model, layer).float().cpu(), norm).norm(dim=-1)  # [K]
         row = {"layer": layer}
         for g, (resid, coef) in rows_g.items():
-            r = C._centre(resid[layer].float(), norm)
+            r = CI._centre(resid[layer].float(), norm)
             row[f"resid_rms_{g}"] = float(r.pow(2).mean().sqrt())
             row[f"write_to_resid_{g}"] = float((coef[layer].float().abs() * v / r.norm()).median())
         li = imp[:, layer]

@@ -16,7 +16,7 @@ among the heads that have it:
   of factual-recall accuracy (a control of ours; Yu report no other task);
 * the **best specific head** of a group: among the heads that lower the group's 1D accuracy
   (own drop > 0) and pass both tests on their point estimates, the largest own drop; ties by
-  the lower (layer, head). When it is the key head of :func:`arithlib.yu.cna.select_key_heads`
+  the lower (layer, head). When it is the key head of :func:`arithlib.yu.key_heads.select_key_heads`
   nothing more is run; otherwise notebook 04 runs the chain on both heads.
 """
 
@@ -30,7 +30,7 @@ import pandas as pd
 
 from ..core.components import Head
 from ..core.papers import NOISE_GAP
-from .cna import read_head_sweep
+from .key_heads import read_head_sweep
 
 #: The operator whose decrease a specific head leaves small (Yu Table 1: 2D * under 17^22).
 OTHER_OPERATOR = "*"
@@ -64,7 +64,7 @@ def candidate_heads(
     """Per group, the heads of notebook 01's exact sweep (``01_yu_head_sweep``: each
     setting's screened top heads on all its prompts) whose ``n_digits``-digit accuracy drop
     is > 0 on at least one of the group's operators, in (layer, head) order (the sweep read
-    as :func:`arithlib.yu.cna.select_key_heads` reads it). A head the
+    as :func:`arithlib.yu.key_heads.select_key_heads` reads it). A head the
     sweep did not re-measure on an operator is measured there by :func:`head_patterns`'s
     caller, not assumed."""
     one = read_head_sweep(sweep)

@@ -17,6 +17,7 @@ import arithlib.yu.bias as B
 import arithlib.yu.bias_cna as BC
 import arithlib.yu.bias_professions as BP
 import arithlib.yu.cna as C
+import arithlib.yu.cna_importance as CI
 import arithlib.yu.cna_norm as CN
 from arithlib.core.models import load_model
 from arithlib.core.random_models import random_model_dir
@@ -278,7 +279,7 @@ def test_shared_input_importance_matches_reference_loop(tiny):
                 neurons = torch.isfinite(imp[s, i, layer]).nonzero().flatten().tolist()
                 if not neurons:
                     continue
-                ref = C.importance_loop(
+                ref = CI.importance_loop(
                     b, run.resid_mid[g : g + 1, layer], run.coef[g : g + 1, layer], layer, targets[i : i + 1], neurons
                 )[0]
                 assert torch.allclose(imp[s, i, layer, neurons], ref, atol=2e-4), (s, i, layer)
@@ -428,7 +429,7 @@ def test_exact_importance_of_every_neuron_matches_reference_loop(tiny):
     imp = out["importance"]
     assert torch.isfinite(imp).all()
     for layer in range(run.coef.shape[1]):
-        ref = C.importance_loop(b, run.resid_mid[1:2, layer], run.coef[1:2, layer], layer, targets[1:2])[0]
+        ref = CI.importance_loop(b, run.resid_mid[1:2, layer], run.coef[1:2, layer], layer, targets[1:2])[0]
         assert torch.allclose(imp[0, 1, layer], ref, atol=2e-4)
     screened = BC.shared_input_importance(
         b, run.resid_mid, run.coef, [0, 1, 0], [1, 0, 1], targets, n_candidates=3, n_aggregate=4
@@ -479,7 +480,7 @@ def test_gender_cna_exact_screen_recall_and_layers(tiny):
     # RMS as the final norm sees it: the woman prompt's residual at layer 0
     woman_row = BC._gender_rows(res, biased, BP.GENDERS)["woman"][0][0]
     norm = final_norm(b)
-    assert diag.resid_rms_woman[0] == pytest.approx(float(C._centre(woman_row, norm).pow(2).mean().sqrt()), rel=1e-5)
+    assert diag.resid_rms_woman[0] == pytest.approx(float(CI._centre(woman_row, norm).pow(2).mean().sqrt()), rel=1e-5)
 
 
 def test_paper_bias_set_first_token_rule():

@@ -18,7 +18,9 @@ import arithlib.methods.ablation as A
 import arithlib.methods.answer_runs as AR
 import arithlib.methods.neurons as N
 import arithlib.yu.cna as C
+import arithlib.yu.cna_importance as CI
 import arithlib.yu.cna_norm as CN
+import arithlib.yu.key_heads as KH
 import arithlib.yu.mask_keep as MK
 import arithlib.yu.pe_dag as DAG
 import arithlib.yu.shallow_neurons as SN
@@ -134,20 +136,20 @@ def test_exact_importance_equals_per_neuron_loop(tiny):
     t = ps.first_answer_ids
     for layer in range(tiny.info.n_layers):
         r, m = run.resid_mid[:, layer], run.coef[:, layer]
-        batched = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=100)
-        loop = C.importance_loop(b, r, m, layer, t)
+        batched = CI.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=100)
+        loop = CI.importance_loop(b, r, m, layer, t)
         assert torch.allclose(batched, loop, atol=1e-4), (batched - loop).abs().max()
-        blocked = C.exact_importance(
+        blocked = CI.exact_importance(
             r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=64, block_elems=64 * 128 * 2
         )  # two rows per block
         assert torch.allclose(blocked, loop, atol=1e-4)
         K = m.shape[1]
-        small = C.exact_importance(
+        small = CI.exact_importance(
             r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=4096, block_elems=K * 50
         )  # one row's [K, 4096] block is over the bound
         assert torch.allclose(small, loop, atol=1e-4)
         rows, cols = torch.tensor([0, 2, 2, 1]), torch.tensor([5, 5, 7, 0])
-        pairs = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=77)
+        pairs = CI.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=77)
         assert torch.allclose(pairs, loop[rows, cols], atol=1e-4)
 
 
@@ -160,14 +162,14 @@ def test_exact_importance_blocks_stay_within_block_elems(tiny, monkeypatch):
     norm, (W_U, b_U) = final_norm(b), unembedding(b)
     r, m = run.resid_mid[:, 0], run.coef[:, 0]
     sizes = []
-    get = C._Scratch.get
+    get = CI._Scratch.get
     monkeypatch.setattr(
-        C._Scratch,
+        CI._Scratch,
         "get",
         lambda self, slot, shape, dtype: sizes.append(math.prod(shape)) or get(self, slot, shape, dtype),
     )
     bound = m.shape[1] * 50
-    C.exact_importance(r, m, N.w_out(b, 0), ps.first_answer_ids, norm, W_U, b_U, vocab_chunk=4096, block_elems=bound)
+    CI.exact_importance(r, m, N.w_out(b, 0), ps.first_answer_ids, norm, W_U, b_U, vocab_chunk=4096, block_elems=bound)
     assert sizes and max(sizes) <= bound
 
 
@@ -178,11 +180,11 @@ def test_first_order_is_close_for_small_coefficients(qwen):
     norm, (W_U, b_U) = final_norm(b), unembedding(b)
     t = ps.first_answer_ids
     r, m = run.resid_mid[:, 1], run.coef[:, 1] * 1e-3
-    stats, base = C.layer_stats(r, t, norm, W_U, b_U, vocab_chunk=100)
-    approx = C.first_order_importance(r, m, N.w_out(b, 1), t, norm, W_U, stats)
-    exact = C.exact_importance(r, m, N.w_out(b, 1), t, norm, W_U, b_U)
+    stats, base = CI.layer_stats(r, t, norm, W_U, b_U, vocab_chunk=100)
+    approx = CI.first_order_importance(r, m, N.w_out(b, 1), t, norm, W_U, stats)
+    exact = CI.exact_importance(r, m, N.w_out(b, 1), t, norm, W_U, b_U)
     assert torch.allclose(approx, exact, atol=1e-6, rtol=1e-2)
-    loop_base = C.importance_loop(b, r, torch.zeros_like(m), 1, t)
+    loop_base = CI.importance_loop(b, r, torch.zeros_like(m), 1, t)
     assert torch.allclose(loop_base, torch.zeros_like(loop_base), atol=1e-6)
 
 
@@ -351,16 +353,16 @@ def test_key_heads_from_sweep(tmp_path):
         ("/", 1): {(2, 0): 0.5, (3, 1): 0.1},
     }
     frame = _sweep_rows(drops)
-    assert C.key_heads_from_sweep(frame) == {"+-": (3, 1), "/": (2, 0)}
-    sel = C.select_key_heads(frame)
-    assert sel.lowers_1d.all() and (sel.selection == C.KEY_HEAD_BY_1D).all()
+    assert KH.key_heads_from_sweep(frame) == {"+-": (3, 1), "/": (2, 0)}
+    sel = KH.select_key_heads(frame)
+    assert sel.lowers_1d.all() and (sel.selection == KH.KEY_HEAD_BY_1D).all()
     assert sel.set_index("group").loc["+-", "score"] == pytest.approx(0.5)
     with pytest.raises(FileNotFoundError, match="notebook 01"):
-        C.key_heads_from_sweep(tmp_path / "01_yu_head_sweep.csv")
+        KH.key_heads_from_sweep(tmp_path / "01_yu_head_sweep.csv")
     with pytest.raises(ValueError, match="/"):
-        C.key_heads_from_sweep(frame[frame.op != "/"])
+        KH.key_heads_from_sweep(frame[frame.op != "/"])
     with pytest.raises(ValueError, match="rerun notebook 01"):  # a sweep from before the exact stage
-        C.key_heads_from_sweep(frame.drop(columns="logit_drop"))
+        KH.key_heads_from_sweep(frame.drop(columns="logit_drop"))
 
 
 def test_key_head_rule_ties_and_coverage():
@@ -372,7 +374,7 @@ def test_key_head_rule_ties_and_coverage():
         ("/", 1): {(2, 2): 0.2, (2, 1): 0.2},
     }
     logit = {("+", 1, 4, 1): 2.0, ("-", 1, 4, 1): 2.0, ("+", 1, 1, 1): 2.0, ("-", 1, 1, 1): 2.0}
-    heads = C.key_heads_from_sweep(_sweep_rows(drops, logit))
+    heads = KH.key_heads_from_sweep(_sweep_rows(drops, logit))
     assert heads == {"+-": (1, 1), "/": (2, 1)}
 
 
@@ -384,11 +386,11 @@ def test_key_head_fallback_when_no_head_lowers_1d_accuracy():
         drops[(op, 1)] = {(0, 0): 0.0, (3, 1): 0.0, (5, 2): 0.0}
         drops[(op, 2)] = {(0, 0): 0.05, (3, 1): 0.40, (5, 2): 0.05}
         drops[(op, 3)] = {(0, 0): 0.0, (3, 1): 0.0, (5, 2): 0.10}
-    sel = C.select_key_heads(_sweep_rows(drops, digits=(1, 2, 3)))
-    assert not sel.lowers_1d.any() and (sel.selection == C.KEY_HEAD_FALLBACK).all()
+    sel = KH.select_key_heads(_sweep_rows(drops, digits=(1, 2, 3)))
+    assert not sel.lowers_1d.any() and (sel.selection == KH.KEY_HEAD_FALLBACK).all()
     assert {r.group: (r.layer, r.head) for r in sel.itertuples()} == {"+-": (3, 1), "/": (3, 1)}
     assert sel.settings_total.tolist() == [6, 3] and sel.score.iloc[0] == pytest.approx(0.4 / 3)
-    table = C.key_head_table(_sweep_rows(drops, digits=(1, 2, 3)), sel)
+    table = KH.key_head_table(_sweep_rows(drops, digits=(1, 2, 3)), sel)
     assert len(table) == 3 and (table.accuracy_drop == 0).all() and not table.lowers_1d.any()
 
 
@@ -396,9 +398,9 @@ def test_key_head_from_committed_smollm2_sweep():
     path = Path(__file__).resolve().parents[2] / "figures" / "smollm2-135m" / "01_yu_head_sweep.csv"
     if not path.exists():
         pytest.skip("no committed SmolLM2 sweep")
-    sel = C.select_key_heads(path)
+    sel = KH.select_key_heads(path)
     assert sel.lowers_1d.all()  # SmolLM2 has heads whose removal lowers 1D accuracy
-    table = C.key_head_table(path, sel)
+    table = KH.key_head_table(path, sel)
     assert (table.groupby("group").accuracy_drop.mean() > 0).all()
 
 
@@ -697,18 +699,18 @@ def test_fast_paths_equal_the_loop_in_the_final_reading(tiny):
     scale = CN.final_scale(run.final_resid, norm)
     for layer in range(tiny.info.n_layers):
         r, m = run.resid_mid[:, layer], run.coef[:, layer]
-        loop = C.importance_loop(b, r, m, layer, t, scale=scale)
-        batched = C.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=100, scale=scale)
+        loop = CI.importance_loop(b, r, m, layer, t, scale=scale)
+        batched = CI.exact_importance(r, m, N.w_out(b, layer), t, norm, W_U, b_U, vocab_chunk=100, scale=scale)
         assert torch.allclose(batched, loop, atol=1e-4), (batched - loop).abs().max()
         rows, cols = torch.tensor([0, 2, 2, 1]), torch.tensor([5, 5, 7, 0])
-        pairs = C.exact_importance(
+        pairs = CI.exact_importance(
             r, m, N.w_out(b, layer), t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=77, scale=scale
         )
         assert torch.allclose(pairs, loop[rows, cols], atol=1e-4)
-        stats, _ = C.layer_stats(r, t, norm, W_U, b_U, scale=scale)
+        stats, _ = CI.layer_stats(r, t, norm, W_U, b_U, scale=scale)
         small = m * 1e-2  # first order: exact up to O(m^2) (and fp32 noise near 5e-7)
-        approx = C.first_order_importance(r, small, N.w_out(b, layer), t, norm, W_U, stats, scale)
-        exact_small = C.exact_importance(r, small, N.w_out(b, layer), t, norm, W_U, b_U, scale=scale)
+        approx = CI.first_order_importance(r, small, N.w_out(b, layer), t, norm, W_U, stats, scale)
+        exact_small = CI.exact_importance(r, small, N.w_out(b, layer), t, norm, W_U, b_U, scale=scale)
         assert torch.allclose(approx, exact_small, atol=2e-6, rtol=5e-2), (approx - exact_small).abs().max()
 
 
@@ -724,11 +726,11 @@ def test_both_runs_are_read_with_the_original_runs_final_scale(qwen):
     scale_a = CN.final_scale(res.run_a.final_resid, norm)
     assert not torch.allclose(scale_a, CN.final_scale(res.run_b.final_resid, norm))
     for layer in res.layers:
-        ref_b = C.importance_loop(
+        ref_b = CI.importance_loop(
             b, res.run_b.resid_mid[:, layer], res.run_b.coef[:, layer], layer, res.targets, scale=scale_a
         )
         assert torch.allclose(res.importance_b[:, layer], ref_b, atol=1e-4)
-        ref_own = C.importance_loop(b, res.run_b.resid_mid[:, layer], res.run_b.coef[:, layer], layer, res.targets)
+        ref_own = CI.importance_loop(b, res.run_b.resid_mid[:, layer], res.run_b.coef[:, layer], layer, res.targets)
         assert torch.allclose(own.importance_b[:, layer], ref_own, atol=1e-4)
     assert not torch.allclose(res.importance_a[:, res.layers], own.importance_a[:, res.layers], atol=1e-3)
     with pytest.raises(ValueError, match="norm_reading"):

@@ -1,0 +1,312 @@
+"""CNA importance, the math (Yu & Ananiadou 2024, Sec. 4.1 and App. B): the log-probability
+change of the predicted token when a neuron's value vector is added to the residual
+stream after its layer's attention, read through the final norm, for every neuron of
+a layer at once: per-layer statistics, the first-order screen, the exact importance
+(with the log-partition of every neuron's logits), and the loop over layers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..core.readout import FinalNorm, final_norm, unembedding
+from ..methods.neurons import w_out
+
+# --------------------------------------------------------------------------- importance: the math
+
+
+def _centre(x: torch.Tensor, norm: FinalNorm) -> torch.Tensor:
+    return x - x.mean(-1, keepdim=True) if norm.kind == "layer" else x
+
+
+def _beta(norm: FinalNorm, W_U: torch.Tensor, b_U: torch.Tensor) -> torch.Tensor:
+    return b_U + norm.bias @ W_U if norm.bias is not None else b_U
+
+
+@dataclass
+class LayerStats:
+    """Per-row baseline quantities of one layer: sigma0 (norm scale of r), A_w (target
+    logit before scaling), lse0 (log-partition of the baseline logits), pA (= p . A)
+    and q (= W_U p, the expected unembedding), with p = softmax(logits(r))."""
+
+    sigma0: torch.Tensor
+    A_w: torch.Tensor
+    lse0: torch.Tensor
+    pA: torch.Tensor
+    q: torch.Tensor
+
+
+def layer_stats(
+    resid: torch.Tensor,
+    targets: torch.Tensor,
+    norm: FinalNorm,
+    W_U: torch.Tensor,
+    b_U: torch.Tensor,
+    vocab_chunk: int = 16384,
+    scale: torch.Tensor | None = None,
+) -> tuple[LayerStats, torch.Tensor]:
+    """Baseline statistics of rows ``resid`` [R, d] (one pass over the vocabulary with an
+    online softmax) and log p(target | resid) [R]. ``scale`` [R]: the fixed norm scale of
+    each row ("final" reading); None: each row's own RMS ("own")."""
+    r = _centre(resid.float(), norm)
+    d = r.shape[-1]
+    gr = r * norm.weight
+    sigma0 = torch.sqrt(r.pow(2).sum(-1) / d + norm.eps) if scale is None else scale.float().to(r.device)
+    beta = _beta(norm, W_U, b_U)
+    R = r.shape[0]
+    m = torch.full((R,), -torch.inf, device=r.device)
+    s = torch.zeros(R, device=r.device)
+    pA = torch.zeros(R, device=r.device)
+    q = torch.zeros(R, d, device=r.device)
+    for v0 in range(0, W_U.shape[1], vocab_chunk):
+        Wc = W_U[:, v0 : v0 + vocab_chunk]
+        A = gr @ Wc
+        z = A / sigma0[:, None] + beta[v0 : v0 + vocab_chunk]
+        m_new = torch.maximum(m, z.max(-1).values)
+        scale = torch.exp(m - m_new)
+        e = torch.exp(z - m_new[:, None])
+        s = s * scale + e.sum(-1)
+        pA = pA * scale + (e * A).sum(-1)
+        q = q * scale[:, None] + e @ Wc.T
+        m = m_new
+    pA, q = pA / s, q / s[:, None]
+    lse0 = m + torch.log(s)
+    A_w = (gr * W_U[:, targets.to(W_U.device)].T).sum(-1)
+    base = A_w / sigma0 + beta[targets] - lse0
+    return LayerStats(sigma0, A_w, lse0, pA, q), base
+
+
+def _pair_terms(
+    resid: torch.Tensor, coef: torch.Tensor, values: torch.Tensor, norm: FinalNorm, scale: torch.Tensor | None = None
+):
+    """Centred r and v and the norm scale sigma [R, K] of r + m v: its own RMS, or the
+    row's fixed ``scale`` [R] for every neuron ("final" reading)."""
+    r = _centre(resid.float(), norm)
+    v = _centre(values.float(), norm)
+    m = coef.float()
+    if scale is not None:
+        return r, v, scale.float().to(r.device)[:, None].expand(m.shape)
+    d = r.shape[-1]
+    rv = r @ v.T
+    rr = r.pow(2).sum(-1)
+    vv = v.pow(2).sum(-1)
+    sigma = torch.sqrt((rr[:, None] + 2 * m * rv + m.pow(2) * vv[None]) / d + norm.eps)
+    return r, v, sigma
+
+
+def first_order_importance(
+    resid: torch.Tensor,
+    coef: torch.Tensor,
+    values: torch.Tensor,
+    targets: torch.Tensor,
+    norm: FinalNorm,
+    W_U: torch.Tensor,
+    stats: LayerStats,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Stage 1 of the two-stage mode, [R, K]: the importance with the logit change dz
+    exact (norm rescaling included) and the log-partition linearised at p:
+    ``imp1 = dz_w - p . dz = (A_w - p.A)(1/sigma - 1/sigma0) + m (g v).(W_U[:, w] - q) / sigma``
+    (with a fixed ``scale``, sigma = sigma0 and the first term vanishes; ``stats`` must
+    come from :func:`layer_stats` with the same ``scale``)."""
+    r, v, sigma = _pair_terms(resid, coef, values, norm, scale)
+    gv = v * norm.weight
+    w_cols = W_U[:, targets.to(W_U.device)].T  # [R, d]
+    term_v = (w_cols - stats.q) @ gv.T  # [R, K]
+    return (stats.A_w - stats.pA)[:, None] * (1 / sigma - 1 / stats.sigma0[:, None]) + coef.float() * term_v / sigma
+
+
+class _Scratch:
+    """Reusable blocks for the logits chunks of :func:`exact_importance`: one flat buffer
+    per slot, grown when needed, viewed at each chunk's shape. Allocating a fresh block
+    per chunk (tens of MB, each mapped and zeroed anew by the OS) took several times
+    longer than the arithmetic on it; the values are the same."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = device
+        self.flat: dict[int, torch.Tensor] = {}
+
+    def get(self, slot: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape)
+        buf = self.flat.get(slot)
+        if buf is None or buf.numel() < n or buf.dtype != dtype:
+            buf = self.flat[slot] = torch.empty(n, device=self.device, dtype=dtype)
+        return buf[:n].view(shape)
+
+
+def exact_importance(
+    resid: torch.Tensor,
+    coef: torch.Tensor,
+    values: torch.Tensor,
+    targets: torch.Tensor,
+    norm: FinalNorm,
+    W_U: torch.Tensor,
+    b_U: torch.Tensor,
+    pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    base_logprob: torch.Tensor | None = None,
+    vocab_chunk: int = 8192,
+    block_elems: int = 2**24,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Exact CNA importance (Sec. 4.1) of neurons with values ``values`` [K, d] and
+    coefficients ``coef`` [R, K] for rows ``resid`` [R, d] and target tokens [R].
+
+    ``pairs=None``: every (row, neuron), returns [R, K]. ``pairs=(rows, cols)``: only those
+    (row, neuron) pairs, returns [P]. The vocabulary is processed in chunks with an
+    online logsumexp; the value projections (g v) W_U are computed once per chunk for
+    the neurons involved and shared by all rows. ``block_elems`` bounds the size of the
+    [pairs, vocab chunk] logits block (memory). ``scale`` [R]: each row's fixed norm scale
+    ("final" reading; None: each vector's own RMS)."""
+    device = W_U.device
+    targets = targets.to(device)
+    if base_logprob is None:
+        _, base_logprob = layer_stats(resid, targets, norm, W_U, b_U, scale=scale)
+    r, v, sigma = _pair_terms(resid, coef, values, norm, scale)
+    gr, gv = r * norm.weight, v * norm.weight
+    beta = _beta(norm, W_U, b_U)
+    R, K = coef.shape
+    if pairs is None:
+        return _exact_importance_all(
+            gr, gv, coef.float(), sigma, targets, W_U, beta, base_logprob.to(device), vocab_chunk, block_elems
+        )
+    rows, cols = (p.to(device) for p in pairs)
+    used, inverse = torch.unique(cols, return_inverse=True)  # neurons involved
+    P = rows.numel()
+    m_pair = coef.float()[rows, cols]
+    inv_sigma = 1.0 / sigma[rows, cols]
+    # exact target logit
+    w_cols = W_U[:, targets].T  # [R, d]
+    Aw = (gr * w_cols).sum(-1)
+    Bw = gv[used] @ w_cols.T  # [U, R]
+    z_w = (Aw[rows] + m_pair * Bw[inverse, rows]) * inv_sigma + beta[targets][rows]
+    run_max = torch.full((P,), -torch.inf, device=device)
+    run_sum = torch.zeros(P, device=device)
+    pair_chunk = max(1, block_elems // vocab_chunk)
+    gv_used = gv[used]
+    row_used = torch.unique(rows)
+    row_pos = torch.full((R,), -1, dtype=torch.long, device=device)
+    row_pos[row_used] = torch.arange(len(row_used), device=device)
+    rows_c = row_pos[rows]
+    gr_used = gr[row_used]
+    scratch = _Scratch(device)
+    for v0 in range(0, W_U.shape[1], vocab_chunk):
+        Wc = W_U[:, v0 : v0 + vocab_chunk]
+        A = gr_used @ Wc  # [rows with pairs, C]
+        B = gv_used @ Wc  # [neurons with pairs, C]
+        bc = beta[v0 : v0 + vocab_chunk]
+        for p0 in range(0, P, pair_chunk):
+            sl = slice(p0, p0 + pair_chunk)
+            n = min(pair_chunk, P - p0)
+            z, other = scratch.get(0, (n, Wc.shape[1]), A.dtype), scratch.get(1, (n, Wc.shape[1]), B.dtype)
+            torch.index_select(A, 0, rows_c[sl], out=z)
+            torch.index_select(B, 0, inverse[sl], out=other)
+            z.addcmul_(other, m_pair[sl, None])
+            z.mul_(inv_sigma[sl, None]).add_(bc)
+            new = torch.maximum(run_max[sl], z.amax(-1))
+            run_sum[sl] = run_sum[sl] * torch.exp(run_max[sl] - new) + z.sub_(new[:, None]).exp_().sum(-1)
+            run_max[sl] = new
+    return z_w - (run_max + torch.log(run_sum)) - base_logprob.to(device)[rows]
+
+
+def _exact_importance_all(
+    gr: torch.Tensor,
+    gv: torch.Tensor,
+    m: torch.Tensor,
+    sigma: torch.Tensor,
+    targets: torch.Tensor,
+    W_U: torch.Tensor,
+    beta: torch.Tensor,
+    base_logprob: torch.Tensor,
+    vocab_chunk: int,
+    block_elems: int,
+) -> torch.Tensor:
+    """:func:`exact_importance` for every (row, neuron): logits blocks [rows, K, chunk] by
+    broadcasting (no gathers), online logsumexp over vocabulary chunks. [R, K]. A block
+    holds at most ``block_elems`` values: the vocabulary chunk shrinks below
+    ``vocab_chunk`` when one row's [K, chunk] block would exceed it (a layer of many neurons)."""
+    w_cols = W_U[:, targets].T  # [R, d]
+    z_w = ((gr * w_cols).sum(-1)[:, None] + m * (w_cols @ gv.T)) * (1.0 / sigma) + beta[targets][:, None]
+    return z_w - log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems) - base_logprob[:, None]
+
+
+def log_partition_all(
+    gr: torch.Tensor,
+    gv: torch.Tensor,
+    m: torch.Tensor,
+    sigma: torch.Tensor,
+    W_U: torch.Tensor,
+    beta: torch.Tensor,
+    vocab_chunk: int = 8192,
+    block_elems: int = 2**24,
+) -> torch.Tensor:
+    """log sum_v exp(logits_v(r + m_k v_k)) for every row r and neuron k, [R, K]: the part
+    of the exact importance that needs a pass over the vocabulary (``gr``, ``gv``: the
+    centred rows and values times the norm weight; ``sigma`` [R, K]: the norm scale of
+    r + m_k v_k; ``beta``: the logit offset). It does not depend on the target token, so
+    several targets of one row share it (:func:`arithlib.yu.bias_cna.shared_input_importance`)."""
+    R, K = m.shape
+    device = W_U.device
+    inv_sigma = 1.0 / sigma
+    run_max = torch.full((R, K), -torch.inf, device=device)
+    run_sum = torch.zeros(R, K, device=device)
+    chunk = max(1, min(vocab_chunk, W_U.shape[1], block_elems // K))
+    row_block = max(1, block_elems // (K * chunk))
+    scratch = _Scratch(device)
+    for v0 in range(0, W_U.shape[1], chunk):
+        Wc = W_U[:, v0 : v0 + chunk]
+        A = gr @ Wc  # [R, C]
+        B = gv @ Wc  # [K, C]
+        bc = beta[v0 : v0 + chunk]
+        dtype = torch.promote_types(torch.promote_types(A.dtype, m.dtype), B.dtype)
+        for r0 in range(0, R, row_block):
+            rs = slice(r0, r0 + row_block)
+            z = torch.addcmul(
+                A[rs, None, :],
+                m[rs, :, None],
+                B[None],
+                out=scratch.get(0, (min(row_block, R - r0), K, Wc.shape[1]), dtype),
+            )  # [r, K, C]
+            z.mul_(inv_sigma[rs, :, None]).add_(bc)
+            new = torch.maximum(run_max[rs], z.amax(-1))
+            run_sum[rs] = run_sum[rs] * torch.exp(run_max[rs] - new) + z.sub_(new[..., None]).exp_().sum(-1)
+            run_max[rs] = new
+    return run_max + torch.log(run_sum)
+
+
+@torch.no_grad()
+def importance_loop(
+    model,
+    resid: torch.Tensor,
+    coef: torch.Tensor,
+    layer: int,
+    targets: torch.Tensor,
+    neurons: Sequence[int] | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference implementation, one neuron at a time: for each neuron k add m_k fc2_k to
+    resid_mid, read it through the final norm and the unembedding, and take the change
+    of log p(target). [R, len(neurons)]. ``scale=None`` ("own" reading): the model's own
+    ``ln_final`` module; ``scale`` [R] ("final" reading): x / s times the norm's weight
+    (plus its bias; x centred for a LayerNorm), as the authors' ``get_bsvalues``. The
+    baseline of the benchmark."""
+    W_U, b_U = unembedding(model)
+    values = w_out(model, layer)
+    neurons = range(values.shape[0]) if neurons is None else neurons
+    dtype = next(model.parameters()).dtype
+    t = targets.to(W_U.device)
+    norm = final_norm(model)
+
+    def logprob(x):
+        if scale is None:
+            y = model.ln_final(x.to(dtype)[:, None, :])[:, 0].float()
+        else:
+            y = _centre(x.float(), norm) / scale.float()[:, None] * norm.weight
+            y = y + norm.bias if norm.bias is not None else y
+        return (y @ W_U + b_U).log_softmax(-1).gather(1, t[:, None])[:, 0]
+
+    base = logprob(resid)
+    out = [logprob(resid + coef[:, k, None] * values[k]) - base for k in neurons]
+    return torch.stack(out, 1)
