@@ -123,7 +123,8 @@ def _yu_head_premise(t: Tables, group: str) -> str:
     ``group``'s key head in 04_key_heads.csv lowers 1D accuracy and is an arithmetic head
     (:func:`_head_pattern`). Raises NotApplicable, naming the failed premise, when the head
     is a fallback (no head lowers 1D accuracy) or is clearly not specific; returns the
-    pattern's text otherwise ("" without a key-head table)."""
+    pattern's text otherwise ("" without a key-head table, and for a chain group, whose head
+    was chosen for passing these tests)."""
     r = _yu_key_head(t, group)
     chain = _chain_base(group) is not None
     rows_table, facts_table = (
@@ -142,7 +143,8 @@ def _yu_head_premise(t: Tables, group: str) -> str:
     specific, text, _ = _head_pattern(t, int(r["layer"]), int(r["head"]), own, rows_table, facts_table)
     if specific == {False}:
         raise NotApplicable(f"premise failed: key head {name} is not an arithmetic-specific head ({text})")
-    return f"premise: {text}; "
+    # a chain group's head was chosen for passing these tests (04_head_patterns): not repeated
+    return "" if chain else f"premise: {text}; "
 
 
 def _chain_base(group: str) -> str | None:
@@ -273,12 +275,13 @@ def _yu_key_head(t: Tables, group: str) -> pd.Series | None:
 
 
 def _yu_key_head_text(t: Tables, group: str) -> str:
-    """ "key head L14H2 (lowers 1D accuracy)" from 04_key_heads.csv, or "" without it."""
+    """ "key head L14H2 (lowers 1D accuracy)" from 04_key_heads.csv, or "" without it (and for
+    a chain group, whose head the chain's sentence names)."""
     r = _yu_key_head(t, group)
     if r is None or "lowers_1d" not in r:
         return ""
-    if _chain_base(group) is not None:
-        return f"best arithmetic-specific head L{int(r['layer'])}H{int(r['head'])}; "
+    if _chain_base(group) is not None:  # named by the sentence that introduces the chain
+        return ""
     lowers = str(r["lowers_1d"]).lower() == "true"
     return (
         f"key head L{int(r['layer'])}H{int(r['head'])} "

@@ -52,14 +52,25 @@ def package_versions(packages: tuple[str, ...] = COMPUTE_PACKAGES) -> dict[str, 
 
 def git_commit(root: Path = REPO_ROOT) -> str | None:
     """The checkout's commit, with ``+dirty`` when tracked files other than the run's own
-    outputs (``figures/``) differ from it; None outside a git checkout (an installed
-    package) or without git."""
+    outputs (``figures/``, and the README, whose verdict table a run rewrites) differ from
+    it; None outside a git checkout (an installed package) or without git."""
     try:
         head = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)figures"],
+            [
+                "git",
+                "-C",
+                str(root),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)figures",
+                ":(exclude)README.md",
+            ],
             capture_output=True,
             text=True,
             timeout=10,

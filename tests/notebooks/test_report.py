@@ -1468,11 +1468,12 @@ def test_committed_reports_hold_no_process_words():
 
 
 def test_committed_report_is_short():
-    """REPORT.md of the default model reads in minutes: the summary comes first and the long
-    tables live in FIDELITY.md / DETAILS.md."""
+    """REPORT.md of the default model reads in minutes: the summary comes first, each finding's
+    section reads in about a minute (300 words per finding on average, the summary and the
+    notebook index included), and the long tables live in FIDELITY.md / DETAILS.md."""
     text = (ROOT / "figures" / "qwen2.5-coder-0.5b" / "REPORT.md").read_text()
     visible = re.sub(r"<details>.*?</details>", "", text, flags=re.S)
-    assert len(visible.split()) < 5000 and "More figures" not in text and "## Fidelity" not in text
+    assert len(visible.split()) < 300 * len(R.FINDINGS) and "More figures" not in text and "## Fidelity" not in text
     rows = [
         line
         for line in text[text.index("## Summary") : text.index("## Findings")].splitlines()
@@ -2253,7 +2254,8 @@ def test_mask_keep_shows_the_chain_on_the_best_specific_head_beside_the_key_head
     out = _outcome("yu_mask_keep", tmp_path)
     assert out.verdict == R.NOT_APPLICABLE and "not an arithmetic-specific head" in out.ours, out.ours
     assert "The chain on the best arithmetic-specific head L16H8" in out.ours
-    assert "premise: L16H8 lowers its own 1D +, - by 20 %" in out.ours
+    # the chain's head was chosen for passing the specificity tests: its pattern is not repeated
+    assert "premise: L16H8" not in out.ours and out.ours.count("L16H8") == 1, out.ours
     assert f"the same rule gives '{R.REPRODUCED}' there" in out.ours
     _specific_chain(tmp_path, facts_after=10)  # the chosen head fails its own premise: said, not judged
     out = _outcome("yu_mask_keep", tmp_path)

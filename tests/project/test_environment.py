@@ -39,7 +39,8 @@ def test_run_params_record_the_environment(tmp_path):
 
 
 def test_commit_is_dirty_for_code_changes_not_for_figures(tmp_path):
-    """A run's own tables (figures/) do not make the commit 'dirty'; an edited module does."""
+    """A run's own outputs (figures/, the README's verdict table) do not make the commit
+    'dirty'; an edited module does."""
     import subprocess
 
     def git(*args):
@@ -49,9 +50,11 @@ def test_commit_is_dirty_for_code_changes_not_for_figures(tmp_path):
     (tmp_path / "figures").mkdir()
     (tmp_path / "figures" / "t.csv").write_text("a\n")
     (tmp_path / "m.py").write_text("x = 1\n")
+    (tmp_path / "README.md").write_text("| verdict |\n")
     git("add", "-A")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
     (tmp_path / "figures" / "t.csv").write_text("b\n")
+    (tmp_path / "README.md").write_text("| new verdict |\n")  # run_all.sh rewrites its verdict table
     assert not env.git_commit(tmp_path).endswith("+dirty")
     (tmp_path / "m.py").write_text("x = 2\n")
     assert env.git_commit(tmp_path).endswith("+dirty")
