@@ -98,8 +98,6 @@ def _section_markdown(r, tables: Tables, forced: list[tuple[str, str]], earlier:
         out += [f"![{r.id}: figure]({fig.name})", "", f"*{caption(fig.stem)}*", ""]
     elif fig is not None:  # its tables could not be judged: the figure of the older run only linked
         out += [f"Figure of the tables this verdict could not use: [{fig.name}]({fig.name}).", ""]
-    if r.verdict == NOT_RUN:  # nothing was measured that could differ from the paper's setting
-        return out
     where = f"[FIDELITY.md]({FIDELITY_FILE}#{anchor})"
     out.append(f"**Differences from the paper's setting** forced by the offline model: {_forced_text(forced)} "
                f"(every aspect, and our other choices, in {where})." if forced else
@@ -191,8 +189,6 @@ def _section_html(r, tables: Tables, forced: list[tuple[str, str]], earlier: str
     elif fig is not None:
         parts.append(f'<p>Figure of the tables this verdict could not use: <a href="{e(fig.name, quote=True)}">'
                      f"{e(fig.name)}</a>.</p>")
-    if r.verdict == NOT_RUN:
-        return "\n".join(parts)
     where = f'<a href="{FIDELITY_FILE}#{anchor}">{FIDELITY_FILE}</a>'
     parts.append(f"<p><b>Differences from the paper's setting</b> forced by the offline model: "
                  f"{_md_links_to_html(_forced_text(forced))} (every aspect, and our other choices, in {where}).</p>"
