@@ -439,6 +439,7 @@ ie_sel = store(
     prompts=sel,
     positions=sel_pos,
     refine=circuit_refine,
+    batch_size=16,
 )
 ranked_heads = activation_patching.ranked_head_positions(activation_patching.summarise_indirect_effects(ie_sel))
 hooks = sorted({c.hook_name for c in patching.heads_and_mlps(bridge)} | {N.post_hook(l) for l in layers})
@@ -647,6 +648,7 @@ neuron_table = pd.concat(summaries, ignore_index=True)
 save_table(matches, run.out, "03_heuristic_matches")
 save_table(neuron_table, run.out, "03_circuit_neurons")
 share_table = pd.DataFrame(shares)
+labelled = {op: H.neuron_labels(HN.beating_null(an.matches), labels) for op, an in analyses.items()}  # used below
 save_table(share_table, run.out, "03_matched_share")
 share_table
 
@@ -697,7 +699,7 @@ save_figure(fig, run.out, "03_gallery")
 counts = []
 sens = []
 for op, an in analyses.items():
-    counts.append(H.type_counts(H.neuron_labels(HN.beating_null(an.matches), labels)).assign(op=op))
+    counts.append(H.type_counts(labelled[op]).assign(op=op))
     sens.append(H.threshold_sensitivity(an.circuit_scores, an.heuristics, t_sweep).assign(op=op, activations="real"))
     sens.append(H.threshold_sensitivity(an.circuit_null, an.heuristics, t_sweep).assign(op=op, activations="shuffled"))
 counts = pd.concat(counts, ignore_index=True)
@@ -746,12 +748,11 @@ abl_rows = []
 for op, an in analyses.items():
     if an.heldout_runner is None:
         continue
-    labelled = H.neuron_labels(HN.beating_null(an.matches), labels)
     r = store(
         f"03 heuristic ablation {op}",
         lambda: H.heuristic_ablation_prompts(
             an.heldout_runner,
-            labelled,
+            labelled[op],
             an.heuristics,
             layers,
             means,
@@ -762,10 +763,11 @@ for op, an in analyses.items():
         code=[H],
         model=bridge,
         prompts=an.heldout_runner.prompts,
-        labels=labelled,
+        labels=labelled[op],
         heuristics=an.heuristics,
         layers=layers,
         means=means,
+        min_prompts=3,
         max_heuristics=max_ablated_heuristics,
     )
     abl_rows.append(r.assign(op=op, prompt=[an.heldout_index[i] for i in r.prompt]))
@@ -811,17 +813,16 @@ pa = []
 for op, an in analyses.items():
     if an.heldout_runner is None:
         continue
-    labelled = H.neuron_labels(HN.beating_null(an.matches), labels)
     pa.append(
         store(
             f"03 prompt knockout {op}",
             lambda: PK.prompt_knockout(
-                an.heldout_runner, labelled, an.heuristics, an.circuit, layers, caps, info.d_mlp, k_circuit, seed
+                an.heldout_runner, labelled[op], an.heuristics, an.circuit, layers, caps, info.d_mlp, k_circuit, seed
             ),
             code=[PK],
             model=bridge,
             prompts=an.heldout_runner.prompts,
-            labels=labelled,
+            labels=labelled[op],
             heuristics=an.heuristics,
             circuit=an.circuit,
             layers=layers,
@@ -851,11 +852,7 @@ pa_summary
 
 # %%
 ci = pd.concat(
-    [
-        H.correct_vs_incorrect(bridge, an, layers, H.neuron_labels(HN.beating_null(an.matches), labels))
-        for an in analyses.values()
-    ],
-    ignore_index=True,
+    [H.correct_vs_incorrect(bridge, an, layers, labelled[op]) for op, an in analyses.items()], ignore_index=True
 )
 save_table(ci, run.out, "03_correct_vs_incorrect")
 ci_summary = (
