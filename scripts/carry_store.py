@@ -7,7 +7,7 @@ A notebook stopped part-way resumes from the results it stored under ``$ARITHLIB
 machine starts with an empty cache, so a run longer than one working session (Qwen-1.5B's
 notebook 01 takes some 7 hours on 2 CPU cores) never finishes there. This script copies a
 model's stored results into ``figures/<model>/stored/``, where they can be committed with
-the session's other work, and back into the cache on the next machine:
+the run's other outputs, and back into the cache on the next machine:
 
     scripts/carry_store.py save MODEL       # cache -> figures/MODEL/stored/ (a mirror)
     scripts/carry_store.py restore MODEL    # figures/MODEL/stored/ -> cache (adds, never deletes)

@@ -33,7 +33,7 @@ order changes when notebooks finish, never what they compute.
 A notebook whose cache key (``run_key.py``) is unchanged since its last successful run
 is skipped (``--force`` reruns it).
 
-Placement and precision (issue 32): ``--dtype`` (auto: bfloat16 on a GPU, float32 on a
+Placement and precision: ``--dtype`` (auto: bfloat16 on a GPU, float32 on a
 CPU) and ``--device-map`` (auto, balanced, or a JSON object ``{module: device}``) become the notebooks' ``dtype`` and
 ``device_map`` parameters (``arithlib.core.models.load_model`` splits the model through
 TransformerLens/accelerate). A bad value stops the run before any notebook starts. They
@@ -667,7 +667,7 @@ def placement_parameters(dtype: str, device_map) -> dict[str, object]:
 
 def placement_key(device: str, dtype: str, device_map) -> list[str]:
     """What ``--dtype`` / ``--device-map`` add to the cache key: nothing for float32 on
-    one device (every run before issue 32), else the resolved dtype and the map."""
+    one device (every run before placement was recorded), else the resolved dtype and the map."""
     sys.path.insert(0, str(ROOT))
     try:
         from arithlib.core.devices import resolve_dtype

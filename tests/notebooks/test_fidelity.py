@@ -99,12 +99,12 @@ def test_notebook_04_entries_name_key_head_rule_keep_layers_ov_layers_and_seeds(
     assert "every attention layer l < j <= H" in shallow["positions"]["ours"]
     assert "digits, English number words, operators" in shallow["positions"]["ours"]
     assert "1D / cases with the division key head" in shallow["prompts"]["ours"]  # the report's layer-0 rule
-    old = _rows(F.fidelity_table({"04": _p("04", **base)}), "yu_mask_keep")  # a run from before issue 29
+    old = _rows(F.fidelity_table({"04": _p("04", **base)}), "yu_mask_keep")  # a run from before the judged CPU scale
     assert old["metric"]["ours"] == F.NOT_RECORDED
 
 
 def test_fine_tuning_scale_of_auto_on_a_cpu_is_the_recorded_one():
-    """Since issue 29 "auto" on a CPU is the judged "cpu" scale, recorded as scale_resolved;
+    """Since "auto" on a CPU is the judged "cpu" scale, recorded as scale_resolved;
     a run without that key ran before, when "auto" meant "quick" there."""
     common = dict(ops=["+"], lora_r=16, lora_alpha=32, top_ks=[50], kv="group")
     old = _rows(F.fidelity_table({"05": _p("05", scale="auto", **common)}), "yu_lora_layers")
@@ -120,7 +120,7 @@ def test_fine_tuning_scale_of_auto_on_a_cpu_is_the_recorded_one():
 
 
 def test_yu_sweep_and_cna_entries_describe_only_the_method_their_run_used():
-    """Issue 28/29: the head sweep's entry reads the two-stage parameters notebook 01 now
+    """The head sweep's entry reads the two-stage parameters notebook 01 now
     records (it read keys no run records any more); the notebook-04 entries describe the
     issue-29 key head and keep layers only for a run that recorded them."""
     sweep = dict(yu_multi_per_setting=100, yu_screen_n=8, yu_top_k=10, yu_recall_setting="-1")

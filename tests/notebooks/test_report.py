@@ -124,7 +124,7 @@ def test_key_head_share_thresholds(tmp_path: Path, n_key: int, verdict: str):
 
 
 def test_key_head_share_is_judged_on_its_interval(tmp_path: Path):
-    """Issue 28: heads whose mean effect sits near -5 % with noisy prompts make the share
+    """Heads whose mean effect sits near -5 % with noisy prompts make the share
     uncertain: the verdict is 'inconclusive', not the point estimate's band."""
     effects = [-0.2] * 3 + [-0.055] * 5 + [0.0] * 92  # 8 % by the point estimate (partly)
     _params(tmp_path, n_layers=10, n_heads=10)
@@ -195,7 +195,7 @@ def test_knockout_gap_rule(tmp_path: Path, eff_acc: float, rnd_acc: float, verdi
 
 
 def test_knockout_reads_every_position_only(tmp_path: Path):
-    """Issue 28: the old rule read the END-only curve at k = max(#key heads, 1); the
+    """The old rule read the END-only curve at k = max(#key heads, 1); the
     judged knockout is at every query position, k = 10 (01_knockout.csv alone is not enough)."""
     _params(tmp_path, n_layers=2, n_heads=8)
     _path_patching(tmp_path, [-0.01] * 16, [0.0, 0.0])
@@ -432,7 +432,7 @@ def test_mlp_answer_onset_rule(tmp_path: Path, onset: int, verdict: str):
 
 
 def test_mlp_answer_layer_0_outlier_does_not_decide(tmp_path: Path):
-    """Issue 28 (Qwen-0.5B): the curve jumps from -0.49 at layer 0 to its maximum at layer
+    """On Qwen-0.5B the curve jumps from -0.49 at layer 0 to its maximum at layer
     1 and then falls: no climb, not reproduced (the old rule's inflection was that jump)."""
     _params(tmp_path, "02", n_layers=24, n_heads=1)
     _cosines(tmp_path, [-0.49, -0.03, -0.06, -0.03] + [-0.05] * 16 + [-0.15, -0.15, -0.26, -0.26])
@@ -745,7 +745,7 @@ def _circuit_faithfulness(d: Path, f: float, n: int, noise: float, seed: int = 0
     ],
 )
 def test_faithfulness_rule(tmp_path: Path, f: float, n: int, noise: float, verdict: str):
-    """Issue 28: the verdict reads the held-out faithfulness of the full circuit (heads and neurons) through its
+    """The verdict reads the held-out faithfulness of the full circuit (heads and neurons) through its
     bootstrap interval; few noisy prompts near 0.9 are inconclusive."""
     _circuit_faithfulness(tmp_path, f, n, noise)
     out = _outcome("nikankin_faithfulness", tmp_path)
@@ -850,7 +850,7 @@ def test_faithfulness_of_an_operator_whose_ablation_changes_nothing_is_excluded(
     ],
 )
 def test_prompt_ablation_rule(tmp_path: Path, n: int, heur: int, rnd: int, verdict: str):
-    """Issue 28: a 15-point gap on 20 prompts (old rule: reproduced) is inconclusive; the interval decides.
+    """A 15-point gap on 20 prompts (old rule: reproduced) is inconclusive; the interval decides.
     Paired: prompts 0..heur-1 survive the heuristic ablation, 0..rnd-1 the random one."""
     _matched_share(tmp_path)
     _csv(tmp_path, "03_prompt_ablation", _knockout_rows(n, heur, rnd))
@@ -977,7 +977,7 @@ def _heuristic_rows(d: Path, n: int, acc_assoc: float, acc_other: float) -> None
     [(400, 0.5, 0.9, R.REPRODUCED), (12, 0.5, 0.9, R.INCONCLUSIVE), (400, 0.9, 0.9, R.NOT_REPRODUCED)],
 )
 def test_heuristic_ablation_rule(tmp_path: Path, n: int, acc_assoc: float, acc_other: float, verdict: str):
-    """Issue 28: per-prompt rows (one per heuristic and prompt), gap with a paired bootstrap interval."""
+    """Per-prompt rows (one per heuristic and prompt), gap with a paired bootstrap interval."""
     _matched_share(tmp_path)
     _heuristic_rows(tmp_path, n, acc_assoc, acc_other)
     out = _outcome("nikankin_heuristic_ablation", tmp_path)
@@ -1080,7 +1080,7 @@ def test_gender_bias_before_issue_29_is_not_run(tmp_path: Path):
     (tmp_path / "07_paper_bias_scores.csv").unlink()
     out = _outcome("yu_gender_bias", tmp_path)
     assert out.verdict == R.NOT_RUN and "rerun notebook 07" in out.ours and out.interval is None
-    _bias_scores(tmp_path / "old", 35.7, 0.0)  # the tables, but the params of a run before issue 29
+    _bias_scores(tmp_path / "old", 35.7, 0.0)  # the tables, but the params of a run before the judged CPU scale
     (tmp_path / "old" / "07_gender_bias_editing_params.json").write_text(json.dumps({"model": "m", "edit_k": 18}))
     out = _outcome("yu_gender_bias", tmp_path / "old")
     assert out.verdict == R.NOT_RUN and "rerun notebook 07" in out.ours
@@ -1164,7 +1164,7 @@ def test_lora_layer_rule_without_per_prompt_columns_is_not_run(tmp_path: Path):
 @pytest.mark.parametrize(
     "scale, device, quick, resolved, judged",
     [
-        ("auto", "cpu", False, None, False),  # a run before issue 29: "auto" was "quick" on a CPU
+        ("auto", "cpu", False, None, False),  # an older run: "auto" was "quick" on a CPU
         ("auto", "cpu", False, "cpu", True),  # since: "auto" is the judged "cpu" scale, recorded as such
         ("auto", "cpu", True, "quick", False),
         ("quick", "cuda", False, None, False),
@@ -2023,7 +2023,7 @@ def test_precise_sft_is_notebook_08s_and_judged_only_beyond_its_quick_scale(tmp_
 
 
 def test_precise_sft_rule_does_not_judge_against_a_full_sft_that_did_not_train(tmp_path: Path):
-    """Qwen-0.5B, 2026-11-25: full SFT at the cpu scale's learning rate fell from 45 % to 0 %
+    """On Qwen-0.5B, full SFT at the cpu scale's learning rate fell from 45 % to 0 %
     arithmetic; precise SFT beating it says nothing about Zhang's claim."""
     _sft_table(tmp_path, 0.45, 0.68, 0.0)
     out = _outcome("zhang_precise_sft", tmp_path)

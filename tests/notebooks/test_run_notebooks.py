@@ -454,7 +454,7 @@ def test_progress_is_read_from_papermill_bar_and_compared_with_the_last_run():
 
 
 def test_dtype_and_device_map_reach_the_notebooks_and_the_key_only_when_not_default():
-    """--dtype / --device-map (issue 32): checked with arithlib's parsers, passed as the
+    """--dtype / --device-map: checked with arithlib's parsers, passed as the
     notebooks' parameters, and part of the cache key only when they differ from what
     every earlier run did (float32 on one device)."""
     assert rn.check_placement("auto", None) == ("auto", None)

@@ -1,5 +1,5 @@
 """The engine is the only code that touches the internals of transformers and
-TransformerLens (issue 31): key/value caches, causal masks, rotary embeddings, decoder
+TransformerLens: key/value caches, causal masks, rotary embeddings, decoder
 blocks called on their own, forward arguments such as ``logits_to_keep``, and the HF
 model's or the bridge's private attributes; nor does any build, copy, crop or keep a
 key/value cache through the engine's cache-level helpers. Every method runs its passes through

@@ -1,7 +1,7 @@
 """Every name the code reaches in arithlib exists: relative imports inside arithlib (lazy
 ones in function bodies included), ``from arithlib.x import y`` anywhere, and attributes
 of arithlib modules used through an alias (``patching.key_heads``) in notebooks,
-benchmarks, scripts and tests. A module split (issue 31) that misses a caller fails
+benchmarks, scripts and tests. A module split that misses a caller fails
 here, not hours into a notebook run."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No two arithlib modules define the same public name (issue 31): a reader who meets
+"""No two arithlib modules define the same public name: a reader who meets
 ``table11`` or ``SCALES`` knows which module it is without looking at the import.
 ``main`` (each command-line entry point) is the one name allowed twice."""
 

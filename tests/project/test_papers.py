@@ -1,4 +1,4 @@
-"""arithlib.core.papers: the one home of the papers' numbers (issue 31). Its numbers agree with
+"""arithlib.core.papers: the one home of the papers' numbers. Its numbers agree with
 each other where a paper states one from another, and no other module defines one."""
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """What users read speaks of the project, not of its making.
 
 The README is a short user's guide (at most ``README_MAX_LINES`` lines); the user documentation
-(``docs/``), the notebooks' jupytext sources, every model's REPORT.md and CROSS_MODEL.md name no
-tracker issue and carry no diary of work sessions (dates of runs, "this session's machine").
+(``docs/``), the notebooks' jupytext sources, every model's REPORT.md and CROSS_MODEL.md, and the
+sources of the library, scripts, benchmarks and tests name no tracker issue and carry no diary
+of work sessions (dates of runs, "this session's machine").
 Measurement diaries belong in ``benchmarks/RESULTS.md`` and the history of changes in
 ``CHANGELOG.md``; both are exempt. Every relative markdown link of the README and of ``docs/``
 points to a file of the repository.
@@ -138,7 +139,16 @@ def _product_text() -> list[Path]:
         *sorted(notebooks.glob("exercises/*.py")),
         *sorted((ROOT / "figures").glob("*/REPORT.md")),
         ROOT / "figures" / "CROSS_MODEL.md",
+        *_code_text(),
     ]
+
+
+def _code_text() -> list[Path]:
+    """The library's, the scripts', the benchmarks' and the tests' sources: their docstrings and
+    comments are read too (this file is left out: its examples are the detector's test cases)."""
+    files = [*ROOT.glob("arithlib/**/*.py"), *ROOT.glob("scripts/*"), *ROOT.glob("benchmarks/*.py")]
+    files += [*ROOT.glob("tests/**/*.py"), *ROOT.glob("*.sh"), ROOT / ".ci" / "run"]
+    return sorted(p for p in files if p.is_file() and p.suffix in {".py", ".sh", ""} and p != Path(__file__).resolve())
 
 
 def _id(p: Path) -> str:
@@ -148,6 +158,12 @@ def _id(p: Path) -> str:
 def test_readme_is_a_short_guide():
     n = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
     assert n <= README_MAX_LINES, f"README.md has {n} lines (at most {README_MAX_LINES}): move details to docs/"
+
+
+def test_code_sources_are_read():
+    read = set(_product_text())
+    for f in ("arithlib/core/stats.py", "scripts/run_notebooks.py", "tests/unit/test_stats.py", "run_all.sh"):
+        assert ROOT / f in read, f
 
 
 def test_docs_exist():

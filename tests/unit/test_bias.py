@@ -417,7 +417,7 @@ def test_profession_mass():
     assert np.isnan(B.profession_mass(lp, [])["profession_mass"])
 
 
-# --------------------------------------------------------------------------- issue 29: exact scoring, early layers, Table 23, intervals
+# --------------------------------------------------------------------------- exact scoring, early layers, Table 23, intervals
 
 
 def test_exact_importance_of_every_neuron_matches_reference_loop(tiny):

@@ -226,7 +226,7 @@ def test_split_answer_moves_the_blank_and_refuses_a_split_token():
 
 
 def test_counterfactual_prefix_carries_no_calculation(digit_tokenizer):
-    """Issue 28: X_c's few-shot prefix must not show the true results (a op b), nor any
+    """X_c's few-shot prefix must not show the true results (a op b), nor any
     other arithmetic reading of its operands, or the in-context lines teach the model
     what the nonsense operator means. The old prefix kept the true answers."""
     records = ds.zhang_prompts(fewshot=2, seed=0)
@@ -238,7 +238,7 @@ def test_counterfactual_prefix_carries_no_calculation(digit_tokenizer):
             assert shown != ds.apply_op(a, b, r.op)  # not the true result
             assert shown not in ds.operation_results(a, b)  # nor any operation on (a, b)
             assert len(str(shown)) == len(xr_line.rsplit(" ", 1)[1])  # same length as X_r's answer
-    # the construction before issue 28 is kept on request, and it does leak
+    # the earlier construction is kept on request, and it does leak
     old = ds.zhang_prompts(fewshot=2, seed=0, xc_prefix="true-answers")
     assert all(
         o.counterfactual.split("\n")[0].endswith(f" {ds.apply_op(*ds.fewshot_operands(o.op, 1)[0], o.op)}") for o in old

@@ -1,4 +1,4 @@
-"""Issue 32 on a CPU: device maps and dtypes through ``load_model``, every tensor the
+"""On a CPU: device maps and dtypes through ``load_model``, every tensor the
 library makes for a layer on that layer's device, and the toy pipeline in bfloat16
 against float32.
 

@@ -520,7 +520,7 @@ def test_scaled_head_counts_and_bands():
         "deep": list(range(17, 31)),
     }
     assert LO.reference_layer(32) == 9
-    assert SC.scale_settings("auto", "cpu", False, 24)["scale"] == "cpu"  # the judged CPU scale (issue 29)
+    assert SC.scale_settings("auto", "cpu", False, 24)["scale"] == "cpu"  # the judged CPU scale
     s = SC.scale_settings("cpu", "cpu", False, 24)
     assert s["scale"] == "cpu" and s["layers"] == list(range(24))
     assert SC.scale_settings("auto", "cuda", False, 24)["n_train"] == 18_000
@@ -609,7 +609,7 @@ def test_make_optimizer_decays_only_the_decayed_parameters():
 
 
 def test_cpu_scale_is_the_default_on_a_cpu_and_sized_for_a_five_point_interval():
-    """Issue 29: "auto" on a CPU is the judged "cpu" scale (quick=True stays the smoke
+    """On a CPU "auto" is the judged "cpu" scale (quick=True stays the smoke
     test), with every layer and a test split sized by stats.n_for_half_width."""
     from arithlib.core.stats import n_for_half_width
 
@@ -623,7 +623,7 @@ def test_cpu_scale_is_the_default_on_a_cpu_and_sized_for_a_five_point_interval()
 
 
 def test_auto_takes_the_stated_smaller_scale_above_one_billion_parameters_on_a_cpu():
-    """Issue 29 allows the 1.5B model a smaller stated scale: "auto" on a CPU gives
+    """A model above one billion parameters may use a smaller stated scale: "auto" on a CPU gives
     "cpu-bands" (the cpu scale's data on layer 0, the reference layer and each band's
     centre; precise SFT of the top-32 heads only) above CPU_FULL_SCALE_MAX_PARAMS, and
     stays "cpu" at or below it, "paper" on a GPU and "quick" in quick mode."""

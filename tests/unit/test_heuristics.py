@@ -173,7 +173,7 @@ def test_pipeline_on_tiny_model(tiny):
     )
     abl = H.heuristic_ablation(an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3)
     assert len(abl) <= 3 and set(abl.columns) >= {"acc_assoc", "acc_other", "n_neurons"}
-    # issue 28: the per-prompt rows the report bootstraps, one per heuristic and prompt; their summary is the table
+    # the per-prompt rows the report bootstraps, one per heuristic and prompt; their summary is the table
     rows = H.heuristic_ablation_prompts(
         an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3
     )
@@ -188,7 +188,7 @@ def test_pipeline_on_tiny_model(tiny):
 
 
 def test_heldout_prompts_are_disjoint_from_the_analysed(tiny):
-    """Issue 28: the circuit is chosen on the analysed prompts and scored on held-out ones."""
+    """The circuit is chosen on the analysed prompts and scored on held-out ones."""
     grid = PromptSet.build(H.grid_records("+", (0, 5), fewshot=2), tiny.tokenizer)
     an = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=10)
     assert len(an.heldout_index) == 10 and not set(an.heldout_index) & set(an.analysis_index)
@@ -331,7 +331,7 @@ def _parameters(notebook: str) -> dict:
 
 
 def test_notebook_defaults_follow_the_paper_and_the_intervals():
-    """Issue 28: notebook 03 associates a neuron with every heuristic it matches (the paper's
+    """Notebook 03 associates a neuron with every heuristic it matches (the paper's
     association), scores on held-out prompts sized from a half-width, checks the attribution
     screen on more than 8 neurons; notebook 01 patches more than 4 prompts per operator and
     measures the screen's recall."""

@@ -344,7 +344,7 @@ def test_check_model_name_without_loading(tmp_path):
 
 
 def test_random_qwen_1_5b_shape_matches_the_registry_model(random_cache: Path) -> None:
-    """The GPU check of issue 11 runs this shape: it must be Qwen2.5-Coder-1.5B's."""
+    """The GPU check runs this shape: it must be Qwen2.5-Coder-1.5B's."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(str(random_model_dir("qwen2", shape="qwen2.5-coder-1.5b")))

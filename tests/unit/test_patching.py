@@ -813,7 +813,7 @@ def test_full_circuit_faithfulness_groups_prompts_of_one_length_by_their_positio
 
 
 def test_toy_full_circuit_faithfulness_ablates_heads_and_neurons(toy):
-    """Issue 28: the full circuit's faithfulness mean-ablates every head and every MLP
+    """The full circuit's faithfulness mean-ablates every head and every MLP
     neuron outside the circuit (not only late-MLP neurons); checked against a full
     forward pass with hooks doing the same."""
     b = toy.bridge
@@ -862,7 +862,7 @@ def test_toy_full_circuit_faithfulness_ablates_heads_and_neurons(toy):
 
 
 def test_screen_recall_split_half_and_topk_recall():
-    """Issue 28: the screens' recall and the head ranking's stability are measured."""
+    """The screens' recall and the head ranking's stability are measured."""
     assert AP.topk_recall([3, 2, 1, 0], [0, 1, 2, 3], 2) == 0.0
     assert AP.topk_recall([3, 2, 1, 0], [3, 1, 2, 0], 2) == 0.5
     assert AP.topk_recall([3, 2, 1, 0], [9, 8, 0, 0], 2) == 1.0

@@ -360,7 +360,7 @@ def test_figures_draw_from_the_tables():
 
 
 def test_curve_points_leave_out_layer_0():
-    """Issue 28: the embedding layer's jump (cos -0.49 at layer 0, -0.03 at layer 1 on
+    """The embedding layer's jump (cos -0.49 at layer 0, -0.03 at layer 1 on
     Qwen-0.5B) set the curve's range, so the climb's onset (Zhang's inflection) was
     read at layer 1; layer 0 is now outside the search."""
     y = [-0.5, 0.0, 0.0, 0.0, 0.02, 0.1, 0.3, 0.35]

@@ -78,7 +78,7 @@ def test_crossed_bootstrap_ci_carries_the_spread_across_random_draws():
 
 
 def test_crossed_bootstrap_resamples_rows_and_seeds():
-    """Issue 29: a random control's seed-to-seed spread widens the interval; rows alone do not."""
+    """A random control's seed-to-seed spread widens the interval; rows alone do not."""
     rows = np.ones(30)
     same = np.ones((30, 10))
     spread = np.tile(np.array([0.0, 2.0] * 5), (30, 1))  # same mean over seeds, seeds disagree
