@@ -27,6 +27,7 @@ import torch
 from .core import datasets as ds
 from .core.metrics import relative_logit_change
 from .core.models import LoadedModel, load_model
+from .core.prompt_sets import PromptSet, single_token_numbers
 from .methods import patching as P
 from .zhang import lens as L
 from .zhang import path_patching as PP
@@ -57,7 +58,7 @@ class PatchingBatch:
     answer's first token ``answer_ids`` [B]; only prompts the model answers with a
     positive answer logit (Zhang's X_r). ``prompts`` is the PromptSet they come from."""
 
-    prompts: ds.PromptSet
+    prompts: PromptSet
     tokens: torch.Tensor
     cf_tokens: torch.Tensor
     answer_ids: torch.Tensor
@@ -68,7 +69,7 @@ def patching_batch() -> PatchingBatch:
     """The prompts every notebook-01 check patches (:class:`PatchingBatch`)."""
     model = check_model()
     recs = ds.zhang_prompts(ops=["+", "-"], n_per_template=8, seed=0, fewshot=2, templates=[0])
-    ps = ds.PromptSet.build(recs, model.tokenizer)
+    ps = PromptSet.build(recs, model.tokenizer)
     batch = next(ps.batches(len(ps)))
     with torch.no_grad():
         logits = model.bridge(batch.tokens)[:, -1]
@@ -215,7 +216,7 @@ class AnswerBatch:
     2-shot), their answer-position cache (:class:`arithlib.zhang.probing.AnswerCache`) and
     the answer's first token ``answer_ids`` [N]."""
 
-    prompts: ds.PromptSet
+    prompts: PromptSet
     cache: PR.AnswerCache
     answer_ids: torch.Tensor
 
@@ -225,7 +226,7 @@ def answer_batch() -> AnswerBatch:
     """The prompts and cache of the logit-lens and cosine checks (:class:`AnswerBatch`)."""
     model = check_model()
     recs = ds.zhang_prompts(ops=["+", "-"], n_per_template=12, seed=0, fewshot=2, templates=[0])
-    ps = ds.PromptSet.build([replace(r, counterfactual=None) for r in recs], model.tokenizer)
+    ps = PromptSet.build([replace(r, counterfactual=None) for r in recs], model.tokenizer)
     cache = PR.cache_answer_position(model.bridge, ps, check_full_answer=False, progress=False)
     keep = cache.correct.nonzero().flatten().tolist()
     ps = ps.subset(keep)
@@ -269,7 +270,7 @@ def check_delta_cosine(fn: Callable) -> None:
     ``delta_C`` measure of :func:`arithlib.zhang.probing.unembed_cosines`."""
     model, data = check_model(), answer_batch()
     W_U = PR.unembed_matrix(model.bridge)
-    numbers = ds.single_token_numbers(model.tokenizer, 30)
+    numbers = single_token_numbers(model.tokenizer, 30)
     cos = PR.unembed_cosines(data.cache, data.prompts, W_U, numbers)
     ref = cos[cos.measure == "delta_C"].sort_values(["prompt", "layer"])["value"].to_numpy()
     ref = torch.tensor(ref).reshape(len(data.prompts), -1).float()
@@ -300,7 +301,7 @@ def probe_data() -> ProbeData:
     """The probing set of the probe check (:class:`ProbeData`)."""
     model = check_model()
     recs = ds.yu_prompts(ops=["+", "-"], n_digits=2, n_per_template=60, seed=0, fewshot=2, templates=[3])
-    ps = ds.PromptSet.build(recs, model.tokenizer)
+    ps = PromptSet.build(recs, model.tokenizer)
     cache = PR.cache_answer_position(
         model.bridge, ps, kinds=["resid_pre", "resid_post"], check_full_answer=False, progress=False
     )

@@ -119,6 +119,7 @@ import arithlib.zhang.lens as lens
 import arithlib.zhang.path_patching as path_patching
 import arithlib.zhang.probing as probing
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet, single_token_max, single_token_numbers
 from arithlib.run.outputs import find_table, read_table, save_figure, save_table
 from arithlib.run.runs import start_run
 
@@ -159,7 +160,7 @@ def zhang_set(tokenizer):
     recs = ds.zhang_prompts(n_per_template=n_per_template, seed=seed, fewshot=fewshot)
     # counterfactuals are not used here: dropping them keeps prompts whose counterfactual
     # would tokenize to a different length (PromptSet.build drops those)
-    return ds.PromptSet.build([replace(r, counterfactual=None) for r in recs], tokenizer)
+    return PromptSet.build([replace(r, counterfactual=None) for r in recs], tokenizer)
 
 
 def reference_set(loaded):
@@ -201,7 +202,7 @@ def cosine_study(loaded, ps, cache):
     if len(ps) == 0:
         return None
     biggest = max(9, max(r.answer for r in ps.records))
-    numbers = ds.single_token_numbers(loaded.tokenizer, min(biggest, ds.single_token_max(loaded.tokenizer)))
+    numbers = single_token_numbers(loaded.tokenizer, min(biggest, single_token_max(loaded.tokenizer)))
     frame = probing.unembed_cosines(cache, ps, probing.unembed_matrix(loaded.bridge), numbers)
     summary = probing.summarise_curves(frame)
     return frame, summary, probing.curve_point_table(summary), numbers
@@ -291,11 +292,11 @@ def case_study(loaded, op, a, b):
     ]
     if not recs:
         raise ValueError(f"{a} {op} {b} is not a Zhang prompt with operands 1..9")
-    ps = ds.PromptSet.build(recs, loaded.tokenizer)
+    ps = PromptSet.build(recs, loaded.tokenizer)
     cache = probing.cache_answer_position(loaded.bridge, ps, progress=False)
     c = recs[0].answer
-    hi = min(max(9, c + 5), ds.single_token_max(loaded.tokenizer))
-    numbers = ds.single_token_numbers(loaded.tokenizer, hi)
+    hi = min(max(9, c + 5), single_token_max(loaded.tokenizer))
+    numbers = single_token_numbers(loaded.tokenizer, hi)
     W_U = probing.unembed_matrix(loaded.bridge)
     proj = probing.number_projection(cache, 0, W_U, numbers)
     proj_out = probing.number_projection(cache, 0, W_U, numbers, vector="mlp_out")
@@ -440,7 +441,7 @@ def probe_study(loaded):
         fewshot=fewshot,
         templates=probe_templates,
     )
-    ps = ds.PromptSet.build(recs, loaded.tokenizer)
+    ps = PromptSet.build(recs, loaded.tokenizer)
     cache = probing.cache_answer_position(loaded.bridge, ps, kinds=["resid_pre", "resid_post"], batch_size=batch_size)
     stack, layer_ids = lens.lens_stack(cache)
     labels = probing.probe_labels(ps, ["a", "b", "result", "result_last_digit"])

@@ -143,6 +143,7 @@ import arithlib.nikankin.heuristics as H
 import arithlib.nikankin.prompt_knockout as PK
 import arithlib.plots.neurons as plots
 from arithlib.core.papers import FAITHFULNESS_TARGET, NIKANKIN_KNOCKOUT_CAP_SHARE, NIKANKIN_NEURON_SHARE
+from arithlib.core.prompt_sets import PromptSet, single_token_max
 from arithlib.methods.ablation import mean_activations
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.paths import cache_root
@@ -225,12 +226,12 @@ print("analysed MLP layers:", layers)
 # accuracy is first-token accuracy.
 
 # %%
-single = ds.single_token_max(tok)
+single = single_token_max(tok)
 ops = ["+", "-", "*", "/"]
 operand_ranges = HG.operand_ranges(single, quick, per_digit_operand_max, ops)  # quick toy: a corner of its grids
 full_grids = {op: H.grid_records(op, operand_ranges[op], fewshot=fewshot) for op in ops}
 grid_limit = max_grid_prompts if single < 99 else None  # the toy model keeps its full grids
-grids = {op: ds.PromptSet.build(HG.subsample(full_grids[op], grid_limit, seed), tok) for op in ops}
+grids = {op: PromptSet.build(HG.subsample(full_grids[op], grid_limit, seed), tok) for op in ops}
 grid_table = pd.DataFrame(
     [
         {
@@ -422,7 +423,7 @@ for op in analyses:
     cand += ds.nikankin_prompts(
         [op], max_operand=min(operand_ranges[op][1], single), n_per_op=circuit_candidates, seed=seed, fewshot=fewshot
     )
-cand = ds.PromptSet.build([r for r in cand if (r.op, r.a, r.b) not in held_keys], tok)
+cand = PromptSet.build([r for r in cand if (r.op, r.a, r.b) not in held_keys], tok)
 cand_ok = cand.subset(
     np.flatnonzero(engine.AnswerPositionRunner(bridge, cand, batch_size=batch_size).greedy_correct()).tolist()
 )
@@ -443,7 +444,7 @@ ie_sel = store(
 )
 ranked_heads = activation_patching.ranked_head_positions(activation_patching.summarise_indirect_effects(ie_sel))
 hooks = sorted({c.hook_name for c in patching.heads_and_mlps(bridge)} | {N.post_hook(l) for l in layers})
-circuit_means = mean_activations(bridge, ds.PromptSet.build(ref_records + list(sel.records), tok), hooks)
+circuit_means = mean_activations(bridge, PromptSet.build(ref_records + list(sel.records), tok), hooks)
 k_full = max(1, int(round(NIKANKIN_NEURON_SHARE * info.d_mlp)))
 full_neurons = {op: N.top_neurons_per_layer(an.scores, layers, k_full) for op, an in analyses.items()}
 head_ks = [k for k in circuit_head_ks if k <= len(ranked_heads)]

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from transformer_lens.hook_points import HookPoint
 
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from .adapter import (
     cache_kwargs,
     filled_cache_layers,

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from ..methods import neurons as N
 from . import heuristic_nulls as HN
 from .heuristics import (

@@ -37,7 +37,8 @@ import pandas as pd
 import torch
 
 from ..core.components import Neuron
-from ..core.datasets import PromptRecord, PromptSet, apply_op, fewshot_prefix, load_json
+from ..core.datasets import PromptRecord, apply_op, fewshot_prefix, load_json
+from ..core.prompt_sets import PromptSet
 from ..engine import AnswerPositionRunner
 from ..methods import neurons as N
 from ..methods.ablation import mean_neurons_hooks

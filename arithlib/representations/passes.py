@@ -25,8 +25,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core.datasets import PromptRecord, PromptSet
+from ..core.datasets import PromptRecord
 from ..core.positions import locate_operands
+from ..core.prompt_sets import PromptSet
 from ..core.readout import final_norm, unembedding
 from ..engine import AnswerPositionRunner, input_device, last_position_logits
 from ..methods.patching import Component, Edit, run_interventions

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from ..core.readout import final_norm, unembedding
 from .probing import AnswerCache
 

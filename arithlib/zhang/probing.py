@@ -49,8 +49,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core.datasets import PromptSet
 from ..core.evaluate import continues_number
+from ..core.prompt_sets import PromptSet
 from ..core.readout import unembedding
 from ..engine import PrefixRunner
 
@@ -268,7 +268,7 @@ def unembed_cosines(
     and the other candidate numbers.
 
     ``W_U[other]`` is the mean cosine over the number tokens in ``numbers``
-    (:func:`arithlib.core.datasets.single_token_numbers`) other than C's first token. The ``*_x`` measures are the
+    (:func:`arithlib.core.prompt_sets.single_token_numbers`) other than C's first token. The ``*_x`` measures are the
     excess of a target's cosine over that mean for the numbers other than the target
     (not in the paper: a control for the direction that all number tokens share, which
     dominates raw cosines when the embeddings are tied, as in Qwen2.5). Returns a long frame:

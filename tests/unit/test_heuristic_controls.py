@@ -21,9 +21,9 @@ import arithlib.nikankin.heuristic_grids as HG
 import arithlib.nikankin.heuristic_nulls as HN
 import arithlib.nikankin.heuristics as H
 import arithlib.nikankin.prompt_knockout as PK
-from arithlib.core.datasets import PromptSet
 from arithlib.core.evaluate import answer_logits
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 from arithlib.engine import AnswerPositionRunner
 

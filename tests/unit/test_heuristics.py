@@ -14,8 +14,8 @@ import arithlib.methods.neurons as N
 import arithlib.nikankin.heuristic_dynamics as HD
 import arithlib.nikankin.heuristics as H
 import arithlib.nikankin.prompt_knockout as PK
-from arithlib.core.datasets import PromptSet
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 
 

@@ -14,9 +14,9 @@ import arithlib.engine as E
 import arithlib.methods.ablation as A
 import arithlib.methods.neurons as N
 import arithlib.nikankin.heuristics as H
-from arithlib.core.datasets import PromptSet
 from arithlib.core.evaluate import answer_logits
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 
 

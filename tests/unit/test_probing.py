@@ -12,6 +12,7 @@ import arithlib.core.datasets as ds
 import arithlib.zhang.probing as P
 from arithlib.core.evaluate import evaluate
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet, single_token_numbers
 from arithlib.core.random_models import random_model_dir
 
 
@@ -32,7 +33,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def prompts(tiny):
     recs = ds.zhang_prompts(ops=["+", "-"], templates=[0, 1], n_per_template=5, seed=0, fewshot=2)
-    return ds.PromptSet.build(recs, tiny.tokenizer)
+    return PromptSet.build(recs, tiny.tokenizer)
 
 
 def _reference(bridge, prompts, names):
@@ -73,7 +74,7 @@ def test_write_measure_is_the_mlps_write_of_a_full_forward_pass(tiny, prompts):
     literal delta_C (output minus the normalised input) is a different quantity."""
     b = tiny.bridge
     cache = P.cache_answer_position(b, prompts, batch_size=4, progress=False)
-    numbers = ds.single_token_numbers(tiny.tokenizer, 9)
+    numbers = single_token_numbers(tiny.tokenizer, 9)
     frame = P.unembed_cosines(cache, prompts, P.unembed_matrix(b), numbers)
     got = frame[frame.measure == "write_C"].pivot(index="prompt", columns="layer", values="value")
     assert got.shape == (len(prompts), 2)
@@ -111,7 +112,7 @@ def test_cache_rejects_bad_input(tiny, prompts):
 def test_single_token_numbers(digit_tokenizer):
     import arithlib.methods.neurons as N
 
-    ids = ds.single_token_numbers(digit_tokenizer, 20)
+    ids = single_token_numbers(digit_tokenizer, 20)
     assert sorted(ids) == list(range(10))  # per-digit: only 0..9 are single tokens
     assert P.first_token_id(digit_tokenizer, 47) == ids[4]
     assert N.number_token_ids(digit_tokenizer, 9).tolist() == [ids[n] for n in range(10)]
@@ -126,11 +127,11 @@ def _fake_cache(n: int, layers: int, d: int, mlp_in: torch.Tensor, mlp_out: torc
 
 def test_unembed_cosines_on_known_vectors(digit_tokenizer):
     recs = [r for r in ds.zhang_prompts(ops=["+"], templates=[0], fewshot=0) if r.answer < 10][:4]
-    ps = ds.PromptSet.build(recs, digit_tokenizer)
+    ps = PromptSet.build(recs, digit_tokenizer)
     vocab = len(digit_tokenizer)
     d = vocab  # W_U = identity: each token its own orthogonal direction
     W_U = torch.eye(d)
-    nums = ds.single_token_numbers(digit_tokenizer, 9)
+    nums = single_token_numbers(digit_tokenizer, 9)
     n = len(ps)
     mlp_in = torch.zeros(n, 2, d)
     mlp_out = torch.zeros(n, 2, d)
@@ -217,10 +218,10 @@ def test_number_projection_and_coarse_to_fine():
 
 def test_distance_profile(digit_tokenizer):
     recs = [r for r in ds.zhang_prompts(ops=["+"], templates=[0], fewshot=0) if r.answer < 10][:3]
-    ps = ds.PromptSet.build(recs, digit_tokenizer)
+    ps = PromptSet.build(recs, digit_tokenizer)
     d = len(digit_tokenizer)
     W_U = torch.eye(d)
-    nums = ds.single_token_numbers(digit_tokenizer, 9)
+    nums = single_token_numbers(digit_tokenizer, 9)
     mlp_in = torch.zeros(3, 1, d)
     mlp_out = torch.zeros(3, 1, d)
     for i, r in enumerate(ps.records):
@@ -268,7 +269,7 @@ def test_linear_probes_find_the_encoding_layer():
 
 
 def test_probe_labels(digit_tokenizer):
-    ps = ds.PromptSet.build(ds.yu_prompts(ops=["+"], n_digits=2, n_per_template=3, templates=[3]), digit_tokenizer)
+    ps = PromptSet.build(ds.yu_prompts(ops=["+"], n_digits=2, n_per_template=3, templates=[3]), digit_tokenizer)
     lab = P.probe_labels(ps, ["a", "result", "result_last_digit"])
     r = ps.records[0]
     assert lab.loc[0, "result"] == r.answer and lab.loc[0, "result_last_digit"] == r.answer % 10
@@ -288,7 +289,7 @@ def test_curve_point_table_and_stratified_indices(digit_tokenizer):
     t = P.curve_point_table(summary).set_index("measure")
     assert t.loc["in_A", "peak"] == 2 and t.loc["delta_other", "peak"] == 2
     assert t.loc["delta_other", "direction"] == "fall"
-    ps = ds.PromptSet.build(ds.zhang_prompts(ops=["+", "-"], templates=[0], fewshot=0), digit_tokenizer)
+    ps = PromptSet.build(ds.zhang_prompts(ops=["+", "-"], templates=[0], fewshot=0), digit_tokenizer)
     idx = P.stratified_indices(ps, 10, seed=3)
     ops = [ps.records[i].op for i in idx]
     assert ops.count("+") == 5 and ops.count("-") == 5 and idx == sorted(set(idx))
