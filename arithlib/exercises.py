@@ -29,7 +29,9 @@ from .core.metrics import relative_logit_change
 from .core.models import LoadedModel, load_model
 from .core.prompt_sets import PromptSet, single_token_numbers
 from .methods import patching as P
+from .zhang import answer_cache as AC
 from .zhang import lens as L
+from .zhang import mlp_curves as MC
 from .zhang import path_patching as PP
 from .zhang import probing as PR
 
@@ -213,11 +215,11 @@ def check_head_effects(fn: Callable) -> None:
 @dataclass(frozen=True)
 class AnswerBatch:
     """Prompts the toy model answers correctly (Zhang's ``A + B =`` and ``A - B =``,
-    2-shot), their answer-position cache (:class:`arithlib.zhang.probing.AnswerCache`) and
+    2-shot), their answer-position cache (:class:`arithlib.zhang.answer_cache.AnswerCache`) and
     the answer's first token ``answer_ids`` [N]."""
 
     prompts: PromptSet
-    cache: PR.AnswerCache
+    cache: AC.AnswerCache
     answer_ids: torch.Tensor
 
 
@@ -227,7 +229,7 @@ def answer_batch() -> AnswerBatch:
     model = check_model()
     recs = ds.zhang_prompts(ops=["+", "-"], n_per_template=12, seed=0, fewshot=2, templates=[0])
     ps = PromptSet.build([replace(r, counterfactual=None) for r in recs], model.tokenizer)
-    cache = PR.cache_answer_position(model.bridge, ps, check_full_answer=False, progress=False)
+    cache = AC.cache_answer_position(model.bridge, ps, check_full_answer=False, progress=False)
     keep = cache.correct.nonzero().flatten().tolist()
     ps = ps.subset(keep)
     return AnswerBatch(ps, cache.subset(keep), ps.first_answer_ids)
@@ -267,11 +269,11 @@ def check_logit_lens(fn: Callable) -> None:
 def check_delta_cosine(fn: Callable) -> None:
     """``fn(mlp_in, mlp_out, W_U, answer_ids)`` with activations [N, n_layers, d_model]:
     cos(MLP_out - MLP_in, W_U[:, C]) [N, n_layers] (Zhang et al. Fig. 6b); reference the
-    ``delta_C`` measure of :func:`arithlib.zhang.probing.unembed_cosines`."""
+    ``delta_C`` measure of :func:`arithlib.zhang.mlp_curves.unembed_cosines`."""
     model, data = check_model(), answer_batch()
-    W_U = PR.unembed_matrix(model.bridge)
+    W_U = MC.unembed_matrix(model.bridge)
     numbers = single_token_numbers(model.tokenizer, 30)
-    cos = PR.unembed_cosines(data.cache, data.prompts, W_U, numbers)
+    cos = MC.unembed_cosines(data.cache, data.prompts, W_U, numbers)
     ref = cos[cos.measure == "delta_C"].sort_values(["prompt", "layer"])["value"].to_numpy()
     ref = torch.tensor(ref).reshape(len(data.prompts), -1).float()
     mine = _as_tensor(
@@ -279,7 +281,7 @@ def check_delta_cosine(fn: Callable) -> None:
         "delta_cosine",
     )
     _compare(mine, ref, "delta_cosine", 1e-5)
-    _ok("delta_cosine matches the delta_C measure of arithlib.zhang.probing.unembed_cosines")
+    _ok("delta_cosine matches the delta_C measure of arithlib.zhang.mlp_curves.unembed_cosines")
 
 
 @dataclass(frozen=True)
@@ -302,7 +304,7 @@ def probe_data() -> ProbeData:
     model = check_model()
     recs = ds.yu_prompts(ops=["+", "-"], n_digits=2, n_per_template=60, seed=0, fewshot=2, templates=[3])
     ps = PromptSet.build(recs, model.tokenizer)
-    cache = PR.cache_answer_position(
+    cache = AC.cache_answer_position(
         model.bridge, ps, kinds=["resid_pre", "resid_post"], check_full_answer=False, progress=False
     )
     acts, layers = L.lens_stack(cache)

@@ -117,7 +117,7 @@ FINDINGS: tuple[Finding, ...] = (
         "subtracts them 'to isolate the specific contribution of MLP' (the literal module output minus its "
         "normalised input is shown as a sensitivity reading, not judged). The paper's inflection of this curve "
         "is where its initial plateau turns into the climb (App. C, Fig. 14; Sec. 5.2 'starting from the 17th "
-        "layer'): the start of the climb to the maximum by the rule of probing.curve_points, searched from "
+        "layer'): the start of the climb to the maximum by the rule of mlp_curves.curve_points, searched from "
         "layer 1 (layer 0's MLP reads the raw embedding; rule fixed in advance); 95 % intervals by one "
         "bootstrap over prompts (stratified by operator, 02_mlp_cosines_per_prompt.csv.gz) for whether the mean "
         "curve climbs at all and for depth = the climb's first layer / n_layers; not reproduced if the curve "
