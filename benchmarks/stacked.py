@@ -47,7 +47,7 @@ import arithlib.engine as E  # noqa: E402
 import arithlib.methods.ablation as A  # noqa: E402
 import arithlib.methods.answer_runs as AR  # noqa: E402
 import arithlib.methods.neurons as N  # noqa: E402
-import arithlib.nikankin.heuristics as H  # noqa: E402
+import arithlib.nikankin.heuristic_grids as HG  # noqa: E402
 import arithlib.zhang.path_patching as PP  # noqa: E402
 from arithlib.core.prompt_sets import PromptSet  # noqa: E402
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         # 03: mean ablations at the answer position. The means live on the model's device
         # (float32, as ablation.mean_activations leaves them; the hooks cast to the
         # activation's dtype), so no hook copies them from the host on every pass.
-        grid = PromptSet.build(H.grid_records("+", (0, 9), fewshot=2), tok)
+        grid = PromptSet.build(HG.grid_records("+", (0, 9), fewshot=2), tok)
         grid = grid.subset(list(range(min(args.n, len(grid)))))
         runner = E.AnswerPositionRunner(b, grid, batch_size=64)
         means = torch.zeros(len(layers), cfg.d_mlp, device=device)

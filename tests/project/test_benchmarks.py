@@ -147,14 +147,14 @@ def test_patching_rows_go_into_the_first_table(tmp_path):
 def test_threads_benchmark_times_both_phases_and_restores_threads():
     import torch
 
-    import arithlib.nikankin.heuristics as H
+    import arithlib.nikankin.heuristic_grids as HG
     from arithlib.core.models import load_model
     from arithlib.core.prompt_sets import PromptSet
     from arithlib.core.random_models import random_model_dir
 
     bt = _load("threads")
     tiny = load_model(str(random_model_dir("llama")))
-    grid = PromptSet.build(H.grid_records("+", (0, 3), fewshot=1), tiny.tokenizer)
+    grid = PromptSet.build(HG.grid_records("+", (0, 3), fewshot=1), tiny.tokenizer)
     before = torch.get_num_threads()
     prefix_s, passes_s = bt.time_runner(tiny.bridge, grid, threads=1, passes=2)
     assert prefix_s > 0 and passes_s > 0 and torch.get_num_threads() == before
