@@ -31,7 +31,8 @@ from .nikankin import _nikankin_faithfulness, _nikankin_heuristic_ablation, _nik
 from .representations import _kantamneni_helix_patch, _zhou_fourier_features, _zhou_scratch
 from .rules import Finding, Outcome, _interval_cell, settle_inconclusive
 from .tables import ERROR, NOT_JUDGED, NOT_RUN, NotApplicable, NotRun, Tables
-from .yu import _yu_gender, _yu_lora_coef, _yu_lora_layers, _yu_mask_keep, _yu_pruning, _yu_shallow, _yu_single_head
+from .yu import _yu_mask_keep, _yu_shallow, _yu_single_head
+from .yu_edits import _yu_gender, _yu_lora_coef, _yu_lora_layers, _yu_pruning
 from .zhang import (
     _zhang_key_heads,
     _zhang_knockout,
