@@ -27,8 +27,11 @@ import torch
 from .core import datasets as ds
 from .core.metrics import relative_logit_change
 from .core.models import LoadedModel, load_model
+from .core.prompt_sets import PromptSet, single_token_numbers
 from .methods import patching as P
+from .zhang import answer_cache as AC
 from .zhang import lens as L
+from .zhang import mlp_curves as MC
 from .zhang import path_patching as PP
 from .zhang import probing as PR
 
@@ -57,7 +60,7 @@ class PatchingBatch:
     answer's first token ``answer_ids`` [B]; only prompts the model answers with a
     positive answer logit (Zhang's X_r). ``prompts`` is the PromptSet they come from."""
 
-    prompts: ds.PromptSet
+    prompts: PromptSet
     tokens: torch.Tensor
     cf_tokens: torch.Tensor
     answer_ids: torch.Tensor
@@ -68,7 +71,7 @@ def patching_batch() -> PatchingBatch:
     """The prompts every notebook-01 check patches (:class:`PatchingBatch`)."""
     model = check_model()
     recs = ds.zhang_prompts(ops=["+", "-"], n_per_template=8, seed=0, fewshot=2, templates=[0])
-    ps = ds.PromptSet.build(recs, model.tokenizer)
+    ps = PromptSet.build(recs, model.tokenizer)
     batch = next(ps.batches(len(ps)))
     with torch.no_grad():
         logits = model.bridge(batch.tokens)[:, -1]
@@ -212,11 +215,11 @@ def check_head_effects(fn: Callable) -> None:
 @dataclass(frozen=True)
 class AnswerBatch:
     """Prompts the toy model answers correctly (Zhang's ``A + B =`` and ``A - B =``,
-    2-shot), their answer-position cache (:class:`arithlib.zhang.probing.AnswerCache`) and
+    2-shot), their answer-position cache (:class:`arithlib.zhang.answer_cache.AnswerCache`) and
     the answer's first token ``answer_ids`` [N]."""
 
-    prompts: ds.PromptSet
-    cache: PR.AnswerCache
+    prompts: PromptSet
+    cache: AC.AnswerCache
     answer_ids: torch.Tensor
 
 
@@ -225,8 +228,8 @@ def answer_batch() -> AnswerBatch:
     """The prompts and cache of the logit-lens and cosine checks (:class:`AnswerBatch`)."""
     model = check_model()
     recs = ds.zhang_prompts(ops=["+", "-"], n_per_template=12, seed=0, fewshot=2, templates=[0])
-    ps = ds.PromptSet.build([replace(r, counterfactual=None) for r in recs], model.tokenizer)
-    cache = PR.cache_answer_position(model.bridge, ps, check_full_answer=False, progress=False)
+    ps = PromptSet.build([replace(r, counterfactual=None) for r in recs], model.tokenizer)
+    cache = AC.cache_answer_position(model.bridge, ps, check_full_answer=False, progress=False)
     keep = cache.correct.nonzero().flatten().tolist()
     ps = ps.subset(keep)
     return AnswerBatch(ps, cache.subset(keep), ps.first_answer_ids)
@@ -266,11 +269,11 @@ def check_logit_lens(fn: Callable) -> None:
 def check_delta_cosine(fn: Callable) -> None:
     """``fn(mlp_in, mlp_out, W_U, answer_ids)`` with activations [N, n_layers, d_model]:
     cos(MLP_out - MLP_in, W_U[:, C]) [N, n_layers] (Zhang et al. Fig. 6b); reference the
-    ``delta_C`` measure of :func:`arithlib.zhang.probing.unembed_cosines`."""
+    ``delta_C`` measure of :func:`arithlib.zhang.mlp_curves.unembed_cosines`."""
     model, data = check_model(), answer_batch()
-    W_U = PR.unembed_matrix(model.bridge)
-    numbers = ds.single_token_numbers(model.tokenizer, 30)
-    cos = PR.unembed_cosines(data.cache, data.prompts, W_U, numbers)
+    W_U = MC.unembed_matrix(model.bridge)
+    numbers = single_token_numbers(model.tokenizer, 30)
+    cos = MC.unembed_cosines(data.cache, data.prompts, W_U, numbers)
     ref = cos[cos.measure == "delta_C"].sort_values(["prompt", "layer"])["value"].to_numpy()
     ref = torch.tensor(ref).reshape(len(data.prompts), -1).float()
     mine = _as_tensor(
@@ -278,7 +281,7 @@ def check_delta_cosine(fn: Callable) -> None:
         "delta_cosine",
     )
     _compare(mine, ref, "delta_cosine", 1e-5)
-    _ok("delta_cosine matches the delta_C measure of arithlib.zhang.probing.unembed_cosines")
+    _ok("delta_cosine matches the delta_C measure of arithlib.zhang.mlp_curves.unembed_cosines")
 
 
 @dataclass(frozen=True)
@@ -300,8 +303,8 @@ def probe_data() -> ProbeData:
     """The probing set of the probe check (:class:`ProbeData`)."""
     model = check_model()
     recs = ds.yu_prompts(ops=["+", "-"], n_digits=2, n_per_template=60, seed=0, fewshot=2, templates=[3])
-    ps = ds.PromptSet.build(recs, model.tokenizer)
-    cache = PR.cache_answer_position(
+    ps = PromptSet.build(recs, model.tokenizer)
+    cache = AC.cache_answer_position(
         model.bridge, ps, kinds=["resid_pre", "resid_post"], check_full_answer=False, progress=False
     )
     acts, layers = L.lens_stack(cache)

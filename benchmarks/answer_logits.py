@@ -35,16 +35,16 @@ import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
 
-import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.answer_loss as AL  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
 import arithlib.methods.finetune_data as FD  # noqa: E402
+from arithlib.core.prompt_sets import PromptSet  # noqa: E402
 
 
 def time_both(
     model,
-    train: ds.PromptSet,
-    test: ds.PromptSet,
+    train: PromptSet,
+    test: PromptSet,
     batch_size: int,
     train_batch: int,
     repeats: int = 2,
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     loaded = bench_model.load(args.model, args.device, args.dtype)
     device, dtype, cfg = loaded.device, loaded.dtype, loaded.bridge.cfg
     splits = FD.yu_lora_data(n_train=args.n, n_test=args.n, n_val=0, ops=["+", "-", "*", "/"], seed=0, fewshot=2)
-    train, test = (ds.PromptSet.build(splits[k], loaded.tokenizer) for k in ("train", "test"))
+    train, test = (PromptSet.build(splits[k], loaded.tokenizer) for k in ("train", "test"))
     r = time_both(loaded.bridge, train, test, args.batch_size, args.train_batch, args.repeats)
     whole, shared = r[False], r[True]
     same, compared = compare(whole, shared, len(test), dtype)

@@ -43,6 +43,7 @@ import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.answer_runs as AR  # noqa: E402
 import arithlib.methods.neurons as N  # noqa: E402
 import arithlib.yu.cna_importance as CI  # noqa: E402
+from arithlib.core.prompt_sets import PromptSet  # noqa: E402
 from arithlib.core.readout import final_norm, unembedding  # noqa: E402
 
 #: Allowed |batched - loop| per unit of logit spread, by the model's dtype: the batched
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = b.cfg
     dev = torch.device(loaded.device)
     recs = ds.yu_prompts(ops=["+", "-"], n_digits=1, n_per_template=None, templates=[3], fewshot=2)
-    ps = ds.PromptSet.build(recs, loaded.tokenizer)
+    ps = PromptSet.build(recs, loaded.tokenizer)
     ps = ps.subset(list(range(min(args.n_prompts, len(ps)))))
     run = AR.run_last_position(b, ps, batch_size=64)  # resid_mid, coef: float32, on the CPU
     norm, (W_U, b_U) = final_norm(b), unembedding(b)  # float32, on the model's device

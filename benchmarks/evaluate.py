@@ -38,9 +38,10 @@ import roofline  # noqa: E402
 
 import arithlib.core.datasets as ds  # noqa: E402
 from arithlib.core.evaluate import checked_answers, continues_number, greedy_answers  # noqa: E402
+from arithlib.core.prompt_sets import PromptSet  # noqa: E402
 
 
-def _correct(prompts: ds.PromptSet, generated: list[list[int]]) -> list[bool]:
+def _correct(prompts: PromptSet, generated: list[list[int]]) -> list[bool]:
     tok = prompts.tokenizer
     return [
         g[: len(a)] == a and len(g) > len(a) and not continues_number(tok, g[len(a)])
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     loaded = bench_model.load(args.model, args.device, args.dtype)
     device, dtype, cfg, b = loaded.device, loaded.dtype, loaded.bridge.cfg, loaded.bridge
     recs = ds.yu_prompts(n_digits=args.digits, n_per_template=args.n_per_template, seed=0, fewshot=2)
-    ps = ds.PromptSet.build(recs, loaded.tokenizer)
+    ps = PromptSet.build(recs, loaded.tokenizer)
     if len(ps) == 0:
         raise SystemExit("no prompt left after tokenization")
 

@@ -33,6 +33,7 @@ import arithlib.methods.knockouts as KO  # noqa: E402
 import arithlib.yu.head_sweep as HS  # noqa: E402
 from arithlib.core.evaluate import answer_logits  # noqa: E402
 from arithlib.core.models import load_model  # noqa: E402
+from arithlib.core.prompt_sets import PromptSet  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import append, section  # noqa: E402
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     m = load_model(args.model)
     b = m.bridge
     recs = ds.yu_prompts([args.op], n_digits=1, n_per_template=args.prompts, seed=0, fewshot=2, templates=[3])
-    ps = ds.PromptSet.build(recs, m.tokenizer)
+    ps = PromptSet.build(recs, m.tokenizer)
     L, H = b.cfg.n_layers, b.cfg.n_heads
     every = [(l, h) for l in range(L) for h in range(H)]
     heads = [every[i] for i in np.linspace(0, len(every) - 1, args.heads).round().astype(int)]

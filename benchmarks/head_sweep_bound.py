@@ -38,6 +38,7 @@ import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.yu.head_sweep as HS  # noqa: E402
 import arithlib.zhang.transfer_sets as TS  # noqa: E402
 from arithlib.core.models import load_model  # noqa: E402
+from arithlib.core.prompt_sets import PromptSet  # noqa: E402
 from arithlib.engine import common_prefix  # noqa: E402
 
 
@@ -50,7 +51,7 @@ def layer_macs(cfg) -> int:
     return d * dh * cfg.n_heads * 2 + d * dh * kv * 2 + d * cfg.d_mlp * (3 if gated else 2)
 
 
-def query_tokens(prompts: ds.PromptSet, batch_size: int = 128) -> list[int]:
+def query_tokens(prompts: PromptSet, batch_size: int = 128) -> list[int]:
     """Per prompt (in order), the tokens the sweep recomputes after its batch's shared
     prefix, batched as ``exact_head_sweep`` batches (by length and few-shot prefix)."""
     q = [0] * len(prompts)
@@ -63,7 +64,7 @@ def query_tokens(prompts: ds.PromptSet, batch_size: int = 128) -> list[int]:
     return q
 
 
-def token_layers(prompts: ds.PromptSet, layers: list[int], n_layers: int) -> int:
+def token_layers(prompts: PromptSet, layers: list[int], n_layers: int) -> int:
     """Sum over (head layer l, prompt) pairs of query tokens x (n_layers - l)."""
     q = query_tokens(prompts)
     per_prompt = sum(q)

@@ -40,10 +40,10 @@ import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
 
-import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
 import arithlib.methods.finetune_data as FD  # noqa: E402
 import arithlib.methods.model_weights as MW  # noqa: E402
+from arithlib.core.prompt_sets import PromptSet  # noqa: E402
 from arithlib.engine import LayerInputs  # noqa: E402
 
 #: Allowed |full - late| of a log-probability, by the model's dtype (see the docstring):
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     hf = FT.shared_hf_model(loaded.bridge)
     n_layers = len(FT.decoder_layers(hf))
     starts = sorted({min(n_layers - 1, max(1, round(f * n_layers))) for f in a.layers})
-    test = ds.PromptSet.build(FD.yu_lora_data(n_train=0, n_test=a.n, seed=0, fewshot=2)["test"], loaded.tokenizer)
+    test = PromptSet.build(FD.yu_lora_data(n_train=0, n_test=a.n, seed=0, fewshot=2)["test"], loaded.tokenizer)
     inputs = {"test": LayerInputs(starts)}
     t_record, _ = roofline.best_time(
         lambda: FT.evaluate_weights(hf, None, {"test": test}, a.batch_size, inputs=inputs), 1, dev

@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_model  # noqa: E402
 
-import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
 import arithlib.methods.finetune_data as FD  # noqa: E402
 import arithlib.yu.lora as LO  # noqa: E402
+from arithlib.core.prompt_sets import PromptSet  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     loaded = bench_model.load(args.model, args.device, args.dtype)
     splits = FD.yu_lora_data(n_train=args.n, n_test=args.n, n_val=0, seed=0, fewshot=2)
-    train, test = (ds.PromptSet.build(splits[k], loaded.tokenizer) for k in ("train", "test"))
+    train, test = (PromptSet.build(splits[k], loaded.tokenizer) for k in ("train", "test"))
     print("| layer | train (s) | s per sentence | evaluate (s) |\n|---|---|---|---|")
     for layer in args.layers:
         t0 = time.perf_counter()

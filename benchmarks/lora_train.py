@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_model  # noqa: E402
 import results  # noqa: E402
 
-import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
 import arithlib.methods.finetune_data as FD  # noqa: E402
 import arithlib.yu.lora as LO  # noqa: E402
+from arithlib.core.prompt_sets import PromptSet  # noqa: E402
 from arithlib.engine import LayerInputs  # noqa: E402
 
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     n_layers = len(FT.decoder_layers(hf))
     layers = sorted({min(n_layers - 1, max(0, round(f * n_layers))) for f in a.layers})
     n = a.steps * a.batch_size
-    train = ds.PromptSet.build(FD.yu_lora_data(n_train=n, n_test=0, seed=0, fewshot=2)["train"], loaded.tokenizer)
+    train = PromptSet.build(FD.yu_lora_data(n_train=n, n_test=0, seed=0, fewshot=2)["train"], loaded.tokenizer)
     cfg = FT.TrainConfig(lr=1e-3, epochs=1, batch_size=a.batch_size, seed=0)
     inputs = LayerInputs(layers)
     LO.train_lora(hf, max(layers), train, cfg, progress=False, inputs=inputs)  # records every layer's input

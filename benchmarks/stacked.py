@@ -47,8 +47,9 @@ import arithlib.engine as E  # noqa: E402
 import arithlib.methods.ablation as A  # noqa: E402
 import arithlib.methods.answer_runs as AR  # noqa: E402
 import arithlib.methods.neurons as N  # noqa: E402
-import arithlib.nikankin.heuristics as H  # noqa: E402
+import arithlib.nikankin.heuristic_grids as HG  # noqa: E402
 import arithlib.zhang.path_patching as PP  # noqa: E402
+from arithlib.core.prompt_sets import PromptSet  # noqa: E402
 
 
 def neuron_sets(layers: list[int], d_mlp: int, n_sets: int, size: int, seed: int) -> list[list[tuple[int, int]]]:
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         # 03: mean ablations at the answer position. The means live on the model's device
         # (float32, as ablation.mean_activations leaves them; the hooks cast to the
         # activation's dtype), so no hook copies them from the host on every pass.
-        grid = ds.PromptSet.build(H.grid_records("+", (0, 9), fewshot=2), tok)
+        grid = PromptSet.build(HG.grid_records("+", (0, 9), fewshot=2), tok)
         grid = grid.subset(list(range(min(args.n, len(grid)))))
         runner = E.AnswerPositionRunner(b, grid, batch_size=64)
         means = torch.zeros(len(layers), cfg.d_mlp, device=device)
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
 
         # 04: neuron sets zeroed at every position.
-        yu = ds.PromptSet.build(
+        yu = PromptSet.build(
             ds.yu_prompts(ops=["+", "-"], n_digits=1, n_per_template=None, templates=[3], fewshot=2), tok
         )
         yu = yu.subset(list(range(0, len(yu), max(1, len(yu) // args.n)))[: args.n])
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
 
         # 01: clean runs sharing each few-shot prefix.
-        zh = ds.PromptSet.build(ds.zhang_prompts(ops=["+", "-"], n_per_template=4, seed=0, fewshot=2), tok)
+        zh = PromptSet.build(ds.zhang_prompts(ops=["+", "-"], n_per_template=4, seed=0, fewshot=2), tok)
         batch = max(zh.batches(16, device), key=lambda x: len(x.index))
         groups = E.prefix_groups(zh, batch.index)
         spec = PP.path_end_captures(cfg.n_layers, attention=True)

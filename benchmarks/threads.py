@@ -25,9 +25,10 @@ if str(ROOT) not in sys.path:
 import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.engine as E  # noqa: E402
 from arithlib.core.models import load_model  # noqa: E402
+from arithlib.core.prompt_sets import PromptSet, single_token_max  # noqa: E402
 
 
-def time_runner(bridge, prompts: ds.PromptSet, threads: int, passes: int = 5) -> tuple[float, float]:
+def time_runner(bridge, prompts: PromptSet, threads: int, passes: int = 5) -> tuple[float, float]:
     """(prefix-cache seconds, seconds for ``passes`` answer-position passes) with ``threads``."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -50,8 +51,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args(argv)
     loaded = load_model(a.model)
-    recs = ds.nikankin_prompts(max_operand=ds.single_token_max(loaded.tokenizer), n_per_op=None, seed=0, fewshot=2)
-    ps = ds.PromptSet.build(recs, loaded.tokenizer)
+    recs = ds.nikankin_prompts(max_operand=single_token_max(loaded.tokenizer), n_per_op=None, seed=0, fewshot=2)
+    ps = PromptSet.build(recs, loaded.tokenizer)
     ps = ps.subset(list(range(min(a.n_prompts, len(ps)))))
     rows = []
     print(f"{len(ps)} prompts, {a.model}")

@@ -73,6 +73,7 @@ n_per_template = 10  # prompts per template and operator (Yu, Zhang, word proble
 # %%
 import arithlib.core.datasets as ds
 from arithlib.core.evaluate import accuracy, evaluate_sets
+from arithlib.core.prompt_sets import PromptSet, single_token_max
 from arithlib.plots.accuracy import accuracy_bars, heatmap
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.runs import start_run
@@ -92,7 +93,7 @@ run = start_run(
     n_per_template=n_per_template,
 )
 tok = run.tokenizer
-max_operand = min(ds.single_token_max(tok), 300)
+max_operand = min(single_token_max(tok), 300)
 print(run.model.info)
 print("largest single-token operand:", max_operand)
 
@@ -104,7 +105,7 @@ print("largest single-token operand:", max_operand)
 
 
 # %%
-def build_sets(k: int) -> dict[str, ds.PromptSet]:
+def build_sets(k: int) -> dict[str, PromptSet]:
     sets = {
         "nikankin": ds.nikankin_prompts(
             max_operand=max_operand, n_per_op=None if not quick else 10, seed=seed, fewshot=k
@@ -119,8 +120,7 @@ def build_sets(k: int) -> dict[str, ds.PromptSet]:
     # Word problems end inside a number ("... to the year 197" -> "8"); a tokenizer with
     # whole-number tokens cannot split them, and those prompts are left out (with a warning).
     return {
-        name: ds.PromptSet.build(records, tok, drop_unsplittable=name == "word_problems")
-        for name, records in sets.items()
+        name: PromptSet.build(records, tok, drop_unsplittable=name == "word_problems") for name, records in sets.items()
     }
 
 

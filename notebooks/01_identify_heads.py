@@ -132,6 +132,7 @@ import arithlib.yu.head_sweep as HS
 import arithlib.zhang.path_patching as path_patching
 import arithlib.zhang.transfer_sets as TS
 from arithlib.core.evaluate import accuracy, evaluate
+from arithlib.core.prompt_sets import PromptSet, expand_answer_tokens, single_token_max
 from arithlib.methods.ablation import mean_activations
 from arithlib.run.outputs import save_figure, save_json, save_table
 from arithlib.run.paths import cache_root
@@ -234,7 +235,7 @@ print(info)
 from dataclasses import replace
 
 with timed("1 path patching"):
-    cand = ds.PromptSet.build(ds.zhang_prompts(ops, (1, 9), zhang_per_template, seed, fewshot), tok)
+    cand = PromptSet.build(ds.zhang_prompts(ops, (1, 9), zhang_per_template, seed, fewshot), tok)
     ev = store(
         "X_r candidates evaluated",
         lambda: evaluate(bridge, cand, batch_size=batch_size),
@@ -258,7 +259,7 @@ with timed("1 path patching"):
             key_of(r): r.counterfactual
             for r in ds.zhang_prompts(ops, (1, 9), zhang_per_template, seed, fewshot, xc_prefix="true-answers")
         }
-        xr_old = ds.PromptSet.build([replace(r, counterfactual=old_cf[key_of(r)]) for r in xr.records], tok)
+        xr_old = PromptSet.build([replace(r, counterfactual=old_cf[key_of(r)]) for r in xr.records], tok)
         xc_rates = store(
             "X_c answer rates",
             lambda: pd.concat(
@@ -671,7 +672,7 @@ with timed("5 memorize vs change-one"):
         )
         ps2, _ = TS.build_tolerant(recs, tok)
         try:
-            expanded = ds.expand_answer_tokens(ps2)
+            expanded = expand_answer_tokens(ps2)
         except ValueError as err:
             print(f"{r.op}: no per-token cases ({err})")
             continue
@@ -713,8 +714,8 @@ else:
 
 # %%
 with timed("6 circuit patching"):
-    max_operand = min(ds.single_token_max(tok), nikankin_max_operand)
-    nk_all = ds.PromptSet.build(
+    max_operand = min(single_token_max(tok), nikankin_max_operand)
+    nk_all = PromptSet.build(
         ds.nikankin_prompts(ops, max_operand=max_operand, n_per_op=nikankin_candidates, seed=seed, fewshot=fewshot), tok
     )
     nk_ev = evaluate(bridge, nk_all, batch_size=batch_size)

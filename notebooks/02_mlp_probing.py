@@ -41,7 +41,7 @@
 #    its mean cosine with W_U[n] over the other candidate numbers n (Zhang Fig. 6a, b),
 #    with 95 % confidence bands, and (our control, not in the paper) each target's
 #    cosine minus the mean cosine with the other numbers; the start / inflection / peak /
-#    end of each curve by the rule of `arithlib.zhang.probing.curve_points` (layer 0 left out,
+#    end of each curve by the rule of `arithlib.zhang.mlp_curves.curve_points` (layer 0 left out,
 #    see below), compared with the layers of the key heads found by notebook 01. The
 #    MLP's contribution is read two ways (see **Which reading the verdict takes**): its
 #    write into the residual stream, resid_post − resid_mid (the verdict's), and the
@@ -115,10 +115,13 @@ from IPython.display import Markdown, display
 
 import arithlib.core.datasets as ds
 import arithlib.plots.probing as plots
+import arithlib.zhang.answer_cache as answer_cache
 import arithlib.zhang.lens as lens
+import arithlib.zhang.mlp_curves as mlp_curves
 import arithlib.zhang.path_patching as path_patching
 import arithlib.zhang.probing as probing
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet, single_token_max, single_token_numbers
 from arithlib.run.outputs import find_table, read_table, save_figure, save_table
 from arithlib.run.runs import start_run
 
@@ -159,13 +162,13 @@ def zhang_set(tokenizer):
     recs = ds.zhang_prompts(n_per_template=n_per_template, seed=seed, fewshot=fewshot)
     # counterfactuals are not used here: dropping them keeps prompts whose counterfactual
     # would tokenize to a different length (PromptSet.build drops those)
-    return ds.PromptSet.build([replace(r, counterfactual=None) for r in recs], tokenizer)
+    return PromptSet.build([replace(r, counterfactual=None) for r in recs], tokenizer)
 
 
 def reference_set(loaded):
     """Cache the Zhang set and keep the prompts the model answers correctly."""
     ps = zhang_set(loaded.tokenizer)
-    cache = probing.cache_answer_position(loaded.bridge, ps, batch_size=batch_size)
+    cache = answer_cache.cache_answer_position(loaded.bridge, ps, batch_size=batch_size)
     ok = cache.correct
     acc = ps.to_frame()[["op"]].assign(correct=ok.numpy()).groupby("op")["correct"].agg(["mean", "size"]).reset_index()
     keep = ok.nonzero().flatten().tolist()
@@ -201,10 +204,10 @@ def cosine_study(loaded, ps, cache):
     if len(ps) == 0:
         return None
     biggest = max(9, max(r.answer for r in ps.records))
-    numbers = ds.single_token_numbers(loaded.tokenizer, min(biggest, ds.single_token_max(loaded.tokenizer)))
-    frame = probing.unembed_cosines(cache, ps, probing.unembed_matrix(loaded.bridge), numbers)
-    summary = probing.summarise_curves(frame)
-    return frame, summary, probing.curve_point_table(summary), numbers
+    numbers = single_token_numbers(loaded.tokenizer, min(biggest, single_token_max(loaded.tokenizer)))
+    frame = mlp_curves.unembed_cosines(cache, ps, mlp_curves.unembed_matrix(loaded.bridge), numbers)
+    summary = mlp_curves.summarise_curves(frame)
+    return frame, summary, mlp_curves.curve_point_table(summary), numbers
 
 
 t0 = time.perf_counter()
@@ -234,7 +237,7 @@ else:
     save_table(cos_points, run.out, "02_mlp_cosine_points")
     fig = plots.cosine_curves({model: cos_summary}, {model: key_layers}, {model: cos_points})
     save_figure(fig, run.out, "02_mlp_cosines")
-    by_op = probing.summarise_curves(cos_frame, by=("op", "measure", "layer"))
+    by_op = mlp_curves.summarise_curves(cos_frame, by=("op", "measure", "layer"))
     save_table(by_op, run.out, "02_mlp_cosines_by_op")
     display(cos_points)
 
@@ -268,7 +271,7 @@ else:
 # i.e. our *start*, not the steepest step. Whether the curve climbs at all is itself
 # judged on the bootstrap (a climb that only some resamples show is inconclusive, not
 # "not reproduced"). **Layer 0 is left out** of every
-# curve-point search (`probing.FIRST_CURVE_LAYER`, fixed in advance): the MLP of layer 0
+# curve-point search (`mlp_curves.FIRST_CURVE_LAYER`, fixed in advance): the MLP of layer 0
 # reads the token embedding after one attention layer, and with tied embeddings its cosine
 # with a W_U column is the embedding's similarity with itself (on Qwen-0.5B the answer curve
 # jumps from −0.49 at layer 0 to −0.03 at layer 1, a jump that alone would decide the verdict).
@@ -291,14 +294,14 @@ def case_study(loaded, op, a, b):
     ]
     if not recs:
         raise ValueError(f"{a} {op} {b} is not a Zhang prompt with operands 1..9")
-    ps = ds.PromptSet.build(recs, loaded.tokenizer)
-    cache = probing.cache_answer_position(loaded.bridge, ps, progress=False)
+    ps = PromptSet.build(recs, loaded.tokenizer)
+    cache = answer_cache.cache_answer_position(loaded.bridge, ps, progress=False)
     c = recs[0].answer
-    hi = min(max(9, c + 5), ds.single_token_max(loaded.tokenizer))
-    numbers = ds.single_token_numbers(loaded.tokenizer, hi)
-    W_U = probing.unembed_matrix(loaded.bridge)
-    proj = probing.number_projection(cache, 0, W_U, numbers)
-    proj_out = probing.number_projection(cache, 0, W_U, numbers, vector="mlp_out")
+    hi = min(max(9, c + 5), single_token_max(loaded.tokenizer))
+    numbers = single_token_numbers(loaded.tokenizer, hi)
+    W_U = mlp_curves.unembed_matrix(loaded.bridge)
+    proj = mlp_curves.number_projection(cache, 0, W_U, numbers)
+    proj_out = mlp_curves.number_projection(cache, 0, W_U, numbers, vector="mlp_out")
     c_num = c if c in numbers else int(str(c)[0])  # per-digit tokenizers: the answer's first digit
     return {
         "text": recs[0].text,
@@ -306,10 +309,10 @@ def case_study(loaded, op, a, b):
         "answer_number": c_num,
         "correct": bool(cache.correct[0]),
         "projection": proj,
-        "top": probing.top_numbers(proj, 3),
-        "c2f": probing.coarse_to_fine(proj, c_num),
+        "top": mlp_curves.top_numbers(proj, 3),
+        "c2f": mlp_curves.coarse_to_fine(proj, c_num),
         "projection_out": proj_out,
-        "c2f_out": probing.coarse_to_fine(proj_out, c_num),
+        "c2f_out": mlp_curves.coarse_to_fine(proj_out, c_num),
     }
 
 
@@ -366,8 +369,8 @@ profiles = {}
 for name, loaded in models.items():
     if cos_results[name] is None:
         continue
-    profiles[name] = probing.distance_profile(
-        sets[name][3], sets[name][2], probing.unembed_matrix(loaded.bridge), cos_results[name][3]
+    profiles[name] = mlp_curves.distance_profile(
+        sets[name][3], sets[name][2], mlp_curves.unembed_matrix(loaded.bridge), cos_results[name][3]
     )
 if profiles:
     save_table(profiles[model], run.out, "02_distance_profile")
@@ -387,7 +390,7 @@ if profiles:
 def lens_study(loaded, ps, cache):
     if len(ps) == 0:
         return None
-    idx = probing.stratified_indices(ps, lens_max_prompts, by="op", seed=seed)
+    idx = answer_cache.stratified_indices(ps, lens_max_prompts, by="op", seed=seed)
     lens_frame = lens.logit_lens_answer(loaded.bridge, cache.subset(idx), ps.subset(idx))
     dla = lens.direct_logit_attribution_answer(loaded.bridge, cache, ps)
     err = lens.dla_reconstruction_error(dla, cache)
@@ -395,7 +398,7 @@ def lens_study(loaded, ps, cache):
         lens_frame,
         lens.lens_summary(lens_frame),
         dla,
-        probing.summarise_curves(dla, by=("component", "layer"), value="dla"),
+        mlp_curves.summarise_curves(dla, by=("component", "layer"), value="dla"),
         err,
     )
 
@@ -440,8 +443,10 @@ def probe_study(loaded):
         fewshot=fewshot,
         templates=probe_templates,
     )
-    ps = ds.PromptSet.build(recs, loaded.tokenizer)
-    cache = probing.cache_answer_position(loaded.bridge, ps, kinds=["resid_pre", "resid_post"], batch_size=batch_size)
+    ps = PromptSet.build(recs, loaded.tokenizer)
+    cache = answer_cache.cache_answer_position(
+        loaded.bridge, ps, kinds=["resid_pre", "resid_post"], batch_size=batch_size
+    )
     stack, layer_ids = lens.lens_stack(cache)
     labels = probing.probe_labels(ps, ["a", "b", "result", "result_last_digit"])
     probes = probing.linear_probes(stack, labels, test_frac=probe_test_frac, seed=seed, layer_labels=layer_ids)
@@ -479,10 +484,10 @@ if compare_model:
     lens_results[compare_model] = lens_study(other, sets[compare_model][2], sets[compare_model][3])
     probe_results[compare_model] = probe_study(other)
     if cos_results[compare_model] is not None:
-        profiles[compare_model] = probing.distance_profile(
+        profiles[compare_model] = mlp_curves.distance_profile(
             sets[compare_model][3],
             sets[compare_model][2],
-            probing.unembed_matrix(other.bridge),
+            mlp_curves.unembed_matrix(other.bridge),
             cos_results[compare_model][3],
         )
     timings[f"compare model {compare_model}"] = time.perf_counter() - t0
@@ -589,7 +594,7 @@ def findings(name: str) -> list[str]:
                 inside = [layer for layer in key_layers if r.start <= layer <= r.peak]
                 out.append(
                     f"- Key heads of notebook 01 sit in layers {key_layers}; {len(inside)} of those "
-                    f"{len(key_layers)} layers lie in the climb of {probing.COSINE_MEASURES[m][2]} "
+                    f"{len(key_layers)} layers lie in the climb of {mlp_curves.COSINE_MEASURES[m][2]} "
                     f"(layers {int(r.start)}..{int(r.peak)})."
                 )
         elif name == model and key_heads is not None:

@@ -136,13 +136,16 @@ import arithlib.methods.neurons as N
 import arithlib.methods.patching as patching
 import arithlib.nikankin.activation_patching as activation_patching
 import arithlib.nikankin.faithfulness_checks as FC
+import arithlib.nikankin.heuristic_ablation as HA
 import arithlib.nikankin.heuristic_dynamics as HD
 import arithlib.nikankin.heuristic_grids as HG
 import arithlib.nikankin.heuristic_nulls as HN
 import arithlib.nikankin.heuristics as H
+import arithlib.nikankin.operator_analysis as OA
 import arithlib.nikankin.prompt_knockout as PK
 import arithlib.plots.neurons as plots
 from arithlib.core.papers import FAITHFULNESS_TARGET, NIKANKIN_KNOCKOUT_CAP_SHARE, NIKANKIN_NEURON_SHARE
+from arithlib.core.prompt_sets import PromptSet, single_token_max
 from arithlib.methods.ablation import mean_activations
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.paths import cache_root
@@ -225,12 +228,12 @@ print("analysed MLP layers:", layers)
 # accuracy is first-token accuracy.
 
 # %%
-single = ds.single_token_max(tok)
+single = single_token_max(tok)
 ops = ["+", "-", "*", "/"]
 operand_ranges = HG.operand_ranges(single, quick, per_digit_operand_max, ops)  # quick toy: a corner of its grids
-full_grids = {op: H.grid_records(op, operand_ranges[op], fewshot=fewshot) for op in ops}
+full_grids = {op: HG.grid_records(op, operand_ranges[op], fewshot=fewshot) for op in ops}
 grid_limit = max_grid_prompts if single < 99 else None  # the toy model keeps its full grids
-grids = {op: ds.PromptSet.build(HG.subsample(full_grids[op], grid_limit, seed), tok) for op in ops}
+grids = {op: PromptSet.build(HG.subsample(full_grids[op], grid_limit, seed), tok) for op in ops}
 grid_table = pd.DataFrame(
     [
         {
@@ -271,14 +274,14 @@ analyses = {}
 for op, g in grids.items():
     clean = store(
         f"03 grid pass {op}",
-        lambda g=g: H.grid_pass(bridge, g, layers, batch_size),
-        code=[H],
+        lambda g=g: OA.grid_pass(bridge, g, layers, batch_size),
+        code=[OA],
         model=bridge,
         grid=g,
         layers=layers,
         batch_size=batch_size,
     )
-    analyses[op] = H.prepare_operator(
+    analyses[op] = OA.prepare_operator(
         bridge, g, layers, n_analysis, "full", seed, batch_size, n_heldout=n_heldout, clean=clean
     )
 acc = pd.DataFrame(
@@ -301,7 +304,7 @@ if skipped:
     print("no correct prompts (operator skipped):", skipped)
 if not analyses:
     raise RuntimeError(f"{model} answers no grid prompt correctly; nothing to analyse")
-means = H.reference_means(analyses)
+means = OA.reference_means(analyses)
 candidates = N.number_token_ids(tok, min(single, max(r.answer for g in grids.values() for r in g.records)))
 acc
 
@@ -317,7 +320,7 @@ acc
 
 # %%
 for op, an in analyses.items():
-    H.attribute(an, layers, means, candidates)
+    OA.attribute(an, layers, means, candidates)
 check_op = max(analyses, key=lambda o: len(analyses[o].analysis_index))
 an = analyses[check_op]
 rng = np.random.default_rng(seed)
@@ -362,8 +365,8 @@ shares = (0, 0.01, 0.05, 0.25, 1.0) if quick else (0, 0.005, 0.01, 0.02, 0.05, 0
 ks = N.share_grid(info.d_mlp, shares)
 curve = store(
     "03 faithfulness curve",
-    lambda: H.faithfulness_curves(analyses, layers, means, ks, progress=True),
-    code=[H],
+    lambda: OA.faithfulness_curves(analyses, layers, means, ks, progress=True),
+    code=[OA],
     model=bridge,
     prompts={op: an.runner.prompts for op, an in analyses.items()},
     scores={op: an.scores for op, an in analyses.items()},
@@ -422,7 +425,7 @@ for op in analyses:
     cand += ds.nikankin_prompts(
         [op], max_operand=min(operand_ranges[op][1], single), n_per_op=circuit_candidates, seed=seed, fewshot=fewshot
     )
-cand = ds.PromptSet.build([r for r in cand if (r.op, r.a, r.b) not in held_keys], tok)
+cand = PromptSet.build([r for r in cand if (r.op, r.a, r.b) not in held_keys], tok)
 cand_ok = cand.subset(
     np.flatnonzero(engine.AnswerPositionRunner(bridge, cand, batch_size=batch_size).greedy_correct()).tolist()
 )
@@ -443,7 +446,7 @@ ie_sel = store(
 )
 ranked_heads = activation_patching.ranked_head_positions(activation_patching.summarise_indirect_effects(ie_sel))
 hooks = sorted({c.hook_name for c in patching.heads_and_mlps(bridge)} | {N.post_hook(l) for l in layers})
-circuit_means = mean_activations(bridge, ds.PromptSet.build(ref_records + list(sel.records), tok), hooks)
+circuit_means = mean_activations(bridge, PromptSet.build(ref_records + list(sel.records), tok), hooks)
 k_full = max(1, int(round(NIKANKIN_NEURON_SHARE * info.d_mlp)))
 full_neurons = {op: N.top_neurons_per_layer(an.scores, layers, k_full) for op, an in analyses.items()}
 head_ks = [k for k in circuit_head_ks if k <= len(ranked_heads)]
@@ -605,8 +608,8 @@ circuit_summary.round(3)
 # %%
 rows, summaries, shares = [], [], []
 for op, an in analyses.items():
-    H.classify_circuit(an, layers, k_circuit, t, max_base_rate, seed)
-    acts_c = H.neuron_matrix(an.grid_acts, an.circuit, layers)
+    OA.classify_circuit(an, layers, k_circuit, t, max_base_rate, seed)
+    acts_c = OA.neuron_matrix(an.grid_acts, an.circuit, layers)
     test, null_test = store(
         f"03 label tests {op}",
         lambda: (
@@ -750,7 +753,7 @@ for op, an in analyses.items():
         continue
     r = store(
         f"03 heuristic ablation {op}",
-        lambda: H.heuristic_ablation_prompts(
+        lambda: HA.heuristic_ablation_prompts(
             an.heldout_runner,
             labelled[op],
             an.heuristics,
@@ -760,7 +763,7 @@ for op, an in analyses.items():
             max_heuristics=max_ablated_heuristics,
             progress=True,
         ),
-        code=[H],
+        code=[HA],
         model=bridge,
         prompts=an.heldout_runner.prompts,
         labels=labelled[op],
@@ -779,7 +782,7 @@ abl_rows = (
     )
 )
 save_table(abl_rows, run.out, "03_heuristic_ablation_prompts")
-abl = H.summarise_heuristic_ablation(abl_rows)
+abl = HA.summarise_heuristic_ablation(abl_rows)
 save_table(abl, run.out, "03_heuristic_ablation")
 save_figure(
     plots.heuristic_ablation_plot(abl, f"{model}: ablating one heuristic's neurons"), run.out, "03_heuristic_ablation"
@@ -852,7 +855,7 @@ pa_summary
 
 # %%
 ci = pd.concat(
-    [H.correct_vs_incorrect(bridge, an, layers, labelled[op]) for op, an in analyses.items()], ignore_index=True
+    [HA.correct_vs_incorrect(bridge, an, layers, labelled[op]) for op, an in analyses.items()], ignore_index=True
 )
 save_table(ci, run.out, "03_correct_vs_incorrect")
 ci_summary = (

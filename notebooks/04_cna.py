@@ -163,6 +163,7 @@ import arithlib.yu.pe_dag as pe_dag
 import arithlib.yu.shallow_neurons as shallow_neurons
 import arithlib.zhang.transfer_sets as TS
 from arithlib.core import papers
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.methods.ablation import zero_heads_hooks
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.paths import cache_root
@@ -241,7 +242,7 @@ records = {
 }
 cases = {}
 for g, recs in records.items():
-    ps = ds.PromptSet.build(recs, tok)
+    ps = PromptSet.build(recs, tok)
     ok = answer_runs.correct_mask(bridge, ps, "full", batch_size=batch_size)
     sub = ps.subset(ok)
     if quick and len(sub) > n_quick:

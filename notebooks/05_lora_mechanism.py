@@ -104,7 +104,6 @@ import time
 import pandas as pd
 from IPython.display import Markdown, display
 
-import arithlib.core.datasets as ds
 import arithlib.methods.finetune as FT
 import arithlib.methods.finetune_data as FD
 import arithlib.methods.model_weights as MW
@@ -113,6 +112,7 @@ import arithlib.report as R
 import arithlib.run.scales as scales
 import arithlib.yu.cna as C
 import arithlib.yu.lora as lora
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
@@ -193,7 +193,7 @@ t0 = time.time()
 splits = FD.yu_lora_data(
     n_train=S["n_train"], n_test=S["n_test"], n_val=S["n_val"], ops=ops, seed=seed, fewshot=fewshot
 )
-train_set, val_set, test_set = (ds.PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))
+train_set, val_set, test_set = (PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))
 sizes = pd.DataFrame(
     [
         {

@@ -94,7 +94,6 @@ import warnings
 import pandas as pd
 from IPython.display import Markdown, display
 
-import arithlib.core.datasets as ds
 import arithlib.methods.finetune as FT
 import arithlib.methods.finetune_data as FD
 import arithlib.plots.pruning as plots
@@ -106,6 +105,7 @@ import arithlib.yu.pruned_model as pruned_model
 import arithlib.yu.pruning as pruning
 import arithlib.yu.pruning_selection as selection
 from arithlib.core import papers
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.run.outputs import find_table, read_table, save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
@@ -246,7 +246,7 @@ t0 = time.time()
 splits = FD.yu_lora_data(
     n_train=S05["n_train"], n_test=S05["n_test"], n_val=S05["n_val"], ops=p05["ops"], seed=seed, fewshot=p05["fewshot"]
 )
-train_set, val_set, test_set = (ds.PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))
+train_set, val_set, test_set = (PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))
 val = val_set if len(val_set) else None
 row05 = acc05[acc05.layer == ref_layer]
 if row05.empty:

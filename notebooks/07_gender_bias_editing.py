@@ -145,6 +145,7 @@ import arithlib.yu.bias as B
 import arithlib.yu.bias_cna as BC
 import arithlib.yu.bias_professions as BP
 from arithlib.core import papers
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.methods.general_ability import pydoc_prose
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.runs import start_run
@@ -393,7 +394,7 @@ else:
 # %%
 prose = pydoc_prose()
 arith_records = ds.yu_prompts(n_digits=1, n_per_template=arith_per_op, templates=[3], fewshot=fewshot, seed=seed)
-arith = ds.PromptSet.build(arith_records, tok)
+arith = PromptSet.build(arith_records, tok)
 side_conditions = {("original", 0, -1): []}
 if has_bias:
     for k in sorted({edit_k, max(sweep)}):

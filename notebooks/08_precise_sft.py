@@ -109,7 +109,6 @@ from dataclasses import replace
 import pandas as pd
 from IPython.display import Markdown, display
 
-import arithlib.core.datasets as ds
 import arithlib.methods.finetune as FT
 import arithlib.methods.finetune_data as FD
 import arithlib.methods.general_ability as GA
@@ -118,6 +117,7 @@ import arithlib.plots.finetune as plots
 import arithlib.report as R
 import arithlib.run.scales as scales
 import arithlib.zhang.sft as sft
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.engine import LayerInputs
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.paths import cache_root
@@ -213,10 +213,10 @@ t0 = time.time()
 splits = FD.yu_lora_data(
     n_train=S["n_train"], n_test=S["n_test"], n_val=S["n_val"], ops=ops, seed=seed, fewshot=fewshot
 )
-train_set, val_set, test_set = (ds.PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))
+train_set, val_set, test_set = (PromptSet.build(splits[k], tok) for k in ("train", "val", "test"))
 words = FD.word_problem_data(S["word_train"], S["word_test"], seed=seed)
-sft_train = train_set + ds.PromptSet.build(words["train"], tok, drop_unsplittable=True)
-math_sets = {"arithmetic_2d": test_set, "word_problems": ds.PromptSet.build(words["test"], tok, drop_unsplittable=True)}
+sft_train = train_set + PromptSet.build(words["train"], tok, drop_unsplittable=True)
+math_sets = {"arithmetic_2d": test_set, "word_problems": PromptSet.build(words["test"], tok, drop_unsplittable=True)}
 sizes = pd.DataFrame(
     [
         {

@@ -113,7 +113,6 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-import arithlib.core.datasets as ds
 import arithlib.core.stats as S
 import arithlib.methods.neurons as N
 import arithlib.plots.representations as plots
@@ -122,6 +121,7 @@ import arithlib.representations.fourier as FO
 import arithlib.representations.helix as HX
 import arithlib.representations.passes as RP
 from arithlib.core.papers import ZHOU_PERIODS
+from arithlib.core.prompt_sets import PromptSet, single_token_max
 from arithlib.run.outputs import find_table, read_table, save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
@@ -166,7 +166,7 @@ bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)
 timings, reused = {}, {}
 rng = np.random.default_rng(seed)
-single = ds.single_token_max(tok)
+single = single_token_max(tok)
 run.record(single_token_max=single)
 layers = list(range(info.n_layers))
 print(info, f"| one token per number up to {single} | number embeddings: {number_init}")
@@ -181,7 +181,7 @@ print(info, f"| one token per number up to {single} | number embeddings: {number
 t0, r0 = time.time(), store.reused_seconds
 b_all = rng.permutation(max_operand + 1)
 fit_bs, patch_bs = sorted(b_all[:n_fit_b].tolist()), sorted(b_all[n_fit_b : n_fit_b + n_patch_b].tolist())
-prompts = ds.PromptSet.build(RP.addition_records(range(max_operand + 1), fit_bs + patch_bs, fewshot), tok)
+prompts = PromptSet.build(RP.addition_records(range(max_operand + 1), fit_bs + patch_bs, fewshot), tok)
 pos = RP.last_token_positions(prompts)
 acts, pred = store(
     "09 operand activations",
@@ -267,7 +267,7 @@ for key, idx in by_key.items():
             pairs.append((i, int(rng.choice(others))))
 pairs = [pairs[i] for i in sorted(rng.choice(len(pairs), min(n_pairs, len(pairs)), replace=False))] if pairs else []
 tgt_idx, src_idx = np.array([p[0] for p in pairs], dtype=int), np.array([p[1] for p in pairs], dtype=int)
-targets = ds.PromptSet.build([RP.with_answer(prompts.records[i], prompts.records[j].answer) for i, j in pairs], tok)
+targets = PromptSet.build([RP.with_answer(prompts.records[i], prompts.records[j].answer) for i, j in pairs], tok)
 fit_rows = np.flatnonzero(is_fit & correct)
 values, fits = {}, []
 for j, L in enumerate(layers):

@@ -23,13 +23,13 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.methods.finetune as FT  # noqa: E402
 import arithlib.methods.finetune_data as FD  # noqa: E402
 import arithlib.run.scales as SC  # noqa: E402
 import arithlib.yu.lora as LO  # noqa: E402
 from arithlib.core import papers  # noqa: E402
 from arithlib.core.models import load_model  # noqa: E402
+from arithlib.core.prompt_sets import PromptSet  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     layer = LO.reference_layer(n_layers) if a.layer is None else a.layer
     s = SC.FINETUNE_SCALES["cpu"]
     splits = FD.yu_lora_data(n_train=max(a.sizes), n_test=s["n_test"], n_val=a.n_val, seed=0, fewshot=a.fewshot)
-    train, val = (ds.PromptSet.build(splits[k], m.tokenizer) for k in ("train", "val"))
+    train, val = (PromptSet.build(splits[k], m.tokenizer) for k in ("train", "val"))
     cfg = FT.TrainConfig(lr=a.lr, epochs=a.epochs, batch_size=a.batch_size, seed=0)
     t0 = time.time()
     curve = LO.learning_curve(m.bridge, layer, train, val, a.sizes, cfg)

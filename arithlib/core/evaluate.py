@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..engine import PrefixRunner, hooks_attached
-from .datasets import PromptSet
+from .prompt_sets import PromptSet
 
 #: One batch of a plan: ``(runner, p, index) -> (answer-position logits [B, vocab], tokens per row)``.
 Step = Callable[["PrefixRunner", int, list[int]], tuple[torch.Tensor, list[list[int]]]]

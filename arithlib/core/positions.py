@@ -13,7 +13,8 @@ import pandas as pd
 import torch
 
 from .components import Head
-from .datasets import PromptRecord, PromptSet
+from .datasets import PromptRecord
+from .prompt_sets import PromptSet
 
 _SLOT = re.compile(r"\{A\}|\{B\}|\[([^\]]+)\]")
 

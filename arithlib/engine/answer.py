@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.components import Hook
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from .adapter import input_device, repeat_cache, select_cache_rows, truncate_cache
 from .passes import forward, prefix_cache
 from .prefix import common_prefix

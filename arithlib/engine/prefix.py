@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from transformer_lens.hook_points import HookPoint
 
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from .adapter import (
     cache_kwargs,
     filled_cache_layers,
@@ -81,7 +81,7 @@ class PrefixRunner:
     whether prefixes are shared: a hook that edits "the last position" would otherwise
     see the prefix's last token, so with intervention hooks every batch runs in full.
     A caller whose hooks only *record* the suffix's last position may share anyway and
-    switch its hooks on through ``suffix_context`` (:func:`arithlib.zhang.probing.cache_answer_position`).
+    switch its hooks on through ``suffix_context`` (:func:`arithlib.zhang.answer_cache.cache_answer_position`).
     Equal to the full forward pass up to float rounding (tested)."""
 
     def __init__(self, model, prompts: PromptSet, batch_size: int, share: bool | None = None):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.components import Hook
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from .adapter import filled_cache_layers, input_device, layer_device, repeat_rows_
 from .passes import decoder_norm, decoder_pass, empty_cache, resumable, run_blocks
 from .prefix import MIN_SHARED_PREFIX, common_prefix

@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.components import Head, Hook, Neuron, post_hook, z_hook
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from ..engine import input_device, last_position_logits
 
 MeanCache = dict[str, dict[int, torch.Tensor]]  # hook name -> prompt length -> mean [pos, ...]

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..core.datasets import PromptSet
 from ..core.evaluate import continues_number
+from ..core.prompt_sets import PromptSet
 from ..engine import (
     LayerInputs,
     common_prefix,

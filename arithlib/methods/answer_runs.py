@@ -18,8 +18,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.components import Hook, RowHooks
-from ..core.datasets import PromptSet
 from ..core.evaluate import continues_number
+from ..core.prompt_sets import PromptSet
 from ..engine import (
     answer_pass,
     common_prefix,

@@ -60,7 +60,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from ..core.stats import encode_correct
 from ..engine import (
     LayerInputs,

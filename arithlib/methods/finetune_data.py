@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ..core import datasets as ds
-from ..core.datasets import PromptRecord, PromptSet
+from ..core.datasets import PromptRecord
+from ..core.prompt_sets import PromptSet
 
 # --------------------------------------------------------------------------- data
 

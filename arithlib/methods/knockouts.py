@@ -13,8 +13,8 @@ import pandas as pd
 import torch
 
 from ..core.components import Head, z_hook
-from ..core.datasets import PromptSet
 from ..core.positions import locate_operands
+from ..core.prompt_sets import PromptSet
 from ..engine import RunCache
 from .patching import Component, Edit, ablation_edits, resolve_position, run_interventions
 

@@ -51,7 +51,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.components import Hook, Neuron, post_hook
-from ..core.datasets import PromptSet, single_token_numbers
+from ..core.prompt_sets import PromptSet, single_token_numbers
 from ..core.readout import final_norm, unembedding
 from ..engine import AnswerPositionRunner, HookFactory, input_device, last_position_logits
 from .ablation import mean_neurons_hooks
@@ -136,7 +136,7 @@ def runner_means(means: torch.Tensor, layers: Sequence[int]) -> dict[str, dict[i
 
 def number_token_ids(tokenizer, max_number: int) -> torch.Tensor:
     """Token id of each integer 0..max_number written alone (the candidate results),
-    as a tensor; raises if one is not a single token (:func:`arithlib.core.datasets.single_token_numbers`
+    as a tensor; raises if one is not a single token (:func:`arithlib.core.prompt_sets.single_token_numbers`
     skips those)."""
     ids = single_token_numbers(tokenizer, max_number) if max_number >= 0 else {}
     missing = next((n for n in range(max_number + 1) if n not in ids), None)

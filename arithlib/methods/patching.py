@@ -32,7 +32,7 @@ Cauchy-Schwarz bound prunes tokens that cannot win). :func:`run_interventions` r
 of variants over a prompt set and reads them out.
 
 The model everywhere is a TransformerLens ``TransformerBridge`` (``arithlib.core.models``).
-Prompt sets are :class:`arithlib.core.datasets.PromptSet`; batches are same-length, so the
+Prompt sets are :class:`arithlib.core.prompt_sets.PromptSet`; batches are same-length, so the
 answer position is the last one.
 """
 
@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..core.components import Head, Hook
-from ..core.datasets import PromptSet
 from ..core.models import model_dtype as _dtype
+from ..core.prompt_sets import PromptSet
 from ..engine import (
     CleanRun,
     RunCache,

@@ -14,8 +14,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core import datasets as ds
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet, split_answer
 from ..engine import RunCache, grouped_clean_run, input_device, prefix_groups
 from ..methods.patching import (
     Component,
@@ -32,14 +31,14 @@ from ..methods.patching import (
 def counterfactual_answer_ids(prompts: PromptSet) -> torch.Tensor:
     """First token of each record's counterfactual answer (``meta['cf_answer_text']``, as
     :func:`arithlib.core.datasets.nikankin_prompts` writes it), tokenized like the answers
-    (:func:`arithlib.core.datasets.split_answer`, which refuses a prompt that does not end at a
+    (:func:`arithlib.core.prompt_sets.split_answer`, which refuses a prompt that does not end at a
     token boundary)."""
     out = []
     for r in prompts.records:
         cf_text = r.get("cf_answer_text")
         if cf_text is None or r.counterfactual is None:
             raise ValueError(f"prompt {r.text!r} has no counterfactual answer (meta cf_answer_text)")
-        out.append(ds.split_answer(prompts.tokenizer, r.counterfactual, str(cf_text)).answer[0])
+        out.append(split_answer(prompts.tokenizer, r.counterfactual, str(cf_text)).answer[0])
     return torch.tensor(out, dtype=torch.long)
 
 

@@ -18,14 +18,14 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from ..methods import neurons as N
 from . import heuristic_nulls as HN
-from .heuristics import (
+from .heuristics import neuron_labels
+from .operator_analysis import (
     attribute,
     classify_circuit,
     matched_share,
-    neuron_labels,
     neuron_matrix,
     prepare_operator,
     reference_means,

@@ -9,6 +9,9 @@ Nikankin's grids are every operand pair 0..299 of Llama3-8B, one token per numbe
   rule is judged on many more prompts. The target stays the first answer token. Such a
   grid (10,000 pairs for + and *) is subsampled to at most ``max_prompts`` pairs per
   operator (seeded), since every prompt's KV cache is kept.
+
+:func:`grid_records` writes a grid's prompts, :func:`operand_ranges` picks its ranges and
+:func:`subsample` thins it.
 """
 
 from __future__ import annotations
@@ -16,11 +19,56 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from ..core.datasets import OPS, PromptRecord
+from ..core.datasets import OPS, PromptRecord, apply_op, fewshot_prefix, load_json
 
 #: The toy model's training ranges (arithlib.core.toy), and a corner of them for smoke tests.
 TOY_RANGES = {"+": (0, 99), "-": (0, 99), "*": (0, 31), "/": (0, 31)}
 TOY_QUICK_RANGES = {"+": (0, 29), "-": (0, 29), "*": (0, 15), "/": (0, 15)}
+
+
+def grid_records(
+    op: str,
+    operand_range: tuple[int, int],
+    max_result: int | None = None,
+    fewshot: int = 2,
+    allow_negative: bool = False,
+) -> list[PromptRecord]:
+    """Nikankin's "{x}{op}{y}=" prompt for every operand pair of ``operand_range`` (the
+    operand grid), with an integer result (exact division; non-negative unless
+    ``allow_negative``; at most ``max_result``), and a ``fewshot`` prefix in the same
+    template. Unlike :func:`arithlib.core.datasets.nikankin_prompts` no counterfactual is
+    paired (its pairing is quadratic in the grid size; the grid is read without one)."""
+    template = load_json("templates.json")["nikankin"][op][0]
+    sep = load_json("templates.json")["nikankin"]["sep"]
+    prefix = fewshot_prefix(template, op, sep, fewshot)
+    lo, hi = operand_range
+    out = []
+    for a in range(lo, hi + 1):
+        for b in range(lo, hi + 1):
+            if op == "/" and (b == 0 or a % b):
+                continue
+            c = apply_op(a, b, op)
+            if (c < 0 and not allow_negative) or (max_result is not None and c > max_result):
+                continue
+            text = template.replace("{A}", str(a)).replace("{B}", str(b))
+            text = text.replace(f"[{op}]", op)
+            out.append(
+                PromptRecord(
+                    family="nikankin",
+                    op=op,
+                    a=a,
+                    b=b,
+                    answer=c,
+                    template_id=0,
+                    template=template,
+                    text=text + sep,
+                    answer_text=str(c) if c >= 0 else f"-{-c}",
+                    prefix=prefix,
+                    n_digits=len(str(hi)),
+                    meta=(("numerals", "digits"),),
+                )
+            )
+    return out
 
 
 def operand_ranges(

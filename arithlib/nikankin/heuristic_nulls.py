@@ -26,7 +26,7 @@ serve every neuron of an operator (each neuron's test is an exact permutation te
 The null's share: the same procedure run on each neuron's activations shuffled once over the
 grid (seeded), so "labelled share" is set against what the procedure labels when there is
 nothing to find (about ``fdr`` of the neurons at most), and the share passing t alone
-(:func:`arithlib.nikankin.heuristics.matched_share` with ``null``) against its shuffled level.
+(:func:`arithlib.nikankin.operator_analysis.matched_share` with ``null``) against its shuffled level.
 """
 
 from __future__ import annotations

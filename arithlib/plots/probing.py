@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from ..zhang.probing import COSINE_MEASURES, PROBE_TARGETS
+from ..zhang.mlp_curves import COSINE_MEASURES
+from ..zhang.probing import PROBE_TARGETS
 
 sns.set_theme(context="notebook", style="whitegrid")
 
@@ -71,7 +72,7 @@ def cosine_curves(
 ):
     """Zhang et al. Fig. 6a/6b (13, 14): mean cosine per layer with its confidence
     band, one row per model, one column per panel. ``summaries[model]`` is a
-    :func:`arithlib.zhang.probing.summarise_curves` frame; ``key_layers[model]`` are marked
+    :func:`arithlib.zhang.mlp_curves.summarise_curves` frame; ``key_layers[model]`` are marked
     as vertical bands; ``points[model]`` (columns ``measure, start, inflection, peak,
     end``) are marked on their curves."""
     fig, axes = _grid(len(summaries), len(panels))

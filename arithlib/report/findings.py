@@ -31,7 +31,8 @@ from .nikankin import _nikankin_faithfulness, _nikankin_heuristic_ablation, _nik
 from .representations import _kantamneni_helix_patch, _zhou_fourier_features, _zhou_scratch
 from .rules import Finding, Outcome, _interval_cell, settle_inconclusive
 from .tables import ERROR, NOT_JUDGED, NOT_RUN, NotApplicable, NotRun, Tables
-from .yu import _yu_gender, _yu_lora_coef, _yu_lora_layers, _yu_mask_keep, _yu_pruning, _yu_shallow, _yu_single_head
+from .yu import _yu_mask_keep, _yu_shallow, _yu_single_head
+from .yu_edits import _yu_gender, _yu_lora_coef, _yu_lora_layers, _yu_pruning
 from .zhang import (
     _zhang_key_heads,
     _zhang_knockout,
@@ -117,7 +118,7 @@ FINDINGS: tuple[Finding, ...] = (
         "subtracts them 'to isolate the specific contribution of MLP' (the literal module output minus its "
         "normalised input is shown as a sensitivity reading, not judged). The paper's inflection of this curve "
         "is where its initial plateau turns into the climb (App. C, Fig. 14; Sec. 5.2 'starting from the 17th "
-        "layer'): the start of the climb to the maximum by the rule of probing.curve_points, searched from "
+        "layer'): the start of the climb to the maximum by the rule of mlp_curves.curve_points, searched from "
         "layer 1 (layer 0's MLP reads the raw embedding; rule fixed in advance); 95 % intervals by one "
         "bootstrap over prompts (stratified by operator, 02_mlp_cosines_per_prompt.csv.gz) for whether the mean "
         "curve climbs at all and for depth = the climb's first layer / n_layers; not reproduced if the curve "

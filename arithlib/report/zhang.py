@@ -345,7 +345,7 @@ def _zhang_late_mlps(t: Tables) -> Outcome:
 
 
 #: The answer curve the verdict reads, and the one kept as its sensitivity reading
-#: (measures of 02_mlp_cosines_per_prompt.csv.gz, :data:`arithlib.zhang.probing.COSINE_MEASURES`).
+#: (measures of 02_mlp_cosines_per_prompt.csv.gz, :data:`arithlib.zhang.mlp_curves.COSINE_MEASURES`).
 #: Zhang Sec. 4.2 subtracts the MLP's input from its output "to isolate the specific
 #: contribution of MLP", having named MLP_in what the MLP receives from the residual stream
 #: and MLP_out what it adds back into it: the isolated contribution is the MLP's write,
@@ -358,16 +358,16 @@ _ANSWER_LABEL = {
 
 
 def _answer_curve_points(curves: np.ndarray):
-    """Curve points (:func:`arithlib.zhang.probing.curve_points`, layer 0 left out) of the mean
+    """Curve points (:func:`arithlib.zhang.mlp_curves.curve_points`, layer 0 left out) of the mean
     answer curve over the prompts (rows) of ``curves`` [N, L]."""
-    from ..zhang.probing import curve_points
+    from ..zhang.mlp_curves import curve_points
 
     return curve_points(curves.mean(0), "rise")
 
 
 def _climbs(curves: np.ndarray) -> float:
     """1.0 when the mean curve climbs to its maximum (its peak lies after the layer where
-    the climb begins, :func:`arithlib.zhang.probing.curve_points`), else 0.0 (its maximum is at
+    the climb begins, :func:`arithlib.zhang.mlp_curves.curve_points`), else 0.0 (its maximum is at
     its first searched layer, or a single step)."""
     pts = _answer_curve_points(curves)
     return float(pts.rise > 0 and pts.peak > pts.start)
@@ -378,7 +378,7 @@ class CurveReading:
     """An answer curve judged by the onset rule: its points, the onset depth's and the
     climb indicator's 95 % bootstrap intervals, the verdict and what to say about the climb."""
 
-    points: object  # arithlib.zhang.probing.CurvePoints of the mean curve
+    points: object  # arithlib.zhang.mlp_curves.CurvePoints of the mean curve
     onset: Interval
     climb: Interval
     verdict: str
@@ -459,7 +459,7 @@ def _summary_write_text(t: Tables) -> str:
     cos(MLP_out, W_U[C]), the same vector in a sequential block), without an interval."""
     if not t.has("02_mlp_cosines"):
         return ""
-    from ..zhang.probing import curve_points
+    from ..zhang.mlp_curves import curve_points
 
     s = t.csv("02_mlp_cosines")
     curve = s[s["measure"] == "out_C"].sort_values("layer")["mean"].to_numpy(float)

@@ -25,12 +25,13 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core.datasets import PromptRecord, PromptSet
+from ..core.datasets import PromptRecord
 from ..core.positions import locate_operands
+from ..core.prompt_sets import PromptSet
 from ..core.readout import final_norm, unembedding
 from ..engine import AnswerPositionRunner, input_device, last_position_logits
 from ..methods.patching import Component, Edit, run_interventions
-from ..nikankin.heuristics import grid_records
+from ..nikankin.heuristic_grids import grid_records
 from . import fourier as FO
 
 
@@ -72,7 +73,7 @@ def number_unembedding(model, ids: Sequence[int]) -> torch.Tensor:
 
 def addition_records(a_values: Sequence[int], b_values: Sequence[int], fewshot: int = 2) -> list[PromptRecord]:
     """Nikankin's "{a}+{b}=" record for each pair of ``a_values`` x ``b_values``, with
-    the few-shot prefix of :func:`arithlib.nikankin.heuristics.grid_records`."""
+    the few-shot prefix of :func:`arithlib.nikankin.heuristic_grids.grid_records`."""
     hi = max(max(a_values), max(b_values))
     want_a, want_b = set(int(a) for a in a_values), set(int(b) for b in b_values)
     return [r for r in grid_records("+", (0, hi), fewshot=fewshot) if r.a in want_a and r.b in want_b]

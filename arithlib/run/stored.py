@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 
 from .. import __version__
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from .atomic import write_bytes, write_text
 from .fingerprints import data_fingerprint, fingerprint, model_fingerprint, tensor_fingerprint
 from .sources import code_fingerprint

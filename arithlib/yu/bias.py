@@ -44,7 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.components import Hook, Neuron
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from ..core.stats import bootstrap_ci, crossed_bootstrap_ci
 from ..methods import general_ability as GA
 from ..methods.ablation import is_position_invariant, zero_neurons_hooks

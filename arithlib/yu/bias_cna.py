@@ -14,7 +14,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.components import Neuron
-from ..core.datasets import PromptRecord, PromptSet
+from ..core.datasets import PromptRecord
+from ..core.prompt_sets import PromptSet
 from ..core.readout import final_norm, top_tokens, unembedding
 from ..engine import input_device
 from ..methods.answer_runs import LastPosition, run_last_position

@@ -67,8 +67,9 @@ from tqdm.auto import tqdm
 
 from ..core import datasets as ds
 from ..core.components import Hook, Neuron
-from ..core.datasets import PromptRecord, PromptSet
+from ..core.datasets import PromptRecord
 from ..core.papers import DEEP_FROM_FRACTION
+from ..core.prompt_sets import PromptSet
 from ..core.readout import final_norm, top_tokens, unembedding
 from ..engine import input_device
 from ..methods.answer_runs import LastPosition, answer_targets, run_conditions, run_last_position

@@ -49,7 +49,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.components import Head
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from ..engine import (
     cache_of,
     clean_run,

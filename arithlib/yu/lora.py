@@ -21,8 +21,8 @@ from tqdm.auto import tqdm
 
 from ..core import datasets as ds
 from ..core.components import Neuron
-from ..core.datasets import PromptSet
 from ..core.papers import YU_BANDS_32, YU_LR_GRID, YU_REFERENCE_LAYER_FRACTION
+from ..core.prompt_sets import PromptSet
 from ..engine import LayerInputs, clean_param_name, shared_hf_model
 from ..methods.finetune import (
     FineTuned,

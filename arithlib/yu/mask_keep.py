@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from ..core.components import Hook, Neuron, RowHooks
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from ..core.stats import encode_correct
 from ..methods.answer_runs import run_answer_conditions
 from .cna import CNAResult, coefficient_decrease

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from ..engine import decoder_layers, forward, hf_module, input_device, shared_hf_model
 from ..methods import model_weights as MW
 

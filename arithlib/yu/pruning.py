@@ -54,8 +54,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core.datasets import PromptSet
 from ..core.papers import YU_DEEP_NEURONS, YU_TABLE11, YU_TOP_K
+from ..core.prompt_sets import PromptSet
 from ..engine import LayerInputs, shared_hf_model
 from ..methods import finetune as FT
 from ..methods import model_weights as MW

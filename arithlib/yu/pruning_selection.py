@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from ..methods import model_weights as MW
 from ..methods.answer_runs import run_last_position
 from . import cna as C

@@ -15,8 +15,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core import datasets as ds
-from ..core.datasets import PromptSet
 from ..core.papers import YU_CNA_TABLES
+from ..core.prompt_sets import PromptSet, require_single_token_operands
 from ..core.readout import final_norm, top_tokens, unembedding
 from ..core.stats import encode_correct
 from ..engine import forward, input_device, wrapped
@@ -380,15 +380,15 @@ def operand_positions(prompts: PromptSet, i: int) -> dict[str, int]:
     """Positions of operand A and B of 1-token-operand case ``i`` in its query (the last
     occurrences, B after A), found from the decoded tokens. An operand that is not one
     token (a 2-digit operand under a per-digit tokenizer such as Qwen's:
-    :func:`datasets.require_single_token_operands`) or not a token of its own in the
-    prompt (number words) raises a ValueError naming the prompt."""
+    :func:`arithlib.core.prompt_sets.require_single_token_operands`) or not a token of its
+    own in the prompt (number words) raises a ValueError naming the prompt."""
     rec = prompts.records[i]
     texts = [prompts.tokenizer.decode([t]).strip() for t in prompts.input_ids[i]]
 
     def last(name: str, value: int, end: int) -> int:
         hits = [j for j, t in enumerate(texts[:end]) if t == str(value)]
         if not hits:
-            ds.require_single_token_operands(prompts.subset([i]))
+            require_single_token_operands(prompts.subset([i]))
             raise ValueError(
                 f"operand {name} = {value} of case {i} ({rec.text!r}) is not a token of its own in the "
                 f"prompt{' before operand B' if end < len(texts) else ''} (tokens {texts[-12:]} at the "

@@ -1,6 +1,6 @@
 """Logit lens and direct logit attribution at the answer position.
 
-Both read the activations that :func:`arithlib.zhang.probing.cache_answer_position` keeps
+Both read the activations that :func:`arithlib.zhang.answer_cache.cache_answer_position` keeps
 (the last token only), so no position other than the answer's is ever unembedded.
 
 * :func:`logit_lens_answer`: rank and probability of the correct first answer token
@@ -29,9 +29,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.datasets import PromptSet
+from ..core.prompt_sets import PromptSet
 from ..core.readout import final_norm, unembedding
-from .probing import AnswerCache
+from .answer_cache import AnswerCache
 
 
 def _meta(prompts: PromptSet) -> pd.DataFrame:

@@ -21,9 +21,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.components import attn_out_hook, mlp_out_hook, z_hook
-from ..core.datasets import PromptSet
 from ..core.metrics import relative_logit_change
 from ..core.papers import KEY_HEAD_THRESHOLD
+from ..core.prompt_sets import PromptSet
 from ..engine import (
     CleanRun,
     RunCache,

@@ -31,8 +31,8 @@ import pandas as pd
 import torch
 
 from ..core.components import Head
-from ..core.datasets import PromptSet
 from ..core.papers import KEY_HEAD_THRESHOLD, ZHANG_TOTAL_HEADS
+from ..core.prompt_sets import PromptSet
 from ..core.stats import encode_correct
 from ..engine import LayerInputs, shared_hf_model
 from ..engine import hf_module as _hf

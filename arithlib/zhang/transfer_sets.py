@@ -5,7 +5,7 @@ found on one dataset and measure other formats.
   ("4.2 plus 2.5 equals to" -> 6.7) and dates ("The war lasted 5 years from 1723 to
   172" -> 8). Both return :class:`arithlib.core.datasets.PromptRecord` lists
   (tokenizer-free), with a few-shot prefix in the query's own template like the other
-  builders, so they go through :meth:`arithlib.core.datasets.PromptSet.build`. They have no
+  builders, so they go through :meth:`arithlib.core.prompt_sets.PromptSet.build`. They have no
   counterfactuals: they are only evaluated before and after a knockout.
 * :func:`transfer_knockout`: each format's accuracy before and after knocking out the
   heads, and after knocking out as many random other heads. Zhang's Fig. 4 shows the
@@ -25,7 +25,8 @@ import pandas as pd
 import torch
 
 from ..core.components import Head
-from ..core.datasets import PromptRecord, PromptSet
+from ..core.datasets import PromptRecord
+from ..core.prompt_sets import PromptSet
 from ..methods.patching import ablation_edits, run_interventions
 
 DECIMAL_TEMPLATES = {"+": "{A} plus {B} equals to", "-": "{A} minus {B} equals to"}

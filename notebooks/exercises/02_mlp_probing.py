@@ -3,7 +3,7 @@
 #
 # The teaching companion of `notebooks/02_mlp_probing.ipynb`. You write three readouts of
 # the residual stream at the answer position (the last token), which that notebook gets
-# from `arithlib.zhang.lens` and `arithlib.zhang.probing`:
+# from `arithlib.zhang.lens`, `arithlib.zhang.mlp_curves` and `arithlib.zhang.probing`:
 #
 # 1. the **logit lens**: read each layer's residual stream through the final norm and the
 #    unembedding, as if the model stopped there;
@@ -16,8 +16,8 @@
 # integer). After each function, a check compares yours with arithlib's and prints ✓, or
 # says what differs.
 #
-# **Data.** `arithlib.zhang.probing.cache_answer_position` has run the prompts once and kept, at
-# the answer position, `cache.acts[kind]` `[prompts, layers, d_model]` for `resid_pre`,
+# **Data.** `arithlib.zhang.answer_cache.cache_answer_position` has run the prompts once and
+# kept, at the answer position, `cache.acts[kind]` `[prompts, layers, d_model]` for `resid_pre`,
 # `resid_post` (the stream before and after each block), `mlp_in` and `mlp_out` (the MLP's
 # input, after its norm, and its output). `lens.lens_stack(cache)` stacks the embedding
 # (layer −1) and the stream after every block: `[prompts, 1 + n_layers, d_model]`.
@@ -30,7 +30,7 @@ import torch
 
 import arithlib.exercises as ex
 import arithlib.zhang.lens as lens
-import arithlib.zhang.probing as P
+import arithlib.zhang.mlp_curves as MC
 
 torch.set_grad_enabled(False)
 torch.set_num_threads(1)  # the toy model is tiny: one thread runs it fastest, most of all on a busy machine
@@ -99,7 +99,7 @@ def delta_cosine(
 ex.check_delta_cosine(delta_cosine)
 
 # %%
-W_U = P.unembed_matrix(bridge)
+W_U = MC.unembed_matrix(bridge)
 cos_c = delta_cosine(data.cache.acts["mlp_in"], data.cache.acts["mlp_out"], W_U, data.answer_ids)
 wrong = data.answer_ids.roll(1)  # another prompt's answer: a baseline direction
 cos_wrong = delta_cosine(data.cache.acts["mlp_in"], data.cache.acts["mlp_out"], W_U, wrong)

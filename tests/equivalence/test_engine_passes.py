@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import arithlib.core.datasets as ds
 from arithlib import engine
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.engine import adapter, passes
 from arithlib.engine import prefix as prefix_plan
 
@@ -106,7 +106,7 @@ def test_the_prefix_runner_equals_full_passes(tiny_qwen2, model):
     prompt's own full pass."""
     import arithlib.methods.finetune_data as fd
 
-    prompts = ds.PromptSet.build(fd.yu_lora_data(n_train=0, n_test=12, seed=0, fewshot=2)["test"], tiny_qwen2.tokenizer)
+    prompts = PromptSet.build(fd.yu_lora_data(n_train=0, n_test=12, seed=0, fewshot=2)["test"], tiny_qwen2.tokenizer)
     runner = engine.PrefixRunner(model, prompts, batch_size=8)
     assert any(p >= prefix_plan.MIN_SHARED_PREFIX for p, _ in runner.plan)  # the prefix is shared
     with torch.no_grad():

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import arithlib.core.datasets as ds
 import arithlib.engine.prefix as engine_prefix
 import arithlib.methods.answer_loss as al
 import arithlib.methods.finetune as ft
@@ -16,6 +15,7 @@ import arithlib.methods.model_weights as mw
 import arithlib.yu.lora as LO
 import arithlib.zhang.sft as SFT
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 from arithlib.engine import LayerInputs
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def test_set(tiny_qwen2):
-    return ds.PromptSet.build(fd.yu_lora_data(n_train=0, n_test=24, seed=0, fewshot=2)["test"], tiny_qwen2.tokenizer)
+    return PromptSet.build(fd.yu_lora_data(n_train=0, n_test=24, seed=0, fewshot=2)["test"], tiny_qwen2.tokenizer)
 
 
 def changed(hf, layer: int) -> dict[str, torch.Tensor]:
@@ -93,7 +93,7 @@ def test_changed_model_records_only_below_its_change(tiny_qwen2, test_set):
 def test_other_architectures_run_in_full(test_set):
     model = load_model(str(random_model_dir("gpt2")))
     hf = ft.shared_hf_model(model.bridge)
-    ps = ds.PromptSet.build(test_set.records, model.tokenizer)
+    ps = PromptSet.build(test_set.records, model.tokenizer)
     inputs = {"test": LayerInputs([1])}
     a = ft.evaluate_weights(hf, None, {"test": ps}, 8, inputs=inputs)
     assert len(inputs["test"]) == 0
@@ -105,7 +105,7 @@ def test_lora_training_from_recorded_stream_gives_the_same_weights(tiny_qwen2):
     an earlier run (the deeper-first order of lora_layer_sweep), with the same weights
     and losses bit for bit."""
     hf = ft.shared_hf_model(tiny_qwen2.bridge)
-    train = ds.PromptSet.build(fd.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], tiny_qwen2.tokenizer)
+    train = PromptSet.build(fd.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], tiny_qwen2.tokenizer)
     cfg = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
     inputs = LayerInputs([1])
     LO.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)  # records
@@ -135,7 +135,7 @@ def test_precise_sft_and_its_row_from_recorded_streams(tiny_qwen2, test_set):
     """Precise SFT of heads in block 1 trains from block 1 on; its evaluation row (math
     sets) starts there too; both equal the full passes."""
     hf = ft.shared_hf_model(tiny_qwen2.bridge)
-    train = ds.PromptSet.build(fd.yu_lora_data(n_train=16, n_test=0, seed=1, fewshot=2)["train"], tiny_qwen2.tokenizer)
+    train = PromptSet.build(fd.yu_lora_data(n_train=16, n_test=0, seed=1, fewshot=2)["train"], tiny_qwen2.tokenizer)
     cfg = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
     train_inputs, eval_inputs = LayerInputs([1]), {"test": LayerInputs([1])}
     SFT.evaluate_method(hf, tiny_qwen2.tokenizer, None, {"test": test_set}, inputs=eval_inputs)  # the original records
@@ -165,7 +165,7 @@ def test_lora_epochs_reuse_one_recording_and_equal_full_passes(arch):
     losses of full forward+backward passes bit for bit (tiny_qwen2 random Qwen2 and Llama)."""
     model = load_model(str(random_model_dir(arch)))
     hf = ft.shared_hf_model(model.bridge)
-    train = ds.PromptSet.build(fd.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], model.tokenizer)
+    train = PromptSet.build(fd.yu_lora_data(n_train=24, n_test=0, seed=0, fewshot=2)["train"], model.tokenizer)
     cfg = ft.TrainConfig(lr=1e-2, epochs=2, batch_size=8, seed=0)
     first, second = fd.epoch_batches(train, 8, 0, 0), fd.epoch_batches(train, 8, 0, 1)
     assert sorted(map(sorted, first)) == sorted(map(sorted, second))  # the same batches every epoch ...

@@ -17,6 +17,7 @@ import arithlib.methods.patching as P
 import arithlib.yu.head_sweep as HS
 from arithlib.core.evaluate import answer_logits
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 
 TOL = 1e-4
@@ -67,7 +68,7 @@ def test_exact_sweep_equals_reference_and_accuracy(toy):
         for n in (1, 2)
         for r in ds.yu_prompts(["+", "-"], n_digits=n, n_per_template=4, seed=0, fewshot=2, templates=[3])
     ]
-    ps = ds.PromptSet.build(recs, toy.tokenizer)
+    ps = PromptSet.build(recs, toy.tokenizer)
     heads = [(0, 0), (1, 2), (b.cfg.n_layers - 1, 1)]
     fast = HS.exact_head_sweep(b, ps, heads, progress=False)
     ref = KO.head_sweep(b, ps, heads=heads, position=None, progress=False).sort_values(["layer", "head", "prompt"])
@@ -120,7 +121,7 @@ def test_setting_accuracy_relative_drop_and_interval():
 def test_two_stage_sweep_reports_exact_numbers_and_recall(toy):
     b = toy.bridge
     recs = ds.yu_prompts(["+", "-"], n_digits=1, n_per_template=None, seed=0, fewshot=2, templates=[3])
-    ps = ds.PromptSet.build(recs, toy.tokenizer)
+    ps = PromptSet.build(recs, toy.tokenizer)
     sweep = HS.yu_head_sweep(b, ps, screen_n=6, top_k=3, seed=0, progress=False)
     n_heads = b.cfg.n_layers * b.cfg.n_heads
     assert len(sweep.screen) == 2 * n_heads and (sweep.screen["n"] == 6).all()
@@ -140,7 +141,7 @@ def test_cached_sweep_resumes_with_the_same_rows(toy, tmp_path, monkeypatch):
     from the cache."""
     b = toy.bridge
     recs = ds.yu_prompts(["+", "-"], n_digits=1, n_per_template=4, seed=0, fewshot=2, templates=[3])
-    ps = ds.PromptSet.build(recs, toy.tokenizer)
+    ps = PromptSet.build(recs, toy.tokenizer)
     heads = [(0, 0), (1, 2)]
     plain = HS.exact_head_sweep(b, ps, heads, batch_size=4, progress=False)
     first = HS.exact_head_sweep(b, ps, heads, batch_size=4, progress=False, cache_dir=tmp_path)
@@ -173,7 +174,7 @@ def test_a_store_counts_the_reused_batches_compute_time(toy, tmp_path):
     from arithlib.run.stored import Store
 
     recs = ds.yu_prompts(["+"], n_digits=1, n_per_template=4, seed=0, fewshot=2, templates=[3])
-    ps = ds.PromptSet.build(recs, toy.tokenizer)
+    ps = PromptSet.build(recs, toy.tokenizer)
     first = Store(tmp_path)
     rows = HS.exact_head_sweep(toy.bridge, ps, [(0, 0)], batch_size=4, progress=False, cache_dir=first)
     assert first.reused_seconds == 0.0 and len(list(tmp_path.glob("*.json"))) == len(list(tmp_path.glob("*.pkl"))) > 0

@@ -1,5 +1,6 @@
-"""The fidelity table (arithlib.fidelity): the papers' settings beside ours from synthetic
-params JSONs, "not recorded" for keys an older run lacks, and its place in REPORT.md/.html."""
+"""The fidelity table (arithlib.report.fidelity, with arithlib.report.fidelity_ours): the
+papers' settings beside ours from synthetic params JSONs, "not recorded" for keys an older
+run lacks, and its place in REPORT.md/.html."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import arithlib.report as R
 import arithlib.report.fidelity as F
+import arithlib.report.fidelity_ours as FO
 
 INFO = {"n_layers": 24, "n_heads": 14, "d_mlp": 4864, "source": "pypi-gguf"}
 
@@ -31,8 +33,8 @@ def _rows(table, finding: str) -> dict:
 
 def test_every_finding_has_the_papers_setting_ours_and_forced():
     ids = [f.id for f in R.FINDINGS]
-    assert set(ids) == set(F.PAPER) == set(F.OURS) == set(F.FORCED)
-    assert all(set(F.PAPER[i]) == set(F.ASPECTS) and set(F.OURS[i]) == set(F.ASPECTS) for i in ids)
+    assert set(ids) == set(F.PAPER) == set(FO.OURS) == set(FO.FORCED)
+    assert all(set(F.PAPER[i]) == set(F.ASPECTS) and set(FO.OURS[i]) == set(F.ASPECTS) for i in ids)
 
 
 def test_ours_reads_the_params_and_scales_layers_by_depth():

@@ -147,30 +147,30 @@ def test_patching_rows_go_into_the_first_table(tmp_path):
 def test_threads_benchmark_times_both_phases_and_restores_threads():
     import torch
 
-    import arithlib.nikankin.heuristics as H
-    from arithlib.core.datasets import PromptSet
+    import arithlib.nikankin.heuristic_grids as HG
     from arithlib.core.models import load_model
+    from arithlib.core.prompt_sets import PromptSet
     from arithlib.core.random_models import random_model_dir
 
     bt = _load("threads")
     tiny = load_model(str(random_model_dir("llama")))
-    grid = PromptSet.build(H.grid_records("+", (0, 3), fewshot=1), tiny.tokenizer)
+    grid = PromptSet.build(HG.grid_records("+", (0, 3), fewshot=1), tiny.tokenizer)
     before = torch.get_num_threads()
     prefix_s, passes_s = bt.time_runner(tiny.bridge, grid, threads=1, passes=2)
     assert prefix_s > 0 and passes_s > 0 and torch.get_num_threads() == before
 
 
 def test_answer_logits_benchmark_times_both_passes_with_equal_results():
-    import arithlib.core.datasets as ds
     import arithlib.methods.finetune as FT
     import arithlib.methods.finetune_data as FD
     from arithlib.core.models import load_model
+    from arithlib.core.prompt_sets import PromptSet
     from arithlib.core.random_models import random_model_dir
 
     bal = _load("answer_logits")
     tiny = load_model(str(random_model_dir("qwen2")))
     splits = FD.yu_lora_data(n_train=12, n_test=12, n_val=0, seed=0, fewshot=2)
-    train, test = (ds.PromptSet.build(splits[k], tiny.tokenizer) for k in ("train", "test"))
+    train, test = (PromptSet.build(splits[k], tiny.tokenizer) for k in ("train", "test"))
     before = [p.requires_grad for p in FT.shared_hf_model(tiny.bridge).parameters()]
     r = bal.time_both(tiny.bridge, train, test, batch_size=8, train_batch=6, repeats=1)
     assert r[True]["accuracy"] == r[False]["accuracy"]
@@ -275,6 +275,7 @@ def test_head_sweep_bound_counts_a_blocks_weights_and_the_engines_query_tokens()
 
     import arithlib.core.datasets as ds
     from arithlib.core.models import hf_module
+    from arithlib.core.prompt_sets import PromptSet
     from arithlib.core.random_models import load_random_model
 
     hb = _load("head_sweep_bound")
@@ -283,7 +284,7 @@ def test_head_sweep_bound_counts_a_blocks_weights_and_the_engines_query_tokens()
     mats = sum(mod.weight.numel() for mod in layer.modules() if isinstance(mod, torch.nn.Linear))
     assert hb.layer_macs(m.bridge.cfg) == mats
     recs = ds.yu_prompts(["+", "-"], n_digits=1, n_per_template=3, seed=0, fewshot=2, templates=[3])
-    ps = ds.PromptSet.build(recs, m.tokenizer)
+    ps = PromptSet.build(recs, m.tokenizer)
     q = hb.query_tokens(ps)
     assert len(q) == len(ps) and all(0 < x < len(ps.input_ids[i]) for i, x in enumerate(q))
     assert hb.token_layers(ps, [0, 1], 2) == sum(q) * (2 + 1)

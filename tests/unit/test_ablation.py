@@ -61,7 +61,7 @@ def test_keep_neurons_keeps_only_listed(tiny):
 
 def test_mean_ablation_uses_reference_mean(tiny, digit_tokenizer):
     import arithlib.core.datasets as ds
-    from arithlib.core.datasets import PromptSet
+    from arithlib.core.prompt_sets import PromptSet
 
     # a prompt set with token ids inside the tiny model's vocabulary
     ps = PromptSet.build(ds.nikankin_prompts(["+"], n_per_op=6), digit_tokenizer)

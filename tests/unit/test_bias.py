@@ -20,6 +20,7 @@ import arithlib.yu.cna as C
 import arithlib.yu.cna_importance as CI
 import arithlib.yu.cna_norm as CN
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 from arithlib.core.readout import final_norm
 from arithlib.engine import last_position_logits
@@ -390,7 +391,7 @@ def test_bias_under_conditions_and_side_effects(tiny):
     sub = B.summarize_conditions(scores, prompt_ids=[0], token_ids=[5])
     assert (sub.n == 1).all()
     recs = ds.yu_prompts(ops=["+"], n_digits=1, n_per_template=3, templates=[3], fewshot=2, seed=0)
-    arith = ds.PromptSet.build(recs, tok)
+    arith = PromptSet.build(recs, tok)
     side = B.side_effects(
         b,
         tok,
@@ -593,7 +594,7 @@ def test_arithmetic_accuracy_refuses_hooks_a_shared_prefix_would_change(tiny):
     """correct_mask computes each batch's common prefix once: a hook at the last position
     (or a mean ablation) would see the prefix's last token too, so it is refused; a
     position-invariant zeroing is fine."""
-    ps = ds.PromptSet.build(
+    ps = PromptSet.build(
         ds.yu_prompts(ops=["+"], n_digits=1, n_per_template=4, templates=[3], fewshot=2, seed=0), tiny.tokenizer
     )
     ok = A.zero_neurons_hooks([(0, 1)])

@@ -26,6 +26,7 @@ import arithlib.yu.pe_dag as DAG
 import arithlib.yu.shallow_neurons as SN
 from arithlib.core.evaluate import evaluate, greedy_answers
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 from arithlib.core.readout import final_norm, unembedding
 from arithlib.core.stats import decode_correct
@@ -43,7 +44,7 @@ def qwen():
 
 def _prompts(model, ops=("+",), n=6, fewshot=2):
     recs = ds.yu_prompts(ops=list(ops), n_digits=1, n_per_template=n, templates=[3], fewshot=fewshot, seed=0)
-    return ds.PromptSet.build(recs, model.tokenizer)
+    return PromptSet.build(recs, model.tokenizer)
 
 
 def _runs(model, ps, head=(1, 0)):
@@ -264,7 +265,7 @@ def test_correct_mask_equals_greedy_verdict(qwen):
     ps = _prompts(qwen, ops=("+", "-"), n=5)
     # make the model's own greedy continuation the answer: all correct by "first"
     _, gen = greedy_answers(b, ps, extra_tokens=0)
-    own = ds.PromptSet(ps.records, ps.input_ids, [g[:2] for g in gen], ps.cf_input_ids, ps.tokenizer)
+    own = PromptSet(ps.records, ps.input_ids, [g[:2] for g in gen], ps.cf_input_ids, ps.tokenizer)
     assert AR.correct_mask(b, own, "first").all()
     frame = evaluate(b, own, full_answer=True)
     assert AR.correct_mask(b, own, "full").tolist() == frame.correct_full.tolist()
@@ -507,10 +508,10 @@ def test_operand_positions_need_one_token_operands(qwen):
     pos = SN.operand_positions(ps, 0)
     texts = [tok.decode([t]).strip() for t in ps.input_ids[0]]
     assert texts[pos["A"]] == str(ps.records[0].a) and texts[pos["B"]] == str(ps.records[0].b) and pos["A"] < pos["B"]
-    two = ds.PromptSet.build(ds.yu_prompts(["+"], n_digits=2, n_per_template=2, templates=[3], fewshot=2), tok)
+    two = PromptSet.build(ds.yu_prompts(["+"], n_digits=2, n_per_template=2, templates=[3], fewshot=2), tok)
     with pytest.raises(ValueError, match=r"operand \d+ of '\d+ \+ \d+ = ' is not a single token.*n_digits=1"):
         SN.operand_positions(two, 0)
-    words = ds.PromptSet.build(
+    words = PromptSet.build(
         ds.yu_prompts(["+"], n_digits=1, numerals="words", n_per_template=2, templates=[3], fewshot=2), tok
     )
     with pytest.raises(ValueError, match="is not a token of its own.*numerals='digits'"):

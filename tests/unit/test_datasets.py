@@ -7,6 +7,14 @@ import dataclasses
 import pytest
 
 import arithlib.core.datasets as ds
+from arithlib.core.prompt_sets import (
+    PromptSet,
+    UnsplittableError,
+    expand_answer_tokens,
+    require_single_token_operands,
+    single_token_max,
+    split_answer,
+)
 
 
 def test_digit_tokenizer_splits_like_qwen(digit_tokenizer):
@@ -69,7 +77,7 @@ def test_zhang_templates_and_counterfactuals(digit_tokenizer):
         assert r.counterfactual != r.full_text
         replaced = set(r.counterfactual.split()) - set(r.full_text.split())
         assert replaced and replaced <= words | symbols | {t.rstrip("?") for t in words}
-    ps = ds.PromptSet.build(records, digit_tokenizer)
+    ps = PromptSet.build(records, digit_tokenizer)
     assert len(ps) == len(records)
     assert all(len(c) == len(i) for c, i in zip(ps.cf_input_ids, ps.input_ids))
 
@@ -82,7 +90,7 @@ def test_fewshot_prefix_matches_measured_prefix():
 
 def test_promptset_moves_blank_into_prompt(digit_tokenizer):
     records = ds.yu_prompts(["+"], n_digits=2, n_per_template=5, templates=[0])
-    ps = ds.PromptSet.build(records, digit_tokenizer)
+    ps = PromptSet.build(records, digit_tokenizer)
     for r, ids, ans in zip(ps.records, ps.input_ids, ps.answer_ids):
         assert digit_tokenizer.decode(ids[-1:]) == " "  # the lone space ends the prompt
         assert digit_tokenizer.decode(ans) == r.answer_text  # answer is its digits only
@@ -90,17 +98,15 @@ def test_promptset_moves_blank_into_prompt(digit_tokenizer):
 
 
 def test_nikankin_single_token_operands_and_partners(digit_tokenizer):
-    assert ds.single_token_max(digit_tokenizer) == 9
+    assert single_token_max(digit_tokenizer) == 9
     records = ds.nikankin_prompts(max_operand=9, n_per_op=None)
     assert all(0 <= r.answer <= 9 for r in records)
     assert all(r.get("cf_answer") != r.answer for r in records if r.counterfactual)
-    ps = ds.PromptSet.build(records, digit_tokenizer)
-    ds.require_single_token_operands(ps)
-    two_digit = ds.PromptSet.build(
-        ds.nikankin_prompts(["+"], max_operand=20, max_result=40, n_per_op=20), digit_tokenizer
-    )
+    ps = PromptSet.build(records, digit_tokenizer)
+    require_single_token_operands(ps)
+    two_digit = PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, max_result=40, n_per_op=20), digit_tokenizer)
     with pytest.raises(ValueError, match="not a single token"):
-        ds.require_single_token_operands(two_digit)
+        require_single_token_operands(two_digit)
 
 
 def test_builders_are_deterministic():
@@ -110,7 +116,7 @@ def test_builders_are_deterministic():
 
 
 def test_batches_cover_each_prompt_once_without_padding(digit_tokenizer):
-    ps = ds.PromptSet.build(ds.zhang_prompts(n_per_template=3, fewshot=2), digit_tokenizer)
+    ps = PromptSet.build(ds.zhang_prompts(n_per_template=3, fewshot=2), digit_tokenizer)
     seen = []
     for batch in ps.batches(batch_size=7):
         assert batch.tokens.shape[0] == len(batch.index) <= 7
@@ -123,7 +129,7 @@ def test_batches_cover_each_prompt_once_without_padding(digit_tokenizer):
 
 
 def test_batches_by_prefix_hold_one_fewshot_prefix(digit_tokenizer):
-    ps = ds.PromptSet.build(ds.zhang_prompts(n_per_template=3, fewshot=2), digit_tokenizer)
+    ps = PromptSet.build(ds.zhang_prompts(n_per_template=3, fewshot=2), digit_tokenizer)
     batches = list(ps.batches(batch_size=7, by_prefix=True))
     assert sorted(i for b in batches for i in b.index.tolist()) == list(range(len(ps)))
     assert all(len({ps.records[i].prefix for i in b.index.tolist()}) == 1 for b in batches)
@@ -131,8 +137,8 @@ def test_batches_by_prefix_hold_one_fewshot_prefix(digit_tokenizer):
 
 
 def test_expand_answer_tokens_gives_memorize_and_change_one(digit_tokenizer):
-    ps = ds.PromptSet.build(ds.yu_prompts(["+"], n_digits=2, n_per_template=30, templates=[3]), digit_tokenizer)
-    ex = ds.expand_answer_tokens(ps)
+    ps = PromptSet.build(ds.yu_prompts(["+"], n_digits=2, n_per_template=30, templates=[3]), digit_tokenizer)
+    ex = expand_answer_tokens(ps)
     assert len(ex) == sum(len(a) for a in ps.answer_ids)
     frame = ex.to_frame()
     assert set(frame["case"]) == {"memorize", "change-one"}
@@ -216,13 +222,13 @@ class _MergingTokenizer:
 
 def test_split_answer_moves_the_blank_and_refuses_a_split_token():
     tok = _MergingTokenizer()
-    split = ds.split_answer(tok, "3+5= ", "8")
+    split = split_answer(tok, "3+5= ", "8")
     assert tok.decode(split.prompt) == "3+5= " and tok.decode(split.answer) == "8"
     assert tok.decode(split.moved) == " "
-    with pytest.raises(ds.UnsplittableError, match="token boundary"):
-        ds.split_answer(tok, "the year 197", "8")
+    with pytest.raises(UnsplittableError, match="token boundary"):
+        split_answer(tok, "the year 197", "8")
     with pytest.raises(ValueError, match="no non-blank token"):
-        ds.split_answer(tok, "3+5=", " ")
+        split_answer(tok, "3+5=", " ")
 
 
 def test_counterfactual_prefix_carries_no_calculation(digit_tokenizer):
@@ -245,7 +251,7 @@ def test_counterfactual_prefix_carries_no_calculation(digit_tokenizer):
     )
     # X_r is unchanged by the X_c construction; positions stay aligned with X_r
     assert [r.full_text for r in records] == [o.full_text for o in old]
-    ps = ds.PromptSet.build(records, digit_tokenizer)
+    ps = PromptSet.build(records, digit_tokenizer)
     assert len(ps) == len(records)
     with pytest.raises(ValueError, match="xc_prefix"):
         ds.zhang_prompts(fewshot=2, xc_prefix="none")

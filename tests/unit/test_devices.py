@@ -25,6 +25,7 @@ import arithlib.methods.patching as P
 import arithlib.nikankin.activation_patching as AP
 from arithlib.core.evaluate import accuracy, evaluate
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.yu import cna as C
 from arithlib.yu import head_sweep as HS
 
@@ -145,7 +146,7 @@ def test_inputs_and_logits_follow_the_embedding_and_unembedding(toy, monkeypatch
 
     b = toy.bridge
     _fake_split(b, monkeypatch, ends_on_meta=True)
-    ps = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=9, n_per_op=4, seed=0), toy.tokenizer)
+    ps = PromptSet.build(ds.nikankin_prompts(["+"], max_operand=9, n_per_op=4, seed=0), toy.tokenizer)
     assert PrefixRunner(b, ps, 4).device == META
     unembed = P.Unembed(b)
     assert unembed.device == META
@@ -242,7 +243,7 @@ def both():
     fp32, bf16 = load_model("toy-arith", dtype="float32"), load_model("toy-arith", dtype="bfloat16")
     assert next(bf16.bridge.parameters()).dtype == torch.bfloat16
     recs = ds.nikankin_prompts(["+", "-"], max_operand=99, max_result=198, n_per_op=40, seed=3)
-    return fp32, bf16, ds.PromptSet.build(recs, fp32.tokenizer)
+    return fp32, bf16, PromptSet.build(recs, fp32.tokenizer)
 
 
 @pytest.mark.toy_model

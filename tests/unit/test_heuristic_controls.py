@@ -20,16 +20,17 @@ import arithlib.nikankin.faithfulness_checks as FC
 import arithlib.nikankin.heuristic_grids as HG
 import arithlib.nikankin.heuristic_nulls as HN
 import arithlib.nikankin.heuristics as H
+import arithlib.nikankin.operator_analysis as OA
 import arithlib.nikankin.prompt_knockout as PK
-from arithlib.core.datasets import PromptSet
 from arithlib.core.evaluate import answer_logits
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 from arithlib.engine import AnswerPositionRunner
 
 
 def _grid_rules(op="+", hi=9):
-    recs = H.grid_records(op, (0, hi), fewshot=2)
+    recs = HG.grid_records(op, (0, hi), fewshot=2)
     cat = H.heuristic_catalogue((0, hi), (0, 2 * hi))
     heur, assoc = H.usable_heuristics(cat, H.association_matrix(cat, recs))
     return recs, heur, assoc
@@ -188,7 +189,7 @@ def test_knockout_control_is_disjoint_and_prompts_without_a_pool_are_not_testabl
 
 
 def test_prompt_rule_counts():
-    recs = H.grid_records("+", (0, 9), fewshot=2)
+    recs = HG.grid_records("+", (0, 9), fewshot=2)
     heur = [H.Heuristic("operand_range", "op1", (0, 1)), H.Heuristic("result_mod", "result", (2, 0))]
     matches = pd.DataFrame({"layer": [3, 3, 4], "neuron": [1, 1, 7], "h_index": [0, 1, 1], "score": [0.9, 0.7, 0.8]})
     counts = PK.prompt_rule_counts(matches, heur, recs)
@@ -206,7 +207,7 @@ def tiny():
 def test_zero_ablation_equals_the_authors_hook_at_the_answer_position(tiny):
     """The knockout zeroes the neurons' post-activation as the authors' hook does
     (value[:, :, idx] = 0), at the answer position only."""
-    grid = PromptSet.build(H.grid_records("+", (0, 3), fewshot=2), tiny.tokenizer)
+    grid = PromptSet.build(HG.grid_records("+", (0, 3), fewshot=2), tiny.tokenizer)
     layers = [0, 1]
     runner = AnswerPositionRunner(tiny.bridge, grid, batch_size=8)
     per_prompt = [[(1, i % 5), (0, 3), (1, 40)] if i % 2 else [(0, 7)] for i in range(len(grid))]
@@ -230,11 +231,11 @@ def test_zero_ablation_equals_the_authors_hook_at_the_answer_position(tiny):
 
 
 def test_prompt_knockout_table_on_a_tiny_model(tiny):
-    grid = PromptSet.build(H.grid_records("+", (0, 5), fewshot=2), tiny.tokenizer)
+    grid = PromptSet.build(HG.grid_records("+", (0, 5), fewshot=2), tiny.tokenizer)
     layers = [1]
-    an = H.prepare_operator(tiny.bridge, grid, layers, n_analysis=12, criterion=None, seed=0, batch_size=8)
+    an = OA.prepare_operator(tiny.bridge, grid, layers, n_analysis=12, criterion=None, seed=0, batch_size=8)
     an.scores = torch.rand(1, tiny.info.d_mlp, generator=torch.Generator().manual_seed(0))
-    H.classify_circuit(an, layers, 8, t=0.6)
+    OA.classify_circuit(an, layers, 8, t=0.6)
     matches = H.classify_neurons(an.circuit_scores, an.circuit, an.heuristics, an.assoc, t=0.01)  # many labels
     rows = PK.prompt_knockout(
         an.runner,
@@ -293,7 +294,7 @@ def test_grids_per_digit_models_get_two_digit_operands():
     digits = HG.operand_ranges(9, per_digit_max=99)
     assert set(digits.values()) == {(0, 99)}
     assert HG.operand_ranges(9, per_digit_max=9) == {op: (0, 9) for op in "+-*/"}
-    recs = H.grid_records("+", (0, 99), fewshot=2)
+    recs = HG.grid_records("+", (0, 99), fewshot=2)
     sub = HG.subsample(recs, 500, seed=0)
     assert len(sub) == 500 and sub == HG.subsample(recs, 500, seed=0) and len({(r.a, r.b) for r in sub}) == 500
     assert HG.subsample(recs, None, 0) == recs and HG.subsample(recs, 20_000, 0) == recs

@@ -1,4 +1,5 @@
-"""Heuristic catalogue, match scores and classification (arithlib.nikankin.heuristics): rules
+"""Heuristic catalogue, match scores and classification (arithlib.nikankin.heuristics, with
+the operator analysis and the heuristic ablation built on them): rules
 select the right prompts, a neuron built to fire on a rule matches it with score 1 and
 shuffled activations match at chance, and the ablation / dynamics pipeline runs end to
 end on a tiny random-weight Llama."""
@@ -11,16 +12,19 @@ import pytest
 import torch
 
 import arithlib.methods.neurons as N
+import arithlib.nikankin.heuristic_ablation as HA
 import arithlib.nikankin.heuristic_dynamics as HD
+import arithlib.nikankin.heuristic_grids as HG
 import arithlib.nikankin.heuristics as H
+import arithlib.nikankin.operator_analysis as OA
 import arithlib.nikankin.prompt_knockout as PK
-from arithlib.core.datasets import PromptSet
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 
 
 def _grid(op="+", lo=0, hi=9):
-    return H.grid_records(op, (lo, hi), fewshot=2)
+    return HG.grid_records(op, (lo, hi), fewshot=2)
 
 
 def test_heuristic_rules_and_names():
@@ -62,7 +66,7 @@ def test_grid_records():
     assert len(plus) == 100 and len(minus) == 55
     assert all(r.a % r.b == 0 and r.b > 0 for r in div)
     assert plus[0].prefix == "3+4=7\n8+1=9\n" and plus[23].text == "2+3=" and plus[23].answer_text == "5"
-    assert len(_grid("+", 0, 9)) == 100 and len(H.grid_records("+", (0, 9), max_result=9)) == 55
+    assert len(_grid("+", 0, 9)) == 100 and len(HG.grid_records("+", (0, 9), max_result=9)) == 55
 
 
 def test_usable_heuristics_filters():
@@ -129,11 +133,11 @@ def test_prompt_association():
     assert per[p] == [(3, 1), (3, 2), (4, 7)] and per[q] == []
     contrib = torch.zeros(len(recs), 2, 10)
     contrib[p, 0, 1], contrib[p, 1, 7] = 1.5, -0.5
-    assert H.associated_contributions(contrib, per, [3, 4])[p] == pytest.approx(1.0)
+    assert HA.associated_contributions(contrib, per, [3, 4])[p] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="one neuron list per prompt"):
-        H.associated_contributions(contrib, per[:-1], [3, 4])
+        HA.associated_contributions(contrib, per[:-1], [3, 4])
     with pytest.raises(ValueError, match=r"layers \[4\]"):
-        H.associated_contributions(contrib[:, :1], per, [3])
+        HA.associated_contributions(contrib[:, :1], per, [3])
 
 
 @pytest.fixture(scope="module")
@@ -144,9 +148,9 @@ def tiny():
 def test_pipeline_on_tiny_model(tiny):
     b, tok = tiny.bridge, tiny.tokenizer
     layers = [1]
-    grids = {op: PromptSet.build(H.grid_records(op, (0, 5), fewshot=2), tok) for op in ("+", "-")}
+    grids = {op: PromptSet.build(HG.grid_records(op, (0, 5), fewshot=2), tok) for op in ("+", "-")}
     analyses = {
-        op: H.prepare_operator(b, g, layers, n_analysis=12, criterion=None, seed=0, batch_size=8)
+        op: OA.prepare_operator(b, g, layers, n_analysis=12, criterion=None, seed=0, batch_size=8)
         for op, g in grids.items()
     }
     an = analyses["+"]
@@ -155,14 +159,14 @@ def test_pipeline_on_tiny_model(tiny):
     # the analysed prompts' runner gives the activations of the grid's clean pass
     sub_acts = an.runner.collect([N.post_hook(1)])[N.post_hook(1)]
     assert torch.allclose(sub_acts, an.grid_acts[an.analysis_index, 0], atol=1e-4)
-    means = H.reference_means(analyses)
+    means = OA.reference_means(analyses)
     cand = N.number_token_ids(tok, 9)
     for a in analyses.values():
-        H.attribute(a, layers, means, cand)
-        H.classify_circuit(a, layers, 8, t=0.6)
+        OA.attribute(a, layers, means, cand)
+        OA.classify_circuit(a, layers, 8, t=0.6)
     assert len(an.circuit) == 8 and an.circuit_scores.shape == (8, len(an.heuristics))
-    assert 0 <= H.matched_share(an) <= 1 and 0 <= H.matched_share(an, null=True) <= 1
-    curves = H.faithfulness_curves(analyses, layers, means, [0, 8, tiny.info.d_mlp])
+    assert 0 <= OA.matched_share(an) <= 1 and 0 <= OA.matched_share(an, null=True) <= 1
+    curves = OA.faithfulness_curves(analyses, layers, means, [0, 8, tiny.info.d_mlp])
     assert set(curves.op) == {"+", "-"} and len(curves) == 6
 
     # force some matches so the ablations have something to ablate
@@ -171,35 +175,35 @@ def test_pipeline_on_tiny_model(tiny):
         if not an.matches.empty
         else H.classify_neurons(an.circuit_scores, an.circuit, an.heuristics, an.assoc, t=0.01)
     )
-    abl = H.heuristic_ablation(an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3)
+    abl = HA.heuristic_ablation(an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3)
     assert len(abl) <= 3 and set(abl.columns) >= {"acc_assoc", "acc_other", "n_neurons"}
     # the per-prompt rows the report bootstraps, one per heuristic and prompt; their summary is the table
-    rows = H.heuristic_ablation_prompts(
+    rows = HA.heuristic_ablation_prompts(
         an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3
     )
     assert len(rows) == len(abl) * len(an.runner) and set(rows.columns) >= {"prompt", "associated", "correct"}
-    pd.testing.assert_frame_equal(H.summarise_heuristic_ablation(rows), abl)
+    pd.testing.assert_frame_equal(HA.summarise_heuristic_ablation(rows), abl)
     per = H.prompt_heuristic_neurons(matches, an.heuristics, an.analysis.records)
     pa = PK.prompt_knockout(an.runner, matches, an.heuristics, an.circuit, layers, [4], tiny.info.d_mlp, 8, seed=0)
     assert len(pa) == 12 and (pa.n_assoc_neurons == [len(x) for x in per]).all()
     an.matches = matches
-    ci = H.correct_vs_incorrect(b, an, layers)
+    ci = HA.correct_vs_incorrect(b, an, layers)
     assert len(ci) == 36 and set(ci.columns) >= {"correct", "n_assoc_neurons", "assoc_contribution"}
 
 
 def test_heldout_prompts_are_disjoint_from_the_analysed(tiny):
     """The circuit is chosen on the analysed prompts and scored on held-out ones."""
-    grid = PromptSet.build(H.grid_records("+", (0, 5), fewshot=2), tiny.tokenizer)
-    an = H.prepare_operator(tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=10)
+    grid = PromptSet.build(HG.grid_records("+", (0, 5), fewshot=2), tiny.tokenizer)
+    an = OA.prepare_operator(tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=10)
     assert len(an.heldout_index) == 10 and not set(an.heldout_index) & set(an.analysis_index)
     held_acts = an.heldout_runner.collect([N.post_hook(1)])[N.post_hook(1)]
     assert torch.allclose(held_acts, an.grid_acts[an.heldout_index, 0], atol=1e-4)
-    every = H.prepare_operator(
+    every = OA.prepare_operator(
         tiny.bridge, grid, [1], n_analysis=12, criterion=None, seed=0, batch_size=8, n_heldout=None
     )
     assert sorted(every.heldout_index + every.analysis_index) == list(range(len(grid)))
     # a small grid: the held-out prompts are reserved first (half of the pool at most)
-    small = H.prepare_operator(
+    small = OA.prepare_operator(
         tiny.bridge, grid, [1], n_analysis=50, criterion=None, seed=0, batch_size=8, n_heldout=30
     )
     assert len(small.heldout_index) == len(grid) // 2 and len(small.analysis_index) == len(grid) - len(grid) // 2
@@ -211,14 +215,14 @@ def test_a_stored_grid_pass_gives_the_analysis_a_fresh_one_gives(tiny, tmp_path)
     own prompts either way), and a pass of another grid is refused."""
     from arithlib.run.stored import Store
 
-    grid = PromptSet.build(H.grid_records("+", (0, 6), fewshot=2), tiny.tokenizer)
+    grid = PromptSet.build(HG.grid_records("+", (0, 6), fewshot=2), tiny.tokenizer)
     store = Store(tmp_path)
 
     def stored():
         return store(
             "grid pass",
-            lambda: H.grid_pass(tiny.bridge, grid, [1], 8),
-            code=[H],
+            lambda: OA.grid_pass(tiny.bridge, grid, [1], 8),
+            code=[OA],
             model=tiny.bridge,
             grid=grid,
             layers=[1],
@@ -230,21 +234,21 @@ def test_a_stored_grid_pass_gives_the_analysis_a_fresh_one_gives(tiny, tmp_path)
     loaded = stored()
     assert store.reused_seconds > 0
     kw = dict(n_analysis=10, criterion="full", seed=0, batch_size=8, n_heldout=8)
-    fresh = H.prepare_operator(tiny.bridge, grid, [1], **kw)
-    again = H.prepare_operator(tiny.bridge, grid, [1], clean=loaded, **kw)
+    fresh = OA.prepare_operator(tiny.bridge, grid, [1], **kw)
+    again = OA.prepare_operator(tiny.bridge, grid, [1], clean=loaded, **kw)
     assert torch.equal(first.acts, loaded.acts) and np.array_equal(fresh.grid_correct_full, loaded.correct_full)
     assert again.analysis_index == fresh.analysis_index and again.heldout_index == fresh.heldout_index
     assert torch.equal(again.grid_acts, fresh.grid_acts) and torch.equal(again.grid_scale, fresh.grid_scale)
     if fresh.runner is not None:
         assert torch.equal(again.runner.logits(), fresh.runner.logits())
     with pytest.raises(ValueError, match="grid pass has"):
-        H.prepare_operator(tiny.bridge, grid.subset([0, 1, 2]), [1], clean=loaded, **kw)
+        OA.prepare_operator(tiny.bridge, grid.subset([0, 1, 2]), [1], clean=loaded, **kw)
 
 
 def test_training_dynamics_on_tiny_models(tiny):
     tok = tiny.tokenizer
     layers = [1]
-    grids = {"+": PromptSet.build(H.grid_records("+", (0, 4), fewshot=2), tok)}
+    grids = {"+": PromptSet.build(HG.grid_records("+", (0, 4), fewshot=2), tok)}
     models = {0: load_model(str(random_model_dir("llama", seed=1))).bridge, 10: tiny.bridge}
     dyn = HD.training_dynamics(
         lambda s: models[s], [0, 10], grids, layers, k_per_layer=4, n_analysis=10, progress=False, n_permutations=50
@@ -279,9 +283,9 @@ def test_training_dynamics_on_tiny_models(tiny):
 
 
 def test_sample_indices():
-    assert H.sample_indices(5, None, 0) == [0, 1, 2, 3, 4]
-    s = H.sample_indices(100, 10, 3)
-    assert s == sorted(s) and len(set(s)) == 10 and s == H.sample_indices(100, 10, 3)
+    assert OA.sample_indices(5, None, 0) == [0, 1, 2, 3, 4]
+    s = OA.sample_indices(100, 10, 3)
+    assert s == sorted(s) and len(set(s)) == 10 and s == OA.sample_indices(100, 10, 3)
 
 
 def test_labels_and_type_counts():

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import arithlib.core.datasets as ds
+import arithlib.zhang.answer_cache as AC
 import arithlib.zhang.lens as Lens
-import arithlib.zhang.probing as P
 from arithlib.core.evaluate import answer_logits
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 
 
@@ -34,8 +35,8 @@ def setup(request):
     m = load_model(str(random_model_dir(request.param)))
     _perturb_norms(m.bridge.original_model)
     recs = ds.zhang_prompts(ops=["+", "*"], templates=[0], n_per_template=4, seed=0, fewshot=1)
-    ps = ds.PromptSet.build(recs, m.tokenizer)
-    cache = P.cache_answer_position(m.bridge, ps, batch_size=4, check_full_answer=False, progress=False)
+    ps = PromptSet.build(recs, m.tokenizer)
+    cache = AC.cache_answer_position(m.bridge, ps, batch_size=4, check_full_answer=False, progress=False)
     return m, ps, cache
 
 
@@ -67,7 +68,7 @@ def test_dla_needs_its_activations(setup):
     with pytest.raises(ValueError, match="needs"):
         Lens.direct_logit_attribution_answer(
             m.bridge,
-            P.AnswerCache(
+            AC.AnswerCache(
                 {"mlp_out": cache.acts["mlp_out"]},
                 cache.final_scale,
                 cache.answer_logit,

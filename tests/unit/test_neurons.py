@@ -13,10 +13,10 @@ import torch
 import arithlib.engine as E
 import arithlib.methods.ablation as A
 import arithlib.methods.neurons as N
-import arithlib.nikankin.heuristics as H
-from arithlib.core.datasets import PromptSet
+import arithlib.nikankin.heuristic_grids as HG
 from arithlib.core.evaluate import answer_logits
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 
 
@@ -29,7 +29,7 @@ def tiny():
 def grid(tiny):
     # operands 0..5 with mixed lengths (the 2-digit results make no prompt longer, so add "-" too)
     return PromptSet.build(
-        H.grid_records("+", (0, 5), fewshot=2) + H.grid_records("-", (0, 5), fewshot=1), tiny.tokenizer
+        HG.grid_records("+", (0, 5), fewshot=2) + HG.grid_records("-", (0, 5), fewshot=1), tiny.tokenizer
     )
 
 

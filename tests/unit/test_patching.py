@@ -25,6 +25,7 @@ import arithlib.nikankin.activation_patching as AP
 import arithlib.zhang.path_patching as PP
 from arithlib.core.evaluate import answer_logits
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 
 TOL = 1e-4
@@ -232,9 +233,9 @@ def test_path_patching_prompt_sets_pool_lengths(tiny):
     """The high-level path_patching pools END vectors over prompts of different lengths;
     it must equal the full-forward method prompt by prompt."""
     b = tiny.bridge
-    ps = ds.PromptSet.build(
+    ps = PromptSet.build(
         ds.zhang_prompts(ops=["+"], n_per_template=3, fewshot=1, templates=[0]), tiny.tokenizer
-    ) + ds.PromptSet.build(ds.zhang_prompts(ops=["-"], n_per_template=2, fewshot=2, templates=[0]), tiny.tokenizer)
+    ) + PromptSet.build(ds.zhang_prompts(ops=["-"], n_per_template=2, fewshot=2, templates=[0]), tiny.tokenizer)
     assert len(ps.length_groups()) > 1
     fast = PP.path_patching(b, ps, batch_size=4, progress=False)
     full = PP.path_patching(b, ps, method="full", batch_size=4, progress=False, capture_attention=False)
@@ -250,7 +251,7 @@ def test_stored_path_patching_attention_holds_only_its_own_prompt(tiny):
     import pickle
 
     b = tiny.bridge
-    ps = ds.PromptSet.build(ds.zhang_prompts(ops=["+"], n_per_template=8, fewshot=1, templates=[0]), tiny.tokenizer)
+    ps = PromptSet.build(ds.zhang_prompts(ops=["+"], n_per_template=8, fewshot=1, templates=[0]), tiny.tokenizer)
     res = PP.path_patching(b, ps, batch_size=8, progress=False)
     own = sum(t.numel() * t.element_size() for t in res.attention.values())
     assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in res.attention.values())
@@ -315,7 +316,7 @@ def test_zero_and_mean_ablation_edits_equal_ablation_hooks(tiny, digit_tokenizer
     fast = un.logits(P.run_variants(b, run, [P.ablation_edits(heads, 0.0, None)]))[0]
     torch.testing.assert_close(fast, ref, atol=TOL, rtol=0)
     # mean ablation at the answer position only, with per-length means of a reference set
-    ps = ds.PromptSet.build(ds.nikankin_prompts(["+"], n_per_op=6), digit_tokenizer)
+    ps = PromptSet.build(ds.nikankin_prompts(["+"], n_per_op=6), digit_tokenizer)
     ps.input_ids = [[i % 100 + 4 for i in ids] for ids in ps.input_ids]
     means = A.mean_activations(b, ps, [A.z_hook(0), A.z_hook(1)])
     toks = torch.tensor(ps.input_ids)
@@ -332,7 +333,7 @@ def test_zero_and_mean_ablation_edits_equal_ablation_hooks(tiny, digit_tokenizer
 
 def _toy_set(toy, n=6, seed=0):
     recs = ds.zhang_prompts(ops=["+", "-"], n_per_template=n, seed=seed, fewshot=2, templates=[0])
-    return ds.PromptSet.build(recs, toy.tokenizer)
+    return PromptSet.build(recs, toy.tokenizer)
 
 
 @pytest.mark.toy_model
@@ -443,11 +444,11 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
     table = KO.answer_rate_table(rates)
     row = table.set_index("op").loc["all"]
     assert row["n"] == len(ps) and row["answer_rate_low"] <= row["answer_rate"] <= row["answer_rate_high"]
-    xc_only = ds.PromptSet([ps.records[0]], [ps.cf_input_ids[0]], [ps.answer_ids[0]], [None], ps.tokenizer)
+    xc_only = PromptSet([ps.records[0]], [ps.cf_input_ids[0]], [ps.answer_ids[0]], [None], ps.tokenizer)
     top = int(answer_logits(b, xc_only).argmax(-1)[0])
     assert bool(rates.loc[0, "answer_on_xc"]) == (top == ps.answer_ids[0][0])
     # faithfulness: full model 1, fully ablated 0, all components kept 1
-    nk = ds.PromptSet.build(ds.nikankin_prompts(["+", "-"], max_operand=20, n_per_op=6, fewshot=2), toy.tokenizer)
+    nk = PromptSet.build(ds.nikankin_prompts(["+", "-"], max_operand=20, n_per_op=6, fewshot=2), toy.tokenizer)
     pos = POS.named_positions(POS.locate_operands(nk))
     comps = P.heads_and_mlps(b)
     means = A.mean_activations(b, nk, sorted({c.hook_name for c in comps}))
@@ -482,7 +483,7 @@ def test_toy_head_sweep_knockout_and_faithfulness(toy):
 @pytest.mark.toy_model
 def test_toy_activation_patching_per_position(toy):
     b = toy.bridge
-    nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=4, fewshot=2), toy.tokenizer)
+    nk = PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=4, fewshot=2), toy.tokenizer)
     pos = POS.named_positions(POS.locate_operands(nk), {"A": "op1", "operator": "operator", "B": "op2", "last": "="})
     comps = P.heads_and_mlps(b)
     frame = AP.activation_patching(b, nk, comps, pos, progress=False)
@@ -503,7 +504,7 @@ def test_toy_activation_patching_per_position(toy):
 @pytest.mark.toy_model
 def test_toy_coarse_to_fine_patching_and_head_circuits(toy):
     b = toy.bridge
-    nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=4, fewshot=2), toy.tokenizer)
+    nk = PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=4, fewshot=2), toy.tokenizer)
     names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
     pos = POS.named_positions(POS.locate_operands(nk), names)
     ie = AP.coarse_to_fine_patching(b, nk, pos, refine=1)
@@ -539,7 +540,7 @@ def test_locate_operands(digit_tokenizer):
         "nikankin": ds.nikankin_prompts(n_per_op=3, fewshot=2),
     }
     for name, recs in sets.items():
-        ps = ds.PromptSet.build(recs, tok)
+        ps = PromptSet.build(recs, tok)
         for r, ids, loc in zip(ps.records, ps.input_ids, POS.locate_operands(ps)):
             numerals = r.get("numerals", "digits")
             text = lambda key: tok.decode([ids[i] for i in loc[key]]).strip()  # noqa: E731
@@ -555,20 +556,20 @@ def test_locate_operands(digit_tokenizer):
 
 
 def test_locate_operands_word_problems_fallback(digit_tokenizer):
-    ps = ds.PromptSet.build(ds.zhang_word_problems(n_per_template=1), digit_tokenizer)
+    ps = PromptSet.build(ds.zhang_word_problems(n_per_template=1), digit_tokenizer)
     for r, ids, loc in zip(ps.records, ps.input_ids, POS.locate_operands(ps)):
         assert digit_tokenizer.decode([ids[i] for i in loc["A"]]).strip() == str(r.a)
 
 
 def test_counterfactual_answer_ids(digit_tokenizer):
-    ps = ds.PromptSet.build(ds.nikankin_prompts(["+"], n_per_op=5, fewshot=2), digit_tokenizer)
+    ps = PromptSet.build(ds.nikankin_prompts(["+"], n_per_op=5, fewshot=2), digit_tokenizer)
     cf = AP.counterfactual_answer_ids(ps)
     for r, t in zip(ps.records, cf.tolist()):
         assert digit_tokenizer.decode([t]).strip() == str(r.get("cf_answer"))[0]
 
 
 def test_sample_per_group(digit_tokenizer):
-    ps = ds.PromptSet.build(ds.zhang_prompts(n_per_template=2, fewshot=2), digit_tokenizer)
+    ps = PromptSet.build(ds.zhang_prompts(n_per_template=2, fewshot=2), digit_tokenizer)
     picked = POS.sample_per_group(ps, 3, ("op",), seed=0)
     assert picked.to_frame().groupby("op").size().tolist() == [3, 3, 3, 3]
     again = POS.sample_per_group(ps, 3, ("op",), seed=0)
@@ -576,7 +577,7 @@ def test_sample_per_group(digit_tokenizer):
 
 
 def test_attention_classes_and_head_types(digit_tokenizer):
-    ps = ds.PromptSet.build(ds.zhang_prompts(ops=["+"], n_per_template=1, fewshot=0, templates=[0, 1]), digit_tokenizer)
+    ps = PromptSet.build(ds.zhang_prompts(ops=["+"], n_per_template=1, fewshot=0, templates=[0, 1]), digit_tokenizer)
     loc = POS.locate_operands(ps)
     att = {}
     for i, ids in enumerate(ps.input_ids):
@@ -790,7 +791,7 @@ def test_full_circuit_faithfulness_groups_prompts_of_one_length_by_their_positio
     """Per-digit tokens place the operands of equally long prompts differently ("12+3=",
     "1+23="): each (length, positions) group is run with its own edits, as if alone."""
     b = toy.bridge
-    nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=3, fewshot=2), toy.tokenizer)
+    nk = PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=3, fewshot=2), toy.tokenizer)
     names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
     pos = POS.named_positions(POS.locate_operands(nk), names)
     assert len({len(x) for x in nk.input_ids}) == 1  # one length: the old code needed one set of positions
@@ -817,7 +818,7 @@ def test_toy_full_circuit_faithfulness_ablates_heads_and_neurons(toy):
     neuron outside the circuit (not only late-MLP neurons); checked against a full
     forward pass with hooks doing the same."""
     b = toy.bridge
-    nk = ds.PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=3, fewshot=2), toy.tokenizer)
+    nk = PromptSet.build(ds.nikankin_prompts(["+"], max_operand=20, n_per_op=3, fewshot=2), toy.tokenizer)
     names = {"A": "op1", "operator": "operator", "B": "op2", "last": "="}
     pos = POS.named_positions(POS.locate_operands(nk), names)
     L, H, d_mlp = b.cfg.n_layers, b.cfg.n_heads, b.cfg.d_mlp

@@ -9,9 +9,12 @@ import pytest
 import torch
 
 import arithlib.core.datasets as ds
+import arithlib.zhang.answer_cache as AC
+import arithlib.zhang.mlp_curves as MC
 import arithlib.zhang.probing as P
 from arithlib.core.evaluate import evaluate
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet, single_token_numbers
 from arithlib.core.random_models import random_model_dir
 
 
@@ -32,7 +35,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def prompts(tiny):
     recs = ds.zhang_prompts(ops=["+", "-"], templates=[0, 1], n_per_template=5, seed=0, fewshot=2)
-    return ds.PromptSet.build(recs, tiny.tokenizer)
+    return PromptSet.build(recs, tiny.tokenizer)
 
 
 def _reference(bridge, prompts, names):
@@ -47,18 +50,18 @@ def _reference(bridge, prompts, names):
 @pytest.mark.parametrize("share_prefix", [True, False])
 def test_cache_matches_run_with_cache(tiny, prompts, share_prefix):
     b = tiny.bridge
-    cache = P.cache_answer_position(b, prompts, batch_size=4, share_prefix=share_prefix, progress=False)
-    names = [P.ACT_HOOKS[k].format(L=layer) for k in P.ACT_HOOKS for layer in range(2)] + [P.FINAL_SCALE_HOOK]
+    cache = AC.cache_answer_position(b, prompts, batch_size=4, share_prefix=share_prefix, progress=False)
+    names = [AC.ACT_HOOKS[k].format(L=layer) for k in AC.ACT_HOOKS for layer in range(2)] + [AC.FINAL_SCALE_HOOK]
     ref = _reference(b, prompts, names)
-    for kind, pattern in P.ACT_HOOKS.items():
+    for kind, pattern in AC.ACT_HOOKS.items():
         for layer in range(2):
             assert torch.allclose(cache.acts[kind][:, layer], ref[pattern.format(L=layer)], atol=1e-4), (kind, layer)
-    assert torch.allclose(cache.final_scale, ref[P.FINAL_SCALE_HOOK].reshape(-1), atol=1e-5)
+    assert torch.allclose(cache.final_scale, ref[AC.FINAL_SCALE_HOOK].reshape(-1), atol=1e-5)
 
 
 def test_mlp_in_is_the_mlp_modules_input(tiny, prompts):
     hf = tiny.bridge.original_model
-    cache = P.cache_answer_position(tiny.bridge, prompts, kinds=["resid_mid", "mlp_in"], progress=False)
+    cache = AC.cache_answer_position(tiny.bridge, prompts, kinds=["resid_mid", "mlp_in"], progress=False)
     ln2 = hf.model.layers[1].post_attention_layernorm
     with torch.no_grad():
         expected = ln2(cache.acts["resid_mid"][:, 1])
@@ -72,9 +75,9 @@ def test_write_measure_is_the_mlps_write_of_a_full_forward_pass(tiny, prompts):
     it equals unembed_cosines' write_C (from the prefix-sharing answer-position cache); the
     literal delta_C (output minus the normalised input) is a different quantity."""
     b = tiny.bridge
-    cache = P.cache_answer_position(b, prompts, batch_size=4, progress=False)
-    numbers = ds.single_token_numbers(tiny.tokenizer, 9)
-    frame = P.unembed_cosines(cache, prompts, P.unembed_matrix(b), numbers)
+    cache = AC.cache_answer_position(b, prompts, batch_size=4, progress=False)
+    numbers = single_token_numbers(tiny.tokenizer, 9)
+    frame = MC.unembed_cosines(cache, prompts, MC.unembed_matrix(b), numbers)
     got = frame[frame.measure == "write_C"].pivot(index="prompt", columns="layer", values="value")
     assert got.shape == (len(prompts), 2)
     names = [f"blocks.{layer}.{h}" for layer in range(2) for h in ("hook_resid_mid", "hook_resid_post", "hook_mlp_out")]
@@ -92,7 +95,7 @@ def test_write_measure_is_the_mlps_write_of_a_full_forward_pass(tiny, prompts):
 
 
 def test_correctness_matches_evaluate(tiny, prompts):
-    cache = P.cache_answer_position(tiny.bridge, prompts, kinds=["resid_post"], batch_size=3, progress=False)
+    cache = AC.cache_answer_position(tiny.bridge, prompts, kinds=["resid_post"], batch_size=3, progress=False)
     frame = evaluate(tiny.bridge, prompts)
     assert cache.correct_first.tolist() == frame["correct_first"].tolist()
     assert cache.correct_full.tolist() == frame["correct_full"].tolist()
@@ -103,34 +106,34 @@ def test_correctness_matches_evaluate(tiny, prompts):
 
 def test_cache_rejects_bad_input(tiny, prompts):
     with pytest.raises(ValueError, match="unknown activation kind"):
-        P.cache_answer_position(tiny.bridge, prompts, kinds=["nope"], progress=False)
+        AC.cache_answer_position(tiny.bridge, prompts, kinds=["nope"], progress=False)
     with pytest.raises(ValueError, match="empty"):
-        P.cache_answer_position(tiny.bridge, prompts.subset([]), progress=False)
+        AC.cache_answer_position(tiny.bridge, prompts.subset([]), progress=False)
 
 
 def test_single_token_numbers(digit_tokenizer):
     import arithlib.methods.neurons as N
 
-    ids = ds.single_token_numbers(digit_tokenizer, 20)
+    ids = single_token_numbers(digit_tokenizer, 20)
     assert sorted(ids) == list(range(10))  # per-digit: only 0..9 are single tokens
-    assert P.first_token_id(digit_tokenizer, 47) == ids[4]
+    assert MC.first_token_id(digit_tokenizer, 47) == ids[4]
     assert N.number_token_ids(digit_tokenizer, 9).tolist() == [ids[n] for n in range(10)]
     with pytest.raises(ValueError, match="10 is not a single token"):
         N.number_token_ids(digit_tokenizer, 20)
 
 
-def _fake_cache(n: int, layers: int, d: int, mlp_in: torch.Tensor, mlp_out: torch.Tensor) -> P.AnswerCache:
+def _fake_cache(n: int, layers: int, d: int, mlp_in: torch.Tensor, mlp_out: torch.Tensor) -> AC.AnswerCache:
     z = torch.zeros(n)
-    return P.AnswerCache({"mlp_in": mlp_in, "mlp_out": mlp_out}, z, z, z.long(), z.bool())
+    return AC.AnswerCache({"mlp_in": mlp_in, "mlp_out": mlp_out}, z, z, z.long(), z.bool())
 
 
 def test_unembed_cosines_on_known_vectors(digit_tokenizer):
     recs = [r for r in ds.zhang_prompts(ops=["+"], templates=[0], fewshot=0) if r.answer < 10][:4]
-    ps = ds.PromptSet.build(recs, digit_tokenizer)
+    ps = PromptSet.build(recs, digit_tokenizer)
     vocab = len(digit_tokenizer)
     d = vocab  # W_U = identity: each token its own orthogonal direction
     W_U = torch.eye(d)
-    nums = ds.single_token_numbers(digit_tokenizer, 9)
+    nums = single_token_numbers(digit_tokenizer, 9)
     n = len(ps)
     mlp_in = torch.zeros(n, 2, d)
     mlp_out = torch.zeros(n, 2, d)
@@ -138,7 +141,7 @@ def test_unembed_cosines_on_known_vectors(digit_tokenizer):
         mlp_in[i, :, nums[r.a]] = 1.0  # MLP_in points at A
         mlp_out[i, :, nums[r.a]] = 1.0
         mlp_out[i, :, nums[r.answer]] += 1.0  # MLP_out - MLP_in points at C
-    frame = P.unembed_cosines(_fake_cache(n, 2, d, mlp_in, mlp_out), ps, W_U, nums)
+    frame = MC.unembed_cosines(_fake_cache(n, 2, d, mlp_in, mlp_out), ps, W_U, nums)
     mean = frame.groupby("measure")["value"].mean()
     assert mean["in_A"] == pytest.approx(1.0)
     assert mean["delta_C"] == pytest.approx(1.0)
@@ -149,17 +152,17 @@ def test_unembed_cosines_on_known_vectors(digit_tokenizer):
     shared = torch.zeros(d)
     shared[list(nums.values())] = 1.0
     common = shared.expand(n, 2, d).clone()
-    frame2 = P.unembed_cosines(_fake_cache(n, 2, d, common, common * 2), ps, W_U, nums)
+    frame2 = MC.unembed_cosines(_fake_cache(n, 2, d, common, common * 2), ps, W_U, nums)
     m2 = frame2.groupby("measure")["value"].mean()
     assert m2["in_A"] > 0.3 and m2["in_A_x"] == pytest.approx(0.0, abs=1e-6)
     assert set(frame.columns) >= {"prompt", "op", "layer", "measure", "value"}
     # without resid_mid / resid_post in the cache the MLP's write is not measured
-    assert len(frame) == n * 2 * len([m for m, v in P.COSINE_MEASURES.items() if v[0] != "write"])
+    assert len(frame) == n * 2 * len([m for m, v in MC.COSINE_MEASURES.items() if v[0] != "write"])
 
 
 def test_summarise_curves_band():
     frame = pd.DataFrame({"measure": "m", "layer": 0, "value": [1.0, 2.0, 3.0, 4.0]})
-    s = P.summarise_curves(frame)
+    s = MC.summarise_curves(frame)
     row = s.iloc[0]
     assert row["mean"] == 2.5 and row["n"] == 4
     from scipy import stats
@@ -170,7 +173,7 @@ def test_summarise_curves_band():
 
 def test_curve_points_rise_then_fall():
     y = [0, 0.01, 0, 0.02, 0.1, 0.4, 0.9, 1.0, 0.8, 0.5, 0.3, 0.31, 0.3]
-    p = P.curve_points(y)
+    p = MC.curve_points(y)
     assert p.peak == 7
     assert p.start == 4  # y[3] = 0.02 is the last value below 0.1 before the peak
     assert p.inflection == 6  # largest one-layer increase: 0.4 -> 0.9
@@ -180,16 +183,16 @@ def test_curve_points_rise_then_fall():
 
 def test_curve_points_monotone_and_fall():
     rising = [0, 0, 0, 0.2, 0.6, 0.8, 0.95, 1.0]
-    p = P.curve_points(rising)
+    p = MC.curve_points(rising)
     assert (p.start, p.inflection, p.peak, p.end) == (3, 4, 7, 6)
-    q = P.curve_points([-v for v in rising], direction="fall")
+    q = MC.curve_points([-v for v in rising], direction="fall")
     assert q == p
-    flat = P.curve_points([1.0, 1.0, 1.0])
+    flat = MC.curve_points([1.0, 1.0, 1.0])
     assert flat.rise == 0.0
     with pytest.raises(ValueError):
-        P.curve_points([1.0])
+        MC.curve_points([1.0])
     with pytest.raises(ValueError):
-        P.curve_points([0, 1], direction="up")
+        MC.curve_points([0, 1], direction="up")
 
 
 def test_number_projection_and_coarse_to_fine():
@@ -203,29 +206,29 @@ def test_number_projection_and_coarse_to_fine():
     mlp_out[0, 1, 6], mlp_out[0, 1, 7] = 1, 0.5
     mlp_out[0, 2, 7], mlp_out[0, 2, 6], mlp_out[0, 2, 8] = 1, 0.6, 0.5
     mlp_out[0, 3, 7], mlp_out[0, 3, 6] = 1, 0.1
-    proj = P.number_projection(_fake_cache(1, layers, d, mlp_in, mlp_out), 0, W_U, nums)
-    top = P.top_numbers(proj, k=2)
+    proj = MC.number_projection(_fake_cache(1, layers, d, mlp_in, mlp_out), 0, W_U, nums)
+    top = MC.top_numbers(proj, k=2)
     assert top.loc[1, "top"] == [6, 7]
-    c2f = P.coarse_to_fine(proj, answer=7)
+    c2f = MC.coarse_to_fine(proj, answer=7)
     assert c2f["first_top1"] == 2
     assert c2f["neighbour_top_layers"] == [1]
     assert c2f["coarse_to_fine"] is True
     assert c2f["rank_by_layer"][1] == 2
     with pytest.raises(IndexError):
-        P.number_projection(_fake_cache(1, layers, d, mlp_in, mlp_out), 3, W_U, nums)
+        MC.number_projection(_fake_cache(1, layers, d, mlp_in, mlp_out), 3, W_U, nums)
 
 
 def test_distance_profile(digit_tokenizer):
     recs = [r for r in ds.zhang_prompts(ops=["+"], templates=[0], fewshot=0) if r.answer < 10][:3]
-    ps = ds.PromptSet.build(recs, digit_tokenizer)
+    ps = PromptSet.build(recs, digit_tokenizer)
     d = len(digit_tokenizer)
     W_U = torch.eye(d)
-    nums = ds.single_token_numbers(digit_tokenizer, 9)
+    nums = single_token_numbers(digit_tokenizer, 9)
     mlp_in = torch.zeros(3, 1, d)
     mlp_out = torch.zeros(3, 1, d)
     for i, r in enumerate(ps.records):
         mlp_out[i, 0, nums[r.answer]] = 1.0
-    prof = P.distance_profile(_fake_cache(3, 1, d, mlp_in, mlp_out), ps, W_U, nums)
+    prof = MC.distance_profile(_fake_cache(3, 1, d, mlp_in, mlp_out), ps, W_U, nums)
     by = prof.set_index("distance")["mean"]
     assert by[0] == pytest.approx(1.0) and by[1] == pytest.approx(0.0)
 
@@ -268,7 +271,7 @@ def test_linear_probes_find_the_encoding_layer():
 
 
 def test_probe_labels(digit_tokenizer):
-    ps = ds.PromptSet.build(ds.yu_prompts(ops=["+"], n_digits=2, n_per_template=3, templates=[3]), digit_tokenizer)
+    ps = PromptSet.build(ds.yu_prompts(ops=["+"], n_digits=2, n_per_template=3, templates=[3]), digit_tokenizer)
     lab = P.probe_labels(ps, ["a", "result", "result_last_digit"])
     r = ps.records[0]
     assert lab.loc[0, "result"] == r.answer and lab.loc[0, "result_last_digit"] == r.answer % 10
@@ -285,14 +288,14 @@ def test_curve_point_table_and_stratified_indices(digit_tokenizer):
             "mean": [0, 0.1, 1.0, 0.5, 0, -0.1, -1.0, -1.0],
         }
     )
-    t = P.curve_point_table(summary).set_index("measure")
+    t = MC.curve_point_table(summary).set_index("measure")
     assert t.loc["in_A", "peak"] == 2 and t.loc["delta_other", "peak"] == 2
     assert t.loc["delta_other", "direction"] == "fall"
-    ps = ds.PromptSet.build(ds.zhang_prompts(ops=["+", "-"], templates=[0], fewshot=0), digit_tokenizer)
-    idx = P.stratified_indices(ps, 10, seed=3)
+    ps = PromptSet.build(ds.zhang_prompts(ops=["+", "-"], templates=[0], fewshot=0), digit_tokenizer)
+    idx = AC.stratified_indices(ps, 10, seed=3)
     ops = [ps.records[i].op for i in idx]
     assert ops.count("+") == 5 and ops.count("-") == 5 and idx == sorted(set(idx))
-    assert idx == P.stratified_indices(ps, 10, seed=3)
+    assert idx == AC.stratified_indices(ps, 10, seed=3)
 
 
 def test_figures_draw_from_the_tables():
@@ -303,12 +306,12 @@ def test_figures_draw_from_the_tables():
 
     rows = [
         {"measure": m, "layer": layer, "value": v}
-        for m in P.COSINE_MEASURES
+        for m in MC.COSINE_MEASURES
         for layer in range(4)
         for v in (0.1 * layer, 0.1 * layer + 0.05)
     ]
-    summary = P.summarise_curves(pd.DataFrame(rows))
-    points = P.curve_point_table(summary)
+    summary = MC.summarise_curves(pd.DataFrame(rows))
+    points = MC.curve_point_table(summary)
     figs = [pp.cosine_curves({"m1": summary, "m2": summary}, {"m1": [1, 2]}, {"m1": points})]
     proj = pd.DataFrame(
         {
@@ -364,9 +367,9 @@ def test_curve_points_leave_out_layer_0():
     Qwen-0.5B) set the curve's range, so the climb's onset (Zhang's inflection) was
     read at layer 1; layer 0 is now outside the search."""
     y = [-0.5, 0.0, 0.0, 0.0, 0.02, 0.1, 0.3, 0.35]
-    p = P.curve_points(y, "rise")
+    p = MC.curve_points(y, "rise")
     assert (p.start, p.inflection, p.peak) == (5, 6, 7)  # the climb of layers 4..7, not the 0 -> 1 jump
     assert p.rise == pytest.approx(0.35)
-    assert P.curve_points(y, "rise", first_layer=0).start == 1  # the old reading: layer 0 sets the range
+    assert MC.curve_points(y, "rise", first_layer=0).start == 1  # the old reading: layer 0 sets the range
     with pytest.raises(ValueError):
-        P.curve_points([0.0, 1.0], first_layer=1)
+        MC.curve_points([0.0, 1.0], first_layer=1)

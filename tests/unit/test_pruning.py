@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import arithlib.core.datasets as ds
 import arithlib.methods.ablation as A
 import arithlib.methods.finetune as FT
 import arithlib.methods.finetune_data as FD
@@ -21,6 +20,7 @@ import arithlib.yu.pruning as P
 import arithlib.yu.pruning_selection as PS
 from arithlib.core import papers
 from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
 
 TOL = 1e-4
@@ -182,7 +182,7 @@ def test_random_keep():
 
 def test_lora_on_pruned_model(qwen):
     splits = FD.yu_lora_data(n_train=16, n_test=8, seed=0, fewshot=1)
-    train, test = (ds.PromptSet.build(splits[k], qwen.tokenizer) for k in ("train", "test"))
+    train, test = (PromptSet.build(splits[k], qwen.tokenizer) for k in ("train", "test"))
     cfg = FT.TrainConfig(lr=1e-2, epochs=1, batch_size=8, max_steps=2, seed=0)
     hf = FT.shared_hf_model(qwen.bridge)
     before = {n: p.detach().clone() for n, p in hf.named_parameters()}
@@ -219,7 +219,7 @@ def test_sweep_evaluations_start_at_the_first_pruned_layer(qwen):
     from arithlib.engine import LayerInputs
 
     splits = FD.yu_lora_data(n_train=16, n_test=8, seed=0, fewshot=1)
-    train, test = (ds.PromptSet.build(splits[k], qwen.tokenizer) for k in ("train", "test"))
+    train, test = (PromptSet.build(splits[k], qwen.tokenizer) for k in ("train", "test"))
     cfg = FT.TrainConfig(lr=1e-2, epochs=1, batch_size=8, max_steps=2, seed=0)
     cols = ["accuracy_pruned", "accuracy_first_pruned", "accuracy", "mean_answer_logprob"]
     runs = {}

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import arithlib.core.datasets as ds
+from arithlib.core.prompt_sets import PromptSet
 from arithlib.run.sources import code_fingerprint, module_closure
 from arithlib.run.stored import Store, key_value
 
@@ -148,11 +149,11 @@ def test_the_key_follows_the_model_weights_and_the_prompts(toy, digit_tokenizer)
     bridge = toy.bridge
     before = key_value(bridge)
     assert before["threads"] == torch.get_num_threads() and before["dtype"] == "torch.float32"
-    ps = ds.PromptSet.build(ds.zhang_prompts(["+"], (1, 3), 1, seed=0, fewshot=0), digit_tokenizer)
+    ps = PromptSet.build(ds.zhang_prompts(["+"], (1, 3), 1, seed=0, fewshot=0), digit_tokenizer)
     other_cf = replace(ps, cf_input_ids=[list(reversed(c)) for c in ps.cf_input_ids])
     assert key_value(ps) != key_value(other_cf)  # same prompts, another X_c
     assert key_value(ps) == key_value(
-        ds.PromptSet.build(ds.zhang_prompts(["+"], (1, 3), 1, seed=0, fewshot=0), digit_tokenizer)
+        PromptSet.build(ds.zhang_prompts(["+"], (1, 3), 1, seed=0, fewshot=0), digit_tokenizer)
     )
     p = next(bridge.parameters())
     with torch.no_grad():
