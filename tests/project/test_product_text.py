@@ -166,6 +166,21 @@ def test_code_sources_are_read():
         assert ROOT / f in read, f
 
 
+def test_readme_states_the_committed_default_run_time():
+    """The README's time for the default model is the sum of its committed timings.csv (the
+    number was edited by hand and drifted from the table)."""
+    import csv
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"\| `\./run_all\.sh` \| about ([\d.]+) hours \(([\d,]+) s", text)
+    assert m, "README.md states no time for `./run_all.sh` on the default model"
+    rows = list(csv.DictReader((ROOT / "figures/qwen2.5-coder-0.5b/timings.csv").open()))
+    total = sum(int(float(r["seconds"])) for r in rows)
+    assert int(m.group(2).replace(",", "")) == total, f"README says {m.group(2)} s, timings.csv sums to {total:,}"
+    assert float(m.group(1)) == round(total / 3600, 1)
+    assert f"The {m.group(1)} hours are the sum" in text
+
+
 def test_docs_exist():
     assert _docs(), "docs/ has no markdown file"
 
