@@ -3,7 +3,7 @@
 no result): every table in either folder (``*.csv``, or ``*.csv.gz`` for a row-level one: a
 table stored plainly on one side and compressed on the other is compared by its contents,
 :func:`arithlib.run.outputs.read_table`) is reported as identical (byte for byte, uncompressed),
-equal up to float rounding (same columns and rows, text cells equal, numbers within
+identical but for its run-time columns, equal up to float rounding (same columns and rows, text cells equal, numbers within
 ``--rtol``/``--atol``), different, or missing on one side. Timing tables
 (``*timings*.csv``) and columns that hold run-time measurements (``--skip-columns``) are
 left out. Exit status: the number of tables that differ or are missing.
@@ -48,12 +48,18 @@ def _text(path: Path) -> bytes:
     return gzip.decompress(data) if path.name.endswith(".gz") else data
 
 
+#: A table whose result columns are equal cell for cell and only run-time columns differ.
+RUN_ONLY = "identical but for run-time columns"
+
+
 def compare(a: Path, b: Path, rtol: float, atol: float, skip: set[str]) -> str:
-    """ "identical", "rounding" or a one-line description of the first difference."""
+    """ "identical", RUN_ONLY, "rounding" or a one-line description of the first difference."""
     if _text(a) == _text(b):
         return "identical"
     fa, fb = read_table(a), read_table(b)
     fa, fb = fa.drop(columns=[c for c in fa if c in skip]), fb.drop(columns=[c for c in fb if c in skip])
+    if list(fa.columns) == list(fb.columns) and fa.astype(str).equals(fb.astype(str)):
+        return RUN_ONLY
     if list(fa.columns) != list(fb.columns):
         return f"columns differ: {sorted(set(fa.columns) ^ set(fb.columns))}"
     if len(fa) != len(fb):
@@ -98,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
             verdict = f"missing in {args.b if pa else args.a}"
         else:
             verdict = compare(pa, pb, args.rtol, args.atol, set(args.skip_columns))
-        kind = verdict if verdict in ("identical", "rounding") else "different"
+        kind = verdict if verdict in ("identical", RUN_ONLY, "rounding") else "different"
         counts[kind] = counts.get(kind, 0) + 1
         if kind == "different":
             bad += 1
             print(f"{name}: {verdict}")
+        elif kind == "rounding":
+            print(f"{name}: equal up to float rounding")
     print(", ".join(f"{n} {k}" for k, n in counts.items()) + f" ({len(names)} tables)")
     return bad
 
