@@ -20,9 +20,9 @@
 #
 # **Running it.** Run as it is (Run All) this notebook writes to `outputs/scratch/figures/<model>/`
 # (first made as a copy of the committed `figures/<model>/`, whose notebook-03 tables it reads),
-# never to the committed `figures/`. On qwen2.5-coder-0.5b (2-core CPU) it takes about 55 minutes,
-# an estimate from a timed sample scaled to the defaults, not yet a full run
-# ([docs/representations.md](../docs/representations.md#cost)); the toy model's quick run takes
+# never to the committed `figures/`. On qwen2.5-coder-0.5b (2-core CPU) it takes about 14 minutes
+# (832 s in the committed run, two torch threads;
+# [docs/representations.md](../docs/representations.md#cost)); the toy model's quick run takes
 # about a minute. For a short run set `model = "toy-arith"` and `quick = True`. Every long
 # section is stored (`use_cache`), so a stopped run resumes where it stopped. Only
 # `./run_all.sh` writes the committed figures.
