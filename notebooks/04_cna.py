@@ -404,16 +404,16 @@ if case_idx is not None and n_sensitivity > 0:
     sens_idx = sorted({case_idx, *[i for i in range(len(pm)) if i != case_idx][: n_sensitivity - 1]})
     sens_cases = pm.subset(sens_idx)
     sens = {
-        norm_reading: store(
-            f"CNA {norm_reading} reading check",
-            lambda: C.cna_compare(
+        reading: store(
+            f"CNA {reading} reading check",
+            lambda reading=reading: C.cna_compare(
                 bridge,
                 sens_cases,
                 zero_heads_hooks([heads["+-"]]),
                 mode=mode_used,
                 n_candidates=n_candidates,
                 batch_size=batch_size,
-                norm_reading=norm_reading,
+                norm_reading=reading,
                 progress=False,
             ),
             code=cna_code,
@@ -422,28 +422,9 @@ if case_idx is not None and n_sensitivity > 0:
             head=heads["+-"],
             mode=mode_used,
             n_candidates=n_candidates,
-            norm_reading=norm_reading,
-        ),
-        other_reading: store(
-            f"CNA {other_reading} reading check",
-            lambda: C.cna_compare(
-                bridge,
-                sens_cases,
-                zero_heads_hooks([heads["+-"]]),
-                mode=mode_used,
-                n_candidates=n_candidates,
-                batch_size=batch_size,
-                norm_reading=other_reading,
-                progress=False,
-            ),
-            code=cna_code,
-            model=bridge,
-            prompts=sens_cases,
-            head=heads["+-"],
-            mode=mode_used,
-            n_candidates=n_candidates,
-            norm_reading=other_reading,
-        ),
+            norm_reading=reading,
+        )
+        for reading in (norm_reading, other_reading)
     }
     sensitivity = cna_norm.reading_sensitivity(sens[norm_reading], sens[other_reading], top_ks, info.n_layers)
     save_table(
