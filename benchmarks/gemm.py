@@ -19,13 +19,14 @@ import argparse
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
+
+from arithlib.run.floor import matmul_rate  # noqa: E402
 
 #: (d_model, d_mlp) of the MLP up-projection, by model (the registry's shapes).
 SHAPES = {
@@ -39,23 +40,9 @@ SHAPES = {
 def gemm_rate(
     m: int, k: int, n: int, seconds: float = 1.0, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> float:
-    """GFLOP/s of ``F.linear([m, k], [n, k])`` on ``device``, repeated for about ``seconds``
-    (on a GPU, in rounds of 10 launches between synchronisations)."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
-    w = torch.randn(n, k, generator=g).to(device=device, dtype=dtype)
-    on_gpu = torch.device(device).type == "cuda"
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    per_round = 10 if on_gpu else 1
-    torch.nn.functional.linear(x, w)
-    sync()
-    reps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(per_round):
-            torch.nn.functional.linear(x, w)
-        sync()
-        reps += per_round
-    return 2 * m * k * n * reps / (time.perf_counter() - t0) / 1e9
+    """GFLOP/s of ``F.linear([m, k], [n, k])`` on ``device`` (:func:`arithlib.run.floor.matmul_rate`,
+    the rate a notebook's floor is measured against)."""
+    return matmul_rate(m, k, n, seconds=seconds, dtype=dtype, device=device)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

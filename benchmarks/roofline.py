@@ -88,13 +88,9 @@ def measure_peak(
     """(TFLOP/s, TB/s) this machine reaches, measured now: the best rate of the MLP's
     product ``[rows, d_model] @ [d_model, d_mlp]`` and of a ``copy_mb`` MB copy (read +
     write)."""
-    g = torch.Generator(device="cpu").manual_seed(0)
-    w = torch.randn(d_mlp, d_model, generator=g).to(device=device, dtype=dtype)
-    best = 0.0
-    for m in rows:
-        x = torch.randn(m, d_model, generator=g).to(device=device, dtype=dtype)
-        seconds, _ = best_time(lambda: [torch.nn.functional.linear(x, w) for _ in range(reps)], 2, device)
-        best = max(best, 2 * m * d_model * d_mlp * reps / seconds)
+    from arithlib.run.floor import matmul_peak
+
+    best = matmul_peak(d_model, d_mlp, dtype=dtype, device=str(device), rows=rows)["gflop_s"] * 1e9
     n = copy_mb * 2**20 // 4
     src = torch.ones(n, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)

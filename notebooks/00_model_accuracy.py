@@ -71,15 +71,19 @@ fewshot = 2  # solved examples in the prefix of every analysis prompt
 n_per_template = 10  # prompts per template and operator (Yu, Zhang, word problems): 40-80 per table cell
 
 # %%
+import time
+
 import arithlib.core.datasets as ds
 from arithlib.core.evaluate import accuracy, evaluate_sets
 from arithlib.core.prompt_sets import PromptSet, single_token_max
 from arithlib.plots.accuracy import accuracy_bars, heatmap
+from arithlib.run.floor import Sections
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.runs import start_run
 
 if quick:
     n_per_template = 4
+t_start = time.perf_counter()
 run = start_run(
     "00_model_accuracy",
     model,
@@ -96,6 +100,7 @@ tok = run.tokenizer
 max_operand = min(single_token_max(tok), 300)
 print(run.model.info)
 print("largest single-token operand:", max_operand)
+timed = Sections.of_run(run)  # wall time and arithmetic against the machine's peak (arithlib.run.floor)
 
 
 # %% [markdown]
@@ -127,8 +132,10 @@ def build_sets(k: int) -> dict[str, PromptSet]:
 shot_settings = sorted({0, fewshot})
 frames = []
 for k in shot_settings:
-    frame = evaluate_sets(run.bridge, build_sets(k))
+    with timed(f"evaluation, {k}-shot"):
+        frame = evaluate_sets(run.bridge, build_sets(k))
     frames.append(frame.assign(fewshot=k))
+save_table(timed.table(total_wall_s=time.perf_counter() - t_start), run.out, "00_timings")  # total: with loading
 import pandas as pd
 
 results = pd.concat(frames, ignore_index=True)

@@ -114,7 +114,6 @@ faithfulness_target = 0.9
 
 # %%
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import pandas as pd
@@ -134,6 +133,7 @@ import arithlib.zhang.transfer_sets as TS
 from arithlib.core.evaluate import accuracy, evaluate
 from arithlib.core.prompt_sets import PromptSet, expand_answer_tokens, single_token_max
 from arithlib.methods.ablation import mean_activations
+from arithlib.run.floor import Sections
 from arithlib.run.outputs import save_figure, save_json, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
@@ -181,30 +181,8 @@ N_HEADS = L * H
 torch.set_grad_enabled(False)
 if info.d_model <= 256:  # tiny models (toy): intra-op threads only add synchronisation cost
     torch.set_num_threads(1)
-timings = []
-
-
-@contextmanager
-def timed(section):
-    w, c, r = time.perf_counter(), time.process_time(), store.reused_seconds + sweep_cache.reused_seconds
-    yield
-    # reused_s: what the results loaded from the stores took in the earlier run that computed them
-    timings.append(
-        {
-            "section": section,
-            "wall_s": time.perf_counter() - w,
-            "cpu_s": time.process_time() - c,
-            "reused_s": store.reused_seconds + sweep_cache.reused_seconds - r,
-        }
-    )
-    print(
-        f"[{section}] {timings[-1]['wall_s']:.1f} s wall, {timings[-1]['cpu_s']:.1f} s CPU"
-        + (
-            f" (+ {timings[-1]['reused_s']:.0f} s of stored results computed earlier)"
-            if timings[-1]["reused_s"]
-            else ""
-        )
-    )
+# each section's wall time and arithmetic against the machine's peak (arithlib.run.floor)
+timed = Sections.of_run(run, [store, sweep_cache])
 
 
 print(info)
@@ -862,15 +840,7 @@ if has_nk:
 # ## Timings
 
 # %%
-timings.append(
-    {
-        "section": "total (incl. loading)",
-        "wall_s": time.perf_counter() - t_start,
-        "cpu_s": float("nan"),
-        "reused_s": store.reused_seconds + sweep_cache.reused_seconds,
-    }
-)
-timing_frame = pd.DataFrame(timings)
+timing_frame = timed.table(total_wall_s=time.perf_counter() - t_start)  # the total includes loading
 save_table(timing_frame, run.out, "01_timings")
 display(timing_frame)
 

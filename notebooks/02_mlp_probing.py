@@ -122,12 +122,12 @@ import arithlib.zhang.path_patching as path_patching
 import arithlib.zhang.probing as probing
 from arithlib.core.models import load_model
 from arithlib.core.prompt_sets import PromptSet, single_token_max, single_token_numbers
+from arithlib.run.floor import Sections
 from arithlib.run.outputs import find_table, read_table, save_figure, save_table
 from arithlib.run.runs import start_run
 
 if quick:
     n_per_template, lens_max_prompts, probe_n_per_template = 2, 24, 60
-timings: dict[str, float] = {}
 t_start = time.perf_counter()
 params = dict(
     fewshot=fewshot,
@@ -146,7 +146,9 @@ params = dict(
 run = start_run("02_mlp_probing", model, device, seed, out_dir, quick, dtype=dtype, device_map=device_map, **params)
 torch.set_grad_enabled(False)
 models = {model: run.model}
-timings["load"] = time.perf_counter() - t_start
+# each section's wall time and arithmetic against the machine's peak (arithlib.run.floor)
+timed = Sections.of_run(run)
+timed.add("load", wall_s=time.perf_counter() - t_start)
 
 
 # %% [markdown]
@@ -175,11 +177,10 @@ def reference_set(loaded):
     return ps, cache, ps.subset(keep), cache.subset(keep), acc
 
 
-t0 = time.perf_counter()
 sets = {}
-for name, loaded in models.items():
-    sets[name] = reference_set(loaded)
-timings["reference set"] = time.perf_counter() - t0
+with timed("reference set"):
+    for name, loaded in models.items():
+        sets[name] = reference_set(loaded)
 ps_all, cache_all, ps_ok, cache_ok, acc = sets[model]
 acc = acc.rename(columns={"mean": "accuracy", "size": "n"})
 save_table(acc, run.out, "02_reference_accuracy")
@@ -210,10 +211,9 @@ def cosine_study(loaded, ps, cache):
     return frame, summary, mlp_curves.curve_point_table(summary), numbers
 
 
-t0 = time.perf_counter()
 key_heads, key_layers = key_layers_of(run.out)
-cos_results = {name: cosine_study(models[name], sets[name][2], sets[name][3]) for name in models}
-timings["cosines"] = time.perf_counter() - t0
+with timed("cosines"):
+    cos_results = {name: cosine_study(models[name], sets[name][2], sets[name][3]) for name in models}
 if key_heads is None:
     print(
         "01_path_patching.csv is absent from",
@@ -316,9 +316,8 @@ def case_study(loaded, op, a, b):
     }
 
 
-t0 = time.perf_counter()
-case_results = {name: [case_study(models[name], op, a, b) for op, a, b in cases] for name in models}
-timings["cases"] = time.perf_counter() - t0
+with timed("cases"):
+    case_results = {name: [case_study(models[name], op, a, b) for op, a, b in cases] for name in models}
 case_rows = []
 for i, res in enumerate(case_results[model]):
     tag = f"case{i + 1}"
@@ -403,9 +402,8 @@ def lens_study(loaded, ps, cache):
     )
 
 
-t0 = time.perf_counter()
-lens_results = {name: lens_study(models[name], sets[name][2], sets[name][3]) for name in models}
-timings["lens + DLA"] = time.perf_counter() - t0
+with timed("lens + DLA"):
+    lens_results = {name: lens_study(models[name], sets[name][2], sets[name][3]) for name in models}
 if lens_results[model] is None:
     print("no correct prompts: section 3 is skipped")
 else:
@@ -453,9 +451,8 @@ def probe_study(loaded):
     return probes, len(ps), float(cache.correct.float().mean())
 
 
-t0 = time.perf_counter()
-probe_results = {name: probe_study(models[name]) for name in models}
-timings["probes"] = time.perf_counter() - t0
+with timed("probes"):
+    probe_results = {name: probe_study(models[name]) for name in models}
 probes, n_probe, probe_acc = probe_results[model]
 save_table(probes, run.out, "02_probes")
 best = probing.best_layers(probes)
@@ -475,22 +472,21 @@ display(best)
 
 # %%
 if compare_model:
-    t0 = time.perf_counter()
-    other = load_model(compare_model, device=device, dtype=dtype)
-    models[compare_model] = other
-    sets[compare_model] = reference_set(other)
-    cos_results[compare_model] = cosine_study(other, sets[compare_model][2], sets[compare_model][3])
-    case_results[compare_model] = [case_study(other, op, a, b) for op, a, b in cases]
-    lens_results[compare_model] = lens_study(other, sets[compare_model][2], sets[compare_model][3])
-    probe_results[compare_model] = probe_study(other)
-    if cos_results[compare_model] is not None:
-        profiles[compare_model] = mlp_curves.distance_profile(
-            sets[compare_model][3],
-            sets[compare_model][2],
-            mlp_curves.unembed_matrix(other.bridge),
-            cos_results[compare_model][3],
-        )
-    timings[f"compare model {compare_model}"] = time.perf_counter() - t0
+    with timed(f"compare model {compare_model}"):
+        other = load_model(compare_model, device=device, dtype=dtype)
+        models[compare_model] = other
+        sets[compare_model] = reference_set(other)
+        cos_results[compare_model] = cosine_study(other, sets[compare_model][2], sets[compare_model][3])
+        case_results[compare_model] = [case_study(other, op, a, b) for op, a, b in cases]
+        lens_results[compare_model] = lens_study(other, sets[compare_model][2], sets[compare_model][3])
+        probe_results[compare_model] = probe_study(other)
+        if cos_results[compare_model] is not None:
+            profiles[compare_model] = mlp_curves.distance_profile(
+                sets[compare_model][3],
+                sets[compare_model][2],
+                mlp_curves.unembed_matrix(other.bridge),
+                cos_results[compare_model][3],
+            )
     both = [m for m in models if cos_results[m] is not None]
     if len(both) == 2:
         save_figure(
@@ -526,8 +522,7 @@ else:
     print("compare_model is None: section 5 is skipped")
 
 # %%
-timings["total"] = time.perf_counter() - t_start
-timing_table = pd.DataFrame([{"step": k, "seconds": round(v, 1)} for k, v in timings.items()])
+timing_table = timed.table(total_wall_s=time.perf_counter() - t_start)  # the total includes loading
 save_table(timing_table, run.out, "02_timings")
 timing_table
 
@@ -657,5 +652,5 @@ import arithlib.report as R
 zf = next(f for f in R.FINDINGS if f.id == "zhang_mlp_answer")
 zo = R.judge(zf, R.Tables(run.out))
 lines.append(f"- **Answer curve, verdict** ({model}, report rule zhang_mlp_answer): {zo.ours} → *{zo.verdict}*.")
-lines.append(f"- Wall time {timings['total']:.0f} s on {run.model.device} (quick = {quick}).")
+lines.append(f"- Wall time {timing_table.wall_s.iloc[-1]:.0f} s on {run.model.device} (quick = {quick}).")
 Markdown("\n".join(lines))

@@ -147,6 +147,7 @@ import arithlib.plots.neurons as plots
 from arithlib.core.papers import FAITHFULNESS_TARGET, NIKANKIN_KNOCKOUT_CAP_SHARE, NIKANKIN_NEURON_SHARE
 from arithlib.core.prompt_sets import PromptSet, single_token_max
 from arithlib.methods.ablation import mean_activations
+from arithlib.run.floor import Sections
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
@@ -199,6 +200,7 @@ run = start_run(
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 layers = N.default_layers(info.n_layers)
 store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)  # long sections
+timed = Sections.of_run(run, [store])  # each section's time and arithmetic against the peak (arithlib.run.floor)
 print(info)
 print("analysed MLP layers:", layers)
 
@@ -258,6 +260,9 @@ run.record(
 print(f"largest single-token number: {single}")
 grid_table
 
+# %%
+timed.lap("prompts")
+
 # %% [markdown]
 # ## Clean pass and the analysed prompts
 # One pass over each grid records every analysed neuron's activation at the answer position;
@@ -307,6 +312,9 @@ if not analyses:
 means = OA.reference_means(analyses)
 candidates = N.number_token_ids(tok, min(single, max(r.answer for g in grids.values() for r in g.records)))
 acc
+
+# %%
+timed.lap("clean pass")
 
 # %% [markdown]
 # ## 1 · Neuron attribution and faithfulness vs neurons kept per layer
@@ -389,6 +397,9 @@ print(f"circuit: {k_circuit} neurons per layer ({k_circuit / info.d_mlp:.2%} of 
 curve.pivot_table(
     index="k_per_layer", columns="op", values=["faithfulness", "faithfulness_per_prompt", "accuracy"]
 ).round(3)
+
+# %%
+timed.lap("1 neuron attribution, faithfulness curve")
 
 # %% [markdown]
 # ## 1b · The full circuit: heads and neurons, faithfulness on held-out prompts
@@ -585,6 +596,9 @@ print(
 )
 circuit_summary.round(3)
 
+# %%
+timed.lap("1b full circuit")
+
 # %% [markdown]
 # ## 2 · Heuristic classification and the gallery of circuit neurons
 # Each operator's circuit neurons are scored against the rules that can be judged on its
@@ -688,6 +702,9 @@ save_table(pd.concat(l_rows, ignore_index=True), run.out, "03_gallery_logit_lens
 fig = plots.neuron_gallery(g_grids, g_lens, g_titles, ncols=4, suptitle=f"{model}: circuit neurons (answer position)")
 save_figure(fig, run.out, "03_gallery")
 
+# %%
+timed.lap("2 heuristic classification")
+
 # %% [markdown]
 # ## 3 · Neurons per heuristic type and operator, and the sensitivity to t
 # Counts use each neuron's label(s) (`labels`: best rule, or every matched rule). The
@@ -735,6 +752,9 @@ save_figure(
     "03_threshold_sensitivity",
 )
 sens[sens.kind == "any"].pivot_table(index="t", columns=["op", "activations"], values="share").round(3)
+
+# %%
+timed.lap("3 heuristic counts, t sensitivity")
 
 # %% [markdown]
 # ## 4 · Ablations
@@ -875,6 +895,9 @@ save_figure(
 )
 ci_summary
 
+# %%
+timed.lap("4 ablations")
+
 # %% [markdown]
 # ## 5 · Training dynamics (Sec. 5, Fig. 10)
 # At each saved checkpoint: first-token accuracy on the grids; the circuit re-discovered
@@ -929,6 +952,10 @@ if model == "toy-arith" or dynamics_steps:
     display(dyn.drop(columns="heuristic_set").round(3))
 else:
     print(f"{model} has no training checkpoints here; pass dynamics_steps for a hub model with step revisions")
+
+# %%
+timed.lap("5 training dynamics")
+save_table(timed.table(total_wall_s=time.time() - t_start), run.out, "03_timings")  # total: with loading
 
 
 # %% [markdown]

@@ -165,6 +165,7 @@ import arithlib.zhang.transfer_sets as TS
 from arithlib.core import papers
 from arithlib.core.prompt_sets import PromptSet
 from arithlib.methods.ablation import zero_heads_hooks
+from arithlib.run.floor import Sections
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
@@ -196,7 +197,7 @@ run = start_run(
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 mode_used = C.resolve_mode(bridge, mode)
 store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)  # long sections
-timings, reused = {}, {}  # per step: seconds in this run; seconds its results took when stored by an earlier run
+timed = Sections.of_run(run, [store])  # each section's time and arithmetic against the peak (arithlib.run.floor)
 print(info)
 print(
     f"importance mode: {mode_used}"
@@ -331,32 +332,27 @@ def cna_inputs(g):
     )
 
 
-t0, r0 = time.time(), store.reused_seconds
-for g in active:
-    results[g] = store(
-        f"CNA {g}",
-        lambda: C.cna_compare(
-            bridge,
-            cases[g],
-            zero_heads_hooks([heads[g]]),
-            mode=mode_used,
-            n_candidates=n_candidates,
-            batch_size=batch_size,
-            norm_reading=norm_reading,
-        ),
-        code=cna_code,
-        **cna_inputs(g),
-    )
-    print(
-        f"{g}: head L{heads[g][0]}.H{heads[g][1]}, layers scored {results[g].layers[0]}..{results[g].layers[-1]}, "
-        f"accuracy {results[g].run_a.accuracy:.0%} -> {results[g].run_b.accuracy:.0%} (first token) with the head zeroed; "
-        f"'keep' keeps these layers"
-    )
-cna_seconds = timings["CNA"] = time.time() - t0
-reused["CNA"] = store.reused_seconds - r0
-print(
-    f"CNA took {cna_seconds:.0f} s" + (f" (+ {reused['CNA']:.0f} s in an earlier run, loaded)" if reused["CNA"] else "")
-)
+with timed("CNA"):
+    for g in active:
+        results[g] = store(
+            f"CNA {g}",
+            lambda: C.cna_compare(
+                bridge,
+                cases[g],
+                zero_heads_hooks([heads[g]]),
+                mode=mode_used,
+                n_candidates=n_candidates,
+                batch_size=batch_size,
+                norm_reading=norm_reading,
+            ),
+            code=cna_code,
+            **cna_inputs(g),
+        )
+        print(
+            f"{g}: head L{heads[g][0]}.H{heads[g][1]}, layers scored {results[g].layers[0]}..{results[g].layers[-1]}, "
+            f"accuracy {results[g].run_a.accuracy:.0%} -> {results[g].run_b.accuracy:.0%} (first token) with the head zeroed; "
+            f"'keep' keeps these layers"
+        )
 
 # %% [markdown]
 # ## 1. Table 4: the case's top neurons
@@ -481,30 +477,29 @@ recall
 
 # %%
 mk = []
-t0, r0 = time.time(), store.reused_seconds
-for g in active:
-    mk.append(
-        store(
-            f"mask keep {g}",
-            lambda: masking.mask_keep_table(
-                bridge,
-                cases[g],
-                results[g],
-                top_ks,
+with timed("mask / keep"):
+    for g in active:
+        mk.append(
+            store(
+                f"mask keep {g}",
+                lambda: masking.mask_keep_table(
+                    bridge,
+                    cases[g],
+                    results[g],
+                    top_ks,
+                    seed=seed,
+                    n_seeds=n_random_seeds,
+                    control_ks=control_ks,
+                    batch_size=batch_size,
+                ),
+                code=cna_code,
+                top_ks=top_ks,
                 seed=seed,
                 n_seeds=n_random_seeds,
                 control_ks=control_ks,
-                batch_size=batch_size,
-            ),
-            code=cna_code,
-            top_ks=top_ks,
-            seed=seed,
-            n_seeds=n_random_seeds,
-            control_ks=control_ks,
-            **cna_inputs(g),
-        ).assign(group=g)
-    )
-timings["mask / keep"], reused["mask / keep"] = time.time() - t0, store.reused_seconds - r0
+                **cna_inputs(g),
+            ).assign(group=g)
+        )
 mask_keep = pd.concat(mk, ignore_index=True) if mk else pd.DataFrame()
 if len(mask_keep):
     save_table(mask_keep, run.out, "04_mask_keep")
@@ -545,41 +540,42 @@ if len(mask_keep):
 
 # %%
 low, low_cases, dag_cases = [], [], []
-t0, r0 = time.time(), store.reused_seconds
-for g in active:
-    s, pc = store(
-        f"lowest neuron {g}",
-        lambda: masking.lowest_neuron_table(
-            bridge,
-            cases[g],
-            results[g],
-            top_ks,
+with timed("lowest neuron"):
+    for g in active:
+        s, pc = store(
+            f"lowest neuron {g}",
+            lambda: masking.lowest_neuron_table(
+                bridge,
+                cases[g],
+                results[g],
+                top_ks,
+                seed=seed,
+                n_seeds=n_random_seeds,
+                control_ks=control_ks,
+                batch_size=batch_size,
+            ),
+            code=cna_code,
+            top_ks=top_ks,
             seed=seed,
             n_seeds=n_random_seeds,
             control_ks=control_ks,
-            batch_size=batch_size,
-        ),
-        code=cna_code,
-        top_ks=top_ks,
-        seed=seed,
-        n_seeds=n_random_seeds,
-        control_ks=control_ks,
-        **cna_inputs(g),
-    )
-    low.append(s.assign(group=g))
-    low_cases.append(pc.assign(group=g))
-    dag_cases.append(
-        store(
-            f"PE-DAG cases {g}",
-            lambda: pe_dag.pe_dag_cases(bridge, results[g], k=dag_k, seed=seed, n_seeds=n_random_seeds),
-            code=cna_code,
-            k=dag_k,
-            seed=seed,
-            n_seeds=n_random_seeds,
             **cna_inputs(g),
-        ).assign(group=g)
-    )
-timings["lowest neuron, PE-DAG"], reused["lowest neuron, PE-DAG"] = time.time() - t0, store.reused_seconds - r0
+        )
+        low.append(s.assign(group=g))
+        low_cases.append(pc.assign(group=g))
+with timed("PE-DAG"):
+    for g in active:
+        dag_cases.append(
+            store(
+                f"PE-DAG cases {g}",
+                lambda: pe_dag.pe_dag_cases(bridge, results[g], k=dag_k, seed=seed, n_seeds=n_random_seeds),
+                code=cna_code,
+                k=dag_k,
+                seed=seed,
+                n_seeds=n_random_seeds,
+                **cna_inputs(g),
+            ).assign(group=g)
+        )
 lowest = pd.concat(low, ignore_index=True) if low else pd.DataFrame()
 dag_all = pd.concat(dag_cases, ignore_index=True) if dag_cases else pd.DataFrame()
 if len(lowest):
@@ -647,56 +643,51 @@ if case_idx is not None:
 sweeps = []
 counts_by_layer = {}
 concepts = shallow_neurons.concept_tokens(tok, bridge.cfg.d_vocab)
-t0, r0 = time.time(), store.reused_seconds
-for g in active:
-    layer = heads[g][0]
-    if layer < 1:
-        print(f"{g}: key head in layer 0, no shallow FFN layers: skipped")
-        continue
-    if layer not in counts_by_layer:
-        t1, r1 = time.time(), store.reused_seconds
-        counts_by_layer[layer] = store(
-            f"shallow concept counts {layer}",
-            lambda: shallow_neurons.shallow_concept_counts(
-                bridge, tok, layer, k=concept_top, concepts=concepts, cap=max(ms) + 1, seed=seed
-            ),
-            code=cna_code,
-            model=bridge,
-            layer=layer,
-            k=concept_top,
-            concepts=concepts,
-            cap=max(ms) + 1,
-            seed=seed,
-        )
-        step = f"shallow concept counts (key layer {layer})"
-        timings[step], reused[step] = time.time() - t1, store.reused_seconds - r1
-    counts = counts_by_layer[layer]
-    sweeps.append(
-        store(
-            f"shallow M sweep {g}",
-            lambda: shallow_neurons.hidden_interpretable_table(
-                bridge,
-                cases[g],
-                counts,
-                ms,
+with timed("shallow neurons (counts and M sweep)"):
+    for g in active:
+        layer = heads[g][0]
+        if layer < 1:
+            print(f"{g}: key head in layer 0, no shallow FFN layers: skipped")
+            continue
+        if layer not in counts_by_layer:
+            counts_by_layer[layer] = store(
+                f"shallow concept counts {layer}",
+                lambda: shallow_neurons.shallow_concept_counts(
+                    bridge, tok, layer, k=concept_top, concepts=concepts, cap=max(ms) + 1, seed=seed
+                ),
+                code=cna_code,
+                model=bridge,
+                layer=layer,
+                k=concept_top,
+                concepts=concepts,
+                cap=max(ms) + 1,
+                seed=seed,
+            )
+        counts = counts_by_layer[layer]
+        sweeps.append(
+            store(
+                f"shallow M sweep {g}",
+                lambda: shallow_neurons.hidden_interpretable_table(
+                    bridge,
+                    cases[g],
+                    counts,
+                    ms,
+                    seed=seed,
+                    n_seeds=n_random_seeds,
+                    control_ms=control_ms,
+                    batch_size=batch_size,
+                    targets=results[g].targets,
+                ),
+                code=cna_code,
+                counts=counts,
+                ms=ms,
                 seed=seed,
                 n_seeds=n_random_seeds,
                 control_ms=control_ms,
-                batch_size=batch_size,
-                targets=results[g].targets,
-            ),
-            code=cna_code,
-            counts=counts,
-            ms=ms,
-            seed=seed,
-            n_seeds=n_random_seeds,
-            control_ms=control_ms,
-            **cna_inputs(g),
-        ).assign(group=g, ov_layers=f"l+1..{layer}")
-    )
+                **cna_inputs(g),
+            ).assign(group=g, ov_layers=f"l+1..{layer}")
+        )
 m_table = pd.concat(sweeps, ignore_index=True) if sweeps else pd.DataFrame()
-hidden_seconds = timings["shallow neurons (counts and M sweep)"] = time.time() - t0
-reused["shallow neurons (counts and M sweep)"] = store.reused_seconds - r0
 if len(m_table):
     save_table(m_table, run.out, "04_hidden_m_sweep")
     by_ov = pd.concat(
@@ -753,18 +744,14 @@ if case_idx is not None and len(examples):
 
 # %%
 PAPER = papers.YU_CNA_TABLES  # the paper's numbers for the comparisons below
-timings["all"], reused["all"] = time.time() - t_start, store.reused_seconds
-# seconds: this run; reused_seconds: what the results it loaded from the store took in the run that computed them
-save_table(
-    pd.DataFrame([{"step": k, "seconds": v, "reused_seconds": reused.get(k, 0.0)} for k, v in timings.items()]),
-    run.out,
-    "04_timings",
-)
+timing_table = timed.table(total_wall_s=time.time() - t_start)  # the total includes loading
+save_table(timing_table, run.out, "04_timings")
+total = timing_table.iloc[-1]
 lines = [
-    f"- Model `{model}`, seed {seed}, {'quick' if quick else 'full'} run, {timings['all']:.0f} s in all"
-    + (f" (and {reused['all']:.0f} s in earlier runs whose stored results it resumed from)" if reused["all"] else "")
+    f"- Model `{model}`, seed {seed}, {'quick' if quick else 'full'} run, {total.wall_s:.0f} s in all"
+    + (f" (and {total.reused_s:.0f} s in earlier runs whose stored results it resumed from)" if total.reused_s else "")
     + " ("
-    + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items() if k != "all")
+    + ", ".join(f"{r.section} {r.wall_s:.0f} s" for r in timing_table.iloc[:-1].itertuples())
     + f"). Importance mode **{mode_used}**"
     + (f" with {n_candidates} exact candidates per case" if mode_used == "two_stage" else " (every neuron)")
     + f"; random controls over {n_random_seeds} seeds."

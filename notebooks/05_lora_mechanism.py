@@ -113,6 +113,7 @@ import arithlib.run.scales as scales
 import arithlib.yu.cna as C
 import arithlib.yu.lora as lora
 from arithlib.core.prompt_sets import PromptSet
+from arithlib.run.floor import Sections
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
@@ -146,7 +147,7 @@ store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache 
 lora_spec = lora.LoraSpec(r=lora_r, alpha=lora_alpha)
 bands = lora.yu_bands(info.n_layers)
 ref_layer = lora.reference_layer(info.n_layers)
-timings = []
+timed = Sections.of_run(run, [store])  # each section's time and arithmetic against the peak (arithlib.run.floor)
 print(info)
 print(f"scale: {S['scale']}; LoRA layers: {S['layers']}; bands: {bands}; reference layer {ref_layer}")
 display(pd.DataFrame([{k: str(v) for k, v in S.items()}]).T.rename(columns={0: "setting"}))
@@ -189,7 +190,6 @@ display(pd.DataFrame([{k: str(v) for k, v in S.items()}]).T.rename(columns={0: "
 # The table above lists the settings this run used; every number below is from them.
 
 # %%
-t0 = time.time()
 splits = FD.yu_lora_data(
     n_train=S["n_train"], n_test=S["n_test"], n_val=S["n_val"], ops=ops, seed=seed, fewshot=fewshot
 )
@@ -214,7 +214,7 @@ sizes
 # ## 1. One LoRA model per attention layer (Yu Fig. 2)
 
 # %%
-t0 = time.time()
+timed.start()
 config = FT.TrainConfig(epochs=S["lora_epochs"], batch_size=S["lora_batch"], seed=seed, eval_batch_size=batch_size)
 lr_grid = lrs if S["lr_search"] != "none" else lrs[:1]
 lr_layers = None if S["lr_search"] == "per_layer" else [ref_layer if ref_layer in S["layers"] else S["layers"][0]]
@@ -230,7 +230,7 @@ acc_by_layer, lora_models, lr_table = lora.lora_layer_sweep(
     lora=lora_spec,
     cache_dir=cache_dir,
 )
-timings.append({"section": "1 LoRA per layer", "wall_s": time.time() - t0})
+timed.lap("1 LoRA per layer")
 save_table(acc_by_layer, run.out, "05_lora_accuracy_by_layer")
 save_table(lr_table, run.out, "05_lora_lr_selection")
 band_acc = lora.accuracy_bands(acc_by_layer, bands)
@@ -261,7 +261,7 @@ band_acc
 # answer (the residual stream is still small there), so an unrestricted ranking would pick them.
 
 # %%
-t0 = time.time()
+timed.start()
 cases = lora.yu_cna_cases(tok, fewshot=fewshot, n_cases=S["cna_cases"], seed=seed)
 lora_weights = {f"LoRA L{l}": lora_models[l].weights for l in S["layers"]}
 ks = [k for k in top_ks if k <= info.n_layers * info.d_mlp]
@@ -301,7 +301,7 @@ table10 = pd.concat(
     ignore_index=True,
 )
 save_table(table10, run.out, "05_cna_coef_increase_by_band")
-timings.append({"section": "2 CNA", "wall_s": time.time() - t0, "reused_s": store.reused_seconds})
+timed.lap("2 CNA")
 print(
     f"{len(cases)} cases, neurons ranked in layers {deep[0]}..{deep[-1]}; original first-token accuracy: "
     f"{cna_details['original']['run'].accuracy:.0%}; importance mode {C.resolve_mode(bridge, 'auto')}"
@@ -340,8 +340,7 @@ table9
 # ## What this run found
 
 # %%
-timings.append({"section": "total (incl. loading)", "wall_s": time.time() - t_start})
-save_table(pd.DataFrame(timings), run.out, "05_timings")
+save_table(timed.table(total_wall_s=time.time() - t_start), run.out, "05_timings")  # total: with loading
 lines = [
     f"- Model `{model}`, {S['scale']} scale: {len(train_set)} training / {len(test_set)} test sentences "
     f"({sizes.loc[sizes.split == 'test', 'negative_results'].iloc[0]} test answers negative), seed {seed}, "

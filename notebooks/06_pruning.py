@@ -106,6 +106,7 @@ import arithlib.yu.pruning as pruning
 import arithlib.yu.pruning_selection as selection
 from arithlib.core import papers
 from arithlib.core.prompt_sets import PromptSet
+from arithlib.run.floor import Sections
 from arithlib.run.outputs import find_table, read_table, save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
@@ -134,7 +135,7 @@ run = start_run(
 )
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
-timings = []
+timed = Sections.of_run(run)  # each section's time and arithmetic against the peak (arithlib.run.floor)
 
 # Notebook 05's settings and LoRA table: this notebook fine-tunes exactly as 05 did.
 p05_path, acc05_path = run.out / "05_lora_mechanism_params.json", find_table(run.out, "05_lora_accuracy_by_layer")
@@ -242,7 +243,7 @@ display(
 #   views, so the pruned models are evaluated and fine-tuned through `arithlib.methods.finetune`.
 
 # %%
-t0 = time.time()
+timed.start()
 splits = FD.yu_lora_data(
     n_train=S05["n_train"], n_test=S05["n_test"], n_val=S05["n_val"], ops=p05["ops"], seed=seed, fewshot=p05["fewshot"]
 )
@@ -263,18 +264,18 @@ config = FT.TrainConfig(
 lora_spec = lora.LoraSpec(r=int(p05["lora_r"]), alpha=int(p05["lora_alpha"]))
 lora_ref = lora.train_lora(bridge, ref_layer, train_set, config, val, lora_spec, progress=False, cache_dir=cache_dir)
 lrs = list(p05["lrs"]) if S["lr_search"] else []
-timings.append({"section": "data + reference LoRA", "wall_s": time.time() - t0})
+timed.lap("data + reference LoRA")
 print(
     f"{len(train_set)} train / {len(val_set)} val / {len(test_set)} test sentences; reference LoRA: layer {ref_layer}, "
     f"lr {config.lr:g}, {lora_ref.n_trainable:,} LoRA parameters; notebook 05 reported test accuracy "
-    f"{float(row05.accuracy.iloc[0]):.1%} ({time.time() - t0:.0f} s here)"
+    f"{float(row05.accuracy.iloc[0]):.1%} ({timed.wall('data + reference LoRA'):.0f} s here)"
 )
 
 # %% [markdown]
 # ## 1. CNA between the LoRA model and the original on the 1D cases
 
 # %%
-t0 = time.time()
+timed.start()
 cases = selection.yu_1d_cases(tok, fewshot=p05["fewshot"], per_op=S["cases_per_op"], seed=seed)
 scores = selection.lora_cna_scores(
     bridge,
@@ -291,8 +292,8 @@ curve = selection.union_size_curve(ranking)
 n_main = selection.n_for_share(main_share, n_deep)
 k_main = selection.k_of_prefix(ranking, n_main)
 union_scaled = len(selection.union_top_k(ranking, k_scaled))
-cna_seconds = time.time() - t0
-timings.append({"section": "1 CNA", "wall_s": cna_seconds})
+timed.lap("1 CNA")
+cna_seconds = timed.wall("1 CNA")
 case_frame = cases.to_frame()[["op", "a", "b", "answer"]].assign(
     correct_original=scores.correct_original.numpy(), correct_lora=scores.correct_lora.numpy()
 )
@@ -335,7 +336,7 @@ ranking.head(10)
 # match the pruned row's accuracy (the pruning is exact) but saves neither parameters nor time.
 
 # %%
-t0 = time.time()
+timed.start()
 tokens = pruned_model.timing_tokens(test_set, S["timing_batch"])
 seeds = [seed * 1000 + i for i in range(int(S["random_seeds"]))]
 if not seeds:
@@ -360,7 +361,7 @@ table, keeps = pruning.table11(
     batch_size=batch_size,
     n_lora_reference=lora_ref.n_trainable,
 )
-timings.append({"section": "2 Table 11", "wall_s": time.time() - t0})
+timed.lap("2 Table 11")
 save_table(table, run.out, "06_table11")
 fig = plots.table11_plot(
     table,
@@ -395,7 +396,7 @@ table[
 # scale says so (`sweep_lora`).
 
 # %%
-t0 = time.time()
+timed.start()
 others = [s for s in shares if abs(s - main_share) > 1e-12]
 sweep_seed_list = [seed * 1000 + i for i in range(int(S["sweep_seeds"]))]
 sweep_rest, sweep_keeps = pruning.share_sweep(
@@ -423,7 +424,7 @@ sweep = (
 )
 sweep["share_pct"] = 100 * sweep.share
 summary = pruning.summarize_sweep(sweep)
-timings.append({"section": "3 sweep", "wall_s": time.time() - t0})
+timed.lap("3 sweep")
 save_table(sweep, run.out, "06_share_sweep")
 save_table(summary, run.out, "06_share_sweep_summary")
 acc = dict(zip(table.model, table.accuracy))
@@ -453,8 +454,7 @@ by_layer.pivot_table(index="layer", columns="selection", values="n_kept")
 # ## What this run found
 
 # %%
-timings.append({"section": "total (incl. loading)", "wall_s": time.time() - t_start})
-save_table(pd.DataFrame(timings), run.out, "06_timings")
+save_table(timed.table(total_wall_s=time.time() - t_start), run.out, "06_timings")  # total: with loading
 t = table.set_index("model", drop=False)
 orig, lora_full = t.loc["original"], t.loc["LoRA"]
 pruned, masked = t.loc["LoRA on CNA-pruned"], t.loc["LoRA on CNA-masked"]

@@ -147,6 +147,7 @@ import arithlib.yu.bias_professions as BP
 from arithlib.core import papers
 from arithlib.core.prompt_sets import PromptSet
 from arithlib.methods.general_ability import pydoc_prose
+from arithlib.run.floor import Sections
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.runs import start_run
 
@@ -155,6 +156,7 @@ if quick:
     n_candidates, n_aggregate, arith_per_op, lm_chunks = 5, 50, 3, 1
     recall_ks = (5, 18)
 sweep = tuple(sorted(set(sweep) | {edit_k}))
+t_start = time.time()
 run = start_run(
     "07_gender_bias_editing",
     model,
@@ -191,7 +193,7 @@ if exact_importance == "auto":  # quick mode: exact only where it takes seconds
     exact = BC.exact_affordable(bridge, BC.MAX_EXACT_MACS / (20 if quick else 1))
 else:
     exact = bool(exact_importance)
-timings = {}
+timed = Sections.of_run(run)  # each section's time and arithmetic against the peak (arithlib.run.floor)
 
 # %% [markdown]
 # ## The lexicon on this tokenizer
@@ -260,7 +262,7 @@ comparison
 
 # %%
 if has_bias:
-    t0 = time.time()
+    timed.start()
     recall_layers = None if exact else list(range(0, run.model.info.n_layers, BC.RECALL_LAYER_STRIDE))
     result = BC.gender_cna(
         bridge,
@@ -272,7 +274,7 @@ if has_bias:
         exact_layers=recall_layers or (),
         norm_reading=norm_reading,
     )
-    timings["cna"] = time.time() - t0
+    timed.lap("cna")
     table12 = BC.neuron_table(bridge, tok, result, biased, k=table12_k)
     save_table(table12, out, "07_table12_per_profession")
     groups = list(biased.bias_gender)
@@ -286,12 +288,12 @@ if has_bias:
     save_table(edit_table, out, "07_edit_neurons")
     fig = plots.edit_set(edit_table[edit_table.in_edit_set], f"{model}: the top-{edit_k} CNA neurons (edit set)")
     save_figure(fig, out, "07_edit_neurons")
-    t0 = time.time()
+    timed.start()
     recall = BC.candidate_screen_recall(result, biased, recall_ks, n_candidates, n_aggregate, layers=recall_layers)
     save_table(recall, out, "07_screen_recall")
     diag = BC.layer_diagnostic(bridge, result, biased, neurons_by_k[edit_k])
     save_table(diag, out, "07_layer_diagnostic")
-    timings["recall_and_diagnostic"] = time.time() - t0
+    timed.lap("recall_and_diagnostic")
     save_figure(
         plots.layer_diagnostic_plot(diag, genders, f"{model}: what the CNA importance of each layer is read from"),
         out,
@@ -324,7 +326,7 @@ else:
 
 # %%
 if has_bias:
-    t0 = time.time()
+    timed.start()
     random_by_k = {
         k: BC.random_neuron_sets(neurons_by_k[k], d_mlp, [seed + 1000 * k + s for s in range(n_random_seeds)])
         for k in sweep
@@ -337,7 +339,7 @@ if has_bias:
             conditions.update(B.edit_conditions({edit_k: ns}, {edit_k: rs}, kind=kind))
     by_set = B.bias_by_set(bridge, tok, {"model": biased, "paper": paper_set}, conditions)
     scores, paper_scores = by_set["model"], by_set["paper"]
-    timings["bias_conditions"] = time.time() - t0
+    timed.lap("bias_conditions")
     save_table(scores, out, "07_bias_scores")
     save_table(paper_scores, out, "07_paper_bias_scores")
     summary = B.summarize_conditions(scores)
@@ -471,6 +473,7 @@ if len(heldout_table):
 # ## What this run found
 
 # %%
+save_table(timed.table(total_wall_s=time.time() - t_start), run.out, "07_timings")  # total: with loading
 lines = [
     f"- Model `{model}` (seed {seed}{', quick mode' if quick else ''}). Lexicon: {len(lexicon)} professions -> "
     f"{len(prof_tokens)} profession tokens on this tokenizer ({len(dropped)} dropped)."
@@ -517,9 +520,9 @@ else:
         f"{', '.join(map(str, recall_layers))} for the recall"
     )
     lines.append(
-        f"- CNA scoring: {cna_how}, {timings['cna']:.0f} s; screen recall and layer diagnostic "
-        f"{timings['recall_and_diagnostic']:.0f} s; the {len(conditions)} bias conditions "
-        f"({n_random_seeds} random seeds per edit) {timings['bias_conditions']:.0f} s."
+        f"- CNA scoring: {cna_how}, {timed.wall('cna'):.0f} s; screen recall and layer diagnostic "
+        f"{timed.wall('recall_and_diagnostic'):.0f} s; the {len(conditions)} bias conditions "
+        f"({n_random_seeds} random seeds per edit) {timed.wall('bias_conditions'):.0f} s."
     )
     if len(recall):
         pooled = recall[recall.case == "pooled (edit set)"].set_index("k")

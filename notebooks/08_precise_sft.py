@@ -119,6 +119,7 @@ import arithlib.run.scales as scales
 import arithlib.zhang.sft as sft
 from arithlib.core.prompt_sets import PromptSet
 from arithlib.engine import LayerInputs
+from arithlib.run.floor import Sections
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
@@ -151,7 +152,7 @@ run.record(
     train_seeds=seeds,
 )
 cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
-timings = []
+timed = Sections.of_run(run)  # each section's time and arithmetic against the peak (arithlib.run.floor)
 print(info)
 display(
     pd.DataFrame(
@@ -209,7 +210,6 @@ display(
 # the prompts, so they include training variance.
 
 # %%
-t0 = time.time()
 splits = FD.yu_lora_data(
     n_train=S["n_train"], n_test=S["n_test"], n_val=S["n_val"], ops=ops, seed=seed, fewshot=fewshot
 )
@@ -266,7 +266,7 @@ mlps_ranked.head(6)
 # embeddings, so its passes run the whole model.
 
 # %%
-t0 = time.time()
+timed.start()
 prose = GA.pydoc_prose()
 facts = GA.load_facts()
 bench = {"gsm8k": gsm8k_path, "svamp": svamp_path, "mmlu": mmlu_path}
@@ -394,7 +394,7 @@ else:
         res = sft.full_sft(bridge, sft_train, replace(full_config, seed=s_), cache_dir=cache_dir)
         rows.append(row_for(f"full SFT, seed {s_}", res, role="full"))
         del res
-timings.append({"section": "precise vs full SFT", "wall_s": time.time() - t0})
+timed.lap("precise vs full SFT")
 sft_lr_table = pd.concat(lr_tables, ignore_index=True)[["method", "lr", "val_accuracy", "best_epoch", "chosen"]]
 save_table(sft_lr_table, run.out, "08_sft_lr_selection")
 display(sft_lr_table)
@@ -422,8 +422,7 @@ sft_table[["method", "lr", "n_trainable", "samples_per_second", *math_sets, "fac
 # ## What this run found
 
 # %%
-timings.append({"section": "total (incl. loading)", "wall_s": time.time() - t_start})
-save_table(pd.DataFrame(timings), run.out, "08_timings")
+save_table(timed.table(total_wall_s=time.time() - t_start), run.out, "08_timings")  # total: with loading
 lines = [
     f"- Model `{model}`, {S['scale']} scale, seed {seed}, {fewshot}-shot prefix: {len(sft_train)} training "
     f"sentences ({len(train_set)} arithmetic + word problems), {len(val_set)} validation, {len(test_set)} "

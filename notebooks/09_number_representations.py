@@ -122,6 +122,7 @@ import arithlib.representations.helix as HX
 import arithlib.representations.passes as RP
 from arithlib.core.papers import ZHOU_PERIODS
 from arithlib.core.prompt_sets import PromptSet, single_token_max
+from arithlib.run.floor import Sections
 from arithlib.run.outputs import find_table, read_table, save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
@@ -164,7 +165,7 @@ run = start_run(
 )
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)
-timings, reused = {}, {}
+timed = Sections.of_run(run, [store])  # each section's time and arithmetic against the peak (arithlib.run.floor)
 rng = np.random.default_rng(seed)
 single = single_token_max(tok)
 run.record(single_token_max=single)
@@ -178,7 +179,7 @@ print(info, f"| one token per number up to {single} | number embeddings: {number
 # `n_patch_b` other values (the patch of section 2); one pass records every layer.
 
 # %%
-t0, r0 = time.time(), store.reused_seconds
+timed.start()
 b_all = rng.permutation(max_operand + 1)
 fit_bs, patch_bs = sorted(b_all[:n_fit_b].tolist()), sorted(b_all[n_fit_b : n_fit_b + n_patch_b].tolist())
 prompts = PromptSet.build(RP.addition_records(range(max_operand + 1), fit_bs + patch_bs, fewshot), tok)
@@ -195,11 +196,11 @@ correct = (pred == prompts.first_answer_ids).numpy()
 a_of = np.array([r.a for r in prompts.records])
 b_of = np.array([r.b for r in prompts.records])
 is_fit = np.isin(b_of, fit_bs)
-timings["activations"], reused["activations"] = time.time() - t0, store.reused_seconds - r0
+timed.lap("activations")
 print(f"{len(prompts)} prompts, first-token accuracy {correct.mean():.1%} (fit b: {fit_bs}; patch b: {patch_bs})")
 
 # %%
-t0 = time.time()
+timed.start()
 ids = RP.number_ids(tok, range(single + 1))
 E = RP.number_embeddings(bridge, ids).numpy()
 spec = [FO.spectrum_table(E, n_shuffles, seed, low_min_period).assign(source="embedding", layer=-1, numbers=single + 1)]
@@ -244,7 +245,7 @@ save_figure(
     run.out,
     "09_spectra",
 )
-timings["spectra"] = time.time() - t0
+timed.lap("spectra")
 bands.round(3)
 
 # %% [markdown]
@@ -253,7 +254,7 @@ bands.round(3)
 # prompts with the other values of b.
 
 # %%
-t0, r0 = time.time(), store.reused_seconds
+timed.start()
 first = prompts.first_answer_ids.numpy()
 cand = np.flatnonzero(~is_fit & correct)
 by_key: dict[tuple, list[int]] = {}
@@ -333,14 +334,14 @@ save_figure(
     run.out,
     "09_helix_patch",
 )
-timings["helix patch"], reused["helix patch"] = time.time() - t0, store.reused_seconds - r0
+timed.lap("helix patch")
 display(summary.pivot_table(index="layer", columns="method", values="share").round(2))
 
 # %% [markdown]
 # ## 3 · Low- and high-pass filters (Zhou et al.)
 
 # %%
-t0, r0 = time.time(), store.reused_seconds
+timed.start()
 U = RP.number_unembedding(bridge, ids)
 fbands = FO.frequency_bands(single + 1, low_min_period)
 conditions = RP.filter_conditions(info.n_layers, U, fbands)
@@ -379,7 +380,7 @@ save_figure(
     run.out,
     "09_filtering",
 )
-timings["filters"], reused["filters"] = time.time() - t0, store.reused_seconds - r0
+timed.lap("filters")
 print(
     "bands (frequencies of",
     single + 1,
@@ -396,7 +397,7 @@ fsum.round(3)
 # Notebook 03's circuit neurons for + that match a heuristic (`03_circuit_neurons`).
 
 # %%
-t0, r0 = time.time(), store.reused_seconds
+timed.start()
 bridge_rows, fit_rows_n = [], []
 has03 = find_table(run.out, "03_circuit_neurons") is not None
 if has03:
@@ -462,7 +463,7 @@ if has03:
 else:
     bridge_df = nfit = pd.DataFrame()
     print("no 03_circuit_neurons table in", run.out, "- run notebook 03 first; the bridge is skipped")
-timings["bridge"], reused["bridge"] = time.time() - t0, store.reused_seconds - r0
+timed.lap("bridge")
 if len(bridge_df):
     display(bridge_df.groupby("kind")[["share", "random_share", "ratio"]].median().round(4))
 
@@ -470,12 +471,9 @@ if len(bridge_df):
 # ## What this run found
 
 # %%
-timings["all"], reused["all"] = time.time() - t_start, store.reused_seconds
-save_table(
-    pd.DataFrame([{"step": k, "seconds": v, "reused_seconds": reused.get(k, 0.0)} for k, v in timings.items()]),
-    run.out,
-    "09_timings",
-)
+timing_table = timed.table(total_wall_s=time.time() - t_start)  # the total includes loading
+save_table(timing_table, run.out, "09_timings")
+total = timing_table.iloc[-1]
 
 
 def pct(x):
@@ -486,8 +484,8 @@ emb = bands[bands.source == "embedding"].iloc[0]
 top = spectra[spectra.source == "embedding"].sort_values("share", ascending=False).head(5)
 lines = [
     f"- Model `{model}` ({info.n_layers} layers), seed {seed}, {'quick' if quick else 'full'} run, "
-    f"{timings['all']:.0f} s"
-    + (f" (+ {reused['all']:.0f} s stored by earlier runs)" if reused["all"] else "")
+    f"{total.wall_s:.0f} s"
+    + (f" (+ {total.reused_s:.0f} s stored by earlier runs)" if total.reused_s else "")
     + f"; numbers one token up to {single}; number embeddings {number_init}."
 ]
 lines.append(

@@ -182,6 +182,32 @@ def read_timings(timings_csv: Path) -> dict[str, dict[str, str]]:
         return {row["notebook"]: row for row in csv.DictReader(f)}
 
 
+def notebook_floor(fig: Path, name: str, seconds: str | float) -> tuple[str, str]:
+    """(GFLOP, ratio to floor) of notebook ``name`` as cells of ``timings.csv``, from the
+    ``total`` row of its ``NN_timings.csv`` in ``fig`` (:mod:`arithlib.run.floor`): the
+    arithmetic its sections counted, and ``seconds`` (the notebook's whole wall time, kernel
+    start and loading included) over that arithmetic's time at the peak it measured. Empty
+    cells when the table predates the count or has no arithmetic."""
+    import gzip
+
+    for path in (fig / f"{name[:2]}_timings.csv", fig / f"{name[:2]}_timings.csv.gz"):
+        if path.is_file():
+            opener = gzip.open if path.suffix == ".gz" else open
+            with opener(path, "rt") as f:
+                total = next((r for r in csv.DictReader(f) if r.get("section") == "total"), None)
+            break
+    else:
+        return "", ""
+    try:
+        gflop, peak = float(total["gflop"]), float(total["peak_gflop_s"])
+        ratio = float(seconds) / (gflop / peak)
+    except (TypeError, KeyError, ValueError, ZeroDivisionError):
+        return "", ""
+    if not (gflop > 0 and peak > 0):
+        return "", ""
+    return f"{gflop:.1f}", f"{ratio:.2f}"
+
+
 def last_costs(rows: dict[str, dict[str, str]]) -> dict[str, tuple[float, float | None]]:
     """(seconds, peak MiB) of each notebook in :func:`read_timings`'s rows."""
     costs: dict[str, tuple[float, float | None]] = {}
@@ -608,19 +634,21 @@ class Runner:
     def write_timings(self) -> None:
         """This run's rows (``OUT/timings.csv``) and, beside the figures, every notebook's
         last successful run (wall seconds, whether it ran now, peak MiB, start and end
-        seconds from the start of this run)."""
+        seconds from the start of this run, and the GFLOP its sections did with the ratio of
+        its seconds to their floor: :func:`notebook_floor`)."""
         cols = ["notebook", "seconds", "status", "peak_rss_mib", "start_s", "end_s"]
         lines = [",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in self.rows]
         write_text(self.out / "timings.csv", "\n".join(lines) + "\n")
         ran = {r["notebook"]: r for r in self.rows if r["status"] == "ok"}
-        out = ["notebook,seconds,this_run,peak_rss_mib,threads,start_s,end_s"]
+        out = ["notebook,seconds,this_run,peak_rss_mib,threads,start_s,end_s,gflop,ratio_to_floor"]
         for p in sorted(Path(self.args.notebooks).glob("[0-9][0-9]_*.ipynb")):
             name = p.stem
             if name in ran:
                 r = ran[name]
+                floor = notebook_floor(self.fig, name, r["seconds"])
                 out.append(
                     f"{name},{r['seconds']},ran,{r['peak_rss_mib']},{self.args.threads or 'default'},"
-                    f"{r['start_s']},{r['end_s']}"
+                    f"{r['start_s']},{r['end_s']},{floor[0]},{floor[1]}"
                 )
             elif (self.out / f"{name}.seconds").is_file() or self.previous.get(name, {}).get("seconds"):
                 # not run now: its last run's row, from this machine's outputs or else (a fresh
@@ -629,7 +657,8 @@ class Runner:
                 sfile, pfile = self.out / f"{name}.seconds", self.out / f"{name}.peak_mib"
                 seconds = sfile.read_text().strip() if sfile.is_file() else old["seconds"]
                 peak = pfile.read_text().strip() if pfile.is_file() else old.get("peak_rss_mib") or "NA"
-                out.append(f"{name},{seconds},cached,{peak},{old.get('threads') or 'NA'},,")
+                floor = notebook_floor(self.fig, name, seconds)
+                out.append(f"{name},{seconds},cached,{peak},{old.get('threads') or 'NA'},,,{floor[0]},{floor[1]}")
         write_text(self.fig / "timings.csv", "\n".join(out) + "\n")
 
 

@@ -42,7 +42,8 @@ Modules:
   earlier positions, several interventions stacked in one batch;
 * :mod:`.recorded`: a clean run recorded (keys, values, every block's input) and the
   passes that resume from it at a position and a block (the patching fast path);
-* :mod:`.streams`: residual streams recorded per batch for later passes.
+* :mod:`.streams`: residual streams recorded per batch for later passes;
+* :mod:`.flops`: the floating-point operations a block of code dispatches, counted (a run's floor).
 
 Methods import from ``arithlib.engine`` only what ``__all__`` lists (the cache-level
 helpers stay in the submodules, for the engine and its tests);
@@ -62,6 +63,7 @@ from .adapter import (
     wrapped,
 )
 from .answer import AnswerPositionRunner, HookFactory, answer_pass, condition_pass, shared_prefix_cache, stacked_hooks
+from .flops import counted_flops, counting
 from .passes import (
     cache_of,
     can_start_late,
@@ -94,6 +96,8 @@ __all__ = [
     "clean_run",
     "common_prefix",
     "condition_pass",
+    "counted_flops",
+    "counting",
     "decoder_layers",
     "decoder_norm",
     "forward",

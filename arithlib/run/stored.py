@@ -17,7 +17,8 @@ Notebooks 01, 03, 04 and 05 store their long sections this way (``use_cache``); 
 sweep stores each batch (:func:`arithlib.yu.head_sweep.exact_head_sweep`). Beside each
 result a small JSON file keeps its checksum and the seconds it took to compute, so that
 a run resumed over several sessions can still report what its sections cost
-(:attr:`Store.reused_seconds`). Fine-tuning keeps its own folder per trained model, with
+(:attr:`Store.reused_seconds`), and the GFLOP it did when counted (:attr:`Store.reused_gflop`,
+:mod:`arithlib.run.floor`). Fine-tuning keeps its own folder per trained model, with
 mid-training checkpoints (:func:`arithlib.methods.finetune.train_parameters`).
 """
 
@@ -40,6 +41,7 @@ import torch
 
 from .. import __version__
 from ..core.prompt_sets import PromptSet
+from ..engine import counted_flops
 from .atomic import write_bytes, write_text
 from .fingerprints import data_fingerprint, fingerprint, model_fingerprint, tensor_fingerprint
 from .sources import code_fingerprint
@@ -101,6 +103,8 @@ class Store:
         #: result stored before its time was recorded): add it to a section's wall time
         #: for that section's cost over every session it ran in.
         self.reused_seconds = 0.0
+        #: the same for the GFLOP they took (:mod:`arithlib.engine.flops`; 0 when not counted)
+        self.reused_gflop = 0.0
 
     def path(self, what: str, *, code: Iterable[str | ModuleType], **parts: Any) -> Path | None:
         """The file of ``what`` computed by ``code`` (arithlib module names or modules)
@@ -129,11 +133,14 @@ class Store:
                 discard(path, f"cannot be unpickled ({type(exc).__name__}: {exc})")
             else:
                 self.reused_seconds += stored_seconds(path)
+                self.reused_gflop += stored_meta(path, "gflop")
                 return result
-        t0 = time.perf_counter()
+        t0, flops0 = time.perf_counter(), counted_flops()
         result = compute()
         if path is not None:
-            save_atomic(path, result, seconds=time.perf_counter() - t0)
+            flops = counted_flops()
+            gflop = (flops - flops0) / 1e9 if flops is not None and flops0 is not None else None
+            save_atomic(path, result, seconds=time.perf_counter() - t0, gflop=gflop)
         return result
 
 
@@ -143,12 +150,17 @@ def sidecar(path: Path) -> Path:
     return Path(path).with_suffix(".json")
 
 
-def stored_seconds(path: Path) -> float:
-    """Seconds the result stored at ``path`` took to compute (0 when not recorded)."""
+def stored_meta(path: Path, name: str) -> float:
+    """A number the sidecar of ``path`` records (``seconds``, ``gflop``; 0 when not recorded)."""
     try:
-        return float(json.loads(sidecar(path).read_text())["seconds"])
+        return float(json.loads(sidecar(path).read_text())[name])
     except (OSError, ValueError, KeyError, TypeError):
         return 0.0
+
+
+def stored_seconds(path: Path) -> float:
+    """Seconds the result stored at ``path`` took to compute (0 when not recorded)."""
+    return stored_meta(path, "seconds")
 
 
 def discard(path: Path, reason: str) -> None:
@@ -193,8 +205,8 @@ def read_verified(path: Path) -> bytes | None:
     return data
 
 
-def save_atomic(path: Path, obj: Any, seconds: float | None = None) -> None:
+def save_atomic(path: Path, obj: Any, seconds: float | None = None, gflop: float | None = None) -> None:
     """Pickle ``obj`` to ``path`` with its checksum (:func:`write_verified`), and the
-    ``seconds`` it took to compute when given."""
-    meta = {"seconds": seconds} if seconds is not None else {}
+    ``seconds`` and ``gflop`` it took to compute when given."""
+    meta = {k: v for k, v in {"seconds": seconds, "gflop": gflop}.items() if v is not None}
     write_verified(Path(path), pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), **meta)

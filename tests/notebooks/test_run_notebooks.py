@@ -481,3 +481,16 @@ def test_the_carried_store_is_not_copied_into_staging_or_scratch(tmp_path):
     scratch = tmp_path / "scratch" / "m"
     assert rn.seed_scratch(scratch, fig)
     assert (scratch / "00_table.csv").is_file() and not (scratch / "stored").exists()
+
+
+def test_the_run_timings_read_each_notebooks_arithmetic_and_its_ratio_to_the_floor(tmp_path):
+    from arithlib.run.floor import Sections
+
+    s = Sections(peak_gflop_s=50.0)
+    s.add("1 sweep", wall_s=80.0, gflop=2000.0)
+    s.table(total_wall_s=90.0).to_csv(tmp_path / "01_timings.csv", index=False)
+    # the notebook's whole wall time (kernel start, loading) against its sections' 40 s floor
+    assert rn.notebook_floor(tmp_path, "01_identify_heads", "100") == ("2000.0", "2.50")
+    (tmp_path / "02_timings.csv").write_text("step,seconds\ntotal,3\n")  # before the count
+    assert rn.notebook_floor(tmp_path, "02_mlp_probing", 3) == ("", "")
+    assert rn.notebook_floor(tmp_path, "03_neuron_heuristics", 3) == ("", "")  # no table

@@ -288,3 +288,27 @@ def test_head_sweep_bound_counts_a_blocks_weights_and_the_engines_query_tokens()
     q = hb.query_tokens(ps)
     assert len(q) == len(ps) and all(0 < x < len(ps.input_ids[i]) for i, x in enumerate(q))
     assert hb.token_layers(ps, [0, 1], 2) == sum(q) * (2 + 1)
+
+
+def _timings(folder, nn, rows, peak=10.0):
+    from arithlib.run.floor import Sections
+
+    s = Sections(peak_gflop_s=peak)
+    for name, wall, gflop in rows:
+        s.add(name, wall_s=wall, gflop=gflop)
+    s.table(total_wall_s=sum(r[1] for r in rows) + 1).to_csv(folder / f"{nn}_timings.csv", index=False)
+
+
+def test_floor_table_judges_only_sections_whose_floor_clears_the_bar(tmp_path):
+    fl = _load("floor")
+    _timings(tmp_path, "01", [("big", 200.0, 1000.0), ("small", 30.0, 10.0), ("none", 5.0, 0.0)])
+    _timings(tmp_path, "04", [("fast", 110.0, 1000.0)])
+    (tmp_path / "02_timings.csv").write_text("step,seconds\nload,3\n")  # an old table: left out
+    table = fl.section_table(tmp_path)
+    assert list(table.notebook) == ["01", "01", "01", "04"] and "total" not in set(table.section)
+    lines = fl.markdown(table, goal=1.5, min_floor=60.0)
+    by = {ln.split(" | ")[1]: ln for ln in lines[2:]}
+    assert by["big"].endswith("| **no** |") and "| 2.0 |" in by["big"]  # 200 s against 100 s
+    assert by["fast"].endswith("| yes |")
+    assert "floor under the bar" in by["small"] and "floor under the bar" in by["none"]
+    assert lines[-1].startswith("| all | every section | 345.0 | 2,010.0 | 201.0 | 1.7 |")
