@@ -315,7 +315,7 @@ patterns.round(3)
 
 # %%
 results = {}
-cna_code = ["yu.cna", "methods.ablation"]  # the code every stored step below runs (with the modules these import)
+cna_code = ["yu.cna", "methods.ablation"]  # the code every stored step below runs; each adds its own module
 cna_norm.check_norm_reading(norm_reading)
 
 
@@ -492,7 +492,7 @@ with timed("mask / keep"):
                     control_ks=control_ks,
                     batch_size=batch_size,
                 ),
-                code=cna_code,
+                code=[*cna_code, masking],
                 top_ks=top_ks,
                 seed=seed,
                 n_seeds=n_random_seeds,
@@ -554,7 +554,7 @@ with timed("lowest neuron"):
                 control_ks=control_ks,
                 batch_size=batch_size,
             ),
-            code=cna_code,
+            code=[*cna_code, masking],
             top_ks=top_ks,
             seed=seed,
             n_seeds=n_random_seeds,
@@ -569,7 +569,7 @@ with timed("PE-DAG"):
             store(
                 f"PE-DAG cases {g}",
                 lambda: pe_dag.pe_dag_cases(bridge, results[g], k=dag_k, seed=seed, n_seeds=n_random_seeds),
-                code=cna_code,
+                code=[*cna_code, pe_dag],
                 k=dag_k,
                 seed=seed,
                 n_seeds=n_random_seeds,
@@ -655,7 +655,7 @@ with timed("shallow neurons (counts and M sweep)"):
                 lambda: shallow_neurons.shallow_concept_counts(
                     bridge, tok, layer, k=concept_top, concepts=concepts, cap=max(ms) + 1, seed=seed
                 ),
-                code=cna_code,
+                code=[*cna_code, shallow_neurons],
                 model=bridge,
                 layer=layer,
                 k=concept_top,
@@ -678,7 +678,7 @@ with timed("shallow neurons (counts and M sweep)"):
                     batch_size=batch_size,
                     targets=results[g].targets,
                 ),
-                code=cna_code,
+                code=[*cna_code, shallow_neurons],
                 counts=counts,
                 ms=ms,
                 seed=seed,

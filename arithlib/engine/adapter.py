@@ -24,7 +24,7 @@ import copy
 import functools
 import inspect
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -58,6 +58,18 @@ def wrapped(module: torch.nn.Module) -> torch.nn.Module:
     """The torch module a bridge component wraps (``_original_component``), or
     ``module`` itself when it wraps none: where a norm's weight and epsilon live."""
     return getattr(module, "_original_component", module)
+
+
+def mlp_activation(model, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation function of block ``layer``'s MLP, as its Hugging Face module applies
+    it (``act_fn`` of Llama/Qwen/Mistral, ``act`` of GPT-2/GPT-J/GPT-NeoX): for computing
+    chosen neurons' coefficients from their own weight rows."""
+    mlp = wrapped(model.blocks[layer].mlp)
+    for name in ("act_fn", "act"):
+        fn = getattr(mlp, name, None)
+        if callable(fn):
+            return fn
+    raise NotImplementedError(f"{type(mlp).__name__} has no act_fn or act: its activation is not known here")
 
 
 def clean_param_name(name: str) -> str:

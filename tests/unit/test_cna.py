@@ -736,3 +736,33 @@ def test_both_runs_are_read_with_the_original_runs_final_scale(qwen):
     assert not torch.allclose(res.importance_a[:, res.layers], own.importance_a[:, res.layers], atol=1e-3)
     with pytest.raises(ValueError, match="norm_reading"):
         C.cna_compare(b, ps, None, mode="exact", progress=False, norm_reading="rms")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "mistral", "gpt2"])  # sequential blocks
+def test_a_neurons_own_rows_give_its_coefficient_as_the_whole_mlp_does(arch):
+    """PE-DAG's fast path: one neuron's gate and up rows (and bias, and the MLP's own
+    activation) equal the whole MLP's coefficient at that neuron, gated or not."""
+    from arithlib.core.random_models import load_random_model
+
+    b = load_random_model(arch).bridge
+    g = torch.Generator().manual_seed(0)
+    for layer in range(b.cfg.n_layers):
+        x = torch.randn(7, b.cfg.d_model, generator=g)
+        neurons = [0, 3, b.cfg.d_mlp - 1]
+        whole = DAG.mlp_coefficients(b, layer, x)[:, neurons]
+        assert torch.allclose(DAG.neuron_coefficients(b, layer, neurons, x), whole, rtol=1e-5, atol=1e-6)
+
+
+def test_pe_dag_on_neuron_rows_equals_pe_dag_on_the_whole_mlp(qwen, monkeypatch):
+    """pe_dag_cases and pe_dag with neuron_coefficients against the literal method (every
+    coefficient read off a pass through the whole MLP)."""
+    b, ps = qwen.bridge, _prompts(qwen)
+    res = C.cna_compare(b, ps, A.zero_heads_hooks([(0, 1)]), mode="exact", progress=False)
+    fast = DAG.pe_dag_cases(b, res, k=5, n_seeds=2, progress=False)
+    fast_nodes, fast_edges = DAG.pe_dag(b, res, 0, k=5)
+    monkeypatch.setattr(DAG, "neuron_coefficients", lambda m, l, ns, x: DAG.mlp_coefficients(m, l, x)[:, list(ns)])
+    literal = DAG.pe_dag_cases(b, res, k=5, n_seeds=2, progress=False)
+    nodes, edges = DAG.pe_dag(b, res, 0, k=5)
+    pd.testing.assert_frame_equal(fast, literal, rtol=1e-4, atol=1e-6)
+    pd.testing.assert_frame_equal(fast_edges, edges, rtol=1e-4, atol=1e-6)
+    pd.testing.assert_frame_equal(fast_nodes, nodes)
