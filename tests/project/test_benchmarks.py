@@ -312,3 +312,10 @@ def test_floor_table_judges_only_sections_whose_floor_clears_the_bar(tmp_path):
     assert by["fast"].endswith("| yes |")
     assert "floor under the bar" in by["small"] and "floor under the bar" in by["none"]
     assert lines[-1].startswith("| all | every section | 345.0 | 2,010.0 | 201.0 | 1.7 |")
+
+
+def test_pe_dag_benchmark_on_a_random_model():
+    bp = _load("pe_dag")
+    row = bp.main(["--model", "random-qwen2", "--calls", "2", "--rows", "3", "--repeats", "1", "--no-append"])
+    assert row["max_abs_diff"] < 1e-5 and row["literal_s"] > 0 and row["fast_s"] > 0
+    assert 0 < row["fast_gflop"] < row["literal_gflop"]  # the neuron's two rows, not the whole MLP
