@@ -43,9 +43,14 @@ ROW_LEVEL_TABLES: frozenset[str] = frozenset(
         "01_yu_head_screen",  # every head x operator x digit count
         "03_heuristic_matches",  # every (neuron, heuristic) match
         "03_circuit_neurons",  # every circuit neuron
+        "03_gallery_grids",  # every gallery neuron x operand pair
+        "03_correct_vs_incorrect",  # every grid prompt
         "04_pe_dag_cases",  # every case x kind x seed
         "06_neuron_ranking",  # every ranked neuron
         "07_top_predictions",  # every prompt's top tokens
+        "09_spectra",  # every source x layer x frequency
+        "09_bridge_neurons",  # every heuristic neuron x frequency band
+        "09_neuron_fits",  # every fitted neuron
     }
 )
 #: The two ways a table is stored, in the order :func:`find_table` names them.

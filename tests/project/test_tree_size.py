@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The budget for every tracked file together (bytes in the working tree).
-TREE_BUDGET = 40_000_000
+#: The budget for every tracked file together (bytes in the working tree): the tree travels
+#: to a device machine with at most 64 MiB, and this leaves about 17 MB for the build
+#: outputs a run carries with it. Four committed runs (three models and the toy model)
+#: fit; the PNGs of runs made before figures were saved at 120 dpi are a third larger than
+#: a rerun writes.
+TREE_BUDGET = 50_000_000
 
 
 def tracked_sizes(root: Path = ROOT) -> dict[str, int]:
