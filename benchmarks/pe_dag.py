@@ -43,7 +43,6 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     a = ap.parse_args(argv)
-    torch.set_grad_enabled(False)
     loaded = (
         load_random_model(a.model.removeprefix("random-")) if a.model.startswith("random-") else load_model(a.model)
     )
@@ -59,8 +58,9 @@ def main(argv: list[str] | None = None) -> dict:
     def fast():
         return torch.stack([neuron_coefficients(bridge, layer, [n], x[i])[:, 0] for i, n in enumerate(neurons)])
 
-    f_lit, t_lit, v_lit = roofline.measure(literal, a.repeats)
-    f_fast, t_fast, v_fast = roofline.measure(fast, a.repeats)
+    with torch.no_grad():  # not torch.set_grad_enabled(False): main() also runs inside the tests
+        f_lit, t_lit, v_lit = roofline.measure(literal, a.repeats)
+        f_fast, t_fast, v_fast = roofline.measure(fast, a.repeats)
     row = {
         "model": a.model,
         "threads": torch.get_num_threads(),

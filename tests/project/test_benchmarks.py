@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -319,3 +320,4 @@ def test_pe_dag_benchmark_on_a_random_model():
     row = bp.main(["--model", "random-qwen2", "--calls", "2", "--rows", "3", "--repeats", "1", "--no-append"])
     assert row["max_abs_diff"] < 1e-5 and row["literal_s"] > 0 and row["fast_s"] > 0
     assert 0 < row["fast_gflop"] < row["literal_gflop"]  # the neuron's two rows, not the whole MLP
+    assert torch.is_grad_enabled()  # the benchmark leaves autograd as it found it (later tests train)
