@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             ],
         ],
         argv=argv,
-        note=f"FLOP peak (TFLOP/s, {dname}): {roofline.peak_cell(peak, source)}. FLOPs counted by torch's FlopCounterMode "
+        note=f"FLOP peak (TFLOP/s, {dname}): {roofline.peak_cell(peak, source)}. FLOPs counted by torch's per-operator formulas (arithlib.engine.flops) "
         f"(matrix products and attention; the step's backward included). Compared: {compared}.",
     )
     print(table)

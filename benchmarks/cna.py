@@ -7,8 +7,8 @@ script checks they agree (within a tolerance scaled to the model's dtype: the lo
 rounds the residual stream and the final norm's output to it), prints a markdown table
 and appends it, with the command, to ``benchmarks/RESULTS.md``.
 
-The table also gives the FLOPs of each variant (counted by torch's ``FlopCounterMode``
-over one extra, untimed call: ``roofline.counted_flops``), the achieved TFLOP/s and
+The table also gives the FLOPs of each variant (counted with torch's per-operator formulas,
+:mod:`arithlib.engine.flops`, over one extra, untimed call: ``roofline.counted_flops``), the achieved TFLOP/s and
 their fraction of the float32 peak (the CNA arithmetic is float32 whatever the model's
 dtype: ``roofline.flop_peak``, a GPU's datasheet or measured on the CPU).
 ``--loop-neurons K`` times the loop on K evenly spaced neurons per layer and

@@ -11,8 +11,8 @@ start layer, a model whose weights in that block are perturbed is evaluated both
 float32 the results must be equal bit for bit; in bfloat16/float16 the two passes should
 still be (same kernels on the same inputs), and the check allows the answers'
 log-probabilities to differ by a few roundings (``TOLERANCE``) with no prompt's verdict
-changed. The FLOPs of each pass (counted by torch's ``FlopCounterMode`` over one extra,
-untimed call before the timed ones: ``roofline.measure``), the achieved TFLOP/s and
+changed. The FLOPs of each pass (counted with torch's
+per-operator formulas, :mod:`arithlib.engine.flops`, over one extra, untimed call before the timed ones: ``roofline.measure``), the achieved TFLOP/s and
 their fraction of the peak in the model's dtype (``roofline.flop_peak``: a GPU's datasheet, or measured on
 the CPU) are in the table. Prints a markdown table and appends it, with the command, to
 ``benchmarks/RESULTS.md``.

@@ -1,7 +1,8 @@
 """How close a benchmarked call comes to the machine's peak arithmetic rate.
 
-* :func:`counted_flops`: the floating-point operations a call performs, counted by
-  torch's ``FlopCounterMode`` over one extra (untimed) call: every matrix product,
+* :func:`counted_flops`: the floating-point operations a call performs, counted by the
+  notebooks' own counter (:mod:`arithlib.engine.flops`, torch's per-operator formulas)
+  over one extra (untimed) call: every matrix product,
   batched product and fused attention the call dispatches, whatever code path it takes,
   so no benchmark keeps a hand-written FLOP formula that could drift from the code.
   Element-wise work (norms, softmax, the logsumexp of CNA) is not counted: it is
@@ -52,12 +53,14 @@ def best_time(fn: Callable[[], Any], repeats: int, device: str | torch.device = 
 
 def counted_flops(fn: Callable[[], Any]) -> float:
     """FLOPs of one call of ``fn`` (matrix products and attention), counted by
-    ``torch.utils.flop_counter.FlopCounterMode`` while it runs once more."""
-    from torch.utils.flop_counter import FlopCounterMode
+    :func:`arithlib.engine.counting` (the counter behind the notebooks' floors) while it
+    runs once more."""
+    from arithlib import engine
 
-    with FlopCounterMode(display=False) as counter:
+    with engine.counting():
+        before = engine.counted_flops()
         fn()
-    return float(counter.get_total_flops())
+        return float(engine.counted_flops() - before)
 
 
 def measure(fn: Callable[[], Any], repeats: int, device: str | torch.device = "cpu") -> tuple[float, float, Any]:

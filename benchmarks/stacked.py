@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for r in rows
     ]
     note = (
-        f"FLOP peak (TFLOP/s, {dname}): {roofline.peak_cell(peak, source)}. FLOPs counted by torch's FlopCounterMode "
+        f"FLOP peak (TFLOP/s, {dname}): {roofline.peak_cell(peak, source)}. FLOPs counted by torch's per-operator formulas (arithlib.engine.flops) "
         "(matrix products and attention) over one extra call of each variant."
     )
     text = results.section(
