@@ -502,6 +502,64 @@ def run(
     return rn.run(args, plan)
 
 
+# --------------------------------------------------------------------------- the course
+
+
+@app.command("teach", context_settings=CONTEXT)
+def teach(
+    jobs: Annotated[int, typer.Option(min=1, help="notebooks of the toy run at once")] = 2,
+    threads: Annotated[int, typer.Option(min=1, help="torch threads per notebook")] = 1,
+    skip_run: Annotated[
+        bool, typer.Option("--skip-run", help="do not run the toy notebooks (the site and checks only)")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option(metavar="DIR", help="where the course site goes (default outputs/site)")
+    ] = None,
+) -> int:
+    """Set up a class: check the shipped toy model, run every notebook on it (quick mode, into
+    outputs/scratch/), check the exercise notebooks and build the course site (docs/teaching.md)."""
+    from arithlib.course import classroom
+
+    out = classroom.DEFAULT_OUT if out is None else out.resolve()
+    try:
+        classroom.run_setup(classroom.plan(out=out, jobs=jobs, threads=threads, skip_run=skip_run))
+    except classroom.SetupFailed as err:
+        raise Bad(str(err)) from None
+    print(classroom.closing(out))
+    return 0
+
+
+@app.command("site", context_settings=CONTEXT)
+def site(
+    out: Annotated[Path | None, typer.Option(metavar="DIR", help="where the site goes (default outputs/site)")] = None,
+    show: Annotated[
+        str, typer.Option("--models", metavar="A,B", help="the models' studies to show (default: every committed run)")
+    ] = "",
+    check: Annotated[bool, typer.Option("--check", help="then read every page in headless Chromium")] = False,
+) -> int:
+    """Build the course site (the exercises, executed notebooks, reports and docs) into DIR."""
+    from arithlib.course import browse
+    from arithlib.course import site as S
+
+    out = S.DEFAULT_OUT if out is None else out.resolve()
+    if check and not browse.chromium_path():
+        raise Bad("--check needs Chromium: apt-get install chromium (or set ARITHLIB_CHROMIUM)")
+    try:
+        index, warnings = S.make_site(out, [m for m in show.split(",") if m] or None)
+    except (FileNotFoundError, RuntimeError) as err:
+        raise Bad(str(err)) from None
+    for w in warnings:
+        print(w, file=sys.stderr)
+    print(f"site: {index} ({len(warnings)} warnings)")
+    if check:
+        found = browse.check_site(out)
+        print(f"site: {len(found.pages)} pages, {found.images} figures, {found.internal_links} links read in Chromium")
+        for problem in found.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1 if found.problems else 0
+    return 0
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -533,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         command, argv = command.commands["run"], argv[1:]
         who = prog
     else:
-        who = f"{prog} {argv[0]}" if argv[:1] == ["run"] else prog
+        who = f"{prog} {argv[0]}" if argv[:1] and argv[0] in command.commands else prog
     try:
         status = command.main(argv, prog_name=prog, standalone_mode=False)
     except typer.TyperException as err:  # click's usage errors: a missing value, a bad number, an unknown option

@@ -10,6 +10,9 @@
 #                              requirements/constraints.in; writes nothing in requirements/ (the
 #                              resolved set goes to .cache/lock/latest-<kind>.txt): shows what
 #                              the next refresh would break.
+#   --keep                     keep every version of the current lock that still fits (new
+#                              packages, e.g. a new extra's, take their newest release): adding a
+#                              dependency without upgrading the others.
 #   --no-test                  resolve (and write) only.
 #   --venv DIR                 where the fresh test venv goes (default .cache/lock/venv[-latest]).
 #   Extra arguments after -- go to pytest.
@@ -28,14 +31,15 @@ PY_VERSION="3.11"
 PLATFORM="x86_64-manylinux_2_28"
 CPU_INDEX="https://download.pytorch.org/whl/cpu"
 
-LATEST=""; TEST=1; VENV=""; PYTEST_ARGS=()
+LATEST=""; KEEP=""; TEST=1; VENV=""; PYTEST_ARGS=()
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --latest) LATEST=1; shift ;;
+        --keep) KEEP=1; shift ;;
         --no-test) TEST=""; shift ;;
         --venv) VENV="$2"; shift 2 ;;
         --) shift; PYTEST_ARGS=("$@"); break ;;
-        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "lock.sh: unknown argument '$1' (see scripts/lock.sh --help)" >&2; exit 2 ;;
     esac
 done
@@ -67,7 +71,10 @@ compile() {  # kind, torch requirement, extra uv args...
     [ -n "$LATEST" ] && out="$OUTDIR/latest-$kind.txt"
     echo "$torch" > "$pins"
     echo "[lock] resolving $out"
-    "$UV" pip compile pyproject.toml --extra notebooks --extra dev --generate-hashes --no-header --upgrade \
+    # uv prefers the versions already in its output file; without --upgrade it keeps them
+    local upgrade=(--upgrade)
+    if [ -n "$KEEP" ] && [ -f "$out" ]; then cp "$out" "$out.tmp"; upgrade=(); fi
+    "$UV" pip compile pyproject.toml --extra notebooks --extra dev --extra site --generate-hashes --no-header ${upgrade[@]+"${upgrade[@]}"} \
         --python-version "$PY_VERSION" --python-platform "$PLATFORM" \
         -c "$pins" ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"} "$@" -o "$out.tmp" --quiet
     {

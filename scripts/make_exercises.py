@@ -6,8 +6,14 @@ A source ``notebooks/exercises/NN_name.py`` is a percent-format script (jupytext
 
 * ``NN_name_solution.ipynb``: the source with the markers below removed;
 * ``NN_name_exercise.ipynb``: every block between ``# BEGIN SOLUTION`` and
-  ``# END SOLUTION`` replaced by its ``# HINT:`` lines (as ``# Hint:``) and
-  ``raise NotImplementedError(...)``, at the marker's indentation.
+  ``# END SOLUTION`` replaced by ``raise NotImplementedError(...)`` at the marker's
+  indentation; the block's ``# HINT:`` lines become a markdown cell before the code, one
+  collapsed ``<details>`` per hint, which a student opens when stuck.
+
+Each exercise (a code cell with a solution block) follows a markdown cell with its ``##``
+heading and a line ``**Objective** ... · **Difficulty** ●●○○○ · **Importance** ●●●○○ ·
+**Time** N min`` (:data:`META`); both notebooks open with the table of them
+(:func:`exercise_table`), and a source without them is an error.
 
 A cell whose header carries ``tags=["solution"]`` (or ``["exercise"]``) appears only in
 that version (e.g. the answer to a question). Both notebooks start with a note naming
@@ -35,6 +41,12 @@ VARIANTS = ("exercise", "solution")
 BEGIN, END, HINT = "# BEGIN SOLUTION", "# END SOLUTION", "# HINT:"
 _CELL = re.compile(r"^# %%", flags=re.M)
 _DEF = re.compile(r"^\s*def (\w+)\(")
+#: An exercise's learning objective, difficulty and importance (of 5) and time budget.
+META = re.compile(
+    r"\*\*Objective\*\*\s*(?P<objective>.+?)\s*·\s*\*\*Difficulty\*\*\s*(?P<difficulty>[●○]{5})\s*·\s*"
+    r"\*\*Importance\*\*\s*(?P<importance>[●○]{5})\s*·\s*\*\*Time\*\*\s*(?P<minutes>\d+)\s*min",
+    flags=re.S,
+)
 
 
 def sources(folder: Path = EXERCISES) -> list[Path]:
@@ -56,9 +68,10 @@ def _tags(header: str) -> list[str]:
 
 
 def strip_solutions(body: str, where: str = "") -> str:
-    """``body`` with each solution block replaced by its hints and a NotImplementedError."""
+    """``body`` with each solution block replaced by a NotImplementedError (its hints go to
+    :func:`hints`)."""
     out: list[str] = []
-    inside, function, hints, indent = False, None, [], ""
+    inside, function, indent = False, None, ""
     for n, line in enumerate(body.splitlines(), 1):
         stripped = line.strip()
         if not inside:
@@ -66,7 +79,7 @@ def strip_solutions(body: str, where: str = "") -> str:
             if m:
                 function = m.group(1)
             if stripped == BEGIN:
-                inside, hints, indent = True, [], line[: len(line) - len(line.lstrip())]
+                inside, indent = True, line[: len(line) - len(line.lstrip())]
             elif stripped == END:
                 raise ValueError(f"{where}: line {n}: {END} without {BEGIN}")
             else:
@@ -76,14 +89,76 @@ def strip_solutions(body: str, where: str = "") -> str:
             raise ValueError(f"{where}: line {n}: nested {BEGIN}")
         if stripped == END:
             what = f"the body of {function}()" if function else "this part"
-            out += [f"{indent}# Hint:{h}" for h in hints]
             out.append(f'{indent}raise NotImplementedError("exercise: write {what}")')
             inside = False
-        elif stripped.startswith(HINT):
-            hints.append(stripped[len(HINT) :])
     if inside:
         raise ValueError(f"{where}: {BEGIN} without {END}")
     return "\n".join(out) + ("\n" if body.endswith("\n") else "")
+
+
+def hints(body: str) -> list[str]:
+    """The ``# HINT:`` lines of a cell's solution blocks, in order."""
+    out, inside = [], False
+    for line in body.splitlines():
+        stripped = line.strip()
+        if stripped in (BEGIN, END):
+            inside = stripped == BEGIN
+        elif inside and stripped.startswith(HINT):
+            out.append(stripped[len(HINT) :].strip())
+    return out
+
+
+def hint_cell(found: list[str]) -> str:
+    """A percent-format markdown cell with one collapsed ``<details>`` per hint."""
+    lines = []
+    for i, h in enumerate(found, 1):
+        lines += [f"<details><summary>Hint {i}</summary>", "", h, "", "</details>", ""]
+    return "# %% [markdown]\n" + "\n".join(f"# {line}".rstrip() for line in lines[:-1]) + "\n\n"
+
+
+def _markdown_text(body: str) -> str:
+    """A percent-format markdown cell's text, without the comment marks."""
+    return "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
+
+
+def exercise_table(text: str, where: str = "") -> list[dict]:
+    """Per exercise of a source: its heading, function, objective, difficulty, importance
+    and minutes (:data:`META`); a ValueError names an exercise without them."""
+    rows, last_md = [], None
+    for header, body in _cells(text):
+        if "[markdown]" in header:
+            last_md = _markdown_text(body)
+            continue
+        if BEGIN not in body:
+            continue
+        function = next((m.group(1) for m in map(_DEF.match, body.splitlines()) if m), None)
+        heading = re.search(r"^##\s+(.+)$", last_md or "", re.M)
+        meta = META.search(last_md or "")
+        if not heading or not meta:
+            raise ValueError(
+                f"{where}: the exercise {function or '(no function)'} needs a markdown cell before it with a '## ' heading "
+                "and '**Objective** ... · **Difficulty** ●●○○○ · **Importance** ●●●○○ · **Time** N min'"
+            )
+        rows.append({"title": heading.group(1).strip(), "function": function, **meta.groupdict()})
+        rows[-1]["objective"] = " ".join(rows[-1]["objective"].split())
+        rows[-1]["minutes"] = int(rows[-1]["minutes"])
+        last_md = None
+    return rows
+
+
+def _contents(rows: list[dict]) -> str:
+    """The markdown table of a notebook's exercises (objective, difficulty, time)."""
+    lines = [
+        f"**The exercises** ({sum(r['minutes'] for r in rows)} minutes in all; difficulty and importance of 5):",
+        "",
+        "| exercise | learning objective | difficulty | importance | time |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['title']} | {r['objective']} | {r['difficulty']} | {r['importance']} | {r['minutes']} min |"
+        for r in rows
+    ]
+    return "\n".join(lines)
 
 
 def keep_solutions(body: str) -> str:
@@ -107,7 +182,13 @@ def render(text: str, variant: str, where: str = "") -> str:
     for header, body in _cells(text):
         if other in _tags(header):
             continue
-        body = strip_solutions(body, where) if variant == "exercise" else keep_solutions(body)
+        if variant == "exercise":
+            found = hints(body)
+            if found:
+                pieces.append(hint_cell(found))
+            body = strip_solutions(body, where)
+        else:
+            body = keep_solutions(body)
         pieces.append(f"# %%{header}\n{body}")
     return "".join(pieces)
 
@@ -130,12 +211,15 @@ def _banner(source: Path, variant: str) -> str:
 
 def build(source: Path, variant: str) -> nbformat.NotebookNode:
     """The notebook of one variant, with fixed cell ids (so the output is reproducible)."""
-    nb = jupytext.reads(render(source.read_text(encoding="utf-8"), variant, str(source)), fmt="py:percent")
+    text = source.read_text(encoding="utf-8")
+    table = exercise_table(text, str(source))
+    nb = jupytext.reads(render(text, variant, str(source)), fmt="py:percent")
     nb.metadata = {
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
     }
     nb.cells.insert(0, nbformat.v4.new_markdown_cell(_banner(source, variant)))
+    nb.cells.insert(2, nbformat.v4.new_markdown_cell(_contents(table)))  # after the title cell
     for i, cell in enumerate(nb.cells):
         cell.id = f"{variant}-{i:02d}"
         cell.metadata.pop("lines_to_next_cell", None)  # jupytext's spacing, for a round trip to .py

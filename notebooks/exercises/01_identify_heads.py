@@ -26,7 +26,7 @@
 import pandas as pd
 import torch
 
-import arithlib.exercises as ex
+import arithlib.course.exercises as ex
 
 torch.set_grad_enabled(False)
 torch.set_num_threads(1)  # the toy model is tiny: one thread runs it fastest, most of all on a busy machine
@@ -41,6 +41,8 @@ print(batch.prompts.records[0].full_text, "|", batch.prompts.records[0].counterf
 
 # %% [markdown]
 # ## 1 · The relative logit change
+# > **Objective** score an intervention by its effect on the answer logit, as Zhang et al. do · **Difficulty** ●○○○○ · **Importance** ●●●○○ · **Time** 5 min
+#
 # Zhang et al. score an intervention by how much it moves the logit of the correct answer
 # token, relative to the clean run: s = (logit_patched − logit_clean) / logit_clean
 # (their Alg. 1). A key head has a mean s below −5 %. Write it for tensors that broadcast
@@ -61,6 +63,8 @@ ex.check_relative_logit_change(relative_logit_change)
 
 # %% [markdown]
 # ## 2 · Zero-ablate one head
+# > **Objective** edit one attention head's output with a hook and read the logits · **Difficulty** ●●○○○ · **Importance** ●●●●○ · **Time** 10 min
+#
 # Yu & Ananiadou remove a head by zeroing its slice of W_O, which is the same as zeroing
 # its output z at every position. Return the logits at the last position, `[batch, vocab]`.
 
@@ -70,8 +74,8 @@ def zero_head_logits(bridge, tokens: torch.Tensor, layer: int, head: int) -> tor
     """Last-position logits with head (layer, head) zeroed at every position."""
 
     # BEGIN SOLUTION
-    # HINT: a hook on f"blocks.{layer}.attn.hook_z" that sets z[:, :, head] = 0 and returns z
-    # HINT: with bridge.hooks(fwd_hooks=[(name, hook)]): logits = bridge(tokens)
+    # HINT: a hook on `f"blocks.{layer}.attn.hook_z"` that sets `z[:, :, head] = 0` and returns `z`
+    # HINT: `with bridge.hooks(fwd_hooks=[(name, hook)]): logits = bridge(tokens)`
     def hook(z, hook):
         z[:, :, head] = 0.0
         return z
@@ -108,6 +112,8 @@ sweep.pivot(index="layer", columns="head", values="accuracy")
 
 # %% [markdown]
 # ## 3 · Activation patching of one head
+# > **Objective** patch one head's output from a counterfactual run into the clean run · **Difficulty** ●●○○○ · **Importance** ●●●●● · **Time** 15 min
+#
 # Run the counterfactual prompt (operator swapped), keep the head's z at the last
 # position, and put it into the clean run at the same place. Everything downstream of the
 # head (later heads, MLPs) sees the change.
@@ -117,8 +123,8 @@ sweep.pivot(index="layer", columns="head", values="accuracy")
 def patch_head_logits(bridge, tokens: torch.Tensor, cf_tokens: torch.Tensor, layer: int, head: int) -> torch.Tensor:
     """Last-position logits of ``tokens`` with the head's z at the last position taken from ``cf_tokens``."""
     # BEGIN SOLUTION
-    # HINT: _, cache = bridge.run_with_cache(cf_tokens, names_filter=[name]); z_cf = cache[name]
-    # HINT: then a hook that sets z[:, -1, head] = z_cf[:, -1, head] during the clean run
+    # HINT: `_, cache = bridge.run_with_cache(cf_tokens, names_filter=[name])`, then `z_cf = cache[name]`
+    # HINT: then a hook that sets `z[:, -1, head] = z_cf[:, -1, head]` during the clean run
     name = f"blocks.{layer}.attn.hook_z"
     _, cache = bridge.run_with_cache(cf_tokens, names_filter=[name])
     z_cf = cache[name]
@@ -138,6 +144,8 @@ ex.check_patch_head_logits(patch_head_logits)
 
 # %% [markdown]
 # ## 4 · Path patching of one head (Zhang et al., Alg. 1)
+# > **Objective** isolate one head's direct path to the logits by freezing every other head · **Difficulty** ●●●●○ · **Importance** ●●●●○ · **Time** 25 min
+#
 # Path patching isolates the head's *direct path* through the MLPs: the head's z at the
 # last position comes from the counterfactual run, as above, but **every other head is
 # frozen at its clean output** (at every position), so later heads cannot pass the change
@@ -150,10 +158,9 @@ def path_patch_logit(
 ) -> torch.Tensor:
     """Answer-token logit [batch] under path patching of head (layer, head) at the last position."""
     # BEGIN SOLUTION
-    # HINT: cache hook_z of every layer on the clean and on the counterfactual tokens
-    # HINT: in every layer, a hook returns the clean z (a copy); in `layer` it also puts the
-    # HINT: counterfactual z of `head` at the last position
-    # HINT: logits[:, -1].gather(1, answer_ids[:, None]).squeeze(1) reads the answer logit
+    # HINT: cache `hook_z` of every layer on the clean and on the counterfactual tokens
+    # HINT: in every layer, a hook returns the clean `z` (a copy); in `layer` it also puts the counterfactual `z` of `head` at the last position
+    # HINT: `logits[:, -1].gather(1, answer_ids[:, None]).squeeze(1)` reads the answer logit
     names = [f"blocks.{l}.attn.hook_z" for l in range(bridge.cfg.n_layers)]
     _, clean = bridge.run_with_cache(tokens, names_filter=names)
     _, cf = bridge.run_with_cache(cf_tokens, names_filter=names)
@@ -178,6 +185,8 @@ ex.check_path_patch_logit(path_patch_logit)
 
 # %% [markdown]
 # ## 5 · The path-patching effect of every head
+# > **Objective** sweep a method over all heads and compare with the paper's heatmap · **Difficulty** ●●○○○ · **Importance** ●●●○○ · **Time** 10 min
+#
 # Zhang's Fig. 2: the mean over prompts of the relative logit change when each head is
 # path-patched. Use your two functions; return `[n_layers, n_heads]`.
 
@@ -186,7 +195,7 @@ ex.check_path_patch_logit(path_patch_logit)
 def head_effects(bridge, tokens: torch.Tensor, cf_tokens: torch.Tensor, answer_ids: torch.Tensor) -> torch.Tensor:
     """Mean relative logit change under path patching, per head: [n_layers, n_heads]."""
     # BEGIN SOLUTION
-    # HINT: the clean answer logit is bridge(tokens)[:, -1] at answer_ids
+    # HINT: the clean answer logit is `bridge(tokens)[:, -1]` at `answer_ids`
     clean = bridge(tokens)[:, -1].gather(1, answer_ids[:, None]).squeeze(1)
     out = torch.zeros(bridge.cfg.n_layers, bridge.cfg.n_heads)
     for l in range(bridge.cfg.n_layers):

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-import arithlib.exercises as ex
+import arithlib.course.exercises as ex
 import arithlib.zhang.lens as lens
 import arithlib.zhang.mlp_curves as MC
 
@@ -41,6 +41,8 @@ print(f"{len(data.prompts)} prompts; residual stack {tuple(stack.shape)} for lay
 
 # %% [markdown]
 # ## 1 · The logit lens
+# > **Objective** read each layer's residual stream through the final norm and the unembedding · **Difficulty** ●●○○○ · **Importance** ●●●●○ · **Time** 15 min
+#
 # For each prompt and each row of `resid` (layer −1 = the embedding), apply the final norm
 # (`bridge.ln_final`) and the unembedding (`bridge.W_U` `[d_model, vocab]`, `bridge.b_U`),
 # take the log-softmax over the vocabulary, and return the answer token's log-probability
@@ -51,9 +53,9 @@ print(f"{len(data.prompts)} prompts; residual stack {tuple(stack.shape)} for lay
 def logit_lens(bridge, resid: torch.Tensor, answer_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprob, rank) of the answer token, each [prompts, rows of resid]."""
     # BEGIN SOLUTION
-    # HINT: logits = bridge.ln_final(resid) @ bridge.W_U + bridge.b_U, then .log_softmax(-1)
-    # HINT: pick the answer: lp.gather(-1, answer_ids[:, None, None].expand(-1, resid.shape[1], 1))
-    # HINT: rank = how many log-probabilities exceed the answer's
+    # HINT: `logits = bridge.ln_final(resid) @ bridge.W_U + bridge.b_U`, then `.log_softmax(-1)`
+    # HINT: pick the answer: `lp.gather(-1, answer_ids[:, None, None].expand(-1, resid.shape[1], 1))`
+    # HINT: the rank is how many log-probabilities exceed the answer's
     logprobs = (bridge.ln_final(resid) @ bridge.W_U + bridge.b_U).log_softmax(-1)
     index = answer_ids[:, None, None].expand(-1, resid.shape[1], 1).to(logprobs.device)
     answer = logprobs.gather(-1, index).squeeze(-1)
@@ -78,6 +80,8 @@ pd.DataFrame(
 
 # %% [markdown]
 # ## 2 · Does the MLP write the answer? cos(MLP_out − MLP_in, W_U[C])
+# > **Objective** compare what an MLP writes with the answer's unembedding direction · **Difficulty** ●○○○○ · **Importance** ●●●○○ · **Time** 10 min
+#
 # Zhang et al. compare what an MLP adds with the unembedding direction of the answer C
 # (the column `W_U[:, C]`). Return the cosine per prompt and layer, `[prompts, layers]`.
 
@@ -88,8 +92,8 @@ def delta_cosine(
 ) -> torch.Tensor:
     """cos(mlp_out - mlp_in, W_U[:, answer]) per prompt and layer: [prompts, layers]."""
     # BEGIN SOLUTION
-    # HINT: W_U[:, answer_ids].T is [prompts, d_model]; add a layer axis to broadcast
-    # HINT: torch.nn.functional.cosine_similarity(a, b, dim=-1)
+    # HINT: `W_U[:, answer_ids].T` is `[prompts, d_model]`; add a layer axis to broadcast
+    # HINT: `torch.nn.functional.cosine_similarity(a, b, dim=-1)`
     direction = W_U[:, answer_ids].T[:, None, :]
     return torch.nn.functional.cosine_similarity(mlp_out - mlp_in, direction, dim=-1)
     # END SOLUTION
@@ -112,6 +116,8 @@ plt.show()
 
 # %% [markdown]
 # ## 3 · A linear probe
+# > **Objective** tell a linearly decodable quantity from one the model outputs, on held-out operand pairs · **Difficulty** ●●○○○ · **Importance** ●●●●○ · **Time** 15 min
+#
 # `ex.probe_data()` holds the residual stack of Yu's 2-digit + and − prompts, the labels
 # (`a`, `b`, `result`) and a train/test split grouped by operand pair (a pair is never on
 # both sides, so a probe cannot pass by remembering pairs). Fit a linear regression from
@@ -124,8 +130,8 @@ plt.show()
 def probe_r2(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray) -> float:
     """Held-out R^2 of a linear probe fitted on (x_train, y_train)."""
     # BEGIN SOLUTION
-    # HINT: sklearn.pipeline.make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-1, 5, 13)))
-    # HINT: .fit(x_train, y_train), then .score(x_test, y_test) is the R^2
+    # HINT: `sklearn.pipeline.make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-1, 5, 13)))`
+    # HINT: `.fit(x_train, y_train)`, then `.score(x_test, y_test)` is the R²
     from sklearn.linear_model import RidgeCV
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-import arithlib.exercises as ex
+import arithlib.course.exercises as ex
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -58,7 +58,11 @@ def test_markers_hints_and_variant_cells():
         '# %% [markdown] tags=["exercise"]\n# your answer here\n'
     )
     ex = mx.render(src, "exercise")
-    assert '    # Hint: add one\n    raise NotImplementedError("exercise: write the body of f()")\n' in ex
+    assert '    """Doc."""\n    raise NotImplementedError("exercise: write the body of f()")\n' in ex
+    assert (
+        "# <details><summary>Hint 1</summary>\n#\n# add one\n#\n# </details>\n" in ex
+    )  # a collapsed hint before the code
+    assert str.index(ex, "Hint 1") < str.index(ex, "def f(")
     assert "y = x + 1" not in ex and "# answer" not in ex and "your answer here" in ex
     sol = mx.render(src, "solution")
     assert "    y = x + 1\n    return y\n" in sol and "add one" not in sol and "your answer" not in sol
@@ -70,6 +74,31 @@ def test_markers_hints_and_variant_cells():
     ):
         with pytest.raises(ValueError):
             mx.render(broken, "exercise")
+
+
+def test_every_exercise_states_its_objective_difficulty_and_time():
+    for source in SOURCES:
+        rows = mx.exercise_table(source.read_text(), str(source))
+        assert len(rows) == source.read_text().count(mx.BEGIN)
+        assert all(r["objective"] and 1 <= r["minutes"] <= 60 and "●" in r["difficulty"] for r in rows)
+        for variant in mx.VARIANTS:  # the table opens both notebooks
+            nb = mx.build(source, variant)
+            assert "| exercise | learning objective | difficulty | importance | time |" in nb.cells[2].source
+    bare = (
+        "# %% [markdown]\n# ## 1 · Add\n\n# %%\ndef f(x):\n    # BEGIN SOLUTION\n    return x + 1\n    # END SOLUTION\n"
+    )
+    with pytest.raises(ValueError, match="Objective"):
+        mx.exercise_table(bare, "bare.py")
+    meta = "# > **Objective** add · **Difficulty** ●○○○○ · **Importance** ●●○○○ · **Time** 5 min\n"
+    (row,) = mx.exercise_table(bare.replace("# ## 1 · Add\n", "# ## 1 · Add\n" + meta))
+    assert row == {
+        "title": "1 · Add",
+        "function": "f",
+        "objective": "add",
+        "difficulty": "●○○○○",
+        "importance": "●●○○○",
+        "minutes": 5,
+    }
 
 
 def _run_cells(path: Path) -> list[tuple[str, BaseException | None, str]]:

@@ -30,6 +30,7 @@ def _fake_repo(tmp_path: Path, tests_status: int, slurm_status: int) -> tuple[Pa
         f'#!/usr/bin/env bash\necho "$1" >> {slurm}\n[ "$1" = start ] && mkdir -p "$ARITHLIB_SLURM_DIR"\n'
         f'[ "$1" = stop ] && rm -rf "$ARITHLIB_SLURM_DIR"\nexit 0\n'
     )
+    (repo / "scripts" / "chromium.sh").write_text("#!/usr/bin/env bash\necho /usr/bin/chromium\n")
     (repo / "run_tests.sh").write_text(
         f'#!/usr/bin/env bash\nif [ "$*" = "-m slurm" ]; then exit {slurm_status}; fi\nexit {tests_status}\n'
     )
@@ -37,6 +38,7 @@ def _fake_repo(tmp_path: Path, tests_status: int, slurm_status: int) -> tuple[Pa
         repo / ".ci" / "run",
         repo / "scripts" / "setup.sh",
         repo / "scripts" / "slurm_local.sh",
+        repo / "scripts" / "chromium.sh",
         repo / "run_tests.sh",
     ):
         f.chmod(0o755)

@@ -48,7 +48,7 @@ def test_locks_agree_and_satisfy_pyproject():
     assert cpu["torch"][0].split("+")[0] == cuda["torch"][0]
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    for spec in project["dependencies"] + extras["notebooks"] + extras["dev"]:
+    for spec in project["dependencies"] + extras["notebooks"] + extras["dev"] + extras["site"]:
         req = Requirement(spec)
         version = cpu[canonicalize_name(req.name)][0].split("+")[0]
         assert req.specifier.contains(version, prereleases=True), f"lock has {req.name}=={version}, pyproject {spec}"

@@ -24,16 +24,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .core import datasets as ds
-from .core.metrics import relative_logit_change
-from .core.models import LoadedModel, load_model
-from .core.prompt_sets import PromptSet, single_token_numbers
-from .methods import patching as P
-from .zhang import answer_cache as AC
-from .zhang import lens as L
-from .zhang import mlp_curves as MC
-from .zhang import path_patching as PP
-from .zhang import probing as PR
+from ..core import datasets as ds
+from ..core.metrics import relative_logit_change
+from ..core.models import LoadedModel, load_model
+from ..core.prompt_sets import PromptSet, single_token_numbers
+from ..methods import patching as P
+from ..zhang import answer_cache as AC
+from ..zhang import lens as L
+from ..zhang import mlp_curves as MC
+from ..zhang import path_patching as PP
+from ..zhang import probing as PR
 
 #: The model every check runs on.
 CHECK_MODEL = "toy-arith"
