@@ -108,7 +108,8 @@ def _compare(mine: torch.Tensor, ref: torch.Tensor, what: str, tol: float = TOL)
     return diff
 
 
-def _ok(message: str) -> None:
+def passed(message: str) -> None:
+    """Say that a check passed."""
     print(f"✓ {message}")
 
 
@@ -123,7 +124,7 @@ def check_relative_logit_change(fn: Callable) -> None:
     patched = clean + torch.randn(3, 7, generator=g)
     mine = _as_tensor(fn(patched, clean), "relative_logit_change")
     _compare(mine, relative_logit_change(patched, clean), "relative_logit_change([3, 7], [7])", 1e-6)
-    _ok("relative_logit_change matches arithlib.core.metrics.relative_logit_change")
+    passed("relative_logit_change matches arithlib.core.metrics.relative_logit_change")
 
 
 def check_zero_head_logits(fn: Callable) -> None:
@@ -137,7 +138,7 @@ def check_zero_head_logits(fn: Callable) -> None:
         with torch.no_grad():
             mine = _as_tensor(fn(bridge, batch.tokens.clone(), layer, head), "zero_head_logits")
         _compare(mine, ref, f"zero_head_logits(layer={layer}, head={head})")
-    _ok(f"zero_head_logits matches arithlib on all {len(_heads(bridge))} heads of the toy model")
+    passed(f"zero_head_logits matches arithlib on all {len(_heads(bridge))} heads of the toy model")
 
 
 def check_patch_head_logits(fn: Callable) -> None:
@@ -153,7 +154,7 @@ def check_patch_head_logits(fn: Callable) -> None:
                 fn(bridge, batch.tokens.clone(), batch.cf_tokens.clone(), c.layer, c.index), "patch_head_logits"
             )
         _compare(mine, ref, f"patch_head_logits(layer={c.layer}, head={c.index})")
-    _ok(f"patch_head_logits matches arithlib.methods.patching.activation_patch_full on all {len(comps)} heads")
+    passed(f"patch_head_logits matches arithlib.methods.patching.activation_patch_full on all {len(comps)} heads")
 
 
 def check_path_patch_logit(fn: Callable) -> None:
@@ -182,7 +183,7 @@ def check_path_patch_logit(fn: Callable) -> None:
                     "the MLPs and the residual stream"
                 ) from None
             raise
-    _ok(f"path_patch_logit matches arithlib.zhang.path_patching.path_patch_full on all {len(comps)} heads")
+    passed(f"path_patch_logit matches arithlib.zhang.path_patching.path_patch_full on all {len(comps)} heads")
 
 
 def check_head_effects(fn: Callable) -> None:
@@ -206,7 +207,7 @@ def check_head_effects(fn: Callable) -> None:
             fn(bridge, batch.tokens.clone(), batch.cf_tokens.clone(), batch.answer_ids.clone()), "head_effects"
         )
     _compare(mine, ref, "head_effects")
-    _ok("head_effects matches the path-patching effects of arithlib.zhang.path_patching.path_patching")
+    passed("head_effects matches the path-patching effects of arithlib.zhang.path_patching.path_patching")
 
 
 # --------------------------------------------------------------------------- notebook 02
@@ -263,7 +264,7 @@ def check_logit_lens(fn: Callable) -> None:
             ) from None
         raise
     _compare(rank, torch.tensor(ref["rank"].to_numpy()).reshape(shape).float(), "logit_lens rank", 0.0)
-    _ok("logit_lens matches arithlib.zhang.lens.logit_lens_answer (log-probabilities and ranks)")
+    passed("logit_lens matches arithlib.zhang.lens.logit_lens_answer (log-probabilities and ranks)")
 
 
 def check_delta_cosine(fn: Callable) -> None:
@@ -281,7 +282,7 @@ def check_delta_cosine(fn: Callable) -> None:
         "delta_cosine",
     )
     _compare(mine, ref, "delta_cosine", 1e-5)
-    _ok("delta_cosine matches the delta_C measure of arithlib.zhang.mlp_curves.unembed_cosines")
+    passed("delta_cosine matches the delta_C measure of arithlib.zhang.mlp_curves.unembed_cosines")
 
 
 @dataclass(frozen=True)
@@ -337,7 +338,7 @@ def check_probe_r2(fn: Callable) -> None:
             f"probe_r2 is more than {PROBE_TOL} away from the reference (StandardScaler, then RidgeCV "
             f"over alphas 10^-1..10^5) for:\n{bad.round(3).to_string(index=False)}"
         )
-    _ok(
+    passed(
         f"probe_r2 is within {PROBE_TOL} of arithlib.zhang.probing.linear_probes on {len(table)} probes "
         f"(largest difference {table['difference'].max():.3f})"
     )

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import arithlib.course.exercises as ex
+import arithlib.course.heuristic_checks as hx
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -29,8 +30,8 @@ SOURCES = mx.sources()
 CHECK_CALL = re.compile(r"^ex\.check_(?!model\b)\w+\(", re.M)
 
 
-def test_there_are_exercises_for_notebooks_01_and_02():
-    assert [p.stem for p in SOURCES] == ["01_identify_heads", "02_mlp_probing"]
+def test_there_are_exercises_for_notebooks_01_to_03():
+    assert [p.stem for p in SOURCES] == ["01_identify_heads", "02_mlp_probing", "03_neuron_heuristics"]
 
 
 def test_generated_notebooks_are_up_to_date():
@@ -205,3 +206,78 @@ def test_solution_notebook_runs_with_papermill(source: Path, tmp_path: Path):
 
     nb = source.with_name(f"{source.stem}_solution.ipynb")
     pm.execute_notebook(str(nb), str(tmp_path / nb.name), cwd=str(nb.parent), kernel_name="python3", progress_bar=False)
+
+
+def test_the_teaching_guide_lists_every_exercise():
+    guide = (ROOT / "docs" / "teaching.md").read_text()
+    for source in SOURCES:
+        for row in mx.exercise_table(source.read_text(), str(source)):
+            line = (
+                f"| {source.stem} | {row['title']} | {row['objective']} | {row['difficulty']} | {row['minutes']} min |"
+            )
+            assert line in guide, f"docs/teaching.md's exercise table lacks (or has an old) row: {line}"
+
+
+@pytest.mark.toy_model
+def test_heuristic_checks_reject_wrong_answers():
+    def top10(acts, sat):  # a fixed top set, not the rule's size
+        return float(sat[np.argsort(-acts)[:10]].mean())
+
+    with pytest.raises(hx.CheckFailed, match="10 top-activating"):
+        hx.check_match_score(top10)
+
+    def over_n(acts, sat):
+        s = int(sat.sum())
+        return float(sat[np.argsort(-acts)[:s]].sum() / len(sat))
+
+    with pytest.raises(hx.CheckFailed, match="divided by the number of prompts"):
+        hx.check_match_score(over_n)
+
+    def every_neuron(matches, heuristics, record):
+        return sorted({(int(a), int(b)) for a, b in zip(matches["layer"], matches["neuron"])})
+
+    with pytest.raises(hx.CheckFailed, match="every labelled neuron"):
+        hx.check_associated_neurons(every_neuron)
+
+    def unsorted(matches, heuristics, record):
+        a, b, c = np.array([record.a]), np.array([record.b]), np.array([record.answer])
+        rows = zip(matches["layer"], matches["neuron"], matches["h_index"])
+        return [(int(x), int(k)) for x, k, h in rows if heuristics[int(h)].mask(a, b, c)[0]][::-1]
+
+    with pytest.raises(hx.CheckFailed, match="sorted and each once"):
+        hx.check_associated_neurons(unsorted)
+
+    def pools(ablated, circuit, exclude=True, same_layer=True):
+        return {
+            layer: sorted(
+                {int(k) for lay, k in circuit if (lay == layer or not same_layer)} - (set(ks) if exclude else set())
+            )
+            for layer, ks in ablated.items()
+        }
+
+    def overlapping(ablated, circuit, rng):  # may draw the ablated neurons themselves
+        p = pools(ablated, circuit, exclude=False)
+        return {layer: sorted(rng.choice(p[layer], len(ks), replace=False).tolist()) for layer, ks in ablated.items()}
+
+    def any_layer(ablated, circuit, rng):  # draws from every layer's neurons (by index)
+        p = pools(ablated, circuit, same_layer=False)
+        return {layer: sorted(rng.choice(p[layer], len(ks), replace=False).tolist()) for layer, ks in ablated.items()}
+
+    def never_none(ablated, circuit, rng):  # fills a short pool instead of giving up
+        p = pools(ablated, circuit)
+        return {layer: p[layer][: len(ks)] for layer, ks in ablated.items()}
+
+    def first_ones(ablated, circuit, rng):  # layer-matched and disjoint, but not random
+        p = pools(ablated, circuit)
+        if any(len(p[layer]) < len(ks) for layer, ks in ablated.items()):
+            return None
+        return {layer: p[layer][: len(ks)] for layer, ks in ablated.items()}
+
+    for wrong, message in (
+        (overlapping, "overlaps the ablated|disjoint"),
+        (any_layer, "its own layer|overlaps"),
+        (never_none, "should return None"),
+        (first_ones, "at random"),
+    ):
+        with pytest.raises(hx.CheckFailed, match=message):
+            hx.check_draw_control(wrong)
