@@ -287,7 +287,9 @@ def train_parameters(
         )
     n_layers = len(decoder_layers(hf))
     same_below = min(n_layers if unchanged_below is None else unchanged_below, first_changed_layer(hf, params))
-    with training_state(hf):  # flags, grads and modes come back as they were, even on error
+    # flags, grads and modes come back as they were, even on error; gradients on even when the
+    # caller turned them off (a notebook's torch.set_grad_enabled(False)), and off again after
+    with training_state(hf), torch.enable_grad():
         for p in hf.parameters():
             p.requires_grad_(False)
         for p in params.values():

@@ -464,6 +464,16 @@ def test_training_restores_grad_flags_and_modes(tiny_qwen2, data, method):
         assert not any("lora_" in n for n, _ in target.named_parameters())
 
 
+@pytest.mark.parametrize("method", ["lora", "precise", "bridge"])
+def test_training_runs_with_gradients_turned_off_and_leaves_them_off(tiny_qwen2, data, method):
+    """A caller under ``torch.no_grad()`` (a notebook that turned autograd off) still trains:
+    the loop turns gradients on for itself and the caller's mode is back afterwards."""
+    with _entry_point(method, tiny_qwen2, data) as (_, train), torch.no_grad():
+        res = train()
+        assert not torch.is_grad_enabled()
+    assert len(res[1]["history"] if method == "bridge" else res.history) == 2
+
+
 @pytest.mark.parametrize("method", ["lora", "precise", "full", "bridge"])
 def test_training_restores_state_on_error(tiny_qwen2, data, method, monkeypatch):
     """An exception in the middle of training (here: the second batch's loss) leaves
