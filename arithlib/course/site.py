@@ -245,6 +245,10 @@ suppress_warnings = ["myst.header", "myst.xref_missing", "misc.highlighting_fail
 def stage(src: Path, models: list[str] | None = None, root: Path = REPO_ROOT) -> Staged:
     """Copy the site's pages into ``src`` (emptied first), rewrite their links, stage the
     downloads they link to and write the index pages and ``conf.py``."""
+    if not (root / "docs" / "teaching.md").is_file():
+        raise FileNotFoundError(
+            f"the course site is built from a checkout of the repository; {root} has no docs/teaching.md"
+        )
     models = site_models(root) if models is None else list(models)
     for model in models:
         if not (root / "figures" / model / "REPORT.md").is_file():

@@ -87,6 +87,8 @@ def test_stage_writes_the_pages_the_index_and_the_configuration(tmp_path: Path):
     assert all((src / d).is_file() and (src / S.EXTRA / d).is_file() for d in found.downloads)
     with pytest.raises(FileNotFoundError, match="no committed run"):
         S.stage(tmp_path / "src2", ["no-such-model"], ROOT)
+    with pytest.raises(FileNotFoundError, match="checkout of the repository"):
+        S.stage(tmp_path / "src3", None, tmp_path)
 
 
 def _broken_site(folder: Path) -> None:
