@@ -261,7 +261,7 @@ def random_tokenizer() -> PreTrainedTokenizerFast:  # noqa: F821 (lazy import)
     )
 
 
-def _build_random(config: PretrainedConfig, seed: int, device: str, dtype: torch.dtype) -> PreTrainedModel:
+def build_random(config: PretrainedConfig, seed: int, device: str, dtype: torch.dtype) -> PreTrainedModel:
     """A model of ``config`` with random weights initialised on ``device`` from ``seed``.
 
     Uses a forked RNG, so the caller's global RNG state is untouched.
@@ -298,7 +298,7 @@ def random_model_dir(arch: str, shape: str = "tiny", seed: int = 0) -> Path:
         tmp.mkdir()
         with_weights = shape == "tiny"
         if with_weights:
-            _build_random(config, seed, "cpu", torch.float32).save_pretrained(str(tmp), safe_serialization=True)
+            build_random(config, seed, "cpu", torch.float32).save_pretrained(str(tmp), safe_serialization=True)
             record_weights(tmp)
         else:
             config.save_pretrained(str(tmp))
@@ -329,7 +329,7 @@ def random_model(
     path = random_model_dir(arch, shape, seed)
     if shape == "tiny":
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
-    return _build_random(AutoConfig.from_pretrained(str(path)), seed, device, dtype)
+    return build_random(AutoConfig.from_pretrained(str(path)), seed, device, dtype)
 
 
 def load_random_model(

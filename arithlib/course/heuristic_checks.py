@@ -79,11 +79,11 @@ def check_match_score(fn: Callable) -> None:
     checked = 0
     for j in range(data.acts.shape[1]):
         acts = data.acts[:, j]
+        top = np.sort(acts)[::-1]
         best = int(np.argmax(an.circuit_scores[j]))
         for h in [best, *rng.choice(len(an.heuristics), 3, replace=False).tolist()]:
             sat = an.assoc[h].astype(bool)
             s = int(sat.sum())
-            top = np.sort(acts)[::-1]
             if s < len(acts) and np.isclose(top[s - 1], top[s]):
                 continue  # a tie at the edge of the top set: the reference breaks it at random
             ref = float(match_scores(acts[:, None], sat[None])[0, 0])

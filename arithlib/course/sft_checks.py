@@ -19,6 +19,7 @@ import torch
 
 from ..core import datasets as ds
 from ..core.prompt_sets import PromptSet
+from ..core.random_models import build_random
 from ..engine import shared_hf_model
 from ..methods import finetune as FT
 from ..methods import finetune_data as FD
@@ -54,7 +55,7 @@ def toy_hf() -> torch.nn.Module:
 def biased_model() -> torch.nn.Module:
     """A small random Llama-style model with q/k/v/o biases and grouped-query attention
     (3 layers, 6 heads in 2 KV groups, d_head 8): the biases the toy model lacks."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     cfg = LlamaConfig(
         vocab_size=32,
@@ -66,9 +67,7 @@ def biased_model() -> torch.nn.Module:
         head_dim=8,
         attention_bias=True,
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return LlamaForCausalLM(cfg).eval()
+    return build_random(cfg, seed=0, device="cpu", dtype=torch.float32)
 
 
 @lru_cache(maxsize=1)

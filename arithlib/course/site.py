@@ -61,31 +61,13 @@ def site_models(root: Path = REPO_ROOT) -> list[str]:
 @dataclass
 class Staged:
     """A staged source folder: its pages (repository-relative paths), the files staged as
-    downloads, the links that were rewritten (path, old target, new target or text) and the
-    pages of the repository that a staged page links to but the site leaves out (a model not
-    shown), whose links became text."""
+    downloads, and the pages of the repository that a staged page links to but the site leaves
+    out (a model not shown), whose links became text."""
 
     src: Path
     pages: list[str] = field(default_factory=list)
     downloads: list[str] = field(default_factory=list)
-    rewritten: list[tuple[str, str, str]] = field(default_factory=list)
     unlinked: list[str] = field(default_factory=list)
-
-
-def _title(path: Path) -> str:
-    """A page's first heading (a notebook's first markdown cell's), else its file name."""
-    import json
-
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".ipynb":
-        cells = json.loads(text)["cells"]
-        text = "\n".join(
-            "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-            for c in cells
-            if c["cell_type"] == "markdown" and "provenance" not in c.get("metadata", {}).get("tags", [])
-        )
-    m = re.search(r"^#\s+(.+)$", text, re.M)
-    return m.group(1).strip() if m else path.stem
 
 
 def page_list(root: Path, models: list[str]) -> dict[str, list[str]]:
@@ -144,7 +126,6 @@ def rewrite_links(text: str, page: str, root: Path, staged: set[str], default_mo
             resolved.endswith(PAGE_SUFFIXES) and resolved not in staged and (root / resolved).is_file()
         ):
             shown = f"{resolved}/" if (root / resolved).is_dir() else resolved
-            found.rewritten.append((page, target, f"`{shown}`"))
             if not (root / resolved).is_dir():
                 found.unlinked.append(resolved)
             label = opening[opening.index("[") + 1 : -2]
@@ -153,8 +134,6 @@ def rewrite_links(text: str, page: str, root: Path, staged: set[str], default_mo
             if resolved not in found.downloads:
                 found.downloads.append(resolved)
         out = os.path.relpath(new, Path(page).parent.as_posix() or ".") + (f"#{anchor}" if anchor else "")
-        if out != target:
-            found.rewritten.append((page, target, out))
         return f"{opening}{out}{closing}"
 
     return _LINK.sub(one, text)
@@ -177,14 +156,12 @@ def _rewrite_notebook(text: str, fix) -> str:
     return json.dumps(nb, ensure_ascii=False, indent=1)
 
 
-def _index(parts: dict[str, list[str]], root: Path) -> dict[str, str]:
+def _index(parts: dict[str, list[str]]) -> dict[str, str]:
     """The generated pages: the front page and the exercise / solution / model index pages."""
 
-    def tree(caption: str | None, pages: list[str], depth: int = 1, hidden: bool = False) -> str:
-        opts = (
-            (f":caption: {caption}\n" if caption else "") + f":maxdepth: {depth}\n" + (":hidden:\n" if hidden else "")
-        )
-        return "```{toctree}\n" + opts + "\n" + "\n".join(p for p in pages) + "\n```\n"
+    def tree(caption: str | None, pages: list[str]) -> str:
+        opts = (f":caption: {caption}\n" if caption else "") + ":maxdepth: 1\n"
+        return "```{toctree}\n" + opts + "\n" + "\n".join(pages) + "\n```\n"
 
     out = {}
     out["exercises.md"] = (
@@ -283,7 +260,7 @@ def stage(src: Path, models: list[str] | None = None, root: Path = REPO_ROOT) ->
         for dest in (src / rel, src / EXTRA / rel):  # its own path (a notebook output's plain link)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / rel, dest)
-    for name, text in _index(parts, root).items():
+    for name, text in _index(parts).items():
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         (src / name).write_text(text, encoding="utf-8")
     (src / "conf.py").write_text(CONF, encoding="utf-8")

@@ -139,7 +139,7 @@ def test_random_full_shape_writes_config_only(random_cache: Path) -> None:
     assert info.gated_mlp and info.d_head == 128
     assert cfg.rope_parameters["rope_theta"] == 500000.0
     # Building on the meta device costs nothing and checks the parameter count.
-    meta = random_models._build_random(cfg, 0, "meta", torch.float16)
+    meta = random_models.build_random(cfg, 0, "meta", torch.float16)
     assert abs(sum(p.numel() for p in meta.parameters()) / 1e9 - 8.03) < 0.01
 
 
@@ -357,7 +357,7 @@ def test_random_qwen_1_5b_shape_matches_the_registry_model(random_cache: Path) -
         8960,
         151936,
     )
-    meta = random_models._build_random(cfg, 0, "meta", torch.float16)
+    meta = random_models.build_random(cfg, 0, "meta", torch.float16)
     n_params = sum(p.numel() for p in meta.parameters())
     assert (
         n_params
