@@ -22,6 +22,7 @@ from ..core.components import Neuron
 from ..core.prompt_sets import PromptSet
 from ..core.readout import final_norm, unembedding
 from ..methods import answer_runs as AR
+from ..methods import neuron_zeroing as NZ
 from ..methods.ablation import zero_heads_hooks
 from ..methods.neurons import w_out
 from ..yu import cna as C
@@ -248,7 +249,7 @@ def check_top_neurons(fn: Callable) -> None:
 
 def _hooked_logits(bridge, tokens: torch.Tensor, masks: dict[int, torch.Tensor], position: int | None = -1):
     """Last-position logits with arithlib's per-prompt zeroing hooks (a variant's position)."""
-    hooks = MK.rowwise_neuron_hooks(masks, position)(torch.arange(len(tokens)))
+    hooks = NZ.rowwise_neuron_hooks(masks, position)(torch.arange(len(tokens)))
     with torch.no_grad(), bridge.hooks(fwd_hooks=hooks):
         return bridge(tokens)[:, -1].float()
 
@@ -296,7 +297,7 @@ def check_zeroed_logits(fn: Callable) -> None:
     position, each prompt's own neurons zeroed ("mask", ``keep_layers`` None) or every other
     neuron of ``keep_layers`` zeroed ("keep"). On every case, with the top-1, 5 and 20 CNA
     neurons, in both modes: log p(target) against :func:`arithlib.methods.answer_runs.run_answer_conditions`
-    with :func:`arithlib.yu.mask_keep.rowwise_neuron_hooks` and :func:`arithlib.yu.mask_keep.neuron_masks`,
+    with :func:`arithlib.methods.neuron_zeroing.rowwise_neuron_hooks` and :func:`arithlib.yu.mask_keep.neuron_masks`,
     the interventions of :func:`arithlib.yu.mask_keep.mask_keep_table`."""
     bridge, data = check_model().bridge, cna_data()
     res, tokens, N = data.result, data.tokens, len(data.prompts)
@@ -308,7 +309,7 @@ def check_zeroed_logits(fn: Callable) -> None:
     for k, mode in trials:
         sets_of[k] = MK.top_k_sets(res, N, k)
         keep = data.keep_layers if mode == "keep" else None
-        conditions[f"{mode} {k}"] = MK.rowwise_neuron_hooks(MK.neuron_masks(sets_of[k], L, K, keep))
+        conditions[f"{mode} {k}"] = NZ.rowwise_neuron_hooks(MK.neuron_masks(sets_of[k], L, K, keep))
     refs = AR.run_answer_conditions(bridge, data.prompts, conditions, targets=res.targets)
     for k, mode in trials:
         keep = list(data.keep_layers) if mode == "keep" else None

@@ -26,6 +26,8 @@ methods' fast-versus-literal tests in ``tests/unit/``):
   (answer_runs, for cna, mask_keep, shallow_neurons, bias, lora, pruning);
 * :func:`clean_run` + :func:`resume`: positions before the edit and blocks below it,
   from a recorded clean run; path patching, knockouts, activation patching (patching);
+  :func:`resume_rows`, each row from its own block: per-prompt neuron zeroing
+  (neuron_zeroing, for mask_keep);
 * :func:`keys_values_from`, :func:`cache_of`, :func:`run_from`: an ablated prefix's keys
   and values, once per head; the exact head sweep (head_sweep);
 * :func:`rows_on_prefixes`: each distinct prefix, and the blocks below a change
@@ -79,7 +81,16 @@ from .passes import (
     shared_prefix_logits,
 )
 from .prefix import PrefixRunner, common_prefix, hooks_attached, prefix_batches, rows_on_prefixes
-from .recorded import CleanRun, RunCache, capture_hooks, clean_run, grouped_clean_run, prefix_groups, resume
+from .recorded import (
+    CleanRun,
+    RunCache,
+    capture_hooks,
+    clean_run,
+    grouped_clean_run,
+    prefix_groups,
+    resume,
+    resume_rows,
+)
 from .streams import LayerInputs
 
 __all__ = [
@@ -118,6 +129,7 @@ __all__ = [
     "prefix_groups",
     "resumable",
     "resume",
+    "resume_rows",
     "rows_on_prefixes",
     "run_from",
     "shared_hf_model",

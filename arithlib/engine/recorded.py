@@ -15,6 +15,7 @@ Tested equal to one full pass per intervention (``tests/unit/test_patching.py``,
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -71,11 +72,16 @@ def _is_attention_map(hook_name: str) -> bool:
 
 @torch.no_grad()
 def clean_run(
-    model, tokens: torch.Tensor, capture: Mapping[str, Callable | None] | Iterable[str] = (), share_prefix: bool = True
+    model,
+    tokens: torch.Tensor,
+    capture: Mapping[str, Callable | None] | Iterable[str] = (),
+    share_prefix: bool = True,
+    last: Iterable[str] = (),
 ) -> CleanRun:
     """One forward pass of ``tokens`` [B, T] that keeps what :func:`run_variants` needs,
     plus the activations named in ``capture`` (a list of hook names, or a mapping from
-    hook name to a function that reduces the activation before it is stored).
+    hook name to a function that reduces the activation before it is stored) and, for
+    the hooks named in ``last``, their activation at the last position ([B, ...]).
 
     With ``share_prefix`` the leading tokens common to every row (a few-shot prefix,
     when the batch holds one) run once at batch 1 and the rest on top of their keys and
@@ -89,10 +95,12 @@ def clean_run(
     resid_names = {f"blocks.{l}.hook_resid_pre": None for l in range(n_layers)} if resumable(model) else {}
     B, T = tokens.shape
     n = min(common_prefix(tokens.tolist()), T - 1) if share_prefix and B > 1 else 0
+    at_last: dict[str, torch.Tensor] = {}
+    last_hooks = capture_hooks(at_last, {k: _last_position for k in last})  # the pass holding position T-1
     if n < MIN_SHARED_PREFIX or any(_is_attention_map(k) and r is None for k, r in spec.items()):
         store: dict[str, torch.Tensor] = {}
         internal: dict[str, torch.Tensor] = {}
-        with model.hooks(fwd_hooks=capture_hooks(store, spec) + capture_hooks(internal, resid_names)):
+        with model.hooks(fwd_hooks=capture_hooks(store, spec) + capture_hooks(internal, resid_names) + last_hooks):
             last_hidden, cache = decoder_pass(model, tokens)
         resid = _stack_streams([internal[x] for x in resid_names], model) if resid_names else None
     else:
@@ -102,7 +110,7 @@ def clean_run(
             prefix = repeat_rows_(decoder_pass(model, tokens[:1, :n])[1], B)
         rest: dict[str, torch.Tensor] = {}
         maps = {k: r for k, r in spec.items() if _is_attention_map(k)}
-        with model.hooks(fwd_hooks=capture_hooks(rest, raw) + capture_hooks(rest, maps)):
+        with model.hooks(fwd_hooks=capture_hooks(rest, raw) + capture_hooks(rest, maps) + last_hooks):
             last_hidden, cache = decoder_pass(model, tokens[:, n:], cache=prefix)
         whole = {k: torch.cat([first[k].expand(B, *first[k].shape[1:]), rest[k]], 1) for k in raw}
         store = {
@@ -113,7 +121,11 @@ def clean_run(
     layers = filled_cache_layers(cache)
     keys = [k for k, _ in layers]
     values = [v for _, v in layers]
-    return CleanRun(tokens, keys, values, resid, last_hidden[:, -1].clone(), store)
+    return CleanRun(tokens, keys, values, resid, last_hidden[:, -1].clone(), store | at_last)
+
+
+def _last_position(act: torch.Tensor) -> torch.Tensor:
+    return act[:, -1]
 
 
 def _stack_streams(streams: Sequence[torch.Tensor], model) -> torch.Tensor:
@@ -231,46 +243,74 @@ class RunCache:
         return CleanRun(tokens, ks, vs, resid, torch.cat([p[3] for p in parts]))
 
 
-def _make_cache(model, run: CleanRun, start: int, copies: Sequence[int]):
-    """KV cache of the clean positions ``< start`` with ``copies[l]`` copies of the batch
-    in layer ``l`` (layers with 0 copies are left empty)."""
+def _make_cache(model, run: CleanRun, start: int, rows: torch.Tensor, present: Sequence[int]):
+    """KV cache of the clean positions ``< start`` holding, in layer ``l``, the first
+    ``present[l]`` of ``rows`` (indices into the batch; layers with none are left empty)."""
     if start == 0:
         return empty_cache(model)
     devices = [layer_device(model, l) for l in range(len(run.keys))]  # a split model's cache: each layer on its own
     return empty_cache(
         model,
         (
-            None if n == 0 else (k[:, :, :start].to(d).repeat(n, 1, 1, 1), v[:, :, :start].to(d).repeat(n, 1, 1, 1))
-            for n, k, v, d in zip(copies, run.keys, run.values, devices)
+            None
+            if n == 0
+            else (
+                k[:, :, :start].index_select(0, rows[:n].to(k.device)).to(d),
+                v[:, :, :start].index_select(0, rows[:n].to(v.device)).to(d),
+            )
+            for n, k, v, d in zip(present, run.keys, run.values, devices)
         ),
     )
+
+
+def resume_rows(
+    model, run: CleanRun, start: int, rows: Sequence[int] | torch.Tensor, entry: Sequence[int]
+) -> torch.Tensor:
+    """Final-normed hidden state at the last position for ``len(rows)`` rows, row ``j``
+    a copy of batch row ``rows[j]`` recomputed from layer ``entry[j]`` on (non-decreasing)
+    over positions ``start..T-1``; until then it is the clean run, so it joins the pass
+    at that layer from the clean residual stream (appended after the rows already
+    there: at layer ``l`` the pass holds the rows with ``entry <= l``, in order, and a
+    hook sees those). Not resumable models recompute every row from layer 0."""
+    T = run.tokens.shape[1]
+    n_layers = model.cfg.n_layers
+    rows = torch.as_tensor(rows, dtype=torch.long)
+    entry = [int(e) for e in entry]
+    if len(entry) != len(rows) or not len(rows):
+        raise ValueError(f"need one entry layer per row and at least one row, got {len(entry)} for {len(rows)}")
+    if run.resid is not None:
+        if any(a > b for a, b in zip(entry, entry[1:])) or entry[-1] >= n_layers:
+            raise ValueError(f"entry layers must be non-decreasing and below {n_layers}, got {entry}")
+        first = entry[0]
+        present = [bisect_right(entry, l) for l in range(n_layers)]  # rows in the pass at layer l
+
+        def stream(l: int, lo: int, hi: int, device: torch.device) -> torch.Tensor:
+            """The clean stream entering block ``l`` of rows ``lo..hi-1``."""
+            x = run.resid[l]
+            return x.index_select(0, rows[lo:hi].to(x.device))[:, start:].to(device)
+
+        cache = _make_cache(model, run, start, rows, present)
+        hidden = stream(first, 0, present[first], layer_device(model, first))
+        position_ids = torch.arange(start, T, device=hidden.device).unsqueeze(0)
+
+        def join(l: int, device: torch.device) -> torch.Tensor | None:
+            """Rows that join at layer ``l``, from the clean stream."""
+            lo = present[l - 1] if l > first else present[l]
+            return stream(l, lo, present[l], device) if present[l] > lo else None
+
+        hidden, _ = run_blocks(model, hidden, first=first, position_ids=position_ids, cache=cache, join=join)
+        return decoder_norm(model, hidden[:, -1:])[:, 0]
+    cache = _make_cache(model, run, start, rows, [len(rows)] * n_layers)
+    tokens = run.tokens.index_select(0, rows.to(run.tokens.device))[:, start:]
+    hidden, _ = decoder_pass(model, tokens.to(input_device(model)), cache=cache)
+    return hidden[:, -1]
 
 
 def resume(model, run: CleanRun, start: int, entry: Sequence[int]) -> torch.Tensor:
     """Final-normed hidden state at the last position for ``len(entry)`` copies of the
     batch (variant-major), recomputing positions ``start..T-1``. Copy ``j`` is recomputed
-    from layer ``entry[j]`` on (non-decreasing); until then it is the clean run, so its
-    rows join the batch at that layer from the clean residual stream. Not resumable
-    models recompute every copy from layer 0."""
-    B, T = run.tokens.shape
-    n_layers = model.cfg.n_layers
-    n_var = len(entry)
-    if run.resid is not None:
-        if any(a > b for a, b in zip(entry, entry[1:])) or entry[-1] >= n_layers:
-            raise ValueError(f"entry layers must be non-decreasing and below {n_layers}, got {list(entry)}")
-        first = entry[0]
-        present = [sum(e <= l for e in entry) for l in range(n_layers)]  # copies in the batch at layer l
-        cache = _make_cache(model, run, start, present)
-        hidden = run.resid[first][:, start:].to(layer_device(model, first)).repeat(present[first], 1, 1)
-        position_ids = torch.arange(start, T, device=hidden.device).unsqueeze(0)
-
-        def join(l: int, device: torch.device) -> torch.Tensor | None:
-            """Rows of the copies that join at layer ``l``, from the clean stream."""
-            joining = present[l] - present[l - 1] if l > first else 0
-            return run.resid[l][:, start:].to(device).repeat(joining, 1, 1) if joining else None
-
-        hidden, _ = run_blocks(model, hidden, first=first, position_ids=position_ids, cache=cache, join=join)
-        return decoder_norm(model, hidden[:, -1:])[:, 0]
-    cache = _make_cache(model, run, start, [n_var] * n_layers)
-    hidden, _ = decoder_pass(model, run.tokens[:, start:].to(input_device(model)).repeat(n_var, 1), cache=cache)
-    return hidden[:, -1]
+    from layer ``entry[j]`` on (non-decreasing): :func:`resume_rows` with every row of
+    copy ``j`` entering at ``entry[j]``."""
+    B = run.tokens.shape[0]
+    rows = torch.arange(B).repeat(len(entry))
+    return resume_rows(model, run, start, rows, [e for e in entry for _ in range(B)])

@@ -374,7 +374,9 @@ class Unembed:
         self.device = module_device(model, emb)  # states are moved here (a split model's last device)
         self.weight = emb.weight
         bias = getattr(emb, "bias", None)
-        self.bias = bias if isinstance(bias, torch.Tensor) else None
+        # a bias of zeros (TransformerLens adds one where the model has none) is left out:
+        # adding it changes no logit, and its broadcast costs a copy of every logit
+        self.bias = bias if isinstance(bias, torch.Tensor) and bool(bias.detach().any()) else None
         self._norms: torch.Tensor | None = None
 
     @property

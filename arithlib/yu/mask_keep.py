@@ -7,40 +7,17 @@ lowest of them (Table 6), each against random neuron sets of the same layers ove
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..core.components import Hook, Neuron, RowHooks
+from ..core.components import Neuron
 from ..core.prompt_sets import PromptSet
 from ..core.stats import encode_correct
-from ..methods.answer_runs import run_answer_conditions
+from ..methods.neuron_zeroing import Masks, zeroing_runs
 from .cna import CNAResult, coefficient_decrease
-
-
-def rowwise_neuron_hooks(masks: Mapping[int, torch.Tensor], position: int | None = -1) -> RowHooks:
-    """Per-prompt neuron zeroing: ``masks[layer]`` is a bool [N, d_mlp] over the whole
-    PromptSet (True = zero that neuron for that prompt). Returns a function of a
-    batch's row indices giving the hooks (``ablation.zero_neurons_hooks`` zeroes the
-    same neurons for every prompt)."""
-
-    def make(index: torch.Tensor) -> list[Hook]:
-        hooks = []
-        for layer, mask in masks.items():
-
-            def fn(act, hook, m=mask[index.cpu()]):
-                m = m.to(act.device)
-                if position is None:
-                    return act.masked_fill(m[:, None, :], 0.0)
-                act[:, position] = act[:, position].masked_fill(m, 0.0)
-                return act
-
-            hooks.append((f"blocks.{layer}.mlp.hook_post", fn))
-        return hooks
-
-    return make
 
 
 def neuron_masks(
@@ -185,23 +162,21 @@ def mask_keep_table(
     keep_layers = list(result.layers) if keep_layers is None else sorted(int(l) for l in keep_layers)
     if not keep_layers:
         raise ValueError("no layers to keep: CNA scored no layer (runs a and b identical everywhere)")
-    conditions: dict[str, list[Hook] | RowHooks | None] = {"none": None}
+    conditions: dict[str, Masks] = {"none": {}}
     coef_dec = {}
     for k in ks:
         sets = top_k_sets(result, len(prompts), k)
-        conditions[f"mask|{k}|"] = rowwise_neuron_hooks(neuron_masks(sets, cfg.n_layers, cfg.d_mlp))
-        conditions[f"keep|{k}|"] = rowwise_neuron_hooks(neuron_masks(sets, cfg.n_layers, cfg.d_mlp, keep_layers))
+        conditions[f"mask|{k}|"] = neuron_masks(sets, cfg.n_layers, cfg.d_mlp)
+        conditions[f"keep|{k}|"] = neuron_masks(sets, cfg.n_layers, cfg.d_mlp, keep_layers)
         for s in range(n_seeds if control_ks is None or k in control_ks else 0):
-            conditions[f"random mask|{k}|{s}"] = rowwise_neuron_hooks(
-                neuron_masks(random_layer_matched(sets, cfg.d_mlp, control_seed(seed, s, k)), cfg.n_layers, cfg.d_mlp)
+            conditions[f"random mask|{k}|{s}"] = neuron_masks(
+                random_layer_matched(sets, cfg.d_mlp, control_seed(seed, s, k)), cfg.n_layers, cfg.d_mlp
             )
-            conditions[f"random keep|{k}|{s}"] = rowwise_neuron_hooks(
-                neuron_masks(
-                    random_in_layers(sets, keep_layers, cfg.d_mlp, control_seed(seed, s, k, 1)),
-                    cfg.n_layers,
-                    cfg.d_mlp,
-                    keep_layers,
-                )
+            conditions[f"random keep|{k}|{s}"] = neuron_masks(
+                random_in_layers(sets, keep_layers, cfg.d_mlp, control_seed(seed, s, k, 1)),
+                cfg.n_layers,
+                cfg.d_mlp,
+                keep_layers,
             )
         coef_dec[k] = float(
             np.nanmean(
@@ -213,7 +188,7 @@ def mask_keep_table(
                 ]
             )
         )
-    runs = run_answer_conditions(
+    runs = zeroing_runs(
         model, prompts, conditions, targets=result.targets, batch_size=batch_size, progress=progress, desc="mask/keep"
     )
     base = runs.pop("none").accuracy
@@ -287,14 +262,14 @@ def lowest_neuron_table(
                 picks.append(pick)
             draws[f"random|{s_}"] = picks
         conditions = {
-            name: rowwise_neuron_hooks(neuron_masks([[x] if x else [] for x in picks], cfg.n_layers, cfg.d_mlp))
+            name: neuron_masks([[x] if x else [] for x in picks], cfg.n_layers, cfg.d_mlp)
             for name, picks in draws.items()
         }
-        runs = run_answer_conditions(
+        runs = zeroing_runs(
             model,
             prompts,
             conditions,
-            capture=("coef",),
+            capture_coef=True,
             targets=result.targets,
             batch_size=batch_size,
             progress=progress,

@@ -321,3 +321,13 @@ def test_pe_dag_benchmark_on_a_random_model():
     assert row["max_abs_diff"] < 1e-5 and row["literal_s"] > 0 and row["fast_s"] > 0
     assert 0 < row["fast_gflop"] < row["literal_gflop"]  # the neuron's two rows, not the whole MLP
     assert torch.is_grad_enabled()  # the benchmark leaves autograd as it found it (later tests train)
+
+
+def test_neuron_zeroing_benchmark_on_a_random_model():
+    bz = _load("neuron_zeroing")
+    row = bz.main(
+        ["--model", "random-qwen2", "--prompts", "6", "--draws", "1", "--low", "1", "--repeats", "1", "--no-append"]
+    )
+    assert row["same_predictions"] and row["max_abs_coef_diff"] < 1e-4
+    assert row["fast_gflop"] > 0 and row["literal_gflop"] > 0 and row["literal_s"] > 0 and row["fast_s"] > 0
+    assert torch.is_grad_enabled()

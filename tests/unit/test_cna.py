@@ -16,6 +16,7 @@ import torch
 import arithlib.core.datasets as ds
 import arithlib.methods.ablation as A
 import arithlib.methods.answer_runs as AR
+import arithlib.methods.neuron_zeroing as NZ
 import arithlib.methods.neurons as N
 import arithlib.yu.cna as C
 import arithlib.yu.cna_importance as CI
@@ -61,7 +62,7 @@ def test_run_conditions_stacked_equal_separate_full_runs(tiny):
         "plain": None,
         "head": A.zero_heads_hooks([(0, 1)]),
         "neurons": A.zero_neurons_hooks([(1, 3), (0, 7)]),
-        "per-prompt": MK.rowwise_neuron_hooks(masks, position=None),
+        "per-prompt": NZ.rowwise_neuron_hooks(masks, position=None),
     }
     for max_rows in (1, 1000):  # one condition per pass, all in one pass
         runs = AR.run_conditions(b, ps, conds, max_rows=max_rows)
@@ -237,8 +238,8 @@ def test_rowwise_hooks_equal_shared_hooks_row_by_row(tiny):
     keep_masks = MK.neuron_masks(sets, tiny.info.n_layers, tiny.info.d_mlp, keep_layers=[1])
     heads = A.zero_heads_hooks([(1, 1)], position=-1)
     conds = {
-        "rows": MK.rowwise_neuron_hooks(masks),
-        "keep": MK.rowwise_neuron_hooks(keep_masks),
+        "rows": NZ.rowwise_neuron_hooks(masks),
+        "keep": NZ.rowwise_neuron_hooks(keep_masks),
         "heads": heads,
         "none": None,
     }
@@ -442,7 +443,7 @@ def test_tables_run_on_tiny_model(qwen):
     runs = AR.run_answer_conditions(
         b,
         ps,
-        {"m": MK.rowwise_neuron_hooks(MK.neuron_masks([res.top(j, 5) for j in range(len(ps))], 2, qwen.info.d_mlp))},
+        {"m": NZ.rowwise_neuron_hooks(MK.neuron_masks([res.top(j, 5) for j in range(len(ps))], 2, qwen.info.d_mlp))},
     )
     assert runs["m"].pred[i] == ref.pred[0]
     res0 = C.cna_compare(b, ps, A.zero_heads_hooks([(0, 1)]), mode="exact", progress=False)  # scores layers 0, 1
@@ -574,18 +575,17 @@ def test_keep_zeroes_exactly_the_layers_cna_scored(qwen, monkeypatch):
         res = C.cna_compare(b, ps, A.zero_heads_hooks([head]), mode="exact", progress=False)
         assert res.layers == list(range(head[0], qwen.info.n_layers))
         seen = {}
-        real = AR.run_answer_conditions
+        real = MK.zeroing_runs
 
         def spy(model, prompts, conditions, **kw):
             seen.update(conditions)
             return real(model, prompts, conditions, **kw)
 
-        monkeypatch.setattr(MK, "run_answer_conditions", spy)
+        monkeypatch.setattr(MK, "zeroing_runs", spy)
         table = MK.mask_keep_table(b, ps, res, ks=(3,), n_seeds=1, progress=False)
-        monkeypatch.setattr(MK, "run_answer_conditions", real)
+        monkeypatch.setattr(MK, "zeroing_runs", real)
         for name in ("keep|3|", "random keep|3|0"):
-            hooks = seen[name](torch.arange(len(ps)))
-            assert sorted(int(h.split(".")[1]) for h, _ in hooks) == res.layers
+            assert sorted(int(layer) for layer in seen[name]) == res.layers
         assert (table[table.intervention == "keep"].keep_layers == MK.layer_span(res.layers)).all()
     assert MK.layer_span([13, 14, 15, 20]) == "13-15,20"
 

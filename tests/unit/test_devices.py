@@ -108,7 +108,7 @@ def test_kv_caches_and_recorded_streams_go_to_their_layers_device(toy, monkeypat
     run = E.clean_run(b, _tokens(b))  # a real run on the CPU
     hf = b.original_model
     _fake_split(b, monkeypatch)
-    cache = E.recorded._make_cache(hf, run, 5, [1, 2])
+    cache = E.recorded._make_cache(hf, run, 5, torch.arange(3).repeat(2), [3, 6])
     from arithlib.engine.adapter import cache_layers
 
     kv = cache_layers(cache)

@@ -1,0 +1,212 @@
+"""Answer-position runs under per-prompt neuron zeroing, each row from its lowest zeroed
+layer: the fast path under Yu & Ananiadou's mask / keep and lowest-neuron tests (Sec.
+4.2-4.3, :mod:`arithlib.yu.mask_keep`).
+
+A *condition* zeroes, for every prompt, its own set of MLP neurons at the answer
+position: bool masks ``{layer: [N, d_mlp]}`` over the prompt set (True = zero it). In a
+causal model the earlier positions do not see the answer position, and below the lowest
+layer a (condition, prompt) row zeroes, the row is the clean run. So each row joins a
+pass of answer-position tokens at that layer from the clean run's residual stream, over
+the clean keys and values of the earlier positions
+(:func:`arithlib.engine.resume_rows`); rows of every condition share the passes, sorted
+by their entry layer. A row's prediction is the argmax of its full logits (the exact
+top-1 of :meth:`arithlib.methods.patching.Unembed.top1`, whose bound needs few tokens
+for a small change of the final state, needed a third to all of the vocabulary for
+these rows and cost more than the plain product: ``benchmarks/neuron_zeroing.py``).
+
+The literal path (every row through every layer from the embeddings, the full logits) is
+:func:`zeroing_runs_literal` (:func:`arithlib.methods.answer_runs.run_answer_conditions`
+with :func:`rowwise_neuron_hooks`); the two are tested equal
+(``tests/unit/test_neuron_zeroing.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from ..core.components import Hook, RowHooks
+from ..core.prompt_sets import PromptSet
+from ..engine import clean_run, input_device, resume_rows
+from .answer_runs import answer_targets, run_answer_conditions
+from .patching import Unembed
+
+#: Masks of one condition: ``{layer: bool [N, d_mlp]}`` over the prompt set.
+Masks = Mapping[int, torch.Tensor]
+
+
+@dataclass
+class ZeroingRun:
+    """One condition's answer position: each prompt's argmax token (exact) and, when
+    captured, its MLP coefficients ``[N, L, d_mlp]`` after the zeroing (float32)."""
+
+    targets: torch.Tensor
+    pred: torch.Tensor
+    coef: torch.Tensor | None = None
+
+    @property
+    def correct(self) -> torch.Tensor:
+        return self.pred == self.targets
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.correct.float().mean()) if len(self.targets) else float("nan")
+
+
+def rowwise_neuron_hooks(masks: Masks, position: int | None = -1) -> RowHooks:
+    """Per-prompt neuron zeroing: ``masks[layer]`` is a bool [N, d_mlp] over the whole
+    PromptSet (True = zero that neuron for that prompt). Returns a function of a
+    batch's row indices giving the hooks (``ablation.zero_neurons_hooks`` zeroes the
+    same neurons for every prompt)."""
+
+    def make(index: torch.Tensor) -> list[Hook]:
+        hooks = []
+        for layer, mask in masks.items():
+
+            def fn(act, hook, m=mask[index.cpu()]):
+                m = m.to(act.device)
+                if position is None:
+                    return act.masked_fill(m[:, None, :], 0.0)
+                act[:, position] = act[:, position].masked_fill(m, 0.0)
+                return act
+
+            hooks.append((f"blocks.{layer}.mlp.hook_post", fn))
+        return hooks
+
+    return make
+
+
+def zeroing_runs_literal(
+    model,
+    prompts: PromptSet,
+    conditions: Mapping[str, Masks],
+    *,
+    capture_coef: bool = False,
+    targets: torch.Tensor | None = None,
+    batch_size: int = 64,
+) -> dict[str, ZeroingRun]:
+    """The reference of :func:`zeroing_runs`: every row through every layer at the answer
+    position (the earlier positions once, from their keys and values), the masks as
+    row-wise hooks, the argmax of the full logits."""
+    runs = run_answer_conditions(
+        model,
+        prompts,
+        {name: rowwise_neuron_hooks(m) for name, m in conditions.items()},
+        capture=("coef",) if capture_coef else (),
+        targets=targets,
+        batch_size=batch_size,
+    )
+    return {name: ZeroingRun(r.targets, r.pred, r.coef) for name, r in runs.items()}
+
+
+def entry_layers(masks: Masks, index: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """Per prompt of ``index``: the lowest layer where ``masks`` zero a neuron
+    (``n_layers``: none, the clean run)."""
+    entry = torch.full((len(index),), n_layers, dtype=torch.long)
+    for layer in sorted(masks, reverse=True):
+        entry[masks[layer][index].any(-1)] = int(layer)
+    return entry
+
+
+def _zeroing_hooks(
+    conditions: list[Masks], cond: torch.Tensor, prompt: torch.Tensor, coef: dict[int, torch.Tensor] | None
+) -> list[Hook]:
+    """Hooks of one pass of rows (condition ``cond[r]``, prompt ``prompt[r]``), which hold
+    at each layer a leading part of the rows (:func:`arithlib.engine.resume_rows`): zero
+    each row's masked neurons at the answer position, then (``coef``) record the
+    coefficients there."""
+    layers = sorted({int(l) for m in conditions for l in m})
+    d_mlp = next(m[l].shape[-1] for m in conditions for l in m) if layers else 0
+    hooks: list[Hook] = []
+    for layer in layers:
+        mask = torch.zeros(len(cond), d_mlp, dtype=torch.bool)
+        for c, masks in enumerate(conditions):
+            if layer in masks:
+                rows = (cond == c).nonzero().flatten()
+                mask[rows] = masks[layer][prompt[rows]]
+
+        def zero(act, hook, mask=mask):
+            n = act.shape[0]
+            act[:, -1] = act[:, -1].masked_fill(mask[:n].to(act.device), 0.0)
+            return act
+
+        hooks.append((f"blocks.{layer}.mlp.hook_post", zero))
+    if coef is not None:
+        for layer in coef:
+
+            def record(act, hook, layer=layer):
+                coef[layer] = act[:, -1].detach().float()
+                return act
+
+            hooks.append((f"blocks.{layer}.mlp.hook_post", record))
+    return hooks
+
+
+@torch.no_grad()
+def zeroing_runs(
+    model,
+    prompts: PromptSet,
+    conditions: Mapping[str, Masks],
+    *,
+    capture_coef: bool = False,
+    targets: torch.Tensor | None = None,
+    batch_size: int = 64,
+    max_rows: int = 512,
+    progress: bool = False,
+    desc: str = "neuron zeroing",
+) -> dict[str, ZeroingRun]:
+    """Each condition's answer-position run of ``prompts`` (see the module docstring):
+    per prompt the exact argmax and (``capture_coef``) the coefficients of every layer,
+    the clean ones below the row's entry layer. Rows of all conditions share passes of
+    at most ``max_rows`` rows. Equal to :func:`arithlib.methods.answer_runs.run_answer_conditions`
+    with the same masks as row-wise hooks, up to float rounding."""
+    device = input_device(model)
+    targets = answer_targets(prompts, targets)
+    n_layers, N = int(model.cfg.n_layers), len(prompts)
+    names = list(conditions)
+    conds = [conditions[n] for n in names]
+    unembed = Unembed(model)
+    pred = torch.empty(len(names), N, dtype=torch.long)
+    # every condition's coefficients, row c * N + prompt: filled by index_copy_ (a broadcast
+    # index_put over [C, N, L, d_mlp] runs at a fraction of the memory bandwidth)
+    coef = torch.empty(len(names) * N, n_layers, int(model.cfg.d_mlp)) if capture_coef else None
+    post = [f"blocks.{l}.mlp.hook_post" for l in range(n_layers)] if capture_coef else []
+    for batch in tqdm(
+        list(prompts.batches(batch_size, device, by_prefix=True)), desc=desc, disable=not progress, leave=False
+    ):
+        index = batch.index.cpu()
+        B, T = batch.tokens.shape
+        run = clean_run(model, batch.tokens, last=post)
+        clean_pred = unembed.logits(run.final).argmax(-1).cpu()
+        entry = torch.stack([entry_layers(m, index, n_layers) for m in conds])  # [C, B]
+        pred[:, index] = clean_pred
+        if coef is not None:
+            clean_coef = torch.stack([run.captured[name].float().cpu() for name in post], 1)
+            for c in range(len(names)):
+                coef.index_copy_(0, c * N + index, clean_coef)
+        cond, row = (entry < n_layers).nonzero(as_tuple=True)
+        if not len(cond):
+            continue
+        order = torch.argsort(entry[cond, row], stable=True)
+        cond, row = cond[order], row[order]
+        for s in range(0, len(cond), max_rows):
+            c, r = cond[s : s + max_rows], row[s : s + max_rows]
+            e = entry[c, r]
+            got: dict[int, torch.Tensor] | None = (
+                {l: None for l in range(int(e[0]), n_layers)} if coef is not None else None
+            )
+            hooks = _zeroing_hooks(conds, c, index[r], got)
+            with model.hooks(fwd_hooks=hooks):
+                h = resume_rows(model, run, T - 1, r, e.tolist())
+            pred[c, index[r]] = unembed.logits(h).argmax(-1).cpu()
+            if got is not None:
+                for layer, x in got.items():
+                    n = x.shape[0]  # the rows present at this layer: a leading part
+                    coef[:, layer].index_copy_(0, c[:n] * N + index[r[:n]], x.cpu())
+    return {
+        name: ZeroingRun(targets, pred[i], None if coef is None else coef[i * N : (i + 1) * N])
+        for i, name in enumerate(names)
+    }

@@ -1,0 +1,123 @@
+"""Per-prompt neuron zeroing at the answer position: the fast path (each row from its
+lowest zeroed layer) equals the literal
+one (every row through every layer, the full logits), for row sets that start in every
+layer, stay clean, or zero whole layers; the tables of mask / keep and the lowest neuron
+are the same either way."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+import arithlib.core.datasets as ds
+import arithlib.methods.ablation as A
+import arithlib.methods.neuron_zeroing as NZ
+import arithlib.yu.cna as C
+import arithlib.yu.mask_keep as MK
+from arithlib.core.models import load_model
+from arithlib.core.prompt_sets import PromptSet
+from arithlib.core.random_models import random_model_dir
+from arithlib.engine import clean_run, resume, resume_rows
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def tiny(request):
+    return load_model(str(random_model_dir(request.param)))
+
+
+def _prompts(model, ops=("+", "-"), n=4, fewshot=2):
+    recs = ds.yu_prompts(ops=list(ops), n_digits=1, n_per_template=n, templates=[0, 3], fewshot=fewshot, seed=0)
+    return PromptSet.build(recs, model.tokenizer)
+
+
+def _conditions(model, N: int, seed: int = 0) -> dict[str, dict[int, torch.Tensor]]:
+    """Random per-prompt sets: some prompts untouched, some in layer 0 only, some in the
+    last layer only, whole layers kept."""
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, dict[int, torch.Tensor]] = {"none": {}}
+    for name, size in (("few", 3), ("many", 40)):
+        sets = []
+        for i in range(N):
+            kind = i % 4
+            layers = (
+                []
+                if kind == 0
+                else [0]
+                if kind == 1
+                else [cfg.n_layers - 1]
+                if kind == 2
+                else list(range(cfg.n_layers))
+            )
+            sets.append(
+                [
+                    (l, int(torch.randint(cfg.d_mlp, (1,), generator=g)))
+                    for l in layers
+                    for _ in range(size // max(len(layers), 1))
+                ]
+            )
+        out[name] = MK.neuron_masks(sets, cfg.n_layers, cfg.d_mlp)
+        out[f"keep {name}"] = MK.neuron_masks(sets, cfg.n_layers, cfg.d_mlp, keep_layers=[cfg.n_layers - 1])
+    return out
+
+
+def test_fast_runs_equal_the_literal_runs(tiny):
+    b = tiny.bridge
+    ps = _prompts(tiny)
+    conds = _conditions(b, len(ps))
+    fast = NZ.zeroing_runs(b, ps, conds, capture_coef=True, batch_size=5, max_rows=7)
+    ref = NZ.zeroing_runs_literal(b, ps, conds, capture_coef=True, batch_size=5)
+    for name in conds:
+        assert torch.equal(fast[name].pred, ref[name].pred), name
+        torch.testing.assert_close(fast[name].coef, ref[name].coef, rtol=1e-4, atol=1e-5, msg=name)
+    assert fast["none"].accuracy == ref["none"].accuracy
+
+
+def test_entry_layer_is_the_lowest_zeroed_layer():
+    m = {
+        3: torch.tensor([[True, False], [False, False], [False, False]]),
+        1: torch.tensor([[False, False], [False, True], [False, False]]),
+    }
+    assert NZ.entry_layers(m, torch.tensor([0, 1, 2]), 5).tolist() == [3, 1, 5]
+    assert NZ.entry_layers(m, torch.tensor([2, 0]), 5).tolist() == [5, 3]
+
+
+def test_resume_rows_equal_resume_and_the_clean_run(tiny):
+    """A row that joins at layer L from the clean stream and is not edited ends where the
+    clean run ends; copies of the batch by rows equal resume's copies."""
+    b = tiny.bridge
+    tokens = next(iter(_prompts(tiny).batches(6, "cpu"))).tokens
+    run = clean_run(b, tokens)
+    B, T = tokens.shape
+    rows = [2, 0, 1, 2, 5 % B]
+    h = resume_rows(b, run, T - 1, rows, [0, 0, 1, 1, 1])
+    torch.testing.assert_close(h, run.final[rows], rtol=1e-4, atol=1e-5)
+    by_copy = resume(b, run, T - 2, [0, 1])
+    by_rows = resume_rows(b, run, T - 2, list(range(B)) * 2, [0] * B + [1] * B)
+    assert torch.equal(by_copy, by_rows)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        resume_rows(b, run, T - 1, [0, 1], [1, 0])
+
+
+def test_tables_equal_with_the_literal_runs(tiny, monkeypatch):
+    """mask / keep and the lowest-neuron tables, fast against literal: the same rows."""
+    b = tiny.bridge
+    ps = _prompts(tiny)
+    res = C.cna_compare(b, ps, A.zero_heads_hooks([(0, 1)]), mode="exact", progress=False)  # scores layers 0, 1
+    kw = dict(n_seeds=2, progress=False, batch_size=5)
+    fast_mk = MK.mask_keep_table(b, ps, res, ks=(5, 2), **kw)
+    fast_low, fast_cases = MK.lowest_neuron_table(b, ps, res, ks=(5, 2), **kw)
+    monkeypatch.setattr(
+        MK,
+        "zeroing_runs",
+        lambda model, prompts, conds, **k: NZ.zeroing_runs_literal(
+            model, prompts, conds, capture_coef=k.get("capture_coef", False), targets=k.get("targets"), batch_size=5
+        ),
+    )
+    ref_mk = MK.mask_keep_table(b, ps, res, ks=(5, 2), **kw)
+    ref_low, ref_cases = MK.lowest_neuron_table(b, ps, res, ks=(5, 2), **kw)
+    pd.testing.assert_frame_equal(fast_mk, ref_mk)
+    pd.testing.assert_frame_equal(fast_low, ref_low, rtol=1e-4)
+    pd.testing.assert_frame_equal(fast_cases, ref_cases, rtol=1e-4, atol=1e-4)
+    assert len(fast_cases) > 0
