@@ -308,6 +308,10 @@ def _wrong_fits(
 
     _, _, vt = np.linalg.svd(x, full_matrices=False)
     raw = vt[:n_pca]
+    noisy = full.copy()  # the basis as np.sin writes it: sin(2πa/2) about 1e-14, not 0 (arithlib sets it exactly)
+    for j, T in enumerate(periods):
+        noisy[:, 2 + 2 * j] = np.sin(2 * np.pi * np.asarray(a, dtype=np.float64) / T)
+    q = np.linalg.qr(noisy)[0]
     return {
         "without an intercept: the basis needs its column of ones": mean
         + lstsq(HX.helix_basis(a, periods, a_max, constant=False), coords) @ comps,
@@ -317,8 +321,7 @@ def _wrong_fits(
         + lstsq(full, (x - mean) @ raw.T) @ raw,
         "the fit of the float noise in the sin(2πa/2) column (on integers it is 0, but np.sin(np.pi * a) is "
         "about 1e-14): solve with np.linalg.lstsq(B, Y, rcond=None), which treats that column as the zero "
-        "column it is (pinv with a tiny rcond, QR and the normal equations do not)": mean
-        + np.linalg.qr(full)[0] @ (np.linalg.qr(full)[0].T @ coords) @ comps,
+        "column it is (pinv with a tiny rcond, QR and the normal equations do not)": mean + q @ (q.T @ coords) @ comps,
         "without the sine terms": mean
         + lstsq(np.concatenate([full[:, :1], full[:, 1:-1:2], full[:, -1:]], 1), coords) @ comps,
     }

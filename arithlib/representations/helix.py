@@ -45,6 +45,9 @@ import torch
 
 from ..core.papers import KT_N_PCA, KT_PERIODS  # noqa: E402  (the periods 2, 5, 10, 100 and NUM_PCA = 100)
 
+_QUARTER_COS = np.array([1.0, 0.0, -1.0, 0.0])  # cos and sin at 0, 1/4, 1/2, 3/4 of a turn
+_QUARTER_SIN = np.array([0.0, 1.0, 0.0, -1.0])
+
 
 def helix_basis(
     a: Sequence[float] | np.ndarray,
@@ -61,7 +64,16 @@ def helix_basis(
         scale = float(a_max) if a_max is not None else float(max(np.abs(x).max(), 1.0))
         cols.append(x / scale)
     for T in periods:
-        cols += [np.cos(2 * math.pi * x / T), np.sin(2 * math.pi * x / T)]
+        # the phase reduced to one turn first, and values at a multiple of a quarter turn set
+        # exactly: sin(2 pi a / 2) of an integer a is 0, not 1e-14 (a column lstsq would
+        # otherwise have to recognise as noise to drop)
+        turn = np.mod(x / T, 1.0)
+        q = np.round(turn * 4)
+        on_quarter = np.abs(turn * 4 - q) < 1e-12
+        k = q.astype(int) % 4
+        cos = np.where(on_quarter, _QUARTER_COS[k], np.cos(2 * math.pi * turn))
+        sin = np.where(on_quarter, _QUARTER_SIN[k], np.sin(2 * math.pi * turn))
+        cols += [cos, sin]
     if constant:
         cols.append(np.ones_like(x))
     return np.stack(cols, 1) if cols else np.zeros((len(x), 0))

@@ -224,3 +224,16 @@ def test_report_findings_of_09_are_not_run_without_its_tables(tmp_path):
             assert out.verdict in (NOT_RUN, "not applicable"), (f.id, out)
     kt = next(f for f in FINDINGS if f.id == "kantamneni_helix_patch")
     assert judge(kt, Tables(tmp_path)).verdict == NOT_RUN
+
+
+def test_helix_basis_is_exact_at_quarter_turns():
+    """sin(2 pi a / 2) of an integer a is exactly 0 (the fit does not depend on lstsq
+    recognising a 1e-14 column as noise); elsewhere the basis is the plain cos and sin."""
+    a = np.arange(200)
+    B = HX.helix_basis(a, (2, 5, 10, 100), a_max=199)
+    assert np.all(B[:, 2] == 0.0) and set(np.unique(B[:, 1])) == {-1.0, 1.0}
+    assert B[25, 8] == 1.0 and B[50, 7] == -1.0  # a quarter and half turn of period 100
+    for j, T in enumerate((2, 5, 10, 100)):
+        np.testing.assert_allclose(B[:, 1 + 2 * j], np.cos(2 * np.pi * a / T), atol=1e-12)
+        np.testing.assert_allclose(B[:, 2 + 2 * j], np.sin(2 * np.pi * a / T), atol=1e-12)
+    assert np.linalg.matrix_rank(B) == B.shape[1] - 1  # the sin of period 2 is the one empty column
