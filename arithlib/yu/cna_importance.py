@@ -66,11 +66,11 @@ def layer_stats(
         A = gr @ Wc
         z = A / sigma0[:, None] + beta[v0 : v0 + vocab_chunk]
         m_new = torch.maximum(m, z.max(-1).values)
-        scale = torch.exp(m - m_new)
+        carry = torch.exp(m - m_new)  # the online softmax's rescaling of the sums so far
         e = torch.exp(z - m_new[:, None])
-        s = s * scale + e.sum(-1)
-        pA = pA * scale + (e * A).sum(-1)
-        q = q * scale[:, None] + e @ Wc.T
+        s = s * carry + e.sum(-1)
+        pA = pA * carry + (e * A).sum(-1)
+        q = q * carry[:, None] + e @ Wc.T
         m = m_new
     pA, q = pA / s, q / s[:, None]
     lse0 = m + torch.log(s)
