@@ -65,7 +65,7 @@ def peft_lora(
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
     """peft's LoRA on block ``layer`` of the toy model (``layers_to_transform=[layer]``, as
     :func:`arithlib.yu.lora.train_lora` sets it up) with its A, B set to ``factors``: the merged
-    weights (:func:`arithlib.yu.lora._merged_lora_weights`) and, given ``tokens``, the adapted
+    weights (:func:`arithlib.yu.lora.merged_lora_weights`) and, given ``tokens``, the adapted
     model's last-position logits (peft's own forward, adapter not merged). The model is left as
     it was."""
     from peft import LoraConfig, get_peft_model
@@ -83,7 +83,7 @@ def peft_lora(
                     A, B = factors[hit[0]]
                     module.lora_A["default"].weight.copy_(A)
                     module.lora_B["default"].weight.copy_(B)
-            merged = LO._merged_lora_weights(hf, pm)
+            merged = LO.merged_lora_weights(hf, pm)
             if tokens is not None:
                 logits = pm(tokens).logits[:, -1].float().cpu()
         finally:

@@ -130,7 +130,7 @@ def train_lora(
             with torch.no_grad():
                 for n, v in state.items():
                     lora_params[n].copy_(v.to(lora_params[n].device))
-            weights = _merged_lora_weights(hf, pm)
+            weights = merged_lora_weights(hf, pm)
             n_trainable = trainable.n_trainable()
         finally:
             pm.unload()
@@ -151,7 +151,7 @@ def train_lora(
     return cached_training(cache_dir, key, build)
 
 
-def _merged_lora_weights(hf, peft_model) -> dict[str, torch.Tensor]:
+def merged_lora_weights(hf, peft_model) -> dict[str, torch.Tensor]:
     """W + delta of every LoRA-wrapped linear layer (what ``merge_and_unload`` writes)."""
     from peft.tuners.lora import LoraLayer
 

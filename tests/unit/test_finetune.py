@@ -234,7 +234,7 @@ def test_lora_merged_weights_equal_peft_forward(tiny_qwen2, data):
                 p.normal_(0, 0.1)
         x = torch.tensor([[5, 6, 7, 8, 9, 10]])
         expected = plain(x).logits
-        merged = LO._merged_lora_weights(plain, pm)
+        merged = LO.merged_lora_weights(plain, pm)
     pm.unload()
     with torch.no_grad(), mw.use_weights(plain, merged):
         assert torch.allclose(plain(x).logits, expected, atol=1e-5)
