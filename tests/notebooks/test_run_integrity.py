@@ -6,7 +6,6 @@ values that mean what was typed, even with --quick."""
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import shutil
@@ -18,56 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "run_notebooks.py"
-sys.path.insert(0, str(ROOT / "scripts"))
-spec = importlib.util.spec_from_file_location("run_notebooks", SCRIPT)
-rn = importlib.util.module_from_spec(spec)
-sys.modules["run_notebooks"] = rn  # its dataclass looks its module up
-spec.loader.exec_module(rn)
-
-PARAMS = 'model = "x"\ndevice = "cpu"\nquick = False\nseed = 0\nout_dir = "."\n'
-
-
-def _notebook(path: Path, code: str, params: str = "") -> None:
-    cells = [
-        {
-            "cell_type": "code",
-            "metadata": {"tags": ["parameters"]},
-            "execution_count": None,
-            "outputs": [],
-            "source": PARAMS + params,
-        },
-        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": code},
-    ]
-    nb = {
-        "cells": cells,
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    path.write_text(json.dumps(nb))
-
-
-def _args(nb_dir: Path, out: Path, fig: Path, *extra: str) -> list[str]:
-    return [
-        "--out",
-        str(out),
-        "--figures",
-        str(fig),
-        "--model",
-        "m",
-        "--device",
-        "cpu",
-        "--notebooks",
-        str(nb_dir),
-        "--jobs",
-        "1",
-        "--threads",
-        "1",
-        *extra,
-    ]
+from fake_runs import SCRIPT, rn, run_args, write_notebook
 
 
 def _start(args: list[str], command: str) -> subprocess.Popen:
@@ -123,13 +73,13 @@ def test_two_runs_started_together_one_stops_at_once_naming_the_other(tmp_path, 
     nb_dir, out = tmp_path / "nb", tmp_path / "out"
     nb_dir.mkdir()
     go = tmp_path / "go"
-    _notebook(
+    write_notebook(
         nb_dir / "00_a.ipynb",
         "import time\nfrom pathlib import Path\nd = Path(out_dir) / model\n(d / '00_a_table.csv').write_text('a\\n1\\n')\n"
         f"end = time.time() + 120\nwhile not Path({str(go)!r}).exists() and time.time() < end:\n    time.sleep(0.1)\n",
     )
     figs = [tmp_path / "fig", tmp_path / ("fig" if same_figures else "fig2")]
-    runs = [_start(_args(nb_dir, out, fig, "--force"), f"./run_all.sh --force run{i}") for i, fig in enumerate(figs)]
+    runs = [_start(run_args(nb_dir, out, fig, "--force"), f"./run_all.sh --force run{i}") for i, fig in enumerate(figs)]
     try:
         assert _wait_for(lambda: any(r.poll() is not None for r in runs)), "both runs went on at once"
         loser = next(r for r in runs if r.poll() is not None)
@@ -155,12 +105,12 @@ def test_two_runs_started_together_one_stops_at_once_naming_the_other(tmp_path, 
 def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, capsys):
     nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
     nb_dir.mkdir()
-    _notebook(nb_dir / "00_a.ipynb", "x = 1\n")
+    write_notebook(nb_dir / "00_a.ipynb", "x = 1\n")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     out.mkdir()
     (out / ".run.lock").write_text(json.dumps({"pid": dead.pid, "command": "./run_all.sh killed", "started": 0}))
-    assert rn.main(_args(nb_dir, out, fig)) == 0
+    assert rn.main(run_args(nb_dir, out, fig)) == 0
     said = capsys.readouterr().out
     assert "taking over the lock" in said and f"pid {dead.pid}" in said and (out / "00_a.key").is_file()
 
@@ -186,7 +136,7 @@ def test_a_full_disk_mid_promote_keeps_the_previous_outputs(tmp_path, monkeypatc
     }
     for name, text in old.items():
         (model / name).write_text(text)
-    _notebook(
+    write_notebook(
         nb_dir / "01_a.ipynb",
         "from pathlib import Path\nd = Path(out_dir) / model\n"
         "for n in ('01_a_1.csv', '01_a_2.pdf', '01_a_3.png'):\n    (d / n).write_text('new ' + n * 200)\n",
@@ -210,7 +160,7 @@ def test_a_full_disk_mid_promote_keeps_the_previous_outputs(tmp_path, monkeypatc
 
     monkeypatch.setattr(os, "rename", rename)
     monkeypatch.setattr(shutil, "copyfile", copyfile)
-    assert rn.main(_args(nb_dir, out, fig)) == 1
+    assert rn.main(run_args(nb_dir, out, fig)) == 1
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "01_a" in line]
     assert len(lines) == 1 and "No space left on device" in lines[0] and "keeps its previous outputs" in lines[0], err
@@ -223,7 +173,7 @@ def test_a_full_disk_mid_promote_keeps_the_previous_outputs(tmp_path, monkeypatc
     assert len(staged) == 1 and staged[0].read_text().startswith("new ")  # this run's outputs kept
 
     monkeypatch.undo()  # with room on the disk the same run replaces them whole
-    assert rn.main(_args(nb_dir, out, fig)) == 0
+    assert rn.main(run_args(nb_dir, out, fig)) == 0
     assert (model / "01_a_2.pdf").read_text().startswith("new ") and not (model / "01_a_gone.csv").exists()
     assert (model / "00_up.csv").read_text() == "upstream\n"
 
@@ -239,13 +189,13 @@ def test_no_notebook_outlives_a_killed_run(tmp_path, sig):
     nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
     nb_dir.mkdir()
     pids = tmp_path / "pids"
-    _notebook(
+    write_notebook(
         nb_dir / "00_a.ipynb",
         "import os, time, psutil\nfrom pathlib import Path\n"
         "sampler = psutil.Process(os.getppid()).ppid()  # papermill's parent: peak_memory.py\n"
         f"Path({str(pids)!r}).write_text(f'{{os.getpid()}} {{os.getppid()}} {{sampler}}')\ntime.sleep(300)\n",
     )
-    run = _start(_args(nb_dir, out, fig), "./run_all.sh")
+    run = _start(run_args(nb_dir, out, fig), "./run_all.sh")
     found: list[int] = []
     try:
         assert _wait_for(lambda: pids.is_file() and len(pids.read_text().split()) == 3), run.stderr.read()
@@ -265,7 +215,7 @@ def test_no_notebook_outlives_a_killed_run(tmp_path, sig):
 
 def test_a_boolean_parameter_takes_true_or_false_typed_as_its_default(tmp_path):
     nb = tmp_path / "01_a.ipynb"
-    _notebook(nb, "pass\n", params="use_cache = True\nn = 3\nrate = 0.5\nscale = 'auto'\n")
+    write_notebook(nb, "pass\n", params="use_cache = True\nn = 3\nrate = 0.5\nscale = 'auto'\n")
     for text, value in (("false", False), ("FALSE", False), ("True", True), ("true", True)):
         assert rn.params_by_notebook({"use_cache": text}, [nb]) == {"01_a": {"use_cache": value}}
     for text in ("0", "no", "'false'", "fals"):
@@ -284,14 +234,16 @@ def test_use_cache_false_reaches_the_notebook_as_false_and_quick_keeps_the_users
     says which values it sets and never replaces one given with -p."""
     nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
     nb_dir.mkdir()
-    _notebook(
+    write_notebook(
         nb_dir / "01_a.ipynb",
         "if quick:\n    n_items, n_other = 2, 3\n    batch = 4\nfrom pathlib import Path\n"
         "(Path(out_dir) / model / '01_a_seen.txt').write_text(repr((use_cache, n_items, n_other, batch)))\n",
         params="use_cache = True\nn_items = 100\nn_other = 100\nbatch = 100\n",
     )
     assert (
-        rn.main(_args(nb_dir, out, fig, "--quick", "True", "--param", "use_cache", "false", "--param", "n_items", "50"))
+        rn.main(
+            run_args(nb_dir, out, fig, "--quick", "True", "--param", "use_cache", "false", "--param", "n_items", "50")
+        )
         == 0
     )
     assert (fig / "m" / "01_a_seen.txt").read_text() == "(False, 50, 3, 4)"

@@ -4,21 +4,12 @@ of runs with changed settings, progress lines, and the executed copies it publis
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
-rn = importlib.util.module_from_spec(spec)
-sys.modules["run_notebooks"] = rn  # its dataclass looks its module up
-spec.loader.exec_module(rn)
-import notebook_files as nf  # noqa: E402  (scripts/, on the path run_notebooks set)
+from fake_runs import ROOT, nf, rn, run_args, write_notebook
 
 
 def _nbs(**spec) -> dict:
@@ -82,26 +73,6 @@ def test_default_jobs():
     assert rn.default_jobs("cuda", 16) == 1 and rn.default_jobs("cuda:1", 16) == 1
 
 
-def _notebook(path: Path, code: str, params: str = "") -> None:
-    cells = [
-        {
-            "cell_type": "code",
-            "metadata": {"tags": ["parameters"]},
-            "execution_count": None,
-            "outputs": [],
-            "source": 'model = "x"\ndevice = "cpu"\nquick = False\nseed = 0\nout_dir = "."\n' + params,
-        },
-        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": code},
-    ]
-    nb = {
-        "cells": cells,
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    path.write_text(json.dumps(nb))
-
-
 def test_runs_notebooks_two_at_a_time_with_fixed_threads(tmp_path, capsys):
     nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
     nb_dir.mkdir()
@@ -111,12 +82,12 @@ def test_runs_notebooks_two_at_a_time_with_fixed_threads(tmp_path, capsys):
         "(d / (NAME + '.txt')).write_text(f\"{os.environ.get('OMP_NUM_THREADS')} {torch.get_num_threads()} "
         '{time.time()}")\n'
     )
-    _notebook(nb_dir / "01_a.ipynb", "NAME = '01_a'\n" + record + "time.sleep(2)\n")
-    _notebook(
+    write_notebook(nb_dir / "01_a.ipynb", "NAME = '01_a'\n" + record + "time.sleep(2)\n")
+    write_notebook(
         nb_dir / "02_b.ipynb",
         "NAME = '02_b'\n" + record + "assert (Path(out_dir) / model / '01_a.txt').exists()  # reads 01_a's table\n",
     )
-    _notebook(nb_dir / "03_c.ipynb", "NAME = '03_c'\n" + record)
+    write_notebook(nb_dir / "03_c.ipynb", "NAME = '03_c'\n" + record)
     args = [
         "--out",
         str(out),
@@ -161,7 +132,7 @@ def test_runs_notebooks_two_at_a_time_with_fixed_threads(tmp_path, capsys):
     assert rn.main(args[:-1] + ["2"]) == 0  # another thread count is another key: all rerun
     assert capsys.readouterr().out.count("started") == 3
 
-    _notebook(nb_dir / "01_a.ipynb", "raise RuntimeError('boom')\n")
+    write_notebook(nb_dir / "01_a.ipynb", "raise RuntimeError('boom')\n")
     assert rn.main(args) == 1
     err = capsys.readouterr().err
     assert "01_a FAILED" in err and "01_a.log" in err
@@ -185,21 +156,8 @@ def test_outputs_reach_the_figures_only_when_the_notebook_succeeds(tmp_path, cap
         "assert not (d / '01_a_table.csv').exists()  # its own old outputs are not\n"
         "(d / '01_a_table.csv').write_text('new\\n')\n"
     )
-    _notebook(nb_dir / "01_a.ipynb", body + "raise RuntimeError('stopped half-way')\n")
-    args = [
-        "--out",
-        str(out),
-        "--figures",
-        str(fig),
-        "--model",
-        "m",
-        "--device",
-        "cpu",
-        "--notebooks",
-        str(nb_dir),
-        "--jobs",
-        "1",
-    ]
+    write_notebook(nb_dir / "01_a.ipynb", body + "raise RuntimeError('stopped half-way')\n")
+    args = run_args(nb_dir, out, fig, threads=False)
     assert rn.main(args) == 1
     assert "keeps its last successful outputs" in capsys.readouterr().err
     assert (model / "01_a_table.csv").read_text() == "old\n"  # untouched by the failed run
@@ -207,7 +165,7 @@ def test_outputs_reach_the_figures_only_when_the_notebook_succeeds(tmp_path, cap
     staged = list((out / "staging").glob("run-*/01_a/m/01_a_table.csv"))  # kept for a look, in this run's folder
     assert len(staged) == 1 and staged[0].read_text() == "new\n"
 
-    _notebook(nb_dir / "01_a.ipynb", body)
+    write_notebook(nb_dir / "01_a.ipynb", body)
     assert rn.main(args) == 0
     assert (model / "01_a_table.csv").read_text() == "new\n"
     assert not (model / "01_a_stale.csv").exists()  # not written by this run: removed
@@ -220,24 +178,9 @@ def test_an_interrupted_run_keeps_the_timings_of_the_notebooks_that_finished(tmp
     that notebook's row in the figures' timings.csv, as a complete run would."""
     nb_dir, out, fig = tmp_path / "nb", tmp_path / "out", tmp_path / "fig"
     nb_dir.mkdir()
-    _notebook(nb_dir / "01_a.ipynb", "x = 1\n")
-    _notebook(nb_dir / "02_b.ipynb", "import time\ntime.sleep(60)\n")
-    args = [
-        "--out",
-        str(out),
-        "--figures",
-        str(fig),
-        "--model",
-        "m",
-        "--device",
-        "cpu",
-        "--notebooks",
-        str(nb_dir),
-        "--jobs",
-        "1",
-        "--threads",
-        "1",
-    ]
+    write_notebook(nb_dir / "01_a.ipynb", "x = 1\n")
+    write_notebook(nb_dir / "02_b.ipynb", "import time\ntime.sleep(60)\n")
+    args = run_args(nb_dir, out, fig)
     real_sleep = rn.time.sleep
 
     stopped = []
@@ -259,7 +202,7 @@ def test_an_interrupted_run_keeps_the_timings_of_the_notebooks_that_finished(tmp
 
 
 def test_parameters_are_read_from_the_parameters_cell_as_python_reads_them(tmp_path):
-    _notebook(
+    write_notebook(
         tmp_path / "01_a.ipynb",
         "pass\n",
         params='n_side = 2         # random controls (K = edit_k)\nops = ["+",\n       "-"]\nx: float = 0.5\n',
@@ -290,8 +233,8 @@ def test_parameters_are_read_from_the_parameters_cell_as_python_reads_them(tmp_p
 def test_unknown_parameter_is_an_error_listing_the_valid_names(tmp_path):
     nb_dir = tmp_path / "nb"
     nb_dir.mkdir()
-    _notebook(nb_dir / "01_a.ipynb", "pass\n", params="n_items = 4\nlrs = [1e-3]\n")
-    _notebook(nb_dir / "02_b.ipynb", "pass\n", params="scale = 'auto'\n")
+    write_notebook(nb_dir / "01_a.ipynb", "pass\n", params="n_items = 4\nlrs = [1e-3]\n")
+    write_notebook(nb_dir / "02_b.ipynb", "pass\n", params="scale = 'auto'\n")
     base = ["--model", "m", "--device", "cpu", "--notebooks", str(nb_dir), "--print-figures"]
     with pytest.raises(SystemExit, match="unknown parameter nope") as err:
         rn.main(base + ["--only", "01", "--param", "nope", "1"])
@@ -323,8 +266,8 @@ def test_runs_with_changed_settings_go_to_the_scratch_folder(tmp_path, monkeypat
         assert rn.main(base + list(extra) + ["--print-figures"]) == 0
         return capsys.readouterr().out.strip()
 
-    _notebook(nb_dir / "00_a.ipynb", "pass\n")
-    _notebook(
+    write_notebook(nb_dir / "00_a.ipynb", "pass\n")
+    write_notebook(
         nb_dir / "01_b.ipynb",
         "from pathlib import Path\nfrom tqdm.auto import tqdm\nfor _ in tqdm(range(3)): pass\n"
         "d = Path(out_dir) / model.replace('/', '__')\n"
