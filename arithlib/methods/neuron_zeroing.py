@@ -9,10 +9,10 @@ layer a (condition, prompt) row zeroes, the row is the clean run. So each row jo
 pass of answer-position tokens at that layer from the clean run's residual stream, over
 the clean keys and values of the earlier positions
 (:func:`arithlib.engine.resume_rows`); rows of every condition share the passes, sorted
-by their entry layer. A row's prediction is the argmax of its full logits (the exact
+by their entry layer. A row's prediction is the argmax of its full logits: the exact
 top-1 of :meth:`arithlib.methods.patching.Unembed.top1`, whose bound needs few tokens
-for a small change of the final state, needed a third to all of the vocabulary for
-these rows and cost more than the plain product: ``benchmarks/neuron_zeroing.py``).
+only while the final state stays close to the clean one, was tried here and cost more
+than the plain product on Qwen-0.5B, the zeroed rows' states being too far from it.
 
 The literal path (every row through every layer from the embeddings, the full logits) is
 :func:`zeroing_runs_literal` (:func:`arithlib.methods.answer_runs.run_answer_conditions`
@@ -112,14 +112,17 @@ def entry_layers(masks: Masks, index: torch.Tensor, n_layers: int) -> torch.Tens
 
 
 def _zeroing_hooks(
-    conditions: list[Masks], cond: torch.Tensor, prompt: torch.Tensor, coef: dict[int, torch.Tensor] | None
+    conditions: list[Masks],
+    cond: torch.Tensor,
+    prompt: torch.Tensor,
+    d_mlp: int,
+    coef: dict[int, torch.Tensor] | None,
 ) -> list[Hook]:
     """Hooks of one pass of rows (condition ``cond[r]``, prompt ``prompt[r]``), which hold
     at each layer a leading part of the rows (:func:`arithlib.engine.resume_rows`): zero
     each row's masked neurons at the answer position, then (``coef``) record the
     coefficients there."""
     layers = sorted({int(l) for m in conditions for l in m})
-    d_mlp = next(m[l].shape[-1] for m in conditions for l in m) if layers else 0
     hooks: list[Hook] = []
     for layer in layers:
         mask = torch.zeros(len(cond), d_mlp, dtype=torch.bool)
@@ -161,18 +164,17 @@ def zeroing_runs(
     """Each condition's answer-position run of ``prompts`` (see the module docstring):
     per prompt the exact argmax and (``capture_coef``) the coefficients of every layer,
     the clean ones below the row's entry layer. Rows of all conditions share passes of
-    at most ``max_rows`` rows. Equal to :func:`arithlib.methods.answer_runs.run_answer_conditions`
-    with the same masks as row-wise hooks, up to float rounding."""
+    at most ``max_rows`` rows. Equal to :func:`zeroing_runs_literal` up to float rounding."""
     device = input_device(model)
     targets = answer_targets(prompts, targets)
-    n_layers, N = int(model.cfg.n_layers), len(prompts)
+    n_layers, d_mlp, N = int(model.cfg.n_layers), int(model.cfg.d_mlp), len(prompts)
     names = list(conditions)
     conds = [conditions[n] for n in names]
     unembed = Unembed(model)
     pred = torch.empty(len(names), N, dtype=torch.long)
     # every condition's coefficients, row c * N + prompt: filled by index_copy_ (a broadcast
     # index_put over [C, N, L, d_mlp] runs at a fraction of the memory bandwidth)
-    coef = torch.empty(len(names) * N, n_layers, int(model.cfg.d_mlp)) if capture_coef else None
+    coef = torch.empty(len(names) * N, n_layers, d_mlp) if capture_coef else None
     post = [f"blocks.{l}.mlp.hook_post" for l in range(n_layers)] if capture_coef else []
     for batch in tqdm(
         list(prompts.batches(batch_size, device, by_prefix=True)), desc=desc, disable=not progress, leave=False
@@ -198,7 +200,7 @@ def zeroing_runs(
             got: dict[int, torch.Tensor] | None = (
                 {l: None for l in range(int(e[0]), n_layers)} if coef is not None else None
             )
-            hooks = _zeroing_hooks(conds, c, index[r], got)
+            hooks = _zeroing_hooks(conds, c, index[r], d_mlp, got)
             with model.hooks(fwd_hooks=hooks):
                 h = resume_rows(model, run, T - 1, r, e.tolist())
             pred[c, index[r]] = unembed.logits(h).argmax(-1).cpu()
