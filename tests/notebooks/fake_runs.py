@@ -45,8 +45,8 @@ def write_notebook(path: Path, code: str, params: str = "") -> None:
     path.write_text(json.dumps(nb))
 
 
-def run_args(nb_dir: Path, out: Path, fig: Path, *extra: str, threads: bool = True) -> list[str]:
-    """run_notebooks.py's arguments for model "m" on the CPU, one job (and one thread)."""
+def run_args(nb_dir: Path, out: Path, fig: Path, *extra: str, jobs: int = 1, threads: bool = True) -> list[str]:
+    """run_notebooks.py's arguments for model "m" on the CPU, ``jobs`` jobs (and one thread each)."""
     return [
         "--out",
         str(out),
@@ -59,7 +59,7 @@ def run_args(nb_dir: Path, out: Path, fig: Path, *extra: str, threads: bool = Tr
         "--notebooks",
         str(nb_dir),
         "--jobs",
-        "1",
+        str(jobs),
         *(["--threads", "1"] if threads else []),
         *extra,
     ]

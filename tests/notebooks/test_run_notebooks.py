@@ -88,22 +88,7 @@ def test_runs_notebooks_two_at_a_time_with_fixed_threads(tmp_path, capsys):
         "NAME = '02_b'\n" + record + "assert (Path(out_dir) / model / '01_a.txt').exists()  # reads 01_a's table\n",
     )
     write_notebook(nb_dir / "03_c.ipynb", "NAME = '03_c'\n" + record)
-    args = [
-        "--out",
-        str(out),
-        "--figures",
-        str(fig),
-        "--model",
-        "m",
-        "--device",
-        "cpu",
-        "--notebooks",
-        str(nb_dir),
-        "--jobs",
-        "2",
-        "--threads",
-        "1",
-    ]
+    args = run_args(nb_dir, out, fig, jobs=2)
     assert rn.main(args) == 0
     got = {p.stem: p.read_text().split() for p in (fig / "m").glob("*.txt")}
     assert set(got) == {"01_a", "02_b", "03_c"}
