@@ -26,10 +26,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import bench_model  # noqa: E402
 import results  # noqa: E402
 
-from arithlib.core.models import load_model  # noqa: E402
-from arithlib.core.random_models import load_random_model  # noqa: E402
 from arithlib.methods.neurons import w_out  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -57,10 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     a = ap.parse_args(argv)
-    if a.model.startswith("random-"):
-        bridge = load_random_model(a.model.removeprefix("random-"), "tiny").bridge
-    else:
-        bridge = load_model(a.model).bridge
+    bridge = bench_model.load(a.model).bridge  # on the CPU, in float32
     L = bridge.cfg.n_layers
     same = all(torch.equal(stacked_values(bridge, layer), w_out(bridge, layer)) for layer in range(L))
     t_stacked = time_all_layers(stacked_values, bridge, L, a.repeats)

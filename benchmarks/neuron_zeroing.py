@@ -31,13 +31,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
 
 import arithlib.core.datasets as ds  # noqa: E402
-from arithlib.core.models import load_model  # noqa: E402
 from arithlib.core.prompt_sets import PromptSet  # noqa: E402
-from arithlib.core.random_models import load_random_model  # noqa: E402
 from arithlib.methods.neuron_zeroing import zeroing_runs, zeroing_runs_literal  # noqa: E402
 from arithlib.yu.mask_keep import neuron_masks  # noqa: E402
 
@@ -67,9 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     a = ap.parse_args(argv)
-    loaded = (
-        load_random_model(a.model.removeprefix("random-")) if a.model.startswith("random-") else load_model(a.model)
-    )
+    loaded = bench_model.load(a.model)  # on the CPU, in float32
     bridge, cfg = loaded.bridge, loaded.bridge.cfg
     recs = ds.yu_prompts(ops=["+", "-"], n_digits=1, n_per_template=None, templates=[3], fewshot=2)
     ps = PromptSet.build(recs, loaded.tokenizer)

@@ -27,11 +27,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import bench_model  # noqa: E402
 import results  # noqa: E402
 import roofline  # noqa: E402
 
-from arithlib.core.models import load_model  # noqa: E402
-from arithlib.core.random_models import load_random_model  # noqa: E402
 from arithlib.yu.pe_dag import mlp_coefficients, neuron_coefficients  # noqa: E402
 
 
@@ -43,9 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     a = ap.parse_args(argv)
-    loaded = (
-        load_random_model(a.model.removeprefix("random-")) if a.model.startswith("random-") else load_model(a.model)
-    )
+    loaded = bench_model.load(a.model)  # on the CPU, in float32
     bridge, cfg = loaded.bridge, loaded.bridge.cfg
     g = torch.Generator().manual_seed(0)
     layer = cfg.n_layers // 2
