@@ -43,6 +43,18 @@ def _read(fd: int) -> dict:
         return {}
 
 
+def _holder(fd: int, wait: float = 2.0) -> dict:
+    """The holder recorded in the open lock file ``fd``, which another process has
+    locked: a holder writes its record just after taking the lock, so an empty record is
+    read again for up to ``wait`` seconds before it is taken as none."""
+    end = time.monotonic() + wait
+    while True:
+        holder = _read(fd)
+        if holder or time.monotonic() >= end:
+            return holder
+        time.sleep(0.02)
+
+
 def _alive(pid: object) -> bool:
     """Whether process ``pid`` exists (a zombie counts as gone)."""
     if not isinstance(pid, int) or pid <= 0:
@@ -83,7 +95,7 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _read(fd)
+                holder = _holder(fd)
                 os.close(fd)
                 if holder and not _alive(holder.get("pid")):  # its notebooks hold the lock while they stop
                     raise Locked(

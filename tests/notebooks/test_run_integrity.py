@@ -115,6 +115,27 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, capsys):
     assert "taking over the lock" in said and f"pid {dead.pid}" in said and (out / "00_a.key").is_file()
 
 
+def test_a_run_that_has_just_taken_the_lock_is_named_not_left_unknown(tmp_path):
+    """A run writes its record just after it takes the lock: a second run that meets the
+    lock in that moment waits for the record and names the holder (it said 'pid ?')."""
+    import fcntl
+    import threading
+
+    run_lock = sys.modules["run_lock"]
+    path = tmp_path / ".run.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held, record not yet written
+    record = json.dumps({"pid": os.getpid(), "command": "./run_all.sh first", "started": time.time()})
+    writer = threading.Timer(0.3, lambda: os.write(fd, record.encode()))
+    writer.start()
+    try:
+        with pytest.raises(run_lock.Locked, match=rf"pid {os.getpid()}, .*first"):
+            run_lock.RunLock(tmp_path, "./run_all.sh second").acquire()
+    finally:
+        writer.join()
+        os.close(fd)
+
+
 # --------------------------------------------------------------------------- outputs replaced whole
 
 
