@@ -9,10 +9,12 @@ layer a (condition, prompt) row zeroes, the row is the clean run. So each row jo
 pass of answer-position tokens at that layer from the clean run's residual stream, over
 the clean keys and values of the earlier positions
 (:func:`arithlib.engine.resume_rows`); rows of every condition share the passes, sorted
-by their entry layer. A row's prediction is the argmax of its full logits: the exact
-top-1 of :meth:`arithlib.methods.patching.Unembed.top1`, whose bound needs few tokens
-only while the final state stays close to the clean one, was tried here and cost more
-than the plain product on Qwen-0.5B, the zeroed rows' states being too far from it.
+by their entry layer. A row's prediction is the argmax over every logit, taken chunk by
+chunk of the vocabulary (:meth:`arithlib.methods.patching.Unembed.argmax`) so that the
+full logits are never held; the exact top-1 of
+:meth:`arithlib.methods.patching.Unembed.top1`, whose bound needs few tokens only while
+the final state stays close to the clean one, was tried here and cost more than the
+plain product on Qwen-0.5B, the zeroed rows' states being too far from it.
 
 The literal path (every row through every layer from the embeddings, the full logits) is
 :func:`zeroing_runs_literal` (:func:`arithlib.methods.answer_runs.run_answer_conditions`
@@ -182,7 +184,7 @@ def zeroing_runs(
         index = batch.index.cpu()
         B, T = batch.tokens.shape
         run = clean_run(model, batch.tokens, last=post)
-        clean_pred = unembed.logits(run.final).argmax(-1).cpu()
+        clean_pred = unembed.argmax(run.final)[0].cpu()
         entry = torch.stack([entry_layers(m, index, n_layers) for m in conds])  # [C, B]
         pred[:, index] = clean_pred
         if coef is not None:
@@ -203,7 +205,7 @@ def zeroing_runs(
             hooks = _zeroing_hooks(conds, c, index[r], d_mlp, got)
             with model.hooks(fwd_hooks=hooks):
                 h = resume_rows(model, run, T - 1, r, e.tolist())
-            pred[c, index[r]] = unembed.logits(h).argmax(-1).cpu()
+            pred[c, index[r]] = unembed.argmax(h)[0].cpu()
             if got is not None:
                 for layer, x in got.items():
                     n = x.shape[0]  # the rows present at this layer: a leading part

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 import transformer_lens.patching as tlp
 
 import arithlib.core.datasets as ds
@@ -303,6 +304,29 @@ def test_top1_is_exact(tiny):
         full = un.logits(h)
         assert torch.equal(ids, full.argmax(-1))
         torch.testing.assert_close(mx, full.max(-1).values, atol=1e-5, rtol=0)
+
+
+def test_unembed_logits_and_chunked_argmax_equal_the_literal_product(tiny):
+    """logits: F.linear over the whole vocabulary (with and without a bias); argmax: the
+    argmax and max of those logits, ties going to the first token, across chunk edges."""
+    un = P.Unembed(tiny.bridge)
+    g = torch.Generator().manual_seed(3)
+    V, d = un.weight.shape
+    # small integers: every logit is exact in float32, so ties are ties in any summation order
+    h = torch.randint(-3, 4, (2, 5, d), generator=g).float()
+    W = torch.randint(-3, 4, (V, d), generator=g).float()
+    W[9] = W[2] = 5 * h[0, 0].sign()  # a tie across chunks (chunk 7): token 2 wins
+    W[4] = W[3] = 5 * h[1, 1].sign()  # a tie inside a chunk: token 3 wins
+    for bias in (None, torch.randint(-2, 3, (V,), generator=g).float()):
+        if bias is not None:
+            bias[9], bias[4] = bias[2], bias[3]  # the ties stay ties
+        un.weight, un.bias = W, bias
+        ref = F.linear(h, W, bias)
+        torch.testing.assert_close(un.logits(h, chunk=7), ref, atol=1e-4, rtol=1e-6)
+        ids, mx = un.argmax(h, chunk=7)
+        assert torch.equal(ids, ref.argmax(-1)) and ids[0, 0] == 2 and ids[1, 1] == 3
+        torch.testing.assert_close(mx, ref.max(-1).values, atol=1e-4, rtol=1e-6)
+        assert torch.equal(un.argmax(h, chunk=V + 5)[0], ids)
 
 
 def test_zero_and_mean_ablation_edits_equal_ablation_hooks(tiny, digit_tokenizer):
