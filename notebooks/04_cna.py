@@ -476,6 +476,8 @@ recall
 # controls).
 
 # %%
+# the random controls of sections 2 and 3: the same draws for both, part of their stored results' keys
+controls = dict(seed=seed, n_seeds=n_random_seeds, control_ks=control_ks)
 mk = []
 with timed("mask / keep"):
     for g in active:
@@ -487,16 +489,12 @@ with timed("mask / keep"):
                     cases[g],
                     results[g],
                     top_ks,
-                    seed=seed,
-                    n_seeds=n_random_seeds,
-                    control_ks=control_ks,
+                    **controls,
                     batch_size=batch_size,
                 ),
                 code=[*cna_code, masking],
                 top_ks=top_ks,
-                seed=seed,
-                n_seeds=n_random_seeds,
-                control_ks=control_ks,
+                **controls,
                 **cna_inputs(g),
             ).assign(group=g)
         )
@@ -549,16 +547,12 @@ with timed("lowest neuron"):
                 cases[g],
                 results[g],
                 top_ks,
-                seed=seed,
-                n_seeds=n_random_seeds,
-                control_ks=control_ks,
+                **controls,
                 batch_size=batch_size,
             ),
             code=[*cna_code, masking],
             top_ks=top_ks,
-            seed=seed,
-            n_seeds=n_random_seeds,
-            control_ks=control_ks,
+            **controls,
             **cna_inputs(g),
         )
         low.append(s.assign(group=g))
