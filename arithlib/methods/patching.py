@@ -447,7 +447,6 @@ class Unembed:
         h_clean: torch.Tensor,
         clean_logits: torch.Tensor | None = None,
         hint_ids: torch.Tensor | None = None,
-        chunk: int = 256,
         max_candidates: int = 8192,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact (argmax id, max logit) of ``h`` ``[..., B, d]`` given the clean states
@@ -457,8 +456,10 @@ class Unembed:
         clean_logit_j + ||delta|| * max_j ||w_j||, so only tokens whose clean logit is at
         least ``lb - ||delta|| * max_norm`` can beat ``lb``, the best exactly computed logit
         among the clean argmax and ``hint_ids`` [B]. Those tokens are a prefix of the
-        prompt's clean logits sorted in descending order; their logits are computed
-        exactly (rows needing more than ``max_candidates`` get the full unembedding)."""
+        prompt's clean logits sorted in descending order; the rows of one prompt share its
+        longest such prefix, whose logits are computed exactly (in token order, so that
+        ties go to the first token, as an argmax over every logit). Rows needing more than
+        ``max_candidates`` tokens take :meth:`argmax` over the whole vocabulary."""
         h, h_clean = h.to(self.device), h_clean.to(self.device)
         lead = h.shape[:-2]
         B, d = h_clean.shape
@@ -466,45 +467,33 @@ class Unembed:
             clean_logits = self.logits(h_clean)
         clean_logits = clean_logits.to(self.device).float()
         sorted_vals, sorted_idx = clean_logits.sort(-1, descending=True)  # [B, V]
-        asc = sorted_vals.flip(-1).contiguous()
-        flat = h.reshape(-1, B, d)
-        ids_out = torch.empty(flat.shape[:2], dtype=torch.long, device=h.device)
-        max_out = torch.empty(flat.shape[:2], dtype=torch.float32, device=h.device)
-        rows = flat.reshape(-1, d)
-        prompt = torch.arange(B, device=h.device).repeat(flat.shape[0])
+        flat = h.reshape(-1, B, d).float()  # [n, B, d]
         eps = 1e-4 * float(clean_logits.abs().max()) + 1e-4
-        max_norm = float(self.norms.max())
-        V = self.vocab
-        for s in range(0, rows.shape[0], chunk):
-            r = rows[s : s + chunk].float()
-            b = prompt[s : s + chunk]
-            radius = (r - h_clean[b].float()).norm(dim=-1)
-            cands = [sorted_idx[b, 0]] + ([hint_ids.to(h.device)[b]] if hint_ids is not None else [])
-            cand = torch.stack(cands, -1)
-            lb = self.token_logits(r[:, None, :].expand(-1, cand.shape[1], -1), cand).max(-1).values
-            thr = lb - radius * max_norm - eps
-            # number of tokens with clean logit >= thr, per row
-            count = V - torch.searchsorted(asc[b], thr[:, None], right=False)[:, 0]
-            count = count.clamp(min=1)
-            a = torch.empty(r.shape[0], dtype=torch.long, device=h.device)
-            m = torch.empty(r.shape[0], dtype=torch.float32, device=h.device)
-            big = count > max_candidates
-            if big.any():
-                a[big], m[big] = self.argmax(r[big])
-            small = (~big).nonzero().flatten()
-            if small.numel():
-                k = int(count[small].max())
-                union = sorted_idx[b[small], :k].unique()
-                w = self.weight[union].float()
-                lg = r[small] @ w.T
-                if self.bias is not None:
-                    lg = lg + self.bias[union].float()
-                mm, j = lg.max(-1)
-                m[small], a[small] = mm, union[j]
-            flat_idx = torch.arange(s, s + r.shape[0], device=h.device)
-            ids_out.view(-1)[flat_idx] = a
-            max_out.view(-1)[flat_idx] = m
-        return ids_out.reshape(*lead, B), max_out.reshape(*lead, B)
+        cand = torch.stack([sorted_idx[:, 0]] + ([hint_ids.to(h.device)] if hint_ids is not None else []), -1)  # [B, c]
+        lb = torch.einsum("nbd,bcd->nbc", flat, self.weight[cand].float())  # [n, B, c]
+        if self.bias is not None:
+            lb = lb + self.bias[cand].float()
+        radius = (flat - h_clean.float()).norm(dim=-1)  # [n, B]
+        thr = lb.max(-1).values - radius * float(self.norms.max()) - eps
+        # per row, the number of tokens whose clean logit reaches thr: one search per prompt
+        asc = sorted_vals.flip(-1).contiguous()
+        count = (self.vocab - torch.searchsorted(asc, thr.T.contiguous(), right=False)).T.clamp(min=1)  # [n, B]
+        ids = torch.empty(count.shape, dtype=torch.long, device=h.device)
+        best = torch.empty(count.shape, dtype=torch.float32, device=h.device)
+        big = count > max_candidates
+        if big.any():
+            ids[big], best[big] = self.argmax(flat[big])
+        for p in range(B):
+            rows = (~big[:, p]).nonzero()[:, 0]
+            if not len(rows):
+                continue
+            tokens = sorted_idx[p, : int(count[rows, p].max())].sort().values
+            lg = flat[rows, p] @ self.weight[tokens].float().T
+            if self.bias is not None:
+                lg = lg + self.bias[tokens].float()
+            m, j = lg.max(-1)
+            ids[rows, p], best[rows, p] = tokens[j], m
+        return ids.reshape(*lead, B), best.reshape(*lead, B)
 
 
 # --------------------------------------------------------------------------- interventions over prompt sets

@@ -304,6 +304,15 @@ def test_top1_is_exact(tiny):
         full = un.logits(h)
         assert torch.equal(ids, full.argmax(-1))
         torch.testing.assert_close(mx, full.max(-1).values, atol=1e-5, rtol=0)
+    # one call whose rows of the same prompt need prefixes of every length, and some the whole
+    # vocabulary (max_candidates small), as a knockout's variants of one prompt do
+    scales = torch.logspace(-4, 1, 12)[:, None, None]
+    h = run.final + scales * torch.randn((12, *run.final.shape), generator=g)
+    for cap in (8192, 16):
+        ids, mx = un.top1(h, run.final, hint_ids=torch.tensor([5, 6, 7]), max_candidates=cap)
+        full = un.logits(h)
+        assert torch.equal(ids, full.argmax(-1))
+        torch.testing.assert_close(mx, full.max(-1).values, atol=1e-5, rtol=0)
 
 
 def test_unembed_logits_and_chunked_argmax_equal_the_literal_product(tiny):
