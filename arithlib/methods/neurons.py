@@ -408,11 +408,19 @@ def masked_mean_hooks(masks: dict[int, torch.Tensor], means: torch.Tensor, layer
 def prompt_neuron_masks(
     per_prompt: Sequence[Iterable[Neuron]], layers: Sequence[int], d_mlp: int
 ) -> dict[int, torch.Tensor]:
-    """Bool masks {layer: [N, d_mlp]} from a list (one entry per prompt) of neuron sets."""
+    """Bool masks {layer: [N, d_mlp]} from a list (one entry per prompt) of neuron sets
+    (True on each prompt's neurons; every neuron's layer must be one of ``layers``)."""
     masks = {int(x): torch.zeros(len(per_prompt), d_mlp, dtype=torch.bool) for x in layers}
+    # each layer's (prompt, neuron) pairs, then one indexed write per layer: a write per
+    # neuron costs a dispatch each (most of a mask / keep section's time under flop counting)
+    pairs: dict[int, tuple[list[int], list[int]]] = {}
     for i, neurons in enumerate(per_prompt):
         for layer, k in neurons:
-            masks[int(layer)][i, int(k)] = True
+            rows, cols = pairs.setdefault(int(layer), ([], []))
+            rows.append(i)
+            cols.append(int(k))
+    for layer, (rows, cols) in pairs.items():
+        masks[layer][rows, cols] = True
     return masks
 
 

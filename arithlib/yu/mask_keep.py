@@ -17,6 +17,7 @@ from ..core.components import Neuron
 from ..core.prompt_sets import PromptSet
 from ..core.stats import encode_correct
 from ..methods.neuron_zeroing import Masks, zeroing_runs
+from ..methods.neurons import prompt_neuron_masks
 from .cna import CNAResult, coefficient_decrease
 
 
@@ -26,22 +27,12 @@ def neuron_masks(
     """Bool masks [N, d_mlp] per layer from per-prompt neuron sets. Mask mode
     (``keep_layers=None``): True on each prompt's neurons. Keep mode: True on every
     neuron of ``keep_layers`` except the prompt's own (Yu's "keep")."""
-    N = len(sets)
-    masks: dict[int, torch.Tensor] = {}
     if keep_layers is None:
-        for i, neurons in enumerate(sets):
-            for layer, n in neurons:
-                if layer not in masks:
-                    masks[layer] = torch.zeros(N, d_mlp, dtype=torch.bool)
-                masks[layer][i, n] = True
-        return masks
-    for layer in keep_layers:
-        masks[layer] = torch.ones(N, d_mlp, dtype=torch.bool)
-    for i, neurons in enumerate(sets):
-        for layer, n in neurons:
-            if layer in masks:
-                masks[layer][i, n] = False
-    return masks
+        layers = dict.fromkeys(int(layer) for neurons in sets for layer, _ in neurons)  # in order of appearance
+        return prompt_neuron_masks(sets, list(layers), d_mlp)
+    keep = {int(layer) for layer in keep_layers}
+    own = prompt_neuron_masks([[(l, n) for l, n in neurons if int(l) in keep] for neurons in sets], keep, d_mlp)
+    return {layer: ~own[int(layer)] for layer in keep_layers}
 
 
 def random_layer_matched(sets: Sequence[Sequence[Neuron]], d_mlp: int, seed: int) -> list[list[Neuron]]:

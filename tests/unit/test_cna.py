@@ -54,6 +54,37 @@ def _runs(model, ps, head=(1, 0)):
     return a, b
 
 
+def _neuron_masks_literal(sets, d_mlp, keep_layers=None):
+    """neuron_masks as first written: one element write per neuron."""
+    masks = {}
+    if keep_layers is None:
+        for i, neurons in enumerate(sets):
+            for layer, n in neurons:
+                if layer not in masks:
+                    masks[layer] = torch.zeros(len(sets), d_mlp, dtype=torch.bool)
+                masks[layer][i, n] = True
+        return masks
+    for layer in keep_layers:
+        masks[layer] = torch.ones(len(sets), d_mlp, dtype=torch.bool)
+    for i, neurons in enumerate(sets):
+        for layer, n in neurons:
+            if layer in masks:
+                masks[layer][i, n] = False
+    return masks
+
+
+def test_neuron_masks_equal_the_element_by_element_masks():
+    g = torch.Generator().manual_seed(0)
+    sets = [[(int(l), int(n)) for l, n in torch.randint(0, 6, (k, 2), generator=g).tolist()] for k in range(9)]
+    sets[3] = sets[3] + sets[3][:2]  # a neuron twice
+    for keep in (None, [5, 1, 4], [7]):  # keep: layers without any set's neuron, in any order
+        got, ref = MK.neuron_masks(sets, 8, 6, keep_layers=keep), _neuron_masks_literal(sets, 6, keep)
+        assert list(got) == list(ref) and all(torch.equal(got[l], ref[l]) for l in ref)
+    per_prompt = N.prompt_neuron_masks(sets, range(6), 6)
+    assert all(torch.equal(per_prompt[l], ref) for l, ref in _neuron_masks_literal(sets, 6).items())
+    assert not any(per_prompt[l].any() for l in range(6) if l not in _neuron_masks_literal(sets, 6))
+
+
 def test_run_conditions_stacked_equal_separate_full_runs(tiny):
     b = tiny.bridge
     ps = _prompts(tiny, ops=("+", "-"))
