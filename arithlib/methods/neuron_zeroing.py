@@ -162,11 +162,14 @@ def zeroing_runs(
     max_rows: int = 512,
     progress: bool = False,
     desc: str = "neuron zeroing",
+    clean_runs: dict | None = None,
 ) -> dict[str, ZeroingRun]:
     """Each condition's answer-position run of ``prompts`` (see the module docstring):
     per prompt the exact argmax and (``capture_coef``) the coefficients of every layer,
     the clean ones below the row's entry layer. Rows of all conditions share passes of
-    at most ``max_rows`` rows. Equal to :func:`zeroing_runs_literal` up to float rounding."""
+    at most ``max_rows`` rows. Equal to :func:`zeroing_runs_literal` up to float rounding.
+    ``clean_runs``: a dict the caller keeps across calls on the same model, prompts and
+    ``batch_size``, holding each batch's clean run, so that later calls skip it."""
     device = input_device(model)
     targets = answer_targets(prompts, targets)
     n_layers, d_mlp, N = int(model.cfg.n_layers), int(model.cfg.d_mlp), len(prompts)
@@ -183,8 +186,14 @@ def zeroing_runs(
     ):
         index = batch.index.cpu()
         B, T = batch.tokens.shape
-        run = clean_run(model, batch.tokens, last=post)
-        clean_pred = unembed.argmax(run.final)[0].cpu()
+        key = (tuple(index.tolist()), capture_coef)
+        if clean_runs is not None and key in clean_runs:
+            run, clean_pred = clean_runs[key]
+        else:
+            run = clean_run(model, batch.tokens, last=post)
+            clean_pred = unembed.argmax(run.final)[0].cpu()
+            if clean_runs is not None:
+                clean_runs[key] = run, clean_pred
         entry = torch.stack([entry_layers(m, index, n_layers) for m in conds])  # [C, B]
         pred[:, index] = clean_pred
         if coef is not None:

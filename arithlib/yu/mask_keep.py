@@ -237,6 +237,7 @@ def lowest_neuron_table(
     if n_seeds < 0:
         raise ValueError(f"n_seeds must be >= 0, got {n_seeds}")
     per_case = []
+    clean: dict = {}  # each batch's clean run, shared by the K's
     for k in ks:
         sets = top_k_sets(result, len(prompts), k)
         lows = [lowest_neuron(s, result.importance_a[i]) if s else None for i, s in enumerate(sets)]
@@ -265,6 +266,7 @@ def lowest_neuron_table(
             batch_size=batch_size,
             progress=progress,
             desc=f"lowest neuron K={k}",
+            clean_runs=clean,
         )
         for name, picks in draws.items():
             kind, _, s_ = name.partition("|")

@@ -74,6 +74,27 @@ def test_fast_runs_equal_the_literal_runs(tiny):
     assert fast["none"].accuracy == ref["none"].accuracy
 
 
+def test_clean_runs_kept_by_the_caller_are_reused_and_change_nothing(tiny, monkeypatch):
+    """A second call with the caller's dict of clean runs runs no clean pass and gives the
+    same runs; a call that captures coefficients does not take a run kept without them."""
+    b = tiny.bridge
+    ps = _prompts(tiny)
+    conds = _conditions(b, len(ps))
+    ref = NZ.zeroing_runs(b, ps, conds, capture_coef=True, batch_size=5, max_rows=7)
+    kept: dict = {}
+    NZ.zeroing_runs(b, ps, conds, batch_size=5, clean_runs=kept)  # without coefficients
+    calls = []
+    monkeypatch.setattr(NZ, "clean_run", lambda *a, **k: calls.append(1) or clean_run(*a, **k))
+    first = NZ.zeroing_runs(b, ps, conds, capture_coef=True, batch_size=5, max_rows=7, clean_runs=kept)
+    n_batches = len(calls)
+    again = NZ.zeroing_runs(b, ps, conds, capture_coef=True, batch_size=5, max_rows=7, clean_runs=kept)
+    assert n_batches > 1 and len(calls) == n_batches  # the first call ran each batch's clean pass, the second none
+    for name in conds:
+        for got in (first, again):
+            assert torch.equal(got[name].pred, ref[name].pred), name
+            assert torch.equal(got[name].coef, ref[name].coef), name
+
+
 def test_entry_layer_is_the_lowest_zeroed_layer():
     m = {
         3: torch.tensor([[True, False], [False, False], [False, False]]),
