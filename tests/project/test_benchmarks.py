@@ -331,3 +331,11 @@ def test_neuron_zeroing_benchmark_on_a_random_model():
     assert row["same_predictions"] and row["max_abs_coef_diff"] < 1e-4
     assert row["fast_gflop"] > 0 and row["literal_gflop"] > 0 and row["literal_s"] > 0 and row["fast_s"] > 0
     assert torch.is_grad_enabled()
+
+
+def test_readout_benchmark_on_a_random_model():
+    br = _load("readout")
+    row = br.main(["--model", "random-qwen2", "--prompts", "3", "--orders", "2", "--repeats", "1", "--no-append"])
+    assert row["same"] and row["max_diff"] < 1e-4
+    assert row["literal_s"] > 0 and row["argmax_s"] > 0 and row["top1_s"] > 0
+    assert torch.is_grad_enabled()
