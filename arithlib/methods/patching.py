@@ -389,6 +389,15 @@ class Unembed:
             self._norms = self.weight.float().norm(dim=-1)
         return self._norms
 
+    def _chunk_logits(self, flat: torch.Tensor, start: int, out: torch.Tensor) -> torch.Tensor:
+        """The logits of states ``flat`` [n, d] for tokens ``start..start+out.shape[1]-1``,
+        float32, written into ``out`` [n, chunk] (returned)."""
+        end = start + out.shape[1]
+        torch.matmul(flat, self.weight[start:end].float().T, out=out)
+        if self.bias is not None:
+            out += self.bias[start:end].float()
+        return out
+
     @torch.no_grad()
     def logits(self, h: torch.Tensor, chunk: int = 32768) -> torch.Tensor:
         """All logits, float32, ``[..., vocab]`` (computed in vocabulary chunks in fp32,
@@ -398,19 +407,16 @@ class Unembed:
         flat = hf32.reshape(-1, hf32.shape[-1])
         out = torch.empty(flat.shape[0], self.vocab, device=flat.device)
         for s in range(0, self.vocab, chunk):
-            part = out[:, s : s + chunk]
-            torch.matmul(flat, self.weight[s : s + chunk].float().T, out=part)
-            if self.bias is not None:
-                part += self.bias[s : s + chunk].float()
+            self._chunk_logits(flat, s, out[:, s : s + chunk])
         return out.reshape(*hf32.shape[:-1], self.vocab)
 
     @torch.no_grad()
     def argmax(self, h: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
         """(argmax id, max logit) of every state ``h`` ``[..., d]``, exactly as
         ``logits(h).max(-1)`` (the first of tied maxima), without holding every logit: a
-        running maximum over vocabulary chunks of ``chunk`` tokens. The full logits of a
-        few hundred states are a few hundred MB, whose writing and second reading cost a
-        quarter of the unembedding's time on a CPU."""
+        running maximum over vocabulary chunks of ``chunk`` tokens. It saves memory (the
+        full logits of a few hundred states are a few hundred MB), not time
+        (``benchmarks/readout.py``)."""
         hf32 = h.to(self.device).float()
         flat = hf32.reshape(-1, hf32.shape[-1])
         n = flat.shape[0]
@@ -418,12 +424,7 @@ class Unembed:
         best = torch.full((n,), -math.inf, device=flat.device)
         ids = torch.zeros(n, dtype=torch.long, device=flat.device)
         for s in range(0, self.vocab, chunk):
-            w = self.weight[s : s + chunk]
-            part = buf[:, : w.shape[0]]
-            torch.matmul(flat, w.float().T, out=part)
-            if self.bias is not None:
-                part += self.bias[s : s + chunk].float()
-            m, j = part.max(-1)
+            m, j = self._chunk_logits(flat, s, buf[:, : min(chunk, self.vocab - s)]).max(-1)
             better = m > best  # strict: an earlier chunk keeps a tie, as argmax over all logits
             best = torch.where(better, m, best)
             ids = torch.where(better, j + s, ids)
