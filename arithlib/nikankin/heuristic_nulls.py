@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .heuristics import match_scores
+from .heuristics import match_scores, top_counts
 
 #: False-discovery rate at which a label must beat the shuffled-operand null (ours: the usual 5 %).
 LABEL_FDR = 0.05
@@ -84,8 +84,8 @@ def null_best_scores(assoc: np.ndarray, n_permutations: int, seed: int = 0, chun
     that order is a uniformly random one whatever the activations, so one set of B seeded
     random orders pi_b serves every neuron: S_b(h) = #{r < s_h : assoc[h, pi_b(r)]} / s_h,
     the neuron's top-s_h prompts being the first s_h of pi_b (what :func:`match_scores` gives a
-    neuron whose activations fall along pi_b). ``chunk``: orders per step (None: about 2e7
-    entries of the permuted rule matrix); it does not change the result."""
+    neuron whose activations fall along pi_b; the counts are :func:`top_counts`'). ``chunk``:
+    orders drawn per step (None: 4096); it does not change the result."""
     h, n = assoc.shape
     best = np.zeros(n_permutations)
     sizes = assoc.sum(1).astype(int)
@@ -93,16 +93,12 @@ def null_best_scores(assoc: np.ndarray, n_permutations: int, seed: int = 0, chun
     if not len(rows) or not n_permutations:
         return best
     rng = np.random.default_rng(seed)
-    perms = np.stack([rng.permutation(n) for _ in range(n_permutations)])
-    a = torch.from_numpy(assoc[rows].astype(np.float32))  # [h, N]
-    at = torch.from_numpy(sizes[rows] - 1)  # prefix end of each rule
-    denom = torch.from_numpy(sizes[rows].astype(np.float32))[:, None]
-    chunk = max(1, min(n_permutations, int(2e7 // (len(rows) * n)))) if chunk is None else int(chunk)
+    a = assoc[rows]
+    denom = sizes[rows].astype(np.float32)
+    chunk = 4096 if chunk is None else max(1, int(chunk))
     for c0 in range(0, n_permutations, chunk):
-        p = torch.from_numpy(perms[c0 : c0 + chunk])  # [C, N]
-        hits = a[:, p].cumsum(-1)  # [h, C, N] hits among the first r + 1
-        got = hits.gather(-1, at[:, None, None].expand(-1, p.shape[0], 1)).squeeze(-1) / denom  # [h, C]
-        best[c0 : c0 + chunk] = got.max(0).values.numpy()
+        perms = np.stack([rng.permutation(n) for _ in range(min(chunk, n_permutations - c0))])  # [C, N]
+        best[c0 : c0 + len(perms)] = (top_counts(perms, a) / denom).max(1)
     return best
 
 

@@ -165,39 +165,60 @@ def usable_heuristics(
     return [catalogue[i] for i in keep], assoc[keep] if keep else np.zeros((0, n), dtype=bool)
 
 
-def _ranks(acts: np.ndarray, seed: int) -> np.ndarray:
-    """Rank of each prompt per neuron (0 = highest activation), ties broken at random.
-    ``acts`` [N, M] -> ranks [M, N]."""
+def _orders(acts: np.ndarray, seed: int) -> np.ndarray:
+    """The prompts of each neuron by falling activation, ties broken at random (seeded).
+    ``acts`` [N, M] -> orders [M, N] (row m: the prompt at rank 0, 1, ...)."""
     rng = np.random.default_rng(seed)
-    n = acts.shape[0]
-    perm = rng.permutation(n)
-    order = perm[np.argsort(-acts[perm], axis=0, kind="stable")]  # [N, M]: prompt at each rank
-    ranks = np.empty_like(order)
-    cols = np.arange(acts.shape[1])[None, :]
-    ranks[order, cols] = np.arange(n)[:, None]
-    return ranks.T
+    perm = rng.permutation(acts.shape[0])
+    return perm[np.argsort(-acts[perm], axis=0, kind="stable")].T  # [M, N]
+
+
+def top_counts(orders: np.ndarray | torch.Tensor, assoc: np.ndarray, chunk: int = 256) -> np.ndarray:
+    """[R, H] float32: for each order (a row of ``orders`` [R, N], prompts by rank) and rule h
+    (a row of ``assoc`` [H, N]), #{r < s_h : assoc[h, order(r)]}, the number of h's prompts
+    among the order's first s_h (s_h = the number of prompts satisfying h; 0 for s_h = 0).
+
+    The numerator of the match score, computed as matrix products: the rules are taken by
+    size s ascending, the indicator of each row's first s prompts is grown by the ranks since
+    the last size (one scatter), and multiplied by the rules of that size. Counts are exact
+    integers in float32 (N < 2**24). ``chunk``: rows per step; it does not change the result.
+    Written here because it is the one step of the label tests that costs time: gathering
+    the rules along every order and summing prefixes costs a memory pass per rule and rank."""
+    orders = torch.as_tensor(np.asarray(orders), dtype=torch.int64)
+    r, n = orders.shape
+    if assoc.shape[1] != n:
+        raise ValueError(f"assoc must be [H, {n}] for orders over {n} prompts, got {assoc.shape}")
+    sizes = assoc.sum(1).astype(int)
+    out = np.zeros((r, assoc.shape[0]), dtype=np.float32)
+    groups = [
+        (int(s), idx, torch.from_numpy(assoc[idx].astype(np.float32)).T.contiguous())
+        for s in np.unique(sizes[sizes > 0])
+        for idx in [np.nonzero(sizes == s)[0]]
+    ]
+    for c0 in range(0, r, max(1, int(chunk))):
+        o = orders[c0 : c0 + max(1, int(chunk))]
+        top = torch.zeros(o.shape[0], n)
+        prev = 0
+        for s, idx, a in groups:
+            top.scatter_(1, o[:, prev:s], 1.0)
+            prev = s
+            out[c0 : c0 + o.shape[0], idx] = (top @ a).numpy()
+    return out
 
 
 def match_scores(
     acts: np.ndarray | torch.Tensor, assoc: np.ndarray, seed: int = 0, min_std: float = 1e-6
 ) -> np.ndarray:
     """Match score of each neuron with each heuristic, [M, H]: the share of the neuron's
-    s_h top-activating prompts that satisfy h (s_h = the number of prompts satisfying h).
-    ``acts`` [N prompts, M neurons]; neurons whose activation is constant over the grid
-    (std < ``min_std``) score 0."""
+    s_h top-activating prompts that satisfy h (s_h = the number of prompts satisfying h),
+    :func:`top_counts` / s_h. ``acts`` [N prompts, M neurons]; neurons whose activation is
+    constant over the grid (std < ``min_std``) score 0."""
     acts = np.asarray(acts, dtype=np.float64)
     if acts.ndim != 2 or acts.shape[0] != assoc.shape[1]:
         raise ValueError(f"acts must be [N, M] with N = {assoc.shape[1]} prompts, got {acts.shape}")
-    ranks = _ranks(acts, seed)
     sizes = assoc.sum(1)
-    out = np.zeros((acts.shape[1], assoc.shape[0]))
-    a = assoc.astype(np.float32)
-    for s in np.unique(sizes):
-        if s == 0:
-            continue
-        rows = np.nonzero(sizes == s)[0]
-        top = (ranks < s).astype(np.float32)  # [M, N]
-        out[:, rows] = (top @ a[rows].T) / s
+    out = top_counts(_orders(acts, seed), assoc).astype(np.float64)
+    out[:, sizes > 0] /= sizes[sizes > 0]
     out[acts.std(0) < min_std] = 0.0
     return out
 

@@ -80,6 +80,35 @@ def test_usable_heuristics_filters():
     assert "op1 = 3" in names and "op1 = 3 mod 10" not in names  # duplicate of the range rule
 
 
+def test_top_counts_equal_the_literal_count_of_rule_prompts_in_each_prefix():
+    """top_counts[r, h] = #{k < s_h : assoc[h, order_r(k)]}, counted one prompt at a time, for
+    rules of repeated, distinct and zero sizes, in any chunking; match scores are those counts
+    over s_h along each neuron's order by falling activation (ties broken by the seeded
+    permutation)."""
+    rng = np.random.default_rng(0)
+    n = 37
+    sizes = [0, 1, 5, 5, 5, 12, 18, 36, 37, 9]
+    assoc = np.zeros((len(sizes), n), dtype=bool)
+    for h, s in enumerate(sizes):
+        assoc[h, rng.choice(n, s, replace=False)] = True
+    orders = np.stack([rng.permutation(n) for _ in range(23)])
+    literal = np.array([[sum(assoc[h, o[k]] for k in range(s)) for h, s in enumerate(sizes)] for o in orders])
+    for chunk in (1, 4, 256):
+        got = H.top_counts(orders, assoc, chunk=chunk)
+        assert got.dtype == np.float32 and np.array_equal(got, literal)
+    acts = np.round(rng.normal(size=(n, 6)), 1)  # ties
+    acts[:, 5] = 2.0  # constant: scores 0
+    scores = H.match_scores(acts, assoc, seed=3)
+    perm = np.random.default_rng(3).permutation(n)
+    for m in range(5):
+        order = perm[np.argsort(-acts[perm, m], kind="stable")]
+        for h, s in enumerate(sizes):
+            assert scores[m, h] == (assoc[h, order[:s]].sum() / s if s else 0.0)
+    assert not scores[5].any()
+    with pytest.raises(ValueError, match="assoc must be"):
+        H.top_counts(orders[:, :10], assoc)
+
+
 def test_match_scores_planted_neurons():
     recs = _grid("+")
     cat = H.heuristic_catalogue((0, 9), (0, 18))
