@@ -764,10 +764,12 @@ timed.lap("3 heuristic counts, t sensitivity")
 # with the most neurons (then the highest mean match score, then the name). One row per
 # heuristic and held-out prompt in `03_heuristic_ablation_prompts.csv.gz`; the report's gap
 # (mean over heuristics of other minus associated accuracy) gets a 95 % paired bootstrap
-# interval over prompts from it.
+# interval over prompts from it. Each ablation is a pass of the answer position from the
+# lowest ablated layer on, over the held-out prompts' clean run (kept for the per-prompt
+# knockout below).
 
 # %%
-abl_rows = []
+abl_rows, kept_clean = [], {op: {} for op in analyses}
 for op, an in analyses.items():
     if an.heldout_runner is None:
         continue
@@ -782,6 +784,7 @@ for op, an in analyses.items():
             min_prompts=3,
             max_heuristics=max_ablated_heuristics,
             progress=True,
+            clean_runs=kept_clean[op],
         ),
         code=[HA],
         model=bridge,
@@ -840,7 +843,16 @@ for op, an in analyses.items():
         store(
             f"03 prompt knockout {op}",
             lambda: PK.prompt_knockout(
-                an.heldout_runner, labelled[op], an.heuristics, an.circuit, layers, caps, info.d_mlp, k_circuit, seed
+                an.heldout_runner,
+                labelled[op],
+                an.heuristics,
+                an.circuit,
+                layers,
+                caps,
+                info.d_mlp,
+                k_circuit,
+                seed,
+                clean_runs=kept_clean[op],
             ),
             code=[PK],
             model=bridge,
@@ -855,6 +867,7 @@ for op, an in analyses.items():
             seed=seed,
         )
     )
+kept_clean.clear()  # the held-out prompts' clean runs (their residual streams) are not needed below
 pa = pd.concat(pa, ignore_index=True)
 save_table(pa, run.out, "03_prompt_ablation")
 pa_summary = PK.summarise(pa)

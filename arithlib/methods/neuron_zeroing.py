@@ -1,9 +1,12 @@
 """Answer-position runs under per-prompt neuron zeroing, each row from its lowest zeroed
 layer: the fast path under Yu & Ananiadou's mask / keep and lowest-neuron tests (Sec.
-4.2-4.3, :mod:`arithlib.yu.mask_keep`).
+4.2-4.3, :mod:`arithlib.yu.mask_keep`) and Nikankin et al.'s heuristic ablations (Sec.
+4.2, :mod:`arithlib.nikankin.heuristic_ablation`, :mod:`arithlib.nikankin.prompt_knockout`).
 
 A *condition* zeroes, for every prompt, its own set of MLP neurons at the answer
-position: bool masks ``{layer: [N, d_mlp]}`` over the prompt set (True = zero it). In a
+position: bool masks ``{layer: [N, d_mlp]}`` over the prompt set (True = zero it). With
+``fill`` ``{layer: [d_mlp]}`` the masked neurons are set to those values instead (mean
+ablation: each neuron's mean over a reference set). In a
 causal model the earlier positions do not see the answer position, and below the lowest
 layer a (condition, prompt) row zeroes, the row is the clean run. So each row joins a
 pass of answer-position tokens at that layer from the clean run's residual stream, over
@@ -58,21 +61,37 @@ class ZeroingRun:
         return float(self.correct.float().mean()) if len(self.targets) else float("nan")
 
 
-def rowwise_neuron_hooks(masks: Masks, position: int | None = -1) -> RowHooks:
+def _set_masked(x: torch.Tensor, mask: torch.Tensor, value: torch.Tensor | None) -> torch.Tensor:
+    """``x`` with the entries of ``mask`` set to 0 (``value`` None) or to ``value`` (broadcast
+    along the last dimension)."""
+    if value is None:
+        return x.masked_fill(mask, 0.0)
+    return torch.where(mask, value.to(x.device, x.dtype), x)
+
+
+def _check_fill(conditions: Mapping[str, Masks], fill: Mapping[int, torch.Tensor] | None) -> None:
+    missing = sorted({int(l) for m in conditions.values() for l in m} - {int(l) for l in fill or {}})
+    if fill is not None and missing:
+        raise ValueError(f"fill has no values for layers {missing}: give one [d_mlp] tensor per masked layer")
+
+
+def rowwise_neuron_hooks(
+    masks: Masks, position: int | None = -1, fill: Mapping[int, torch.Tensor] | None = None
+) -> RowHooks:
     """Per-prompt neuron zeroing: ``masks[layer]`` is a bool [N, d_mlp] over the whole
-    PromptSet (True = zero that neuron for that prompt). Returns a function of a
-    batch's row indices giving the hooks (``ablation.zero_neurons_hooks`` zeroes the
-    same neurons for every prompt)."""
+    PromptSet (True = zero that neuron for that prompt; with ``fill``, set it to
+    ``fill[layer]``'s entry). Returns a function of a batch's row indices giving the hooks
+    (``ablation.zero_neurons_hooks`` zeroes the same neurons for every prompt)."""
 
     def make(index: torch.Tensor) -> list[Hook]:
         hooks = []
         for layer, mask in masks.items():
 
-            def fn(act, hook, m=mask[index.cpu()]):
+            def fn(act, hook, m=mask[index.cpu()], v=None if fill is None else fill[layer]):
                 m = m.to(act.device)
                 if position is None:
-                    return act.masked_fill(m[:, None, :], 0.0)
-                act[:, position] = act[:, position].masked_fill(m, 0.0)
+                    return _set_masked(act, m[:, None, :], v)
+                act[:, position] = _set_masked(act[:, position], m, v)
                 return act
 
             hooks.append((f"blocks.{layer}.mlp.hook_post", fn))
@@ -89,14 +108,16 @@ def zeroing_runs_literal(
     capture_coef: bool = False,
     targets: torch.Tensor | None = None,
     batch_size: int = 64,
+    fill: Mapping[int, torch.Tensor] | None = None,
 ) -> dict[str, ZeroingRun]:
     """The reference of :func:`zeroing_runs`: every row through every layer at the answer
     position (the earlier positions once, from their keys and values), the masks as
     row-wise hooks, the argmax of the full logits."""
+    _check_fill(conditions, fill)
     runs = run_answer_conditions(
         model,
         prompts,
-        {name: rowwise_neuron_hooks(m) for name, m in conditions.items()},
+        {name: rowwise_neuron_hooks(m, fill=fill) for name, m in conditions.items()},
         capture=("coef",) if capture_coef else (),
         targets=targets,
         batch_size=batch_size,
@@ -119,11 +140,12 @@ def _zeroing_hooks(
     prompt: torch.Tensor,
     d_mlp: int,
     coef: dict[int, torch.Tensor] | None,
+    fill: Mapping[int, torch.Tensor] | None = None,
 ) -> list[Hook]:
     """Hooks of one pass of rows (condition ``cond[r]``, prompt ``prompt[r]``), which hold
     at each layer a leading part of the rows (:func:`arithlib.engine.resume_rows`): zero
-    each row's masked neurons at the answer position, then (``coef``) record the
-    coefficients there."""
+    each row's masked neurons at the answer position (or set them to ``fill[layer]``),
+    then (``coef``) record the coefficients there."""
     layers = sorted({int(l) for m in conditions for l in m})
     hooks: list[Hook] = []
     for layer in layers:
@@ -133,9 +155,9 @@ def _zeroing_hooks(
                 rows = (cond == c).nonzero().flatten()
                 mask[rows] = masks[layer][prompt[rows]]
 
-        def zero(act, hook, mask=mask):
+        def zero(act, hook, mask=mask, value=None if fill is None else fill[layer]):
             n = act.shape[0]
-            act[:, -1] = act[:, -1].masked_fill(mask[:n].to(act.device), 0.0)
+            act[:, -1] = _set_masked(act[:, -1], mask[:n].to(act.device), value)
             return act
 
         hooks.append((f"blocks.{layer}.mlp.hook_post", zero))
@@ -163,13 +185,16 @@ def zeroing_runs(
     progress: bool = False,
     desc: str = "neuron zeroing",
     clean_runs: dict | None = None,
+    fill: Mapping[int, torch.Tensor] | None = None,
 ) -> dict[str, ZeroingRun]:
     """Each condition's answer-position run of ``prompts`` (see the module docstring):
     per prompt the exact argmax and (``capture_coef``) the coefficients of every layer,
     the clean ones below the row's entry layer. Rows of all conditions share passes of
     at most ``max_rows`` rows. Equal to :func:`zeroing_runs_literal` up to float rounding.
     ``clean_runs``: a dict the caller keeps across calls on the same model, prompts and
-    ``batch_size``, holding each batch's clean run, so that later calls skip it."""
+    ``batch_size``, holding each batch's clean run, so that later calls skip it. ``fill``:
+    the values written into the masked neurons per layer (None: zero)."""
+    _check_fill(conditions, fill)
     device = input_device(model)
     targets = answer_targets(prompts, targets)
     n_layers, d_mlp, N = int(model.cfg.n_layers), int(model.cfg.d_mlp), len(prompts)
@@ -211,7 +236,7 @@ def zeroing_runs(
             got: dict[int, torch.Tensor] | None = (
                 {l: None for l in range(int(e[0]), n_layers)} if coef is not None else None
             )
-            hooks = _zeroing_hooks(conds, c, index[r], d_mlp, got)
+            hooks = _zeroing_hooks(conds, c, index[r], d_mlp, got, fill)
             with model.hooks(fwd_hooks=hooks):
                 h = resume_rows(model, run, T - 1, r, e.tolist())
             pred[c, index[r]] = unembed.argmax(h)[0].cpu()

@@ -25,7 +25,7 @@ import torch
 from ..core.components import Neuron
 from ..engine import AnswerPositionRunner
 from ..methods import neurons as N
-from ..methods.ablation import mean_neurons_hooks
+from ..methods.neuron_zeroing import zeroing_runs
 from .heuristics import Heuristic, association_matrix, prompt_heuristic_neurons
 from .operator_analysis import OperatorAnalysis
 
@@ -39,6 +39,7 @@ def heuristic_ablation_prompts(
     min_prompts: int = 3,
     max_heuristics: int | None = None,
     progress: bool = False,
+    clean_runs: dict | None = None,
 ) -> pd.DataFrame:
     """Nikankin Fig. 7, per prompt: for each heuristic with classified neurons (every
     neuron of ``matches`` labelled with it: pass all matches at t for the paper's
@@ -48,9 +49,11 @@ def heuristic_ablation_prompts(
     Heuristics with fewer than ``min_prompts`` prompts in either group are skipped;
     ``max_heuristics`` keeps those with the most neurons (then the highest mean match
     score, then the name). One row per heuristic and prompt: heuristic, kind, n_neurons,
-    prompt (index into the runner's prompts), associated, correct, correct_base."""
+    prompt (index into the runner's prompts), associated, correct, correct_base. The
+    ablations run together through :func:`arithlib.methods.neuron_zeroing.zeroing_runs`
+    (the neurons set to ``means``, [len(layers), d_mlp]; ``clean_runs``: a dict kept across
+    calls on the same prompts)."""
     records = runner.prompts.records
-    cache = N.runner_means(means, layers)
     assoc = association_matrix(heuristics, records)
     groups = []
     if matches is not None and not matches.empty:
@@ -65,12 +68,22 @@ def heuristic_ablation_prompts(
     if not groups:
         return pd.DataFrame(columns=cols)
     neuron_sets = [sorted({(int(a), int(b)) for a, b in zip(sub["layer"], sub["neuron"])}) for _, sub in groups]
-    base, *ablated = runner.logits_many(
-        [None] + [mean_neurons_hooks(ns, cache, position=-1) for ns in neuron_sets], progress=progress
+    fill = {int(x): means[i] for i, x in enumerate(layers)}
+    conditions = {"base": {}} | {
+        str(j): N.prompt_neuron_masks([ns] * len(records), layers, means.shape[-1]) for j, ns in enumerate(neuron_sets)
+    }
+    runs = zeroing_runs(
+        runner.model,
+        runner.prompts,
+        conditions,
+        targets=runner.answers,
+        fill=fill,
+        progress=progress,
+        clean_runs=clean_runs,
     )
-    base_ok = N.correct_first(base, runner.answers).numpy()
+    base_ok = runs["base"].correct.numpy()
     frames = []
-    for (h, _), neurons, logits in zip(groups, neuron_sets, ablated):
+    for j, ((h, _), neurons) in enumerate(zip(groups, neuron_sets)):
         frames.append(
             pd.DataFrame(
                 {
@@ -79,7 +92,7 @@ def heuristic_ablation_prompts(
                     "n_neurons": len(neurons),
                     "prompt": np.arange(len(records)),
                     "associated": assoc[int(h)],
-                    "correct": N.correct_first(logits, runner.answers).numpy(),
+                    "correct": runs[str(j)].correct.numpy(),
                     "correct_base": base_ok,
                 }
             )

@@ -18,7 +18,8 @@ For each prompt (following the authors' ``heuristics_analysis.prompt_knockout_ex
    it is counted as such and never filled from the tested set;
 4. both sets are zeroed (the authors set the post-activation to zero), at the answer
    position (the authors zero every position; the circuit neurons are chosen at the
-   answer position), and the first answer token is read.
+   answer position), and the first answer token is read (the exact argmax, each row run
+   from its lowest zeroed layer: :func:`arithlib.methods.neuron_zeroing.zeroing_runs`).
 
 A prompt without associated neurons knocks out nothing in both conditions (as in the
 authors' code). With ``cap`` at most half the circuit's neurons per layer a disjoint
@@ -39,6 +40,7 @@ from ..core.components import Neuron
 from ..core.datasets import PromptRecord
 from ..engine import AnswerPositionRunner
 from ..methods import neurons as N
+from ..methods.neuron_zeroing import zeroing_runs
 from .heuristics import Heuristic, association_matrix
 
 #: Columns of :func:`prompt_knockout`'s table (one row per prompt and cap).
@@ -181,27 +183,31 @@ def prompt_knockout(
     k_per_layer: int,
     seed: int = 0,
     progress: bool = False,
+    clean_runs: dict | None = None,
 ) -> pd.DataFrame:
     """Fig. 8 on the runner's prompts, one row per prompt and cap (:data:`COLUMNS`):
     ``n_assoc_neurons`` (before the cap), ``n_ablated`` / ``n_control`` (knocked out in each
     condition), ``testable`` and the first-token correctness unablated, with the tested
-    neurons zeroed and with the control zeroed (NaN where not testable)."""
+    neurons zeroed and with the control zeroed (NaN where not testable). The conditions
+    run together through :func:`arithlib.methods.neuron_zeroing.zeroing_runs` (its
+    ``clean_runs``: a dict kept across calls on the same prompts)."""
     records = runner.prompts.records
     counts = prompt_rule_counts(matches, heuristics, records)
     sets = {int(c): knockout_sets(counts, circuit, layers, int(c), seed) for c in caps}
-    factories = []
+    conditions: dict[str, dict[int, torch.Tensor]] = {"full": {}}
     for c in sets:
-        ablated = [s.neurons("ablated") for s in sets[c]]
-        control = [s.neurons("control") for s in sets[c]]
-        factories += [zero_hooks(ablated, layers, d_mlp), zero_hooks(control, layers, d_mlp)]
-    full, *logits = runner.logits_many([None] + factories, progress=progress)
-    ok_full = N.correct_first(full, runner.answers).numpy()
+        for which in ("ablated", "control"):
+            conditions[f"{c} {which}"] = N.prompt_neuron_masks([s.neurons(which) for s in sets[c]], layers, d_mlp)
+    runs = zeroing_runs(
+        runner.model, runner.prompts, conditions, targets=runner.answers, progress=progress, clean_runs=clean_runs
+    )
+    ok_full = runs["full"].correct.numpy()
     frame = runner.prompts.to_frame()[["op", "a", "b", "answer"]]
     out = []
-    for i, c in enumerate(sets):
+    for c in sets:
         testable = np.array([s.testable for s in sets[c]])
-        heur = N.correct_first(logits[2 * i], runner.answers).numpy().astype(float)
-        rand = N.correct_first(logits[2 * i + 1], runner.answers).numpy().astype(float)
+        heur = runs[f"{c} ablated"].correct.numpy().astype(float)
+        rand = runs[f"{c} control"].correct.numpy().astype(float)
         heur[~testable], rand[~testable] = math.nan, math.nan
         out.append(
             frame.assign(

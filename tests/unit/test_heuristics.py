@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+import arithlib.methods.neuron_zeroing as NZ
 import arithlib.methods.neurons as N
 import arithlib.nikankin.heuristic_ablation as HA
 import arithlib.nikankin.heuristic_dynamics as HD
@@ -215,6 +216,29 @@ def test_pipeline_on_tiny_model(tiny):
     per = H.prompt_heuristic_neurons(matches, an.heuristics, an.analysis.records)
     pa = PK.prompt_knockout(an.runner, matches, an.heuristics, an.circuit, layers, [4], tiny.info.d_mlp, 8, seed=0)
     assert len(pa) == 12 and (pa.n_assoc_neurons == [len(x) for x in per]).all()
+    # the literal runs (every condition through every layer, the full logits) give the same tables
+    literal = lambda model, prompts, conds, **k: NZ.zeroing_runs_literal(  # noqa: E731
+        model, prompts, conds, targets=k.get("targets"), fill=k.get("fill")
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(HA, "zeroing_runs", literal)
+        mp.setattr(PK, "zeroing_runs", literal)
+        ref_rows = HA.heuristic_ablation_prompts(
+            an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3
+        )
+        ref_pa = PK.prompt_knockout(an.runner, matches, an.heuristics, an.circuit, layers, [4], tiny.info.d_mlp, 8)
+    pd.testing.assert_frame_equal(rows, ref_rows)
+    pd.testing.assert_frame_equal(pa, ref_pa)
+    kept: dict = {}  # clean runs shared by the two, as notebook 03 does: the same tables
+    again = HA.heuristic_ablation_prompts(
+        an.runner, matches, an.heuristics, layers, means, min_prompts=1, max_heuristics=3, clean_runs=kept
+    )
+    pa_again = PK.prompt_knockout(
+        an.runner, matches, an.heuristics, an.circuit, layers, [4], tiny.info.d_mlp, 8, clean_runs=kept
+    )
+    assert len(kept) > 0
+    pd.testing.assert_frame_equal(again, rows)
+    pd.testing.assert_frame_equal(pa_again, pa)
     an.matches = matches
     ci = HA.correct_vs_incorrect(b, an, layers)
     assert len(ci) == 36 and set(ci.columns) >= {"correct", "n_assoc_neurons", "assoc_contribution"}

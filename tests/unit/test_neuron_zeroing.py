@@ -74,6 +74,37 @@ def test_fast_runs_equal_the_literal_runs(tiny):
     assert fast["none"].accuracy == ref["none"].accuracy
 
 
+def test_fill_sets_the_masked_neurons_to_the_given_values_as_mean_ablation_does(tiny):
+    """With ``fill`` the masked neurons take the layer's values: the literal runs equal the
+    answer-position runner with :func:`arithlib.methods.ablation.mean_neurons_hooks` on a
+    fixed neuron set, and the fast runs equal the literal ones; a masked layer without
+    values is refused before any pass."""
+    from arithlib.engine import AnswerPositionRunner
+    from arithlib.methods import neurons as N
+
+    b = tiny.bridge
+    ps = _prompts(tiny)
+    L, d = b.cfg.n_layers, b.cfg.d_mlp
+    layers = list(range(L))
+    means = torch.randn(L, d, generator=torch.Generator().manual_seed(3))
+    fill = {l: means[l] for l in layers}
+    fixed = [(0, 1), (0, 7), (L - 1, 2), (L - 1, 5)]
+    conds = _conditions(b, len(ps)) | {"fixed": N.prompt_neuron_masks([fixed] * len(ps), layers, d)}
+    fast = NZ.zeroing_runs(b, ps, conds, capture_coef=True, batch_size=5, max_rows=7, fill=fill)
+    ref = NZ.zeroing_runs_literal(b, ps, conds, capture_coef=True, batch_size=5, fill=fill)
+    for name in conds:
+        assert torch.equal(fast[name].pred, ref[name].pred), name
+        torch.testing.assert_close(fast[name].coef, ref[name].coef, rtol=1e-4, atol=1e-5, msg=name)
+    runner = AnswerPositionRunner(b, ps, batch_size=5)
+    logits = runner.logits(A.mean_neurons_hooks(fixed, N.runner_means(means, layers), position=-1))
+    assert torch.equal(ref["fixed"].pred, logits.argmax(-1))
+    assert (ref["fixed"].coef[:, 0, 1] == means[0, 1]).all() and (
+        ref["fixed"].coef[:, L - 1, 5] == means[L - 1, 5]
+    ).all()
+    with pytest.raises(ValueError, match="fill has no values for layers"):
+        NZ.zeroing_runs(b, ps, conds, fill={0: means[0]})
+
+
 def test_clean_runs_kept_by_the_caller_are_reused_and_change_nothing(tiny, monkeypatch):
     """A second call with the caller's dict of clean runs runs no clean pass and gives the
     same runs; a call that captures coefficients does not take a run kept without them."""
