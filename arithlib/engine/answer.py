@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -57,6 +58,23 @@ def stacked_hooks(per_condition: Sequence[list[Hook]], batch_size: int) -> list[
         return fn
 
     return [(name, make(entries)) for name, entries in by_name.items()]
+
+
+def _ends_answer(text: str) -> bool:
+    """Whether a generated token after the answer ends it (does not go on writing the
+    number: no digit, no decimal point)."""
+    return not (text[:1].isdigit() or text[:1] == ".")
+
+
+@dataclass
+class AnswerCheck:
+    """:meth:`AnswerPositionRunner.check_answers`: activations at the answer position
+    ({hook name: [N, ...]}, float32) and, per prompt, whether the first answer token is the
+    argmax and whether greedy decoding writes the whole answer and then stops."""
+
+    acts: dict[str, torch.Tensor]
+    correct_first: np.ndarray
+    correct_full: np.ndarray
 
 
 class AnswerPositionRunner:
@@ -223,10 +241,65 @@ class AnswerPositionRunner:
         return out
 
     @torch.no_grad()
+    def check_answers(self, hook_names: Sequence[str] = (), decode: bool = True) -> AnswerCheck:
+        """The clean answer position's activations (``hook_names``) and both correctness
+        criteria in one pass per batch, by teacher forcing: the last prompt token followed by
+        the answer's tokens (padded to the batch's longest answer). Greedy decoding writes
+        the answer and stops exactly when the argmax after the prompt and after each prefix
+        of the answer is the answer's next token and then a token that ends the number (up
+        to the first wrong token the greedy run reads the same tokens), so this equals
+        :meth:`collect` with :meth:`greedy_correct` up to float rounding (tested), without
+        keeping any logits, and reading the weights once per batch instead of once per
+        decoding step. ``decode`` False: the answer position only, ``correct_full`` = ``correct_first``."""
+        tok = self.prompts.tokenizer
+        n = len(self)
+        first = np.zeros(n, dtype=bool)
+        full = np.zeros(n, dtype=bool)
+        store: dict[str, list] = {h: [] for h in hook_names}
+        order = []
+
+        def rec(name):
+            def fn(act, hook):
+                store[name].append(act[:, 0].detach().float().cpu())  # the pass's first position: the prompt's last
+                return act
+
+            return fn
+
+        ends: dict[int, bool] = {}
+        for index, past, last, prefix_len in self._batches:
+            answers = [self.prompts.answer_ids[i] for i in index.tolist()]
+            width = max(len(a) for a in answers) if decode else 0
+            feed = torch.tensor([(a + [a[-1]] * width)[:width] for a in answers], dtype=torch.long).view(
+                len(answers), width
+            )
+            tokens = torch.cat([last, feed.to(last.device)], 1)
+            with self.model.hooks(fwd_hooks=[(h, rec(h)) for h in hook_names]) if hook_names else nullcontext():
+                try:
+                    pred = forward(self.model, tokens, cache=past).logits.argmax(-1).cpu().tolist()
+                finally:
+                    self._restore(past, prefix_len)
+            order.append(index)
+            for row, (i, ans) in enumerate(zip(index.tolist(), answers)):
+                p = pred[row]
+                first[i] = p[0] == ans[0]
+                if decode and p[: len(ans)] == ans:
+                    after = p[len(ans)]
+                    if after not in ends:
+                        ends[after] = _ends_answer(tok.decode([after]))
+                    full[i] = ends[after]
+        if not decode:
+            full = first.copy()
+        index = torch.cat(order)
+        inv = torch.empty_like(index)
+        inv[index] = torch.arange(len(index))
+        return AnswerCheck({h: torch.cat(v)[inv] for h, v in store.items()}, first, full)
+
+    @torch.no_grad()
     def greedy_correct(self) -> np.ndarray:
         """Per prompt: does greedy decoding write the whole answer and then stop writing
         digits (``arithlib.core.evaluate``'s ``correct_full``)? Decodes from the cache, which is
-        cropped back afterwards."""
+        cropped back afterwards. One pass per decoding step; :meth:`check_answers` gives the
+        same in one pass."""
         tok = self.prompts.tokenizer
         out = np.zeros(len(self), dtype=bool)
         for index, past, last, prefix_len in self._batches:
@@ -244,7 +317,7 @@ class AnswerPositionRunner:
             g = torch.stack(gen, 1).tolist()
             for row, (i, ans) in enumerate(zip(index.tolist(), answers)):
                 after = tok.decode([g[row][len(ans)]])
-                out[i] = g[row][: len(ans)] == ans and not (after[:1].isdigit() or after[:1] == ".")
+                out[i] = g[row][: len(ans)] == ans and _ends_answer(after)
         return out
 
 

@@ -106,18 +106,18 @@ class GridPass:
 
 
 def grid_pass(model, grid: PromptSet, layers: Sequence[int], batch_size: int = 64, decode: bool = True) -> GridPass:
-    """One clean pass over ``grid`` (:class:`arithlib.engine.AnswerPositionRunner` with the
-    layers' neuron activations and the final-norm scale recorded) and greedy correctness
-    (``decode`` False: ``correct_full`` is the first-token correctness, nothing decoded)."""
+    """One clean pass over ``grid`` (:meth:`arithlib.engine.AnswerPositionRunner.check_answers`,
+    teacher-forced over the answers: the layers' neuron activations and the final-norm scale
+    at the answer position, first-token and greedy correctness; ``decode`` False:
+    ``correct_full`` is the first-token correctness, nothing decoded)."""
     names = [N.post_hook(x) for x in layers]
-    runner = AnswerPositionRunner(model, grid, batch_size=batch_size, record=names + ["ln_final.hook_scale"])
-    clean = runner.clean
-    first = N.correct_first(clean["logits"], grid.first_answer_ids).numpy()
+    runner = AnswerPositionRunner(model, grid, batch_size=batch_size)
+    check = runner.check_answers(names + ["ln_final.hook_scale"], decode=decode)
     return GridPass(
-        acts=torch.stack([clean[n] for n in names], 1),
-        scale=clean["ln_final.hook_scale"].reshape(len(grid), -1)[:, 0],
-        correct_first=first,
-        correct_full=runner.greedy_correct() if decode else first.copy(),
+        acts=torch.stack([check.acts[n] for n in names], 1),
+        scale=check.acts["ln_final.hook_scale"].reshape(len(grid), -1)[:, 0],
+        correct_first=check.correct_first,
+        correct_full=check.correct_full,
     )
 
 

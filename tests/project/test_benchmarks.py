@@ -339,3 +339,24 @@ def test_readout_benchmark_on_a_random_model():
     assert row["same"] and row["max_diff"] < 1e-4
     assert row["literal_s"] > 0 and row["argmax_s"] > 0 and row["top1_s"] > 0
     assert torch.is_grad_enabled()
+
+
+def test_grid_pass_benchmark_on_a_random_model():
+    bg = _load("grid_pass")
+    row = bg.main(
+        [
+            "--model",
+            "random-qwen2",
+            "--operand-max",
+            "5",
+            "--prompts",
+            "20",
+            "--batch-size",
+            "8",
+            "--repeats",
+            "1",
+            "--no-append",
+        ]
+    )
+    assert row["same"] and row["max_diff"] < 1e-4 and row["literal_s"] > 0 and row["fast_s"] > 0
+    assert torch.is_grad_enabled()

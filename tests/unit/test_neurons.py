@@ -263,3 +263,48 @@ def test_subset_and_greedy(tiny, grid, setup):
     rec = E.AnswerPositionRunner(tiny.bridge, grid, batch_size=16, record=[A.post_hook(1)])
     assert torch.allclose(rec.clean[A.post_hook(1)], acts[:, 1], atol=1e-4)
     assert torch.allclose(rec.subset(idx).clean["logits"], rec.clean["logits"][idx])
+
+
+def test_check_answers_equals_the_recorded_pass_and_greedy_decoding(tiny, grid):
+    """Teacher forcing over the answers gives the answer position's activations, the
+    first-token and the greedy correctness of :meth:`collect` and :meth:`greedy_correct`,
+    on answers that the model writes (its own greedy continuations, cut at 1, 2 and 3
+    tokens: the stop check decides) and on the grid's answers (mostly wrong)."""
+    import dataclasses
+
+    runner = E.AnswerPositionRunner(tiny.bridge, grid, batch_size=16)
+    gen = [[] for _ in range(len(grid))]
+    for index, past, last, prefix_len in runner._batches:  # the model's own greedy continuation
+        nxt = last
+        try:
+            for _ in range(4):
+                out = E.forward(tiny.bridge, nxt, cache=past, keep=1, keep_cache=True)
+                past, nxt = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+                for row, i in enumerate(index.tolist()):
+                    gen[i].append(int(nxt[row, 0]))
+        finally:
+            runner._restore(past, prefix_len)
+    own = dataclasses.replace(grid, answer_ids=[g[: 1 + i % 3] for i, g in enumerate(gen)])
+    names = [A.post_hook(1), "ln_final.hook_scale"]
+    for prompts in (own, grid):
+        r = E.AnswerPositionRunner(tiny.bridge, prompts, batch_size=16)
+        got = r.check_answers(names)
+        ref = r.collect(names)
+        for n in names:
+            torch.testing.assert_close(got.acts[n], ref[n], rtol=1e-4, atol=1e-5)
+        assert (got.correct_first == N.correct_first(ref["logits"], prompts.first_answer_ids).numpy()).all()
+        assert (got.correct_full == r.greedy_correct()).all()
+        only_first = r.check_answers(decode=False)
+        assert (only_first.correct_full == got.correct_first).all() and not only_first.acts
+    assert got.correct_first.mean() < 0.5  # the grid's answers: the random model gets few right
+    mine = E.AnswerPositionRunner(tiny.bridge, own, batch_size=16)
+    assert mine.check_answers().correct_first.all()
+    # the stop check reads the token after the answer: make some of those "go on writing the number"
+    go_on = {tiny.tokenizer.decode([gen[i][1 + i % 3]]) for i in range(0, len(own), 5)}
+    import arithlib.engine.answer as EA
+
+    ends = EA._ends_answer
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EA, "_ends_answer", lambda text: text not in go_on and ends(text))
+        full = mine.check_answers().correct_full
+        assert (full == mine.greedy_correct()).all() and 0 < full.sum() < len(own)
