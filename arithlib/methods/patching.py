@@ -165,20 +165,29 @@ def resolve_position(pos: int, T: int) -> int:
 # --------------------------------------------------------------------------- hooks
 
 
-def _value_tensor(edit: Edit, B: int, unit: tuple[int, ...], dtype, device) -> tuple[torch.Tensor, bool]:
-    """The edit's value as ``[B or 1, *unit]`` and whether it is per prompt."""
+def _is_per_prompt(edit: Edit, B: int, unit: tuple[int, ...]) -> bool:
+    """Whether the edit's value has a leading prompt dimension (``[B, *unit]``) rather than
+    being shared (``unit``-shaped, or a float); raises ValueError for any other shape."""
     v = edit.value
-    if not isinstance(v, torch.Tensor):
-        return torch.full((1, *unit), float(v), dtype=dtype, device=device), False
-    v = v.to(device=device, dtype=dtype)
-    if tuple(v.shape) == unit:
-        return v.unsqueeze(0), False
+    if not isinstance(v, torch.Tensor) or tuple(v.shape) == unit:
+        return False
     if tuple(v.shape) == (B, *unit):
-        return v, True
+        return True
     raise ValueError(
         f"value of shape {tuple(v.shape)} for {edit.component.label}: expected {unit} "
         f"(shared) or {(B, *unit)} (per prompt)"
     )
+
+
+def _stacked_values(values: list, unit: tuple[int, ...], per_prompt: bool, dtype, device) -> torch.Tensor:
+    """A group's values as ``[E, B or 1, *unit]`` in ``dtype`` on ``device``: one stack for
+    the whole group (a circuit ablates tens of thousands of neurons one edit each, and a
+    conversion per edit costs a dispatch each); floats are filled to the unit's shape."""
+    vals = [v if isinstance(v, torch.Tensor) else torch.full(unit, float(v), dtype=dtype) for v in values]
+    if len({(v.dtype, v.device) for v in vals}) > 1:
+        vals = [v.to(device=device, dtype=dtype) for v in vals]
+    x = torch.stack(vals).to(device=device, dtype=dtype)
+    return x if per_prompt else x.unsqueeze(1)
 
 
 def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: int, length: int) -> list[Hook]:
@@ -204,10 +213,10 @@ def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: in
             layer = e.component.layer
             if layer not in devices:
                 devices[layer] = layer_device(model, layer)
-            value, per_prompt = _value_tensor(e, batch_size, unit, dtype, devices[layer])
+            per_prompt = _is_per_prompt(e, batch_size, unit)
             indexed = e.component.index is not None
             key = (e.component.hook_name, indexed, per_prompt)
-            g = groups.setdefault(key, {"v": [], "p": [], "u": [], "x": [], "device": devices[layer]})
+            g = groups.setdefault(key, {"v": [], "p": [], "u": [], "x": [], "device": devices[layer], "unit": unit})
             for p in positions:
                 if p < start:
                     raise ValueError(
@@ -217,9 +226,9 @@ def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: in
                 g["v"].append(vi)
                 g["p"].append(p - start)
                 g["u"].append(e.component.index if indexed else 0)
-                g["x"].append(value)
+                g["x"].append(e.value)
     by_hook: dict[str, list] = {}
-    for (name, indexed, _), g in groups.items():
+    for (name, indexed, per_prompt), g in groups.items():
         device = g["device"]
         by_hook.setdefault(name, []).append(
             (
@@ -227,7 +236,7 @@ def variant_hooks(model, variants: Sequence[Variant], batch_size: int, start: in
                 torch.tensor(g["v"], device=device),
                 torch.tensor(g["p"], device=device),
                 torch.tensor(g["u"], device=device),
-                torch.stack(g["x"]),  # [E, B or 1, *unit]
+                _stacked_values(g["x"], g["unit"], per_prompt, dtype, device),  # [E, B or 1, *unit]
             )
         )
     n_var = len(variants)

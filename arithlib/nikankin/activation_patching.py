@@ -282,10 +282,8 @@ def full_circuit_faithfulness(
             keep_h, keep_n = spec
             edits = [Edit(c, pos[n], mean(c, n)) for n in names for c in heads if (c, n) not in keep_h]
             for l in nl:
-                m = means[Component("neuron", l).hook_name][T][pos[last]]
-                edits += [
-                    Edit(Component("neuron", l, k), pos[last], m[k]) for k in range(m.shape[0]) if k not in keep_n[l]
-                ]
+                m = means[Component("neuron", l).hook_name][T][pos[last]].unbind(0)  # views, one op per layer
+                edits += [Edit(Component("neuron", l, k), pos[last], m[k]) for k in range(len(m)) if k not in keep_n[l]]
             out.append(edits)
         return out
 

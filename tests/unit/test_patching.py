@@ -820,6 +820,51 @@ def test_run_variants_joins_each_variant_at_its_own_layer(tiny):
     assert all((together[j] - run.final).abs().max() > 1e-4 for j in range(1, len(variants)))
 
 
+def test_edits_of_many_neurons_with_mixed_values_equal_setting_each_in_a_hook(tiny):
+    """Neuron edits by the thousand, their values shared 0-d tensors (views of a mean, one in
+    float64), floats and per-prompt values, with head edits beside them: the same final state
+    as a literal hook that sets each edited activation one by one."""
+    b = tiny.bridge
+    cfg = b.cfg
+    clean, _ = _pair(cfg.d_vocab, B=3, T=7)
+    run = E.clean_run(b, clean)
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(cfg.n_layers, cfg.d_mlp, generator=g)
+    per = torch.randn(3, cfg.d_mlp, generator=g)
+    views = [m.unbind(0) for m in mean]
+    edits = [
+        P.Edit(P.Component("neuron", l, k), -1, views[l][k])
+        for l in range(cfg.n_layers)
+        for k in range(0, cfg.d_mlp, 2)
+    ]
+    edits += [P.Edit(P.Component("neuron", 0, 1), -1, 0.5), P.Edit(P.Component("neuron", 1, 3), -2, per[:, 3])]
+    edits += [P.Edit(P.Component("neuron", 1, 5), -1, mean[1, 5].double())]
+    edits += [P.Edit(P.Component("head", 0, 1), -1, torch.randn(cfg.d_head, generator=g))]
+    fast = P.run_variants(b, run, [edits, edits[:3]], max_rows=64)
+
+    ref = []
+    for es in (edits, edits[:3]):
+        by: dict[str, list] = {}
+        for e in es:
+            by.setdefault(e.component.hook_name, []).append(e)
+
+        def make(es):
+            def fn(act, hook):
+                for e in es:
+                    v = e.value if isinstance(e.value, torch.Tensor) else torch.tensor(e.value)
+                    act[:, e.position, e.component.index] = v.to(act.dtype)
+                return act
+
+            return fn
+
+        with b.hooks(fwd_hooks=[(n, make(x)) for n, x in by.items()]):
+            ref.append(b(clean)[:, -1].float())
+    un = P.Unembed(b)
+    got = torch.stack([un.logits(h) for h in fast])
+    torch.testing.assert_close(got, torch.stack(ref), atol=1e-4, rtol=1e-4)
+    assert (fast[0] - run.final).abs().max() > 1e-4
+
+
 def test_full_circuit_faithfulness_groups_prompts_of_one_length_by_their_positions(toy):
     """Per-digit tokens place the operands of equally long prompts differently ("12+3=",
     "1+23="): each (length, positions) group is run with its own edits, as if alone."""
