@@ -60,6 +60,29 @@ def stacked_hooks(per_condition: Sequence[list[Hook]], batch_size: int) -> list[
     return [(name, make(entries)) for name, entries in by_name.items()]
 
 
+def _recorders(store: dict[str, list], position: int) -> list[Hook]:
+    """Hooks appending each named activation at ``position`` (float32, CPU) to ``store[name]``,
+    one entry per batch."""
+
+    def rec(name):
+        def fn(act, hook):
+            store[name].append(act[:, position].detach().float().cpu())
+            return act
+
+        return fn
+
+    return [(h, rec(h)) for h in store]
+
+
+def _in_prompt_order(order: list[torch.Tensor], parts: dict[str, list]) -> dict[str, torch.Tensor]:
+    """Each entry's per-batch rows (batches holding the prompts ``order``) concatenated in the
+    prompt set's order."""
+    index = torch.cat(order)
+    inv = torch.empty_like(index)
+    inv[index] = torch.arange(len(index))
+    return {k: torch.cat(v)[inv] for k, v in parts.items()}
+
+
 def _ends_answer(text: str) -> bool:
     """Whether a generated token after the answer ends it (does not go on writing the
     number: no digit, no decimal point)."""
@@ -218,27 +241,14 @@ class AnswerPositionRunner:
         """Answer-position activations of ``hook_names`` for every prompt ({name: [N, ...]}),
         plus ``"logits"``."""
         store: dict[str, list] = {h: [] for h in hook_names}
+        recorders = _recorders(store, -1)
         order, logit_chunks = [], []
-
-        def rec(name):
-            def fn(act, hook):
-                store[name].append(act[:, -1].detach().float().cpu())
-                return act
-
-            return fn
-
-        recorders = [(h, rec(h)) for h in hook_names]
         for index, logits in self.passes(
             lambda idx: (hooks(idx) if callable(hooks) else list(hooks or [])) + recorders
         ):
             order.append(index)
             logit_chunks.append(logits.cpu())
-        index = torch.cat(order)
-        inv = torch.empty_like(index)
-        inv[index] = torch.arange(len(index))
-        out = {h: torch.cat(v)[inv] for h, v in store.items()}
-        out["logits"] = torch.cat(logit_chunks)[inv]
-        return out
+        return _in_prompt_order(order, store | {"logits": logit_chunks})
 
     @torch.no_grad()
     def check_answers(self, hook_names: Sequence[str] = (), decode: bool = True) -> AnswerCheck:
@@ -256,15 +266,8 @@ class AnswerPositionRunner:
         first = np.zeros(n, dtype=bool)
         full = np.zeros(n, dtype=bool)
         store: dict[str, list] = {h: [] for h in hook_names}
+        recorders = _recorders(store, 0)  # the pass's first position: the prompt's last token
         order = []
-
-        def rec(name):
-            def fn(act, hook):
-                store[name].append(act[:, 0].detach().float().cpu())  # the pass's first position: the prompt's last
-                return act
-
-            return fn
-
         ends: dict[int, bool] = {}
         for index, past, last, prefix_len in self._batches:
             answers = [self.prompts.answer_ids[i] for i in index.tolist()]
@@ -273,7 +276,7 @@ class AnswerPositionRunner:
                 len(answers), width
             )
             tokens = torch.cat([last, feed.to(last.device)], 1)
-            with self.model.hooks(fwd_hooks=[(h, rec(h)) for h in hook_names]) if hook_names else nullcontext():
+            with self.model.hooks(fwd_hooks=recorders) if recorders else nullcontext():
                 try:
                     pred = forward(self.model, tokens, cache=past).logits.argmax(-1).cpu().tolist()
                 finally:
@@ -289,10 +292,7 @@ class AnswerPositionRunner:
                     full[i] = ends[after]
         if not decode:
             full = first.copy()
-        index = torch.cat(order)
-        inv = torch.empty_like(index)
-        inv[index] = torch.arange(len(index))
-        return AnswerCheck({h: torch.cat(v)[inv] for h, v in store.items()}, first, full)
+        return AnswerCheck(_in_prompt_order(order, store), first, full)
 
     @torch.no_grad()
     def greedy_correct(self) -> np.ndarray:
