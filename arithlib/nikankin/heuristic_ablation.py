@@ -161,10 +161,16 @@ def associated_contributions(
             f"neurons in layers {outside}, which contrib does not hold (layers {list(pos)}): "
             "compute contrib over every layer the heuristic neurons come from"
         )
-    out = np.zeros(len(per_prompt))
-    for p, neurons in enumerate(per_prompt):
-        out[p] = sum(float(contrib[p, pos[int(layer)], int(k)]) for layer, k in neurons)
-    return out
+    # one gather and one bincount: np.bincount adds each bin's weights in input order, in
+    # float64, so every prompt's sum is the sequential sum over its (sorted) neurons
+    counts = [len(neurons) for neurons in per_prompt]
+    flat = [(pos[int(layer)], int(k)) for neurons in per_prompt for layer, k in neurons]
+    if not flat:
+        return np.zeros(len(per_prompt))
+    where = torch.tensor(flat, dtype=torch.long)
+    prompt = torch.repeat_interleave(torch.arange(len(per_prompt)), torch.tensor(counts))
+    values = contrib[prompt, where[:, 0], where[:, 1]].double().numpy()
+    return np.bincount(prompt.numpy(), weights=values, minlength=len(per_prompt))
 
 
 def correct_vs_incorrect(

@@ -170,6 +170,24 @@ def test_prompt_association():
         HA.associated_contributions(contrib[:, :1], per, [3])
 
 
+def test_associated_contributions_equal_the_literal_sum():
+    """The gathered, bincounted sums equal a Python sum over each prompt's neurons, bit for bit
+    (empty prompts, a layer subset, repeated layers)."""
+    g = torch.Generator().manual_seed(0)
+    contrib = torch.randn(40, 3, 16, generator=g)
+    layers = [5, 7, 9]
+    rng = np.random.default_rng(1)
+    per = []
+    for p in range(40):
+        n = 0 if p % 7 == 0 else int(rng.integers(1, 20))
+        per.append(sorted({(int(rng.choice(layers)), int(rng.integers(16))) for _ in range(n)}))
+    pos = {x: i for i, x in enumerate(layers)}
+    literal = np.array([sum(float(contrib[p, pos[l], k]) for l, k in ns) for p, ns in enumerate(per)])
+    got = HA.associated_contributions(contrib, per, layers)
+    assert np.array_equal(got, literal)
+    assert np.array_equal(HA.associated_contributions(contrib, [[] for _ in range(40)], layers), np.zeros(40))
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return load_model(str(random_model_dir("llama")))
