@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from ..core.components import Neuron
 from ..core.papers import DAG_EDGE_MIN_ENHANCEMENT
 from ..engine import layer_device, mlp_activation, wrapped
 from ..methods.neurons import w_out
@@ -149,6 +150,30 @@ def pe_dag(
     return nodes, pd.DataFrame(edges)
 
 
+def sub_values(
+    model, neurons: Sequence[Neuron], coef: torch.Tensor, values: dict[int, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """The sub-values m_k fc2_k [len(neurons), d] of ``neurons`` at coefficients ``coef``
+    [L, d_mlp] (one case): the value vectors gathered layer by layer, each layer's W_out
+    read once (``values``: a dict kept across calls). Equal bit for bit to one product per
+    neuron (each element is the same float32 product)."""
+    values = {} if values is None else values
+    layer = torch.tensor([int(l) for l, _ in neurons], dtype=torch.long)
+    index = torch.tensor([int(k) for _, k in neurons], dtype=torch.long)
+    out = None
+    for l in layer.unique().tolist():
+        if l not in values:
+            values[l] = w_out(model, l)
+        w = values[l]
+        if out is None:
+            out = torch.empty(len(neurons), w.shape[1], device=w.device)
+        sel = (layer == l).nonzero().flatten()
+        out[sel.to(w.device)] = w[index[sel].to(w.device)].to(out.device)
+    if out is None:
+        return torch.empty(0, int(model.cfg.d_model))
+    return out * coef[layer, index].to(out.device)[:, None]
+
+
 @torch.no_grad()
 def pe_dag_cases(
     model,
@@ -172,6 +197,7 @@ def pe_dag_cases(
     (enhancement >= ``min_enhancement``), share_edges, mean_enhancement."""
     cfg = model.cfg
     rows = []
+    values: dict[int, torch.Tensor] = {}  # W_out per lower layer, read once
     for case in tqdm(range(len(result)), desc="PE-DAG on every case", disable=not progress, leave=False):
         top = result.top(case, k)
         taken = set(top)
@@ -195,9 +221,7 @@ def pe_dag_cases(
                 subs.append(draw)
             flat = [nr for draw in subs for nr in draw]
             device = layer_device(model, l2)
-            vals = torch.stack(
-                [(v * coef[l1, n1].to(v.device)).to(device) for l1, n1 in flat for v in [w_out(model, l1)[n1]]]
-            )
+            vals = sub_values(model, flat, coef, values).to(device)
             x = resid[l2].to(device)
             m = neuron_coefficients(model, l2, [n2], torch.cat([x[None], x[None] - vals]))[:, 0]
             m2, without = m[0], m[1:]

@@ -797,3 +797,18 @@ def test_pe_dag_on_neuron_rows_equals_pe_dag_on_the_whole_mlp(qwen, monkeypatch)
     pd.testing.assert_frame_equal(fast, literal, rtol=1e-4, atol=1e-6)
     pd.testing.assert_frame_equal(fast_edges, edges, rtol=1e-4, atol=1e-6)
     pd.testing.assert_frame_equal(fast_nodes, nodes)
+
+
+def test_sub_values_equal_one_product_per_neuron(qwen):
+    """PE-DAG's sub-values m_k fc2_k, gathered layer by layer, equal one product per neuron
+    bit for bit, in the neurons' order (layers interleaved, a neuron repeated)."""
+    b = qwen.bridge
+    g = torch.Generator().manual_seed(0)
+    coef = torch.randn(b.cfg.n_layers, b.cfg.d_mlp, generator=g)
+    L, K = b.cfg.n_layers, b.cfg.d_mlp
+    neurons = [(L - 1, 0), (0, K - 1), (L - 1, 3), (0, 2), (0, K - 1)]
+    literal = torch.stack([N.w_out(b, l)[k] * coef[l, k] for l, k in neurons])
+    cache = {}
+    assert torch.equal(DAG.sub_values(b, neurons, coef, cache), literal)
+    assert sorted(cache) == [0, L - 1]
+    assert torch.equal(DAG.sub_values(b, neurons[:2], coef, cache), literal[:2])
