@@ -438,11 +438,24 @@ def w_out(model, layer: int) -> torch.Tensor:
     return model.blocks[int(layer)].mlp.W_out.detach().float()
 
 
-def value_vectors(model, neurons: Sequence[Neuron]) -> torch.Tensor:
-    """Each neuron's value vector (row k of W_out of its layer), [n, d_model]."""
+def value_vectors(model, neurons: Sequence[Neuron], cache: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+    """Each neuron's value vector (row k of W_out of its layer), [n, d_model], in the order
+    of ``neurons``: gathered layer by layer, each layer's W_out read once (``cache``: a
+    dict ``{layer: W_out}`` kept across calls)."""
     if not neurons:
         return torch.empty(0, model.cfg.d_model)
-    return torch.stack([w_out(model, layer)[int(k)] for layer, k in neurons])
+    cache = {} if cache is None else cache
+    layer = torch.tensor([int(l) for l, _ in neurons])
+    index = torch.tensor([int(k) for _, k in neurons])
+    out = None
+    for l in layer.unique().tolist():
+        if l not in cache:
+            cache[l] = w_out(model, l)
+        w = cache[l]
+        out = torch.empty(len(neurons), w.shape[1], device=w.device) if out is None else out
+        sel = (layer == l).nonzero().flatten()
+        out[sel.to(out.device)] = w[index[sel].to(w.device)].to(out.device)
+    return out
 
 
 def logit_directions(model, vectors: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:

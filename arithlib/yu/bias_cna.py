@@ -19,7 +19,7 @@ from ..core.prompt_sets import PromptSet
 from ..core.readout import final_norm, top_tokens, unembedding
 from ..engine import input_device
 from ..methods.answer_runs import LastPosition, run_last_position
-from ..methods.neurons import w_out
+from ..methods.neurons import value_vectors, w_out
 from . import cna as C
 from . import cna_importance as CI
 from .bias_professions import GENDERS, next_token_logprobs, table22_prompts
@@ -581,7 +581,7 @@ def edit_set_table(
         rows_own = np.flatnonzero(biased.bias_gender.values == g)
         rows_other = np.flatnonzero(biased.bias_gender.values != g)
         coef[g] = result.coef_a[rows_own[0]] if len(rows_own) else result.coef_b[rows_other[0]]
-    vecs = torch.stack([w_out(model, l)[n] for l, n in neurons])
+    vecs = value_vectors(model, neurons)
     toks = top_tokens(model, tokenizer, vecs, n_tokens)
     rows = []
     for rank, ((l, n), t) in enumerate(zip(neurons, toks), 1):

@@ -73,7 +73,7 @@ from ..core.prompt_sets import PromptSet
 from ..core.readout import final_norm, top_tokens, unembedding
 from ..engine import input_device
 from ..methods.answer_runs import LastPosition, answer_targets, run_conditions, run_last_position
-from ..methods.neurons import w_out
+from ..methods.neurons import value_vectors, w_out
 from .cna_importance import exact_importance, first_order_importance, layer_stats
 from .cna_norm import check_norm_reading, run_scales
 
@@ -194,7 +194,7 @@ class CNAResult:
             )
         frame = pd.DataFrame(rows)
         if model is not None and tokenizer is not None and len(frame):
-            vecs = torch.stack([w_out(model, l)[n] for l, n in zip(frame.layer, frame.neuron)])
+            vecs = value_vectors(model, list(zip(frame.layer, frame.neuron)))
             frame["top_tokens"] = [", ".join(t) for t in top_tokens(model, tokenizer, vecs, n_tokens)]
         return frame
 

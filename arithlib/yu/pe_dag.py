@@ -12,10 +12,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core.components import Neuron
 from ..core.papers import DAG_EDGE_MIN_ENHANCEMENT
 from ..engine import layer_device, mlp_activation, wrapped
-from ..methods.neurons import w_out
+from ..methods.neurons import value_vectors, w_out
 from .cna import CNAResult
 from .mask_keep import N_RANDOM_SEEDS, control_seed
 
@@ -150,30 +149,6 @@ def pe_dag(
     return nodes, pd.DataFrame(edges)
 
 
-def sub_values(
-    model, neurons: Sequence[Neuron], coef: torch.Tensor, values: dict[int, torch.Tensor] | None = None
-) -> torch.Tensor:
-    """The sub-values m_k fc2_k [len(neurons), d] of ``neurons`` at coefficients ``coef``
-    [L, d_mlp] (one case): the value vectors gathered layer by layer, each layer's W_out
-    read once (``values``: a dict kept across calls). Equal bit for bit to one product per
-    neuron (each element is the same float32 product)."""
-    values = {} if values is None else values
-    layer = torch.tensor([int(l) for l, _ in neurons], dtype=torch.long)
-    index = torch.tensor([int(k) for _, k in neurons], dtype=torch.long)
-    out = None
-    for l in layer.unique().tolist():
-        if l not in values:
-            values[l] = w_out(model, l)
-        w = values[l]
-        if out is None:
-            out = torch.empty(len(neurons), w.shape[1], device=w.device)
-        sel = (layer == l).nonzero().flatten()
-        out[sel.to(w.device)] = w[index[sel].to(w.device)].to(out.device)
-    if out is None:
-        return torch.empty(0, int(model.cfg.d_model))
-    return out * coef[layer, index].to(out.device)[:, None]
-
-
 @torch.no_grad()
 def pe_dag_cases(
     model,
@@ -197,7 +172,7 @@ def pe_dag_cases(
     (enhancement >= ``min_enhancement``), share_edges, mean_enhancement."""
     cfg = model.cfg
     rows = []
-    values: dict[int, torch.Tensor] = {}  # W_out per lower layer, read once
+    values: dict[int, torch.Tensor] = {}  # W_out per lower layer, read once (value_vectors' cache)
     for case in tqdm(range(len(result)), desc="PE-DAG on every case", disable=not progress, leave=False):
         top = result.top(case, k)
         taken = set(top)
@@ -221,7 +196,9 @@ def pe_dag_cases(
                 subs.append(draw)
             flat = [nr for draw in subs for nr in draw]
             device = layer_device(model, l2)
-            vals = sub_values(model, flat, coef, values).to(device)
+            vecs = value_vectors(model, flat, values)
+            lay, idx = torch.tensor(flat).T
+            vals = (vecs * coef[lay, idx].to(vecs.device)[:, None]).to(device)  # the sub-values m fc2
             x = resid[l2].to(device)
             m = neuron_coefficients(model, l2, [n2], torch.cat([x[None], x[None] - vals]))[:, 0]
             m2, without = m[0], m[1:]

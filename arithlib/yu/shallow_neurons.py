@@ -22,7 +22,7 @@ from ..core.stats import encode_correct
 from ..engine import forward, input_device, wrapped
 from ..methods.ablation import zero_neurons_hooks
 from ..methods.answer_runs import run_conditions
-from ..methods.neurons import w_out
+from ..methods.neurons import value_vectors, w_out
 from .mask_keep import N_RANDOM_SEEDS, control_seed
 
 
@@ -448,7 +448,7 @@ def shallow_neuron_examples(
                     }
                 )
     frame = pd.DataFrame(rows).sort_values("score", ascending=False).head(n).reset_index(drop=True)
-    vecs = torch.stack([w_out(model, l)[j] for l, j in zip(frame.layer, frame.neuron)])
+    vecs = value_vectors(model, list(zip(frame.layer, frame.neuron)))
     frame["tokens_before"] = [", ".join(t) for t in top_tokens(model, tok, vecs, n_tokens)]
     frame["tokens_after_attention"] = [", ".join(t) for t in top_tokens(model, tok, vecs @ ov, n_tokens)]
     emb_rows = []

@@ -786,29 +786,15 @@ def test_a_neurons_own_rows_give_its_coefficient_as_the_whole_mlp_does(arch):
 
 def test_pe_dag_on_neuron_rows_equals_pe_dag_on_the_whole_mlp(qwen, monkeypatch):
     """pe_dag_cases and pe_dag with neuron_coefficients against the literal method (every
-    coefficient read off a pass through the whole MLP)."""
+    coefficient read off a pass through the whole MLP, every value vector read one by one)."""
     b, ps = qwen.bridge, _prompts(qwen)
     res = C.cna_compare(b, ps, A.zero_heads_hooks([(0, 1)]), mode="exact", progress=False)
     fast = DAG.pe_dag_cases(b, res, k=5, n_seeds=2, progress=False)
     fast_nodes, fast_edges = DAG.pe_dag(b, res, 0, k=5)
     monkeypatch.setattr(DAG, "neuron_coefficients", lambda m, l, ns, x: DAG.mlp_coefficients(m, l, x)[:, list(ns)])
+    monkeypatch.setattr(DAG, "value_vectors", lambda m, ns, cache: torch.stack([N.w_out(m, l)[k] for l, k in ns]))
     literal = DAG.pe_dag_cases(b, res, k=5, n_seeds=2, progress=False)
     nodes, edges = DAG.pe_dag(b, res, 0, k=5)
     pd.testing.assert_frame_equal(fast, literal, rtol=1e-4, atol=1e-6)
     pd.testing.assert_frame_equal(fast_edges, edges, rtol=1e-4, atol=1e-6)
     pd.testing.assert_frame_equal(fast_nodes, nodes)
-
-
-def test_sub_values_equal_one_product_per_neuron(qwen):
-    """PE-DAG's sub-values m_k fc2_k, gathered layer by layer, equal one product per neuron
-    bit for bit, in the neurons' order (layers interleaved, a neuron repeated)."""
-    b = qwen.bridge
-    g = torch.Generator().manual_seed(0)
-    coef = torch.randn(b.cfg.n_layers, b.cfg.d_mlp, generator=g)
-    L, K = b.cfg.n_layers, b.cfg.d_mlp
-    neurons = [(L - 1, 0), (0, K - 1), (L - 1, 3), (0, 2), (0, K - 1)]
-    literal = torch.stack([N.w_out(b, l)[k] * coef[l, k] for l, k in neurons])
-    cache = {}
-    assert torch.equal(DAG.sub_values(b, neurons, coef, cache), literal)
-    assert sorted(cache) == [0, L - 1]
-    assert torch.equal(DAG.sub_values(b, neurons[:2], coef, cache), literal[:2])

@@ -308,3 +308,18 @@ def test_check_answers_equals_the_recorded_pass_and_greedy_decoding(tiny, grid):
         mp.setattr(EA, "_ends_answer", lambda text: text not in go_on and ends(text))
         full = mine.check_answers().correct_full
         assert (full == mine.greedy_correct()).all() and 0 < full.sum() < len(own)
+
+
+def test_value_vectors_gathered_per_layer_equal_one_row_per_neuron(tiny):
+    """value_vectors, gathered layer by layer, equals one W_out row per neuron bit for bit,
+    in the neurons' order (layers interleaved, a neuron repeated), reading each layer once
+    into the cache; no neuron gives an empty [0, d_model]."""
+    b = tiny.bridge
+    L, K = b.cfg.n_layers, b.cfg.d_mlp
+    neurons = [(L - 1, 0), (0, K - 1), (L - 1, 3), (0, 2), (0, K - 1)]
+    literal = torch.stack([N.w_out(b, l)[k] for l, k in neurons])
+    cache = {}
+    assert torch.equal(N.value_vectors(b, neurons, cache), literal)
+    assert sorted(cache) == [0, L - 1]
+    assert torch.equal(N.value_vectors(b, neurons[:2], cache), literal[:2])
+    assert N.value_vectors(b, []).shape == (0, b.cfg.d_model)
