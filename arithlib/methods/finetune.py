@@ -251,6 +251,7 @@ def train_parameters(
     keep_state: bool = True,
     inputs: LayerInputs | None = None,
     unchanged_below: int | None = None,
+    val_inputs: LayerInputs | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """The training loop shared by LoRA, precise and full SFT: AdamW (or SGD) on
     ``trainable``'s parameters of the HF ``model``, loss on answer tokens, batches from
@@ -268,7 +269,8 @@ def train_parameters(
     everywhere) apart from the trained parameters; the forward passes start at the
     highest block recorded there below both (:func:`first_changed_layer` of the
     trained parameters), as in :func:`teacher_forced_logits`: the same steps and weights bit
-    for bit (training batches depend on the config's seed only). Every parameter's
+    for bit (training batches depend on the config's seed only); ``val_inputs``, the same
+    for ``val_set``: each epoch's validation passes start there too. Every parameter's
     ``requires_grad`` and ``.grad`` and every module's train/eval mode are as before
     on return, and on an error (:func:`training_state`)."""
     if len(train_set) == 0:
@@ -363,7 +365,11 @@ def train_parameters(
             hf.eval()
             val_acc = float("nan")
             if val_set is not None and len(val_set):
-                val_acc = float(answer_accuracy(hf, val_set, config.eval_batch_size)["correct_full"].mean())
+                val_acc = float(
+                    answer_accuracy(hf, val_set, config.eval_batch_size, inputs=val_inputs, same_below=same_below)[
+                        "correct_full"
+                    ].mean()
+                )
             hf.train()
             epochs.append({"epoch": epoch + 1, "val_accuracy": val_acc, "step": step})
             score = val_acc if not math.isnan(val_acc) else float(epoch)
@@ -468,15 +474,27 @@ def select_lr(
 
 
 def choose_lr(
-    model, fit: Callable[[float], FineTuned], lrs: Sequence[float], val_set: PromptSet | None, batch_size: int = 32
+    model,
+    fit: Callable[[float], FineTuned],
+    lrs: Sequence[float],
+    val_set: PromptSet | None,
+    batch_size: int = 32,
+    val_inputs: LayerInputs | None = None,
+    unchanged_below: int | None = None,
 ) -> tuple[FineTuned, pd.DataFrame]:
     """:func:`select_lr` with the whole-answer accuracy of ``model`` with the fitted
-    weights swapped in (:func:`evaluate_weights`) on ``val_set``; with one lr, or
-    without validation prompts, ``fit(lrs[0])`` and a one-row table (val_accuracy NaN)."""
+    weights swapped in (:func:`evaluate_weights`; ``val_inputs`` and ``unchanged_below``
+    as there) on ``val_set``; with one lr, or without validation prompts, ``fit(lrs[0])``
+    and a one-row table (val_accuracy NaN)."""
     if len(lrs) > 1 and val_set is not None and len(val_set):
+        inputs = {"val": val_inputs} if val_inputs is not None else None
 
         def val_acc(ft: FineTuned, ps: PromptSet) -> float:
-            return float(evaluate_weights(model, ft.weights, {"val": ps}, batch_size)["correct_full"].mean())
+            return float(
+                evaluate_weights(
+                    model, ft.weights, {"val": ps}, batch_size, inputs=inputs, unchanged_below=unchanged_below
+                )["correct_full"].mean()
+            )
 
         return select_lr(fit, lrs, val_set, val_acc)
     if not lrs:

@@ -237,8 +237,8 @@ def importance_from_runs(
     norm_reading: str = "final",
     scale_from: int | None = 0,
 ) -> dict[str, torch.Tensor]:
-    """Importance of every neuron in each of ``runs`` (1 or 2 LastPosition with
-    resid_mid, coef and final_resid). Returns ``importance`` [n_runs, N, L, K] (NaN where
+    """Importance of every neuron in each of ``runs`` (LastPosition with resid_mid, coef
+    and final_resid; all runs' rows share each layer's products). Returns ``importance`` [n_runs, N, L, K] (NaN where
     not exact), ``approx`` (stage 1) and ``base_logprob`` [n_runs, N, L].
 
     ``norm_reading`` "final" (default, the authors'): every vector of run j's row i is read
@@ -247,9 +247,13 @@ def importance_from_runs(
     vector by its own RMS (:func:`run_scales`).
 
     Two-stage candidates: per prompt, the ``n_candidates`` neurons over all ``layers``
-    with the largest stage-1 score (``select="score"``, of the first run) or stage-1
-    change between the two runs (``select="change"``); their exact importance is
-    computed in every run."""
+    with the largest stage-1 score (``select="score"``, of the first run; their exact
+    importance is computed in every run) or stage-1 change from the reference run, the
+    last one (``select="change"``): run j's candidates are its largest changes
+    ``approx[j] - approx[-1]``, its exact importance is computed there, and the reference
+    run's at the union of all runs' candidates (two runs: both at the same neurons; more:
+    several models compared with one original at once, each row read where its own run
+    needs it)."""
     mode = resolve_mode(model, mode)
     norm = final_norm(model)
     W_U, b_U = unembedding(model)  # float32: log-probability differences are computed in fp32
@@ -286,21 +290,13 @@ def importance_from_runs(
     if mode == "exact":
         return {"importance": importance, "approx": approx, "base_logprob": base}
     # stage 2: exact for each prompt's candidates
-    score = approx[0] - approx[1] if (select == "change" and n_runs == 2) else approx[0]
-    score = score[:, layers].reshape(N, -1)
-    score = torch.where(torch.isfinite(score), score, torch.tensor(-torch.inf))
-    c = min(n_candidates, score.shape[1])
-    cand = score.topk(c, dim=1).indices  # [N, c] into (len(layers) * K)
-    cand_layer = torch.tensor(layers)[cand // K]
-    cand_neuron = cand % K
+    per_run = select == "change" and n_runs >= 2
+    scores = [approx[j] - approx[n_runs - 1] for j in range(n_runs - 1)] if per_run else [approx[0]]
+    cands = [_candidates(s, layers, K, n_candidates) for s in scores]  # (layer, neuron) [N, c] each
     for layer in tqdm(layers, desc="stage 2 (exact)", disable=not progress, leave=False):
-        sel = cand_layer == layer
-        if not sel.any():
+        rows, cols = _stage2_pairs(cands, layer, N, K, n_runs, per_run)
+        if not len(rows):
             continue
-        prompt_idx, slot = sel.nonzero(as_tuple=True)
-        neurons = cand_neuron[prompt_idx, slot]
-        rows = torch.cat([prompt_idx + j * N for j in range(n_runs)])
-        cols = neurons.repeat(n_runs)
         resid = torch.cat([run.resid_mid[:, layer] for run in runs]).to(device)
         coef = torch.cat([run.coef[:, layer] for run in runs]).to(device)
         imp = exact_importance(
@@ -316,9 +312,38 @@ def importance_from_runs(
             vocab_chunk=vocab_chunk,
             scale=scale,
         ).cpu()
-        run_of = torch.arange(n_runs).repeat_interleave(len(prompt_idx))
-        importance[run_of, prompt_idx.repeat(n_runs), layer, cols] = imp
+        importance[rows // N, rows % N, layer, cols] = imp
     return {"importance": importance, "approx": approx, "base_logprob": base}
+
+
+def _candidates(score: torch.Tensor, layers: Sequence[int], K: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each prompt's ``n`` neurons with the largest stage-1 ``score`` [N, L, K] over
+    ``layers`` (non-finite scores last): their layers and indices, [N, min(n, len(layers) K)] each."""
+    N = score.shape[0]
+    flat = score[:, layers].reshape(N, -1)
+    flat = torch.where(torch.isfinite(flat), flat, torch.tensor(-torch.inf))
+    cand = flat.topk(min(n, flat.shape[1]), dim=1).indices
+    return torch.tensor(list(layers))[cand // K], cand % K
+
+
+def _stage2_pairs(
+    cands: Sequence[tuple[torch.Tensor, torch.Tensor]], layer: int, N: int, K: int, n_runs: int, per_run: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (row, neuron) pairs of ``layer`` whose exact importance stage 2 computes, rows
+    numbered run-major (row ``j * N + i`` is prompt i of run j). Shared candidates (one
+    set): every run at each candidate. Per run (``select="change"``): run j at its own
+    candidates, and the reference run (the last) at the union of all of them, once each."""
+    picked = []
+    for cand_layer, cand_neuron in cands:
+        prompt, slot = (cand_layer == layer).nonzero(as_tuple=True)
+        picked.append((prompt, cand_neuron[prompt, slot]))
+    if not per_run:
+        prompt, neuron = picked[0]
+        return torch.cat([prompt + j * N for j in range(n_runs)]), neuron.repeat(n_runs)
+    union = torch.unique(torch.cat([p * K + n for p, n in picked]))  # the reference's pairs, once each
+    rows = [p + j * N for j, (p, _) in enumerate(picked)] + [union // K + (n_runs - 1) * N]
+    cols = [n for _, n in picked] + [union % K]
+    return torch.cat(rows), torch.cat(cols)
 
 
 def _differing_layers(a: LastPosition, b: LastPosition) -> list[int]:

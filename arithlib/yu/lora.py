@@ -71,12 +71,13 @@ def train_lora(
     cache_dir: str | Path | None = None,
     inputs: LayerInputs | None = None,
     unchanged_below: int | None = None,
+    val_inputs: LayerInputs | None = None,
 ) -> FineTuned:
     """Yu & Ananiadou Sec. 5: LoRA (peft) on the attention projections of block ``layer``
     only (``layers_to_transform=[layer]``), trained on ``train_set``. ``model`` is an HF
     model or a bridge (trained through :func:`shared_hf_model`; base weights untouched).
     Returns the merged weights of the layer's projections (W + scaling * B A).
-    ``inputs``, ``unchanged_below``: as in :func:`train_parameters`."""
+    ``inputs``, ``unchanged_below``, ``val_inputs``: as in :func:`train_parameters`."""
     from peft import LoraConfig, get_peft_model
 
     hf = shared_hf_model(model)
@@ -126,6 +127,7 @@ def train_lora(
                 checkpoint_dir=ckdir,
                 inputs=inputs,
                 unchanged_below=unchanged_below,
+                val_inputs=val_inputs,
             )
             with torch.no_grad():
                 for n, v in state.items():
@@ -193,6 +195,7 @@ def lora_layer_sweep(
     fitted: dict[int, FineTuned] = {}
 
     train_inputs = LayerInputs(layers)  # the original's stream entering the LoRA layers, per training batch
+    val_inputs = LayerInputs(layers)  # and per validation batch
 
     def fit_at(layer: int, lr: float) -> FineTuned:
         return train_lora(
@@ -205,12 +208,15 @@ def lora_layer_sweep(
             progress=progress,
             cache_dir=cache_dir,
             inputs=train_inputs,
+            val_inputs=val_inputs,
         )
 
     search = len(lrs) > 1 and val_set is not None and len(val_set) > 0
     for layer in tqdm([l for l in layers if l in lr_layers], desc="LoRA lr search", disable=not (progress and search)):
         if search:
-            ft, table = choose_lr(model, lambda lr: fit_at(layer, lr), lrs, val_set, config.eval_batch_size)
+            ft, table = choose_lr(
+                model, lambda lr: fit_at(layer, lr), lrs, val_set, config.eval_batch_size, val_inputs=val_inputs
+            )
             lr_rows.append(table.assign(layer=layer))
             fitted[layer] = ft
     chosen_lrs = pd.concat(lr_rows)[lambda t: t.chosen]["lr"] if lr_rows else pd.Series([lrs[0]])
@@ -411,6 +417,11 @@ def _last_position_run(bridge, prompts: PromptSet, weights, batch_size: int):
         return run_last_position(bridge, prompts, None, capture=("resid_mid", "coef"), batch_size=batch_size)
 
 
+#: Elements of one importance tensor [models, cases, layers, d_mlp] in :func:`lora_cna`'s joint
+#: calls (float32: 512 MiB); more models than fit are scored in groups.
+_IMPORTANCE_ELEMS = 2**27
+
+
 def lora_cna(
     bridge,
     cases: PromptSet,
@@ -470,59 +481,85 @@ def lora_cna(
     )["importance"][0]
     rows, details = [], {"original": {"run": run_orig, "importance": orig_imp}, "layers": layers}
     per_case: list[dict] = []
-    for model_name, weights in tqdm(models.items(), desc="CNA per model", disable=not progress):
-        run_m = _last_position_run(bridge, cases, weights, batch_size)
+    names_in_order = list(models)
+    model_runs = {name: _last_position_run(bridge, cases, models[name], batch_size) for name in names_in_order}
+    L, K = run_orig.coef.shape[1], run_orig.coef.shape[2]
+    group = max(1, _IMPORTANCE_ELEMS // max(1, len(cases) * L * K) - 1)  # models per joint call
+    for g0 in tqdm(range(0, len(names_in_order), group), desc="CNA per model group", disable=not progress):
+        group_names = names_in_order[g0 : g0 + group]
         out = cna.importance_from_runs(
             bridge,
-            [run_m, run_orig],
+            [model_runs[name] for name in group_names] + [run_orig],
             targets,
             mode=mode,
             n_candidates=n_candidates,
             select="change",
             layers=layers,
             norm_reading=norm_reading,
-            scale_from=1,
-        )  # the original's final scale
-        imp_m, imp_o = out["importance"][0], out["importance"][1]
-        change = imp_m - imp_o
-        details[model_name] = {"run": run_m, "importance": imp_m, "importance_orig": imp_o}
-        for select, scores in (("cna", change), ("original", orig_imp)):
-            for k in ks:
-                before, after, cases_with_top = [], [], []
-                for i in range(len(cases)):
-                    top = cna.top_neurons(scores[i], k)
-                    if not top:
-                        continue
-                    cases_with_top.append(i)
-                    L = torch.tensor([l for l, _ in top])
-                    N = torch.tensor([n for _, n in top])
-                    before.append(run_orig.coef[i, L, N])
-                    after.append(run_m.coef[i, L, N])
-                for i, (b0, b1) in zip(cases_with_top, zip(before, after)):  # the ratio's parts per case
-                    per_case.append(
-                        {
-                            "model": model_name,
-                            "selection": select,
-                            "k": k,
-                            "case": i,
-                            "num": float((torch.sign(b0.float()) * (b1.float() - b0.float())).sum()),
-                            "den": float(b0.float().abs().sum()),
-                        }
-                    )
-                inc = (-cna.coefficient_decrease(torch.cat(before), torch.cat(after))) if before else float("nan")
-                rows.append(
+            scale_from=len(group_names),
+        )  # every model against the original at once; all read with the original's final scale
+        for j, model_name in enumerate(group_names):
+            run_m = model_runs[model_name]
+            imp_m = out["importance"][j]
+            imp_o = torch.where(torch.isfinite(imp_m), out["importance"][-1], torch.nan)  # at this model's neurons
+            change = imp_m - imp_o
+            details[model_name] = {"run": run_m, "importance": imp_m, "importance_orig": imp_o}
+            _coefficient_rows(rows, per_case, model_name, run_orig, run_m, change, orig_imp, ks, len(cases))
+    details["per_case"] = pd.DataFrame(per_case, columns=["model", "selection", "k", "case", "num", "den"])
+    return pd.DataFrame(rows), details
+
+
+def _coefficient_rows(
+    rows: list[dict],
+    per_case: list[dict],
+    model_name: str,
+    run_orig,
+    run_m,
+    change: torch.Tensor,
+    orig_imp: torch.Tensor,
+    ks: Sequence[int],
+    n_cases: int,
+) -> None:
+    """Table 10's rows of one model (appended to ``rows``) and their per-case parts (to
+    ``per_case``): the coefficient increase of each case's top-k neurons by CNA change
+    and by the original's importance."""
+    from . import cna
+
+    for select, scores in (("cna", change), ("original", orig_imp)):
+        for k in ks:
+            before, after, cases_with_top = [], [], []
+            for i in range(n_cases):
+                top = cna.top_neurons(scores[i], k)
+                if not top:
+                    continue
+                cases_with_top.append(i)
+                L = torch.tensor([l for l, _ in top])
+                N = torch.tensor([n for _, n in top])
+                before.append(run_orig.coef[i, L, N])
+                after.append(run_m.coef[i, L, N])
+            for i, (b0, b1) in zip(cases_with_top, zip(before, after)):  # the ratio's parts per case
+                per_case.append(
                     {
                         "model": model_name,
                         "selection": select,
                         "k": k,
-                        "coef_increase": inc,
-                        "n_cases": len(cases),
-                        "accuracy_original": run_orig.accuracy,
-                        "accuracy_model": run_m.accuracy,
+                        "case": i,
+                        "num": float((torch.sign(b0.float()) * (b1.float() - b0.float())).sum()),
+                        "den": float(b0.float().abs().sum()),
                     }
                 )
-    details["per_case"] = pd.DataFrame(per_case, columns=["model", "selection", "k", "case", "num", "den"])
-    return pd.DataFrame(rows), details
+            inc = (-cna.coefficient_decrease(torch.cat(before), torch.cat(after))) if before else float("nan")
+            rows.append(
+                {
+                    "model": model_name,
+                    "selection": select,
+                    "k": k,
+                    "coef_increase": inc,
+                    "n_cases": n_cases,
+                    "accuracy_original": run_orig.accuracy,
+                    "accuracy_model": run_m.accuracy,
+                }
+            )
 
 
 def coefficient_table(

@@ -177,12 +177,13 @@ def lora_on(
     progress: bool = False,
     inputs: LayerInputs | None = None,
     unchanged_below: int | None = None,
+    val_inputs: LayerInputs | None = None,
 ) -> FT.FineTuned:
     """Yu Sec. 6.1's last step: LoRA on attention layer ``layer`` of ``model`` (a pruned
     HF model or the original), trained on ``train_set`` with ``config`` (its lr), or
     with the lr of ``lrs`` that scores best on ``val_set`` (Yu's grid) when more than
-    one is given. ``lora.train_lora``; cached under ``cache_dir``; ``inputs`` and
-    ``unchanged_below`` as there."""
+    one is given. ``lora.train_lora``; cached under ``cache_dir``; ``inputs``,
+    ``unchanged_below`` and ``val_inputs`` as there."""
 
     def fit(lr: float) -> FT.FineTuned:
         return LO.train_lora(
@@ -196,10 +197,19 @@ def lora_on(
             cache_dir=cache_dir,
             inputs=inputs,
             unchanged_below=unchanged_below,
+            val_inputs=val_inputs,
         )
 
     search = len(lrs) > 1 and val_set is not None and len(val_set) > 0
-    return FT.choose_lr(model, fit, list(lrs) if search else [config.lr], val_set, config.eval_batch_size)[0]
+    return FT.choose_lr(
+        model,
+        fit,
+        list(lrs) if search else [config.lr],
+        val_set,
+        config.eval_batch_size,
+        val_inputs=val_inputs,
+        unchanged_below=unchanged_below,
+    )[0]
 
 
 def prune_and_finetune(
@@ -224,7 +234,7 @@ def prune_and_finetune(
 ):
     """Prune ``model``'s FFN to ``keep`` (:func:`prune_ffn`), evaluate it before
     fine-tuning, add LoRA on ``layer`` and train it (``fine_tune``), evaluate again.
-    ``inputs``: ``model``'s recorded streams on ``"train"`` and ``"test"`` (see
+    ``inputs``: ``model``'s recorded streams on ``"train"``, ``"val"`` and ``"test"`` (see
     :func:`table11`); the pruned model equals ``model`` below its first pruned layer.
     Returns one row: n_kept, accuracy_pruned (before LoRA), accuracy / accuracy_first /
     ... after LoRA (NaN without fine-tuning), parameter counts of the pruned model,
@@ -258,6 +268,7 @@ def prune_and_finetune(
             progress=progress,
             inputs=(inputs or {}).get("train"),
             unchanged_below=same["unchanged_below"],
+            val_inputs=(inputs or {}).get("val"),
         )
         after = FT.accuracy_row(FT.evaluate_weights(pruned, ft.weights, {"test": test_set}, batch_size, **same))
         row.update(after)
@@ -282,10 +293,14 @@ def prune_and_finetune(
 
 
 def recorded_streams(lora_layer: int, layers: Sequence[int]) -> dict[str, LayerInputs]:
-    """Empty :class:`~arithlib.engine.LayerInputs` for the training and test sets
-    of :func:`table11` / :func:`share_sweep`: the stream entering the LoRA layer (both)
-    and the first pruned layer (test: the pruned models before LoRA)."""
-    return {"train": LayerInputs([lora_layer]), "test": LayerInputs([lora_layer, min(layers)])}
+    """Empty :class:`~arithlib.engine.LayerInputs` for the training, validation and test
+    sets of :func:`table11` / :func:`share_sweep`: the stream entering the LoRA layer
+    (all three) and the first pruned layer (test: the pruned models before LoRA)."""
+    return {
+        "train": LayerInputs([lora_layer]),
+        "val": LayerInputs([lora_layer]),
+        "test": LayerInputs([lora_layer, min(layers)]),
+    }
 
 
 def table11(
@@ -326,7 +341,7 @@ def table11(
     Every model here equals ``model`` below ``lora_layer`` or below the first pruned
     layer, so each evaluation and training pass starts at one of those blocks from the
     stream recorded by the first pass that computes it (``inputs``: a
-    :class:`~arithlib.engine.LayerInputs` for ``"train"`` and ``"test"``, made
+    :class:`~arithlib.engine.LayerInputs` for ``"train"``, ``"val"`` and ``"test"``, made
     here when None); the numbers are those of full passes."""
     widths = {int(l): ffn_width(model, l) for l in layers}
     pool = sum(widths.values())

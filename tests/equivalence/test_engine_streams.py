@@ -4,6 +4,8 @@ only what the model shares with the reference, and other architectures run in fu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -113,6 +115,37 @@ def test_lora_training_from_recorded_stream_gives_the_same_weights(tiny_qwen2):
     late = LO.train_lora(hf, 1, train, cfg, progress=False, inputs=inputs)
     full = LO.train_lora(hf, 1, train, cfg, progress=False)
     assert late.history["loss"].equals(full.history["loss"])
+    assert all(torch.equal(late.weights[n], full.weights[n]) for n in full.weights)
+
+
+def test_lora_validation_from_recorded_stream(tiny_qwen2, monkeypatch):
+    """The validation passes of a LoRA training on block 1 (each epoch's, and the lr
+    choice's) start at block 1 from the stream a first run recorded: the same validation
+    accuracies, lr table and weights bit for bit as full passes."""
+    hf = ft.shared_hf_model(tiny_qwen2.bridge)
+    data = fd.yu_lora_data(n_train=16, n_test=0, n_val=16, seed=0, fewshot=2)
+    train, val = (PromptSet.build(data[k], tiny_qwen2.tokenizer) for k in ("train", "val"))
+    cfg = ft.TrainConfig(lr=1e-2, epochs=2, batch_size=8, seed=0, eval_batch_size=8)
+    val_inputs = LayerInputs([1])
+    LO.train_lora(hf, 1, train, cfg, val, progress=False, val_inputs=val_inputs)  # records
+    assert len(val_inputs) == len(fd.answer_batches(val, 8))
+    starts = []
+    real = engine_prefix.run_decoder
+
+    def spy(*a, **kw):
+        starts.append(kw.get("start", 0))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(engine_prefix, "run_decoder", spy)
+
+    def fit(lr, inputs):
+        return LO.train_lora(hf, 1, train, replace(cfg, lr=lr), val, progress=False, val_inputs=inputs)
+
+    late, late_table = ft.choose_lr(hf, lambda lr: fit(lr, val_inputs), [1e-2, 1e-3], val, 8, val_inputs=val_inputs)
+    n_late = len(starts)
+    full, full_table = ft.choose_lr(hf, lambda lr: fit(lr, None), [1e-2, 1e-3], val, 8)
+    assert 1 in set(starts[:n_late]) and set(starts[n_late:]) == {0}  # training and validation passes
+    assert late_table.equals(full_table) and late.epochs.equals(full.epochs)
     assert all(torch.equal(late.weights[n], full.weights[n]) for n in full.weights)
 
 

@@ -360,3 +360,12 @@ def test_grid_pass_benchmark_on_a_random_model():
     )
     assert row["same"] and row["max_diff"] < 1e-4 and row["literal_s"] > 0 and row["fast_s"] > 0
     assert torch.is_grad_enabled()
+
+
+def test_lora_cna_benchmark_on_a_random_model():
+    bl = _load("lora_cna")
+    row = bl.main(["--model", "random-qwen2", "--models", "3", "--cases", "4", "--candidates", "5", "--no-append"])
+    assert row["same_candidates"] and row["max_abs_diff"] < 1e-5
+    assert row["literal_s"] > 0 and row["joint_s"] > 0
+    assert 0 < row["joint_gflop"] < row["literal_gflop"]  # the original's rows screened once, not per model
+    assert torch.is_grad_enabled()

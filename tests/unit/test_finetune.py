@@ -553,6 +553,51 @@ def test_curve_shape_and_bands():
     assert table.set_index("band").loc["shallow", "mean_gain_over_original"] == pytest.approx(0.4)
 
 
+@pytest.mark.parametrize(("mode", "elems"), [("exact", 2**27), ("two_stage", 2**27), ("two_stage", 1)])
+def test_lora_cna_joint_equals_one_model_at_a_time(tiny_qwen2, monkeypatch, mode, elems):
+    """All LoRA models scored against the original in one importance call (and in groups of
+    one, ``elems=1``) give each model's importances, in it and in the original, and Table
+    10's rows as the literal per-model loop: one ``importance_from_runs([model, original])``
+    per model, read with the original's final scale."""
+    import arithlib.yu.cna as C
+
+    bridge = tiny_qwen2.bridge
+    cases = LO.yu_cna_cases(tiny_qwen2.tokenizer, n_cases=6)
+    plain = dict(ft.shared_hf_model(bridge).named_parameters())
+    g = torch.Generator().manual_seed(3)
+    models = {
+        f"LoRA L{layer}": {
+            name: p.detach() + 0.2 * torch.randn(p.shape, generator=g)
+            for name, p in plain.items()
+            if f"layers.{layer}.self_attn." in name and name.endswith("proj.weight")
+        }
+        for layer in (0, 1, 0)
+    }
+    models = dict(zip(["a", "b", "c"], models.values()))
+    monkeypatch.setattr(LO, "_IMPORTANCE_ELEMS", elems)
+    kw = dict(mode=mode, n_candidates=7, layers=[0, 1])
+    rows, details = LO.lora_cna(bridge, cases, models, ks=(5, 3), progress=False, batch_size=4, **kw)
+    targets = cases.first_answer_ids
+    run_o = LO._last_position_run(bridge, cases, None, 4)
+    orig = C.importance_from_runs(bridge, [run_o], targets, select="score", **kw)["importance"][0]
+    expected_rows = []
+    for name, weights in models.items():
+        run_m = LO._last_position_run(bridge, cases, weights, 4)
+        out = C.importance_from_runs(bridge, [run_m, run_o], targets, select="change", scale_from=1, **kw)
+        for key, ref in (("importance", out["importance"][0]), ("importance_orig", out["importance"][1])):
+            got = details[name][key]
+            assert torch.equal(torch.isfinite(got), torch.isfinite(ref)), (name, key)  # the same candidates
+            assert torch.allclose(got, ref, rtol=0, atol=1e-6, equal_nan=True), (name, key)
+        LO._coefficient_rows(
+            expected_rows, [], name, run_o, run_m, out["importance"][0] - out["importance"][1], orig, (5, 3), 6
+        )
+    expected = pd.DataFrame(expected_rows)
+    assert list(rows.model) == list(expected.model) and list(rows.k) == list(expected.k)
+    assert np.allclose(rows.coef_increase, expected.coef_increase, rtol=0, atol=1e-9, equal_nan=True)
+    if mode == "two_stage":  # the reference run is read at the union of the models' candidates only
+        assert torch.isnan(details["a"]["importance"]).any()
+
+
 def test_lora_cna_zero_change_and_guard(tiny_qwen2):
     cases = LO.yu_cna_cases(tiny_qwen2.tokenizer, n_cases=4)
     assert cases.records[0].text.strip() == "3 + 5 ="

@@ -267,3 +267,33 @@ def test_lora_cna_scores_match_finetune_lora_cna(qwen):
     assert torch.allclose(scores.change[:, 0], ref[:, 1], atol=1e-5)
     with pytest.raises(ValueError):
         PS.lora_cna_scores(qwen.bridge, cases, {"model.layers.1.mlp.down_proj.weight": torch.zeros(1)}, [1])
+
+
+def test_lora_on_a_model_pruned_below_it_reads_no_stream_recorded_above_the_pruning(qwen, monkeypatch):
+    """LoRA on block 1 of a model pruned in block 0: the validation stream recorded at
+    block 1 by the original's LoRA does not hold for it, so its validation passes (each
+    epoch's and the lr choice's) run from the embeddings, with the full passes' numbers."""
+    from arithlib.engine import LayerInputs
+
+    splits = FD.yu_lora_data(n_train=16, n_val=8, n_test=0, seed=0, fewshot=1)
+    train, val = (PromptSet.build(splits[k], qwen.tokenizer) for k in ("train", "val"))
+    cfg = FT.TrainConfig(lr=1e-2, epochs=1, batch_size=8, seed=0, eval_batch_size=8)
+    val_inputs = LayerInputs([1])
+    P.lora_on(qwen.bridge, 1, train, cfg, val_set=val, lrs=[1e-2, 1e-3], val_inputs=val_inputs)  # the original
+    assert len(val_inputs) > 0
+    pruned = P.prune_ffn(qwen.bridge, {0: torch.arange(8)})
+    kw = dict(val_set=val, lrs=[1e-2, 1e-3], unchanged_below=0)
+    import arithlib.engine.prefix as engine_prefix
+
+    starts, real = [], engine_prefix.run_decoder
+
+    def spy(*a, **k):
+        starts.append(k.get("start", 0))
+        return real(*a, **k)
+
+    monkeypatch.setattr(engine_prefix, "run_decoder", spy)
+    late = P.lora_on(pruned, 1, train, cfg, val_inputs=val_inputs, **kw)
+    assert starts and set(starts) == {0}
+    full = P.lora_on(pruned, 1, train, cfg, **kw)
+    assert late.epochs.equals(full.epochs) and late.config.lr == full.config.lr
+    assert all(torch.equal(late.weights[n], full.weights[n]) for n in full.weights)
