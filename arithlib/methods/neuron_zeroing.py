@@ -27,7 +27,7 @@ with :func:`rowwise_neuron_hooks`); the two are tested equal
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -46,11 +46,13 @@ Masks = Mapping[int, torch.Tensor]
 @dataclass
 class ZeroingRun:
     """One condition's answer position: each prompt's argmax token (exact) and, when
-    captured, its MLP coefficients ``[N, L, d_mlp]`` after the zeroing (float32)."""
+    captured, its MLP coefficients after the zeroing (float32): all of them ``[N, L,
+    d_mlp]`` (``coef``), or a few named per prompt (``coef_at``)."""
 
     targets: torch.Tensor
     pred: torch.Tensor
     coef: torch.Tensor | None = None
+    coef_at: torch.Tensor | None = None  # [N, J]: the coefficients asked for per prompt, NaN-padded
 
     @property
     def correct(self) -> torch.Tensor:
@@ -109,20 +111,31 @@ def zeroing_runs_literal(
     targets: torch.Tensor | None = None,
     batch_size: int = 64,
     fill: Mapping[int, torch.Tensor] | None = None,
+    coef_at: Sequence[Sequence[tuple[int, int]]] | None = None,
 ) -> dict[str, ZeroingRun]:
     """The reference of :func:`zeroing_runs`: every row through every layer at the answer
     position (the earlier positions once, from their keys and values), the masks as
-    row-wise hooks, the argmax of the full logits."""
+    row-wise hooks, the argmax of the full logits; ``coef_at`` read off the full
+    coefficients, one entry at a time."""
     _check_fill(conditions, fill)
     runs = run_answer_conditions(
         model,
         prompts,
         {name: rowwise_neuron_hooks(m, fill=fill) for name, m in conditions.items()},
-        capture=("coef",) if capture_coef else (),
+        capture=("coef",) if capture_coef or coef_at is not None else (),
         targets=targets,
         batch_size=batch_size,
     )
-    return {name: ZeroingRun(r.targets, r.pred, r.coef) for name, r in runs.items()}
+    out = {}
+    for name, r in runs.items():
+        at = None
+        if coef_at is not None:
+            at = torch.full((len(coef_at), max((len(x) for x in coef_at), default=0)), torch.nan)
+            for i, pairs in enumerate(coef_at):
+                for j, (layer, neuron) in enumerate(pairs):
+                    at[i, j] = r.coef[i, layer, neuron]
+        out[name] = ZeroingRun(r.targets, r.pred, r.coef if capture_coef else None, at)
+    return out
 
 
 def entry_layers(masks: Masks, index: torch.Tensor, n_layers: int) -> torch.Tensor:
@@ -186,10 +199,14 @@ def zeroing_runs(
     desc: str = "neuron zeroing",
     clean_runs: dict | None = None,
     fill: Mapping[int, torch.Tensor] | None = None,
+    coef_at: Sequence[Sequence[tuple[int, int]]] | None = None,
 ) -> dict[str, ZeroingRun]:
     """Each condition's answer-position run of ``prompts`` (see the module docstring):
     per prompt the exact argmax and (``capture_coef``) the coefficients of every layer,
-    the clean ones below the row's entry layer. Rows of all conditions share passes of
+    the clean ones below the row's entry layer; ``coef_at``: only the coefficients of
+    these (layer, neuron) per prompt, the same for every condition (``ZeroingRun.coef_at``
+    [N, J], row i's first ``len(coef_at[i])`` entries in that order, NaN after), the
+    same values as ``coef`` without holding every condition's ``[N, L, d_mlp]``. Rows of all conditions share passes of
     at most ``max_rows`` rows. Equal to :func:`zeroing_runs_literal` up to float rounding.
     ``clean_runs``: a dict the caller keeps across calls on the same model, prompts and
     ``batch_size``, holding each batch's clean run, so that later calls skip it. ``fill``:
@@ -205,13 +222,17 @@ def zeroing_runs(
     # every condition's coefficients, row c * N + prompt: filled by index_copy_ (a broadcast
     # index_put over [C, N, L, d_mlp] runs at a fraction of the memory bandwidth)
     coef = torch.empty(len(names) * N, n_layers, d_mlp) if capture_coef else None
-    post = [f"blocks.{l}.mlp.hook_post" for l in range(n_layers)] if capture_coef else []
+    read = _Reader(coef_at, N, len(names)) if coef_at is not None else None
+    kept = range(n_layers) if capture_coef else (read.layers if read is not None else [])  # resumed rows' layers
+    # the clean run keeps every layer's coefficients whenever any are read, so that calls asking
+    # for other neurons (the lowest-neuron test's K's) share it through ``clean_runs``
+    post = [f"blocks.{l}.mlp.hook_post" for l in range(n_layers)] if kept else []
     for batch in tqdm(
         list(prompts.batches(batch_size, device, by_prefix=True)), desc=desc, disable=not progress, leave=False
     ):
         index = batch.index.cpu()
         B, T = batch.tokens.shape
-        key = (tuple(index.tolist()), capture_coef)
+        key = (tuple(index.tolist()), bool(post))
         if clean_runs is not None and key in clean_runs:
             run, clean_pred = clean_runs[key]
         else:
@@ -225,6 +246,9 @@ def zeroing_runs(
             clean_coef = torch.stack([run.captured[name].float().cpu() for name in post], 1)
             for c in range(len(names)):
                 coef.index_copy_(0, c * N + index, clean_coef)
+        if read is not None:
+            for layer in read.layers:
+                read.clean(layer, index, run.captured[post[layer]].float().cpu())
         cond, row = (entry < n_layers).nonzero(as_tuple=True)
         if not len(cond):
             continue
@@ -233,18 +257,59 @@ def zeroing_runs(
         for s in range(0, len(cond), max_rows):
             c, r = cond[s : s + max_rows], row[s : s + max_rows]
             e = entry[c, r]
-            got: dict[int, torch.Tensor] | None = (
-                {l: None for l in range(int(e[0]), n_layers)} if coef is not None else None
-            )
+            got: dict[int, torch.Tensor] | None = {l: None for l in kept if l >= int(e[0])} if kept else None
             hooks = _zeroing_hooks(conds, c, index[r], d_mlp, got, fill)
             with model.hooks(fwd_hooks=hooks):
                 h = resume_rows(model, run, T - 1, r, e.tolist())
             pred[c, index[r]] = unembed.argmax(h)[0].cpu()
-            if got is not None:
-                for layer, x in got.items():
-                    n = x.shape[0]  # the rows present at this layer: a leading part
+            for layer, x in (got or {}).items():
+                n = x.shape[0]  # the rows present at this layer: a leading part
+                if coef is not None:
                     coef[:, layer].index_copy_(0, c[:n] * N + index[r[:n]], x.cpu())
+                if read is not None:
+                    read.resumed(layer, c[:n], index[r[:n]], x.cpu())
     return {
-        name: ZeroingRun(targets, pred[i], None if coef is None else coef[i * N : (i + 1) * N])
+        name: ZeroingRun(
+            targets,
+            pred[i],
+            None if coef is None else coef[i * N : (i + 1) * N],
+            None if read is None else read.values[i * N : (i + 1) * N],
+        )
         for i, name in enumerate(names)
     }
+
+
+class _Reader:
+    """The coefficients ``coef_at`` of :func:`zeroing_runs` asks for: per prompt a list of
+    (layer, neuron), padded to [N, J]; :attr:`values` [C * N, J] (row c * N + prompt),
+    written from the clean run's coefficients and then from each resumed row's."""
+
+    def __init__(self, coef_at: Sequence[Sequence[tuple[int, int]]], N: int, C: int) -> None:
+        if len(coef_at) != N:
+            raise ValueError(f"coef_at names neurons for {len(coef_at)} prompts, the prompt set has {N}")
+        J = max((len(x) for x in coef_at), default=0)
+        self.layer = torch.full((N, J), -1, dtype=torch.long)
+        self.neuron = torch.zeros(N, J, dtype=torch.long)
+        for i, pairs in enumerate(coef_at):
+            if pairs:
+                self.layer[i, : len(pairs)] = torch.tensor([int(l) for l, _ in pairs])
+                self.neuron[i, : len(pairs)] = torch.tensor([int(n) for _, n in pairs])
+        self.layers = sorted({int(l) for l in self.layer[self.layer >= 0].tolist()})
+        self.N = N
+        self.values = torch.full((C * N, J), torch.nan)
+
+    def _write(self, layer: int, rows: torch.Tensor, prompt: torch.Tensor, x: torch.Tensor) -> None:
+        here = self.layer[prompt] == layer  # [n, J]
+        picked = x.gather(1, self.neuron[prompt])
+        self.values[rows] = torch.where(here, picked, self.values[rows])
+
+    def clean(self, layer: int, index: torch.Tensor, x: torch.Tensor) -> None:
+        """The clean run's coefficients of ``layer`` [B, d_mlp] for prompts ``index``, in
+        every condition (the resumed rows overwrite theirs later)."""
+        C = self.values.shape[0] // self.N
+        for c in range(C):
+            self._write(layer, c * self.N + index, index, x)
+
+    def resumed(self, layer: int, cond: torch.Tensor, prompt: torch.Tensor, x: torch.Tensor) -> None:
+        """Resumed rows' coefficients of ``layer`` [n, d_mlp] (condition ``cond``, prompt ``prompt``)."""
+        self._write(layer, cond * self.N + prompt, prompt, x)

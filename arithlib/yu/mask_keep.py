@@ -257,11 +257,13 @@ def lowest_neuron_table(
             name: neuron_masks([[x] if x else [] for x in picks], cfg.n_layers, cfg.d_mlp)
             for name, picks in draws.items()
         }
+        # the top-K neurons above each case's lowest one: the coefficients the test reads
+        uppers = [[(l, n) for l, n in s if low is not None and l > low[0]] for s, low in zip(sets, lows)]
         runs = zeroing_runs(
             model,
             prompts,
             conditions,
-            capture_coef=True,
+            coef_at=uppers,
             targets=result.targets,
             batch_size=batch_size,
             progress=progress,
@@ -270,9 +272,8 @@ def lowest_neuron_table(
         )
         for name, picks in draws.items():
             kind, _, s_ = name.partition("|")
-            coef_after = runs[name].coef
-            for i, (s, low, zeroed) in enumerate(zip(sets, lows, picks)):
-                upper = [(l, n) for l, n in s if low is not None and l > low[0]]
+            coef_after = runs[name].coef_at
+            for i, (upper, low, zeroed) in enumerate(zip(uppers, lows, picks)):
                 if not upper or zeroed is None:
                     continue
                 idx = tuple(zip(*upper))
@@ -286,7 +287,7 @@ def lowest_neuron_table(
                         "lowest_neuron": low[1],
                         "zeroed_neuron": zeroed[1],
                         "n_upper": len(upper),
-                        "coef_decrease": coefficient_decrease(result.coef_a[i][idx], coef_after[i][idx]),
+                        "coef_decrease": coefficient_decrease(result.coef_a[i][idx], coef_after[i, : len(upper)]),
                         "correct_after": bool(runs[name].correct[i]),
                     }
                 )

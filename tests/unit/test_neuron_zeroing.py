@@ -164,7 +164,13 @@ def test_tables_equal_with_the_literal_runs(tiny, monkeypatch):
         MK,
         "zeroing_runs",
         lambda model, prompts, conds, **k: NZ.zeroing_runs_literal(
-            model, prompts, conds, capture_coef=k.get("capture_coef", False), targets=k.get("targets"), batch_size=5
+            model,
+            prompts,
+            conds,
+            capture_coef=k.get("capture_coef", False),
+            coef_at=k.get("coef_at"),
+            targets=k.get("targets"),
+            batch_size=5,
         ),
     )
     ref_mk = MK.mask_keep_table(b, ps, res, ks=(5, 2), **kw)
@@ -173,3 +179,34 @@ def test_tables_equal_with_the_literal_runs(tiny, monkeypatch):
     pd.testing.assert_frame_equal(fast_low, ref_low, rtol=1e-4)
     pd.testing.assert_frame_equal(fast_cases, ref_cases, rtol=1e-4, atol=1e-4)
     assert len(fast_cases) > 0
+
+
+def test_coefficients_at_named_neurons_equal_the_full_capture(tiny, monkeypatch):
+    """``coef_at`` keeps, per prompt, the coefficients of the neurons it names (any layers,
+    none for some prompts): bit for bit the entries of the full ``coef`` of every
+    condition, NaN past each prompt's list; it shares the clean runs kept for a full
+    capture and asks for too few prompts' lists with an error."""
+    b = tiny.bridge
+    ps = _prompts(tiny)
+    conds = _conditions(b, len(ps))
+    L, d = b.cfg.n_layers, b.cfg.d_mlp
+    g = torch.Generator().manual_seed(5)
+    coef_at = [
+        [(int(torch.randint(L, (1,), generator=g)), int(torch.randint(d, (1,), generator=g))) for _ in range(i % 4)]
+        for i in range(len(ps))
+    ]
+    kept: dict = {}
+    full = NZ.zeroing_runs(b, ps, conds, capture_coef=True, batch_size=5, max_rows=7, clean_runs=kept)
+    calls = []
+    monkeypatch.setattr(NZ, "clean_run", lambda *a, **k: calls.append(1) or clean_run(*a, **k))
+    some = NZ.zeroing_runs(b, ps, conds, coef_at=coef_at, batch_size=5, max_rows=7, clean_runs=kept)
+    assert not calls  # the full capture's clean runs serve it
+    for name in conds:
+        assert torch.equal(some[name].pred, full[name].pred) and some[name].coef is None
+        for i, pairs in enumerate(coef_at):
+            want = torch.tensor([float(full[name].coef[i, l, n]) for l, n in pairs])
+            got = some[name].coef_at[i]
+            assert torch.equal(got[: len(pairs)], want), (name, i)
+            assert torch.isnan(got[len(pairs) :]).all()
+    with pytest.raises(ValueError, match="coef_at names neurons for"):
+        NZ.zeroing_runs(b, ps, conds, coef_at=coef_at[:-1])
