@@ -7,7 +7,7 @@ in it and in the original (two-stage: a first-order screen of every neuron, then
 exact importance of each case's candidates). The literal loop calls
 ``cna.importance_from_runs([model, original])`` once per model, so the original's rows
 are screened again for every model and each layer's products are a few dozen rows tall.
-:func:`arithlib.yu.lora.lora_cna` scores all models in one call: the original's rows
+:func:`arithlib.yu.lora.joint_importance` (what ``lora_cna`` calls) scores all models in one call: the original's rows
 once, every model's rows in the same products, the original's exact importance once per
 (case, neuron) any model needs. The time of the forward passes that record each model's
 rows (the same in both) is left out.
@@ -90,12 +90,9 @@ def main(argv: list[str] | None = None) -> dict:
             }
 
         def joint():
-            out = C.importance_from_runs(
-                bridge, [*runs.values(), run_o], targets, select="change", scale_from=len(runs), **kw
-            )["importance"]
             return {
-                name: torch.stack([out[j], torch.where(torch.isfinite(out[j]), out[-1], torch.nan)])
-                for j, name in enumerate(runs)
+                name: torch.stack(pair)
+                for name, pair in LO.joint_importance(bridge, runs, run_o, targets, **kw).items()
             }
 
         f_lit, t_lit, v_lit = roofline.measure(literal, a.repeats)

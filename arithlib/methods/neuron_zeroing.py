@@ -206,8 +206,8 @@ def zeroing_runs(
     the clean ones below the row's entry layer; ``coef_at``: only the coefficients of
     these (layer, neuron) per prompt, the same for every condition (``ZeroingRun.coef_at``
     [N, J], row i's first ``len(coef_at[i])`` entries in that order, NaN after), the
-    same values as ``coef`` without holding every condition's ``[N, L, d_mlp]``. Rows of all conditions share passes of
-    at most ``max_rows`` rows. Equal to :func:`zeroing_runs_literal` up to float rounding.
+    same values as ``coef`` without holding every condition's ``[N, L, d_mlp]``. Rows of
+    all conditions share passes of at most ``max_rows`` rows. Equal to :func:`zeroing_runs_literal` up to float rounding.
     ``clean_runs``: a dict the caller keeps across calls on the same model, prompts and
     ``batch_size``, holding each batch's clean run, so that later calls skip it. ``fill``:
     the values written into the masked neurons per layer (None: zero)."""

@@ -238,8 +238,9 @@ def importance_from_runs(
     scale_from: int | None = 0,
 ) -> dict[str, torch.Tensor]:
     """Importance of every neuron in each of ``runs`` (LastPosition with resid_mid, coef
-    and final_resid; all runs' rows share each layer's products). Returns ``importance`` [n_runs, N, L, K] (NaN where
-    not exact), ``approx`` (stage 1) and ``base_logprob`` [n_runs, N, L].
+    and final_resid; all runs' rows share each layer's products). Returns ``importance``
+    [n_runs, N, L, K] (NaN where not exact), ``approx`` (stage 1) and ``base_logprob``
+    [n_runs, N, L].
 
     ``norm_reading`` "final" (default, the authors'): every vector of run j's row i is read
     with the fixed scale of row i of run ``scale_from`` (the unintervened run of the same

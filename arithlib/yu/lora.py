@@ -24,6 +24,7 @@ from ..core.components import Neuron
 from ..core.papers import YU_BANDS_32, YU_LR_GRID, YU_REFERENCE_LAYER_FRACTION
 from ..core.prompt_sets import PromptSet
 from ..engine import LayerInputs, clean_param_name, shared_hf_model
+from ..methods.answer_runs import LastPosition
 from ..methods.finetune import (
     FineTuned,
     Trainable,
@@ -481,32 +482,61 @@ def lora_cna(
     )["importance"][0]
     rows, details = [], {"original": {"run": run_orig, "importance": orig_imp}, "layers": layers}
     per_case: list[dict] = []
-    names_in_order = list(models)
-    model_runs = {name: _last_position_run(bridge, cases, models[name], batch_size) for name in names_in_order}
-    L, K = run_orig.coef.shape[1], run_orig.coef.shape[2]
-    group = max(1, _IMPORTANCE_ELEMS // max(1, len(cases) * L * K) - 1)  # models per joint call
-    for g0 in tqdm(range(0, len(names_in_order), group), desc="CNA per model group", disable=not progress):
-        group_names = names_in_order[g0 : g0 + group]
-        out = cna.importance_from_runs(
-            bridge,
-            [model_runs[name] for name in group_names] + [run_orig],
-            targets,
-            mode=mode,
-            n_candidates=n_candidates,
-            select="change",
-            layers=layers,
-            norm_reading=norm_reading,
-            scale_from=len(group_names),
-        )  # every model against the original at once; all read with the original's final scale
-        for j, model_name in enumerate(group_names):
-            run_m = model_runs[model_name]
-            imp_m = out["importance"][j]
-            imp_o = torch.where(torch.isfinite(imp_m), out["importance"][-1], torch.nan)  # at this model's neurons
-            change = imp_m - imp_o
-            details[model_name] = {"run": run_m, "importance": imp_m, "importance_orig": imp_o}
-            _coefficient_rows(rows, per_case, model_name, run_orig, run_m, change, orig_imp, ks, len(cases))
+    model_runs = {name: _last_position_run(bridge, cases, w, batch_size) for name, w in models.items()}
+    joint = joint_importance(
+        bridge,
+        model_runs,
+        run_orig,
+        targets,
+        mode=mode,
+        n_candidates=n_candidates,
+        layers=layers,
+        norm_reading=norm_reading,
+        progress=progress,
+    )
+    for model_name, (imp_m, imp_o) in joint.items():
+        run_m = model_runs[model_name]
+        details[model_name] = {"run": run_m, "importance": imp_m, "importance_orig": imp_o}
+        _coefficient_rows(rows, per_case, model_name, run_orig, run_m, imp_m - imp_o, orig_imp, ks, len(cases))
     details["per_case"] = pd.DataFrame(per_case, columns=["model", "selection", "k", "case", "num", "den"])
     return pd.DataFrame(rows), details
+
+
+def joint_importance(
+    bridge,
+    runs: Mapping[str, LastPosition],
+    run_orig: LastPosition,
+    targets: torch.Tensor,
+    *,
+    progress: bool = False,
+    **kw,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """CNA importance (Sec. 4.1) of every model in ``runs`` (name -> LastPosition) against
+    the original's ``run_orig``, all models in one ``cna.importance_from_runs`` call
+    (``select="change"``, the original last; in groups when the importance tensors would
+    pass :data:`_IMPORTANCE_ELEMS`), every row read with the original's final scale.
+    Returns name -> (importance in the model [N, L, K], in the original at the same
+    neurons, NaN elsewhere): what one call per model ``[model, original]`` gives
+    (tested). ``kw``: mode, n_candidates, layers, norm_reading."""
+    from . import cna
+
+    names = list(runs)
+    L, K = run_orig.coef.shape[1], run_orig.coef.shape[2]
+    group = max(1, _IMPORTANCE_ELEMS // max(1, len(targets) * L * K) - 1)  # models per joint call
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for g0 in tqdm(range(0, len(names), group), desc="CNA per model group", disable=not progress):
+        group_names = names[g0 : g0 + group]
+        imp = cna.importance_from_runs(
+            bridge,
+            [runs[name] for name in group_names] + [run_orig],
+            targets,
+            select="change",
+            scale_from=len(group_names),
+            **kw,
+        )["importance"]
+        for j, name in enumerate(group_names):
+            out[name] = (imp[j], torch.where(torch.isfinite(imp[j]), imp[-1], torch.nan))
+    return out
 
 
 def _coefficient_rows(

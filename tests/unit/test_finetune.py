@@ -566,14 +566,14 @@ def test_lora_cna_joint_equals_one_model_at_a_time(tiny_qwen2, monkeypatch, mode
     plain = dict(ft.shared_hf_model(bridge).named_parameters())
     g = torch.Generator().manual_seed(3)
     models = {
-        f"LoRA L{layer}": {
+        label: {
             name: p.detach() + 0.2 * torch.randn(p.shape, generator=g)
             for name, p in plain.items()
             if f"layers.{layer}.self_attn." in name and name.endswith("proj.weight")
         }
-        for layer in (0, 1, 0)
+        for label, layer in (("a", 0), ("b", 1), ("c", 0))  # two models with LoRA in the same layer
     }
-    models = dict(zip(["a", "b", "c"], models.values()))
+    assert len(models) == 3
     monkeypatch.setattr(LO, "_IMPORTANCE_ELEMS", elems)
     kw = dict(mode=mode, n_candidates=7, layers=[0, 1])
     rows, details = LO.lora_cna(bridge, cases, models, ks=(5, 3), progress=False, batch_size=4, **kw)
