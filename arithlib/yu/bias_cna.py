@@ -101,7 +101,7 @@ def shared_input_importance(
     n_candidates: int | None = 20,
     n_aggregate: int = 200,
     exact_layers: Sequence[int] = (),
-    vocab_chunk: int = 8192,
+    vocab_chunk: int = CI.VOCAB_CHUNK,
     block_elems: int = 2**24,
     progress: bool = False,
     scale: torch.Tensor | None = None,
@@ -147,18 +147,19 @@ def shared_input_importance(
     base = torch.full((2, N, L), torch.nan)
     stats_by_layer = {}
     scale = None if scale is None else scale.float().to(device)
+    all_stats = CI.layer_stats_stacked(
+        [resid[:, layer].to(device).float() for layer in range(L)],
+        torch.zeros(G, dtype=torch.long, device=device),
+        norm,
+        W_U,
+        b_U,
+        vocab_chunk=vocab_chunk,
+        scale=scale,
+    )
     for layer in tqdm(range(L), desc="stage 1", disable=not progress, leave=False):
         r = resid[:, layer].to(device).float()
         m = coef[:, layer].to(device).float()
-        stats, _ = CI.layer_stats(
-            r,
-            torch.zeros(G, dtype=torch.long, device=device),
-            norm,
-            W_U,
-            b_U,
-            vocab_chunk=max(vocab_chunk, 16384),
-            scale=scale,
-        )
+        stats, _ = all_stats[layer]
         gr = CI._centre(r, norm) * norm.weight  # [G, d]
         A_t = gr @ w_cols.T  # [G, N]: target logits before scaling, every input x every target
         stats_by_layer[layer] = (stats, A_t)

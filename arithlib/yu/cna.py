@@ -74,7 +74,7 @@ from ..core.readout import final_norm, top_tokens, unembedding
 from ..engine import input_device
 from ..methods.answer_runs import LastPosition, answer_targets, run_conditions, run_last_position
 from ..methods.neurons import value_vectors, w_out
-from .cna_importance import exact_importance, first_order_importance, layer_stats
+from .cna_importance import VOCAB_CHUNK, exact_importance, first_order_importance, layer_stats_stacked
 from .cna_norm import check_norm_reading, run_scales
 
 # --------------------------------------------------------------------------- model pieces
@@ -232,7 +232,7 @@ def importance_from_runs(
     n_candidates: int = 200,
     select: str = "change",
     layers: Sequence[int] | None = None,
-    vocab_chunk: int = 8192,
+    vocab_chunk: int = VOCAB_CHUNK,
     progress: bool = False,
     norm_reading: str = "final",
     scale_from: int | None = 0,
@@ -270,13 +270,23 @@ def importance_from_runs(
     scales = run_scales(runs, norm, norm_reading, scale_from)
     scale = None if scales[0] is None else torch.cat(scales).to(device)  # [n_runs * N], rows as resid's
     base_by_layer = {}
-    for layer in tqdm(
-        layers, desc="stage 1" if mode == "two_stage" else "importance", disable=not progress, leave=False
+
+    def rows_at(layer: int) -> torch.Tensor:
+        return torch.cat([run.resid_mid[:, layer] for run in runs]).to(device)
+
+    all_stats = layer_stats_stacked(
+        [rows_at(layer) for layer in layers], t_all, norm, W_U, b_U, vocab_chunk=vocab_chunk, scale=scale
+    )
+    for layer, (stats, b) in tqdm(
+        zip(layers, all_stats),
+        total=len(layers),
+        desc="stage 1" if mode == "two_stage" else "importance",
+        disable=not progress,
+        leave=False,
     ):
-        resid = torch.cat([run.resid_mid[:, layer] for run in runs]).to(device)
+        resid = rows_at(layer)
         coef = torch.cat([run.coef[:, layer] for run in runs]).to(device)
         values = w_out(model, layer).to(device)
-        stats, b = layer_stats(resid, t_all, norm, W_U, b_U, vocab_chunk=max(vocab_chunk, 16384), scale=scale)
         base[:, :, layer] = b.view(n_runs, N).cpu()
         approx[:, :, layer] = (
             first_order_importance(resid, coef, values, t_all, norm, W_U, stats, scale).view(n_runs, N, K).cpu()
@@ -369,7 +379,7 @@ def cna_compare(
     n_candidates: int = 200,
     batch_size: int = 32,
     skip_identical_layers: bool = True,
-    vocab_chunk: int = 8192,
+    vocab_chunk: int = VOCAB_CHUNK,
     progress: bool = True,
     norm_reading: str = "final",
 ) -> CNAResult:

@@ -17,6 +17,13 @@ from ..methods.neurons import w_out
 
 # --------------------------------------------------------------------------- importance: the math
 
+#: Columns of the unembedding per step of the vocabulary passes. The products
+#: ``rows @ W_U[:, chunk]`` run fastest at a few hundred to about 1,500 columns: on the
+#: 2-core reference machine (one torch thread, d_model 896) 512-1,536 columns reach about
+#: 83 GFLOP/s, 3,449 columns 53 and 8,192 about 63 (``benchmarks/vocab_chunk.py``). The
+#: chunk only changes the order of the online log-sum-exp's additions.
+VOCAB_CHUNK = 1024
+
 
 def _centre(x: torch.Tensor, norm: FinalNorm) -> torch.Tensor:
     return x - x.mean(-1, keepdim=True) if norm.kind == "layer" else x
@@ -45,7 +52,7 @@ def layer_stats(
     norm: FinalNorm,
     W_U: torch.Tensor,
     b_U: torch.Tensor,
-    vocab_chunk: int = 16384,
+    vocab_chunk: int = VOCAB_CHUNK,
     scale: torch.Tensor | None = None,
 ) -> tuple[LayerStats, torch.Tensor]:
     """Baseline statistics of rows ``resid`` [R, d] (one pass over the vocabulary with an
@@ -77,6 +84,47 @@ def layer_stats(
     A_w = (gr * W_U[:, targets.to(W_U.device)].T).sum(-1)
     base = A_w / sigma0 + beta[targets] - lse0
     return LayerStats(sigma0, A_w, lse0, pA, q), base
+
+
+def layer_stats_stacked(
+    resid_by_layer: Sequence[torch.Tensor],
+    targets: torch.Tensor,
+    norm: FinalNorm,
+    W_U: torch.Tensor,
+    b_U: torch.Tensor,
+    vocab_chunk: int = VOCAB_CHUNK,
+    scale: torch.Tensor | None = None,
+    max_rows: int = 4096,
+) -> list[tuple[LayerStats, torch.Tensor]]:
+    """:func:`layer_stats` of several layers' rows (``resid_by_layer``, each [R, d] with the
+    same ``targets`` [R] and ``scale`` [R]) in one pass over the vocabulary per group of
+    at most ``max_rows`` rows. Every quantity is per row, so this is :func:`layer_stats`
+    of each layer; stacking makes the products a few hundred rows tall instead of R (a
+    product 24 rows tall runs at about half the rate of one 500 rows tall)."""
+    R = len(targets)
+    per_group = max(1, max_rows // max(R, 1))
+    out: list[tuple[LayerStats, torch.Tensor]] = []
+    for g0 in range(0, len(resid_by_layer), per_group):
+        group = resid_by_layer[g0 : g0 + per_group]
+        n = len(group)
+        stats, base = layer_stats(
+            torch.cat(list(group)),
+            targets.repeat(n),
+            norm,
+            W_U,
+            b_U,
+            vocab_chunk=vocab_chunk,
+            scale=None if scale is None else scale.repeat(n),
+        )
+        for i in range(n):
+            rows = slice(i * R, (i + 1) * R)
+            out.append(
+                (
+                    LayerStats(stats.sigma0[rows], stats.A_w[rows], stats.lse0[rows], stats.pA[rows], stats.q[rows]),
+                    base[rows],
+                )
+            )
+    return out
 
 
 def _pair_terms(
@@ -147,7 +195,7 @@ def exact_importance(
     b_U: torch.Tensor,
     pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
     base_logprob: torch.Tensor | None = None,
-    vocab_chunk: int = 8192,
+    vocab_chunk: int = VOCAB_CHUNK,
     block_elems: int = 2**24,
     scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -239,7 +287,7 @@ def log_partition_all(
     sigma: torch.Tensor,
     W_U: torch.Tensor,
     beta: torch.Tensor,
-    vocab_chunk: int = 8192,
+    vocab_chunk: int = VOCAB_CHUNK,
     block_elems: int = 2**24,
 ) -> torch.Tensor:
     """log sum_v exp(logits_v(r + m_k v_k)) for every row r and neuron k, [R, K]: the part
@@ -253,6 +301,8 @@ def log_partition_all(
     run_max = torch.full((R, K), -torch.inf, device=device)
     run_sum = torch.zeros(R, K, device=device)
     chunk = max(1, min(vocab_chunk, W_U.shape[1], block_elems // K))
+    if chunk < vocab_chunk and chunk > 256:
+        chunk -= chunk % 256  # a multiple of 256 columns: odd widths slow the product (VOCAB_CHUNK)
     row_block = max(1, block_elems // (K * chunk))
     scratch = _Scratch(device)
     for v0 in range(0, W_U.shape[1], chunk):

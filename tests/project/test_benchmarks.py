@@ -369,3 +369,12 @@ def test_lora_cna_benchmark_on_a_random_model():
     assert row["literal_s"] > 0 and row["joint_s"] > 0
     assert 0 < row["joint_gflop"] < row["literal_gflop"]  # the original's rows screened once, not per model
     assert torch.is_grad_enabled()
+
+
+def test_vocab_chunk_benchmark_on_a_random_model():
+    bv = _load("vocab_chunk")
+    row = bv.main(["--model", "random-qwen2", "--rows", "4", "--columns", "2048", "--repeats", "1", "--no-append"])
+    assert row["max_abs_diff"] < 1e-4  # the chunking and the stacking only reorder additions
+    assert row["log_partition_speedup"] > 0 and row["stats_speedup"] > 0
+    assert all(r > 0 for r in row["rates"].values())
+    assert torch.is_grad_enabled()

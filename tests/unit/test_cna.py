@@ -221,6 +221,45 @@ def test_first_order_is_close_for_small_coefficients(qwen):
     assert torch.allclose(loop_base, torch.zeros_like(loop_base), atol=1e-6)
 
 
+@pytest.mark.parametrize("with_scale", [False, True])
+def test_stacked_layer_stats_equal_each_layers_own(qwen, with_scale):
+    """Several layers' rows in one vocabulary pass (in groups of any size) give each
+    layer's layer_stats: every statistic is per row."""
+    b = qwen.bridge
+    ps = _prompts(qwen)
+    run = AR.run_last_position(b, ps)
+    norm, (W_U, b_U) = final_norm(b), unembedding(b)
+    t = ps.first_answer_ids
+    scale = CN.final_scale(run.final_resid, norm) if with_scale else None
+    layers = list(range(qwen.info.n_layers))
+    rows = [run.resid_mid[:, layer] for layer in layers]
+    for max_rows in (1, len(t) * 2, 10_000):  # one layer per group, two, all
+        stacked = CI.layer_stats_stacked(rows, t, norm, W_U, b_U, vocab_chunk=300, scale=scale, max_rows=max_rows)
+        assert len(stacked) == len(layers)
+        for r, (stats, base) in zip(rows, stacked):
+            own, own_base = CI.layer_stats(r, t, norm, W_U, b_U, vocab_chunk=300, scale=scale)
+            for name in ("sigma0", "A_w", "lse0", "pA", "q"):
+                assert torch.allclose(getattr(stats, name), getattr(own, name), atol=1e-5), name
+            assert torch.allclose(base, own_base, atol=1e-5)
+
+
+def test_log_partition_does_not_depend_on_the_chunking(qwen):
+    """The vocabulary chunk (and its rounding to a multiple of 256 when the block bound
+    cuts it) only reorders the online log-sum-exp's additions."""
+    b = qwen.bridge
+    ps = _prompts(qwen)
+    run = AR.run_last_position(b, ps)
+    norm, (W_U, b_U) = final_norm(b), unembedding(b)
+    r, m = run.resid_mid[:, 1], run.coef[:, 1]
+    rc, v, sigma = CI._pair_terms(r, m, N.w_out(b, 1), norm)
+    gr, gv, beta = rc * norm.weight, v * norm.weight, CI._beta(norm, W_U, b_U)
+    ref = CI.log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk=W_U.shape[1], block_elems=2**40)
+    K = m.shape[1]
+    for chunk, block in ((CI.VOCAB_CHUNK, 2**24), (1000, 700 * K), (97, 2**24)):
+        got = CI.log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk=chunk, block_elems=block)
+        assert torch.allclose(got, ref, atol=1e-5), (chunk, (got - ref).abs().max())
+
+
 def test_two_stage_equals_exact_on_scored_neurons(tiny):
     b = tiny.bridge
     ps = _prompts(tiny)
