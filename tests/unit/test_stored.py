@@ -17,6 +17,7 @@ import arithlib.core.datasets as ds
 from arithlib.core.prompt_sets import PromptSet
 from arithlib.run.sources import code_fingerprint, module_closure
 from arithlib.run.stored import Store, key_value
+from arithlib.run.stored import dumps as stored_dumps
 
 
 class Counter:
@@ -39,6 +40,25 @@ def test_computed_once_per_key_and_loaded_after(tmp_path):
     store("another section", f, code=["methods.patching"], n=3, means={0: torch.ones(2)})
     assert f.calls == 5
     assert len(list(tmp_path.glob("*.pkl"))) == 5 and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_view_of_a_larger_tensor_is_stored_as_its_own_elements(tmp_path):
+    """Pickle writes a tensor's whole storage: 25 rows of a [25, 4000] tensor stored one
+    per entry would hold the whole tensor 25 times. Stored, each row holds its own 4000
+    floats, and loads back equal (strides, offsets and shared storages aside)."""
+    big = torch.randn(25, 4000)
+    rows = {f"row {i}": big[i] for i in range(25)}
+    rows["column"] = big[:, 7]  # a strided view
+    rows["whole"] = big
+    store = Store(tmp_path)
+    out = store("views", lambda: rows, code=["run.stored"])
+    size = sum(p.stat().st_size for p in tmp_path.rglob("*.pkl"))
+    assert size < 3 * big.numel() * 4  # the rows once, the whole once (not 26 times)
+    again = Store(tmp_path)("views", lambda: None, code=["run.stored"])
+    for name, t in rows.items():
+        assert torch.equal(again[name], t) and torch.equal(out[name], t)
+    grad = torch.ones(3, requires_grad=True)  # a leaf that needs grad pickles as before
+    assert torch.equal(pickle.loads(stored_dumps({"g": grad}))["g"], grad)
 
 
 def test_without_a_directory_nothing_is_stored():
