@@ -103,3 +103,19 @@ def test_the_peak_is_a_measured_rate_with_its_setting():
     peak = matmul_peak(16, 32, rows=(8, 16), seconds=0.01)
     assert peak["rows"] in (8, 16) and peak["shape"] == [16, 32] and peak["gflop_s"] > 0
     assert peak["dtype"] == "float32" and peak["threads"] == torch.get_num_threads()
+
+
+@pytest.mark.parametrize("end, used", [(4.0, 4.0), (0.5, 1.0)])
+def test_the_floor_takes_the_higher_of_the_two_peak_measurements(end, used):
+    """A peak measured while another job held the machine reads low; the table measures
+    it again and every floor (the laps' too) is taken against the higher reading."""
+    calls = []
+    s = Sections(peak_gflop_s=1.0, remeasure=lambda: calls.append(1) or end)
+    with s("product"):
+        torch.randn(64, 64) @ torch.randn(64, 64)
+    t = s.table(total_wall_s=10.0).set_index("section")
+    s.table()  # measured once
+    assert calls == [1]
+    assert (t.peak_gflop_s == used).all()
+    assert t.floor_s["product"] == pytest.approx(t.gflop["product"] / used, abs=1e-6)
+    assert t.ratio_to_floor["total"] == pytest.approx(10.0 / (t.gflop["total"] / used), rel=1e-3)
