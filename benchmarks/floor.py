@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 argv=argv,
                 note=(
                     "Floor = the GFLOP the section counted (matrix products and attention, forward and backward) "
-                    "at the matrix-product peak its notebook measured at start (`arithlib.run.floor`); "
+                    "at the matrix-product peak its notebook measured (the higher of two readings, at its start and end, "
+                    "where the run took both: `arithlib.run.floor`); "
                     f"sections with a floor above {a.min_floor:g} s are held to {a.goal:g}x. Results loaded "
                     "from a store count neither time nor GFLOP here."
                 ),
