@@ -18,10 +18,10 @@ from ..methods.neurons import w_out
 # --------------------------------------------------------------------------- importance: the math
 
 #: Columns of the unembedding per step of the vocabulary passes. The products
-#: ``rows @ W_U[:, chunk]`` run fastest at a few hundred to about 1,500 columns: on the
-#: 2-core reference machine (one torch thread, d_model 896) 512-1,536 columns reach about
-#: 83 GFLOP/s, 3,449 columns 53 and 8,192 about 63 (``benchmarks/vocab_chunk.py``). The
-#: chunk only changes the order of the online log-sum-exp's additions.
+#: ``rows @ W_U[:, chunk]`` run fastest at 512-2,048 columns: on the 2-core reference
+#: machine (one torch thread, Qwen-0.5B's W_U, 4,864 rows) 74-84 GFLOP/s there, 49 at
+#: 3,449 columns and 62-67 at 8,192-16,384 (``benchmarks/vocab_chunk.py``). The chunk only
+#: changes the order of the online log-sum-exp's additions.
 VOCAB_CHUNK = 1024
 
 
