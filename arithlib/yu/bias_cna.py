@@ -147,8 +147,9 @@ def shared_input_importance(
     base = torch.full((2, N, L), torch.nan)
     stats_by_layer = {}
     scale = None if scale is None else scale.float().to(device)
+    rows = [resid[:, layer].to(device).float() for layer in range(L)]
     all_stats = CI.layer_stats_stacked(
-        [resid[:, layer].to(device).float() for layer in range(L)],
+        rows,
         torch.zeros(G, dtype=torch.long, device=device),
         norm,
         W_U,
@@ -157,7 +158,7 @@ def shared_input_importance(
         scale=scale,
     )
     for layer in tqdm(range(L), desc="stage 1", disable=not progress, leave=False):
-        r = resid[:, layer].to(device).float()
+        r = rows[layer]
         m = coef[:, layer].to(device).float()
         stats, _ = all_stats[layer]
         gr = CI._centre(r, norm) * norm.weight  # [G, d]
@@ -184,7 +185,7 @@ def shared_input_importance(
     for layer, neurons in tqdm(sorted(by_layer.items()), desc="stage 2 (exact)", disable=not progress, leave=False):
         stats, A_t = stats_by_layer[layer]
         idx = torch.tensor(neurons, device=device)
-        r = resid[:, layer].to(device).float()
+        r = rows[layer]
         m = coef[:, layer].to(device).float()[:, idx]  # [G, U]
         values = w_out(model, layer).to(device)[idx]
         rc, v, sigma = CI._pair_terms(r, m, values, norm, scale)  # sigma [G, U]

@@ -271,20 +271,15 @@ def importance_from_runs(
     scale = None if scales[0] is None else torch.cat(scales).to(device)  # [n_runs * N], rows as resid's
     base_by_layer = {}
 
-    def rows_at(layer: int) -> torch.Tensor:
-        return torch.cat([run.resid_mid[:, layer] for run in runs]).to(device)
-
-    all_stats = layer_stats_stacked(
-        [rows_at(layer) for layer in layers], t_all, norm, W_U, b_U, vocab_chunk=vocab_chunk, scale=scale
-    )
-    for layer, (stats, b) in tqdm(
-        zip(layers, all_stats),
+    resids = [torch.cat([run.resid_mid[:, layer] for run in runs]).to(device) for layer in layers]
+    all_stats = layer_stats_stacked(resids, t_all, norm, W_U, b_U, vocab_chunk=vocab_chunk, scale=scale)
+    for layer, resid, (stats, b) in tqdm(
+        zip(layers, resids, all_stats),
         total=len(layers),
         desc="stage 1" if mode == "two_stage" else "importance",
         disable=not progress,
         leave=False,
     ):
-        resid = rows_at(layer)
         coef = torch.cat([run.coef[:, layer] for run in runs]).to(device)
         values = w_out(model, layer).to(device)
         base[:, :, layer] = b.view(n_runs, N).cpu()
@@ -304,11 +299,12 @@ def importance_from_runs(
     per_run = select == "change" and n_runs >= 2
     scores = [approx[j] - approx[n_runs - 1] for j in range(n_runs - 1)] if per_run else [approx[0]]
     cands = [_candidates(s, layers, K, n_candidates) for s in scores]  # (layer, neuron) [N, c] each
-    for layer in tqdm(layers, desc="stage 2 (exact)", disable=not progress, leave=False):
+    for layer, resid in tqdm(
+        zip(layers, resids), total=len(layers), desc="stage 2 (exact)", disable=not progress, leave=False
+    ):
         rows, cols = _stage2_pairs(cands, layer, N, K, n_runs, per_run)
         if not len(rows):
             continue
-        resid = torch.cat([run.resid_mid[:, layer] for run in runs]).to(device)
         coef = torch.cat([run.coef[:, layer] for run in runs]).to(device)
         imp = exact_importance(
             resid,
