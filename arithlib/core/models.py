@@ -40,7 +40,7 @@ import torch
 from arithlib.core.devices import check_device_map, parse_device_map, resolve_device, resolve_dtype
 from arithlib.core.packaged_models import PACKAGED_MODELS, _packaged_model_dir
 from arithlib.core.weights import MANIFEST, ModelFilesChanged, record_weights, reinstall_command, verify_weights  # noqa: F401
-from arithlib.engine.adapter import fix_bridge_cache, hf_module, input_device
+from arithlib.engine.adapter import fix_bridge_cache, hf_module, input_device, reuse_gqa_buffers
 
 if TYPE_CHECKING:  # heavy imports stay lazy
     from transformer_lens.model_bridge import TransformerBridge
@@ -314,6 +314,7 @@ def _boot(
         kwargs["hf_model"] = hf_model
     bridge = TransformerBridge.boot_transformers(target, **kwargs)
     fix_bridge_cache(bridge)
+    reuse_gqa_buffers()
     bridge.eval()
     return bridge
 

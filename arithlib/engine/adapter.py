@@ -262,6 +262,71 @@ def fix_bridge_cache(bridge) -> int:
     return n
 
 
+# --------------------------------------------------------------------------- GQA keys and values
+#
+# A grouped-query attention expands its key and value heads to the query heads
+# (transformers' ``repeat_kv``: [B, kv, T, d] -> [B, kv * n_rep, T, d]) on every call; the
+# TransformerLens bridge takes it from ``transformers.models.llama.modeling_llama``. On the
+# CPU each expansion is a fresh tensor, and one above glibc's mmap threshold (32 MB: the
+# keys of a few hundred rows after a few-shot prefix) is fresh pages from the kernel, whose
+# first touch costs several times the copy itself. :func:`reuse_gqa_buffers` has the
+# expansion write into one of two buffers kept between calls.
+
+
+_REPEAT_KV_ORIGINAL: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+_repeat_kv_buffers: list[torch.Tensor] = [torch.empty(0), torch.empty(0)]
+_repeat_kv_turn = 0
+#: the largest buffer kept, in elements (256 MB of float32): larger expansions take the
+#: original path, so that the memory held between calls stays under 512 MB
+REPEAT_KV_MAX_ELEMENTS = 64 * 2**20
+
+
+def repeat_kv_reusing(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``repeat_kv`` (each key/value head repeated ``n_rep`` times in a row, [B, kv, T, d]
+    -> [B, kv * n_rep, T, d]) into one of two buffers kept between calls, taken in turn:
+    a result stays valid through the next call and is overwritten by the one after, as an
+    attention uses it (keys, then values, both read before the next attention's keys).
+    The same values as transformers' copy. Tensors that autograd records, or off the CPU
+    (where the caching allocator reuses memory already), and expansions above
+    :data:`REPEAT_KV_MAX_ELEMENTS` take the original path."""
+    global _repeat_kv_turn
+    original = _REPEAT_KV_ORIGINAL
+    assert original is not None
+    if n_rep == 1 or hidden_states.device.type != "cpu" or (torch.is_grad_enabled() and hidden_states.requires_grad):
+        return original(hidden_states, n_rep)
+    B, kv, T, d = hidden_states.shape
+    n = B * kv * n_rep * T * d
+    if n > REPEAT_KV_MAX_ELEMENTS:
+        return original(hidden_states, n_rep)
+    turn, _repeat_kv_turn = _repeat_kv_turn, 1 - _repeat_kv_turn
+    buf = _repeat_kv_buffers[turn]
+    if buf.numel() < n or buf.dtype != hidden_states.dtype:
+        buf = _repeat_kv_buffers[turn] = torch.empty(n, dtype=hidden_states.dtype)
+    out = buf[:n].view(B, kv, n_rep, T, d)
+    out.copy_(hidden_states[:, :, None].expand(B, kv, n_rep, T, d))
+    return out.view(B, kv * n_rep, T, d)
+
+
+def reuse_gqa_buffers() -> bool:
+    """Install :func:`repeat_kv_reusing` as ``transformers.models.llama.modeling_llama.repeat_kv``
+    (read by TransformerLens's attention bridges at each call, and by Llama's own
+    attention). Returns whether it was installed now (False: already). Idempotent."""
+    global _REPEAT_KV_ORIGINAL
+    from transformers.models.llama import modeling_llama
+
+    if modeling_llama.repeat_kv is repeat_kv_reusing:
+        return False
+    _REPEAT_KV_ORIGINAL = modeling_llama.repeat_kv
+    modeling_llama.repeat_kv = repeat_kv_reusing
+    return True
+
+
+def release_gqa_buffers() -> None:
+    """Free the two buffers of :func:`repeat_kv_reusing` (they grow to the largest
+    expansion seen; a later call allocates again)."""
+    _repeat_kv_buffers[:] = [torch.empty(0), torch.empty(0)]
+
+
 # --------------------------------------------------------------------------- devices
 #
 # A model split across devices by accelerate (``load_model(..., device_map=...)``) runs

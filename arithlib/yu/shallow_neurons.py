@@ -171,11 +171,16 @@ def concept_counts(
         active = torch.arange(Y.shape[0], device=device)
         active = active[need <= len(names)]  # a row needing more concepts than exist cannot qualify
         topv = torch.full((Y.shape[0], k), -torch.inf, device=device)
+        # one buffer [running top-k | chunk's values] for every chunk: the product writes
+        # into it (no concatenation, no fresh allocation per chunk)
+        buf = torch.empty(Y.shape[0], k + vocab_chunk, device=device)
         for Wc in W_chunks:
             if active.numel() == 0:
                 break
-            z = Y[active] @ Wc
-            merged = torch.cat([topv[active], z], 1).topk(k, dim=1).values
+            a, w = active.numel(), Wc.shape[1]
+            buf[:a, :k] = topv[active]
+            torch.mm(Y[active], Wc, out=buf[:a, k : k + w])
+            merged = buf[:a, : k + w].topk(k, dim=1).values
             topv[active] = merged
             ub = distinct(zS[active] >= merged[:, -1:])
             active = active[ub >= need[active]]

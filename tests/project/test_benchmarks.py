@@ -378,3 +378,11 @@ def test_vocab_chunk_benchmark_on_a_random_model():
     assert row["log_partition_speedup"] > 0 and row["stats_speedup"] > 0
     assert all(r > 0 for r in row["rates"].values())
     assert torch.is_grad_enabled()
+
+
+def test_gqa_buffers_benchmark_on_a_random_model():
+    bg = _load("gqa_buffers")
+    row = bg.main(["--model", "random-qwen2", "--rows", "4", "16", "--prefix", "6", "--repeats", "1", "--no-append"])
+    assert row["max_abs_diff"] == 0.0  # the same copy, into a reused buffer
+    assert set(row["expand_speedup"]) == {4, 16} and all(s > 0 for s in row["pass_speedup"].values())
+    assert torch.is_grad_enabled()

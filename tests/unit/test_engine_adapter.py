@@ -105,3 +105,56 @@ def test_blocks_one_by_one_equal_the_decoder(tiny):
         )
     assert torch.allclose(decoder.norm(hidden), ref, atol=1e-5)
     assert past.get_seq_length() == 9
+
+
+def test_repeat_kv_reusing_equals_transformers_copy():
+    """Two results in turn stay valid (keys, then values); the third reuses the first's
+    buffer; autograd-recorded tensors and oversized expansions take the original copy."""
+    from transformers.models.llama import modeling_llama
+
+    hc.reuse_gqa_buffers()
+    assert modeling_llama.repeat_kv is hc.repeat_kv_reusing
+    assert not hc.reuse_gqa_buffers()  # idempotent
+    original = hc._REPEAT_KV_ORIGINAL
+    g = torch.Generator().manual_seed(0)
+    k, v, k2 = (torch.randn(3, 2, 5, 4, generator=g) for _ in range(3))
+    rk, rv = hc.repeat_kv_reusing(k, 3), hc.repeat_kv_reusing(v, 3)
+    assert torch.equal(rk, original(k, 3)) and torch.equal(rv, original(v, 3))
+    rk2 = hc.repeat_kv_reusing(k2, 3)
+    assert torch.equal(rk2, original(k2, 3)) and torch.equal(rv, original(v, 3))
+    assert rk2.data_ptr() == rk.data_ptr() != rv.data_ptr()
+    grad = k.clone().requires_grad_()
+    assert hc.repeat_kv_reusing(grad, 3).grad_fn is not None
+    big = torch.zeros(1, 1, 1, 8)
+    old, hc.REPEAT_KV_MAX_ELEMENTS = hc.REPEAT_KV_MAX_ELEMENTS, 8
+    try:
+        assert hc.repeat_kv_reusing(big, 2).data_ptr() not in {b.data_ptr() for b in hc._repeat_kv_buffers}
+    finally:
+        hc.REPEAT_KV_MAX_ELEMENTS = old
+    hc.release_gqa_buffers()
+
+
+@torch.no_grad()
+def test_bridge_passes_equal_with_reused_gqa_buffers(tiny):
+    """A GQA bridge's cached and uncached passes give the same logits bit for bit with the
+    reused buffers as with transformers' own expansion."""
+    from transformers.models.llama import modeling_llama
+
+    assert tiny.info.n_kv_heads < tiny.bridge.cfg.n_heads  # the random Qwen2 is grouped-query
+    hc.reuse_gqa_buffers()
+    hf, ids = hc.hf_module(tiny.bridge), _ids(1, (4, 11))
+
+    def passes():
+        full = tiny.bridge(ids)
+        prefix = hc.output_cache(hf(ids[:, :6], use_cache=True))
+        step = hf(ids[:, 6:], use_cache=True, **hc.cache_kwargs(prefix)).logits
+        return full, step
+
+    reused = passes()
+    modeling_llama.repeat_kv = hc._REPEAT_KV_ORIGINAL
+    try:
+        own = passes()
+    finally:
+        modeling_llama.repeat_kv = hc.repeat_kv_reusing
+    for a, b in zip(reused, own):
+        assert torch.equal(a, b)
