@@ -100,6 +100,81 @@ def new_cache(config, layers: Iterable[tuple[torch.Tensor, torch.Tensor] | None]
     return past
 
 
+_RoomLayer: type | None = None
+
+
+def _room_layer_class() -> type:
+    """:class:`transformers.cache_utils.DynamicLayer` with room reserved after its positions
+    (the class is made on first use, so that importing this module imports no transformers)."""
+    global _RoomLayer
+    if _RoomLayer is not None:
+        return _RoomLayer
+    from transformers.cache_utils import DynamicLayer
+
+    class RoomLayer(DynamicLayer):
+        """A dynamic cache layer whose keys and values are the first ``filled`` positions of
+        buffers [B, kv, capacity, d]: :meth:`update` writes new positions into the room
+        after them, where DynamicLayer concatenates (a fresh copy of the whole layer). The
+        same keys and values; it concatenates as DynamicLayer does once the room is used
+        up, the layer was changed from outside (crop, row selection), or autograd
+        records the new states."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
+            super().__init__()
+            self.dtype, self.device = keys.dtype, keys.device
+            self._room = (keys, values)
+            self._filled = filled
+            self.keys, self.values = keys[..., :filled, :], values[..., :filled, :]
+            self.is_initialized = True
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            kb, vb = self._room
+            n, t = self._filled, key_states.shape[-2]
+            fits = (
+                n >= 0
+                and n + t <= kb.shape[-2]
+                and key_states.shape[0] == kb.shape[0]
+                and not (torch.is_grad_enabled() and (key_states.requires_grad or value_states.requires_grad))
+                and self.keys.data_ptr() == kb.data_ptr()
+                and self.keys.shape[-2] == n
+                and self.values.data_ptr() == vb.data_ptr()
+                and self.values.shape[-2] == n
+            )
+            if not fits:
+                self._filled = -1  # an ordinary DynamicLayer from here on
+                return super().update(key_states, value_states, *args, **kwargs)
+            kb[..., n : n + t, :].copy_(key_states)
+            vb[..., n : n + t, :].copy_(value_states)
+            self._filled = n + t
+            self.keys, self.values = kb[..., : n + t, :], vb[..., : n + t, :]
+            return self.keys, self.values
+
+    _RoomLayer = RoomLayer
+    return RoomLayer
+
+
+def cache_with_room(config, layers: Iterable[tuple[torch.Tensor, torch.Tensor, int] | None]):
+    """A dynamic key/value cache whose layer ``l`` holds the first ``filled`` positions of
+    ``layers[l] = (keys, values, filled)`` (buffers [B, kv_heads, capacity, d_head]) and
+    writes the positions a pass adds into the buffers' room after them, without the copy
+    of the whole layer a concatenation makes; None leaves a layer empty. A layer of
+    another kind than DynamicLayer (sliding window) gets the filled positions as in
+    :func:`new_cache`."""
+    room = _room_layer_class()
+    from transformers.cache_utils import DynamicLayer
+
+    past = new_cache(config)
+    for l, entry in enumerate(layers):
+        if entry is None:
+            continue
+        keys, values, filled = entry
+        if type(past.layers[l]) is DynamicLayer:
+            past.layers[l] = room(keys, values, filled)
+        else:
+            past.update(keys[..., :filled, :], values[..., :filled, :], l)
+    return past
+
+
 def cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
     """Per layer of ``cache``, its ``(keys, values)`` [B, kv_heads, T, d_head], or None
     for a layer that holds nothing."""

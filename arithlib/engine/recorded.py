@@ -23,7 +23,7 @@ import torch
 
 from ..core.components import Hook
 from ..core.prompt_sets import PromptSet
-from .adapter import filled_cache_layers, input_device, layer_device, repeat_rows_
+from .adapter import cache_with_room, filled_cache_layers, hf_module, input_device, layer_device, repeat_rows_
 from .passes import decoder_norm, decoder_pass, empty_cache, resumable, run_blocks
 from .prefix import MIN_SHARED_PREFIX, common_prefix
 
@@ -245,19 +245,26 @@ class RunCache:
 
 def _make_cache(model, run: CleanRun, start: int, rows: torch.Tensor, present: Sequence[int]):
     """KV cache of the clean positions ``< start`` holding, in layer ``l``, the first
-    ``present[l]`` of ``rows`` (indices into the batch; layers with none are left empty)."""
+    ``present[l]`` of ``rows`` (indices into the batch; layers with none are left empty),
+    each layer gathered into buffers with room for the positions ``start..T-1`` that the
+    resumed pass adds (:func:`arithlib.engine.adapter.cache_with_room`: no concatenation)."""
     if start == 0:
         return empty_cache(model)
+    T = run.tokens.shape[1]
     devices = [layer_device(model, l) for l in range(len(run.keys))]  # a split model's cache: each layer on its own
-    return empty_cache(
-        model,
+
+    def gathered(src: torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
+        buf = torch.empty(n, src.shape[1], T, src.shape[3], dtype=src.dtype, device=device)
+        if device == src.device:
+            torch.index_select(src[:, :, :start], 0, rows[:n].to(src.device), out=buf[:, :, :start])
+        else:
+            buf[:, :, :start] = src[:, :, :start].index_select(0, rows[:n].to(src.device)).to(device)
+        return buf
+
+    return cache_with_room(
+        hf_module(model).config,
         (
-            None
-            if n == 0
-            else (
-                k[:, :, :start].index_select(0, rows[:n].to(k.device)).to(d),
-                v[:, :, :start].index_select(0, rows[:n].to(v.device)).to(d),
-            )
+            None if n == 0 else (gathered(k, n, d), gathered(v, n, d), start)
             for n, k, v, d in zip(present, run.keys, run.values, devices)
         ),
     )

@@ -158,3 +158,30 @@ def test_bridge_passes_equal_with_reused_gqa_buffers(tiny):
         modeling_llama.repeat_kv = hc.repeat_kv_reusing
     for a, b in zip(reused, own):
         assert torch.equal(a, b)
+
+
+def test_cache_with_room_writes_in_place_and_equals_a_concatenation(tiny):
+    """The added positions go into the reserved room (no new tensor) with the keys and
+    values a DynamicLayer's concatenation gives; past the room, after a crop, or with
+    autograd recording, the layer concatenates as DynamicLayer does."""
+    cfg = hc.hf_module(tiny.bridge).config
+    g = torch.Generator().manual_seed(0)
+    kv, d = tiny.info.n_kv_heads, cfg.hidden_size // cfg.num_attention_heads
+    room_k, room_v = torch.randn(3, kv, 7, d, generator=g), torch.randn(3, kv, 7, d, generator=g)
+    cache = hc.cache_with_room(cfg, [(room_k, room_v, 4)] + [None] * (tiny.info.n_layers - 1))
+    plain = hc.new_cache(cfg, [(room_k[:, :, :4].clone(), room_v[:, :, :4].clone())])
+    assert cache.get_seq_length(0) == 4
+    new_k, new_v = torch.randn(3, kv, 2, d, generator=g), torch.randn(3, kv, 2, d, generator=g)
+    k, v = cache.update(new_k, new_v, 0)
+    k0, v0 = plain.update(new_k, new_v, 0)
+    assert torch.equal(k, k0) and torch.equal(v, v0) and k.data_ptr() == room_k.data_ptr()
+    more = torch.randn(3, kv, 2, d, generator=g)
+    k, _ = cache.update(more, more, 0)  # 6 + 2 > 7: concatenated
+    assert k.shape[-2] == 8 and k.data_ptr() != room_k.data_ptr() and torch.equal(k, plain.update(more, more, 0)[0])
+    cropped = hc.cache_with_room(cfg, [(room_k.clone(), room_v.clone(), 4)])
+    hc.truncate_cache(cropped, 3)
+    k, _ = cropped.update(new_k, new_v, 0)
+    assert k.shape[-2] == 5 and torch.equal(k[:, :, 3:], new_k)
+    tracked = hc.cache_with_room(cfg, [(room_k.clone(), room_v.clone(), 4)])
+    k, _ = tracked.update(new_k.clone().requires_grad_(), new_v, 0)
+    assert k.grad_fn is not None
