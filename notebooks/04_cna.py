@@ -637,7 +637,8 @@ if case_idx is not None:
 sweeps = []
 counts_by_layer = {}
 concepts = shallow_neurons.concept_tokens(tok, bridge.cfg.d_vocab)
-with timed("shallow neurons (counts and M sweep)"):
+# the concept counts (vocabulary top-k scans) and the M sweep (forward passes) are timed apart
+with timed("shallow neurons: concept counts"):
     for g in active:
         layer = heads[g][0]
         if layer < 1:
@@ -657,6 +658,11 @@ with timed("shallow neurons (counts and M sweep)"):
                 cap=max(ms) + 1,
                 seed=seed,
             )
+with timed("shallow neurons: M sweep"):
+    for g in active:
+        layer = heads[g][0]
+        if layer < 1:
+            continue
         counts = counts_by_layer[layer]
         sweeps.append(
             store(
