@@ -116,8 +116,8 @@ def _room_layer_class() -> type:
         buffers [B, kv, capacity, d]: :meth:`update` writes new positions into the room
         after them, where DynamicLayer concatenates (a fresh copy of the whole layer). The
         same keys and values; it concatenates as DynamicLayer does once the room is used
-        up, the layer was changed from outside (crop, row selection), or autograd
-        records the new states."""
+        up, the layer was changed from outside (crop, row selection), or under grad mode
+        (autograd may have saved the keys a later write would change)."""
 
         def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
             super().__init__()
@@ -134,7 +134,7 @@ def _room_layer_class() -> type:
                 n >= 0
                 and n + t <= kb.shape[-2]
                 and key_states.shape[0] == kb.shape[0]
-                and not (torch.is_grad_enabled() and (key_states.requires_grad or value_states.requires_grad))
+                and not torch.is_grad_enabled()
                 and self.keys.data_ptr() == kb.data_ptr()
                 and self.keys.shape[-2] == n
                 and self.values.data_ptr() == vb.data_ptr()
@@ -361,13 +361,14 @@ def repeat_kv_reusing(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
     -> [B, kv * n_rep, T, d]) into one of two buffers kept between calls, taken in turn:
     a result stays valid through the next call and is overwritten by the one after, as an
     attention uses it (keys, then values, both read before the next attention's keys).
-    The same values as transformers' copy. Tensors that autograd records, or off the CPU
-    (where the caching allocator reuses memory already), and expansions above
-    :data:`REPEAT_KV_MAX_ELEMENTS` take the original path."""
+    The same values as transformers' copy. Under grad mode (autograd may save the result
+    for a backward pass even when these states need no gradient: the queries may), off
+    the CPU (where the caching allocator reuses memory already), and above
+    :data:`REPEAT_KV_MAX_ELEMENTS`, the original path."""
     global _repeat_kv_turn
     original = _REPEAT_KV_ORIGINAL
     assert original is not None
-    if n_rep == 1 or hidden_states.device.type != "cpu" or (torch.is_grad_enabled() and hidden_states.requires_grad):
+    if n_rep == 1 or hidden_states.device.type != "cpu" or torch.is_grad_enabled():
         return original(hidden_states, n_rep)
     B, kv, T, d = hidden_states.shape
     n = B * kv * n_rep * T * d

@@ -107,9 +107,10 @@ def test_blocks_one_by_one_equal_the_decoder(tiny):
     assert past.get_seq_length() == 9
 
 
+@torch.no_grad()
 def test_repeat_kv_reusing_equals_transformers_copy():
     """Two results in turn stay valid (keys, then values); the third reuses the first's
-    buffer; autograd-recorded tensors and oversized expansions take the original copy."""
+    buffer; under grad mode and above the size bound, the original copy."""
     from transformers.models.llama import modeling_llama
 
     hc.reuse_gqa_buffers()
@@ -123,8 +124,10 @@ def test_repeat_kv_reusing_equals_transformers_copy():
     rk2 = hc.repeat_kv_reusing(k2, 3)
     assert torch.equal(rk2, original(k2, 3)) and torch.equal(rv, original(v, 3))
     assert rk2.data_ptr() == rk.data_ptr() != rv.data_ptr()
-    grad = k.clone().requires_grad_()
-    assert hc.repeat_kv_reusing(grad, 3).grad_fn is not None
+    with torch.enable_grad():
+        assert hc.repeat_kv_reusing(k.clone().requires_grad_(), 3).grad_fn is not None
+        kept = hc.repeat_kv_reusing(k, 3)  # needs no gradient, but the queries' backward may save it
+        assert kept.data_ptr() not in {b.data_ptr() for b in hc._repeat_kv_buffers}
     big = torch.zeros(1, 1, 1, 8)
     old, hc.REPEAT_KV_MAX_ELEMENTS = hc.REPEAT_KV_MAX_ELEMENTS, 8
     try:
@@ -160,10 +163,11 @@ def test_bridge_passes_equal_with_reused_gqa_buffers(tiny):
         assert torch.equal(a, b)
 
 
+@torch.no_grad()
 def test_cache_with_room_writes_in_place_and_equals_a_concatenation(tiny):
     """The added positions go into the reserved room (no new tensor) with the keys and
-    values a DynamicLayer's concatenation gives; past the room, after a crop, or with
-    autograd recording, the layer concatenates as DynamicLayer does."""
+    values a DynamicLayer's concatenation gives; past the room, after a crop, or under
+    grad mode, the layer concatenates as DynamicLayer does."""
     cfg = hc.hf_module(tiny.bridge).config
     g = torch.Generator().manual_seed(0)
     kv, d = tiny.info.n_kv_heads, cfg.hidden_size // cfg.num_attention_heads
@@ -183,5 +187,6 @@ def test_cache_with_room_writes_in_place_and_equals_a_concatenation(tiny):
     k, _ = cropped.update(new_k, new_v, 0)
     assert k.shape[-2] == 5 and torch.equal(k[:, :, 3:], new_k)
     tracked = hc.cache_with_room(cfg, [(room_k.clone(), room_v.clone(), 4)])
-    k, _ = tracked.update(new_k.clone().requires_grad_(), new_v, 0)
-    assert k.grad_fn is not None
+    with torch.enable_grad():
+        k, _ = tracked.update(new_k, new_v, 0)
+    assert k.data_ptr() != tracked.layers[0]._room[0].data_ptr() and torch.equal(k[:, :, 4:], new_k)
