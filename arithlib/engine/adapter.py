@@ -100,15 +100,10 @@ def new_cache(config, layers: Iterable[tuple[torch.Tensor, torch.Tensor] | None]
     return past
 
 
-_RoomLayer: type | None = None
-
-
+@functools.cache
 def _room_layer_class() -> type:
     """:class:`transformers.cache_utils.DynamicLayer` with room reserved after its positions
     (the class is made on first use, so that importing this module imports no transformers)."""
-    global _RoomLayer
-    if _RoomLayer is not None:
-        return _RoomLayer
     from transformers.cache_utils import DynamicLayer
 
     class RoomLayer(DynamicLayer):
@@ -149,7 +144,6 @@ def _room_layer_class() -> type:
             self.keys, self.values = kb[..., : n + t, :], vb[..., : n + t, :]
             return self.keys, self.values
 
-    _RoomLayer = RoomLayer
     return RoomLayer
 
 
