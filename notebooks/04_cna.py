@@ -637,13 +637,13 @@ if case_idx is not None:
 sweeps = []
 counts_by_layer = {}
 concepts = shallow_neurons.concept_tokens(tok, bridge.cfg.d_vocab)
+key_layers = {g: heads[g][0] for g in active}  # each group's key-head layer; its shallow layers lie below
+for g in [g for g, layer in key_layers.items() if layer < 1]:
+    print(f"{g}: key head in layer 0, no shallow FFN layers: skipped")
+    del key_layers[g]
 # the concept counts (vocabulary top-k scans) and the M sweep (forward passes) are timed apart
 with timed("shallow neurons: concept counts"):
-    for g in active:
-        layer = heads[g][0]
-        if layer < 1:
-            print(f"{g}: key head in layer 0, no shallow FFN layers: skipped")
-            continue
+    for layer in key_layers.values():
         if layer not in counts_by_layer:
             counts_by_layer[layer] = store(
                 f"shallow concept counts {layer}",
@@ -659,10 +659,7 @@ with timed("shallow neurons: concept counts"):
                 seed=seed,
             )
 with timed("shallow neurons: M sweep"):
-    for g in active:
-        layer = heads[g][0]
-        if layer < 1:
-            continue
+    for g, layer in key_layers.items():
         counts = counts_by_layer[layer]
         sweeps.append(
             store(
