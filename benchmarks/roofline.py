@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -30,6 +31,17 @@ GPU_PEAKS: dict[str, dict[str, float]] = {
     "H100": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "bandwidth": 3.35},
     "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5, "bandwidth": 2.0},
 }
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count set to ``n`` inside the block, restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def sync(device: str | torch.device) -> None:

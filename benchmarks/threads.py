@@ -16,11 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import roofline  # noqa: E402
 
 import arithlib.core.datasets as ds  # noqa: E402
 import arithlib.engine as E  # noqa: E402
@@ -30,17 +31,13 @@ from arithlib.core.prompt_sets import PromptSet, single_token_max  # noqa: E402
 
 def time_runner(bridge, prompts: PromptSet, threads: int, passes: int = 5) -> tuple[float, float]:
     """(prefix-cache seconds, seconds for ``passes`` answer-position passes) with ``threads``."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with roofline.torch_threads(threads):
         t0 = time.perf_counter()
         runner = E.AnswerPositionRunner(bridge, prompts, batch_size=64)
         t1 = time.perf_counter()
         for _ in range(passes):
             runner.logits()
         return t1 - t0, time.perf_counter() - t1
-    finally:
-        torch.set_num_threads(old)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -74,12 +74,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the notebooks run with 1)")
     ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     a = ap.parse_args(argv)
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(a.threads)
-    try:
+    with roofline.torch_threads(a.threads):
         return _run(a)
-    finally:
-        torch.set_num_threads(threads_before)
 
 
 def _run(a: argparse.Namespace) -> dict:
