@@ -142,12 +142,13 @@ bridge, tok, info = run.bridge, run.tokenizer, run.model.info
 n_params = MW.count_parameters(bridge)  # "auto" takes the smaller "cpu-bands" scale above 1 B on a CPU
 S = scales.scale_settings(scale, run.model.device, quick, info.n_layers, n_params=n_params)
 run.record(n_params=n_params, scale_resolved=S["scale"])  # what the report judges by
-cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
+# trained weights; a run that loads them shows what their training took (reused_s)
+cache_dir = Store(cache_root() / "finetune" / model.replace("/", "__") if use_cache else None)
 store = Store(cache_root() / "sections" / model.replace("/", "__") if use_cache else None)  # the CNA section
 lora_spec = lora.LoraSpec(r=lora_r, alpha=lora_alpha)
 bands = lora.yu_bands(info.n_layers)
 ref_layer = lora.reference_layer(info.n_layers)
-timed = Sections.of_run(run, [store])  # each section's time and arithmetic against the peak (arithlib.run.floor)
+timed = Sections.of_run(run, [store, cache_dir])  # time and arithmetic per section (arithlib.run.floor)
 print(info)
 print(f"scale: {S['scale']}; LoRA layers: {S['layers']}; bands: {bands}; reference layer {ref_layer}")
 display(pd.DataFrame([{k: str(v) for k, v in S.items()}]).T.rename(columns={0: "setting"}))

@@ -110,6 +110,7 @@ from arithlib.run.floor import Sections
 from arithlib.run.outputs import find_table, read_table, save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
+from arithlib.run.stored import Store
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # raised by peft on every LoRA model
 t_start = time.time()
@@ -134,8 +135,9 @@ run = start_run(
     norm_reading=norm_reading,
 )
 bridge, tok, info = run.bridge, run.tokenizer, run.model.info
-cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
-timed = Sections.of_run(run)  # each section's time and arithmetic against the peak (arithlib.run.floor)
+# trained weights; a run that loads them shows what their training took (reused_s)
+cache_dir = Store(cache_root() / "finetune" / model.replace("/", "__") if use_cache else None)
+timed = Sections.of_run(run, [cache_dir])  # each section's time and arithmetic against the peak (arithlib.run.floor)
 
 # Notebook 05's settings and LoRA table: this notebook fine-tunes exactly as 05 did.
 p05_path, acc05_path = run.out / "05_lora_mechanism_params.json", find_table(run.out, "05_lora_accuracy_by_layer")

@@ -123,6 +123,7 @@ from arithlib.run.floor import Sections
 from arithlib.run.outputs import save_figure, save_table
 from arithlib.run.paths import cache_root
 from arithlib.run.runs import start_run
+from arithlib.run.stored import Store
 
 t_start = time.time()
 run = start_run(
@@ -151,8 +152,9 @@ run.record(
     sft_lrs=list(S["sft_lrs"]),
     train_seeds=seeds,
 )
-cache_dir = cache_root() / "finetune" / model.replace("/", "__") if use_cache else None
-timed = Sections.of_run(run)  # each section's time and arithmetic against the peak (arithlib.run.floor)
+# trained weights; a run that loads them shows what their training took (reused_s)
+cache_dir = Store(cache_root() / "finetune" / model.replace("/", "__") if use_cache else None)
+timed = Sections.of_run(run, [cache_dir])  # each section's time and arithmetic against the peak (arithlib.run.floor)
 print(info)
 display(
     pd.DataFrame(

@@ -65,6 +65,7 @@ from ..core.stats import encode_correct
 from ..engine import (
     LayerInputs,
     clean_param_name,
+    counted_flops,
     decoder_layers,
     shared_hf_model,
 )
@@ -73,7 +74,7 @@ from ..engine import (
 )
 from ..run.atomic import write_text
 from ..run.fingerprints import data_fingerprint, fingerprint, model_fingerprint
-from ..run.stored import discard, read_verified, sidecar, write_verified
+from ..run.stored import Store, discard, read_verified, sidecar, write_verified
 from .answer_loss import answer_accuracy, answer_loss
 from .finetune_data import answer_batches, epoch_batches
 from .model_weights import training_state, use_weights
@@ -193,12 +194,14 @@ def _checkpoint_path(checkpoint_dir: Path | None, name: str) -> Path | None:
     return None if checkpoint_dir is None else Path(checkpoint_dir) / name
 
 
-def _save(path: Path, obj) -> None:
+def _save(path: Path, obj, seconds: float | None = None, gflop: float | None = None) -> None:
     """``torch.save`` ``obj`` to ``path`` atomically, with its checksum beside it
-    (:func:`arithlib.run.stored.write_verified`)."""
+    (:func:`arithlib.run.stored.write_verified`) and the ``seconds`` and ``gflop`` it
+    took when given."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    write_verified(path, buffer.getvalue())
+    meta = {k: v for k, v in {"seconds": seconds, "gflop": gflop}.items() if v is not None}
+    write_verified(path, buffer.getvalue(), **meta)
 
 
 def _load(path: Path):
@@ -409,18 +412,28 @@ def train_parameters(
 # --------------------------------------------------------------------------- caching trained weights
 
 
-def cached_training(cache_dir: str | Path | None, key: dict, build: Callable[[Path | None], FineTuned]) -> FineTuned:
+def cached_training(
+    cache_dir: str | Path | Store | None, key: dict, build: Callable[[Path | None], FineTuned]
+) -> FineTuned:
     """``build(checkpoint_dir)`` once per ``key``; its FineTuned is stored in
-    ``cache_dir/<hash>/result.pt`` and loaded on later calls."""
-    if cache_dir is None:
+    ``cache_dir/<hash>/result.pt`` with the seconds and GFLOP the training took, and loaded
+    on later calls. ``cache_dir`` a :class:`~arithlib.run.stored.Store`: its folder, and
+    what a loaded result took when it was trained is added to the store's reused time
+    (:meth:`Store.credit`), so a run that reuses trained weights still shows their cost."""
+    store = cache_dir if isinstance(cache_dir, Store) else Store(cache_dir)
+    if store.directory is None:
         return build(None)
-    folder = Path(cache_dir) / fingerprint(key)
+    folder = store.directory / fingerprint(key)
     path = folder / "result.pt"
     stored = _load(path)
     if stored is not None:
+        store.credit(path)
         return stored
+    t0, flops0 = time.perf_counter(), counted_flops()
     result = build(folder / "checkpoints")
-    _save(path, result)
+    flops = counted_flops()
+    gflop = (flops - flops0) / 1e9 if flops is not None and flops0 is not None else None
+    _save(path, result, seconds=time.perf_counter() - t0, gflop=gflop)
     write_text(folder / "key.json", json.dumps(key, indent=1, sort_keys=True, default=str))
     for ck in (folder / "checkpoints").glob("epoch-*.pt"):
         ck.unlink()

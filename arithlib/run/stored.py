@@ -121,6 +121,14 @@ class Store:
     def __call__(self, what: str, compute: Callable[[], T], *, code: Iterable[str | ModuleType], **parts: Any) -> T:
         return self.at(self.path(what, code=code, **parts), compute)
 
+    def credit(self, path: Path) -> None:
+        """Add what the stored file ``path`` took when it was computed (its sidecar's
+        ``seconds`` and ``gflop``) to :attr:`reused_seconds` and :attr:`reused_gflop`: a
+        result loaded from a cache this store does not write itself (trained weights,
+        :func:`arithlib.methods.finetune.cached_training`) counts as reused like its own."""
+        self.reused_seconds += stored_seconds(path)
+        self.reused_gflop += stored_meta(path, "gflop")
+
     def at(self, path: Path | None, compute: Callable[[], T]) -> T:
         """``compute()`` once for a file ``path`` whose name the caller keyed itself (e.g.
         the head sweep's batches), with the same bookkeeping; None: always computed. A
@@ -133,8 +141,7 @@ class Store:
             except Exception as exc:  # a file that passed its checksum but not pickle: written by other code
                 discard(path, f"cannot be unpickled ({type(exc).__name__}: {exc})")
             else:
-                self.reused_seconds += stored_seconds(path)
-                self.reused_gflop += stored_meta(path, "gflop")
+                self.credit(path)
                 return result
         t0, flops0 = time.perf_counter(), counted_flops()
         result = compute()

@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -45,6 +46,9 @@ from ..methods.model_weights import (
     use_weights,
 )
 
+if TYPE_CHECKING:
+    from ..run.stored import Store
+
 
 @dataclass(frozen=True)
 class LoraSpec:
@@ -69,7 +73,7 @@ def train_lora(
     lora: LoraSpec = LoraSpec(),
     *,
     progress: bool = True,
-    cache_dir: str | Path | None = None,
+    cache_dir: str | Path | Store | None = None,
     inputs: LayerInputs | None = None,
     unchanged_below: int | None = None,
     val_inputs: LayerInputs | None = None,
@@ -179,7 +183,7 @@ def lora_layer_sweep(
     lr_layers: Sequence[int] | None = None,
     lora: LoraSpec = LoraSpec(),
     *,
-    cache_dir: str | Path | None = None,
+    cache_dir: str | Path | Store | None = None,
     progress: bool = True,
 ) -> tuple[pd.DataFrame, dict[int, FineTuned], pd.DataFrame]:
     """Yu & Ananiadou Fig. 2: one LoRA model per attention layer in ``layers``, test
@@ -272,7 +276,7 @@ def learning_curve(
     config: TrainConfig,
     lora: LoraSpec = LoraSpec(),
     *,
-    cache_dir: str | Path | None = None,
+    cache_dir: str | Path | Store | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
     """Accuracy of the LoRA model of ``layer`` against the number of training prompts,

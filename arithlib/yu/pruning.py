@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -59,6 +60,9 @@ from ..core.prompt_sets import PromptSet
 from ..engine import LayerInputs, shared_hf_model
 from ..methods import finetune as FT
 from ..methods import model_weights as MW
+
+if TYPE_CHECKING:
+    from ..run.stored import Store
 from . import lora as LO
 from .pruned_model import Keep, ffn_width, forward_seconds, keep_digest, mask_weights, parameter_counts, prune_ffn
 from .pruning_selection import k_of_prefix, keep_from_ranking, n_for_share, random_keep
@@ -173,7 +177,7 @@ def lora_on(
     val_set: PromptSet | None = None,
     lrs: Sequence[float] = (),
     lora: LO.LoraSpec = LO.LoraSpec(),
-    cache_dir: str | Path | None = None,
+    cache_dir: str | Path | Store | None = None,
     progress: bool = False,
     inputs: LayerInputs | None = None,
     unchanged_below: int | None = None,
@@ -224,7 +228,7 @@ def prune_and_finetune(
     val_set: PromptSet | None = None,
     lrs: Sequence[float] = (),
     lora: LO.LoraSpec = LO.LoraSpec(),
-    cache_dir: str | Path | None = None,
+    cache_dir: str | Path | Store | None = None,
     tokens: torch.Tensor | None = None,
     repeats: int = 3,
     batch_size: int = 32,
@@ -318,7 +322,7 @@ def table11(
     lrs: Sequence[float] = (),
     val_set: PromptSet | None = None,
     lora: LO.LoraSpec = LO.LoraSpec(),
-    cache_dir: str | Path | None = None,
+    cache_dir: str | Path | Store | None = None,
     tokens: torch.Tensor | None = None,
     repeats: int = 3,
     batch_size: int = 32,
@@ -456,7 +460,7 @@ def share_sweep(
     lrs: Sequence[float] = (),
     val_set: PromptSet | None = None,
     lora: LO.LoraSpec = LO.LoraSpec(),
-    cache_dir: str | Path | None = None,
+    cache_dir: str | Path | Store | None = None,
     batch_size: int = 32,
     progress: bool = True,
     inputs: Mapping[str, LayerInputs] | None = None,

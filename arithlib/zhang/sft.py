@@ -25,6 +25,7 @@ import math
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -57,6 +58,9 @@ from ..methods.model_weights import (
     use_weights,
 )
 from ..run.outputs import find_table, read_table
+
+if TYPE_CHECKING:
+    from ..run.stored import Store
 
 
 def rank_components(
@@ -205,7 +209,7 @@ def precise_sft(
     rescale: bool = True,
     *,
     progress: bool = True,
-    cache_dir: str | Path | None = None,
+    cache_dir: str | Path | Store | None = None,
     inputs: LayerInputs | None = None,
 ) -> FineTuned:
     """Zhang et al. Alg. 2: train only the Q/K/V/O slices of ``heads`` (see
@@ -299,7 +303,7 @@ def full_sft(
     *,
     progress: bool = True,
     check_memory: bool = True,
-    cache_dir: str | Path | None = None,
+    cache_dir: str | Path | Store | None = None,
 ) -> FineTuned:
     """Full SFT, Zhang's comparison: every parameter trained with the same loop, the
     last epoch's weights kept (Zhang trains a fixed 2 epochs). Like the other methods

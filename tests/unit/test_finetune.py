@@ -298,6 +298,25 @@ def test_cached_training_is_reused(tiny_qwen2, data, tmp_path):
     assert not list(tmp_path.glob("*/checkpoints/epoch-*.pt"))
 
 
+
+def test_cached_training_credits_its_store(tiny_qwen2, data, tmp_path):
+    """Trained weights loaded from a Store's folder add the seconds and GFLOP their training
+    took (recorded beside result.pt) to that store's reused time, as a section's own
+    stored results do: a run that reuses them still shows their cost."""
+    from arithlib.engine import counting
+    from arithlib.run.stored import Store, stored_meta
+
+    first = Store(tmp_path)
+    with counting():
+        LO.train_lora(tiny_qwen2.bridge, 0, data["train"], CFG, progress=False, cache_dir=first)
+    (path,) = tmp_path.glob("*/result.pt")
+    seconds, gflop = stored_meta(path, "seconds"), stored_meta(path, "gflop")
+    assert seconds > 0 and gflop > 0 and first.reused_seconds == 0
+    later = Store(tmp_path)
+    LO.train_lora(tiny_qwen2.bridge, 0, data["train"], CFG, progress=False, cache_dir=later)
+    assert later.reused_seconds == seconds and later.reused_gflop == gflop
+
+
 # --------------------------------------------------------------------------- precise and full SFT
 
 
