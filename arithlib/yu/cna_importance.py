@@ -24,6 +24,13 @@ from ..methods.neurons import w_out
 #: changes the order of the online log-sum-exp's additions.
 VOCAB_CHUNK = 1024
 
+#: Values per block of the element-wise passes over logits (gather, scale, shift, exp,
+#: sums): 2**20 float32 (4 MB) stay in the caches from one pass to the next, where blocks
+#: of 2**24 (64 MB) stream from memory on every pass. Each (row, neuron)'s logits are
+#: reduced over its vocabulary chunk only, so the block size does not change a value
+#: (``benchmarks/element_blocks.py`` times both and checks the results are bit-identical).
+ELEMENT_BLOCK = 2**20
+
 
 def _centre(x: torch.Tensor, norm: FinalNorm) -> torch.Tensor:
     return x - x.mean(-1, keepdim=True) if norm.kind == "layer" else x
@@ -198,6 +205,7 @@ def exact_importance(
     vocab_chunk: int = VOCAB_CHUNK,
     block_elems: int = 2**24,
     scale: torch.Tensor | None = None,
+    element_block: int = ELEMENT_BLOCK,
 ) -> torch.Tensor:
     """Exact CNA importance (Sec. 4.1) of neurons with values ``values`` [K, d] and
     coefficients ``coef`` [R, K] for rows ``resid`` [R, d] and target tokens [R].
@@ -206,8 +214,10 @@ def exact_importance(
     (row, neuron) pairs, returns [P]. The vocabulary is processed in chunks with an
     online logsumexp; the value projections (g v) W_U are computed once per chunk for
     the neurons involved and shared by all rows. ``block_elems`` bounds the size of the
-    [pairs, vocab chunk] logits block (memory). ``scale`` [R]: each row's fixed norm scale
-    ("final" reading; None: each vector's own RMS)."""
+    logits block (memory; with every pair, also the vocabulary chunk:
+    :func:`log_partition_all`), ``element_block`` that of the element-wise passes over it
+    (:data:`ELEMENT_BLOCK`). ``scale`` [R]: each row's fixed norm scale ("final" reading;
+    None: each vector's own RMS)."""
     device = W_U.device
     targets = targets.to(device)
     if base_logprob is None:
@@ -218,7 +228,17 @@ def exact_importance(
     R, K = coef.shape
     if pairs is None:
         return _exact_importance_all(
-            gr, gv, coef.float(), sigma, targets, W_U, beta, base_logprob.to(device), vocab_chunk, block_elems
+            gr,
+            gv,
+            coef.float(),
+            sigma,
+            targets,
+            W_U,
+            beta,
+            base_logprob.to(device),
+            vocab_chunk,
+            block_elems,
+            element_block,
         )
     rows, cols = (p.to(device) for p in pairs)
     used, inverse = torch.unique(cols, return_inverse=True)  # neurons involved
@@ -232,7 +252,7 @@ def exact_importance(
     z_w = (Aw[rows] + m_pair * Bw[inverse, rows]) * inv_sigma + beta[targets][rows]
     run_max = torch.full((P,), -torch.inf, device=device)
     run_sum = torch.zeros(P, device=device)
-    pair_chunk = max(1, block_elems // vocab_chunk)
+    pair_chunk = max(1, min(block_elems, element_block) // vocab_chunk)
     gv_used = gv[used]
     row_used = torch.unique(rows)
     row_pos = torch.full((R,), -1, dtype=torch.long, device=device)
@@ -270,6 +290,7 @@ def _exact_importance_all(
     base_logprob: torch.Tensor,
     vocab_chunk: int,
     block_elems: int,
+    element_block: int = ELEMENT_BLOCK,
 ) -> torch.Tensor:
     """:func:`exact_importance` for every (row, neuron): logits blocks [rows, K, chunk] by
     broadcasting (no gathers), online logsumexp over vocabulary chunks. [R, K]. A block
@@ -277,7 +298,8 @@ def _exact_importance_all(
     ``vocab_chunk`` when one row's [K, chunk] block would exceed it (a layer of many neurons)."""
     w_cols = W_U[:, targets].T  # [R, d]
     z_w = ((gr * w_cols).sum(-1)[:, None] + m * (w_cols @ gv.T)) * (1.0 / sigma) + beta[targets][:, None]
-    return z_w - log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems) - base_logprob[:, None]
+    lse = log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk, block_elems, element_block)
+    return z_w - lse - base_logprob[:, None]
 
 
 def log_partition_all(
@@ -289,12 +311,16 @@ def log_partition_all(
     beta: torch.Tensor,
     vocab_chunk: int = VOCAB_CHUNK,
     block_elems: int = 2**24,
+    element_block: int = ELEMENT_BLOCK,
 ) -> torch.Tensor:
     """log sum_v exp(logits_v(r + m_k v_k)) for every row r and neuron k, [R, K]: the part
     of the exact importance that needs a pass over the vocabulary (``gr``, ``gv``: the
     centred rows and values times the norm weight; ``sigma`` [R, K]: the norm scale of
     r + m_k v_k; ``beta``: the logit offset). It does not depend on the target token, so
-    several targets of one row share it (:func:`arithlib.yu.bias_cna.shared_input_importance`)."""
+    several targets of one row share it (:func:`arithlib.yu.bias_cna.shared_input_importance`).
+    ``block_elems`` sets the vocabulary chunk of the products (at most ``block_elems / K``
+    columns), ``element_block`` the blocks of rows and neurons the element-wise passes take
+    at a time (:data:`ELEMENT_BLOCK`)."""
     R, K = m.shape
     device = W_U.device
     inv_sigma = 1.0 / sigma
@@ -303,7 +329,9 @@ def log_partition_all(
     chunk = max(1, min(vocab_chunk, W_U.shape[1], block_elems // K))
     if chunk < vocab_chunk and chunk > 256:
         chunk -= chunk % 256  # a multiple of 256 columns: odd widths slow the product (VOCAB_CHUNK)
-    row_block = max(1, block_elems // (K * chunk))
+    block = min(block_elems, element_block)
+    row_block = max(1, block // (K * chunk))  # rows and neurons per element-wise block
+    k_block = min(K, max(1, block // (row_block * chunk)))
     scratch = _Scratch(device)
     for v0 in range(0, W_U.shape[1], chunk):
         Wc = W_U[:, v0 : v0 + chunk]
@@ -313,16 +341,20 @@ def log_partition_all(
         dtype = torch.promote_types(torch.promote_types(A.dtype, m.dtype), B.dtype)
         for r0 in range(0, R, row_block):
             rs = slice(r0, r0 + row_block)
-            z = torch.addcmul(
-                A[rs, None, :],
-                m[rs, :, None],
-                B[None],
-                out=scratch.get(0, (min(row_block, R - r0), K, Wc.shape[1]), dtype),
-            )  # [r, K, C]
-            z.mul_(inv_sigma[rs, :, None]).add_(bc)
-            new = torch.maximum(run_max[rs], z.amax(-1))
-            run_sum[rs] = run_sum[rs] * torch.exp(run_max[rs] - new) + z.sub_(new[..., None]).exp_().sum(-1)
-            run_max[rs] = new
+            for k0 in range(0, K, k_block):
+                ks = slice(k0, k0 + k_block)
+                z = torch.addcmul(
+                    A[rs, None, :],
+                    m[rs, ks, None],
+                    B[None, ks],
+                    out=scratch.get(0, (min(row_block, R - r0), min(k_block, K - k0), Wc.shape[1]), dtype),
+                )  # [r, k, C]
+                z.mul_(inv_sigma[rs, ks, None]).add_(bc)
+                new = torch.maximum(run_max[rs, ks], z.amax(-1))
+                run_sum[rs, ks] = run_sum[rs, ks] * torch.exp(run_max[rs, ks] - new) + z.sub_(
+                    new[..., None]
+                ).exp_().sum(-1)
+                run_max[rs, ks] = new
     return run_max + torch.log(run_sum)
 
 

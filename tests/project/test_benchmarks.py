@@ -386,3 +386,12 @@ def test_gqa_buffers_benchmark_on_a_random_model():
     assert row["max_abs_diff"] == 0.0  # the same copy, into a reused buffer
     assert set(row["expand_speedup"]) == {4, 16} and all(s > 0 for s in row["pass_speedup"].values())
     assert torch.is_grad_enabled()
+
+
+def test_element_blocks_benchmark_is_bit_identical_on_small_shapes():
+    eb = _load("element_blocks")
+    out = eb.main(
+        ["--vocab", "4096", "--neurons", "256", "--rows", "8", "--candidates", "20", "--repeats", "1", "--no-append"]
+    )
+    assert len(out) == 2 and all(r["identical"] and r["speedup"] > 0 for r in out.values())
+    assert torch.is_grad_enabled()

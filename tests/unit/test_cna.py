@@ -260,6 +260,35 @@ def test_log_partition_does_not_depend_on_the_chunking(qwen):
         assert torch.allclose(got, ref, atol=1e-5), (chunk, (got - ref).abs().max())
 
 
+def test_element_blocks_do_not_change_a_bit(qwen):
+    """The element-wise passes over logits run in blocks of ``element_block`` values (rows
+    and neurons at a time); each (row, neuron) is reduced over its vocabulary chunk only,
+    so every block size gives the same bits, with every pair and with chosen pairs."""
+    b = qwen.bridge
+    ps = _prompts(qwen)
+    run = AR.run_last_position(b, ps)
+    norm, (W_U, b_U) = final_norm(b), unembedding(b)
+    r, m, t = run.resid_mid[:, 1], run.coef[:, 1], ps.first_answer_ids
+    values = N.w_out(b, 1)
+    rc, v, sigma = CI._pair_terms(r, m, values, norm)
+    gr, gv, beta = rc * norm.weight, v * norm.weight, CI._beta(norm, W_U, b_U)
+    K, C = m.shape[1], 256
+    ref = CI.log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk=C, block_elems=2**40, element_block=2**40)
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, len(t), (300,), generator=g)
+    cols = torch.randint(0, K, (300,), generator=g)
+    pairs_ref = CI.exact_importance(
+        r, m, values, t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=C, element_block=2**40
+    )
+    for block in (C, 7 * C, K * C + C, 3 * K * C):  # one row-neuron, a few neurons, a row and more, rows
+        got = CI.log_partition_all(gr, gv, m, sigma, W_U, beta, vocab_chunk=C, block_elems=2**40, element_block=block)
+        assert torch.equal(got, ref), block
+        pairs = CI.exact_importance(
+            r, m, values, t, norm, W_U, b_U, pairs=(rows, cols), vocab_chunk=C, element_block=block
+        )
+        assert torch.equal(pairs, pairs_ref), block
+
+
 def test_two_stage_equals_exact_on_scored_neurons(tiny):
     b = tiny.bridge
     ps = _prompts(tiny)

@@ -298,7 +298,6 @@ def test_cached_training_is_reused(tiny_qwen2, data, tmp_path):
     assert not list(tmp_path.glob("*/checkpoints/epoch-*.pt"))
 
 
-
 def test_cached_training_credits_its_store(tiny_qwen2, data, tmp_path):
     """Trained weights loaded from a Store's folder add the seconds and GFLOP their training
     took (recorded beside result.pt) to that store's reused time, as a section's own
