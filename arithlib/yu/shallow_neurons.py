@@ -164,6 +164,11 @@ def concept_counts(
     def distinct(mask):
         return ((mask.float() @ onehot) > 0).sum(-1)
 
+    # one buffer [running top-k | chunk's values] for every chunk of every row chunk: the
+    # product writes into it (no concatenation, and no fresh pages per row chunk: Qwen-0.5B's
+    # 4,096-row products ran at about 30 GFLOP/s into a fresh 135 MB buffer, 40 into this one)
+    buf = torch.empty(min(row_chunk, max(vectors.shape[0], 1)), k + vocab_chunk, device=device)
+
     for r0 in tqdm(range(0, vectors.shape[0], row_chunk), desc="concept counts", disable=not progress, leave=False):
         Y = vectors[r0 : r0 + row_chunk].float().to(device)
         need = need_all[r0 : r0 + row_chunk]
@@ -171,9 +176,6 @@ def concept_counts(
         active = torch.arange(Y.shape[0], device=device)
         active = active[need <= len(names)]  # a row needing more concepts than exist cannot qualify
         topv = torch.full((Y.shape[0], k), -torch.inf, device=device)
-        # one buffer [running top-k | chunk's values] for every chunk: the product writes
-        # into it (no concatenation, no fresh allocation per chunk)
-        buf = torch.empty(Y.shape[0], k + vocab_chunk, device=device)
         for Wc in W_chunks:
             if active.numel() == 0:
                 break
