@@ -41,6 +41,7 @@ from .markup import (
     summary_counts,
 )
 from .provenance import commit_summary, environment_lines  # noqa: F401
+from .release import read_release, release_sentence
 from .tables import NOT_RUN, NOTEBOOKS, Tables
 
 _summary_counts = summary_counts  # the name the CLI and older callers use
@@ -174,6 +175,8 @@ def report_markdown(fig_dir: str | os.PathLike, table: pd.DataFrame | None = Non
     out = [f"# Reproduction report: `{model}`", "", "; ".join(facts) + ".", ""]
     if tables.params():
         out += [commit_summary(tables.params()), ""]
+        released = release_sentence(tables.params(), read_release())
+        out += [released, ""] if released else []
     out += [
         f"**Verdicts:** {summary_counts(table)}. {RULES_SHORT} The full rules: [DETAILS.md]({DETAILS_FILE}#rules); "
         f"the papers' settings beside ours: [FIDELITY.md]({FIDELITY_FILE}).",
@@ -289,6 +292,9 @@ def report_html(fig_dir: str | os.PathLike, table: pd.DataFrame | None = None) -
     ]
     if tables.params():
         parts.append(_md_inline_to_html(commit_summary(tables.params())))
+        released = release_sentence(tables.params(), read_release())
+        if released:
+            parts.append(_md_inline_to_html(released))
     parts += [
         f"<p><b>Verdicts:</b> {e(summary_counts(table))}. {e(RULES_SHORT)} The full rules: "
         f'<a href="{DETAILS_FILE}#rules">{DETAILS_FILE}</a>; the papers\' settings beside ours: '
