@@ -372,6 +372,7 @@ for s_ in seeds[1:]:  # the judged precise arm again, on the other training seed
         inputs=train_inputs,
     )
     rows.append(row_for(f"precise top-{top32} heads (paper 32), seed {s_}", res, eval_inputs, role="precise"))
+timed.lap("precise SFT")  # the full SFT apart: its optimizer steps over every weight are element-wise work
 # full SFT changes the embeddings, so no pass of it starts from the recorded streams: free them (up to 1 GiB each)
 train_inputs = eval_inputs = None
 try:
@@ -396,7 +397,7 @@ else:
         res = sft.full_sft(bridge, sft_train, replace(full_config, seed=s_), cache_dir=cache_dir)
         rows.append(row_for(f"full SFT, seed {s_}", res, role="full"))
         del res
-timed.lap("precise vs full SFT")
+timed.lap("full SFT")
 sft_lr_table = pd.concat(lr_tables, ignore_index=True)[["method", "lr", "val_accuracy", "best_epoch", "chosen"]]
 save_table(sft_lr_table, run.out, "08_sft_lr_selection")
 display(sft_lr_table)
