@@ -53,11 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--all-rows", type=int, default=8, help="rows whose every neuron is scored (log_partition_all)")
     ap.add_argument("--block", type=int, default=CI.ELEMENT_BLOCK, help="element block timed against 2**24")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (the notebooks run with 1)")
-    ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
-    a = ap.parse_args(argv)
-    with roofline.torch_threads(a.threads):
-        return _run(a)
+    return roofline.run_parsed(ap, argv, _run)
 
 
 def _run(a: argparse.Namespace) -> dict:

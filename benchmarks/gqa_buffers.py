@@ -45,11 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rows", type=int, nargs="+", default=[64, 256, 1024], help="rows resumed after the prefix")
     ap.add_argument("--prefix", type=int, default=52, help="cached positions (a 2-shot prompt: about 50)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (the notebooks run with 1)")
-    ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
-    a = ap.parse_args(argv)
-    with roofline.torch_threads(a.threads):
-        return _run(a)
+    return roofline.run_parsed(ap, argv, _run)
 
 
 def _run(a: argparse.Namespace) -> dict:

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +43,16 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def run_parsed(ap: argparse.ArgumentParser, argv: list[str] | None, run: Callable[[argparse.Namespace], Any]) -> Any:
+    """Add the options every CPU benchmark shares (``--threads``, ``--no-append``) to ``ap``,
+    parse ``argv`` and return ``run(args)`` with torch's thread count set to ``--threads``."""
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the notebooks run with 1)")
+    ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
+    a = ap.parse_args(argv)
+    with torch_threads(a.threads):
+        return run(a)
 
 
 def sync(device: str | torch.device) -> None:

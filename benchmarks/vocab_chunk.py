@@ -71,11 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rows", type=int, default=48, help="rows of the stage-1 statistics (05: 2 runs x 24 cases)")
     ap.add_argument("--columns", type=int, default=32768, help="vocabulary columns timed in part 1")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (the notebooks run with 1)")
-    ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
-    a = ap.parse_args(argv)
-    with roofline.torch_threads(a.threads):
-        return _run(a)
+    return roofline.run_parsed(ap, argv, _run)
 
 
 def _run(a: argparse.Namespace) -> dict:
