@@ -65,7 +65,6 @@ from ..core.stats import encode_correct
 from ..engine import (
     LayerInputs,
     clean_param_name,
-    counted_flops,
     decoder_layers,
     shared_hf_model,
 )
@@ -74,7 +73,7 @@ from ..engine import (
 )
 from ..run.atomic import write_text
 from ..run.fingerprints import data_fingerprint, fingerprint, model_fingerprint
-from ..run.stored import Store, discard, read_verified, sidecar, write_verified
+from ..run.stored import Store, discard, measured, read_verified, sidecar, write_verified
 from .answer_loss import answer_accuracy, answer_loss
 from .finetune_data import answer_batches, epoch_batches
 from .model_weights import training_state, use_weights
@@ -429,11 +428,8 @@ def cached_training(
     if stored is not None:
         store.credit(path)
         return stored
-    t0, flops0 = time.perf_counter(), counted_flops()
-    result = build(folder / "checkpoints")
-    flops = counted_flops()
-    gflop = (flops - flops0) / 1e9 if flops is not None and flops0 is not None else None
-    _save(path, result, seconds=time.perf_counter() - t0, gflop=gflop)
+    result, seconds, gflop = measured(lambda: build(folder / "checkpoints"))
+    _save(path, result, seconds=seconds, gflop=gflop)
     write_text(folder / "key.json", json.dumps(key, indent=1, sort_keys=True, default=str))
     for ck in (folder / "checkpoints").glob("epoch-*.pt"):
         ck.unlink()

@@ -143,13 +143,20 @@ class Store:
             else:
                 self.credit(path)
                 return result
-        t0, flops0 = time.perf_counter(), counted_flops()
-        result = compute()
+        result, seconds, gflop = measured(compute)
         if path is not None:
-            flops = counted_flops()
-            gflop = (flops - flops0) / 1e9 if flops is not None and flops0 is not None else None
-            save_atomic(path, result, seconds=time.perf_counter() - t0, gflop=gflop)
+            save_atomic(path, result, seconds=seconds, gflop=gflop)
         return result
+
+
+def measured(compute: Callable[[], T]) -> tuple[T, float, float | None]:
+    """``(compute(), its wall seconds, the GFLOP it dispatched)``: the cost a stored result
+    records beside it (GFLOP None outside a counting block, :mod:`arithlib.engine.flops`)."""
+    t0, flops0 = time.perf_counter(), counted_flops()
+    result = compute()
+    flops = counted_flops()
+    gflop = (flops - flops0) / 1e9 if flops is not None and flops0 is not None else None
+    return result, time.perf_counter() - t0, gflop
 
 
 def sidecar(path: Path) -> Path:
