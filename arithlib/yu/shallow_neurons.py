@@ -103,6 +103,61 @@ def concept_tokens(tokenizer, vocab_size: int | None = None) -> dict[int, str]:
     return out
 
 
+#: Columns per group in :func:`merge_top_values`' screen. The groups are strided (column c
+#: of a chunk w wide is in group c mod (w / 16)), so one element-wise maximum over 16 rows
+#: of the chunk gives every group's maximum.
+MERGE_GROUP = 16
+
+
+def merge_top_values(
+    top: torch.Tensor, z: torch.Tensor, group: int | None = MERGE_GROUP
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge each row's running top-k values ``top`` [n, k] (descending) with new values
+    ``z`` [n, w]: returns the rows whose top-k changed and their new top-k values,
+    ``(rows [c], merged [c, k])``, equal to ``torch.cat([top, z], 1).topk(k).values`` on
+    those rows (the other rows keep ``top``).
+
+    Why not that one call: ``topk`` over a chunk cost twice the product that made it
+    (5 ns a value at 8,192 columns, 15-25 below 3,200, where torch switches algorithm), and
+    a row's k largest values change only where the chunk holds a value above its k-th.
+    With ``L`` a lower bound on a row's merged k-th value, its k largest values are those
+    of ``top`` and the chunk's values >= L, usually a few dozen. ``L`` is the k-th value of
+    ``top``, or, where that lets through more than an eighth of the chunk's groups (the
+    first chunk), the k-th largest group maximum (k values of the chunk are at least it).
+    The values >= L are found through the group maxima, then merged with one ``topk`` a
+    few dozen wide. A chunk whose width ``group`` does not divide, or with fewer than k
+    groups, is merged whole, as every chunk is with ``group=None`` (the literal method,
+    which ``benchmarks/top_merge.py`` times against this)."""
+    n, k = top.shape
+    w = z.shape[1]
+    kth = top[:, -1]
+    n_groups = 0 if group is None else w // group
+    if n_groups < k or w % group:
+        rows = (z.amax(1) > kth).nonzero().squeeze(1)
+        return rows, torch.cat([top[rows], z[rows]], 1).topk(k, dim=1).values
+    z3 = z.view(n, group, n_groups)  # z3[r, i, g] = z[r, i * n_groups + g]: the members of group g
+    gmax = z3.amax(1)  # [n, n_groups]
+    count = (gmax > kth[:, None]).sum(1)
+    rows = count.nonzero().squeeze(1)  # rows whose k largest values change
+    if rows.numel() == 0:
+        return rows, top[:0]
+    bound = kth[rows]
+    dense = count[rows] > n_groups // 8
+    if bool(dense.any()):
+        bound[dense] = torch.maximum(bound[dense], gmax[rows[dense]].topk(k, dim=1).values[:, -1])
+    # every value >= its row's bound, found in the groups whose maximum reaches it
+    r_pos, g_idx = (gmax[rows] >= bound[:, None]).nonzero(as_tuple=True)
+    vals = z3[rows[r_pos], :, g_idx]  # [groups, group]
+    keep = vals >= bound[r_pos, None]
+    v = vals[keep]
+    row_of = r_pos.repeat_interleave(keep.sum(1))  # each kept value's row, rows in order
+    per_row = torch.bincount(row_of, minlength=rows.numel())
+    slot = torch.arange(v.numel(), device=z.device) - (per_row.cumsum(0) - per_row)[row_of]
+    padded = torch.full((rows.numel(), int(per_row.max())), -torch.inf, dtype=z.dtype, device=z.device)
+    padded[row_of, slot] = v
+    return rows, torch.cat([top[rows], padded], 1).topk(k, dim=1).values
+
+
 @torch.no_grad()
 def concept_counts(
     vectors: torch.Tensor,
@@ -115,6 +170,7 @@ def concept_counts(
     n_sample: int = 256,
     seed: int = 0,
     progress: bool = False,
+    merge_group: int | None = MERGE_GROUP,
 ) -> torch.Tensor:
     """Number of distinct concepts among the top-``k`` tokens of ``vectors @ W`` ([n, d] @
     [d, V]), exact for every row whose count is >= ``min_count`` (an int, or one value per
@@ -125,7 +181,9 @@ def concept_counts(
     rises; a row whose concepts all fall below it can no longer reach ``min_count`` and
     is dropped. Rows that survive have seen the whole vocabulary. The scan order (any
     order gives the same result) puts first the tokens most often in the top-k of
-    ``n_sample`` random rows, so that the k-th value rises early."""
+    ``n_sample`` random rows, so that the k-th value rises early. Each chunk's values are
+    merged into the running top-k by :func:`merge_top_values` (``merge_group``: the width
+    of its screen's groups; None merges every chunk whole)."""
     device = W.device
     ids = torch.tensor(sorted(concepts), dtype=torch.long, device=device)
     names = sorted(set(concepts.values()))
@@ -150,7 +208,10 @@ def concept_counts(
         freq = torch.bincount(running_i.flatten().cpu(), minlength=V).float()
     order = torch.argsort(-(freq + 0.5 * torch.rand(V, generator=gen))).to(device)
     # the scan's vocabulary chunks and the concept columns, gathered once for all row chunks
-    W_chunks = [W[:, order[v0 : v0 + vocab_chunk]] for v0 in range(0, V, vocab_chunk)]
+    # (columns gathered as rows of W's transpose: a strided column gather took longer than
+    # the products it feeds; the chunks are the same values)
+    W_T = W.T.contiguous()
+    W_chunks = [W_T[order[v0 : v0 + vocab_chunk]].T.contiguous() for v0 in range(0, V, vocab_chunk)]
     W_concepts = W[:, ids]
     out = torch.zeros(vectors.shape[0], dtype=torch.long)
     need_all = (
@@ -164,10 +225,10 @@ def concept_counts(
     def distinct(mask):
         return ((mask.float() @ onehot) > 0).sum(-1)
 
-    # one buffer [running top-k | chunk's values] for every chunk of every row chunk: the
-    # product writes into it (no concatenation, and no fresh pages per row chunk: Qwen-0.5B's
-    # 4,096-row products ran at about 30 GFLOP/s into a fresh 135 MB buffer, 40 into this one)
-    buf = torch.empty(min(row_chunk, max(vectors.shape[0], 1)), k + vocab_chunk, device=device)
+    # one buffer for the chunk's values, reused by every chunk of every row chunk (no fresh
+    # pages per product: Qwen-0.5B's 4,096-row products ran at about 30 GFLOP/s into a fresh
+    # 135 MB buffer, 40 into a reused one)
+    buf = torch.empty(min(row_chunk, max(vectors.shape[0], 1)) * vocab_chunk, device=device)
 
     for r0 in tqdm(range(0, vectors.shape[0], row_chunk), desc="concept counts", disable=not progress, leave=False):
         Y = vectors[r0 : r0 + row_chunk].float().to(device)
@@ -179,13 +240,17 @@ def concept_counts(
         for Wc in W_chunks:
             if active.numel() == 0:
                 break
-            a, w = active.numel(), Wc.shape[1]
-            buf[:a, :k] = topv[active]
-            torch.mm(Y[active], Wc, out=buf[:a, k : k + w])
-            merged = buf[:a, : k + w].topk(k, dim=1).values
-            topv[active] = merged
-            ub = distinct(zS[active] >= merged[:, -1:])
-            active = active[ub >= need[active]]
+            z = buf[: active.numel() * Wc.shape[1]].view(active.numel(), Wc.shape[1])
+            torch.mm(torch.index_select(Y, 0, active), Wc, out=z)
+            changed, merged = merge_top_values(torch.index_select(topv, 0, active), z, merge_group)
+            if changed.numel() == 0:
+                continue  # no row's top-k changed, nor its bound
+            rows = active[changed]
+            topv[rows] = merged
+            ub = distinct(zS[rows] >= merged[:, -1:])
+            keep = torch.ones(active.numel(), dtype=torch.bool, device=device)
+            keep[changed] = ub >= need[rows]
+            active = active[keep]
         if active.numel():
             out[r0 + active.cpu()] = distinct(zS[active] >= topv[active, -1:]).cpu()
     return out

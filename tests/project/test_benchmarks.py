@@ -395,3 +395,10 @@ def test_element_blocks_benchmark_is_bit_identical_on_small_shapes():
     )
     assert len(out) == 2 and all(r["identical"] and r["speedup"] > 0 for r in out.values())
     assert torch.is_grad_enabled()
+
+
+def test_top_merge_benchmark_counts_equal_on_small_shapes():
+    tm = _load("top_merge")
+    out = tm.main(["--vocab", "8192", "--rows", "300", "--repeats", "1", "--no-append"])
+    assert out["identical"] and out["speedup"] > 0
+    assert torch.is_grad_enabled()

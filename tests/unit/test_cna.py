@@ -387,6 +387,49 @@ def test_concept_counts_equal_brute_force():
     assert SN.concept_counts(Y, W, concepts, k=50, vocab_chunk=100, n_sample=0, row_chunk=77).tolist() == ref
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_merge_top_values_equal_a_whole_topk(ties):
+    """The grouped merge gives exactly the k largest values of [top | chunk] on every row
+    whose values change, and leaves only rows with no chunk value above their k-th: from
+    an empty top (the first chunk, dense), a risen one (sparse), with ties, and at widths
+    the groups do not divide (merged whole)."""
+    g = torch.Generator().manual_seed(1)
+    k = 7
+    for w in (16 * 7, 16 * 40, 16 * 40 + 3):
+        z0 = torch.randn(40, w, generator=g)
+        if ties:
+            z0 = z0.mul(2).round()  # many equal values, equal to the k-th among them
+        top = torch.full((40, k), -torch.inf)
+        for step in range(4):
+            z = z0 + step * 0.25 if not ties else z0.roll(step, 1)
+            rows, merged = SN.merge_top_values(top, z)
+            literal = torch.cat([top, z], 1).topk(k, dim=1).values
+            assert torch.equal(merged, literal[rows])
+            untouched = torch.ones(len(top), dtype=torch.bool)
+            untouched[rows] = False
+            assert torch.equal(literal[untouched], top[untouched])
+            assert not (z[untouched] > top[untouched, -1:]).any()
+            top = literal
+
+
+def test_concept_counts_grouped_merge_equal_brute_force():
+    """The same counts with chunks wide enough for the grouped merge (16 groups and more)."""
+    torch.manual_seed(2)
+    W = torch.randn(16, 4000)
+    Y = torch.randn(500, 16)
+    concepts = {i: f"num:{i % 11}" for i in range(0, 4000, 13)}
+    top = (Y @ W).topk(10, dim=1).indices
+    ref = [len({concepts[t] for t in row.tolist() if t in concepts}) for row in top]
+    for chunk in (256, 1024):
+        got = SN.concept_counts(Y, W, concepts, k=10, min_count=1, vocab_chunk=chunk)
+        assert got.tolist() == ref
+        whole = SN.concept_counts(Y, W, concepts, k=10, min_count=1, vocab_chunk=chunk, merge_group=None)
+        assert whole.tolist() == ref
+        assert SN.concept_counts(Y, W, concepts, k=10, min_count=2, vocab_chunk=chunk).tolist() == [
+            r if r >= 2 else 0 for r in ref
+        ]
+
+
 def test_concept_of_counts_numbers_and_operations_only():
     """Yu Sec. 4.4's concepts "related to numbers or operations": digits, English number
     words, operators. Roman and foreign numerals, ordinals and multiples are not (the
