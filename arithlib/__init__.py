@@ -2,4 +2,4 @@
 how language models do arithmetic (Zhang et al. 2024; Yu & Ananiadou 2024;
 Nikankin et al. 2025). Notebooks orchestrate and plot; every computation is here."""
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"
