@@ -372,14 +372,18 @@ def test_correct_mask_equals_greedy_verdict(qwen):
     assert AR.correct_mask(b, ps, "full").tolist() == evaluate(b, ps).correct_full.tolist()
 
 
+def _brute_force_counts(Y: torch.Tensor, W: torch.Tensor, concepts: dict, k: int) -> list[int]:
+    """Distinct concepts among each row's top-k tokens, from the whole product (the literal method)."""
+    return [len({concepts[t] for t in row.tolist() if t in concepts}) for row in (Y @ W).topk(k, dim=1).indices]
+
+
 def test_concept_counts_equal_brute_force():
     torch.manual_seed(0)
     W = torch.randn(16, 700)
     Y = torch.randn(300, 16)
     concepts = {i: f"num:{i % 7}" for i in range(0, 700, 9)}
     got = SN.concept_counts(Y, W, concepts, k=50, min_count=1, vocab_chunk=64)
-    top = (Y @ W).topk(50, dim=1).indices
-    ref = [len({concepts[t] for t in row.tolist() if t in concepts}) for row in top]
+    ref = _brute_force_counts(Y, W, concepts, 50)
     assert got.tolist() == ref
     got2 = SN.concept_counts(Y, W, concepts, k=50, min_count=2, vocab_chunk=64)
     assert got2.tolist() == [r if r >= 2 else 0 for r in ref]
@@ -418,8 +422,7 @@ def test_concept_counts_grouped_merge_equal_brute_force():
     W = torch.randn(16, 4000)
     Y = torch.randn(500, 16)
     concepts = {i: f"num:{i % 11}" for i in range(0, 4000, 13)}
-    top = (Y @ W).topk(10, dim=1).indices
-    ref = [len({concepts[t] for t in row.tolist() if t in concepts}) for row in top]
+    ref = _brute_force_counts(Y, W, concepts, 10)
     for chunk in (256, 1024):
         got = SN.concept_counts(Y, W, concepts, k=10, min_count=1, vocab_chunk=chunk)
         assert got.tolist() == ref
@@ -446,8 +449,7 @@ def test_concept_counts_per_row_min_count():
     W = torch.randn(8, 300)
     Y = torch.randn(120, 8)
     concepts = {i: f"num:{i % 5}" for i in range(0, 300, 4)}
-    top = (Y @ W).topk(50, dim=1).indices
-    ref = torch.tensor([len({concepts[t] for t in row.tolist() if t in concepts}) for row in top])
+    ref = torch.tensor(_brute_force_counts(Y, W, concepts, 50))
     need = torch.randint(0, 7, (120,))
     got = SN.concept_counts(Y, W, concepts, k=50, min_count=need, vocab_chunk=32)
     assert got.tolist() == torch.where(ref >= need, ref, torch.zeros_like(ref)).tolist()
