@@ -20,6 +20,14 @@ that computed it), so a carried result that no longer matches the code or the ru
 never loaded; it only takes room until the next ``save`` (a mirror of the cache) or
 ``drop``. A resumed run must use the thread count of the run that stored the results.
 
+A notebook that finished on this machine need not run again on the next: its tables,
+figures and executed copy are in ``figures/<model>/`` (commit them), and ``save`` also
+carries its run record, the ``NN_name.key``, ``.seconds`` and ``.peak_mib`` files that
+``run_all.sh`` writes to ``outputs/<model>/`` (``--outputs``: that folder's parent, default
+``outputs/``) on success, into ``stored/finished/``; ``restore`` puts them back, and the
+next ``run_all.sh`` skips that notebook as up to date when its key is unchanged (same code,
+parameters, packages and upstream keys), its committed outputs standing as this run's.
+
 Carried: each result of ``sections/<model>/`` and ``head_sweep/<model>/`` (with its
 seconds file), and from ``finetune/<model>/`` each finished model's ``result.pt`` and
 ``key.json`` (not its mid-training checkpoints), when the result is at most ``--max-mib``
@@ -51,6 +59,10 @@ FINETUNE = "finetune"
 FINETUNE_FILES = ("result.pt", "result.json", "key.json")
 #: Default size limit of one carried result (MiB).
 MAX_MIB = 8
+#: A finished notebook's run record in ``outputs/<model>/`` (``scripts/run_notebooks.py``).
+RECORD_SUFFIXES = (".key", ".seconds", ".peak_mib")
+#: Where the run records go in the carried folder.
+FINISHED = "finished"
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,40 @@ def cache_entries(model: str, cache: Path, max_bytes: int) -> tuple[list[Entry],
     return out, left
 
 
+def finished_records(run_out: Path) -> list[Path]:
+    """The run-record files of the notebooks that finished in ``run_out``
+    (``outputs/<model>/``): each ``NN_name`` with a ``.key``, its record files."""
+    if not run_out.is_dir():
+        return []
+    names = sorted(p.stem for p in run_out.glob("[0-9][0-9]_*.key"))
+    return [run_out / f"{n}{s}" for n in names for s in RECORD_SUFFIXES if (run_out / f"{n}{s}").is_file()]
+
+
+def save_finished(run_out: Path, dest: Path) -> int:
+    """Make ``dest/finished/`` a mirror of the run records in ``run_out``; return how many."""
+    folder = dest / FINISHED
+    records = finished_records(run_out)
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    for src in records:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, folder / src.name)
+    return len(records)
+
+
+def restore_finished(dest: Path, run_out: Path) -> int:
+    """Copy the carried run records into ``run_out`` where they are missing; return how many."""
+    folder = dest / FINISHED
+    n = 0
+    for src in sorted(folder.glob("*")) if folder.is_dir() else []:
+        target = run_out / src.name
+        if target.is_file():
+            continue
+        atomic_write(target, lambda tmp, src_file=src: shutil.copyfile(src_file, tmp))
+        n += 1
+    return n
+
+
 def carried_entries(dest: Path) -> list[Entry]:
     """The files under a carried folder (its README aside)."""
     if not dest.is_dir():
@@ -111,7 +157,7 @@ def carried_entries(dest: Path) -> list[Entry]:
     return [
         Entry(p.relative_to(dest), p.stat().st_size)
         for p in sorted(dest.rglob("*"))
-        if p.is_file() and p.relative_to(dest) != Path("README.md")
+        if p.is_file() and p.relative_to(dest) != Path("README.md") and p.relative_to(dest).parts[0] != FINISHED
     ]
 
 
@@ -174,7 +220,9 @@ def readme(model: str) -> str:
         "`arithlib/methods/finetune.py`), committed so that the next working session, on a fresh machine,\n"
         "resumes the run instead of starting it over. Each file is named by the hash of all it\n"
         "depends on; one that the code or the run no longer matches is never loaded. They are\n"
-        "pickles written by this repository's own code: load them only from a checkout you trust.\n\n"
+        "pickles written by this repository's own code: load them only from a checkout you trust.\n"
+        "`finished/` holds the run records (key, seconds, peak memory) of the notebooks that finished:\n"
+        "with their committed outputs in `figures/`, the next run skips them while their key holds.\n\n"
         f"    scripts/carry_store.py restore {model}   # before the run, on a new machine\n"
         f"    scripts/carry_store.py save {model}      # after it, then commit this folder\n"
         f"    scripts/carry_store.py drop {model}      # once every notebook of the run has finished\n"
@@ -187,13 +235,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model")
     ap.add_argument("--dir", type=Path, default=None, help="carried folder (default figures/<model>/stored)")
     ap.add_argument("--max-mib", type=float, default=MAX_MIB, help=f"largest result carried, MiB (default {MAX_MIB})")
+    ap.add_argument(
+        "--outputs",
+        type=Path,
+        default=ROOT / "outputs",
+        help="the run's outputs folder, whose <model>/ holds finished notebooks' run records (default outputs/)",
+    )
     a = ap.parse_args(argv)
     dest = a.dir or carried_dir(a.model)
     cache = cache_root()
+    run_out = a.outputs / model_slug(a.model)
     if a.action == "save":
         r = save(a.model, cache, dest, int(a.max_mib * 2**20))
+        n_finished = save_finished(run_out, dest)
+        if n_finished and not (dest / "README.md").is_file():
+            (dest / "README.md").write_text(readme(a.model))
         mib = sum(e.size for e in carried_entries(dest)) / 2**20
         print(f"[carry] {dest}: {r['files']} files ({mib:.1f} MiB), {r['copied']} copied, {r['removed']} removed")
+        finished = sorted({p.stem for p in finished_records(run_out)})
+        print(f"[carry] run records of finished notebooks ({len(finished)}): {', '.join(finished) or 'none'}")
         for p in r["left_behind"]:
             path = cache / p
             took = stored_seconds(path)
@@ -207,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         n = restore(a.model, cache, dest)
         print(f"[carry] {n} files restored from {dest} into {cache}")
+        n = restore_finished(dest, run_out)
+        print(f"[carry] {n} run records of finished notebooks restored into {run_out}")
     elif a.action == "status":
         for label, folder in (("carried", dest), ("cache", cache)):
             parts = [folder] if label == "carried" else [cache / s / model_slug(a.model) for s in STORES]

@@ -114,3 +114,42 @@ def test_every_store_folder_the_notebooks_use_is_carried():
     }
     assert used, "no notebook stores results under cache_root()?"
     assert used <= set(cs.STORES) | {cs.FINETUNE}, used - set(cs.STORES) - {cs.FINETUNE}
+
+
+def test_finished_notebooks_run_records_go_to_the_next_machine(tmp_path):
+    """A finished notebook's key, seconds and peak memory are carried (so the next run
+    skips it while its key holds); a notebook without a key (still running) is not, and
+    a record already on the new machine is left alone."""
+    old_out, new_out, dest = tmp_path / "old" / "m", tmp_path / "new" / "m", tmp_path / "stored"
+    old_out.mkdir(parents=True)
+    for suffix, text in ((".key", "abc\n"), (".seconds", "120\n"), (".peak_mib", "900\n")):
+        (old_out / f"01_heads{suffix}").write_text(text)
+    (old_out / "05_lora.seconds").write_text("7\n")  # no key: did not finish
+    (old_out / "05_lora.log").write_text("log")
+    assert cs.save_finished(old_out, dest) == 3
+    assert sorted(p.name for p in (dest / cs.FINISHED).iterdir()) == [
+        "01_heads.key",
+        "01_heads.peak_mib",
+        "01_heads.seconds",
+    ]
+    assert cs.carried_entries(dest) == []  # not cache files: restore does not put them in the cache
+    new_out.mkdir(parents=True)
+    (new_out / "01_heads.peak_mib").write_text("1\n")
+    assert cs.restore_finished(dest, new_out) == 2
+    assert (new_out / "01_heads.key").read_text() == "abc\n" and (new_out / "01_heads.peak_mib").read_text() == "1\n"
+    (old_out / "01_heads.key").unlink()  # a mirror: what no longer finished is dropped
+    assert cs.save_finished(old_out, dest) == 0 and not any((dest / cs.FINISHED).glob("*"))
+
+
+def test_save_and_restore_through_the_command_line(tmp_path, monkeypatch):
+    cache, outputs, dest = tmp_path / "cache", tmp_path / "outputs", tmp_path / "stored"
+    monkeypatch.setenv("ARITHLIB_CACHE", str(cache))
+    Store(cache / "sections" / cs.model_slug(MODEL))("s", lambda: 1, code=["core.stats"], n=1)
+    run_out = outputs / cs.model_slug(MODEL)
+    run_out.mkdir(parents=True)
+    (run_out / "00_acc.key").write_text("k\n")
+    assert cs.main(["save", MODEL, "--dir", str(dest), "--outputs", str(outputs)]) == 0
+    assert (dest / cs.FINISHED / "00_acc.key").is_file() and (dest / "README.md").is_file()
+    (run_out / "00_acc.key").unlink()
+    assert cs.main(["restore", MODEL, "--dir", str(dest), "--outputs", str(outputs)]) == 0
+    assert (run_out / "00_acc.key").read_text() == "k\n"
