@@ -26,7 +26,10 @@ carries its run record, the ``NN_name.key``, ``.seconds`` and ``.peak_mib`` file
 ``run_all.sh`` writes to ``outputs/<model>/`` (``--outputs``: that folder's parent, default
 ``outputs/``) on success, into ``stored/finished/``; ``restore`` puts them back, and the
 next ``run_all.sh`` skips that notebook as up to date when its key is unchanged (same code,
-parameters, packages and upstream keys), its committed outputs standing as this run's.
+parameters, packages and upstream keys), its committed outputs standing as this run's. A run
+whose results are committed only when all of it has finished (a release, from another
+checkout) passes ``--figures`` (that checkout's ``figures/``): the finished notebooks' outputs
+are then packed beside their records and unpacked there by ``restore``.
 
 Carried: each result of ``sections/<model>/`` and ``head_sweep/<model>/`` (with its
 seconds file), and from ``finetune/<model>/`` each finished model's ``result.pt`` and
@@ -42,6 +45,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,8 +129,17 @@ def finished_records(run_out: Path) -> list[Path]:
     return [run_out / f"{n}{s}" for n in names for s in RECORD_SUFFIXES if (run_out / f"{n}{s}").is_file()]
 
 
-def save_finished(run_out: Path, dest: Path) -> int:
-    """Make ``dest/finished/`` a mirror of the run records in ``run_out``; return how many."""
+def notebook_outputs(fig: Path, name: str) -> list[Path]:
+    """What notebook ``name`` (``NN_title``) wrote to ``fig`` (``figures/<model>/``): its
+    ``NN_*`` tables, figures and params, and its executed copy in ``notebooks/``."""
+    return sorted(fig.glob(f"{name[:2]}_*")) + sorted((fig / "notebooks").glob(f"{name}.ipynb"))
+
+
+def save_finished(run_out: Path, dest: Path, fig: Path | None = None) -> int:
+    """Make ``dest/finished/`` a mirror of the run records in ``run_out``; return how many
+    files. With ``fig`` (the run's ``figures/<model>/``), each finished notebook's outputs
+    too, as ``NN_title.tar.gz``: for a run whose results are committed only once all
+    notebooks have finished (a release), so that ``figures/`` keeps one run's results."""
     folder = dest / FINISHED
     records = finished_records(run_out)
     if folder.is_dir():
@@ -134,14 +147,27 @@ def save_finished(run_out: Path, dest: Path) -> int:
     for src in records:
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, folder / src.name)
-    return len(records)
+    names = sorted({p.stem for p in records})
+    for name in names if fig is not None else []:
+        with tarfile.open(folder / f"{name}.tar.gz", "w:gz") as tar:
+            for path in notebook_outputs(fig, name):
+                tar.add(path, arcname=str(path.relative_to(fig)))
+    return len(records) + (len(names) if fig is not None else 0)
 
 
-def restore_finished(dest: Path, run_out: Path) -> int:
-    """Copy the carried run records into ``run_out`` where they are missing; return how many."""
+def restore_finished(dest: Path, run_out: Path, fig: Path | None = None) -> int:
+    """Copy the carried run records into ``run_out`` where they are missing, and with
+    ``fig`` unpack the carried outputs there (replacing what is there: the outputs belong
+    to the records); return how many files."""
     folder = dest / FINISHED
     n = 0
     for src in sorted(folder.glob("*")) if folder.is_dir() else []:
+        if src.name.endswith(".tar.gz"):
+            if fig is not None:
+                with tarfile.open(src) as tar:
+                    tar.extractall(fig, filter="data")
+                n += 1
+            continue
         target = run_out / src.name
         if target.is_file():
             continue
@@ -241,13 +267,20 @@ def main(argv: list[str] | None = None) -> int:
         default=ROOT / "outputs",
         help="the run's outputs folder, whose <model>/ holds finished notebooks' run records (default outputs/)",
     )
+    ap.add_argument(
+        "--figures",
+        type=Path,
+        default=None,
+        help="the run's figures root: also carry finished notebooks' outputs (figures/<model>/NN_*), packed",
+    )
     a = ap.parse_args(argv)
     dest = a.dir or carried_dir(a.model)
     cache = cache_root()
     run_out = a.outputs / model_slug(a.model)
+    fig = None if a.figures is None else a.figures / model_slug(a.model)
     if a.action == "save":
         r = save(a.model, cache, dest, int(a.max_mib * 2**20))
-        n_finished = save_finished(run_out, dest)
+        n_finished = save_finished(run_out, dest, fig)
         if n_finished and not (dest / "README.md").is_file():
             (dest / "README.md").write_text(readme(a.model))
         mib = sum(e.size for e in carried_entries(dest)) / 2**20
@@ -267,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         n = restore(a.model, cache, dest)
         print(f"[carry] {n} files restored from {dest} into {cache}")
-        n = restore_finished(dest, run_out)
+        n = restore_finished(dest, run_out, fig)
         print(f"[carry] {n} run records of finished notebooks restored into {run_out}")
     elif a.action == "status":
         for label, folder in (("carried", dest), ("cache", cache)):

@@ -153,3 +153,28 @@ def test_save_and_restore_through_the_command_line(tmp_path, monkeypatch):
     (run_out / "00_acc.key").unlink()
     assert cs.main(["restore", MODEL, "--dir", str(dest), "--outputs", str(outputs)]) == 0
     assert (run_out / "00_acc.key").read_text() == "k\n"
+
+
+def test_finished_notebooks_outputs_are_packed_and_unpacked_with_figures(tmp_path):
+    """With --figures, a finished notebook's outputs (its NN_* files and executed copy) go
+    with its record, and replace older outputs of that notebook on the next machine."""
+    outputs, fig, dest = tmp_path / "out", tmp_path / "fig", tmp_path / "stored"
+    run_out, model_fig = outputs / cs.model_slug(MODEL), fig / cs.model_slug(MODEL)
+    (model_fig / "notebooks").mkdir(parents=True)
+    run_out.mkdir(parents=True)
+    (run_out / "01_heads.key").write_text("k\n")
+    (model_fig / "01_table.csv").write_text("new\n")
+    (model_fig / "notebooks" / "01_heads.ipynb").write_text("{}")
+    (model_fig / "03_other.csv").write_text("not finished\n")
+    args = ["--dir", str(dest), "--outputs", str(outputs), "--figures", str(fig)]
+    assert cs.main(["save", MODEL, *args]) == 0
+    assert (dest / cs.FINISHED / "01_heads.tar.gz").is_file()
+    new_outputs, new_fig = tmp_path / "new_out", tmp_path / "new_fig"
+    (new_fig / cs.model_slug(MODEL)).mkdir(parents=True)
+    (new_fig / cs.model_slug(MODEL) / "01_table.csv").write_text("old\n")
+    args = ["--dir", str(dest), "--outputs", str(new_outputs), "--figures", str(new_fig)]
+    assert cs.main(["restore", MODEL, *args]) == 0
+    got = new_fig / cs.model_slug(MODEL)
+    assert (got / "01_table.csv").read_text() == "new\n" and (got / "notebooks" / "01_heads.ipynb").is_file()
+    assert not (got / "03_other.csv").exists()
+    assert (new_outputs / cs.model_slug(MODEL) / "01_heads.key").read_text() == "k\n"
