@@ -14,6 +14,7 @@ from ..core.papers import PAPERS, PAPERS_SHORT
 from ..run.outputs import write_text
 from .findings import FINDINGS, findings_table
 from .render import RULES_TEXT, markdown_table
+from .run_times import TIMES_END, TIMES_START, run_time_markdown
 from .tables import VERDICTS, NotRun, Tables
 
 # --------------------------------------------------------------------------- across models
@@ -92,16 +93,19 @@ README_START = (
 README_END = "<!-- /verdicts -->"
 
 
-def replace_readme_block(text: str, block: str) -> str:
-    """``text`` with what lies between the lines :data:`README_START` and :data:`README_END`
-    replaced by ``block``; a clear error when the markers are missing or out of order."""
-    start, end = text.find(README_START), text.find(README_END)
+def replace_readme_block(
+    text: str, block: str, start_line: str = README_START, end_line: str = README_END, what: str = "verdict"
+) -> str:
+    """``text`` with what lies between the lines ``start_line`` and ``end_line`` (default:
+    the verdict block) replaced by ``block``; a clear error when the markers are missing or
+    out of order."""
+    start, end = text.find(start_line), text.find(end_line)
     if start < 0 or end < start:
         raise ValueError(
-            f"the README has no verdict block: add the two lines\n{README_START}\n{README_END}\n"
+            f"the README has no {what} block: add the two lines\n{start_line}\n{end_line}\n"
             "where the table should go, then rerun"
         )
-    head = text[: start + len(README_START)]
+    head = text[: start + len(start_line)]
     return head + "\n" + block.rstrip("\n") + "\n" + text[end:]
 
 
@@ -381,7 +385,8 @@ def write_cross_model(
     and the figure ``CROSS_MODEL.png`` / ``.pdf`` (one panel per quantity, models
     ordered by size) into ``out_dir`` (default: the folder holding the first model
     folder); with ``readme``, the same verdict table goes into that file's verdict block
-    (:func:`replace_readme_block`); return the paths of the Markdown and the CSV."""
+    (:func:`replace_readme_block`) and, where it has one, the models' run times into its
+    run-time block (:func:`.run_times.run_time_markdown`); return the paths of the Markdown and the CSV."""
     from ..plots.report import cross_model_figure
     from ..run.outputs import save_figure, save_table
 
@@ -435,7 +440,10 @@ def write_cross_model(
     md += ["", "## All findings", "", markdown_table(frame), ""]
     if readme is not None:
         path = Path(readme)
-        write_text(path, replace_readme_block(path.read_text(), _verdict_markdown(frame, fig_dirs, path.parent)))
+        text = replace_readme_block(path.read_text(), _verdict_markdown(frame, fig_dirs, path.parent))
+        if TIMES_START in text:  # a README with a run-time block gets the committed runs' times
+            text = replace_readme_block(text, run_time_markdown(fig_dirs), TIMES_START, TIMES_END, "run-time")
+        write_text(path, text)
     md_path = write_text(out / "CROSS_MODEL.md", "\n".join(md))
     csv_path = write_text(out / "CROSS_MODEL.csv", frame.to_csv(index=False, float_format="%.6g"))
     return md_path, csv_path

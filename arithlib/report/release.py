@@ -62,14 +62,15 @@ def is_commit(recorded: str | None, commit: str) -> bool:
 def release_sentence(params: dict[str, dict], release: Release | None) -> str | None:
     """The header's sentence naming the release, when every notebook of ``params`` (number
     -> params JSON) ran at the release commit with no uncommitted change; else None (a
-    report never names a release its results do not all come from)."""
+    report never names a release its results do not all come from). The date stays in
+    ``CITATION.cff``: a report carries no calendar dates."""
     if release is None or not params:
         return None
     if not all(is_commit((p.get("environment") or {}).get("git_commit"), release.commit) for p in params.values()):
         return None
     return (
-        f"**Release {release.version}** (commit {release.commit[:7]}, {release.date}): every result on this "
-        "page comes from that commit."
+        f"**Release {release.version}** (commit {release.commit[:7]}): every result on "
+        "this page comes from that commit."
     )
 
 

@@ -14,7 +14,7 @@ from arithlib.report.release import CITATION, Release, read_release, record_prob
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "0123456789abcdef0123456789abcdef01234567"
-DATE = "release-day"  # any text: the date is shown as recorded
+DATE = "release-day"  # recorded in CITATION.cff, never shown in a report
 REL = Release(version="1.0.0", date=DATE, commit=SHA)
 
 
@@ -63,7 +63,8 @@ def test_a_report_that_does_not_name_the_release_fails_the_record(tmp_path):
 
 def test_the_release_sentence_only_when_every_notebook_ran_clean_at_the_commit():
     ok = {"00": {"environment": {"git_commit": SHA}}, "01": {"environment": {"git_commit": SHA}}}
-    assert release_sentence(ok, REL).startswith(f"**Release 1.0.0** (commit 0123456, {DATE})")
+    assert release_sentence(ok, REL).startswith("**Release 1.0.0** (commit 0123456)")
+    assert DATE not in release_sentence(ok, REL)
     assert release_sentence(ok, None) is None
     dirty = {**ok, "02": {"environment": {"git_commit": SHA + "+dirty"}}}
     assert release_sentence(dirty, REL) is None
@@ -102,7 +103,7 @@ def test_the_report_header_names_the_release_its_results_come_from(tmp_path, mon
     for nb in ("00_model_accuracy", "01_identify_heads"):
         (tmp_path / f"{nb}_params.json").write_text(json.dumps({"model": "m", "environment": {"git_commit": SHA}}))
     monkeypatch.setattr(render, "read_release", lambda: REL)
-    assert f"**Release 1.0.0** (commit 0123456, {DATE})" in render.report_markdown(tmp_path)
+    assert "**Release 1.0.0** (commit 0123456)" in render.report_markdown(tmp_path)
     assert "<b>Release 1.0.0</b>" in render.report_html(tmp_path)
     monkeypatch.setattr(render, "read_release", lambda: Release("1.0.0", DATE, "f" * 40))
     assert "**Release" not in render.report_markdown(tmp_path)

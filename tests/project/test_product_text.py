@@ -167,25 +167,17 @@ def test_code_sources_are_read():
 
 
 def test_readme_states_the_committed_default_run_time():
-    """The README's time for the default model is the sum of its committed timings.csv plus
-    the reused seconds of each notebook's NN_timings.csv (sections a run loaded from the
-    store, at what they took when computed), so that a run that reused stored sections does
-    not understate a run from an empty cache (the number was edited by hand and drifted
-    from the table)."""
-    import csv
+    """The README's time for the default model is its whole-run total from the committed
+    timings (``arithlib.report.run_times.total_seconds``: each notebook's wall seconds plus
+    the seconds of sections it loaded from the store that a run from an empty cache computes
+    in it), so that the number is not edited by hand and a resumed run does not understate
+    a run from an empty cache."""
+    from arithlib.report.run_times import notebook_times, total_seconds
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     m = re.search(r"\| `\./run_all\.sh` \| about ([\d.]+) hours \(([\d,]+) s", text)
     assert m, "README.md states no time for `./run_all.sh` on the default model"
-    figs = ROOT / "figures/qwen2.5-coder-0.5b"
-    rows = list(csv.DictReader((figs / "timings.csv").open()))
-    reused = sum(
-        float(r["reused_s"])
-        for f in sorted(figs.glob("[0-9][0-9]_timings.csv"))
-        for r in csv.DictReader(f.open())
-        if r["section"].startswith("total") and r.get("reused_s")
-    )
-    total = sum(int(float(r["seconds"])) for r in rows) + int(round(reused))
+    total = total_seconds(notebook_times(ROOT / "figures/qwen2.5-coder-0.5b"))
     assert int(m.group(2).replace(",", "")) == total, f"README says {m.group(2)} s, the timings sum to {total:,}"
     assert float(m.group(1)) == round(total / 3600, 1)
     assert f"The {m.group(1)} hours are the sum" in text
