@@ -107,3 +107,23 @@ def test_the_report_header_names_the_release_its_results_come_from(tmp_path, mon
     assert "<b>Release 1.0.0</b>" in render.report_html(tmp_path)
     monkeypatch.setattr(render, "read_release", lambda: Release("1.0.0", DATE, "f" * 40))
     assert "**Release" not in render.report_markdown(tmp_path)
+
+
+def test_the_readme_names_the_release_only_when_every_model_is_its_record():
+    """The README's "Results of release V (commit ...)" is a claim about every committed
+    model (the toy model's quick runs aside): it stands exactly when each model's report
+    names the release CITATION.cff declares."""
+    from arithlib.report import model_folders
+
+    release = read_release(CITATION)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    if release is None:
+        assert "Results of release" not in readme
+        return
+    version = release.version.removesuffix(".0") if release.version.count(".") == 2 else release.version  # 1.0.0 -> 1.0
+    sentence = f"Results of release {version} (commit {release.commit[:7]})"
+    named = [f"**Release {release.version}**" in (d / "REPORT.md").read_text() for d in model_folders(ROOT / "figures")]
+    if all(named):
+        assert sentence in readme, f"every model's results are release {release.version}'s: say {sentence!r}"
+    else:
+        assert "Results of release" not in readme, "the README names a release not every model's results come from"
