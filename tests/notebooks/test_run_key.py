@@ -52,3 +52,25 @@ def test_key_changes_with_package_versions(tmp_path, monkeypatch):
 
     monkeypatch.setattr(env, "package_versions", upgraded)
     assert run_key.run_key(nb, tmp_path, ["qwen"]) != k1
+
+
+def test_the_readme_and_the_teachers_guide_state_the_notebooks_real_order():
+    """The README and docs/teaching.md say which notebooks read 01's key heads and which stand
+    alone; those sentences match what the notebooks' code reads (the run order follows it)."""
+    import re
+
+    reads = {p.name[:2]: {d.name[:2] for d in run_key.upstream(p)} for p in sorted(NB.glob("[0-9][0-9]_*.ipynb"))}
+    readers_of_01 = sorted(n for n, ups in reads.items() if "01" in ups)
+    alone = sorted(n for n, ups in reads.items() if not ups and n != "01")  # read no other notebook's tables
+
+    def listed(text: str) -> list[str]:
+        return sorted(re.findall(r"\d\d", text))
+
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"01 finds the heads that ([\d, and]+) read", readme)
+    assert m and listed(m.group(1)) == readers_of_01, (m and m.group(0), readers_of_01)
+    m = re.search(r"; ([\d, and]+) stand alone", readme)
+    assert m and listed(m.group(1)) == alone, (m and m.group(0), alone)
+    teaching = (ROOT / "docs" / "teaching.md").read_text()
+    m = re.search(r"run 01 before ([\d, and]+),", teaching)
+    assert m and listed(m.group(1)) == readers_of_01, (m and m.group(0), readers_of_01)
