@@ -23,22 +23,16 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
 
-from arithlib.run.outputs import find_table, read_table  # noqa: E402
+from arithlib.run.outputs import section_timings  # noqa: E402
 
 
 def section_table(folder: Path) -> pd.DataFrame:
     """Every counted section of the notebooks in ``folder`` (``total`` rows left out):
     notebook, section, wall_s, gflop, floor_s, ratio_to_floor, peak_gflop_s. Notebooks
     whose timings predate the count are left out."""
-    frames = []
-    for nn in (f"{i:02d}" for i in range(100)):
-        path = find_table(folder, f"{nn}_timings")
-        if path is None:
-            continue
-        t = read_table(path)
-        if "gflop" not in t.columns:
-            continue
-        frames.append(t[t.section != "total"].assign(notebook=nn))
+    frames = [
+        t[t.section != "total"].assign(notebook=nn) for nn, t in section_timings(folder).items() if "gflop" in t.columns
+    ]
     if not frames:
         return pd.DataFrame(columns=["notebook", "section", "wall_s", "gflop", "floor_s", "ratio_to_floor"])
     cols = ["notebook", "section", "wall_s", "reused_s", "gflop", "floor_s", "ratio_to_floor", "peak_gflop_s"]

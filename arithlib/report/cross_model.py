@@ -146,7 +146,7 @@ def verdict_markdown(fig_dirs: Sequence[str | os.PathLike], link_from: str | os.
     with ``link_from`` (the folder of the file that shows it) the model names link to
     their reports. The README's verdict block is this with ``link_from`` its folder
     (``tests/notebooks/test_report.py`` checks the committed one)."""
-    fig_dirs = sorted(fig_dirs, key=lambda d: _size_key(Tables(d)))
+    fig_dirs = models_by_size(fig_dirs)
     return _verdict_markdown(cross_model_table(fig_dirs), fig_dirs, link_from)
 
 
@@ -373,6 +373,13 @@ def _size_key(tables: Tables) -> tuple[bool, float]:
     return (not np.isfinite(size), size if np.isfinite(size) else 0.0)
 
 
+def models_by_size(fig_dirs: Sequence[str | os.PathLike]) -> list[str | os.PathLike]:
+    """``fig_dirs`` from the smallest model up (its parameter count; models of unknown size
+    last): the column order of the verdict table, ``CROSS_MODEL.md`` and the README's
+    run-time table."""
+    return sorted(fig_dirs, key=lambda d: _size_key(Tables(d)))
+
+
 def write_cross_model(
     fig_dirs: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike | None = None,
@@ -391,7 +398,7 @@ def write_cross_model(
     from ..run.outputs import save_figure, save_table
 
     out = Path(out_dir) if out_dir is not None else Path(fig_dirs[0]).resolve().parent
-    fig_dirs = sorted(fig_dirs, key=lambda d: _size_key(Tables(d)))  # columns from the smallest model up
+    fig_dirs = models_by_size(fig_dirs)  # columns from the smallest model up
     frame = cross_model_table(fig_dirs)
     metrics, curves = cross_model_metrics(fig_dirs), cross_model_curves(fig_dirs)
     save_table(metrics, out, "CROSS_MODEL_metrics")

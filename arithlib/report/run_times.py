@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..run.outputs import section_timings
 from .markup import markdown_table
 
 TIMES_START = (
@@ -37,23 +38,25 @@ FROM_ANOTHER_NOTEBOOK: dict[str, frozenset[str]] = {"06": frozenset({"data + ref
 def _reused_seconds(fig_dir: Path) -> dict[str, float]:
     """Notebook number -> seconds its run loaded from stored sections that a run from an
     empty cache computes in this notebook: the ``reused_s`` of the ``total`` row less that
-    of the sections of :data:`FROM_ANOTHER_NOTEBOOK` (0 when the notebook wrote no
-    ``NN_timings.csv`` with a ``total`` row, as runs before the per-section timings did)."""
+    of the sections of :data:`FROM_ANOTHER_NOTEBOOK` (0 when the notebook's ``NN_timings``
+    table has no ``reused_s``, as runs before the per-section timings did)."""
     out: dict[str, float] = {}
-    for f in sorted(fig_dir.glob("[0-9][0-9]_timings.csv")):
-        nb = f.name[:2]
-        with f.open() as fh:
-            rows = list(csv.DictReader(fh))
-        reused = {r.get("section") or "": float(r.get("reused_s") or 0) for r in rows}
+    for nb, rows in section_timings(fig_dir).items():
+        if "reused_s" not in rows.columns:
+            out[nb] = 0.0
+            continue
+        reused = dict(zip(rows["section"].astype(str), rows["reused_s"].fillna(0.0).astype(float)))
         total = sum(v for k, v in reused.items() if k.startswith("total"))
         out[nb] = total - sum(reused.get(k, 0.0) for k in FROM_ANOTHER_NOTEBOOK.get(nb, ()))
     return out
 
 
 def notebook_times(fig_dir: str | os.PathLike) -> pd.DataFrame:
-    """One row per notebook of ``fig_dir``'s ``timings.csv``: ``notebook``, ``seconds`` (wall
-    seconds of its last run, truncated as the README's total counts them, plus the reused
-    seconds), ``reused_s`` and ``peak_gib`` (NaN where the run recorded no peak)."""
+    """One row per notebook of ``fig_dir``'s ``timings.csv``: ``notebook``, ``wall_s`` (wall
+    seconds of its last run, truncated as the README's total counts them), ``reused_s`` (the
+    seconds of the sections it loaded from the store, :func:`_reused_seconds`), ``seconds``
+    (their sum: what a run from an empty cache takes) and ``peak_gib`` (NaN where the run
+    recorded no peak)."""
     d = Path(fig_dir)
     path = d / "timings.csv"
     if not path.exists():
@@ -62,24 +65,23 @@ def notebook_times(fig_dir: str | os.PathLike) -> pd.DataFrame:
     rows = []
     with path.open() as fh:
         for r in csv.DictReader(fh):
-            extra = reused.get(r["notebook"][:2], 0.0)
-            peak = float(r["peak_rss_mib"]) / 1024 if r.get("peak_rss_mib") else float("nan")
             rows.append(
                 {
                     "notebook": r["notebook"],
-                    "seconds": int(float(r["seconds"])) + extra,
-                    "reused_s": extra,
-                    "peak_gib": peak,
+                    "wall_s": int(float(r["seconds"])),
+                    "reused_s": reused.get(r["notebook"][:2], 0.0),
+                    "peak_gib": float(r["peak_rss_mib"]) / 1024 if r.get("peak_rss_mib") else float("nan"),
                 }
             )
-    return pd.DataFrame(rows, columns=["notebook", "seconds", "reused_s", "peak_gib"])
+    times = pd.DataFrame(rows, columns=["notebook", "wall_s", "reused_s", "peak_gib"])
+    times.insert(1, "seconds", times["wall_s"] + times["reused_s"])
+    return times
 
 
 def total_seconds(times: pd.DataFrame) -> int:
-    """A model's whole-run time: the sum of the wall seconds plus the rounded sum of the
-    reused seconds (the figure the README states for the default model)."""
-    wall = (times["seconds"] - times["reused_s"]).round().astype(int).sum()
-    return int(wall + round(times["reused_s"].sum()))
+    """A model's whole-run time from :func:`notebook_times`: the sum of the wall seconds plus
+    the rounded sum of the reused seconds (the figure the README states for the default model)."""
+    return int(times["wall_s"].sum() + round(times["reused_s"].sum()))
 
 
 def _cell(seconds: float, peak_gib: float) -> str:

@@ -137,6 +137,19 @@ def read_table(folder: str | os.PathLike, name: str | os.PathLike | None = None,
     return pd.read_csv(table_path(folder, name), **read_csv)
 
 
+def section_timings(folder: str | os.PathLike) -> dict[str, pd.DataFrame]:
+    """Notebook number (``"00"``...) -> its ``NN_timings`` table in ``folder`` (plain or
+    compressed): each section's seconds and arithmetic, then a ``total`` row
+    (:mod:`arithlib.run.floor` writes them; older runs wrote other columns). The one reader
+    of these tables for the report's run times and ``benchmarks/floor.py``."""
+    out: dict[str, pd.DataFrame] = {}
+    for nn in (f"{i:02d}" for i in range(100)):
+        path = find_table(folder, f"{nn}_timings")
+        if path is not None:
+            out[nn] = read_table(path)
+    return out
+
+
 def gzip_bytes(data: bytes) -> bytes:
     """``data`` gzip-compressed deterministically: no file name, mtime 0, level
     :data:`GZIP_LEVEL`, so the same bytes in give the same bytes out."""

@@ -95,10 +95,9 @@ def test_readme_run_times_match_the_committed_figures():
     folders = R.model_folders(ROOT / "figures")
     if len(folders) < 2:
         pytest.skip("fewer than two committed model folders")
-    from arithlib.report.cross_model import _size_key
-    from arithlib.report.tables import Tables
+    from arithlib.report.cross_model import models_by_size
 
-    folders = sorted(folders, key=lambda d: _size_key(Tables(d)))
+    folders = models_by_size(folders)
     text = (ROOT / "README.md").read_text()
     assert TIMES_START in text, "README.md has no run-time block"
     expected = R.replace_readme_block(text, run_time_markdown(folders), TIMES_START, TIMES_END, "run-time")
@@ -106,3 +105,14 @@ def test_readme_run_times_match_the_committed_figures():
         "README.md's run-time table differs from figures/: run python -m arithlib.report --cross-in figures "
         "--readme README.md"
     )
+
+
+def test_compressed_section_timings_are_read_too(tmp_path: Path):
+    """A notebook's ``NN_timings`` table may be committed compressed; its reused seconds
+    count as the plain table's would (the same reader as ``benchmarks/floor.py``)."""
+    import gzip
+
+    d = _folder(tmp_path / "m", "00_a,100,ran,1024,1\n")
+    (d / "00_timings.csv.gz").write_bytes(gzip.compress(b"section,wall_s,reused_s\nload,10,0\ntotal,100,25\n"))
+    t = notebook_times(d).set_index("notebook")
+    assert t.at["00_a", "reused_s"] == 25 and t.at["00_a", "seconds"] == 125 and t.at["00_a", "wall_s"] == 100
