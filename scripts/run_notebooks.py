@@ -635,11 +635,14 @@ class Runner:
         """This run's rows (``OUT/timings.csv``) and, beside the figures, every notebook's
         last successful run (wall seconds, whether it ran now, peak MiB, start and end
         seconds from the start of this run, and the GFLOP its sections did with the ratio of
-        its seconds to their floor: :func:`notebook_floor`)."""
+        its seconds to their floor: :func:`notebook_floor`). A notebook skipped as up to date
+        ran with this run's threads, which its key holds; one not selected keeps its old row's."""
         cols = ["notebook", "seconds", "status", "peak_rss_mib", "start_s", "end_s"]
         lines = [",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in self.rows]
         write_text(self.out / "timings.csv", "\n".join(lines) + "\n")
         ran = {r["notebook"]: r for r in self.rows if r["status"] == "ok"}
+        # skipped now as up to date: its key, which holds the thread count, is this run's
+        matched = {r["notebook"] for r in self.rows if r["status"] == "cached"}
         out = ["notebook,seconds,this_run,peak_rss_mib,threads,start_s,end_s,gflop,ratio_to_floor"]
         for p in sorted(Path(self.args.notebooks).glob("[0-9][0-9]_*.ipynb")):
             name = p.stem
@@ -657,8 +660,9 @@ class Runner:
                 sfile, pfile = self.out / f"{name}.seconds", self.out / f"{name}.peak_mib"
                 seconds = sfile.read_text().strip() if sfile.is_file() else old["seconds"]
                 peak = pfile.read_text().strip() if pfile.is_file() else old.get("peak_rss_mib") or "NA"
+                threads = (self.args.threads or "default") if name in matched else (old.get("threads") or "NA")
                 floor = notebook_floor(self.fig, name, seconds)
-                out.append(f"{name},{seconds},cached,{peak},{old.get('threads') or 'NA'},,,{floor[0]},{floor[1]}")
+                out.append(f"{name},{seconds},cached,{peak},{threads},,,{floor[0]},{floor[1]}")
         write_text(self.fig / "timings.csv", "\n".join(out) + "\n")
 
 

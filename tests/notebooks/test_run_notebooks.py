@@ -112,8 +112,13 @@ def test_runs_notebooks_two_at_a_time_with_fixed_threads(tmp_path, capsys):
     shutil.copytree(tmp_path / "out_kept", out)
 
     capsys.readouterr()
+    timings = fig / "m" / "timings.csv"  # a row left by an older run of another thread count
+    timings.write_text(timings.read_text().replace("01_a," + ",".join(kept["01_a"][1:5]), "01_a,999,cached,1,2"))
+    assert "01_a,999,cached,1,2" in timings.read_text()
     assert rn.main(args) == 0  # nothing changed: every notebook is skipped
     assert capsys.readouterr().out.count("is up to date") == 3
+    again = {r.split(",")[0]: r.split(",") for r in timings.read_text().splitlines()[1:]}
+    assert again["01_a"][2:5] == ["cached", rows[1].split(",")[3], "1"]  # its key holds this run's threads
     assert rn.main(args[:-1] + ["2"]) == 0  # another thread count is another key: all rerun
     assert capsys.readouterr().out.count("started") == 3
 
