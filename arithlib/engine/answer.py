@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from ..core.components import Hook
 from ..core.prompt_sets import PromptSet
 from .adapter import input_device, repeat_cache, select_cache_rows, truncate_cache
-from .passes import forward, prefix_cache
+from .passes import decoder_pass, forward, prefix_cache
 from .prefix import common_prefix
 
 #: Hooks for a batch, given the indices (in the runner's PromptSet) of its prompts.
@@ -323,15 +323,15 @@ class AnswerPositionRunner:
 
 def shared_prefix_cache(model, tokens: torch.Tensor):
     """KV cache of ``tokens`` [B, T] (bridge hooks active), computing the rows' common
-    prefix once at batch 1 and expanding it."""
+    prefix once at batch 1 and expanding it; decoder passes only (no logits)."""
     B, T = tokens.shape
     n = common_prefix(tokens.tolist()) if B > 1 else 0
     if n > 0:
         cache = prefix_cache(model, tokens[:1, :n], B)
         if n < T:
-            forward(model, tokens[:, n:], cache=cache, keep=1)
+            decoder_pass(model, tokens[:, n:], cache=cache)
         return cache
-    return forward(model, tokens, keep=1, keep_cache=True).cache
+    return decoder_pass(model, tokens)[1]
 
 
 def answer_pass(model, last: torch.Tensor, cache, n: int) -> torch.Tensor:

@@ -98,8 +98,10 @@ def last_position_logits(model, tokens: torch.Tensor) -> torch.Tensor:
 def prefix_cache(model, prefix: torch.Tensor, rows: int):
     """Keys and values of ``prefix`` [P, n] (one pass, bridge hooks active) with each of
     its rows repeated ``rows`` times in a row: rows ``p*rows .. (p+1)*rows - 1`` hold
-    prefix row ``p``. A one-row prefix so serves a batch of ``rows`` prompts."""
-    return repeat_rows_(forward(model, prefix, keep=1, keep_cache=True).cache, rows)
+    prefix row ``p``. A one-row prefix so serves a batch of ``rows`` prompts. The decoder
+    only (:func:`decoder_pass`): no logits are wanted, and unembedding even one position
+    reads the whole vocabulary matrix (``benchmarks/cache_pass.py``)."""
+    return repeat_rows_(decoder_pass(model, prefix)[1], rows)
 
 
 def greedy_tokens(model, tokens: torch.Tensor) -> Iterator[torch.Tensor]:

@@ -23,7 +23,7 @@ from .adapter import (
     output_cache,
     select_cache_rows,
 )
-from .passes import can_start_late, run_decoder
+from .passes import can_start_late, decoder_pass, run_decoder
 
 
 def hooks_attached(model) -> bool:
@@ -98,7 +98,7 @@ class PrefixRunner:
         for k in range(0, len(todo), self.batch_size):
             chunk = todo[k : k + self.batch_size]
             ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
-            layers = filled_cache_layers(output_cache(self.hf(ids, use_cache=True, logits_to_keep=1)))
+            layers = filled_cache_layers(decoder_pass(self.hf, ids)[1])  # the decoder only: no logits wanted
             for row, q in enumerate(chunk):
                 self._kv[q] = [(keys[row], values[row]) for keys, values in layers]
 

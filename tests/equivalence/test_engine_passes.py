@@ -56,6 +56,43 @@ def test_a_pass_on_a_shared_prefix_equals_the_full_pass(model, tokens):
     assert out.cache is cache  # extended in place
 
 
+def test_cache_passes_skip_the_unembedding_and_keep_the_full_passs_keys_values(tiny_qwen2, model, tokens):
+    """prefix_cache, shared_prefix_cache and the runner's prefix keys are decoder passes:
+    the unembedding never runs (it reads the whole vocabulary matrix for logits nobody
+    reads), and the keys and values are the old logit-computing pass's, bit for bit."""
+    hf = engine.hf_module(model)
+    calls: list[int] = []
+    handle = hf.get_output_embeddings().register_forward_hook(lambda *a: calls.append(1))
+    n = engine.common_prefix(tokens.tolist())
+    try:
+        with torch.no_grad():
+            got = adapter.filled_cache_layers(passes.prefix_cache(model, tokens[:1, :n], 1))
+            shared = adapter.filled_cache_layers(engine.shared_prefix_cache(model, tokens))
+            runner = prefix_plan.PrefixRunner(model, _some_prompts(tiny_qwen2), batch_size=4)
+            runner._prefix_kv([tuple(tokens[0, :n].tolist())])
+        assert calls == []
+        with torch.no_grad():
+            ref = adapter.filled_cache_layers(engine.forward(model, tokens[:1, :n], keep=1, keep_cache=True).cache)
+            full = adapter.filled_cache_layers(engine.forward(model, tokens, keep=1, keep_cache=True).cache)
+    finally:
+        handle.remove()
+    assert calls == [1, 1]  # the reference passes did unembed
+    for (k, v), (rk, rv) in zip(got, ref, strict=True):
+        assert torch.equal(k, rk) and torch.equal(v, rv)
+    kv = runner._kv[tuple(tokens[0, :n].tolist())]
+    for (k, v), (rk, rv) in zip(kv, ref, strict=True):
+        assert torch.equal(k, rk[0]) and torch.equal(v, rv[0])
+    for (k, v), (rk, rv) in zip(shared, full, strict=True):
+        torch.testing.assert_close(k, rk, rtol=0, atol=1e-5)  # the prefix ran once at batch 1
+        torch.testing.assert_close(v, rv, rtol=0, atol=1e-5)
+
+
+def _some_prompts(loaded) -> PromptSet:
+    import arithlib.methods.finetune_data as fd
+
+    return PromptSet.build(fd.yu_lora_data(n_train=0, n_test=12, seed=0, fewshot=2)["test"], loaded.tokenizer)
+
+
 def test_a_pass_from_block_l_equals_the_full_pass(model, tokens):
     """run_blocks from the stream entering block L (recorded by run_decoder) gives the
     decoder's output bit for bit; rows that join at a later block likewise."""

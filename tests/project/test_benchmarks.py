@@ -402,3 +402,13 @@ def test_top_merge_benchmark_counts_equal_on_small_shapes():
     out = tm.main(["--vocab", "8192", "--rows", "300", "--repeats", "1", "--no-append"])
     assert out["identical"] and out["speedup"] > 0
     assert torch.is_grad_enabled()
+
+
+def test_cache_pass_benchmark_on_a_random_model():
+    bc = _load("cache_pass")
+    rows = bc.main(
+        ["--model", "random-qwen2", "--prefix", "6", "--rest", "2", "--rows", "3", "--repeats", "1", "--no-append"]
+    )
+    assert [r["rows"] for r in rows] == [1, 3] and all(r["identical"] for r in rows)
+    assert all(0 < r["decoder_gflop"] < r["with_logits_gflop"] for r in rows)  # the unembedding is left out
+    assert torch.is_grad_enabled()
