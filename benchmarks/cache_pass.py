@@ -45,10 +45,6 @@ def _decoder_only(model, tokens: torch.Tensor, cache=None):
     return decoder_pass(model, tokens, cache=cache)[1]
 
 
-def _copy(cache, model):
-    return adapter.new_cache(hf_module(model).config, adapter.filled_cache_layers(cache))
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="registry name, local dir, or random-<arch> (tiny)")
@@ -81,9 +77,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> list[dict]:
             rest = torch.randint(vocab, (n, a.rest), generator=g)
 
             def on_prefix(f, rest=rest, n=n):
-                cache = _copy(base, model)
-                adapter.repeat_rows_(cache, n)
-                return f(model, rest, cache)
+                return f(model, rest, adapter.repeat_cache(hf_module(model).config, base, n))  # base stays as it was
 
             cases.append(("rest on the prefix", n, on_prefix))
         for what, n, run in cases:
