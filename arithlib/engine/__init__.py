@@ -32,6 +32,8 @@ methods' fast-versus-literal tests in ``tests/unit/``):
   and values, once per head; the exact head sweep (head_sweep);
 * :func:`rows_on_prefixes`: each distinct prefix, and the blocks below a change
   (:class:`LayerInputs`), with gradients; LoRA, precise SFT, pruning (finetune);
+* :func:`variant_passes`: weight variants that each change one block, stacked, each
+  joining the pass at its block from a recorded clean run; the LoRA models (lora);
 * :func:`greedy_tokens`: the growing sequence; word-problem accuracy (general_ability).
 
 Modules:
@@ -45,6 +47,7 @@ Modules:
 * :mod:`.recorded`: a clean run recorded (keys, values, every block's input) and the
   passes that resume from it at a position and a block (the patching fast path);
 * :mod:`.streams`: residual streams recorded per batch for later passes;
+* :mod:`.variants`: weight variants of one block each, run together from a clean run;
 * :mod:`.flops`: the floating-point operations a block of code dispatches, counted (a run's floor).
 
 Methods import from ``arithlib.engine`` only what ``__all__`` lists (the cache-level
@@ -92,6 +95,7 @@ from .recorded import (
     resume_rows,
 )
 from .streams import LayerInputs
+from .variants import check_variants, variant_passes
 
 __all__ = [
     "AnswerPositionRunner",
@@ -104,6 +108,7 @@ __all__ = [
     "cache_of",
     "can_start_late",
     "capture_hooks",
+    "check_variants",
     "clean_param_name",
     "clean_run",
     "common_prefix",
@@ -136,5 +141,6 @@ __all__ = [
     "shared_prefix_cache",
     "shared_prefix_logits",
     "stacked_hooks",
+    "variant_passes",
     "wrapped",
 ]

@@ -22,12 +22,15 @@ from ..core.evaluate import continues_number
 from ..core.prompt_sets import PromptSet
 from ..engine import (
     answer_pass,
+    check_variants,
+    clean_run,
     common_prefix,
     condition_pass,
     input_device,
     shared_prefix_cache,
     shared_prefix_logits,
     stacked_hooks,
+    variant_passes,
 )
 from .ablation import is_position_invariant
 
@@ -226,6 +229,97 @@ def run_last_position(
         progress=progress,
         desc=desc,
     )["run"]
+
+
+@torch.no_grad()
+def run_weight_variants(
+    model,
+    prompts: PromptSet,
+    variants: Mapping[str, tuple[int, Mapping[str, torch.Tensor]]],
+    base: LastPosition,
+    *,
+    capture: Sequence[str] = ("resid_mid", "coef"),
+    batch_size: int = 64,
+    max_rows: int = 1024,
+    progress: bool = False,
+    desc: str = "weight variants",
+) -> dict[str, LastPosition]:
+    """:func:`run_last_position` of each weight variant of ``model`` (name -> (block,
+    weights): new weights of linear layers in that one block, e.g. a LoRA model's merged
+    attention projections), all variants of a batch in one pass that each joins at its
+    block from a clean run of the original (:func:`arithlib.engine.variant_passes`),
+    up to ``max_rows`` rows per pass. Below its block a variant computes what the
+    original does, so its captured activations there are ``base``'s (the original's
+    :func:`run_last_position` on ``prompts``, same ``capture``): the same numbers as a
+    full run per variant with its weights swapped in (tested)."""
+    targets = base.targets
+    n_layers = int(model.cfg.n_layers)
+    order = sorted(variants, key=lambda name: int(variants[name][0]))  # by block, stable
+    check_variants(model, [variants[name] for name in order])
+    what = set(capture)
+    N = len(prompts)
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for name in order:
+        fields = {"pred": torch.empty(N, dtype=torch.long), "logprob": torch.empty(N)}
+        if "resid_mid" in what:
+            fields["resid_mid"] = base.resid_mid.clone()
+            fields["final_resid"] = torch.empty_like(base.final_resid)
+        if "coef" in what:
+            fields["coef"] = base.coef.clone()
+        out[name] = fields
+    device = input_device(model)
+    for batch in tqdm(
+        list(prompts.batches(batch_size, device, by_prefix=True)), desc=desc, disable=not progress, leave=False
+    ):
+        B = batch.tokens.shape[0]
+        run = clean_run(model, batch.tokens)
+        t = targets[batch.index]
+        per_pass = max(1, max_rows // B)
+        for c0 in range(0, len(order), per_pass):
+            chunk = order[c0 : c0 + per_pass]
+            store: dict = {}
+
+            def save(key):
+                def fn(act, hook):
+                    store[key] = act[:, -1].detach().float().cpu()
+                    return act
+
+                return fn
+
+            hooks = []
+            for layer in range(n_layers):
+                if "resid_mid" in what:
+                    hooks += [(f"blocks.{layer}.hook_resid_pre", save(("pre", layer)))]
+                    hooks += [(f"blocks.{layer}.hook_attn_out", save(("attn", layer)))]
+                if "coef" in what:
+                    hooks += [(f"blocks.{layer}.mlp.hook_post", save(("coef", layer)))]
+            if "resid_mid" in what:
+                hooks += [(f"blocks.{n_layers - 1}.hook_resid_post", save(("final",)))]
+            logits = variant_passes(model, run, [variants[name] for name in chunk], hooks).float().cpu()
+            logprob = logits.log_softmax(-1).gather(1, t.repeat(len(chunk))[:, None])[:, 0]
+            pred = logits.argmax(-1)
+            for j, name in enumerate(chunk):
+                rows, f = slice(j * B, (j + 1) * B), out[name]
+                f["pred"][batch.index] = pred[rows]
+                f["logprob"][batch.index] = logprob[rows]
+                for layer in range(int(variants[name][0]), n_layers):
+                    if "resid_mid" in what:
+                        f["resid_mid"][batch.index, layer] = store[("pre", layer)][rows] + store[("attn", layer)][rows]
+                    if "coef" in what:
+                        f["coef"][batch.index, layer] = store[("coef", layer)][rows]
+                if "resid_mid" in what:
+                    f["final_resid"][batch.index] = store[("final",)][rows]
+    return {
+        name: LastPosition(
+            targets=targets,
+            pred=out[name]["pred"],
+            logprob=out[name]["logprob"],
+            resid_mid=out[name].get("resid_mid"),
+            coef=out[name].get("coef"),
+            final_resid=out[name].get("final_resid"),
+        )
+        for name in variants
+    }
 
 
 @torch.no_grad()

@@ -40,6 +40,24 @@ def _beta(norm: FinalNorm, W_U: torch.Tensor, b_U: torch.Tensor) -> torch.Tensor
     return b_U + norm.bias @ W_U if norm.bias is not None else b_U
 
 
+class _Scratch:
+    """Reusable blocks for the logits chunks of :func:`layer_stats` and :func:`exact_importance`: one flat buffer
+    per slot, grown when needed, viewed at each chunk's shape. Allocating a fresh block
+    per chunk (tens of MB, each mapped and zeroed anew by the OS) took several times
+    longer than the arithmetic on it; the values are the same."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = device
+        self.flat: dict[int, torch.Tensor] = {}
+
+    def get(self, slot: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape)
+        buf = self.flat.get(slot)
+        if buf is None or buf.numel() < n or buf.dtype != dtype:
+            buf = self.flat[slot] = torch.empty(n, device=self.device, dtype=dtype)
+        return buf[:n].view(shape)
+
+
 @dataclass
 class LayerStats:
     """Per-row baseline quantities of one layer: sigma0 (norm scale of r), A_w (target
@@ -61,10 +79,19 @@ def layer_stats(
     b_U: torch.Tensor,
     vocab_chunk: int = VOCAB_CHUNK,
     scale: torch.Tensor | None = None,
+    element_block: int = ELEMENT_BLOCK,
 ) -> tuple[LayerStats, torch.Tensor]:
     """Baseline statistics of rows ``resid`` [R, d] (one pass over the vocabulary with an
     online softmax) and log p(target | resid) [R]. ``scale`` [R]: the fixed norm scale of
-    each row ("final" reading); None: each row's own RMS ("own")."""
+    each row ("final" reading); None: each row's own RMS ("own").
+
+    Per vocabulary chunk: logits ``z = (g r) W_U[:, c] / sigma0 + beta``, running max ``m``,
+    ``e = exp(z - m)``, and the running sums ``s = sum e``, ``pA = sum e A`` and
+    ``q = e W_U[:, c]^T``, each rescaled by ``exp(m_old - m)``. The products take every row
+    at once; the element-wise passes run on reused buffers, ``element_block`` values
+    (:data:`ELEMENT_BLOCK`) of rows at a time, so they stay in the caches and no fresh
+    block is mapped per operation: each value is computed by the same operations as
+    with whole fresh tensors, bit for bit (tested against that literal form)."""
     r = _centre(resid.float(), norm)
     d = r.shape[-1]
     gr = r * norm.weight
@@ -75,16 +102,31 @@ def layer_stats(
     s = torch.zeros(R, device=r.device)
     pA = torch.zeros(R, device=r.device)
     q = torch.zeros(R, d, device=r.device)
+    scratch = _Scratch(r.device)
+    inv = sigma0[:, None]
     for v0 in range(0, W_U.shape[1], vocab_chunk):
         Wc = W_U[:, v0 : v0 + vocab_chunk]
-        A = gr @ Wc
-        z = A / sigma0[:, None] + beta[v0 : v0 + vocab_chunk]
-        m_new = torch.maximum(m, z.max(-1).values)
+        C = Wc.shape[1]
+        A = torch.mm(gr, Wc, out=scratch.get(0, (R, C), gr.dtype))
+        e = scratch.get(1, (R, C), gr.dtype)  # z, then exp(z - m_new) in place
+        bc = beta[v0 : v0 + vocab_chunk]
+        zmax, esum, eAsum = (torch.empty(R, device=r.device) for _ in range(3))
+        rows = max(1, element_block // max(C, 1))
+        for r0 in range(0, R, rows):
+            sl = slice(r0, r0 + rows)
+            torch.div(A[sl], inv[sl], out=e[sl]).add_(bc)
+            torch.amax(e[sl], -1, out=zmax[sl])
+        m_new = torch.maximum(m, zmax)
         carry = torch.exp(m - m_new)  # the online softmax's rescaling of the sums so far
-        e = torch.exp(z - m_new[:, None])
-        s = s * carry + e.sum(-1)
-        pA = pA * carry + (e * A).sum(-1)
-        q = q * carry[:, None] + e @ Wc.T
+        for r0 in range(0, R, rows):
+            sl = slice(r0, r0 + rows)
+            blk = e[sl].sub_(m_new[sl, None]).exp_()
+            torch.sum(blk, -1, out=esum[sl])
+            eA = scratch.get(2, tuple(blk.shape), blk.dtype)
+            torch.sum(torch.mul(blk, A[sl], out=eA), -1, out=eAsum[sl])
+        s = s * carry + esum
+        pA = pA * carry + eAsum
+        q.mul_(carry[:, None]).add_(torch.mm(e, Wc.T, out=scratch.get(3, (R, d), gr.dtype)))
         m = m_new
     pA, q = pA / s, q / s[:, None]
     lse0 = m + torch.log(s)
@@ -172,24 +214,6 @@ def first_order_importance(
     w_cols = W_U[:, targets.to(W_U.device)].T  # [R, d]
     term_v = (w_cols - stats.q) @ gv.T  # [R, K]
     return (stats.A_w - stats.pA)[:, None] * (1 / sigma - 1 / stats.sigma0[:, None]) + coef.float() * term_v / sigma
-
-
-class _Scratch:
-    """Reusable blocks for the logits chunks of :func:`exact_importance`: one flat buffer
-    per slot, grown when needed, viewed at each chunk's shape. Allocating a fresh block
-    per chunk (tens of MB, each mapped and zeroed anew by the OS) took several times
-    longer than the arithmetic on it; the values are the same."""
-
-    def __init__(self, device: torch.device | str):
-        self.device = device
-        self.flat: dict[int, torch.Tensor] = {}
-
-    def get(self, slot: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        n = math.prod(shape)
-        buf = self.flat.get(slot)
-        if buf is None or buf.numel() < n or buf.dtype != dtype:
-            buf = self.flat[slot] = torch.empty(n, device=self.device, dtype=dtype)
-        return buf[:n].view(shape)
 
 
 def exact_importance(

@@ -24,8 +24,8 @@ from ..core import datasets as ds
 from ..core.components import Neuron
 from ..core.papers import YU_BANDS_32, YU_LR_GRID, YU_REFERENCE_LAYER_FRACTION
 from ..core.prompt_sets import PromptSet
-from ..engine import LayerInputs, clean_param_name, shared_hf_model
-from ..methods.answer_runs import LastPosition
+from ..engine import LayerInputs, clean_param_name, resumable, shared_hf_model
+from ..methods.answer_runs import LastPosition, run_weight_variants
 from ..methods.finetune import (
     FineTuned,
     Trainable,
@@ -422,6 +422,26 @@ def _last_position_run(bridge, prompts: PromptSet, weights, batch_size: int):
         return run_last_position(bridge, prompts, None, capture=("resid_mid", "coef"), batch_size=batch_size)
 
 
+def _changed_block(weights: Mapping[str, torch.Tensor]) -> int | None:
+    """The one decoder block all of ``weights`` lie in, or None (several, or none)."""
+    blocks = {m.group(1) for m in (re.match(r"model\.layers\.(\d+)\.", n) for n in weights) if m}
+    if len(blocks) != 1 or any(not n.startswith("model.layers.") for n in weights):
+        return None
+    return int(blocks.pop())
+
+
+def _model_runs(bridge, cases: PromptSet, models, run_orig: LastPosition, batch_size: int) -> dict:
+    """Each model's answer-position run on ``cases``: the models that change one block
+    (a LoRA model of one layer) together, each joining at its block from the original's
+    stream (:func:`arithlib.methods.answer_runs.run_weight_variants`), the others one full
+    run each; the same numbers either way (tested)."""
+    blocks = {name: _changed_block(w) for name, w in models.items()} if resumable(bridge) else {}
+    one_block = {name: (blocks[name], models[name]) for name in models if blocks.get(name) is not None}
+    runs = run_weight_variants(bridge, cases, one_block, run_orig, batch_size=batch_size) if one_block else {}
+    runs |= {name: _last_position_run(bridge, cases, w, batch_size) for name, w in models.items() if name not in runs}
+    return {name: runs[name] for name in models}
+
+
 #: Elements of one importance tensor [models, cases, layers, d_mlp] in :func:`lora_cna`'s joint
 #: calls (float32: 512 MiB); more models than fit are scored in groups.
 _IMPORTANCE_ELEMS = 2**27
@@ -486,7 +506,7 @@ def lora_cna(
     )["importance"][0]
     rows, details = [], {"original": {"run": run_orig, "importance": orig_imp}, "layers": layers}
     per_case: list[dict] = []
-    model_runs = {name: _last_position_run(bridge, cases, w, batch_size) for name, w in models.items()}
+    model_runs = _model_runs(bridge, cases, models, run_orig, batch_size)
     joint = joint_importance(
         bridge,
         model_runs,

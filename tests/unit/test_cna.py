@@ -221,6 +221,55 @@ def test_first_order_is_close_for_small_coefficients(qwen):
     assert torch.allclose(loop_base, torch.zeros_like(loop_base), atol=1e-6)
 
 
+def _layer_stats_literal(resid, targets, norm, W_U, b_U, vocab_chunk, scale=None):
+    """layer_stats as first written: every element-wise step a fresh whole tensor."""
+    r = CI._centre(resid.float(), norm)
+    d = r.shape[-1]
+    gr = r * norm.weight
+    sigma0 = torch.sqrt(r.pow(2).sum(-1) / d + norm.eps) if scale is None else scale.float()
+    beta = CI._beta(norm, W_U, b_U)
+    R = r.shape[0]
+    m = torch.full((R,), -torch.inf)
+    s, pA, q = torch.zeros(R), torch.zeros(R), torch.zeros(R, d)
+    for v0 in range(0, W_U.shape[1], vocab_chunk):
+        Wc = W_U[:, v0 : v0 + vocab_chunk]
+        A = gr @ Wc
+        z = A / sigma0[:, None] + beta[v0 : v0 + vocab_chunk]
+        m_new = torch.maximum(m, z.max(-1).values)
+        carry = torch.exp(m - m_new)
+        e = torch.exp(z - m_new[:, None])
+        s = s * carry + e.sum(-1)
+        pA = pA * carry + (e * A).sum(-1)
+        q = q * carry[:, None] + e @ Wc.T
+        m = m_new
+    pA, q = pA / s, q / s[:, None]
+    lse0 = m + torch.log(s)
+    A_w = (gr * W_U[:, targets].T).sum(-1)
+    return CI.LayerStats(sigma0, A_w, lse0, pA, q), A_w / sigma0 + beta[targets] - lse0
+
+
+@pytest.mark.parametrize("with_scale", [False, True])
+@pytest.mark.parametrize("element_block", [1, 7 * 300, CI.ELEMENT_BLOCK])
+def test_layer_stats_equal_the_literal_form_bit_for_bit(qwen, with_scale, element_block):
+    """The element-wise passes on reused buffers, a block of rows at a time (one row, a few,
+    all), compute each statistic by the same operations as whole fresh tensors: equal bit
+    for bit, the vocabulary's last, shorter chunk included."""
+    b = qwen.bridge
+    ps = _prompts(qwen)
+    run = AR.run_last_position(b, ps)
+    norm, (W_U, b_U) = final_norm(b), unembedding(b)
+    t = ps.first_answer_ids
+    r = torch.cat([run.resid_mid[:, layer] for layer in range(qwen.info.n_layers)])  # rows of every layer
+    tt = t.repeat(qwen.info.n_layers)
+    scale = CN.final_scale(run.final_resid, norm).repeat(qwen.info.n_layers) if with_scale else None
+    assert W_U.shape[1] % 300 != 0
+    got, got_base = CI.layer_stats(r, tt, norm, W_U, b_U, vocab_chunk=300, scale=scale, element_block=element_block)
+    ref, ref_base = _layer_stats_literal(r, tt, norm, W_U, b_U, 300, scale)
+    for name in ("sigma0", "A_w", "lse0", "pA", "q"):
+        assert torch.equal(getattr(got, name), getattr(ref, name)), name
+    assert torch.equal(got_base, ref_base)
+
+
 @pytest.mark.parametrize("with_scale", [False, True])
 def test_stacked_layer_stats_equal_each_layers_own(qwen, with_scale):
     """Several layers' rows in one vocabulary pass (in groups of any size) give each
