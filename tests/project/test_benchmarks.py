@@ -371,6 +371,14 @@ def test_lora_cna_benchmark_on_a_random_model():
     assert torch.is_grad_enabled()
 
 
+def test_weight_variants_benchmark_on_a_random_model():
+    bw = _load("weight_variants")
+    row = bw.main(["--model", "random-qwen2", "--models", "3", "--cases", "6", "--no-append"])
+    assert row["max_abs_diff"] < 1e-5 and row["literal_s"] > 0 and row["stacked_s"] > 0
+    assert row["stacked_gflop"] > 0 and row["literal_gflop"] > 0  # (a 2-block model saves no blocks)
+    assert torch.is_grad_enabled()
+
+
 def test_vocab_chunk_benchmark_on_a_random_model():
     bv = _load("vocab_chunk")
     row = bv.main(["--model", "random-qwen2", "--rows", "4", "--columns", "2048", "--repeats", "1", "--no-append"])
