@@ -277,27 +277,11 @@ def run_weight_variants(
         per_pass = max(1, max_rows // B)
         for c0 in range(0, len(order), per_pass):
             chunk = order[c0 : c0 + per_pass]
-            store: dict = {}
-
-            def save(key):
-                def fn(act, hook):
-                    store[key] = act[:, -1].detach().float().cpu()
-                    return act
-
-                return fn
-
-            hooks = []
-            for layer in range(n_layers):
-                if "resid_mid" in what:
-                    hooks += [(f"blocks.{layer}.hook_resid_pre", save(("pre", layer)))]
-                    hooks += [(f"blocks.{layer}.hook_attn_out", save(("attn", layer)))]
-                if "coef" in what:
-                    hooks += [(f"blocks.{layer}.mlp.hook_post", save(("coef", layer)))]
-            if "resid_mid" in what:
-                hooks += [(f"blocks.{n_layers - 1}.hook_resid_post", save(("final",)))]
-            logits = variant_passes(model, run, [variants[name] for name in chunk], hooks).float().cpu()
+            cap = _Capture(n_layers, capture)  # the activations of the rows present at each block
+            logits = variant_passes(model, run, [variants[name] for name in chunk], cap.hooks()).float().cpu()
             logprob = logits.log_softmax(-1).gather(1, t.repeat(len(chunk))[:, None])[:, 0]
             pred = logits.argmax(-1)
+            store = {key: value.cpu() for key, value in cap.store.items()}
             for j, name in enumerate(chunk):
                 rows, f = slice(j * B, (j + 1) * B), out[name]
                 f["pred"][batch.index] = pred[rows]
