@@ -43,7 +43,7 @@ from .recorded import CleanRun
 
 #: A variant: the block it changes and its new weights (clean HF parameter names of
 #: linear layers in that block: ``model.layers.L.self_attn.q_proj.weight``, biases too).
-Variant = tuple[int, Mapping[str, torch.Tensor]]
+WeightVariant = tuple[int, Mapping[str, torch.Tensor]]
 
 
 def _linear_modules(hf) -> dict[str, torch.nn.Linear]:
@@ -53,7 +53,7 @@ def _linear_modules(hf) -> dict[str, torch.nn.Linear]:
     }
 
 
-def check_variants(model, variants: Sequence[Variant]) -> None:
+def check_variants(model, variants: Sequence[WeightVariant]) -> None:
     """A ValueError unless every variant's weights are linear layers' weights or biases
     in its own block, with their shapes, and the blocks are non-decreasing."""
     hf = hf_module(model)
@@ -78,7 +78,7 @@ def check_variants(model, variants: Sequence[Variant]) -> None:
 
 
 @contextmanager
-def _own_weights(hf, variants: Sequence[Variant], rows_per: int) -> Iterator[None]:
+def _own_weights(hf, variants: Sequence[WeightVariant], rows_per: int) -> Iterator[None]:
     """Forward hooks on the changed linear layers: variant ``j``'s rows
     (``j * rows_per .. (j + 1) * rows_per - 1`` of the pass) of each output recomputed with
     its weights. A block's hook only sees the variants present there, which lead the pass."""
@@ -113,13 +113,13 @@ def _own_weights(hf, variants: Sequence[Variant], rows_per: int) -> Iterator[Non
             h.remove()
 
 
-def _present(variants: Sequence[Variant], n_layers: int) -> list[int]:
+def _present(variants: Sequence[WeightVariant], n_layers: int) -> list[int]:
     """Variants in the pass at each block: those whose block is at or below it."""
     layers = [int(l) for l, _ in variants]
     return [bisect_right(layers, l) for l in range(n_layers)]
 
 
-def variant_prefix_cache(model, run: CleanRun, prefix: int, variants: Sequence[Variant]):
+def variant_prefix_cache(model, run: CleanRun, prefix: int, variants: Sequence[WeightVariant]):
     """Each variant's keys and values of the clean run's first ``prefix`` positions (common
     to every row of ``run``): one row per variant joining at its block from row 0's
     recorded stream; layer ``l`` of the cache holds the variants present there, in order."""
@@ -144,7 +144,7 @@ def variant_prefix_cache(model, run: CleanRun, prefix: int, variants: Sequence[V
 
 @torch.no_grad()
 def variant_passes(
-    model, run: CleanRun, variants: Sequence[Variant], hooks: Sequence[Hook] = (), share_prefix: bool = True
+    model, run: CleanRun, variants: Sequence[WeightVariant], hooks: Sequence[Hook] = (), share_prefix: bool = True
 ) -> torch.Tensor:
     """Logits at the last position, [len(variants) * B, vocab] (variant-major), of every variant run on ``run``'s prompts (a :func:`clean_run` of the
     original model: its recorded stream and tokens). ``hooks`` (bridge hooks) act in the
