@@ -27,7 +27,15 @@ from tqdm.auto import tqdm
 
 from ..core.components import Hook
 from ..core.prompt_sets import PromptSet
-from .adapter import input_device, repeat_cache, select_cache_rows, truncate_cache
+from .adapter import (
+    cache_layers,
+    input_device,
+    new_cache,
+    repeat_cache,
+    repeat_rows_,
+    select_cache_rows,
+    truncate_cache,
+)
 from .passes import decoder_pass, forward, prefix_cache
 from .prefix import common_prefix
 
@@ -105,7 +113,8 @@ class AnswerPositionRunner:
 
     At construction every same-length batch's prefix (all tokens but the last) is run
     once and its key/value cache kept (the tokens every row of the batch shares, such as
-    a few-shot prefix, at batch 1: :func:`shared_prefix_cache`); each later pass feeds only the last token
+    a few-shot prefix, at batch 1: :func:`shared_prefix_cache`, once per distinct shared
+    prefix for all the batches that start with it); each later pass feeds only the last token
     through the HF model, whose bridge hook points fire as in a full pass (hooks see
     ``[B, 1, ...]`` activations). The cache is cropped back after every pass. With
     ``record`` (hook names) the clean pass is run once at construction and its
@@ -133,13 +142,14 @@ class AnswerPositionRunner:
             return
         device = input_device(model)
         self._batches: list[tuple[torch.Tensor, object, torch.Tensor, int]] = []
+        computed: dict[tuple[int, ...], list] = {}  # a shared prefix's batch-1 keys and values
         with torch.no_grad():
             for batch in tqdm(
                 list(prompts.batches(batch_size, device)), desc="prefix cache", disable=not progress, leave=False
             ):
                 past, prefix_len = None, batch.tokens.shape[1] - 1
                 if prefix_len > 0:  # the rows' common prefix (a few-shot prefix) once, at batch 1
-                    past = shared_prefix_cache(model, batch.tokens[:, :-1])
+                    past = shared_prefix_cache(model, batch.tokens[:, :-1], computed)
                 self._batches.append((batch.index, past, batch.tokens[:, -1:], prefix_len))
         if record:
             self.clean = self.collect(record)
@@ -321,13 +331,26 @@ class AnswerPositionRunner:
         return out
 
 
-def shared_prefix_cache(model, tokens: torch.Tensor):
+def shared_prefix_cache(model, tokens: torch.Tensor, computed: dict[tuple[int, ...], list] | None = None):
     """KV cache of ``tokens`` [B, T] (bridge hooks active), computing the rows' common
-    prefix once at batch 1 and expanding it; decoder passes only (no logits)."""
+    prefix once at batch 1 and expanding it; decoder passes only (no logits).
+    ``computed``: the batch-1 keys and values of the common prefixes met so far (prefix
+    tokens -> :func:`cache_layers`), filled and reused, so that batches starting with the
+    same tokens (a few-shot prefix and the query's first tokens) run it once between them:
+    a batch-1 pass reads every weight for a dozen tokens, so its cost is the weights'
+    reading, whatever its length. The same values as running it per batch (the same
+    pass on the same tokens); the hooks must be the same for every batch sharing ``computed``."""
     B, T = tokens.shape
     n = common_prefix(tokens.tolist()) if B > 1 else 0
     if n > 0:
-        cache = prefix_cache(model, tokens[:1, :n], B)
+        if computed is None:
+            cache = prefix_cache(model, tokens[:1, :n], B)
+        else:
+            key = tuple(tokens[0, :n].tolist())
+            if key not in computed:
+                computed[key] = cache_layers(decoder_pass(model, tokens[:1, :n])[1])
+            # B > 1: repeating the rows copies them, so later passes never write into computed's tensors
+            cache = repeat_rows_(new_cache(model, computed[key]), B)
         if n < T:
             decoder_pass(model, tokens[:, n:], cache=cache)
         return cache

@@ -213,3 +213,35 @@ def _last(fn):
         return act
 
     return last
+
+
+def test_the_answer_position_runner_runs_each_shared_prefix_once(tiny_qwen2, model, monkeypatch):
+    """Batches that start with the same tokens (the few-shot prefix) share one batch-1
+    pass of them; their keys and values are those of a pass per batch, bit for bit."""
+    from arithlib.nikankin.heuristic_grids import grid_records
+
+    ps = PromptSet.build(grid_records("+", (10, 17), fewshot=2), tiny_qwen2.tokenizer)  # one few-shot prefix
+    batches = list(ps.batches(4, "cpu"))
+    shared = [tuple(b.tokens[0, : engine.common_prefix(b.tokens[:, :-1].tolist())].tolist()) for b in batches]
+    shared = [q for q, b in zip(shared, batches) if q and len(b.tokens) > 1]  # the batches with a shared prefix
+    assert len(set(shared)) < len(shared)  # the check needs batches that share a prefix
+    rows: list[int] = []
+    real = passes.decoder_pass
+
+    def counted(m, toks, **kw):
+        rows.append(toks.shape[0])
+        return real(m, toks, **kw)
+
+    monkeypatch.setattr(engine.answer, "decoder_pass", counted)
+    monkeypatch.setattr(passes, "decoder_pass", counted)  # prefix_cache's
+    runner = engine.AnswerPositionRunner(model, ps, batch_size=4)
+    assert rows.count(1) == len(set(shared))  # one per distinct prefix, not one per batch
+    monkeypatch.setattr(engine.answer, "decoder_pass", real)
+    monkeypatch.setattr(passes, "decoder_pass", real)
+    with torch.no_grad():
+        for (index, past, last, n), batch in zip(runner._batches, batches, strict=True):
+            alone = engine.shared_prefix_cache(model, batch.tokens[:, :-1])  # its own batch-1 pass
+            for (k, v), (rk, rv) in zip(
+                adapter.filled_cache_layers(past), adapter.filled_cache_layers(alone), strict=True
+            ):
+                assert torch.equal(k, rk) and torch.equal(v, rv)

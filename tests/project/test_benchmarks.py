@@ -420,3 +420,12 @@ def test_cache_pass_benchmark_on_a_random_model():
     assert [r["rows"] for r in rows] == [1, 3] and all(r["identical"] for r in rows)
     assert all(0 < r["decoder_gflop"] < r["with_logits_gflop"] for r in rows)  # the unembedding is left out
     assert torch.is_grad_enabled()
+
+
+def test_runner_prefix_benchmark_on_a_random_model():
+    br = _load("runner_prefix")
+    (row,) = br.main(
+        ["--model", "random-qwen2", "--prompts", "40", "--batch-size", "4", "--repeats", "1", "--no-append"]
+    )
+    assert row["identical"] and row["distinct"] < row["batches"]
+    assert 0 < row["per_prefix_gflop"] < row["per_batch_gflop"]  # fewer batch-1 passes
