@@ -9,7 +9,7 @@ whose first change is above), and a later run whose model equals the original be
 layer L starts at the highest recorded layer <= L instead of at the embeddings.
 
 Why not TransformerLens: the passes here are :func:`arithlib.methods.answer_loss.teacher_forced_logits`'s,
-on the bare HF decoder with a KV cache shared between few-shot prefixes and rows; a
+on the bare HF decoder with few-shot prefixes and rows packed into one sequence; a
 resumed pass loops over the decoder blocks as the decoder's own forward does (same
 mask, rotary embeddings and block calls), so it equals the full pass bit for bit when
 given the batch's recorded input (tested). Only Llama-style decoders without active

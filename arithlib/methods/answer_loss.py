@@ -30,7 +30,7 @@ from .finetune_data import _prefix_key, answer_batches
 def _row_prefix_lengths(
     prompts: PromptSet, index: Sequence[int], seqs: Sequence[Sequence[int]], starts: Sequence[int]
 ) -> list[int]:
-    """Tokens of each row run in the prefix pass of :func:`teacher_forced_logits`: rows of one
+    """Tokens of each row shared as a prefix in :func:`teacher_forced_logits`: rows of one
     few-shot prefix group (:func:`_prefix_key`) share the tokens common to all of them;
     a row alone in its group runs its whole prompt but the last token there. Never past
     a row's ``start`` (the position predicting its first answer token)."""
@@ -59,14 +59,14 @@ def teacher_forced_logits(
     ``extra=1``, the token after the answer). Returns ``(logits [B, A, vocab] float32,
     mask [B, A] bool)``, A = longest answer + extra. Differentiable.
 
-    With ``share_prefix`` the rows run in two passes
-    (:func:`arithlib.engine.rows_on_prefixes`): first the distinct prefixes
-    (:func:`_row_prefix_lengths`: a few-shot group's common tokens, once per group),
-    right-padded into one batch; then every row's remaining tokens on top of its
-    prefix's keys and values (gathered per row; padded keys masked out, positions
-    those of the unpadded text). A batch that spans several groups thus computes each
-    group's prefix once instead of every row's whole prompt. Only the answer positions
-    are unembedded. Equal to one plain forward per row up to float rounding (tested).
+    With ``share_prefix`` the rows run packed (:func:`arithlib.engine.rows_on_prefixes`):
+    the distinct prefixes (:func:`_row_prefix_lengths`: a few-shot group's common tokens,
+    once per group) and every row's remaining tokens in one sequence, without padding,
+    each row's tokens attending to its prefix and to themselves, at the positions of the
+    unpadded text. A batch that spans several groups thus computes each group's prefix
+    once instead of every row's whole prompt, and the prefixes' tokens join the rows' in
+    every matrix product. Only the answer positions are unembedded. Equal to one plain
+    forward per row up to float rounding (tested).
 
     ``inputs`` (:class:`arithlib.engine.LayerInputs` of this prompt set) with
     ``same_below`` = L, the first block in which ``model`` differs from the reference

@@ -25,12 +25,12 @@ Design
   bridge is wanted.
 * **Loss on the answer tokens only**, teacher-forced ("3-5=" -> "-2": every answer token
   given its predecessors). Batches keep few-shot prefix groups (same operator and
-  template) together; each group's shared prefix is run once per batch and its keys and
-  values are gathered for its rows (:func:`teacher_forced_logits`; gradients flow through
-  them), so a batch spanning several small groups still computes each prefix once; the
-  rest of every row is right-padded (padding masked out, positions those of the
-  unpadded text); logits are computed only at the answer positions. Tested equal to a
-  plain full forward.
+  template) together; each group's shared prefix runs once per batch, packed with the
+  rows' remaining tokens into one sequence whose mask lets each row see only its prefix
+  and itself (:func:`teacher_forced_logits`; gradients flow through the prefix), so a
+  batch spanning several small groups still computes each prefix once and no token is
+  padding; logits are computed only at the answer positions. Tested equal to a plain
+  full forward.
 * **Accuracy** is the teacher-forced version of greedy decoding: every answer token is
   the argmax after its predecessors and the next token does not continue the number
   (the same verdict as ``evaluate.evaluate``'s ``correct_full``).
@@ -439,8 +439,10 @@ def cached_training(
 
 #: Version of the training code in every cache key: 3 = AdamW's fused kernel (rounds
 #: differently from format 2's single-tensor loop); 4 = batches of the same prompts in
-#: every epoch, reordered per epoch (:func:`epoch_batches`).
-TRAINING_CACHE_FORMAT = 4
+#: every epoch, reordered per epoch (:func:`epoch_batches`); 5 = the batch's prefixes and
+#: rows packed into one pass (:func:`arithlib.engine.rows_on_prefixes`; rounds differently
+#: from format 4's prefix pass and rows on its gathered keys and values).
+TRAINING_CACHE_FORMAT = 5
 
 
 def training_key(model, method: str, train_set: PromptSet, val_set: PromptSet | None, config: TrainConfig) -> dict:

@@ -66,7 +66,7 @@ def test_evaluate_weights_uses_the_first_changed_layer(tiny_qwen2, test_set, mon
     recorded = len(inputs["test"])
     assert recorded > 0
     starts = []
-    real = engine_prefix.run_decoder  # the two-pass run of teacher_forced_logits (rows_on_prefixes)
+    real = engine_prefix.run_decoder  # the packed runs of teacher_forced_logits (rows_on_prefixes)
 
     def spy(*a, **kw):
         starts.append(kw.get("start", 0))
@@ -212,3 +212,38 @@ def test_lora_epochs_reuse_one_recording_and_equal_full_passes(arch):
     for other in (late, recording):
         assert other.history["loss"].equals(full.history["loss"])
         assert all(torch.equal(other.weights[n], full.weights[n]) for n in full.weights)
+
+
+@pytest.mark.parametrize("packing", ["row by row", "a few rows", "all rows"])
+def test_packed_rows_equal_one_plain_pass_each_and_start_late_bit_for_bit(tiny_qwen2, test_set, packing):
+    """rows_on_prefixes in one pack, in several (each distinct prefix once per pack) and
+    one row per pack: every row's states equal its own plain forward pass; a pass that
+    starts at block 1 from the recorded packs equals the full packed pass bit for bit."""
+    hf = ft.shared_hf_model(tiny_qwen2.bridge)
+    index = max(fd.answer_batches(test_set, 12), key=len)
+    seqs = [test_set.input_ids[i] + test_set.answer_ids[i] for i in index]
+    starts = [len(test_set.input_ids[i]) - 1 for i in index]
+    plen = al._row_prefix_lengths(test_set, index, seqs, starts)
+    assert any(plen) and len({tuple(s[:p]) for s, p in zip(seqs, plen)}) < len(index)  # shared prefixes
+    max_tokens = {"row by row": 1, "a few rows": 3 * max(map(len, seqs)), "all rows": engine_prefix.PACK_TOKENS}[
+        packing
+    ]
+    packs = engine_prefix._pack_groups(seqs, plen, max_tokens)
+    assert [r for g in packs for r in g] == list(range(len(index)))
+    assert {"row by row": len(packs) == len(index), "a few rows": 1 < len(packs) < len(index)}.get(
+        packing, len(packs) == 1
+    )
+    inputs = LayerInputs([1])
+    with torch.no_grad():
+        hidden = engine_prefix.rows_on_prefixes(
+            hf, seqs, plen, inputs=inputs, key="k", same_below=1, max_tokens=max_tokens
+        )
+        for r, (s, p) in enumerate(zip(seqs, plen)):
+            ref = hf.model(torch.tensor([s])).last_hidden_state[0, p:]
+            torch.testing.assert_close(hidden[r, : len(s) - p], ref, rtol=0, atol=1e-5)
+        with mw.use_weights(hf, changed(hf, 1)):
+            full = engine_prefix.rows_on_prefixes(hf, seqs, plen, max_tokens=max_tokens)
+            late = engine_prefix.rows_on_prefixes(
+                hf, seqs, plen, inputs=inputs, key="k", same_below=1, max_tokens=max_tokens
+            )
+    assert torch.equal(full, late)

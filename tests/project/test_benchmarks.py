@@ -429,3 +429,11 @@ def test_runner_prefix_benchmark_on_a_random_model():
     )
     assert row["identical"] and row["distinct"] < row["batches"]
     assert 0 < row["per_prefix_gflop"] < row["per_batch_gflop"]  # fewer batch-1 passes
+
+
+def test_packed_rows_benchmark_on_a_random_model():
+    bp = _load("packed_rows")
+    rows = bp.main(["--model", "random-qwen2", "--steps", "2", "--n-test", "12", "--no-append"])
+    assert [r["layer"] for r in rows] == [0, 1]  # the tiny model's two blocks
+    assert all(r["loss_diff"] < 1e-4 and r["logprob_diff"] < 1e-3 and r["flips"] == 0 for r in rows)
+    assert bp.AL.rows_on_prefixes is bp.PACKED  # the library's own run is put back
