@@ -280,6 +280,12 @@ def rows_on_prefixes(
     ``same_below`` = L: the passes start at the highest block <= L recorded for this
     batch and record the blocks up to L they compute (Llama-style decoders only,
     :func:`~arithlib.engine.can_start_late`; others run in full)."""
+    attention = getattr(hf.config, "_attn_implementation", None)
+    if attention not in (None, "eager", "sdpa"):  # flash attention reads no mask: rows would see each other
+        raise NotImplementedError(
+            f"packed rows need a masked attention (eager or sdpa), not {attention!r}: load the model with "
+            "attn_implementation='sdpa'"
+        )
     device = input_device(hf)
     dtype = next(hf.parameters()).dtype
     late = inputs is not None and can_start_late(hf)

@@ -247,3 +247,10 @@ def test_packed_rows_equal_one_plain_pass_each_and_start_late_bit_for_bit(tiny_q
                 hf, seqs, plen, inputs=inputs, key="k", same_below=1, max_tokens=max_tokens
             )
     assert torch.equal(full, late)
+
+
+def test_packed_rows_refuse_an_attention_that_reads_no_mask(tiny_qwen2, monkeypatch):
+    hf = ft.shared_hf_model(tiny_qwen2.bridge)
+    monkeypatch.setattr(hf.config, "_attn_implementation", "flash_attention_2")
+    with pytest.raises(NotImplementedError, match="masked attention"):
+        engine_prefix.rows_on_prefixes(hf, [[5, 6, 7], [5, 6, 8]], [2, 2])
