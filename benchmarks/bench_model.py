@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -64,3 +66,15 @@ def add_arguments(ap: argparse.ArgumentParser, default_model: str) -> None:
     )
     ap.add_argument("--device", default="cpu", help="cpu or cuda (an error if no GPU is visible)")
     ap.add_argument("--dtype", default="float32", choices=DTYPES)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's thread count set to ``n`` for the block and restored after it (a
+    benchmark's ``main()`` also runs inside the tests)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -55,12 +55,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     a = ap.parse_args(argv)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(a.threads)
-    try:
+    with bench_model.torch_threads(a.threads):
         return _run(a, argv)
-    finally:
-        torch.set_num_threads(threads)  # main() also runs inside the tests
 
 
 def _run(a: argparse.Namespace, argv: list[str] | None) -> list[dict]:

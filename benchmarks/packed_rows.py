@@ -122,13 +122,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the notebooks run with one each)")
     ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     a = ap.parse_args(argv)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(a.threads)
     try:
-        return _run(a, argv)
+        with bench_model.torch_threads(a.threads):
+            return _run(a, argv)
     finally:
-        torch.set_num_threads(threads)  # main() also runs inside the tests
-        AL.rows_on_prefixes = PACKED
+        AL.rows_on_prefixes = PACKED  # the library's own run, whatever the baseline left
 
 
 PACKED = AL.rows_on_prefixes

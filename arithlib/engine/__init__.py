@@ -31,7 +31,8 @@ methods' fast-versus-literal tests in ``tests/unit/``):
 * :func:`keys_values_from`, :func:`cache_of`, :func:`run_from`: an ablated prefix's keys
   and values, once per head; the exact head sweep (head_sweep);
 * :func:`rows_on_prefixes`: each distinct prefix and the rows on it packed into one
-  sequence, and the blocks below a change (:class:`LayerInputs`), with gradients; LoRA, precise SFT, pruning (finetune);
+  sequence, and the blocks below a change (:class:`LayerInputs`), with gradients; LoRA,
+  precise SFT, pruning (finetune);
 * :func:`variant_passes`: weight variants that each change one block, stacked, each
   joining the pass at its block from a recorded clean run; the LoRA models (lora);
 * :func:`greedy_tokens`: the growing sequence; word-problem accuracy (general_ability).

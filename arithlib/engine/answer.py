@@ -343,14 +343,12 @@ def shared_prefix_cache(model, tokens: torch.Tensor, computed: dict[tuple[int, .
     B, T = tokens.shape
     n = common_prefix(tokens.tolist()) if B > 1 else 0
     if n > 0:
-        if computed is None:
-            cache = prefix_cache(model, tokens[:1, :n], B)
-        else:
-            key = tuple(tokens[0, :n].tolist())
-            if key not in computed:
-                computed[key] = cache_layers(decoder_pass(model, tokens[:1, :n])[1])
-            # B > 1: repeating the rows copies them, so later passes never write into computed's tensors
-            cache = repeat_rows_(new_cache(model, computed[key]), B)
+        computed = {} if computed is None else computed
+        key = tuple(tokens[0, :n].tolist())
+        if key not in computed:
+            computed[key] = cache_layers(decoder_pass(model, tokens[:1, :n])[1])
+        # B > 1: repeating the rows copies them, so later passes never write into computed's tensors
+        cache = repeat_rows_(new_cache(model, computed[key]), B)
         if n < T:
             decoder_pass(model, tokens[:, n:], cache=cache)
         return cache

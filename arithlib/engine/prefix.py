@@ -200,18 +200,16 @@ def _pack_groups(seqs: Sequence[Sequence[int]], plen: Sequence[int], max_tokens:
     """Rows ``0..B-1`` cut, in order, into groups whose packed length (each distinct
     prefix once, plus every row's remaining tokens) stays within ``max_tokens``
     (a group holds at least one row)."""
-    groups: list[list[int]] = []
+    groups: list[list[int]] = [[]]
     seen: set[tuple[int, ...]] = set()
     size = 0
     for r, (s, p) in enumerate(zip(seqs, plen)):
         q = tuple(s[:p])
-        need = len(s) - p + (len(q) if q and q not in seen else 0)
-        if groups and size + need > max_tokens:
+        need = len(s) - p + (len(q) if q not in seen else 0)
+        if groups[-1] and size + need > max_tokens:  # a new pack: the row's prefix runs in it again
             groups.append([])
             seen, size = set(), 0
             need = len(s)
-        elif not groups:
-            groups.append([])
         groups[-1].append(r)
         seen.add(q)
         size += need
