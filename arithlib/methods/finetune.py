@@ -66,6 +66,7 @@ from ..engine import (
     LayerInputs,
     clean_param_name,
     decoder_layers,
+    row_gradients,
     shared_hf_model,
 )
 from ..engine import (
@@ -293,7 +294,13 @@ def train_parameters(
     same_below = min(n_layers if unchanged_below is None else unchanged_below, first_changed_layer(hf, params))
     # flags, grads and modes come back as they were, even on error; gradients on even when the
     # caller turned them off (a notebook's torch.set_grad_enabled(False)), and off again after
-    with training_state(hf), torch.enable_grad():
+    # an input embedding trained from block 0 sends its gradient as rows into one dense buffer
+    # (arithlib.engine.gradients: no fresh vocabulary-sized matrix per step, the same gradient)
+    with (
+        training_state(hf),
+        torch.enable_grad(),
+        row_gradients(hf, params.values() if same_below == 0 else ()) as rows,
+    ):
         for p in hf.parameters():
             p.requires_grad_(False)
         for p in params.values():
@@ -345,6 +352,7 @@ def train_parameters(
                 t0 = time.perf_counter()
                 loss = answer_loss(hf, train_set, index, inputs=inputs, same_below=same_below)
                 opt.zero_grad(set_to_none=True)
+                rows.zero_()
                 loss.backward()
                 with torch.no_grad():
                     for n, mult in grad_mult.items():

@@ -437,3 +437,11 @@ def test_packed_rows_benchmark_on_a_random_model():
     assert [r["layer"] for r in rows] == [0, 1]  # the tiny model's two blocks
     assert all(r["loss_diff"] < 1e-4 and r["logprob_diff"] < 1e-3 and r["flips"] == 0 for r in rows)
     assert bp.AL.rows_on_prefixes is bp.PACKED  # the library's own run is put back
+
+
+def test_embedding_grad_benchmark_on_a_random_model():
+    be = _load("embedding_grad")
+    runs = be.main(["--model", "random-qwen2", "--steps", "2", "--rounds", "1", "--no-append"])
+    assert [r["way"] for r in runs] == ["dense backward", "rows"]
+    assert all(r["seconds"] > 0 and r["gflop"] > 0 for r in runs)
+    assert be.FT.row_gradients is be.ROWS  # the library's own path is put back
