@@ -68,6 +68,13 @@ def add_arguments(ap: argparse.ArgumentParser, default_model: str) -> None:
     ap.add_argument("--dtype", default="float32", choices=DTYPES)
 
 
+def add_run_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--threads`` (torch's, default one: the notebooks run with one each) and
+    ``--no-append`` (print the table only), as the timed benchmarks take them."""
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the notebooks run with one each)")
+    ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
+
+
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """torch's thread count set to ``n`` for the block and restored after it (a
@@ -78,3 +85,14 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextmanager
+def restored(module: object, name: str) -> Iterator[None]:
+    """``module.name`` as it was on entry again when the block ends, whatever a baseline
+    put there meanwhile (a benchmark swaps a library function for the one it replaced)."""
+    kept = getattr(module, name)
+    try:
+        yield
+    finally:
+        setattr(module, name, kept)

@@ -1,13 +1,14 @@
 #!/usr/bin/env python
-"""Benchmark: full SFT with the input embedding's gradient as rows added into one dense
-buffer (:func:`arithlib.engine.row_gradients`), against torch's dense embedding backward.
+"""Benchmark: full SFT with the embeddings' gradients added into buffers kept for the
+training (:func:`arithlib.engine.kept_gradients`), against torch's own backward.
 
-Full SFT (notebook 08) trains every weight, the input embedding included. torch's dense
-embedding backward makes a new ``vocabulary x d_model`` zero matrix each step (544 MB
-for Qwen2.5's 151,936 tokens) and adds the batch's rows into it; the fresh memory is
-faulted in and zeroed page by page. The library now has the embedding send its rows
-(torch's ``sparse=True`` backward) into one buffer per training, zeroed in place; the
-baseline, in the same run, is the dense backward (``row_gradients`` replaced by a
+Full SFT (notebook 08) trains every weight, the input embedding and the unembedding
+included. torch makes each of their gradients a new ``vocabulary x d_model`` matrix per
+step (544 MB each for Qwen2.5's 151,936 tokens; the embedding's as zeros with the batch's
+rows added in); the fresh memory is faulted in and zeroed page by page. The library now
+gives each one buffer per training, zeroed in place: the embedding sends its rows into it
+(torch's ``sparse=True`` backward) and the unembedding adds its product into it. The
+baseline, in the same run, is torch's own backward (``kept_gradients`` replaced by a
 context that chooses no weight, as before).
 
 On notebook 08's data (Yu's 2-digit prompts with negatives plus word problems, 2-shot;
@@ -46,16 +47,16 @@ import arithlib.methods.finetune as FT  # noqa: E402
 import arithlib.methods.finetune_data as FD  # noqa: E402
 import arithlib.zhang.sft as SFT  # noqa: E402
 from arithlib.core.prompt_sets import PromptSet  # noqa: E402
-from arithlib.engine import RowGradients, counted_flops, counting  # noqa: E402
+from arithlib.engine import KeptGradients, counted_flops, counting  # noqa: E402
 from arithlib.run.floor import matmul_peak  # noqa: E402
 
-ROWS = FT.row_gradients
+KEPT = FT.kept_gradients
 
 
 @contextmanager
-def dense_backward(model, trained):
-    """The baseline: no weight chosen, so every embedding runs torch's dense backward."""
-    yield RowGradients()
+def torch_backward(model, trained):
+    """The baseline: no weight chosen, so both embeddings run torch's own backward."""
+    yield KeptGradients()
 
 
 def _faults() -> int:
@@ -67,14 +68,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bench_model.add_arguments(ap, "qwen2.5-coder-0.5b")
     ap.add_argument("--steps", type=int, default=12, help="full-SFT steps per training")
     ap.add_argument("--rounds", type=int, default=2, help="trainings of each way, alternately")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (the notebooks run with one each)")
-    ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
+    bench_model.add_run_arguments(ap)
     a = ap.parse_args(argv)
-    try:
-        with bench_model.torch_threads(a.threads):
-            return _run(a, argv)
-    finally:
-        FT.row_gradients = ROWS  # the library's own path, whatever the baseline left
+    with bench_model.torch_threads(a.threads), bench_model.restored(FT, "kept_gradients"):
+        return _run(a, argv)
 
 
 def _run(a: argparse.Namespace, argv: list[str] | None) -> list[dict]:
@@ -87,12 +84,12 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> list[dict]:
     cfg = FT.TrainConfig(lr=4e-6, epochs=1, batch_size=16, weight_decay=0.1, seed=0, max_steps=a.steps)
     d = hf.config
     peak = matmul_peak(d.hidden_size, d.intermediate_size, device=a.device)["gflop_s"]
-    ways = {"dense backward": dense_backward, "rows": ROWS}
+    ways = {"torch backward": torch_backward, "kept buffers": KEPT}
     runs: list[dict] = []
     first: dict[str, SFT.FineTuned] = {}
     for round_ in range(a.rounds):
         for way, fn in ways.items():
-            FT.row_gradients = fn
+            FT.kept_gradients = fn
             with counting():
                 g0, f0 = counted_flops(), _faults()
                 res = SFT.full_sft(loaded.bridge, train, cfg, progress=False, check_memory=False)
@@ -110,7 +107,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> list[dict]:
             if way not in first:
                 first[way] = res
             del res
-    old, new = first["dense backward"], first["rows"]
+    old, new = first["torch backward"], first["kept buffers"]
     loss_diff = float((torch.tensor(old.history.loss.values) - torch.tensor(new.history.loss.values)).abs().max())
     weight_diff = max(float((old.weights[n] - new.weights[n]).abs().max()) for n in old.weights)
     lines = [
@@ -127,7 +124,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> list[dict]:
     if not a.no_append:
         results.append(
             results.section(
-                "Full SFT: the input embedding's gradient as rows into one buffer vs torch's dense backward",
+                "Full SFT: the embeddings' gradients into buffers kept for the training vs torch's backward",
                 lines,
                 argv=argv,
                 note=(

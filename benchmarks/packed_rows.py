@@ -119,14 +119,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--layers", type=float, nargs="+", default=[0.0, 0.5, 20 / 24], help="fractions of the depth")
     ap.add_argument("--steps", type=int, default=8, help="training steps per layer and method")
     ap.add_argument("--n-test", type=int, default=385, help="test prompts evaluated (05's)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (the notebooks run with one each)")
-    ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
+    bench_model.add_run_arguments(ap)
     a = ap.parse_args(argv)
-    try:
-        with bench_model.torch_threads(a.threads):
-            return _run(a, argv)
-    finally:
-        AL.rows_on_prefixes = PACKED  # the library's own run, whatever the baseline left
+    with bench_model.torch_threads(a.threads), bench_model.restored(AL, "rows_on_prefixes"):
+        return _run(a, argv)
 
 
 PACKED = AL.rows_on_prefixes

@@ -49,7 +49,7 @@ Modules:
   passes that resume from it at a position and a block (the patching fast path);
 * :mod:`.streams`: residual streams recorded per batch for later passes;
 * :mod:`.variants`: weight variants of one block each, run together from a clean run;
-* :mod:`.gradients`: an input embedding's gradient as the rows a batch used, added into one dense buffer (full SFT);
+* :mod:`.gradients`: the vocabulary-sized weights' gradients (input and output embeddings) added into buffers kept for a training (full SFT);
 * :mod:`.flops`: the floating-point operations a block of code dispatches, counted (a run's floor).
 
 Methods import from ``arithlib.engine`` only what ``__all__`` lists (the cache-level
@@ -72,7 +72,7 @@ from .adapter import (
 )
 from .answer import AnswerPositionRunner, HookFactory, answer_pass, condition_pass, shared_prefix_cache, stacked_hooks
 from .flops import counted_flops, counting
-from .gradients import RowGradients, row_gradients
+from .gradients import KeptGradients, kept_gradients
 from .passes import (
     cache_of,
     can_start_late,
@@ -106,7 +106,7 @@ __all__ = [
     "HookFactory",
     "LayerInputs",
     "PrefixRunner",
-    "RowGradients",
+    "KeptGradients",
     "RunCache",
     "answer_pass",
     "cache_of",
@@ -125,6 +125,7 @@ __all__ = [
     "greedy_tokens",
     "grouped_clean_run",
     "hf_module",
+    "kept_gradients",
     "hooks_attached",
     "input_device",
     "keys_values_from",
@@ -139,7 +140,6 @@ __all__ = [
     "resumable",
     "resume",
     "resume_rows",
-    "row_gradients",
     "rows_on_prefixes",
     "run_from",
     "shared_hf_model",

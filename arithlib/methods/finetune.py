@@ -66,7 +66,7 @@ from ..engine import (
     LayerInputs,
     clean_param_name,
     decoder_layers,
-    row_gradients,
+    kept_gradients,
     shared_hf_model,
 )
 from ..engine import (
@@ -241,6 +241,20 @@ def make_optimizer(
     )
 
 
+def clip_gradients(params: Sequence[torch.nn.Parameter], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_(params, max_norm)``: every gradient scaled by
+    ``min(1, max_norm / (||g||_2 + 1e-6))``, ``||g||_2`` the norm of all of them together,
+    but without torch's multiplication when that factor is 1 (a pass over every gradient
+    that changes none of its bits; torch makes it to avoid a device synchronisation):
+    in full SFT a read and a write of 2.5 GB a step. Bit for bit torch's result."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    total = torch.nn.utils.get_total_norm(grads)
+    if float(max_norm / (total + 1e-6)) < 1.0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+
+
 def train_parameters(
     model,
     trainable: Trainable,
@@ -294,12 +308,12 @@ def train_parameters(
     same_below = min(n_layers if unchanged_below is None else unchanged_below, first_changed_layer(hf, params))
     # flags, grads and modes come back as they were, even on error; gradients on even when the
     # caller turned them off (a notebook's torch.set_grad_enabled(False)), and off again after
-    # an input embedding trained from block 0 sends its gradient as rows into one dense buffer
+    # embeddings trained from block 0 add their gradients into buffers kept for the training
     # (arithlib.engine.gradients: no fresh vocabulary-sized matrix per step, the same gradient)
     with (
         training_state(hf),
         torch.enable_grad(),
-        row_gradients(hf, params.values() if same_below == 0 else ()) as rows,
+        kept_gradients(hf, params.values() if same_below == 0 else ()) as kept,
     ):
         for p in hf.parameters():
             p.requires_grad_(False)
@@ -352,7 +366,7 @@ def train_parameters(
                 t0 = time.perf_counter()
                 loss = answer_loss(hf, train_set, index, inputs=inputs, same_below=same_below)
                 opt.zero_grad(set_to_none=True)
-                rows.zero_()
+                kept.zero_()
                 loss.backward()
                 with torch.no_grad():
                     for n, mult in grad_mult.items():
@@ -360,7 +374,7 @@ def train_parameters(
                         if g is not None:
                             g.mul_(mult)
                     if config.grad_clip is not None:
-                        torch.nn.utils.clip_grad_norm_(unique, config.grad_clip)
+                        clip_gradients(unique, config.grad_clip)
                     lr_now = opt.param_groups[0]["lr"]
                     for n in by_hand:
                         m = masks.get(n)

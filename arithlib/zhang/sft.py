@@ -316,9 +316,9 @@ def full_sft(
     the others (one copy of the model per key; a cached result needs no check)."""
     hf = shared_hf_model(model)
     params = params_by_clean_name(hf)
-    # the input embedding's gradient arrives as rows (arithlib.engine.gradients), which sum a
-    # repeated token's rows in another order than the dense backward of earlier results
-    key = {**training_key(hf, "full", train_set, val_set, config), "embedding_grad": "rows"}
+    # the embeddings' gradients go into kept buffers (arithlib.engine.gradients), which sum a
+    # repeated token's rows in another order than torch's backward of earlier results
+    key = {**training_key(hf, "full", train_set, val_set, config), "vocab_grads": "kept"}
 
     def build(_ckdir: Path | None) -> FineTuned:  # no per-epoch checkpoints: each would hold AdamW's two moments
         if check_memory:

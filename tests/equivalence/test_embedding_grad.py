@@ -1,7 +1,8 @@
-"""The input embedding's gradient as rows added into one dense buffer
-(:func:`arithlib.engine.row_gradients`) against torch's dense embedding backward, the
-literal reference: the same gradient and the same full-SFT weights up to the order in
-which a repeated token's rows are summed, and no vocabulary-sized backward per step."""
+"""The embeddings' gradients added into buffers kept for a training
+(:func:`arithlib.engine.kept_gradients`: the input embedding's rows, the unembedding's
+product) against torch's own backward, the literal reference: the same gradients and the
+same full-SFT weights up to the order in which a repeated token's rows are summed, and
+no vocabulary-sized embedding backward per step."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import arithlib.zhang.sft as SFT
 from arithlib.core.models import load_model
 from arithlib.core.prompt_sets import PromptSet
 from arithlib.core.random_models import random_model_dir
-from arithlib.engine import RowGradients, row_gradients
+from arithlib.engine import KeptGradients, counting, kept_gradients, wrapped
 from arithlib.methods.answer_loss import answer_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,10 +40,23 @@ class _DenseEmbeddingBackwards(TorchDispatchMode):
         return func(*args, **kwargs or {})
 
 
+def _graph_nodes(fn) -> set[str]:
+    """The class names of the autograd nodes ``fn`` reaches."""
+    seen, names, todo = set(), set(), [fn]
+    while todo:
+        f = todo.pop()
+        if f is None or id(f) in seen:
+            continue
+        seen.add(id(f))
+        names.add(type(f).__name__)
+        todo += [g for g, _ in f.next_functions]
+    return names
+
+
 @contextmanager
 def _dense(model, trained):
-    """The literal reference: no rows, every embedding's own dense backward."""
-    yield RowGradients()
+    """The literal reference: no weight chosen, torch's own backward for both embeddings."""
+    yield KeptGradients()
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
@@ -57,10 +71,11 @@ def train(model):
     return PromptSet.build(splits["train"], model.tokenizer)
 
 
-def test_row_gradient_equals_the_dense_embedding_backward(model, train):
+def test_kept_gradients_equal_torch_backward(model, train):
     hf = ft.shared_hf_model(model.bridge)
     params = list({p.data_ptr(): p for p in hf.parameters()}.values())
     emb = hf.get_input_embeddings().weight
+    head = hf.get_output_embeddings().weight
     with mw.training_state(hf), torch.enable_grad():
         for p in params:
             p.requires_grad_(True)
@@ -71,23 +86,27 @@ def test_row_gradient_equals_the_dense_embedding_backward(model, train):
         dense = {id(p): p.grad.clone() for p in params}
         for p in params:
             p.grad = None
-        with row_gradients(hf, params) as rows:
-            assert rows.weights and rows.weights[0] is emb
+        with kept_gradients(hf, params) as rows:
+            kept = {id(w) for w in rows.weights}
+            assert kept == {id(emb), id(head)}  # one buffer for a tied pair
             assert all(m.sparse for m in hf.get_input_embeddings().modules() if isinstance(m, torch.nn.Embedding))
             rows.zero_()
-            answer_loss(hf, train, index).backward()
+            loss = answer_loss(hf, train, index)
+            assert "_LinearIntoBufferBackward" in _graph_nodes(loss.grad_fn)  # the unembedding's product goes in place
+            loss.backward()
         assert not any(m.sparse for m in hf.get_input_embeddings().modules() if isinstance(m, torch.nn.Embedding))
+        assert "forward" not in vars(wrapped(hf.get_output_embeddings()))  # the class's forward again
         for p in params:
             assert p.grad.layout == torch.strided
             torch.testing.assert_close(p.grad, dense[id(p)], rtol=1e-5, atol=1e-7)
 
 
-def test_full_sft_with_row_gradients_equals_the_dense_backward_and_runs_none(model, train, monkeypatch):
+def test_full_sft_with_kept_gradients_equals_the_dense_backward_and_runs_none(model, train, monkeypatch):
     counted = _DenseEmbeddingBackwards()
     with counted:
         fast = SFT.full_sft(model.bridge, train, CFG, progress=False)
-    assert counted.calls == 0  # the old loop ran one per step
-    monkeypatch.setattr(ft, "row_gradients", _dense)
+    assert counted.calls == 0  # torch's backward runs one per step
+    monkeypatch.setattr(ft, "kept_gradients", _dense)
     literal_count = _DenseEmbeddingBackwards()
     with literal_count:
         literal = SFT.full_sft(model.bridge, train, CFG, progress=False)
@@ -96,17 +115,37 @@ def test_full_sft_with_row_gradients_equals_the_dense_backward_and_runs_none(mod
     for name in literal.weights:
         torch.testing.assert_close(fast.weights[name], literal.weights[name], rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(
-        torch.tensor(fast.history["loss"].to_numpy()), torch.tensor(literal.history["loss"].to_numpy()), rtol=1e-5, atol=1e-6
+        torch.tensor(fast.history["loss"].to_numpy()),
+        torch.tensor(literal.history["loss"].to_numpy()),
+        rtol=1e-5,
+        atol=1e-6,
     )
 
 
-def test_no_rows_for_a_pass_that_starts_above_the_embedding(model, train):
+def test_no_buffers_for_a_pass_that_starts_above_the_embeddings(model, train):
     """Precise SFT trains block weights only: no embedding is chosen, and a trained
     embedding that is not passed (the caller's passes start above it) is left alone."""
     hf = ft.shared_hf_model(model.bridge)
     block_weights = [p for n, p in mw.params_by_clean_name(hf).items() if ".layers." in n]
-    with row_gradients(hf, block_weights) as rows:
+    with kept_gradients(hf, block_weights) as rows:
         assert rows.weights == []
-    with row_gradients(hf, ()) as rows:
+    with kept_gradients(hf, ()) as rows:
         rows.zero_()
         assert rows.weights == []
+
+
+def test_kept_gradients_count_the_same_arithmetic(model, train):
+    """The run's floor reads the FLOPs a training dispatched: the unembedding's product into
+    its buffer counts as torch's own backward's does."""
+    counts = []
+    for way in (kept_gradients, _dense):
+        hf = ft.shared_hf_model(model.bridge)
+        params = list({p.data_ptr(): p for p in hf.parameters()}.values())
+        with mw.training_state(hf), torch.enable_grad(), way(hf, params) as kept, counting() as c:
+            for p in params:
+                p.requires_grad_(True)
+                p.grad = None
+            kept.zero_()
+            answer_loss(hf, train, list(range(8))).backward()
+            counts.append(c.flops)
+    assert counts[0] == counts[1] > 0

@@ -748,3 +748,22 @@ def test_lr_is_chosen_on_the_validation_split(tiny_qwen2, data, monkeypatch):
     chosen = lr_table[lr_table.chosen].iloc[0]
     on_val = ft.evaluate_weights(tiny_qwen2.bridge, fitted[1].weights, {"val": data["val"]})["correct_full"].mean()
     assert chosen.val_accuracy == pytest.approx(on_val) and fitted[1].config.lr == chosen.lr
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 10.0])
+def test_clip_gradients_equals_torch_clip_grad_norm_bit_for_bit(scale):
+    """Below, near and above the bound: the same gradients as torch's clip_grad_norm_ (which
+    also multiplies by a factor of 1)."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(7, 5), (13,), (3, 4, 2)]
+    grads = [torch.randn(s, generator=g) for s in shapes]
+    norm = float(torch.linalg.vector_norm(torch.cat([x.flatten() for x in grads])))
+    grads = [x * (scale / norm) for x in grads]  # total norm = scale
+    ours = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    theirs = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    for p, q, x in zip(ours, theirs, grads):
+        p.grad, q.grad = x.clone(), x.clone()
+    ft.clip_gradients(ours, 1.0)
+    torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(ours, theirs))
+    assert (scale >= 1) == any(not torch.equal(p.grad, x) for p, x in zip(ours, grads))  # clipped from the bound on
